@@ -27,7 +27,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 test: install lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -q
 
 demo: install
 	$(BIN)/python -m functions.local.demo

@@ -211,6 +211,7 @@ class VmRef(BaseModel):
     name: str = Field(min_length=1, max_length=128)
     callback_url: str | None = None
     scale_set: str | None = None
+    availability_set: str | None = None
     resource_id: str | None = None
 
     @field_validator("callback_url")
