@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -55,7 +54,6 @@ def azurite() -> Iterator[str]:
     if shutil.which("node") is None:
         pytest.fail("Node.js is needed to run Azurite")
     port = free_port()
-    workdir = tempfile.mkdtemp(prefix="azurite-")
     proc = subprocess.Popen(
         [
             str(binary),
@@ -63,18 +61,22 @@ def azurite() -> Iterator[str]:
             "127.0.0.1",
             "--tablePort",
             str(port),
-            "--location",
-            workdir,
             "--inMemoryPersistence",
             "--skipApiVersionCheck",
             "--disableProductStyleUrl",
+            "--silent",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "AZURITE_ACCOUNTS": ""},
+        stderr=subprocess.PIPE,
+        cwd=tempfile.gettempdir(),
     )
     try:
-        wait_for_port(port)
+        try:
+            wait_for_port(port)
+        except TimeoutError:
+            proc.kill()
+            err = proc.communicate()[1].decode()[-500:]
+            raise RuntimeError(f"Azurite did not start: {err}") from None
         yield azurite_connection_string(port)
     finally:
         proc.terminate()
@@ -82,4 +84,3 @@ def azurite() -> Iterator[str]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
