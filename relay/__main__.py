@@ -1,0 +1,185 @@
+"""`python -m relay`: wire the parts together and run until SIGTERM.
+
+Exit status: 0 after SIGTERM/SIGINT, 2 for a bad setting (one line on stderr), 1 if the
+state directory cannot be used (nothing could be made durable, so nothing is polled).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import sys
+import threading
+from typing import Any
+
+from relay import __version__, logs
+from relay.imds import ImdsClient, ImdsError
+from relay.logs import ErrorStreak, event
+from relay.models import VmRef
+from relay.outbox import Outbox
+from relay.senders import SendLoop, build_sender
+from relay.settings import EXIT_BAD_SETTINGS, RelaySettings, load_or_exit
+from relay.watcher import Watcher
+
+log = logging.getLogger("relay")
+
+
+def resolve_vm(imds: ImdsClient, settings: RelaySettings, stop: threading.Event) -> VmRef | None:
+    """Who we are. Without --vm-name, wait for IMDS compute metadata (retrying, logged)."""
+    compute: dict[str, Any] = {}
+    if settings.vm_name:
+        try:
+            compute = imds.get_compute(timeout=settings.imds_timeout)
+        except ImdsError as exc:
+            event(log, logging.WARNING, "no compute metadata; scale set unknown", kind=exc.kind)
+    else:
+        streak = ErrorStreak(log, "IMDS compute metadata")
+        failures = 0
+        while not stop.is_set():
+            try:
+                compute = imds.get_compute(timeout=settings.imds_first_timeout)
+                streak.ok()
+                break
+            except ImdsError as exc:
+                failures += 1
+                streak.error(exc.kind, f"cannot learn this VM's name: {exc}")
+                pause = min(settings.imds_max_backoff, 0.5 * 2**failures)
+                stop.wait(pause * random.uniform(0.75, 1.25))  # noqa: S311 - jitter
+        else:
+            return None
+    return VmRef(
+        name=settings.vm_name or compute["name"],
+        callback_url=settings.advertised_callback_url,
+        scale_set=compute.get("vmScaleSetName") or None,
+        availability_set=settings.availability_set,
+        resource_id=compute.get("resourceId") or None,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = load_or_exit(argv)
+    logs.configure(settings.log_format)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: object) -> None:
+        event(log, logging.INFO, "stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+
+    try:
+        outbox = Outbox(settings.state_dir, settings.outbox_max_messages)
+    except OSError as exc:
+        event(log, logging.CRITICAL, "cannot use the state directory", error=str(exc))
+        return 1
+    try:
+        sender = build_sender(settings)
+    except (ValueError, OSError) as exc:
+        print(f"relay: bad settings: {exc}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    key: bytes | None = None
+    if settings.callback_key_file is not None:
+        from relay.signing import read_key_file
+
+        try:
+            key = read_key_file(str(settings.callback_key_file))
+        except (ValueError, OSError) as exc:
+            print(f"relay: bad settings: --callback-key-file: {exc}", file=sys.stderr)
+            return EXIT_BAD_SETTINGS
+
+    imds = ImdsClient(settings.imds_url, settings.imds_timeout)
+    event(
+        log,
+        logging.INFO,
+        "relay starting",
+        version=__version__,
+        forward=sender.describe(),
+        state_dir=str(settings.state_dir),
+        pending=len(outbox),
+        sequence=outbox.sequence,
+    )
+    vm = resolve_vm(imds, settings, stop)
+    if vm is None:
+        return 0
+    sending = SendLoop(
+        outbox, sender, max_backoff=settings.send_max_backoff, slow_retry=settings.send_slow_retry
+    ).start()
+    watcher = Watcher(
+        imds,
+        outbox,
+        vm,
+        poll_interval=settings.poll_interval,
+        heartbeat_interval=settings.heartbeat_interval,
+        timeout=settings.imds_timeout,
+        first_timeout=settings.imds_first_timeout,
+        max_backoff=settings.imds_max_backoff,
+        stop=stop,
+    )
+    server = None
+    if settings.callback_listen and key is not None:
+        server = _start_callback(settings, key, vm, watcher, sending)
+        if server is None:
+            sending.stop()
+            return 1
+    try:
+        watcher.run()
+    finally:
+        if server is not None:
+            server.stop()
+        sending.stop()
+        event(log, logging.INFO, "relay stopped", pending=len(outbox))
+    return 0
+
+
+def _start_callback(
+    settings: RelaySettings, key: bytes, vm: VmRef, watcher: Watcher, sending: SendLoop
+) -> Any:
+    from relay.callback import CallbackApp, CallbackServer
+    from relay.hooks import HookRunner
+
+    hooks = (
+        HookRunner(settings.hooks, settings.state_dir, settings.hook_timeout, vm.name)
+        if settings.hooks
+        else None
+    )
+
+    def health() -> dict[str, Any]:
+        return {
+            "healthy": watcher.healthy and sending.healthy,
+            "version": __version__,
+            "vm": vm.name,
+            "imds": {"healthy": watcher.healthy, "error": watcher.streak.last_error},
+            "sender": {
+                "healthy": sending.healthy,
+                "error": sending.streak.last_error,
+                "pending": len(sending.outbox),
+            },
+        }
+
+    # A separate client: a slow poll must not hold up an approval, nor the reverse.
+    app = CallbackApp(
+        key,
+        vm.name,
+        ImdsClient(settings.imds_url, settings.imds_timeout),
+        hooks=hooks,
+        health=health,
+        hook_wait=settings.hook_wait,
+    )
+    assert settings.callback_listen
+    try:
+        return CallbackServer(settings.callback_listen, app).start()
+    except OSError as exc:
+        event(
+            log,
+            logging.CRITICAL,
+            "cannot listen for callbacks",
+            address=settings.callback_listen,
+            error=str(exc),
+        )
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""The signed callback: `POST /v1/start` (approve), `POST /v1/hook` (drain), `GET /v1/health`.
+
+Approving an event lets it proceed for every VM in its `Resources`, so this is the one
+place the relay can do harm. It therefore trusts nothing it is sent: the signature must be
+valid, fresh and unseen, and each EventId must be, in an IMDS read made for this request,
+present, still `Scheduled` and naming this VM. Any doubt refuses the whole request and
+approves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from relay.hooks import RUNNING, HookRunner, public
+from relay.imds import ImdsClient, ImdsError
+from relay.logs import event
+from relay.signing import MAX_SKEW_SECONDS, SignatureError, verify
+
+log = logging.getLogger("relay.callback")
+
+MAX_BODY = 16 * 1024
+MAX_EVENT_IDS = 100
+REPLAY_CACHE_LIMIT = 100_000
+
+
+class Refused(Exception):
+    def __init__(self, status: int, reason: str, **extra: Any) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.body = {"error": reason, **extra}
+
+
+class ReplayCache:
+    """Signatures seen within the timestamp window; older ones cannot verify anyway."""
+
+    def __init__(self, window: float = MAX_SKEW_SECONDS, limit: int = REPLAY_CACHE_LIMIT) -> None:
+        self._window = window
+        self._limit = limit
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def first_use(self, signature: str, now: float) -> bool:
+        with self._lock:
+            if len(self._seen) >= self._limit // 2:
+                self._seen = {s: t for s, t in self._seen.items() if t > now}
+            if signature in self._seen and self._seen[signature] > now:
+                return False
+            if len(self._seen) >= self._limit:
+                raise Refused(503, "too many signed requests; try again shortly")
+            # A timestamp may lie up to `window` ahead, so remember for two windows.
+            self._seen[signature] = now + 2 * self._window
+            return True
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+class CallbackApp:
+    """Request handling, separate from the HTTP plumbing so it reads top to bottom."""
+
+    def __init__(
+        self,
+        key: bytes,
+        vm_name: str,
+        imds: ImdsClient,
+        hooks: HookRunner | None = None,
+        health: Callable[[], dict[str, Any]] | None = None,
+        hook_wait: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._key = key
+        self.vm_name = vm_name
+        self.imds = imds
+        self.hooks = hooks
+        self._health = health or (lambda: {"healthy": True})
+        self.hook_wait = hook_wait
+        self._clock = clock
+        self.replays = ReplayCache()
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        report = self._health()
+        return (200 if report.get("healthy") else 503), report
+
+    def post(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
+        route = path.split("?", 1)[0]
+        if route not in ("/v1/start", "/v1/hook"):
+            raise Refused(404, "no such endpoint")
+        now = self._clock()
+        try:
+            signature = verify(self._key, headers, "POST", path, body, now=now)
+        except SignatureError as exc:
+            raise Refused(401, str(exc)) from None
+        if not self.replays.first_use(signature, now):
+            raise Refused(409, "replayed request")
+        try:
+            payload = json.loads(body)
+        except (UnicodeDecodeError, ValueError):
+            raise Refused(400, "body is not JSON") from None
+        if not isinstance(payload, dict):
+            raise Refused(400, "body must be a JSON object")
+        if route == "/v1/start":
+            return self.start(payload)
+        return self.hook(payload)
+
+    # ------------------------------------------------------------ /v1/start
+
+    def start(self, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        ids = payload.get("EventIds")
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or len(ids) > MAX_EVENT_IDS
+            or not all(isinstance(i, str) and 0 < len(i) <= 128 for i in ids)
+        ):
+            raise Refused(400, f'expected {{"EventIds": [1..{MAX_EVENT_IDS} EventId strings]}}')
+        if len({i.casefold() for i in ids}) != len(ids):
+            raise Refused(400, "duplicate EventIds")
+        document = self._fresh_document()
+        checks: list[dict[str, str]] = []
+        refusal: tuple[int, str] | None = None
+        canonical: list[str] = []
+        for event_id in ids:
+            scheduled = document.event(event_id)
+            if scheduled is None:
+                verdict, code = "unknown EventId", 404
+            elif not scheduled.affects(self.vm_name):
+                verdict, code = "does not name this VM", 403
+            elif not scheduled.is_scheduled:
+                verdict, code = f"not Scheduled ({scheduled.event_status})", 409
+            else:
+                verdict, code = "ok", 0
+                canonical.append(scheduled.event_id)
+            checks.append({"EventId": event_id, "result": verdict})
+            if code and refusal is None:
+                refusal = (code, verdict)
+        if refusal is not None:
+            event(log, logging.WARNING, "start refused", reason=refusal[1], event_ids=ids)
+            raise Refused(refusal[0], refusal[1], results=checks)
+        try:
+            status, text = self.imds.start_events(canonical)
+        except ImdsError as exc:
+            raise Refused(502, f"IMDS did not answer the StartRequests: {exc.kind}") from None
+        outcome = "approved" if status == 200 else "failed"
+        event(
+            log,
+            logging.INFO if status == 200 else logging.ERROR,
+            "start requested",
+            imds_status=status,
+            event_ids=canonical,
+        )
+        body = {
+            "imds_status": status,
+            "results": [{"EventId": i, "result": outcome} for i in canonical],
+        }
+        if status != 200:
+            body["imds_body"] = text[:200]
+        return (200 if status == 200 else 502), body
+
+    def _fresh_document(self) -> Any:
+        try:
+            _, document = self.imds.get_events()
+        except ImdsError as exc:
+            raise Refused(503, f"cannot read IMDS to check the request: {exc.kind}") from None
+        return document
+
+    # ------------------------------------------------------------ /v1/hook
+
+    def hook(self, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        name, event_id = payload.get("Hook"), payload.get("EventId")
+        if not isinstance(name, str) or not isinstance(event_id, str) or not event_id:
+            raise Refused(400, 'expected {"Hook": NAME, "EventId": ID}')
+        if len(event_id) > 128:
+            raise Refused(400, "EventId too long")
+        if self.hooks is None or not self.hooks.known(name):
+            raise Refused(404, "unknown hook")
+        previous = self.hooks.result(name, event_id)
+        if previous is not None and previous.get("status") != RUNNING:
+            return 200, public(previous)
+        document = self._fresh_document()
+        scheduled = document.event(event_id)
+        if scheduled is None:
+            raise Refused(404, "unknown EventId")
+        if not scheduled.affects(self.vm_name):
+            raise Refused(403, "EventId does not name this VM")
+        record = self.hooks.run_once(name, scheduled, wait=self.hook_wait)
+        return (202 if record.get("status") == RUNNING else 200), public(record)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: CallbackHTTPServer
+    timeout = 10  # seconds a client may take to send its request
+    server_version = "scheduled-events-relay"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] != "/v1/health":
+            self._answer(404, {"error": "no such endpoint"})
+            return
+        self._answer(*self.server.app.health())
+
+    def do_POST(self) -> None:
+        try:
+            body = self._read_body()
+            status, answer = self.server.app.post(self.path, dict(self.headers.items()), body)
+        except Refused as exc:
+            if exc.status >= 500 or exc.status in (401, 409, 413):
+                event(log, logging.WARNING, "callback refused", path=self.path, **exc.body)
+            self._answer(exc.status, exc.body)
+            return
+        except Exception:  # answer, never crash the server thread; nothing was approved
+            log.exception("callback failed")
+            self._answer(500, {"error": "internal error"})
+            return
+        self._answer(status, answer)
+
+    def _read_body(self) -> bytes:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise Refused(411, "Content-Length required")
+        if not length.isdigit():
+            raise Refused(400, "bad Content-Length")
+        if int(length) > MAX_BODY:
+            self.close_connection = True
+            raise Refused(413, f"body over {MAX_BODY} bytes")
+        body = self.rfile.read(int(length))
+        if len(body) != int(length):
+            raise Refused(400, "body shorter than Content-Length")
+        return body
+
+    def do_PUT(self) -> None:
+        self._answer(405, {"error": "method not allowed"})
+
+    do_DELETE = do_PATCH = do_PUT
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # our own lines say what happened, without request noise
+
+
+class CallbackHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], app: CallbackApp) -> None:
+        self.app = app
+        super().__init__(address, _Handler)
+
+
+class CallbackServer:
+    def __init__(self, listen: str, app: CallbackApp) -> None:
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]")
+        if ":" in host:
+            import socket
+
+            CallbackHTTPServer.address_family = socket.AF_INET6
+        self.httpd = CallbackHTTPServer((host, int(port)), app)
+        self.app = app
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = self.httpd.server_address[0]
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> CallbackServer:
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="relay-callback", daemon=True
+        )
+        self._thread.start()
+        event(log, logging.INFO, "callback listening", address=f"{self.url}")
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread:
+            self._thread.join(5)

@@ -1,0 +1,200 @@
+"""Named local hook scripts (e.g. drain before a scale-set Terminate), run at most once.
+
+The relay only ever runs scripts named in its own configuration; a caller picks one by
+name and never sends a command. Each (hook, EventId) runs once: its result is kept in the
+state directory, so a repeated call, or a call after a relay restart, returns the first
+run's result instead of draining twice. A run a crash interrupted is reported as failed,
+not rerun: a half-drained node is for a person (or the policy) to judge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from relay.logs import event
+from relay.models import ScheduledEvent, format_not_before
+from relay.outbox import atomic_write
+
+log = logging.getLogger("relay.hooks")
+
+OUTPUT_TAIL_BYTES = 2048
+SUCCEEDED, FAILED, TIMEOUT, RUNNING = "succeeded", "failed", "timeout", "running"
+
+
+class HookRunner:
+    def __init__(
+        self, hooks: dict[str, Path], state_dir: Path, timeout: float, vm_name: str
+    ) -> None:
+        self.hooks = dict(hooks)
+        self.directory = state_dir / "hooks"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.timeout = timeout
+        self.vm_name = vm_name
+        self._lock = threading.Lock()
+        self._active: dict[str, threading.Event] = {}
+
+    def known(self, name: str) -> bool:
+        return name in self.hooks
+
+    def _path(self, name: str, event_id: str) -> Path:
+        digest = hashlib.sha256(f"{name}\0{event_id.casefold()}".encode()).hexdigest()[:32]
+        return self.directory / f"{digest}.json"
+
+    def _store(self, record: dict[str, Any]) -> None:
+        atomic_write(self._path(record["Hook"], record["EventId"]), json.dumps(record).encode())
+
+    def result(self, name: str, event_id: str) -> dict[str, Any] | None:
+        """The recorded outcome of (hook, EventId), or None if it never ran."""
+        with self._lock:
+            return self._result_locked(name, event_id)
+
+    def _result_locked(self, name: str, event_id: str) -> dict[str, Any] | None:
+        try:
+            record = json.loads(self._path(name, event_id).read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            record = {"Hook": name, "EventId": event_id, "status": RUNNING}
+        if record.get("status") == RUNNING and self._key(name, event_id) not in self._active:
+            # Started by an earlier relay process that died before it finished.
+            record.update(
+                status=FAILED,
+                exit_code=None,
+                output_tail="the relay restarted while this hook was running; not rerun",
+                finished_at=_now(),
+            )
+            self._store(record)
+        return record
+
+    @staticmethod
+    def _key(name: str, event_id: str) -> str:
+        return f"{name}\0{event_id.casefold()}"
+
+    def run_once(self, name: str, scheduled: ScheduledEvent, wait: float) -> dict[str, Any]:
+        """Start the hook for this event unless it ever ran; wait up to `wait` seconds."""
+        key = self._key(name, scheduled.event_id)
+        with self._lock:
+            existing = self._result_locked(name, scheduled.event_id)
+            if existing is not None:
+                done = self._active.get(key)
+                if done is None:
+                    return existing
+            else:
+                record = {
+                    "Hook": name,
+                    "EventId": scheduled.event_id,
+                    "status": RUNNING,
+                    "exit_code": None,
+                    "output_tail": "",
+                    "started_at": _now(),
+                }
+                self._store(record)  # durable before the script can have any effect
+                done = threading.Event()
+                self._active[key] = done
+                threading.Thread(
+                    target=self._run,
+                    args=(name, scheduled, record, done),
+                    name=f"hook-{name}",
+                    daemon=True,
+                ).start()
+        done.wait(wait)
+        return self.result(name, scheduled.event_id) or {}
+
+    def _run(
+        self, name: str, scheduled: ScheduledEvent, record: dict[str, Any], done: threading.Event
+    ) -> None:
+        script = self.hooks[name]
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "LANG": "C.UTF-8",
+            "SCHEDULED_EVENT_HOOK": name,
+            "SCHEDULED_EVENT_ID": scheduled.event_id,
+            "SCHEDULED_EVENT_TYPE": scheduled.event_type,
+            "SCHEDULED_EVENT_STATUS": scheduled.event_status,
+            "SCHEDULED_EVENT_NOT_BEFORE": format_not_before(scheduled.not_before),
+            "SCHEDULED_EVENT_RESOURCES": ",".join(scheduled.resources),
+            "SCHEDULED_EVENT_VM_NAME": self.vm_name,
+        }
+        event(log, logging.INFO, "hook started", hook=name, event_id=scheduled.event_id)
+        began = time.monotonic()
+        status, exit_code, tail = FAILED, None, ""
+        with tempfile.TemporaryFile(dir=self.directory) as output:
+            try:
+                proc = subprocess.Popen(  # noqa: S603 - only scripts from the relay's own config
+                    [str(script)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd="/",
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                tail = f"cannot start {script}: {exc.strerror or exc}"
+            else:
+                try:
+                    exit_code = proc.wait(timeout=self.timeout)
+                    status = SUCCEEDED if exit_code == 0 else FAILED
+                except subprocess.TimeoutExpired:
+                    status = TIMEOUT
+                    _kill_group(proc)
+                    exit_code = proc.wait()
+                output.seek(0, os.SEEK_END)
+                size = output.tell()
+                output.seek(max(0, size - OUTPUT_TAIL_BYTES))
+                tail = output.read().decode("utf-8", "replace")
+        record.update(
+            status=status,
+            exit_code=exit_code,
+            output_tail=tail,
+            finished_at=_now(),
+            seconds=round(time.monotonic() - began, 3),
+        )
+        with self._lock:
+            try:
+                self._store(record)
+            except OSError as exc:
+                event(log, logging.ERROR, "cannot record hook result", error=str(exc))
+            self._active.pop(self._key(name, scheduled.event_id), None)
+        done.set()
+        event(
+            log,
+            logging.INFO if status == SUCCEEDED else logging.WARNING,
+            "hook finished",
+            hook=name,
+            event_id=scheduled.event_id,
+            status=status,
+            exit_code=exit_code,
+        )
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def public(record: dict[str, Any]) -> dict[str, Any]:
+    """The answer's fields, exactly the contract: Hook, EventId, status, exit_code, output_tail."""
+    return {
+        "Hook": record.get("Hook"),
+        "EventId": record.get("EventId"),
+        "status": record.get("status"),
+        "exit_code": record.get("exit_code"),
+        "output_tail": record.get("output_tail", ""),
+    }

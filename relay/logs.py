@@ -1,0 +1,112 @@
+"""Logging: one JSON object per line (for journald and log shippers) or plain text for people.
+
+Structured fields travel in `extra={"fields": {...}}` so the JSON form keeps them as keys.
+`ErrorStreak` exists because a relay polling once a second must not write 86,400 identical
+lines a day while IMDS or Service Bus is down: each kind of error is logged once per streak,
+then one line when it recovers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+log = logging.getLogger("relay")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        entry.update(getattr(record, "fields", None) or {})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        moment = datetime.fromtimestamp(record.created, UTC).strftime("%H:%M:%S")
+        fields = getattr(record, "fields", None) or {}
+        tail = " ".join(f"{k}={v}" for k, v in fields.items())
+        line = f"{moment} {record.levelname:<7} {record.getMessage()}"
+        if tail:
+            line += f"  {tail}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure(log_format: str = "json", level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # urllib3 logs every retry and reconnect; our own lines say what matters.
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+
+
+def event(logger: logging.Logger, level: int, msg: str, **fields: Any) -> None:
+    logger.log(level, msg, extra={"fields": fields})
+
+
+class ErrorStreak:
+    """Log each kind of error once per streak of failures, and one line on recovery."""
+
+    def __init__(self, logger: logging.Logger, what: str, clock: Any = time.monotonic) -> None:
+        self._log = logger
+        self._what = what
+        self._clock = clock
+        self._kinds: set[str] = set()
+        self._count = 0
+        self._since = 0.0
+        self.last_error: str | None = None
+
+    @property
+    def failing(self) -> bool:
+        return self._count > 0
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def error(self, kind: str, detail: str, level: int = logging.WARNING, **fields: Any) -> None:
+        if self._count == 0:
+            self._since = self._clock()
+        self._count += 1
+        self.last_error = kind
+        if kind in self._kinds:
+            return
+        self._kinds.add(kind)
+        event(
+            self._log,
+            level,
+            f"{self._what} error: {detail}",
+            kind=kind,
+            errors_in_streak=self._count,
+            note="logged once per streak; a recovery line follows",
+            **fields,
+        )
+
+    def ok(self) -> None:
+        if self._count:
+            event(
+                self._log,
+                logging.INFO,
+                f"{self._what} recovered",
+                errors_in_streak=self._count,
+                kinds=sorted(self._kinds),
+                seconds=round(self._clock() - self._since, 1),
+            )
+        self._kinds.clear()
+        self._count = 0
+        self.last_error = None

@@ -1,0 +1,159 @@
+"""The poll loop: read IMDS about once a second and queue every changed document.
+
+Change detection is two-step to stay cheap at one poll a second: identical bytes mean
+nothing changed (no JSON parsing at all); different bytes are parsed and compared on
+`DocumentIncarnation` and a content hash, so a re-serialised but equal document is not
+forwarded twice, while a content change under the same incarnation still is.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from relay import __version__
+from relay.imds import ImdsClient, ImdsError, parse_events
+from relay.logs import ErrorStreak, event
+from relay.models import Envelope, VmRef, content_hash
+from relay.outbox import Outbox, OutboxError
+
+log = logging.getLogger("relay.watcher")
+
+
+class Watcher:
+    def __init__(
+        self,
+        imds: ImdsClient,
+        outbox: Outbox,
+        vm: VmRef,
+        poll_interval: float = 1.0,
+        heartbeat_interval: float = 300.0,
+        timeout: float = 5.0,
+        first_timeout: float = 120.0,
+        max_backoff: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.imds = imds
+        self.outbox = outbox
+        self.vm = vm
+        self.poll_interval = poll_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.timeout = timeout
+        self.first_timeout = first_timeout
+        self.max_backoff = max_backoff
+        self._clock = clock
+        self._stop = stop or threading.Event()
+        self.streak = ErrorStreak(log, "IMDS")
+        self._outbox_streak = ErrorStreak(log, "outbox")
+        self._ever_answered = False
+        self._last_raw: bytes | None = None
+        self._last_key: tuple[int, str] | None = None
+        self._failures = 0
+        self._next_heartbeat = clock() + heartbeat_interval
+        self.last_success: float | None = None
+        self.documents = 0
+        self.heartbeats = 0
+
+    @property
+    def healthy(self) -> bool:
+        return self._ever_answered and not self.streak.failing
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        event(
+            log,
+            logging.INFO,
+            "watching IMDS scheduled events",
+            vm=self.vm.name,
+            url=self.imds.events_url,
+            poll_interval=self.poll_interval,
+        )
+        while not self._stop.is_set():
+            started = self._clock()
+            delay = self.poll_once()
+            self._heartbeat_if_due()
+            remaining = delay - (self._clock() - started)
+            remaining = min(remaining, max(self._next_heartbeat - self._clock(), 0.0))
+            if remaining > 0:
+                self._stop.wait(remaining)
+
+    def poll_once(self) -> float:
+        """One poll; returns how long after its start the next one should begin."""
+        timeout = self.timeout if self._ever_answered else self.first_timeout
+        try:
+            raw = self.imds.get_events_raw(timeout=timeout)
+            if raw != self._last_raw:
+                data, document = parse_events(raw)
+                key = (document.document_incarnation, content_hash(data))
+                if key != self._last_key:
+                    self._queue_document(data)
+                    self._last_key = key
+                self._last_raw = raw
+        except ImdsError as exc:
+            self._failures += 1
+            self.streak.error(exc.kind, str(exc))
+            backoff = min(self.max_backoff, self.poll_interval * 2 ** min(self._failures - 1, 10))
+            return backoff * random.uniform(0.75, 1.25)  # noqa: S311 - jitter
+        except OutboxError as exc:
+            # The document stays unqueued; the next poll sees it as new and tries again.
+            self._outbox_streak.error("write", str(exc), level=logging.ERROR)
+            return self.poll_interval
+        self._ever_answered = True
+        self._failures = 0
+        self.last_success = self._clock()
+        self.streak.ok()
+        self._outbox_streak.ok()
+        return self.poll_interval
+
+    def _envelope(self, kind: str, document: dict[str, Any] | None, **extra: Any) -> Envelope:
+        return Envelope(
+            kind=kind,
+            vm=self.vm,
+            relay_version=__version__,
+            sequence=0,  # the outbox stamps the real one
+            observed_at=datetime.now(UTC),
+            document=document,
+            **extra,
+        )
+
+    def _queue_document(self, data: dict[str, Any]) -> None:
+        message = self.outbox.append(self._envelope("document", data))
+        self.documents += 1
+        events = data.get("Events") or []
+        event(
+            log,
+            logging.INFO,
+            "document changed",
+            incarnation=data.get("DocumentIncarnation"),
+            events=len(events),
+            sequence=message.sequence if message else None,
+        )
+
+    def _heartbeat_if_due(self) -> None:
+        now = self._clock()
+        if now < self._next_heartbeat:
+            return
+        self._next_heartbeat += self.heartbeat_interval
+        if self._next_heartbeat <= now:  # fell behind (suspended VM): no burst of catch-ups
+            self._next_heartbeat = now + self.heartbeat_interval
+        try:
+            self.outbox.append(
+                self._envelope(
+                    "heartbeat",
+                    None,
+                    imds_healthy=self.healthy,
+                    imds_error=self.streak.last_error,
+                    outbox_pending=len(self.outbox),
+                )
+            )
+            self.heartbeats += 1
+        except OutboxError as exc:
+            self._outbox_streak.error("write", f"heartbeat: {exc}", level=logging.ERROR)
