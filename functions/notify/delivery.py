@@ -1,0 +1,158 @@
+"""POST a JSON body with bounded in-invocation retries, then hand the rest to Service Bus.
+
+Service Bus redelivers an abandoned message at once (the Functions host has no retry
+policy for Service Bus triggers), so the backoff that protects a throttled receiver has to
+happen here: a few short waits honouring `Retry-After`, then `RetryableDeliveryError` so the
+message is redelivered, and after the subscription's maxDeliveryCount it lands in the
+dead-letter queue. A rejection that a retry cannot fix (400 and most 4xx) raises
+`PermanentDeliveryError` at once, without retrying, carrying the receiver's own error text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import requests
+from pydantic import BaseModel, ConfigDict
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+ERROR_TEXT_LIMIT = 500
+
+
+class DeliveryError(Exception):
+    """A channel could not deliver a notification. `channel` names which one."""
+
+    def __init__(self, channel: str, message: str, status: int | None = None) -> None:
+        super().__init__(f"{channel}: {message}")
+        self.channel = channel
+        self.status = status
+        self.reason = message
+
+
+class RetryableDeliveryError(DeliveryError):
+    """Throttled, a server error or no connection: let Service Bus redeliver."""
+
+
+class PermanentDeliveryError(DeliveryError):
+    """The receiver rejected the request itself; resending the same body cannot help."""
+
+
+class RetryPolicy(BaseModel):
+    """How long one invocation keeps trying before handing the message back to Service Bus."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempts: int = 4
+    backoff_seconds: float = 1.0  # first wait; doubles each time, with jitter
+    max_wait_seconds: float = 20.0  # cap for one wait, including a Retry-After
+    connect_timeout: float = 5.0
+    read_timeout: float = 15.0
+
+    def wait(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_wait_seconds)
+        base = self.backoff_seconds * (2 ** (attempt - 1))
+        return min(base * (0.5 + random.random() / 2), self.max_wait_seconds)  # noqa: S311
+
+
+def retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
+    """`Retry-After` is either delay-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        moment = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return max((moment - (now or datetime.now(UTC))).total_seconds(), 0.0)
+
+
+def error_text(response: requests.Response) -> str:
+    """The receiver's own explanation, short and on one line, for the log and the DLQ."""
+    try:
+        data = response.json()
+    except ValueError:
+        text = response.text
+    else:
+        text = (
+            json.dumps(data, separators=(",", ":")) if isinstance(data, dict | list) else str(data)
+        )
+    return " ".join(text.split())[:ERROR_TEXT_LIMIT] or f"HTTP {response.status_code}"
+
+
+@dataclass
+class Transport:
+    """What a sender needs from the outside world; tests pass short waits and a fixed clock."""
+
+    session: requests.Session
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+
+def post_json(
+    transport: Transport,
+    channel: str,
+    url: str,
+    body: bytes,
+    *,
+    headers: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
+    success: Callable[[int], bool] = lambda status: 200 <= status < 300,
+) -> requests.Response:
+    """POST `body` until a success status, a permanent rejection, or the attempts run out.
+
+    `headers` may be a callable so a signature is recomputed per attempt (a fresh timestamp).
+    The URL is never logged: for Teams and webhooks it is itself the secret.
+    """
+    policy, session = transport.policy, transport.session
+    last = "no attempt"
+    for attempt in range(1, policy.attempts + 1):
+        sent = dict(headers() if callable(headers) else (headers or {}))
+        sent.setdefault("Content-Type", "application/json")
+        retry_after: float | None = None
+        try:
+            response = session.post(
+                url, data=body, headers=sent, timeout=(policy.connect_timeout, policy.read_timeout)
+            )
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            last = f"{type(exc).__name__}"
+        else:
+            status = response.status_code
+            if success(status):
+                return response
+            detail = error_text(response)
+            if status not in RETRYABLE_STATUS and not 500 <= status < 600:
+                raise PermanentDeliveryError(channel, f"HTTP {status}: {detail}", status)
+            last = f"HTTP {status}: {detail}"
+            retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+        if attempt < policy.attempts:
+            wait = policy.wait(attempt, retry_after)
+            log.warning(
+                "%s: attempt %d/%d failed (%s); retrying in %.1fs",
+                channel,
+                attempt,
+                policy.attempts,
+                last,
+                wait,
+            )
+            transport.sleep(wait)
+    raise RetryableDeliveryError(channel, f"gave up after {policy.attempts} attempts: {last}")
+
+
+def dumps(payload: Any) -> bytes:
+    """Compact, stable JSON: what is signed is exactly what is sent."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()

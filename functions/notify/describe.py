@@ -1,0 +1,140 @@
+"""Human words shared by every channel, so Teams, PagerDuty and webhooks say the same thing."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from functions.notifications import Decision, EventSnapshot, Notification, Transition, utc_text
+
+MAX_LISTED = 20  # VMs named per group before "and N more": a card must stay readable
+
+
+def event_words(event: EventSnapshot) -> str:
+    """The event type in words an operator reads at a glance."""
+    kind = event.event_type
+    seconds = event.duration_in_seconds
+    if kind == "Freeze":
+        if seconds is not None and seconds > 0:
+            return f"Live migration pause {seconds} s"
+        if seconds == 0:
+            return "Freeze (no impact expected)"
+        return "Live migration pause"
+    words = {
+        "Reboot": "Reboot",
+        "Redeploy": "Redeploy (moves to another host, temporary disk lost)",
+        "Preempt": "Spot eviction",
+        "Terminate": "Scale-in: instance deleted",
+    }.get(kind, kind)
+    if seconds is not None and seconds > 0 and kind in {"Reboot", "Redeploy"}:
+        words += f", about {seconds} s"
+    return words
+
+
+def relative(moment: datetime | None, now: datetime) -> str:
+    """'in 12 min', '3 min ago', 'now': the When an operator acts on."""
+    if moment is None:
+        return "now"
+    seconds = (moment - now).total_seconds()
+    span = abs(seconds)
+    if span < 30:
+        return "now"
+    if span < 3600:
+        text = f"{round(span / 60)} min"
+    elif span < 48 * 3600:
+        hours, rest = divmod(round(span / 60), 60)
+        text = f"{hours} h {rest} min" if rest else f"{hours} h"
+    else:
+        text = f"{round(span / 86400)} days"
+    return f"in {text}" if seconds > 0 else f"{text} ago"
+
+
+def when_text(event: EventSnapshot, now: datetime) -> str:
+    if event.not_before is None:
+        return "now (already started)" if event.event_status == "Started" else "not given"
+    return f"{utc_text(event.not_before)} ({relative(event.not_before, now)})"
+
+
+def vm_groups(event: EventSnapshot) -> list[tuple[str, list[str]]]:
+    """VMs grouped by scale set (instance names are `{set}_{id}`) or availability set."""
+    left = list(event.resources or event.reported_by)
+    groups: list[tuple[str, list[str]]] = []
+    for scale_set in sorted(event.scale_sets, key=len, reverse=True):
+        members = [vm for vm in left if vm.startswith(f"{scale_set}_")]
+        if members:
+            groups.append((f"Scale set {scale_set}", members))
+            left = [vm for vm in left if vm not in members]
+    if left:
+        if len(event.availability_sets) == 1:
+            groups.append((f"Availability set {event.availability_sets[0]}", left))
+        else:
+            groups.append(("VMs", left))
+    return groups
+
+
+def listed(names: list[str]) -> str:
+    shown = ", ".join(names[:MAX_LISTED])
+    more = len(names) - MAX_LISTED
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+def vms_text(event: EventSnapshot) -> str:
+    parts = [f"{label}: {listed(names)}" for label, names in vm_groups(event)]
+    return "; ".join(parts) or "none named"
+
+
+def vm_count(event: EventSnapshot) -> str:
+    count = len(event.resources or event.reported_by)
+    return f"{count} VM" if count == 1 else f"{count} VMs"
+
+
+ACTION_WORDS = {
+    "approve": "Approve now",
+    "drain": "Drain, then approve",
+    "hold": "Hold: let NotBefore arrive",
+}
+
+
+def decision_text(decision: Decision) -> str:
+    text = f"{ACTION_WORDS.get(decision.action, decision.action)} (rule {decision.rule})"
+    if decision.approve_after is not None:
+        text += f", approve after {utc_text(decision.approve_after)}"
+    if decision.reason:
+        text += f": {decision.reason}"
+    if decision.dry_run:
+        text += " [dry run: nothing is approved]"
+    if decision.policy_error:
+        text += f" [policy invalid, failing closed: {decision.policy_error}]"
+    return text
+
+
+FOLLOW_UP = {
+    Transition.SCHEDULED: "scheduled",
+    Transition.DECIDED: "scheduled",
+    Transition.APPROVED: "approved: it can start now",
+    Transition.APPROVAL_FAILED: "approval failed: it starts at NotBefore",
+    Transition.DRAIN_STARTED: "draining before approval",
+    Transition.DRAIN_FAILED: "drain failed",
+    Transition.STARTED: "started",
+    Transition.COMPLETED: "completed",
+    Transition.CANCELLED: "cancelled by Azure before it started",
+    Transition.OVERDUE: "overdue: still Scheduled after NotBefore",
+}
+
+
+def headline(note: Notification) -> str:
+    """One line naming the transition, the event and the VMs; the PagerDuty summary too."""
+    if note.transition is Transition.RELAY_SILENT:
+        return f"Relay on {note.vm or 'a VM'} stopped reporting"
+    if note.transition is Transition.POLICY_INVALID:
+        return "Approval policy is invalid: nothing is approved until it is fixed"
+    event = note.event
+    if event is None:
+        return f"{note.transition.value} ({note.vm or 'fleet'})"
+    what = event_words(event)
+    state = FOLLOW_UP.get(note.transition, note.transition.value)
+    groups = vm_groups(event)
+    where = vm_count(event)
+    if len(groups) == 1:
+        label = groups[0][0]
+        where += f" in {label[0].lower()}{label[1:]}" if label != "VMs" else ""
+    return f"{what} {state}: {where}"

@@ -1,0 +1,166 @@
+"""PagerDuty Events API v2: `trigger` for paging transitions, `resolve` when the event ends.
+
+`dedup_key` is the EventId, so one event is one incident however many VMs report it and
+however often a transition is redelivered. A resolve is sent on every `completed` or
+`cancelled`: PagerDuty accepts (202) and ignores a resolve for a key with no open alert,
+which is cheaper and safer than remembering which events were paged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from functions.notifications import Notification, Transition
+from functions.notify import describe
+from functions.notify.delivery import Transport, dumps, post_json
+
+log = logging.getLogger(__name__)
+
+SUMMARY_LIMIT = 1024
+DEDUP_KEY_LIMIT = 255
+SEVERITIES = ("info", "warning", "error", "critical")
+CLIENT = "Azure Scheduled Events bridge"
+
+# Transitions that page whatever the decision said, and their least severity.
+ALWAYS_PAGE = {
+    Transition.APPROVAL_FAILED: "error",
+    Transition.DRAIN_FAILED: "error",
+    Transition.RELAY_SILENT: "warning",
+    Transition.POLICY_INVALID: "error",
+}
+RESOLVING = frozenset({Transition.COMPLETED, Transition.CANCELLED})
+
+
+def action_for(note: Notification) -> Literal["trigger", "resolve"] | None:
+    if note.transition in RESOLVING:
+        return "resolve"
+    if note.transition in ALWAYS_PAGE:
+        return "trigger"
+    if note.transition is Transition.DECIDED and note.decision is not None and note.decision.page:
+        return "trigger"
+    return None
+
+
+def dedup_key(note: Notification) -> str:
+    if note.event is not None:
+        key = note.event.event_id
+    elif note.transition is Transition.RELAY_SILENT:
+        key = f"relay-silent:{note.vm or 'unknown'}"
+    else:
+        key = f"{note.transition.value}:{note.vm or 'fleet'}"
+    return key[:DEDUP_KEY_LIMIT]
+
+
+def severity(note: Notification) -> str:
+    chosen = note.decision.severity if note.decision else "warning"
+    floor = ALWAYS_PAGE.get(note.transition)
+    if floor and SEVERITIES.index(floor) > SEVERITIES.index(chosen):
+        return floor
+    return chosen
+
+
+def _source(note: Notification) -> str:
+    event = note.event
+    if note.vm:
+        return note.vm
+    if event is not None:
+        if len(event.scale_sets) == 1:
+            return event.scale_sets[0]
+        if len(event.availability_sets) == 1:
+            return event.availability_sets[0]
+        if event.resources:
+            return event.resources[0]
+    return "scheduled-events-bridge"
+
+
+def _group(note: Notification) -> str | None:
+    event = note.event
+    if event is None:
+        return None
+    sets = event.scale_sets + event.availability_sets
+    return ",".join(sets)[:255] if sets else None
+
+
+def _links(note: Notification) -> list[dict[str, str]]:
+    links = []
+    if note.links.status_url:
+        links.append({"href": note.links.status_url, "text": "Fleet status"})
+    if note.links.approve_url and note.transition is not Transition.RELAY_SILENT:
+        links.append({"href": note.links.approve_url, "text": "Approve manually"})
+    return links
+
+
+def _summary(note: Notification) -> str:
+    text = describe.headline(note)
+    if note.decision is not None:
+        text += f" — {describe.decision_text(note.decision)}"
+    if note.detail:
+        text += f" — {note.detail}"
+    text = " ".join(text.split())
+    return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
+
+
+def build_event(note: Notification, routing_key: str) -> dict[str, Any] | None:
+    """The Events v2 body for this transition, or None when PagerDuty has no part in it."""
+    action = action_for(note)
+    if action is None:
+        return None
+    body: dict[str, Any] = {
+        "routing_key": routing_key,
+        "event_action": action,
+        "dedup_key": dedup_key(note),
+    }
+    if action == "resolve":
+        return body
+    details: dict[str, Any] = {"transition": note.transition.value}
+    if note.event is not None:
+        details.update(note.event.imds_fields())
+        details["ReportedBy"] = list(note.event.reported_by)
+    if note.decision is not None:
+        details["decision"] = note.decision.model_dump(mode="json")
+    if note.detail:
+        details["detail"] = note.detail
+    if note.vm:
+        details["vm"] = note.vm
+    payload: dict[str, Any] = {
+        "summary": _summary(note),
+        "source": _source(note),
+        "severity": severity(note),
+        "timestamp": note.occurred_at.isoformat(),
+        "component": note.vm
+        or (note.event.resources[0] if note.event and note.event.resources else None),
+        "group": _group(note),
+        "class": note.event.event_type if note.event else note.transition.value,
+        "custom_details": details,
+    }
+    body["payload"] = {key: value for key, value in payload.items() if value is not None}
+    body["client"] = CLIENT
+    if note.links.status_url:
+        body["client_url"] = note.links.status_url
+    links = _links(note)
+    if links:
+        body["links"] = links
+    return body
+
+
+def send(
+    note: Notification,
+    *,
+    routing_key: str,
+    url: str,
+    transport: Transport,
+) -> bool:
+    """Send the trigger or resolve; False when this transition is not PagerDuty's business.
+
+    PagerDuty answers 202 on success; 429 and 5xx are retried (PagerDuty asks for backoff),
+    400 means the event itself is invalid and raises PermanentDeliveryError with its text.
+    """
+    body = build_event(note, routing_key)
+    if body is None:
+        return False
+    response = post_json(transport, "pagerduty", url, dumps(body))
+    if response.status_code != 202:
+        log.warning("pagerduty: answered %d where 202 was expected", response.status_code)
+    log.info("pagerduty: %s %s", body["event_action"], body["dedup_key"])
+    return True

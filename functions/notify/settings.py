@@ -1,0 +1,50 @@
+"""Channel settings from app settings. A channel whose settings are missing is off."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+
+
+class ChannelSettings(BaseSettings):
+    """`TEAMS_WEBHOOK_URL`, `PAGERDUTY_ROUTING_KEY`, `PAGERDUTY_EVENTS_URL`, `WEBHOOK_URL`,
+    `WEBHOOK_SECRET`. URLs that embed a signature (Teams) and keys are SecretStr so that
+    neither a repr nor a log line can leak them."""
+
+    model_config = SettingsConfigDict(extra="ignore", case_sensitive=False)
+
+    teams_webhook_url: SecretStr | None = None
+    pagerduty_routing_key: SecretStr | None = None
+    pagerduty_events_url: str = PAGERDUTY_EVENTS_URL
+    webhook_url: SecretStr | None = None
+    webhook_secret: SecretStr | None = None
+
+    def off_reason(self, channel: str) -> str | None:
+        """Why a channel is off, or None when it is on."""
+        if channel == "teams":
+            return None if _present(self.teams_webhook_url) else "TEAMS_WEBHOOK_URL is not set"
+        if channel == "pagerduty":
+            if _present(self.pagerduty_routing_key):
+                return None
+            return "PAGERDUTY_ROUTING_KEY is not set"
+        if channel == "webhook":
+            if not _present(self.webhook_url):
+                return "WEBHOOK_URL is not set"
+            if not _present(self.webhook_secret):
+                return "WEBHOOK_URL is set but WEBHOOK_SECRET is not: refusing to send unsigned"
+            return None
+        return f"unknown channel {channel!r}"
+
+
+def _present(value: SecretStr | None) -> bool:
+    return value is not None and bool(value.get_secret_value().strip())
+
+
+@lru_cache(maxsize=1)
+def channel_settings() -> ChannelSettings:
+    """Read once per worker process: app settings change only with a restart."""
+    return ChannelSettings()

@@ -1,0 +1,139 @@
+"""Teams: an Adaptive Card posted to a Teams Workflows webhook.
+
+The full card goes out once per event, on `decided` (it carries everything `scheduled`
+knew, plus what will happen and why); later transitions post short follow-ups. Only
+elements Teams renders from a Workflows webhook are used (schema version 1.5).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from functions.notifications import Notification, Transition, utc_text
+from functions.notify import describe
+from functions.notify.delivery import Transport, dumps, post_json
+
+log = logging.getLogger(__name__)
+
+CARD_SCHEMA = "http://adaptivecards.io/schemas/adaptive-card.json"
+CARD_VERSION = "1.5"
+CARD_CONTENT_TYPE = "application/vnd.microsoft.card.adaptive"
+MAX_TEXT = 2000  # a long Description stays readable and the post stays far below 28 KB
+
+# `scheduled` is covered by the `decided` card that always follows it.
+SKIPPED = frozenset({Transition.SCHEDULED})
+
+ATTENTION = {
+    Transition.APPROVAL_FAILED,
+    Transition.DRAIN_FAILED,
+    Transition.OVERDUE,
+    Transition.RELAY_SILENT,
+    Transition.POLICY_INVALID,
+}
+
+
+def wants(note: Notification) -> bool:
+    return note.transition not in SKIPPED
+
+
+def _text(text: str, **style: Any) -> dict[str, Any]:
+    return {"type": "TextBlock", "text": text[:MAX_TEXT], "wrap": True, **style}
+
+
+def _facts(pairs: list[tuple[str, str | None]]) -> dict[str, Any]:
+    return {
+        "type": "FactSet",
+        "facts": [{"title": title, "value": value[:MAX_TEXT]} for title, value in pairs if value],
+    }
+
+
+def _actions(note: Notification) -> list[dict[str, Any]]:
+    actions = []
+    if note.links.approve_url and note.transition in {Transition.DECIDED, Transition.OVERDUE}:
+        actions.append(
+            {"type": "Action.OpenUrl", "title": "Approve manually", "url": note.links.approve_url}
+        )
+    if note.links.status_url:
+        actions.append(
+            {"type": "Action.OpenUrl", "title": "Fleet status", "url": note.links.status_url}
+        )
+    return actions
+
+
+def build_card(note: Notification, now: datetime) -> dict[str, Any]:
+    """The Adaptive Card for one notification: full on `decided`, short otherwise."""
+    title_color = "Attention" if note.transition in ATTENTION else "Default"
+    body: list[dict[str, Any]] = [
+        _text(describe.headline(note), size="Medium", weight="Bolder", color=title_color)
+    ]
+    event = note.event
+    if note.transition is Transition.DECIDED and event is not None:
+        body.append(
+            _facts(
+                [
+                    ("What", describe.event_words(event)),
+                    ("VMs", describe.vms_text(event)),
+                    ("When", describe.when_text(event, now)),
+                    ("Why", event.description or "no description given"),
+                    ("Source", event.event_source),
+                    (
+                        "Decision",
+                        describe.decision_text(note.decision) if note.decision else "pending",
+                    ),
+                    ("Event", event.event_id),
+                ]
+            )
+        )
+    else:
+        pairs: list[tuple[str, str | None]] = []
+        if event is not None:
+            pairs += [
+                ("VMs", describe.vms_text(event)),
+                ("When", describe.when_text(event, now)),
+                ("Event", event.event_id),
+            ]
+        if note.vm and event is None:
+            pairs.append(("VM", note.vm))
+        if note.decision and note.decision.policy_error:
+            pairs.append(("Policy error", note.decision.policy_error))
+        pairs.append(("At", utc_text(note.occurred_at)))
+        body.append(_facts(pairs))
+    if note.detail:
+        body.append(_text(note.detail, isSubtle=True))
+    card: dict[str, Any] = {
+        "$schema": CARD_SCHEMA,
+        "type": "AdaptiveCard",
+        "version": CARD_VERSION,
+        "body": body,
+    }
+    actions = _actions(note)
+    if actions:
+        card["actions"] = actions
+    return card
+
+
+def build_message(note: Notification, now: datetime) -> dict[str, Any]:
+    """The envelope a Workflows 'When a Teams webhook request is received' flow expects."""
+    return {
+        "type": "message",
+        "attachments": [
+            {"contentType": CARD_CONTENT_TYPE, "contentUrl": None, "content": build_card(note, now)}
+        ],
+    }
+
+
+def send(
+    note: Notification,
+    *,
+    url: str,
+    transport: Transport,
+) -> bool:
+    """Post the card; False when Teams has nothing to say about this transition."""
+    if not wants(note):
+        log.info("teams: %s is covered by the decided card", note.message_id())
+        return False
+    post_json(transport, "teams", url, dumps(build_message(note, transport.clock())))
+    log.info("teams: posted %s", note.message_id())
+    return True

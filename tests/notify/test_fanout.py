@@ -1,0 +1,232 @@
+"""The whole fan-out: a topic (duplicate detection, one copy per subscription, redelivery,
+DLQ) feeding each channel's handler, with real local receivers for Teams, PagerDuty and a
+webhook. Fleet-wide "once" comes from MessageId = EventId:transition."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import azure.functions as func
+import pytest
+import requests
+
+from functions.notifications import Notification, Transition
+from functions.notify import blueprint, dispatch
+from functions.notify.delivery import RetryPolicy, Transport
+from functions.notify.settings import ChannelSettings, channel_settings
+from tests.notify.factory import decision, event, note
+from tests.notify.fakebus import Message, Topic
+from tests.notify.receiver import Answer, Receiver, running
+
+MAX_DELIVERY = 5
+
+
+@dataclass
+class Fleet:
+    teams: Receiver
+    pagerduty: Receiver
+    webhook: Receiver
+    settings: ChannelSettings
+    topic: Topic
+    transport: Transport
+    rejections: dispatch.Rejections
+
+    def publish(self, *notes: Notification) -> None:
+        for item in notes:
+            self.topic.send(item.message_id(), item.to_json().encode())
+
+    def pump(self) -> None:
+        for name, subscription in self.topic.subscriptions.items():
+
+            def handle(message: Message, channel: str = name) -> None:
+                dispatch.deliver(
+                    channel,
+                    message.body,
+                    settings=self.settings,
+                    transport=self.transport,
+                    rejections=self.rejections,
+                )
+
+            subscription.pump(handle)
+
+    def actions(self) -> list[tuple[str, str]]:
+        return [(body["event_action"], body["dedup_key"]) for body in self.pagerduty.bodies()]
+
+    def card_titles(self) -> list[str]:
+        return [
+            body["attachments"][0]["content"]["body"][0]["text"] for body in self.teams.bodies()
+        ]
+
+
+@pytest.fixture
+def fleet() -> Iterator[Fleet]:
+    with (
+        running(Answer(202, {"status": "accepted"})) as teams,
+        running(Answer(202, {"status": "success", "message": "Event processed"})) as pd,
+        running(Answer(204)) as hook,
+    ):
+        settings = ChannelSettings(
+            teams_webhook_url=f"{teams.url}/workflows/abc",
+            pagerduty_routing_key="R0UT1NGKEY0123456789012345678901",
+            pagerduty_events_url=f"{pd.url}/v2/enqueue",
+            webhook_url=f"{hook.url}/bridge",
+            webhook_secret="webhook-secret-0123456789",
+        )
+        yield Fleet(
+            teams,
+            pd,
+            hook,
+            settings,
+            Topic({name: MAX_DELIVERY for name in dispatch.CHANNELS}),
+            Transport(
+                session=requests.Session(),
+                policy=RetryPolicy(attempts=3, backoff_seconds=0.001, max_wait_seconds=0.01),
+                sleep=lambda _seconds: None,
+            ),
+            dispatch.Rejections(),
+        )
+
+
+def lifecycle(event_id: str, page: bool, end: Transition) -> list[Notification]:
+    snapshot = event(event_id)
+    choice = decision(page=page)
+    return [
+        note(Transition.SCHEDULED, snapshot),
+        note(Transition.DECIDED, snapshot, choice),
+        note(Transition.APPROVED, snapshot, choice),
+        note(Transition.STARTED, snapshot, choice),
+        note(end, snapshot, choice),
+    ]
+
+
+def test_one_card_and_one_page_per_event_fleet_wide(fleet: Fleet) -> None:
+    paged = lifecycle("EV-A", page=True, end=Transition.COMPLETED)
+    quiet = lifecycle("EV-B", page=False, end=Transition.CANCELLED)
+    # Three VMs report each event; ingest (or a redelivered ingest) republishes each transition.
+    for _vm in range(3):
+        fleet.publish(*paged, *quiet)
+    fleet.pump()
+
+    titles = fleet.card_titles()
+    assert titles.count("Reboot scheduled: 2 VMs in scale set web") == 2  # one full card each
+    assert len(titles) == 8  # + approved, started, completed/cancelled follow-ups per event
+    assert sum("approved" in title for title in titles) == 2
+    assert sum("cancelled" in title for title in titles) == 1
+    assert fleet.actions() == [
+        ("trigger", "EV-A"),
+        ("resolve", "EV-A"),
+        ("resolve", "EV-B"),
+    ]
+    assert len(fleet.webhook.requests) == 10  # every transition, once
+    assert len(fleet.topic.dropped) == 20
+    for subscription in fleet.topic.subscriptions.values():
+        assert subscription.dead_letters == []
+
+
+def test_a_flaky_receiver_gets_each_message_once(fleet: Fleet) -> None:
+    # Five failures outlast one invocation's three attempts: Service Bus redelivers once.
+    fleet.pagerduty.script = [
+        Answer(429, {"status": "throttle"}, {"Retry-After": "1"}),
+        Answer(500),
+        Answer(503),
+        Answer(429, {"status": "throttle"}),
+        Answer(502),
+    ]
+    fleet.teams.script = [Answer(500), Answer(429)]
+    fleet.publish(*lifecycle("EV-C", page=True, end=Transition.COMPLETED))
+    fleet.pump()
+
+    accepted = [
+        body
+        for body, record in zip(fleet.pagerduty.bodies(), fleet.pagerduty.requests, strict=True)
+    ][5:]
+    assert [(b["event_action"], b["dedup_key"]) for b in accepted] == [
+        ("trigger", "EV-C"),
+        ("resolve", "EV-C"),
+    ]
+    trigger = fleet.topic.subscriptions["pagerduty"].completed[1]
+    assert trigger.delivery_count == 2
+    assert len(fleet.card_titles()) == 2 + 4  # two failed posts, then one card per transition
+    assert fleet.topic.subscriptions["teams"].completed[1].delivery_count == 1
+    for subscription in fleet.topic.subscriptions.values():
+        assert subscription.dead_letters == []
+
+
+def test_a_pagerduty_400_is_dead_lettered_and_others_carry_on(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    reason = "Length of 'routing_key' is incorrect (should be 32 characters)"
+    error = {"status": "invalid event", "message": "Event object is invalid", "errors": [reason]}
+    fleet.pagerduty.default = Answer(400, error)
+    fleet.publish(*lifecycle("EV-D", page=True, end=Transition.COMPLETED))
+    fleet.pump()
+
+    pd = fleet.topic.subscriptions["pagerduty"]
+    assert [message.message_id for message in pd.dead_letters] == ["EV-D:decided", "EV-D:completed"]
+    assert all(message.delivery_count == MAX_DELIVERY for message in pd.dead_letters)
+    assert "routing_key" in (pd.dead_letters[0].dead_letter_description or "")
+    # Asked once per message: redeliveries on this worker fail fast without re-posting.
+    assert len(fleet.pagerduty.requests) == 2
+    assert "Length of 'routing_key' is incorrect" in caplog.text
+    assert len(fleet.card_titles()) == 4
+    assert len(fleet.webhook.requests) == 5
+    assert fleet.topic.subscriptions["teams"].dead_letters == []
+    assert fleet.topic.subscriptions["webhook"].dead_letters == []
+
+
+def test_a_broken_message_is_dead_lettered_everywhere(fleet: Fleet) -> None:
+    fleet.topic.send("junk:1", b'{"transition": "exploded"}')
+    fleet.pump()
+    for subscription in fleet.topic.subscriptions.values():
+        (dead,) = subscription.dead_letters
+        assert "not a notification" in (dead.dead_letter_description or "")
+    assert not fleet.teams.requests and not fleet.pagerduty.requests
+
+
+def test_rules_can_keep_an_event_off_a_channel(fleet: Fleet) -> None:
+    snapshot = event("EV-E")
+    fleet.publish(note(Transition.DECIDED, snapshot, decision(channels=("webhook",))))
+    fleet.pump()
+    assert not fleet.teams.requests and not fleet.pagerduty.requests
+    assert len(fleet.webhook.requests) == 1
+
+
+def test_a_channel_without_settings_is_off(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
+    fleet.settings = ChannelSettings(webhook_url="https://hooks.example/x")  # no secret
+    fleet.publish(*lifecycle("EV-F", page=True, end=Transition.COMPLETED))
+    fleet.pump()
+    assert not fleet.teams.requests and not fleet.pagerduty.requests
+    assert not fleet.webhook.requests
+    assert "refusing to send unsigned" in caplog.text or "webhook" in dispatch._off_logged
+    for subscription in fleet.topic.subscriptions.values():
+        assert len(subscription.completed) == 5
+
+
+def test_the_azure_handlers_read_app_settings(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEAMS_WEBHOOK_URL", f"{fleet.teams.url}/wf")
+    monkeypatch.setenv("PAGERDUTY_ROUTING_KEY", "R0UT1NGKEY0123456789012345678901")
+    monkeypatch.setenv("PAGERDUTY_EVENTS_URL", f"{fleet.pagerduty.url}/v2/enqueue")
+    monkeypatch.delenv("WEBHOOK_URL", raising=False)
+    channel_settings.cache_clear()
+    try:
+        item = note(Transition.DECIDED, event("EV-G"), decision())
+        msg = func.ServiceBusMessage(body=item.to_json().encode())
+        blueprint.notify_teams(msg)
+        blueprint.notify_pagerduty(msg)
+        blueprint.notify_webhook(msg)
+    finally:
+        channel_settings.cache_clear()
+    assert fleet.teams.requests[0].path == "/wf"
+    assert fleet.actions() == [("trigger", "EV-G")]
+    assert not fleet.webhook.requests
+    app = func.FunctionApp()
+    app.register_functions(blueprint.bp)
+    triggers = {fn.get_function_name(): fn.get_trigger() for fn in app.get_functions()}
+    assert set(triggers) == {"notify_teams", "notify_pagerduty", "notify_webhook"}
+    for name, trigger in triggers.items():
+        assert trigger.topic_name == "%NOTIFICATIONS_TOPIC%"
+        assert trigger.subscription_name == name.removeprefix("notify_")
+        assert trigger.connection == "ServiceBusConnection"

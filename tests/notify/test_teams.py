@@ -1,0 +1,199 @@
+"""The Teams card: valid Adaptive Card 1.5 structure, and what it says at a glance."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from functions.notifications import Transition
+from functions.notify import describe, teams
+from tests.notify.factory import NOW, decision, event, note
+
+# Element and action types of Adaptive Cards ≤ 1.5 (schema 1.5.0), and what each requires.
+ELEMENTS = {
+    "TextBlock": {"text"},
+    "FactSet": {"facts"},
+    "Container": {"items"},
+    "ColumnSet": set(),
+    "Image": {"url"},
+    "RichTextBlock": {"inlines"},
+    "ActionSet": {"actions"},
+    "Table": set(),
+}
+ACTIONS = {"Action.OpenUrl": {"url"}, "Action.Submit": set(), "Action.ShowCard": {"card"}}
+COLORS = {"Default", "Dark", "Light", "Accent", "Good", "Warning", "Attention"}
+SIZES = {"Default", "Small", "Medium", "Large", "ExtraLarge"}
+
+
+def assert_valid_card(message: dict[str, Any]) -> dict[str, Any]:
+    assert message["type"] == "message"
+    (attachment,) = message["attachments"]
+    assert attachment["contentType"] == "application/vnd.microsoft.card.adaptive"
+    assert attachment["contentUrl"] is None
+    card = attachment["content"]
+    assert card["type"] == "AdaptiveCard"
+    assert card["$schema"] == "http://adaptivecards.io/schemas/adaptive-card.json"
+    major, minor = (int(part) for part in card["version"].split("."))
+    assert (major, minor) <= (1, 5)
+    assert set(card) <= {"type", "$schema", "version", "body", "actions", "msteams"}
+    assert card["body"], "an empty card renders as nothing"
+    for element in card["body"]:
+        assert element["type"] in ELEMENTS, element["type"]
+        assert ELEMENTS[element["type"]] <= set(element)
+        if element["type"] == "TextBlock":
+            assert isinstance(element["text"], str) and element["text"]
+            assert element.get("color", "Default") in COLORS
+            assert element.get("size", "Default") in SIZES
+        if element["type"] == "FactSet":
+            assert element["facts"]
+            for fact in element["facts"]:
+                assert set(fact) == {"title", "value"}
+                assert all(isinstance(fact[key], str) for key in fact)
+    for action in card.get("actions", []):
+        assert action["type"] in ACTIONS
+        assert ACTIONS[action["type"]] <= set(action)
+        assert action["title"]
+        assert action["url"].startswith("https://")
+    assert len(json.dumps(message)) < 28 * 1024, "Teams webhooks refuse posts over 28 KB"
+    return card
+
+
+def facts(card: dict[str, Any]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for element in card["body"]:
+        if element["type"] == "FactSet":
+            found.update({fact["title"]: fact["value"] for fact in element["facts"]})
+    return found
+
+
+def test_decided_card_says_what_which_when_why_decision_and_links() -> None:
+    message = teams.build_message(
+        note(Transition.DECIDED, event(), decision()), now=NOW + timedelta(seconds=5)
+    )
+    card = assert_valid_card(message)
+    table = facts(card)
+    assert table["What"] == "Reboot"
+    assert table["VMs"] == "Scale set web: web_0, web_1"
+    assert table["When"] == "2026-11-21 10:12:00 UTC (in 12 min)"
+    assert "restarted" in table["Why"]
+    assert table["Source"] == "Platform"
+    assert "Hold" in table["Decision"] and "reboot-window" in table["Decision"]
+    assert "outside the maintenance window" in table["Decision"]
+    assert table["Event"] == "EV-1"
+    assert card["body"][0]["text"] == "Reboot scheduled: 2 VMs in scale set web"
+    urls = {action["title"]: action["url"] for action in card["actions"]}
+    assert urls == {
+        "Approve manually": "https://bridge.example/api/approve?event=E",
+        "Fleet status": "https://bridge.example/api/status",
+    }
+
+
+@pytest.mark.parametrize(
+    ("transition", "words"),
+    [
+        (Transition.APPROVED, "approved"),
+        (Transition.APPROVAL_FAILED, "approval failed"),
+        (Transition.DRAIN_FAILED, "drain failed"),
+        (Transition.STARTED, "started"),
+        (Transition.COMPLETED, "completed"),
+        (Transition.CANCELLED, "cancelled"),
+        (Transition.OVERDUE, "overdue"),
+    ],
+)
+def test_follow_ups_are_short_valid_cards(transition: Transition, words: str) -> None:
+    card = assert_valid_card(
+        teams.build_message(note(transition, event(), detail="relay said 200"), now=NOW)
+    )
+    assert words in card["body"][0]["text"]
+    assert "Why" not in facts(card) and "Decision" not in facts(card)
+    assert facts(card)["Event"] == "EV-1"
+    assert card["body"][-1]["text"] == "relay said 200"
+    assert len(card["body"]) <= 3
+    attention = transition in {
+        Transition.APPROVAL_FAILED,
+        Transition.DRAIN_FAILED,
+        Transition.OVERDUE,
+    }
+    assert (card["body"][0]["color"] == "Attention") is attention
+
+
+def test_relay_silent_and_policy_invalid_cards_have_no_event() -> None:
+    silent = assert_valid_card(
+        teams.build_message(note(Transition.RELAY_SILENT, None, vm="web_3"), now=NOW)
+    )
+    assert silent["body"][0]["text"] == "Relay on web_3 stopped reporting"
+    assert facts(silent)["VM"] == "web_3"
+    broken = assert_valid_card(
+        teams.build_message(
+            note(
+                Transition.POLICY_INVALID,
+                None,
+                decision(action="hold", rule="fail-closed", policy_error="POLICY__RULES: bad"),
+            ),
+            now=NOW,
+        )
+    )
+    assert facts(broken)["Policy error"] == "POLICY__RULES: bad"
+
+
+def test_scheduled_is_left_to_the_decided_card() -> None:
+    assert not teams.wants(note(Transition.SCHEDULED, event()))
+    assert teams.wants(note(Transition.DECIDED, event(), decision()))
+
+
+@pytest.mark.parametrize(
+    ("kind", "seconds", "words"),
+    [
+        ("Freeze", 5, "Live migration pause 5 s"),
+        ("Freeze", 0, "Freeze (no impact expected)"),
+        ("Reboot", -1, "Reboot"),
+        ("Redeploy", -1, "Redeploy (moves to another host, temporary disk lost)"),
+        ("Preempt", -1, "Spot eviction"),
+        ("Terminate", -1, "Scale-in: instance deleted"),
+        ("Hibernate", -1, "Hibernate"),  # a type Azure adds later is still announced
+    ],
+)
+def test_event_types_in_words(kind: str, seconds: int, words: str) -> None:
+    assert describe.event_words(event(event_type=kind, duration_in_seconds=seconds)) == words
+
+
+def test_vms_are_grouped_by_scale_set_then_availability_set() -> None:
+    snapshot = event(
+        resources=("web_0", "api_3", "db1", "web_2"),
+        scale_sets=("web", "api"),
+        availability_sets=("as-db",),
+    )
+    assert describe.vms_text(snapshot) == (
+        "Scale set web: web_0, web_2; Scale set api: api_3; Availability set as-db: db1"
+    )
+
+
+def test_a_large_fleet_still_fits_in_one_card() -> None:
+    names = tuple(f"web_{index}" for index in range(500))
+    message = teams.build_message(
+        note(
+            Transition.DECIDED,
+            event(resources=names, description="x" * 5000),
+            decision(),
+        ),
+        now=NOW,
+    )
+    card = assert_valid_card(message)
+    assert facts(card)["VMs"].endswith("and 480 more")
+
+
+@pytest.mark.parametrize(
+    ("offset", "text"),
+    [
+        (timedelta(minutes=12), "in 12 min"),
+        (timedelta(seconds=10), "now"),
+        (timedelta(minutes=-3), "3 min ago"),
+        (timedelta(hours=5, minutes=30), "in 5 h 30 min"),
+        (timedelta(days=6), "in 6 days"),
+    ],
+)
+def test_relative_time(offset: timedelta, text: str) -> None:
+    assert describe.relative(NOW + offset, NOW) == text
