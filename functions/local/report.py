@@ -1,0 +1,192 @@
+"""The demo's readable timeline, its summary of expected outcomes, and the same as HTML.
+
+A newcomer watching `make demo` should be able to follow each maintenance event from the
+moment IMDS shows it to the moment someone was told and the VM was let go, without reading
+logs. The HTML report is the same story kept for later (and attached by CI), so both are
+built from one list of entries.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+# What each kind of line is about; the label is what the terminal shows.
+KINDS: dict[str, str] = {
+    "demo": "demo",  # the demo itself: starting, stopping, a part missing
+    "imds": "IMDS",  # the simulator's documents changed
+    "relay": "relay",  # a relay forwarded or approved something
+    "decide": "policy",  # a decision and the rule behind it
+    "notify": "told",  # a message reached Teams / PagerDuty / a webhook
+    "drain": "drain",  # the terminate workflow
+    "approve": "approve",  # the simulator saw StartRequests
+    "check": "check",  # an expected outcome, met or not
+}
+_COLOURS = {
+    "demo": "1",
+    "imds": "36",
+    "relay": "34",
+    "decide": "35",
+    "notify": "32",
+    "drain": "33",
+    "approve": "1;32",
+    "check": "1",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    seconds: float  # since the demo started
+    at: datetime
+    kind: str
+    subject: str  # a VM, an EventId (short), a channel
+    text: str
+    ok: bool | None = None  # for checks: met or not
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One thing the demo promised, and whether it happened."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+    skipped: bool = False  # could not be checked here (e.g. the channel posts to a real URL)
+
+
+@dataclass
+class Timeline:
+    """Thread-safe: receivers, watchers and the host all add to it from their own threads."""
+
+    stream: TextIO | None = field(default_factory=lambda: sys.stdout)
+    colour: bool | None = None
+    started: float = field(default_factory=time.monotonic)
+    entries: list[Entry] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        if self.colour is None:
+            isatty = getattr(self.stream, "isatty", None)
+            self.colour = bool(isatty and isatty() and not os.environ.get("NO_COLOR"))
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def add(self, kind: str, subject: str, text: str, ok: bool | None = None) -> Entry:
+        entry = Entry(
+            seconds=time.monotonic() - self.started,
+            at=datetime.now(UTC),
+            kind=kind,
+            subject=subject,
+            text=text,
+            ok=ok,
+        )
+        with self._lock:
+            self.entries.append(entry)
+            if self.stream is not None:
+                self.stream.write(self.format(entry) + "\n")
+                self.stream.flush()
+        return entry
+
+    def format(self, entry: Entry) -> str:
+        label = KINDS.get(entry.kind, entry.kind)
+        mark = "" if entry.ok is None else ("✔ " if entry.ok else "✘ ")
+        line = f"{entry.seconds:6.1f}s  {label:<7}  {entry.subject:<18} {mark}{entry.text}"
+        if self.colour:
+            colour = _COLOURS.get(entry.kind, "0")
+            if entry.ok is False:
+                colour = "1;31"
+            line = f"\033[{colour}m{line}\033[0m"
+        return line
+
+    def snapshot(self) -> list[Entry]:
+        with self._lock:
+            return list(self.entries)
+
+
+def short_id(event_id: str) -> str:
+    """The first block of a GUID: enough to tell events apart on a terminal line."""
+    return event_id.split("-")[0][:8] if event_id else "?"
+
+
+def summary_lines(outcomes: list[Outcome]) -> list[str]:
+    lines = []
+    for outcome in outcomes:
+        mark = "skip" if outcome.skipped else ("ok  " if outcome.ok else "FAIL")
+        detail = f" — {outcome.detail}" if outcome.detail else ""
+        lines.append(f"  [{mark}] {outcome.name}{detail}")
+    failed = [o for o in outcomes if not o.ok and not o.skipped]
+    lines.append(
+        f"  {len(outcomes) - len(failed)}/{len(outcomes)} expected outcomes met"
+        + (f"; {len(failed)} not met" if failed else "")
+    )
+    return lines
+
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem;color:#1b1b1b}
+h1{font-size:1.4rem} h2{font-size:1.1rem;margin-top:2rem}
+table{border-collapse:collapse;width:100%} td,th{padding:.25rem .6rem;text-align:left;
+vertical-align:top;border-bottom:1px solid #eee} th{background:#f6f6f6}
+.k-imds{color:#00707a}.k-relay{color:#1f4fa8}.k-decide{color:#7a2c8f}.k-notify{color:#1b7a2c}
+.k-drain{color:#8a6100}.k-approve{color:#116622;font-weight:600}.k-demo{color:#444}
+.ok{color:#116622;font-weight:600}.fail{color:#b00020;font-weight:600}.skip{color:#777}
+code{font:12px ui-monospace,Consolas,monospace}
+"""
+
+
+def render_html(
+    title: str,
+    entries: list[Entry],
+    outcomes: list[Outcome],
+    facts: dict[str, str] | None = None,
+) -> str:
+    """A single self-contained page (no scripts, no external assets)."""
+    esc = html.escape
+    rows = []
+    for e in entries:
+        mark = "" if e.ok is None else ("✔ " if e.ok else "✘ ")
+        cls = "" if e.ok is None else (' class="ok"' if e.ok else ' class="fail"')
+        rows.append(
+            f'<tr class="k-{esc(e.kind)}"><td>{e.seconds:.1f}s</td>'
+            f"<td>{esc(e.at.strftime('%H:%M:%S'))}</td><td>{esc(KINDS.get(e.kind, e.kind))}</td>"
+            f"<td><code>{esc(e.subject)}</code></td><td{cls}>{esc(mark + e.text)}</td></tr>"
+        )
+    results = []
+    for o in outcomes:
+        cls, word = (
+            ("skip", "skipped") if o.skipped else (("ok", "met") if o.ok else ("fail", "NOT met"))
+        )
+        results.append(
+            f'<tr><td class="{cls}">{word}</td><td>{esc(o.name)}</td><td>{esc(o.detail)}</td></tr>'
+        )
+    fact_rows = "".join(
+        f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in (facts or {}).items()
+    )
+    met = sum(1 for o in outcomes if o.ok or o.skipped)
+    return (
+        "<!doctype html><html lang=en><meta charset=utf-8>"
+        f"<title>{esc(title)}</title><style>{_CSS}</style><body>"
+        f"<h1>{esc(title)}</h1>"
+        f"<p>{met}/{len(outcomes)} expected outcomes met. "
+        f"Generated {esc(datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S UTC'))}.</p>"
+        f"<table>{fact_rows}</table>"
+        "<h2>Expected outcomes</h2>"
+        f"<table><tr><th>result</th><th>outcome</th><th>detail</th></tr>{''.join(results)}</table>"
+        "<h2>Timeline</h2>"
+        "<table><tr><th>t</th><th>UTC</th><th>what</th><th>subject</th><th>detail</th></tr>"
+        f"{''.join(rows)}</table></body></html>\n"
+    )
+
+
+def write_html(path: Path, *args: object, **kwargs: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(*args, **kwargs), encoding="utf-8")  # type: ignore[arg-type]
+    return path
