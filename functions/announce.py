@@ -1,0 +1,187 @@
+"""Announcing a transition exactly once fleet-wide: claim in the event row, then publish.
+
+The claim (transition key added to `announced` under the row's ETag) is what makes 100
+concurrent reporters announce once. A claim is written as "pending" and turned into
+"done" after the publish; if the publish fails the claim is released and the error
+raised, so the message is redelivered and the announcement retried. A crash between the
+two leaves "pending", which the watchdog republishes (the MessageId makes that safe).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from functions.notifications import Links, Notification, Transition
+from functions.policy import Policy, transition_pages
+from functions.publish import Publisher
+from functions.state import EventRecord, Store
+
+log = logging.getLogger(__name__)
+
+NO_PAGE = {Transition.COMPLETED, Transition.CANCELLED, Transition.APPROVED}
+STALE_PENDING = timedelta(minutes=3)
+
+
+def pending_mark(now: datetime) -> str:
+    return f"pending:{now.isoformat()}"
+
+
+def build(
+    record: EventRecord,
+    transition: Transition,
+    now: datetime,
+    policy: Policy | None,
+    settings: object | None = None,
+    detail: str = "",
+    vm: str | None = None,
+) -> Notification:
+    decision = record.decision
+    if transition in NO_PAGE:
+        page = False
+    elif transition_pages(policy, transition):
+        page = True
+    else:
+        page = bool(decision and decision.page and transition != Transition.SCHEDULED)
+    links = Links()
+    if settings is not None and getattr(settings, "public_base_url", None):
+        links = Links(
+            status_url=settings.status_url(),  # type: ignore[attr-defined]
+            approve_url=settings.approve_url(record.event_id),  # type: ignore[attr-defined]
+        )
+    return Notification(
+        transition=transition,
+        occurred_at=now,
+        event=record.snapshot(),
+        vm=vm,
+        decision=decision,
+        detail=detail or _default_detail(record, transition),
+        links=links,
+        page=page,
+    )
+
+
+def _default_detail(record: EventRecord, transition: Transition) -> str:
+    decision = record.decision
+    if transition == Transition.DECIDED and decision is not None:
+        return decision.reason
+    if transition == Transition.POLICY_INVALID and decision is not None:
+        return decision.reason
+    if transition == Transition.APPROVAL_FAILED:
+        return f"no relay could approve: it will start at NotBefore. {record.approval_reason}"
+    if transition == Transition.APPROVED:
+        return f"approved through the relay of {record.approved_by}"
+    return ""
+
+
+def publish_claimed(
+    store: Store,
+    publisher: Publisher,
+    record: EventRecord,
+    transitions: Iterable[Transition],
+    now: datetime,
+    policy: Policy | None,
+    settings: object | None = None,
+    details: dict[Transition, str] | None = None,
+) -> list[Notification]:
+    """Publish transitions this caller claimed in `record.announced`, then mark them done."""
+    sent = []
+    pending = list(transitions)
+    for index, transition in enumerate(pending):
+        note = build(record, transition, now, policy, settings, (details or {}).get(transition, ""))
+        try:
+            publisher.publish(note)
+        except Exception:
+            release(store, record.event_id, pending[index:])
+            raise
+        sent.append(note)
+    if pending:
+        mark_done(store, record.event_id, pending)
+    return sent
+
+
+def release(store: Store, event_id: str, transitions: Iterable[Transition]) -> None:
+    keys = {t.value for t in transitions}
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or not any(rec.announced.get(k, "").startswith("pending") for k in keys):
+            return None
+        for key in keys:
+            if rec.announced.get(key, "").startswith("pending"):
+                del rec.announced[key]
+        return rec
+
+    store.mutate_event(event_id, change)
+
+
+def mark_done(store: Store, event_id: str, transitions: Iterable[Transition]) -> None:
+    keys = {t.value for t in transitions}
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or all(rec.announced.get(k) == "done" for k in keys):
+            return None
+        for key in keys:
+            rec.announced[key] = "done"
+        return rec
+
+    store.mutate_event(event_id, change)
+
+
+def claim(store: Store, event_id: str, transition: Transition, now: datetime) -> EventRecord | None:
+    """Claim one transition on its own; the record if this caller won, else None."""
+    key = transition.value
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or key in rec.announced:
+            return None
+        rec.announced[key] = pending_mark(now)
+        return rec
+
+    record, won = store.mutate_event(event_id, change)
+    return record if won else None
+
+
+def announce(
+    store: Store,
+    publisher: Publisher,
+    event_id: str,
+    transition: Transition,
+    now: datetime,
+    policy: Policy | None,
+    settings: object | None = None,
+    detail: str = "",
+) -> bool:
+    """Claim and publish one transition; False if it was already announced."""
+    record = claim(store, event_id, transition, now)
+    if record is None:
+        return False
+    publish_claimed(
+        store,
+        publisher,
+        record,
+        [transition],
+        now,
+        policy,
+        settings,
+        {transition: detail} if detail else None,
+    )
+    return True
+
+
+def stale_pending(record: EventRecord, now: datetime) -> list[Transition]:
+    """Claims left "pending" by a crash between claim and publish."""
+    stale = []
+    for key, mark in record.announced.items():
+        if not mark.startswith("pending:"):
+            continue
+        try:
+            since = datetime.fromisoformat(mark.removeprefix("pending:"))
+        except ValueError:
+            since = now - STALE_PENDING
+        if now - since >= STALE_PENDING:
+            try:
+                stale.append(Transition(key))
+            except ValueError:
+                log.warning("unknown announcement key %s on %s", key, record.event_id)
+    return stale

@@ -1,0 +1,152 @@
+"""The function app's settings: one pydantic-settings model over the app settings.
+
+Names are the Functions conventions (`ServiceBusConnection`,
+`ServiceBusConnection__fullyQualifiedNamespace`, `StateStorage__accountName`, ...), so the
+same setting configures both the trigger bindings and our own clients. The policy is read
+separately (functions.policy.load_policy): a bad policy fails closed instead of stopping
+the app, while a missing connection is an error that stops it with a clear message.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cached_property
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from functions.policy import PolicyLoad, load_policy, summarize
+
+log = logging.getLogger(__name__)
+
+
+class SettingsInvalid(RuntimeError):
+    """The app settings cannot work; the message names each bad setting."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        extra="ignore", case_sensitive=False, populate_by_name=True, frozen=True
+    )
+
+    service_bus_connection: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("ServiceBusConnection", "service_bus_connection"),
+    )
+    service_bus_namespace: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "ServiceBusConnection__fullyQualifiedNamespace", "service_bus_namespace"
+        ),
+    )
+    state_storage: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("StateStorage", "state_storage")
+    )
+    state_storage_account: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("StateStorage__accountName", "state_storage_account"),
+    )
+    webjobs_storage: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("AzureWebJobsStorage", "webjobs_storage")
+    )
+    webjobs_storage_account: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "AzureWebJobsStorage__accountName", "webjobs_storage_account"
+        ),
+    )
+    documents_queue: str = Field(default="documents", min_length=1)
+    notifications_topic: str = Field(default="notifications", min_length=1)
+    state_table_prefix: str = Field(default="sebridge", pattern=r"^[A-Za-z][A-Za-z0-9]{0,40}$")
+    relay_key: SecretStr | None = None
+    public_base_url: str | None = None
+    relay_silent_after_seconds: int = Field(default=600, ge=30)
+    approval_margin_seconds: int = Field(default=10, ge=0)
+    # How long one ingest invocation keeps retrying an approval before leaving the rest to
+    # the watchdog, so a slow relay never holds a VM's session for the whole notice period.
+    approval_budget_seconds: int = Field(default=60, ge=1)
+
+    @model_validator(mode="after")
+    def _urls(self) -> Settings:
+        if self.public_base_url and not self.public_base_url.startswith(("http://", "https://")):
+            raise ValueError("PUBLIC_BASE_URL must be an http(s) URL")
+        if self.relay_key is not None and len(self.relay_key.get_secret_value().strip()) < 16:
+            raise ValueError("RELAY_KEY must be at least 16 characters")
+        return self
+
+    @property
+    def relay_key_bytes(self) -> bytes | None:
+        return self.relay_key.get_secret_value().strip().encode() if self.relay_key else None
+
+    @cached_property
+    def policy(self) -> PolicyLoad:
+        """The policy from `POLICY__*`; read once per Settings object (per host start)."""
+        load = load_policy()
+        if load.error:
+            log.error("POLICY INVALID, failing closed (nothing is approved): %s", load.error)
+        return load
+
+    def with_policy(self, load: PolicyLoad) -> Settings:
+        """A copy using `load` as its policy (tests, the CLI, the local host)."""
+        copy = self.model_copy()
+        copy.__dict__["policy"] = load
+        return copy
+
+    def table_connection(self) -> tuple[str, str]:
+        """("connection_string", value) or ("account", table endpoint URL) for state."""
+        for secret, account in (
+            (self.state_storage, self.state_storage_account),
+            (self.webjobs_storage, self.webjobs_storage_account),
+        ):
+            if secret is not None and secret.get_secret_value():
+                return "connection_string", secret.get_secret_value()
+            if account:
+                return "account", f"https://{account}.table.core.windows.net"
+        raise SettingsInvalid(
+            "no state storage: set StateStorage (connection string) or StateStorage__accountName "
+            "(or AzureWebJobsStorage / AzureWebJobsStorage__accountName)"
+        )
+
+    def service_bus(self) -> tuple[str, str]:
+        """("connection_string", value) or ("namespace", fully qualified namespace)."""
+        if (
+            self.service_bus_connection is not None
+            and self.service_bus_connection.get_secret_value()
+        ):
+            return "connection_string", self.service_bus_connection.get_secret_value()
+        if self.service_bus_namespace:
+            return "namespace", self.service_bus_namespace
+        raise SettingsInvalid(
+            "no Service Bus: set ServiceBusConnection (connection string) or "
+            "ServiceBusConnection__fullyQualifiedNamespace"
+        )
+
+    def status_url(self) -> str | None:
+        return f"{self.public_base_url.rstrip('/')}/api/status" if self.public_base_url else None
+
+    def approve_url(self, event_id: str) -> str | None:
+        if not self.public_base_url:
+            return None
+        return f"{self.public_base_url.rstrip('/')}/api/events/{event_id}/approve"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, or one SettingsInvalid naming every bad setting."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise SettingsInvalid(f"invalid app settings: {summarize(exc)}") from None
+
+
+def check_for_azure(settings: Settings) -> None:
+    """What the Azure handlers need beyond defaults; raise SettingsInvalid if missing."""
+    problems = []
+    for check in (settings.table_connection, settings.service_bus):
+        try:
+            check()
+        except SettingsInvalid as exc:
+            problems.append(str(exc))
+    if settings.relay_key is None:
+        problems.append("RELAY_KEY is not set: the relays cannot be called back")
+    if problems:
+        raise SettingsInvalid("; ".join(problems))

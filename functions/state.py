@@ -1,0 +1,369 @@
+"""Fleet state in Azure Table storage: VMs, events, capacity slots, audit and rejects.
+
+Every change to a shared row is a read-modify-write guarded by the row's ETag
+(`MatchConditions.IfNotModified`), and every "first one wins" is a conditional insert.
+No in-process lock is ever involved: the 100 VMs of an availability set may be ingested
+by different function instances at once, and only the Table service sees them all.
+
+Each record is one pydantic model stored as JSON in a `data` column (plus a few plain
+columns for people browsing the tables), so the schema lives in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
+from azure.data.tables import TableClient, TableServiceClient, UpdateMode
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from functions.notifications import Decision, EventSnapshot
+
+log = logging.getLogger(__name__)
+
+VM_PARTITION = "vm"
+EVENT_PARTITION = "event"
+CAPACITY_PARTITION = "capacity"
+MAX_ATTEMPTS_KEPT = 50
+
+ApprovalState = Literal["", "pending", "in_progress", "approved", "failed"]
+EndState = Literal["", "completed", "cancelled"]
+
+
+class ConflictError(RuntimeError):
+    """A row kept changing under us; the caller may retry the whole operation."""
+
+
+def row_key(text: str) -> str:
+    """A Table RowKey for a name: case-folded, without the characters keys may not hold."""
+    bad = {"/": "%2F", "\\": "%5C", "#": "%23", "?": "%3F", "%": "%25"}
+    folded = text.casefold()
+    out = "".join(bad.get(ch, ch) for ch in folded if ch >= " ")
+    return out[:512] or "_"
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(validate_assignment=False)
+
+    etag: str | None = Field(default=None, exclude=True)
+
+
+class VmRecord(Record):
+    name: str
+    last_sequence: int = -1
+    last_observed_at: AwareDatetime | None = None
+    last_incarnation: int | None = None
+    last_seen: AwareDatetime | None = None  # when we last received anything from it
+    callback_url: str | None = None
+    scale_set: str | None = None
+    availability_set: str | None = None
+    resource_id: str | None = None
+    relay_version: str | None = None
+    event_ids: list[str] = Field(default_factory=list)  # in its latest document
+    silent_announced_for: str | None = None  # the last_seen whose silence was announced
+
+
+class Attempt(BaseModel):
+    at: AwareDatetime
+    vm: str | None
+    outcome: str  # "approved", "refused 409: ...", "error: ...", "503"
+    by: str = "policy"
+
+
+class EventRecord(Record):
+    event_id: str
+    event_type: str
+    event_status: str
+    event_source: str | None = None
+    resource_type: str = "VirtualMachine"
+    resources: list[str] = Field(default_factory=list)
+    not_before: AwareDatetime | None = None
+    description: str | None = None
+    duration_in_seconds: int | None = None
+    scale_sets: list[str] = Field(default_factory=list)
+    availability_sets: list[str] = Field(default_factory=list)
+    first_seen: AwareDatetime
+    started: bool = False
+    reporters: dict[str, str] = Field(default_factory=dict)  # VM -> status it last reported
+    past_reporters: list[str] = Field(default_factory=list)
+    ended: EndState = ""
+    ended_at: AwareDatetime | None = None
+    decision: Decision | None = None
+    decided_at: AwareDatetime | None = None
+    approval: ApprovalState = ""
+    approval_reason: str = ""
+    approval_claimed_at: AwareDatetime | None = None
+    approve_after: AwareDatetime | None = None
+    approved_by: str | None = None
+    approval_attempts: list[Attempt] = Field(default_factory=list)
+    # transition key -> "pending:<iso time>" while being published, "done" after.
+    announced: dict[str, str] = Field(default_factory=dict)
+
+    def snapshot(self) -> EventSnapshot:
+        return EventSnapshot(
+            event_id=self.event_id,
+            event_type=self.event_type,
+            event_status=self.event_status,
+            event_source=self.event_source,
+            resource_type=self.resource_type,
+            resources=tuple(self.resources),
+            not_before=self.not_before,
+            description=self.description,
+            duration_in_seconds=self.duration_in_seconds,
+            scale_sets=tuple(self.scale_sets),
+            availability_sets=tuple(self.availability_sets),
+            reported_by=tuple(sorted({*self.past_reporters, *self.reporters})),
+            first_seen=self.first_seen,
+        )
+
+
+class CapacityRecord(Record):
+    key: str
+    holders: list[str] = Field(default_factory=list)
+
+
+R = TypeVar("R", bound=Record)
+
+
+class Store:
+    """All state the function app keeps. Thread-safe to share; cheap to create per thread."""
+
+    def __init__(self, service: TableServiceClient, prefix: str = "sebridge") -> None:
+        self.service = service
+        self.prefix = prefix
+        self.vms = service.get_table_client(f"{prefix}vms")
+        self.events = service.get_table_client(f"{prefix}events")
+        self.audit_table = service.get_table_client(f"{prefix}audit")
+        self.rejected = service.get_table_client(f"{prefix}rejected")
+
+    @classmethod
+    def from_connection_string(cls, connection_string: str, prefix: str = "sebridge") -> Store:
+        return cls(TableServiceClient.from_connection_string(connection_string), prefix)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Store:
+        kind, value = settings.table_connection()
+        if kind == "connection_string":
+            return cls.from_connection_string(value, settings.state_table_prefix)
+        from azure.identity import DefaultAzureCredential
+
+        service = TableServiceClient(endpoint=value, credential=DefaultAzureCredential())
+        return cls(service, settings.state_table_prefix)
+
+    def ensure_tables(self) -> Store:
+        for name in ("vms", "events", "audit", "rejected", "drains"):
+            # A concurrent creator winning is fine.
+            with contextlib.suppress(ResourceExistsError):
+                self.service.create_table_if_not_exists(f"{self.prefix}{name}")
+        return self
+
+    # ------------------------------------------------------------------ generic rows
+
+    @staticmethod
+    def _load(model: type[R], entity: Any) -> R:
+        record = model.model_validate_json(entity["data"])
+        record.etag = entity.metadata.get("etag")
+        return record
+
+    def _get(self, table: TableClient, model: type[R], pk: str, rk: str) -> R | None:
+        try:
+            entity = table.get_entity(pk, rk)
+        except ResourceNotFoundError:
+            return None
+        return self._load(model, entity)
+
+    @staticmethod
+    def _entity(pk: str, rk: str, record: Record, extra: dict[str, Any]) -> dict[str, Any]:
+        return {"PartitionKey": pk, "RowKey": rk, "data": record.model_dump_json(), **extra}
+
+    def _insert(self, table: TableClient, pk: str, rk: str, record: R, extra: dict) -> bool:
+        """Conditional insert: True if this call created the row, False if it existed."""
+        try:
+            meta = table.create_entity(self._entity(pk, rk, record, extra))
+        except ResourceExistsError:
+            return False
+        record.etag = meta.get("etag")
+        return True
+
+    def _replace(self, table: TableClient, pk: str, rk: str, record: R, extra: dict) -> None:
+        """Replace only if unchanged since read; raise ResourceModifiedError otherwise."""
+        meta = table.update_entity(
+            self._entity(pk, rk, record, extra),
+            mode=UpdateMode.REPLACE,
+            etag=record.etag,
+            match_condition=MatchConditions.IfNotModified,
+        )
+        record.etag = meta.get("etag")
+
+    def _mutate(
+        self,
+        table: TableClient,
+        model: type[R],
+        pk: str,
+        rk: str,
+        change: Callable[[R | None], R | None],
+        extra: Callable[[R], dict[str, Any]],
+        attempts: int = 60,
+    ) -> tuple[R | None, bool]:
+        """Optimistic read-modify-write. `change` gets the current row (or None) and returns
+        the new row, or None for "nothing to change". It may run several times, so it must
+        only compute, never act. Returns (row as stored, whether this call wrote it)."""
+        for attempt in range(attempts):
+            current = self._get(table, model, pk, rk)
+            snapshot = current.model_copy(deep=True) if current is not None else None
+            if snapshot is not None:
+                snapshot.etag = current.etag if current else None
+            updated = change(snapshot)
+            if updated is None:
+                return current, False
+            try:
+                if current is None:
+                    if self._insert(table, pk, rk, updated, extra(updated)):
+                        return updated, True
+                else:
+                    updated.etag = current.etag
+                    self._replace(table, pk, rk, updated, extra(updated))
+                    return updated, True
+            except (ResourceModifiedError, ResourceNotFoundError):
+                pass
+            except HttpResponseError as exc:
+                if exc.status_code not in (409, 412):
+                    raise
+            # Lost the race: back off a little (jittered, so 100 writers spread out).
+            time.sleep(random.uniform(0, min(0.2, 0.005 * (2**attempt))))  # noqa: S311
+        raise ConflictError(f"{table.table_name}/{rk} kept changing; gave up after {attempts}")
+
+    # ------------------------------------------------------------------ VMs
+
+    def get_vm(self, name: str) -> VmRecord | None:
+        return self._get(self.vms, VmRecord, VM_PARTITION, row_key(name))
+
+    def mutate_vm(
+        self, name: str, change: Callable[[VmRecord | None], VmRecord | None]
+    ) -> tuple[VmRecord | None, bool]:
+        return self._mutate(
+            self.vms, VmRecord, VM_PARTITION, row_key(name), change, lambda r: {"name": r.name}
+        )
+
+    def list_vms(self) -> list[VmRecord]:
+        rows = self.vms.query_entities("PartitionKey eq @pk", parameters={"pk": VM_PARTITION})
+        return [self._load(VmRecord, row) for row in rows]
+
+    # ------------------------------------------------------------------ events
+
+    def get_event(self, event_id: str) -> EventRecord | None:
+        return self._get(self.events, EventRecord, EVENT_PARTITION, row_key(event_id))
+
+    def mutate_event(
+        self, event_id: str, change: Callable[[EventRecord | None], EventRecord | None]
+    ) -> tuple[EventRecord | None, bool]:
+        return self._mutate(
+            self.events,
+            EventRecord,
+            EVENT_PARTITION,
+            row_key(event_id),
+            change,
+            lambda r: {
+                "EventType": r.event_type,
+                "EventStatus": r.event_status,
+                "ended": r.ended,
+                "action": r.decision.action if r.decision else "",
+                "approval": r.approval,
+            },
+        )
+
+    def list_events(self, include_ended: bool = False) -> list[EventRecord]:
+        query = "PartitionKey eq @pk" + ("" if include_ended else " and ended eq ''")
+        rows = self.events.query_entities(query, parameters={"pk": EVENT_PARTITION})
+        return [self._load(EventRecord, row) for row in rows]
+
+    # ------------------------------------------------------------------ capacity
+
+    def mutate_capacity(
+        self, key: str, change: Callable[[CapacityRecord | None], CapacityRecord | None]
+    ) -> tuple[CapacityRecord | None, bool]:
+        return self._mutate(
+            self.events,
+            CapacityRecord,
+            CAPACITY_PARTITION,
+            row_key(key),
+            change,
+            lambda r: {"holders": ",".join(r.holders)},
+        )
+
+    def get_capacity(self, key: str) -> CapacityRecord | None:
+        return self._get(self.events, CapacityRecord, CAPACITY_PARTITION, row_key(key))
+
+    def claim_once(self, key: str, now: datetime) -> bool:
+        """A fleet-wide "first one wins" marker (e.g. one announcement per policy error)."""
+        entity = {"PartitionKey": "once", "RowKey": row_key(key), "at": now.isoformat()}
+        try:
+            self.events.create_entity(entity)
+        except ResourceExistsError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ audit, rejects
+
+    def audit(
+        self,
+        event_id: str,
+        *,
+        at: datetime,
+        rule: str,
+        action: str,
+        outcome: str,
+        detail: str = "",
+        by: str = "policy",
+    ) -> None:
+        """One row per decision or approval outcome; partitioned by event for easy reading."""
+        self.audit_table.create_entity(
+            {
+                "PartitionKey": row_key(event_id),
+                "RowKey": f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{uuid.uuid4().hex[:8]}",
+                "EventId": event_id,
+                "rule": rule,
+                "action": action,
+                "outcome": outcome,
+                "detail": detail[:4000],
+                "by": by[:200],
+                "time": at,
+            }
+        )
+
+    def audit_rows(self, event_id: str) -> list[dict[str, Any]]:
+        rows = self.audit_table.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": row_key(event_id)}
+        )
+        return sorted((dict(r) for r in rows), key=lambda r: r["RowKey"])
+
+    def reject(self, *, at: datetime, reason: str, body: bytes | str, message_id: str = "") -> None:
+        """Keep an envelope that does not validate, with why, so nothing is silently lost."""
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        self.rejected.create_entity(
+            {
+                "PartitionKey": at.strftime("%Y-%m-%d"),
+                "RowKey": f"{at.strftime('%H%M%S.%f')}-{uuid.uuid4().hex[:8]}",
+                "reason": reason[:4000],
+                "message_id": message_id[:512],
+                "body": text[:30000],
+                "time": at,
+            }
+        )
+
+    def rejected_rows(self) -> Iterator[dict[str, Any]]:
+        for row in self.rejected.list_entities():
+            yield dict(row)

@@ -1,0 +1,192 @@
+"""The every-minute sweep: silent relays, overdue events, deferred approvals, loose ends.
+
+Everything here is "at most once" through the same ETag claims as ingest, so two
+overlapping runs (a slow run and the next tick) announce and approve nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, Field
+
+from functions.announce import announce, publish_claimed, stale_pending
+from functions.approve import ApprovalResult, approve_event
+from functions.ingest import Pipeline, acquire_capacity, end_event, needs_capacity
+from functions.notifications import Notification, Transition
+from functions.state import EventRecord, VmRecord
+from relay.models import SCHEDULED
+
+log = logging.getLogger(__name__)
+
+
+class WatchdogReport(BaseModel):
+    silent: list[str] = Field(default_factory=list)
+    overdue: list[str] = Field(default_factory=list)
+    approvals: list[ApprovalResult] = Field(default_factory=list)
+    ended: list[str] = Field(default_factory=list)
+    republished: list[str] = Field(default_factory=list)
+
+
+def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
+    now = pipeline.clock.now()
+    out = WatchdogReport()
+    silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
+    vms = {vm.name: vm for vm in pipeline.store.list_vms()}
+    silent = {name for name, vm in vms.items() if _is_silent(vm, now, silent_after)}
+    for name in sorted(silent):
+        if _announce_silence(pipeline, vms[name], now):
+            out.silent.append(name)
+    for record in pipeline.store.list_events():
+        try:
+            _sweep_event(pipeline, record, now, silent, out)
+        except Exception:  # one bad row must not stop the sweep of the others
+            log.exception("watchdog: event %s", record.event_id)
+    return out
+
+
+def _is_silent(vm: VmRecord, now: datetime, silent_after: timedelta) -> bool:
+    return vm.last_seen is not None and now - vm.last_seen > silent_after
+
+
+def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime) -> bool:
+    """Once per silence: the claim is the last_seen it was announced for."""
+    assert vm.last_seen is not None
+    mark = vm.last_seen.isoformat()
+
+    def change(rec: VmRecord | None) -> VmRecord | None:
+        if rec is None or rec.silent_announced_for == mark or rec.last_seen != vm.last_seen:
+            return None
+        rec.silent_announced_for = mark
+        return rec
+
+    _, won = pipeline.store.mutate_vm(vm.name, change)
+    if not won:
+        return False
+    minutes = int((now - vm.last_seen).total_seconds() // 60)
+    note = Notification(
+        transition=Transition.RELAY_SILENT,
+        occurred_at=now,
+        vm=vm.name,
+        detail=f"relay on {vm.name} silent for {minutes} min (last seen {mark})",
+        occurrence=vm.last_seen.strftime("%Y%m%dT%H%M%S"),
+        page=Transition.RELAY_SILENT in _page_transitions(pipeline),
+    )
+    try:
+        pipeline.publisher.publish(note)
+    except Exception:
+        pipeline.store.mutate_vm(vm.name, _unmark(mark))
+        raise
+    return True
+
+
+def _unmark(mark: str):
+    def change(rec: VmRecord | None) -> VmRecord | None:
+        if rec is None or rec.silent_announced_for != mark:
+            return None
+        rec.silent_announced_for = None
+        return rec
+
+    return change
+
+
+def _page_transitions(pipeline: Pipeline) -> tuple[Transition, ...]:
+    from functions.policy import PagingPolicy
+
+    policy = pipeline.policy
+    return policy.page.transitions if policy else PagingPolicy().transitions
+
+
+def _sweep_event(
+    pipeline: Pipeline, record: EventRecord, now: datetime, silent: set[str], out: WatchdogReport
+) -> None:
+    store = pipeline.store
+    # 1. Announcements left pending by a crash: republish (the MessageId dedupes).
+    stale = stale_pending(record, now)
+    if stale:
+        publish_claimed(
+            store, pipeline.publisher, record, stale, now, pipeline.policy, pipeline.settings
+        )
+        out.republished.extend(f"{record.event_id}:{t.value}" for t in stale)
+    # 2. Every reporter silent, and the event is past its start: it ended without word.
+    if record.reporters and all(vm in silent for vm in record.reporters):
+        past = record.started or (record.not_before is not None and now >= record.not_before)
+        if past:
+            for vm in list(record.reporters):
+                end_event(
+                    record.event_id,
+                    vm,
+                    pipeline,
+                    now,
+                    detail="every VM that reported it went silent",
+                )
+            out.ended.append(record.event_id)
+            return
+    scheduled = record.event_status == SCHEDULED and not record.started
+    # 3. Still Scheduled after NotBefore: Azure should have started it.
+    if scheduled and record.not_before is not None and now > record.not_before:
+        if announce(
+            store,
+            pipeline.publisher,
+            record.event_id,
+            Transition.OVERDUE,
+            now,
+            pipeline.policy,
+            pipeline.settings,
+            detail=f"still Scheduled after NotBefore {record.not_before.isoformat()}",
+        ):
+            out.overdue.append(record.event_id)
+        return
+    # 4. Deferred approvals: a window opened, capacity freed, or retries remain.
+    result = _deferred_approval(pipeline, record, now)
+    if result is not None:
+        out.approvals.append(result)
+
+
+def _deferred_approval(
+    pipeline: Pipeline, record: EventRecord, now: datetime
+) -> ApprovalResult | None:
+    if record.ended or record.started or record.decision is None:
+        return None
+    stale_claim = (
+        record.approval == "in_progress"
+        and record.approval_claimed_at is not None
+        and now - record.approval_claimed_at
+        > timedelta(seconds=pipeline.settings.approval_budget_seconds + 60)
+    )
+    if record.approval != "pending" and not stale_claim:
+        return None
+    if record.approve_after is not None and record.approve_after > now:
+        return None
+    policy = pipeline.policy
+    if policy is None or policy.dry_run:
+        return None
+    if (
+        (record.approve_after is not None or record.approval_reason == "capacity")
+        and needs_capacity(record)
+        and not acquire_capacity(pipeline.store, record, policy, now)
+    ):
+        _mark_capacity_wait(pipeline, record)
+        return None
+    return approve_event(
+        record.event_id,
+        pipeline.store,
+        pipeline.settings,
+        pipeline.session,
+        pipeline.clock,
+        publisher=pipeline.publisher,
+        by="watchdog",
+        give_up_at=now + timedelta(seconds=pipeline.settings.approval_budget_seconds),
+    )
+
+
+def _mark_capacity_wait(pipeline: Pipeline, record: EventRecord) -> None:
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.approval != "pending" or rec.approval_reason == "capacity":
+            return None
+        rec.approval_reason = "capacity"
+        rec.approve_after = None
+        return rec
+
+    pipeline.store.mutate_event(record.event_id, change)
