@@ -84,3 +84,19 @@ def azurite() -> Iterator[str]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture
+def simulator() -> Iterator[object]:
+    """A started IMDS simulator (relay.simulator.SimulatorServer) at time scale 60.
+
+    `simulator.sim` is the Simulator (add VMs, events, faults); `simulator.vm_url(name)` is a
+    VM's IMDS base URL. `myVM` exists until another VM is added. Stopped after the test.
+    """
+    from relay.simulator import Simulator, SimulatorServer
+
+    server = SimulatorServer(Simulator(time_scale=60.0)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
