@@ -97,14 +97,29 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         current: list[ScheduledEvent] = list(document.events) if document else []
         # Event rows first, VM row last: if we crash in between, the redelivery is not
         # "stale" and redoes the (idempotent) event updates.
+        to_approve: list[str] = []
         for event in current:
-            _report(event, envelope, pipeline, now, result)
+            _report(event, envelope, pipeline, now, result, to_approve)
         if document is not None:
             current_ids = {e.event_id.casefold() for e in current}
             for old in vm.event_ids if vm else []:
                 if old.casefold() not in current_ids:
                     _absent(old, name, pipeline, now, result)
         if _save_vm(store, vm, envelope, now):
+            # After the VM row, so this VM's callback URL is known to the approver.
+            for event_id in to_approve:
+                result.approvals.append(
+                    approve_event(
+                        event_id,
+                        store,
+                        pipeline.settings,
+                        pipeline.session,
+                        clock,
+                        publisher=pipeline.publisher,
+                        give_up_at=now
+                        + timedelta(seconds=pipeline.settings.approval_budget_seconds),
+                    )
+                )
             return result
         log.info("VM row %s changed concurrently; re-reading", name)
     raise RuntimeError(f"VM row {name} kept changing; giving up this delivery")
@@ -152,6 +167,7 @@ def _report(
     pipeline: Pipeline,
     now: datetime,
     result: IngestResult,
+    to_approve: list[str],
 ) -> None:
     store = pipeline.store
     claimed: list[Transition] = []
@@ -190,16 +206,7 @@ def _report(
     )
     result.transitions.extend((record.event_id, t.value) for t in announce_first + rest)
     if approve_now:
-        approval = approve_event(
-            record.event_id,
-            store,
-            pipeline.settings,
-            pipeline.session,
-            pipeline.clock,
-            publisher=pipeline.publisher,
-            give_up_at=now + timedelta(seconds=pipeline.settings.approval_budget_seconds),
-        )
-        result.approvals.append(approval)
+        to_approve.append(record.event_id)
 
 
 def _after_decision(

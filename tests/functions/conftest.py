@@ -1,0 +1,204 @@
+"""Shared pieces: a fresh store per test on Azurite, a fake clock, signature-checking relays."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import requests
+
+from functions.clock import Clock
+from functions.ingest import Pipeline
+from functions.policy import Policy, PolicyLoad
+from functions.publish import LocalPublisher
+from functions.settings import Settings
+from functions.state import Store
+from relay.signing import SignatureError, verify
+
+KEY = "test-relay-key-0123456789abcdef"
+T0 = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)
+
+
+class FakeClock:
+    """Time that moves only when told to, or when the code under test sleeps."""
+
+    def __init__(self, start: datetime = T0) -> None:
+        self.current = start
+        self.slept: list[float] = []
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            return self.current
+
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self.slept.append(seconds)
+            self.current += timedelta(seconds=seconds)
+
+    def advance(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+
+class Relay:
+    """A relay callback stand-in: verifies the HMAC exactly as the relay does, answers from
+    a script (then `default`), and records every verified request."""
+
+    def __init__(self) -> None:
+        self.script: list[tuple[int, dict[str, Any]]] = []
+        self.default: tuple[int, dict[str, Any]] = (200, {"status": 200})
+        self.requests: list[dict[str, Any]] = []
+        self.bad_signatures = 0
+        self._lock = threading.Lock()
+        relay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                try:
+                    verify(KEY.encode(), dict(self.headers), "POST", self.path, body)
+                except SignatureError as exc:
+                    with relay._lock:
+                        relay.bad_signatures += 1
+                    self._answer(401, {"error": str(exc)})
+                    return
+                ids = json.loads(body)["EventIds"]
+                with relay._lock:
+                    relay.requests.append({"path": self.path, "EventIds": ids})
+                    status, answer = relay.script.pop(0) if relay.script else relay.default
+                if status == 200 and "results" not in answer:
+                    answer = {**answer, "results": dict.fromkeys(ids, "approved")}
+                self._answer(status, answer)
+
+            def _answer(self, status: int, answer: dict[str, Any]) -> None:
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/relay"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def starts(self) -> list[str]:
+        return [i for r in self.requests for i in r["EventIds"]]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def new_relay() -> Iterator[Callable[[], Relay]]:
+    started: list[Relay] = []
+
+    def factory() -> Relay:
+        relay = Relay()
+        started.append(relay)
+        return relay
+
+    yield factory
+    for relay in started:
+        relay.close()
+
+
+@pytest.fixture
+def relay(new_relay: Callable[[], Relay]) -> Relay:
+    return new_relay()
+
+
+@pytest.fixture
+def store(azurite: str) -> Store:
+    prefix = "t" + uuid.uuid4().hex[:12]
+    return Store.from_connection_string(azurite, prefix).ensure_tables()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def make_settings(policy: Policy | PolicyLoad | None = None, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {"relay_key": KEY, "approval_budget_seconds": 30, **overrides}
+    settings = Settings(**values)
+    if isinstance(policy, Policy):
+        policy = PolicyLoad(policy=policy)
+    return settings.with_policy(policy or PolicyLoad(policy=Policy()))
+
+
+def make_pipeline(
+    store: Store, clock: Clock, policy: Policy | PolicyLoad | None = None, **overrides: Any
+) -> tuple[Pipeline, LocalPublisher]:
+    publisher = LocalPublisher()
+    pipeline = Pipeline(
+        store, make_settings(policy, **overrides), publisher, requests.Session(), clock
+    )
+    return pipeline, publisher
+
+
+def event(
+    event_id: str = "EV-1",
+    event_type: str = "Reboot",
+    status: str = "Scheduled",
+    resources: tuple[str, ...] = ("vm1",),
+    not_before: datetime | None = T0 + timedelta(minutes=15),
+    source: str = "Platform",
+    duration: int | None = -1,
+) -> dict[str, Any]:
+    return {
+        "EventId": event_id,
+        "EventStatus": status,
+        "EventType": event_type,
+        "ResourceType": "VirtualMachine",
+        "Resources": list(resources),
+        "NotBefore": not_before.strftime("%a, %d %b %Y %H:%M:%S GMT") if not_before else "",
+        "Description": "test",
+        "EventSource": source,
+        "DurationInSeconds": duration,
+    }
+
+
+def envelope(
+    vm: str,
+    sequence: int,
+    events: list[dict[str, Any]] | None,
+    *,
+    callback_url: str | None = None,
+    incarnation: int | None = None,
+    scale_set: str | None = None,
+    availability_set: str | None = None,
+    observed_at: datetime | None = None,
+    kind: str = "document",
+) -> str:
+    document = None
+    if events is not None:
+        document = {"DocumentIncarnation": incarnation or sequence, "Events": events}
+    return json.dumps(
+        {
+            "schema": 1,
+            "kind": kind,
+            "vm": {
+                "name": vm,
+                "callback_url": callback_url,
+                "scale_set": scale_set,
+                "availability_set": availability_set,
+            },
+            "relay_version": "test",
+            "sequence": sequence,
+            "observed_at": (observed_at or T0 + timedelta(seconds=sequence)).isoformat(),
+            "document": document,
+        }
+    )
