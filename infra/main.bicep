@@ -1,0 +1,368 @@
+// Azure Scheduled Events bridge: everything in one resource-group deployment.
+//
+//   az group create -n rg-sebridge -l westeurope
+//   az deployment group create -g rg-sebridge -f infra/main.bicep -p infra/main.bicepparam
+//
+// Least privilege throughout: two user-assigned identities (relays, function app), every
+// role assignment built-in and scoped to one entity (queue, topic, container, secret).
+
+targetScope = 'resourceGroup'
+
+@description('Short name used in every resource name (letters and digits).')
+@minLength(2)
+@maxLength(10)
+param prefix string = 'sebridge'
+
+param location string = resourceGroup().location
+
+param tags object = {
+  app: 'scheduled-events-bridge'
+}
+
+// ---------- Service Bus ----------
+@allowed([
+  'Standard'
+  'Premium'
+])
+param serviceBusSku string = 'Standard'
+
+@description('Allow SAS keys on the namespace (for relays that cannot use a managed identity). Off by default.')
+param allowServiceBusSasAuth bool = false
+
+@description('Service Bus duplicate detection window for resends (at least 10 minutes).')
+@allowed([
+  'PT10M'
+  'PT30M'
+  'PT1H'
+  'PT6H'
+  'P1D'
+])
+param duplicateDetectionWindow string = 'PT1H'
+
+@minValue(1)
+@maxValue(100)
+param maxDeliveryCount int = 10
+
+// ---------- Network ----------
+@description('true: create a VNet with a VM subnet and a function subnet. false: add the function subnet to existingVirtualNetworkName.')
+param createVirtualNetwork bool = true
+
+@description('The VMs\' existing VNet in this resource group (createVirtualNetwork = false).')
+param existingVirtualNetworkName string = ''
+
+param vnetAddressPrefix string = '10.40.0.0/16'
+
+@description('The VM subnet: created (new VNet) or your VMs\' existing subnet.')
+param vmSubnetName string = 'snet-vms'
+
+param vmSubnetPrefix string = '10.40.0.0/24'
+
+param functionSubnetName string = 'snet-functions'
+
+@description('Prefix of the function subnet: the only source allowed to reach relay callbacks.')
+param functionSubnetPrefix string = '10.40.1.0/24'
+
+@description('Existing VNet only: set true once your VM subnet has the Microsoft.KeyVault service endpoint (README), so relays can read the relay key through the vault firewall.')
+param existingVmSubnetHasKeyVaultEndpoint bool = false
+
+@description('An NSG already on your VM subnet: the callback rules are added to it.')
+param existingVmNsgName string = ''
+
+@description('TCP port of the relay\'s signed callback server.')
+@minValue(1024)
+@maxValue(65535)
+param relayCallbackPort int = 8492
+
+// ---------- Secrets (Key Vault) ----------
+@description('Relay callback HMAC key, at least 32 characters (e.g. `openssl rand -hex 32`).')
+@secure()
+@minLength(32)
+param relayKey string
+
+@secure()
+param pagerdutyRoutingKey string = ''
+
+@secure()
+param teamsWebhookUrl string = ''
+
+@secure()
+param webhookUrl string = ''
+
+@secure()
+param webhookSecret string = ''
+
+// ---------- Function app ----------
+@minValue(40)
+@maxValue(1000)
+param maximumInstanceCount int = 40
+
+param relaySilentAfterSeconds int = 600
+
+param approvalMarginSeconds int = 10
+
+@description('POLICY__RULES: ordered rules. Empty = Microsoft\'s reference policy (approve User events and Freeze < 9 s, drain Terminate, hold the rest).')
+param policyRules array = []
+
+@description('POLICY__DRY_RUN: decide, audit and announce, never approve.')
+param policyDryRun bool = false
+
+@description('POLICY__WINDOWS: weekly maintenance windows.')
+param policyWindows array = []
+
+@description('POLICY__TIMEZONE: IANA time zone of the windows.')
+param policyTimezone string = 'UTC'
+
+@description('POLICY__MAX_CONCURRENT_PER_SET: approved impactful events at once per scale set / availability set.')
+@minValue(1)
+param policyMaxConcurrentPerSet int = 1
+
+param drainHttpUrl string = ''
+
+param drainRelayHook string = ''
+
+@allowed([
+  'hold'
+  'approve'
+])
+param drainOnFailure string = 'hold'
+
+// ---------- Example VMs ----------
+@description('Deploy the example scale set (relay + Terminate notifications).')
+param deployExampleScaleSet bool = false
+
+@description('Deploy the example single VM (relay).')
+param deployExampleVm bool = false
+
+@description('URL of a .tar.gz of this project that cloud-init installs the relay from.')
+param relaySourceUrl string = ''
+
+param adminUsername string = 'azureuser'
+
+@description('SSH public key for the example VMs.')
+param adminSshPublicKey string = ''
+
+@description('Terminate notification timeout of the example scale set (PT5M..PT15M).')
+@allowed([
+  'PT5M'
+  'PT6M'
+  'PT7M'
+  'PT8M'
+  'PT9M'
+  'PT10M'
+  'PT11M'
+  'PT12M'
+  'PT13M'
+  'PT14M'
+  'PT15M'
+])
+param terminateNotBeforeTimeout string = 'PT10M'
+
+param exampleInstanceCount int = 2
+
+// ---------- Names ----------
+var suffix = uniqueString(resourceGroup().id, prefix)
+var names = {
+  relayIdentity: 'id-${prefix}-relay'
+  functionIdentity: 'id-${prefix}-func'
+  serviceBus: 'sb-${prefix}-${suffix}'
+  storage: take(toLower('st${prefix}${suffix}'), 24)
+  keyVault: take('kv-${prefix}-${suffix}', 24)
+  workspace: 'log-${prefix}-${suffix}'
+  appInsights: 'appi-${prefix}-${suffix}'
+  functionApp: 'func-${prefix}-${suffix}'
+  plan: 'plan-${prefix}-${suffix}'
+  vnet: createVirtualNetwork ? 'vnet-${prefix}' : existingVirtualNetworkName
+  nsg: 'nsg-${prefix}-vms'
+  scaleSet: 'vmss-${prefix}'
+  vm: 'vm-${prefix}'
+}
+
+var vmSubnetReachesKeyVault = createVirtualNetwork || existingVmSubnetHasKeyVaultEndpoint
+
+// ---------- Identities ----------
+resource relayIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: names.relayIdentity
+  location: location
+  tags: tags
+}
+
+resource functionIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: names.functionIdentity
+  location: location
+  tags: tags
+}
+
+// ---------- Building blocks ----------
+module network 'modules/network.bicep' = {
+  name: 'network'
+  params: {
+    location: location
+    tags: tags
+    createVirtualNetwork: createVirtualNetwork
+    virtualNetworkName: names.vnet
+    addressPrefix: vnetAddressPrefix
+    vmSubnetName: vmSubnetName
+    vmSubnetPrefix: vmSubnetPrefix
+    functionSubnetName: functionSubnetName
+    functionSubnetPrefix: functionSubnetPrefix
+    callbackPort: relayCallbackPort
+    nsgName: names.nsg
+    existingNsgName: existingVmNsgName
+  }
+}
+
+module serviceBus 'modules/servicebus.bicep' = {
+  name: 'servicebus'
+  params: {
+    namespaceName: names.serviceBus
+    location: location
+    tags: tags
+    sku: serviceBusSku
+    allowSasAuth: allowServiceBusSasAuth
+    duplicateDetectionWindow: duplicateDetectionWindow
+    maxDeliveryCount: maxDeliveryCount
+    relayPrincipalId: relayIdentity.properties.principalId
+    functionPrincipalId: functionIdentity.properties.principalId
+  }
+}
+
+module storage 'modules/storage.bicep' = {
+  name: 'storage'
+  params: {
+    accountName: names.storage
+    location: location
+    tags: tags
+    functionPrincipalId: functionIdentity.properties.principalId
+  }
+}
+
+module monitoring 'modules/monitoring.bicep' = {
+  name: 'monitoring'
+  params: {
+    workspaceName: names.workspace
+    appInsightsName: names.appInsights
+    location: location
+    tags: tags
+    functionPrincipalId: functionIdentity.properties.principalId
+  }
+}
+
+module keyVault 'modules/keyvault.bicep' = {
+  name: 'keyvault'
+  params: {
+    vaultName: names.keyVault
+    location: location
+    tags: tags
+    relayKey: relayKey
+    pagerdutyRoutingKey: pagerdutyRoutingKey
+    teamsWebhookUrl: teamsWebhookUrl
+    webhookUrl: webhookUrl
+    webhookSecret: webhookSecret
+    functionPrincipalId: functionIdentity.properties.principalId
+    relayPrincipalId: relayIdentity.properties.principalId
+    allowedSubnetIds: concat([network.outputs.functionSubnetId], vmSubnetReachesKeyVault ? [network.outputs.vmSubnetId] : [])
+  }
+}
+
+module functionApp 'modules/functionapp.bicep' = {
+  name: 'functionapp'
+  // Role assignments first, so the host and the Key Vault references work at first start.
+  dependsOn: [
+    serviceBus
+    storage
+    monitoring
+    keyVault
+  ]
+  params: {
+    name: names.functionApp
+    planName: names.plan
+    location: location
+    tags: tags
+    identityId: functionIdentity.id
+    identityClientId: functionIdentity.properties.clientId
+    storageAccountName: storage.outputs.accountName
+    deploymentContainerUrl: storage.outputs.deploymentContainerUrl
+    functionSubnetId: network.outputs.functionSubnetId
+    appInsightsConnectionString: monitoring.outputs.connectionString
+    serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
+    documentsQueueName: serviceBus.outputs.queueName
+    notificationsTopicName: serviceBus.outputs.topicName
+    stateTablePrefix: storage.outputs.tablePrefix
+    keyVaultUri: keyVault.outputs.vaultUri
+    secretNames: keyVault.outputs.secretNames
+    hasPagerduty: keyVault.outputs.hasPagerduty
+    hasTeams: keyVault.outputs.hasTeams
+    hasWebhookUrl: keyVault.outputs.hasWebhookUrl
+    hasWebhookSecret: keyVault.outputs.hasWebhookSecret
+    maximumInstanceCount: maximumInstanceCount
+    relaySilentAfterSeconds: relaySilentAfterSeconds
+    approvalMarginSeconds: approvalMarginSeconds
+    policyRules: policyRules
+    policyDryRun: policyDryRun
+    policyWindows: policyWindows
+    policyTimezone: policyTimezone
+    policyMaxConcurrentPerSet: policyMaxConcurrentPerSet
+    drainHttpUrl: drainHttpUrl
+    drainRelayHook: drainRelayHook
+    drainOnFailure: drainOnFailure
+  }
+}
+
+// ---------- Relay bootstrap (cloud-init) ----------
+// Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment.
+var cloudInitTemplate = loadTextContent('relay/cloud-init.yaml')
+var cloudInit1 = replace(cloudInitTemplate, '{{SERVICEBUS_NAMESPACE}}', serviceBus.outputs.fullyQualifiedNamespace)
+var cloudInit2 = replace(cloudInit1, '{{DOCUMENTS_QUEUE}}', serviceBus.outputs.queueName)
+var cloudInit3 = replace(cloudInit2, '{{IDENTITY_CLIENT_ID}}', relayIdentity.properties.clientId)
+var cloudInit4 = replace(cloudInit3, '{{CALLBACK_PORT}}', string(relayCallbackPort))
+var cloudInit5 = replace(cloudInit4, '{{RELAY_KEY_SECRET_URI}}', keyVault.outputs.relayKeySecretUri)
+var relayCloudInit = replace(cloudInit5, '{{RELAY_SOURCE_URL}}', relaySourceUrl)
+
+module exampleScaleSet 'modules/vmss-relay.bicep' = if (deployExampleScaleSet) {
+  name: 'example-scaleset'
+  params: {
+    name: names.scaleSet
+    location: location
+    tags: tags
+    subnetId: network.outputs.vmSubnetId
+    relayIdentityId: relayIdentity.id
+    customData: relayCloudInit
+    adminUsername: adminUsername
+    adminSshPublicKey: adminSshPublicKey
+    instanceCount: exampleInstanceCount
+    terminateNotBeforeTimeout: terminateNotBeforeTimeout
+  }
+}
+
+module exampleVm 'modules/vm-relay.bicep' = if (deployExampleVm) {
+  name: 'example-vm'
+  params: {
+    name: names.vm
+    location: location
+    tags: tags
+    subnetId: network.outputs.vmSubnetId
+    relayIdentityId: relayIdentity.id
+    customData: relayCloudInit
+    adminUsername: adminUsername
+    adminSshPublicKey: adminSshPublicKey
+  }
+}
+
+// ---------- What you need next ----------
+output functionAppName string = functionApp.outputs.name
+output functionAppUrl string = functionApp.outputs.url
+output serviceBusNamespace string = serviceBus.outputs.namespaceName
+output serviceBusFullyQualifiedNamespace string = serviceBus.outputs.fullyQualifiedNamespace
+output documentsQueue string = serviceBus.outputs.queueName
+output notificationsTopic string = serviceBus.outputs.topicName
+output keyVaultName string = keyVault.outputs.vaultName
+output relayKeySecretUri string = keyVault.outputs.relayKeySecretUri
+output storageAccountName string = storage.outputs.accountName
+output relayIdentityId string = relayIdentity.id
+output relayIdentityClientId string = relayIdentity.properties.clientId
+output relayIdentityPrincipalId string = relayIdentity.properties.principalId
+output functionIdentityClientId string = functionIdentity.properties.clientId
+output vmSubnetId string = network.outputs.vmSubnetId
+output functionSubnetId string = network.outputs.functionSubnetId
+output relayCallbackPort int = relayCallbackPort
+output relayForward string = 'servicebus://${serviceBus.outputs.fullyQualifiedNamespace}/${serviceBus.outputs.queueName}'

@@ -1,0 +1,50 @@
+// Worked example: a new VNet, the bridge, and one example scale set running the relay.
+//
+//   export RELAY_KEY=$(openssl rand -hex 32)          # keep it: the function app and relays share it
+//   export SSH_PUBLIC_KEY="$(cat ~/.ssh/id_ed25519.pub)"
+//   az deployment group create -g rg-sebridge -f infra/main.bicep -p infra/main.bicepparam
+//
+// Secrets come from environment variables, never from this file.
+using 'main.bicep'
+
+param prefix = 'sebridge'
+
+// Service Bus: Standard, Entra ID only (no SAS keys), resends dropped for an hour.
+param serviceBusSku = 'Standard'
+param allowServiceBusSasAuth = false
+param duplicateDetectionWindow = 'PT1H'
+param maxDeliveryCount = 10
+
+// Network: a new VNet; the function subnet alone may reach relay callbacks on port 8492.
+param createVirtualNetwork = true
+param vnetAddressPrefix = '10.40.0.0/16'
+param vmSubnetPrefix = '10.40.0.0/24'
+param functionSubnetPrefix = '10.40.1.0/24'
+param relayCallbackPort = 8492
+
+// Secrets, stored in Key Vault; an empty value leaves that channel off.
+param relayKey = readEnvironmentVariable('RELAY_KEY')
+param pagerdutyRoutingKey = readEnvironmentVariable('PAGERDUTY_ROUTING_KEY', '')
+param teamsWebhookUrl = readEnvironmentVariable('TEAMS_WEBHOOK_URL', '')
+param webhookUrl = readEnvironmentVariable('WEBHOOK_URL', '')
+param webhookSecret = readEnvironmentVariable('WEBHOOK_SECRET', '')
+
+// Policy: Microsoft's reference policy (empty rules), no dry run, no maintenance windows,
+// at most one impactful event approved at a time per scale set / availability set.
+param policyRules = []
+param policyDryRun = false
+param policyWindows = []
+param policyTimezone = 'UTC'
+param policyMaxConcurrentPerSet = 1
+
+// Terminate workflow: if a drain step fails, hold and let NotBefore arrive.
+param drainOnFailure = 'hold'
+
+// Example scale set: two instances, ten minutes to drain before a deletion proceeds.
+param deployExampleScaleSet = true
+param deployExampleVm = false
+param exampleInstanceCount = 2
+param terminateNotBeforeTimeout = 'PT10M'
+param adminSshPublicKey = readEnvironmentVariable('SSH_PUBLIC_KEY', '')
+// A .tar.gz of this project (for example a release archive of your fork) for cloud-init.
+param relaySourceUrl = readEnvironmentVariable('RELAY_SOURCE_URL', '')

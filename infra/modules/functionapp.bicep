@@ -1,0 +1,230 @@
+// The function app on the Flex Consumption plan (Python 3.11), with a user-assigned managed
+// identity used for every connection: Service Bus, storage (host, deployment, state tables),
+// Application Insights and Key Vault references. No connection string, key or secret value
+// appears in its settings; secrets are Key Vault references.
+
+param name string
+
+param planName string
+
+param location string
+
+param tags object = {}
+
+@description('Resource id of the function app\'s user-assigned managed identity.')
+param identityId string
+
+@description('Client id of that identity (identity-based connections pick it by client id).')
+param identityClientId string
+
+param storageAccountName string
+
+@description('URL of the blob container the plan deploys the app package from.')
+param deploymentContainerUrl string
+
+@description('Resource id of the subnet delegated to Microsoft.App/environments in the VMs\' VNet.')
+param functionSubnetId string
+
+param appInsightsConnectionString string
+
+@description('e.g. sb-bridge.servicebus.windows.net')
+param serviceBusFullyQualifiedNamespace string
+
+param documentsQueueName string = 'documents'
+
+param notificationsTopicName string = 'notifications'
+
+param stateTablePrefix string = 'sebridge'
+
+@description('https://NAME.vault.azure.net/ (with the trailing slash, as the vault reports it).')
+param keyVaultUri string
+
+@description('Secret names in the vault (keyvault.bicep output secretNames).')
+param secretNames object
+
+param hasPagerduty bool = false
+param hasTeams bool = false
+param hasWebhookUrl bool = false
+param hasWebhookSecret bool = false
+
+@minValue(40)
+@maxValue(1000)
+param maximumInstanceCount int = 40
+
+@allowed([
+  512
+  2048
+  4096
+])
+param instanceMemoryMB int = 2048
+
+// Bridge behaviour (SETTINGS.md).
+param relaySilentAfterSeconds int = 600
+param approvalMarginSeconds int = 10
+param pagerdutyEventsUrl string = 'https://events.pagerduty.com/v2/enqueue'
+
+// Policy (POLICY__*); editable later as app settings.
+@description('Ordered policy rules (JSON array). Empty: the built-in default, Microsoft\'s reference policy.')
+param policyRules array = []
+param policyDryRun bool = false
+param policyWindows array = []
+param policyTimezone string = 'UTC'
+@minValue(1)
+param policyMaxConcurrentPerSet int = 1
+
+// Terminate (drain) workflow (DRAIN__*).
+param drainHttpUrl string = ''
+param drainRelayHook string = ''
+param drainStepTimeoutSeconds int = 120
+param drainSafetyMarginSeconds int = 30
+@allowed([
+  'hold'
+  'approve'
+])
+param drainOnFailure string = 'hold'
+
+// A Key Vault reference: the platform resolves it with keyVaultReferenceIdentity.
+var kvRef = '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/'
+
+var connectionSettings = {
+  AZURE_CLIENT_ID: identityClientId
+  AzureWebJobsStorage__accountName: storageAccountName
+  AzureWebJobsStorage__credential: 'managedidentity'
+  AzureWebJobsStorage__clientId: identityClientId
+  ServiceBusConnection__fullyQualifiedNamespace: serviceBusFullyQualifiedNamespace
+  ServiceBusConnection__credential: 'managedidentity'
+  ServiceBusConnection__clientId: identityClientId
+  StateStorage__accountName: storageAccountName
+  StateStorage__credential: 'managedidentity'
+  StateStorage__clientId: identityClientId
+  APPLICATIONINSIGHTS_CONNECTION_STRING: appInsightsConnectionString
+  APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
+}
+
+var bridgeSettings = {
+  DOCUMENTS_QUEUE: documentsQueueName
+  NOTIFICATIONS_TOPIC: notificationsTopicName
+  STATE_TABLE_PREFIX: stateTablePrefix
+  RELAY_KEY: '${kvRef}${secretNames.relayKey})'
+  PUBLIC_BASE_URL: 'https://${name}.azurewebsites.net'
+  RELAY_SILENT_AFTER_SECONDS: string(relaySilentAfterSeconds)
+  APPROVAL_MARGIN_SECONDS: string(approvalMarginSeconds)
+  PAGERDUTY_EVENTS_URL: pagerdutyEventsUrl
+}
+
+var policyBaseSettings = {
+  POLICY__DRY_RUN: policyDryRun ? 'true' : 'false'
+  POLICY__WINDOWS: string(policyWindows)
+  POLICY__TIMEZONE: policyTimezone
+  POLICY__MAX_CONCURRENT_PER_SET: string(policyMaxConcurrentPerSet)
+}
+var policyRulesSettings = empty(policyRules) ? {} : { POLICY__RULES: string(policyRules) }
+
+var drainBaseSettings = {
+  DRAIN__STEP_TIMEOUT_SECONDS: string(drainStepTimeoutSeconds)
+  DRAIN__SAFETY_MARGIN_SECONDS: string(drainSafetyMarginSeconds)
+  DRAIN__ON_FAILURE: drainOnFailure
+}
+var drainHttpSettings = empty(drainHttpUrl) ? {} : { DRAIN__HTTP_URL: drainHttpUrl }
+var drainHookSettings = empty(drainRelayHook) ? {} : { DRAIN__RELAY_HOOK: drainRelayHook }
+
+// Channel secrets: only those that exist in the vault, always as references.
+var pagerdutySettings = hasPagerduty ? { PAGERDUTY_ROUTING_KEY: '${kvRef}${secretNames.pagerdutyRoutingKey})' } : {}
+var teamsSettings = hasTeams ? { TEAMS_WEBHOOK_URL: '${kvRef}${secretNames.teamsWebhookUrl})' } : {}
+var webhookUrlSettings = hasWebhookUrl ? { WEBHOOK_URL: '${kvRef}${secretNames.webhookUrl})' } : {}
+var webhookSecretSettings = hasWebhookSecret ? { WEBHOOK_SECRET: '${kvRef}${secretNames.webhookSecret})' } : {}
+
+// Every app setting, set when the site is created (Flex needs its storage settings from the start).
+var appSettings = union(connectionSettings, bridgeSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  //checkov:skip=CKV_AZURE_225: Flex zone redundancy is regional and opt-in; enable it where your region offers it
+  name: planName
+  location: location
+  tags: tags
+  kind: 'functionapp'
+  sku: {
+    name: 'FC1'
+    tier: 'FlexConsumption'
+  }
+  properties: {
+    reserved: true
+  }
+}
+
+resource site 'Microsoft.Web/sites@2024-04-01' = {
+  //checkov:skip=CKV_AZURE_17: callers authenticate with function keys (manual approval, status); relays are never called through the app
+  //checkov:skip=CKV_AZURE_222: operators reach the status and manual-approval functions over the internet with function keys
+  //checkov:skip=CKV_AZURE_212: Flex Consumption scales from zero on demand; the documents queue buffers while an instance starts
+  //checkov:skip=CKV_AZURE_213: health check is not available on Flex Consumption; the watchdog timer and Application Insights cover liveness
+  name: name
+  location: location
+  tags: tags
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identityId}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    publicNetworkAccess: 'Enabled'
+    virtualNetworkSubnetId: functionSubnetId
+    keyVaultReferenceIdentity: identityId
+    siteConfig: {
+      minTlsVersion: '1.2'
+      scmMinTlsVersion: '1.2'
+      ftpsState: 'Disabled'
+      http20Enabled: true
+      appSettings: [
+        for setting in items(appSettings): {
+          name: setting.key
+          value: setting.value
+        }
+      ]
+    }
+    functionAppConfig: {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: deploymentContainerUrl
+          authentication: {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identityId
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        maximumInstanceCount: maximumInstanceCount
+        instanceMemoryMB: instanceMemoryMB
+      }
+      runtime: {
+        name: 'python'
+        version: '3.11'
+      }
+    }
+  }
+}
+
+// No FTP, no basic-auth SCM publishing: deploy with Entra ID (func publish / az zip deploy).
+resource ftpCredentials 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'ftp'
+  properties: {
+    allow: false
+  }
+}
+
+resource scmCredentials 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'scm'
+  properties: {
+    allow: false
+  }
+}
+
+output name string = site.name
+output defaultHostName string = site.properties.defaultHostName
+output url string = 'https://${site.properties.defaultHostName}'

@@ -1,0 +1,220 @@
+// Key Vault (RBAC mode) for every secret the bridge uses. A secret is created only when its
+// value is given; each identity gets Key Vault Secrets User on the individual secrets it
+// needs, never on the vault: the relays read `relay-key` and nothing else.
+
+@description('Key Vault name: 3-24 letters, digits and hyphens, globally unique.')
+@minLength(3)
+@maxLength(24)
+param vaultName string
+
+param location string
+
+param tags object = {}
+
+@description('The relay callback HMAC key (at least 32 characters). Stored as secret `relay-key`.')
+@secure()
+@minLength(32)
+param relayKey string
+
+@description('PagerDuty Events API v2 routing key; empty = no PagerDuty channel.')
+@secure()
+param pagerdutyRoutingKey string = ''
+
+@description('Teams incoming-webhook / workflow URL (it embeds a token); empty = no Teams channel.')
+@secure()
+param teamsWebhookUrl string = ''
+
+@description('Generic webhook URL; empty = no webhook channel.')
+@secure()
+param webhookUrl string = ''
+
+@description('Key that signs webhook requests; empty = unsigned (not recommended).')
+@secure()
+param webhookSecret string = ''
+
+@description('Principal (object) id of the function app\'s managed identity.')
+param functionPrincipalId string
+
+@description('Principal (object) id of the relays\' managed identity.')
+param relayPrincipalId string
+
+@description('Subnets (with the Microsoft.KeyVault service endpoint) allowed through the vault firewall.')
+param allowedSubnetIds array = []
+
+@description('Firewall default for everything else. Deny keeps the vault reachable only from allowedSubnetIds and trusted Azure services.')
+@allowed([
+  'Allow'
+  'Deny'
+])
+param networkDefaultAction string = 'Deny'
+
+// Built-in role: Key Vault Secrets User (read secret values).
+var keyVaultSecretsUser = '4633458b-17de-408a-b874-0445c86b69e6'
+
+// Secret names; the function app's settings reference them by these names.
+var names = {
+  relayKey: 'relay-key'
+  pagerdutyRoutingKey: 'pagerduty-routing-key'
+  teamsWebhookUrl: 'teams-webhook-url'
+  webhookUrl: 'webhook-url'
+  webhookSecret: 'webhook-secret'
+}
+
+resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
+  //checkov:skip=CKV_AZURE_189: the relays on VMs and the Flex app read secrets through the firewall (networkAcls, subnet rules); private endpoints are outside this example
+  name: vaultName
+  location: location
+  tags: tags
+  properties: {
+    tenantId: subscription().tenantId
+    sku: {
+      family: 'A'
+      name: 'standard'
+    }
+    enableRbacAuthorization: true
+    enableSoftDelete: true
+    softDeleteRetentionInDays: 90
+    enablePurgeProtection: true
+    enabledForDeployment: false
+    enabledForDiskEncryption: false
+    enabledForTemplateDeployment: false
+    publicNetworkAccess: 'Enabled'
+    networkAcls: {
+      bypass: 'AzureServices'
+      defaultAction: networkDefaultAction
+      ipRules: []
+      virtualNetworkRules: [
+        for id in allowedSubnetIds: {
+          id: id
+          ignoreMissingVnetServiceEndpoint: false
+        }
+      ]
+    }
+  }
+}
+
+resource relayKeySecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
+  //checkov:skip=CKV_AZURE_41: rotation is operator-driven (README); an expiry date would silently stop every approval when it passes
+  parent: vault
+  name: names.relayKey
+  properties: {
+    value: relayKey
+    contentType: 'text/plain'
+  }
+}
+
+resource pagerdutySecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if (!empty(pagerdutyRoutingKey)) {
+  //checkov:skip=CKV_AZURE_114: contentType is set below; checkov does not read the body of a conditional (if) resource
+  //checkov:skip=CKV_AZURE_41: set by the channel's owner; an expiry would silently mute the channel
+  parent: vault
+  name: names.pagerdutyRoutingKey
+  properties: {
+    value: pagerdutyRoutingKey
+    contentType: 'text/plain'
+  }
+}
+
+resource teamsSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if (!empty(teamsWebhookUrl)) {
+  //checkov:skip=CKV_AZURE_114: contentType is set below; checkov does not read the body of a conditional (if) resource
+  //checkov:skip=CKV_AZURE_41: set by the channel's owner; an expiry would silently mute the channel
+  parent: vault
+  name: names.teamsWebhookUrl
+  properties: {
+    value: teamsWebhookUrl
+    contentType: 'text/uri'
+  }
+}
+
+resource webhookUrlSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if (!empty(webhookUrl)) {
+  //checkov:skip=CKV_AZURE_114: contentType is set below; checkov does not read the body of a conditional (if) resource
+  //checkov:skip=CKV_AZURE_41: set by the channel's owner; an expiry would silently mute the channel
+  parent: vault
+  name: names.webhookUrl
+  properties: {
+    value: webhookUrl
+    contentType: 'text/uri'
+  }
+}
+
+resource webhookSecretSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if (!empty(webhookSecret)) {
+  //checkov:skip=CKV_AZURE_114: contentType is set below; checkov does not read the body of a conditional (if) resource
+  //checkov:skip=CKV_AZURE_41: set by the channel's owner; an expiry would silently break webhook signatures
+  parent: vault
+  name: names.webhookSecret
+  properties: {
+    value: webhookSecret
+    contentType: 'text/plain'
+  }
+}
+
+// The relays read the relay key, and nothing else in the vault.
+resource relayReadsRelayKey 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: relayKeySecret
+  name: guid(relayKeySecret.id, relayPrincipalId, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: relayPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// The function app reads each of its secrets (Key Vault references in its app settings).
+resource functionReadsRelayKey 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: relayKeySecret
+  name: guid(relayKeySecret.id, functionPrincipalId, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource functionReadsPagerduty 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(pagerdutyRoutingKey)) {
+  scope: pagerdutySecret
+  name: guid(vault.id, names.pagerdutyRoutingKey, functionPrincipalId, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource functionReadsTeams 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(teamsWebhookUrl)) {
+  scope: teamsSecret
+  name: guid(vault.id, names.teamsWebhookUrl, functionPrincipalId, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource functionReadsWebhookUrl 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(webhookUrl)) {
+  scope: webhookUrlSecret
+  name: guid(vault.id, names.webhookUrl, functionPrincipalId, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource functionReadsWebhookSecret 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(webhookSecret)) {
+  scope: webhookSecretSecret
+  name: guid(vault.id, names.webhookSecret, functionPrincipalId, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+output vaultName string = vault.name
+output vaultUri string = vault.properties.vaultUri
+output relayKeySecretUri string = relayKeySecret.properties.secretUri
+// Which optional secrets exist, so the app settings reference only those.
+output hasPagerduty bool = !empty(pagerdutyRoutingKey)
+output hasTeams bool = !empty(teamsWebhookUrl)
+output hasWebhookUrl bool = !empty(webhookUrl)
+output hasWebhookSecret bool = !empty(webhookSecret)
+output secretNames object = names

@@ -1,0 +1,171 @@
+// Networking: the function app joins the VMs' virtual network through its own delegated
+// subnet (so it can reach relay callbacks on private IPs), and an NSG lets only that subnet
+// reach the relay's callback port on the VM subnet.
+//
+// Two modes: create a new VNet with both subnets (createVirtualNetwork = true), or add the
+// function subnet to an existing VNet and put the callback rules into an existing NSG (or a
+// new one you attach to the VM subnet yourself, see the README).
+
+param location string
+
+param tags object = {}
+
+@description('true: create the VNet with a VM subnet and a function subnet. false: use an existing VNet.')
+param createVirtualNetwork bool = true
+
+@description('Name of the VNet (created, or existing in this resource group).')
+param virtualNetworkName string
+
+@description('Address space of a new VNet.')
+param addressPrefix string = '10.40.0.0/16'
+
+@description('Name of the VM subnet (created in a new VNet, or the existing one your VMs use).')
+param vmSubnetName string = 'snet-vms'
+
+@description('Prefix of a new VM subnet (ignored for an existing VNet).')
+param vmSubnetPrefix string = '10.40.0.0/24'
+
+@description('Name of the subnet delegated to the function app (always created).')
+param functionSubnetName string = 'snet-functions'
+
+@description('Prefix of the function subnet; the only source allowed to reach the relay callback port.')
+param functionSubnetPrefix string = '10.40.1.0/24'
+
+@description('TCP port the relay listens on for signed callbacks.')
+@minValue(1024)
+@maxValue(65535)
+param callbackPort int = 8492
+
+@description('Name of the NSG this template creates for the VM subnet (when existingNsgName is empty).')
+param nsgName string
+
+@description('An NSG already attached to your VM subnet: the callback rules are added to it instead.')
+param existingNsgName string = ''
+
+// The callback port: open to the function subnet, closed to everything else, including the
+// rest of the VNet (the default AllowVnetInBound rule sits at 65000, below these).
+var callbackRules = [
+  {
+    name: 'allow-relay-callback-from-functions'
+    properties: {
+      description: 'Relay callback: only the function app subnet may call it'
+      priority: 200
+      direction: 'Inbound'
+      access: 'Allow'
+      protocol: 'Tcp'
+      sourceAddressPrefix: functionSubnetPrefix
+      sourcePortRange: '*'
+      destinationAddressPrefix: 'VirtualNetwork'
+      destinationPortRange: string(callbackPort)
+    }
+  }
+  {
+    name: 'deny-relay-callback-from-others'
+    properties: {
+      description: 'Relay callback: closed to every other source'
+      priority: 210
+      direction: 'Inbound'
+      access: 'Deny'
+      protocol: '*'
+      sourceAddressPrefix: '*'
+      sourcePortRange: '*'
+      destinationAddressPrefix: '*'
+      destinationPortRange: string(callbackPort)
+    }
+  }
+]
+
+var keyVaultServiceEndpoint = [
+  {
+    service: 'Microsoft.KeyVault'
+  }
+]
+
+var flexDelegation = [
+  {
+    name: 'flex-consumption'
+    properties: {
+      serviceName: 'Microsoft.App/environments'
+    }
+  }
+]
+
+resource nsg 'Microsoft.Network/networkSecurityGroups@2024-01-01' = if (empty(existingNsgName)) {
+  name: nsgName
+  location: location
+  tags: tags
+  properties: {
+    securityRules: callbackRules
+  }
+}
+
+resource existingNsg 'Microsoft.Network/networkSecurityGroups@2024-01-01' existing = if (!empty(existingNsgName)) {
+  name: existingNsgName
+}
+
+resource existingNsgAllowRule 'Microsoft.Network/networkSecurityGroups/securityRules@2024-01-01' = if (!empty(existingNsgName)) {
+  parent: existingNsg
+  name: callbackRules[0].name
+  properties: callbackRules[0].properties
+}
+
+resource existingNsgDenyRule 'Microsoft.Network/networkSecurityGroups/securityRules@2024-01-01' = if (!empty(existingNsgName)) {
+  parent: existingNsg
+  name: callbackRules[1].name
+  properties: callbackRules[1].properties
+}
+
+resource vnet 'Microsoft.Network/virtualNetworks@2024-01-01' = if (createVirtualNetwork) {
+  name: virtualNetworkName
+  location: location
+  tags: tags
+  properties: {
+    addressSpace: {
+      addressPrefixes: [
+        addressPrefix
+      ]
+    }
+    subnets: [
+      {
+        name: vmSubnetName
+        properties: {
+          addressPrefix: vmSubnetPrefix
+          networkSecurityGroup: {
+            id: nsg.id
+          }
+          serviceEndpoints: keyVaultServiceEndpoint
+        }
+      }
+      {
+        name: functionSubnetName
+        properties: {
+          addressPrefix: functionSubnetPrefix
+          delegations: flexDelegation
+          serviceEndpoints: keyVaultServiceEndpoint
+        }
+      }
+    ]
+  }
+}
+
+resource existingVnet 'Microsoft.Network/virtualNetworks@2024-01-01' existing = if (!createVirtualNetwork) {
+  name: virtualNetworkName
+}
+
+resource addedFunctionSubnet 'Microsoft.Network/virtualNetworks/subnets@2024-01-01' = if (!createVirtualNetwork) {
+  parent: existingVnet
+  name: functionSubnetName
+  properties: {
+    addressPrefix: functionSubnetPrefix
+    delegations: flexDelegation
+    serviceEndpoints: keyVaultServiceEndpoint
+  }
+}
+
+var vmSubnetId = resourceId('Microsoft.Network/virtualNetworks/subnets', virtualNetworkName, vmSubnetName)
+
+output vmSubnetId string = createVirtualNetwork ? vnet.properties.subnets[0].id : vmSubnetId
+output functionSubnetId string = createVirtualNetwork ? vnet.properties.subnets[1].id : addedFunctionSubnet.id
+output functionSubnetPrefix string = functionSubnetPrefix
+output nsgId string = empty(existingNsgName) ? nsg.id : existingNsg.id
+output callbackPort int = callbackPort

@@ -1,0 +1,173 @@
+// Service Bus: the `documents` queue (relays -> ingest) and the `notifications` topic
+// (ingest -> one subscription per channel), with every role assignment scoped to the entity
+// it is about: the relays' identity can only send to `documents`.
+
+@description('Service Bus namespace name (globally unique).')
+param namespaceName string
+
+param location string
+
+param tags object = {}
+
+@description('Standard is enough for sessions and duplicate detection; Premium adds isolation and private networking.')
+@allowed([
+  'Standard'
+  'Premium'
+])
+param sku string = 'Standard'
+
+@description('Allow SAS (shared key) auth. Off: every client uses Entra ID through a managed identity.')
+param allowSasAuth bool = false
+
+@description('How long Service Bus remembers a MessageId to drop a relay\'s resend (at least 10 minutes).')
+@allowed([
+  'PT10M'
+  'PT30M'
+  'PT1H'
+  'PT6H'
+  'P1D'
+])
+param duplicateDetectionWindow string = 'PT1H'
+
+@description('Deliveries before a message goes to the dead-letter queue.')
+@minValue(1)
+@maxValue(100)
+param maxDeliveryCount int = 10
+
+@description('How long an undelivered document is kept (ISO 8601); then it is dead-lettered, not dropped.')
+param documentTimeToLive string = 'P7D'
+
+@description('How long an undelivered notification is kept (ISO 8601); then it is dead-lettered.')
+param notificationTimeToLive string = 'P1D'
+
+@description('Principal (object) id of the relays\' managed identity: may send to `documents`, nothing else.')
+param relayPrincipalId string
+
+@description('Principal (object) id of the function app\'s managed identity.')
+param functionPrincipalId string
+
+var queueName = 'documents'
+var topicName = 'notifications'
+var subscriptionNames = [
+  'teams'
+  'pagerduty'
+  'webhook'
+  'terminate'
+]
+
+// Built-in role definitions (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles).
+var serviceBusDataSender = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
+var serviceBusDataReceiver = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+
+// Public endpoint on purpose: relays on VMs anywhere send over HTTPS with Entra tokens, and
+// private endpoints need Premium plus a DNS design in the customer's network.
+resource namespace 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' = {
+  name: namespaceName
+  location: location
+  tags: tags
+  sku: {
+    name: sku
+    tier: sku
+    capacity: sku == 'Premium' ? 1 : null
+  }
+  identity: {
+    type: 'SystemAssigned'
+  }
+  properties: {
+    disableLocalAuth: !allowSasAuth
+    minimumTlsVersion: '1.2'
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+resource documents 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' = {
+  parent: namespace
+  name: queueName
+  properties: {
+    requiresSession: true
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+    maxDeliveryCount: maxDeliveryCount
+    deadLetteringOnMessageExpiration: true
+    defaultMessageTimeToLive: documentTimeToLive
+    lockDuration: 'PT1M'
+    maxSizeInMegabytes: 1024
+    enablePartitioning: false
+  }
+}
+
+resource notifications 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = {
+  parent: namespace
+  name: topicName
+  properties: {
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+    defaultMessageTimeToLive: notificationTimeToLive
+    maxSizeInMegabytes: 1024
+    enablePartitioning: false
+  }
+}
+
+resource channelSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = [
+  for name in subscriptionNames: {
+    parent: notifications
+    name: name
+    properties: {
+      maxDeliveryCount: maxDeliveryCount
+      deadLetteringOnMessageExpiration: true
+      deadLetteringOnFilterEvaluationExceptions: true
+      defaultMessageTimeToLive: notificationTimeToLive
+      lockDuration: 'PT1M'
+    }
+  }
+]
+
+// The relays may only send to `documents`.
+resource relaySendsDocuments 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: documents
+  name: guid(documents.id, relayPrincipalId, serviceBusDataSender)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    principalId: relayPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// The function app receives documents ...
+resource functionReceivesDocuments 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: documents
+  name: guid(documents.id, functionPrincipalId, serviceBusDataReceiver)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// ... publishes notifications ...
+resource functionSendsNotifications 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: notifications
+  name: guid(notifications.id, functionPrincipalId, serviceBusDataSender)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// ... and receives them on the channel subscriptions (scoped to the topic, which holds them).
+resource functionReceivesNotifications 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: notifications
+  name: guid(notifications.id, functionPrincipalId, serviceBusDataReceiver)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+output namespaceName string = namespace.name
+output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
+output queueName string = documents.name
+output topicName string = notifications.name
+output subscriptionNames array = subscriptionNames
