@@ -260,7 +260,8 @@ class CallbackHTTPServer(ThreadingHTTPServer):
 
 
 class CallbackServer:
-    def __init__(self, listen: str, app: CallbackApp) -> None:
+    def __init__(self, listen: str, app: CallbackApp, poll_interval: float = 0.5) -> None:
+        self._poll = poll_interval  # how fast stop() is noticed; a wake-up costs CPU
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
         if ":" in host:
@@ -282,7 +283,10 @@ class CallbackServer:
 
     def start(self) -> CallbackServer:
         self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name="relay-callback", daemon=True
+            target=self.httpd.serve_forever,
+            kwargs={"poll_interval": self._poll},
+            name="relay-callback",
+            daemon=True,
         )
         self._thread.start()
         event(log, logging.INFO, "callback listening", address=f"{self.url}")

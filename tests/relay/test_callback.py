@@ -1,0 +1,207 @@
+"""The signed callback over real HTTP against the simulator: approve only what is safe."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from relay.callback import CallbackApp, CallbackServer
+from relay.imds import ImdsClient
+from relay.signing import sign_headers
+from tests.relay.conftest import KEY
+
+
+@pytest.fixture
+def relay(simulator: Any) -> Iterator[Any]:
+    sim = simulator.sim
+    sim.add_vm("vm0", availability_set="as1")
+    sim.add_vm("vm1", availability_set="as1")
+    app = CallbackApp(
+        KEY,
+        "vm0",
+        ImdsClient(simulator.vm_url("vm0"), timeout=1.0),
+        health=lambda: {"healthy": True, "imds": {"healthy": True}},
+    )
+    server = CallbackServer("127.0.0.1:0", app, poll_interval=0.05).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def post(
+    server: Any,
+    body: bytes | dict[str, Any],
+    path: str = "/v1/start",
+    key: bytes = KEY,
+    now: float | None = None,
+    signed_path: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> requests.Response:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    if headers is None:
+        headers = sign_headers(key, "POST", signed_path or path, data, now=now)
+    return requests.post(server.url + path, data=data, headers=headers, timeout=10)
+
+
+def freeze(sim: Any, vm: str = "vm0") -> str:
+    return sim.add_event(event_type="Freeze", resources=[vm], duration=5, notice=3600)
+
+
+def test_a_valid_request_approves_in_imds(simulator: Any, relay: Any) -> None:
+    sim = simulator.sim
+    event_id = freeze(sim)
+    response = post(relay, {"EventIds": [event_id.lower()]})
+    assert response.status_code == 200, response.text
+    assert response.json() == {
+        "imds_status": 200,
+        "results": [{"EventId": event_id, "result": "approved"}],
+    }
+    [approval] = sim.approvals
+    assert (approval.vm, approval.event_id) == ("vm0", event_id)
+    assert sim.document("vm0")["Events"][0]["EventStatus"] == "Started"
+
+
+def test_several_event_ids_in_one_request(simulator: Any, relay: Any) -> None:
+    sim = simulator.sim
+    first, second = freeze(sim), freeze(sim)
+    response = post(relay, {"EventIds": [first, second]})
+    assert response.status_code == 200
+    assert sorted(a.event_id for a in sim.approvals) == sorted([first, second])
+
+
+def refused(sim: Any, response: requests.Response, status: int, reason: str) -> None:
+    assert response.status_code == status, response.text
+    assert reason in response.json()["error"]
+    assert sim.approvals == []
+
+
+def test_forged_signature(simulator: Any, relay: Any) -> None:
+    response = post(relay, {"EventIds": [freeze(simulator.sim)]}, key=b"not-the-key-0123456789")
+    refused(simulator.sim, response, 401, "bad signature")
+
+
+def test_missing_signature(simulator: Any, relay: Any) -> None:
+    response = post(relay, {"EventIds": [freeze(simulator.sim)]}, headers={})
+    refused(simulator.sim, response, 401, "missing signature")
+
+
+def test_body_changed_after_signing(simulator: Any, relay: Any) -> None:
+    sim = simulator.sim
+    signed_for, sent = freeze(sim), freeze(sim)
+    headers = sign_headers(
+        KEY, "POST", "/v1/start", json.dumps({"EventIds": [signed_for]}).encode()
+    )
+    response = post(relay, {"EventIds": [sent]}, headers=headers)
+    refused(sim, response, 401, "bad signature")
+
+
+def test_signature_for_another_path(simulator: Any, relay: Any) -> None:
+    response = post(relay, {"EventIds": [freeze(simulator.sim)]}, signed_path="/v1/hook")
+    refused(simulator.sim, response, 401, "bad signature")
+
+
+@pytest.mark.parametrize("skew", [-301, 301])
+def test_stale_or_future_timestamp(simulator: Any, relay: Any, skew: int) -> None:
+    response = post(relay, {"EventIds": [freeze(simulator.sim)]}, now=time.time() + skew)
+    refused(simulator.sim, response, 401, "stale timestamp")
+
+
+def test_replayed_request(simulator: Any, relay: Any) -> None:
+    sim = simulator.sim
+    event_id = freeze(sim)
+    body = json.dumps({"EventIds": [event_id]}).encode()
+    headers = sign_headers(KEY, "POST", "/v1/start", body)
+    sim.inject_fault("status", vm="vm0", status=503)  # first attempt: IMDS down, nothing done
+    assert post(relay, body, headers=headers).status_code == 503
+    response = post(relay, body, headers=headers)  # the captured request, sent again
+    refused(sim, response, 409, "replayed")
+
+
+def test_unknown_event_id(simulator: Any, relay: Any) -> None:
+    freeze(simulator.sim)
+    response = post(relay, {"EventIds": ["00000000-0000-0000-0000-000000000000"]})
+    refused(simulator.sim, response, 404, "unknown EventId")
+
+
+def test_already_started(simulator: Any, relay: Any) -> None:
+    sim = simulator.sim
+    event_id = freeze(sim)
+    sim.start_event(event_id)
+    response = post(relay, {"EventIds": [event_id]})
+    refused(sim, response, 409, "not Scheduled (Started)")
+
+
+def test_another_vms_event_seen_through_the_availability_set(simulator: Any, relay: Any) -> None:
+    sim = simulator.sim
+    event_id = freeze(sim, vm="vm1")
+    assert sim.document("vm0")["Events"][0]["EventId"] == event_id  # visible, not ours
+    response = post(relay, {"EventIds": [event_id]})
+    refused(sim, response, 403, "does not name this VM")
+
+
+def test_one_bad_id_refuses_the_whole_request(simulator: Any, relay: Any) -> None:
+    sim = simulator.sim
+    good = freeze(sim)
+    response = post(relay, {"EventIds": [good, "no-such-event"]})
+    refused(sim, response, 404, "unknown EventId")
+    assert response.json()["results"] == [
+        {"EventId": good, "result": "ok"},
+        {"EventId": "no-such-event", "result": "unknown EventId"},
+    ]
+    assert sim.document("vm0")["Events"][0]["EventStatus"] == "Scheduled"
+
+
+def test_oversized_body(simulator: Any, relay: Any) -> None:
+    event_id = freeze(simulator.sim)
+    body = json.dumps({"EventIds": [event_id], "padding": "x" * 17000}).encode()
+    response = post(relay, body)
+    refused(simulator.sim, response, 413, "16384")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[1, 2]",
+        b'{"EventIds": "one"}',
+        b'{"EventIds": []}',
+        b'{"EventIds": [7]}',
+        b'{"eventids": ["x"]}',
+        b'{"EventIds": ["a", "A"]}',
+        b'{"EventIds": ["\\ud800"]}',
+    ],
+)
+def test_malformed_bodies(simulator: Any, relay: Any, body: bytes) -> None:
+    freeze(simulator.sim)
+    response = post(relay, body)
+    assert response.status_code in (400, 404), response.text
+    assert simulator.sim.approvals == []
+
+
+def test_imds_unavailable_for_the_fresh_read(simulator: Any, relay: Any) -> None:
+    sim = simulator.sim
+    event_id = freeze(sim)
+    sim.inject_fault("drop", vm="vm0")
+    response = post(relay, {"EventIds": [event_id]})
+    refused(sim, response, 503, "cannot read IMDS")
+
+
+def test_unknown_paths_and_methods(simulator: Any, relay: Any) -> None:
+    assert post(relay, {"EventIds": ["x"]}, path="/v1/approve").status_code == 404
+    assert requests.put(relay.url + "/v1/start", timeout=5).status_code == 405
+    assert requests.get(relay.url + "/v1/start", timeout=5).status_code == 404
+    assert simulator.sim.approvals == []
+
+
+def test_health_has_no_event_details(simulator: Any, relay: Any) -> None:
+    freeze(simulator.sim)
+    response = requests.get(relay.url + "/v1/health", timeout=5)
+    assert response.status_code == 200
+    assert response.json()["healthy"] is True
+    assert "Events" not in response.text and "EventId" not in response.text

@@ -1,0 +1,218 @@
+"""Drain hooks over the signed callback: configured scripts only, once per EventId, timed."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from relay.callback import CallbackApp, CallbackServer
+from relay.hooks import HookRunner
+from relay.imds import ImdsClient
+from relay.signing import sign_headers
+from tests.relay.conftest import KEY, wait_for
+
+
+def script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def hooks_dir(tmp_path: Path) -> Path:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    script(
+        tmp_path / "drain.sh",
+        f'echo "$SCHEDULED_EVENT_ID" >> {runs}/drain\n'
+        f"env | grep '^SCHEDULED_EVENT_' | sort > {runs}/env\n"
+        'echo "drained $SCHEDULED_EVENT_VM_NAME"\n',
+    )
+    script(tmp_path / "broken.sh", "echo 'cannot reach the load balancer' >&2\nexit 3\n")
+    script(tmp_path / "hang.sh", f"echo $$ > {runs}/hang.pid\nexec sleep 30\n")
+    script(tmp_path / "slowish.sh", "sleep 0.5\necho done\n")
+    return tmp_path
+
+
+@pytest.fixture
+def start_relay(simulator: Any, hooks_dir: Path) -> Iterator[Callable[..., Any]]:
+    sim = simulator.sim
+    sim.add_vm("vm0", availability_set="as1")
+    sim.add_vm("vm1", availability_set="as1")
+    servers: list[CallbackServer] = []
+
+    def start(timeout: float = 5.0, wait: float = 3.0) -> CallbackServer:
+        runner = HookRunner(
+            {n: hooks_dir / f"{n}.sh" for n in ("drain", "broken", "hang", "slowish")},
+            hooks_dir / "state",
+            timeout=timeout,
+            vm_name="vm0",
+        )
+        app = CallbackApp(
+            KEY, "vm0", ImdsClient(simulator.vm_url("vm0")), hooks=runner, hook_wait=wait
+        )
+        server = CallbackServer("127.0.0.1:0", app, poll_interval=0.05).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def call(server: Any, hook: str, event_id: str) -> requests.Response:
+    # Repeats within one second would be byte-identical replays; a nonce keeps them distinct.
+    body = json.dumps({"Hook": hook, "EventId": event_id, "Nonce": uuid.uuid4().hex}).encode()
+    headers = sign_headers(KEY, "POST", "/v1/hook", body)
+    return requests.post(server.url + "/v1/hook", data=body, headers=headers, timeout=10)
+
+
+def terminate(sim: Any, vm: str = "vm0") -> str:
+    return sim.add_event(event_type="Terminate", resources=[vm], notice=3600)
+
+
+def test_a_hook_runs_once_with_the_event_in_its_environment(
+    simulator: Any, start_relay: Any, hooks_dir: Path
+) -> None:
+    relay = start_relay()
+    event_id = terminate(simulator.sim)
+    first = call(relay, "drain", event_id)
+    assert first.status_code == 200, first.text
+    assert first.json() == {
+        "Hook": "drain",
+        "EventId": event_id,
+        "status": "succeeded",
+        "exit_code": 0,
+        "output_tail": "drained vm0\n",
+    }
+    again = call(relay, "drain", event_id)
+    assert again.status_code == 200 and again.json() == first.json()
+    assert (hooks_dir / "runs" / "drain").read_text().split() == [event_id]
+    env = dict(line.split("=", 1) for line in (hooks_dir / "runs" / "env").read_text().splitlines())
+    assert env["SCHEDULED_EVENT_ID"] == event_id
+    assert env["SCHEDULED_EVENT_TYPE"] == "Terminate"
+    assert env["SCHEDULED_EVENT_VM_NAME"] == "vm0"
+    assert env["SCHEDULED_EVENT_NOT_BEFORE"].endswith("GMT")
+    assert simulator.sim.approvals == []  # a hook never approves
+
+
+def test_a_restarted_relay_does_not_rerun(
+    simulator: Any, start_relay: Any, hooks_dir: Path
+) -> None:
+    event_id = terminate(simulator.sim)
+    first = call(start_relay(), "drain", event_id).json()
+    assert call(start_relay(), "drain", event_id).json() == first
+    assert (hooks_dir / "runs" / "drain").read_text().split() == [event_id]
+
+
+def test_a_run_interrupted_by_a_crash_is_failed_not_rerun(simulator: Any, hooks_dir: Path) -> None:
+    simulator.sim.add_vm("vm0")
+    event_id = terminate(simulator.sim)
+    state = hooks_dir / "state"
+    runner = HookRunner({"drain": hooks_dir / "drain.sh"}, state, timeout=5, vm_name="vm0")
+    runner._store({"Hook": "drain", "EventId": event_id, "status": "running"})
+    after_crash = HookRunner({"drain": hooks_dir / "drain.sh"}, state, timeout=5, vm_name="vm0")
+    record = after_crash.result("drain", event_id)
+    assert record is not None and record["status"] == "failed"
+    assert "restarted" in record["output_tail"]
+    assert not (hooks_dir / "runs" / "drain").exists()
+
+
+def test_each_event_gets_its_own_run(simulator: Any, start_relay: Any, hooks_dir: Path) -> None:
+    relay = start_relay()
+    first, second = terminate(simulator.sim), terminate(simulator.sim)
+    assert call(relay, "drain", first).json()["status"] == "succeeded"
+    assert call(relay, "drain", second).json()["status"] == "succeeded"
+    assert (hooks_dir / "runs" / "drain").read_text().split() == [first, second]
+
+
+def test_only_configured_names_run(simulator: Any, start_relay: Any, hooks_dir: Path) -> None:
+    relay = start_relay()
+    event_id = terminate(simulator.sim)
+    for name in ("undrain", "/bin/sh", str(hooks_dir / "drain.sh"), "drain; reboot", ""):
+        response = call(relay, name, event_id)
+        assert response.status_code == 404, name
+        assert response.json() == {"error": "unknown hook"}
+    assert not (hooks_dir / "runs" / "drain").exists()
+
+
+def test_an_event_of_another_vm_or_unknown_is_refused(
+    simulator: Any, start_relay: Any, hooks_dir: Path
+) -> None:
+    relay = start_relay()
+    theirs = terminate(simulator.sim, vm="vm1")
+    assert call(relay, "drain", theirs).status_code == 403
+    assert call(relay, "drain", "no-such-event").status_code == 404
+    assert not (hooks_dir / "runs" / "drain").exists()
+
+
+def test_any_status_is_accepted(simulator: Any, start_relay: Any) -> None:
+    relay = start_relay()
+    event_id = terminate(simulator.sim)
+    simulator.sim.start_event(event_id)
+    assert call(relay, "drain", event_id).json()["status"] == "succeeded"
+
+
+def test_a_failing_hook_reports_its_exit_code_and_output(simulator: Any, start_relay: Any) -> None:
+    answer = call(start_relay(), "broken", terminate(simulator.sim)).json()
+    assert answer["status"] == "failed"
+    assert answer["exit_code"] == 3
+    assert answer["output_tail"] == "cannot reach the load balancer\n"
+
+
+def test_a_hung_hook_times_out_and_is_killed(
+    simulator: Any, start_relay: Any, hooks_dir: Path
+) -> None:
+    relay = start_relay(timeout=0.5, wait=0.1)
+    event_id = terminate(simulator.sim)
+    first = call(relay, "hang", event_id)
+    assert first.status_code == 202
+    assert first.json()["status"] == "running"
+    final = wait_for(
+        lambda: (r := call(relay, "hang", event_id)).status_code == 200 and r.json(), timeout=10
+    )
+    assert final["status"] == "timeout"
+    pid = int((hooks_dir / "runs" / "hang.pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_repeat_while_running_answers_202_and_does_not_start_another(
+    simulator: Any, start_relay: Any
+) -> None:
+    relay = start_relay(wait=0.05)
+    event_id = terminate(simulator.sim)
+    assert call(relay, "slowish", event_id).status_code == 202
+    assert call(relay, "slowish", event_id).json()["status"] == "running"
+    time.sleep(0.6)
+    final = wait_for(lambda: (r := call(relay, "slowish", event_id)).status_code == 200 and r)
+    assert final.json()["output_tail"] == "done\n"
+
+
+def test_hook_calls_are_signed_like_start(simulator: Any, start_relay: Any) -> None:
+    relay = start_relay()
+    event_id = terminate(simulator.sim)
+    body = json.dumps({"Hook": "drain", "EventId": event_id}).encode()
+    forged = sign_headers(b"wrong-key-0123456789", "POST", "/v1/hook", body)
+    response = requests.post(relay.url + "/v1/hook", data=body, headers=forged, timeout=5)
+    assert response.status_code == 401
+    signed_for_start = sign_headers(KEY, "POST", "/v1/start", body)
+    response = requests.post(relay.url + "/v1/hook", data=body, headers=signed_for_start, timeout=5)
+    assert response.status_code == 401
+
+
+def test_an_identical_repeat_is_a_replay(simulator: Any, start_relay: Any) -> None:
+    relay = start_relay()
+    body = json.dumps({"Hook": "drain", "EventId": terminate(simulator.sim)}).encode()
+    headers = sign_headers(KEY, "POST", "/v1/hook", body)
+    url = relay.url + "/v1/hook"
+    assert requests.post(url, data=body, headers=headers, timeout=5).status_code == 200
+    assert requests.post(url, data=body, headers=headers, timeout=5).status_code == 409
