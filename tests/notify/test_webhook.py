@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 
 import pytest
@@ -15,16 +13,9 @@ from functions.notify.delivery import Transport
 from relay import signing
 from tests.notify.factory import decision, event, note
 from tests.notify.receiver import running
+from tests.notify.webhook_recipe import readme_verify
 
 SECRET = b"webhook-secret-0123456789"
-
-
-def readme_verify(secret: bytes, headers: dict[str, str], path: str, body: bytes) -> bool:
-    """The README's recipe, line for line."""
-    ts, sig = headers["X-Bridge-Timestamp"], headers["X-Bridge-Signature"]
-    msg = f"{ts}\nPOST\n{path}\n".encode() + body
-    good = "v1=" + hmac.new(secret, msg, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(sig, good) and abs(time.time() - int(ts)) < 300
 
 
 def test_body_carries_transition_event_decision_and_links() -> None:

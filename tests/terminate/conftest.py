@@ -1,0 +1,166 @@
+"""Fixtures for the terminate workflow: a drains table in Azurite, real relays with hooks."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from azure.data.tables import TableServiceClient
+
+from functions.notifications import Decision, EventSnapshot, Links, Notification, Transition
+from functions.terminate import DrainContext, DrainSettings
+from functions.terminate_store import DrainStore
+from relay.callback import CallbackApp, CallbackServer
+from relay.hooks import HookRunner
+from relay.imds import ImdsClient
+
+RELAY_KEY = b"relay-key-for-tests-0123456789"
+
+
+@pytest.fixture
+def drains(azurite: str) -> Iterator[DrainStore]:
+    service = TableServiceClient.from_connection_string(azurite)
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    store = DrainStore.from_service(service, prefix).ensure_table()
+    try:
+        yield store
+    finally:
+        service.delete_table(f"{prefix}drains")
+
+
+@dataclass
+class Approvals:
+    """Stands in for functions.approve.approve_event: records each call and its time."""
+
+    answer: str = "approved"
+    calls: list[tuple[str, datetime, datetime]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, event_id: str, give_up_at: datetime) -> str:
+        with self.lock:
+            self.calls.append((event_id, give_up_at, datetime.now(UTC)))
+        return self.answer
+
+
+@dataclass
+class Harness:
+    store: DrainStore
+    approvals: Approvals = field(default_factory=Approvals)
+    published: list[Notification] = field(default_factory=list)
+    callbacks: dict[str, str] = field(default_factory=dict)
+    resolve: Callable[[str], str | None] | None = None
+
+    def context(self, **overrides: Any) -> DrainContext:
+        values: dict[str, Any] = {
+            "store": self.store,
+            "session": requests.Session(),
+            "publish": self.published.append,
+            "approve": self.approvals,
+            "callback_url": self.resolve or self.callbacks.get,
+            "relay_key": RELAY_KEY,
+        }
+        values.update(overrides)
+        return DrainContext(**values)
+
+    def transitions(self) -> list[str]:
+        return [note.transition.value for note in self.published]
+
+
+@pytest.fixture
+def harness(drains: DrainStore) -> Harness:
+    return Harness(drains)
+
+
+def settings(**fields: Any) -> DrainSettings:
+    values: dict[str, Any] = {
+        "step_timeout_seconds": 5,
+        "safety_margin_seconds": 2,
+        "approve_reserve_seconds": 1,
+        "poll_seconds": 0.2,
+    }
+    values.update(fields)
+    return DrainSettings(**values)
+
+
+def terminate_note(
+    event_id: str | None = None,
+    resources: tuple[str, ...] = ("web_0",),
+    notice: float = 30,
+    **decision_fields: Any,
+) -> Notification:
+    now = datetime.now(UTC)
+    decision = {"action": "drain", "rule": "scale-in-drain", "severity": "warning"}
+    decision.update(decision_fields)
+    return Notification(
+        transition=Transition.DECIDED,
+        occurred_at=now,
+        event=EventSnapshot(
+            event_id=event_id or str(uuid.uuid4()).upper(),
+            event_type="Terminate",
+            event_status="Scheduled",
+            event_source="Platform",
+            resources=resources,
+            not_before=now + timedelta(seconds=notice),
+            scale_sets=("web",),
+            reported_by=resources,
+        ),
+        decision=Decision(**decision),
+        links=Links(status_url="https://bridge.example/api/status"),
+    )
+
+
+@dataclass
+class Relays:
+    """Real relays (callback + hook runner) for a simulated scale set, reading real IMDS."""
+
+    sim: Any
+    urls: dict[str, str]
+    ran: Path  # each hook run appends "<vm> <event id>" here
+
+    def runs(self) -> list[str]:
+        return self.ran.read_text().splitlines() if self.ran.exists() else []
+
+
+@pytest.fixture
+def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
+    from relay.simulator import Simulator, SimulatorServer
+
+    started: list[Any] = []
+
+    def start(count: int = 2, hook_seconds: float = 0.0, hook_wait: float = 5.0) -> Relays:
+        ran = tmp_path / "ran.txt"
+        script = tmp_path / "drain.sh"
+        script.write_text(
+            "#!/bin/sh\n"
+            f"sleep {hook_seconds}\n"
+            f'echo "$SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_ID" >> {ran}\n'
+            'echo "drained $SCHEDULED_EVENT_VM_NAME"\n'
+        )
+        script.chmod(0o755)
+        server = SimulatorServer(Simulator(time_scale=1.0)).start()
+        started.append(server)
+        server.sim.add_scale_set("web", count)
+        urls = {}
+        for index in range(count):
+            vm = f"web_{index}"
+            hooks = HookRunner({"drain": script}, tmp_path / vm, timeout=10, vm_name=vm)
+            app = CallbackApp(
+                RELAY_KEY, vm, ImdsClient(server.vm_url(vm)), hooks, hook_wait=hook_wait
+            )
+            callback = CallbackServer("127.0.0.1:0", app).start()
+            started.append(callback)
+            urls[vm] = callback.url
+        return Relays(server.sim, urls, ran)
+
+    try:
+        yield start
+    finally:
+        for server in reversed(started):
+            server.stop()

@@ -1,0 +1,197 @@
+"""The terminate workflow against a real drain hook receiver, real relays and Azurite."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from functions.notifications import Transition
+from functions.terminate import run_drain, wants
+from functions.terminate_store import StepRecord
+from tests.notify.receiver import Answer, running
+from tests.notify.webhook_recipe import readme_verify
+from tests.terminate.conftest import Harness, settings, terminate_note
+
+pytestmark = pytest.mark.azurite
+
+
+def test_drain_hook_succeeds_then_approved_before_the_deadline(harness: Harness) -> None:
+    note = terminate_note(resources=("web_0", "web_1"))
+    assert note.event is not None and note.event.not_before is not None
+    with running(Answer(200, {"drained": True})) as hook:
+        result = run_drain(note, settings(http_url=f"{hook.url}/drain"), harness.context())
+        (request,) = hook.requests
+    assert result.outcome == "approved" and result.drained
+    body = request.json()
+    assert request.path == "/drain"
+    assert body["EventId"] == note.event.event_id
+    assert body["EventType"] == "Terminate"
+    assert [item["name"] for item in body["instances"]] == ["web_0", "web_1"]
+    assert body["instances"][0]["scale_set"] == "web"
+    deadline = note.event.not_before - timedelta(seconds=2)
+    ((event_id, give_up_at, called_at),) = harness.approvals.calls
+    assert event_id == note.event.event_id
+    assert give_up_at == deadline
+    assert called_at < deadline
+    assert harness.transitions() == ["drain_started"]
+    assert {name: step.status for name, step in result.steps.items()} == {
+        "announce:drain_started": "succeeded",
+        "http": "succeeded",
+        "approve": "succeeded",
+    }
+    stored = harness.store.steps(note.event.event_id)
+    assert set(stored) == set(result.steps) and all(
+        s.status == "succeeded" for s in stored.values()
+    )
+
+
+def test_the_drain_request_is_signed_when_a_webhook_secret_is_set(harness: Harness) -> None:
+    with running(Answer(204)) as hook:
+        run_drain(
+            terminate_note(),
+            settings(http_url=f"{hook.url}/drain"),
+            harness.context(webhook_secret=b"webhook-secret-0123456789"),
+        )
+        (request,) = hook.requests
+    assert readme_verify(b"webhook-secret-0123456789", request.headers, "/drain", request.body)
+
+
+@pytest.mark.parametrize("on_failure", ["hold", "approve"])
+def test_a_hanging_hook_times_out_is_announced_and_the_policy_decides(
+    harness: Harness, on_failure: str
+) -> None:
+    note = terminate_note()
+    with running(Answer(200, delay=10)) as hook:
+        result = run_drain(
+            note,
+            settings(http_url=f"{hook.url}/drain", step_timeout_seconds=0.5, on_failure=on_failure),
+            harness.context(),
+        )
+        assert len(hook.requests) == 1
+    assert not result.drained
+    assert harness.transitions() == ["drain_started", "drain_failed"]
+    failed = harness.published[1]
+    assert "did not answer" in failed.detail and "DRAIN__ON_FAILURE" in failed.detail
+    assert result.steps["http"].status == "failed"
+    if on_failure == "hold":
+        assert result.outcome == "held"
+        assert harness.approvals.calls == []
+        assert "holding until NotBefore" in failed.detail
+    else:
+        assert result.outcome == "approved"
+        assert len(harness.approvals.calls) == 1
+        assert "approving anyway" in failed.detail
+
+
+def test_step_time_is_budgeted_against_the_deadline(harness: Harness) -> None:
+    # 120 s step timeout, but only ~1.5 s between now and NotBefore - margin - reserve.
+    note = terminate_note(notice=4.5)
+    assert note.event is not None and note.event.not_before is not None
+    with running(Answer(200, delay=10)) as hook:
+        result = run_drain(
+            note,
+            settings(http_url=f"{hook.url}/drain", step_timeout_seconds=120, on_failure="approve"),
+            harness.context(),
+        )
+    deadline = note.event.not_before - timedelta(seconds=2)
+    step = result.steps["http"]
+    assert step.lease_until <= deadline - timedelta(seconds=1)
+    assert step.finished_at is not None and step.finished_at < deadline
+    ((_, give_up_at, called_at),) = harness.approvals.calls
+    assert give_up_at == deadline and called_at < deadline
+
+
+def test_a_refusing_hook_fails_at_once(harness: Harness) -> None:
+    with running(Answer(403, {"error": "not allowed"})) as hook:
+        result = run_drain(terminate_note(), settings(http_url=hook.url), harness.context())
+        assert len(hook.requests) == 1
+    assert result.outcome == "held"
+    assert "refused: HTTP 403" in result.steps["http"].detail
+
+
+def test_a_flaky_hook_is_retried_within_its_time(harness: Harness) -> None:
+    with running(Answer(200)) as hook:
+        hook.script = [Answer(503), Answer(429)]
+        result = run_drain(terminate_note(), settings(http_url=hook.url), harness.context())
+        assert len(hook.requests) == 3
+    assert result.outcome == "approved" and "attempt 3" in result.steps["http"].detail
+
+
+def test_no_time_left_fails_the_steps_without_calling_anything(harness: Harness) -> None:
+    note = terminate_note(notice=1)  # NotBefore inside the safety margin already
+    with running() as hook:
+        result = run_drain(note, settings(http_url=hook.url), harness.context())
+        assert hook.requests == []
+    assert result.outcome == "held"
+    assert result.steps["http"].detail == "no time left before the deadline"
+    assert harness.transitions() == ["drain_started", "drain_failed"]
+
+
+def test_other_notifications_are_not_drained(harness: Harness) -> None:
+    assert wants(terminate_note())
+    assert not wants(terminate_note(action="approve"))
+    reboot = terminate_note()
+    assert reboot.event is not None
+    other = reboot.model_copy(
+        update={"event": reboot.event.model_copy(update={"event_type": "Reboot"})}
+    )
+    assert not wants(other)
+    assert not wants(terminate_note().model_copy(update={"transition": Transition.SCHEDULED}))
+    assert run_drain(other, settings(), harness.context()).outcome == "skipped"
+    dry = run_drain(
+        terminate_note(dry_run=True), settings(http_url="http://127.0.0.1:9/"), harness.context()
+    )
+    assert dry.outcome == "skipped" and "dry run" in dry.detail
+    assert harness.approvals.calls == [] and harness.published == []
+
+
+def test_a_lost_runner_counts_as_timed_out_and_is_not_resent(harness: Harness) -> None:
+    note = terminate_note()
+    assert note.event is not None
+    past = datetime.now(UTC) - timedelta(seconds=5)
+    dead = StepRecord(
+        step="http", status="running", owner="dead", started_at=past, lease_until=past
+    )
+    assert harness.store.claim(note.event.event_id, dead)
+    with running() as hook:
+        result = run_drain(note, settings(http_url=hook.url), harness.context())
+        assert hook.requests == []
+    assert result.steps["http"].status == "failed"
+    assert "runner stopped" in result.steps["http"].detail
+    assert result.outcome == "held"
+
+
+def test_an_interrupted_approval_is_taken_over(harness: Harness) -> None:
+    note = terminate_note()
+    assert note.event is not None
+    past = datetime.now(UTC) - timedelta(seconds=5)
+    dead = StepRecord(
+        step="approve", status="running", owner="dead", started_at=past, lease_until=past
+    )
+    assert harness.store.claim(note.event.event_id, dead)
+    result = run_drain(note, settings(), harness.context())
+    assert result.outcome == "approved"
+    assert len(harness.approvals.calls) == 1
+
+
+def test_two_invocations_at_once_run_each_step_once(harness: Harness) -> None:
+    note = terminate_note()
+    results = []
+    with running(Answer(200, delay=0.5)) as hook:
+
+        def invoke() -> None:
+            results.append(run_drain(note, settings(http_url=hook.url), harness.context()))
+
+        threads = [threading.Thread(target=invoke) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+        assert len(hook.requests) == 1
+    assert [r.outcome for r in results] == ["approved", "approved"]
+    assert len(harness.approvals.calls) == 1
+    assert harness.transitions() == ["drain_started"]
+    owners = {step.owner for step in results[0].steps.values()}
+    assert owners <= {results[0].steps["http"].owner, results[1].steps["http"].owner}
