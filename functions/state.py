@@ -333,7 +333,9 @@ class Store:
         self.audit_table.create_entity(
             {
                 "PartitionKey": row_key(event_id),
-                "RowKey": f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{uuid.uuid4().hex[:8]}",
+                # Wall-clock nanoseconds break ties between rows written in one (injected) instant.
+                "RowKey": f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{time.time_ns():020d}-"
+                f"{uuid.uuid4().hex[:6]}",
                 "EventId": event_id,
                 "rule": rule,
                 "action": action,

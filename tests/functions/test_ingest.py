@@ -72,7 +72,7 @@ def test_terminate_is_drained_not_approved_by_ingest(store, clock, relay):
 
 
 def test_short_freeze_approved_long_freeze_held(store, clock, relay):
-    pipeline, pub = make_pipeline(store, clock)
+    pipeline, _pub = make_pipeline(store, clock)
     short = event("EV-F5", "Freeze", duration=5)
     long = event("EV-F30", "Freeze", duration=30)
     ingest_message(envelope("vm1", 1, [short, long], callback_url=relay.url), pipeline)
@@ -133,7 +133,7 @@ def test_poison_envelope_is_recorded_and_completed(store, clock):
 
 
 def test_heartbeat_updates_the_vm_without_touching_events(store, clock, relay):
-    pipeline, pub = make_pipeline(store, clock)
+    pipeline, _pub = make_pipeline(store, clock)
     ingest_message(envelope("vm1", 1, [event("EV-H")]), pipeline)
     ingest_message(envelope("vm1", 2, None, kind="heartbeat", callback_url=relay.url), pipeline)
     vm = store.get_vm("vm1")
@@ -174,7 +174,7 @@ def test_resource_glob_and_scale_set_rules(store, clock, relay):
         ),
         max_concurrent_per_set=5,
     )
-    pipeline, pub = make_pipeline(store, clock, policy)
+    pipeline, _pub = make_pipeline(store, clock, policy)
     ingest_message(
         envelope(
             "web_1",
