@@ -5,14 +5,9 @@ HTTP like IMDS, one base URL per VM, plus a /_sim control API. `python -m relay.
 runs it from the command line.
 """
 
-from relay.simulator.engine import (
-    DEFAULT_VM,
-    Approval,
-    Fault,
-    NotFound,
-    Simulator,
-    SimulatorError,
-)
+from relay.simulator.engine import DEFAULT_VM, NotFound, Simulator, SimulatorError
+from relay.simulator.faults import Fault
+from relay.simulator.records import Approval
 from relay.simulator.scenarios import SCENARIOS, EventSpec, ScenarioFileError, load_scenario_file
 from relay.simulator.server import SimulatorServer
 

@@ -17,23 +17,20 @@ import re
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from relay.models import (
     API_VERSIONS,
-    PREEMPT,
     SCHEDULED,
     SCHEDULED_EVENTS_API_VERSION,
     STARTED,
     TERMINATE,
-    format_not_before,
 )
+from relay.simulator.faults import Endpoint, Fault, FaultAction, FaultBook, FaultKind
+from relay.simulator.records import Approval, Event, Vm
 from relay.simulator.scenarios import (
     DEFAULT_DESCRIPTION,
     DEFAULT_IMPACT,
@@ -49,16 +46,6 @@ DEFAULT_VM = "myVM"
 DEFAULT_TERMINATE_TIMEOUT = 300.0
 MIN_TERMINATE_TIMEOUT, MAX_TERMINATE_TIMEOUT = 300.0, 900.0
 
-# The version that introduced each optional field or event type (SPEC.md "The endpoint").
-FIELD_SINCE = {
-    "Description": "2019-04-01",
-    "EventSource": "2019-08-01",
-    "DurationInSeconds": "2020-07-01",
-}
-TYPE_SINCE = {PREEMPT: "2017-11-01", TERMINATE: "2019-01-01"}
-
-FaultKind = Literal["status", "slow", "drop", "malformed", "first-call-delay"]
-Endpoint = Literal["scheduledevents", "compute", "token", "any"]
 _VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 
 
@@ -68,118 +55,6 @@ class SimulatorError(ValueError):
 
 class NotFound(SimulatorError):
     """An unknown VM or event (the control API's 404)."""
-
-
-class Approval(BaseModel):
-    """One StartRequest as IMDS received it. `counted` is False when the approving VM is not in
-    the event's Resources (it can see the event through its set but cannot speak for it)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    vm: str
-    event_id: str
-    at: datetime
-    counted: bool = True
-
-
-class Fault(BaseModel):
-    """A misbehaviour to inject. `count` None means until cleared."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: int = 0
-    kind: FaultKind
-    vm: str | None = None
-    count: int | None = Field(default=1, ge=1)
-    status: int = Field(default=500, ge=400, le=599)
-    seconds: float = Field(default=1.0, ge=0, le=600)
-    endpoint: Endpoint = "scheduledevents"
-    used: int = 0
-
-    @property
-    def exhausted(self) -> bool:
-        return self.count is not None and self.used >= self.count
-
-
-@dataclass
-class FaultAction:
-    """What the server must do to one request: wait, then maybe misbehave instead of answering."""
-
-    delay: float = 0.0
-    kind: Literal["status", "drop", "malformed"] | None = None
-    status: int = 500
-
-
-@dataclass
-class Vm:
-    name: str
-    availability_set: str | None = None
-    scale_set: str | None = None
-    spot: bool = False
-    incarnation: int = 1
-    events: list[dict[str, Any]] = field(default_factory=list)  # newest-version rendering
-    history: list[dict[str, Any]] = field(default_factory=list)
-    enabled: bool = False  # has had its first scheduledevents request
-    enabling_until: float | None = None  # time.monotonic() at which enablement ends
-    requests: Counter[str] = field(default_factory=Counter)
-
-    @property
-    def group(self) -> tuple[str, str] | None:
-        if self.availability_set:
-            return ("availability-set", self.availability_set.casefold())
-        if self.scale_set:
-            return ("scale-set", self.scale_set.casefold())
-        return None
-
-
-@dataclass
-class Event:
-    event_id: str
-    event_type: str
-    resources: list[str]
-    source: str
-    duration: int
-    description: str
-    resource_type: str
-    created_at: float
-    not_before: float | None
-    impact: float  # scaled seconds from Started to removal
-    cancel_at: float | None
-    status: str
-    scenario: str | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    end_reason: str | None = None  # completed | cancelled | removed
-    approved_by: list[str] = field(default_factory=list)
-
-    @property
-    def active(self) -> bool:
-        return self.ended_at is None
-
-    def render(self, api_version: str) -> dict[str, Any] | None:
-        """The event as IMDS of that version would write it, or None if it did not know it."""
-        since = TYPE_SINCE.get(self.event_type)
-        if since and api_version < since:
-            return None
-        wire: dict[str, Any] = {
-            "EventId": self.event_id,
-            "EventStatus": self.status,
-            "EventType": self.event_type,
-            "ResourceType": self.resource_type,
-            "Resources": list(self.resources),
-            "NotBefore": (
-                format_not_before(datetime.fromtimestamp(self.not_before, UTC))
-                if self.status == SCHEDULED and self.not_before is not None
-                else ""
-            ),
-            "Description": self.description,
-            "EventSource": self.source,
-            "DurationInSeconds": self.duration,
-        }
-        for name, version in FIELD_SINCE.items():
-            if api_version < version:
-                del wire[name]
-        return wire
 
 
 @dataclass
@@ -215,8 +90,7 @@ class Simulator:
         self._events: dict[str, Event] = {}
         self._pending: list[_Pending] = []
         self._approvals: list[Approval] = []
-        self._faults: list[Fault] = []
-        self._fault_ids = 0
+        self._faults = FaultBook()
         self._listeners: list[Listener] = []
         self._advancing = False
         self._as_of: float | None = None
@@ -707,6 +581,7 @@ class Simulator:
         (scheduledevents by default; "any" for all). A first-call-delay marks the VMs as not
         yet enabled, so their next scheduledevents request waits `seconds`, as the first call
         after enabling (or after 24 h without requests) does on Azure.
+        Raises pydantic.ValidationError for bad values, NotFound for an unknown VM.
         """
         fault = Fault.model_validate(
             {
@@ -721,73 +596,35 @@ class Simulator:
         with self._lock:
             if fault.vm is not None:
                 fault.vm = self.vm(fault.vm).name
-            self._fault_ids += 1
-            fault.id = self._fault_ids
-            self._faults.append(fault)
             if fault.kind == "first-call-delay":
                 for target in self._vms.values():
                     if fault.vm is None or target.name == fault.vm:
-                        target.enabled = False
-                        target.enabling_until = None
-            return fault.id
+                        target.enablement.reset()
+            return self._faults.add(fault)
 
     def clear_faults(self, vm: str | None = None) -> int:
         """Remove all faults (or those of one VM); return how many were removed."""
         with self._lock:
-            before = len(self._faults)
-            if vm is None:
-                self._faults.clear()
-            else:
-                name = self.vm(vm).name
-                self._faults = [f for f in self._faults if f.vm != name]
-            return before - len(self._faults)
+            return self._faults.clear(self.vm(vm).name if vm is not None else None)
 
     @property
     def faults(self) -> list[Fault]:
         with self._lock:
-            return [f.model_copy() for f in self._faults if not f.exhausted]
+            return self._faults.active()
 
     def take_faults(self, vm: str, endpoint: str) -> FaultAction:
-        """Consume the faults matching one request and say what the server must do."""
-        action = FaultAction()
+        """Count one valid request and say how the server must misbehave on it, if at all."""
         with self._lock:
             target = self.vm(vm)
             target.requests[endpoint] += 1
+            action = self._faults.take(target.name, endpoint)
             if endpoint == "scheduledevents":
-                action.delay += self._enablement_wait(target)
-            for fault in self._faults:
-                if fault.exhausted or fault.kind == "first-call-delay":
-                    continue
-                if fault.vm is not None and fault.vm != target.name:
-                    continue
-                if fault.endpoint not in ("any", endpoint):
-                    continue
-                fault.used += 1
-                if fault.kind == "slow":
-                    action.delay += fault.seconds
-                    continue
-                action.kind = fault.kind
-                action.status = fault.status
-                break
-            self._faults = [f for f in self._faults if not f.exhausted]
-        return action
-
-    def _enablement_wait(self, vm: Vm) -> float:
-        now = time.monotonic()
-        if vm.enabling_until is not None:
-            return max(0.0, vm.enabling_until - now)
-        if vm.enabled:
-            return 0.0
-        vm.enabled = True
-        for fault in self._faults:
-            if fault.kind != "first-call-delay" or fault.exhausted:
-                continue
-            if fault.vm is not None and fault.vm != vm.name:
-                continue
-            fault.used += 1
-            vm.enabling_until = now + fault.seconds
-            return fault.seconds
-        return 0.0
+                if target.enablement.enabled:
+                    action.delay += target.enablement.remaining()
+                else:
+                    delay = self._faults.take_first_call(target.name)
+                    action.delay += target.enablement.begin(delay)
+            return action
 
     def request_count(self, vm: str, endpoint: str = "scheduledevents") -> int:
         """How many requests of that endpoint the VM's URL has received (after validation)."""
@@ -823,7 +660,7 @@ class Simulator:
                     {"due_in": round(p.due - now, 3), **p.spec.model_dump(exclude_none=True)}
                     for p in self._pending
                 ],
-                "faults": [f.model_dump() for f in self._faults if not f.exhausted],
+                "faults": [f.model_dump() for f in self._faults.active()],
                 "approvals": [a.model_dump(mode="json") for a in self._approvals],
             }
 
