@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hmac
 import os
+import queue
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +184,20 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
 # --------------------------------------------------------------------------- watching IMDS
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """One notification handed to one channel, and what came of it."""
+
+    channel: str
+    message_id: str
+    event_id: str | None
+    transition: str
+    posted: bool  # False: the channel does not send this transition (or it is off)
+    error: str | None
+    action: str | None = None  # PagerDuty: trigger / resolve
+    at: float = field(default_factory=time.time)
+
+
 @dataclass
 class EventTrack:
     """One EventId as the simulator's documents showed it, fleet-wide."""
@@ -192,6 +209,7 @@ class EventTrack:
     resources: tuple[str, ...]
     description: str | None
     first_seen: float  # seconds since the demo started
+    first_seen_wall: datetime
     first_status: str
     not_before: datetime | None
     reported_by: set[str] = field(default_factory=set)
@@ -208,39 +226,41 @@ class EventTrack:
 
 
 class FleetWatcher:
-    """Polls every VM's Scheduled Events document and reports each event's changes once.
+    """Follows every VM's Scheduled Events document and the StartRequests IMDS received.
 
-    It reads IMDS exactly as a relay does (HTTP, `Metadata: true`), so what it prints is
-    what the VMs see, and it is independent of the relays it is checking.
+    It listens to the simulator itself (not through a relay), so what it prints is the
+    ground truth the relays and functions are judged against, timed to the moment each
+    document changed.
     """
 
     def __init__(
         self,
-        urls: dict[str, str],
+        sim: Any,
         timeline: Timeline,
-        interval: float = 0.1,
         on_new: Callable[[EventTrack], None] | None = None,
     ) -> None:
-        self.urls = urls
+        self.sim = sim
         self.timeline = timeline
-        self.interval = interval
         self.on_new = on_new
         self.events: dict[str, EventTrack] = {}
-        self.incarnations: dict[str, int] = {}
-        self.errors = 0
+        self.approvals: list[Any] = []
+        self._documents: dict[str, dict[str, Any]] = {}
+        self._changes: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fleet-watcher", daemon=True)
-        self._session = requests.Session()
 
     def start(self) -> FleetWatcher:
+        for vm in self.sim.vm_names:
+            self._documents[vm] = self.sim.document(vm)
+        # Called under the simulator's lock: only queue, never block.
+        self.sim.subscribe(lambda vm, _incarnation, doc: self._changes.put((vm, doc)))
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self._session.close()
 
     def active(self) -> list[EventTrack]:
         with self._lock:
@@ -253,37 +273,53 @@ class FleetWatcher:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.poll_once()
-            except Exception as exc:  # keep watching; say why once per streak
-                self.errors += 1
-                if self.errors == 1:
-                    self.timeline.add("demo", "watcher", f"cannot read IMDS: {exc}", ok=False)
-            else:
-                self.errors = 0
-            self._stop.wait(self.interval)
+                vm, document = self._changes.get(timeout=0.05)
+            except queue.Empty:
+                self._approvals()
+                continue
+            # One simulator tick changes several VMs' documents back to back: take them all
+            # before comparing, so an event moving between VMs is not reported as removed.
+            self._documents[vm] = document
+            time.sleep(0.005)
+            while True:
+                try:
+                    vm, document = self._changes.get_nowait()
+                except queue.Empty:
+                    break
+                self._documents[vm] = document
+            try:
+                self._update()
+            except Exception as exc:  # keep watching; a malformed document is itself news
+                self.timeline.add("demo", "watcher", f"cannot read a document: {exc}", ok=False)
+            self._approvals()
 
-    def poll_once(self) -> None:
+    def _approvals(self) -> None:
+        known = len(self.approvals)
+        fresh = self.sim.approvals[known:]
+        for approval in fresh:
+            self.approvals.append(approval)
+            track = self.events.get(approval.event_id)
+            when = ""
+            if track is not None and track.not_before is not None:
+                lead = (track.not_before - approval.at).total_seconds()
+                when = f", {lead:.1f} s before NotBefore"
+            counted = "" if approval.counted else " (not named in the event: does not count)"
+            self.timeline.add(
+                "approve",
+                short_id(approval.event_id),
+                f"IMDS received StartRequests from {approval.vm}{when}{counted}",
+            )
+
+    def _update(self) -> None:
+        now, wall = self.timeline.seconds(), datetime.now(UTC)
         seen: dict[str, dict[str, Any]] = {}
         reporters: dict[str, set[str]] = {}
-        for vm, url in self.urls.items():
-            response = self._session.get(
-                scheduled_events_url(url),
-                headers={"Metadata": "true"},
-                timeout=5,
-            )
-            response.raise_for_status()
-            raw = response.json()
-            document = parse_document(raw)
-            self.incarnations[vm] = document.document_incarnation
-            for raw_event, event in zip(raw.get("Events", []), document.events, strict=True):
-                seen.setdefault(event.event_id, raw_event)
+        for vm, raw in self._documents.items():
+            for event in parse_document(raw).events:
+                entry = next(e for e in raw["Events"] if e.get("EventId") == event.event_id)
+                if event.event_id not in seen or event.is_started:
+                    seen[event.event_id] = entry
                 reporters.setdefault(event.event_id, set()).add(vm)
-                if event.is_started:
-                    seen[event.event_id] = raw_event  # Started wins over a stale Scheduled
-        self._update(seen, reporters)
-
-    def _update(self, seen: dict[str, dict[str, Any]], reporters: dict[str, set[str]]) -> None:
-        now = self.timeline.seconds()
         for event_id, raw in seen.items():
             status = raw.get("EventStatus", "?")
             with self._lock:
@@ -298,6 +334,7 @@ class FleetWatcher:
                         resources=tuple(raw.get("Resources") or ()),
                         description=raw.get("Description"),
                         first_seen=now,
+                        first_seen_wall=wall,
                         first_status=status,
                         not_before=parse_not_before(raw.get("NotBefore")),
                     )
@@ -305,8 +342,7 @@ class FleetWatcher:
                 track.reported_by |= reporters[event_id]
                 started_now = status == STARTED and track.started_at is None
                 if started_now:
-                    track.started_at = now
-                    track.started_wall = datetime.now(UTC)
+                    track.started_at, track.started_wall = now, wall
             if new:
                 if self.on_new is not None:
                     self.on_new(track)
@@ -325,21 +361,15 @@ class FleetWatcher:
                 )
 
 
-def scheduled_events_url(base: str) -> str:
-    if "/metadata/scheduledevents" in base:
-        return base if "api-version" in base else f"{base}?api-version={API_VERSION}"
-    return f"{base.rstrip('/')}/metadata/scheduledevents?api-version={API_VERSION}"
-
-
 def describe_new(track: EventTrack) -> str:
     parts = [f"{track.what} ({track.source or 'unknown source'}) {track.first_status}"]
     parts.append(f"for {', '.join(track.resources) or 'no VM named'}")
     if track.not_before is not None:
-        left = (track.not_before - datetime.now(UTC)).total_seconds()
-        parts.append(f"NotBefore in {left:.0f} s")
-    others = sorted(track.reported_by - {r for r in track.resources})
+        left = (track.not_before - track.first_seen_wall).total_seconds()
+        parts.append(f"NotBefore in {left:.1f} s")
+    others = sorted(track.reported_by - set(track.resources))
     if others:
-        parts.append(f"also seen by {', '.join(others)}")
+        parts.append(f"also in the documents of {', '.join(others)}")
     return ", ".join(parts)
 
 
@@ -365,6 +395,12 @@ class Demo:
         self.stack.callback(_remove_tree, self.workdir)
         self._started = time.monotonic()
         self._pending_steps: list[Step] = []
+        self._lock = threading.Lock()
+        self.deliveries: list[Delivery] = []
+        self.drain_results: list[Any] = []
+        self.publisher: Any = None
+        self.inbox: Path | None = None
+        self._hook_lines_seen = 0
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> Demo:
@@ -378,11 +414,11 @@ class Demo:
         self._find_missing_parts()
         self._start_receivers()
         self._start_simulator()
-        self.watcher = FleetWatcher(
-            {vm.name: self.server.vm_url(vm.name) for vm in o.fleet},
-            self.timeline,
-            on_new=self._attach_step,
-        ).start()
+        if "local functions host" not in self.missing:
+            self._start_host()
+        if "relays" not in self.missing:
+            self._start_relays()
+        self.watcher = FleetWatcher(self.sim, self.timeline, on_new=self._attach_step).start()
         self.stack.callback(self.watcher.stop)
         return self
 
@@ -447,6 +483,266 @@ class Demo:
         groups = ", ".join(f"{vm.name} ({vm.group})" for vm in self.options.fleet)
         self.timeline.add("demo", "simulator", f"IMDS simulator at {self.server.url}: {groups}")
 
+    def _start_host(self) -> None:
+        """Azurite, the local host over the shared inbox, channels and timeline subscribers."""
+        from functions.local.azurite import Azurite
+        from functions.local.host import LocalHost
+        from functions.publish import LocalPublisher
+        from functions.settings import load_settings
+        from functions.state import Store
+
+        azurite = self.stack.enter(Azurite())
+        self.connection_string = azurite.connection_string
+        self.timeline.add("demo", "azurite", f"Table storage on 127.0.0.1:{azurite.port}")
+        self.relay_key = secrets.token_hex(24)
+        self.key_file = self.workdir / "relay.key"
+        self.key_file.write_text(self.relay_key)
+        self.key_file.chmod(0o600)
+        self.inbox = self.workdir / "inbox"
+        self.settings = load_settings(
+            state_storage=azurite.connection_string,
+            relay_key=self.relay_key,
+            # Real-world margins, scaled like the simulator's clock.
+            approval_margin_seconds=max(0, round(10 / self.options.time_scale)),
+            approval_budget_seconds=max(1, round(60 / self.options.time_scale)),
+        )
+        if self.settings.policy.error:
+            self.timeline.add("decide", "policy", f"INVALID: {self.settings.policy.error}", False)
+        self.store = Store.from_settings(self.settings).ensure_tables()
+        self.publisher = LocalPublisher()
+        self._subscribe_channels()
+        self.publisher.subscribe("timeline", self._announced)
+        self._start_terminate()
+        self.host = LocalHost(
+            self.inbox, self.settings, self.store, self.publisher, watchdog_interval_seconds=5
+        )
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self.host.run_forever,
+            args=(stop,),
+            kwargs={"poll_seconds": 0.05},
+            name="local-functions-host",
+            daemon=True,
+        )
+        thread.start()
+
+        def stop_host() -> None:
+            stop.set()
+            thread.join(timeout=10)
+
+        self.stack.callback(stop_host)
+        self.timeline.add("demo", "functions", f"local host reading {self.inbox}")
+
+    def _subscribe_channels(self) -> None:
+        """Each channel is its own subscription, as on the topic; every delivery is recorded."""
+        from functions.notify.delivery import RetryPolicy, Transport
+        from functions.notify.dispatch import CHANNELS, deliver
+        from functions.notify.settings import ChannelSettings
+
+        local: dict[str, Any] = {}
+        if "teams" in self.receivers:
+            local["teams_webhook_url"] = self.receivers["teams"].url
+        if "pagerduty" in self.receivers:
+            local["pagerduty_routing_key"] = LOCAL_ROUTING_KEY
+            local["pagerduty_events_url"] = self.receivers["pagerduty"].url
+        if "webhook" in self.receivers:
+            secret = secrets.token_hex(16)
+            local["webhook_url"] = self.receivers["webhook"].url
+            local["webhook_secret"] = secret
+            receiver = self.receivers["webhook"]
+            assert isinstance(receiver, WebhookReceiver)
+            receiver.verify = webhook_verifier(secret.encode())
+        channel_settings = ChannelSettings(**local)
+        session = requests.Session()
+        self.stack.callback(session.close)
+        # Short waits: at 60x a real retry schedule would outlast the event.
+        transport = Transport(session=session, policy=_short_retries(RetryPolicy))
+        for channel in CHANNELS:
+            off = channel_settings.off_reason(channel)
+            if off:
+                self.timeline.add("demo", channel, f"channel off: {off}")
+                continue
+
+            def handler(note: Any, channel: str = channel) -> None:
+                try:
+                    posted = deliver(
+                        channel, note.to_json(), settings=channel_settings, transport=transport
+                    )
+                except Exception as exc:
+                    self._record_delivery(channel, note, False, f"{type(exc).__name__}: {exc}")
+                    raise
+                self._record_delivery(channel, note, posted, None)
+
+            self.publisher.subscribe(channel, handler)
+
+    def _record_delivery(self, channel: str, note: Any, posted: bool, error: str | None) -> None:
+        with self._lock:
+            self.deliveries.append(
+                Delivery(
+                    channel=channel,
+                    message_id=note.message_id(),
+                    event_id=note.event.event_id if note.event else None,
+                    transition=note.transition.value,
+                    posted=posted,
+                    error=error,
+                    action=_pagerduty_action(channel, note) if posted else None,
+                )
+            )
+
+    def _start_terminate(self) -> None:
+        """The `terminate` subscription: drain, then approve, on its own worker.
+
+        In Azure it is its own function, so a drain that takes seconds never holds up
+        ingest; the worker thread keeps that true here.
+        """
+        from functions.approve import approve_event
+        from functions.clock import SystemClock
+        from functions.terminate import DrainContext, DrainSettings, run_drain, wants
+        from functions.terminate_store import DrainStore
+
+        scale = self.options.time_scale
+        self.drain_settings = DrainSettings(
+            http_url=self.receivers["drain"].url,
+            relay_hook="drain",
+            # The real-world defaults, scaled like the simulator's clock.
+            step_timeout_seconds=max(1.0, 120 / scale),
+            safety_margin_seconds=30 / scale,
+            approve_reserve_seconds=max(0.5, 10 / scale),
+            poll_seconds=0.1,
+        )
+        drains = DrainStore.from_connection_string(
+            self.connection_string, self.settings.state_table_prefix
+        ).ensure_table()
+        session = requests.Session()
+        self.stack.callback(session.close)
+        clock = SystemClock()
+
+        def callback_url(vm: str) -> str | None:
+            record = self.store.get_vm(vm)
+            return record.callback_url if record else None
+
+        def approve(event_id: str, until: datetime) -> Any:
+            return approve_event(
+                event_id,
+                self.store,
+                self.settings,
+                session,
+                clock,
+                publisher=self.publisher,
+                give_up_at=until,
+                by="terminate",
+            )
+
+        ctx = DrainContext(
+            store=drains,
+            session=session,
+            publish=self.publisher.publish,
+            approve=approve,
+            callback_url=callback_url,
+            relay_key=self.relay_key.encode(),
+        )
+        work: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        def worker() -> None:
+            while True:
+                note = work.get()
+                if note is None:
+                    return
+                try:
+                    result = run_drain(note, self.drain_settings, ctx)
+                except Exception as exc:
+                    self.timeline.add("drain", "terminate", f"workflow failed: {exc}", ok=False)
+                    continue
+                self.drain_results.append(result)
+
+        thread = threading.Thread(target=worker, name="terminate-workflow", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            work.put(None)
+            thread.join(timeout=10)
+
+        self.stack.callback(stop)
+        self.publisher.subscribe("terminate", lambda note: work.put(note) if wants(note) else None)
+
+    def _start_relays(self) -> None:
+        """One real relay process per VM, forwarding into the shared inbox."""
+        hook = self.workdir / "drain-hook.sh"
+        self.hook_log = self.workdir / "drain-hook.log"
+        hook.write_text(
+            "#!/bin/sh\n"
+            "# The demo's drain step on the VM: what a real one would do is stop taking new\n"
+            "# work and finish what is in flight. The relay runs only scripts from its config.\n"
+            f"log='{self.hook_log}'\n"
+            'echo "$(date +%s.%N) $SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_ID" >> "$log"\n'
+            'echo "drained $SCHEDULED_EVENT_VM_NAME for $SCHEDULED_EVENT_ID"\n'
+        )
+        hook.chmod(0o755)
+        self.relays: dict[str, subprocess.Popen[bytes]] = {}
+        self.callback_urls: dict[str, str] = {}
+        for vm in self.options.fleet:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            argv = [
+                sys.executable,
+                "-m",
+                "relay",
+                "--imds-url",
+                self.server.vm_url(vm.name),
+                "--vm-name",
+                vm.name,
+                "--forward",
+                f"file:{self.inbox}",
+                "--state-dir",
+                str(self.workdir / "relays" / vm.name),
+                "--poll-interval",
+                str(self.options.poll_interval),
+                "--callback-listen",
+                f"127.0.0.1:{port}",
+                "--callback-key-file",
+                str(self.key_file),
+                "--callback-url",
+                url,
+                "--log-format",
+                "text",
+                "--hook",
+                f"drain={hook}",
+                "--hook-timeout",
+                "5",
+            ]
+            if vm.availability_set:
+                argv += ["--availability-set", vm.availability_set]
+            log = self.workdir / "logs" / f"relay-{vm.name}.log"
+            self.relays[vm.name] = self.stack.process(argv, log, env=self._child_env())
+            self.callback_urls[vm.name] = url
+        for vm, url in self.callback_urls.items():
+            self._wait_healthy(vm, url)
+        self.timeline.add(
+            "demo",
+            "relays",
+            f"{len(self.relays)} relays polling every "
+            f"{self.options.poll_interval:g} s, forwarding to {self.inbox}",
+        )
+
+    def _child_env(self) -> dict[str, str]:
+        env = {k: v for k, v in self.options.env.items() if not k.startswith("RELAY_")}
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _wait_healthy(self, vm: str, url: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        proc = self.relays[vm]
+        while time.monotonic() < deadline:
+            self.check_deadline()
+            if proc.poll() is not None:
+                log = (self.workdir / "logs" / f"relay-{vm}.log").read_text(errors="replace")
+                raise DemoAborted(f"relay of {vm} exited ({proc.returncode}): {log[-400:]}")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{url}/v1/health", timeout=1).status_code < 500:
+                    return
+            time.sleep(0.1)
+        raise DemoAborted(f"relay of {vm} did not answer on {url}/v1/health in {timeout:.0f} s")
+
     # ------------------------------------------------------------------ playing
     def play(self) -> None:
         """Play each step at its time; return once the fleet is quiet again."""
@@ -460,6 +756,7 @@ class Demo:
             while pending and pending[0].at <= elapsed:
                 step = pending.pop(0)
                 self._play_step(step)
+            self._hook_script_runs()
             if pending:
                 quiet_since = None
             elif self.watcher is not None and not self.watcher.active() and self._all_seen():
@@ -469,6 +766,20 @@ class Demo:
             else:
                 quiet_since = None
             time.sleep(0.1)
+
+    def _hook_script_runs(self) -> None:
+        """The drain script writes one line per run; show each run as it happens."""
+        hook_log = getattr(self, "hook_log", None)
+        if hook_log is None or not hook_log.exists():
+            return
+        lines = hook_log.read_text().splitlines()
+        for line in lines[self._hook_lines_seen :]:
+            parts = line.split()
+            if len(parts) == 3:
+                self.timeline.add(
+                    "drain", short_id(parts[2]), f"relay of {parts[1]} ran its hook script 'drain'"
+                )
+        self._hook_lines_seen = len(lines)
 
     def _all_seen(self) -> bool:
         return all(step in self.step_events for step in self.played)
@@ -499,21 +810,55 @@ class Demo:
 
     # ------------------------------------------------------------------ observing
     def _told(self, record: Received) -> None:
+        """Receivers speak up only for what the timeline would not show otherwise."""
         if record.channel == "drain":
-            text = f"drain hook called ({record.status})"
-            self.timeline.add("drain", "drain-hook", text)
+            body = record.body if isinstance(record.body, dict) else {}
+            vms = ", ".join(body.get("Resources") or []) or "?"
+            self.timeline.add("drain", "drain-hook", f"customer's HTTP drain hook called for {vms}")
             return
-        status = "accepted" if record.accepted else f"answered {record.status}"
-        detail = "; ".join(record.problems)
-        self.timeline.add(
-            "notify",
-            record.channel,
-            f"{_message_title(record)} — {status}{': ' + detail if detail else ''}",
-            ok=None if record.accepted else False,
-        )
+        if not record.accepted:
+            detail = "; ".join(record.problems) or "injected failure"
+            self.timeline.add(
+                "notify", record.channel, f"answered {record.status}: {detail}", ok=False
+            )
+
+    def _announced(self, note: Any) -> None:
+        """The timeline's subscription, after the channels': what was announced, who was told."""
+        from functions.notify.describe import decision_text, headline
+
+        event = note.event
+        subject = short_id(event.event_id) if event else (note.vm or "fleet")
+        transition = note.transition.value
+        if transition == "decided" and note.decision is not None:
+            kind, text = "decide", f"decided: {decision_text(note.decision)}"
+            if note.decision.page:
+                text += "; pages on-call"
+        elif transition in ("approved", "approval_failed"):
+            kind, text = "relay", headline(note)
+        elif transition.startswith("drain"):
+            kind, text = "drain", headline(note)
+        else:
+            kind, text = "decide", f"announced: {headline(note)}"
+        if note.detail and transition != "decided":
+            text += f" ({note.detail})"
+        with self._lock:
+            told = [
+                d
+                for d in self.deliveries
+                if d.message_id == note.message_id() and (d.posted or d.error)
+            ]
+        names = [
+            f"{d.channel}{' ' + d.action if d.action else ''}"
+            + (f" FAILED: {d.error}" if d.error else "")
+            for d in told
+        ]
+        text += f" → told {', '.join(names)}" if names else " → no channel"
+        failed = any(d.error for d in told)
+        self.timeline.add(kind, subject, text, ok=False if failed else None)
 
     # ------------------------------------------------------------------ outcomes
     def outcomes(self) -> list[Outcome]:
+        """What the demo promised, checked against what each part actually observed."""
         results: list[Outcome] = []
         events = self.watcher.snapshot() if self.watcher else {}
         for step in self.played:
@@ -524,6 +869,10 @@ class Demo:
                 results.append(Outcome(f"{name}: IMDS showed the event", False, "never seen"))
                 continue
             results.extend(self._imds_outcomes(name, step, track))
+            if self.publisher is not None:
+                results.extend(self._pipeline_outcomes(name, step, track))
+        if self.publisher is not None:
+            results.extend(self._fleet_outcomes())
         for part, why in self.missing.items():
             results.append(Outcome(f"{part} running", False, why, skipped=True))
         return results
@@ -534,9 +883,180 @@ class Demo:
             return [Outcome(f"{name}: appeared already Started", ok, track.first_status)]
         if step.scenario == "cancelled":
             ok = track.started_at is None and track.removed_at is not None
-            return [Outcome(f"{name}: withdrawn without starting", ok)]
+            return [Outcome(f"{name}: withdrawn by Azure without starting", ok)]
         ok = track.removed_at is not None and track.started_at is not None
         return [Outcome(f"{name}: went Scheduled → Started → removed", ok)]
+
+    def _pipeline_outcomes(self, name: str, step: Step, track: EventTrack) -> list[Outcome]:
+        event_id = track.event_id
+        notes = [n for n in self.publisher.published if n.event and n.event.event_id == event_id]
+        transitions = [n.transition.value for n in notes]
+        decision = next((n.decision for n in notes if n.transition.value == "decided"), None)
+        approvals = [
+            a for a in (self.watcher.approvals if self.watcher else []) if a.event_id == event_id
+        ]
+        first_approval = approvals[0] if approvals else None
+        out: list[Outcome] = []
+
+        def expect_action(action: str) -> None:
+            got = f"{decision.action} by rule {decision.rule}" if decision else "no decision"
+            ok = decision is not None and decision.action == action
+            out.append(Outcome(f"{name}: decided {action}", ok, got))
+
+        def expect_approved_in_time() -> None:
+            if first_approval is None:
+                out.append(Outcome(f"{name}: approved before NotBefore", False, "no StartRequests"))
+                return
+            lead = (
+                (track.not_before - first_approval.at).total_seconds() if track.not_before else None
+            )
+            ok = lead is not None and lead > 0 and first_approval.counted
+            detail = f"StartRequests from {first_approval.vm}"
+            if lead is not None:
+                detail += f", {lead:.1f} s before NotBefore"
+            out.append(Outcome(f"{name}: approved before NotBefore", ok, detail))
+
+        def expect_no_approval() -> None:
+            detail = ", ".join(f"{a.vm} at {a.at:%H:%M:%S}" for a in approvals) or "none"
+            out.append(Outcome(f"{name}: never approved", not approvals, detail))
+
+        def expect_announced(transition: str) -> None:
+            count = transitions.count(transition)
+            out.append(
+                Outcome(f"{name}: '{transition}' announced once", count == 1, f"{count} time(s)")
+            )
+
+        scenario = step.scenario
+        if scenario in ("live-migration", "user-reboot"):
+            expect_action("approve")
+            expect_approved_in_time()
+            expect_announced("approved")
+        elif scenario == "platform-reboot":
+            expect_action("hold")
+            expect_no_approval()
+            at_not_before = (
+                track.started_wall is not None
+                and track.not_before is not None
+                and track.started_wall >= track.not_before - timedelta(seconds=0.5)
+            )
+            out.append(Outcome(f"{name}: started at NotBefore, not earlier", at_not_before))
+            out.append(self._announced_once(name, track))
+        elif scenario == "preempt":
+            out.append(self._paged(name, event_id))
+        elif scenario == "terminate":
+            expect_action("drain")
+            out.append(self._drained_before_approval(name, event_id, first_approval))
+            expect_approved_in_time()
+        elif scenario == "cancelled":
+            expect_no_approval()
+            expect_announced("cancelled")
+        elif scenario == "hardware-failure":
+            expect_no_approval()
+            expect_announced("started")
+        return out
+
+    def _announced_once(self, name: str, track: EventTrack) -> Outcome:
+        """N VMs reported it; Teams got one decision card, and each transition at most once."""
+        label = f"{name}: reported by {len(track.reported_by)} VMs, announced once"
+        with self._lock:
+            teams = [
+                d
+                for d in self.deliveries
+                if d.channel == "teams" and d.event_id == track.event_id and d.posted
+            ]
+        cards = [d for d in teams if d.transition == "decided"]
+        detail = f"{len(cards)} decision card(s), {len(teams)} Teams post(s) in all"
+        ok = len(cards) == 1 and len(track.reported_by) >= 2
+        ok = ok and len({d.message_id for d in teams}) == len(teams)
+        receiver = self.receivers.get("teams")
+        if receiver is not None:
+            arrived = [r for r in receiver.accepted() if track.event_id.encode() in r.raw]
+            detail += f"; the Teams receiver got {len(arrived)}"
+            ok = ok and len(arrived) == len(teams)
+        elif "teams" not in self.external:
+            return Outcome(label, False, "Teams is off", skipped=True)
+        return Outcome(label, ok, detail)
+
+    def _paged(self, name: str, event_id: str) -> Outcome:
+        label = f"{name}: paged on-call once (PagerDuty trigger, dedup_key = EventId)"
+        receiver = self.receivers.get("pagerduty")
+        if receiver is not None:
+            triggers = [
+                r
+                for r in receiver.accepted()
+                if isinstance(r.body, dict)
+                and r.body.get("event_action") == "trigger"
+                and r.body.get("dedup_key") == event_id
+            ]
+            return Outcome(label, len(triggers) == 1, f"{len(triggers)} trigger(s) received")
+        with self._lock:
+            sent = [
+                d
+                for d in self.deliveries
+                if d.channel == "pagerduty" and d.event_id == event_id and d.action == "trigger"
+            ]
+        ok = len(sent) == 1 and sent[0].posted
+        return Outcome(label, ok, f"{len(sent)} trigger(s) sent to {self.external['pagerduty']}")
+
+    def _drained_before_approval(self, name: str, event_id: str, approval: Any) -> Outcome:
+        label = f"{name}: drained (HTTP hook and relay hook script) before approval"
+        http = [
+            r
+            for r in self.receivers["drain"].accepted()
+            if isinstance(r.body, dict) and r.body.get("EventId") == event_id
+        ]
+        script: list[float] = []
+        hook_log = getattr(self, "hook_log", None)
+        if hook_log is not None and hook_log.exists():
+            for line in hook_log.read_text().splitlines():
+                stamp, _vm, logged_id = [*line.split(), "", "", ""][:3]
+                if logged_id == event_id:
+                    script.append(float(stamp))
+        if not http or not script:
+            return Outcome(label, False, f"HTTP hook calls {len(http)}, script runs {len(script)}")
+        if approval is None:
+            return Outcome(label, False, "drained, but never approved")
+        drained_at = max(http[0].at, script[0])
+        lead = approval.at.timestamp() - drained_at
+        detail = f"script ran once, approval {lead:.2f} s after the drain finished"
+        return Outcome(label, lead >= 0 and len(script) == 1, detail)
+
+    def _fleet_outcomes(self) -> list[Outcome]:
+        out = []
+        with self._lock:
+            errors = [d for d in self.deliveries if d.error]
+        rejected = [r for rec in self.receivers.values() for r in rec.received if not r.accepted]
+        detail = "; ".join(
+            [f"{d.channel} {d.message_id}: {d.error}" for d in errors[:3]]
+            + [f"{r.channel} answered {r.status}: {'; '.join(r.problems)}" for r in rejected[:3]]
+        )
+        dead = len(self.publisher.dead_letters)
+        out.append(
+            Outcome(
+                "every notification was accepted by its channel",
+                not errors and not rejected and not dead,
+                detail or f"{len(self.deliveries)} deliveries",
+            )
+        )
+        dead_letters = list((self.inbox / "deadletter").glob("*.json")) if self.inbox else []
+        out.append(
+            Outcome(
+                "every forwarded document was processed",
+                not dead_letters,
+                f"{len(list((self.inbox / 'processed').glob('*.json')))} processed, "
+                f"{len(dead_letters)} dead-lettered",
+            )
+        )
+        relays = getattr(self, "relays", {})
+        exited = [vm for vm, proc in relays.items() if proc.poll() is not None]
+        out.append(
+            Outcome(
+                f"all {len(relays)} relays kept running",
+                bool(relays) and not exited,
+                f"exited: {', '.join(exited)}" if exited else "",
+            )
+        )
+        return out
 
     # ------------------------------------------------------------------ shutting down
     def close(self) -> None:
@@ -554,6 +1074,47 @@ class Demo:
         return facts
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def webhook_verifier(secret: bytes) -> Callable[[dict[str, str], bytes], str | None]:
+    """Check the bridge's webhook signature the way a customer's receiver would."""
+    from relay.signing import signature
+
+    def verify(headers: dict[str, str], raw: bytes) -> str | None:
+        lowered = {k.lower(): v for k, v in headers.items()}
+        stamp = lowered.get("x-bridge-timestamp", "")
+        given = lowered.get("x-bridge-signature", "")
+        if not stamp.isdigit() or not given:
+            return "missing X-Bridge-Timestamp / X-Bridge-Signature"
+        if abs(time.time() - int(stamp)) > 300:
+            return "stale timestamp"
+        expected = signature(secret, stamp, "POST", WebhookReceiver.path, raw)
+        return None if hmac.compare_digest(expected, given) else "bad signature"
+
+    return verify
+
+
+def _short_retries(policy_type: Any) -> Any:
+    """The channels' retry policy with waits fit for a 60x demo (same attempts, short waits)."""
+    return policy_type(
+        backoff_seconds=0.2, max_wait_seconds=1.0, connect_timeout=2.0, read_timeout=5.0
+    )
+
+
+def _pagerduty_action(channel: str, note: Any) -> str | None:
+    if channel != "pagerduty":
+        return None
+    from functions.notify.pagerduty import action_for
+
+    return action_for(note)
+
+
 def _event_id(result: Any) -> str | None:
     if isinstance(result, str):
         return result
@@ -566,19 +1127,6 @@ def _event_id(result: Any) -> str | None:
     if isinstance(result, list | tuple) and result:
         return _event_id(result[0])
     return None
-
-
-def _message_title(record: Received) -> str:
-    body = record.body if isinstance(record.body, dict) else {}
-    if record.channel == "pagerduty":
-        summary = (body.get("payload") or {}).get("summary", "")
-        return f"{body.get('event_action', '?')} {body.get('dedup_key', '')[:8]} {summary}".strip()
-    if record.channel == "teams":
-        return TeamsReceiver.card_text(record)[:140]
-    if record.channel == "webhook":
-        event = body.get("event") or {}
-        return f"{body.get('transition', '?')} {event.get('EventId') or event.get('event_id', '')}"
-    return record.path
 
 
 def _remove_tree(path: Path) -> None:
