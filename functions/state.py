@@ -237,8 +237,12 @@ class Store:
                     updated.etag = current.etag
                     self._replace(table, pk, rk, updated, extra(updated))
                     return updated, True
-            except (ResourceModifiedError, ResourceNotFoundError):
+            except ResourceModifiedError:
                 pass
+            except ResourceNotFoundError:
+                if current is None:
+                    raise  # an insert found no table: not a race, a setup problem
+                # the row was deleted since we read it: start over
             except HttpResponseError as exc:
                 if exc.status_code not in (409, 412):
                     raise

@@ -1,0 +1,282 @@
+"""The CLI, the Azure handlers from function_app.py, the local host, and policy loading."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import azure.functions as func
+import pytest
+from azure.functions.timer import TimerRequest
+
+import function_app
+from functions import handlers
+from functions.local.host import LocalHost
+from functions.policy import Policy, Window, load_policy
+from functions.publish import ServiceBusPublisher, application_properties
+from functions.settings import SettingsInvalid, load_settings
+from tests.functions.conftest import T0, envelope, event, make_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("POLICY__")}
+    return subprocess.run(
+        [sys.executable, "-m", "functions", *args],
+        cwd=ROOT,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_cli_check_prints_the_default_policy():
+    done = run_cli("policy", "check")
+    assert done.returncode == 0, done.stderr
+    policy = json.loads(done.stdout)
+    assert [r["name"] for r in policy["rules"]] == [
+        "terminate-drain",
+        "user-initiated",
+        "short-freeze",
+        "default-hold",
+    ]
+
+
+def test_cli_check_exits_2_on_an_invalid_policy():
+    done = run_cli("policy", "check", env={"POLICY__RULES": '[{"name": "x", "action": "yes"}]'})
+    assert done.returncode == 2
+    assert "rules.0.action" in done.stderr
+    done = run_cli("policy", "check", env={"POLICY__RULES": "[{"})
+    assert done.returncode == 2 and "POLICY__RULES is not valid JSON" in done.stderr
+
+
+def test_cli_explain_document_and_envelope(tmp_path):
+    events = [
+        event("A", "Freeze", duration=5),
+        event("B", "Terminate", source="User"),
+        event("C", "Reboot"),
+        event("D", "Redeploy", source="User"),
+    ]
+    doc = tmp_path / "doc.json"
+    doc.write_text(json.dumps({"DocumentIncarnation": 1, "Events": events}))
+    done = run_cli("policy", "explain", str(doc))
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(x["EventId"], x["action"], x["rule"]) for x in lines] == [
+        ("A", "approve", "short-freeze"),
+        ("B", "drain", "terminate-drain"),
+        ("C", "hold", "default-hold"),
+        ("D", "approve", "user-initiated"),
+    ]
+    env_file = tmp_path / "env.json"
+    env_file.write_text(envelope("vm1", 1, [event("E", "Preempt")]))
+    done = run_cli("policy", "explain", str(env_file))
+    line = json.loads(done.stdout)
+    assert (line["action"], line["page"]) == ("hold", True)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"Events": 1}')
+    assert run_cli("policy", "explain", str(bad)).returncode == 2
+
+
+def test_policy_from_app_settings_and_fail_closed(monkeypatch):
+    monkeypatch.setenv("POLICY__DRY_RUN", "true")
+    monkeypatch.setenv("POLICY__MAX_CONCURRENT_PER_SET", "3")
+    monkeypatch.setenv(
+        "POLICY__WINDOWS", '[{"days": ["Sat", "Sun"], "start": "22:00", "end": "02:00"}]'
+    )
+    monkeypatch.setenv("POLICY__PAGE__EVENT_TYPES", '["Preempt"]')
+    load = load_policy()
+    assert load.error is None
+    assert load.policy.dry_run and load.policy.max_concurrent_per_set == 3
+    assert load.policy.page.event_types == ("Preempt",)
+    monkeypatch.setenv("POLICY__TIMEZONE", "Nowhere/City")
+    load = load_policy()
+    assert load.policy is None and "timezone" in load.error
+
+
+def test_windows_across_midnight_and_dst():
+    policy = Policy(
+        windows=(Window(days=("Sat",), start="22:00", end="02:00"),), timezone="Europe/Oslo"
+    )
+    # 2026-03-28 is a Saturday; DST starts in Oslo on Sunday 2026-03-29 at 02:00.
+    assert policy.in_window(datetime(2026, 3, 28, 21, 30, tzinfo=UTC))  # 22:30 local
+    assert not policy.in_window(datetime(2026, 3, 28, 20, 30, tzinfo=UTC))
+    opening = policy.next_window_opening(datetime(2026, 3, 28, 12, 0, tzinfo=UTC))
+    assert opening == datetime(2026, 3, 28, 21, 0, tzinfo=UTC)
+
+
+def test_settings_errors_are_clear(monkeypatch):
+    monkeypatch.setenv("RELAY_SILENT_AFTER_SECONDS", "soon")
+    with pytest.raises(SettingsInvalid, match="relay_silent_after_seconds"):
+        load_settings()
+    monkeypatch.delenv("RELAY_SILENT_AFTER_SECONDS")
+    settings = load_settings()
+    with pytest.raises(SettingsInvalid, match="StateStorage"):
+        settings.table_connection()
+    monkeypatch.setenv("StateStorage__accountName", "acct")
+    monkeypatch.setenv(
+        "ServiceBusConnection__fullyQualifiedNamespace", "sb-x.servicebus.windows.net"
+    )
+    settings = load_settings()
+    assert settings.table_connection() == ("account", "https://acct.table.core.windows.net")
+    assert settings.service_bus() == ("namespace", "sb-x.servicebus.windows.net")
+
+
+def test_service_bus_publisher_sets_message_id_and_properties(store, clock, relay):
+    sent = []
+
+    class Sender:
+        def send_messages(self, message):
+            sent.append(message)
+
+    pipeline, _ = make_pipeline(store, clock)
+    pipeline.publisher = ServiceBusPublisher(Sender())
+    from functions.ingest import ingest_message
+
+    ingest_message(envelope("vm1", 1, [event("EV-SB", "Preempt")]), pipeline)
+    assert [m.message_id for m in sent] == ["EV-SB:scheduled", "EV-SB:decided"]
+    props = sent[1].application_properties
+    assert props[b"transition" if b"transition" in props else "transition"] in (
+        "decided",
+        b"decided",
+    )
+    body = json.loads(b"".join(sent[1].body))
+    assert body["decision"]["page"] is True and body["transition"] == "decided"
+
+
+def test_application_properties_for_filters():
+    from functions.notifications import Decision, Notification, Transition
+
+    note = Notification(
+        transition=Transition.DECIDED,
+        occurred_at=T0,
+        decision=Decision(action="hold", rule="r", page=True, severity="error"),
+    )
+    assert application_properties(note)["page"] is True
+    assert application_properties(note)["severity"] == "error"
+
+
+# get_functions() validates names and may be called once per app (as the host does).
+FUNCTIONS = {f.get_function_name(): f for f in function_app.app.get_functions()}
+
+
+def _functions() -> dict[str, object]:
+    return {name: f.get_user_function() for name, f in FUNCTIONS.items()}
+
+
+def test_function_bindings():
+    ingest = FUNCTIONS["ingest"].get_bindings()[0].get_dict_repr()
+    assert ingest["type"] == "serviceBusTrigger" and ingest["isSessionsEnabled"] is True
+    assert ingest["queueName"] == "%DOCUMENTS_QUEUE%"
+    assert ingest["connection"] == "ServiceBusConnection"
+    assert FUNCTIONS["watchdog"].get_bindings()[0].get_dict_repr()["schedule"] == "0 * * * * *"
+
+
+def test_handlers_from_function_app(store, clock, relay):
+    names = _functions()
+    assert {"ingest", "watchdog", "status", "approve"} <= set(names)
+    pipeline, pub = make_pipeline(store, clock)
+    handlers.use_pipeline(pipeline)
+    try:
+        body = envelope("vm1", 1, [event("EV-HD", "Reboot")], callback_url=relay.url)
+        names["ingest"](func.ServiceBusMessage(body=body.encode()))
+        names["ingest"](func.ServiceBusMessage(body=b"garbage"))  # completes, recorded
+        assert pub.transitions("EV-HD") == ["scheduled", "decided"]
+        assert len(list(store.rejected_rows())) == 1
+
+        status = names["status"](func.HttpRequest("GET", "/api/status", body=b""))
+        data = json.loads(status.get_body())
+        assert status.status_code == 200 and data["policy"]["valid"] is True
+        assert [(e["EventId"], e["decision"]["action"]) for e in data["events"]] == [
+            ("EV-HD", "hold")
+        ]
+
+        approve = names["approve"]
+        missing = approve(
+            func.HttpRequest(
+                "POST", "/api/events/NOPE/approve", body=b"", route_params={"event_id": "NOPE"}
+            )
+        )
+        assert missing.status_code == 404
+        ok = approve(
+            func.HttpRequest(
+                "POST",
+                "/api/events/EV-HD/approve",
+                body=b'{"by": "alice"}',
+                route_params={"event_id": "EV-HD"},
+            )
+        )
+        assert ok.status_code == 200, ok.get_body()
+        assert relay.starts() == ["EV-HD"]
+        assert pub.transitions("EV-HD")[-1] == "approved"
+        assert store.audit_rows("EV-HD")[-1]["by"] == "manual:alice"
+        again = approve(
+            func.HttpRequest(
+                "POST", "/api/events/EV-HD/approve", body=b"{}", route_params={"event_id": "EV-HD"}
+            )
+        )
+        assert again.status_code == 409
+
+        clock.advance(20 * 60)
+        names["watchdog"](TimerRequest())
+        assert "relay_silent" in pub.transitions() or any(
+            n.transition == "relay_silent" for n in pub.published
+        )
+    finally:
+        handlers.use_pipeline(None)
+
+
+def test_handlers_fail_clearly_without_settings(monkeypatch):
+    for key in list(os.environ):
+        if key.lower().startswith(("servicebusconnection", "statestorage", "azurewebjobsstorage")):
+            monkeypatch.delenv(key)
+    handlers.use_pipeline(None)
+    with pytest.raises(SettingsInvalid, match="StateStorage"):
+        _functions()["ingest"](func.ServiceBusMessage(body=b"{}"))
+
+
+def test_local_host_processes_in_order_and_dead_letters(tmp_path, store, clock, relay):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    ev = event("EV-L", source="User")
+    files = [
+        ("0001.json", envelope("vm1", 1, [ev], callback_url=relay.url)),
+        ("0002.json", envelope("vm1", 2, [], callback_url=relay.url)),
+        ("0003.json", "not json"),
+        (".0004.json.tmp", "partial"),
+        ("0005.json", json.dumps({"body": envelope("vm2", 1, [event("EV-M")]), "message_id": "x"})),
+    ]
+    for name, text in files:
+        (inbox / name).write_text(text)
+    pipeline, pub = make_pipeline(store, clock)
+    host = LocalHost(inbox, pipeline.settings, store, pub, clock=clock, max_delivery_count=2)
+    report = host.run_once()
+    assert (report.processed, report.rejected) == (3, 1)
+    assert pub.transitions("EV-L") == ["scheduled", "decided", "approved", "completed"]
+    assert pub.transitions("EV-M") == ["scheduled", "decided"]
+    assert sorted(p.name for p in (inbox / "processed").iterdir()) == [
+        "0001.json",
+        "0002.json",
+        "0003.json",
+        "0005.json",
+    ]
+    assert (inbox / ".0004.json.tmp").exists()
+
+    # A message that keeps failing blocks its VM's later messages, then is dead-lettered.
+    (inbox / "0006.json").write_text(envelope("vm3", 1, [event("EV-X")]))
+    (inbox / "0007.json").write_text(envelope("vm3", 2, []))
+    broken = LocalHost(inbox, pipeline.settings, store, pub, clock=clock, max_delivery_count=2)
+    broken.pipeline.store = type(store)(store.service, "x")  # tables that do not exist
+    first = broken.run_once()
+    assert (first.failed, first.processed) == (1, 0)
+    second = broken.run_once()
+    assert second.dead_lettered == 1
+    assert (inbox / "deadletter" / "0006.json").exists()
+    assert (inbox / "deadletter" / "0006.json.reason.txt").read_text()
