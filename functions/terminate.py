@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 WAIT_POLL_SECONDS = 1.0  # how often a second invocation re-reads a step another one runs
 ANNOUNCE_LEASE_SECONDS = 60.0  # announcements go out even after the deadline
 
+# approve_event's "skipped" reasons that mean the approval is settled without us.
+SETTLED = frozenset({"already approved", "another caller is approving it", "event already started"})
+
 Outcome = Literal["approved", "held", "approval_failed", "skipped"]
 
 
@@ -339,6 +342,6 @@ def _approve(ctx: DrainContext, event_id: str, until: datetime) -> tuple[bool, s
     detail = getattr(result, "detail", "") or ""
     if outcome == "approved":
         return True, f"approved {detail}".strip()
-    if outcome == "skipped" and "already approved" in detail:
-        return True, detail
+    if outcome == "skipped" and detail in SETTLED:
+        return True, f"nothing to approve: {detail}"
     return False, f"{outcome}: {detail}".strip(": ")

@@ -35,6 +35,16 @@ def drains(azurite: str) -> Iterator[DrainStore]:
         service.delete_table(f"{prefix}drains")
 
 
+class NoWaitClock:
+    """Real time, but waits between retries return at once (the retry logic is under test)."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+
 @dataclass
 class Approvals:
     """Stands in for functions.approve.approve_event: records each call and its time."""

@@ -12,7 +12,7 @@ from functions.terminate import run_drain, wants
 from functions.terminate_store import StepRecord
 from tests.notify.receiver import Answer, running
 from tests.notify.webhook_recipe import readme_verify
-from tests.terminate.conftest import Harness, settings, terminate_note
+from tests.terminate.conftest import Harness, NoWaitClock, settings, terminate_note
 
 pytestmark = pytest.mark.azurite
 
@@ -114,7 +114,9 @@ def test_a_refusing_hook_fails_at_once(harness: Harness) -> None:
 def test_a_flaky_hook_is_retried_within_its_time(harness: Harness) -> None:
     with running(Answer(200)) as hook:
         hook.script = [Answer(503), Answer(429)]
-        result = run_drain(terminate_note(), settings(http_url=hook.url), harness.context())
+        result = run_drain(
+            terminate_note(), settings(http_url=hook.url), harness.context(clock=NoWaitClock())
+        )
         assert len(hook.requests) == 3
     assert result.outcome == "approved" and "attempt 3" in result.steps["http"].detail
 

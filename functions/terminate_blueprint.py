@@ -1,0 +1,87 @@
+"""Azure handler for the terminate workflow: the `terminate` subscription of the topic.
+
+Wires run_drain to the core's shared pipeline (functions.handlers.pipeline: settings,
+Table store, topic publisher, HTTP session, clock) and to functions.approve.approve_event.
+Returning completes the message; an exception (Table storage or Service Bus trouble)
+abandons it, and the redelivery resumes the workflow from the drains table.
+Register with `app.register_functions(functions.terminate_blueprint.bp)`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from functools import lru_cache
+
+import azure.functions as func
+
+from functions.notifications import Notification
+from functions.notify.settings import channel_settings
+from functions.terminate import DrainContext, DrainSettings, run_drain, wants
+from functions.terminate_store import DrainStore
+
+log = logging.getLogger(__name__)
+
+bp = func.Blueprint()
+
+
+@lru_cache(maxsize=1)
+def drain_settings() -> DrainSettings:
+    return DrainSettings()
+
+
+def build_context() -> DrainContext:
+    from functions.approve import ApprovalResult, approve_event
+    from functions.handlers import pipeline
+
+    core = pipeline()
+    store, settings = core.store, core.settings
+
+    def approve(event_id: str, give_up_at: datetime) -> ApprovalResult:
+        return approve_event(
+            event_id,
+            store,
+            settings,
+            core.session,
+            core.clock,
+            publisher=core.publisher,
+            give_up_at=give_up_at,
+            by="terminate",
+        )
+
+    def callback_url(vm: str) -> str | None:
+        record = store.get_vm(vm)
+        return record.callback_url if record else None
+
+    secret = channel_settings().webhook_secret
+    return DrainContext(
+        store=DrainStore.from_service(store.service, settings.state_table_prefix),
+        session=core.session,
+        publish=core.publisher.publish,
+        approve=approve,
+        callback_url=callback_url,
+        relay_key=settings.relay_key_bytes,
+        clock=core.clock,
+        webhook_secret=secret.get_secret_value().encode() if secret else None,
+    )
+
+
+@bp.function_name("terminate_drain")
+@bp.service_bus_topic_trigger(
+    arg_name="msg",
+    topic_name="%NOTIFICATIONS_TOPIC%",
+    subscription_name="terminate",
+    connection="ServiceBusConnection",
+)
+def terminate_drain(msg: func.ServiceBusMessage) -> None:
+    note = Notification.from_json(msg.get_body())  # not a notification: raise, then DLQ
+    if not wants(note):
+        return
+    result = run_drain(note, drain_settings(), build_context())
+    log.info(
+        "terminate %s: %s (drained=%s) %s",
+        result.event_id,
+        result.outcome,
+        result.drained,
+        "; ".join(f"{name}={step.status}" for name, step in result.steps.items()),
+    )

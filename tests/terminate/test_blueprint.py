@@ -1,0 +1,119 @@
+"""The Azure handler end to end: the core's pipeline on Azurite, a real relay, real IMDS
+(simulated), approval through functions.approve.approve_event."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+
+import azure.functions as func
+import pytest
+import requests
+
+from functions import handlers
+from functions.clock import SystemClock
+from functions.ingest import Pipeline
+from functions.notifications import Transition
+from functions.publish import LocalPublisher
+from functions.settings import Settings
+from functions.state import EventRecord, Store, VmRecord
+from functions.terminate_blueprint import bp, drain_settings, terminate_drain
+from functions.terminate_store import DrainStore
+from tests.terminate.conftest import RELAY_KEY, Relays, terminate_note
+
+pytestmark = pytest.mark.azurite
+
+
+@pytest.fixture
+def core(azurite: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pipeline]:
+    prefix = f"b{uuid.uuid4().hex[:10]}"
+    settings = Settings(
+        state_storage=azurite, relay_key=RELAY_KEY.decode(), state_table_prefix=prefix
+    )
+    store = Store.from_connection_string(azurite, prefix).ensure_tables()
+    pipeline = Pipeline(store, settings, LocalPublisher(), requests.Session(), SystemClock())
+    monkeypatch.setenv("DRAIN__RELAY_HOOK", "drain")
+    monkeypatch.setenv("DRAIN__SAFETY_MARGIN_SECONDS", "5")
+    monkeypatch.delenv("WEBHOOK_SECRET", raising=False)
+    drain_settings.cache_clear()
+    handlers.use_pipeline(pipeline)
+    try:
+        yield pipeline
+    finally:
+        handlers.use_pipeline(None)
+        drain_settings.cache_clear()
+        for name in ("vms", "events", "audit", "rejected", "drains"):
+            store.service.delete_table(f"{prefix}{name}")
+
+
+def test_the_handler_drains_through_the_relay_then_approves_through_it(
+    core: Pipeline, relays: Callable[..., Relays]
+) -> None:
+    fleet = relays(count=1)
+    event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
+    note = terminate_note(event_id, notice=300)
+    assert note.event is not None
+    now = datetime.now(UTC)
+    core.store.mutate_vm(
+        "web_0",
+        lambda _r: VmRecord(
+            name="web_0", callback_url=fleet.urls["web_0"], last_seen=now, scale_set="web"
+        ),
+    )
+    core.store.mutate_event(
+        event_id,
+        lambda _r: EventRecord(
+            event_id=event_id,
+            event_type="Terminate",
+            event_status="Scheduled",
+            resources=["web_0"],
+            not_before=note.event.not_before,
+            scale_sets=["web"],
+            first_seen=now,
+            reporters={"web_0": "Scheduled"},
+            decision=note.decision,
+            decided_at=now,
+        ),
+    )
+    publisher = core.publisher
+    assert isinstance(publisher, LocalPublisher)
+
+    terminate_drain(func.ServiceBusMessage(body=note.to_json().encode()))
+
+    assert fleet.runs() == [f"web_0 {event_id}"]
+    assert [a.event_id.casefold() for a in fleet.sim.approvals] == [event_id.casefold()]
+    assert publisher.transitions(event_id) == [
+        Transition.DRAIN_STARTED.value,
+        Transition.APPROVED.value,
+    ]
+    record = core.store.get_event(event_id)
+    assert record is not None and record.approval == "approved"
+    drains = DrainStore.from_service(core.store.service, core.settings.state_table_prefix)
+    steps = drains.steps(event_id)
+    assert {name: s.status for name, s in steps.items()} == {
+        "announce:drain_started": "succeeded",
+        "hook:web_0": "succeeded",
+        "approve": "succeeded",
+    }
+    assert steps["approve"].finished_at is not None
+    assert steps["approve"].finished_at < note.event.not_before - timedelta(seconds=5)
+
+
+def test_other_messages_return_and_junk_is_refused(core: Pipeline) -> None:
+    quiet = terminate_note(action="approve")
+    terminate_drain(func.ServiceBusMessage(body=quiet.to_json().encode()))
+    assert core.publisher.published == []  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="validation error"):
+        terminate_drain(func.ServiceBusMessage(body=b'{"transition": "nope"}'))
+
+
+def test_the_trigger_is_the_terminate_subscription() -> None:
+    app = func.FunctionApp()
+    app.register_functions(bp)
+    (function,) = app.get_functions()
+    trigger = function.get_trigger()
+    assert function.get_function_name() == "terminate_drain"
+    assert trigger.topic_name == "%NOTIFICATIONS_TOPIC%"
+    assert trigger.subscription_name == "terminate"
+    assert trigger.connection == "ServiceBusConnection"

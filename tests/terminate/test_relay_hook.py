@@ -1,0 +1,111 @@
+"""Drain through the relay's own hook scripts: real callback servers reading simulated IMDS."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from functions.terminate import run_drain
+from tests.notify.receiver import Answer, running
+from tests.terminate.conftest import Harness, Relays, settings, terminate_note
+
+pytestmark = pytest.mark.azurite
+
+
+class Crash(BaseException):
+    """The worker dies (not an error the workflow could handle)."""
+
+
+def test_relay_hook_runs_once_per_vm_even_when_redelivered(
+    harness: Harness, relays: Callable[..., Relays]
+) -> None:
+    fleet = relays(count=2)
+    harness.callbacks.update(fleet.urls)
+    event_id = fleet.sim.add_event("Terminate", resources=["web_0", "web_1"], notice=300)
+    note = terminate_note(event_id, resources=("web_0", "web_1"))
+    first = run_drain(note, settings(relay_hook="drain"), harness.context())
+    again = run_drain(note, settings(relay_hook="drain"), harness.context())  # redelivery
+    assert first.outcome == again.outcome == "approved"
+    assert sorted(fleet.runs()) == [f"web_0 {event_id}", f"web_1 {event_id}"]
+    assert "drained web_0" in first.steps["hook:web_0"].detail
+    assert len(harness.approvals.calls) == 1
+
+
+def test_a_slow_hook_is_polled_until_it_finishes(
+    harness: Harness, relays: Callable[..., Relays]
+) -> None:
+    fleet = relays(count=1, hook_seconds=0.6, hook_wait=0.1)  # the relay answers 202 first
+    harness.callbacks.update(fleet.urls)
+    event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
+    result = run_drain(terminate_note(event_id), settings(relay_hook="drain"), harness.context())
+    assert result.outcome == "approved"
+    assert fleet.runs() == [f"web_0 {event_id}"]
+
+
+def test_only_hooks_in_the_relays_config_run(
+    harness: Harness, relays: Callable[..., Relays]
+) -> None:
+    fleet = relays(count=1)
+    harness.callbacks.update(fleet.urls)
+    event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
+    result = run_drain(terminate_note(event_id), settings(relay_hook="rm-rf"), harness.context())
+    assert result.outcome == "held"
+    assert "unknown hook" in result.steps["hook:web_0"].detail
+    assert fleet.runs() == []
+    assert harness.transitions() == ["drain_started", "drain_failed"]
+
+
+def test_a_wrong_key_is_refused_by_the_relay(
+    harness: Harness, relays: Callable[..., Relays]
+) -> None:
+    fleet = relays(count=1)
+    harness.callbacks.update(fleet.urls)
+    event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
+    result = run_drain(
+        terminate_note(event_id),
+        settings(relay_hook="drain", on_failure="approve"),
+        harness.context(relay_key=b"not-the-relay-key-000000"),
+    )
+    assert "refused (401)" in result.steps["hook:web_0"].detail
+    assert fleet.runs() == []
+    assert result.outcome == "approved" and not result.drained
+
+
+def test_a_vm_without_a_known_relay_fails_its_step(harness: Harness) -> None:
+    result = run_drain(terminate_note(), settings(relay_hook="drain"), harness.context())
+    assert result.steps["hook:web_0"].detail == "no relay callback URL known for web_0"
+    assert result.outcome == "held"
+
+
+def test_a_restart_mid_workflow_resumes_without_rerunning_finished_steps(
+    harness: Harness, relays: Callable[..., Relays]
+) -> None:
+    fleet = relays(count=2)
+    event_id = fleet.sim.add_event("Terminate", resources=["web_0", "web_1"], notice=300)
+    note = terminate_note(event_id, resources=("web_0", "web_1"))
+    lookups: list[str] = []
+
+    def dies_on_web_1(vm: str) -> str | None:
+        lookups.append(vm)
+        if vm == "web_1" and lookups.count("web_1") == 1:
+            raise Crash("worker killed")
+        return fleet.urls[vm]
+
+    harness.resolve = dies_on_web_1
+    with running(Answer(200)) as hook:
+        config = settings(relay_hook="drain", http_url=hook.url)
+        with pytest.raises(Crash):
+            run_drain(note, config, harness.context())
+        done = harness.store.steps(event_id)
+        assert {name: step.status for name, step in done.items()} == {
+            "announce:drain_started": "succeeded",
+            "http": "succeeded",
+            "hook:web_0": "succeeded",
+        }
+        result = run_drain(note, config, harness.context())  # Service Bus redelivers
+        assert len(hook.requests) == 1
+    assert result.outcome == "approved" and result.drained
+    assert sorted(fleet.runs()) == [f"web_0 {event_id}", f"web_1 {event_id}"]
+    assert harness.transitions() == ["drain_started"]
+    assert len(harness.approvals.calls) == 1
