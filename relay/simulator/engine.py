@@ -271,14 +271,24 @@ class Simulator:
         if scenario is None:
             raise SimulatorError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
         with self._lock:
+            self._advance()
             names = self._resolve_target(target, scenario)
-            # A scale-in deletes instances one Terminate event each; everything else is one
-            # event naming all affected VMs, as Azure does for an update domain.
+            if scenario.rolling:
+                # One VM (update domain) at a time: the next gets its event when this one ends.
+                return [self._raise(scenario, names[:1], follow=names[1:])]
+            # A scale-in deletes instances one Terminate event each, all with the same
+            # NotBefore; everything else is one event naming all affected VMs.
             groups = [[n] for n in names] if scenario.event_type == TERMINATE else [names]
-            return [self._raise(scenario, group) for group in groups]
+            outer, self._as_of = self._as_of, self._now()
+            try:
+                return [self._raise(scenario, group) for group in groups]
+            finally:
+                self._as_of = outer
 
-    def _raise(self, scenario: Scenario, resources: list[str]) -> str:
-        return self.add_event(
+    def _raise(
+        self, scenario: Scenario, resources: list[str], follow: list[str] | None = None
+    ) -> str:
+        event_id = self.add_event(
             event_type=scenario.event_type,
             resources=resources,
             source=scenario.source,
@@ -290,9 +300,11 @@ class Simulator:
             cancel_after=scenario.cancel_after,
             scenario=scenario.name,
         )
+        self._events[event_id].follow = list(follow or [])
+        return event_id
 
     def _resolve_target(self, target: str | None, scenario: Scenario | None) -> list[str]:
-        """A VM name, a set name, or None (a sensible default) -> the VMs to affect."""
+        """VM names, set names (comma-separated), or None (a sensible default) -> the VMs."""
         needs = scenario.needs if scenario else None
         label = scenario.name if scenario else "this event"
         if target is None:
@@ -301,7 +313,16 @@ class Simulator:
                 if not spots:
                     raise SimulatorError(f"{label} needs a Spot VM: add one (--spot NAME)")
                 return spots[:1]
-            if needs == "scale-set":
+            if needs == "set":
+                sets = [
+                    vm.availability_set or vm.scale_set
+                    for vm in self._vms.values()
+                    if vm.availability_set or vm.scale_set
+                ]
+                if not sets:
+                    return [self.root_vm()]
+                target = sets[0]
+            elif needs == "scale-set":
                 if not self._scale_sets:
                     raise SimulatorError(
                         f"{label} needs a scale-set instance: add a scale set (--scale-set NAME:N)"
@@ -309,6 +330,15 @@ class Simulator:
                 target = next(iter(self._scale_sets))
             else:
                 return [self.root_vm()]
+        names: list[str] = []
+        for part in (p.strip() for p in target.split(",")):
+            if part:
+                names.extend(n for n in self._resolve_one(part, needs, label) if n not in names)
+        if not names:
+            raise SimulatorError(f"target {target!r} names no VM")
+        return names
+
+    def _resolve_one(self, target: str, needs: str | None, label: str) -> list[str]:
         vm = self._vms.get(target.casefold())
         if vm is not None:
             if needs == "spot" and not vm.spot:
@@ -473,8 +503,13 @@ class Simulator:
                 recorded.append(approval)
                 if named and caller.name not in event.approved_by:
                     event.approved_by.append(caller.name)
-                if event.status == SCHEDULED and self._approved(event):
+                if (
+                    event.status == SCHEDULED
+                    and event.event_type != TERMINATE
+                    and self._approved(event)
+                ):
                     self._start(event, now)
+            self._release_terminates(now)
             self._settle()
             return recorded
 
@@ -505,6 +540,36 @@ class Simulator:
     def _end(self, event: Event, now: float, reason: str) -> None:
         event.ended_at = now
         event.end_reason = reason
+        if event.follow and event.scenario in SCENARIOS:
+            outer, self._as_of = self._as_of, now
+            try:
+                self._raise(SCENARIOS[event.scenario], event.follow[:1], event.follow[1:])
+            finally:
+                self._as_of = outer
+
+    def _release_terminates(self, now: float) -> None:
+        """Start approved Terminate events once none of their scale set is left unapproved.
+
+        The seed's rule: VM_2's approved deletion waits until VM_1's pending one is approved
+        or times out, and simultaneous deletions all need approval.
+        """
+        batches: dict[str, list[Event]] = {}
+        for event in self._events.values():
+            if event.active and event.status == SCHEDULED and event.event_type == TERMINATE:
+                for key in self._terminate_keys(event):
+                    batches.setdefault(key, []).append(event)
+        for batch in batches.values():
+            if all(self._approved(e) for e in batch):
+                for event in batch:
+                    if event.status == SCHEDULED:
+                        self._start(event, now)
+
+    def _terminate_keys(self, event: Event) -> set[str]:
+        keys = set()
+        for name in event.resources:
+            vm = self._vms.get(name.casefold())
+            keys.add(f"set:{vm.scale_set.casefold()}" if vm and vm.scale_set else f"vm:{name}")
+        return keys
 
     def _advance(self) -> None:
         if self._advancing:  # apply() below re-enters through add_event
@@ -527,7 +592,7 @@ class Simulator:
                 self.errors.append(f"scheduled {pending.spec.model_dump(exclude_none=True)}: {exc}")
             finally:
                 self._as_of = None
-        for event in self._events.values():
+        for event in list(self._events.values()):  # a rolling scenario adds as events end
             if not event.active:
                 continue
             if event.status == SCHEDULED:
@@ -544,6 +609,7 @@ class Simulator:
             started = event.started_at
             if event.status == STARTED and started is not None and now >= started + event.impact:
                 self._end(event, started + event.impact, "completed")
+        self._release_terminates(now)
 
     def _settle(self) -> None:
         """Advance time, then bump the incarnation of every VM whose event list changed."""

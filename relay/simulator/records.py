@@ -73,6 +73,7 @@ class Event:
     ended_at: float | None = None
     end_reason: str | None = None  # completed | cancelled | removed
     approved_by: list[str] = field(default_factory=list)
+    follow: list[str] = field(default_factory=list)  # rolling: VMs still to get this scenario
 
     @property
     def active(self) -> bool:

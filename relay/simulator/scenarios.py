@@ -61,7 +61,8 @@ class Scenario:
     summary: str
     status: str = "Scheduled"
     cancel_after: float | None = None
-    needs: Literal["spot", "scale-set"] | None = None
+    needs: Literal["spot", "scale-set", "set"] | None = None
+    rolling: bool = False  # one VM at a time, the next when the previous event ends
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -160,6 +161,30 @@ SCENARIOS: dict[str, Scenario] = {
             "Host server hardware failure; the virtual machine is being restarted.",
             "Reboot appearing directly as Started (NotBefore empty), removed after 10 min",
             status=STARTED,
+        ),
+        Scenario(
+            "predicted-failure",
+            REDEPLOY,
+            PLATFORM,
+            -1,
+            7 * 24 * 3600,
+            600,
+            "Host hardware is degraded and predicted to fail; the virtual machine will be "
+            "moved to another host. Redeploy it sooner to reduce the risk.",
+            "Redeploy, Platform, NotBefore 7 days ahead (degraded hardware), 10 min Started",
+        ),
+        Scenario(
+            "rolling-maintenance",
+            REBOOT,
+            PLATFORM,
+            -1,
+            900,
+            600,
+            "Host server is undergoing maintenance; the virtual machine will be restarted.",
+            "Reboot, Platform, one VM of a set at a time: the next gets its event when the "
+            "previous one's ends (default target: the first set)",
+            needs="set",
+            rolling=True,
         ),
     )
 }

@@ -234,6 +234,8 @@ def test_cli_lists_scenarios() -> None:
         "terminate",
         "cancelled",
         "hardware-failure",
+        "predicted-failure",
+        "rolling-maintenance",
     ]
 
 

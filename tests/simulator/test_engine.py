@@ -460,3 +460,87 @@ def test_state_describes_everything(clock: Clock) -> None:
     assert event["scenario"] == "live-migration" and event["seen_by"] == ["vm0"]
     assert state["faults"][0]["kind"] == "status"
     assert state["approvals"][0]["event_id"] == eid
+
+
+def test_comma_separated_targets(clock: Clock) -> None:
+    sim = make(clock, "a", "b")
+    sim.add_availability_set("as1", ["c", "d"])
+    (eid,) = sim.play("platform-reboot", target="a, as1,c")
+    assert sim.event(eid).resources == ["a", "c", "d"]
+    with pytest.raises(SimulatorError, match="names no VM"):
+        sim.play("platform-reboot", target=" , ")
+
+
+def test_approved_terminate_waits_for_the_pending_one_of_its_scale_set(clock: Clock) -> None:
+    """Seed 004: VM_2's approved deletion waits until VM_1's is approved or times out."""
+    sim = Simulator(clock=clock)
+    sim.add_scale_set("web", 3)
+    (first,) = sim.play("terminate", target="web_1")
+    clock.advance(60)
+    (second,) = sim.play("terminate", target="web_2")
+    sim.approve("web_2", [second])
+    assert sim.event(second).status == "Scheduled"
+    sim.approve("web_1", [first])
+    assert (sim.event(first).status, sim.event(second).status) == ("Started", "Started")
+
+
+def test_a_timed_out_terminate_releases_the_approved_ones(clock: Clock) -> None:
+    sim = Simulator(clock=clock)
+    sim.add_scale_set("web", 2)
+    (first,) = sim.play("terminate", target="web_0")
+    clock.advance(60)
+    (second,) = sim.play("terminate", target="web_1")
+    sim.approve("web_1", [second])
+    clock.advance(239)
+    assert sim.event(second).status == "Scheduled"
+    clock.advance(1)  # web_0's NotBefore passes: it goes, and web_1's approved one with it
+    assert (sim.event(first).status, sim.event(second).status) == ("Started", "Started")
+
+
+def test_simultaneous_terminates_all_need_approval(clock: Clock) -> None:
+    sim = Simulator(clock=clock)
+    sim.add_scale_set("web", 3)
+    ids = sim.play("terminate", target="web_0,web_1")
+    assert len(ids) == 2
+    nbs = {e["NotBefore"] for e in events(sim, "web_2")}
+    assert len(nbs) == 1  # same NotBefore
+    sim.approve("web_0", [ids[0]])
+    assert [sim.event(i).status for i in ids] == ["Scheduled", "Scheduled"]
+    sim.approve("web_1", [ids[1]])
+    assert [sim.event(i).status for i in ids] == ["Started", "Started"]
+
+
+def test_terminates_of_other_scale_sets_do_not_hold_each_other(clock: Clock) -> None:
+    sim = Simulator(clock=clock)
+    sim.add_scale_set("web", 1)
+    sim.add_scale_set("api", 1)
+    sim.play("terminate", target="web")
+    (api,) = sim.play("terminate", target="api")
+    sim.approve("api_0", [api])
+    assert sim.event(api).status == "Started"
+
+
+def test_rolling_maintenance_moves_one_vm_at_a_time(clock: Clock) -> None:
+    sim = make(clock, "solo")
+    sim.add_availability_set("as1", ["a", "b", "c"])
+    (first,) = sim.play("rolling-maintenance")  # default target: the first set
+    assert sim.event(first).resources == ["a"]
+    seen_by_c = [e["Resources"] for e in events(sim, "c")]
+    assert seen_by_c == [["a"]]
+    sim.approve("a", [first])
+    clock.advance(600)  # a's reboot ends; b gets its event
+    (second,) = events(sim, "c")
+    assert second["Resources"] == ["b"] and second["EventStatus"] == "Scheduled"
+    assert second["NotBefore"] == format_not_before(datetime.fromtimestamp(START + 600 + 900, UTC))
+    clock.advance(900 + 600)
+    assert [e["Resources"] for e in events(sim, "a")] == [["c"]]
+    clock.advance(900 + 600)
+    assert events(sim, "a") == [] and sim.idle
+    assert events(sim, "solo") == []
+
+
+def test_predicted_failure_is_days_ahead(clock: Clock) -> None:
+    sim = make(clock, "vm0")
+    (eid,) = sim.play("predicted-failure")
+    assert sim.event(eid).not_before == START + 7 * 24 * 3600
+    assert events(sim, "vm0")[0]["EventType"] == "Redeploy"
