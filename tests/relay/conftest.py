@@ -35,6 +35,13 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+def json_files(directory: Path) -> list[Path]:
+    """Complete message files, in name order (a half-written `.tmp-*` is not a message)."""
+    if not directory.exists():
+        return []
+    return sorted(p for p in directory.glob("*.json") if not p.name.startswith("."))
+
+
 @pytest.fixture
 def standin() -> Iterator[ServiceBusStandIn]:
     server = ServiceBusStandIn().start()

@@ -12,7 +12,7 @@ import requests
 
 from relay.signing import sign_headers
 from tests.conftest import free_port
-from tests.relay.conftest import KEY, wait_for
+from tests.relay.conftest import KEY, json_files, wait_for
 from tests.relay.servicebus_standin import ServiceBusStandIn
 
 FAST = [
@@ -41,7 +41,7 @@ def delivered_documents(standin: ServiceBusStandIn) -> list[dict[str, Any]]:
 def outbox_message_ids(state: Path) -> set[str]:
     from relay.models import parse_envelope
 
-    return {parse_envelope(p.read_text()).message_id() for p in (state / "outbox").glob("*.json")}
+    return {parse_envelope(p.read_text()).message_id() for p in json_files(state / "outbox")}
 
 
 def test_sigkill_mid_send_loses_nothing_and_keeps_order(
@@ -61,7 +61,7 @@ def test_sigkill_mid_send_loses_nothing_and_keeps_order(
     for _ in range(3):  # more changes pile up in the outbox behind the stuck send
         sim.add_event(event_type="Reboot", resources=["vm0"], notice=3600)
         behind = len(sim.history("vm0")) - 1  # all but the first, which was confirmed
-        wait_for(lambda n=behind: len(list((state / "outbox").glob("*.json"))) >= n)
+        wait_for(lambda n=behind: len(list(json_files(state / "outbox"))) >= n)
     pending = outbox_message_ids(state)
     relay.kill()
     standin.release()
@@ -69,7 +69,7 @@ def test_sigkill_mid_send_loses_nothing_and_keeps_order(
 
     relay_process(*args)
     wait_for(lambda: len(delivered_documents(standin)) == len(sim.history("vm0")))
-    wait_for(lambda: not list((state / "outbox").glob("*.json")))
+    wait_for(lambda: not list(json_files(state / "outbox")))
     assert delivered_documents(standin) == sim.history("vm0")
     assert pending <= {m.message_id for m in standin.messages}
     assert standin.duplicates >= 1  # the resend of the unconfirmed message, dropped
@@ -100,7 +100,7 @@ def test_repeated_sigkill_at_random_moments(
     relay_process(*args)
     final = sim.history("vm0")[-1]
     wait_for(lambda: delivered_documents(standin)[-1:] == [final])
-    wait_for(lambda: not list((state / "outbox").glob("*.json")))
+    wait_for(lambda: not list(json_files(state / "outbox")))
     received = {m.message_id for m in standin.messages}
     assert durable <= received  # whatever reached the outbox reached Service Bus
     incarnations = [d["DocumentIncarnation"] for d in delivered_documents(standin)]
@@ -130,8 +130,8 @@ def test_callback_hooks_and_identity_from_compute_metadata(
         *FAST,
     )
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: forward.exists() and list(forward.iterdir()))
-    envelope = json.loads(next(forward.iterdir()).read_text())
+    wait_for(lambda: json_files(forward))
+    envelope = json.loads(json_files(forward)[0].read_text())
     assert envelope["vm"]["name"] == "web_3"
     assert envelope["vm"]["scale_set"] == "web"
     assert envelope["vm"]["callback_url"] == url

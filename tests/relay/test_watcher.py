@@ -19,7 +19,7 @@ from relay.models import VmRef
 from relay.outbox import Outbox
 from relay.senders import FileSender, SendLoop
 from relay.watcher import Watcher
-from tests.relay.conftest import wait_for
+from tests.relay.conftest import json_files, wait_for
 
 
 class Running:
@@ -43,9 +43,7 @@ class Running:
         self.thread.start()
 
     def envelopes(self, kind: str | None = None) -> list[dict[str, Any]]:
-        if not self.forward.exists():
-            return []
-        found = [json.loads(p.read_text()) for p in sorted(self.forward.iterdir())]
+        found = [json.loads(p.read_text()) for p in json_files(self.forward)]
         return [e for e in found if kind is None or e["kind"] == kind]
 
     def documents(self) -> list[dict[str, Any]]:
