@@ -1,0 +1,98 @@
+"""Key Vault: RBAC mode, recoverable, secrets only when given, all secret inputs @secure."""
+
+from __future__ import annotations
+
+from tests.infra.bicep import dotted, load
+
+KV = load("keyvault")
+SECRET_PARAMS = (
+    "relayKey",
+    "pagerdutyRoutingKey",
+    "teamsWebhookUrl",
+    "webhookUrl",
+    "webhookSecret",
+)
+
+
+def test_vault_is_rbac_soft_delete_purge_protected() -> None:
+    (vault,) = KV.resources("Microsoft.KeyVault/vaults")
+    props = vault.body["properties"]
+    assert props["enableRbacAuthorization"] is True
+    assert props["enableSoftDelete"] is True
+    assert props["enablePurgeProtection"] is True
+    assert props["softDeleteRetentionInDays"] >= 7
+    assert "accessPolicies" not in props
+    acls = props["networkAcls"]
+    assert acls["defaultAction"] == "networkDefaultAction"
+    assert KV.param_default("networkDefaultAction") == "Deny"
+
+
+def test_secret_inputs_are_secure_everywhere() -> None:
+    main = load("main")
+    for name in SECRET_PARAMS:
+        assert KV.decorator(name, "secure"), f"keyvault.{name}"
+        assert main.decorator(name, "secure"), f"main.{name}"
+    assert KV.decorator("relayKey", "min_length") >= 32
+    assert main.decorator("relayKey", "min_length") >= 32
+    assert KV.params["relayKey"]["default"] is None
+    for name in SECRET_PARAMS[1:]:
+        assert KV.param_default(name) == ""
+
+
+def test_each_secret_is_created_only_when_given() -> None:
+    secrets = {
+        r.symbol: r for r in KV.resources("Microsoft.KeyVault/vaults/secrets") if not r.existing
+    }
+    assert len(secrets) == 5
+    by_value = {r.body["properties"]["value"]: r for r in secrets.values()}
+    assert set(by_value) == set(SECRET_PARAMS)
+    assert by_value["relayKey"].condition is None  # always: approvals need it
+    for name in SECRET_PARAMS[1:]:
+        condition = by_value[name].condition
+        assert condition == {
+            "operator": {
+                "type": "not",
+                "operands": {
+                    "bool_value": {
+                        "function": {"type": "empty", "parameters": {"item_to_test": name}}
+                    }
+                },
+            }
+        }, name
+    for secret in secrets.values():
+        assert secret.body["properties"]["contentType"].startswith("text/")
+        assert dotted(secret.body["name"]).startswith("names.")
+
+
+def test_has_flags_match_the_secret_conditions() -> None:
+    for flag, param in (
+        ("hasPagerduty", "pagerdutyRoutingKey"),
+        ("hasTeams", "teamsWebhookUrl"),
+        ("hasWebhookUrl", "webhookUrl"),
+        ("hasWebhookSecret", "webhookSecret"),
+    ):
+        value = KV.outputs[flag]["value"]
+        assert value["operator"]["operands"]["bool_value"]["function"]["parameters"] == {
+            "item_to_test": param
+        }
+
+
+def _secret_uses(node, secrets):
+    """Secret params a value exposes; `empty(secret)` only tells whether one is set."""
+    if isinstance(node, str):
+        return {node} & secrets
+    if isinstance(node, dict):
+        if node.get("function", {}).get("type") == "empty":
+            return set()
+        return set().union(*(_secret_uses(v, secrets) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_secret_uses(v, secrets) for v in node))
+    return set()
+
+
+def test_no_secret_value_is_output() -> None:
+    assert _secret_uses({"a": ["relayKey"]}, set(SECRET_PARAMS)) == {"relayKey"}
+    for template in (KV, load("main")):
+        for name, output in template.outputs.items():
+            used = _secret_uses(output["value"], set(SECRET_PARAMS))
+            assert not used, f"{template.path.name} output {name} exposes {used}"

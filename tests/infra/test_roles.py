@@ -1,0 +1,167 @@
+"""Least privilege: built-in roles only, each scoped to one entity, to the right identity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from tests.infra.bicep import (
+    ROLE_NAMES,
+    Resource,
+    Template,
+    bicep_files,
+    dotted,
+    load,
+    module_params,
+    role_definition_guid,
+    scope_symbol,
+)
+
+ASSIGNMENT = "Microsoft.Authorization/roleAssignments"
+
+# The entity types a role may be scoped to. Never a resource group or a subscription, and
+# never a whole Key Vault or Service Bus namespace.
+ENTITY_TYPES = {
+    "Microsoft.ServiceBus/namespaces/queues",
+    "Microsoft.ServiceBus/namespaces/topics",
+    "Microsoft.ServiceBus/namespaces/topics/subscriptions",
+    "Microsoft.Storage/storageAccounts",
+    "Microsoft.Storage/storageAccounts/blobServices/containers",
+    "Microsoft.KeyVault/vaults/secrets",
+    "Microsoft.Insights/components",
+}
+
+
+@dataclass(frozen=True)
+class Grant:
+    module: str
+    scope: str
+    role: str
+    principal: str
+
+
+def _assignments() -> list[tuple[Template, Resource]]:
+    found = []
+    for path in bicep_files():
+        template = Template.load(path)
+        found.extend((template, a) for a in template.resources(ASSIGNMENT))
+    return found
+
+
+def _grants() -> set[Grant]:
+    return {
+        Grant(
+            module=t.path.stem,
+            scope=scope_symbol(a) or "",
+            role=ROLE_NAMES.get(role_definition_guid(t, a), "?"),
+            principal=a.body["properties"]["principalId"],
+        )
+        for t, a in _assignments()
+    }
+
+
+def test_there_are_role_assignments() -> None:
+    assert len(_assignments()) >= 12
+
+
+@pytest.mark.parametrize(
+    ("template", "assignment"), _assignments(), ids=lambda x: getattr(x, "symbol", "")
+)
+def test_assignment_is_builtin_entity_scoped_and_unique(template, assignment) -> None:
+    guid = role_definition_guid(template, assignment)
+    assert guid in ROLE_NAMES, f"{assignment.symbol}: {guid} is not a known built-in role"
+    scope = scope_symbol(assignment)
+    assert scope, f"{assignment.symbol} has no scope: it would apply to the whole resource group"
+    target = template.resource(scope)
+    assert target.type in ENTITY_TYPES, f"{assignment.symbol} scoped to a {target.type}"
+    props = assignment.body["properties"]
+    assert props["principalType"] == "ServicePrincipal"
+    assert props["principalId"] in template.params
+    # The name (a GUID) covers scope, principal and role, so no two assignments collide.
+    name = assignment.body["name"]["function"]
+    assert name["type"] == "guid"
+    args = list(name["parameters"].values())
+    assert props["principalId"] in args
+    role_arg = props["roleDefinitionId"]["function"]["parameters"]["resource_name_1"]
+    assert role_arg in args
+
+
+def test_the_relays_may_only_send_documents_and_read_the_relay_key() -> None:
+    relay = {g for g in _grants() if g.principal == "relayPrincipalId"}
+    assert relay == {
+        Grant("servicebus", "documents", "Azure Service Bus Data Sender", "relayPrincipalId"),
+        Grant("keyvault", "relayKeySecret", "Key Vault Secrets User", "relayPrincipalId"),
+    }
+
+
+def test_the_function_app_gets_exactly_what_it_uses() -> None:
+    fn = {(g.module, g.scope, g.role) for g in _grants() if g.principal == "functionPrincipalId"}
+    assert fn == {
+        ("servicebus", "documents", "Azure Service Bus Data Receiver"),
+        ("servicebus", "notifications", "Azure Service Bus Data Sender"),
+        ("servicebus", "notifications", "Azure Service Bus Data Receiver"),
+        ("storage", "deploymentContainer", "Storage Blob Data Owner"),
+        ("storage", "hostContainers", "Storage Blob Data Contributor"),
+        ("storage", "account", "Storage Table Data Contributor"),
+        ("keyvault", "relayKeySecret", "Key Vault Secrets User"),
+        ("keyvault", "pagerdutySecret", "Key Vault Secrets User"),
+        ("keyvault", "teamsSecret", "Key Vault Secrets User"),
+        ("keyvault", "webhookUrlSecret", "Key Vault Secrets User"),
+        ("keyvault", "webhookSecretSecret", "Key Vault Secrets User"),
+        ("monitoring", "appInsights", "Monitoring Metrics Publisher"),
+    }
+
+
+def test_no_other_principal_gets_a_role() -> None:
+    assert {g.principal for g in _grants()} == {"relayPrincipalId", "functionPrincipalId"}
+
+
+def test_scopes_are_the_named_entities() -> None:
+    sb = load("servicebus")
+    assert sb.resource("documents").type == "Microsoft.ServiceBus/namespaces/queues"
+    assert sb.variables[sb.resource("documents").body["name"]] == "documents"
+    assert sb.variables[sb.resource("notifications").body["name"]] == "notifications"
+    st = load("storage")
+    container = st.resource("deploymentContainer").body["name"]
+    assert container == "deploymentContainerName"
+    kv = load("keyvault")
+    assert dotted(kv.resource("relayKeySecret").body["name"]) == "names.relayKey"
+    assert kv.variables["names"]["relayKey"] == "relay-key"
+
+
+def test_conditional_secret_grants_follow_their_secret() -> None:
+    kv = load("keyvault")
+    for assignment in kv.resources(ASSIGNMENT):
+        target = kv.resource(scope_symbol(assignment))
+        assert assignment.condition == target.condition, assignment.symbol
+    assert kv.resource("relayKeySecret").condition is None
+
+
+def test_main_wires_each_identity_to_its_own_principal_param() -> None:
+    main = load("main")
+    seen = set()
+    for symbol in main.modules:
+        params = module_params(main, symbol)
+        for name, want in (
+            ("relayPrincipalId", "relayIdentity.properties.principalId"),
+            ("functionPrincipalId", "functionIdentity.properties.principalId"),
+        ):
+            if name in params:
+                assert dotted(params[name]) == want, f"{symbol}.{name}"
+                seen.add(name)
+    assert seen == {"relayPrincipalId", "functionPrincipalId"}
+    assert not main.resources(ASSIGNMENT), "main.bicep must not grant roles itself"
+
+
+def test_identities_are_user_assigned_and_the_vms_use_the_relay_one() -> None:
+    main = load("main")
+    identities = {
+        r.symbol for r in main.resources("Microsoft.ManagedIdentity/userAssignedIdentities")
+    }
+    assert identities == {"relayIdentity", "functionIdentity"}
+    for symbol in ("exampleScaleSet", "exampleVm"):
+        assert dotted(module_params(main, symbol)["relayIdentityId"]) == "relayIdentity.id"
+    fn = module_params(main, "functionApp")
+    assert dotted(fn["identityId"]) == "functionIdentity.id"
+    assert dotted(fn["identityClientId"]) == "functionIdentity.properties.clientId"
