@@ -52,9 +52,11 @@ class RetryPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    attempts: int = 4
-    backoff_seconds: float = 1.0  # first wait; doubles each time, with jitter
-    max_wait_seconds: float = 20.0  # cap for one wait, including a Retry-After
+    # About 30 s per invocation (waits of ~2, 4, 8, 16 s); with maxDeliveryCount 10 on the
+    # channel subscriptions a receiver gets roughly five minutes to come back.
+    attempts: int = 5
+    backoff_seconds: float = 2.0  # first wait; doubles each time, with jitter (50-100 %)
+    max_wait_seconds: float = 30.0  # cap for one wait, including a Retry-After
     connect_timeout: float = 5.0
     read_timeout: float = 15.0
 

@@ -3,11 +3,13 @@
 Failures are sorted into what Service Bus should do with the message:
 - returns normally: delivered, or nothing to send (the message is completed);
 - RetryableDeliveryError: redeliver (after this invocation's own short retries);
-- PermanentDeliveryError / InvalidNotification: the body can never succeed. Python
-  functions cannot dead-letter a message themselves, so it is raised as well, without any
-  retry; each redelivery fails the same way at once (the channel's rejection is remembered
-  per worker so the receiver is not asked again) and after maxDeliveryCount Service Bus
-  moves it to the subscription's dead-letter queue. The reason is logged each time.
+- PermanentDeliveryError / InvalidNotification: the body can never succeed. A function
+  bound to azure.functions.ServiceBusMessage cannot settle (dead-letter) its message, and
+  the preview SDK-type binding that could is not worth a beta dependency, so it is raised
+  as well, without any retry; each redelivery fails the same way at once (the channel's
+  rejection is remembered per worker so the receiver is not asked again) and after
+  maxDeliveryCount Service Bus moves it to the subscription's dead-letter queue. The
+  reason is logged each time.
 """
 
 from __future__ import annotations
