@@ -171,28 +171,43 @@ def _report(
 ) -> None:
     store = pipeline.store
     claimed: list[Transition] = []
+    made: list[bool] = []  # whether this write made the decision (vs. re-announcing it)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         claimed.clear()
+        made.clear()
         updated, transitions = report(rec, event, envelope.vm, now)
         claimed.extend(transitions)
-        if updated is not None and updated.decision is None and not updated.ended:
-            decision = decide(pipeline.settings.policy, event, now, tuple(updated.scale_sets))
-            updated.decision = decision
-            updated.decided_at = now
-            key = (Transition.POLICY_INVALID if decision.policy_error else Transition.DECIDED).value
-            if key not in updated.announced:
-                updated.announced[key] = f"pending:{now.isoformat()}"
-                claimed.append(Transition(key))
+        target = updated if updated is not None else rec
+        if target is None or target.ended:
+            return updated
+        if target.decision is None:
+            target.decision = decide(pipeline.settings.policy, event, now, tuple(target.scale_sets))
+            target.decided_at = now
+            made.append(True)
+        # Claimed here also when a failed publish released the claim: the redelivery
+        # announces the decision it could not announce before.
+        key = (
+            Transition.POLICY_INVALID if target.decision.policy_error else Transition.DECIDED
+        ).value
+        if key not in target.announced:
+            target.announced[key] = f"pending:{now.isoformat()}"
+            claimed.append(Transition(key))
+            return target
         return updated
 
     record, won = store.mutate_event(event.event_id, change)
     if not won or record is None:
         return
-    decided_now = any(t in (Transition.DECIDED, Transition.POLICY_INVALID) for t in claimed)
     approve_now = False
-    if decided_now:
+    if made:
         record, approve_now = _after_decision(record, event, pipeline, now)
+    elif Transition.DECIDED in claimed:
+        approve_now = (
+            record.approval == "pending"
+            and record.approve_after is None
+            and record.approval_reason != "capacity"
+        )
     announce_first = [t for t in claimed if t in (Transition.SCHEDULED, Transition.STARTED)]
     rest = [t for t in claimed if t not in announce_first]
     publish_claimed(

@@ -16,7 +16,7 @@ from functions.approve import ApprovalResult, approve_event
 from functions.ingest import Pipeline, acquire_capacity, end_event, needs_capacity
 from functions.notifications import Notification, Transition
 from functions.state import EventRecord, VmRecord
-from relay.models import SCHEDULED
+from relay.models import SCHEDULED, TERMINATE
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
     vms = {vm.name: vm for vm in pipeline.store.list_vms()}
     silent = {name for name, vm in vms.items() if _is_silent(vm, now, silent_after)}
     for name in sorted(silent):
+        if _deleted_by_terminate(pipeline, vms[name]):
+            continue  # a scale-in deleted it: its silence is expected, not an incident
         if _announce_silence(pipeline, vms[name], now):
             out.silent.append(name)
     for record in pipeline.store.list_events():
@@ -48,6 +50,19 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
 
 def _is_silent(vm: VmRecord, now: datetime, silent_after: timedelta) -> bool:
     return vm.last_seen is not None and now - vm.last_seen > silent_after
+
+
+def _deleted_by_terminate(pipeline: Pipeline, vm: VmRecord) -> bool:
+    """Its last document held a Terminate naming it, so the VM was (being) deleted."""
+    for event_id in vm.event_ids:
+        record = pipeline.store.get_event(event_id)
+        if (
+            record is not None
+            and record.event_type.casefold() == TERMINATE.casefold()
+            and any(name.casefold() == vm.name.casefold() for name in record.resources)
+        ):
+            return True
+    return False
 
 
 def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime) -> bool:
