@@ -32,9 +32,20 @@ ALWAYS_PAGE = {
 RESOLVING = frozenset({Transition.COMPLETED, Transition.CANCELLED})
 
 
+# Progress, not alarms: never a trigger, even for an event whose decision pages.
+PROGRESS = frozenset(
+    {Transition.SCHEDULED, Transition.APPROVED, Transition.STARTED, Transition.DRAIN_STARTED}
+)
+
+
 def action_for(note: Notification) -> Literal["trigger", "resolve"] | None:
     if note.transition in RESOLVING:
         return "resolve"
+    # The announcer (functions.announce) sets `page` from the policy's POLICY__PAGE__*
+    # settings; when present it is the authority. Without it, the defaults below apply.
+    explicit = getattr(note, "page", None)
+    if isinstance(explicit, bool):
+        return "trigger" if explicit and note.transition not in PROGRESS else None
     if note.transition in ALWAYS_PAGE:
         return "trigger"
     if note.transition is Transition.DECIDED and note.decision is not None and note.decision.page:

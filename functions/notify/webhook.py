@@ -42,6 +42,7 @@ def build_body(note: Notification) -> dict[str, Any]:
         "detail": note.detail,
         "links": note.links.model_dump(mode="json"),
         "occurrence": note.occurrence,
+        "page": getattr(note, "page", None),
     }
 
 

@@ -230,3 +230,38 @@ def test_the_azure_handlers_read_app_settings(
         assert trigger.topic_name == "%NOTIFICATIONS_TOPIC%"
         assert trigger.subscription_name == name.removeprefix("notify_")
         assert trigger.connection == "ServiceBusConnection"
+
+
+def test_with_the_announcers_own_notifications(fleet: Fleet) -> None:
+    """Notifications as functions.announce builds them (with its `page` flag per transition)."""
+    from functions.announce import build
+    from functions.policy import Policy
+    from functions.state import EventRecord
+
+    snapshot = event("EV-P", event_type="Preempt")
+    record = EventRecord(
+        event_id="EV-P",
+        event_type="Preempt",
+        event_status="Scheduled",
+        resources=list(snapshot.resources),
+        not_before=snapshot.not_before,
+        scale_sets=["web"],
+        first_seen=snapshot.first_seen,
+        reporters={"web_0": "Scheduled", "web_1": "Scheduled"},
+        decision=decision(action="hold", rule="preempt", page=True, severity="critical"),
+    )
+    flow = [
+        Transition.SCHEDULED,
+        Transition.DECIDED,
+        Transition.APPROVAL_FAILED,
+        Transition.STARTED,
+        Transition.COMPLETED,
+    ]
+    for _vm in range(2):
+        fleet.publish(*(build(record, t, snapshot.first_seen, Policy()) for t in flow))
+    fleet.pump()
+    assert fleet.actions() == [("trigger", "EV-P"), ("trigger", "EV-P"), ("resolve", "EV-P")]
+    assert [b["payload"]["class"] for b in fleet.pagerduty.bodies()[:2]] == ["Preempt"] * 2
+    titles = fleet.card_titles()
+    assert titles[0] == "Spot eviction scheduled: 2 VMs in scale set web"
+    assert len(titles) == 4  # decided card, approval failed, started, completed

@@ -134,3 +134,22 @@ def test_limits_hold_for_huge_inputs() -> None:
     payload = assert_valid_trigger(body)
     assert len(body["dedup_key"]) == 255
     assert len(payload["summary"]) == 1024 and payload["summary"].endswith("…")
+
+
+@pytest.mark.parametrize(
+    ("transition", "page", "action"),
+    [
+        (Transition.APPROVAL_FAILED, False, None),  # the operator took it off POLICY__PAGE__*
+        (Transition.DECIDED, True, "trigger"),
+        (Transition.DECIDED, False, None),
+        (Transition.OVERDUE, True, "trigger"),  # the operator added it
+        (Transition.STARTED, True, None),  # progress of a paged event is not a new alarm
+        (Transition.APPROVED, True, None),
+        (Transition.COMPLETED, False, "resolve"),
+    ],
+)
+def test_the_announcers_page_flag_is_the_authority(
+    transition: Transition, page: bool, action: str | None
+) -> None:
+    item = note(transition, event(), decision(page=not page), page=page)
+    assert pagerduty.action_for(item) == action
