@@ -219,6 +219,61 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
 # --------------------------------------------------------------------------- watching IMDS
 
 
+class Subscription:
+    """One topic subscription: its own queue and worker, so a slow or failing channel
+    delays nobody else (not the other channels, not ingest, not an approval).
+
+    Like Service Bus: a handler that raises gets the message again (up to
+    `max_delivery_count`), then it is dead-lettered for this subscription only.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        handler: Callable[[Any], Any],
+        on_done: Callable[[str, Any, Any, str | None], None] | None = None,
+        max_delivery_count: int = 3,
+    ) -> None:
+        self.name = name
+        self.handler = handler
+        self.on_done = on_done
+        self.max_delivery_count = max_delivery_count
+        self.dead_letters: list[tuple[Any, str]] = []
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"sub-{name}", daemon=True)
+
+    def start(self) -> Subscription:
+        self._thread.start()
+        return self
+
+    def put(self, note: Any) -> None:
+        self._queue.put(note)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        while (note := self._queue.get()) is not _STOP:
+            result: Any = None
+            error: str | None = None
+            for _ in range(self.max_delivery_count):
+                try:
+                    result = self.handler(note)
+                    error = None
+                    break
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    time.sleep(0.2)
+            if error:
+                self.dead_letters.append((note, error))
+            if self.on_done is not None:
+                self.on_done(self.name, note, result, error)
+
+
+_STOP = object()
+
+
 @dataclass(frozen=True)
 class Delivery:
     """One notification handed to one channel, and what came of it."""
@@ -435,6 +490,9 @@ class Demo:
         self.deliveries: list[Delivery] = []
         self.drain_results: list[Any] = []
         self.publisher: Any = None
+        self.channels: list[str] = []
+        self.subscriptions: list[Subscription] = []
+        self._unsaid: dict[str, tuple[str, str, str, set[str]]] = {}
         self.inbox: Path | None = None
         self._hook_lines_seen = 0
 
@@ -547,8 +605,9 @@ class Demo:
             self.timeline.add("decide", "policy", f"INVALID: {self.settings.policy.error}", False)
         self.store = Store.from_settings(self.settings).ensure_tables()
         self.publisher = LocalPublisher()
-        self._subscribe_channels()
+        # The timeline first (it notes what is announced), then one subscription per channel.
         self.publisher.subscribe("timeline", self._announced)
+        self._subscribe_channels()
         if "terminate workflow" not in self.missing:
             self._start_terminate()
         self.host = LocalHost(
@@ -577,7 +636,18 @@ class Demo:
         from functions.notify.dispatch import CHANNELS, deliver
         from functions.notify.settings import ChannelSettings
 
+        env = self.options.env
         local: dict[str, Any] = {}
+        # Real endpoints from the environment, passed explicitly (the demo may run with an
+        # environment of its own, as the end-to-end tests do).
+        if "teams" in self.external:
+            local["teams_webhook_url"] = env["TEAMS_WEBHOOK_URL"]
+        if "pagerduty" in self.external:
+            local["pagerduty_routing_key"] = env["PAGERDUTY_ROUTING_KEY"]
+            local["pagerduty_events_url"] = self.external["pagerduty"]
+        if "webhook" in self.external:
+            local["webhook_url"] = env["WEBHOOK_URL"]
+            local["webhook_secret"] = env.get("WEBHOOK_SECRET", "")
         if "teams" in self.receivers:
             local["teams_webhook_url"] = self.receivers["teams"].url
         if "pagerduty" in self.receivers:
@@ -601,17 +671,16 @@ class Demo:
                 self.timeline.add("demo", channel, f"channel off: {off}")
                 continue
 
-            def handler(note: Any, channel: str = channel) -> None:
-                try:
-                    posted = deliver(
-                        channel, note.to_json(), settings=channel_settings, transport=transport
-                    )
-                except Exception as exc:
-                    self._record_delivery(channel, note, False, f"{type(exc).__name__}: {exc}")
-                    raise
-                self._record_delivery(channel, note, posted, None)
+            def handler(note: Any, channel: str = channel) -> bool:
+                return deliver(
+                    channel, note.to_json(), settings=channel_settings, transport=transport
+                )
 
-            self.publisher.subscribe(channel, handler)
+            subscription = Subscription(channel, handler, on_done=self._channel_done).start()
+            self.subscriptions.append(subscription)
+            self.stack.callback(subscription.stop)
+            self.channels.append(channel)
+            self.publisher.subscribe(channel, subscription.put)
 
     def _record_delivery(self, channel: str, note: Any, posted: bool, error: str | None) -> None:
         with self._lock:
@@ -861,7 +930,7 @@ class Demo:
             )
 
     def _announced(self, note: Any) -> None:
-        """The timeline's subscription, after the channels': what was announced, who was told."""
+        """The timeline's subscription: what was announced; the channels then say who was told."""
         from functions.notify.describe import decision_text, headline
 
         event = note.event
@@ -880,17 +949,32 @@ class Demo:
         if note.detail and transition != "decided":
             text += f" ({note.detail})"
         with self._lock:
-            told = [
-                d
-                for d in self.deliveries
-                if d.message_id == note.message_id() and (d.posted or d.error)
-            ]
+            if self.channels:
+                self._unsaid[note.message_id()] = (kind, subject, text, set(self.channels))
+                return
+        self.timeline.add(kind, subject, f"{text} → no channel")
+
+    def _channel_done(self, channel: str, note: Any, posted: Any, error: str | None) -> None:
+        """Called by each channel's subscription; the last one prints who was told."""
+        self._record_delivery(channel, note, bool(posted) and error is None, error)
+        key = note.message_id()
+        with self._lock:
+            unsaid = self._unsaid.get(key)
+            if unsaid is None:
+                return
+            kind, subject, text, waiting = unsaid
+            waiting.discard(channel)
+            if waiting:
+                return
+            del self._unsaid[key]
+            told = [d for d in self.deliveries if d.message_id == key and (d.posted or d.error)]
+        told.sort(key=lambda d: self.channels.index(d.channel))
         names = [
             f"{d.channel}{' ' + d.action if d.action else ''}"
             + (f" FAILED: {d.error}" if d.error else "")
             for d in told
         ]
-        text += f" → told {', '.join(names)}" if names else " → no channel"
+        text += f" → told {', '.join(names)}" if names else " → no channel sends this"
         failed = any(d.error for d in told)
         self.timeline.add(kind, subject, text, ok=False if failed else None)
 
@@ -1067,12 +1151,15 @@ class Demo:
         out = []
         with self._lock:
             errors = [d for d in self.deliveries if d.error]
-        rejected = [r for rec in self.receivers.values() for r in rec.received if not r.accepted]
+        # A payload the service would refuse (not an injected outage) is a failure.
+        rejected = [r for rec in self.receivers.values() for r in rec.received if r.problems]
         detail = "; ".join(
             [f"{d.channel} {d.message_id}: {d.error}" for d in errors[:3]]
             + [f"{r.channel} answered {r.status}: {'; '.join(r.problems)}" for r in rejected[:3]]
         )
-        dead = len(self.publisher.dead_letters)
+        dead = len(self.publisher.dead_letters) + sum(
+            len(sub.dead_letters) for sub in self.subscriptions
+        )
         out.append(
             Outcome(
                 "every notification was accepted by its channel",
