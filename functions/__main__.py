@@ -38,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _explain(load, file: str, now_text: str | None) -> int:
-    raw = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+    try:
+        raw = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+        now = datetime.fromisoformat(now_text) if now_text else datetime.now(UTC)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        print(f"{file}: {exc}", file=sys.stderr)
+        return 2
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -55,7 +60,6 @@ def _explain(load, file: str, now_text: str | None) -> int:
     except DocumentError as exc:
         print(f"{file}: {exc}", file=sys.stderr)
         return 2
-    now = datetime.fromisoformat(now_text) if now_text else datetime.now(UTC)
     if now.tzinfo is None:
         now = now.replace(tzinfo=UTC)
     for event in document.events if document else ():

@@ -216,7 +216,7 @@ class Store:
         rk: str,
         change: Callable[[R | None], R | None],
         extra: Callable[[R], dict[str, Any]],
-        attempts: int = 60,
+        attempts: int = 120,
     ) -> tuple[R | None, bool]:
         """Optimistic read-modify-write. `change` gets the current row (or None) and returns
         the new row, or None for "nothing to change". It may run several times, so it must
