@@ -3,8 +3,8 @@
 Runs for a `decided` notification whose event is a `Terminate` with action `drain` (the
 `terminate` subscription). Steps, each run at most once fleet-wide (terminate_store):
   announce drain_started → HTTP drain hook (DRAIN__HTTP_URL) → relay hook script on each
-  instance (DRAIN__RELAY_HOOK) → [on failure: announce drain_failed, then approve or hold
-  per DRAIN__ON_FAILURE] → approve through a relay.
+  instance, all at once (DRAIN__RELAY_HOOK) → [on failure: announce drain_failed, then
+  approve or hold per DRAIN__ON_FAILURE] → approve through a relay.
 Deadline = NotBefore - DRAIN__SAFETY_MARGIN_SECONDS. Drain steps must end
 DRAIN__APPROVE_RESERVE_SECONDS before it, each within DRAIN__STEP_TIMEOUT_SECONDS; approval
 gives up at the deadline. A step that cannot start in time fails ("no time left") rather
@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 WAIT_POLL_SECONDS = 1.0  # how often a second invocation re-reads a step another one runs
 ANNOUNCE_LEASE_SECONDS = 60.0  # announcements go out even after the deadline
+MAX_PARALLEL_HOOKS = 16
 
 # approve_event's "skipped" reasons that mean the approval is settled without us.
 SETTLED = frozenset({"already approved", "another caller is approving it", "event already started"})
@@ -270,16 +272,22 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         )
     if settings.relay_hook:
         hook = settings.relay_hook
-        for vm in event.resources:
+
+        def on_vm(vm: str) -> StepRecord:
             callback = ctx.callback_url(vm)
-            drain_steps.append(
-                steps.once(
-                    f"hook:{vm}",
-                    budget(clock.now(), drain_until, settings.step_timeout_seconds),
-                    _hook_action(ctx, settings, hook, vm, callback, event.event_id),
-                    rerun_if_lost=True,
-                )
+            return steps.once(
+                f"hook:{vm}",
+                budget(clock.now(), drain_until, settings.step_timeout_seconds),
+                _hook_action(ctx, settings, hook, vm, callback, event.event_id),
+                rerun_if_lost=True,
             )
+
+        # Every instance drains at the same time: the notice is the same for all of them.
+        workers = max(1, min(MAX_PARALLEL_HOOKS, len(event.resources)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="drain-hook") as pool:
+            futures = [pool.submit(on_vm, vm) for vm in event.resources]
+            wait(futures)
+        drain_steps.extend(future.result() for future in futures)  # re-raises the first error
     if not plan:
         log.warning("drain %s: no DRAIN__HTTP_URL or DRAIN__RELAY_HOOK; approving", event.event_id)
     failures = [

@@ -109,3 +109,18 @@ def test_a_restart_mid_workflow_resumes_without_rerunning_finished_steps(
     assert sorted(fleet.runs()) == [f"web_0 {event_id}", f"web_1 {event_id}"]
     assert harness.transitions() == ["drain_started"]
     assert len(harness.approvals.calls) == 1
+
+
+def test_instances_drain_at_the_same_time(harness: Harness, relays: Callable[..., Relays]) -> None:
+    fleet = relays(count=3, hook_seconds=0.5)
+    harness.callbacks.update(fleet.urls)
+    names = ("web_0", "web_1", "web_2")
+    event_id = fleet.sim.add_event("Terminate", resources=list(names), notice=300)
+    result = run_drain(
+        terminate_note(event_id, resources=names), settings(relay_hook="drain"), harness.context()
+    )
+    assert result.outcome == "approved"
+    hooks = [result.steps[f"hook:{vm}"] for vm in names]
+    first_done = min(step.finished_at for step in hooks if step.finished_at)
+    assert all(step.started_at < first_done for step in hooks)  # they overlapped
+    assert sorted(fleet.runs()) == sorted(f"{vm} {event_id}" for vm in names)
