@@ -5,6 +5,12 @@ place the relay can do harm. It therefore trusts nothing it is sent: the signatu
 valid, fresh and unseen, and each EventId must be, in an IMDS read made for this request,
 present, still `Scheduled` and naming this VM. Any doubt refuses the whole request and
 approves nothing.
+
+Answers (JSON): 200 `{"imds_status": 200, "results": {EventId: "approved"}}`; 502 with the
+same shape when IMDS refused the StartRequests; 4xx/5xx `{"error": reason}` (for /v1/start
+refusals also `"results": {EventId: verdict}`) and nothing approved. A byte-identical request
+(same second, same body) is a replay: callers repeating within a second add any extra field,
+e.g. a "Nonce".
 """
 
 from __future__ import annotations
@@ -122,7 +128,7 @@ class CallbackApp:
         if len({i.casefold() for i in ids}) != len(ids):
             raise Refused(400, "duplicate EventIds")
         document = self._fresh_document()
-        checks: list[dict[str, str]] = []
+        checks: dict[str, str] = {}
         refusal: tuple[int, str] | None = None
         canonical: list[str] = []
         for event_id in ids:
@@ -136,7 +142,7 @@ class CallbackApp:
             else:
                 verdict, code = "ok", 0
                 canonical.append(scheduled.event_id)
-            checks.append({"EventId": event_id, "result": verdict})
+            checks[event_id] = verdict
             if code and refusal is None:
                 refusal = (code, verdict)
         if refusal is not None:
@@ -156,7 +162,7 @@ class CallbackApp:
         )
         body = {
             "imds_status": status,
-            "results": [{"EventId": i, "result": outcome} for i in canonical],
+            "results": {i: outcome for i in canonical},
         }
         if status != 200:
             body["imds_body"] = text[:200]

@@ -60,7 +60,7 @@ def test_a_valid_request_approves_in_imds(simulator: Any, relay: Any) -> None:
     assert response.status_code == 200, response.text
     assert response.json() == {
         "imds_status": 200,
-        "results": [{"EventId": event_id, "result": "approved"}],
+        "results": {event_id: "approved"},
     }
     [approval] = sim.approvals
     assert (approval.vm, approval.event_id) == ("vm0", event_id)
@@ -150,10 +150,7 @@ def test_one_bad_id_refuses_the_whole_request(simulator: Any, relay: Any) -> Non
     good = freeze(sim)
     response = post(relay, {"EventIds": [good, "no-such-event"]})
     refused(sim, response, 404, "unknown EventId")
-    assert response.json()["results"] == [
-        {"EventId": good, "result": "ok"},
-        {"EventId": "no-such-event", "result": "unknown EventId"},
-    ]
+    assert response.json()["results"] == {good: "ok", "no-such-event": "unknown EventId"}
     assert sim.document("vm0")["Events"][0]["EventStatus"] == "Scheduled"
 
 
