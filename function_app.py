@@ -13,8 +13,9 @@ app = func.FunctionApp()
 # The core: ingest (documents queue), watchdog (timer), status and manual approval (HTTP).
 app.register_functions(core)
 
-# Channels and the terminate workflow register here, one line each, e.g.:
+# ---- Channels and the terminate workflow register HERE (their engineer adds these lines):
 #   from functions.notify.blueprint import bp as notify
 #   app.register_functions(notify)
-#   from functions.terminate import bp as terminate
+#   from functions.terminate_blueprint import bp as terminate
 #   app.register_functions(terminate)
+# Keep every import above free of settings reads: the host imports this module to index.
