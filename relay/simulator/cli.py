@@ -38,7 +38,7 @@ class _AddVm(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    scenario_list = "\n".join(f"  {name:<17} {s.summary}" for name, s in SCENARIOS.items())
+    scenario_list = "\n".join(f"  {name:<20} {s.summary}" for name, s in SCENARIOS.items())
     parser = argparse.ArgumentParser(
         prog="python -m relay.simulator",
         description="Simulate Azure IMDS Scheduled Events for one or more VMs.",
@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME[@TARGET]",
-        help="play a built-in scenario at start on a VM or set (repeatable)",
+        help="play a built-in scenario at start; TARGET: VM or set names, comma-separated "
+        "(repeatable)",
     )
     parser.add_argument(
         "--scenario-file",
@@ -190,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list_scenarios:
         for name, scenario in SCENARIOS.items():
-            print(f"{name:<17} {scenario.summary}")
+            print(f"{name:<20} {scenario.summary}")
         return 0
     try:
         sim = build_simulator(args)

@@ -93,6 +93,7 @@ class Simulator:
         self._faults = FaultBook()
         self._listeners: list[Listener] = []
         self._advancing = False
+        self._dirty = False
         self._as_of: float | None = None
         self.errors: list[str] = []
 
@@ -122,6 +123,7 @@ class Simulator:
             vm = Vm(name, availability_set, scale_set, spot)
             vm.history.append({"DocumentIncarnation": 1, "Events": []})
             self._vms[name.casefold()] = vm
+            self._dirty = True
             if scale_set and scale_set not in self._scale_sets:
                 self._scale_sets[scale_set] = DEFAULT_TERMINATE_TIMEOUT
             self._settle()
@@ -252,6 +254,7 @@ class Simulator:
                 started_at=now if status == STARTED else None,
             )
             self._events[event_id] = event
+            self._dirty = True
             self._settle()
             return event_id
 
@@ -536,10 +539,12 @@ class Simulator:
     def _start(self, event: Event, now: float) -> None:
         event.status = STARTED
         event.started_at = now
+        self._dirty = True
 
     def _end(self, event: Event, now: float, reason: str) -> None:
         event.ended_at = now
         event.end_reason = reason
+        self._dirty = True
         if event.follow and event.scenario in SCENARIOS:
             outer, self._as_of = self._as_of, now
             try:
@@ -612,8 +617,15 @@ class Simulator:
         self._release_terminates(now)
 
     def _settle(self) -> None:
-        """Advance time, then bump the incarnation of every VM whose event list changed."""
+        """Advance time, then bump the incarnation of every VM whose event list changed.
+
+        Documents are only re-rendered after something changed, so a thousand relays polling
+        once a second cost a lookup each, not a thousand renders each.
+        """
         self._advance()
+        if not self._dirty:
+            return
+        self._dirty = False
         for vm in self._vms.values():
             events = [e.render(SCHEDULED_EVENTS_API_VERSION) for e in self._visible(vm)]
             if events != vm.events:

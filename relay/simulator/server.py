@@ -138,6 +138,9 @@ class SimulatorServer:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle on, a kept-alive client waits for a
+    # delayed ACK (~40 ms) on every request. Off, a poll costs well under a millisecond.
+    disable_nagle_algorithm = True
     server_version = "relay-imds-simulator"
     sys_version = ""
     server: _HttpServer
