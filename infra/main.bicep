@@ -91,6 +91,13 @@ param webhookUrl string = ''
 @secure()
 param webhookSecret string = ''
 
+@description('Key Vault firewall default. Deny: only the function and VM subnets (service endpoints) and trusted Azure services get through.')
+@allowed([
+  'Allow'
+  'Deny'
+])
+param keyVaultNetworkDefaultAction string = 'Deny'
+
 // ---------- Function app ----------
 @minValue(40)
 @maxValue(1000)
@@ -260,6 +267,7 @@ module keyVault 'modules/keyvault.bicep' = {
     webhookSecret: webhookSecret
     functionPrincipalId: functionIdentity.properties.principalId
     relayPrincipalId: relayIdentity.properties.principalId
+    networkDefaultAction: keyVaultNetworkDefaultAction
     allowedSubnetIds: concat([network.outputs.functionSubnetId], vmSubnetReachesKeyVault ? [network.outputs.vmSubnetId] : [])
   }
 }

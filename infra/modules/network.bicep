@@ -75,6 +75,9 @@ var callbackRules = [
   }
 ]
 
+// The NSG the VM subnet uses: ours, or yours with our two rules added.
+var nsgId = empty(existingNsgName) ? nsg.id : existingNsg.id
+
 var keyVaultServiceEndpoint = [
   {
     service: 'Microsoft.KeyVault'
@@ -131,7 +134,7 @@ resource vnet 'Microsoft.Network/virtualNetworks@2024-01-01' = if (createVirtual
         properties: {
           addressPrefix: vmSubnetPrefix
           networkSecurityGroup: {
-            id: nsg.id
+            id: nsgId
           }
           serviceEndpoints: keyVaultServiceEndpoint
         }
@@ -167,5 +170,5 @@ var vmSubnetId = resourceId('Microsoft.Network/virtualNetworks/subnets', virtual
 output vmSubnetId string = createVirtualNetwork ? vnet.properties.subnets[0].id : vmSubnetId
 output functionSubnetId string = createVirtualNetwork ? vnet.properties.subnets[1].id : addedFunctionSubnet.id
 output functionSubnetPrefix string = functionSubnetPrefix
-output nsgId string = empty(existingNsgName) ? nsg.id : existingNsg.id
+output nsgId string = nsgId
 output callbackPort int = callbackPort

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.infra.bicep import dotted, load
+from tests.infra.bicep import dotted, load, module_params
 
 KV = load("keyvault")
 SECRET_PARAMS = (
@@ -25,6 +25,9 @@ def test_vault_is_rbac_soft_delete_purge_protected() -> None:
     acls = props["networkAcls"]
     assert acls["defaultAction"] == "networkDefaultAction"
     assert KV.param_default("networkDefaultAction") == "Deny"
+    main = load("main")
+    assert module_params(main, "keyVault")["networkDefaultAction"] == "keyVaultNetworkDefaultAction"
+    assert main.param_default("keyVaultNetworkDefaultAction") == "Deny"
 
 
 def test_secret_inputs_are_secure_everywhere() -> None:

@@ -54,7 +54,10 @@ def test_new_nsg_carries_the_rules_and_sits_on_the_vm_subnet() -> None:
     vnet = NET.resource("vnet")
     vm_subnet, fn_subnet = vnet.body["properties"]["subnets"]
     assert vm_subnet["name"] == "vmSubnetName"
-    assert dotted(vm_subnet["properties"]["networkSecurityGroup"]["id"]) == "nsg.id"
+    assert vm_subnet["properties"]["networkSecurityGroup"]["id"] == "nsgId"
+    ours_or_yours = NET.variables["nsgId"]["operator"]["operands"]
+    assert dotted(ours_or_yours["true_value"]) == "nsg.id"
+    assert dotted(ours_or_yours["false_value"]) == "existingNsg.id"
     assert fn_subnet["name"] == "functionSubnetName"
     assert fn_subnet["properties"]["addressPrefix"] == "functionSubnetPrefix"
 
