@@ -89,6 +89,9 @@ class DrainContext:
     relay_key: bytes | None
     clock: Clock = field(default_factory=SystemClock)
     webhook_secret: bytes | None = None  # signs the HTTP drain hook request when set
+    # Whether the policy pages on a transition (functions.policy.transition_pages); None:
+    # the channels' defaults apply (drain_failed pages).
+    pages: Callable[[Transition], bool] | None = None
     owner: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -227,6 +230,9 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
 
     def announce(transition: Transition, detail: str) -> Callable[[datetime], tuple[bool, str]]:
         def send(_until: datetime) -> tuple[bool, str]:
+            extra = {}
+            if ctx.pages is not None:  # the same verdict functions.announce gives
+                extra["page"] = ctx.pages(transition) or decision.page
             ctx.publish(
                 Notification(
                     transition=transition,
@@ -235,6 +241,7 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
                     decision=decision,
                     detail=detail,
                     links=note.links,
+                    **extra,
                 )
             )
             return True, detail

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import azure.functions as func
 
-from functions.notifications import Notification
+from functions.notifications import Notification, Transition
 from functions.notify.settings import channel_settings
 from functions.terminate import DrainContext, DrainSettings, run_drain, wants
 from functions.terminate_store import DrainStore
@@ -33,6 +33,7 @@ def drain_settings() -> DrainSettings:
 def build_context() -> DrainContext:
     from functions.approve import ApprovalResult, approve_event
     from functions.handlers import pipeline
+    from functions.policy import transition_pages
 
     core = pipeline()
     store, settings = core.store, core.settings
@@ -53,6 +54,9 @@ def build_context() -> DrainContext:
         record = store.get_vm(vm)
         return record.callback_url if record else None
 
+    def pages(transition: Transition) -> bool:
+        return transition_pages(settings.policy.policy, transition)
+
     secret = channel_settings().webhook_secret
     return DrainContext(
         store=DrainStore.from_service(store.service, settings.state_table_prefix),
@@ -63,6 +67,7 @@ def build_context() -> DrainContext:
         relay_key=settings.relay_key_bytes,
         clock=core.clock,
         webhook_secret=secret.get_secret_value().encode() if secret else None,
+        pages=pages,
     )
 
 

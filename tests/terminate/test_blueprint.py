@@ -87,6 +87,7 @@ def test_the_handler_drains_through_the_relay_then_approves_through_it(
         Transition.DRAIN_STARTED.value,
         Transition.APPROVED.value,
     ]
+    assert publisher.published[0].page is False  # type: ignore[attr-defined]
     record = core.store.get_event(event_id)
     assert record is not None and record.approval == "approved"
     drains = DrainStore.from_service(core.store.service, core.settings.state_table_prefix)

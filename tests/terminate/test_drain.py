@@ -197,3 +197,14 @@ def test_two_invocations_at_once_run_each_step_once(harness: Harness) -> None:
     assert harness.transitions() == ["drain_started"]
     owners = {step.owner for step in results[0].steps.values()}
     assert owners <= {results[0].steps["http"].owner, results[1].steps["http"].owner}
+
+
+def test_announcements_carry_the_policys_paging_verdict(harness: Harness) -> None:
+    with running(Answer(500)) as hook:
+        run_drain(
+            terminate_note(),
+            settings(http_url=hook.url, step_timeout_seconds=0.3),
+            harness.context(pages=lambda t: t is Transition.DRAIN_FAILED),
+        )
+    pages = [(n.transition.value, n.page) for n in harness.published]  # type: ignore[attr-defined]
+    assert pages == [("drain_started", False), ("drain_failed", True)]
