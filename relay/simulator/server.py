@@ -89,7 +89,7 @@ class SimulatorServer:
         self._threads = [
             threading.Thread(
                 target=httpd.serve_forever,
-                kwargs={"poll_interval": 0.1},
+                kwargs={"poll_interval": 0.05},
                 name="imds-simulator-http",
                 daemon=True,
             ),
@@ -187,7 +187,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self) -> bytes | None:
         """The request body, or None (and a 413 sent) if it is too large."""
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self._error(400, "Bad request. Invalid Content-Length")
+            self.close_connection = True
+            return None
         if length > MAX_BODY:
             self._error(413, f"body larger than {MAX_BODY} bytes")
             self.close_connection = True
@@ -195,6 +202,12 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length > 0 else b""
 
     def _dispatch(self, method: str) -> None:
+        # Read the body first, whatever the answer: an unread body on a kept-alive
+        # connection would be taken for the next request.
+        body = self._body()
+        if body is None:
+            return
+        self._request_body = body
         url = urlsplit(self.path)
         path = unquote(url.path).rstrip("/") or "/"
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
@@ -211,6 +224,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, str(exc))
         except SimulatorError as exc:
             self._error(400, str(exc))
+        except (ConnectionError, TimeoutError):
+            raise
+        except Exception as exc:  # a simulator bug: say so rather than drop the connection
+            self.server.owner.log(f"simulator error on {method} {self.path}: {exc!r}")
+            self._error(500, f"simulator error: {exc!r}")
 
     # ------------------------------------------------------------------ IMDS
 
@@ -268,12 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
             return
-        body = b""
-        if method == "POST":
-            read = self._body()
-            if read is None:
-                return
-            body = read
+        body = self._request_body
         if not self._apply_faults(vm, "compute" if endpoint == "instance" else endpoint):
             return
         if endpoint == "scheduledevents":
@@ -355,9 +368,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [p for p in path.split("/") if p]
         body: Any = None
         if method in ("POST", "PUT"):
-            raw = self._body()
-            if raw is None:
-                return
+            raw = self._request_body
             if raw.strip():
                 try:
                     body = json.loads(raw)

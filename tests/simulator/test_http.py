@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import threading
 import time
 from collections.abc import Callable
 
@@ -396,8 +398,6 @@ def test_stop_ends_a_slow_answer_promptly() -> None:
     sim = Simulator()
     server = SimulatorServer(sim).start()
     sim.inject_fault("slow", seconds=30)
-    import threading
-
     errors: list[BaseException] = []
 
     def call() -> None:
@@ -414,3 +414,71 @@ def test_stop_ends_a_slow_answer_promptly() -> None:
     thread.join(timeout=10)
     assert time.monotonic() - started < 5
     assert errors  # the client saw the connection end, not a document
+
+
+def test_refused_post_bodies_do_not_poison_a_kept_alive_connection(
+    simulator: SimulatorServer,
+) -> None:
+    with requests.Session() as session:
+        body = b'{"StartRequests": [{"EventId": "X"}]}'
+        refused = session.post(se_url(simulator.url), params=V, data=body, timeout=5)
+        assert refused.status_code == 400  # no Metadata header; body read and discarded
+        assert session.get(se_url(simulator.url), headers=HEADERS, params=V, timeout=5).ok
+
+
+def test_oversized_and_invalid_bodies(simulator: SimulatorServer) -> None:
+    big = post(se_url(simulator.url), headers=HEADERS, params=V, data=b"x" * (65 * 1024))
+    assert big.status_code == 413
+    conn = http.client.HTTPConnection("127.0.0.1", simulator.port, timeout=5)
+    try:
+        conn.putrequest("POST", "/metadata/scheduledevents?api-version=2020-07-01")
+        conn.putheader("Metadata", "true")
+        conn.putheader("Content-Length", "abc")
+        conn.endheaders()
+        assert conn.getresponse().status == 400
+    finally:
+        conn.close()
+
+
+def test_concurrent_polls_see_consistent_documents() -> None:
+    """Same incarnation, same content; incarnations never go back, under threads and a ticker."""
+    sim = Simulator(time_scale=7200)
+    sim.add_availability_set("as1", ["a", "b", "c"])
+    seen: dict[int, str] = {}
+    problems: list[str] = []
+    lock = threading.Lock()
+
+    def poll(vm: str) -> None:
+        last = 0
+        with requests.Session() as session:
+            for _ in range(60):
+                doc = session.get(
+                    se_url(server.vm_url(vm)), headers=HEADERS, params=V, timeout=5
+                ).json()
+                incarnation = doc["DocumentIncarnation"]
+                if incarnation < last:
+                    problems.append(f"{vm}: {incarnation} after {last}")
+                last = incarnation
+                content = json.dumps(doc["Events"], sort_keys=True)
+                with lock:
+                    if seen.setdefault(incarnation * 10 + "abc".index(vm), content) != content:
+                        problems.append(f"{vm}: incarnation {incarnation} changed content")
+
+    def approve_all() -> None:
+        for _ in range(30):
+            for event in sim.document("a")["Events"]:
+                if event["EventStatus"] == "Scheduled":
+                    approve(server.vm_url("b"), event["EventId"])
+            time.sleep(0.005)
+
+    with SimulatorServer(sim, tick_interval=0.005) as server:
+        for name in ("live-migration", "user-reboot", "cancelled"):
+            sim.play(name, target="as1")
+        threads = [threading.Thread(target=poll, args=(vm,)) for vm in ("a", "b", "c")]
+        threads.append(threading.Thread(target=approve_all))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert problems == []
+    assert len({k for k in seen if k % 10 == 0}) >= 2
