@@ -10,10 +10,11 @@ Register with `app.register_functions(functions.terminate_blueprint.bp)`.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 
 import azure.functions as func
+from pydantic import ValidationError
 
 from functions.notifications import Notification, Transition
 from functions.notify.settings import channel_settings
@@ -82,11 +83,38 @@ def terminate_drain(msg: func.ServiceBusMessage) -> None:
     note = Notification.from_json(msg.get_body())  # not a notification: raise, then DLQ
     if not wants(note):
         return
-    result = run_drain(note, drain_settings(), build_context())
+    try:
+        settings = drain_settings()
+    except ValidationError as exc:
+        # Fail closed and say so: nothing is drained or approved, NotBefore will arrive.
+        announce_invalid_settings(note, exc)
+        return
+    result = run_drain(note, settings, build_context())
     log.info(
         "terminate %s: %s (drained=%s) %s",
         result.event_id,
         result.outcome,
         result.drained,
         "; ".join(f"{name}={step.status}" for name, step in result.steps.items()),
+    )
+
+
+def announce_invalid_settings(note: Notification, exc: ValidationError) -> None:
+    from functions.handlers import pipeline
+
+    problems = "; ".join(
+        f"DRAIN__{'.'.join(str(p) for p in error['loc']).upper()}: {error['msg']}"
+        for error in exc.errors()
+    )
+    detail = f"drain settings invalid ({problems}): nothing drained or approved, holding"
+    log.error("terminate %s: %s", note.event.event_id if note.event else "-", detail)
+    pipeline().publisher.publish(
+        Notification(
+            transition=Transition.DRAIN_FAILED,
+            occurred_at=datetime.now(UTC),
+            event=note.event,
+            decision=note.decision,
+            detail=detail,
+            links=note.links,
+        )
     )

@@ -132,6 +132,8 @@ def post_json(
             )
         except (requests.ConnectionError, requests.Timeout) as exc:
             last = f"{type(exc).__name__}"
+        except requests.RequestException as exc:  # a malformed URL: no retry can fix it
+            raise PermanentDeliveryError(channel, f"cannot send: {type(exc).__name__}") from None
         else:
             status = response.status_code
             if success(status):

@@ -84,3 +84,8 @@ def test_retry_after_forms() -> None:
     assert retry_after_seconds(later, now) == 90
     assert retry_after_seconds("soon") is None
     assert retry_after_seconds(None) is None
+
+
+def test_a_malformed_url_is_permanent() -> None:
+    with pytest.raises(PermanentDeliveryError, match="MissingSchema"):
+        post_json(transport([]), "pagerduty", "events.example/v2/enqueue", b"{}")

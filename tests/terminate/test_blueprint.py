@@ -109,6 +109,18 @@ def test_other_messages_return_and_junk_is_refused(core: Pipeline) -> None:
         terminate_drain(func.ServiceBusMessage(body=b'{"transition": "nope"}'))
 
 
+def test_invalid_drain_settings_fail_closed_and_are_announced(
+    core: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAIN__ON_FAILURE", "shrug")
+    drain_settings.cache_clear()
+    note = terminate_note()
+    terminate_drain(func.ServiceBusMessage(body=note.to_json().encode()))
+    (failed,) = core.publisher.published  # type: ignore[attr-defined]
+    assert failed.transition is Transition.DRAIN_FAILED
+    assert "DRAIN__ON_FAILURE" in failed.detail and "holding" in failed.detail
+
+
 def test_the_trigger_is_the_terminate_subscription() -> None:
     app = func.FunctionApp()
     app.register_functions(bp)
