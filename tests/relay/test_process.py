@@ -126,7 +126,7 @@ def test_callback_hooks_and_identity_from_compute_metadata(
         f"--callback-listen=127.0.0.1:{port}",
         f"--callback-key-file={key_file}",
         f"--hook=drain={drain}",
-        "--availability-set=ignored-for-scale-sets",
+        "--availability-set=as-web",
         *FAST,
     )
     url = f"http://127.0.0.1:{port}"
@@ -134,6 +134,7 @@ def test_callback_hooks_and_identity_from_compute_metadata(
     envelope = json.loads(json_files(forward)[0].read_text())
     assert envelope["vm"]["name"] == "web_3"
     assert envelope["vm"]["scale_set"] == "web"
+    assert envelope["vm"]["availability_set"] == "as-web"  # IMDS cannot tell; the flag does
     assert envelope["vm"]["callback_url"] == url
     health = wait_for(lambda: _get(url + "/v1/health"))
     assert health.status_code == 200 and health.json()["sender"]["pending"] == 0

@@ -1,0 +1,157 @@
+"""Relay benchmark (not a test): detection latency, resident memory, CPU against a plain loop.
+
+    python -m tests.bench.relay_bench [--seconds 60]
+
+A real `python -m relay` (1 s polling, file:DIR forwarding) runs against an in-process IMDS
+simulator; beside it runs the seed's plain polling loop (requests.get with the Metadata
+header once a second, JSON parsed). Every ~2 s (at a random phase against the poll) the
+bench changes the simulated document and measures how long until the envelope file
+appears in the forward directory. Targets (issue 3): p99 <= 1.1 s, RSS <= 45 MB,
+CPU ratio <= 1.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PLAIN_LOOP = """
+import sys, time, requests
+url = sys.argv[1] + "/metadata/scheduledevents?api-version=2020-07-01"
+while True:
+    data = requests.get(url, headers={"Metadata": "true"}, timeout=5).json()
+    time.sleep(1)
+"""
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _documents(directory: Path) -> list[Path]:
+    if not directory.exists():
+        return []
+    return sorted(p for p in directory.glob("*-document.json") if not p.name.startswith("."))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def run(seconds: float = 60) -> dict[str, float]:
+    from relay.simulator import Simulator, SimulatorServer
+
+    sim = Simulator(time_scale=1.0)
+    sim.add_vm("vm0")
+    server = SimulatorServer(sim, host="127.0.0.1", port=0).start()
+    work = Path(tempfile.mkdtemp(prefix="relay-bench-"))
+    forward = work / "forward"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {k: v for k, v in env.items() if not k.startswith("RELAY_")}
+    url = server.vm_url("vm0")
+    relay = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "relay",
+            f"--imds-url={url}",
+            "--vm-name=vm0",
+            f"--state-dir={work / 'state'}",
+            f"--forward=file:{forward}",
+            "--poll-interval=1",
+            "--heartbeat-interval=300",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    plain = subprocess.Popen(
+        [sys.executable, "-c", PLAIN_LOOP, url],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    latencies: list[float] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not _documents(forward):
+            if time.monotonic() > deadline or relay.poll() is not None:
+                raise RuntimeError("the relay did not forward its first document")
+            time.sleep(0.05)
+        time.sleep(2.0)  # both loops warm
+        relay_cpu0, plain_cpu0 = _cpu_seconds(relay.pid), _cpu_seconds(plain.pid)
+        window_end = time.monotonic() + seconds
+        rng = random.Random(1)
+        event_id: str | None = None
+        while time.monotonic() < window_end - 3:
+            time.sleep(rng.uniform(1.5, 2.5))
+            before = len(_documents(forward))
+            changed_at = time.time_ns()
+            if event_id is None:
+                event_id = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
+            else:
+                sim.remove_event(event_id)
+                event_id = None
+            limit = time.monotonic() + 10
+            while len(_documents(forward)) <= before and time.monotonic() < limit:
+                time.sleep(0.002)
+            files = _documents(forward)
+            if len(files) > before:
+                latencies.append((files[-1].stat().st_mtime_ns - changed_at) / 1e6)
+        time.sleep(max(0.0, window_end - time.monotonic()))
+        relay_cpu = _cpu_seconds(relay.pid) - relay_cpu0
+        plain_cpu = _cpu_seconds(plain.pid) - plain_cpu0
+        rss = _rss_mb(relay.pid)
+    finally:
+        for proc in (relay, plain):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        server.stop()
+    if not latencies:
+        raise RuntimeError("no change was detected")
+    return {
+        "detect_p50_ms": round(_percentile(latencies, 0.50), 1),
+        "detect_p99_ms": round(_percentile(latencies, 0.99), 1),
+        "relay_rss_mb": round(rss, 1),
+        "relay_cpu_ratio": round(relay_cpu / plain_cpu, 2) if plain_cpu else float("inf"),
+        "changes": len(latencies),
+        "relay_cpu_s": round(relay_cpu, 3),
+        "plain_loop_cpu_s": round(plain_cpu, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.relay_bench")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = run(args.seconds)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
