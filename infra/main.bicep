@@ -140,8 +140,8 @@ param deployExampleScaleSet bool = false
 @description('Deploy the example single VM (relay).')
 param deployExampleVm bool = false
 
-@description('URL of a .tar.gz of this project that cloud-init installs the relay from.')
-param relaySourceUrl string = ''
+@description('HTTPS URL of the relay tarball built by relay/deploy/package.sh (release asset or blob URL); cloud-init installs from it.')
+param relayPackageUrl string = ''
 
 param adminUsername string = 'azureuser'
 
@@ -324,7 +324,7 @@ var cloudInit2 = replace(cloudInit1, '{{DOCUMENTS_QUEUE}}', serviceBus.outputs.q
 var cloudInit3 = replace(cloudInit2, '{{IDENTITY_CLIENT_ID}}', relayIdentity.properties.clientId)
 var cloudInit4 = replace(cloudInit3, '{{CALLBACK_PORT}}', string(relayCallbackPort))
 var cloudInit5 = replace(cloudInit4, '{{RELAY_KEY_SECRET_URI}}', keyVault.outputs.relayKeySecretUri)
-var relayCloudInit = replace(cloudInit5, '{{RELAY_SOURCE_URL}}', relaySourceUrl)
+var relayCloudInit = replace(cloudInit5, '{{RELAY_PACKAGE_URL}}', relayPackageUrl)
 
 module exampleScaleSet 'modules/vmss-relay.bicep' = if (deployExampleScaleSet) {
   name: 'example-scaleset'

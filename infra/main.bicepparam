@@ -46,5 +46,5 @@ param deployExampleVm = false
 param exampleInstanceCount = 2
 param terminateNotBeforeTimeout = 'PT10M'
 param adminSshPublicKey = readEnvironmentVariable('SSH_PUBLIC_KEY', '')
-// A .tar.gz of this project (for example a release archive of your fork) for cloud-init.
-param relaySourceUrl = readEnvironmentVariable('RELAY_SOURCE_URL', '')
+// The relay tarball from relay/deploy/package.sh, uploaded where the VMs can read it.
+param relayPackageUrl = readEnvironmentVariable('RELAY_PACKAGE_URL', '')

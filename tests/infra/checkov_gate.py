@@ -29,7 +29,7 @@ SAMPLE = {
     "IDENTITY_CLIENT_ID": "00000000-0000-0000-0000-000000000000",
     "CALLBACK_PORT": "8492",
     "RELAY_KEY_SECRET_URI": "https://kv-x.vault.azure.net/secrets/relay-key",
-    "RELAY_SOURCE_URL": "https://example.org/bridge.tar.gz",
+    "RELAY_PACKAGE_URL": "https://example.org/scheduled-events-relay-0.1.0.tar.gz",
 }
 
 
@@ -72,16 +72,18 @@ def check_cloud_init(errors: list[str]) -> None:
         return
     files = {f.get("path"): f for f in doc.get("write_files", [])}
     for path in (
-        "/etc/scheduled-events-relay/relay.json",
-        "/usr/local/sbin/scheduled-events-relay-setup",
-        "/etc/systemd/system/scheduled-events-relay.service",
+        "/etc/scheduled-events-relay/relay.env",
+        "/usr/local/sbin/scheduled-events-relay-key",
+        "/etc/systemd/system/scheduled-events-relay-key.service",
+        "/etc/systemd/system/scheduled-events-relay-key.timer",
     ):
         if path not in files or not files[path].get("content"):
             errors.append(f"cloud-init.yaml: write_files lacks {path}")
+    script = files.get("/usr/local/sbin/scheduled-events-relay-key", {}).get("content", "")
     try:
-        json.loads(files["/etc/scheduled-events-relay/relay.json"]["content"])
-    except (KeyError, ValueError) as exc:
-        errors.append(f"cloud-init.yaml: relay.json is not JSON: {exc}")
+        compile(script, "scheduled-events-relay-key", "exec")
+    except SyntaxError as exc:
+        errors.append(f"cloud-init.yaml: the key script does not compile: {exc}")
     if not any("scheduled-events-relay.service" in str(c) for c in doc.get("runcmd", [])):
         errors.append("cloud-init.yaml: runcmd never starts the relay")
 

@@ -14,7 +14,7 @@ SAMPLE = {
     "IDENTITY_CLIENT_ID": "00000000-0000-0000-0000-000000000000",
     "CALLBACK_PORT": "8492",
     "RELAY_KEY_SECRET_URI": "https://kv-x.vault.azure.net/secrets/relay-key",
-    "RELAY_SOURCE_URL": "https://example.org/bridge.tar.gz",
+    "RELAY_PACKAGE_URL": "https://example.org/scheduled-events-relay-0.1.0.tar.gz",
 }
 
 
@@ -52,29 +52,41 @@ def test_template_is_loaded_from_the_file() -> None:
     assert "relay/cloud-init.yaml" in node["parameters"].values()
 
 
-def test_is_cloud_config_and_starts_the_relay() -> None:
+def test_is_cloud_config_and_installs_with_the_relay_installer() -> None:
     text = render()
     assert text.startswith("#cloud-config\n")
     assert "\t" not in text
-    assert "systemctl enable --now scheduled-events-relay.service" in text
-    assert "servicebus://sb-x.servicebus.windows.net/documents" in text
-    assert '"identity_client_id": "00000000-0000-0000-0000-000000000000"' in text
-    assert '"callback_listen": "0.0.0.0:8492"' in text
-    # The key file path is the relay's --callback-key-file, delivered by systemd credentials.
-    assert "--callback-key-file ${CREDENTIALS_DIRECTORY}/relay.key" in text
+    assert 'sh "$work/relay/deploy/install.sh" --no-start' in text
+    assert "systemctl start scheduled-events-relay.service" in text
+    assert SAMPLE["RELAY_PACKAGE_URL"] in text
+    # The key is fetched before the relay starts, and refreshed by a timer.
+    assert text.index("until /usr/local/sbin/scheduled-events-relay-key") < text.index(
+        "systemctl start scheduled-events-relay.service"
+    )
+    assert "systemctl enable --now scheduled-events-relay-key.timer" in text
+
+
+def test_the_relay_installer_it_relies_on_exists() -> None:
+    deploy = INFRA.parent / "relay" / "deploy"
+    install = (deploy / "install.sh").read_text()
+    assert "--no-start" in install
+    unit = (deploy / "scheduled-events-relay.service").read_text()
+    assert "EnvironmentFile=/etc/scheduled-events-relay/relay.env" in unit
+    assert "User=scheduled-events-relay" in unit
 
 
 def test_no_secret_in_cloud_init() -> None:
     text = CLOUD_INIT.read_text()
-    assert not re.search(r"SharedAccessKey|AccountKey=|password", text, re.I)
-    # The key is fetched at boot with the VM identity, written 0600 and never echoed.
+    assert not re.search(r"SharedAccessKey|AccountKey=|password|__RELAY_CALLBACK_KEY__", text, re.I)
+    # The key comes from Key Vault with the VM identity, lands 0640, and is never printed.
     assert "https://vault.azure.net" in text
-    assert "0o600" in text
+    assert "0o640" in text
     assert "print(key" not in text
+    assert "scheduled-events-relay" in text
 
 
-def _embedded_script(text: str) -> str:
-    block = text.split("path: /usr/local/sbin/scheduled-events-relay-setup", 1)[1]
+def _write_file(text: str, path: str) -> str:
+    block = text.split(f"path: {path}", 1)[1]
     body = block.split("content: |\n", 1)[1]
     lines = []
     for line in body.splitlines():
@@ -84,22 +96,22 @@ def _embedded_script(text: str) -> str:
     return "\n".join(lines)
 
 
-def test_the_setup_script_compiles_once_rendered() -> None:
-    script = _embedded_script(render())
+def test_the_key_script_compiles_once_rendered() -> None:
+    script = _write_file(render(), "/usr/local/sbin/scheduled-events-relay-key")
     assert script.startswith("#!/usr/bin/env python3")
-    compile(script, "scheduled-events-relay-setup", "exec")
+    compile(script, "scheduled-events-relay-key", "exec")
     assert f'SECRET_URI = "{SAMPLE["RELAY_KEY_SECRET_URI"]}"' in script
-    assert "http://{ip}:8492" in script
+    assert f'CLIENT_ID = "{SAMPLE["IDENTITY_CLIENT_ID"]}"' in script
 
 
-def test_relay_config_keys_are_relay_settings() -> None:
+def test_relay_env_names_real_relay_settings() -> None:
     from relay.settings import RelaySettings
 
-    text = render()
-    block = text.split("path: /etc/scheduled-events-relay/relay.json", 1)[1]
-    body = block.split("content: |\n", 1)[1].split("\n  - path:", 1)[0]
-    import json
-
-    config = json.loads("\n".join(line[6:] for line in body.splitlines()))
-    assert set(config) <= set(RelaySettings.model_fields)
-    assert config["forward"].startswith("servicebus://")
+    env = _write_file(render(), "/etc/scheduled-events-relay/relay.env")
+    values = dict(line.split("=", 1) for line in env.splitlines() if line.strip())
+    fields = {f"RELAY_{name.upper()}" for name in RelaySettings.model_fields}
+    assert set(values) <= fields, set(values) - fields
+    assert values["RELAY_FORWARD"] == "servicebus://sb-x.servicebus.windows.net/documents"
+    assert values["RELAY_IDENTITY_CLIENT_ID"] == SAMPLE["IDENTITY_CLIENT_ID"]
+    assert values["RELAY_CALLBACK_LISTEN"] == "0.0.0.0:8492"
+    assert "http://${ip}:8492" in render()
