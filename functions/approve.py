@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from datetime import datetime, timedelta
 from typing import Literal
 from urllib.parse import urlsplit
@@ -81,23 +82,32 @@ def approve_event(
     assert record is not None
     deadline = _deadline(record, settings, now)
     stop = min(deadline, give_up_at) if give_up_at else deadline
-    relays = _relays(store, record, settings, now)
+    # A relay that refused (4xx) is not asked again for this event, in this call or later.
+    refused = {a.vm for a in record.approval_attempts if a.outcome.startswith("refused")}
+    relays = [vm for vm in _relays(store, record, settings, now) if vm.name not in refused]
+    unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(refused)
     attempts: list[Attempt] = []
     if key is None:
         result = _finish(store, record, "failed", None, attempts, "RELAY_KEY is not set", clock, by)
     elif not relays:
+        # The named VMs' relays may simply not have reported yet (a set-mate's document
+        # came first): wait for them while there is time, then give up.
+        waiting = unheard and clock.now() < deadline
         result = _finish(
             store,
             record,
-            "failed",
+            "retry_later" if waiting else "failed",
             None,
             attempts,
-            "no VM named in Resources has a relay that reported recently with a callback URL",
+            "no VM named in Resources has a relay that reported recently with a callback URL"
+            + (f" (refused before: {', '.join(sorted(refused))})" if refused else ""),
             clock,
             by,
         )
     else:
-        result = _try_relays(store, record, relays, key, session, clock, stop, deadline, by)
+        result = _try_relays(
+            store, record, relays, key, session, clock, stop, deadline, by, unheard
+        )
     if publisher is not None and result.outcome in ("approved", "failed"):
         transition = (
             Transition.APPROVED if result.outcome == "approved" else Transition.APPROVAL_FAILED
@@ -168,7 +178,10 @@ def _try_relays(
     stop: datetime,
     deadline: datetime,
     by: str,
+    unheard: bool,
 ) -> ApprovalResult:
+    """Round-robin over the relays with backoff between rounds; `unheard`: some named VMs
+    have no usable relay yet, so "all refused" is not final while time remains."""
     attempts: list[Attempt] = []
     refused: set[str] = set()
     delay = BACKOFF_START_SECONDS
@@ -196,13 +209,15 @@ def _try_relays(
             if verdict == "refused":
                 refused.add(vm.name)
         if all(vm.name in refused for vm in relays):
+            # Named VMs whose relays are not known yet may still approve: keep it pending.
+            waiting = unheard and clock.now() < deadline
             return _finish(
                 store,
                 record,
-                "failed",
+                "retry_later" if waiting else "failed",
                 None,
                 attempts,
-                "every named relay refused: " + _last_texts(attempts),
+                "every known named relay refused: " + _last_texts(attempts),
                 clock,
                 by,
             )
@@ -244,7 +259,9 @@ def _post_start(
     vm: VmRecord, event_id: str, key: bytes, session: requests.Session, remaining: float
 ) -> tuple[Literal["approved", "refused", "retry"], int | None, str]:
     url = f"{vm.callback_url}/v1/start"
-    body = json.dumps({"EventIds": [event_id]}).encode()
+    # The relay refuses a byte-identical request within a second as a replay; the nonce
+    # keeps a quick retry (or two approvers at once) from looking like one.
+    body = json.dumps({"EventIds": [event_id], "Nonce": uuid.uuid4().hex}).encode()
     path = urlsplit(url).path or "/"
     headers = {"Content-Type": "application/json", **sign_headers(key, "POST", path, body)}
     try:
@@ -270,7 +287,8 @@ def _post_start(
         verdict = next((v for k, v in results.items() if k.casefold() == event_id.casefold()), None)
     if verdict not in (None, "approved"):
         return "refused", 200, f"relay answered {verdict!r}"
-    return "approved", answer.get("status") if isinstance(answer, dict) else None, "approved"
+    imds = answer.get("imds_status", answer.get("status")) if isinstance(answer, dict) else None
+    return "approved", imds if isinstance(imds, int) else None, "approved"
 
 
 def _reason(response: requests.Response) -> str:

@@ -173,9 +173,12 @@ def _report(
     claimed: list[Transition] = []
     made: list[bool] = []  # whether this write made the decision (vs. re-announcing it)
 
+    newcomer: list[bool] = []  # this VM was not a reporter before
+
     def change(rec: EventRecord | None) -> EventRecord | None:
         claimed.clear()
         made.clear()
+        newcomer[:] = [rec is None or envelope.vm.name not in rec.reporters]
         updated, transitions = report(rec, event, envelope.vm, now)
         claimed.extend(transitions)
         target = updated if updated is not None else rec
@@ -202,7 +205,9 @@ def _report(
     approve_now = False
     if made:
         record, approve_now = _after_decision(record, event, pipeline, now)
-    elif Transition.DECIDED in claimed:
+    elif Transition.DECIDED in claimed or (newcomer[0] and event.affects(envelope.vm.name)):
+        # A decision re-announced after a failed publish, or a named VM whose relay was
+        # not known when the approval was last tried: try (again) now.
         approve_now = (
             record.approval == "pending"
             and record.approve_after is None

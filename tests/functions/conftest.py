@@ -55,6 +55,7 @@ class Relay:
         self.default: tuple[int, dict[str, Any]] = (200, {"status": 200})
         self.requests: list[dict[str, Any]] = []
         self.bad_signatures = 0
+        self.seen: set[str] = set()
         self._lock = threading.Lock()
         relay = self
 
@@ -66,7 +67,11 @@ class Relay:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 try:
-                    verify(KEY.encode(), dict(self.headers), "POST", self.path, body)
+                    given = verify(KEY.encode(), dict(self.headers), "POST", self.path, body)
+                    with relay._lock:  # the relay refuses a signature it has seen (replay)
+                        if given in relay.seen:
+                            raise SignatureError("replayed signature")
+                        relay.seen.add(given)
                 except SignatureError as exc:
                     with relay._lock:
                         relay.bad_signatures += 1
