@@ -1,7 +1,7 @@
 // Azure Scheduled Events bridge: everything in one resource-group deployment.
 //
 //   az group create -n rg-sebridge -l westeurope
-//   az deployment group create -g rg-sebridge -f infra/main.bicep -p infra/main.bicepparam
+//   az deployment group create -g rg-sebridge -p infra/main.bicepparam
 //
 // Least privilege throughout: two user-assigned identities (relays, function app), every
 // role assignment built-in and scoped to one entity (queue, topic, container, secret).
@@ -51,6 +51,9 @@ param createVirtualNetwork bool = true
 param existingVirtualNetworkName string = ''
 
 param vnetAddressPrefix string = '10.40.0.0/16'
+
+@description('New VNet only: a NAT gateway gives both subnets explicit outbound internet access (relays reach Service Bus and the package URL, the app reaches Teams/PagerDuty).')
+param createNatGateway bool = true
 
 @description('The VM subnet: created (new VNet) or your VMs\' existing subnet.')
 param vmSubnetName string = 'snet-vms'
@@ -180,6 +183,7 @@ var names = {
   plan: 'plan-${prefix}-${suffix}'
   vnet: createVirtualNetwork ? 'vnet-${prefix}' : existingVirtualNetworkName
   nsg: 'nsg-${prefix}-vms'
+  natGateway: 'ng-${prefix}'
   scaleSet: 'vmss-${prefix}'
   vm: 'vm-${prefix}'
 }
@@ -208,6 +212,8 @@ module network 'modules/network.bicep' = {
     createVirtualNetwork: createVirtualNetwork
     virtualNetworkName: names.vnet
     addressPrefix: vnetAddressPrefix
+    createNatGateway: createNatGateway
+    natGatewayName: names.natGateway
     vmSubnetName: vmSubnetName
     vmSubnetPrefix: vmSubnetPrefix
     functionSubnetName: functionSubnetName

@@ -19,6 +19,11 @@ param virtualNetworkName string
 @description('Address space of a new VNet.')
 param addressPrefix string = '10.40.0.0/16'
 
+@description('New VNet only: attach a NAT gateway to both subnets for explicit outbound internet access.')
+param createNatGateway bool = true
+
+param natGatewayName string = 'ng-sebridge'
+
 @description('Name of the VM subnet (created in a new VNet, or the existing one your VMs use).')
 param vmSubnetName string = 'snet-vms'
 
@@ -137,6 +142,7 @@ resource vnet 'Microsoft.Network/virtualNetworks@2024-01-01' = if (createVirtual
             id: nsgId
           }
           serviceEndpoints: keyVaultServiceEndpoint
+          natGateway: natGatewayRef
         }
       }
       {
@@ -145,11 +151,46 @@ resource vnet 'Microsoft.Network/virtualNetworks@2024-01-01' = if (createVirtual
           addressPrefix: functionSubnetPrefix
           delegations: flexDelegation
           serviceEndpoints: keyVaultServiceEndpoint
+          natGateway: natGatewayRef
         }
       }
     ]
   }
 }
+
+var natGatewayEnabled = createVirtualNetwork && createNatGateway
+
+resource natPublicIp 'Microsoft.Network/publicIPAddresses@2024-01-01' = if (natGatewayEnabled) {
+  name: '${natGatewayName}-pip'
+  location: location
+  tags: tags
+  sku: {
+    name: 'Standard'
+  }
+  properties: {
+    publicIPAllocationMethod: 'Static'
+    publicIPAddressVersion: 'IPv4'
+  }
+}
+
+resource natGateway 'Microsoft.Network/natGateways@2024-01-01' = if (natGatewayEnabled) {
+  name: natGatewayName
+  location: location
+  tags: tags
+  sku: {
+    name: 'Standard'
+  }
+  properties: {
+    idleTimeoutInMinutes: 4
+    publicIpAddresses: [
+      {
+        id: natPublicIp.id
+      }
+    ]
+  }
+}
+
+var natGatewayRef = natGatewayEnabled ? { id: natGateway.id } : null
 
 resource existingVnet 'Microsoft.Network/virtualNetworks@2024-01-01' existing = if (!createVirtualNetwork) {
   name: virtualNetworkName

@@ -91,3 +91,14 @@ def test_default_prefixes_nest_and_do_not_overlap() -> None:
     for name in ("addressPrefix", "vmSubnetPrefix", "functionSubnetPrefix"):
         assert ipaddress.ip_network(NET.param_default(name))
     assert NET.param_default("functionSubnetPrefix") == main.param_default("functionSubnetPrefix")
+
+
+def test_new_subnets_get_explicit_outbound_through_a_nat_gateway() -> None:
+    vnet = NET.resource("vnet")
+    for subnet in vnet.body["properties"]["subnets"]:
+        assert subnet["properties"]["natGateway"] == "natGatewayRef"
+    ref = NET.variables["natGatewayRef"]["operator"]["operands"]
+    assert ref["condition"] == "natGatewayEnabled"
+    assert dotted(ref["true_value"]["id"]) == "natGateway.id"
+    assert NET.param_default("createNatGateway") is True
+    assert load("main").param_default("createNatGateway") is True
