@@ -132,6 +132,11 @@ def headline(note: Notification) -> str:
         return f"{note.transition.value} ({note.vm or 'fleet'})"
     what = event_words(event)
     state = FOLLOW_UP.get(note.transition, note.transition.value)
+    if (
+        note.transition in (Transition.SCHEDULED, Transition.DECIDED)
+        and event.event_status == "Started"
+    ):
+        state = "already started (no notice)"  # a host failure skips Scheduled
     groups = vm_groups(event)
     where = vm_count(event)
     if len(groups) == 1:

@@ -197,3 +197,12 @@ def test_a_large_fleet_still_fits_in_one_card() -> None:
 )
 def test_relative_time(offset: timedelta, text: str) -> None:
     assert describe.relative(NOW + offset, NOW) == text
+
+
+def test_an_event_that_never_was_scheduled_says_so() -> None:
+    started = event(event_status="Started", not_before=None)
+    card = assert_valid_card(
+        teams.build_message(note(Transition.DECIDED, started, decision()), now=NOW)
+    )
+    assert card["body"][0]["text"] == "Reboot already started (no notice): 2 VMs in scale set web"
+    assert facts(card)["When"] == "now (already started)"
