@@ -742,6 +742,12 @@ class Simulator:
                 "approvals": [a.model_dump(mode="json") for a in self._approvals],
             }
 
+    def describe_event(self, event_id: str) -> dict[str, Any]:
+        """One event with its timeline and who approved and sees it, as JSON-ready data."""
+        with self._lock:
+            self._settle()
+            return self._describe_event(self.event(event_id), self.clock())
+
     def _describe_event(self, event: Event, now: float) -> dict[str, Any]:
         def iso(moment: float | None) -> str | None:
             return datetime.fromtimestamp(moment, UTC).isoformat() if moment is not None else None

@@ -19,27 +19,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from pydantic import ValidationError
-
 from relay.models import API_VERSIONS
-from relay.simulator import instance
+from relay.simulator import control, instance
 from relay.simulator.engine import NotFound, Simulator, SimulatorError
-from relay.simulator.scenarios import SCENARIOS, EventSpec
 
 MAX_BODY = 64 * 1024
 NEWEST_VERSIONS = list(reversed(API_VERSIONS))[:3]
-_CONTROL_PATHS = {
-    (),
-    ("state",),
-    ("approvals",),
-    ("events",),
-    ("events", "*"),
-    ("events", "*", "start"),
-    ("events", "*", "cancel"),
-    ("scenarios",),
-    ("faults",),
-    ("vms",),
-}
 METADATA_HEADER_ERROR = "Bad request. Required metadata header not specified"
 
 
@@ -363,115 +348,19 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ control API
 
     def _control(self, method: str, path: str, query: dict[str, str]) -> None:
-        sim = self.server.sim
         owner = self.server.owner
-        parts = [p for p in path.split("/") if p]
-        body: Any = None
-        if method in ("POST", "PUT"):
-            raw = self._request_body
-            if raw.strip():
-                try:
-                    body = json.loads(raw)
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    self._error(400, f"body is not JSON: {exc}")
-                    return
-            if body is not None and not isinstance(body, dict):
-                self._error(400, "body must be a JSON object")
-                return
-        body = body or {}
-        route = (method, *parts[:1], *(["*"] if len(parts) > 1 else []), *parts[2:])
-        match route:
-            case ("GET",) | ("GET", "state"):
-                self._json(200, {**sim.state(), "url": owner.url, "vm_urls": owner.vm_urls()})
-            case ("GET", "approvals"):
-                self._json(200, {"approvals": [a.model_dump(mode="json") for a in sim.approvals]})
-            case ("GET", "events"):
-                self._json(200, {"events": sim.state()["events"]})
-            case ("POST", "events"):
-                spec = self._spec(body)
-                if spec is None:
-                    return
-                if spec.at > 0:
-                    sim.schedule(spec)
-                    self._json(200, {"EventId": None, "EventIds": [], "scheduled_in": spec.at})
-                    return
-                ids = sim.apply(spec)
-                self._json(200, {"EventId": ids[0] if ids else None, "EventIds": ids})
-            case ("GET", "events", "*"):
-                self._json(200, self._event(parts[1]))
-            case ("POST", "events", "*", "start"):
-                sim.start_event(parts[1])
-                self._json(200, self._event(parts[1]))
-            case ("POST", "events", "*", "cancel"):
-                sim.cancel_event(parts[1])
-                self._json(200, self._event(parts[1]))
-            case ("DELETE", "events", "*"):
-                sim.remove_event(parts[1])
-                self._json(200, self._event(parts[1]))
-            case ("GET", "scenarios"):
-                self._json(200, {"scenarios": {name: s.summary for name, s in SCENARIOS.items()}})
-            case ("POST", "scenarios"):
-                name = body.get("name")
-                if not isinstance(name, str):
-                    self._error(400, 'give the scenario: {"name": "live-migration"}')
-                    return
-                unknown = set(body) - {"name", "target", "at"}
-                if unknown:
-                    self._error(400, f"unknown fields: {', '.join(sorted(unknown))}")
-                    return
-                spec = self._spec(
-                    {"scenario": name, **{k: v for k, v in body.items() if k != "name"}}
-                )
-                if spec is None:
-                    return
-                if spec.at > 0:
-                    sim.schedule(spec)
-                    self._json(200, {"EventIds": [], "scheduled_in": spec.at})
-                    return
-                self._json(200, {"EventIds": sim.apply(spec)})
-            case ("GET", "faults"):
-                self._json(200, {"faults": [f.model_dump() for f in sim.faults]})
-            case ("POST", "faults"):
-                unknown = set(body) - {"kind", "vm", "count", "status", "seconds", "endpoint"}
-                if unknown:
-                    self._error(400, f"unknown fields: {', '.join(sorted(unknown))}")
-                    return
-                try:
-                    fault_id = sim.inject_fault(**body)
-                except ValidationError as exc:
-                    self._error(400, _summarize(exc))
-                    return
-                except TypeError:
-                    self._error(400, "give at least the fault's kind")
-                    return
-                self._json(200, {"FaultId": fault_id})
-            case ("DELETE", "faults"):
-                self._json(200, {"cleared": sim.clear_faults(query.get("vm"))})
-            case ("GET", "vms"):
-                self._json(200, {"vms": owner.vm_urls(), "root": sim.root_vm()})
-            case ("POST", "vms"):
-                unknown = set(body) - {"name", "availability_set", "scale_set", "spot"}
-                if unknown or not isinstance(body.get("name"), str):
-                    self._error(400, 'give {"name", "availability_set"?, "scale_set"?, "spot"?}')
-                    return
-                name = sim.add_vm(**body)
-                self._json(200, {"name": name, "url": owner.vm_url(name)})
-            case _:
-                if route[1:] in _CONTROL_PATHS:
-                    self._error(405, f"{method} is not supported on /_sim{path}")
-                else:
-                    self._error(404, f"no control endpoint /_sim{path}")
-
-    def _spec(self, body: dict[str, Any]) -> EventSpec | None:
+        urls = control.Urls(url=owner.url, vm_url=owner.vm_url)
         try:
-            return EventSpec.model_validate(body)
-        except ValidationError as exc:
-            self._error(400, _summarize(exc))
-            return None
-
-    def _event(self, event_id: str) -> dict[str, Any]:
-        event = self.server.sim.event(event_id)
-        return next(e for e in self.server.sim.state()["events"] if e["EventId"] == event.event_id)
+            status, data = control.handle(
+                self.server.sim, urls, method, path, query, self._request_body
+            )
+        except control.MethodNotAllowed as exc:
+            self._error(405, str(exc))
+            return
+        except control.UnknownPath as exc:
+            self._error(404, str(exc))
+            return
+        self._json(status, data)
 
 
 def _phrase(status: int) -> str:
@@ -479,10 +368,3 @@ def _phrase(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return f"HTTP {status}"
-
-
-def _summarize(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
-        for e in exc.errors(include_url=False)
-    )
