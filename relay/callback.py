@@ -270,11 +270,13 @@ class CallbackServer:
         self._poll = poll_interval  # how fast stop() is noticed; a wake-up costs CPU
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
+        server_class = CallbackHTTPServer
         if ":" in host:
             import socket
 
-            CallbackHTTPServer.address_family = socket.AF_INET6
-        self.httpd = CallbackHTTPServer((host, int(port)), app)
+            server_class = type("CallbackHTTP6Server", (CallbackHTTPServer,), {})
+            server_class.address_family = socket.AF_INET6
+        self.httpd = server_class((host, int(port)), app)
         self.app = app
         self._thread: threading.Thread | None = None
 

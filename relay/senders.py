@@ -357,7 +357,7 @@ class SendLoop:
     def run(self) -> None:
         failures = 0
         while not self._stop.is_set():
-            message = self.outbox.oldest(timeout=1.0)
+            message = self.outbox.oldest(timeout=5.0)  # append() and stop() wake it
             if message is None:
                 continue
             try:

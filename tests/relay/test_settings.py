@@ -187,3 +187,40 @@ def test_the_real_command_exits_2(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         "relay: bad settings: --poll-interval: Input should be greater than 0"
     ]
+
+
+def test_hooks_from_the_environment_as_json(
+    tmp_path: Path, key_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "drain.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("RELAY_HOOKS", json.dumps({"drain": str(script)}))
+    monkeypatch.setenv("RELAY_CALLBACK_LISTEN", "127.0.0.1:0")
+    monkeypatch.setenv("RELAY_CALLBACK_KEY_FILE", str(key_file))
+    assert load_settings(["--forward=file:/x"]).hooks == {"drain": script}
+
+
+def test_an_unusable_sas_connection_string_exits_2(tmp_path: Path) -> None:
+    conn = tmp_path / "sas.txt"
+    conn.write_text("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relay",
+            "--forward=servicebus://ns.servicebus.windows.net/documents",
+            f"--sas-connection-string-file={conn}",
+            f"--state-dir={tmp_path / 'state'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "relay: bad settings: the SAS connection string needs SharedAccessKeyName "
+        "and SharedAccessKey\n"
+    )
