@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start an event on one approval from its Resources (any, default) "
         "or only when every VM in Resources approved (all)",
     )
+    parser.add_argument(
+        "--rate-limit",
+        type=float,
+        default=None,
+        metavar="N",
+        help="answer 429 beyond N requests per second per VM (Azure: 5); default no limit",
+    )
     parser.add_argument("--location", default="westeurope", help="the VMs' Azure region")
     parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
     parser.add_argument(
@@ -120,7 +127,10 @@ def build_simulator(args: argparse.Namespace) -> Simulator:
     except ValueError as exc:
         raise SimulatorError(f"--terminate-timeout: {exc}") from None
     sim = Simulator(
-        time_scale=args.time_scale, approval_mode=args.approval_mode, location=args.location
+        time_scale=args.time_scale,
+        approval_mode=args.approval_mode,
+        location=args.location,
+        rate_limit=args.rate_limit,
     )
     specs = getattr(args, "vm_specs", None) or [("vm", DEFAULT_VM)]
     for kind, value in specs:

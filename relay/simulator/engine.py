@@ -75,7 +75,10 @@ class Simulator:
         approval_mode: Literal["any", "all"] = "any",
         clock: Callable[[], float] = time.time,
         location: str = "westeurope",
+        rate_limit: float | None = None,
     ) -> None:
+        """`rate_limit`: answer 429 beyond this many requests per second per VM, as IMDS
+        does (5/s on Azure); None (default) means no limit."""
         if not time_scale > 0:
             raise SimulatorError("time_scale must be greater than 0")
         if approval_mode not in ("any", "all"):
@@ -84,6 +87,9 @@ class Simulator:
         self.approval_mode = approval_mode
         self.clock = clock
         self.location = location
+        if rate_limit is not None and not rate_limit > 0:
+            raise SimulatorError("rate_limit must be greater than 0")
+        self.rate_limit = rate_limit
         self._lock = threading.RLock()
         self._vms: dict[str, Vm] = {}
         self._scale_sets: dict[str, float] = {}
@@ -695,6 +701,8 @@ class Simulator:
         with self._lock:
             target = self.vm(vm)
             target.requests[endpoint] += 1
+            if self._over_rate_limit(target):
+                return FaultAction(kind="status", status=429)
             action = self._faults.take(target.name, endpoint)
             if endpoint == "scheduledevents":
                 if target.enablement.enabled:
@@ -703,6 +711,16 @@ class Simulator:
                     delay = self._faults.take_first_call(target.name)
                     action.delay += target.enablement.begin(delay)
             return action
+
+    def _over_rate_limit(self, vm: Vm) -> bool:
+        if self.rate_limit is None:
+            return False
+        now = time.monotonic()
+        recent = vm.recent_requests
+        recent.append(now)
+        while recent and recent[0] <= now - 1.0:
+            recent.popleft()
+        return len(recent) > self.rate_limit
 
     def request_count(self, vm: str, endpoint: str = "scheduledevents") -> int:
         """How many requests of that endpoint the VM's URL has received (after validation)."""
@@ -740,6 +758,7 @@ class Simulator:
                 ],
                 "faults": [f.model_dump() for f in self._faults.active()],
                 "approvals": [a.model_dump(mode="json") for a in self._approvals],
+                "errors": list(self.errors),
             }
 
     def describe_event(self, event_id: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -44,6 +44,7 @@ class Vm:
     history: list[dict[str, Any]] = field(default_factory=list)
     enablement: Enablement = field(default_factory=Enablement)
     requests: Counter[str] = field(default_factory=Counter)
+    recent_requests: deque[float] = field(default_factory=deque)  # for the rate limit
 
     @property
     def group(self) -> tuple[str, str] | None:

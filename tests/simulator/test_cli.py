@@ -197,6 +197,7 @@ def test_cli_scenario_file_and_exit_when_done(run: type[Running], tmp_path: Path
         (["--terminate-timeout", "PT1M", "--scale-set", "web:2"], "PT5M and PT15M"),
         (["--terminate-timeout", "5 minutes"], "ISO 8601"),
         (["--time-scale", "0"], "time-scale"),
+        (["--rate-limit", "0"], "rate_limit"),
         (["--vm", "a", "--vm", "a"], "already exists"),
         (["--scenario-file", "/nonexistent/file.json"], "cannot read"),
     ],

@@ -482,3 +482,19 @@ def test_concurrent_polls_see_consistent_documents() -> None:
             thread.join(timeout=30)
     assert problems == []
     assert len({k for k in seen if k % 10 == 0}) >= 2
+
+
+def test_rate_limit_answers_429_like_imds() -> None:
+    sim = Simulator(rate_limit=3)
+    sim.add_vm("a")
+    sim.add_vm("b")
+    with SimulatorServer(sim) as server, requests.Session() as session:
+
+        def code(vm: str) -> int:
+            url = se_url(server.vm_url(vm))
+            return session.get(url, headers=HEADERS, params=V, timeout=5).status_code
+
+        assert [code("a") for _ in range(4)] == [200, 200, 200, 429]
+        assert code("b") == 200  # per VM
+        time.sleep(1.05)
+        assert code("a") == 200
