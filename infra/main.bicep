@@ -323,14 +323,17 @@ module functionApp 'modules/functionapp.bicep' = {
 }
 
 // ---------- Relay bootstrap (cloud-init) ----------
-// Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment.
+// Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment: the
+// bootstrap script (infra/relay/add-relay.sh, base64) and its six arguments.
+var addRelayScriptB64 = base64(loadTextContent('relay/add-relay.sh'))
 var cloudInitTemplate = loadTextContent('relay/cloud-init.yaml')
-var cloudInit1 = replace(cloudInitTemplate, '{{SERVICEBUS_NAMESPACE}}', serviceBus.outputs.fullyQualifiedNamespace)
-var cloudInit2 = replace(cloudInit1, '{{DOCUMENTS_QUEUE}}', serviceBus.outputs.queueName)
-var cloudInit3 = replace(cloudInit2, '{{IDENTITY_CLIENT_ID}}', relayIdentity.properties.clientId)
-var cloudInit4 = replace(cloudInit3, '{{CALLBACK_PORT}}', string(relayCallbackPort))
-var cloudInit5 = replace(cloudInit4, '{{RELAY_KEY_SECRET_URI}}', keyVault.outputs.relayKeySecretUri)
-var relayCloudInit = replace(cloudInit5, '{{RELAY_PACKAGE_URL}}', relayPackageUrl)
+var cloudInit1 = replace(cloudInitTemplate, '{{ADD_RELAY_SCRIPT_B64}}', addRelayScriptB64)
+var cloudInit2 = replace(cloudInit1, '{{SERVICEBUS_NAMESPACE}}', serviceBus.outputs.fullyQualifiedNamespace)
+var cloudInit3 = replace(cloudInit2, '{{DOCUMENTS_QUEUE}}', serviceBus.outputs.queueName)
+var cloudInit4 = replace(cloudInit3, '{{IDENTITY_CLIENT_ID}}', relayIdentity.properties.clientId)
+var cloudInit5 = replace(cloudInit4, '{{CALLBACK_PORT}}', string(relayCallbackPort))
+var cloudInit6 = replace(cloudInit5, '{{RELAY_KEY_SECRET_URI}}', keyVault.outputs.relayKeySecretUri)
+var relayCloudInit = replace(cloudInit6, '{{RELAY_PACKAGE_URL}}', relayPackageUrl)
 
 module exampleScaleSet 'modules/vmss-relay.bicep' = if (deployExampleScaleSet) {
   name: 'example-scaleset'
@@ -379,4 +382,6 @@ output functionIdentityClientId string = functionIdentity.properties.clientId
 output vmSubnetId string = network.outputs.vmSubnetId
 output functionSubnetId string = network.outputs.functionSubnetId
 output relayCallbackPort int = relayCallbackPort
+// The six arguments of infra/relay/add-relay.sh, for existing VMs and scale sets (README).
+output relayBootstrapArguments string = '${serviceBus.outputs.fullyQualifiedNamespace} ${serviceBus.outputs.queueName} ${relayIdentity.properties.clientId} ${relayCallbackPort} ${keyVault.outputs.relayKeySecretUri} ${relayPackageUrl}'
 output relayForward string = 'servicebus://${serviceBus.outputs.fullyQualifiedNamespace}/${serviceBus.outputs.queueName}'

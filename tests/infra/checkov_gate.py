@@ -58,10 +58,14 @@ def inline_skips() -> dict[tuple[str, str], str]:
 
 
 def check_cloud_init(errors: list[str]) -> None:
+    import base64
+
     import yaml
 
+    script = (INFRA / "relay" / "add-relay.sh").read_bytes()
+    values = dict(SAMPLE, ADD_RELAY_SCRIPT_B64=base64.b64encode(script).decode())
     text = (INFRA / "relay" / "cloud-init.yaml").read_text()
-    rendered = re.sub(r"\{\{([A-Z_]+)\}\}", lambda m: SAMPLE[m.group(1)], text)
+    rendered = re.sub(r"\{\{([A-Z0-9_]+)\}\}", lambda m: values[m.group(1)], text)
     try:
         doc = yaml.safe_load(rendered)
     except yaml.YAMLError as exc:
@@ -71,21 +75,11 @@ def check_cloud_init(errors: list[str]) -> None:
         errors.append("cloud-init.yaml must start with #cloud-config and hold a mapping")
         return
     files = {f.get("path"): f for f in doc.get("write_files", [])}
-    for path in (
-        "/etc/scheduled-events-relay/relay.env",
-        "/usr/local/sbin/scheduled-events-relay-key",
-        "/etc/systemd/system/scheduled-events-relay-key.service",
-        "/etc/systemd/system/scheduled-events-relay-key.timer",
-    ):
-        if path not in files or not files[path].get("content"):
-            errors.append(f"cloud-init.yaml: write_files lacks {path}")
-    script = files.get("/usr/local/sbin/scheduled-events-relay-key", {}).get("content", "")
-    try:
-        compile(script, "scheduled-events-relay-key", "exec")
-    except SyntaxError as exc:
-        errors.append(f"cloud-init.yaml: the key script does not compile: {exc}")
-    if not any("scheduled-events-relay.service" in str(c) for c in doc.get("runcmd", [])):
-        errors.append("cloud-init.yaml: runcmd never starts the relay")
+    entry = files.get("/usr/local/sbin/add-scheduled-events-relay", {})
+    if entry.get("encoding") != "b64" or base64.b64decode(entry.get("content", "")) != script:
+        errors.append("cloud-init.yaml: add-relay.sh is not embedded as b64 content")
+    if doc.get("runcmd") != [["/usr/local/sbin/add-scheduled-events-relay", *SAMPLE.values()]]:
+        errors.append(f"cloud-init.yaml: unexpected runcmd {doc.get('runcmd')}")
 
 
 def main() -> int:

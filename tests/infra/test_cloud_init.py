@@ -1,14 +1,20 @@
-"""The relay bootstrap: every placeholder filled by main.bicep, no secret inside."""
+"""The relay bootstrap: cloud-init runs infra/relay/add-relay.sh with six arguments, all
+filled by main.bicep; no secret travels in customData; the script refuses bad input."""
 
 from __future__ import annotations
 
+import base64
 import re
+import subprocess
+
+import pytest
 
 from tests.infra.bicep import INFRA, load
 
 CLOUD_INIT = INFRA / "relay" / "cloud-init.yaml"
-PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
-SAMPLE = {
+ADD_RELAY = INFRA / "relay" / "add-relay.sh"
+PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
+ARGS = {
     "SERVICEBUS_NAMESPACE": "sb-x.servicebus.windows.net",
     "DOCUMENTS_QUEUE": "documents",
     "IDENTITY_CLIENT_ID": "00000000-0000-0000-0000-000000000000",
@@ -16,102 +22,166 @@ SAMPLE = {
     "RELAY_KEY_SECRET_URI": "https://kv-x.vault.azure.net/secrets/relay-key",
     "RELAY_PACKAGE_URL": "https://example.org/scheduled-events-relay-0.1.0.tar.gz",
 }
+# The order add-relay.sh takes its arguments in.
+ARG_ORDER = list(ARGS)
 
 
-def _replacements() -> dict[str, str]:
-    """Placeholder -> the var/param expression main.bicep puts there, following the chain."""
+def _replacements() -> dict[str, object]:
+    """Placeholder -> what main.bicep puts there, following the chain of replace() vars."""
     main = load("main")
-    found = {}
+    found: dict[str, object] = {}
     name = "relayCloudInit"
-    while True:
+    while name != "cloudInitTemplate":
         node = main.variables[name]["function"]
         assert node["type"] == "replace", name
-        args = list(node["parameters"].values())
-        source, old, new = args[0], args[1], args[2]
+        source, old, new = list(node["parameters"].values())[:3]
         key = PLACEHOLDER.fullmatch(old)
-        assert key, f"{name} replaces {old!r}, not a {{{{NAME}}}} placeholder"
+        assert key, f"{name} replaces {old!r}, not a placeholder"
         assert key.group(1) not in found
         found[key.group(1)] = new
-        if source == "cloudInitTemplate":
-            return found
         name = source
+    return found
 
 
-def render(values: dict[str, str] = SAMPLE) -> str:
+def render() -> str:
+    values = dict(ARGS, ADD_RELAY_SCRIPT_B64=base64.b64encode(ADD_RELAY.read_bytes()).decode())
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], CLOUD_INIT.read_text())
 
 
 def test_every_placeholder_is_filled_by_main_bicep() -> None:
     used = set(PLACEHOLDER.findall(CLOUD_INIT.read_text()))
-    assert used == set(_replacements()) == set(SAMPLE)
+    assert used == set(_replacements()) == {*ARGS, "ADD_RELAY_SCRIPT_B64"}
 
 
-def test_template_is_loaded_from_the_file() -> None:
+def test_the_script_and_template_are_loaded_from_their_files() -> None:
     main = load("main")
-    node = main.variables["cloudInitTemplate"]["function"]
-    assert "relay/cloud-init.yaml" in node["parameters"].values()
+    assert main.variables["cloudInitTemplate"]["function"]["parameters"]["file_path"] == (
+        "relay/cloud-init.yaml"
+    )
+    b64 = main.variables["addRelayScriptB64"]["function"]
+    assert b64["type"] == "base64"
+    inner = b64["parameters"]["input_string"]["function"]
+    assert inner["parameters"]["file_path"] == "relay/add-relay.sh"
+    assert _replacements()["ADD_RELAY_SCRIPT_B64"] == "addRelayScriptB64"
 
 
-def test_is_cloud_config_and_installs_with_the_relay_installer() -> None:
+def test_cloud_init_runs_the_script_with_its_arguments_in_order() -> None:
     text = render()
     assert text.startswith("#cloud-config\n")
     assert "\t" not in text
-    assert 'sh "$work/relay/deploy/install.sh" --no-start' in text
-    assert "systemctl start scheduled-events-relay.service" in text
-    assert SAMPLE["RELAY_PACKAGE_URL"] in text
-    # The key is fetched before the relay starts, and refreshed by a timer.
-    assert text.index("until /usr/local/sbin/scheduled-events-relay-key") < text.index(
-        "systemctl start scheduled-events-relay.service"
+    runcmd = text.split("runcmd:\n", 1)[1].splitlines()
+    assert runcmd[0] == "  - - /usr/local/sbin/add-scheduled-events-relay"
+    assert [line.strip().removeprefix("- ").strip('"') for line in runcmd[1:]] == [
+        ARGS[k] for k in ARG_ORDER
+    ]
+    usage = re.search(
+        r"^NAMESPACE=\$1 QUEUE=\$2 CLIENT_ID=\$3 PORT=\$4 SECRET_URI=\$5 "
+        r"PACKAGE_URL=\$6$",
+        ADD_RELAY.read_text(),
+        re.M,
     )
-    assert "systemctl enable --now scheduled-events-relay-key.timer" in text
+    assert usage, "add-relay.sh's argument order changed: update cloud-init.yaml and this test"
 
 
-def test_the_relay_installer_it_relies_on_exists() -> None:
-    deploy = INFRA.parent / "relay" / "deploy"
-    install = (deploy / "install.sh").read_text()
-    assert "--no-start" in install
-    unit = (deploy / "scheduled-events-relay.service").read_text()
-    assert "EnvironmentFile=/etc/scheduled-events-relay/relay.env" in unit
-    assert "User=scheduled-events-relay" in unit
+def test_bootstrap_arguments_output_matches_the_script_order() -> None:
+    value = load("main").outputs["relayBootstrapArguments"]["value"]
+    assert value.split() == [
+        "${serviceBus.outputs.fullyQualifiedNamespace}",
+        "${serviceBus.outputs.queueName}",
+        "${relayIdentity.properties.clientId}",
+        "${relayCallbackPort}",
+        "${keyVault.outputs.relayKeySecretUri}",
+        "${relayPackageUrl}",
+    ]
 
 
-def test_no_secret_in_cloud_init() -> None:
-    text = CLOUD_INIT.read_text()
-    assert not re.search(r"SharedAccessKey|AccountKey=|password|__RELAY_CALLBACK_KEY__", text, re.I)
-    # The key comes from Key Vault with the VM identity, lands 0640, and is never printed.
-    assert "https://vault.azure.net" in text
-    assert "0o640" in text
-    assert "print(key" not in text
-    assert "scheduled-events-relay" in text
+def test_no_secret_travels_in_cloud_init_or_the_script() -> None:
+    for text in (CLOUD_INIT.read_text(), ADD_RELAY.read_text()):
+        assert not re.search(r"SharedAccessKey|AccountKey=|password|CALLBACK_KEY__", text, re.I)
+    script = ADD_RELAY.read_text()
+    assert "https://vault.azure.net" in script
+    assert "0o640" in script
+    assert "print(key" not in script
 
 
-def _write_file(text: str, path: str) -> str:
-    block = text.split(f"path: {path}", 1)[1]
-    body = block.split("content: |\n", 1)[1]
-    lines = []
-    for line in body.splitlines():
-        if line and not line.startswith("      "):
-            break
-        lines.append(line[6:])
-    return "\n".join(lines)
+def test_the_script_is_valid_sh() -> None:
+    subprocess.run(["sh", "-n", str(ADD_RELAY)], check=True)
 
 
-def test_the_key_script_compiles_once_rendered() -> None:
-    script = _write_file(render(), "/usr/local/sbin/scheduled-events-relay-key")
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("SERVICEBUS_NAMESPACE", "sb-x.example.org"),
+        ("DOCUMENTS_QUEUE", "a/b"),
+        ("IDENTITY_CLIENT_ID", "not-a-guid!"),
+        ("CALLBACK_PORT", "84x2"),
+        ("RELAY_KEY_SECRET_URI", "https://evil.example.org/secrets/relay-key"),
+        ("RELAY_PACKAGE_URL", ""),
+        ("RELAY_PACKAGE_URL", "http://example.org/relay.tar.gz"),
+    ],
+)
+def test_the_script_refuses_bad_arguments_before_doing_anything(field, bad) -> None:
+    args = [bad if k == field else ARGS[k] for k in ARG_ORDER]
+    proc = subprocess.run(["sh", str(ADD_RELAY), *args], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("add-relay.sh:")
+
+
+def test_the_script_wants_exactly_six_arguments() -> None:
+    proc = subprocess.run(["sh", str(ADD_RELAY), "a"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "usage:" in proc.stderr
+
+
+def _heredoc(tag: str) -> str:
+    text = ADD_RELAY.read_text()
+    m = re.search(rf"<<{tag}\n(.*?)\n{tag}\n", text, re.S)
+    assert m, tag
+    return m.group(1)
+
+
+def _expand(text: str) -> str:
+    """What the shell writes for an unquoted heredoc, with the sample arguments."""
+    values = {
+        "ETC": "/etc/scheduled-events-relay",
+        "IMDS": "http://169.254.169.254/metadata",
+        "NAMESPACE": ARGS["SERVICEBUS_NAMESPACE"],
+        "QUEUE": ARGS["DOCUMENTS_QUEUE"],
+        "CLIENT_ID": ARGS["IDENTITY_CLIENT_ID"],
+        "PORT": ARGS["CALLBACK_PORT"],
+        "SECRET_URI": ARGS["RELAY_KEY_SECRET_URI"],
+        "ip": "10.40.0.4",
+    }
+    text = re.sub(r"\$(\w+)", lambda m: values[m.group(1)], text)
+    return text.replace("\\\\", "\\")
+
+
+def test_the_key_script_compiles_as_written() -> None:
+    script = _expand(_heredoc("PY"))
     assert script.startswith("#!/usr/bin/env python3")
     compile(script, "scheduled-events-relay-key", "exec")
-    assert f'SECRET_URI = "{SAMPLE["RELAY_KEY_SECRET_URI"]}"' in script
-    assert f'CLIENT_ID = "{SAMPLE["IDENTITY_CLIENT_ID"]}"' in script
+    assert f'SECRET_URI = "{ARGS["RELAY_KEY_SECRET_URI"]}"' in script
+    assert 'if not key or "\\n" in key:' in script
 
 
 def test_relay_env_names_real_relay_settings() -> None:
     from relay.settings import RelaySettings
 
-    env = _write_file(render(), "/etc/scheduled-events-relay/relay.env")
+    env = _expand(_heredoc("ENV"))
     values = dict(line.split("=", 1) for line in env.splitlines() if line.strip())
     fields = {f"RELAY_{name.upper()}" for name in RelaySettings.model_fields}
     assert set(values) <= fields, set(values) - fields
     assert values["RELAY_FORWARD"] == "servicebus://sb-x.servicebus.windows.net/documents"
-    assert values["RELAY_IDENTITY_CLIENT_ID"] == SAMPLE["IDENTITY_CLIENT_ID"]
+    assert values["RELAY_IDENTITY_CLIENT_ID"] == ARGS["IDENTITY_CLIENT_ID"]
     assert values["RELAY_CALLBACK_LISTEN"] == "0.0.0.0:8492"
-    assert "http://${ip}:8492" in render()
+    assert values["RELAY_CALLBACK_URL"] == "http://10.40.0.4:8492"
+    assert values["RELAY_CALLBACK_KEY_FILE"] == "/etc/scheduled-events-relay/callback.key"
+
+
+def test_the_relay_installer_it_relies_on_exists() -> None:
+    deploy = INFRA.parent / "relay" / "deploy"
+    assert "--no-start" in (deploy / "install.sh").read_text()
+    unit = (deploy / "scheduled-events-relay.service").read_text()
+    assert "EnvironmentFile=/etc/scheduled-events-relay/relay.env" in unit
+    assert "User=scheduled-events-relay" in unit
+    assert 'sh "$work/relay/deploy/install.sh" --no-start' in ADD_RELAY.read_text()
