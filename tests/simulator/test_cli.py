@@ -320,3 +320,12 @@ def test_bad_scenario_files(tmp_path: Path, content: str, message: str) -> None:
     path.write_text(content)
     with pytest.raises(ScenarioFileError, match=message):
         load_scenario_file(path)
+
+
+def test_cli_logs_requests_when_asked(run: type[Running]) -> None:
+    sim = run("--log-requests")
+    ready = sim.ready()
+    get(ready["url"])
+    assert sim.stop() == 0
+    assert sim.proc.stderr is not None
+    assert "GET /metadata/scheduledevents?api-version=2020-07-01" in sim.proc.stderr.read()
