@@ -1,0 +1,159 @@
+"""The app settings the template writes are the ones the function app reads.
+
+Evaluates the template's settings with sample parameter values (Key Vault references
+resolved to sample secrets, as the platform does) and loads them with the app's own
+pydantic settings models.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.infra.bicep import load
+from tests.infra.test_functionapp import FN
+
+SAMPLE = {
+    "identityClientId": "11111111-1111-1111-1111-111111111111",
+    "storageAccountName": "stsebridgeabc",
+    "serviceBusFullyQualifiedNamespace": "sb-sebridge-abc.servicebus.windows.net",
+    "appInsightsConnectionString": "InstrumentationKey=0;IngestionEndpoint=https://x/",
+    "keyVaultUri": "https://kv-sebridge-abc.vault.azure.net/",
+    "name": "func-sebridge-abc",
+    # Every optional channel secret given, so each reference is exercised.
+    "hasPagerduty": True,
+    "hasTeams": True,
+    "hasWebhookUrl": True,
+    "hasWebhookSecret": True,
+}
+SECRETS = {
+    "relay-key": "k" * 64,
+    "pagerduty-routing-key": "R" * 32,
+    "teams-webhook-url": "https://example.org/teams",
+    "webhook-url": "https://example.org/hook",
+    "webhook-secret": "s" * 32,
+}
+
+
+def _value(node):
+    """Evaluate one setting value with parameter defaults and SAMPLE."""
+    params = FN.params
+    if isinstance(node, str):
+        if node in SAMPLE:
+            return SAMPLE[node]
+        if node in params:
+            return params[node]["default"]
+        return re.sub(r"\$\{([\w.]+)\}", lambda m: str(_ref(m.group(1))), node)
+    if isinstance(node, dict) and "function" in node:
+        func = node["function"]
+        (arg,) = func["parameters"].values()
+        value = _value(arg)
+        if func["type"] == "empty":
+            return not value
+        assert func["type"] == "string", func
+        return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    if isinstance(node, dict) and "operator" in node:
+        ops = node["operator"]["operands"]
+        return _value(ops["true_value"] if _value(ops["condition"]) else ops["false_value"])
+    raise AssertionError(node)
+
+
+def _ref(path: str):
+    head, *rest = path.split(".")
+    if head == "secretNames":
+        return load("keyvault").variables["names"][rest[0]]
+    if head in FN.variables and isinstance(FN.variables[head], str):
+        return _value(FN.variables[head])
+    return _value(head)
+
+
+def _resolve_key_vault(value: str) -> str:
+    m = re.fullmatch(
+        r"@Microsoft\.KeyVault\(SecretUri=https://[\w-]+\.vault\.azure\.net/secrets/([\w-]+)\)",
+        value,
+    )
+    return SECRETS[m.group(1)] if m else value
+
+
+def _objects(node):
+    """The settings objects `appSettings` really merges, conditionals decided."""
+    if isinstance(node, str):
+        yield from _objects(FN.variables[node])
+    elif "function" in node:
+        assert node["function"]["type"] == "union"
+        for arg in node["function"]["parameters"].values():
+            yield from _objects(arg)
+    elif "operator" in node:
+        ops = node["operator"]["operands"]
+        yield from _objects(ops["true_value"] if _value(ops["condition"]) else ops["false_value"])
+    else:
+        yield node
+
+
+def app_settings() -> dict[str, str]:
+    merged = {}
+    for obj in _objects("appSettings"):
+        for name, node in obj.items():
+            merged[name] = _value(node)
+    return merged
+
+
+@pytest.fixture
+def app_env(monkeypatch):
+    env = {name: _resolve_key_vault(value) for name, value in app_settings().items()}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+def test_key_vault_references_are_well_formed(app_env) -> None:
+    refs = {n: v for n, v in app_settings().items() if v.startswith("@Microsoft.KeyVault")}
+    assert set(refs) == {
+        "RELAY_KEY",
+        "PAGERDUTY_ROUTING_KEY",
+        "TEAMS_WEBHOOK_URL",
+        "WEBHOOK_URL",
+        "WEBHOOK_SECRET",
+    }
+    for name, value in refs.items():
+        assert value.startswith(
+            "@Microsoft.KeyVault(SecretUri=https://kv-sebridge-abc.vault.azure.net/secrets/"
+        )
+        assert app_env[name] in SECRETS.values(), name
+
+
+def test_the_function_settings_model_reads_them(app_env) -> None:
+    from functions.settings import Settings
+
+    s = Settings()
+    assert s.service_bus_namespace == SAMPLE["serviceBusFullyQualifiedNamespace"]
+    assert s.state_storage_account == SAMPLE["storageAccountName"]
+    assert s.webjobs_storage_account == SAMPLE["storageAccountName"]
+    assert s.service_bus_connection is None and s.state_storage is None
+    assert s.relay_key.get_secret_value() == SECRETS["relay-key"]
+    assert s.documents_queue == "documents"
+    assert s.notifications_topic == "notifications"
+    assert s.public_base_url == "https://func-sebridge-abc.azurewebsites.net"
+
+
+def test_the_policy_defaults_are_the_reference_policy(app_env) -> None:
+    from functions.policy import PolicySettings, default_rules, load_policy
+
+    policy = PolicySettings()
+    assert policy.rules == tuple(default_rules())
+    assert policy.dry_run is False
+    assert policy.windows == ()
+    assert policy.timezone == "UTC"
+    assert policy.max_concurrent_per_set == 1
+    assert load_policy().error is None
+    assert "POLICY__RULES" not in app_env
+
+
+def test_channels_stay_off_when_their_secret_is_not_given(monkeypatch) -> None:
+    for flag in ("hasPagerduty", "hasTeams", "hasWebhookUrl", "hasWebhookSecret"):
+        monkeypatch.delitem(SAMPLE, flag)
+    names = set(app_settings())
+    assert not names & {"PAGERDUTY_ROUTING_KEY", "TEAMS_WEBHOOK_URL", "WEBHOOK_URL"}
+    assert "RELAY_KEY" in names
