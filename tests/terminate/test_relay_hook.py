@@ -124,3 +124,19 @@ def test_instances_drain_at_the_same_time(harness: Harness, relays: Callable[...
     first_done = min(step.finished_at for step in hooks if step.finished_at)
     assert all(step.started_at < first_done for step in hooks)  # they overlapped
     assert sorted(fleet.runs()) == sorted(f"{vm} {event_id}" for vm in names)
+
+
+def test_a_relay_hook_that_outlasts_its_step_fails_the_drain(
+    harness: Harness, relays: Callable[..., Relays]
+) -> None:
+    fleet = relays(count=1, hook_seconds=2, hook_wait=0.1)
+    harness.callbacks.update(fleet.urls)
+    event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
+    result = run_drain(
+        terminate_note(event_id),
+        settings(relay_hook="drain", step_timeout_seconds=0.8),
+        harness.context(),
+    )
+    assert result.outcome == "held"
+    assert "ran out of time: hook still running" in result.steps["hook:web_0"].detail
+    assert harness.transitions() == ["drain_started", "drain_failed"]
