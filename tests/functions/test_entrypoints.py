@@ -181,7 +181,16 @@ def test_function_bindings():
 
 def test_handlers_from_function_app(store, clock, relay):
     names = _functions()
-    assert {"ingest", "watchdog", "status", "approve"} <= set(names)
+    assert set(names) == {
+        "ingest",
+        "watchdog",
+        "status",
+        "approve",
+        "notify_teams",
+        "notify_pagerduty",
+        "notify_webhook",
+        "terminate_drain",
+    }
     pipeline, pub = make_pipeline(store, clock)
     handlers.use_pipeline(pipeline)
     try:
