@@ -206,10 +206,10 @@ resource addedFunctionSubnet 'Microsoft.Network/virtualNetworks/subnets@2024-01-
   }
 }
 
-var vmSubnetId = resourceId('Microsoft.Network/virtualNetworks/subnets', virtualNetworkName, vmSubnetName)
-
-output vmSubnetId string = createVirtualNetwork ? vnet.properties.subnets[0].id : vmSubnetId
-output functionSubnetId string = createVirtualNetwork ? vnet.properties.subnets[1].id : addedFunctionSubnet.id
+// Ids by name (no reference to a resource that may not be deployed in this mode); a
+// module's outputs are read only after all of its resources exist.
+output vmSubnetId string = resourceId('Microsoft.Network/virtualNetworks/subnets', virtualNetworkName, vmSubnetName)
+output functionSubnetId string = resourceId('Microsoft.Network/virtualNetworks/subnets', virtualNetworkName, functionSubnetName)
 output functionSubnetPrefix string = functionSubnetPrefix
 output nsgId string = nsgId
 output callbackPort int = callbackPort

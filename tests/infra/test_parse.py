@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from tests.infra.bicep import INFRA, bicep_files, load, module_path, parse, parse_bicepparam
+from tests.infra.bicep import (
+    INFRA,
+    Template,
+    bicep_files,
+    dotted,
+    load,
+    module_path,
+    parse,
+    parse_bicepparam,
+)
 
 
 def test_there_are_templates() -> None:
@@ -78,3 +89,34 @@ def test_worked_example_values_are_allowed() -> None:
         allowed = main.decorator(name, "allowed")
         if allowed and not isinstance(value, dict):
             assert value in allowed, f"{name}={value!r} not in {allowed}"
+
+
+def _property_reads(node, found):
+    """Every `x.properties...` chain in a value (a runtime reference())."""
+    if isinstance(node, dict):
+        op = node.get("operator", {})
+        if op.get("type") == "property_accessor":
+            try:
+                path = dotted(node)
+            except AssertionError:
+                path = ""
+            head, _, rest = path.partition(".")
+            if rest.startswith("properties"):
+                found.add(head)
+        for value in node.values():
+            _property_reads(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            _property_reads(value, found)
+    elif isinstance(node, str):
+        found.update(re.findall(r"\$\{(\w+)\.properties\b", node))
+    return found
+
+
+@pytest.mark.parametrize("path", bicep_files(), ids=lambda p: p.relative_to(INFRA).as_posix())
+def test_outputs_never_read_a_resource_that_may_not_exist(path) -> None:
+    template = Template.load(path)
+    conditional = {r.symbol for r in template.resources() if r.condition is not None}
+    for name, output in template.outputs.items():
+        reads = _property_reads(output["value"], set())
+        assert not reads & conditional, f"output {name} reads {reads & conditional}"
