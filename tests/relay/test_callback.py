@@ -202,3 +202,21 @@ def test_health_has_no_event_details(simulator: Any, relay: Any) -> None:
     assert response.status_code == 200
     assert response.json()["healthy"] is True
     assert "Events" not in response.text and "EventId" not in response.text
+
+
+def test_the_replay_cache_forgets_only_what_can_no_longer_verify() -> None:
+    from relay.callback import Refused, ReplayCache
+
+    cache = ReplayCache(window=300, limit=4)
+    assert cache.first_use("a", now=1000)
+    assert not cache.first_use("a", now=1000 + 599)  # a timestamp may lie 300 s ahead
+    assert cache.first_use("b", now=1000)
+    assert cache.first_use("c", now=1001)
+    assert cache.first_use("d", now=2000)  # a, b, c have expired and are purged
+    assert len(cache) <= 2
+    assert cache.first_use("e", now=2000)
+    assert cache.first_use("f", now=2000)
+    assert cache.first_use("g", now=2000)
+    with pytest.raises(Refused) as info:  # full of live signatures: refuse, never forget
+        cache.first_use("h", now=2000)
+    assert info.value.status == 503

@@ -39,6 +39,7 @@ def hooks_dir(tmp_path: Path) -> Path:
     script(tmp_path / "broken.sh", "echo 'cannot reach the load balancer' >&2\nexit 3\n")
     script(tmp_path / "hang.sh", f"echo $$ > {runs}/hang.pid\nexec sleep 30\n")
     script(tmp_path / "slowish.sh", "sleep 0.5\necho done\n")
+    script(tmp_path / "chatty.sh", "seq 1 100000\n")
     return tmp_path
 
 
@@ -51,7 +52,7 @@ def start_relay(simulator: Any, hooks_dir: Path) -> Iterator[Callable[..., Any]]
 
     def start(timeout: float = 5.0, wait: float = 3.0) -> CallbackServer:
         runner = HookRunner(
-            {n: hooks_dir / f"{n}.sh" for n in ("drain", "broken", "hang", "slowish")},
+            {n: hooks_dir / f"{n}.sh" for n in ("drain", "broken", "hang", "slowish", "chatty")},
             hooks_dir / "state",
             timeout=timeout,
             vm_name="vm0",
@@ -216,3 +217,10 @@ def test_an_identical_repeat_is_a_replay(simulator: Any, start_relay: Any) -> No
     url = relay.url + "/v1/hook"
     assert requests.post(url, data=body, headers=headers, timeout=5).status_code == 200
     assert requests.post(url, data=body, headers=headers, timeout=5).status_code == 409
+
+
+def test_only_the_tail_of_the_output_is_kept(simulator: Any, start_relay: Any) -> None:
+    answer = call(start_relay(), "chatty", terminate(simulator.sim)).json()
+    assert answer["status"] == "succeeded"
+    assert len(answer["output_tail"]) <= 2048
+    assert answer["output_tail"].endswith("99999\n100000\n")

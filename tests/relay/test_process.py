@@ -151,21 +151,31 @@ def test_callback_hooks_and_identity_from_compute_metadata(
     assert relay.logs()[-1]["msg"] == "relay stopped"
 
 
-def test_sigterm_stops_cleanly_even_while_imds_is_down(relay_process: Any, tmp_path: Path) -> None:
+def test_sigterm_stops_cleanly_even_while_imds_is_down(
+    relay_process: Any, tmp_path: Path, key_file: Path
+) -> None:
+    port = free_port()
     relay = relay_process(
         f"--imds-url=http://127.0.0.1:{free_port()}",
         "--vm-name=vm0",
         f"--state-dir={tmp_path / 'state'}",
         f"--forward=file:{tmp_path / 'out'}",
+        f"--callback-listen=127.0.0.1:{port}",
+        f"--callback-key-file={key_file}",
         *FAST,
     )
     wait_for(lambda: any("IMDS error" in x.get("msg", "") for x in relay.logs()))
+    url = f"http://127.0.0.1:{port}/v1/health"
+    [health] = wait_for(lambda: [r] if (r := _get(url)) is not None else None)
+    assert health.status_code == 503
+    assert health.json()["imds"] == {"healthy": False, "error": "connection"}
     assert relay.stop() == 0
     errors = [x for x in relay.logs() if "IMDS error" in x.get("msg", "")]
     assert len(errors) == 1 and errors[0]["kind"] == "connection"
 
 
 def _get(url: str) -> requests.Response | None:
+    """The answer, whatever its status (a Response is falsy for 4xx/5xx), or None."""
     try:
         return requests.get(url, timeout=2)
     except requests.ConnectionError:

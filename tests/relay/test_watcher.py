@@ -223,3 +223,20 @@ def test_a_document_the_disk_refused_is_queued_later(
     relay.sending = SendLoop(relay.outbox, FileSender(relay.forward)).start()
     wait_for(lambda: len(relay.documents()) == 2)
     assert relay.documents() == simulator.sim.history("vm0")
+
+
+def test_heartbeats_continue_while_imds_is_down_and_say_so(tmp_path: Path) -> None:
+    from tests.conftest import free_port
+
+    class Nowhere:
+        def vm_url(self, name: str) -> str:
+            return f"http://127.0.0.1:{free_port()}/vm/{name}"
+
+    relay = Running(Nowhere(), tmp_path, heartbeat_interval=0.2, max_backoff=0.1)
+    try:
+        wait_for(lambda: len(relay.envelopes("heartbeat")) >= 2)
+    finally:
+        relay.stop()
+    beat = relay.envelopes("heartbeat")[-1]
+    assert beat["imds_healthy"] is False and beat["imds_error"] == "connection"
+    assert relay.documents() == []
