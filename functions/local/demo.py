@@ -494,7 +494,7 @@ class Demo:
         self.subscriptions: list[Subscription] = []
         self._unsaid: dict[str, tuple[str, str, str, set[str]]] = {}
         self.inbox: Path | None = None
-        self._hook_lines_seen = 0
+        self.hook_runs: list[tuple[float, str, str]] = []  # (time.time(), VM, EventId)
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> Demo:
@@ -556,8 +556,7 @@ class Demo:
         self.timeline.add("demo", "receivers", f"listening: {local}")
 
     def _start_simulator(self) -> None:
-        from relay.simulator.engine import Simulator
-        from relay.simulator.server import SimulatorServer
+        from relay.simulator import Simulator, SimulatorServer
 
         self.sim = Simulator(time_scale=self.options.time_scale)
         scale_sets: dict[str, list[str]] = {}
@@ -880,13 +879,12 @@ class Demo:
         if hook_log is None or not hook_log.exists():
             return
         lines = hook_log.read_text().splitlines()
-        for line in lines[self._hook_lines_seen :]:
-            parts = line.split()
-            if len(parts) == 3:
-                self.timeline.add(
-                    "drain", short_id(parts[2]), f"relay of {parts[1]} ran its hook script 'drain'"
-                )
-        self._hook_lines_seen = len(lines)
+        for line in lines[len(self.hook_runs) :]:
+            stamp, vm, event_id = [*line.split(), "0", "?", "?"][:3]
+            self.hook_runs.append((float(stamp), vm, event_id))
+            self.timeline.add(
+                "drain", short_id(event_id), f"relay of {vm} ran its hook script 'drain'"
+            )
 
     def _all_seen(self) -> bool:
         return all(step in self.step_events for step in self.played)
@@ -1131,13 +1129,8 @@ class Demo:
             for r in self.receivers["drain"].accepted()
             if isinstance(r.body, dict) and r.body.get("EventId") == event_id
         ]
-        script: list[float] = []
-        hook_log = getattr(self, "hook_log", None)
-        if hook_log is not None and hook_log.exists():
-            for line in hook_log.read_text().splitlines():
-                stamp, _vm, logged_id = [*line.split(), "", "", ""][:3]
-                if logged_id == event_id:
-                    script.append(float(stamp))
+        self._hook_script_runs()
+        script = [at for at, _vm, logged in self.hook_runs if logged == event_id]
         if not http or not script:
             return Outcome(label, False, f"HTTP hook calls {len(http)}, script runs {len(script)}")
         if approval is None:

@@ -1,0 +1,313 @@
+"""`python -m tests.bench`: the bridge's numbers, measured on this machine with real parts.
+
+- relay (tests/bench/relay_bench.py): detection latency at 1 s polling, the relay's memory,
+  and its CPU against the seed's plain polling loop measured beside it;
+- approve_e2e: a simulator change to StartRequests received by the simulator, for an
+  auto-approved event, through a real relay (1 s polling), the local host, ingest, the
+  policy and the signed callback, with state on Azurite;
+- ingest throughput with Table storage on Azurite, one worker per Service Bus session;
+- notifications per event: 100 VMs of one availability set report the same event
+  concurrently, and Teams must get one post.
+
+The table is for people; the last line is one JSON object, for CI and the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import multiprocessing
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import requests
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "detect_p99_ms": ("<=", 1100),
+    "approve_e2e_p99_ms": ("<=", 1500),
+    "relay_rss_mb": ("<=", 45),
+    "relay_cpu_ratio": ("<=", 1.5),
+    "ingest_docs_per_s": (">=", 200),
+    "notifications_per_event": ("==", 1),
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def progress(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- relay
+
+
+def relay_numbers(seconds: float) -> dict[str, Any]:
+    from tests.bench import relay_bench
+
+    return relay_bench.run(seconds)
+
+
+# --------------------------------------------------------------------------- approve e2e
+
+
+def approve_e2e(samples: int) -> dict[str, Any]:
+    """Auto-approved events through the whole local pipeline, one at a time, random phase."""
+    from functions.local.demo import Demo, DemoOptions, VmSpec
+    from functions.local.report import Timeline
+
+    options = DemoOptions(
+        time_scale=1.0,  # real time: 15 min of notice, NotBefore never interferes
+        poll_interval=1.0,  # the relay's real cadence
+        fleet=(VmSpec(name="bench-1"),),
+        plan=(),
+        report=None,
+        time_limit=3600,
+    )
+    latencies: list[float] = []
+    rng = random.Random(7)
+    with Demo(options, Timeline(stream=None)) as demo:
+        sim = demo.sim
+        for _ in range(samples):
+            time.sleep(rng.uniform(0.0, 1.0))  # a random phase against the 1 s poll
+            [event_id] = sim.play("live-migration", target="bench-1")
+            created = sim.event(event_id).created_at
+            approval = _wait(lambda e=event_id: _approval_of(sim, e), 15)
+            latencies.append((approval.at.timestamp() - created) * 1000)
+            sim.remove_event(event_id)
+            _wait(lambda e=event_id: "completed" in demo.publisher.transitions(e) or None, 15)
+        failed = [o for o in demo.outcomes() if not o.ok and not o.skipped]
+        if failed:
+            raise RuntimeError(f"the pipeline misbehaved during the bench: {failed}")
+    return {
+        "approve_e2e_p50_ms": round(percentile(latencies, 0.5), 1),
+        "approve_e2e_p99_ms": round(percentile(latencies, 0.99), 1),
+        "approve_e2e_samples": len(latencies),
+    }
+
+
+def _approval_of(sim: Any, event_id: str) -> Any:
+    return next((a for a in sim.approvals if a.event_id == event_id), None)
+
+
+def _wait(probe: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None:
+            return value
+        time.sleep(0.005)
+    raise TimeoutError(f"nothing after {timeout} s")
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+def _pipeline(connection_string: str, prefix: str, publisher: Any) -> Any:
+    from functions.clock import SystemClock
+    from functions.ingest import Pipeline
+    from functions.settings import load_settings
+    from functions.state import Store
+
+    settings = load_settings(
+        state_storage=connection_string, relay_key=uuid.uuid4().hex, state_table_prefix=prefix
+    )
+    store = Store.from_settings(settings).ensure_tables()
+    return Pipeline(store, settings, publisher, requests.Session(), SystemClock())
+
+
+def _envelope(vm: str, sequence: int, events: list[dict[str, Any]], aset: str) -> str:
+    from relay.models import Envelope, VmRef
+
+    return Envelope(
+        kind="document",
+        vm=VmRef(name=vm, availability_set=aset),
+        relay_version="bench",
+        sequence=sequence,
+        observed_at=datetime.now(UTC),
+        document={"DocumentIncarnation": sequence, "Events": events},
+    ).to_json()
+
+
+def _reboot(event_id: str, resources: list[str], status: str) -> dict[str, Any]:
+    return {
+        "EventId": event_id,
+        "EventStatus": status,
+        "EventType": "Reboot",
+        "ResourceType": "VirtualMachine",
+        "Resources": resources,
+        "NotBefore": "Mon, 11 Apr 2050 22:26:58 GMT" if status == "Scheduled" else "",
+        "Description": "Host server is undergoing maintenance.",
+        "EventSource": "Platform",
+        "DurationInSeconds": -1,
+    }
+
+
+def ingest_throughput(
+    connection_string: str, vms: int, processes: int, threads: int
+) -> dict[str, Any]:
+    """Each VM's life through a maintenance: nothing, Scheduled, Started, gone (4 documents),
+    10 VMs per availability set sharing the event. Sessions are spread over worker processes
+    (FUNCTIONS_WORKER_PROCESS_COUNT) and threads (concurrent session invocations), and one
+    VM's documents stay in order, as Service Bus sessions guarantee."""
+    sessions: list[list[str]] = []
+    run_id = uuid.uuid4().hex[:6]
+    for group in range(vms // 10):
+        names = [f"ing{run_id}-{group}-{i}" for i in range(10)]
+        event_id = str(uuid.uuid4()).upper()
+        aset = f"as{run_id}{group}"
+        for name in names:
+            sessions.append(
+                [
+                    _envelope(name, 1, [], aset),
+                    _envelope(name, 2, [_reboot(event_id, names, "Scheduled")], aset),
+                    _envelope(name, 3, [_reboot(event_id, names, "Started")], aset),
+                    _envelope(name, 4, [], aset),
+                ]
+            )
+    random.Random(3).shuffle(sessions)
+    _pipeline(connection_string, "benchingest", None)  # tables exist before the clock starts
+    start_at = time.time() + 2.0  # every worker has imported and connected by then
+    shares = [
+        (connection_string, sessions[i::processes], threads, start_at) for i in range(processes)
+    ]
+    # Workers unpickle the function by module name; under `python -m` this module is
+    # `__main__`, which a spawned child cannot look into, so name it by its import path.
+    worker = importlib.import_module("tests.bench.__main__")._ingest_worker
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
+        results = list(pool.map(worker, shares, timeout=300))
+    elapsed = max(finished for finished, _ in results) - start_at
+    outcomes = [outcome for _, worker_outcomes in results for outcome in worker_outcomes]
+    if outcomes.count("processed") != len(outcomes):
+        raise RuntimeError(f"not every document was processed: {sorted(set(outcomes))}")
+    return {
+        "ingest_docs_per_s": round(len(outcomes) / elapsed, 1),
+        "ingest_docs": len(outcomes),
+        "ingest_workers": f"{processes} processes x {threads} threads",
+    }
+
+
+def _ingest_worker(args: tuple[str, list[list[str]], int, float]) -> tuple[float, list[str]]:
+    from functions.ingest import ingest_message
+    from functions.publish import LocalPublisher
+
+    connection_string, sessions, threads, start_at = args
+    pipeline = _pipeline(connection_string, "benchingest", LocalPublisher())
+    outcomes: list[str] = []
+
+    def run_session(bodies: list[str]) -> None:
+        for body in bodies:
+            outcomes.append(ingest_message(body, pipeline).outcome)
+
+    time.sleep(max(0.0, start_at - time.time()))
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(run_session, sessions))
+    return time.time(), outcomes
+
+
+# --------------------------------------------------------------------------- fan-out
+
+
+def notifications_per_event(connection_string: str, vms: int = 100) -> dict[str, Any]:
+    """100 VMs of one availability set report one event at the same moment."""
+    from functions.ingest import ingest_message
+    from functions.local.receivers import TeamsReceiver
+    from functions.notify.delivery import Transport
+    from functions.notify.dispatch import deliver
+    from functions.notify.settings import ChannelSettings
+    from functions.publish import LocalPublisher
+
+    with TeamsReceiver() as teams:
+        publisher = LocalPublisher()
+        settings = ChannelSettings(teams_webhook_url=teams.url)
+        transport = Transport(session=requests.Session())
+        publisher.subscribe(
+            "teams",
+            lambda note: deliver("teams", note.to_json(), settings=settings, transport=transport),
+        )
+        pipeline = _pipeline(connection_string, "benchfanout", publisher)
+        names = [f"as-vm-{i:03d}" for i in range(vms)]
+        event_id = str(uuid.uuid4()).upper()
+        event = _reboot(event_id, names[:10], "Scheduled")  # one update domain of the set
+        bodies = [_envelope(name, 1, [event], "bigset") for name in names]
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            results = list(pool.map(lambda body: ingest_message(body, pipeline), bodies))
+        posts = [r for r in teams.accepted() if event_id.encode() in r.raw]
+    if any(r.outcome != "processed" for r in results):
+        raise RuntimeError("not every report was processed")
+    return {
+        "notifications_per_event": len(posts),
+        "fanout_reports": len(results),
+        "fanout_transitions": publisher.transitions(event_id),
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def verdict(name: str, value: Any) -> str:
+    if name not in TARGETS or not isinstance(value, int | float):
+        return ""
+    op, target = TARGETS[name]
+    ok = {"<=": value <= target, ">=": value >= target, "==": value == target}[op]
+    return f"{op} {target:g}  {'met' if ok else 'MISSED'}"
+
+
+def table(results: dict[str, Any]) -> str:
+    rows = [(name, f"{value}", verdict(name, value)) for name, value in results.items()]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'measure':<{width}}  {'value':>12}  target", "-" * (width + 32)]
+    lines += [f"{name:<{width}}  {value:>12}  {target}" for name, value, target in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
+    parser.add_argument("--relay-seconds", type=float, default=60.0)
+    parser.add_argument("--approve-samples", type=int, default=40)
+    parser.add_argument("--ingest-vms", type=int, default=300)
+    parser.add_argument("--ingest-processes", type=int, default=2, help="worker processes")
+    parser.add_argument("--ingest-threads", type=int, default=2, help="sessions per process")
+    parser.add_argument("--quick", action="store_true", help="small samples, for a smoke run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.relay_seconds, args.approve_samples, args.ingest_vms = 12.0, 5, 50
+    from functions.local.azurite import Azurite
+
+    began = time.monotonic()
+    results: dict[str, Any] = {}
+    progress(f"relay: {args.relay_seconds:g} s of polling beside the plain loop")
+    results.update(relay_numbers(args.relay_seconds))
+    progress(f"approve end to end: {args.approve_samples} auto-approved events")
+    results.update(approve_e2e(args.approve_samples))
+    with Azurite() as azurite:
+        progress(f"ingest: {args.ingest_vms * 4} documents on Azurite")
+        results.update(
+            ingest_throughput(
+                azurite.connection_string,
+                args.ingest_vms,
+                args.ingest_processes,
+                args.ingest_threads,
+            )
+        )
+        progress("fan-out: 100 VMs of one availability set report one event")
+        results.update(notifications_per_event(azurite.connection_string))
+    results["bench_seconds"] = round(time.monotonic() - began, 1)
+    print(table(results))
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""`python -m functions.local.demo` stops everything it started: on Ctrl-C, on SIGTERM and at
+its hard time limit."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import clean_env
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+
+
+def start_demo(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "functions.local.demo", "--no-report", *args],
+        cwd=ROOT,
+        env=clean_env(NO_COLOR="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def read_until(proc: subprocess.Popen[str], pattern: str, timeout: float = 30) -> tuple[str, str]:
+    deadline = time.monotonic() + timeout
+    seen = []
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return match.group(1), "".join(seen)
+    proc.kill()
+    raise AssertionError(f"no line matching {pattern!r}:\n{''.join(seen)}")
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
+def test_a_signal_stops_every_relay_and_cleans_up(sig: signal.Signals, code: int):
+    proc = start_demo()
+    workdir, _ = read_until(proc, r"local host reading (\S+)/inbox")
+    read_until(proc, r"(\d+) relays polling")
+    assert len(processes_mentioning(workdir)) == 5  # one relay per VM
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == code, out
+    assert "stopped early: interrupted" in out
+    assert processes_mentioning(workdir) == []
+    assert not Path(workdir).exists()
+
+
+def test_the_hard_time_limit_stops_everything_and_fails():
+    proc = start_demo("--time-limit", "6")
+    workdir, _ = read_until(proc, r"local host reading (\S+)/inbox")
+    out, _ = proc.communicate(timeout=40)
+    assert proc.returncode == 1, out
+    assert "hard time limit" in out
+    assert processes_mentioning(workdir) == []

@@ -1,0 +1,119 @@
+"""`make demo`'s whole plan as an end-to-end test: what reached the receivers, what IMDS saw
+approved, and when. One run (about 35 s) serves every assertion in this module."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from functions.local.demo import DemoOptions
+from tests.e2e.conftest import Played, clean_env, play
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+
+@pytest.fixture(scope="module")
+def played() -> Played:
+    return play(DemoOptions(report=None, env=clean_env(), time_limit=120))
+
+
+def test_every_expected_outcome_is_met(played: Played):
+    failed = [o for o in played.outcomes if not o.ok or o.skipped]
+    assert not failed, f"{failed}\n{played.story()}"
+    assert len(played.outcomes) >= 25
+
+
+@pytest.mark.parametrize("scenario", ["live-migration", "user-reboot"])
+def test_auto_approved_events_are_started_by_our_start_request_before_not_before(
+    played: Played, scenario: str
+):
+    track = played.track(scenario)
+    approvals = played.approvals(scenario)
+    assert len(approvals) == 1, played.story()  # approved once, through one relay
+    approval = approvals[0]
+    assert approval.counted and approval.vm in track.resources
+    assert approval.at < track.not_before
+    # It started because of the approval, long before NotBefore (15 s of notice at 60x).
+    assert (track.not_before - track.started_wall).total_seconds() > 5, played.story()
+
+
+def test_platform_reboot_of_the_set_is_held_and_announced_once(played: Played):
+    track = played.track("platform-reboot")
+    assert set(track.resources) == {"web-1", "web-2"}
+    assert track.reported_by >= {"web-1", "web-2"}  # both relays forwarded it
+    assert played.approvals("platform-reboot") == []
+    assert (track.started_wall - track.not_before).total_seconds() > -0.5
+    teams = played.demo.receivers["teams"].accepted()
+    cards = [r for r in teams if track.event_id.encode() in r.raw]
+    decision_cards = [r for r in cards if '"Decision"' in r.raw.decode()]
+    assert len(decision_cards) == 1, played.story()
+    # One card per announced transition, never one per VM.
+    assert len(cards) == len(
+        {
+            d.transition
+            for d in played.demo.deliveries
+            if d.event_id == track.event_id and d.posted and d.channel == "teams"
+        }
+    )
+
+
+def test_spot_preempt_pages_once_and_resolves(played: Played):
+    event_id = played.event_id("preempt")
+    pagerduty = played.demo.receivers["pagerduty"].accepted()
+    mine = [r.body for r in pagerduty if r.body.get("dedup_key") == event_id]
+    actions = [b["event_action"] for b in mine]
+    assert actions.count("trigger") == 1, played.story()
+    assert actions[-1] == "resolve"
+    trigger = next(b for b in mine if b["event_action"] == "trigger")
+    assert trigger["payload"]["class"] == "Preempt"
+    assert trigger["payload"]["source"]
+
+
+def test_scale_in_terminate_is_drained_then_approved_before_not_before(played: Played):
+    event_id = played.event_id("terminate")
+    track = played.track("terminate")
+    drain_calls = [
+        r for r in played.demo.receivers["drain"].accepted() if r.body.get("EventId") == event_id
+    ]
+    assert len(drain_calls) == 1
+    assert drain_calls[0].body["Resources"] == ["workers_0"]
+    runs = [(at, vm) for at, vm, logged in played.demo.hook_runs if logged == event_id]
+    assert runs == [(runs[0][0], "workers_0")]  # the relay ran its own script exactly once
+    approvals = played.approvals("terminate")
+    assert len(approvals) == 1 and approvals[0].vm == "workers_0"
+    script_at = runs[0][0]
+    assert drain_calls[0].at <= approvals[0].at.timestamp()
+    assert script_at <= approvals[0].at.timestamp()
+    assert approvals[0].at < track.not_before
+
+
+def test_cancelled_maintenance_is_announced_cancelled_and_never_approved(played: Played):
+    event_id = played.event_id("cancelled")
+    assert played.approvals("cancelled") == []
+    assert played.track("cancelled").started_at is None
+    webhook = played.demo.receivers["webhook"].accepted()
+    transitions = [
+        r.body["transition"]
+        for r in webhook
+        if (r.body.get("event") or {}).get("EventId") == event_id
+    ]
+    assert transitions.count("cancelled") == 1
+    assert "started" not in transitions and "approved" not in transitions
+
+
+def test_hardware_failure_appears_started_and_is_announced(played: Played):
+    track = played.track("hardware-failure")
+    assert track.first_status == "Started" and track.not_before is None
+    assert played.approvals("hardware-failure") == []
+    transitions = played.demo.publisher.transitions(track.event_id)
+    assert transitions.count("started") == 1 and "scheduled" not in transitions
+
+
+def test_every_payload_was_valid_and_every_webhook_signed(played: Played):
+    for name, receiver in played.demo.receivers.items():
+        refused = [(r.status, r.problems) for r in receiver.received if not r.accepted]
+        assert refused == [], f"{name}: {refused}"
+    webhook = played.demo.receivers["webhook"].received
+    assert webhook and all("X-Bridge-Signature" in r.headers for r in webhook)
+    assert all(json.loads(r.raw)["schema"] == 1 for r in webhook)
