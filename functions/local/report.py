@@ -123,10 +123,14 @@ def summary_lines(outcomes: list[Outcome]) -> list[str]:
         detail = f" — {outcome.detail}" if outcome.detail else ""
         lines.append(f"  [{mark}] {outcome.name}{detail}")
     failed = [o for o in outcomes if not o.ok and not o.skipped]
-    lines.append(
-        f"  {len(outcomes) - len(failed)}/{len(outcomes)} expected outcomes met"
-        + (f"; {len(failed)} not met" if failed else "")
-    )
+    skipped = [o for o in outcomes if o.skipped]
+    met = len(outcomes) - len(failed) - len(skipped)
+    text = f"  {met}/{len(outcomes) - len(skipped)} expected outcomes met"
+    if skipped:
+        text += f", {len(skipped)} not checked"
+    if failed:
+        text += f"; {len(failed)} NOT met"
+    lines.append(text)
     return lines
 
 

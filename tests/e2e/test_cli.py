@@ -81,3 +81,16 @@ def test_the_hard_time_limit_stops_everything_and_fails():
     assert proc.returncode == 1, out
     assert "hard time limit" in out
     assert processes_mentioning(workdir) == []
+
+
+def test_a_plan_that_cannot_play_is_refused_before_anything_starts(tmp_path: Path):
+    plan = tmp_path / "plan.json"
+    plan.write_text('[{"at": 0, "scenario": "live-migration", "target": "db-9"}]')
+    proc = start_demo("--plan", str(plan))
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert "unknown target 'db-9'" in out
+    plan.write_text('[{"at": 0, "scenario": "meteor", "target": "web-1"}]')
+    proc = start_demo("--plan", str(plan))
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and "unknown scenario 'meteor'" in out
