@@ -262,12 +262,14 @@ class Envelope(BaseModel):
         """Service Bus MessageId: equal for resends of the same document, so they are dropped.
 
         VM + incarnation + content hash for documents (≤ 128 characters, the Service Bus
-        limit); VM + sequence for heartbeats.
+        limit). Heartbeats use the observation time, not the sequence: a reimaged VM whose
+        state directory was wiped restarts its sequence, and its new heartbeats must not be
+        dropped as duplicates of the old ones.
         """
         if self.kind == "document" and self.document is not None:
             incarnation = self.document.get("DocumentIncarnation")
             return f"{self.vm.name[:80]}:{incarnation}:{content_hash(self.document)[:32]}"
-        return f"{self.vm.name[:80]}:hb:{self.sequence}"
+        return f"{self.vm.name[:80]}:hb:{self.observed_at.strftime('%Y%m%dT%H%M%S.%f')}"
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)

@@ -170,8 +170,12 @@ def test_message_id_dedupes_resends_but_not_changes():
     c = parse_envelope(_envelope(document=SEED_LIVE_MIGRATION[2]))
     assert a.message_id() == b.message_id() != c.message_id()
     assert len(a.message_id()) <= 128
-    hb = Envelope(kind="heartbeat", vm={"name": "vm"}, sequence=4, observed_at=datetime.now(UTC))
-    assert hb.message_id() == "vm:hb:4"
+    at = datetime(2026, 11, 21, 10, 0, 0, 123000, tzinfo=UTC)
+    hb = Envelope(kind="heartbeat", vm={"name": "vm"}, sequence=4, observed_at=at)
+    assert hb.message_id() == "vm:hb:20261121T100000.123000"
+    # A relay whose sequence restarted (state wiped) still gets its heartbeats through.
+    later = Envelope(kind="heartbeat", vm={"name": "vm"}, sequence=4, observed_at=datetime.now(UTC))
+    assert later.message_id() != hb.message_id()
 
 
 @pytest.mark.parametrize(
