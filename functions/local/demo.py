@@ -377,11 +377,11 @@ class FleetWatcher:
                 except queue.Empty:
                     break
                 self._documents[vm] = document
+            self._approvals()  # an approval is what made an event start: tell it first
             try:
                 self._update()
             except Exception as exc:  # keep watching; a malformed document is itself news
                 self.timeline.add("demo", "watcher", f"cannot read a document: {exc}", ok=False)
-            self._approvals()
 
     def _approvals(self) -> None:
         known = len(self.approvals)
@@ -492,7 +492,6 @@ class Demo:
         self.publisher: Any = None
         self.channels: list[str] = []
         self.subscriptions: list[Subscription] = []
-        self._unsaid: dict[str, tuple[str, str, str, set[str]]] = {}
         self.inbox: Path | None = None
         # The functions read POLICY__* from the process environment, so that is what counts.
         self.play_errors: list[Outcome] = []
@@ -942,16 +941,27 @@ class Demo:
             )
 
     def _announced(self, note: Any) -> None:
-        """The timeline's subscription: what was announced; the channels then say who was told."""
-        from functions.notify.describe import decision_text, headline
+        """The timeline's subscription: what was announced and whom it is going to.
+
+        Printed at once, so the story keeps its causal order; the channels deliver on their
+        own workers and only a failed delivery adds a line of its own.
+        """
+        from functions.notify.describe import headline
 
         event = note.event
         subject = short_id(event.event_id) if event else (note.vm or "fleet")
         transition = note.transition.value
-        if transition == "decided" and note.decision is not None:
-            kind, text = "decide", f"decided: {decision_text(note.decision)}"
-            if note.decision.page:
-                text += "; pages on-call"
+        decision = note.decision
+        if transition == "decided" and decision is not None:
+            kind = "decide"
+            text = f"decided {decision.action.upper()} by rule {decision.rule}"
+            generic = f"rule '{decision.rule}': {decision.action}"
+            if decision.reason and decision.reason != generic:
+                text += f": {decision.reason}"
+            if decision.dry_run:
+                text += " [dry run]"
+            if decision.policy_error:
+                text += f" [policy invalid: {decision.policy_error}]"
         elif transition in ("approved", "approval_failed"):
             kind, text = "relay", headline(note)
         elif transition.startswith("drain"):
@@ -960,35 +970,21 @@ class Demo:
             kind, text = "decide", f"announced: {headline(note)}"
         if note.detail and transition != "decided":
             text += f" ({note.detail})"
-        with self._lock:
-            if self.channels:
-                self._unsaid[note.message_id()] = (kind, subject, text, set(self.channels))
-                return
-        self.timeline.add(kind, subject, f"{text} → no channel")
+        going = [name for channel in self.channels if (name := _routed(channel, note))]
+        text += f" → {', '.join(going)}" if going else " → no channel sends this"
+        self.timeline.add(kind, subject, text)
 
     def _channel_done(self, channel: str, note: Any, posted: Any, error: str | None) -> None:
-        """Called by each channel's subscription; the last one prints who was told."""
+        """Called by each channel's subscription when it is done with a notification."""
         self._record_delivery(channel, note, bool(posted) and error is None, error)
-        key = note.message_id()
-        with self._lock:
-            unsaid = self._unsaid.get(key)
-            if unsaid is None:
-                return
-            kind, subject, text, waiting = unsaid
-            waiting.discard(channel)
-            if waiting:
-                return
-            del self._unsaid[key]
-            told = [d for d in self.deliveries if d.message_id == key and (d.posted or d.error)]
-        told.sort(key=lambda d: self.channels.index(d.channel))
-        names = [
-            f"{d.channel}{' ' + d.action if d.action else ''}"
-            + (f" FAILED: {d.error}" if d.error else "")
-            for d in told
-        ]
-        text += f" → told {', '.join(names)}" if names else " → no channel sends this"
-        failed = any(d.error for d in told)
-        self.timeline.add(kind, subject, text, ok=False if failed else None)
+        if error:
+            subject = short_id(note.event.event_id) if note.event else (note.vm or "fleet")
+            self.timeline.add(
+                "notify",
+                subject,
+                f"{channel} did not take '{note.transition.value}': {error}",
+                ok=False,
+            )
 
     # ------------------------------------------------------------------ outcomes
     def outcomes(self) -> list[Outcome]:
@@ -1274,6 +1270,21 @@ def _short_retries(policy_type: Any) -> Any:
     return policy_type(
         backoff_seconds=0.2, max_wait_seconds=1.0, connect_timeout=2.0, read_timeout=5.0
     )
+
+
+def _routed(channel: str, note: Any) -> str | None:
+    """Whether a channel sends this notification, as the channel code itself decides it."""
+    from functions.notify import pagerduty, teams
+
+    decision = note.decision
+    if decision is not None and channel not in decision.channels:
+        return None
+    if channel == "teams":
+        return "Teams card" if teams.wants(note) else None
+    if channel == "pagerduty":
+        action = pagerduty.action_for(note)
+        return f"PagerDuty {action}" if action else None
+    return channel
 
 
 def _pagerduty_action(channel: str, note: Any) -> str | None:
