@@ -1353,8 +1353,10 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
             except DemoAborted as exc:
                 aborted = str(exc)
             finally:
-                timeline.add("demo", "demo", "stopping everything it started")
-                demo.close()
+                try:
+                    timeline.add("demo", "demo", "stopping everything it started")
+                finally:
+                    _stop_patiently(demo)
     finally:
         backstop.cancel()
     if aborted:
@@ -1378,6 +1380,24 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
     if aborted == "interrupted":
         return 130
     return 1 if failed or aborted else 0
+
+
+def _stop_patiently(demo: Demo, limit: float = 30.0) -> None:
+    """Stop in order; a second Ctrl-C must not leave relays behind half-stopped."""
+
+    def wait(signum: int, frame: object) -> None:
+        print("demo: still stopping what it started, a moment", file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, wait) for sig in (signal.SIGINT, signal.SIGTERM)}
+    backstop = threading.Timer(limit, _hard_exit, args=(demo,))
+    backstop.daemon = True
+    backstop.start()
+    try:
+        demo.close()
+    finally:
+        backstop.cancel()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _hard_exit(demo: Demo) -> None:
@@ -1425,7 +1445,11 @@ def main(argv: list[str] | None = None) -> int:
         report=None if args.no_report else args.report,
         keep=args.keep,
     )
-    return run(options)
+    try:
+        return run(options)
+    except BrokenPipeError:  # the reader went away after everything was stopped
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

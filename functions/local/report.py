@@ -91,8 +91,13 @@ class Timeline:
         with self._lock:
             self.entries.append(entry)
             if self.stream is not None:
-                self.stream.write(self.format(entry) + "\n")
-                self.stream.flush()
+                try:
+                    self.stream.write(self.format(entry) + "\n")
+                    self.stream.flush()
+                except (OSError, ValueError):
+                    # `make demo | head` closed the pipe: keep recording, stop printing, and
+                    # never let a print stop the demo from cleaning up after itself.
+                    self.stream = None
         return entry
 
     def format(self, entry: Entry) -> str:

@@ -36,3 +36,15 @@ def test_summary_counts_unchecked_outcomes_apart():
     )
     assert lines[-1] == "  1/2 expected outcomes met, 1 not checked; 1 NOT met"
     assert lines[1].startswith("  [FAIL] b")
+
+
+def test_a_closed_pipe_stops_printing_but_not_recording():
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError
+
+    timeline = Timeline(stream=ClosedPipe(), colour=False)
+    timeline.add("demo", "demo", "one")
+    timeline.add("demo", "demo", "two")
+    assert timeline.stream is None
+    assert [e.text for e in timeline.snapshot()] == ["one", "two"]
