@@ -179,12 +179,12 @@ def render_html(
     fact_rows = "".join(
         f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in (facts or {}).items()
     )
-    met = sum(1 for o in outcomes if o.ok or o.skipped)
+    summary = summary_lines(outcomes)[-1].strip()
     return (
         "<!doctype html><html lang=en><meta charset=utf-8>"
         f"<title>{esc(title)}</title><style>{_CSS}</style><body>"
         f"<h1>{esc(title)}</h1>"
-        f"<p>{met}/{len(outcomes)} expected outcomes met. "
+        f"<p>{esc(summary)}. "
         f"Generated {esc(datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S UTC'))}.</p>"
         f"<table>{fact_rows}</table>"
         "<h2>Expected outcomes</h2>"
