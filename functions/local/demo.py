@@ -44,10 +44,10 @@ from functions.local.receivers import (
     WebhookReceiver,
 )
 from functions.local.report import Outcome, Timeline, short_id, summary_lines, write_html
+from functions.notify.settings import PAGERDUTY_EVENTS_URL
 from relay.models import STARTED, parse_document, parse_not_before
 
 ROOT = Path(__file__).resolve().parents[2]
-API_VERSION = "2020-07-01"
 DEFAULT_REPORT = ROOT / "out" / "demo-report.html"
 # A PagerDuty routing key has 32 characters; this one only ever reaches the local receiver.
 LOCAL_ROUTING_KEY = "demo" + "0" * 28
@@ -547,7 +547,10 @@ class Demo:
             (
                 "pagerduty",
                 lambda: PagerDutyReceiver(on_receive=self._told),
-                env.get("PAGERDUTY_EVENTS_URL") if env.get("PAGERDUTY_ROUTING_KEY") else None,
+                # A routing key alone means PagerDuty itself (PAGERDUTY_EVENTS_URL optional).
+                (env.get("PAGERDUTY_EVENTS_URL") or PAGERDUTY_EVENTS_URL)
+                if env.get("PAGERDUTY_ROUTING_KEY")
+                else None,
             ),
             ("webhook", lambda: WebhookReceiver(on_receive=self._told), env.get("WEBHOOK_URL")),
         ]
