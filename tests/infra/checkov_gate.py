@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 CHECKOV = Path(sys.executable).parent / "checkov"
 SKIP = re.compile(r"//\s*checkov:skip=([A-Z0-9_]+)(?::\s*(.*))?$")
+# The six arguments cloud-init passes to add-relay.sh, in its order; test_cloud_init.py uses
+# the same values (this file stays importable with the standard library alone).
 SAMPLE = {
     "SERVICEBUS_NAMESPACE": "sb-x.servicebus.windows.net",
     "DOCUMENTS_QUEUE": "documents",

@@ -10,18 +10,11 @@ import subprocess
 import pytest
 
 from tests.infra.bicep import INFRA, load
+from tests.infra.checkov_gate import SAMPLE as ARGS
 
 CLOUD_INIT = INFRA / "relay" / "cloud-init.yaml"
 ADD_RELAY = INFRA / "relay" / "add-relay.sh"
 PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
-ARGS = {
-    "SERVICEBUS_NAMESPACE": "sb-x.servicebus.windows.net",
-    "DOCUMENTS_QUEUE": "documents",
-    "IDENTITY_CLIENT_ID": "00000000-0000-0000-0000-000000000000",
-    "CALLBACK_PORT": "8492",
-    "RELAY_KEY_SECRET_URI": "https://kv-x.vault.azure.net/secrets/relay-key",
-    "RELAY_PACKAGE_URL": "https://example.org/scheduled-events-relay-0.1.0.tar.gz",
-}
 # The order add-relay.sh takes its arguments in.
 ARG_ORDER = list(ARGS)
 
