@@ -34,6 +34,17 @@ def servicebus_args(standin: ServiceBusStandIn, tmp_path: Path) -> list[str]:
     ]
 
 
+def one_vm_to_servicebus(
+    simulator: Any, standin: ServiceBusStandIn, tmp_path: Path
+) -> tuple[Any, Path, list[str]]:
+    """VM `vm0` on the simulator and the relay arguments that forward it to the stand-in."""
+    sim = simulator.sim
+    sim.add_vm("vm0")
+    state = tmp_path / "state"
+    args = [f"--imds-url={simulator.vm_url('vm0')}", f"--state-dir={state}", *FAST]
+    return sim, state, args + servicebus_args(standin, tmp_path)
+
+
 def delivered_documents(standin: ServiceBusStandIn) -> list[dict[str, Any]]:
     return [e["document"] for e in standin.envelopes() if e["kind"] == "document"]
 
@@ -47,11 +58,7 @@ def outbox_message_ids(state: Path) -> set[str]:
 def test_sigkill_mid_send_loses_nothing_and_keeps_order(
     simulator: Any, standin: ServiceBusStandIn, relay_process: Any, tmp_path: Path
 ) -> None:
-    sim = simulator.sim
-    sim.add_vm("vm0")
-    state = tmp_path / "state"
-    args = [f"--imds-url={simulator.vm_url('vm0')}", f"--state-dir={state}", *FAST]
-    args += servicebus_args(standin, tmp_path)
+    sim, state, args = one_vm_to_servicebus(simulator, standin, tmp_path)
     relay = relay_process(*args)
     wait_for(lambda: len(standin.messages) == 1)
 
@@ -80,11 +87,7 @@ def test_sigkill_mid_send_loses_nothing_and_keeps_order(
 def test_repeated_sigkill_at_random_moments(
     simulator: Any, standin: ServiceBusStandIn, relay_process: Any, tmp_path: Path
 ) -> None:
-    sim = simulator.sim
-    sim.add_vm("vm0")
-    state = tmp_path / "state"
-    args = [f"--imds-url={simulator.vm_url('vm0')}", f"--state-dir={state}", *FAST]
-    args += servicebus_args(standin, tmp_path)
+    sim, state, args = one_vm_to_servicebus(simulator, standin, tmp_path)
     rng = random.Random(7)
     durable: set[str] = set()
     for _ in range(3):
