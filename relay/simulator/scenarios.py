@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,6 +65,19 @@ class Scenario:
     rolling: bool = False  # one VM at a time, the next when the previous event ends
 
 
+# The platform's host reboot; withdrawn ("cancelled") and set-wide rolling maintenance are
+# the same event played differently.
+PLATFORM_REBOOT = Scenario(
+    "platform-reboot",
+    REBOOT,
+    PLATFORM,
+    -1,
+    900,
+    600,
+    "Host server is undergoing maintenance; the virtual machine will be restarted.",
+    "Reboot, Platform: 15 min Scheduled, 10 min Started",
+)
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -108,16 +121,7 @@ SCENARIOS: dict[str, Scenario] = {
             DEFAULT_DESCRIPTION[REDEPLOY],
             "Redeploy, User: 10 min Scheduled, 10 min Started",
         ),
-        Scenario(
-            "platform-reboot",
-            REBOOT,
-            PLATFORM,
-            -1,
-            900,
-            600,
-            "Host server is undergoing maintenance; the virtual machine will be restarted.",
-            "Reboot, Platform: 15 min Scheduled, 10 min Started",
-        ),
+        PLATFORM_REBOOT,
         Scenario(
             "preempt",
             PREEMPT,
@@ -140,15 +144,10 @@ SCENARIOS: dict[str, Scenario] = {
             "Terminate one scale-set instance (scale-in): the set's timeout, 2 min Started",
             needs="scale-set",
         ),
-        Scenario(
-            "cancelled",
-            REBOOT,
-            PLATFORM,
-            -1,
-            900,
-            600,
-            "Host server is undergoing maintenance; the virtual machine will be restarted.",
-            "Reboot, Platform, withdrawn after 8 min while still Scheduled",
+        replace(
+            PLATFORM_REBOOT,
+            name="cancelled",
+            summary="Reboot, Platform, withdrawn after 8 min while still Scheduled",
             cancel_after=480,
         ),
         Scenario(
@@ -173,16 +172,11 @@ SCENARIOS: dict[str, Scenario] = {
             "moved to another host. Redeploy it sooner to reduce the risk.",
             "Redeploy, Platform, NotBefore 7 days ahead (degraded hardware), 10 min Started",
         ),
-        Scenario(
-            "rolling-maintenance",
-            REBOOT,
-            PLATFORM,
-            -1,
-            900,
-            600,
-            "Host server is undergoing maintenance; the virtual machine will be restarted.",
-            "Reboot, Platform, one VM of a set at a time: the next gets its event when the "
-            "previous one's ends (default target: the first set)",
+        replace(
+            PLATFORM_REBOOT,
+            name="rolling-maintenance",
+            summary="Reboot, Platform, one VM of a set at a time: the next gets its event when "
+            "the previous one's ends (default target: the first set)",
             needs="set",
             rolling=True,
         ),
