@@ -8,6 +8,7 @@ import json
 import pytest
 
 from functions.local.demo import DemoOptions
+from functions.local.receivers import TeamsReceiver
 from tests.e2e.conftest import Played, clean_env, play
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
@@ -117,3 +118,24 @@ def test_every_payload_was_valid_and_every_webhook_signed(played: Played):
     webhook = played.demo.receivers["webhook"].received
     assert webhook and all("X-Bridge-Signature" in r.headers for r in webhook)
     assert all(json.loads(r.raw)["schema"] == 1 for r in webhook)
+
+
+def test_host_failure_decision_card_and_page_say_it_already_started(played: Played):
+    """The event never was Scheduled: nothing the operator reads may call it scheduled."""
+    event_id = played.event_id("hardware-failure")
+    teams = played.demo.receivers["teams"].accepted()
+    decision_cards = [
+        TeamsReceiver.card_text(r)
+        for r in teams
+        if event_id.encode() in r.raw and '"Decision"' in r.raw.decode()
+    ]
+    assert len(decision_cards) == 1, played.story()
+    assert "Reboot already started (no notice)" in decision_cards[0]
+    assert "scheduled" not in decision_cards[0].lower()
+    pagerduty = played.demo.receivers["pagerduty"].accepted()
+    triggers = [
+        r.body["payload"]["summary"]
+        for r in pagerduty
+        if r.body.get("dedup_key") == event_id and r.body.get("event_action") == "trigger"
+    ]
+    assert triggers and all("already started (no notice)" in s for s in triggers), triggers

@@ -66,6 +66,16 @@ def test_a_paging_decision_triggers_with_the_event_details() -> None:
     ]
 
 
+def test_a_host_failure_page_says_it_already_started() -> None:
+    """First seen Started (no NotBefore): the page must not call it scheduled."""
+    started = event(event_status="Started", not_before=None)
+    body = pagerduty.build_event(note(Transition.DECIDED, started, decision()), KEY)
+    assert body is not None
+    summary = assert_valid_trigger(body)["summary"]
+    assert summary.startswith("Reboot already started (no notice): 2 VMs in scale set web")
+    assert "scheduled" not in summary.lower()
+
+
 def test_a_quiet_decision_does_not_page() -> None:
     assert (
         pagerduty.build_event(note(Transition.DECIDED, event(), decision(page=False)), KEY) is None

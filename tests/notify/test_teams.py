@@ -206,3 +206,14 @@ def test_an_event_that_never_was_scheduled_says_so() -> None:
     )
     assert card["body"][0]["text"] == "Reboot already started (no notice): 2 VMs in scale set web"
     assert facts(card)["When"] == "now (already started)"
+
+
+@pytest.mark.parametrize("transition", [Transition.SCHEDULED, Transition.DECIDED])
+def test_only_a_started_event_is_called_already_started(transition: Transition) -> None:
+    """The headline follows the event's status, not the transition's name."""
+    scheduled = note(transition, event(), decision())
+    started = note(transition, event(event_status="Started", not_before=None), decision())
+    assert describe.headline(scheduled) == "Reboot scheduled: 2 VMs in scale set web"
+    assert describe.headline(started) == (
+        "Reboot already started (no notice): 2 VMs in scale set web"
+    )
