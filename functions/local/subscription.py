@@ -1,0 +1,64 @@
+"""The local stand-in for one Service Bus topic subscription: its own queue and worker."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class Subscription:
+    """One topic subscription: its own queue and worker, so a slow or failing channel
+    delays nobody else (not the other channels, not ingest, not an approval).
+
+    Like Service Bus: a handler that raises gets the message again (up to
+    `max_delivery_count`), then it is dead-lettered for this subscription only.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        handler: Callable[[Any], Any],
+        on_done: Callable[[str, Any, Any, str | None], None] | None = None,
+        max_delivery_count: int = 3,
+    ) -> None:
+        self.name = name
+        self.handler = handler
+        self.on_done = on_done
+        self.max_delivery_count = max_delivery_count
+        self.dead_letters: list[tuple[Any, str]] = []
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"sub-{name}", daemon=True)
+
+    def start(self) -> Subscription:
+        self._thread.start()
+        return self
+
+    def put(self, note: Any) -> None:
+        self._queue.put(note)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        while (note := self._queue.get()) is not _STOP:
+            result: Any = None
+            error: str | None = None
+            for _ in range(self.max_delivery_count):
+                try:
+                    result = self.handler(note)
+                    error = None
+                    break
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    time.sleep(0.2)
+            if error:
+                self.dead_letters.append((note, error))
+            if self.on_done is not None:
+                self.on_done(self.name, note, result, error)
+
+
+_STOP = object()
