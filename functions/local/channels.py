@@ -5,12 +5,13 @@ sends a given notification, decided by the channel code itself (never re-impleme
 from __future__ import annotations
 
 import hmac
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.local.receivers import WebhookReceiver
+from functions.local.receivers import Receiver, WebhookReceiver
 
 # A PagerDuty routing key has 32 characters; this one only ever reaches the local receiver.
 LOCAL_ROUTING_KEY = "demo" + "0" * 28
@@ -76,3 +77,36 @@ def pagerduty_action(channel: str, note: Any) -> str | None:
     from functions.notify.pagerduty import action_for
 
     return action_for(note)
+
+
+def channel_values(
+    env: dict[str, str], external: dict[str, str], receivers: dict[str, Receiver]
+) -> dict[str, Any]:
+    """ChannelSettings fields: real endpoints from `env`, else the local receivers.
+
+    Passed explicitly (the demo may run with an environment of its own, as the end-to-end
+    tests do). The local webhook receiver is set to check the signature with the secret
+    chosen here, the way a customer's receiver would.
+    """
+    local: dict[str, Any] = {}
+    if "teams" in external:
+        local["teams_webhook_url"] = env["TEAMS_WEBHOOK_URL"]
+    if "pagerduty" in external:
+        local["pagerduty_routing_key"] = env["PAGERDUTY_ROUTING_KEY"]
+        local["pagerduty_events_url"] = external["pagerduty"]
+    if "webhook" in external:
+        local["webhook_url"] = env["WEBHOOK_URL"]
+        local["webhook_secret"] = env.get("WEBHOOK_SECRET", "")
+    if "teams" in receivers:
+        local["teams_webhook_url"] = receivers["teams"].url
+    if "pagerduty" in receivers:
+        local["pagerduty_routing_key"] = LOCAL_ROUTING_KEY
+        local["pagerduty_events_url"] = receivers["pagerduty"].url
+    if "webhook" in receivers:
+        secret = secrets.token_hex(16)
+        local["webhook_url"] = receivers["webhook"].url
+        local["webhook_secret"] = secret
+        receiver = receivers["webhook"]
+        assert isinstance(receiver, WebhookReceiver)
+        receiver.verify = webhook_verifier(secret.encode())
+    return local

@@ -12,7 +12,6 @@ import os
 import queue
 import secrets
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -25,13 +24,12 @@ import requests
 
 from functions.local.azurite import free_port
 from functions.local.channels import (
-    LOCAL_ROUTING_KEY,
     Delivery,
+    channel_values,
     pagerduty_action,
-    routed,
     short_retries,
-    webhook_verifier,
 )
+from functions.local.narration import announcement, receiver_news, subject
 from functions.local.options import DemoAborted, DemoOptions
 from functions.local.outcomes import check_outcomes
 from functions.local.plan import Step
@@ -42,6 +40,13 @@ from functions.local.receivers import (
     Receiver,
     TeamsReceiver,
     WebhookReceiver,
+)
+from functions.local.relays import (
+    parse_hook_line,
+    relay_argv,
+    relay_callback_url,
+    relay_env,
+    write_drain_hook,
 )
 from functions.local.report import Outcome, Timeline, short_id
 from functions.local.stack import Stack
@@ -228,30 +233,7 @@ class Demo:
         from functions.notify.dispatch import CHANNELS, deliver
         from functions.notify.settings import ChannelSettings
 
-        env = self.options.env
-        local: dict[str, Any] = {}
-        # Real endpoints from the environment, passed explicitly (the demo may run with an
-        # environment of its own, as the end-to-end tests do).
-        if "teams" in self.external:
-            local["teams_webhook_url"] = env["TEAMS_WEBHOOK_URL"]
-        if "pagerduty" in self.external:
-            local["pagerduty_routing_key"] = env["PAGERDUTY_ROUTING_KEY"]
-            local["pagerduty_events_url"] = self.external["pagerduty"]
-        if "webhook" in self.external:
-            local["webhook_url"] = env["WEBHOOK_URL"]
-            local["webhook_secret"] = env.get("WEBHOOK_SECRET", "")
-        if "teams" in self.receivers:
-            local["teams_webhook_url"] = self.receivers["teams"].url
-        if "pagerduty" in self.receivers:
-            local["pagerduty_routing_key"] = LOCAL_ROUTING_KEY
-            local["pagerduty_events_url"] = self.receivers["pagerduty"].url
-        if "webhook" in self.receivers:
-            secret = secrets.token_hex(16)
-            local["webhook_url"] = self.receivers["webhook"].url
-            local["webhook_secret"] = secret
-            receiver = self.receivers["webhook"]
-            assert isinstance(receiver, WebhookReceiver)
-            receiver.verify = webhook_verifier(secret.encode())
+        local = channel_values(self.options.env, self.external, self.receivers)
         channel_settings = ChannelSettings(**local)
         session = requests.Session()
         self.stack.callback(session.close)
@@ -366,53 +348,24 @@ class Demo:
 
     def _start_relays(self) -> None:
         """One real relay process per VM, forwarding into the shared inbox."""
-        hook = self.workdir / "drain-hook.sh"
-        self.hook_log = self.workdir / "drain-hook.log"
-        hook.write_text(
-            "#!/bin/sh\n"
-            "# The demo's drain step on the VM: what a real one would do is stop taking new\n"
-            "# work and finish what is in flight. The relay runs only scripts from its config.\n"
-            f"log='{self.hook_log}'\n"
-            'echo "$(date +%s.%N) $SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_ID" >> "$log"\n'
-            'echo "drained $SCHEDULED_EVENT_VM_NAME for $SCHEDULED_EVENT_ID"\n'
-        )
-        hook.chmod(0o755)
+        hook, self.hook_log = write_drain_hook(self.workdir)
         self.relays: dict[str, subprocess.Popen[bytes]] = {}
         self.callback_urls: dict[str, str] = {}
         for vm in self.options.fleet:
             port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            argv = [
-                sys.executable,
-                "-m",
-                "relay",
-                "--imds-url",
-                self.server.vm_url(vm.name),
-                "--vm-name",
-                vm.name,
-                "--forward",
-                f"file:{self.inbox}",
-                "--state-dir",
-                str(self.workdir / "relays" / vm.name),
-                "--poll-interval",
-                str(self.options.poll_interval),
-                "--callback-listen",
-                f"127.0.0.1:{port}",
-                "--callback-key-file",
-                str(self.key_file),
-                "--callback-url",
-                url,
-                "--log-format",
-                "text",
-                "--hook",
-                f"drain={hook}",
-                "--hook-timeout",
-                "5",
-            ]
-            if vm.availability_set:
-                argv += ["--availability-set", vm.availability_set]
+            url = relay_callback_url(port)
+            argv = relay_argv(
+                vm,
+                imds_url=self.server.vm_url(vm.name),
+                inbox=self.inbox,
+                state_dir=self.workdir / "relays" / vm.name,
+                poll_interval=self.options.poll_interval,
+                port=port,
+                key_file=self.key_file,
+                hook=hook,
+            )
             log = self.workdir / "logs" / f"relay-{vm.name}.log"
-            self.relays[vm.name] = self.stack.process(argv, log, env=self._child_env())
+            self.relays[vm.name] = self.stack.process(argv, log, env=relay_env(self.options.env))
             self.callback_urls[vm.name] = url
         for vm, url in self.callback_urls.items():
             self._wait_healthy(vm, url)
@@ -422,11 +375,6 @@ class Demo:
             f"{len(self.relays)} relays polling every "
             f"{self.options.poll_interval:g} s, forwarding to {self.inbox}",
         )
-
-    def _child_env(self) -> dict[str, str]:
-        env = {k: v for k, v in self.options.env.items() if not k.startswith("RELAY_")}
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
 
     def _wait_healthy(self, vm: str, url: str, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -455,7 +403,7 @@ class Demo:
             while pending and pending[0].at <= elapsed:
                 step = pending.pop(0)
                 self._play_step(step)
-            self._hook_script_runs()
+            self.hook_script_runs()
             if pending:
                 quiet_since = None
             elif self.watcher is not None and not self.watcher.active() and self._all_seen():
@@ -466,15 +414,16 @@ class Demo:
                 quiet_since = None
             time.sleep(0.1)
 
-    def _hook_script_runs(self) -> None:
+    def hook_script_runs(self) -> None:
         """The drain script writes one line per run; show each run as it happens."""
         hook_log = getattr(self, "hook_log", None)
         if hook_log is None or not hook_log.exists():
             return
         lines = hook_log.read_text().splitlines()
         for line in lines[len(self.hook_runs) :]:
-            stamp, vm, event_id = [*line.split(), "0", "?", "?"][:3]
-            self.hook_runs.append((float(stamp), vm, event_id))
+            run = parse_hook_line(line)
+            self.hook_runs.append(run)
+            _at, vm, event_id = run
             self.timeline.add(
                 "drain", short_id(event_id), f"relay of {vm} ran its hook script 'drain'"
             )
@@ -516,16 +465,10 @@ class Demo:
     # ------------------------------------------------------------------ observing
     def _told(self, record: Received) -> None:
         """Receivers speak up only for what the timeline would not show otherwise."""
-        if record.channel == "drain":
-            body = record.body if isinstance(record.body, dict) else {}
-            vms = ", ".join(body.get("Resources") or []) or "?"
-            self.timeline.add("drain", "drain-hook", f"customer's HTTP drain hook called for {vms}")
-            return
-        if not record.accepted:
-            detail = "; ".join(record.problems) or "injected failure"
-            self.timeline.add(
-                "notify", record.channel, f"answered {record.status}: {detail}", ok=False
-            )
+        news = receiver_news(record)
+        if news is not None:
+            kind, about, text, ok = news
+            self.timeline.add(kind, about, text, ok=ok)
 
     def _announced(self, note: Any) -> None:
         """The timeline's subscription: what was announced and whom it is going to.
@@ -533,47 +476,25 @@ class Demo:
         Printed at once, so the story keeps its causal order; the channels deliver on their
         own workers and only a failed delivery adds a line of its own.
         """
-        from functions.notify.describe import headline
-
-        event = note.event
-        subject = short_id(event.event_id) if event else (note.vm or "fleet")
-        transition = note.transition.value
-        decision = note.decision
-        if transition == "decided" and decision is not None:
-            kind = "decide"
-            text = f"decided {decision.action.upper()} by rule {decision.rule}"
-            generic = f"rule '{decision.rule}': {decision.action}"
-            if decision.reason and decision.reason != generic:
-                text += f": {decision.reason}"
-            if decision.dry_run:
-                text += " [dry run]"
-            if decision.policy_error:
-                text += f" [policy invalid: {decision.policy_error}]"
-        elif transition in ("approved", "approval_failed"):
-            kind, text = "relay", headline(note)
-        elif transition.startswith("drain"):
-            kind, text = "drain", headline(note)
-        else:
-            kind, text = "decide", f"announced: {headline(note)}"
-        if note.detail and transition != "decided":
-            text += f" ({note.detail})"
-        going = [name for channel in self.channels if (name := routed(channel, note))]
-        text += f" → {', '.join(going)}" if going else " → no channel sends this"
-        self.timeline.add(kind, subject, text)
+        self.timeline.add(*announcement(note, self.channels))
 
     def _channel_done(self, channel: str, note: Any, posted: Any, error: str | None) -> None:
         """Called by each channel's subscription when it is done with a notification."""
         self._record_delivery(channel, note, bool(posted) and error is None, error)
         if error:
-            subject = short_id(note.event.event_id) if note.event else (note.vm or "fleet")
             self.timeline.add(
                 "notify",
-                subject,
+                subject(note),
                 f"{channel} did not take '{note.transition.value}': {error}",
                 ok=False,
             )
 
     # ------------------------------------------------------------------ outcomes
+    def recorded_deliveries(self) -> list[Delivery]:
+        """The deliveries so far, copied: the channels' workers keep appending."""
+        with self._lock:
+            return list(self.deliveries)
+
     def outcomes(self) -> list[Outcome]:
         """What the demo promised, checked against what each part actually observed."""
         return check_outcomes(self)

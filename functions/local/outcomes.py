@@ -30,7 +30,7 @@ def check_outcomes(demo: Demo) -> list[Outcome]:
         if track is None:
             results.append(Outcome(f"{name}: IMDS showed the event", False, "never seen"))
             continue
-        results.extend(_imds_outcomes(demo, name, step, track))
+        results.extend(_imds_outcomes(name, step, track))
         if demo.publisher is not None:
             pipeline = _pipeline_outcomes(demo, name, step, track)
             if demo.custom_policy:
@@ -49,7 +49,7 @@ def check_outcomes(demo: Demo) -> list[Outcome]:
     return results
 
 
-def _imds_outcomes(demo: Demo, name: str, step: Step, track: EventTrack) -> list[Outcome]:
+def _imds_outcomes(name: str, step: Step, track: EventTrack) -> list[Outcome]:
     if step.scenario == "hardware-failure":
         ok = track.first_status == STARTED
         return [Outcome(f"{name}: appeared already Started", ok, track.first_status)]
@@ -134,12 +134,11 @@ def _pipeline_outcomes(demo: Demo, name: str, step: Step, track: EventTrack) -> 
 def _announced_once(demo: Demo, name: str, track: EventTrack) -> Outcome:
     """N VMs reported it; Teams got one decision card, and each transition at most once."""
     label = f"{name}: reported by {len(track.reported_by)} VMs, announced once"
-    with demo._lock:
-        teams = [
-            d
-            for d in demo.deliveries
-            if d.channel == "teams" and d.event_id == track.event_id and d.posted
-        ]
+    teams = [
+        d
+        for d in demo.recorded_deliveries()
+        if d.channel == "teams" and d.event_id == track.event_id and d.posted
+    ]
     cards = [d for d in teams if d.transition == "decided"]
     detail = f"{len(cards)} decision card(s), {len(teams)} Teams post(s) in all"
     ok = len(cards) == 1 and len(track.reported_by) >= 2
@@ -166,12 +165,11 @@ def _paged(demo: Demo, name: str, event_id: str) -> Outcome:
             and r.body.get("dedup_key") == event_id
         ]
         return Outcome(label, len(triggers) == 1, f"{len(triggers)} trigger(s) received")
-    with demo._lock:
-        sent = [
-            d
-            for d in demo.deliveries
-            if d.channel == "pagerduty" and d.event_id == event_id and d.action == "trigger"
-        ]
+    sent = [
+        d
+        for d in demo.recorded_deliveries()
+        if d.channel == "pagerduty" and d.event_id == event_id and d.action == "trigger"
+    ]
     ok = len(sent) == 1 and sent[0].posted
     return Outcome(label, ok, f"{len(sent)} trigger(s) sent to {demo.external['pagerduty']}")
 
@@ -183,7 +181,7 @@ def _drained_before_approval(demo: Demo, name: str, event_id: str, approval: Any
         for r in demo.receivers["drain"].accepted()
         if isinstance(r.body, dict) and r.body.get("EventId") == event_id
     ]
-    demo._hook_script_runs()
+    demo.hook_script_runs()
     script = [at for at, _vm, logged in demo.hook_runs if logged == event_id]
     if not http or not script:
         return Outcome(label, False, f"HTTP hook calls {len(http)}, script runs {len(script)}")
@@ -197,8 +195,7 @@ def _drained_before_approval(demo: Demo, name: str, event_id: str, approval: Any
 
 def _fleet_outcomes(demo: Demo) -> list[Outcome]:
     out = []
-    with demo._lock:
-        errors = [d for d in demo.deliveries if d.error]
+    errors = [d for d in demo.recorded_deliveries() if d.error]
     # A payload the service would refuse (not an injected outage) is a failure.
     rejected = [r for rec in demo.receivers.values() for r in rec.received if r.problems]
     detail = "; ".join(

@@ -1,0 +1,82 @@
+"""The demo's small parts on their own: relay command lines, timeline words, channel wiring."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from functions.local.channels import LOCAL_ROUTING_KEY, channel_values
+from functions.local.narration import receiver_news
+from functions.local.plan import VmSpec
+from functions.local.receivers import Received, TeamsReceiver, WebhookReceiver
+from functions.local.relays import parse_hook_line, relay_argv, relay_env, write_drain_hook
+
+
+def received(channel: str, status: int, body: object = None, problems=()) -> Received:
+    return Received(channel, "POST", "/", {}, b"", body, time.time(), status, tuple(problems))
+
+
+def argv_for(vm: VmSpec, tmp_path: Path) -> list[str]:
+    return relay_argv(
+        vm,
+        imds_url="http://127.0.0.1:1/vm/x",
+        inbox=tmp_path / "inbox",
+        state_dir=tmp_path / "state",
+        poll_interval=0.25,
+        port=4242,
+        key_file=tmp_path / "key",
+        hook=tmp_path / "hook.sh",
+    )
+
+
+def test_relay_command_line_names_the_availability_set_only_when_there_is_one(tmp_path: Path):
+    in_set = argv_for(VmSpec(name="web-1", availability_set="web-as"), tmp_path)
+    alone = argv_for(VmSpec(name="spot-1", spot=True), tmp_path)
+    assert in_set[-2:] == ["--availability-set", "web-as"]
+    assert "--availability-set" not in alone
+    assert alone[alone.index("--callback-url") + 1] == "http://127.0.0.1:4242"
+    assert alone[alone.index("--forward") + 1] == f"file:{tmp_path / 'inbox'}"
+
+
+def test_relays_get_no_relay_settings_from_the_demo_environment():
+    env = relay_env({"RELAY_FORWARD": "sb://x", "PATH": "/bin"})
+    assert env == {"PATH": "/bin", "PYTHONUNBUFFERED": "1"}
+
+
+def test_the_drain_hook_logs_one_line_per_run(tmp_path: Path):
+    hook, log = write_drain_hook(tmp_path)
+    assert hook.stat().st_mode & 0o111 and str(log) in hook.read_text()
+    assert parse_hook_line("1700000000.5 workers_0 EV-1") == (1700000000.5, "workers_0", "EV-1")
+    assert parse_hook_line("") == (0.0, "?", "?")  # a half-written line is not a crash
+
+
+def test_receivers_speak_only_for_drain_calls_and_refusals():
+    drain = receiver_news(received("drain", 200, {"Resources": ["workers_0"]}))
+    assert drain == ("drain", "drain-hook", "customer's HTTP drain hook called for workers_0", None)
+    assert receiver_news(received("teams", 202)) is None
+    refused = receiver_news(received("teams", 400, problems=['"type" must be "message"']))
+    assert refused == ("notify", "teams", 'answered 400: "type" must be "message"', False)
+    assert receiver_news(received("pagerduty", 503)) == (
+        "notify",
+        "pagerduty",
+        "answered 503: injected failure",
+        False,
+    )
+
+
+def test_channels_post_to_the_environment_or_to_the_local_receivers():
+    env = {"TEAMS_WEBHOOK_URL": "https://example.org/teams", "PAGERDUTY_ROUTING_KEY": "k" * 32}
+    external = {"teams": env["TEAMS_WEBHOOK_URL"], "pagerduty": "https://pd.example/v2/enqueue"}
+    with WebhookReceiver() as webhook:
+        values = channel_values(env, external, {"webhook": webhook})
+        assert values["teams_webhook_url"] == "https://example.org/teams"
+        assert values["pagerduty_routing_key"] == "k" * 32
+        assert values["pagerduty_events_url"] == "https://pd.example/v2/enqueue"
+        assert values["webhook_url"] == webhook.url
+        # The local webhook checks the signature made with the secret chosen here.
+        assert webhook.verify is not None
+        assert webhook.verify({}, b"{}") == "missing X-Bridge-Timestamp / X-Bridge-Signature"
+    with TeamsReceiver() as teams:
+        local = channel_values({}, {}, {"teams": teams})
+        assert local == {"teams_webhook_url": teams.url}
+    assert len(LOCAL_ROUTING_KEY) == 32  # PagerDuty's receiver refuses any other length
