@@ -63,7 +63,9 @@ def relay_numbers(seconds: float) -> dict[str, Any]:
 
 def approve_e2e(samples: int) -> dict[str, Any]:
     """Auto-approved events through the whole local pipeline, one at a time, random phase."""
-    from functions.local.demo import Demo, DemoOptions, VmSpec
+    from functions.local.options import DemoOptions
+    from functions.local.orchestration import Demo
+    from functions.local.plan import VmSpec
     from functions.local.report import Timeline
 
     options = DemoOptions(

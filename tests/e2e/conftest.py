@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from functions.local.demo import Demo, DemoOptions
+from functions.local.options import DemoOptions
+from functions.local.orchestration import Demo
 from functions.local.report import Outcome, Timeline
 
 # Settings that would point the demo at real services or change its policy: never inherited.

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from functions.local.demo import DemoOptions, Step, VmSpec
+from functions.local.options import DemoOptions
+from functions.local.plan import Step, VmSpec
 from functions.local.receivers import TeamsReceiver
 from tests.e2e.conftest import clean_env, play
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from functions.local.demo import DemoOptions
+from functions.local.options import DemoOptions
 from functions.local.receivers import TeamsReceiver
 from tests.e2e.conftest import Played, clean_env, play
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from functions.local.demo import FLEET, PLAN, Demo, DemoOptions, Step, check_plan
+from functions.local.options import DemoOptions
+from functions.local.orchestration import Demo
+from functions.local.plan import FLEET, PLAN, Step, check_plan
 from functions.local.report import Timeline
 from tests.e2e.conftest import clean_env
 
