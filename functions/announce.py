@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from functions.notifications import Links, Notification, Transition
 from functions.policy import Policy, transition_pages
 from functions.publish import Publisher
-from functions.state import EventRecord, Store
+from functions.state import UNREAD, EventRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +93,20 @@ def publish_claimed(
         try:
             publisher.publish(note)
         except Exception:
-            release(store, record.event_id, pending[index:])
+            release(store, record.event_id, pending[index:], known=record)
             raise
         sent.append(note)
     if pending:
-        mark_done(store, record.event_id, pending)
+        mark_done(store, record.event_id, pending, known=record)
     return sent
 
 
-def release(store: Store, event_id: str, transitions: Iterable[Transition]) -> None:
+def release(
+    store: Store,
+    event_id: str,
+    transitions: Iterable[Transition],
+    known: EventRecord | None = UNREAD,
+) -> None:
     keys = {t.value for t in transitions}
 
     def change(rec: EventRecord | None) -> EventRecord | None:
@@ -112,10 +117,16 @@ def release(store: Store, event_id: str, transitions: Iterable[Transition]) -> N
                 del rec.announced[key]
         return rec
 
-    store.mutate_event(event_id, change)
+    store.mutate_event(event_id, change, known=known)
 
 
-def mark_done(store: Store, event_id: str, transitions: Iterable[Transition]) -> None:
+def mark_done(
+    store: Store,
+    event_id: str,
+    transitions: Iterable[Transition],
+    known: EventRecord | None = UNREAD,
+) -> None:
+    """`known`: the row as the claim wrote it; usually nobody wrote since, saving a read."""
     keys = {t.value for t in transitions}
 
     def change(rec: EventRecord | None) -> EventRecord | None:
@@ -125,7 +136,7 @@ def mark_done(store: Store, event_id: str, transitions: Iterable[Transition]) ->
             rec.announced[key] = "done"
         return rec
 
-    store.mutate_event(event_id, change)
+    store.mutate_event(event_id, change, known=known)
 
 
 def claim(store: Store, event_id: str, transition: Transition, now: datetime) -> EventRecord | None:

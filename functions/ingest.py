@@ -126,7 +126,10 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
 
 
 def _save_vm(store: Store, vm: VmRecord | None, envelope: Envelope, now: datetime) -> bool:
-    """Write the VM row only if nobody else did since we read it (else the caller redoes)."""
+    """Write the VM row only if nobody else did since we read it (else the caller redoes).
+
+    The write starts from the row read at the top of ingest (its ETag guards it), so a
+    document costs one read of the VM row, not two."""
     expected = vm.etag if vm else None
 
     def change(current: VmRecord | None) -> VmRecord | None:
@@ -151,7 +154,7 @@ def _save_vm(store: Store, vm: VmRecord | None, envelope: Envelope, now: datetim
         return record
 
     try:
-        store.mutate_vm(envelope.vm.name, change)
+        store.mutate_vm(envelope.vm.name, change, known=vm)
     except _Moved:
         return False
     return True
@@ -276,7 +279,7 @@ def _after_decision(
             rec.decision = decision.model_copy(update={"reason": decision.reason + reason_suffix})
         return rec
 
-    updated, _ = store.mutate_event(record.event_id, change)
+    updated, _ = store.mutate_event(record.event_id, change, known=record)
     return updated or record, outcome == "approving"
 
 
@@ -306,7 +309,8 @@ def end_event(
     record, won = store.mutate_event(event_id, change)
     if not won or record is None or not claimed:
         return
-    release_capacity(store, record)
+    if holds_capacity(record):
+        release_capacity(store, record)
     details = dict.fromkeys(claimed, detail) if detail else None
     publish_claimed(
         store, pipeline.publisher, record, claimed, now, pipeline.policy, pipeline.settings, details
@@ -397,6 +401,13 @@ def _give_back(store: Store, key: str, event_id: str) -> None:
         return rec
 
     store.mutate_capacity(key, change)
+
+
+def holds_capacity(record: EventRecord) -> bool:
+    """Whether the event may hold a slot: only an `approve` decision ever takes one (in
+    ingest or the watchdog), so ending a held or drained event need not read the slots.
+    A slot left behind anyway (a crash) is freed by `_take`, which drops ended holders."""
+    return record.decision is not None and record.decision.action == "approve"
 
 
 def release_capacity(store: Store, record: EventRecord) -> None:

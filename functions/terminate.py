@@ -14,18 +14,18 @@ than run late.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 import requests
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from functions.clock import Clock, SystemClock
 from functions.notifications import Notification, Transition
 from functions.terminate_steps import budget, http_drain, relay_hook
 from functions.terminate_store import DrainStore, StepRecord
@@ -55,21 +55,6 @@ class DrainSettings(BaseSettings):
     poll_seconds: float = Field(default=2.0, gt=0)  # relay hook status polling
     # Kept free after the drain steps for the approval call itself.
     approve_reserve_seconds: float = Field(default=10, ge=0)
-
-
-class Clock(Protocol):
-    def now(self) -> datetime: ...
-
-    def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            time.sleep(seconds)
 
 
 # approve(event_id, give_up_at) → "approved" | "failed" | "skipped" | ..., or an object with
