@@ -71,7 +71,7 @@ def transport_options(endpoint: str) -> dict[str, Any]:
     verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
     return {
         "transport": RequestsTransport(use_env_settings=False, connection_verify=verify),
-        "proxies": dict(proxies) or None,
+        "proxies": {k: v for k, v in proxies.items() if k != "no"} or None,
     }
 
 

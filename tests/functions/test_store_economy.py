@@ -1,0 +1,267 @@
+"""Fewer Table requests per document, and the ETag still guarding every write.
+
+Ingest reuses a row it just read or wrote instead of reading it again; these tests check
+that the saving happens and that a concurrent writer in between is never overwritten.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from functions.ingest import ingest_message
+from functions.notifications import Notification
+from functions.policy import Policy, Rule
+from functions.publish import LocalPublisher
+from functions.state import Store, VmRecord, transport_options
+from tests.functions.conftest import envelope, event, make_pipeline
+
+
+class Calls:
+    """Counts the Table calls a store makes, per table and method, on the real client."""
+
+    def __init__(self, store: Store, mocker) -> None:
+        self.spies = {
+            (table, method): mocker.spy(getattr(store, table), method)
+            for table in ("vms", "events")
+            for method in ("get_entity", "create_entity", "update_entity")
+        }
+
+    def count(self, table: str, method: str) -> int:
+        return self.spies[(table, method)].call_count
+
+    def writes(self) -> int:
+        return sum(
+            spy.call_count
+            for (_, method), spy in self.spies.items()
+            if method in ("create_entity", "update_entity")
+        )
+
+    def reset(self) -> None:
+        for spy in self.spies.values():
+            spy.reset_mock()
+
+
+def test_a_document_reads_the_vm_row_once_and_a_redelivery_writes_nothing(store, clock, mocker):
+    pipeline, _ = make_pipeline(store, clock)
+    calls = Calls(store, mocker)
+    ingest_message(envelope("vm1", 1, []), pipeline)
+    assert calls.count("vms", "get_entity") == 1 and calls.count("vms", "create_entity") == 1
+
+    body = envelope("vm1", 2, [event("EV-E")])
+    calls.reset()
+    assert ingest_message(body, pipeline).outcome == "processed"
+    assert calls.count("vms", "get_entity") == 1  # not re-read before the write
+    assert calls.count("vms", "update_entity") == 1
+
+    calls.reset()
+    assert ingest_message(body, pipeline).outcome == "stale"
+    assert calls.count("vms", "get_entity") == 1 and calls.writes() == 0
+
+
+def test_an_unchanged_document_writes_the_vm_row_but_no_event_row(store, clock, mocker):
+    pipeline, publisher = make_pipeline(store, clock)
+    ingest_message(envelope("vm1", 1, [event("EV-U")]), pipeline)
+    calls = Calls(store, mocker)
+    clock.advance(1)
+    assert ingest_message(envelope("vm1", 2, [event("EV-U")]), pipeline).transitions == []
+    assert calls.count("events", "update_entity") == calls.count("events", "create_entity") == 0
+    assert calls.count("vms", "update_entity") == 1  # last_seen and the sequence move on
+    assert store.get_vm("vm1").last_sequence == 2
+    assert publisher.transitions("EV-U") == ["scheduled", "decided"]
+
+
+def test_a_vm_row_changed_between_read_and_write_is_reread_not_overwritten(azurite, store, clock):
+    pipeline, _ = make_pipeline(store, clock)
+    ingest_message(envelope("vm1", 1, []), pipeline)
+    other = Store.from_connection_string(azurite, store.prefix)  # another worker
+    real_get = store.get_vm
+    reads: list[VmRecord | None] = []
+
+    def get_then_someone_writes(name: str) -> VmRecord | None:
+        record = real_get(name)
+        if not reads:  # after ingest's read, the watchdog marks the VM
+
+            def mark(rec: VmRecord | None) -> VmRecord | None:
+                assert rec is not None
+                rec.silent_announced_for = "marked by the watchdog"
+                return rec
+
+            other.mutate_vm(name, mark)
+        reads.append(record)
+        return record
+
+    store.get_vm = get_then_someone_writes  # type: ignore[method-assign]
+    result = ingest_message(envelope("vm1", 2, [event("EV-R")]), pipeline)
+    assert result.outcome == "processed"
+    assert len(reads) == 2  # the failed conditional write sent it back to read again
+    saved = real_get("vm1")
+    assert saved.last_sequence == 2 and saved.event_ids == ["EV-R"]
+    assert saved.silent_announced_for == "marked by the watchdog"
+    assert store.get_event("EV-R").reporters == {"vm1": "Scheduled"}
+
+
+class WritingPublisher(LocalPublisher):
+    """Another VM reports the event while its announcement is being published: the row's
+    ETag moves between the claim and marking the claim done."""
+
+    def __init__(self, other: Store, body: str, pipeline_factory) -> None:
+        super().__init__()
+        self.other, self.body, self.pipeline_factory = other, body, pipeline_factory
+        self.done = False
+
+    def publish(self, notification: Notification) -> None:
+        if not self.done:
+            self.done = True
+            ingest_message(self.body, self.pipeline_factory(self.other))
+        super().publish(notification)
+
+
+def test_marking_an_announcement_done_after_a_concurrent_write_keeps_both(azurite, store, clock):
+    other = Store.from_connection_string(azurite, store.prefix)
+    pipeline, _ = make_pipeline(store, clock)
+    second = envelope("vm2", 1, [event("EV-M", resources=("vm1", "vm2"))])
+    pipeline.publisher = publisher = WritingPublisher(
+        other, second, lambda s: make_pipeline(s, clock)[0]
+    )
+    ingest_message(envelope("vm1", 1, [event("EV-M", resources=("vm1", "vm2"))]), pipeline)
+    record = store.get_event("EV-M")
+    assert record.reporters == {"vm1": "Scheduled", "vm2": "Scheduled"}
+    assert record.announced == {"scheduled": "done", "decided": "done"}
+    assert publisher.transitions("EV-M") == ["scheduled", "decided"]
+
+
+def test_ending_a_held_event_reads_no_capacity_slot(store, clock, mocker):
+    pipeline, publisher = make_pipeline(store, clock)
+    ingest_message(envelope("vm1", 1, [event("EV-H")], availability_set="as1"), pipeline)
+    get_slot = mocker.spy(store, "get_capacity")
+    change_slot = mocker.spy(store, "mutate_capacity")
+    ingest_message(envelope("vm1", 2, [], availability_set="as1"), pipeline)
+    assert publisher.transitions("EV-H") == ["scheduled", "decided", "cancelled"]
+    assert get_slot.call_count == change_slot.call_count == 0
+
+
+def test_ending_an_approved_event_still_frees_its_slot(store, clock, relay):
+    policy = Policy(rules=(Rule(name="all", action="approve"),), max_concurrent_per_set=1)
+    pipeline, publisher = make_pipeline(store, clock, policy)
+    ss = {"scale_set": "web", "callback_url": relay.url}
+    ingest_message(envelope("web_0", 1, [event("E-0", resources=("web_0",))], **ss), pipeline)
+    assert relay.starts() == ["E-0"] and store.get_capacity("ss:web").holders == ["E-0"]
+    ingest_message(envelope("web_0", 2, [], **ss), pipeline)
+    assert publisher.transitions("E-0")[-1] == "completed"
+    assert store.get_capacity("ss:web").holders == []
+
+
+def test_mutate_with_a_stale_known_row_reads_again(azurite, store):
+    store.mutate_vm("vm9", lambda rec: VmRecord(name="vm9", relay_version="1"))
+    stale = store.get_vm("vm9")
+    other = Store.from_connection_string(azurite, store.prefix)
+
+    def bump(rec: VmRecord | None) -> VmRecord | None:
+        assert rec is not None
+        rec.relay_version = "2"
+        return rec
+
+    other.mutate_vm("vm9", bump)
+    seen: list[str | None] = []
+
+    def set_scale_set(rec: VmRecord | None) -> VmRecord | None:
+        assert rec is not None
+        seen.append(rec.relay_version)
+        rec.scale_set = "web"
+        return rec
+
+    _, won = store.mutate_vm("vm9", set_scale_set, known=stale)
+    assert won and seen == ["1", "2"]  # the stale row's write failed on its ETag
+    saved = store.get_vm("vm9")
+    assert (saved.relay_version, saved.scale_set) == ("2", "web")
+
+    absent_seen: list[bool] = []
+
+    def first_one(rec: VmRecord | None) -> VmRecord | None:
+        absent_seen.append(rec is None)
+        return (rec or VmRecord(name="vm9")).model_copy(update={"callback_url": "http://x/"})
+
+    # Told "it did not exist" when it does: the conditional insert fails, then it reads.
+    store.mutate_vm("vm9", first_one, known=None)
+    assert absent_seen == [True, False]
+    assert store.get_vm("vm9").relay_version == "2"
+
+
+# ----------------------------------------------------------------------- HTTP settings
+
+
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "CURL_CA_BUNDLE")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    return monkeypatch
+
+
+def test_transport_options_read_proxies_and_ca_bundle_once(clean_env):
+    monkeypatch = clean_env
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/corp.pem")
+    remote = transport_options("https://acct.table.core.windows.net")
+    assert remote["proxies"]["https"] == "http://proxy.example:3128"
+    assert remote["transport"].connection_config.verify == "/etc/ssl/corp.pem"
+    assert transport_options("http://127.0.0.1:10002/devstoreaccount1")["proxies"] is None
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE")
+    monkeypatch.delenv("HTTPS_PROXY")
+    plain = transport_options("https://acct.table.core.windows.net")
+    assert plain["proxies"] is None and plain["transport"].connection_config.verify is True
+
+
+class RecordingProxy:
+    """An HTTP proxy that records what it is asked for and answers 404."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                proxy.seen.append(self.path)
+                body = b'{"odata.error":{"code":"ResourceNotFound","message":{"value":"no"}}}'
+                self.send_response(404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def recording_proxy() -> Iterator[RecordingProxy]:
+    proxy = RecordingProxy()
+    yield proxy
+    proxy.close()
+
+
+def test_an_http_proxy_from_the_environment_is_still_used(azurite, monkeypatch, recording_proxy):
+    monkeypatch.setenv("HTTP_PROXY", recording_proxy.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    store = Store.from_connection_string(azurite, "proxied")
+    assert store.get_vm("vm1") is None
+    assert len(recording_proxy.seen) == 1
+    assert recording_proxy.seen[0].startswith("http://127.0.0.1:")  # a proxy request
