@@ -173,6 +173,8 @@ def _report(
     to_approve: list[str],
 ) -> None:
     store = pipeline.store
+    if _already_ended_with(store, event.event_id, envelope.vm.name):
+        return
     claimed: list[Transition] = []
     made: list[bool] = []  # whether this write made the decision (vs. re-announcing it)
 
@@ -230,6 +232,15 @@ def _report(
     result.transitions.extend((record.event_id, t.value) for t in announce_first + rest)
     if approve_now:
         to_approve.append(record.event_id)
+
+
+def _already_ended_with(store: Store, event_id: str, vm: str | None) -> bool:
+    """Whether the event is known to have ended (with `vm` among its past reporters):
+    then neither a late report nor an absence changes its row. Taken from the row as this
+    Store last saw it, without a read: ending is final and past reporters are only ever
+    added, so what was true then is true now."""
+    seen = store.recent_event(event_id)
+    return seen is not None and bool(seen.ended) and (vm is None or vm in seen.past_reporters)
 
 
 def _after_decision(
@@ -298,6 +309,8 @@ def end_event(
     detail: str = "",
 ) -> None:
     store = pipeline.store
+    if _already_ended_with(store, event_id, None):
+        return
     claimed: list[Transition] = []
 
     def change(rec: EventRecord | None) -> EventRecord | None:

@@ -6,6 +6,10 @@ says Started (or it is first seen Started: a host failure skips Scheduled), and 
 only when *every* VM that reported it has sent a later document without it (or went
 silent): `completed` if it had started, `cancelled` if it never did.
 
+Two facts never change back, and ingest relies on it to skip reading rows it saw
+before (functions.ingest._already_ended_with): an ended event stays ended (a late
+report only adds to `past_reporters`), and `past_reporters` only grows.
+
 These functions only compute; the caller writes the result under the row's ETag and may
 call them again on a fresh row after losing a race, so they must stay side-effect free.
 """

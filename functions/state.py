@@ -15,8 +15,10 @@ import contextlib
 import logging
 import os
 import random
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, Literal, TypeVar
@@ -41,6 +43,7 @@ VM_PARTITION = "vm"
 EVENT_PARTITION = "event"
 CAPACITY_PARTITION = "capacity"
 MAX_ATTEMPTS_KEPT = 50
+RECENT_EVENT_ROWS = 1024  # event rows a Store remembers as the start of its next write
 
 ApprovalState = Literal["", "pending", "in_progress", "approved", "failed"]
 EndState = Literal["", "completed", "cancelled"]
@@ -165,6 +168,14 @@ class _Unread:
 UNREAD: Any = _Unread()
 
 
+def _copy(record: R) -> R:
+    """A deep copy through the JSON the row is stored as: several times faster than
+    `model_copy(deep=True)`, and exactly what a fresh read would give."""
+    copied = type(record).model_validate_json(record.model_dump_json())
+    copied.etag = record.etag
+    return copied
+
+
 class Store:
     """All state the function app keeps. Thread-safe to share; cheap to create per thread."""
 
@@ -175,6 +186,8 @@ class Store:
         self.events = service.get_table_client(f"{prefix}events")
         self.audit_table = service.get_table_client(f"{prefix}audit")
         self.rejected = service.get_table_client(f"{prefix}rejected")
+        self._recent_events: OrderedDict[str, EventRecord] = OrderedDict()
+        self._recent_lock = threading.Lock()  # guards the dict only; never the Table rows
 
     @classmethod
     def from_connection_string(cls, connection_string: str, prefix: str = "sebridge") -> Store:
@@ -259,19 +272,18 @@ class Store:
         `known` is the row as the caller last read or wrote it (None: it did not exist).
         The first attempt starts from it instead of reading again; its ETag still guards
         the write, so if the row moved since, the write fails and the loop reads afresh.
-        A request saved per change, and nothing that can go stale unchecked."""
+        A row is trusted only through a fresh read or a successful conditional write: a
+        "nothing to change" computed from `known` is checked against a fresh read too."""
         if known is not None and known is not UNREAD and known.etag is None:
             known = UNREAD  # built, not read: no ETag to guard a write with
         for attempt in range(attempts):
-            if attempt == 0 and known is not UNREAD:
-                current = known
-            else:
-                current = self._get(table, model, pk, rk)
-            snapshot = current.model_copy(deep=True) if current is not None else None
-            if snapshot is not None:
-                snapshot.etag = current.etag if current else None
+            unverified = attempt == 0 and known is not UNREAD
+            current = known if unverified else self._get(table, model, pk, rk)
+            snapshot = _copy(current) if current is not None else None
             updated = change(snapshot)
             if updated is None:
+                if unverified:
+                    continue
                 return current, False
             try:
                 if current is None:
@@ -290,8 +302,9 @@ class Store:
             except HttpResponseError as exc:
                 if exc.status_code not in (409, 412):
                     raise
-            # Lost the race: back off a little (jittered, so 100 writers spread out).
-            time.sleep(random.uniform(0, min(0.2, 0.005 * (2**attempt))))  # noqa: S311
+            if not unverified:  # a stale `known` is no race: read again at once
+                # Lost the race: back off a little (jittered, so 100 writers spread out).
+                time.sleep(random.uniform(0, min(0.2, 0.005 * (2**attempt))))  # noqa: S311
         raise ConflictError(f"{table.table_name}/{rk} kept changing; gave up after {attempts}")
 
     # ------------------------------------------------------------------ VMs
@@ -322,7 +335,33 @@ class Store:
     # ------------------------------------------------------------------ events
 
     def get_event(self, event_id: str) -> EventRecord | None:
-        return self._get(self.events, EventRecord, EVENT_PARTITION, row_key(event_id))
+        rk = row_key(event_id)
+        record = self._get(self.events, EventRecord, EVENT_PARTITION, rk)
+        self._note_event(rk, record)
+        return record
+
+    def _note_event(self, rk: str, record: EventRecord | None) -> None:
+        """Remember the event row as last read or written here, with its ETag."""
+        with self._recent_lock:
+            if record is None or record.etag is None:
+                self._recent_events.pop(rk, None)
+                return
+            self._recent_events[rk] = _copy(record)
+            self._recent_events.move_to_end(rk)
+            while len(self._recent_events) > RECENT_EVENT_ROWS:
+                self._recent_events.popitem(last=False)
+
+    def recent_event(self, event_id: str) -> EventRecord | None:
+        """The event row as this Store last read or wrote it, if remembered: unverified, so
+        only facts that never change back may be taken from it (see lifecycle: an ended
+        event stays ended, and `past_reporters` only grows)."""
+        recalled = self._recall_event(row_key(event_id))
+        return None if recalled is UNREAD else recalled
+
+    def _recall_event(self, rk: str) -> EventRecord | None:
+        with self._recent_lock:
+            record = self._recent_events.get(rk)
+            return _copy(record) if record is not None else UNREAD
 
     def mutate_event(
         self,
@@ -330,11 +369,20 @@ class Store:
         change: Callable[[EventRecord | None], EventRecord | None],
         known: EventRecord | None = UNREAD,
     ) -> tuple[EventRecord | None, bool]:
-        return self._mutate(
+        """Read-modify-write of an event row. Without `known`, the write starts from the
+        row as this Store last read or wrote it, if it still remembers it: one VM's
+        documents about an event usually come one after another through the same worker,
+        and nobody else wrote the row in between. That remembered row is only the
+        starting point of a conditional write (If-Match its ETag): if anyone wrote since,
+        the write fails and the row is read afresh, so it is never trusted stale."""
+        rk = row_key(event_id)
+        if known is UNREAD:
+            known = self._recall_event(rk)
+        record, won = self._mutate(
             self.events,
             EventRecord,
             EVENT_PARTITION,
-            row_key(event_id),
+            rk,
             change,
             lambda r: {
                 "EventType": r.event_type,
@@ -345,6 +393,8 @@ class Store:
             },
             known=known,
         )
+        self._note_event(rk, record)
+        return record, won
 
     def list_events(self, include_ended: bool = False) -> list[EventRecord]:
         query = "PartitionKey eq @pk" + ("" if include_ended else " and ended eq ''")

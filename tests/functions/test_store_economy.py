@@ -265,3 +265,63 @@ def test_an_http_proxy_from_the_environment_is_still_used(azurite, monkeypatch, 
     assert store.get_vm("vm1") is None
     assert len(recording_proxy.seen) == 1
     assert recording_proxy.seen[0].startswith("http://127.0.0.1:")  # a proxy request
+
+
+# ----------------------------------------------------------------------- remembered rows
+
+
+def test_the_next_document_about_an_event_starts_from_the_row_this_worker_wrote(
+    store, clock, mocker
+):
+    pipeline, publisher = make_pipeline(store, clock)
+    ingest_message(envelope("vm1", 1, [event("EV-N")]), pipeline)
+    calls = Calls(store, mocker)
+    clock.advance(60)
+    ingest_message(envelope("vm1", 2, [event("EV-N", status="Started")]), pipeline)
+    assert calls.count("events", "get_entity") == 0  # remembered, and its ETag held
+    ingest_message(envelope("vm1", 3, []), pipeline)
+    assert calls.count("events", "get_entity") == 0
+    assert publisher.transitions("EV-N") == ["scheduled", "decided", "started", "completed"]
+
+
+def test_a_remembered_row_another_worker_changed_is_read_again_and_both_changes_kept(
+    azurite, store, clock
+):
+    pipeline, _ = make_pipeline(store, clock)
+    two = ("vm1", "vm2")
+    ingest_message(envelope("vm1", 1, [event("EV-W", resources=two)]), pipeline)
+    other, _ = make_pipeline(Store.from_connection_string(azurite, store.prefix), clock)
+    ingest_message(envelope("vm2", 1, [event("EV-W", resources=two)]), other)
+    # This worker still remembers the row without vm2; its conditional write must fail.
+    ingest_message(envelope("vm1", 2, [event("EV-W", status="Started", resources=two)]), pipeline)
+    assert store.get_event("EV-W").reporters == {"vm1": "Started", "vm2": "Scheduled"}
+
+
+def test_nothing_to_change_on_a_remembered_row_is_checked_against_a_fresh_read(
+    azurite, store, clock
+):
+    pipeline, _ = make_pipeline(store, clock)
+    two = ("vm1", "vm2")
+    ingest_message(envelope("vm1", 1, [event("EV-F", resources=two)]), pipeline)
+    other = Store.from_connection_string(azurite, store.prefix)
+    other.mutate_event("EV-F", lambda rec: rec.model_copy(update={"reporters": {"vm2": "x"}}))
+    # The remembered row says vm1 already reports it as Scheduled: nothing to change. The
+    # row no longer lists vm1, so trusting that would lose vm1 as a reporter.
+    ingest_message(envelope("vm1", 2, [event("EV-F", resources=two)]), pipeline)
+    assert store.get_event("EV-F").reporters == {"vm1": "Scheduled", "vm2": "x"}
+
+
+def test_a_late_report_of_an_ended_event_costs_no_event_request(store, clock, mocker):
+    pipeline, publisher = make_pipeline(store, clock)
+    ingest_message(envelope("vm1", 1, [event("EV-L")]), pipeline)
+    ingest_message(envelope("vm1", 2, []), pipeline)  # cancelled; vm1 a past reporter
+    assert publisher.transitions("EV-L")[-1] == "cancelled"
+    calls = Calls(store, mocker)
+    ingest_message(envelope("vm1", 3, [event("EV-L")]), pipeline)
+    ingest_message(envelope("vm1", 4, []), pipeline)
+    assert sum(calls.count("events", m) for m in ("get_entity", "update_entity")) == 0
+    # A VM that never reported it is still recorded as a past reporter.
+    ingest_message(envelope("vm2", 1, [event("EV-L", resources=("vm1", "vm2"))]), pipeline)
+    record = store.get_event("EV-L")
+    assert record.past_reporters == ["vm1", "vm2"] and record.ended == "cancelled"
+    assert publisher.transitions("EV-L") == ["scheduled", "decided", "cancelled"]
