@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from functions.notifications import Links, Notification, Transition
 from functions.policy import Policy, transition_pages
 from functions.publish import Publisher
+from functions.redecide import occurrence
 from functions.state import UNREAD, EventRecord, Store
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ def build(
         decision=decision,
         detail=detail or _default_detail(record, transition),
         links=links,
+        occurrence=occurrence(record, transition),
         page=page,
     )
 

@@ -24,6 +24,7 @@ from functions.lifecycle import absent, report
 from functions.notifications import Decision, Transition
 from functions.policy import Policy, decide, is_impactful
 from functions.publish import Publisher
+from functions.redecide import redecide, should_redecide
 from functions.settings import Settings
 from functions.state import CapacityRecord, EventRecord, Store, VmRecord
 from relay.models import TERMINATE, DocumentError, Envelope, ScheduledEvent, parse_envelope
@@ -193,6 +194,10 @@ def _report(
             target.decision = decide(pipeline.settings.policy, event, now, tuple(target.scale_sets))
             target.decided_at = now
             made.append(True)
+        elif should_redecide(target, pipeline.settings.policy, now):
+            # It failed closed on an invalid policy; this host's policy is valid.
+            redecide(target, event, pipeline.settings.policy, now)
+            made.append(True)
         # Claimed here also when a failed publish released the claim: the redelivery
         # announces the decision it could not announce before.
         key = (
@@ -209,7 +214,7 @@ def _report(
         return
     approve_now = False
     if made:
-        record, approve_now = _after_decision(record, event, pipeline, now)
+        record, approve_now = after_decision(record, event, pipeline, now)
     elif Transition.DECIDED in claimed or (newcomer[0] and event.affects(envelope.vm.name)):
         # A decision re-announced after a failed publish, or a named VM whose relay was
         # not known when the approval was last tried: try (again) now.
@@ -243,10 +248,11 @@ def _already_ended_with(store: Store, event_id: str, vm: str | None) -> bool:
     return seen is not None and bool(seen.ended) and (vm is None or vm in seen.past_reporters)
 
 
-def _after_decision(
+def after_decision(
     record: EventRecord, event: ScheduledEvent, pipeline: Pipeline, now: datetime
 ) -> tuple[EventRecord, bool]:
-    """The winner of the decision audits it and, for `approve`, applies the capacity guard."""
+    """The winner of the decision audits it and, for `approve`, applies the capacity guard.
+    Returns the row and whether to approve now (the caller does, after announcing)."""
     store = pipeline.store
     decision = record.decision
     assert decision is not None

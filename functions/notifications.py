@@ -28,6 +28,7 @@ class Transition(StrEnum):
     CANCELLED = "cancelled"  # no VM reports it any more, and it never started
     OVERDUE = "overdue"  # still Scheduled after NotBefore (watchdog)
     RELAY_SILENT = "relay_silent"  # a relay stopped reporting (watchdog)
+    RELAY_RECOVERED = "relay_recovered"  # a relay announced silent reports again (ingest)
     POLICY_INVALID = "policy_invalid"  # the policy did not validate: failing closed
 
 
@@ -100,13 +101,14 @@ class Notification(BaseModel):
     schema_version: Literal[1] = Field(default=1, alias="schema")
     transition: Transition
     occurred_at: AwareDatetime
-    event: EventSnapshot | None = None  # None for relay_silent / policy_invalid
-    vm: str | None = None  # for relay_silent, or the VM the transition concerns
+    event: EventSnapshot | None = None  # None for relay_silent/_recovered, policy_invalid
+    vm: str | None = None  # for relay_silent/_recovered, or the VM the transition concerns
     decision: Decision | None = None
     detail: str = ""  # human text: an error, a drain outcome, a relay's last-seen time
     links: Links = Links()
     # For transitions that can recur (a relay silent again later, a policy invalid again
-    # after an edit): what tells this occurrence apart, e.g. the relay's last-seen time.
+    # after an edit, a decision made again once a fixed policy replaced a fail-closed one):
+    # what tells this occurrence apart, e.g. the relay's last-seen time.
     occurrence: str | None = None
 
     def message_id(self) -> str:

@@ -97,6 +97,11 @@ class VmRecord(Record):
     relay_version: str | None = None
     event_ids: list[str] = Field(default_factory=list)  # in its latest document
     silent_announced_for: str | None = None  # the last_seen whose silence was announced
+    # The silence (its `silent_announced_for`) whose end is being announced as
+    # relay_recovered, and since when; cleared once published (the watchdog republishes
+    # one left behind by a crash).
+    recovery_pending: str | None = None
+    recovery_pending_since: AwareDatetime | None = None
 
 
 class Attempt(BaseModel):
@@ -126,6 +131,9 @@ class EventRecord(Record):
     ended_at: AwareDatetime | None = None
     decision: Decision | None = None
     decided_at: AwareDatetime | None = None
+    # When a valid policy replaced a fail-closed decision (functions.redecide); also what
+    # tells that second `decided` announcement apart from a first one.
+    redecided_at: AwareDatetime | None = None
     approval: ApprovalState = ""
     approval_reason: str = ""
     approval_claimed_at: AwareDatetime | None = None

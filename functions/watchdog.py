@@ -1,4 +1,5 @@
-"""The every-minute sweep: silent relays, overdue events, deferred approvals, loose ends.
+"""The every-minute sweep: silent relays, overdue events, deferred approvals, loose ends,
+and events that failed closed on a policy that is valid now (functions.redecide).
 
 Everything here is "at most once" through the same ETag claims as ingest, so two
 overlapping runs (a slow run and the next tick) announce and approve nothing twice.
@@ -11,10 +12,17 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
-from functions.announce import announce, publish_claimed, stale_pending
+from functions.announce import announce, pending_mark, publish_claimed, stale_pending
 from functions.approve import ApprovalResult, approve_event
-from functions.ingest import Pipeline, acquire_capacity, end_event, needs_capacity
+from functions.ingest import (
+    Pipeline,
+    acquire_capacity,
+    after_decision,
+    end_event,
+    needs_capacity,
+)
 from functions.notifications import Notification, Transition
+from functions.redecide import as_event, redecide, should_redecide
 from functions.state import EventRecord, VmRecord
 from relay.models import SCHEDULED, TERMINATE
 
@@ -27,6 +35,7 @@ class WatchdogReport(BaseModel):
     approvals: list[ApprovalResult] = Field(default_factory=list)
     ended: list[str] = Field(default_factory=list)
     republished: list[str] = Field(default_factory=list)
+    redecided: list[str] = Field(default_factory=list)  # fail-closed decisions replaced
 
 
 def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
@@ -124,6 +133,20 @@ def _sweep_event(
             store, pipeline.publisher, record, stale, now, pipeline.policy, pipeline.settings
         )
         out.republished.extend(f"{record.event_id}:{t.value}" for t in stale)
+    # A decision whose announcement was released after a failed publish (ingest retries
+    # it on the event's next document, but a held event may never get one): announce it.
+    unannounced = _unannounced_decision(record)
+    if unannounced is not None and announce(
+        store,
+        pipeline.publisher,
+        record.event_id,
+        unannounced,
+        now,
+        pipeline.policy,
+        pipeline.settings,
+    ):
+        out.republished.append(f"{record.event_id}:{unannounced.value}")
+        return
     # 2. Every reporter silent, and the event is past its start: it ended without word.
     if record.reporters and all(vm in silent for vm in record.reporters):
         past = record.started or (record.not_before is not None and now >= record.not_before)
@@ -138,8 +161,12 @@ def _sweep_event(
                 )
             out.ended.append(record.event_id)
             return
+    # 3. It failed closed on an invalid policy, and the policy here is valid: decide again.
+    if should_redecide(record, pipeline.settings.policy, now):
+        _redecide(pipeline, record, now, out)
+        return
     scheduled = record.event_status == SCHEDULED and not record.started
-    # 3. Still Scheduled after NotBefore: Azure should have started it.
+    # 4. Still Scheduled after NotBefore: Azure should have started it.
     if scheduled and record.not_before is not None and now > record.not_before:
         if announce(
             store,
@@ -153,10 +180,61 @@ def _sweep_event(
         ):
             out.overdue.append(record.event_id)
         return
-    # 4. Deferred approvals: a window opened, capacity freed, or retries remain.
+    # 5. Deferred approvals: a window opened, capacity freed, or retries remain.
     result = _deferred_approval(pipeline, record, now)
     if result is not None:
         out.approvals.append(result)
+
+
+def _unannounced_decision(record: EventRecord) -> Transition | None:
+    decision = record.decision
+    if decision is None or record.ended:
+        return None
+    transition = Transition.POLICY_INVALID if decision.policy_error else Transition.DECIDED
+    return None if transition.value in record.announced else transition
+
+
+def _redecide(pipeline: Pipeline, record: EventRecord, now: datetime, out: WatchdogReport) -> None:
+    """Replace the fail-closed decision and claim its `decided` in one ETag-guarded write,
+    so a second watchdog (or ingest) racing for it finds nothing left to do; then audit,
+    announce and approve through the paths a first decision takes."""
+    load = pipeline.settings.policy
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or not should_redecide(rec, load, now):
+            return None
+        redecide(rec, as_event(rec), load, now)
+        rec.announced[Transition.DECIDED.value] = pending_mark(now)
+        return rec
+
+    store = pipeline.store
+    updated, won = store.mutate_event(record.event_id, change, known=record)
+    if not won or updated is None:
+        return
+    updated, approve_now = after_decision(updated, as_event(updated), pipeline, now)
+    publish_claimed(
+        store,
+        pipeline.publisher,
+        updated,
+        [Transition.DECIDED],
+        now,
+        pipeline.policy,
+        pipeline.settings,
+    )
+    out.redecided.append(record.event_id)
+    if approve_now:
+        out.approvals.append(
+            approve_event(
+                record.event_id,
+                store,
+                pipeline.settings,
+                pipeline.session,
+                pipeline.clock,
+                publisher=pipeline.publisher,
+                by="watchdog",
+                give_up_at=now + timedelta(seconds=pipeline.settings.approval_budget_seconds),
+            )
+        )
 
 
 def _deferred_approval(
