@@ -25,6 +25,7 @@ from functions.notifications import Decision, Transition
 from functions.policy import Policy, decide, is_impactful
 from functions.publish import Publisher
 from functions.redecide import redecide, should_redecide
+from functions.relay_recovery import announce_recovery, claim_recovery
 from functions.settings import Settings
 from functions.state import CapacityRecord, EventRecord, Store, VmRecord
 from relay.models import TERMINATE, DocumentError, Envelope, ScheduledEvent, parse_envelope
@@ -106,7 +107,8 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
             for old in vm.event_ids if vm else []:
                 if old.casefold() not in current_ids:
                     _absent(old, name, pipeline, now, result)
-        if _save_vm(store, vm, envelope, now):
+        recovered: list[str] = []  # the silence this document ends, if announced
+        if _save_vm(store, vm, envelope, now, recovered):
             # After the VM row, so this VM's callback URL is known to the approver.
             for event_id in to_approve:
                 result.approvals.append(
@@ -121,22 +123,37 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
                         + timedelta(seconds=pipeline.settings.approval_budget_seconds),
                     )
                 )
+            for mark in recovered:
+                _announce_recovery(pipeline, name, mark, now)
             return result
         log.info("VM row %s changed concurrently; re-reading", name)
     raise RuntimeError(f"VM row {name} kept changing; giving up this delivery")
 
 
-def _save_vm(store: Store, vm: VmRecord | None, envelope: Envelope, now: datetime) -> bool:
+def _save_vm(
+    store: Store,
+    vm: VmRecord | None,
+    envelope: Envelope,
+    now: datetime,
+    recovered: list[str] | None = None,
+) -> bool:
     """Write the VM row only if nobody else did since we read it (else the caller redoes).
 
     The write starts from the row read at the top of ingest (its ETag guards it), so a
-    document costs one read of the VM row, not two."""
+    document costs one read of the VM row, not two. A silence announced for this VM ends
+    here: its mark goes to `recovered` for the caller to announce (once: only one writer
+    of the row sees it)."""
     expected = vm.etag if vm else None
+    claimed: list[str] = []
 
     def change(current: VmRecord | None) -> VmRecord | None:
+        claimed.clear()
         if (current.etag if current else None) != expected:
             raise _Moved
         record = current or VmRecord(name=envelope.vm.name)
+        mark = claim_recovery(record, now)
+        if mark is not None:
+            claimed.append(mark)
         record.last_sequence = max(record.last_sequence, envelope.sequence)
         if record.last_observed_at is None or envelope.observed_at > record.last_observed_at:
             record.last_observed_at = envelope.observed_at
@@ -158,7 +175,18 @@ def _save_vm(store: Store, vm: VmRecord | None, envelope: Envelope, now: datetim
         store.mutate_vm(envelope.vm.name, change, known=vm)
     except _Moved:
         return False
+    if recovered is not None:
+        recovered.extend(claimed)
     return True
+
+
+def _announce_recovery(pipeline: Pipeline, name: str, mark: str, now: datetime) -> None:
+    """After the document's own work: a topic failure here must not redeliver a document
+    that is already processed (it would be stale); the watchdog publishes it later."""
+    try:
+        announce_recovery(pipeline.store, pipeline.publisher, name, mark, now)
+    except Exception:
+        log.exception("relay_recovered for %s not published; the watchdog retries", name)
 
 
 class _Moved(Exception):

@@ -1,5 +1,6 @@
 """The every-minute sweep: silent relays, overdue events, deferred approvals, loose ends,
-and events that failed closed on a policy that is valid now (functions.redecide).
+events that failed closed on a policy that is valid now (functions.redecide), and
+`relay_recovered` announcements a crash or a topic failure left unpublished.
 
 Everything here is "at most once" through the same ETag claims as ingest, so two
 overlapping runs (a slow run and the next tick) announce and approve nothing twice.
@@ -23,6 +24,7 @@ from functions.ingest import (
 )
 from functions.notifications import Notification, Transition
 from functions.redecide import as_event, redecide, should_redecide
+from functions.relay_recovery import announce_recovery, left_behind, silence_occurrence
 from functions.state import EventRecord, VmRecord
 from relay.models import SCHEDULED, TERMINATE
 
@@ -35,6 +37,7 @@ class WatchdogReport(BaseModel):
     approvals: list[ApprovalResult] = Field(default_factory=list)
     ended: list[str] = Field(default_factory=list)
     republished: list[str] = Field(default_factory=list)
+    recovered: list[str] = Field(default_factory=list)  # relay_recovered published again
     redecided: list[str] = Field(default_factory=list)  # fail-closed decisions replaced
 
 
@@ -49,6 +52,15 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
             continue  # a scale-in deleted it: its silence is expected, not an incident
         if _announce_silence(pipeline, vms[name], now):
             out.silent.append(name)
+    for name, vm in sorted(vms.items()):
+        mark = left_behind(vm, now)
+        if mark is None:
+            continue
+        try:
+            announce_recovery(pipeline.store, pipeline.publisher, name, mark, now)
+            out.recovered.append(name)
+        except Exception:
+            log.exception("watchdog: relay_recovered for %s", name)
     for record in pipeline.store.list_events():
         try:
             _sweep_event(pipeline, record, now, silent, out)
@@ -94,7 +106,7 @@ def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime) -> bool:
         occurred_at=now,
         vm=vm.name,
         detail=f"relay on {vm.name} silent for {minutes} min (last seen {mark})",
-        occurrence=vm.last_seen.strftime("%Y%m%dT%H%M%S"),
+        occurrence=silence_occurrence(vm.last_seen),
         page=Transition.RELAY_SILENT in _page_transitions(pipeline),
     )
     try:

@@ -125,6 +125,8 @@ def headline(note: Notification) -> str:
     """One line naming the transition, the event and the VMs; the PagerDuty summary too."""
     if note.transition is Transition.RELAY_SILENT:
         return f"Relay on {note.vm or 'a VM'} stopped reporting"
+    if note.transition is Transition.RELAY_RECOVERED:
+        return f"Relay on {note.vm or 'a VM'} is reporting again"
     if note.transition is Transition.POLICY_INVALID:
         return "Approval policy is invalid: nothing is approved until it is fixed"
     event = note.event

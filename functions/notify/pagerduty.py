@@ -1,9 +1,10 @@
-"""PagerDuty Events API v2: `trigger` for paging transitions, `resolve` when the event ends.
+"""PagerDuty Events API v2: `trigger` for paging transitions, `resolve` when it is over.
 
 `dedup_key` is the EventId, so one event is one incident however many VMs report it and
 however often a transition is redelivered. A resolve is sent on every `completed` or
 `cancelled`: PagerDuty accepts (202) and ignores a resolve for a key with no open alert,
-which is cheaper and safer than remembering which events were paged.
+which is cheaper and safer than remembering which events were paged. A silent relay is
+keyed `relay-silent:<vm>`; `relay_recovered` resolves that key the same way.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ ALWAYS_PAGE = {
     Transition.RELAY_SILENT: "warning",
     Transition.POLICY_INVALID: "error",
 }
-RESOLVING = frozenset({Transition.COMPLETED, Transition.CANCELLED})
+RESOLVING = frozenset({Transition.COMPLETED, Transition.CANCELLED, Transition.RELAY_RECOVERED})
 
 
 # Progress, not alarms: never a trigger, even for an event whose decision pages.
@@ -56,7 +57,7 @@ def action_for(note: Notification) -> Literal["trigger", "resolve"] | None:
 def dedup_key(note: Notification) -> str:
     if note.event is not None:
         key = note.event.event_id
-    elif note.transition is Transition.RELAY_SILENT:
+    elif note.transition in (Transition.RELAY_SILENT, Transition.RELAY_RECOVERED):
         key = f"relay-silent:{note.vm or 'unknown'}"
     else:
         key = f"{note.transition.value}:{note.vm or 'fleet'}"

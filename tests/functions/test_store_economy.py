@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -17,7 +18,7 @@ from functions.notifications import Notification
 from functions.policy import Policy, Rule
 from functions.publish import LocalPublisher
 from functions.state import Store, VmRecord, transport_options
-from tests.functions.conftest import envelope, event, make_pipeline
+from tests.functions.conftest import T0, envelope, event, make_pipeline
 
 
 class Calls:
@@ -75,9 +76,10 @@ def test_an_unchanged_document_writes_the_vm_row_but_no_event_row(store, clock, 
 
 
 def test_a_vm_row_changed_between_read_and_write_is_reread_not_overwritten(azurite, store, clock):
-    pipeline, _ = make_pipeline(store, clock)
+    pipeline, publisher = make_pipeline(store, clock)
     ingest_message(envelope("vm1", 1, []), pipeline)
     other = Store.from_connection_string(azurite, store.prefix)  # another worker
+    silence = (T0 - timedelta(minutes=11)).isoformat()
     real_get = store.get_vm
     reads: list[VmRecord | None] = []
 
@@ -87,7 +89,7 @@ def test_a_vm_row_changed_between_read_and_write_is_reread_not_overwritten(azuri
 
             def mark(rec: VmRecord | None) -> VmRecord | None:
                 assert rec is not None
-                rec.silent_announced_for = "marked by the watchdog"
+                rec.silent_announced_for = silence  # it announced relay_silent
                 return rec
 
             other.mutate_vm(name, mark)
@@ -100,7 +102,11 @@ def test_a_vm_row_changed_between_read_and_write_is_reread_not_overwritten(azuri
     assert len(reads) == 2  # the failed conditional write sent it back to read again
     saved = real_get("vm1")
     assert saved.last_sequence == 2 and saved.event_ids == ["EV-R"]
-    assert saved.silent_announced_for == "marked by the watchdog"
+    # The watchdog's write was read, not overwritten: this document ends that silence.
+    assert saved.silent_announced_for is None and saved.recovery_pending is None
+    assert [n.occurrence for n in publisher.published if n.transition == "relay_recovered"] == [
+        "20261121T094900"
+    ]
     assert store.get_event("EV-R").reporters == {"vm1": "Scheduled"}
 
 

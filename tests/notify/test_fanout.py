@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import azure.functions as func
 import pytest
@@ -15,7 +16,8 @@ from functions.notifications import Notification, Transition
 from functions.notify import blueprint, dispatch
 from functions.notify.delivery import RetryPolicy, Transport
 from functions.notify.settings import ChannelSettings, channel_settings
-from tests.notify.factory import decision, event, note
+from functions.relay_recovery import recovery_note
+from tests.notify.factory import NOW, decision, event, note
 from tests.notify.fakebus import Message, Topic
 from tests.notify.receiver import Answer, Receiver, running
 
@@ -265,3 +267,26 @@ def test_with_the_announcers_own_notifications(fleet: Fleet) -> None:
     titles = fleet.card_titles()
     assert titles[0] == "Spot eviction scheduled: 2 VMs in scale set web"
     assert len(titles) == 4  # decided card, approval failed, started, completed
+
+
+def test_a_relay_silent_then_heard_again_pages_then_resolves(fleet: Fleet) -> None:
+    last_seen = NOW - timedelta(minutes=11)
+    silent = note(Transition.RELAY_SILENT, None, vm="web_3", occurrence="20261121T094900")
+    silent = silent.model_copy(update={"page": True})
+    recovered = recovery_note("web_3", last_seen.isoformat(), NOW + timedelta(minutes=2))
+    for _republish in range(2):  # the watchdog republishing a claim left behind
+        fleet.publish(silent, recovered)
+    fleet.pump()
+
+    assert recovered.message_id() == "web_3:relay_recovered:20261121T094900"
+    assert fleet.actions() == [("trigger", "relay-silent:web_3"), ("resolve", "relay-silent:web_3")]
+    assert fleet.card_titles() == [
+        "Relay on web_3 stopped reporting",
+        "Relay on web_3 is reporting again",
+    ]
+    bodies = fleet.webhook.bodies()
+    assert [(b["transition"], b["vm"], b["event"]) for b in bodies] == [
+        ("relay_silent", "web_3", None),
+        ("relay_recovered", "web_3", None),
+    ]
+    assert bodies[1]["page"] is False and "13 min of silence" in bodies[1]["detail"]

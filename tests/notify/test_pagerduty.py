@@ -129,6 +129,18 @@ def test_relay_silent_and_policy_invalid_page_without_an_event() -> None:
     assert body["dedup_key"] == "policy_invalid:fleet"
 
 
+def test_relay_recovered_resolves_the_relay_silent_incident() -> None:
+    recovered = note(Transition.RELAY_RECOVERED, None, vm="web_3", page=False)
+    body = pagerduty.build_event(recovered, KEY)
+    assert body == {
+        "routing_key": KEY,
+        "event_action": "resolve",
+        "dedup_key": "relay-silent:web_3",
+    }
+    silent = pagerduty.build_event(note(Transition.RELAY_SILENT, None, vm="web_3"), KEY)
+    assert silent is not None and silent["dedup_key"] == body["dedup_key"]
+
+
 def test_limits_hold_for_huge_inputs() -> None:
     long_id = "E" * 400
     body = pagerduty.build_event(

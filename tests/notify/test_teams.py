@@ -139,6 +139,19 @@ def test_relay_silent_and_policy_invalid_cards_have_no_event() -> None:
     assert facts(broken)["Policy error"] == "POLICY__RULES: bad"
 
 
+def test_relay_recovered_is_a_short_follow_up() -> None:
+    card = assert_valid_card(
+        teams.build_message(
+            note(Transition.RELAY_RECOVERED, None, vm="web_3", detail="after 12 min"), now=NOW
+        )
+    )
+    assert card["body"][0]["text"] == "Relay on web_3 is reporting again"
+    assert card["body"][0]["color"] == "Default"
+    assert facts(card)["VM"] == "web_3"
+    assert card["body"][-1]["text"] == "after 12 min"
+    assert [a["title"] for a in card.get("actions", [])] == ["Fleet status"]
+
+
 def test_scheduled_is_left_to_the_decided_card() -> None:
     assert not teams.wants(note(Transition.SCHEDULED, event()))
     assert teams.wants(note(Transition.DECIDED, event(), decision()))
