@@ -169,7 +169,12 @@ def _start_callback(
     )
     assert settings.callback_listen
     try:
-        return CallbackServer(settings.callback_listen, app).start()
+        return CallbackServer(
+            settings.callback_listen,
+            app,
+            max_concurrent=settings.callback_max_concurrent,
+            read_timeout=settings.callback_read_timeout,
+        ).start()
     except OSError as exc:
         event(
             log,

@@ -6,6 +6,12 @@ valid, fresh and unseen, and each EventId must be, in an IMDS read made for this
 present, still `Scheduled` and naming this VM. Any doubt refuses the whole request and
 approves nothing.
 
+The server itself is bounded, because it listens on a customer's VM: at most
+`max_concurrent` requests are handled at once (one thread each; a connection beyond that
+gets a canned 503 from the listening thread and is closed, no thread started), and a
+request must arrive completely within `read_timeout` seconds in total, so a sender that
+trickles bytes cannot hold a slot for longer than that.
+
 Answers (JSON): 200 `{"imds_status": 200, "results": {EventId: "approved"}}`; 502 with the
 same shape when IMDS refused the StartRequests; 4xx/5xx `{"error": reason}` (for /v1/start
 refusals also `"results": {EventId: verdict}`) and nothing approved. A byte-identical request
@@ -15,8 +21,10 @@ e.g. a "Nonce".
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +33,7 @@ from typing import Any
 
 from relay.hooks import RUNNING, HookRunner, public
 from relay.imds import ImdsClient, ImdsError
-from relay.logs import event
+from relay.logs import ErrorStreak, event
 from relay.signing import MAX_SKEW_SECONDS, SignatureError, verify
 
 log = logging.getLogger("relay.callback")
@@ -33,6 +41,16 @@ log = logging.getLogger("relay.callback")
 MAX_BODY = 16 * 1024
 MAX_EVENT_IDS = 100
 REPLAY_CACHE_LIMIT = 100_000
+DEFAULT_MAX_CONCURRENT = 16
+DEFAULT_READ_TIMEOUT = 10.0
+_BUSY_BODY = b'{"error": "too many concurrent requests; try again shortly"}'
+BUSY_RESPONSE = (
+    b"HTTP/1.0 503 Service Unavailable\r\n"
+    b"Content-Type: application/json\r\n"
+    b"Content-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n"
+    b"Retry-After: 1\r\n"
+    b"Connection: close\r\n\r\n" + _BUSY_BODY
+)
 
 
 class Refused(Exception):
@@ -198,13 +216,44 @@ class CallbackApp:
         return (202 if record.get("status") == RUNNING else 200), public(record)
 
 
+class _DeadlineReader(socket.SocketIO):
+    """Socket reads sharing one deadline.
+
+    A per-read timeout alone lets a sender dripping one byte every few seconds keep a
+    connection (and its slot) for ever; here every read gets only what is left of the time
+    the whole request may take.
+    """
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__(sock, "rb")
+        self._deadline = deadline
+
+    def readinto(self, buffer: Any) -> int | None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request not received in time")
+        self._sock.settimeout(left)
+        return super().readinto(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: CallbackHTTPServer
-    timeout = 10  # seconds a client may take to send its request
     server_version = "scheduled-events-relay"
     sys_version = ""
 
+    def setup(self) -> None:
+        self.timeout = self.server.read_timeout  # also bounds each write of the answer
+        super().setup()
+        self.rfile.close()  # replaced: only the socket's file object, not the socket
+        deadline = time.monotonic() + self.server.read_timeout
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
+
+    def _received(self) -> None:
+        """The request is in: what follows (IMDS reads, a hook) is not the client's time."""
+        self.connection.settimeout(self.server.read_timeout)
+
     def do_GET(self) -> None:
+        self._received()
         if self.path.split("?", 1)[0] != "/v1/health":
             self._answer(404, {"error": "no such endpoint"})
             return
@@ -234,9 +283,14 @@ class _Handler(BaseHTTPRequestHandler):
         if int(length) > MAX_BODY:
             self.close_connection = True
             raise Refused(413, f"body over {MAX_BODY} bytes")
-        body = self.rfile.read(int(length))
+        try:
+            body = self.rfile.read(int(length))
+        except OSError:  # TimeoutError included; the client is too slow or gone
+            self.close_connection = True
+            raise Refused(408, "request not received in time") from None
         if len(body) != int(length):
             raise Refused(400, "body shorter than Content-Length")
+        self._received()
         return body
 
     def do_PUT(self) -> None:
@@ -258,15 +312,89 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class CallbackHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
+    """A thread per request, but never more than `max_concurrent` at once.
 
-    def __init__(self, address: tuple[str, int], app: CallbackApp) -> None:
+    The listening thread takes a slot before starting a handler thread; without one it
+    writes the canned 503 (non-blocking: a fresh socket's send buffer is empty) and closes
+    the connection, so a flood costs no thread, no read and little memory.
+    """
+
+    daemon_threads = True
+    request_queue_size = 64  # the kernel's accept queue: a burst waits there, not in threads
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        app: CallbackApp,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+    ) -> None:
+        if max_concurrent < 1 or read_timeout <= 0:
+            raise ValueError("max_concurrent must be >= 1 and read_timeout > 0")
         self.app = app
+        self.max_concurrent = max_concurrent
+        self.read_timeout = read_timeout
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self._active_lock = threading.Lock()
+        self.active = 0  # requests being handled now (for health and tests)
+        self._busy = ErrorStreak(log, "callback")  # touched by the listening thread only
+        self.refused_busy = 0
         super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused_busy += 1
+            self._busy.error(
+                "busy",
+                f"{self.max_concurrent} requests in progress; answering 503 to more",
+                max_concurrent=self.max_concurrent,
+            )
+            self._refuse(request)
+            return
+        self._busy.ok()
+        self._count(+1)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._release()  # no thread started, so none will release it
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def _count(self, delta: int) -> None:
+        with self._active_lock:
+            self.active += delta
+
+    def _release(self) -> None:
+        self._count(-1)
+        self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        try:
+            request.setblocking(False)
+            request.send(BUSY_RESPONSE)
+        except OSError:
+            pass  # a full buffer or a gone client: closing is answer enough
+        self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that failed outside our handlers (reset, timeout): no traceback."""
+        log.debug("callback connection failed", exc_info=True)
 
 
 class CallbackServer:
-    def __init__(self, listen: str, app: CallbackApp, poll_interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        listen: str,
+        app: CallbackApp,
+        poll_interval: float = 0.5,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+    ) -> None:
         self._poll = poll_interval  # how fast stop() is noticed; a wake-up costs CPU
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
@@ -276,7 +404,7 @@ class CallbackServer:
 
             server_class = type("CallbackHTTP6Server", (CallbackHTTPServer,), {})
             server_class.address_family = socket.AF_INET6
-        self.httpd = server_class((host, int(port)), app)
+        self.httpd = server_class((host, int(port)), app, max_concurrent, read_timeout)
         self.app = app
         self._thread: threading.Thread | None = None
 

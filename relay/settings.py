@@ -91,6 +91,8 @@ class RelaySettings(BaseSettings):
     callback_listen: str | None = None
     callback_key_file: Path | None = None
     callback_url: str | None = None
+    callback_max_concurrent: int = Field(default=16, ge=1, le=256)
+    callback_read_timeout: float = Field(default=10.0, gt=0, le=120)
     log_format: Literal["json", "text"] = "json"
     hooks: dict[str, Path] = Field(default_factory=dict)
     hook_timeout: float = Field(default=120.0, gt=0, le=3600)
@@ -263,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--callback-listen", help="HOST:PORT for the signed callback server")
     add("--callback-key-file", type=Path, help="file holding the shared HMAC key")
     add("--callback-url", help="callback URL to advertise in envelopes")
+    add("--callback-max-concurrent", type=int, help="callback requests at once (default 16)")
+    add("--callback-read-timeout", type=float, help="seconds to receive a request (10)")
     add("--log-format", help="json (default) or text")
     add("--hook", action="append", metavar="NAME=PATH", help="a local hook script (repeatable)")
     add("--hook-timeout", type=float, help="seconds a hook may run (default 120)")

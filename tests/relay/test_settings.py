@@ -96,6 +96,15 @@ def test_advertised_callback_url() -> None:
     assert RelaySettings(forward="file:/x").advertised_callback_url is None
 
 
+def test_callback_bounds_from_flags() -> None:
+    default = RelaySettings(forward="file:/x")
+    assert (default.callback_max_concurrent, default.callback_read_timeout) == (16, 10.0)
+    s = load_settings(
+        ["--forward", "file:/x", "--callback-max-concurrent", "4", "--callback-read-timeout", "3"]
+    )
+    assert (s.callback_max_concurrent, s.callback_read_timeout) == (4, 3.0)
+
+
 @pytest.mark.parametrize(
     ("args", "env", "expected"),
     [
@@ -111,6 +120,8 @@ def test_advertised_callback_url() -> None:
         (["--forward", "file:/x", "--callback-listen", "1.2.3.4"], {}, "--callback-listen"),
         (["--forward", "file:/x", "--callback-listen", "127.0.0.1:1"], {}, "needs --callback-key"),
         (["--forward", "file:/x", "--hook", "drain"], {}, "expected NAME=/path"),
+        (["--forward", "file:/x", "--callback-max-concurrent", "0"], {}, "--callback-max"),
+        (["--forward", "file:/x", "--callback-read-timeout", "0"], {}, "--callback-read"),
         (["--forward", "file:/x", "--callback-key-file", "/no/such/key"], {}, "cannot read"),
         (
             ["--forward", "servicebus://ns.servicebus.windows.net/q"],
