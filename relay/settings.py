@@ -145,9 +145,29 @@ class RelaySettings(BaseSettings):
     @field_validator("callback_url")
     @classmethod
     def _callback_http(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
+        """Scheme, host and port only.
+
+        Callers sign the path of the URL they call (the advertised URL + `/v1/start`), and
+        the relay routes and verifies the path it receives. With a prefix, a reverse proxy
+        that strips or rewrites it turns every approval into a 401 or 404, found only when
+        an event needs approving. Refusing at start is the safe, simple choice: publish
+        the relay (or a proxy that forwards paths unchanged) at the root of a host:port.
+        """
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL")
-        return value.rstrip("/") if value else value
+        parts = urlsplit(value)
+        if not parts.hostname:
+            raise ValueError("must name a host, e.g. http://10.0.0.4:8787")
+        parts.port  # noqa: B018 - raises ValueError for a port that is not 0..65535
+        if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
+            raise ValueError(
+                f"must be http(s)://HOST[:PORT] with no path, query or user "
+                f"(got {value!r}); callers sign and the relay serves /v1/... at the root, "
+                "so a reverse proxy must forward the root unchanged"
+            )
+        return value.rstrip("/")
 
     @field_validator("hooks")
     @classmethod
@@ -264,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--message-ttl", type=int, help="Service Bus TimeToLive in seconds (default 7 days)")
     add("--callback-listen", help="HOST:PORT for the signed callback server")
     add("--callback-key-file", type=Path, help="file holding the shared HMAC key")
-    add("--callback-url", help="callback URL to advertise in envelopes")
+    add("--callback-url", help="callback URL to advertise: http(s)://HOST[:PORT], no path")
     add("--callback-max-concurrent", type=int, help="callback requests at once (default 16)")
     add("--callback-read-timeout", type=float, help="seconds to receive a request (10)")
     add("--log-format", help="json (default) or text")

@@ -94,6 +94,36 @@ def test_hook_flags_are_repeatable(tmp_path: Path, key_file: Path) -> None:
 
 def test_advertised_callback_url() -> None:
     assert RelaySettings(forward="file:/x").advertised_callback_url is None
+    for given, advertised in [
+        ("http://10.0.0.4:8492/", "http://10.0.0.4:8492"),
+        ("https://relay.example", "https://relay.example"),
+        ("http://[fd00::4]:8787", "http://[fd00::4]:8787"),
+    ]:
+        settings = RelaySettings(forward="file:/x", callback_url=given)
+        assert settings.advertised_callback_url == advertised
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.4:8492/relay",  # a reverse proxy's prefix: callers would sign it
+        "http://10.0.0.4:8492/relay/",
+        "http://10.0.0.4:8492/?a=b",
+        "http://10.0.0.4:8492#x",
+        "http://user@10.0.0.4:8492",
+    ],
+)
+def test_a_callback_url_with_a_path_is_refused_at_start(
+    url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("RELAY_CALLBACK_URL", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        load_or_exit(["--forward", "file:/x", "--callback-url", url])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("relay: bad settings: --callback-url: must be http(s)://HOST[:PORT]")
+    assert url in err
 
 
 def test_callback_bounds_from_flags() -> None:
@@ -120,6 +150,8 @@ def test_callback_bounds_from_flags() -> None:
         (["--forward", "file:/x", "--callback-listen", "1.2.3.4"], {}, "--callback-listen"),
         (["--forward", "file:/x", "--callback-listen", "127.0.0.1:1"], {}, "needs --callback-key"),
         (["--forward", "file:/x", "--hook", "drain"], {}, "expected NAME=/path"),
+        (["--forward", "file:/x", "--callback-url", "http://h:99999"], {}, "--callback-url"),
+        (["--forward", "file:/x"], {"RELAY_CALLBACK_URL": "http://h:1/p"}, "no path"),
         (["--forward", "file:/x", "--callback-max-concurrent", "0"], {}, "--callback-max"),
         (["--forward", "file:/x", "--callback-read-timeout", "0"], {}, "--callback-read"),
         (["--forward", "file:/x", "--callback-key-file", "/no/such/key"], {}, "cannot read"),
