@@ -235,18 +235,7 @@ def _redecide(pipeline: Pipeline, record: EventRecord, now: datetime, out: Watch
     )
     out.redecided.append(record.event_id)
     if approve_now:
-        out.approvals.append(
-            approve_event(
-                record.event_id,
-                store,
-                pipeline.settings,
-                pipeline.session,
-                pipeline.clock,
-                publisher=pipeline.publisher,
-                by="watchdog",
-                give_up_at=now + timedelta(seconds=pipeline.settings.approval_budget_seconds),
-            )
-        )
+        out.approvals.append(_approve(pipeline, record.event_id, now))
 
 
 def _deferred_approval(
@@ -274,8 +263,13 @@ def _deferred_approval(
     ):
         _mark_capacity_wait(pipeline, record)
         return None
+    return _approve(pipeline, record.event_id, now)
+
+
+def _approve(pipeline: Pipeline, event_id: str, now: datetime) -> ApprovalResult:
+    """One watchdog approval: bounded by the budget of one invocation, like ingest's."""
     return approve_event(
-        record.event_id,
+        event_id,
         pipeline.store,
         pipeline.settings,
         pipeline.session,
