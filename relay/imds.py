@@ -12,6 +12,7 @@ from typing import Any
 
 import requests
 
+from relay.logs import clip
 from relay.models import (
     SCHEDULED_EVENTS_API_VERSION,
     DocumentError,
@@ -54,9 +55,9 @@ class ImdsClient:
         except requests.Timeout:
             raise ImdsError("timeout", f"no answer within {timeout or self.timeout}s") from None
         except requests.ConnectionError as exc:
-            raise ImdsError("connection", f"cannot connect: {_short(exc)}") from None
+            raise ImdsError("connection", f"cannot connect: {clip(exc, 160)}") from None
         except requests.RequestException as exc:
-            raise ImdsError("request", f"request failed: {_short(exc)}") from None
+            raise ImdsError("request", f"request failed: {clip(exc, 160)}") from None
         if response.status_code != 200:
             raise ImdsError(
                 f"http-{response.status_code}",
@@ -91,7 +92,7 @@ class ImdsClient:
         except requests.Timeout:
             raise ImdsError("timeout", "StartRequests: no answer from IMDS") from None
         except requests.RequestException as exc:
-            raise ImdsError("connection", f"StartRequests: {_short(exc)}") from None
+            raise ImdsError("connection", f"StartRequests: {clip(exc, 160)}") from None
         return response.status_code, response.text[:500]
 
     def get_compute(self, timeout: float | None = None) -> dict[str, Any]:
@@ -119,8 +120,3 @@ def parse_events(raw: bytes) -> tuple[dict[str, Any], ScheduledEventsDocument]:
         return data, parse_document(data)
     except DocumentError as exc:
         raise ImdsError("malformed", str(exc)) from None
-
-
-def _short(exc: Exception) -> str:
-    text = str(exc)
-    return text if len(text) < 160 else text[:160] + "..."

@@ -110,3 +110,9 @@ class ErrorStreak:
         self._kinds.clear()
         self._count = 0
         self.last_error = None
+
+
+def clip(exc: Exception, limit: int = 200) -> str:
+    """An exception's text, cut short: requests' errors can carry whole URLs and reprs."""
+    text = str(exc)
+    return text if len(text) < limit else text[:limit] + "..."

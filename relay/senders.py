@@ -28,7 +28,7 @@ from typing import Protocol
 
 import requests
 
-from relay.logs import ErrorStreak, event
+from relay.logs import ErrorStreak, clip, event
 from relay.models import DocumentError, Envelope, parse_envelope
 from relay.outbox import Outbox, OutboxMessage, atomic_write
 
@@ -279,9 +279,9 @@ class ServiceBusSender:
         except requests.Timeout:
             raise SendError("timeout", f"Service Bus did not answer in {self._timeout}s") from None
         except requests.ConnectionError as exc:
-            raise SendError("connection", f"cannot reach Service Bus: {_reason(exc)}") from None
+            raise SendError("connection", f"cannot reach Service Bus: {clip(exc)}") from None
         except requests.RequestException as exc:
-            raise SendError("request", f"Service Bus request failed: {_reason(exc)}") from None
+            raise SendError("request", f"Service Bus request failed: {clip(exc)}") from None
         status = response.status_code
         if status == 201:
             return
@@ -300,11 +300,6 @@ class ServiceBusSender:
             f"Service Bus refused the message with {status}: {response.text[:200]}",
             slow=True,
         )
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc)
-    return text if len(text) < 200 else text[:200] + "..."
 
 
 def _retry_after(response: requests.Response) -> float | None:
