@@ -42,7 +42,7 @@ test: install lint infra-check
 	$(BIN)/python -m pytest -q
 
 demo: install
-	$(BIN)/python -m functions.local.demo
+	$(BIN)/python -m local.demo
 
 bench: install
 	$(BIN)/python -m tests.bench

@@ -1,14 +1,14 @@
 """The Function App's entry point (Python v2 programming model): registers the blueprints.
 
 Importing this module must never need Azure settings: the host imports it to index the
-functions. Settings are read at the first invocation (functions/handlers.py).
+functions. Settings are read at the first invocation (functions/triggers/core.py).
 """
 
 import azure.functions as func
 
-from functions.handlers import bp as core
-from functions.notify.blueprint import bp as notify
-from functions.terminate_blueprint import bp as terminate
+from functions.triggers.core import bp as core
+from functions.triggers.notify import bp as notify
+from functions.triggers.terminate import bp as terminate
 
 app = func.FunctionApp()
 

@@ -1,1 +1,20 @@
-"""The central brain: fleet-wide event lifecycle, approval policy, approval through the relay."""
+"""The function app: the central part that turns Scheduled Events into decisions.
+
+The packages follow one document down the data path; each imports only from the ones
+above it in this list:
+
+1. `model/`     what everything agrees on, with no I/O: the IMDS document and the relay
+                envelope (`envelope`), the announced transition (`event`), the policy.
+2. `store/`     Table storage: records, keys, the drain steps' table.
+3. `approvers/` how an approval reaches Azure: the relay's signed callback.
+4. `pipeline/`  the stages a document goes through: ingest → lifecycle → decision
+                (`transitions`, `capacity`) → approve → announce (`publish`), plus the
+                watchdog that does the same on a timer for what no document triggers.
+5. `terminate/` the scale-set drain workflow, fed by the `terminate` subscription.
+6. `notify/`    the channels (Teams, PagerDuty, webhook), one subscription each.
+7. `triggers/`  the thin Azure Functions handlers that bind the above to Service Bus,
+                the timer and HTTP; `function_app.py` registers them.
+
+Where to change things: a rule → `model/policy.py` (or just the `POLICY__*` settings);
+a channel → `notify/`; a store → `store/`; a new source → `pipeline/ingest.py`.
+"""

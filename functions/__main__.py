@@ -12,8 +12,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from functions.policy import decide, effective_policy_json, load_policy
-from relay.models import DocumentError, parse_document, parse_envelope
+from functions.model.envelope import DocumentError, parse_document, parse_envelope
+from functions.model.policy import decide, effective_policy_json, load_policy
 
 
 def main(argv: list[str] | None = None) -> int:

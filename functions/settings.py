@@ -3,7 +3,7 @@
 Names are the Functions conventions (`ServiceBusConnection`,
 `ServiceBusConnection__fullyQualifiedNamespace`, `StateStorage__accountName`, ...), so the
 same setting configures both the trigger bindings and our own clients. The policy is read
-separately (functions.policy.load_policy): a bad policy fails closed instead of stopping
+separately (functions.model.policy.load_policy): a bad policy fails closed instead of stopping
 the app, while a missing connection is an error that stops it with a clear message.
 """
 
@@ -15,7 +15,7 @@ from functools import cached_property
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from functions.policy import PolicyLoad, load_policy, summarize
+from functions.model.policy import PolicyLoad, load_policy, summarize
 
 log = logging.getLogger(__name__)
 

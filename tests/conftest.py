@@ -8,7 +8,7 @@ import pytest
 
 # One Azurite start-up for the demo, the bench and the tests; free_port / wait_for_port are
 # re-exported because test modules import them from here.
-from functions.local.azurite import Azurite, AzuriteError, free_port, wait_for_port
+from local.azurite import Azurite, AzuriteError, free_port, wait_for_port
 
 __all__ = ["free_port", "wait_for_port"]
 
@@ -29,12 +29,12 @@ def azurite() -> Iterator[str]:
 
 @pytest.fixture
 def simulator() -> Iterator[object]:
-    """A started IMDS simulator (relay.simulator.SimulatorServer) at time scale 60.
+    """A started IMDS simulator (simulator.SimulatorServer) at time scale 60.
 
     `simulator.sim` is the Simulator (add VMs, events, faults); `simulator.vm_url(name)` is a
     VM's IMDS base URL. `myVM` exists until another VM is added. Stopped after the test.
     """
-    from relay.simulator import Simulator, SimulatorServer
+    from simulator import Simulator, SimulatorServer
 
     server = SimulatorServer(Simulator(time_scale=60.0)).start()
     try:

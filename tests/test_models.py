@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from relay.models import (
+from functions.model.envelope import (
     DocumentError,
     Envelope,
     parse_document,

@@ -7,7 +7,7 @@ import hmac
 
 import pytest
 
-from relay.signing import SignatureError, sign_headers, signature, verify
+from functions.signing import SignatureError, sign_headers, signature, verify
 
 KEY = b"0123456789abcdef-test-key"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from functions.notifications import Decision, EventSnapshot, Notification, Transition, utc_text
+from functions.model.event import Decision, EventSnapshot, Notification, Transition, utc_text
 
 MAX_LISTED = 20  # VMs named per group before "and N more": a card must stay readable
 

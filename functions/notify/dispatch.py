@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 from pydantic import ValidationError
 
-from functions.notifications import Notification
+from functions.model.event import Notification
 from functions.notify import pagerduty, teams, webhook
 from functions.notify.delivery import DeliveryError, PermanentDeliveryError, Transport
 from functions.notify.settings import ChannelSettings

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from functions.notifications import Notification, Transition
+from functions.model.event import Notification, Transition
 from functions.notify import describe
 from functions.notify.delivery import Transport, dumps, post_json
 
@@ -42,7 +42,7 @@ PROGRESS = frozenset(
 def action_for(note: Notification) -> Literal["trigger", "resolve"] | None:
     if note.transition in RESOLVING:
         return "resolve"
-    # The announcer (functions.announce) sets `page` from the policy's POLICY__PAGE__*
+    # The announcer (functions.pipeline.announce) sets `page` from the policy's POLICY__PAGE__*
     # settings; when present it is the authority. Without it, the defaults below apply.
     explicit = getattr(note, "page", None)
     if isinstance(explicit, bool):

@@ -11,7 +11,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from functions.notifications import Notification, Transition, utc_text
+from functions.model.event import Notification, Transition, utc_text
 from functions.notify import describe
 from functions.notify.delivery import Transport, dumps, post_json
 

@@ -1,6 +1,6 @@
 """Generic webhook: every transition as signed JSON, for whatever the customer runs.
 
-Signed with the relay callback's HMAC scheme (relay.signing.signature) under webhook
+Signed with the relay callback's HMAC scheme (functions.signing.signature) under webhook
 header names, so there is one scheme to audit:
   X-Bridge-Timestamp: <unix seconds>
   X-Bridge-Signature: v1=<hex HMAC-SHA256(WEBHOOK_SECRET, TS "\\n" "POST" "\\n" PATH "\\n" BODY)>
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from functions.notifications import Notification
+from functions.model.event import Notification
 from functions.notify.delivery import Transport, dumps, post_json
-from relay.signing import signature
+from functions.signing import signature
 
 log = logging.getLogger(__name__)
 

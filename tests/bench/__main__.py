@@ -63,10 +63,10 @@ def relay_numbers(seconds: float) -> dict[str, Any]:
 
 def approve_e2e(samples: int) -> dict[str, Any]:
     """Auto-approved events through the whole local pipeline, one at a time, random phase."""
-    from functions.local.options import DemoOptions
-    from functions.local.orchestration import Demo
-    from functions.local.plan import VmSpec
-    from functions.local.report import Timeline
+    from local.options import DemoOptions
+    from local.orchestration import Demo
+    from local.plan import VmSpec
+    from local.report import Timeline
 
     options = DemoOptions(
         time_scale=1.0,  # real time: 15 min of notice, NotBefore never interferes
@@ -117,9 +117,9 @@ def _wait(probe: Callable[[], Any], timeout: float) -> Any:
 
 def _pipeline(connection_string: str, prefix: str, publisher: Any) -> Any:
     from functions.clock import SystemClock
-    from functions.ingest import Pipeline
+    from functions.pipeline.context import Pipeline
     from functions.settings import load_settings
-    from functions.state import Store
+    from functions.store.tables import Store
 
     settings = load_settings(
         state_storage=connection_string, relay_key=uuid.uuid4().hex, state_table_prefix=prefix
@@ -129,7 +129,7 @@ def _pipeline(connection_string: str, prefix: str, publisher: Any) -> Any:
 
 
 def _envelope(vm: str, sequence: int, events: list[dict[str, Any]], aset: str) -> str:
-    from relay.models import Envelope, VmRef
+    from functions.model.envelope import Envelope, VmRef
 
     return Envelope(
         kind="document",
@@ -204,8 +204,8 @@ def ingest_throughput(
 
 
 def _ingest_worker(args: tuple[str, list[list[str]], int, Any]) -> tuple[float, float, list[str]]:
-    from functions.ingest import ingest_message
-    from functions.publish import LocalPublisher
+    from functions.pipeline.ingest import ingest_message
+    from functions.pipeline.publish import LocalPublisher
 
     connection_string, sessions, threads, ready = args
     pipeline = _pipeline(connection_string, "benchingest", LocalPublisher())
@@ -227,12 +227,12 @@ def _ingest_worker(args: tuple[str, list[list[str]], int, Any]) -> tuple[float, 
 
 def notifications_per_event(connection_string: str, vms: int = 100) -> dict[str, Any]:
     """100 VMs of one availability set report one event at the same moment."""
-    from functions.ingest import ingest_message
-    from functions.local.receivers import TeamsReceiver
     from functions.notify.delivery import Transport
     from functions.notify.dispatch import deliver
     from functions.notify.settings import ChannelSettings
-    from functions.publish import LocalPublisher
+    from functions.pipeline.ingest import ingest_message
+    from functions.pipeline.publish import LocalPublisher
+    from local.receivers import TeamsReceiver
 
     with TeamsReceiver() as teams:
         publisher = LocalPublisher()
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.relay_seconds, args.approve_samples, args.ingest_vms = 12.0, 5, 50
-    from functions.local.azurite import Azurite
+    from local.azurite import Azurite
 
     began = time.monotonic()
     results: dict[str, Any] = {}

@@ -59,7 +59,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run(seconds: float = 60) -> dict[str, float]:
-    from relay.simulator import Simulator, SimulatorServer
+    from simulator import Simulator, SimulatorServer
 
     sim = Simulator(time_scale=1.0)
     sim.add_vm("vm0")

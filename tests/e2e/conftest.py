@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from functions.local.options import DemoOptions
-from functions.local.orchestration import Demo
-from functions.local.report import Outcome, Timeline
+from local.options import DemoOptions
+from local.orchestration import Demo
+from local.report import Outcome, Timeline
 
 # Settings that would point the demo at real services or change its policy: never inherited.
 _FOREIGN = ("TEAMS_", "PAGERDUTY_", "WEBHOOK_", "POLICY__", "DRAIN__", "RELAY_")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from functions.local.options import DemoOptions
-from functions.local.plan import Step, VmSpec
-from functions.local.receivers import TeamsReceiver
+from local.options import DemoOptions
+from local.plan import Step, VmSpec
+from local.receivers import TeamsReceiver
 from tests.e2e.conftest import clean_env, play
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]

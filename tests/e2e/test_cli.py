@@ -1,4 +1,4 @@
-"""`python -m functions.local.demo` stops everything it started: on Ctrl-C, on SIGTERM and at
+"""`python -m local.demo` stops everything it started: on Ctrl-C, on SIGTERM and at
 its hard time limit."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 def start_demo(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "functions.local.demo", "--no-report", *args],
+        [sys.executable, "-m", "local.demo", "--no-report", *args],
         cwd=ROOT,
         env=clean_env(NO_COLOR="1"),
         stdout=subprocess.PIPE,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from functions.local.options import DemoOptions
-from functions.local.receivers import TeamsReceiver
+from local.options import DemoOptions
+from local.receivers import TeamsReceiver
 from tests.e2e.conftest import Played, clean_env, play
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from functions.local.options import DemoOptions
-from functions.local.orchestration import Demo
-from functions.local.plan import FLEET, PLAN, Step, check_plan
-from functions.local.report import Timeline
+from local.options import DemoOptions
+from local.orchestration import Demo
+from local.plan import FLEET, PLAN, Step, check_plan
+from local.report import Timeline
 from tests.e2e.conftest import clean_env
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from functions.local.channels import LOCAL_ROUTING_KEY, channel_values
-from functions.local.narration import receiver_news
-from functions.local.plan import VmSpec
-from functions.local.receivers import Received, TeamsReceiver, WebhookReceiver
-from functions.local.relays import parse_hook_line, relay_argv, relay_env, write_drain_hook
+from local.channels import LOCAL_ROUTING_KEY, channel_values
+from local.narration import receiver_news
+from local.plan import VmSpec
+from local.receivers import Received, TeamsReceiver, WebhookReceiver
+from local.relays import parse_hook_line, relay_argv, relay_env, write_drain_hook
 
 
 def received(channel: str, status: int, body: object = None, problems=()) -> Received:

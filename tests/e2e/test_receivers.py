@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import requests
 
-from functions.local.receivers import (
+from local.receivers import (
     DrainHookReceiver,
     PagerDutyReceiver,
     TeamsReceiver,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from functions.local.report import Outcome, Timeline, render_html, summary_lines, write_html
+from local.report import Outcome, Timeline, render_html, summary_lines, write_html
 
 
 def test_timeline_lines_and_report_share_the_entries(tmp_path):

@@ -14,12 +14,12 @@ import pytest
 import requests
 
 from functions.clock import Clock
-from functions.ingest import Pipeline
-from functions.policy import Policy, PolicyLoad
-from functions.publish import LocalPublisher
+from functions.model.policy import Policy, PolicyLoad
+from functions.pipeline.context import Pipeline
+from functions.pipeline.publish import LocalPublisher
 from functions.settings import Settings
-from functions.state import Store
-from relay.signing import SignatureError, verify
+from functions.signing import SignatureError, verify
+from functions.store.tables import Store
 
 KEY = "test-relay-key-0123456789abcdef"
 T0 = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)

@@ -14,11 +14,11 @@ import pytest
 from azure.functions.timer import TimerRequest
 
 import function_app
-from functions import handlers
-from functions.local.host import LocalHost
-from functions.policy import Policy, Window, load_policy
-from functions.publish import ServiceBusPublisher, application_properties
+from functions.model.policy import Policy, Window, load_policy
+from functions.pipeline.publish import ServiceBusPublisher, application_properties
 from functions.settings import SettingsInvalid, load_settings
+from functions.triggers import core as handlers
+from local.host import LocalHost
 from tests.functions.conftest import T0, envelope, event, make_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def test_service_bus_publisher_sets_message_id_and_properties(store, clock, rela
 
     pipeline, _ = make_pipeline(store, clock)
     pipeline.publisher = ServiceBusPublisher(Sender())
-    from functions.ingest import ingest_message
+    from functions.pipeline.ingest import ingest_message
 
     ingest_message(envelope("vm1", 1, [event("EV-SB", "Preempt")]), pipeline)
     assert [m.message_id for m in sent] == ["EV-SB:scheduled", "EV-SB:decided"]
@@ -152,7 +152,7 @@ def test_service_bus_publisher_sets_message_id_and_properties(store, clock, rela
 
 
 def test_application_properties_for_filters():
-    from functions.notifications import Decision, Notification, Transition
+    from functions.model.event import Decision, Notification, Transition
 
     note = Notification(
         transition=Transition.DECIDED,

@@ -8,12 +8,13 @@ from datetime import timedelta
 
 import requests
 
-from functions.approve import approve_event
-from functions.ingest import Pipeline, ingest_message
-from functions.policy import Match, Policy, Rule, Window
-from functions.publish import LocalPublisher
-from functions.state import Store
-from functions.watchdog import run_watchdog
+from functions.model.policy import Match, Policy, Rule, Window
+from functions.pipeline.approve import approve_event
+from functions.pipeline.context import Pipeline
+from functions.pipeline.ingest import ingest_message
+from functions.pipeline.publish import LocalPublisher
+from functions.pipeline.watchdog import run_watchdog
+from functions.store.tables import Store
 from tests.functions.conftest import T0, envelope, event, make_pipeline, make_settings
 
 
@@ -133,7 +134,11 @@ def test_a_refusing_relay_is_not_retried_and_another_vm_approves(store, clock, n
     store.mutate_event("E-FB", lambda r: r.model_copy(update={"approval": ""}))
     good.requests.clear()
     ingest_message(envelope("vm1", 1, [ev], callback_url=refuser.url), pipeline)
-    result = approve_event("E-FB", store, pipeline.settings, pipeline.session, clock)
+    result = approve_event(
+        "E-FB",
+        Pipeline(store, pipeline.settings, pipeline.publisher, pipeline.session, clock),
+        announce=False,
+    )
     assert result.outcome == "approved" and result.vm == "vm2"
     assert len(refuser.requests) == 1 and len(good.requests) == 1
 

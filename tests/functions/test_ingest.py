@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from functions.ingest import ingest_message
-from functions.policy import Match, Policy, PolicyLoad, Rule
+from functions.model.policy import Match, Policy, PolicyLoad, Rule
+from functions.pipeline.ingest import ingest_message
 from tests.functions.conftest import T0, envelope, event, make_pipeline
 
 

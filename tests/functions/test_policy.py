@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
-from functions.policy import Match, Policy, PolicyLoad, Rule, Window, decide, is_impactful
-from relay.models import ScheduledEvent
+from functions.model.envelope import ScheduledEvent
+from functions.model.policy import Match, Policy, PolicyLoad, Rule, Window, decide, is_impactful
 from tests.functions.conftest import T0, event
 
 

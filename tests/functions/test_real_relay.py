@@ -10,12 +10,13 @@ import pytest
 import requests
 
 from functions.clock import SystemClock
-from functions.ingest import Pipeline, ingest_message
-from functions.publish import LocalPublisher
+from functions.pipeline.context import Pipeline
+from functions.pipeline.ingest import ingest_message
+from functions.pipeline.publish import LocalPublisher
 from relay.callback import CallbackApp, CallbackServer
 from relay.imds import ImdsClient
-from relay.simulator.engine import Simulator
-from relay.simulator.server import SimulatorServer
+from simulator.engine import Simulator
+from simulator.server import SimulatorServer
 from tests.functions.conftest import KEY, make_settings
 
 

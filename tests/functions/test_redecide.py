@@ -9,14 +9,15 @@ from datetime import timedelta
 
 import requests
 
-from functions.announce import build
-from functions.approve import approve_event
-from functions.ingest import Pipeline, ingest_message
-from functions.notifications import Transition
-from functions.policy import Policy, PolicyLoad, Rule, Window
-from functions.publish import LocalPublisher
-from functions.state import Store
-from functions.watchdog import run_watchdog
+from functions.model.event import Transition
+from functions.model.policy import Policy, PolicyLoad, Rule, Window
+from functions.pipeline.announce import build
+from functions.pipeline.approve import approve_event
+from functions.pipeline.context import Pipeline
+from functions.pipeline.ingest import ingest_message
+from functions.pipeline.publish import LocalPublisher
+from functions.pipeline.watchdog import run_watchdog
+from functions.store.tables import Store
 from tests.functions.conftest import T0, envelope, event, make_settings
 
 INVALID = PolicyLoad(policy=None, error="rules.0.action: Input should be 'approve'")
@@ -123,7 +124,7 @@ def test_terminate_redecided_as_drain_goes_to_the_drain_workflow(store, clock, r
     run_watchdog(pipeline_for(store, clock, pub))
     note = pub.published[-1]
     assert note.transition is Transition.DECIDED and note.decision.action == "drain"
-    from functions.terminate import wants
+    from functions.terminate.workflow import wants
 
     assert wants(note)  # the terminate subscription drains, then approves
     assert relay.requests == []  # never approved before the drain
@@ -158,7 +159,10 @@ def test_not_redecided_after_not_before_or_once_an_operator_approved(store, cloc
         pipeline_for(store, clock, pub, INVALID),
     )
     manual = approve_event(
-        "EV-M", store, make_settings(INVALID), requests.Session(), clock, by="manual:alice"
+        "EV-M",
+        Pipeline(store, make_settings(INVALID), pub, requests.Session(), clock),
+        announce=False,
+        by="manual:alice",
     )
     assert manual.outcome == "approved"
     clock.advance(3 * 60)

@@ -8,10 +8,11 @@ from datetime import timedelta
 
 import requests
 
-from functions.ingest import Pipeline, ingest_message
-from functions.publish import LocalPublisher
-from functions.state import Store
-from functions.watchdog import run_watchdog
+from functions.pipeline.context import Pipeline
+from functions.pipeline.ingest import ingest_message
+from functions.pipeline.publish import LocalPublisher
+from functions.pipeline.watchdog import run_watchdog
+from functions.store.tables import Store
 from tests.functions.conftest import T0, envelope, event, make_pipeline, make_settings
 
 
@@ -119,7 +120,7 @@ def test_racing_documents_announce_it_once(azurite, store, clock):
 
 
 def test_a_mark_that_is_not_a_time_is_still_announced():
-    from functions.relay_recovery import recovery_note
+    from functions.pipeline.relay_recovery import recovery_note
 
     note = recovery_note("vm1", "not a time!", T0)
     assert note.message_id() == "vm1:relay_recovered:notatime"

@@ -8,12 +8,13 @@ from datetime import timedelta
 import pytest
 import requests
 
-from functions.ingest import Pipeline, ingest_message
-from functions.notifications import Notification
-from functions.policy import Policy, Rule
-from functions.publish import LocalPublisher
-from functions.state import Store
-from functions.watchdog import run_watchdog
+from functions.model.event import Notification
+from functions.model.policy import Policy, Rule
+from functions.pipeline.context import Pipeline
+from functions.pipeline.ingest import ingest_message
+from functions.pipeline.publish import LocalPublisher
+from functions.pipeline.watchdog import run_watchdog
+from functions.store.tables import Store
 from tests.functions.conftest import envelope, event, make_pipeline, make_settings
 
 

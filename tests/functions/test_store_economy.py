@@ -13,11 +13,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from functions.ingest import ingest_message
-from functions.notifications import Notification
-from functions.policy import Policy, Rule
-from functions.publish import LocalPublisher
-from functions.state import Store, VmRecord, transport_options
+from functions.model.event import Notification
+from functions.model.policy import Policy, Rule
+from functions.pipeline.ingest import ingest_message
+from functions.pipeline.publish import LocalPublisher
+from functions.store.records import VmRecord
+from functions.store.tables import Store, transport_options
 from tests.functions.conftest import T0, envelope, event, make_pipeline
 
 

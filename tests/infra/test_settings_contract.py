@@ -139,7 +139,7 @@ def test_the_function_settings_model_reads_them(app_env) -> None:
 
 
 def test_the_policy_defaults_are_the_reference_policy(app_env) -> None:
-    from functions.policy import PolicySettings, default_rules, load_policy
+    from functions.model.policy import PolicySettings, default_rules, load_policy
 
     policy = PolicySettings()
     assert policy.rules == tuple(default_rules())

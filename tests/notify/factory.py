@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from functions.notifications import Decision, EventSnapshot, Links, Notification, Transition
+from functions.model.event import Decision, EventSnapshot, Links, Notification, Transition
 
 NOW = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)
 LINKS = Links(

@@ -12,11 +12,12 @@ import azure.functions as func
 import pytest
 import requests
 
-from functions.notifications import Notification, Transition
-from functions.notify import blueprint, dispatch
+from functions.model.event import Notification, Transition
+from functions.notify import dispatch
 from functions.notify.delivery import RetryPolicy, Transport
 from functions.notify.settings import ChannelSettings, channel_settings
-from functions.relay_recovery import recovery_note
+from functions.pipeline.relay_recovery import recovery_note
+from functions.triggers import notify as blueprint
 from tests.notify.factory import NOW, decision, event, note
 from tests.notify.fakebus import Message, Topic
 from tests.notify.receiver import Answer, Receiver, running
@@ -235,10 +236,10 @@ def test_the_azure_handlers_read_app_settings(
 
 
 def test_with_the_announcers_own_notifications(fleet: Fleet) -> None:
-    """Notifications as functions.announce builds them (with its `page` flag per transition)."""
-    from functions.announce import build
-    from functions.policy import Policy
-    from functions.state import EventRecord
+    """Notifications as the announcer builds them (with its `page` flag per transition)."""
+    from functions.model.policy import Policy
+    from functions.pipeline.announce import build
+    from functions.store.records import EventRecord
 
     snapshot = event("EV-P", event_type="Preempt")
     record = EventRecord(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from functions.notifications import Transition
+from functions.model.event import Transition
 from functions.notify import pagerduty
 from tests.notify.factory import decision, event, note
 

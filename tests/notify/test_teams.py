@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from functions.notifications import Transition
+from functions.model.event import Transition
 from functions.notify import describe, teams
 from tests.notify.factory import NOW, decision, event, note
 

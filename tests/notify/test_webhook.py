@@ -7,10 +7,10 @@ import time
 import pytest
 import requests
 
-from functions.notifications import Transition
+from functions import signing
+from functions.model.event import Transition
 from functions.notify import webhook
 from functions.notify.delivery import Transport
-from relay import signing
 from tests.notify.factory import decision, event, note
 from tests.notify.receiver import running
 from tests.notify.webhook_recipe import readme_verify
@@ -45,7 +45,7 @@ def test_a_delivered_webhook_verifies_with_the_readme_recipe() -> None:
     assert request.headers["X-Bridge-Delivery"] == "EV-1:approved"
     assert request.headers["X-Bridge-Transition"] == "approved"
     assert request.json()["transition"] == "approved"
-    # The same scheme as relay callbacks: relay.signing verifies it under the webhook names.
+    # The same scheme as relay callbacks: functions.signing verifies it under the webhook names.
     renamed = {
         signing.TIMESTAMP_HEADER: request.headers["X-Bridge-Timestamp"],
         signing.SIGNATURE_HEADER: request.headers["X-Bridge-Signature"],

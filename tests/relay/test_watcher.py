@@ -182,7 +182,7 @@ def test_the_first_call_may_take_long(
 def test_imds_unreachable_at_start_then_up(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from relay.simulator import Simulator, SimulatorServer
+    from simulator import Simulator, SimulatorServer
     from tests.conftest import free_port
 
     port = free_port()

@@ -1,4 +1,4 @@
-"""`python -m relay.simulator` as a user runs it: a real process, a real port, real signals."""
+"""`python -m simulator` as a user runs it: a real process, a real port, real signals."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from relay.simulator import EventSpec, ScenarioFileError, Simulator, load_scenario_file
-from relay.simulator.cli import build_parser, build_simulator, schedule_scenarios
+from simulator import EventSpec, ScenarioFileError, Simulator, load_scenario_file
+from simulator.cli import build_parser, build_simulator, schedule_scenarios
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADERS = {"Metadata": "true"}
@@ -29,7 +29,7 @@ class Running:
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "relay.simulator", "--port", "0", *args],
+            [sys.executable, "-m", "simulator", "--port", "0", *args],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -204,7 +204,7 @@ def test_cli_scenario_file_and_exit_when_done(run: type[Running], tmp_path: Path
 )
 def test_cli_refuses_bad_flags(args: list[str], message: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "relay.simulator", "--port", "0", *args],
+        [sys.executable, "-m", "simulator", "--port", "0", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -217,7 +217,7 @@ def test_cli_refuses_bad_flags(args: list[str], message: str) -> None:
 
 def test_cli_lists_scenarios() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "relay.simulator", "--list-scenarios"],
+        [sys.executable, "-m", "simulator", "--list-scenarios"],
         cwd=ROOT,
         capture_output=True,
         text=True,

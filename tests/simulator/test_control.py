@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from relay.simulator import SimulatorServer
+from simulator import SimulatorServer
 
 HEADERS = {"Metadata": "true"}
 V = {"api-version": "2020-07-01"}

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from relay.models import API_VERSIONS, format_not_before, parse_document
-from relay.simulator import EventSpec, NotFound, Simulator, SimulatorError
+from functions.model.envelope import API_VERSIONS, format_not_before, parse_document
+from simulator import EventSpec, NotFound, Simulator, SimulatorError
 
 START = 1_800_000_000.0
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 import requests
 
-from relay.models import parse_document
-from relay.simulator import Simulator, SimulatorServer
+from functions.model.envelope import parse_document
+from simulator import Simulator, SimulatorServer
 
 HEADERS = {"Metadata": "true"}
 V = {"api-version": "2020-07-01"}

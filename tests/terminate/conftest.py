@@ -14,9 +14,9 @@ import pytest
 import requests
 from azure.data.tables import TableServiceClient
 
-from functions.notifications import Decision, EventSnapshot, Links, Notification, Transition
-from functions.terminate import DrainContext, DrainSettings
-from functions.terminate_store import DrainStore
+from functions.model.event import Decision, EventSnapshot, Links, Notification, Transition
+from functions.store.drains import DrainStore
+from functions.terminate.workflow import DrainContext, DrainSettings
 from relay.callback import CallbackApp, CallbackServer
 from relay.hooks import HookRunner
 from relay.imds import ImdsClient
@@ -47,7 +47,7 @@ class NoWaitClock:
 
 @dataclass
 class Approvals:
-    """Stands in for functions.approve.approve_event: records each call and its time."""
+    """Stands in for functions.pipeline.approve.approve_event: records each call and its time."""
 
     answer: str = "approved"
     calls: list[tuple[str, datetime, datetime]] = field(default_factory=list)
@@ -140,7 +140,7 @@ class Relays:
 
 @pytest.fixture
 def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
-    from relay.simulator import Simulator, SimulatorServer
+    from simulator import Simulator, SimulatorServer
 
     started: list[Any] = []
 

@@ -1,5 +1,5 @@
 """The Azure handler end to end: the core's pipeline on Azurite, a real relay, real IMDS
-(simulated), approval through functions.approve.approve_event."""
+(simulated), approval through functions.pipeline.approve.approve_event."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ import azure.functions as func
 import pytest
 import requests
 
-from functions import handlers
 from functions.clock import SystemClock
-from functions.ingest import Pipeline
-from functions.notifications import Transition
-from functions.publish import LocalPublisher
+from functions.model.event import Transition
+from functions.pipeline.context import Pipeline
+from functions.pipeline.publish import LocalPublisher
 from functions.settings import Settings
-from functions.state import EventRecord, Store, VmRecord
-from functions.terminate_blueprint import bp, drain_settings, terminate_drain
-from functions.terminate_store import DrainStore
+from functions.store.drains import DrainStore
+from functions.store.records import EventRecord, VmRecord
+from functions.store.tables import Store
+from functions.triggers import core as handlers
+from functions.triggers.terminate import bp, drain_settings, terminate_drain
 from tests.terminate.conftest import RELAY_KEY, Relays, terminate_note
 
 pytestmark = pytest.mark.azurite

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from functions.notifications import Transition
-from functions.terminate import run_drain, wants
-from functions.terminate_store import StepRecord
+from functions.model.event import Transition
+from functions.store.drains import StepRecord
+from functions.terminate.workflow import run_drain, wants
 from tests.notify.receiver import Answer, running
 from tests.notify.webhook_recipe import readme_verify
 from tests.terminate.conftest import Harness, NoWaitClock, settings, terminate_note

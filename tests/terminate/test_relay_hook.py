@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from functions.terminate import run_drain
+from functions.terminate.workflow import run_drain
 from tests.notify.receiver import Answer, running
 from tests.terminate.conftest import Harness, Relays, settings, terminate_note
 

@@ -1,0 +1,285 @@
+"""The IMDS Scheduled Events document and the relay envelope, shared by relay and functions.
+
+Defined once here because the relay (which writes envelopes) and the functions (which read
+them) must never disagree on the wire format. The relay package is deliberately light
+(pydantic only), so the function app imports it rather than the other way round.
+
+Azure adds fields and event types over time, so unknown ones are kept, never rejected: an
+old relay must still forward a document from a newer IMDS, and the functions must still
+announce an event type they have no rule for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from email.utils import format_datetime, parsedate_to_datetime
+from typing import Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+
+SCHEDULED_EVENTS_API_VERSION = "2020-07-01"
+"""The version the relay pins; the newest one Microsoft publishes (see SPEC.md)."""
+
+# The published versions, oldest first, and what each one added to the document.
+API_VERSIONS: tuple[str, ...] = (
+    "2017-03-01",
+    "2017-08-01",
+    "2017-11-01",
+    "2019-01-01",
+    "2019-04-01",
+    "2019-08-01",
+    "2020-07-01",
+)
+
+# Known values. Fields are plain strings so that values Azure adds later pass through.
+FREEZE, REBOOT, REDEPLOY, PREEMPT, TERMINATE = (
+    "Freeze",
+    "Reboot",
+    "Redeploy",
+    "Preempt",
+    "Terminate",
+)
+KNOWN_EVENT_TYPES = frozenset({FREEZE, REBOOT, REDEPLOY, PREEMPT, TERMINATE})
+SCHEDULED, STARTED = "Scheduled", "Started"
+PLATFORM, USER = "Platform", "User"
+
+
+class DocumentError(ValueError):
+    """An IMDS answer that is not a Scheduled Events document.
+
+    One exception type with one readable message, so the relay can log it once per streak
+    and the functions can record it as the reason a message was rejected.
+    """
+
+
+def parse_not_before(value: Any) -> datetime | None:
+    """Parse `NotBefore` as IMDS writes it (RFC 1123) or as Microsoft's mock does (ISO 8601).
+
+    An empty string (the event has Started) and None both mean "no time".
+    """
+    if value is None or isinstance(value, datetime):
+        return _as_utc(value) if value is not None else None
+    if not isinstance(value, str):
+        raise ValueError(f"NotBefore must be a string, got {type(value).__name__}")
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        return _as_utc(parsedate_to_datetime(text))
+    except (TypeError, ValueError, IndexError):
+        pass
+    try:
+        return _as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+    except ValueError:
+        raise ValueError(
+            f"NotBefore {value!r} is neither RFC 1123 ('Mon, 11 Apr 2022 22:26:58 GMT') "
+            "nor ISO 8601 ('2025-07-01T12:00:00Z')"
+        ) from None
+
+
+def _as_utc(moment: datetime) -> datetime:
+    # IMDS times are GMT; a naive time can only have meant UTC.
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def format_not_before(moment: datetime | None) -> str:
+    """Write a time the way IMDS does: RFC 1123 in GMT, or "" for no time."""
+    if moment is None:
+        return ""
+    return format_datetime(_as_utc(moment).replace(microsecond=0), usegmt=True)
+
+
+class ScheduledEvent(BaseModel):
+    """One entry of `Events`. Python names are snake_case; the wire names are IMDS's."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+
+    event_id: str = Field(alias="EventId", min_length=1)
+    event_status: str = Field(alias="EventStatus")
+    event_type: str = Field(alias="EventType")
+    resource_type: str = Field(default="VirtualMachine", alias="ResourceType")
+    resources: tuple[str, ...] = Field(default=(), alias="Resources")
+    not_before: datetime | None = Field(default=None, alias="NotBefore")
+    description: str | None = Field(default=None, alias="Description")
+    event_source: str | None = Field(default=None, alias="EventSource")
+    duration_in_seconds: int | None = Field(default=None, alias="DurationInSeconds")
+
+    @field_validator("not_before", mode="before")
+    @classmethod
+    def _parse_not_before(cls, value: Any) -> datetime | None:
+        return parse_not_before(value)
+
+    @field_serializer("not_before")
+    def _write_not_before(self, value: datetime | None) -> str:
+        return format_not_before(value)
+
+    @property
+    def is_scheduled(self) -> bool:
+        return self.event_status == SCHEDULED
+
+    @property
+    def is_started(self) -> bool:
+        return self.event_status == STARTED
+
+    def affects(self, vm_name: str) -> bool:
+        """Whether this VM is named in `Resources`.
+
+        Every VM of an availability set sees the events of all the others; only the named
+        ones are affected. Azure compares names case-insensitively, so do we.
+        """
+        wanted = vm_name.casefold()
+        return any(name.casefold() == wanted for name in self.resources)
+
+
+class ScheduledEventsDocument(BaseModel):
+    """The whole answer of `GET /metadata/scheduledevents`."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+
+    document_incarnation: int = Field(alias="DocumentIncarnation", ge=0)
+    events: tuple[ScheduledEvent, ...] = Field(alias="Events")
+
+    @field_validator("document_incarnation", mode="before")
+    @classmethod
+    def _strict_incarnation(cls, value: Any) -> Any:
+        # Lax mode would turn True into 1 and "2" into 2; a document like that is broken.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("DocumentIncarnation must be an integer")
+        return value
+
+    def event(self, event_id: str) -> ScheduledEvent | None:
+        wanted = event_id.casefold()
+        return next((e for e in self.events if e.event_id.casefold() == wanted), None)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The document with IMDS's field names, as IMDS would write it."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def parse_document(data: bytes | str | dict[str, Any]) -> ScheduledEventsDocument:
+    """Validate an IMDS answer; raise one DocumentError that says what is wrong."""
+    if isinstance(data, bytes | str):
+        try:
+            data = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DocumentError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DocumentError(f"not a Scheduled Events document: a JSON {type(data).__name__}")
+    try:
+        return ScheduledEventsDocument.model_validate(data)
+    except ValidationError as exc:
+        raise DocumentError(f"not a Scheduled Events document: {_summarize(exc)}") from None
+
+
+def _summarize(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in error["loc"]) or "document"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def content_hash(document: dict[str, Any]) -> str:
+    """A stable hash of a raw document, independent of key order and white space."""
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- envelope
+
+ENVELOPE_SCHEMA = 1
+
+
+class VmRef(BaseModel):
+    """Who sent an envelope and how to call its relay back."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(min_length=1, max_length=128)
+    callback_url: str | None = None
+    scale_set: str | None = None
+    availability_set: str | None = None
+    resource_id: str | None = None
+
+    @field_validator("callback_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("callback_url must be an http(s) URL")
+        return value.rstrip("/") if value else value
+
+
+class Envelope(BaseModel):
+    """What the relay sends to Service Bus: one IMDS document (or a heartbeat) and its context.
+
+    `document` is the IMDS answer exactly as received (a dict), so nothing the functions
+    might need is lost in translation; it is validated as a document all the same.
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+
+    schema_version: Literal[1] = Field(default=ENVELOPE_SCHEMA, alias="schema")
+    kind: Literal["document", "heartbeat"]
+    vm: VmRef
+    relay_version: str = "unknown"
+    sequence: int = Field(ge=0)
+    observed_at: AwareDatetime
+    document: dict[str, Any] | None = None
+
+    @field_validator("observed_at")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        return value.astimezone(UTC)
+
+    @model_validator(mode="after")
+    def _document_is_a_document(self) -> Envelope:
+        if self.kind == "document":
+            if self.document is None:
+                raise ValueError("a document envelope needs a document")
+            parse_document(self.document)
+        elif self.document is not None:
+            parse_document(self.document)
+        return self
+
+    @property
+    def scheduled_events(self) -> ScheduledEventsDocument | None:
+        return parse_document(self.document) if self.document is not None else None
+
+    def message_id(self) -> str:
+        """Service Bus MessageId: equal for resends of the same document, so they are dropped.
+
+        VM + incarnation + content hash for documents (≤ 128 characters, the Service Bus
+        limit). Heartbeats use the observation time, not the sequence: a reimaged VM whose
+        state directory was wiped restarts its sequence, and its new heartbeats must not be
+        dropped as duplicates of the old ones.
+        """
+        if self.kind == "document" and self.document is not None:
+            incarnation = self.document.get("DocumentIncarnation")
+            return f"{self.vm.name[:80]}:{incarnation}:{content_hash(self.document)[:32]}"
+        return f"{self.vm.name[:80]}:hb:{self.observed_at.strftime('%Y%m%dT%H%M%S.%f')}"
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+
+def parse_envelope(data: bytes | str | dict[str, Any]) -> Envelope:
+    """Validate an envelope; raise one DocumentError naming what is wrong."""
+    try:
+        if isinstance(data, dict):
+            return Envelope.model_validate(data)
+        return Envelope.model_validate_json(data)
+    except ValidationError as exc:
+        raise DocumentError(f"not a relay envelope: {_summarize(exc)}") from None

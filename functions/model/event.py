@@ -1,0 +1,128 @@
+"""The message on the `notifications` topic: one announced transition of one event.
+
+Ingest, the approver, the terminate workflow and the watchdog publish these; each channel
+(Teams, PagerDuty, webhook) consumes them on its own subscription. Keeping one typed model
+here means a channel never has to know how the lifecycle was computed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from functions.model.envelope import format_not_before
+
+
+class Transition(StrEnum):
+    SCHEDULED = "scheduled"  # first seen, Scheduled
+    DECIDED = "decided"  # the policy's decision (action, rule) is known
+    APPROVED = "approved"  # StartRequests accepted by IMDS through a relay
+    APPROVAL_FAILED = "approval_failed"  # no relay could approve; it starts at NotBefore
+    DRAIN_STARTED = "drain_started"
+    DRAIN_FAILED = "drain_failed"  # a drain step failed or ran out of time
+    STARTED = "started"  # EventStatus Started (also directly, hardware failure)
+    COMPLETED = "completed"  # no VM reports it any more, and it had started
+    CANCELLED = "cancelled"  # no VM reports it any more, and it never started
+    OVERDUE = "overdue"  # still Scheduled after NotBefore (watchdog)
+    RELAY_SILENT = "relay_silent"  # a relay stopped reporting (watchdog)
+    RELAY_RECOVERED = "relay_recovered"  # a relay announced silent reports again (ingest)
+    POLICY_INVALID = "policy_invalid"  # the policy did not validate: failing closed
+
+
+Severity = Literal["critical", "error", "warning", "info"]
+Action = Literal["approve", "drain", "hold"]
+
+
+class Decision(BaseModel):
+    """What the policy decided for an event, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    action: Action
+    rule: str  # the rule's name, e.g. "user-initiated" or "default-hold"
+    reason: str = ""
+    channels: tuple[str, ...] = ("teams", "pagerduty", "webhook")
+    severity: Severity = "warning"
+    page: bool = False  # PagerDuty trigger
+    approve_after: AwareDatetime | None = None  # maintenance window opens
+    dry_run: bool = False
+    policy_error: str | None = None  # set when failing closed on an invalid policy
+
+
+class EventSnapshot(BaseModel):
+    """The fleet-wide view of one event at the time of the transition."""
+
+    model_config = ConfigDict(frozen=True)
+
+    event_id: str
+    event_type: str
+    event_status: str
+    event_source: str | None = None
+    resource_type: str = "VirtualMachine"
+    resources: tuple[str, ...] = ()
+    not_before: AwareDatetime | None = None
+    description: str | None = None
+    duration_in_seconds: int | None = None
+    scale_sets: tuple[str, ...] = ()  # scale sets of the named VMs
+    availability_sets: tuple[str, ...] = ()
+    reported_by: tuple[str, ...] = ()  # VMs whose documents contained it
+    first_seen: AwareDatetime | None = None
+
+    def imds_fields(self) -> dict[str, Any]:
+        """The event with IMDS's own field names, for custom details and webhooks."""
+        return {
+            "EventId": self.event_id,
+            "EventType": self.event_type,
+            "EventStatus": self.event_status,
+            "EventSource": self.event_source,
+            "ResourceType": self.resource_type,
+            "Resources": list(self.resources),
+            "NotBefore": format_not_before(self.not_before),
+            "Description": self.description,
+            "DurationInSeconds": self.duration_in_seconds,
+        }
+
+
+class Links(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    status_url: str | None = None
+    approve_url: str | None = None
+
+
+class Notification(BaseModel):
+    """One announcement. `message_id()` makes a republish of the same transition a no-op."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    schema_version: Literal[1] = Field(default=1, alias="schema")
+    transition: Transition
+    occurred_at: AwareDatetime
+    event: EventSnapshot | None = None  # None for relay_silent/_recovered, policy_invalid
+    vm: str | None = None  # for relay_silent/_recovered, or the VM the transition concerns
+    decision: Decision | None = None
+    detail: str = ""  # human text: an error, a drain outcome, a relay's last-seen time
+    links: Links = Links()
+    # For transitions that can recur (a relay silent again later, a policy invalid again
+    # after an edit, a decision made again once a fixed policy replaced a fail-closed one):
+    # what tells this occurrence apart, e.g. the relay's last-seen time.
+    occurrence: str | None = None
+
+    def message_id(self) -> str:
+        subject = self.event.event_id if self.event else (self.vm or "fleet")
+        suffix = f":{self.occurrence}" if self.occurrence else ""
+        return f"{subject}:{self.transition.value}{suffix}"[:128]
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> Notification:
+        return cls.model_validate_json(data)
+
+
+def utc_text(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "—"

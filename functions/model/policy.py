@@ -1,0 +1,420 @@
+"""The approval policy: ordered rules edited in app settings, windows, paging, capacity.
+
+The policy is data (pydantic models read from `POLICY__*` app settings) and `decide()` is a
+pure function of the policy, the event and the time, so an operator can check a policy with
+`python -m functions policy explain` before deploying it and get exactly the answer the
+function app would give. State-dependent checks (the capacity guard) live in the ingest
+pipeline, which owns the store.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from datetime import datetime, time, timedelta
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
+
+from functions.model.envelope import (
+    FREEZE,
+    PREEMPT,
+    REBOOT,
+    REDEPLOY,
+    TERMINATE,
+    USER,
+    ScheduledEvent,
+)
+from functions.model.event import Action, Decision, Severity, Transition
+
+ALL_CHANNELS: tuple[str, ...] = ("teams", "pagerduty", "webhook")
+Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+WEEKDAYS: tuple[str, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+class Match(BaseModel):
+    """What a rule applies to. Every given criterion must hold; an empty match matches all.
+
+    Names compare case-insensitively (Azure does). `duration_at_least` is inclusive and
+    `duration_below` exclusive, so Microsoft's "0 <= DurationInSeconds < 9" is
+    `{"duration_at_least": 0, "duration_below": 9}`; an event without a duration (older API
+    versions) never matches a rule that has a duration criterion.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_types: tuple[str, ...] | None = None
+    sources: tuple[str, ...] | None = None
+    statuses: tuple[str, ...] | None = None
+    duration_at_least: int | None = None
+    duration_below: int | None = None
+    resources: tuple[str, ...] | None = None  # globs over VM names, any named VM matches
+    scale_sets: tuple[str, ...] | None = None  # any scale set of the named VMs
+
+    @model_validator(mode="after")
+    def _range(self) -> Match:
+        low, high = self.duration_at_least, self.duration_below
+        if low is not None and high is not None and high <= low:
+            raise ValueError(f"duration_below ({high}) must be above duration_at_least ({low})")
+        return self
+
+    def matches(self, event: ScheduledEvent, scale_sets: tuple[str, ...] = ()) -> bool:
+        if self.event_types is not None and not _in(event.event_type, self.event_types):
+            return False
+        if self.sources is not None and not _in(event.event_source, self.sources):
+            return False
+        if self.statuses is not None and not _in(event.event_status, self.statuses):
+            return False
+        duration = event.duration_in_seconds
+        if self.duration_at_least is not None and (
+            duration is None or duration < self.duration_at_least
+        ):
+            return False
+        if self.duration_below is not None and (
+            duration is None or duration >= self.duration_below
+        ):
+            return False
+        if self.resources is not None and not any(
+            fnmatch.fnmatchcase(name.casefold(), pattern.casefold())
+            for name in event.resources
+            for pattern in self.resources
+        ):
+            return False
+        return not (
+            self.scale_sets is not None
+            and not any(_in(name, self.scale_sets) for name in scale_sets)
+        )
+
+
+def _in(value: str | None, options: tuple[str, ...]) -> bool:
+    return value is not None and value.casefold() in {o.casefold() for o in options}
+
+
+class Rule(BaseModel):
+    """One policy rule. The first rule whose match holds decides the event."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    match: Match = Match()
+    action: Action
+    channels: tuple[str, ...] = ALL_CHANNELS
+    severity: Severity = "warning"
+    page: bool | None = None  # None: the policy's paging defaults decide
+    ignore_windows: bool = False  # approve at once even outside maintenance windows
+
+    @field_validator("channels")
+    @classmethod
+    def _known_channels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = sorted(set(value) - set(ALL_CHANNELS))
+        if unknown:
+            raise ValueError(f"unknown channel(s) {unknown}; known: {list(ALL_CHANNELS)}")
+        return value
+
+
+class Window(BaseModel):
+    """A weekly maintenance window, e.g. Sat 01:00-05:00 in the policy's time zone.
+
+    `end` at or before `start` means the window runs past midnight into the next day;
+    "24:00" is accepted as the end of the day.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    days: tuple[Weekday, ...] = Field(min_length=1)
+    start: str
+    end: str
+
+    @field_validator("start", "end")
+    @classmethod
+    def _clock_time(cls, value: str) -> str:
+        _minutes(value)
+        return value
+
+    def openings(self, around: datetime, zone: ZoneInfo) -> list[tuple[datetime, datetime]]:
+        """The window's occurrences starting from 8 days before to 8 days after `around`."""
+        local = around.astimezone(zone)
+        start_m, end_m = _minutes(self.start), _minutes(self.end)
+        length = end_m - start_m if end_m > start_m else end_m + 24 * 60 - start_m
+        spans = []
+        for offset in range(-8, 9):
+            day = (local + timedelta(days=offset)).date()
+            if WEEKDAYS[day.weekday()] not in self.days:
+                continue
+            opens = datetime.combine(day, time(0), tzinfo=zone) + timedelta(minutes=start_m)
+            # Wall-clock arithmetic in the zone, then normalized: DST days keep their hours.
+            opens = opens.replace(tzinfo=None).replace(tzinfo=zone)
+            spans.append((opens, opens + timedelta(minutes=length)))
+        return spans
+
+
+def _minutes(text: str) -> int:
+    try:
+        hours, minutes = text.split(":")
+        h, m = int(hours), int(minutes)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time like 01:30") from None
+    if not (0 <= h <= 24 and 0 <= m < 60) or (h == 24 and m != 0):
+        raise ValueError(f"{text!r} is not a time between 00:00 and 24:00")
+    return h * 60 + m
+
+
+def default_rules() -> tuple[Rule, ...]:
+    """Microsoft's reference policy (the seed's sample), with Terminate first.
+
+    Terminate comes first because a scale-in Terminate has `EventSource: User`: under
+    "approve User events" it would be approved at once and the instance deleted undrained.
+    """
+    return (
+        Rule(
+            name="terminate-drain",
+            match=Match(event_types=(TERMINATE,)),
+            action="drain",
+            severity="warning",
+        ),
+        Rule(
+            name="user-initiated",
+            match=Match(sources=(USER,)),
+            action="approve",
+            severity="info",
+            ignore_windows=True,
+        ),
+        Rule(
+            name="short-freeze",
+            match=Match(event_types=(FREEZE,), duration_at_least=0, duration_below=9),
+            action="approve",
+            severity="info",
+            ignore_windows=True,
+        ),
+        Rule(name="default-hold", action="hold", severity="warning"),
+    )
+
+
+class PagingPolicy(BaseModel):
+    """When an announcement should page (PagerDuty trigger); see the README table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_types: tuple[str, ...] = (PREEMPT, REDEPLOY)
+    held_outside_window: tuple[str, ...] = (REBOOT,)
+    transitions: tuple[Transition, ...] = (
+        Transition.APPROVAL_FAILED,
+        Transition.RELAY_SILENT,
+        Transition.DRAIN_FAILED,
+        Transition.POLICY_INVALID,
+    )
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rules: tuple[Rule, ...] = Field(default_factory=default_rules, min_length=1)
+    dry_run: bool = False
+    windows: tuple[Window, ...] = ()
+    timezone: str = "UTC"
+    max_concurrent_per_set: int = Field(default=1, ge=1)
+    page: PagingPolicy = PagingPolicy()
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown IANA time zone {value!r}") from None
+        return value
+
+    @field_validator("rules")
+    @classmethod
+    def _unique_names(cls, rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
+        names = [r.name for r in rules]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"rule names must be unique; repeated: {dupes}")
+        return rules
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    def in_window(self, moment: datetime) -> bool:
+        if not self.windows:
+            return False
+        return any(
+            opens <= moment < closes
+            for window in self.windows
+            for opens, closes in window.openings(moment, self.zone)
+        )
+
+    def next_window_opening(self, moment: datetime) -> datetime | None:
+        """`moment` if inside a window, else the next opening (within a week), else None."""
+        if self.in_window(moment):
+            return moment
+        future = [
+            opens
+            for window in self.windows
+            for opens, _ in window.openings(moment, self.zone)
+            if opens > moment
+        ]
+        return min(future) if future else None
+
+
+class PolicySettings(BaseSettings):
+    """The policy as app settings: `POLICY__RULES` (JSON), `POLICY__DRY_RUN`, ...
+
+    Kept apart from the other settings on purpose: an invalid policy must not stop the
+    function app (it fails closed and says so), while a missing connection must.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="POLICY__", env_nested_delimiter="__", extra="ignore", case_sensitive=False
+    )
+
+    rules: tuple[Rule, ...] = Field(default_factory=default_rules)
+    dry_run: bool = False
+    windows: tuple[Window, ...] = ()
+    timezone: str = "UTC"
+    max_concurrent_per_set: int = 1
+    page: PagingPolicy = PagingPolicy()
+
+
+class PolicyLoad(BaseModel):
+    """The effective policy, or why there is none (then everything fails closed)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    policy: Policy | None
+    error: str | None = None
+
+
+def load_policy() -> PolicyLoad:
+    """Read the policy from `POLICY__*` environment variables; never raises on a bad policy."""
+    try:
+        settings = PolicySettings()
+        policy = Policy.model_validate(settings.model_dump())
+    except ValidationError as exc:
+        return PolicyLoad(policy=None, error=summarize(exc))
+    except (SettingsError, ValueError) as exc:
+        return PolicyLoad(policy=None, error=_json_culprit() or str(exc))
+    return PolicyLoad(policy=policy)
+
+
+def _json_culprit() -> str | None:
+    """pydantic-settings says only "error parsing value"; name the setting and the JSON error."""
+    for key, value in os.environ.items():
+        if not key.upper().startswith("POLICY__") or value.strip()[:1] not in "[{":
+            continue
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            return f"{key.upper()} is not valid JSON: {exc.msg} at character {exc.pos}"
+    return None
+
+
+def summarize(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in error["loc"]) or "policy"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+IMPACT_FREE_BELOW_SECONDS = 9
+
+
+def is_impactful(event: ScheduledEvent) -> bool:
+    """Whether approving takes the VM away: all but short Freezes (the seed's "< 9 s" class).
+
+    The capacity guard counts only impactful events, so a burst of memory-preserving
+    pauses never blocks a reboot, nor the other way round.
+    """
+    if event.event_type.casefold() != FREEZE.casefold():
+        return True
+    duration = event.duration_in_seconds
+    return duration is None or not (0 <= duration < IMPACT_FREE_BELOW_SECONDS)
+
+
+def fail_closed(error: str) -> Decision:
+    return Decision(
+        action="hold",
+        rule="policy-invalid",
+        reason=f"the policy did not validate, so nothing is approved: {error}",
+        severity="error",
+        page=True,
+        policy_error=error,
+    )
+
+
+def decide(
+    load: PolicyLoad | Policy,
+    event: ScheduledEvent,
+    now: datetime,
+    scale_sets: tuple[str, ...] = (),
+) -> Decision:
+    """The policy's decision for one event at time `now` (before the capacity guard)."""
+    if isinstance(load, PolicyLoad):
+        if load.policy is None:
+            return fail_closed(load.error or "unknown error")
+        policy = load.policy
+    else:
+        policy = load
+    rule = next((r for r in policy.rules if r.match.matches(event, scale_sets)), None)
+    if rule is None:
+        return Decision(
+            action="hold",
+            rule="no-rule-matched",
+            reason="no rule matched; holding until NotBefore",
+            page=_default_page(policy, event, "hold", now),
+            dry_run=policy.dry_run,
+        )
+    action = rule.action
+    reason = f"rule {rule.name!r}: {action}"
+    approve_after = None
+    if action == "approve" and policy.windows and not rule.ignore_windows and event.is_scheduled:
+        opening = policy.next_window_opening(now)
+        if opening is None or opening > now:
+            not_before = event.not_before
+            if opening is not None and (not_before is None or opening < not_before):
+                approve_after = opening
+                reason = f"rule {rule.name!r}: approve when the maintenance window opens"
+            else:
+                action = "hold"
+                reason = (
+                    f"rule {rule.name!r}: approve, but no maintenance window opens before "
+                    "NotBefore; it starts at NotBefore"
+                )
+    page = rule.page if rule.page is not None else _default_page(policy, event, action, now)
+    return Decision(
+        action=action,
+        rule=rule.name,
+        reason=reason,
+        channels=rule.channels,
+        severity=rule.severity,
+        page=page,
+        approve_after=approve_after,
+        dry_run=policy.dry_run,
+    )
+
+
+def _default_page(policy: Policy, event: ScheduledEvent, action: str, now: datetime) -> bool:
+    if _in(event.event_type, policy.page.event_types):
+        return True
+    if action == "hold" and _in(event.event_type, policy.page.held_outside_window):
+        moment = event.not_before or now
+        return not policy.in_window(moment)
+    return False
+
+
+def transition_pages(policy: Policy | None, transition: Transition) -> bool:
+    if policy is None:
+        return transition in PagingPolicy().transitions
+    return transition in policy.page.transitions
+
+
+def effective_policy_json(load: PolicyLoad) -> str:
+    assert load.policy is not None
+    return load.policy.model_dump_json(indent=2)

@@ -1,0 +1,201 @@
+"""Announcing a transition exactly once fleet-wide: claim in the event row, then publish.
+
+The claim (transition key added to `announced` under the row's ETag) is what makes 100
+concurrent reporters announce once. A claim is written as "pending" and turned into
+"done" after the publish; if the publish fails the claim is released and the error
+raised, so the message is redelivered and the announcement retried. A crash between the
+two leaves "pending", which the watchdog republishes (the MessageId makes that safe).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from functions.model.event import Links, Notification, Transition
+from functions.model.policy import Policy, transition_pages
+from functions.pipeline.context import Pipeline
+from functions.pipeline.redecide import occurrence
+from functions.settings import Settings
+from functions.store.records import EventRecord
+from functions.store.tables import UNREAD, Store
+
+log = logging.getLogger(__name__)
+
+NO_PAGE = {Transition.COMPLETED, Transition.CANCELLED, Transition.APPROVED}
+STALE_PENDING = timedelta(minutes=3)  # a claim this old was left behind: publish it again
+
+
+def pending_mark(now: datetime) -> str:
+    return f"pending:{now.isoformat()}"
+
+
+def build(
+    record: EventRecord,
+    transition: Transition,
+    now: datetime,
+    policy: Policy | None,
+    settings: Settings | None = None,
+    detail: str = "",
+    vm: str | None = None,
+) -> Notification:
+    """The notification for one transition; pages and links follow the policy and settings."""
+    decision = record.decision
+    if transition in NO_PAGE:
+        page = False
+    elif transition_pages(policy, transition):
+        page = True
+    else:
+        page = bool(decision and decision.page and transition != Transition.SCHEDULED)
+    links = Links()
+    if settings is not None and settings.public_base_url:
+        links = Links(
+            status_url=settings.status_url(),
+            approve_url=settings.approve_url(record.event_id),
+        )
+    return Notification(
+        transition=transition,
+        occurred_at=now,
+        event=record.snapshot(),
+        vm=vm,
+        decision=decision,
+        detail=detail or _default_detail(record, transition),
+        links=links,
+        occurrence=occurrence(record, transition),
+        page=page,
+    )
+
+
+def _default_detail(record: EventRecord, transition: Transition) -> str:
+    decision = record.decision
+    if transition == Transition.DECIDED and decision is not None:
+        return decision.reason
+    if transition == Transition.POLICY_INVALID and decision is not None:
+        return decision.reason
+    if transition == Transition.APPROVAL_FAILED:
+        return f"no relay could approve: it will start at NotBefore. {record.approval_reason}"
+    if transition == Transition.APPROVED:
+        return f"approved through the relay of {record.approved_by}"
+    return ""
+
+
+def publish_claimed(
+    pipeline: Pipeline,
+    record: EventRecord,
+    transitions: Iterable[Transition],
+    now: datetime,
+    details: dict[Transition, str] | None = None,
+) -> list[Notification]:
+    """Publish transitions this caller claimed in `record.announced`, then mark them done."""
+    sent = []
+    pending = list(transitions)
+    for index, transition in enumerate(pending):
+        note = build(
+            record,
+            transition,
+            now,
+            pipeline.policy,
+            pipeline.settings,
+            (details or {}).get(transition, ""),
+        )
+        try:
+            pipeline.publisher.publish(note)
+        except Exception:
+            release(pipeline.store, record.event_id, pending[index:], known=record)
+            raise
+        sent.append(note)
+    if pending:
+        mark_done(pipeline.store, record.event_id, pending, known=record)
+    return sent
+
+
+def release(
+    store: Store,
+    event_id: str,
+    transitions: Iterable[Transition],
+    known: EventRecord | None = UNREAD,
+) -> None:
+    keys = {t.value for t in transitions}
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or not any(rec.announced.get(k, "").startswith("pending") for k in keys):
+            return None
+        for key in keys:
+            if rec.announced.get(key, "").startswith("pending"):
+                del rec.announced[key]
+        return rec
+
+    store.mutate_event(event_id, change, known=known)
+
+
+def mark_done(
+    store: Store,
+    event_id: str,
+    transitions: Iterable[Transition],
+    known: EventRecord | None = UNREAD,
+) -> None:
+    """`known`: the row as the claim wrote it; usually nobody wrote since, saving a read."""
+    keys = {t.value for t in transitions}
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or all(rec.announced.get(k) == "done" for k in keys):
+            return None
+        for key in keys:
+            rec.announced[key] = "done"
+        return rec
+
+    store.mutate_event(event_id, change, known=known)
+
+
+def claim(store: Store, event_id: str, transition: Transition, now: datetime) -> EventRecord | None:
+    """Claim one transition on its own; the record if this caller won, else None."""
+    key = transition.value
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or key in rec.announced:
+            return None
+        rec.announced[key] = pending_mark(now)
+        return rec
+
+    record, won = store.mutate_event(event_id, change)
+    return record if won else None
+
+
+def announce(
+    pipeline: Pipeline,
+    event_id: str,
+    transition: Transition,
+    now: datetime,
+    detail: str = "",
+) -> bool:
+    """Claim and publish one transition; False if it was already announced."""
+    record = claim(pipeline.store, event_id, transition, now)
+    if record is None:
+        return False
+    publish_claimed(
+        pipeline,
+        record,
+        [transition],
+        now,
+        {transition: detail} if detail else None,
+    )
+    return True
+
+
+def stale_pending(record: EventRecord, now: datetime) -> list[Transition]:
+    """Claims left "pending" by a crash between claim and publish."""
+    stale = []
+    for key, mark in record.announced.items():
+        if not mark.startswith("pending:"):
+            continue
+        try:
+            since = datetime.fromisoformat(mark.removeprefix("pending:"))
+        except ValueError:
+            since = now - STALE_PENDING
+        if now - since >= STALE_PENDING:
+            try:
+                stale.append(Transition(key))
+            except ValueError:
+                log.warning("unknown announcement key %s on %s", key, record.event_id)
+    return stale

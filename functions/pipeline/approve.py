@@ -1,0 +1,307 @@
+"""Approving an event through the relay of a VM it names: one signed POST /v1/start.
+
+IMDS lets any affected VM start the event for all of them, so one successful call is
+enough fleet-wide. The event row's `approval` field is claimed under its ETag first, so
+the policy, the terminate workflow, the watchdog and an operator never approve the same
+event twice at the same moment.
+
+Retry rules: network errors and 5xx are retried with backoff (other relays are tried in
+between) until APPROVAL_MARGIN_SECONDS before NotBefore. A 4xx means that relay refused
+(signature, not in its document, not Scheduled): it is not asked again for this event,
+but another named VM's relay may be. When nothing can approve, the event will start at
+NotBefore anyway; that is announced as `approval_failed`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Literal
+
+import requests
+from pydantic import BaseModel, Field
+
+from functions.approvers.relay import post_start
+from functions.clock import Clock
+from functions.model.event import Transition
+from functions.pipeline.announce import claim, publish_claimed
+from functions.pipeline.context import Pipeline
+from functions.settings import Settings
+from functions.store.records import MAX_ATTEMPTS_KEPT, Attempt, EventRecord, VmRecord
+from functions.store.tables import Store
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["approved", "failed", "retry_later", "skipped"]
+BACKOFF_START_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 20.0
+
+
+class ApprovalResult(BaseModel):
+    event_id: str
+    outcome: Outcome
+    vm: str | None = None  # whose relay approved
+    detail: str = ""
+    attempts: list[Attempt] = Field(default_factory=list)
+    imds_status: int | None = None
+
+
+def approve_event(
+    event_id: str,
+    pipeline: Pipeline,
+    *,
+    announce: bool = True,
+    give_up_at: datetime | None = None,
+    by: str = "policy",
+    force: bool = False,
+) -> ApprovalResult:
+    """Approve one event now, through any named VM's relay; record and (optionally) announce.
+
+    - `give_up_at`: stop retrying at this time even if NotBefore is further away; the
+      outcome is then `retry_later` and the row stays `pending` for the watchdog.
+    - `announce`: publish `approved` / `approval_failed` (once, fleet-wide).
+    - `by`: who asked ("policy", "terminate", "watchdog", "manual:<name>"), for the audit.
+    - `force`: approve even if the policy is in dry run (a manual override is audited).
+    Never raises for relay trouble; returns `skipped` when the event is gone, already
+    started or approved, or another caller is approving it right now.
+    """
+    store, settings, session, clock = (
+        pipeline.store,
+        pipeline.settings,
+        pipeline.session,
+        pipeline.clock,
+    )
+    now = clock.now()
+    policy = settings.policy.policy
+    if not force and policy is not None and policy.dry_run:
+        return ApprovalResult(event_id=event_id, outcome="skipped", detail="dry run")
+    key = settings.relay_key_bytes
+    record, claimed = _claim(store, event_id, now, settings)
+    if not claimed:
+        return ApprovalResult(event_id=event_id, outcome="skipped", detail=_why_not(record))
+    assert record is not None
+    deadline = _deadline(record, settings, now)
+    stop = min(deadline, give_up_at) if give_up_at else deadline
+    # A relay that refused (4xx) is not asked again for this event, in this call or later.
+    refused = {a.vm for a in record.approval_attempts if a.outcome.startswith("refused")}
+    relays = [vm for vm in _relays(store, record, settings, now) if vm.name not in refused]
+    unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(refused)
+    attempts: list[Attempt] = []
+    if key is None:
+        result = _finish(store, record, "failed", None, attempts, "RELAY_KEY is not set", clock, by)
+    elif not relays:
+        # The named VMs' relays may simply not have reported yet (a set-mate's document
+        # came first): wait for them while there is time, then give up.
+        waiting = unheard and clock.now() < deadline
+        result = _finish(
+            store,
+            record,
+            "retry_later" if waiting else "failed",
+            None,
+            attempts,
+            "no VM named in Resources has a relay that reported recently with a callback URL"
+            + (f" (refused before: {', '.join(sorted(refused))})" if refused else ""),
+            clock,
+            by,
+        )
+    else:
+        result = _try_relays(
+            store, record, relays, key, session, clock, stop, deadline, by, unheard
+        )
+    if announce and result.outcome in ("approved", "failed"):
+        transition = (
+            Transition.APPROVED if result.outcome == "approved" else Transition.APPROVAL_FAILED
+        )
+        won = claim(store, event_id, transition, clock.now())
+        if won is not None:
+            publish_claimed(pipeline, won, [transition], clock.now())
+    return result
+
+
+def _why_not(record: EventRecord | None) -> str:
+    if record is None:
+        return "unknown event"
+    if record.ended:
+        return f"event {record.ended}"
+    if record.started:
+        return "event already started"
+    if record.approval == "approved":
+        return "already approved"
+    return "another caller is approving it"
+
+
+def _claim(
+    store: Store, event_id: str, now: datetime, settings: Settings
+) -> tuple[EventRecord | None, bool]:
+    stale_after = timedelta(seconds=settings.approval_budget_seconds + 60)
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.ended or rec.started or rec.approval == "approved":
+            return None
+        busy = rec.approval == "in_progress" and rec.approval_claimed_at is not None
+        if busy and now - rec.approval_claimed_at < stale_after:  # type: ignore[operator]
+            return None
+        rec.approval = "in_progress"
+        rec.approval_claimed_at = now
+        return rec
+
+    return store.mutate_event(event_id, change)
+
+
+def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetime:
+    if record.not_before is None:
+        return now + timedelta(seconds=settings.approval_budget_seconds)
+    return record.not_before - timedelta(seconds=settings.approval_margin_seconds)
+
+
+def _relays(store: Store, record: EventRecord, settings: Settings, now: datetime) -> list[VmRecord]:
+    """Named VMs whose relays reported recently, in `Resources` order (first is leader)."""
+    fresh = timedelta(seconds=settings.relay_silent_after_seconds)
+    chosen = []
+    for name in record.resources:
+        vm = store.get_vm(name)
+        if vm is None or not vm.callback_url or vm.last_seen is None:
+            continue
+        if now - vm.last_seen > fresh:
+            continue
+        chosen.append(vm)
+    return chosen
+
+
+def _try_relays(
+    store: Store,
+    record: EventRecord,
+    relays: list[VmRecord],
+    key: bytes,
+    session: requests.Session,
+    clock: Clock,
+    stop: datetime,
+    deadline: datetime,
+    by: str,
+    unheard: bool,
+) -> ApprovalResult:
+    """Round-robin over the relays with backoff between rounds; `unheard`: some named VMs
+    have no usable relay yet, so "all refused" is not final while time remains."""
+    attempts: list[Attempt] = []
+    refused: set[str] = set()
+    delay = BACKOFF_START_SECONDS
+    while True:
+        for vm in relays:
+            if vm.name in refused:
+                continue
+            remaining = (stop - clock.now()).total_seconds()
+            if remaining <= 0:
+                break
+            verdict, status, text = post_start(
+                vm.callback_url, record.event_id, key, session, remaining
+            )
+            attempts.append(Attempt(at=clock.now(), vm=vm.name, outcome=text, by=by))
+            if verdict == "approved":
+                return _finish(
+                    store,
+                    record,
+                    "approved",
+                    vm.name,
+                    attempts,
+                    text,
+                    clock,
+                    by,
+                    imds_status=status,
+                )
+            if verdict == "refused":
+                refused.add(vm.name)
+        if all(vm.name in refused for vm in relays):
+            # Named VMs whose relays are not known yet may still approve: keep it pending.
+            waiting = unheard and clock.now() < deadline
+            return _finish(
+                store,
+                record,
+                "retry_later" if waiting else "failed",
+                None,
+                attempts,
+                "every known named relay refused: " + _last_texts(attempts),
+                clock,
+                by,
+            )
+        now = clock.now()
+        if now + timedelta(seconds=delay) >= stop:
+            if stop < deadline:
+                return _finish(
+                    store,
+                    record,
+                    "retry_later",
+                    None,
+                    attempts,
+                    "relays unreachable so far: " + _last_texts(attempts),
+                    clock,
+                    by,
+                )
+            return _finish(
+                store,
+                record,
+                "failed",
+                None,
+                attempts,
+                "no relay answered before the approval deadline: " + _last_texts(attempts),
+                clock,
+                by,
+            )
+        clock.sleep(delay)
+        delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+
+
+def _last_texts(attempts: list[Attempt]) -> str:
+    seen: dict[str, str] = {}
+    for attempt in attempts:
+        seen[attempt.vm or "-"] = attempt.outcome
+    return "; ".join(f"{vm}: {text}" for vm, text in seen.items())[:1000]
+
+
+def _finish(
+    store: Store,
+    record: EventRecord,
+    outcome: Outcome,
+    vm: str | None,
+    attempts: list[Attempt],
+    detail: str,
+    clock: Clock,
+    by: str,
+    imds_status: int | None = None,
+) -> ApprovalResult:
+    now = clock.now()
+    state = {"approved": "approved", "failed": "failed", "retry_later": "pending"}[outcome]
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None:
+            return None
+        if rec.approval == "approved" and outcome != "approved":
+            return None  # someone else succeeded meanwhile; keep their result
+        rec.approval = state  # type: ignore[assignment]
+        rec.approval_reason = detail[:1000]
+        rec.approval_attempts = (rec.approval_attempts + attempts)[-MAX_ATTEMPTS_KEPT:]
+        if outcome == "approved":
+            rec.approved_by = vm
+        if outcome == "retry_later":
+            rec.approve_after = None
+        return rec
+
+    store.mutate_event(record.event_id, change)
+    decision = record.decision
+    store.audit(
+        record.event_id,
+        at=now,
+        rule=decision.rule if decision else "",
+        action="approve",
+        outcome=outcome if outcome != "approved" else f"approved via {vm}",
+        detail=detail,
+        by=by,
+    )
+    log.info("approval of %s: %s %s", record.event_id, outcome, detail)
+    return ApprovalResult(
+        event_id=record.event_id,
+        outcome=outcome,
+        vm=vm,
+        detail=detail,
+        attempts=attempts,
+        imds_status=imds_status if isinstance(imds_status, int) else None,
+    )

@@ -1,0 +1,38 @@
+"""The shared context every stage of the pipeline is handed whole.
+
+Ingest, the watchdog, the approver and the HTTP triggers need the same five collaborators;
+passing them as one object keeps call sites short and lets a test swap one part (a
+recording publisher, a fake clock) without threading it through every function.
+"""
+
+from __future__ import annotations
+
+import requests
+
+from functions.clock import Clock
+from functions.model.policy import Policy
+from functions.pipeline.publish import Publisher
+from functions.settings import Settings
+from functions.store.tables import Store
+
+
+class Pipeline:
+    """The collaborators ingest, the watchdog and the HTTP functions share."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        publisher: Publisher,
+        session: requests.Session,
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.publisher = publisher
+        self.session = session
+        self.clock = clock
+
+    @property
+    def policy(self) -> Policy | None:
+        return self.settings.policy.policy

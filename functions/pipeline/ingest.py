@@ -1,0 +1,239 @@
+"""Ingest one envelope: VM state, event lifecycle, the decision, announcements, approval.
+
+The Service Bus handler and the local host both call `ingest_message`; it takes every
+collaborator as an argument. Its contract with the caller:
+- it returns normally when the message is done with (processed, a stale duplicate, or
+  rejected and recorded): complete the message;
+- it raises when something transient failed (storage, the topic): abandon the message so
+  it is redelivered; everything here is idempotent, so the redelivery is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from functions.model.envelope import DocumentError, Envelope, ScheduledEvent, parse_envelope
+from functions.model.event import Transition
+from functions.model.policy import decide
+from functions.pipeline.announce import publish_claimed
+from functions.pipeline.approve import ApprovalResult, approve_event
+from functions.pipeline.context import Pipeline
+from functions.pipeline.lifecycle import report
+from functions.pipeline.redecide import redecide, should_redecide
+from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
+from functions.pipeline.transitions import after_decision, already_ended_with, end_event
+from functions.store.records import EventRecord, VmRecord
+from functions.store.tables import Store
+
+log = logging.getLogger(__name__)
+
+
+class IngestResult(BaseModel):
+    outcome: Literal["processed", "stale", "rejected"]
+    vm: str | None = None
+    reason: str = ""
+    transitions: list[tuple[str, str]] = Field(default_factory=list)  # (EventId, transition)
+    approvals: list[ApprovalResult] = Field(default_factory=list)
+
+
+def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") -> IngestResult:
+    """Process one message body from the documents queue (or the local inbox)."""
+    now = pipeline.clock.now()
+    try:
+        envelope = parse_envelope(body)
+    except DocumentError as exc:
+        log.warning("rejected message %s: %s", message_id or "?", exc)
+        pipeline.store.reject(at=now, reason=str(exc), body=body, message_id=message_id)
+        return IngestResult(outcome="rejected", reason=str(exc))
+    return ingest_envelope(envelope, pipeline)
+
+
+def _is_stale(vm: VmRecord | None, envelope: Envelope) -> bool:
+    """Older than what we have: a redelivery or an out-of-order message.
+
+    Both the sequence and the relay's observation time must be no newer: a relay whose
+    state was wiped restarts its sequence, but its clock still moves forward.
+    """
+    if vm is None or vm.last_observed_at is None:
+        return False
+    return envelope.sequence <= vm.last_sequence and envelope.observed_at <= vm.last_observed_at
+
+
+def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
+    store, clock = pipeline.store, pipeline.clock
+    name = envelope.vm.name
+    result = IngestResult(outcome="processed", vm=name)
+    for _ in range(20):
+        vm = store.get_vm(name)
+        if _is_stale(vm, envelope):
+            return IngestResult(outcome="stale", vm=name, reason="sequence already processed")
+        now = clock.now()
+        document = envelope.scheduled_events
+        current: list[ScheduledEvent] = list(document.events) if document else []
+        # Event rows first, VM row last: if we crash in between, the redelivery is not
+        # "stale" and redoes the (idempotent) event updates.
+        to_approve: list[str] = []
+        for event in current:
+            _report(event, envelope, pipeline, now, result, to_approve)
+        if document is not None:
+            current_ids = {e.event_id.casefold() for e in current}
+            for old in vm.event_ids if vm else []:
+                if old.casefold() not in current_ids:
+                    _absent(old, name, pipeline, now, result)
+        recovered: list[str] = []  # the silence this document ends, if announced
+        if _save_vm(store, vm, envelope, now, recovered):
+            # After the VM row, so this VM's callback URL is known to the approver.
+            for event_id in to_approve:
+                result.approvals.append(
+                    approve_event(
+                        event_id,
+                        pipeline,
+                        give_up_at=now
+                        + timedelta(seconds=pipeline.settings.approval_budget_seconds),
+                    )
+                )
+            for mark in recovered:
+                _announce_recovery(pipeline, name, mark, now)
+            return result
+        log.info("VM row %s changed concurrently; re-reading", name)
+    raise RuntimeError(f"VM row {name} kept changing; giving up this delivery")
+
+
+def _save_vm(
+    store: Store,
+    vm: VmRecord | None,
+    envelope: Envelope,
+    now: datetime,
+    recovered: list[str] | None = None,
+) -> bool:
+    """Write the VM row only if nobody else did since we read it (else the caller redoes).
+
+    The write starts from the row read at the top of ingest (its ETag guards it), so a
+    document costs one read of the VM row, not two. A silence announced for this VM ends
+    here: its mark goes to `recovered` for the caller to announce (once: only one writer
+    of the row sees it)."""
+    expected = vm.etag if vm else None
+    claimed: list[str] = []
+
+    def change(current: VmRecord | None) -> VmRecord | None:
+        claimed.clear()
+        if (current.etag if current else None) != expected:
+            raise _Moved
+        record = current or VmRecord(name=envelope.vm.name)
+        mark = claim_recovery(record, now)
+        if mark is not None:
+            claimed.append(mark)
+        record.last_sequence = max(record.last_sequence, envelope.sequence)
+        if record.last_observed_at is None or envelope.observed_at > record.last_observed_at:
+            record.last_observed_at = envelope.observed_at
+        record.last_seen = now
+        ref = envelope.vm
+        record.callback_url = ref.callback_url or record.callback_url
+        record.scale_set = ref.scale_set or record.scale_set
+        record.availability_set = ref.availability_set or record.availability_set
+        record.resource_id = ref.resource_id or record.resource_id
+        record.relay_version = envelope.relay_version
+        if envelope.document is not None:
+            document = envelope.scheduled_events
+            assert document is not None
+            record.last_incarnation = document.document_incarnation
+            record.event_ids = [e.event_id for e in document.events]
+        return record
+
+    try:
+        store.mutate_vm(envelope.vm.name, change, known=vm)
+    except _Moved:
+        return False
+    if recovered is not None:
+        recovered.extend(claimed)
+    return True
+
+
+def _announce_recovery(pipeline: Pipeline, name: str, mark: str, now: datetime) -> None:
+    """After the document's own work: a topic failure here must not redeliver a document
+    that is already processed (it would be stale); the watchdog publishes it later."""
+    try:
+        announce_recovery(pipeline.store, pipeline.publisher, name, mark, now)
+    except Exception:
+        log.exception("relay_recovered for %s not published; the watchdog retries", name)
+
+
+class _Moved(Exception):
+    pass
+
+
+def _report(
+    event: ScheduledEvent,
+    envelope: Envelope,
+    pipeline: Pipeline,
+    now: datetime,
+    result: IngestResult,
+    to_approve: list[str],
+) -> None:
+    store = pipeline.store
+    if already_ended_with(store, event.event_id, envelope.vm.name):
+        return
+    claimed: list[Transition] = []
+    made: list[bool] = []  # whether this write made the decision (vs. re-announcing it)
+
+    newcomer: list[bool] = []  # this VM was not a reporter before
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        claimed.clear()
+        made.clear()
+        newcomer[:] = [rec is None or envelope.vm.name not in rec.reporters]
+        updated, transitions = report(rec, event, envelope.vm, now)
+        claimed.extend(transitions)
+        target = updated if updated is not None else rec
+        if target is None or target.ended:
+            return updated
+        if target.decision is None:
+            target.decision = decide(pipeline.settings.policy, event, now, tuple(target.scale_sets))
+            target.decided_at = now
+            made.append(True)
+        elif should_redecide(target, pipeline.settings.policy, now):
+            # It failed closed on an invalid policy; this host's policy is valid.
+            redecide(target, event, pipeline.settings.policy, now)
+            made.append(True)
+        # Claimed here also when a failed publish released the claim: the redelivery
+        # announces the decision it could not announce before.
+        key = (
+            Transition.POLICY_INVALID if target.decision.policy_error else Transition.DECIDED
+        ).value
+        if key not in target.announced:
+            target.announced[key] = f"pending:{now.isoformat()}"
+            claimed.append(Transition(key))
+            return target
+        return updated
+
+    record, won = store.mutate_event(event.event_id, change)
+    if not won or record is None:
+        return
+    approve_now = False
+    if made:
+        record, approve_now = after_decision(record, event, pipeline, now)
+    elif Transition.DECIDED in claimed or (newcomer[0] and event.affects(envelope.vm.name)):
+        # A decision re-announced after a failed publish, or a named VM whose relay was
+        # not known when the approval was last tried: try (again) now.
+        approve_now = (
+            record.approval == "pending"
+            and record.approve_after is None
+            and record.approval_reason != "capacity"
+        )
+    announce_first = [t for t in claimed if t in (Transition.SCHEDULED, Transition.STARTED)]
+    rest = [t for t in claimed if t not in announce_first]
+    publish_claimed(pipeline, record, announce_first + rest, now)
+    result.transitions.extend((record.event_id, t.value) for t in announce_first + rest)
+    if approve_now:
+        to_approve.append(record.event_id)
+
+
+def _absent(
+    event_id: str, vm: str, pipeline: Pipeline, now: datetime, result: IngestResult
+) -> None:
+    ended = end_event(event_id, vm, pipeline, now)
+    result.transitions.extend((event_id, t.value) for t in ended)

@@ -1,0 +1,115 @@
+"""What follows a decision and what ends an event: shared by ingest and the watchdog.
+
+Both reach these points from different triggers (a document, a timer), and both must
+audit, take capacity, release it and announce exactly as the other would.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from functions.model.envelope import ScheduledEvent
+from functions.model.event import Transition
+from functions.pipeline.announce import publish_claimed
+from functions.pipeline.capacity import (
+    acquire_capacity,
+    capacity_limit,
+    holds_capacity,
+    needs_capacity,
+    release_capacity,
+)
+from functions.pipeline.context import Pipeline
+from functions.pipeline.lifecycle import absent
+from functions.store.records import EventRecord
+from functions.store.tables import Store
+
+
+def already_ended_with(store: Store, event_id: str, vm: str | None) -> bool:
+    """Whether the event is known to have ended (with `vm` among its past reporters):
+    then neither a late report nor an absence changes its row. Taken from the row as this
+    Store last saw it, without a read: ending is final and past reporters are only ever
+    added, so what was true then is true now."""
+    seen = store.recent_event(event_id)
+    return seen is not None and bool(seen.ended) and (vm is None or vm in seen.past_reporters)
+
+
+def after_decision(
+    record: EventRecord, event: ScheduledEvent, pipeline: Pipeline, now: datetime
+) -> tuple[EventRecord, bool]:
+    """The winner of the decision audits it and, for `approve`, applies the capacity guard.
+    Returns the row and whether to approve now (the caller does, after announcing)."""
+    store = pipeline.store
+    decision = record.decision
+    assert decision is not None
+    outcome = "decided"
+    approval = ""
+    reason_suffix = ""
+    if decision.policy_error:
+        outcome = "failed closed: policy invalid"
+    elif decision.dry_run:
+        outcome = f"dry run: would {decision.action}"
+    elif decision.action == "approve" and record.event_status != "Started":
+        approval = "pending"
+        if decision.approve_after is not None:
+            outcome = f"waiting for the maintenance window at {decision.approve_after.isoformat()}"
+        elif needs_capacity(event) and not acquire_capacity(store, record, pipeline.policy, now):
+            reason_suffix = (
+                f"; waiting: {capacity_limit(pipeline.policy)} impactful event(s) already "
+                "approved in its scale set / availability set"
+            )
+            outcome = "waiting for capacity"
+        else:
+            outcome = "approving"
+    store.audit(
+        record.event_id,
+        at=now,
+        rule=decision.rule,
+        action=decision.action,
+        outcome=outcome,
+        detail=decision.reason + reason_suffix,
+    )
+    if not approval:
+        return record, False
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.approval:
+            return None
+        rec.approval = "pending"  # type: ignore[assignment]
+        rec.approve_after = decision.approve_after
+        if reason_suffix:
+            rec.approval_reason = "capacity"
+            rec.decision = decision.model_copy(update={"reason": decision.reason + reason_suffix})
+        return rec
+
+    updated, _ = store.mutate_event(record.event_id, change, known=record)
+    return updated or record, outcome == "approving"
+
+
+def end_event(
+    event_id: str,
+    vm: str,
+    pipeline: Pipeline,
+    now: datetime,
+    detail: str = "",
+) -> list[Transition]:
+    """End the event for `vm` (it reported without it, or went silent); return the
+    transitions this call claimed and announced (none if another caller did)."""
+    store = pipeline.store
+    if already_ended_with(store, event_id, None):
+        return []
+    claimed: list[Transition] = []
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        claimed.clear()
+        updated, transitions = absent(rec, vm, now)
+        claimed.extend(transitions)
+        return updated
+
+    record, won = store.mutate_event(event_id, change)
+    if not won or record is None or not claimed:
+        return []
+    if holds_capacity(record):
+        release_capacity(store, record)
+    details = dict.fromkeys(claimed, detail) if detail else None
+    publish_claimed(pipeline, record, claimed, now, details)
+    return list(claimed)

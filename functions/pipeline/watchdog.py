@@ -1,0 +1,261 @@
+"""The every-minute sweep: silent relays, overdue events, deferred approvals, loose ends,
+events that failed closed on a policy that is valid now (functions.pipeline.redecide), and
+`relay_recovered` announcements a crash or a topic failure left unpublished.
+
+Everything here is "at most once" through the same ETag claims as ingest, so two
+overlapping runs (a slow run and the next tick) announce and approve nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, Field
+
+from functions.model.envelope import SCHEDULED, TERMINATE
+from functions.model.event import Notification, Transition
+from functions.pipeline.announce import announce, pending_mark, publish_claimed, stale_pending
+from functions.pipeline.approve import ApprovalResult, approve_event
+from functions.pipeline.capacity import acquire_capacity, needs_capacity
+from functions.pipeline.context import Pipeline
+from functions.pipeline.redecide import as_event, redecide, should_redecide
+from functions.pipeline.relay_recovery import announce_recovery, left_behind, silence_occurrence
+from functions.pipeline.transitions import after_decision, end_event
+from functions.store.records import EventRecord, VmRecord
+
+log = logging.getLogger(__name__)
+
+
+class WatchdogReport(BaseModel):
+    silent: list[str] = Field(default_factory=list)
+    overdue: list[str] = Field(default_factory=list)
+    approvals: list[ApprovalResult] = Field(default_factory=list)
+    ended: list[str] = Field(default_factory=list)
+    republished: list[str] = Field(default_factory=list)
+    recovered: list[str] = Field(default_factory=list)  # relay_recovered published again
+    redecided: list[str] = Field(default_factory=list)  # fail-closed decisions replaced
+
+
+def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
+    now = pipeline.clock.now()
+    out = WatchdogReport()
+    silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
+    vms = {vm.name: vm for vm in pipeline.store.list_vms()}
+    silent = {name for name, vm in vms.items() if _is_silent(vm, now, silent_after)}
+    for name in sorted(silent):
+        if _deleted_by_terminate(pipeline, vms[name]):
+            continue  # a scale-in deleted it: its silence is expected, not an incident
+        if _announce_silence(pipeline, vms[name], now):
+            out.silent.append(name)
+    for name, vm in sorted(vms.items()):
+        mark = left_behind(vm, now)
+        if mark is None:
+            continue
+        try:
+            announce_recovery(pipeline.store, pipeline.publisher, name, mark, now)
+            out.recovered.append(name)
+        except Exception:
+            log.exception("watchdog: relay_recovered for %s", name)
+    for record in pipeline.store.list_events():
+        try:
+            _sweep_event(pipeline, record, now, silent, out)
+        except Exception:  # one bad row must not stop the sweep of the others
+            log.exception("watchdog: event %s", record.event_id)
+    return out
+
+
+def _is_silent(vm: VmRecord, now: datetime, silent_after: timedelta) -> bool:
+    return vm.last_seen is not None and now - vm.last_seen > silent_after
+
+
+def _deleted_by_terminate(pipeline: Pipeline, vm: VmRecord) -> bool:
+    """Its last document held a Terminate naming it, so the VM was (being) deleted."""
+    for event_id in vm.event_ids:
+        record = pipeline.store.get_event(event_id)
+        if (
+            record is not None
+            and record.event_type.casefold() == TERMINATE.casefold()
+            and any(name.casefold() == vm.name.casefold() for name in record.resources)
+        ):
+            return True
+    return False
+
+
+def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime) -> bool:
+    """Once per silence: the claim is the last_seen it was announced for."""
+    assert vm.last_seen is not None
+    mark = vm.last_seen.isoformat()
+
+    def change(rec: VmRecord | None) -> VmRecord | None:
+        if rec is None or rec.silent_announced_for == mark or rec.last_seen != vm.last_seen:
+            return None
+        rec.silent_announced_for = mark
+        return rec
+
+    _, won = pipeline.store.mutate_vm(vm.name, change)
+    if not won:
+        return False
+    minutes = int((now - vm.last_seen).total_seconds() // 60)
+    note = Notification(
+        transition=Transition.RELAY_SILENT,
+        occurred_at=now,
+        vm=vm.name,
+        detail=f"relay on {vm.name} silent for {minutes} min (last seen {mark})",
+        occurrence=silence_occurrence(vm.last_seen),
+        page=Transition.RELAY_SILENT in _page_transitions(pipeline),
+    )
+    try:
+        pipeline.publisher.publish(note)
+    except Exception:
+        pipeline.store.mutate_vm(vm.name, _unmark(mark))
+        raise
+    return True
+
+
+def _unmark(mark: str):
+    def change(rec: VmRecord | None) -> VmRecord | None:
+        if rec is None or rec.silent_announced_for != mark:
+            return None
+        rec.silent_announced_for = None
+        return rec
+
+    return change
+
+
+def _page_transitions(pipeline: Pipeline) -> tuple[Transition, ...]:
+    from functions.model.policy import PagingPolicy
+
+    policy = pipeline.policy
+    return policy.page.transitions if policy else PagingPolicy().transitions
+
+
+def _sweep_event(
+    pipeline: Pipeline, record: EventRecord, now: datetime, silent: set[str], out: WatchdogReport
+) -> None:
+    # 1. Announcements left pending by a crash: republish (the MessageId dedupes).
+    stale = stale_pending(record, now)
+    if stale:
+        publish_claimed(pipeline, record, stale, now)
+        out.republished.extend(f"{record.event_id}:{t.value}" for t in stale)
+    # A decision whose announcement was released after a failed publish (ingest retries
+    # it on the event's next document, but a held event may never get one): announce it.
+    unannounced = _unannounced_decision(record)
+    if unannounced is not None and announce(pipeline, record.event_id, unannounced, now):
+        out.republished.append(f"{record.event_id}:{unannounced.value}")
+        return
+    # 2. Every reporter silent, and the event is past its start: it ended without word.
+    if record.reporters and all(vm in silent for vm in record.reporters):
+        past = record.started or (record.not_before is not None and now >= record.not_before)
+        if past:
+            for vm in list(record.reporters):
+                end_event(
+                    record.event_id,
+                    vm,
+                    pipeline,
+                    now,
+                    detail="every VM that reported it went silent",
+                )
+            out.ended.append(record.event_id)
+            return
+    # 3. It failed closed on an invalid policy, and the policy here is valid: decide again.
+    if should_redecide(record, pipeline.settings.policy, now):
+        _redecide(pipeline, record, now, out)
+        return
+    scheduled = record.event_status == SCHEDULED and not record.started
+    # 4. Still Scheduled after NotBefore: Azure should have started it.
+    if scheduled and record.not_before is not None and now > record.not_before:
+        if announce(
+            pipeline,
+            record.event_id,
+            Transition.OVERDUE,
+            now,
+            detail=f"still Scheduled after NotBefore {record.not_before.isoformat()}",
+        ):
+            out.overdue.append(record.event_id)
+        return
+    # 5. Deferred approvals: a window opened, capacity freed, or retries remain.
+    result = _deferred_approval(pipeline, record, now)
+    if result is not None:
+        out.approvals.append(result)
+
+
+def _unannounced_decision(record: EventRecord) -> Transition | None:
+    decision = record.decision
+    if decision is None or record.ended:
+        return None
+    transition = Transition.POLICY_INVALID if decision.policy_error else Transition.DECIDED
+    return None if transition.value in record.announced else transition
+
+
+def _redecide(pipeline: Pipeline, record: EventRecord, now: datetime, out: WatchdogReport) -> None:
+    """Replace the fail-closed decision and claim its `decided` in one ETag-guarded write,
+    so a second watchdog (or ingest) racing for it finds nothing left to do; then audit,
+    announce and approve through the paths a first decision takes."""
+    load = pipeline.settings.policy
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or not should_redecide(rec, load, now):
+            return None
+        redecide(rec, as_event(rec), load, now)
+        rec.announced[Transition.DECIDED.value] = pending_mark(now)
+        return rec
+
+    store = pipeline.store
+    updated, won = store.mutate_event(record.event_id, change, known=record)
+    if not won or updated is None:
+        return
+    updated, approve_now = after_decision(updated, as_event(updated), pipeline, now)
+    publish_claimed(pipeline, updated, [Transition.DECIDED], now)
+    out.redecided.append(record.event_id)
+    if approve_now:
+        out.approvals.append(_approve(pipeline, record.event_id, now))
+
+
+def _deferred_approval(
+    pipeline: Pipeline, record: EventRecord, now: datetime
+) -> ApprovalResult | None:
+    if record.ended or record.started or record.decision is None:
+        return None
+    stale_claim = (
+        record.approval == "in_progress"
+        and record.approval_claimed_at is not None
+        and now - record.approval_claimed_at
+        > timedelta(seconds=pipeline.settings.approval_budget_seconds + 60)
+    )
+    if record.approval != "pending" and not stale_claim:
+        return None
+    if record.approve_after is not None and record.approve_after > now:
+        return None
+    policy = pipeline.policy
+    if policy is None or policy.dry_run:
+        return None
+    if (
+        (record.approve_after is not None or record.approval_reason == "capacity")
+        and needs_capacity(record)
+        and not acquire_capacity(pipeline.store, record, policy, now)
+    ):
+        _mark_capacity_wait(pipeline, record)
+        return None
+    return _approve(pipeline, record.event_id, now)
+
+
+def _approve(pipeline: Pipeline, event_id: str, now: datetime) -> ApprovalResult:
+    """One watchdog approval: bounded by the budget of one invocation, like ingest's."""
+    return approve_event(
+        event_id,
+        pipeline,
+        by="watchdog",
+        give_up_at=now + timedelta(seconds=pipeline.settings.approval_budget_seconds),
+    )
+
+
+def _mark_capacity_wait(pipeline: Pipeline, record: EventRecord) -> None:
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.approval != "pending" or rec.approval_reason == "capacity":
+            return None
+        rec.approval_reason = "capacity"
+        rec.approve_after = None
+        return rec
+
+    pipeline.store.mutate_event(record.event_id, change)

@@ -1,0 +1,40 @@
+"""Table keys from names: one escaping for every table, so two names never share a row.
+
+PartitionKey and RowKey may not hold `/ \\ # ?` or control characters (U+0000-U+001F and
+U+007F-U+009F), and are at most 1 KiB. Each forbidden character becomes `%XX` (or `%uXXXX`),
+and `%` itself is escaped, so the mapping is one-to-one: dropping characters, as the first
+versions did, let two different VM names share a row. A key that would still be too long
+keeps a readable prefix and ends in a hash of the whole name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+MAX_KEY_CHARS = 512  # well under the 1 KiB limit even when every character takes two bytes
+_HASHED_PREFIX = MAX_KEY_CHARS - 65
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if ch in "/\\#?%" or code < 0x20 or 0x7F <= code <= 0x9F:
+        return f"%{code:02X}"
+    return ch
+
+
+def table_key(text: str, *, fold: bool = False) -> str:
+    """The key for `text`; `fold=True` for names Azure compares case-insensitively (VMs,
+    EventIds), so `VM1` and `vm1` are one row."""
+    source = text.casefold() if fold else text
+    escaped = "".join(_escape(ch) for ch in source)
+    if not escaped:
+        return "_"
+    if len(escaped) <= MAX_KEY_CHARS:
+        return escaped
+    digest = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{escaped[:_HASHED_PREFIX]}~{digest}"
+
+
+def row_key(text: str) -> str:
+    """The case-folded key used for VM names and EventIds."""
+    return table_key(text, fold=True)

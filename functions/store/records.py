@@ -1,0 +1,106 @@
+"""The rows the function app keeps, one pydantic model each.
+
+Each record is stored as JSON in one `data` column (plus a few plain columns for people
+browsing the tables), so the schema lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from functions.model.event import Decision, EventSnapshot
+
+MAX_ATTEMPTS_KEPT = 50
+
+ApprovalState = Literal["", "pending", "in_progress", "approved", "failed"]
+EndState = Literal["", "completed", "cancelled"]
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(validate_assignment=False)
+
+    etag: str | None = Field(default=None, exclude=True)
+
+
+class VmRecord(Record):
+    name: str
+    last_sequence: int = -1
+    last_observed_at: AwareDatetime | None = None
+    last_incarnation: int | None = None
+    last_seen: AwareDatetime | None = None  # when we last received anything from it
+    callback_url: str | None = None
+    scale_set: str | None = None
+    availability_set: str | None = None
+    resource_id: str | None = None
+    relay_version: str | None = None
+    event_ids: list[str] = Field(default_factory=list)  # in its latest document
+    silent_announced_for: str | None = None  # the last_seen whose silence was announced
+    # The silence (its `silent_announced_for`) whose end is being announced as
+    # relay_recovered, and since when; cleared once published (the watchdog republishes
+    # one left behind by a crash).
+    recovery_pending: str | None = None
+    recovery_pending_since: AwareDatetime | None = None
+
+
+class Attempt(BaseModel):
+    at: AwareDatetime
+    vm: str | None
+    outcome: str  # "approved", "refused 409: ...", "error: ...", "503"
+    by: str = "policy"
+
+
+class EventRecord(Record):
+    event_id: str
+    event_type: str
+    event_status: str
+    event_source: str | None = None
+    resource_type: str = "VirtualMachine"
+    resources: list[str] = Field(default_factory=list)
+    not_before: AwareDatetime | None = None
+    description: str | None = None
+    duration_in_seconds: int | None = None
+    scale_sets: list[str] = Field(default_factory=list)
+    availability_sets: list[str] = Field(default_factory=list)
+    first_seen: AwareDatetime
+    started: bool = False
+    reporters: dict[str, str] = Field(default_factory=dict)  # VM -> status it last reported
+    past_reporters: list[str] = Field(default_factory=list)
+    ended: EndState = ""
+    ended_at: AwareDatetime | None = None
+    decision: Decision | None = None
+    decided_at: AwareDatetime | None = None
+    # When a valid policy replaced a fail-closed decision (functions.pipeline.redecide); also what
+    # tells that second `decided` announcement apart from a first one.
+    redecided_at: AwareDatetime | None = None
+    approval: ApprovalState = ""
+    approval_reason: str = ""
+    approval_claimed_at: AwareDatetime | None = None
+    approve_after: AwareDatetime | None = None
+    approved_by: str | None = None
+    approval_attempts: list[Attempt] = Field(default_factory=list)
+    # transition key -> "pending:<iso time>" while being published, "done" after.
+    announced: dict[str, str] = Field(default_factory=dict)
+
+    def snapshot(self) -> EventSnapshot:
+        return EventSnapshot(
+            event_id=self.event_id,
+            event_type=self.event_type,
+            event_status=self.event_status,
+            event_source=self.event_source,
+            resource_type=self.resource_type,
+            resources=tuple(self.resources),
+            not_before=self.not_before,
+            description=self.description,
+            duration_in_seconds=self.duration_in_seconds,
+            scale_sets=tuple(self.scale_sets),
+            availability_sets=tuple(self.availability_sets),
+            reported_by=tuple(sorted({*self.past_reporters, *self.reporters})),
+            first_seen=self.first_seen,
+        )
+
+
+class CapacityRecord(Record):
+    key: str
+    holders: list[str] = Field(default_factory=list)

@@ -1,0 +1,166 @@
+"""The two kinds of drain step: the customer's HTTP drain hook and a relay hook script.
+
+Each gets a hard time limit (its share of the time left before NotBefore) and returns
+(ok, detail) instead of raising: a drain that fails is an outcome the policy decides on,
+not an error to redeliver.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+
+from functions.model.event import EventSnapshot
+from functions.notify.delivery import error_text
+from functions.notify.webhook import sign as sign_webhook
+from functions.signing import sign_headers
+
+log = logging.getLogger(__name__)
+
+StepOutcome = tuple[bool, str]
+RETRY_WAIT_SECONDS = 1.0
+HOOK_REQUEST_SECONDS = 30.0  # the relay holds a hook request up to its hook_wait (10 s)
+
+
+def _remaining(now: Callable[[], datetime], until: datetime) -> float:
+    return (until - now()).total_seconds()
+
+
+def drain_request(event: EventSnapshot, deadline: datetime, timeout: float) -> dict[str, Any]:
+    """What the customer's drain hook receives: the event and its instances."""
+    return {
+        "EventId": event.event_id,
+        "EventType": event.event_type,
+        "NotBefore": event.imds_fields()["NotBefore"],
+        "Resources": list(event.resources),
+        "ScaleSets": list(event.scale_sets),
+        "instances": [
+            {
+                "name": vm,
+                "scale_set": next((s for s in event.scale_sets if vm.startswith(f"{s}_")), None),
+            }
+            for vm in event.resources
+        ],
+        "drain_deadline": deadline.isoformat(),
+        "timeout_seconds": round(timeout, 1),
+    }
+
+
+def http_drain(
+    session: requests.Session,
+    url: str,
+    event: EventSnapshot,
+    until: datetime,
+    now: Callable[[], datetime],
+    sleep: Callable[[float], None],
+    secret: bytes | None = None,
+) -> StepOutcome:
+    """POST the instances to the drain hook and wait for a 2xx, retrying 429/5xx in time."""
+    attempt = 0
+    last = "no attempt"
+    while (left := _remaining(now, until)) > 0.05:
+        attempt += 1
+        body = json.dumps(drain_request(event, until, left)).encode()
+        headers = {"Content-Type": "application/json", "X-Bridge-Event-Id": event.event_id}
+        if secret:
+            headers.update(sign_webhook(secret, url, body))
+        try:
+            response = session.post(url, data=body, headers=headers, timeout=(min(5, left), left))
+        except requests.Timeout:
+            return False, f"drain hook did not answer within {left:.0f} s"
+        except requests.ConnectionError as exc:
+            last = f"cannot connect ({type(exc).__name__})"
+        else:
+            if 200 <= response.status_code < 300:
+                return True, f"drain hook answered {response.status_code} (attempt {attempt})"
+            last = f"HTTP {response.status_code}: {error_text(response)}"
+            if response.status_code < 500 and response.status_code not in (408, 429):
+                return False, f"drain hook refused: {last}"
+        sleep(min(RETRY_WAIT_SECONDS * attempt, max(_remaining(now, until), 0)))
+    return False, f"drain hook ran out of time after {attempt} attempts: {last}"
+
+
+def relay_hook(
+    session: requests.Session,
+    callback_url: str,
+    key: bytes,
+    hook: str,
+    event_id: str,
+    until: datetime,
+    now: Callable[[], datetime],
+    sleep: Callable[[float], None],
+    poll_seconds: float = 2.0,
+) -> StepOutcome:
+    """Ask the VM's relay to run its configured hook for this event; poll while running.
+
+    The relay runs each (hook, EventId) once and answers a repeat with the recorded result,
+    so polling is the same signed request again (freshly signed: the relay refuses a
+    replayed signature).
+    """
+    base = callback_url.rstrip("/")
+    url = f"{base}/v1/hook"
+    path = f"{urlsplit(base).path}/v1/hook"
+    body = json.dumps({"Hook": hook, "EventId": event_id}).encode()
+    last = "no attempt"
+    last_signed: int | None = None
+    while (left := _remaining(now, until)) > 0.05:
+        stamp = time.time()
+        if last_signed is not None and int(stamp) == last_signed:
+            sleep(1.0 - (stamp % 1) + 0.01)  # one signature per second: never a replay
+            stamp = time.time()
+        last_signed = int(stamp)
+        headers = sign_headers(key, "POST", path, body, now=stamp)
+        headers["Content-Type"] = "application/json"
+        try:
+            response = session.post(
+                url,
+                data=body,
+                headers=headers,
+                timeout=(min(5, left), min(left, HOOK_REQUEST_SECONDS)),
+            )
+        except requests.Timeout:
+            last = "relay did not answer in time"
+        except requests.ConnectionError as exc:
+            last = f"cannot reach the relay ({type(exc).__name__})"
+        else:
+            status = response.status_code
+            answer = _json(response)
+            if status == 200:
+                result = answer.get("status")
+                tail = " ".join(str(answer.get("output_tail") or "").split())[-300:]
+                if result == "succeeded":
+                    return True, f"hook {hook} succeeded" + (f": {tail}" if tail else "")
+                code = answer.get("exit_code")
+                return False, f"hook {hook} {result} (exit {code})" + (f": {tail}" if tail else "")
+            if status == 202:
+                last = "hook still running"
+                sleep(min(poll_seconds, max(_remaining(now, until), 0)))
+                continue
+            reason = answer.get("error") or error_text(response)
+            if status == 404:
+                return False, f"relay refused: {reason} (hooks come only from the relay's config)"
+            if status in (400, 401, 403):
+                return False, f"relay refused ({status}): {reason}"
+            last = f"HTTP {status}: {reason}"
+        sleep(min(RETRY_WAIT_SECONDS, max(_remaining(now, until), 0)))
+    return False, f"hook {hook} ran out of time: {last}"
+
+
+def _json(response: requests.Response) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def budget(now: datetime, deadline: datetime, step_timeout: float) -> datetime:
+    """When one step must stop: its own limit, or the workflow's deadline if sooner."""
+    return min(now + timedelta(seconds=step_timeout), deadline)

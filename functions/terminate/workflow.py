@@ -1,0 +1,347 @@
+"""The scale-set terminate workflow: drain, then approve, all before NotBefore.
+
+Runs for a `decided` notification whose event is a `Terminate` with action `drain` (the
+`terminate` subscription). Steps, each run at most once fleet-wide (terminate_store):
+  announce drain_started → HTTP drain hook (DRAIN__HTTP_URL) → relay hook script on each
+  instance, all at once (DRAIN__RELAY_HOOK) → [on failure: announce drain_failed, then
+  approve or hold per DRAIN__ON_FAILURE] → approve through a relay.
+Deadline = NotBefore - DRAIN__SAFETY_MARGIN_SECONDS. Drain steps must end
+DRAIN__APPROVE_RESERVE_SECONDS before it, each within DRAIN__STEP_TIMEOUT_SECONDS; approval
+gives up at the deadline. A step that cannot start in time fails ("no time left") rather
+than run late.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import requests
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from functions.clock import Clock, SystemClock
+from functions.model.event import Notification, Transition
+from functions.store.drains import DrainStore, StepRecord
+from functions.terminate.steps import budget, http_drain, relay_hook
+
+log = logging.getLogger(__name__)
+
+WAIT_POLL_SECONDS = 1.0  # how often a second invocation re-reads a step another one runs
+ANNOUNCE_LEASE_SECONDS = 60.0  # announcements go out even after the deadline
+MAX_PARALLEL_HOOKS = 16
+
+# approve_event's "skipped" reasons that mean the approval is settled without us.
+SETTLED = frozenset({"already approved", "another caller is approving it", "event already started"})
+
+Outcome = Literal["approved", "held", "approval_failed", "skipped"]
+
+
+class DrainSettings(BaseSettings):
+    """`DRAIN__*` app settings."""
+
+    model_config = SettingsConfigDict(env_prefix="DRAIN__", extra="ignore", case_sensitive=False)
+
+    http_url: str | None = Field(default=None, pattern=r"^https?://")
+    relay_hook: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    step_timeout_seconds: float = Field(default=120, gt=0)
+    safety_margin_seconds: float = Field(default=30, ge=0)
+    on_failure: Literal["approve", "hold"] = "hold"
+    poll_seconds: float = Field(default=2.0, gt=0)  # relay hook status polling
+    # Kept free after the drain steps for the approval call itself.
+    approve_reserve_seconds: float = Field(default=10, ge=0)
+
+
+# approve(event_id, give_up_at) → "approved" | "failed" | "skipped" | ..., or an object with
+# `.outcome` and `.detail` (functions.pipeline.approve.ApprovalResult).
+Approve = Callable[[str, datetime], Any]
+Publish = Callable[[Notification], None]
+CallbackUrl = Callable[[str], str | None]
+
+
+@dataclass
+class DrainContext:
+    store: DrainStore
+    session: requests.Session
+    publish: Publish
+    approve: Approve
+    callback_url: CallbackUrl  # VM name → its relay's callback URL (from the state store)
+    relay_key: bytes | None
+    clock: Clock = field(default_factory=SystemClock)
+    webhook_secret: bytes | None = None  # signs the HTTP drain hook request when set
+    # Whether the policy pages on a transition (functions.model.policy.transition_pages); None:
+    # the channels' defaults apply (drain_failed pages).
+    pages: Callable[[Transition], bool] | None = None
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+@dataclass
+class DrainResult:
+    event_id: str
+    outcome: Outcome
+    drained: bool = False
+    detail: str = ""
+    steps: dict[str, StepRecord] = field(default_factory=dict)
+
+
+def wants(note: Notification) -> bool:
+    event, decision = note.event, note.decision
+    return (
+        note.transition is Transition.DECIDED
+        and event is not None
+        and event.event_type == "Terminate"
+        and decision is not None
+        and decision.action == "drain"
+    )
+
+
+class _Steps:
+    """Run-once bookkeeping for one event's workflow."""
+
+    def __init__(self, event_id: str, ctx: DrainContext) -> None:
+        self.event_id = event_id
+        self.ctx = ctx
+        self.records: dict[str, StepRecord] = {}
+
+    def once(
+        self,
+        step: str,
+        until: datetime,
+        action: Callable[[datetime], tuple[bool, str]],
+        *,
+        rerun_if_lost: bool,
+    ) -> StepRecord:
+        """Run `action(until)` unless this step already ran (or runs) elsewhere.
+
+        A running step whose lease passed lost its runner: idempotent steps (announce, the
+        relay hook the relay itself runs once, approve) are taken over; the customer's HTTP
+        hook is not re-sent, it counts as timed out.
+        """
+        ctx, store = self.ctx, self.ctx.store
+        while True:
+            now = ctx.clock.now()
+            current = store.get(self.event_id, step)
+            if current is None:
+                if until <= now:
+                    record = StepRecord(
+                        step=step,
+                        status="failed",
+                        owner=ctx.owner,
+                        started_at=now,
+                        lease_until=now,
+                        finished_at=now,
+                        detail="no time left before the deadline",
+                    )
+                    if store.claim(self.event_id, record):
+                        return self._keep(record)
+                    continue
+                record = StepRecord(
+                    step=step, status="running", owner=ctx.owner, started_at=now, lease_until=until
+                )
+                if store.claim(self.event_id, record):
+                    return self._run(record, until, action)
+                continue
+            if current.done:
+                return self._keep(current)
+            if current.lease_until > now:
+                log.info("drain %s: %s is running elsewhere; waiting", self.event_id, step)
+                ctx.clock.sleep(min(WAIT_POLL_SECONDS, (current.lease_until - now).total_seconds()))
+                continue
+            if rerun_if_lost and until > now:
+                taken = store.take_over(self.event_id, current, ctx.owner, now, until)
+                if taken is not None:
+                    log.warning("drain %s: taking over %s from a lost runner", self.event_id, step)
+                    return self._run(taken, until, action)
+                continue
+            lost = current.model_copy(
+                update={
+                    "status": "failed",
+                    "finished_at": now,
+                    "detail": "timed out: its runner stopped before finishing",
+                }
+            )
+            if store.replace(self.event_id, lost):
+                return self._keep(lost)
+
+    def _run(
+        self, record: StepRecord, until: datetime, action: Callable[[datetime], tuple[bool, str]]
+    ) -> StepRecord:
+        try:
+            ok, detail = action(until)
+        except requests.RequestException as exc:  # a step's own HTTP trouble is its failure
+            ok, detail = False, f"{type(exc).__name__}"
+        done = record.model_copy(
+            update={
+                "status": "succeeded" if ok else "failed",
+                "finished_at": self.ctx.clock.now(),
+                "detail": detail[:1000],
+            }
+        )
+        if not self.ctx.store.replace(self.event_id, done):
+            # Someone declared us lost meanwhile; what is stored is the truth.
+            stored = self.ctx.store.get(self.event_id, record.step)
+            return self._keep(stored or done)
+        log.info("drain %s: %s %s: %s", self.event_id, record.step, done.status, done.detail)
+        return self._keep(done)
+
+    def _keep(self, record: StepRecord) -> StepRecord:
+        self.records[record.step] = record
+        return record
+
+
+def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) -> DrainResult:
+    """Drain then approve (or hold) one Terminate event; resumable and run-once per step."""
+    if not wants(note):
+        return DrainResult(
+            note.event.event_id if note.event else "-",
+            "skipped",
+            detail="not a Terminate with action drain",
+        )
+    assert note.event is not None and note.decision is not None
+    event, decision = note.event, note.decision
+    if decision.dry_run:
+        return DrainResult(event.event_id, "skipped", detail="dry run: nothing drained or approved")
+    if event.not_before is None:
+        return DrainResult(event.event_id, "skipped", detail="no NotBefore: already started")
+    deadline = event.not_before - timedelta(seconds=settings.safety_margin_seconds)
+    drain_until = deadline - timedelta(seconds=settings.approve_reserve_seconds)
+    steps = _Steps(event.event_id, ctx)
+    clock = ctx.clock
+
+    def announce(transition: Transition, detail: str) -> Callable[[datetime], tuple[bool, str]]:
+        def send(_until: datetime) -> tuple[bool, str]:
+            extra = {}
+            if ctx.pages is not None:  # the same verdict functions.pipeline.announce gives
+                extra["page"] = ctx.pages(transition) or decision.page
+            ctx.publish(
+                Notification(
+                    transition=transition,
+                    occurred_at=clock.now(),
+                    event=event,
+                    decision=decision,
+                    detail=detail,
+                    links=note.links,
+                    **extra,
+                )
+            )
+            return True, detail
+
+        return send
+
+    plan = []
+    if settings.http_url:
+        plan.append("HTTP drain hook")
+    if settings.relay_hook:
+        plan.append(f"relay hook {settings.relay_hook!r} on {len(event.resources)} VM(s)")
+    started = (
+        f"{' then '.join(plan) or 'no drain steps configured'}; "
+        f"approval by {deadline.strftime('%H:%M:%S UTC')}"
+    )
+    steps.once(
+        "announce:drain_started",
+        clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
+        announce(Transition.DRAIN_STARTED, started),
+        rerun_if_lost=True,
+    )
+
+    drain_steps: list[StepRecord] = []
+    if settings.http_url:
+        url = settings.http_url
+        drain_steps.append(
+            steps.once(
+                "http",
+                budget(clock.now(), drain_until, settings.step_timeout_seconds),
+                lambda until: http_drain(
+                    ctx.session, url, event, until, clock.now, clock.sleep, ctx.webhook_secret
+                ),
+                rerun_if_lost=False,
+            )
+        )
+    if settings.relay_hook:
+        hook = settings.relay_hook
+
+        def on_vm(vm: str) -> StepRecord:
+            callback = ctx.callback_url(vm)
+            return steps.once(
+                f"hook:{vm}",
+                budget(clock.now(), drain_until, settings.step_timeout_seconds),
+                _hook_action(ctx, settings, hook, vm, callback, event.event_id),
+                rerun_if_lost=True,
+            )
+
+        # Every instance drains at the same time: the notice is the same for all of them.
+        workers = max(1, min(MAX_PARALLEL_HOOKS, len(event.resources)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="drain-hook") as pool:
+            futures = [pool.submit(on_vm, vm) for vm in event.resources]
+            wait(futures)
+        drain_steps.extend(future.result() for future in futures)  # re-raises the first error
+    if not plan:
+        log.warning("drain %s: no DRAIN__HTTP_URL or DRAIN__RELAY_HOOK; approving", event.event_id)
+    failures = [
+        f"{record.step}: {record.detail}" for record in drain_steps if record.status != "succeeded"
+    ]
+    drained = not failures
+    if not drained:
+        what = "; ".join(failures)
+        then = "approving anyway" if settings.on_failure == "approve" else "holding until NotBefore"
+        steps.once(
+            "announce:drain_failed",
+            clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
+            announce(Transition.DRAIN_FAILED, f"{what} — {then} (DRAIN__ON_FAILURE)"),
+            rerun_if_lost=True,
+        )
+        if settings.on_failure == "hold":
+            return DrainResult(event.event_id, "held", False, what, steps.records)
+
+    approval = steps.once(
+        "approve",
+        deadline,
+        lambda until: _approve(ctx, event.event_id, until),
+        rerun_if_lost=True,
+    )
+    outcome: Outcome = "approved" if approval.status == "succeeded" else "approval_failed"
+    return DrainResult(event.event_id, outcome, drained, approval.detail, steps.records)
+
+
+def _hook_action(
+    ctx: DrainContext,
+    settings: DrainSettings,
+    hook: str,
+    vm: str,
+    callback: str | None,
+    event_id: str,
+) -> Callable[[datetime], tuple[bool, str]]:
+    def act(until: datetime) -> tuple[bool, str]:
+        if ctx.relay_key is None:
+            return False, "RELAY_KEY is not set"
+        if not callback:
+            return False, f"no relay callback URL known for {vm}"
+        return relay_hook(
+            ctx.session,
+            callback,
+            ctx.relay_key,
+            hook,
+            event_id,
+            until,
+            ctx.clock.now,
+            ctx.clock.sleep,
+            settings.poll_seconds,
+        )
+
+    return act
+
+
+def _approve(ctx: DrainContext, event_id: str, until: datetime) -> tuple[bool, str]:
+    result = ctx.approve(event_id, until)
+    outcome = getattr(result, "outcome", result)
+    detail = getattr(result, "detail", "") or ""
+    if outcome == "approved":
+        return True, f"approved {detail}".strip()
+    if outcome == "skipped" and detail in SETTLED:
+        return True, f"nothing to approve: {detail}"
+    return False, f"{outcome}: {detail}".strip(": ")

@@ -1,0 +1,70 @@
+"""Azure handlers: one Service Bus topic trigger per channel, each on its own subscription.
+
+Thin on purpose: read the body, call `dispatch.deliver`, let an exception abandon the
+message. See dispatch.py for how retryable and permanent failures reach the DLQ.
+Register with `app.register_functions(functions.triggers.notify.bp)`.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+
+import azure.functions as func
+import requests
+
+from functions.notify.delivery import Transport
+from functions.notify.dispatch import Rejections, deliver
+from functions.notify.settings import channel_settings
+
+log = logging.getLogger(__name__)
+
+bp = func.Blueprint()
+
+TOPIC = "%NOTIFICATIONS_TOPIC%"
+CONNECTION = "ServiceBusConnection"
+
+_rejections = Rejections()
+
+
+@lru_cache(maxsize=1)
+def _transport() -> Transport:
+    # One pooled session per worker: keeps TLS connections to Teams/PagerDuty warm.
+    return Transport(session=requests.Session())
+
+
+def _handle(channel: str, msg: func.ServiceBusMessage) -> None:
+    log.info(
+        "%s: message %s, delivery %s", channel, msg.message_id, getattr(msg, "delivery_count", "?")
+    )
+    deliver(
+        channel,
+        msg.get_body(),
+        settings=channel_settings(),
+        transport=_transport(),
+        rejections=_rejections,
+    )
+
+
+@bp.function_name("notify_teams")
+@bp.service_bus_topic_trigger(
+    arg_name="msg", topic_name=TOPIC, subscription_name="teams", connection=CONNECTION
+)
+def notify_teams(msg: func.ServiceBusMessage) -> None:
+    _handle("teams", msg)
+
+
+@bp.function_name("notify_pagerduty")
+@bp.service_bus_topic_trigger(
+    arg_name="msg", topic_name=TOPIC, subscription_name="pagerduty", connection=CONNECTION
+)
+def notify_pagerduty(msg: func.ServiceBusMessage) -> None:
+    _handle("pagerduty", msg)
+
+
+@bp.function_name("notify_webhook")
+@bp.service_bus_topic_trigger(
+    arg_name="msg", topic_name=TOPIC, subscription_name="webhook", connection=CONNECTION
+)
+def notify_webhook(msg: func.ServiceBusMessage) -> None:
+    _handle("webhook", msg)

@@ -1,0 +1,116 @@
+"""Azure handler for the terminate workflow: the `terminate` subscription of the topic.
+
+Wires run_drain to the core's shared pipeline (functions.triggers.core.pipeline: settings,
+Table store, topic publisher, HTTP session, clock) and to functions.pipeline.approve.approve_event.
+Returning completes the message; an exception (Table storage or Service Bus trouble)
+abandons it, and the redelivery resumes the workflow from the drains table.
+Register with `app.register_functions(functions.triggers.terminate.bp)`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from functools import lru_cache
+
+import azure.functions as func
+from pydantic import ValidationError
+
+from functions.model.event import Notification, Transition
+from functions.notify.settings import channel_settings
+from functions.store.drains import DrainStore
+from functions.terminate.workflow import DrainContext, DrainSettings, run_drain, wants
+
+log = logging.getLogger(__name__)
+
+bp = func.Blueprint()
+
+
+@lru_cache(maxsize=1)
+def drain_settings() -> DrainSettings:
+    return DrainSettings()
+
+
+def build_context() -> DrainContext:
+    from functions.model.policy import transition_pages
+    from functions.pipeline.approve import ApprovalResult, approve_event
+    from functions.triggers.core import pipeline
+
+    core = pipeline()
+    store, settings = core.store, core.settings
+
+    def approve(event_id: str, give_up_at: datetime) -> ApprovalResult:
+        return approve_event(
+            event_id,
+            core,
+            give_up_at=give_up_at,
+            by="terminate",
+        )
+
+    def callback_url(vm: str) -> str | None:
+        record = store.get_vm(vm)
+        return record.callback_url if record else None
+
+    def pages(transition: Transition) -> bool:
+        return transition_pages(settings.policy.policy, transition)
+
+    secret = channel_settings().webhook_secret
+    return DrainContext(
+        store=DrainStore.from_service(store.service, settings.state_table_prefix),
+        session=core.session,
+        publish=core.publisher.publish,
+        approve=approve,
+        callback_url=callback_url,
+        relay_key=settings.relay_key_bytes,
+        clock=core.clock,
+        webhook_secret=secret.get_secret_value().encode() if secret else None,
+        pages=pages,
+    )
+
+
+@bp.function_name("terminate_drain")
+@bp.service_bus_topic_trigger(
+    arg_name="msg",
+    topic_name="%NOTIFICATIONS_TOPIC%",
+    subscription_name="terminate",
+    connection="ServiceBusConnection",
+)
+def terminate_drain(msg: func.ServiceBusMessage) -> None:
+    note = Notification.from_json(msg.get_body())  # not a notification: raise, then DLQ
+    if not wants(note):
+        return
+    try:
+        settings = drain_settings()
+    except ValidationError as exc:
+        # Fail closed and say so: nothing is drained or approved, NotBefore will arrive.
+        announce_invalid_settings(note, exc)
+        return
+    result = run_drain(note, settings, build_context())
+    log.info(
+        "terminate %s: %s (drained=%s) %s",
+        result.event_id,
+        result.outcome,
+        result.drained,
+        "; ".join(f"{name}={step.status}" for name, step in result.steps.items()),
+    )
+
+
+def announce_invalid_settings(note: Notification, exc: ValidationError) -> None:
+    from functions.triggers.core import pipeline
+
+    problems = "; ".join(
+        f"DRAIN__{'.'.join(str(p) for p in error['loc']).upper()}: {error['msg']}"
+        for error in exc.errors()
+    )
+    detail = f"drain settings invalid ({problems}): nothing drained or approved, holding"
+    log.error("terminate %s: %s", note.event.event_id if note.event else "-", detail)
+    pipeline().publisher.publish(
+        Notification(
+            transition=Transition.DRAIN_FAILED,
+            occurred_at=datetime.now(UTC),
+            event=note.event,
+            decision=note.decision,
+            detail=detail,
+            links=note.links,
+        )
+    )

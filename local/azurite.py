@@ -1,0 +1,137 @@
+"""Start Azurite's Table service on a free loopback port, for the demo, the bench and tests.
+
+The demo must run on a fresh machine with only Python and Node, so state lives in a real
+Azurite (the same Table API the function app uses in Azure) held in memory and thrown away
+when the demo stops. The test fixture in tests/conftest.py does the same; this module is
+the one place a non-test caller (demo, bench) can get it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Azurite's documented development account. It is public and only ever used on loopback.
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+class AzuriteError(RuntimeError):
+    """Azurite is not installed, Node is missing, or it did not start listening."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AzuriteError(f"Azurite exited with code {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AzuriteError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+def connection_string(port: int) -> str:
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+        f"TableEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};"
+    )
+
+
+class Azurite:
+    """A running Azurite Table service; a context manager that always stops it."""
+
+    def __init__(self, root: Path = ROOT) -> None:
+        self.binary = root / "node_modules" / ".bin" / "azurite-table"
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._workdir: str | None = None
+        self._stderr: BinaryIO | None = None
+
+    @property
+    def connection_string(self) -> str:
+        return connection_string(self.port)
+
+    def start(self, timeout: float = 30.0) -> Azurite:
+        if not self.binary.exists():
+            raise AzuriteError(
+                f"Azurite is not installed ({self.binary} is missing): run `make install`"
+            )
+        if shutil.which("node") is None:
+            raise AzuriteError("Node.js is needed to run Azurite")
+        self.port = free_port()
+        # Azurite may still write small files in its working directory: give it a private one.
+        self._workdir = tempfile.mkdtemp(prefix="azurite-")
+        self._stderr = open(Path(self._workdir) / "stderr.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(  # noqa: S603 - a fixed local binary, no shell
+            [
+                str(self.binary),
+                "--tableHost",
+                "127.0.0.1",
+                "--tablePort",
+                str(self.port),
+                "--inMemoryPersistence",
+                "--skipApiVersionCheck",
+                "--disableProductStyleUrl",
+                "--silent",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+            cwd=self._workdir,
+            start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not Node's
+        )
+        try:
+            wait_for_port(self.port, timeout, self.proc)
+        except AzuriteError as exc:
+            err = (Path(self._workdir) / "stderr.log").read_text(errors="replace")[-500:]
+            self.stop()
+            raise AzuriteError(f"Azurite did not start: {exc}. {err}".strip()) from None
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def __enter__(self) -> Azurite:
+        return self.start() if self.proc is None else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

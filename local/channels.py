@@ -1,0 +1,112 @@
+"""The demo's view of the notification channels: what each one was handed and whether it
+sends a given notification, decided by the channel code itself (never re-implemented here).
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from local.receivers import Receiver, WebhookReceiver
+
+# A PagerDuty routing key has 32 characters; this one only ever reaches the local receiver.
+LOCAL_ROUTING_KEY = "demo" + "0" * 28
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One notification handed to one channel, and what came of it."""
+
+    channel: str
+    message_id: str
+    event_id: str | None
+    transition: str
+    posted: bool  # False: the channel does not send this transition (or it is off)
+    error: str | None
+    action: str | None = None  # PagerDuty: trigger / resolve
+    at: float = field(default_factory=time.time)
+
+
+def webhook_verifier(secret: bytes) -> Callable[[dict[str, str], bytes], str | None]:
+    """Check the bridge's webhook signature the way a customer's receiver would."""
+    from functions.signing import signature
+
+    def verify(headers: dict[str, str], raw: bytes) -> str | None:
+        lowered = {k.lower(): v for k, v in headers.items()}
+        stamp = lowered.get("x-bridge-timestamp", "")
+        given = lowered.get("x-bridge-signature", "")
+        if not stamp.isdigit() or not given:
+            return "missing X-Bridge-Timestamp / X-Bridge-Signature"
+        if abs(time.time() - int(stamp)) > 300:
+            return "stale timestamp"
+        expected = signature(secret, stamp, "POST", WebhookReceiver.path, raw)
+        return None if hmac.compare_digest(expected, given) else "bad signature"
+
+    return verify
+
+
+def short_retries(policy_type: Any) -> Any:
+    """The channels' retry policy with waits fit for a 60x demo (same attempts, short waits)."""
+    return policy_type(
+        backoff_seconds=0.2, max_wait_seconds=1.0, connect_timeout=2.0, read_timeout=5.0
+    )
+
+
+def routed(channel: str, note: Any) -> str | None:
+    """Whether a channel sends this notification, as the channel code itself decides it."""
+    from functions.notify import pagerduty, teams
+
+    decision = note.decision
+    if decision is not None and channel not in decision.channels:
+        return None
+    if channel == "teams":
+        return "Teams card" if teams.wants(note) else None
+    if channel == "pagerduty":
+        action = pagerduty.action_for(note)
+        return f"PagerDuty {action}" if action else None
+    return channel
+
+
+def pagerduty_action(channel: str, note: Any) -> str | None:
+    if channel != "pagerduty":
+        return None
+    from functions.notify.pagerduty import action_for
+
+    return action_for(note)
+
+
+def channel_values(
+    env: dict[str, str], external: dict[str, str], receivers: dict[str, Receiver]
+) -> dict[str, Any]:
+    """ChannelSettings fields: real endpoints from `env`, else the local receivers.
+
+    Passed explicitly (the demo may run with an environment of its own, as the end-to-end
+    tests do). The local webhook receiver is set to check the signature with the secret
+    chosen here, the way a customer's receiver would.
+    """
+    local: dict[str, Any] = {}
+    if "teams" in external:
+        local["teams_webhook_url"] = env["TEAMS_WEBHOOK_URL"]
+    if "pagerduty" in external:
+        local["pagerduty_routing_key"] = env["PAGERDUTY_ROUTING_KEY"]
+        local["pagerduty_events_url"] = external["pagerduty"]
+    if "webhook" in external:
+        local["webhook_url"] = env["WEBHOOK_URL"]
+        local["webhook_secret"] = env.get("WEBHOOK_SECRET", "")
+    if "teams" in receivers:
+        local["teams_webhook_url"] = receivers["teams"].url
+    if "pagerduty" in receivers:
+        local["pagerduty_routing_key"] = LOCAL_ROUTING_KEY
+        local["pagerduty_events_url"] = receivers["pagerduty"].url
+    if "webhook" in receivers:
+        secret = secrets.token_hex(16)
+        local["webhook_url"] = receivers["webhook"].url
+        local["webhook_secret"] = secret
+        receiver = receivers["webhook"]
+        assert isinstance(receiver, WebhookReceiver)
+        receiver.verify = webhook_verifier(secret.encode())
+    return local

@@ -1,0 +1,157 @@
+"""`python -m local.demo`: flags, signals, the summary, the report, the exit code.
+
+Exit codes: 0 every expected outcome met, 1 one was not (or the demo stopped early),
+130 interrupted (Ctrl-C, SIGTERM), 3 stopping itself hung and what was left was killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import TypeAdapter, ValidationError
+
+from local.options import DEFAULT_REPORT, DemoAborted, DemoOptions
+from local.orchestration import Demo
+from local.plan import FLEET, PLAN, Step, check_plan
+from local.report import Outcome, Timeline, summary_lines, write_html
+
+
+@contextlib.contextmanager
+def _signals_stop_the_demo() -> Iterator[None]:
+    """SIGTERM and SIGINT (Ctrl-C) unwind the demo, stopping everything in order."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
+    timeline = timeline or Timeline()
+    demo = Demo(options, timeline)
+    # The backstop: if stopping itself hangs, kill the children and leave.
+    backstop = threading.Timer(options.time_limit + 20, _hard_exit, args=(demo,))
+    backstop.daemon = True
+    backstop.start()
+    outcomes: list[Outcome] = []
+    aborted: str | None = None
+    try:
+        with _signals_stop_the_demo():
+            try:
+                demo.start()
+                demo.play()
+                outcomes = demo.outcomes()
+            except KeyboardInterrupt:
+                aborted = "interrupted"
+            except DemoAborted as exc:
+                aborted = str(exc)
+            finally:
+                try:
+                    timeline.add("demo", "demo", "stopping everything it started")
+                finally:
+                    _stop_patiently(demo)
+    finally:
+        backstop.cancel()
+    if aborted:
+        timeline.add("demo", "demo", f"stopped early: {aborted}", ok=False)
+        outcomes = outcomes or [Outcome("the demo ran to the end", False, aborted)]
+    print("\nSummary")
+    for line in summary_lines(outcomes):
+        print(line)
+    if options.report is not None:
+        path = write_html(
+            options.report,
+            "Scheduled Events bridge: demo report",
+            timeline.snapshot(),
+            outcomes,
+            demo.facts(),
+        )
+        print(f"  report: {path}")
+    if options.keep:
+        print(f"  working directory (relay logs, inbox): {demo.workdir}")
+    failed = [o for o in outcomes if not o.ok and not o.skipped]
+    if aborted == "interrupted":
+        return 130
+    return 1 if failed or aborted else 0
+
+
+def _stop_patiently(demo: Demo, limit: float = 30.0) -> None:
+    """Stop in order; a second Ctrl-C must not leave relays behind half-stopped."""
+
+    def wait(signum: int, frame: object) -> None:
+        print("demo: still stopping what it started, a moment", file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, wait) for sig in (signal.SIGINT, signal.SIGTERM)}
+    backstop = threading.Timer(limit, _hard_exit, args=(demo,))
+    backstop.daemon = True
+    backstop.start()
+    try:
+        demo.close()
+    finally:
+        backstop.cancel()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _hard_exit(demo: Demo) -> None:
+    print("demo: stopping took too long; killing what is left", file=sys.stderr, flush=True)
+    demo.stack.kill_all()
+    os._exit(3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m local.demo",
+        description="Play real maintenance through the whole bridge on this machine.",
+    )
+    parser.add_argument("--time-scale", type=float, default=60.0, help="60: 15 min in 15 s")
+    parser.add_argument("--time-limit", type=float, default=170.0, help="hard stop, seconds")
+    parser.add_argument("--report", type=Path, default=DEFAULT_REPORT, help="HTML report path")
+    parser.add_argument("--no-report", action="store_true")
+    parser.add_argument(
+        "--plan",
+        type=Path,
+        help='JSON list of steps to play instead of the built-in plan: [{"at": 0, '
+        '"scenario": "platform-reboot", "target": "web-as"}, ...] (fleet: '
+        + ", ".join(vm.name for vm in FLEET)
+        + "; sets web-as, workers)",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the working directory (relay logs, inbox, processed messages) and say where",
+    )
+    args = parser.parse_args(argv)
+    plan = PLAN
+    if args.plan is not None:
+        try:
+            plan = tuple(TypeAdapter(list[Step]).validate_json(args.plan.read_bytes()))
+        except (OSError, ValidationError) as exc:
+            parser.error(f"--plan {args.plan}: {exc}")
+        problem = check_plan(plan, FLEET)
+        if problem:
+            parser.error(f"--plan {args.plan}: {problem}")
+    options = DemoOptions(
+        plan=plan,
+        time_scale=args.time_scale,
+        time_limit=args.time_limit,
+        report=None if args.no_report else args.report,
+        keep=args.keep,
+    )
+    try:
+        return run(options)
+    except BrokenPipeError:  # the reader went away after everything was stopped
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

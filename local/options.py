@@ -1,0 +1,35 @@
+"""What one demo run is: time scale, hard limit, report path, fleet, plan, environment.
+
+A pydantic model, so the CLI, the end-to-end tests and the bench all build a run the same
+way and an impossible one (a scale set timeout outside 5 to 15 minutes) fails up front.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from local.plan import FLEET, PLAN, Step, VmSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_REPORT = ROOT / "out" / "demo-report.html"
+
+
+class DemoOptions(BaseModel):
+    time_scale: float = Field(default=60.0, gt=0)
+    time_limit: float = Field(default=170.0, gt=0)  # the hard limit: all stopped by then
+    settle: float = Field(default=3.0, ge=0)  # quiet seconds after the last event went away
+    report: Path | None = DEFAULT_REPORT
+    fleet: tuple[VmSpec, ...] = FLEET
+    plan: tuple[Step, ...] = PLAN
+    # The scale set's notBeforeTimeout: PT10M (5 to 15 minutes are allowed).
+    terminate_timeout: float = Field(default=600.0, ge=300, le=900)
+    poll_interval: float = Field(default=0.25, gt=0)  # relays' IMDS polling (1 s in Azure)
+    keep: bool = False  # keep the working directory (relay logs, inbox, processed messages)
+    env: dict[str, str] = Field(default_factory=lambda: dict(os.environ))
+
+
+class DemoAborted(Exception):
+    """Stopped by Ctrl-C, SIGTERM or the hard time limit; everything is still cleaned up."""

@@ -1,0 +1,545 @@
+"""The demo's orchestration: start everything, play the plan, check, stop everything.
+
+`Demo` is a library: `python -m local.demo`, the end-to-end tests and the bench
+all drive it. It starts the receivers, the IMDS simulator, Azurite and the local functions
+host, one real relay per VM, then plays each step and records what every part observed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import secrets
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from functions.notify.settings import PAGERDUTY_EVENTS_URL
+from local.azurite import free_port
+from local.channels import (
+    Delivery,
+    channel_values,
+    pagerduty_action,
+    short_retries,
+)
+from local.narration import announcement, receiver_news, subject
+from local.options import DemoAborted, DemoOptions
+from local.outcomes import check_outcomes
+from local.plan import Step
+from local.receivers import (
+    DrainHookReceiver,
+    PagerDutyReceiver,
+    Received,
+    Receiver,
+    TeamsReceiver,
+    WebhookReceiver,
+)
+from local.relays import (
+    parse_hook_line,
+    relay_argv,
+    relay_callback_url,
+    relay_env,
+    write_drain_hook,
+)
+from local.report import Outcome, Timeline, short_id
+from local.stack import Stack
+from local.subscription import Subscription
+from local.watcher import EventTrack, FleetWatcher
+
+
+class Demo:
+    """Starts everything, plays the plan, checks the outcomes, stops everything."""
+
+    def __init__(self, options: DemoOptions | None = None, timeline: Timeline | None = None):
+        self.options = options or DemoOptions()
+        self.timeline = timeline or Timeline()
+        self.stack = Stack()
+        self.missing: dict[str, str] = {}  # part -> why it is not running
+        self.receivers: dict[str, Receiver] = {}
+        self.external: dict[str, str] = {}  # channel -> where it posts instead
+        self.sim: Any = None
+        self.server: Any = None
+        self.watcher: FleetWatcher | None = None
+        self.step_events: dict[Step, str] = {}  # which EventId each step produced
+        self.played: list[Step] = []
+        self.workdir = Path(tempfile.mkdtemp(prefix="sebridge-demo-"))
+        if not self.options.keep:
+            self.stack.callback(_remove_tree, self.workdir)
+        self._started = time.monotonic()
+        self._pending_steps: list[Step] = []
+        self._lock = threading.Lock()
+        self.deliveries: list[Delivery] = []
+        self.drain_results: list[Any] = []
+        self.publisher: Any = None
+        self.channels: list[str] = []
+        self.subscriptions: list[Subscription] = []
+        self.inbox: Path | None = None
+        # The functions read POLICY__* from the process environment, so that is what counts.
+        self.play_errors: list[Outcome] = []
+        self.custom_policy = any(k.upper().startswith("POLICY__") for k in os.environ)
+        self.hook_runs: list[tuple[float, str, str]] = []  # (time.time(), VM, EventId)
+
+    # ------------------------------------------------------------------ start-up
+    def start(self) -> Demo:
+        o = self.options
+        self.timeline.add(
+            "demo",
+            "demo",
+            f"{len(o.fleet)} VMs, {len(o.plan)} scenarios at {o.time_scale:g}x "
+            f"(15 min of notice takes {900 / o.time_scale:.0f} s)",
+        )
+        self._find_missing_parts()
+        if self.custom_policy:
+            self.timeline.add(
+                "decide", "policy", "your POLICY__* settings decide; policy checks only inform"
+            )
+        self._start_receivers()
+        self._start_simulator()
+        if "local functions host" not in self.missing:
+            self._start_host()
+        if "relays" not in self.missing:
+            self._start_relays()
+        self.watcher = FleetWatcher(self.sim, self.timeline, on_new=self._attach_step).start()
+        self.stack.callback(self.watcher.stop)
+        return self
+
+    def _find_missing_parts(self) -> None:
+        """Say clearly which part of the pipeline is not there, instead of failing on it."""
+        import importlib.util
+
+        parts = {
+            "relays": ("relay.__main__", "python -m relay is not available"),
+            "local functions host": ("local.host", "local/host.py is missing"),
+            "terminate workflow": (
+                "functions.terminate.workflow",
+                "functions/terminate/workflow.py is missing",
+            ),
+        }
+        for part, (module, why) in parts.items():
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ImportError:
+                found = False
+            if not found:
+                self.missing[part] = why
+                self.timeline.add("demo", part, f"not running: {why}", ok=False)
+
+    def _start_receivers(self) -> None:
+        env = self.options.env
+        wanted: list[tuple[str, Callable[[], Receiver], str | None]] = [
+            ("teams", lambda: TeamsReceiver(on_receive=self._told), env.get("TEAMS_WEBHOOK_URL")),
+            (
+                "pagerduty",
+                lambda: PagerDutyReceiver(on_receive=self._told),
+                # A routing key alone means PagerDuty itself (PAGERDUTY_EVENTS_URL optional).
+                (env.get("PAGERDUTY_EVENTS_URL") or PAGERDUTY_EVENTS_URL)
+                if env.get("PAGERDUTY_ROUTING_KEY")
+                else None,
+            ),
+            ("webhook", lambda: WebhookReceiver(on_receive=self._told), env.get("WEBHOOK_URL")),
+        ]
+        for channel, make, external in wanted:
+            if external:
+                self.external[channel] = external
+                self.timeline.add("demo", channel, "posting to the URL from the environment")
+                continue
+            self.receivers[channel] = self.stack.enter(make())
+        self.receivers["drain"] = self.stack.enter(DrainHookReceiver(on_receive=self._told))
+        local = ", ".join(f"{name} {r.url}" for name, r in self.receivers.items())
+        self.timeline.add("demo", "receivers", f"listening: {local}")
+
+    def _start_simulator(self) -> None:
+        from simulator import Simulator, SimulatorServer
+
+        self.sim = Simulator(time_scale=self.options.time_scale)
+        scale_sets: dict[str, list[str]] = {}
+        for vm in self.options.fleet:
+            if vm.scale_set:
+                scale_sets.setdefault(vm.scale_set, []).append(vm.name)
+                continue
+            self.sim.add_vm(vm.name, availability_set=vm.availability_set, spot=vm.spot)
+        for name, members in scale_sets.items():
+            # Instances are NAME_0..NAME_{n-1}, with terminate notifications on (notBeforeTimeout).
+            added = self.sim.add_scale_set(
+                name, len(members), terminate_timeout=self.options.terminate_timeout
+            )
+            if sorted(added) != sorted(members):
+                raise ValueError(f"scale set {name}: instances must be named {added}")
+        self.server = SimulatorServer(self.sim, host="127.0.0.1", port=0).start()
+        self.stack.callback(self.server.stop)
+        groups = ", ".join(f"{vm.name} ({vm.group})" for vm in self.options.fleet)
+        self.timeline.add("demo", "simulator", f"IMDS simulator at {self.server.url}: {groups}")
+
+    def _start_host(self) -> None:
+        """Azurite, the local host over the shared inbox, channels and timeline subscribers."""
+        from functions.pipeline.publish import LocalPublisher
+        from functions.settings import load_settings
+        from functions.store.tables import Store
+        from local.azurite import Azurite
+        from local.host import LocalHost
+
+        azurite = self.stack.enter(Azurite())
+        self.connection_string = azurite.connection_string
+        self.timeline.add("demo", "azurite", f"Table storage on 127.0.0.1:{azurite.port}")
+        self.relay_key = secrets.token_hex(24)
+        self.key_file = self.workdir / "relay.key"
+        self.key_file.write_text(self.relay_key)
+        self.key_file.chmod(0o600)
+        self.inbox = self.workdir / "inbox"
+        self.settings = load_settings(
+            state_storage=azurite.connection_string,
+            relay_key=self.relay_key,
+            # Real-world margins, scaled like the simulator's clock.
+            approval_margin_seconds=max(0, round(10 / self.options.time_scale)),
+            approval_budget_seconds=max(1, round(60 / self.options.time_scale)),
+        )
+        if self.settings.policy.error:
+            self.timeline.add("decide", "policy", f"INVALID: {self.settings.policy.error}", False)
+        self.store = Store.from_settings(self.settings).ensure_tables()
+        self.publisher = LocalPublisher()
+        # The timeline first (it notes what is announced), then one subscription per channel.
+        self.publisher.subscribe("timeline", self._announced)
+        self._subscribe_channels()
+        if "terminate workflow" not in self.missing:
+            self._start_terminate()
+        self.host = LocalHost(
+            self.inbox, self.settings, self.store, self.publisher, watchdog_interval_seconds=5
+        )
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self.host.run_forever,
+            args=(stop,),
+            kwargs={"poll_seconds": 0.05},
+            name="local-functions-host",
+            daemon=True,
+        )
+        thread.start()
+
+        def stop_host() -> None:
+            stop.set()
+            thread.join(timeout=10)
+
+        self.stack.callback(stop_host)
+        self.timeline.add("demo", "functions", f"local host reading {self.inbox}")
+
+    def _subscribe_channels(self) -> None:
+        """Each channel is its own subscription, as on the topic; every delivery is recorded."""
+        from functions.notify.delivery import RetryPolicy, Transport
+        from functions.notify.dispatch import CHANNELS, deliver
+        from functions.notify.settings import ChannelSettings
+
+        local = channel_values(self.options.env, self.external, self.receivers)
+        channel_settings = ChannelSettings(**local)
+        session = requests.Session()
+        self.stack.callback(session.close)
+        # Short waits: at 60x a real retry schedule would outlast the event.
+        transport = Transport(session=session, policy=short_retries(RetryPolicy))
+        for channel in CHANNELS:
+            off = channel_settings.off_reason(channel)
+            if off:
+                self.timeline.add("demo", channel, f"channel off: {off}")
+                continue
+
+            def handler(note: Any, channel: str = channel) -> bool:
+                return deliver(
+                    channel, note.to_json(), settings=channel_settings, transport=transport
+                )
+
+            subscription = Subscription(channel, handler, on_done=self._channel_done).start()
+            self.subscriptions.append(subscription)
+            self.stack.callback(subscription.stop)
+            self.channels.append(channel)
+            self.publisher.subscribe(channel, subscription.put)
+
+    def _record_delivery(self, channel: str, note: Any, posted: bool, error: str | None) -> None:
+        with self._lock:
+            self.deliveries.append(
+                Delivery(
+                    channel=channel,
+                    message_id=note.message_id(),
+                    event_id=note.event.event_id if note.event else None,
+                    transition=note.transition.value,
+                    posted=posted,
+                    error=error,
+                    action=pagerduty_action(channel, note) if posted else None,
+                )
+            )
+
+    def _start_terminate(self) -> None:
+        """The `terminate` subscription: drain, then approve, on its own worker.
+
+        In Azure it is its own function, so a drain that takes seconds never holds up
+        ingest; the worker thread keeps that true here.
+        """
+        from functions.clock import SystemClock
+        from functions.pipeline.approve import approve_event
+        from functions.pipeline.context import Pipeline
+        from functions.store.drains import DrainStore
+        from functions.terminate.workflow import DrainContext, DrainSettings, run_drain, wants
+
+        scale = self.options.time_scale
+        self.drain_settings = DrainSettings(
+            http_url=self.receivers["drain"].url,
+            relay_hook="drain",
+            # The real-world defaults, scaled like the simulator's clock.
+            step_timeout_seconds=max(1.0, 120 / scale),
+            safety_margin_seconds=30 / scale,
+            approve_reserve_seconds=max(0.5, 10 / scale),
+            poll_seconds=0.1,
+        )
+        drains = DrainStore.from_connection_string(
+            self.connection_string, self.settings.state_table_prefix
+        ).ensure_table()
+        session = requests.Session()
+        self.stack.callback(session.close)
+        clock = SystemClock()
+
+        def callback_url(vm: str) -> str | None:
+            record = self.store.get_vm(vm)
+            return record.callback_url if record else None
+
+        def approve(event_id: str, until: datetime) -> Any:
+            return approve_event(
+                event_id,
+                Pipeline(self.store, self.settings, self.publisher, session, clock),
+                give_up_at=until,
+                by="terminate",
+            )
+
+        ctx = DrainContext(
+            store=drains,
+            session=session,
+            publish=self.publisher.publish,
+            approve=approve,
+            callback_url=callback_url,
+            relay_key=self.relay_key.encode(),
+        )
+        work: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        def worker() -> None:
+            while True:
+                note = work.get()
+                if note is None:
+                    return
+                try:
+                    result = run_drain(note, self.drain_settings, ctx)
+                except Exception as exc:
+                    self.timeline.add("drain", "terminate", f"workflow failed: {exc}", ok=False)
+                    continue
+                self.drain_results.append(result)
+
+        thread = threading.Thread(target=worker, name="terminate-workflow", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            work.put(None)
+            thread.join(timeout=10)
+
+        self.stack.callback(stop)
+        self.publisher.subscribe("terminate", lambda note: work.put(note) if wants(note) else None)
+
+    def _start_relays(self) -> None:
+        """One real relay process per VM, forwarding into the shared inbox."""
+        hook, self.hook_log = write_drain_hook(self.workdir)
+        self.relays: dict[str, subprocess.Popen[bytes]] = {}
+        self.callback_urls: dict[str, str] = {}
+        for vm in self.options.fleet:
+            port = free_port()
+            url = relay_callback_url(port)
+            argv = relay_argv(
+                vm,
+                imds_url=self.server.vm_url(vm.name),
+                inbox=self.inbox,
+                state_dir=self.workdir / "relays" / vm.name,
+                poll_interval=self.options.poll_interval,
+                port=port,
+                key_file=self.key_file,
+                hook=hook,
+            )
+            log = self.workdir / "logs" / f"relay-{vm.name}.log"
+            self.relays[vm.name] = self.stack.process(argv, log, env=relay_env(self.options.env))
+            self.callback_urls[vm.name] = url
+        for vm, url in self.callback_urls.items():
+            self._wait_healthy(vm, url)
+        self.timeline.add(
+            "demo",
+            "relays",
+            f"{len(self.relays)} relays polling every "
+            f"{self.options.poll_interval:g} s, forwarding to {self.inbox}",
+        )
+
+    def _wait_healthy(self, vm: str, url: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        proc = self.relays[vm]
+        while time.monotonic() < deadline:
+            self.check_deadline()
+            if proc.poll() is not None:
+                log = (self.workdir / "logs" / f"relay-{vm}.log").read_text(errors="replace")
+                raise DemoAborted(f"relay of {vm} exited ({proc.returncode}): {log[-400:]}")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{url}/v1/health", timeout=1).status_code < 500:
+                    return
+            time.sleep(0.1)
+        raise DemoAborted(f"relay of {vm} did not answer on {url}/v1/health in {timeout:.0f} s")
+
+    # ------------------------------------------------------------------ playing
+    def play(self) -> None:
+        """Play each step at its time; return once the fleet is quiet again."""
+        o = self.options
+        pending = sorted(o.plan, key=lambda s: s.at)
+        began = time.monotonic()
+        quiet_since: float | None = None
+        while True:
+            self.check_deadline()
+            elapsed = time.monotonic() - began
+            while pending and pending[0].at <= elapsed:
+                step = pending.pop(0)
+                self._play_step(step)
+            self.hook_script_runs()
+            if pending:
+                quiet_since = None
+            elif self.watcher is not None and not self.watcher.active() and self._all_seen():
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since >= o.settle:
+                    return
+            else:
+                quiet_since = None
+            time.sleep(0.1)
+
+    def hook_script_runs(self) -> None:
+        """The drain script writes one line per run; show each run as it happens."""
+        hook_log = getattr(self, "hook_log", None)
+        if hook_log is None or not hook_log.exists():
+            return
+        lines = hook_log.read_text().splitlines()
+        for line in lines[len(self.hook_runs) :]:
+            run = parse_hook_line(line)
+            self.hook_runs.append(run)
+            _at, vm, event_id = run
+            self.timeline.add(
+                "drain", short_id(event_id), f"relay of {vm} ran its hook script 'drain'"
+            )
+
+    def _all_seen(self) -> bool:
+        return all(step in self.step_events for step in self.played)
+
+    def _play_step(self, step: Step) -> None:
+        self.timeline.add("demo", step.scenario, f"playing on {step.target}: {step.story}")
+        from simulator import SimulatorError
+
+        try:
+            result = self.sim.play(step.scenario, target=step.target)
+        except SimulatorError as exc:
+            self.timeline.add("demo", step.scenario, f"cannot play: {exc}", ok=False)
+            self.play_errors.append(Outcome(f"{step.scenario} on {step.target}", False, str(exc)))
+            return
+        self._pending_steps.append(step)
+        self.played.append(step)
+        event_id = _event_id(result)
+        if event_id:
+            self.step_events[step] = event_id
+
+    def _attach_step(self, track: EventTrack) -> None:
+        for step, event_id in self.step_events.items():
+            if event_id == track.event_id:
+                track.step = step
+                return
+        # The simulator did not return the id: the first new event after a step is its own.
+        if self._pending_steps:
+            step = self._pending_steps.pop(0)
+            self.step_events.setdefault(step, track.event_id)
+            track.step = step
+
+    def check_deadline(self) -> None:
+        if time.monotonic() - self._started > self.options.time_limit:
+            raise DemoAborted(f"the hard time limit of {self.options.time_limit:.0f} s passed")
+
+    # ------------------------------------------------------------------ observing
+    def _told(self, record: Received) -> None:
+        """Receivers speak up only for what the timeline would not show otherwise."""
+        news = receiver_news(record)
+        if news is not None:
+            kind, about, text, ok = news
+            self.timeline.add(kind, about, text, ok=ok)
+
+    def _announced(self, note: Any) -> None:
+        """The timeline's subscription: what was announced and whom it is going to.
+
+        Printed at once, so the story keeps its causal order; the channels deliver on their
+        own workers and only a failed delivery adds a line of its own.
+        """
+        self.timeline.add(*announcement(note, self.channels))
+
+    def _channel_done(self, channel: str, note: Any, posted: Any, error: str | None) -> None:
+        """Called by each channel's subscription when it is done with a notification."""
+        self._record_delivery(channel, note, bool(posted) and error is None, error)
+        if error:
+            self.timeline.add(
+                "notify",
+                subject(note),
+                f"{channel} did not take '{note.transition.value}': {error}",
+                ok=False,
+            )
+
+    # ------------------------------------------------------------------ outcomes
+    def recorded_deliveries(self) -> list[Delivery]:
+        """The deliveries so far, copied: the channels' workers keep appending."""
+        with self._lock:
+            return list(self.deliveries)
+
+    def outcomes(self) -> list[Outcome]:
+        """What the demo promised, checked against what each part actually observed."""
+        return check_outcomes(self)
+
+    # ------------------------------------------------------------------ shutting down
+    def close(self) -> None:
+        self.stack.close()
+
+    def __enter__(self) -> Demo:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def facts(self) -> dict[str, str]:
+        facts = {
+            "fleet": ", ".join(f"{vm.name} ({vm.group})" for vm in self.options.fleet),
+            "time scale": f"{self.options.time_scale:g}x",
+        }
+        for channel, url in self.external.items():
+            facts[channel] = f"real endpoint {url.split('?')[0]}"
+        for part, why in self.missing.items():
+            facts[f"missing: {part}"] = why
+        return facts
+
+
+def _event_id(result: Any) -> str | None:
+    if isinstance(result, str):
+        return result
+    for attr in ("event_id", "EventId", "id"):
+        value = getattr(result, attr, None)
+        if isinstance(value, str):
+            return value
+    if isinstance(result, dict):
+        return result.get("EventId") or result.get("event_id")
+    if isinstance(result, list | tuple) and result:
+        return _event_id(result[0])
+    return None
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,233 @@
+"""The demo's expected outcomes, checked against what each part actually observed.
+
+Each check reads what was recorded (the simulator's documents and StartRequests, what the
+receivers got, what each channel was handed), never what the plan expected, so a broken
+part is a failed outcome and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from functions.model.envelope import STARTED
+from local.plan import Step
+from local.report import Outcome
+from local.watcher import EventTrack
+
+if TYPE_CHECKING:
+    from local.orchestration import Demo
+
+
+def check_outcomes(demo: Demo) -> list[Outcome]:
+    """What the demo promised, checked against what each part actually observed."""
+    results: list[Outcome] = list(demo.play_errors)
+    events = demo.watcher.snapshot() if demo.watcher else {}
+    for step in demo.played:
+        event_id = demo.step_events.get(step)
+        track = events.get(event_id) if event_id else None
+        name = f"{step.scenario} on {step.target}"
+        if track is None:
+            results.append(Outcome(f"{name}: IMDS showed the event", False, "never seen"))
+            continue
+        results.extend(_imds_outcomes(name, step, track))
+        if demo.publisher is not None:
+            pipeline = _pipeline_outcomes(demo, name, step, track)
+            if demo.custom_policy:
+                # Your policy decides these: show what it did, do not judge it.
+                pipeline = [
+                    o
+                    if "announced" in o.name and "'approved'" not in o.name
+                    else Outcome(f"{o.name} [default policy]", o.ok, o.detail, skipped=True)
+                    for o in pipeline
+                ]
+            results.extend(pipeline)
+    if demo.publisher is not None:
+        results.extend(_fleet_outcomes(demo))
+    for part, why in demo.missing.items():
+        results.append(Outcome(f"{part} running", False, why, skipped=True))
+    return results
+
+
+def _imds_outcomes(name: str, step: Step, track: EventTrack) -> list[Outcome]:
+    if step.scenario == "hardware-failure":
+        ok = track.first_status == STARTED
+        return [Outcome(f"{name}: appeared already Started", ok, track.first_status)]
+    if step.scenario == "cancelled":
+        ok = track.started_at is None and track.removed_at is not None
+        return [Outcome(f"{name}: withdrawn by Azure without starting", ok)]
+    ok = track.removed_at is not None and track.started_at is not None
+    return [Outcome(f"{name}: went Scheduled → Started → removed", ok)]
+
+
+def _pipeline_outcomes(demo: Demo, name: str, step: Step, track: EventTrack) -> list[Outcome]:
+    event_id = track.event_id
+    notes = [n for n in demo.publisher.published if n.event and n.event.event_id == event_id]
+    transitions = [n.transition.value for n in notes]
+    decision = next((n.decision for n in notes if n.transition.value == "decided"), None)
+    approvals = [
+        a for a in (demo.watcher.approvals if demo.watcher else []) if a.event_id == event_id
+    ]
+    first_approval = approvals[0] if approvals else None
+    out: list[Outcome] = []
+
+    def expect_action(action: str) -> None:
+        got = f"{decision.action} by rule {decision.rule}" if decision else "no decision"
+        ok = decision is not None and decision.action == action
+        out.append(Outcome(f"{name}: decided {action}", ok, got))
+
+    def expect_approved_in_time() -> None:
+        if first_approval is None:
+            out.append(Outcome(f"{name}: approved before NotBefore", False, "no StartRequests"))
+            return
+        lead = (track.not_before - first_approval.at).total_seconds() if track.not_before else None
+        ok = lead is not None and lead > 0 and first_approval.counted
+        detail = f"StartRequests from {first_approval.vm}"
+        if lead is not None:
+            detail += f", {lead:.1f} s before NotBefore"
+        out.append(Outcome(f"{name}: approved before NotBefore", ok, detail))
+
+    def expect_no_approval() -> None:
+        detail = ", ".join(f"{a.vm} at {a.at:%H:%M:%S}" for a in approvals) or "none"
+        out.append(Outcome(f"{name}: never approved", not approvals, detail))
+
+    def expect_announced(transition: str) -> None:
+        count = transitions.count(transition)
+        out.append(
+            Outcome(f"{name}: '{transition}' announced once", count == 1, f"{count} time(s)")
+        )
+
+    scenario = step.scenario
+    if scenario in ("live-migration", "user-reboot"):
+        expect_action("approve")
+        expect_approved_in_time()
+        expect_announced("approved")
+    elif scenario == "platform-reboot":
+        expect_action("hold")
+        expect_no_approval()
+        at_not_before = (
+            track.started_wall is not None
+            and track.not_before is not None
+            and track.started_wall >= track.not_before - timedelta(seconds=0.5)
+        )
+        out.append(Outcome(f"{name}: started at NotBefore, not earlier", at_not_before))
+        out.append(_announced_once(demo, name, track))
+    elif scenario == "preempt":
+        out.append(_paged(demo, name, event_id))
+    elif scenario == "terminate" and "terminate workflow" in demo.missing:
+        expect_action("drain")
+        why = demo.missing["terminate workflow"]
+        out.append(Outcome(f"{name}: drained, then approved", False, why, skipped=True))
+    elif scenario == "terminate":
+        expect_action("drain")
+        out.append(_drained_before_approval(demo, name, event_id, first_approval))
+        expect_approved_in_time()
+    elif scenario == "cancelled":
+        expect_no_approval()
+        expect_announced("cancelled")
+    elif scenario == "hardware-failure":
+        expect_no_approval()
+        expect_announced("started")
+    return out
+
+
+def _announced_once(demo: Demo, name: str, track: EventTrack) -> Outcome:
+    """N VMs reported it; Teams got one decision card, and each transition at most once."""
+    label = f"{name}: reported by {len(track.reported_by)} VMs, announced once"
+    teams = [
+        d
+        for d in demo.recorded_deliveries()
+        if d.channel == "teams" and d.event_id == track.event_id and d.posted
+    ]
+    cards = [d for d in teams if d.transition == "decided"]
+    detail = f"{len(cards)} decision card(s), {len(teams)} Teams post(s) in all"
+    ok = len(cards) == 1 and len(track.reported_by) >= 2
+    ok = ok and len({d.message_id for d in teams}) == len(teams)
+    receiver = demo.receivers.get("teams")
+    if receiver is not None:
+        arrived = [r for r in receiver.accepted() if track.event_id.encode() in r.raw]
+        detail += f"; the Teams receiver got {len(arrived)}"
+        ok = ok and len(arrived) == len(teams)
+    elif "teams" not in demo.external:
+        return Outcome(label, False, "Teams is off", skipped=True)
+    return Outcome(label, ok, detail)
+
+
+def _paged(demo: Demo, name: str, event_id: str) -> Outcome:
+    label = f"{name}: paged on-call once (PagerDuty trigger, dedup_key = EventId)"
+    receiver = demo.receivers.get("pagerduty")
+    if receiver is not None:
+        triggers = [
+            r
+            for r in receiver.accepted()
+            if isinstance(r.body, dict)
+            and r.body.get("event_action") == "trigger"
+            and r.body.get("dedup_key") == event_id
+        ]
+        return Outcome(label, len(triggers) == 1, f"{len(triggers)} trigger(s) received")
+    sent = [
+        d
+        for d in demo.recorded_deliveries()
+        if d.channel == "pagerduty" and d.event_id == event_id and d.action == "trigger"
+    ]
+    ok = len(sent) == 1 and sent[0].posted
+    return Outcome(label, ok, f"{len(sent)} trigger(s) sent to {demo.external['pagerduty']}")
+
+
+def _drained_before_approval(demo: Demo, name: str, event_id: str, approval: Any) -> Outcome:
+    label = f"{name}: drained (HTTP hook and relay hook script) before approval"
+    http = [
+        r
+        for r in demo.receivers["drain"].accepted()
+        if isinstance(r.body, dict) and r.body.get("EventId") == event_id
+    ]
+    demo.hook_script_runs()
+    script = [at for at, _vm, logged in demo.hook_runs if logged == event_id]
+    if not http or not script:
+        return Outcome(label, False, f"HTTP hook calls {len(http)}, script runs {len(script)}")
+    if approval is None:
+        return Outcome(label, False, "drained, but never approved")
+    drained_at = max(http[0].at, script[0])
+    lead = approval.at.timestamp() - drained_at
+    detail = f"script ran once, approval {lead:.2f} s after the drain finished"
+    return Outcome(label, lead >= 0 and len(script) == 1, detail)
+
+
+def _fleet_outcomes(demo: Demo) -> list[Outcome]:
+    out = []
+    errors = [d for d in demo.recorded_deliveries() if d.error]
+    # A payload the service would refuse (not an injected outage) is a failure.
+    rejected = [r for rec in demo.receivers.values() for r in rec.received if r.problems]
+    detail = "; ".join(
+        [f"{d.channel} {d.message_id}: {d.error}" for d in errors[:3]]
+        + [f"{r.channel} answered {r.status}: {'; '.join(r.problems)}" for r in rejected[:3]]
+    )
+    dead = len(demo.publisher.dead_letters) + sum(
+        len(sub.dead_letters) for sub in demo.subscriptions
+    )
+    out.append(
+        Outcome(
+            "every notification was accepted by its channel",
+            not errors and not rejected and not dead,
+            detail or f"{len(demo.deliveries)} deliveries",
+        )
+    )
+    dead_letters = list((demo.inbox / "deadletter").glob("*.json")) if demo.inbox else []
+    out.append(
+        Outcome(
+            "every forwarded document was processed",
+            not dead_letters,
+            f"{len(list((demo.inbox / 'processed').glob('*.json')))} processed, "
+            f"{len(dead_letters)} dead-lettered",
+        )
+    )
+    relays = getattr(demo, "relays", {})
+    exited = [vm for vm, proc in relays.items() if proc.poll() is not None]
+    out.append(
+        Outcome(
+            f"all {len(relays)} relays kept running",
+            bool(relays) and not exited,
+            f"exited: {', '.join(exited)}" if exited else "",
+        )
+    )
+    return out

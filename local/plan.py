@@ -1,0 +1,102 @@
+"""The demo's fleet and the maintenance it plays: what `make demo` shows, and `--plan` replaces.
+
+A plan is checked against the fleet and the simulator's scenarios before anything starts, so
+a typo in a `--plan` file is a usage error, not a half-played demo.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class VmSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    availability_set: str | None = None
+    scale_set: str | None = None
+    spot: bool = False
+
+    @property
+    def group(self) -> str:
+        if self.availability_set:
+            return f"availability set {self.availability_set}"
+        if self.scale_set:
+            return f"scale set {self.scale_set}"
+        return "Spot VM" if self.spot else "standalone VM"
+
+
+class Step(BaseModel):
+    """One scenario played at `at` seconds (real, already scaled) after the demo starts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: float
+    scenario: str
+    target: str  # a VM name, or an availability set name for set-wide events
+    story: str = ""  # what the audience should expect, in words
+
+
+FLEET: tuple[VmSpec, ...] = (
+    VmSpec(name="web-1", availability_set="web-as"),
+    VmSpec(name="web-2", availability_set="web-as"),
+    VmSpec(name="workers_0", scale_set="workers"),
+    VmSpec(name="workers_1", scale_set="workers"),
+    VmSpec(name="spot-1", spot=True),
+)
+
+PLAN: tuple[Step, ...] = (
+    Step(
+        at=0.0,
+        scenario="live-migration",
+        target="web-1",
+        story="live-migration Freeze 5 s: approved at once",
+    ),
+    Step(
+        at=1.0,
+        scenario="user-reboot",
+        target="spot-1",
+        story="user-initiated reboot: approved at once",
+    ),
+    Step(
+        at=2.0,
+        scenario="platform-reboot",
+        target="web-as",
+        story="platform reboot of the set: held, announced once",
+    ),
+    Step(
+        at=3.0,
+        scenario="terminate",
+        target="workers_0",
+        story="scale-in: drained first, then approved",
+    ),
+    Step(
+        at=4.0,
+        scenario="cancelled",
+        target="workers_1",
+        story="maintenance that Azure withdraws: cancelled",
+    ),
+    Step(
+        at=12.0, scenario="preempt", target="spot-1", story="Spot eviction with 30 s notice: paged"
+    ),
+    Step(
+        at=14.0,
+        scenario="hardware-failure",
+        target="workers_1",
+        story="host failure: appears already Started",
+    ),
+)
+
+
+def check_plan(plan: tuple[Step, ...], fleet: tuple[VmSpec, ...]) -> str | None:
+    """A plan that cannot play says so before anything starts."""
+    from simulator import SCENARIOS
+
+    targets = {vm.name for vm in fleet}
+    targets |= {s for vm in fleet for s in (vm.availability_set, vm.scale_set) if s}
+    for step in plan:
+        if step.scenario not in SCENARIOS:
+            return f"unknown scenario {step.scenario!r}; known: {', '.join(SCENARIOS)}"
+        if step.target not in targets:
+            return f"unknown target {step.target!r}; the fleet has {', '.join(sorted(targets))}"
+    return None

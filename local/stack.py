@@ -1,0 +1,68 @@
+"""Everything a demo started, stopped in reverse order whatever happens."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from local.options import ROOT
+
+
+class Stack:
+    """Everything the demo started, stopped in reverse order whatever happens.
+
+    Child processes get their own session so a Ctrl-C in the terminal reaches only the
+    demo, which then stops them in order (relays before the host, Azurite last) instead
+    of everything dying at once mid-write.
+    """
+
+    def __init__(self) -> None:
+        self._exit = contextlib.ExitStack()
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def callback(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._exit.callback(fn, *args)
+
+    def enter(self, context: Any) -> Any:
+        return self._exit.enter_context(context)
+
+    def process(
+        self, argv: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(log, "ab")  # noqa: SIM115 - closed by the stack
+        self._exit.callback(handle.close)
+        proc = subprocess.Popen(  # noqa: S603 - our own interpreter and modules, no shell
+            argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        self.processes.append(proc)
+        self._exit.callback(stop_process, proc)
+        return proc
+
+    def close(self) -> None:
+        self._exit.close()
+
+    def kill_all(self) -> None:
+        """Last resort, from the hard-limit timer: no waiting, no cleanup code."""
+        for proc in self.processes:
+            with contextlib.suppress(OSError):
+                proc.kill()
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)

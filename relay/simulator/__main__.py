@@ -1,5 +1,0 @@
-import sys
-
-from relay.simulator.cli import main
-
-sys.exit(main())

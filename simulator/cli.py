@@ -1,0 +1,274 @@
+"""`python -m simulator`: an IMDS Scheduled Events simulator on a local port.
+
+Prints one line per VM with its base URL, then `READY {json}` for scripts, then one line per
+document change, so a person can watch maintenance unfold and a script can find the URLs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from simulator.engine import DEFAULT_VM, Simulator, SimulatorError
+from simulator.scenarios import (
+    SCENARIOS,
+    EventSpec,
+    ScenarioFileError,
+    load_scenario_file,
+    parse_iso_duration,
+)
+from simulator.server import SimulatorServer
+
+
+class _AddVm(argparse.Action):
+    """Keep every VM-adding flag in one list, in command-line order (the first is the root)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        items = list(getattr(namespace, "vm_specs", None) or [])
+        items.append((self.dest, values))
+        namespace.vm_specs = items
+
+
+def build_parser() -> argparse.ArgumentParser:
+    scenario_list = "\n".join(f"  {name:<20} {s.summary}" for name, s in SCENARIOS.items())
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator",
+        description="Simulate Azure IMDS Scheduled Events for one or more VMs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"scenarios:\n{scenario_list}",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one (default)")
+    parser.add_argument("--vm", dest="vm", action=_AddVm, metavar="NAME", help="add a VM")
+    parser.add_argument(
+        "--availability-set",
+        dest="availability_set",
+        action=_AddVm,
+        metavar="NAME:VM1,VM2",
+        help="add VMs grouped in an availability set (they see each other's events)",
+    )
+    parser.add_argument(
+        "--scale-set",
+        dest="scale_set",
+        action=_AddVm,
+        metavar="NAME:COUNT[:PT10M]",
+        help="add instances NAME_0..NAME_{COUNT-1} with terminate notifications",
+    )
+    parser.add_argument("--spot", dest="spot", action=_AddVm, metavar="NAME", help="add a Spot VM")
+    parser.add_argument(
+        "--terminate-timeout",
+        default="PT5M",
+        metavar="PT5M",
+        help="scale sets' notBeforeTimeout, PT5M..PT15M (default PT5M)",
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        metavar="NAME[@TARGET]",
+        help="play a built-in scenario at start; TARGET: VM or set names, comma-separated "
+        "(repeatable)",
+    )
+    parser.add_argument(
+        "--scenario-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="play the events of a JSON scenario file (repeatable)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="divide every delay by N (60: 15 minutes last 15 seconds)",
+    )
+    parser.add_argument(
+        "--approval-mode",
+        choices=("any", "all"),
+        default="any",
+        help="start an event on one approval from its Resources (any, default) "
+        "or only when every VM in Resources approved (all)",
+    )
+    parser.add_argument(
+        "--rate-limit",
+        type=float,
+        default=None,
+        metavar="N",
+        help="answer 429 beyond N requests per second per VM (Azure: 5); default no limit",
+    )
+    parser.add_argument("--location", default="westeurope", help="the VMs' Azure region")
+    parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
+    parser.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="exit once every scenario has played out and no event is left",
+    )
+    parser.add_argument(
+        "--list-scenarios", action="store_true", help="list the built-in scenarios and exit"
+    )
+    return parser
+
+
+def build_simulator(args: argparse.Namespace) -> Simulator:
+    """Turn the flags into a Simulator with its VMs (raises SimulatorError on bad values)."""
+    if not args.time_scale > 0:
+        raise SimulatorError("--time-scale must be greater than 0")
+    try:
+        timeout = parse_iso_duration(args.terminate_timeout)
+    except ValueError as exc:
+        raise SimulatorError(f"--terminate-timeout: {exc}") from None
+    sim = Simulator(
+        time_scale=args.time_scale,
+        approval_mode=args.approval_mode,
+        location=args.location,
+        rate_limit=args.rate_limit,
+    )
+    specs = getattr(args, "vm_specs", None) or [("vm", DEFAULT_VM)]
+    for kind, value in specs:
+        if kind == "vm":
+            sim.add_vm(value)
+        elif kind == "spot":
+            sim.add_vm(value, spot=True)
+        elif kind == "availability_set":
+            name, sep, members = value.partition(":")
+            vms = [m.strip() for m in members.split(",") if m.strip()]
+            if not sep or not name or not vms:
+                raise SimulatorError(f"--availability-set {value!r}: use NAME:VM1,VM2")
+            sim.add_availability_set(name, vms)
+        else:
+            name, _, rest = value.partition(":")
+            count_text, _, own_timeout = rest.partition(":")
+            try:
+                count = int(count_text)
+                set_timeout = parse_iso_duration(own_timeout) if own_timeout else timeout
+            except ValueError:
+                raise SimulatorError(
+                    f"--scale-set {value!r}: use NAME:COUNT or NAME:COUNT:PT10M"
+                ) from None
+            sim.add_scale_set(name, count, terminate_timeout=set_timeout)
+    return sim
+
+
+def schedule_scenarios(sim: Simulator, args: argparse.Namespace) -> None:
+    """Check every --scenario and --scenario-file entry, then schedule them (offsets from now)."""
+    specs: list[EventSpec] = []
+    for item in args.scenario:
+        name, _, target = item.partition("@")
+        try:
+            specs.append(EventSpec(scenario=name, target=target or None))
+        except ValueError as exc:
+            raise SimulatorError(f"--scenario {item!r}: {_first_line(exc)}") from None
+    for path in args.scenario_file:
+        specs.extend(load_scenario_file(path))
+    for spec in specs:
+        sim.schedule(spec)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc)
+    if "Value error, " in text:
+        text = text.split("Value error, ", 1)[1]
+    return text.splitlines()[0]
+
+
+def summarize(document: dict[str, Any]) -> str:
+    events = document.get("Events") or []
+    if not events:
+        return "no events"
+    parts = []
+    for event in events:
+        line = (
+            f"{event['EventType']} {event['EventStatus']} {event['EventId']} "
+            f"Resources={','.join(event['Resources'])}"
+        )
+        if event.get("NotBefore"):
+            line += f" NotBefore={event['NotBefore']!r}"
+        parts.append(line)
+    return "; ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.list_scenarios:
+        for name, scenario in SCENARIOS.items():
+            print(f"{name:<20} {scenario.summary}")
+        return 0
+    try:
+        sim = build_simulator(args)
+    except SimulatorError as exc:
+        parser.error(str(exc))
+
+    changes: queue.Queue[str] = queue.Queue()
+
+    def on_change(vm: str, incarnation: int, document: dict[str, Any]) -> None:
+        stamp = datetime.now(UTC).strftime("%H:%M:%S")
+        changes.put(f"{stamp} {vm} incarnation {incarnation}: {summarize(document)}")
+
+    sim.subscribe(on_change)
+    try:
+        server = SimulatorServer(
+            sim, host=args.host, port=args.port, log_requests=args.log_requests
+        ).start()
+    except OSError as exc:
+        parser.error(f"cannot listen on {args.host}:{args.port}: {exc.strerror}")
+    try:
+        try:
+            schedule_scenarios(sim, args)
+        except (SimulatorError, ScenarioFileError) as exc:
+            parser.error(str(exc))
+        root = sim.root_vm()
+        urls = server.vm_urls()
+        for name, url in urls.items():
+            suffix = f" (also at {server.url})" if name == root else ""
+            print(f"VM {name}: {url}{suffix}", flush=True)
+        print(f"READY {json.dumps({'url': server.url, 'root': root, 'vms': urls})}", flush=True)
+        return _run(sim, changes, args.exit_when_done)
+    finally:
+        server.stop()
+
+
+def _run(sim: Simulator, changes: queue.Queue[str], exit_when_done: bool) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not stop.is_set():
+            _drain(changes)
+            if exit_when_done and sim.idle:
+                time.sleep(0.1)  # let the last change reach the queue
+                _drain(changes)
+                print("all scenarios played out", flush=True)
+                break
+            stop.wait(0.1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _drain(changes)
+    print("simulator stopped", flush=True)
+    return 0
+
+
+def _drain(changes: queue.Queue[str]) -> None:
+    while True:
+        try:
+            print(changes.get_nowait(), flush=True)
+        except queue.Empty:
+            return
+
+
+if __name__ == "__main__":
+    sys.exit(main())
