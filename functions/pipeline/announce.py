@@ -90,6 +90,8 @@ def publish_claimed(
     """Publish transitions this caller claimed in `record.announced`, then mark them done."""
     sent = []
     pending = list(transitions)
+    if pending and not record.past_reporters:
+        pipeline.store.load_reporters(record)  # who reported it, for the notification
     for index, transition in enumerate(pending):
         note = build(
             record,

@@ -20,11 +20,20 @@ from functions.pipeline.approve import ApprovalResult, approve_event
 from functions.pipeline.capacity import acquire_capacity, needs_capacity
 from functions.pipeline.context import Pipeline
 from functions.pipeline.redecide import as_event, redecide, should_redecide
-from functions.pipeline.relay_recovery import announce_recovery, left_behind, silence_occurrence
+from functions.pipeline.relay_recovery import (
+    announce_recovery,
+    claim_recovery,
+    left_behind,
+    silence_occurrence,
+)
 from functions.pipeline.transitions import after_decision, end_event
 from functions.store.records import EventRecord, VmRecord
 
 log = logging.getLogger(__name__)
+
+
+RETENTION_EVENTS_PER_SWEEP = 200  # expired events deleted per sweep; the rest next minute
+UNLISTED_AFTER = timedelta(minutes=10)  # an open-index row with no event row this old: drop
 
 
 class WatchdogReport(BaseModel):
@@ -33,36 +42,133 @@ class WatchdogReport(BaseModel):
     approvals: list[ApprovalResult] = Field(default_factory=list)
     ended: list[str] = Field(default_factory=list)
     republished: list[str] = Field(default_factory=list)
-    recovered: list[str] = Field(default_factory=list)  # relay_recovered published again
+    recovered: list[str] = Field(default_factory=list)  # relay_recovered published
     redecided: list[str] = Field(default_factory=list)  # fail-closed decisions replaced
+    expired: list[str] = Field(default_factory=list)  # events deleted by retention
+    expired_rejects: int = 0
+    forgotten_vms: list[str] = Field(default_factory=list)  # not heard for RETENTION_DAYS
+    # Table requests the retention deletes took (listing an expired event's rows and the
+    # batch deletes): the sweep's own cost is everything else.
+    retention_requests: int = 0
 
 
 def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
+    """One sweep. Its Table requests do not grow with the fleet or its history: one
+    filtered query per VM partition returns only VMs due a look (silent, announced silent,
+    recovery pending), one query lists the open events, one range query each finds what
+    retention expires; then point reads of those rows only."""
     now = pipeline.clock.now()
     out = WatchdogReport()
-    silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
-    vms = {vm.name: vm for vm in pipeline.store.list_vms()}
-    silent = {name for name, vm in vms.items() if _is_silent(vm, now, silent_after)}
-    for name in sorted(silent):
-        if _deleted_by_terminate(pipeline, vms[name]):
-            continue  # a scale-in deleted it: its silence is expected, not an incident
-        if _announce_silence(pipeline, vms[name], now):
-            out.silent.append(name)
-    for name, vm in sorted(vms.items()):
-        mark = left_behind(vm, now)
-        if mark is None:
-            continue
+    silent = _sweep_vms(pipeline, now, out)
+    for event_id, listed_at in pipeline.store.open_events():
         try:
-            announce_recovery(pipeline.store, pipeline.publisher, name, mark, now)
-            out.recovered.append(name)
-        except Exception:
-            log.exception("watchdog: relay_recovered for %s", name)
-    for record in pipeline.store.list_events():
-        try:
+            record = pipeline.store.get_event(event_id)
+            if record is None:
+                if listed_at is None or now - listed_at > UNLISTED_AFTER:
+                    pipeline.store.drop_open(event_id)  # its first write never happened
+                continue
+            if record.ended:
+                _close(pipeline, record, now, out)
+                continue
             _sweep_event(pipeline, record, now, silent, out)
         except Exception:  # one bad row must not stop the sweep of the others
-            log.exception("watchdog: event %s", record.event_id)
+            log.exception("watchdog: event %s", event_id)
+    try:
+        _retention(pipeline, now, out)
+    except Exception:
+        log.exception("watchdog: retention")
     return out
+
+
+def _sweep_vms(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> set[str]:
+    """Silence, recovery after a heartbeat ended a silence, recoveries left unpublished,
+    and VMs not heard for RETENTION_DAYS; returns the names of the silent VMs."""
+    silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
+    forget_before = now - timedelta(days=pipeline.settings.retention_days)
+    silent: set[str] = set()
+    for vm in pipeline.store.vms_due(now - silent_after):
+        try:
+            if vm.last_seen is not None and vm.last_seen < forget_before:
+                pipeline.store.delete_vm(vm.name)
+                out.retention_requests += 1
+                out.forgotten_vms.append(vm.name)
+                continue
+            if _is_silent(vm, now, silent_after):
+                silent.add(vm.name)
+                if vm.silent_announced_for == _mark(vm) or _deleted_by_terminate(pipeline, vm):
+                    continue  # announced already, or a scale-in deleted it (expected)
+                if _announce_silence(pipeline, vm, now):
+                    out.silent.append(vm.name)
+                continue
+            if vm.silent_announced_for is not None:
+                # Heard again through a heartbeat (which writes without reading): the
+                # silence ends here, claimed in the VM row like ingest claims it.
+                if _claim_recovery(pipeline, vm.name, now):
+                    out.recovered.append(vm.name)
+                continue
+            mark = left_behind(vm, now)
+            if mark is not None:
+                announce_recovery(pipeline.store, pipeline.publisher, vm.name, mark, now)
+                out.recovered.append(vm.name)
+        except Exception:
+            log.exception("watchdog: VM %s", vm.name)
+    return silent
+
+
+def _mark(vm: VmRecord) -> str | None:
+    return vm.last_seen.isoformat() if vm.last_seen else None
+
+
+def _claim_recovery(pipeline: Pipeline, name: str, now: datetime) -> bool:
+    claimed: list[str] = []
+
+    def change(rec: VmRecord | None) -> VmRecord | None:
+        claimed.clear()
+        if rec is None or rec.silent_announced_for is None:
+            return None
+        if rec.silent_announced_for == _mark(rec):
+            return None  # not heard since the silence after all
+        mark = claim_recovery(rec, now)
+        if mark is not None:
+            claimed.append(mark)
+        return rec
+
+    _, won = pipeline.store.mutate_vm(name, change)
+    if not won or not claimed:
+        return False
+    announce_recovery(pipeline.store, pipeline.publisher, name, claimed[0], now)
+    return True
+
+
+def _close(pipeline: Pipeline, record: EventRecord, now: datetime, out: WatchdogReport) -> None:
+    """An ended event still in the open index: its end announcement failed or was cut
+    short. Announce it (once), then move it to the ended-on-day index."""
+    transition = Transition.COMPLETED if record.ended == "completed" else Transition.CANCELLED
+    stale = stale_pending(record, now)
+    if stale:
+        publish_claimed(pipeline, record, stale, now)
+        out.republished.extend(f"{record.event_id}:{t.value}" for t in stale)
+    elif transition.value not in record.announced:
+        if announce(pipeline, record.event_id, transition, now):
+            out.republished.append(f"{record.event_id}:{transition.value}")
+    elif record.announced[transition.value] != "done":
+        return  # being announced right now: close it on a later sweep
+    pipeline.store.close_event(record.event_id, record.ended_at or now)
+
+
+def _retention(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> None:
+    """Delete what ended (events, with reporter and audit rows) or was rejected more than
+    RETENTION_DAYS ago: found by range queries over day-named partitions, so the work is
+    what expires, never a scan of what is kept."""
+    store = pipeline.store
+    day = (now - timedelta(days=pipeline.settings.retention_days)).strftime("%Y-%m-%d")
+    for partition, event_id in store.expired_events(day, RETENTION_EVENTS_PER_SWEEP):
+        out.retention_requests += store.delete_event(event_id, partition)
+        out.expired.append(event_id)
+    rejects = store.expired_rejects(day)
+    if rejects:
+        out.retention_requests += store.delete_rejects(rejects)
+        out.expired_rejects = len(rejects)
 
 
 def _is_silent(vm: VmRecord, now: datetime, silent_after: timedelta) -> bool:
@@ -145,19 +251,20 @@ def _sweep_event(
         out.republished.append(f"{record.event_id}:{unannounced.value}")
         return
     # 2. Every reporter silent, and the event is past its start: it ended without word.
-    if record.reporters and all(vm in silent for vm in record.reporters):
-        past = record.started or (record.not_before is not None and now >= record.not_before)
-        if past:
-            for vm in list(record.reporters):
-                end_event(
-                    record.event_id,
-                    vm,
-                    pipeline,
-                    now,
-                    detail="every VM that reported it went silent",
-                )
-            out.ended.append(record.event_id)
-            return
+    past = record.started or (record.not_before is not None and now >= record.not_before)
+    if past and silent:
+        pipeline.store.load_reporters(record)
+    if past and record.reporters and all(vm in silent for vm in record.reporters):
+        for vm in list(record.reporters):
+            end_event(
+                record.event_id,
+                vm,
+                pipeline,
+                now,
+                detail="every VM that reported it went silent",
+            )
+        out.ended.append(record.event_id)
+        return
     # 3. It failed closed on an invalid policy, and the policy here is valid: decide again.
     if should_redecide(record, pipeline.settings.policy, now):
         _redecide(pipeline, record, now, out)
