@@ -300,6 +300,7 @@ module functionApp 'modules/functionapp.bicep' = {
     appInsightsConnectionString: monitoring.outputs.connectionString
     serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
     documentsQueueName: serviceBus.outputs.queueName
+    heartbeatsQueueName: serviceBus.outputs.heartbeatsQueueName
     notificationsTopicName: serviceBus.outputs.topicName
     stateTablePrefix: storage.outputs.tablePrefix
     keyVaultUri: keyVault.outputs.vaultUri
@@ -371,6 +372,7 @@ output functionAppUrl string = functionApp.outputs.url
 output serviceBusNamespace string = serviceBus.outputs.namespaceName
 output serviceBusFullyQualifiedNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 output documentsQueue string = serviceBus.outputs.queueName
+output heartbeatsQueue string = serviceBus.outputs.heartbeatsQueueName
 output notificationsTopic string = serviceBus.outputs.topicName
 output keyVaultName string = keyVault.outputs.vaultName
 output relayKeySecretUri string = keyVault.outputs.relayKeySecretUri

@@ -19,6 +19,7 @@ import requests
 from functions.clock import SystemClock
 from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
+from functions.pipeline.heartbeats import ingest_heartbeats
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import ServiceBusPublisher
 from functions.pipeline.watchdog import run_watchdog
@@ -80,6 +81,22 @@ def ingest(msg: func.ServiceBusMessage) -> None:
     )
 
 
+@bp.function_name("heartbeats")
+@bp.service_bus_queue_trigger(
+    arg_name="msgs",
+    queue_name="%HEARTBEATS_QUEUE%",
+    connection="ServiceBusConnection",
+    cardinality="many",
+)
+def heartbeats(msgs: list[func.ServiceBusMessage]) -> None:
+    """A batch of heartbeats (host.json `maxMessageBatchSize`) in one execution; returning
+    completes them all, raising abandons them all (the writes are idempotent)."""
+    result = ingest_heartbeats(
+        [m.get_body() for m in msgs], pipeline(), [m.message_id or "" for m in msgs]
+    )
+    log.info("heartbeats: %s", result.model_dump_json())
+
+
 @bp.function_name("watchdog")
 @bp.timer_trigger(arg_name="timer", schedule="0 * * * * *", run_on_startup=False)
 def watchdog(timer: func.TimerRequest) -> None:
@@ -117,6 +134,8 @@ def status(req: func.HttpRequest) -> func.HttpResponse:
     p = pipeline()
     include_ended = (req.params.get("all") or "").lower() in ("1", "true", "yes")
     events = p.store.list_events(include_ended=include_ended)
+    for record in events:
+        p.store.load_reporters(record)
     events.sort(key=lambda r: (r.not_before is None, r.not_before or r.first_seen))
     load = p.settings.policy
     return _json(

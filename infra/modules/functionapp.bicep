@@ -32,6 +32,8 @@ param serviceBusFullyQualifiedNamespace string
 
 param documentsQueueName string = 'documents'
 
+param heartbeatsQueueName string = 'heartbeats'
+
 param notificationsTopicName string = 'notifications'
 
 param stateTablePrefix string = 'sebridge'
@@ -60,6 +62,10 @@ param instanceMemoryMB int = 2048
 
 // Bridge behaviour (SETTINGS.md).
 param relaySilentAfterSeconds int = 600
+@description('Days ended events, rejected envelopes and VMs not heard from are kept.')
+@minValue(1)
+@maxValue(3650)
+param retentionDays int = 30
 param approvalMarginSeconds int = 10
 param pagerdutyEventsUrl string = 'https://events.pagerduty.com/v2/enqueue'
 
@@ -103,6 +109,8 @@ var connectionSettings = {
 
 var bridgeSettings = {
   DOCUMENTS_QUEUE: documentsQueueName
+  HEARTBEATS_QUEUE: heartbeatsQueueName
+  RETENTION_DAYS: string(retentionDays)
   NOTIFICATIONS_TOPIC: notificationsTopicName
   STATE_TABLE_PREFIX: stateTablePrefix
   RELAY_KEY: '${kvRef}${secretNames.relayKey})'
