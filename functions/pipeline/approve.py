@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 Outcome = Literal["approved", "failed", "retry_later", "skipped"]
 BACKOFF_START_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 20.0
+RELAYS_PER_ATTEMPT = 8
 
 
 class ApprovalResult(BaseModel):
@@ -84,7 +85,7 @@ def approve_event(
     stop = min(deadline, give_up_at) if give_up_at else deadline
     # A relay that refused (4xx) is not asked again for this event, in this call or later.
     refused = {a.vm for a in record.approval_attempts if a.outcome.startswith("refused")}
-    relays = [vm for vm in _relays(store, record, settings, now) if vm.name not in refused]
+    relays = _relays(store, record, settings, now, skip=refused)
     unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(refused)
     attempts: list[Attempt] = []
     if key is None:
@@ -154,11 +155,19 @@ def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetim
     return record.not_before - timedelta(seconds=settings.approval_margin_seconds)
 
 
-def _relays(store: Store, record: EventRecord, settings: Settings, now: datetime) -> list[VmRecord]:
-    """Named VMs whose relays reported recently, in `Resources` order (first is leader)."""
+def _relays(
+    store: Store, record: EventRecord, settings: Settings, now: datetime, skip: set[str | None]
+) -> list[VmRecord]:
+    """Named VMs whose relays reported recently, in `Resources` order (first is leader):
+    at most RELAYS_PER_ATTEMPT of them, so an event naming 1,000 VMs costs a few point
+    reads, not 1,000 (the others stay "unheard": a later attempt reaches them)."""
     fresh = timedelta(seconds=settings.relay_silent_after_seconds)
-    chosen = []
+    chosen: list[VmRecord] = []
     for name in record.resources:
+        if len(chosen) >= RELAYS_PER_ATTEMPT:
+            break
+        if name in skip:
+            continue
         vm = store.get_vm(name)
         if vm is None or not vm.callback_url or vm.last_seen is None:
             continue

@@ -591,28 +591,21 @@ class Store:
                 break
         return out
 
-    def delete_event(self, event_id: str, index_partition: str) -> int:
-        """An expired event: its row, its reporter rows, its audit rows, its index row.
-        Returns the Table requests it took."""
-        pk = row_key(event_id)
-        made = 2
-        rows = [
-            (pk, r["RowKey"])
-            for r in self.events.query_entities(
-                "PartitionKey eq @pk", parameters={"pk": pk}, select=["RowKey"]
-            )
-        ]
-        made += self._delete_rows(self.events, rows)
-        audits = [
-            (pk, r["RowKey"])
-            for r in self.audit_table.query_entities(
-                "PartitionKey eq @pk", parameters={"pk": pk}, select=["RowKey"]
-            )
-        ]
-        made += self._delete_rows(self.audit_table, audits)
-        made += self._delete_rows(self.events, [(index_partition, pk)])
-        with self._recent_lock:
-            self._recent_events.pop(pk, None)
+    def delete_events(self, expired: list[tuple[str, str]]) -> int:
+        """Expired events: each one's rows (event, reporters), its audit rows, and then
+        the index rows naming them (in batches). Returns the Table requests it took."""
+        made = 0
+        for _, event_id in expired:
+            pk = row_key(event_id)
+            for table in (self.events, self.audit_table):
+                rows = table.query_entities(
+                    "PartitionKey eq @pk", parameters={"pk": pk}, select=["RowKey"]
+                )
+                keys = [(pk, row["RowKey"]) for row in rows]
+                made += 1 + self._delete_rows(table, keys)
+            with self._recent_lock:
+                self._recent_events.pop(pk, None)
+        made += self._delete_rows(self.events, [(day, row_key(e)) for day, e in expired])
         return made
 
     # ------------------------------------------------------------------ capacity
