@@ -49,7 +49,7 @@ def reserved(name: str) -> str:
     return f"%{name}"
 
 
-VM_BUCKETS = 16  # VM rows spread over this many partitions; see functions/README.md
+VM_BUCKETS = 8  # VM rows spread over this many partitions; see functions/README.md
 
 
 def vm_partition(name: str) -> str:
