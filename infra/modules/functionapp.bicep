@@ -53,12 +53,16 @@ param hasWebhookSecret bool = false
 @maxValue(1000)
 param maximumInstanceCount int = 40
 
+// Measured (functions/README.md, "Sizing"): the Python worker running ingest peaks at
+// about 70 MB for a 200-VM set and 85 MB for a 1,000-VM set at 16-32 sessions at once, so
+// the smallest instance leaves room for the host; billing is per GB-second of it.
+@description('Flex Consumption instance memory. 512 fits the measured worker; raise it only for a very large POLICY or fleet.')
 @allowed([
   512
   2048
   4096
 ])
-param instanceMemoryMB int = 2048
+param instanceMemoryMB int = 512
 
 // Bridge behaviour (SETTINGS.md).
 param relaySilentAfterSeconds int = 600
