@@ -27,6 +27,7 @@ from functions.model.event import Transition
 from functions.pipeline.announce import claim, publish_claimed
 from functions.pipeline.context import Pipeline
 from functions.settings import Settings
+from functions.store import claims
 from functions.store.records import MAX_ATTEMPTS_KEPT, Attempt, EventRecord, VmRecord
 from functions.store.tables import Store
 
@@ -119,6 +120,12 @@ def approve_event(
     return result
 
 
+def approval_stale_after(settings: Settings) -> timedelta:
+    """An approval claim older than one invocation's budget (and a minute) was left by a
+    crash: another caller may take it over."""
+    return timedelta(seconds=settings.approval_budget_seconds + 60)
+
+
 def _why_not(record: EventRecord | None) -> str:
     if record is None:
         return "unknown event"
@@ -134,16 +141,16 @@ def _why_not(record: EventRecord | None) -> str:
 def _claim(
     store: Store, event_id: str, now: datetime, settings: Settings
 ) -> tuple[EventRecord | None, bool]:
-    stale_after = timedelta(seconds=settings.approval_budget_seconds + 60)
+    stale_after = approval_stale_after(settings)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or rec.ended or rec.started or rec.approval == "approved":
             return None
-        busy = rec.approval == "in_progress" and rec.approval_claimed_at is not None
-        if busy and now - rec.approval_claimed_at < stale_after:  # type: ignore[operator]
+        busy = rec.approval == "in_progress"
+        if busy and not claims.can_claim(rec.approval_claim, now, stale_after):
             return None
         rec.approval = "in_progress"
-        rec.approval_claimed_at = now
+        rec.approval_claim = claims.pending(now)
         return rec
 
     return store.mutate_event(event_id, change)
@@ -286,6 +293,8 @@ def _finish(
         if rec.approval == "approved" and outcome != "approved":
             return None  # someone else succeeded meanwhile; keep their result
         rec.approval = state  # type: ignore[assignment]
+        # Done once approved or failed; released for a later try otherwise.
+        rec.approval_claim = claims.DONE if outcome in ("approved", "failed") else ""
         rec.approval_reason = detail[:1000]
         rec.approval_attempts = (rec.approval_attempts + attempts)[-MAX_ATTEMPTS_KEPT:]
         if outcome == "approved":

@@ -26,6 +26,7 @@ from functions.pipeline.lifecycle import report
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
 from functions.pipeline.transitions import after_decision, end_event
+from functions.store import claims
 from functions.store.records import MAX_EVENTS_PER_DOCUMENT, EventRecord, VmRecord
 from functions.store.tables import Store
 
@@ -240,8 +241,7 @@ def _report(
         key = (
             Transition.POLICY_INVALID if target.decision.policy_error else Transition.DECIDED
         ).value
-        if key not in target.announced:
-            target.announced[key] = f"pending:{now.isoformat()}"
+        if claims.take(target.announced, key, now):
             claimed.append(Transition(key))
             return target
         return updated
@@ -302,7 +302,7 @@ def _unchanged(
     decision = recent.decision
     if decision is None or should_redecide(recent, pipeline.settings.policy, now):
         return False
-    if any(mark != "done" for mark in recent.announced.values()):
+    if any(mark != claims.DONE for mark in recent.announced.values()):
         return False
     if newcomer and event.affects(envelope.vm.name):
         # The approval may be waiting for this VM's relay: only a final state is safe.

@@ -25,7 +25,7 @@ from datetime import datetime
 
 from functions.model.envelope import STARTED, ScheduledEvent, VmRef
 from functions.model.event import Transition
-from functions.pipeline.announce import pending_mark
+from functions.store import claims
 from functions.store.records import MAX_RESOURCES, MAX_SETS, MAX_TEXT, EventRecord, clip
 
 
@@ -48,8 +48,7 @@ def _union(items: list[str], values: list[str | None] | tuple[str, ...], cap: in
 def _claim(
     record: EventRecord, transition: Transition, now: datetime, out: list[Transition]
 ) -> None:
-    if transition.value not in record.announced:
-        record.announced[transition.value] = pending_mark(now)
+    if claims.take(record.announced, transition.value, now):
         out.append(transition)
 
 

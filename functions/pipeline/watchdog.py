@@ -15,8 +15,8 @@ from pydantic import BaseModel, Field
 
 from functions.model.envelope import SCHEDULED, TERMINATE
 from functions.model.event import Notification, Transition
-from functions.pipeline.announce import announce, pending_mark, publish_claimed, stale_pending
-from functions.pipeline.approve import ApprovalResult, approve_event
+from functions.pipeline.announce import STALE_PENDING, announce, publish_claimed, stale_pending
+from functions.pipeline.approve import ApprovalResult, approval_stale_after, approve_event
 from functions.pipeline.capacity import acquire_capacity, needs_capacity
 from functions.pipeline.context import Pipeline
 from functions.pipeline.redecide import as_event, redecide, should_redecide
@@ -27,6 +27,7 @@ from functions.pipeline.relay_recovery import (
     silence_occurrence,
 )
 from functions.pipeline.transitions import after_decision, end_event
+from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def _sweep_vms(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> set[st
                 continue
             if _is_silent(vm, now, silent_after):
                 silent.add(vm.name)
-                if vm.silent_announced_for == _mark(vm) or _deleted_by_terminate(pipeline, vm):
+                if not _silence_pending(vm, now) or _deleted_by_terminate(pipeline, vm):
                     continue  # announced already, or a scale-in deleted it (expected)
                 if _announce_silence(pipeline, vm, now):
                     out.silent.append(vm.name)
@@ -151,7 +152,7 @@ def _close(pipeline: Pipeline, record: EventRecord, now: datetime, out: Watchdog
     elif transition.value not in record.announced:
         if announce(pipeline, record.event_id, transition, now):
             out.republished.append(f"{record.event_id}:{transition.value}")
-    elif record.announced[transition.value] != "done":
+    elif record.announced[transition.value] != claims.DONE:
         return  # being announced right now: close it on a later sweep
     pipeline.store.close_event(record.event_id, record.ended_at or now)
 
@@ -189,15 +190,24 @@ def _deleted_by_terminate(pipeline: Pipeline, vm: VmRecord) -> bool:
     return False
 
 
+def _silence_pending(vm: VmRecord, now: datetime) -> bool:
+    """This silence still needs announcing: not claimed yet, or its claim went stale."""
+    return vm.silent_announced_for != _mark(vm) or claims.is_stale(
+        vm.silence_claim, now, STALE_PENDING
+    )
+
+
 def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime) -> bool:
-    """Once per silence: the claim is the last_seen it was announced for."""
+    """Once per silence (functions.store.claims): the claim names the last_seen it is for,
+    is marked done after the publish, released if the publish fails, redone if stale."""
     assert vm.last_seen is not None
     mark = vm.last_seen.isoformat()
 
     def change(rec: VmRecord | None) -> VmRecord | None:
-        if rec is None or rec.silent_announced_for == mark or rec.last_seen != vm.last_seen:
+        if rec is None or rec.last_seen != vm.last_seen or not _silence_pending(rec, now):
             return None
         rec.silent_announced_for = mark
+        rec.silence_claim = claims.pending(now)
         return rec
 
     _, won = pipeline.store.mutate_vm(vm.name, change)
@@ -215,16 +225,21 @@ def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime) -> bool:
     try:
         pipeline.publisher.publish(note)
     except Exception:
-        pipeline.store.mutate_vm(vm.name, _unmark(mark))
+        pipeline.store.mutate_vm(vm.name, _settle(mark, done=False))
         raise
+    pipeline.store.mutate_vm(vm.name, _settle(mark, done=True))
     return True
 
 
-def _unmark(mark: str):
+def _settle(mark: str, *, done: bool):
     def change(rec: VmRecord | None) -> VmRecord | None:
         if rec is None or rec.silent_announced_for != mark:
             return None
-        rec.silent_announced_for = None
+        if done:
+            rec.silence_claim = claims.DONE
+        else:
+            rec.silent_announced_for = None
+            rec.silence_claim = ""
         return rec
 
     return change
@@ -306,7 +321,7 @@ def _redecide(pipeline: Pipeline, record: EventRecord, now: datetime, out: Watch
         if rec is None or not should_redecide(rec, load, now):
             return None
         redecide(rec, as_event(rec), load, now)
-        rec.announced[Transition.DECIDED.value] = pending_mark(now)
+        claims.take(rec.announced, Transition.DECIDED.value, now)
         return rec
 
     store = pipeline.store
@@ -325,11 +340,8 @@ def _deferred_approval(
 ) -> ApprovalResult | None:
     if record.ended or record.started or record.decision is None:
         return None
-    stale_claim = (
-        record.approval == "in_progress"
-        and record.approval_claimed_at is not None
-        and now - record.approval_claimed_at
-        > timedelta(seconds=pipeline.settings.approval_budget_seconds + 60)
+    stale_claim = record.approval == "in_progress" and claims.is_stale(
+        record.approval_claim, now, approval_stale_after(pipeline.settings)
     )
     if record.approval != "pending" and not stale_claim:
         return None

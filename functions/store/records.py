@@ -46,11 +46,12 @@ class VmRecord(Record):
     # repeats it writes no reporter row again.
     event_statuses: dict[str, str] = Field(default_factory=dict)
     silent_announced_for: str | None = None  # the last_seen whose silence was announced
+    silence_claim: str = ""  # its announcement's claim (functions.store.claims)
     # The silence (its `silent_announced_for`) whose end is being announced as
-    # relay_recovered, and since when; cleared once published (the watchdog republishes
-    # one left behind by a crash).
+    # relay_recovered, and that announcement's claim; cleared once published (the watchdog
+    # republishes one left behind by a crash).
     recovery_pending: str | None = None
-    recovery_pending_since: AwareDatetime | None = None
+    recovery_claim: str = ""
 
 
 class Attempt(BaseModel):
@@ -93,7 +94,8 @@ class EventRecord(Record):
     redecided_at: AwareDatetime | None = None
     approval: ApprovalState = ""
     approval_reason: str = ""
-    approval_claimed_at: AwareDatetime | None = None
+    # The claim (functions.store.claims) of whoever is approving it right now.
+    approval_claim: str = ""
     approve_after: AwareDatetime | None = None
     approved_by: str | None = None
     approval_attempts: list[Attempt] = Field(default_factory=list)

@@ -24,6 +24,7 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import ServiceBusPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.settings import check_for_azure, load_settings
+from functions.store import claims
 from functions.store.records import EventRecord
 from functions.store.tables import Store
 
@@ -123,7 +124,7 @@ def event_view(record: EventRecord) -> dict[str, object]:
         "approved_by": record.approved_by,
         "approve_after": record.approve_after.isoformat() if record.approve_after else None,
         "approval_attempts": len(record.approval_attempts),
-        "announced": sorted(k for k, v in record.announced.items() if v == "done"),
+        "announced": sorted(k for k, v in record.announced.items() if v == claims.DONE),
     }
 
 
