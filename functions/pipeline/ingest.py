@@ -28,7 +28,7 @@ from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
 from functions.pipeline.transitions import after_decision, end_event
 from functions.store import claims
 from functions.store.records import MAX_EVENTS_PER_DOCUMENT, EventRecord, VmRecord
-from functions.store.tables import Store
+from functions.store.tables import RowTooLarge, Store
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,15 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
         log.warning("rejected message %s: %s", message_id or "?", exc)
         pipeline.store.reject(at=now, reason=str(exc), body=body, message_id=message_id)
         return IngestResult(outcome="rejected", reason=str(exc))
-    return ingest_envelope(envelope, pipeline)
+    try:
+        return ingest_envelope(envelope, pipeline)
+    except RowTooLarge as exc:
+        # Bounded pieces make this unreachable for anything IMDS sends; if it happens the
+        # message is kept with the reason instead of failing until it dead-letters.
+        reason = f"state would exceed a Table size limit: {exc}"
+        log.error("rejected message %s: %s", message_id or "?", reason)
+        pipeline.store.reject(at=now, reason=reason, body=body, message_id=message_id)
+        return IngestResult(outcome="rejected", vm=envelope.vm.name, reason=reason)
 
 
 def _is_stale(vm: VmRecord | None, envelope: Envelope) -> bool:

@@ -26,22 +26,36 @@ from datetime import datetime
 from functions.model.envelope import STARTED, ScheduledEvent, VmRef
 from functions.model.event import Transition
 from functions.store import claims
-from functions.store.records import MAX_RESOURCES, MAX_SETS, MAX_TEXT, EventRecord, clip
+from functions.store.records import (
+    MAX_NAME_CHARS,
+    MAX_RESOURCES,
+    MAX_SETS,
+    MAX_TEXT,
+    EventRecord,
+    clip,
+)
 
 
-def _union(items: list[str], values: list[str | None] | tuple[str, ...], cap: int) -> int:
-    """Add the values not already in `items` (case-insensitively), up to `cap` items;
-    returns how many were left out for the cap."""
+def _union(
+    items: list[str],
+    values: list[str | None] | tuple[str, ...],
+    cap: int,
+    chars: int = MAX_NAME_CHARS,
+) -> int:
+    """Add the values not already in `items` (case-insensitively), up to `cap` items and
+    `chars` characters in all; returns how many were left out for the caps."""
     known = {i.casefold() for i in items}
+    used = sum(len(i) for i in items)
     dropped = 0
     for value in values:
         if not value or value.casefold() in known:
             continue
-        if len(items) >= cap:
+        if len(items) >= cap or used + len(value) > chars:
             dropped += 1
             continue
         items.append(value)
         known.add(value.casefold())
+        used += len(value)
     return dropped
 
 

@@ -17,6 +17,7 @@ MAX_TEXT = 2000  # Description, reasons: far below the 64 KiB property limit
 MAX_OUTCOME = 300  # one approval attempt's outcome text
 MAX_RESOURCES = 2000  # VM names kept on an event row (IMDS names far fewer per event)
 MAX_SETS = 200  # scale sets / availability sets kept on an event row
+MAX_NAME_CHARS = 150_000  # characters of names in one such list (the row stays < 1 MiB)
 MAX_EVENTS_PER_DOCUMENT = 200  # a VM's document listing more is cut to its own events
 MAX_REPORTED_BY = 100  # names in a notification's ReportedBy (Resources has them all)
 

@@ -184,3 +184,18 @@ def test_the_watchdog_costs_the_same_few_requests_at_10_and_at_10000_vms(azurite
     assert len(small_report.expired) == 20
     assert len(large_report.expired) == RETENTION_EVENTS_PER_SWEEP
     assert large_report.silent == [] and large_report.ended == []
+
+
+def test_a_row_that_would_not_fit_is_recorded_as_rejected_not_dead_lettered(
+    store, clock, monkeypatch
+):
+    from functions.store import tables
+
+    monkeypatch.setattr(tables, "MAX_CHUNKS", 1)  # as if a row could hold 30,000 characters
+    pipeline, publisher = make_pipeline(store, clock)
+    names = tuple(name64(i) for i in range(600))  # 39,000 characters of Resources
+    result = ingest_message(envelope(names[0], 1, [event("EV-FAT", resources=names)]), pipeline)
+    assert result.outcome == "rejected" and "Table size limit" in result.reason
+    (row,) = list(store.rejected_rows())
+    assert "exceeds" in row["reason"]
+    assert publisher.published == []
