@@ -25,6 +25,7 @@ from functions.pipeline.context import Pipeline
 from functions.pipeline.lifecycle import report
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
+from functions.pipeline.sources.eventgrid import looks_like_event_grid
 from functions.pipeline.transitions import after_decision, already_ended_with, end_event
 from functions.store.records import EventRecord, VmRecord
 from functions.store.tables import Store
@@ -42,6 +43,10 @@ class IngestResult(BaseModel):
 
 def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") -> IngestResult:
     """Process one message body from the documents queue (or the local inbox)."""
+    if looks_like_event_grid(body):  # agentless mode: Event Grid, not a relay envelope
+        from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid
+
+        return ingest_event_grid(body, pipeline, message_id)
     now = pipeline.clock.now()
     try:
         envelope = parse_envelope(body)
