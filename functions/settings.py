@@ -65,6 +65,15 @@ class Settings(BaseSettings):
     # How long one ingest invocation keeps retrying an approval before leaving the rest to
     # the watchdog, so a slow relay never holds a VM's session for the whole notice period.
     approval_budget_seconds: int = Field(default=60, ge=1)
+    # Agentless mode (functions.approvers.arm): which approvers, in order, and how ARM is
+    # reached. APPROVERS="relay,arm" tries relays first and acknowledges through ARM when
+    # no relay can approve; "arm" or "relay" alone use only that one.
+    approvers: str = Field(default="relay,arm")
+    arm_endpoint: str = Field(default="https://management.azure.com")
+    arm_api_version: str = Field(default="2025-11-01", pattern=r"^\d{4}-\d{2}-\d{2}(-preview)?$")
+    # How long relays are tried (from their first attempt) before ARM takes over, when both
+    # are configured; never later than APPROVAL_MARGIN_SECONDS before NotBefore.
+    arm_fallback_after_seconds: int = Field(default=30, ge=0)
 
     @model_validator(mode="after")
     def _urls(self) -> Settings:
@@ -72,7 +81,19 @@ class Settings(BaseSettings):
             raise ValueError("PUBLIC_BASE_URL must be an http(s) URL")
         if self.relay_key is not None and len(self.relay_key.get_secret_value().strip()) < 16:
             raise ValueError("RELAY_KEY must be at least 16 characters")
+        if not self.arm_endpoint.startswith(("https://", "http://")):
+            raise ValueError("ARM_ENDPOINT must be an http(s) URL")
+        order = self.approver_order
+        if not order or len(set(order)) != len(order) or not set(order) <= {"relay", "arm"}:
+            raise ValueError(
+                f"APPROVERS {self.approvers!r} must list relay and/or arm, each once, in order "
+                "(e.g. relay,arm)"
+            )
         return self
+
+    @property
+    def approver_order(self) -> tuple[str, ...]:
+        return tuple(p.strip().casefold() for p in self.approvers.split(",") if p.strip())
 
     @property
     def relay_key_bytes(self) -> bytes | None:

@@ -103,7 +103,10 @@ def test_relay_and_event_grid_report_one_event(store, clock, relay):
     assert pub.transitions("EV-M") == ["scheduled", "decided", "approved", "started", "completed"]
     record = store.get_event("EV-M")
     assert record.ended == "completed" and record.arm_resource == owner_id()
-    assert [a["outcome"] for a in store.audit_rows("EV-M")] == ["approving", "approved via vm1"]
+    assert [a["outcome"] for a in store.audit_rows("EV-M")] == [
+        "approving",
+        "approved via relay:vm1",
+    ]
 
 
 def test_event_grid_first_then_relay(store, clock, relay):
