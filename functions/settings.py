@@ -69,6 +69,7 @@ class Settings(BaseSettings):
     # reached. APPROVERS="relay,arm" tries relays first and acknowledges through ARM when
     # no relay can approve; "arm" or "relay" alone use only that one.
     approvers: str = Field(default="relay,arm")
+    eventgrid_queue: str = Field(default="scheduled-events", min_length=1)
     arm_endpoint: str = Field(default="https://management.azure.com")
     arm_api_version: str = Field(default="2025-11-01", pattern=r"^\d{4}-\d{2}-\d{2}(-preview)?$")
     # How long relays are tried (from their first attempt) before ARM takes over, when both

@@ -63,6 +63,10 @@ param relaySilentAfterSeconds int = 600
 param approvalMarginSeconds int = 10
 param pagerdutyEventsUrl string = 'https://events.pagerduty.com/v2/enqueue'
 
+// Agentless mode (eventgrid.bicep): the queue Event Grid delivers to, and the approvers.
+param eventGridQueueName string = 'scheduled-events'
+param approvers string = 'relay,arm'
+
 // Policy (POLICY__*); editable later as app settings.
 @description('Ordered policy rules (JSON array). Empty: the built-in default, Microsoft\'s reference policy.')
 param policyRules array = []
@@ -110,6 +114,8 @@ var bridgeSettings = {
   RELAY_SILENT_AFTER_SECONDS: string(relaySilentAfterSeconds)
   APPROVAL_MARGIN_SECONDS: string(approvalMarginSeconds)
   PAGERDUTY_EVENTS_URL: pagerdutyEventsUrl
+  EVENTGRID_QUEUE: eventGridQueueName
+  APPROVERS: approvers
 }
 
 var policyBaseSettings = {
