@@ -198,7 +198,8 @@ resource scheduledEvents 'Microsoft.EventGrid/systemTopics/eventSubscriptions@20
 }
 
 // Exactly the acknowledge action, assignable only in the resource groups you named.
-var acknowledgeGroups = union(map(acknowledgeScopes, scope => '${subscription().id}/resourceGroups/${scope.resourceGroup}'), [])
+var namedGroups = [for scope in acknowledgeScopes: '${subscription().id}/resourceGroups/${scope.resourceGroup}']
+var acknowledgeGroups = union(namedGroups, [])
 
 resource acknowledgeRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (!empty(acknowledgeScopes)) {
   name: guid(subscription().id, resourceGroup().id, 'scheduled-events-acknowledge')
@@ -227,8 +228,8 @@ module acknowledgeGrants 'eventgrid-acknowledge.bicep' = [
     params: {
       roleDefinitionName: acknowledgeRole.name
       functionPrincipalId: functionPrincipalId
-      resourceType: scope.?resourceType ?? ''
-      resourceName: scope.?name ?? ''
+      resourceType: contains(scope, 'resourceType') ? scope.resourceType : ''
+      resourceName: contains(scope, 'name') ? scope.name : ''
     }
   }
 ]

@@ -113,8 +113,10 @@ def test_custom_role_holds_exactly_the_acknowledge_action() -> None:
     assert role.body["properties"]["type"] == "CustomRole"
     # Assignable only in the resource groups the user named.
     assert role.body["properties"]["assignableScopes"] == "acknowledgeGroups"
-    mapped = EG.variables["acknowledgeGroups"]["function"]["parameters"]["arg_1"]["function"]
-    assert mapped["type"] == "map" and mapped["parameters"]["arg_1"] == "acknowledgeScopes"
+    union = EG.variables["acknowledgeGroups"]["function"]
+    assert union["type"] == "union" and union["parameters"]["arg_1"] == "namedGroups"
+    named = EG.tree["variables"]["namedGroups"]["value"]
+    assert named["loop_type"]["detail"]["array_name"] == "acknowledgeScopes"
     assert EG.param_default("acknowledgeScopes") == []
 
 
