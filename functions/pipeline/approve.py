@@ -115,7 +115,9 @@ def approve_event(
         details.append(f"{approver}: {phase.detail}")
         if phase.outcome == "later":
             later = True
-            break  # this approver may still succeed: do not hand over yet
+            if approver == "relay":
+                break  # relays still have time before ARM's turn: do not hand over yet
+            # ARM throttled or down for now: a relay after it may approve meanwhile.
     if result is None:
         result = _finish(
             store,

@@ -250,3 +250,14 @@ def test_mixed_sources_pending_relay_then_event_grid_approves_once(store, clock,
     assert mate.requests == [] and named.requests == []
     assert pub.transitions("EV-X") == ["scheduled", "decided", "approved"]
     assert len(arm.arm.calls) == 1
+
+
+def test_arm_first_throttled_hands_over_to_the_relay(store, clock, arm, relay):
+    pipeline, _ = agentless(store, clock, arm, approvers="arm,relay", approval_budget_seconds=5)
+    arm.arm.fail_next(429, count=10, retry_after=10)
+    props = user_event(arm.sim, "EV-AR", ["solo"])
+    body = envelope("solo", 1, [props], callback_url=relay.url)
+    ingest_message(with_compute(body, owner("virtualMachines", "solo")), pipeline)
+    record = store.get_event("EV-AR")
+    assert record.approved_by == "solo" and relay.starts() == ["EV-AR"]
+    assert [c.status for c in arm.arm.calls] == [429]
