@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     # no relay can approve; "arm" or "relay" alone use only that one.
     approvers: str = Field(default="relay,arm")
     eventgrid_queue: str = Field(default="scheduled-events", min_length=1)
+    # An event only Event Grid reported is ended this long after NotBefore if its
+    # Completed/Canceled never arrives (no relay silence can end it).
+    eventgrid_end_after_seconds: int = Field(default=6 * 3600, ge=60)
     arm_endpoint: str = Field(default="https://management.azure.com")
     arm_api_version: str = Field(default="2025-11-01", pattern=r"^\d{4}-\d{2}-\d{2}(-preview)?$")
     # How long relays are tried (from their first attempt) before ARM takes over, when both

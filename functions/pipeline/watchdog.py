@@ -21,6 +21,7 @@ from functions.pipeline.capacity import acquire_capacity, needs_capacity
 from functions.pipeline.context import Pipeline
 from functions.pipeline.redecide import as_event, redecide, should_redecide
 from functions.pipeline.relay_recovery import announce_recovery, left_behind, silence_occurrence
+from functions.pipeline.sources.eventgrid_ingest import end_unheard
 from functions.pipeline.transitions import after_decision, end_event
 from functions.store.records import EventRecord, VmRecord
 
@@ -158,6 +159,10 @@ def _sweep_event(
                 )
             out.ended.append(record.event_id)
             return
+    # 2b. Only Event Grid reported it, and its end never came (dead-lettered): end it.
+    if end_unheard(record, pipeline, now):
+        out.ended.append(record.event_id)
+        return
     # 3. It failed closed on an invalid policy, and the policy here is valid: decide again.
     if should_redecide(record, pipeline.settings.policy, now):
         _redecide(pipeline, record, now, out)

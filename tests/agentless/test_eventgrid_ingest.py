@@ -177,3 +177,32 @@ def test_not_before_from_event_grid_is_used(store, clock):
     pipeline, _ = make_pipeline(store, clock)
     send(pipeline, event("EV-N", "Reboot", not_before=T0 + timedelta(minutes=7)))
     assert store.get_event("EV-N").not_before == T0 + timedelta(minutes=7)
+
+
+def test_watchdog_ends_an_event_grid_only_event_whose_end_never_came(store, clock, relay):
+    """No relay's silence can end it: past EVENTGRID_END_AFTER_SECONDS beyond NotBefore the
+    watchdog ends it (its capacity slot freed), and leaves relay-reported events alone."""
+    from functions.pipeline.watchdog import run_watchdog
+
+    approve_all = Policy(rules=[Rule(name="all", match=Match(), action="approve")])
+    pipeline, pub = make_pipeline(
+        store,
+        clock,
+        approve_all,
+        eventgrid_end_after_seconds=3600,
+        approvers="relay",
+        relay_silent_after_seconds=10**6,  # vm2 never counts as silent here
+    )
+    send(pipeline, event("EV-LOST", "Reboot"))
+    ingest_message(envelope("vm2", 1, [event("EV-RELAY", "Reboot", resources=("vm2",))]), pipeline)
+    clock.advance(15 * 60 + 3599)
+    assert "EV-LOST" not in run_watchdog(pipeline).ended
+    clock.advance(2)
+    report = run_watchdog(pipeline)
+    assert "EV-LOST" in report.ended and "EV-RELAY" not in report.ended
+    assert pub.transitions("EV-LOST")[-1] == "completed"
+    last = [n for n in pub.published if n.event and n.event.event_id == "EV-LOST"][-1]
+    assert "no Event Grid notification of its end" in last.detail
+    assert store.get_event("EV-LOST").ended == "completed"
+    assert store.get_event("EV-RELAY").ended == ""
+    assert "EV-LOST" not in run_watchdog(pipeline).ended  # once

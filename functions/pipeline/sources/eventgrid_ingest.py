@@ -210,3 +210,45 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
                 give_up_at=now + timedelta(seconds=pipeline.settings.approval_budget_seconds),
             )
         )
+
+
+def end_unheard(record: EventRecord, pipeline: Pipeline, now: datetime) -> bool:
+    """The watchdog's step for events only Event Grid reported: no relay's silence can end
+    them, so if their `Completed`/`Canceled` never arrives (dead-lettered, a subscription
+    deleted) they would stay open and keep a capacity slot forever. Past
+    EVENTGRID_END_AFTER_SECONDS beyond NotBefore (or first sight, for one that came
+    Started), the event is ended: completed, announced with why. True if this call ended it."""
+    if record.ended or record.past_reporters or not record.arm_resource:
+        return False
+    since = record.not_before or record.first_seen
+    limit = timedelta(seconds=pipeline.settings.eventgrid_end_after_seconds)
+    if now - since < limit:
+        return False
+    claimed: list[Transition] = []
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        claimed.clear()
+        if rec is None or rec.ended or rec.past_reporters:
+            return None
+        rec.ended = (
+            "completed"
+            if rec.started or rec.approval == "approved" or rec.not_before
+            else "cancelled"
+        )
+        rec.ended_at = now
+        _claim(
+            rec,
+            Transition.COMPLETED if rec.ended == "completed" else Transition.CANCELLED,
+            now,
+            claimed,
+        )
+        return rec
+
+    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
+    if not won or updated is None or not claimed:
+        return False
+    if holds_capacity(updated):
+        release_capacity(pipeline.store, updated)
+    detail = f"no Event Grid notification of its end within {int(limit.total_seconds())} s"
+    publish_claimed(pipeline, updated, claimed, now, dict.fromkeys(claimed, detail))
+    return True
