@@ -367,7 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
         urls = control.Urls(url=owner.url, vm_url=owner.vm_url)
         try:
             status, data = control.handle(
-                self.server.sim, urls, method, path, query, self._request_body
+                self.server.sim, urls, method, path, query, self._request_body, owner.arm
             )
         except control.MethodNotAllowed as exc:
             self._error(405, str(exc))
