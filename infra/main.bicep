@@ -82,6 +82,10 @@ param relayCallbackPort int = 8492
 @minLength(32)
 param relayKey string
 
+@description('The relay key before a rotation, only while one is under way (infra/README.md).')
+@secure()
+param relayKeyPrevious string = ''
+
 @secure()
 param pagerdutyRoutingKey string = ''
 
@@ -267,6 +271,7 @@ module keyVault 'modules/keyvault.bicep' = {
     location: location
     tags: tags
     relayKey: relayKey
+    relayKeyPrevious: relayKeyPrevious
     pagerdutyRoutingKey: pagerdutyRoutingKey
     teamsWebhookUrl: teamsWebhookUrl
     webhookUrl: webhookUrl
@@ -304,6 +309,7 @@ module functionApp 'modules/functionapp.bicep' = {
     stateTablePrefix: storage.outputs.tablePrefix
     keyVaultUri: keyVault.outputs.vaultUri
     secretNames: keyVault.outputs.secretNames
+    hasRelayKeyPrevious: keyVault.outputs.hasRelayKeyPrevious
     hasPagerduty: keyVault.outputs.hasPagerduty
     hasTeams: keyVault.outputs.hasTeams
     hasWebhookUrl: keyVault.outputs.hasWebhookUrl

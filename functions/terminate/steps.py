@@ -97,12 +97,14 @@ def relay_hook(
     now: Callable[[], datetime],
     sleep: Callable[[float], None],
     poll_seconds: float = 2.0,
+    previous_key: bytes | None = None,
 ) -> StepOutcome:
     """Ask the VM's relay to run its configured hook for this event; poll while running.
 
     The relay runs each (hook, EventId) once and answers a repeat with the recorded result,
     so polling is the same signed request again (freshly signed: the relay refuses a
-    replayed signature).
+    replayed signature). A 401 with `previous_key` set (RELAY_KEY_PREVIOUS, mid-rotation)
+    switches to that key for the rest of this step.
     """
     base = callback_url.rstrip("/")
     url = f"{base}/v1/hook"
@@ -144,6 +146,12 @@ def relay_hook(
                 sleep(min(poll_seconds, max(_remaining(now, until), 0)))
                 continue
             reason = answer.get("error") or error_text(response)
+            if status == 401 and previous_key is not None and key != previous_key:
+                log.warning(
+                    "relay hook %s: 401 to RELAY_KEY; signing with RELAY_KEY_PREVIOUS", hook
+                )
+                key = previous_key
+                continue
             if status == 404:
                 return False, f"relay refused: {reason} (hooks come only from the relay's config)"
             if status in (400, 401, 403):

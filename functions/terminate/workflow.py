@@ -73,6 +73,7 @@ class DrainContext:
     callback_url: CallbackUrl  # VM name → its relay's callback URL (from the state store)
     relay_key: bytes | None
     clock: Clock = field(default_factory=SystemClock)
+    relay_key_previous: bytes | None = None  # RELAY_KEY_PREVIOUS, while a rotation runs
     webhook_secret: bytes | None = None  # signs the HTTP drain hook request when set
     # Whether the policy pages on a transition (functions.model.policy.transition_pages); None:
     # the channels' defaults apply (drain_failed pages).
@@ -331,6 +332,7 @@ def _hook_action(
             ctx.clock.now,
             ctx.clock.sleep,
             settings.poll_seconds,
+            ctx.relay_key_previous,
         )
 
     return act

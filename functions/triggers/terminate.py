@@ -62,6 +62,7 @@ def build_context() -> DrainContext:
         approve=approve,
         callback_url=callback_url,
         relay_key=settings.relay_key_bytes,
+        relay_key_previous=settings.relay_key_previous_bytes,
         clock=core.clock,
         webhook_secret=secret.get_secret_value().encode() if secret else None,
         pages=pages,

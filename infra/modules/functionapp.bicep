@@ -42,6 +42,7 @@ param keyVaultUri string
 @description('Secret names in the vault (keyvault.bicep output secretNames).')
 param secretNames object
 
+param hasRelayKeyPrevious bool = false
 param hasPagerduty bool = false
 param hasTeams bool = false
 param hasWebhookUrl bool = false
@@ -128,6 +129,9 @@ var drainBaseSettings = {
 var drainHttpSettings = empty(drainHttpUrl) ? {} : { DRAIN__HTTP_URL: drainHttpUrl }
 var drainHookSettings = empty(drainRelayHook) ? {} : { DRAIN__RELAY_HOOK: drainRelayHook }
 
+// The relay key before a rotation, only while one is under way (README: rotate the relay key).
+var relayKeyPreviousSettings = hasRelayKeyPrevious ? { RELAY_KEY_PREVIOUS: '${kvRef}${secretNames.relayKeyPrevious})' } : {}
+
 // Channel secrets: only those that exist in the vault, always as references.
 var pagerdutySettings = hasPagerduty ? { PAGERDUTY_ROUTING_KEY: '${kvRef}${secretNames.pagerdutyRoutingKey})' } : {}
 var teamsSettings = hasTeams ? { TEAMS_WEBHOOK_URL: '${kvRef}${secretNames.teamsWebhookUrl})' } : {}
@@ -135,7 +139,7 @@ var webhookUrlSettings = hasWebhookUrl ? { WEBHOOK_URL: '${kvRef}${secretNames.w
 var webhookSecretSettings = hasWebhookSecret ? { WEBHOOK_SECRET: '${kvRef}${secretNames.webhookSecret})' } : {}
 
 // Every app setting, set when the site is created (Flex needs its storage settings from the start).
-var appSettings = union(connectionSettings, bridgeSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
+var appSettings = union(connectionSettings, bridgeSettings, relayKeyPreviousSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   //checkov:skip=CKV_AZURE_225: Flex zone redundancy is regional and opt-in; enable it where your region offers it
