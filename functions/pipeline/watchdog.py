@@ -19,6 +19,7 @@ from functions.pipeline.announce import announce, pending_mark, publish_claimed,
 from functions.pipeline.approve import ApprovalResult, approve_event
 from functions.pipeline.capacity import acquire_capacity, needs_capacity
 from functions.pipeline.context import Pipeline
+from functions.pipeline.policy_state import sync_policy_state
 from functions.pipeline.redecide import as_event, redecide, should_redecide
 from functions.pipeline.relay_recovery import announce_recovery, left_behind, silence_occurrence
 from functions.pipeline.transitions import after_decision, end_event
@@ -35,11 +36,17 @@ class WatchdogReport(BaseModel):
     republished: list[str] = Field(default_factory=list)
     recovered: list[str] = Field(default_factory=list)  # relay_recovered published again
     redecided: list[str] = Field(default_factory=list)  # fail-closed decisions replaced
+    policy: str | None = None  # policy_invalid / policy_valid announced for the fleet
 
 
 def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
     now = pipeline.clock.now()
     out = WatchdogReport()
+    try:
+        changed = sync_policy_state(pipeline, now)
+        out.policy = changed.value if changed else None
+    except Exception:  # retried next minute; never stops the sweep
+        log.exception("watchdog: policy state")
     silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
     vms = {vm.name: vm for vm in pipeline.store.list_vms()}
     silent = {name for name, vm in vms.items() if _is_silent(vm, now, silent_after)}
