@@ -134,6 +134,12 @@ param drainHttpUrl string = ''
 
 param drainRelayHook string = ''
 
+@description('UNDRAIN__HTTP_URL: puts an instance back in service when its drained Terminate is cancelled.')
+param undrainHttpUrl string = ''
+
+@description('UNDRAIN__RELAY_HOOK: the relays\' hook script that undoes DRAIN__RELAY_HOOK.')
+param undrainRelayHook string = ''
+
 @allowed([
   'hold'
   'approve'
@@ -324,6 +330,8 @@ module functionApp 'modules/functionapp.bicep' = {
     policyMaxConcurrentPerSet: policyMaxConcurrentPerSet
     drainHttpUrl: drainHttpUrl
     drainRelayHook: drainRelayHook
+    undrainHttpUrl: undrainHttpUrl
+    undrainRelayHook: undrainRelayHook
     drainOnFailure: drainOnFailure
   }
 }
