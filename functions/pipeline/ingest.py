@@ -123,14 +123,20 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         if _save_vm(store, vm, envelope, now, recovered):
             # After the VM row, so this VM's callback URL is known to the approver.
             for event_id in to_approve:
-                result.approvals.append(
-                    approve_event(
+                try:
+                    approval = approve_event(
                         event_id,
                         pipeline,
                         give_up_at=now
                         + timedelta(seconds=pipeline.settings.approval_budget_seconds),
                     )
-                )
+                except Exception:
+                    # The VM row is saved, so a redelivery would be stale and approve
+                    # nothing: leave it to the watchdog, which retries a pending approval
+                    # (or a claim gone stale) and announces an outcome left unannounced.
+                    log.exception("approval of %s failed; the watchdog retries it", event_id)
+                    continue
+                result.approvals.append(approval)
             for mark in recovered:
                 _announce_recovery(pipeline, name, mark, now)
             return result

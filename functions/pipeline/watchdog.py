@@ -151,6 +151,11 @@ def _sweep_event(
     if unannounced is not None and announce(pipeline, record.event_id, unannounced, now):
         out.republished.append(f"{record.event_id}:{unannounced.value}")
         return
+    # An approval outcome whose announcement failed (the claim was released, and the
+    # document that approved it is processed): announce it now.
+    outcome = _unannounced_outcome(record)
+    if outcome is not None and announce(pipeline, record.event_id, outcome, now):
+        out.republished.append(f"{record.event_id}:{outcome.value}")
     # 2. Every reporter silent, and the event is past its start: it ended without word.
     if record.reporters and all(vm in silent for vm in record.reporters):
         past = record.started or (record.not_before is not None and now >= record.not_before)
@@ -185,6 +190,15 @@ def _sweep_event(
     result = _deferred_approval(pipeline, record, now)
     if result is not None:
         out.approvals.append(result)
+
+
+def _unannounced_outcome(record: EventRecord) -> Transition | None:
+    if record.ended:
+        return None
+    outcome = {"approved": Transition.APPROVED, "failed": Transition.APPROVAL_FAILED}.get(
+        record.approval
+    )
+    return None if outcome is None or outcome.value in record.announced else outcome
 
 
 def _unannounced_decision(record: EventRecord) -> Transition | None:

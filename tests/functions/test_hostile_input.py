@@ -11,6 +11,8 @@ import pytest
 
 from functions.model.envelope import MAX_DESCRIPTION_CHARS
 from functions.pipeline.ingest import ingest_message
+from functions.pipeline.publish import LocalPublisher
+from functions.pipeline.watchdog import run_watchdog
 from functions.store.keys import row_key
 from tests.functions.conftest import T0, envelope, event, make_pipeline
 
@@ -145,3 +147,35 @@ def test_clock_near_the_far_end_still_processes(store, clock):
     far = event("EV-FAR", not_before=T0 + timedelta(days=365 * 100))
     assert ingest_message(envelope("vm1", 1, [far]), pipeline).outcome == "processed"
     assert pub.transitions("EV-FAR") == ["scheduled", "decided"]
+
+
+class FailsOn(LocalPublisher):
+    """A topic that fails once for one transition (say, a throttled send)."""
+
+    def __init__(self, transition: str) -> None:
+        super().__init__()
+        self.transition = transition
+
+    def publish(self, notification) -> None:
+        if notification.transition.value == self.transition and self.transition:
+            self.transition = ""
+            raise ConnectionError("topic unreachable")
+        super().publish(notification)
+
+
+def test_a_fault_after_the_vm_row_is_saved_leaves_the_approval_to_the_watchdog(store, clock, relay):
+    """A redelivery would be stale: the message completes and nothing is lost."""
+    pipeline, _ = make_pipeline(store, clock)
+    pipeline.publisher = topic = FailsOn("approved")
+    body = envelope("vm1", 1, [event("EV-A", source="User")], callback_url=relay.url)
+    result = ingest_message(body, pipeline)
+    assert result.outcome == "processed" and result.approvals == []
+    assert relay.starts() == ["EV-A"] and store.get_event("EV-A").approval == "approved"
+    assert "approved" not in store.get_event("EV-A").announced  # released
+    assert ingest_message(body, pipeline).outcome == "stale"
+    assert run_watchdog(pipeline).republished == ["EV-A:approved"]
+    assert topic.transitions("EV-A") == ["scheduled", "decided", "approved"]
+    assert run_watchdog(pipeline).republished == []
+    assert relay.starts() == ["EV-A"]  # approved once
+    nxt = ingest_message(envelope("vm1", 2, [], callback_url=relay.url), pipeline)
+    assert nxt.outcome == "processed"
