@@ -202,3 +202,35 @@ def test_nothing_to_send_writes_nothing(receivers, ledger) -> None:
         ledger=ledger,
     )
     assert ledger.rows("EV-2:scheduled") == {} and teams.requests == []
+
+
+def test_table_requests_per_post_and_per_redelivery(receivers, ledger, mocker) -> None:
+    """Two writes per post (claim, posted); a redelivery of a posted announcement costs one
+    refused insert and one read, and posts nothing."""
+    teams, hook = receivers
+    settings, sender = settings_for(teams, hook), transport()
+    spies = {
+        m: mocker.spy(ledger.table, m)
+        for m in ("create_entity", "update_entity", "get_entity", "delete_entity")
+    }
+    assert dispatch.deliver(
+        "teams", DECIDED.to_json(), settings=settings, transport=sender, ledger=ledger
+    )
+    assert {m: s.call_count for m, s in spies.items()} == {
+        "create_entity": 1,
+        "update_entity": 1,
+        "get_entity": 0,
+        "delete_entity": 0,
+    }
+    for spy in spies.values():
+        spy.reset_mock()
+    assert not dispatch.deliver(
+        "teams", DECIDED.to_json(), settings=settings, transport=sender, ledger=ledger
+    )
+    assert {m: s.call_count for m, s in spies.items()} == {
+        "create_entity": 1,
+        "update_entity": 0,
+        "get_entity": 1,
+        "delete_entity": 0,
+    }
+    assert len(teams.requests) == 1
