@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pydantic import ValidationError
 
@@ -91,7 +91,7 @@ def deliver(
     if off is not None:
         if settings.misconfigured(channel) and ledger is not None:
             # Half-configured is a mistake, not "off": say so for every message it drops.
-            _record_rejection(ledger, channel, _id_of(body, message_id), off, transport)
+            record_rejection(ledger, channel, _id_of(body, message_id), off, transport.clock())
         if channel not in _off_logged:
             _off_logged.add(channel)
             log.log(
@@ -107,7 +107,7 @@ def deliver(
         log.error("%s: message %s %s", channel, message_id or "?", exc.reason)
         if ledger is None:
             raise
-        _record_rejection(ledger, channel, message_id or "unnamed", exc.reason, transport)
+        record_rejection(ledger, channel, message_id or "unnamed", exc.reason, transport.clock())
         return False
     if not wants(channel, note):
         log.info("%s: nothing to send for %s", channel, note.message_id())
@@ -152,10 +152,10 @@ def _id_of(body: bytes | str, message_id: str) -> str:
         return message_id or "unnamed"
 
 
-def _record_rejection(
-    ledger: DeliveryLedger, channel: str, message_id: str, reason: str, transport: Transport
+def record_rejection(
+    ledger: DeliveryLedger, channel: str, message_id: str, reason: str, now: datetime
 ) -> None:
-    now = transport.clock()
+    """Record a message `channel` can never handle, with the reason (then complete it)."""
     record = DeliveryRecord(
         message_id=message_id,
         channel=channel,

@@ -363,7 +363,7 @@ def run_undrain(
         return DrainResult(event_id, "skipped", detail="not a cancelled drained Terminate")
     assert note.event is not None and note.decision is not None
     event = note.event
-    done = ctx.store.steps(event.event_id)
+    done = _settled_drain_steps(ctx, event.event_id)
     http_reached = _reached(done.get("http"))
     vms = sorted(
         name.removeprefix("hook:")
@@ -447,6 +447,24 @@ def run_undrain(
             rerun_if_lost=True,
         )
     return DrainResult(event.event_id, outcome, False, detail, steps.records)
+
+
+def _settled_drain_steps(ctx: DrainContext, event_id: str) -> dict[str, StepRecord]:
+    """The drain's step rows once none is running any more: a cancellation can arrive
+    while a drain hook still runs, and undoing it must come after it. Each running step
+    ends by its lease (its time limit), so this waits at most that long."""
+    while True:
+        done = ctx.store.steps(event_id)
+        now = ctx.clock.now()
+        running = [
+            r.lease_until
+            for name, r in done.items()
+            if (name == "http" or name.startswith("hook:")) and not r.done and r.lease_until > now
+        ]
+        if not running:
+            return done
+        log.info("undrain %s: waiting for the drain's running steps", event_id)
+        ctx.clock.sleep(min(WAIT_POLL_SECONDS, (min(running) - now).total_seconds()))
 
 
 def _announcer(

@@ -34,7 +34,8 @@ def _transport() -> Transport:
 
 
 @lru_cache(maxsize=1)
-def _ledger() -> DeliveryLedger:
+def ledger() -> DeliveryLedger:
+    """The deliveries table, next to the core's state (also where terminate records junk)."""
     from functions.triggers.core import pipeline
 
     core = pipeline()
@@ -51,7 +52,7 @@ def _handle(channel: str, msg: func.ServiceBusMessage) -> None:
         msg.get_body(),
         settings=channel_settings(),
         transport=_transport(),
-        ledger=_ledger(),
+        ledger=ledger(),
         message_id=msg.message_id or "",
     )
 

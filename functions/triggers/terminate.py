@@ -4,8 +4,9 @@ A `decided` drain runs the drain (run_drain); a `cancelled` Terminate that was t
 drained runs the undrain (run_undrain). Wires them to the core's shared pipeline
 (functions.triggers.core.pipeline: settings, Table store, topic publisher, HTTP session,
 clock) and to functions.pipeline.approve.approve_event.
-Returning completes the message; an exception (Table storage or Service Bus trouble)
-abandons it, and the redelivery resumes the workflow from the drains table.
+Returning completes the message (a body that is not a notification is recorded in the
+deliveries table first, as channel `terminate`); an exception (Table storage or Service Bus
+trouble) abandons it, and the redelivery resumes the workflow from the drains table.
 Register with `app.register_functions(functions.triggers.terminate.bp)`.
 """
 
@@ -19,6 +20,7 @@ import azure.functions as func
 from pydantic import ValidationError
 
 from functions.model.event import Notification, Transition
+from functions.notify.dispatch import record_rejection
 from functions.notify.settings import channel_settings
 from functions.store.drains import DrainStore
 from functions.terminate.workflow import (
@@ -30,6 +32,7 @@ from functions.terminate.workflow import (
     wants,
     wants_undrain,
 )
+from functions.triggers import notify as notify_trigger
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +109,20 @@ def build_context() -> DrainContext:
     connection="ServiceBusConnection",
 )
 def terminate_drain(msg: func.ServiceBusMessage) -> None:
-    note = Notification.from_json(msg.get_body())  # not a notification: raise, then DLQ
+    try:
+        note = Notification.from_json(msg.get_body())
+    except ValidationError as exc:
+        # Permanent, and this binding cannot dead-letter: recorded with the reason, completed.
+        reason = f"not a notification ({exc.error_count()} errors): {exc.errors()[0]['msg']}"
+        log.error("terminate: message %s %s", msg.message_id or "?", reason)
+        record_rejection(
+            notify_trigger.ledger(),
+            "terminate",
+            msg.message_id or "unnamed",
+            reason,
+            datetime.now(UTC),
+        )
+        return
     if wants_undrain(note):
         undrain(note)
         return

@@ -244,7 +244,7 @@ def test_the_azure_handlers_read_app_settings(
     monkeypatch.setenv("PAGERDUTY_ROUTING_KEY", "R0UT1NGKEY0123456789012345678901")
     monkeypatch.setenv("PAGERDUTY_EVENTS_URL", f"{fleet.pagerduty.url}/v2/enqueue")
     monkeypatch.delenv("WEBHOOK_URL", raising=False)
-    monkeypatch.setattr(blueprint, "_ledger", lambda: fleet.ledger)
+    monkeypatch.setattr(blueprint, "ledger", lambda: fleet.ledger)
     channel_settings.cache_clear()
     try:
         item = note(Transition.DECIDED, event("EV-G"), decision())

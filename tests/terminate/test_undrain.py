@@ -142,3 +142,35 @@ def test_nothing_drained_means_nothing_to_undo(harness: Harness) -> None:
     assert not wants_undrain(note)
     assert not wants_undrain(cancelled(terminate_note(action="approve")))
     assert not wants_undrain(cancelled(terminate_note(dry_run=True)))
+
+
+def test_undrain_waits_for_a_drain_step_still_running(harness: Harness) -> None:
+    """Cancelled while the HTTP drain hook still runs: undone after it, not before."""
+    from datetime import timedelta
+
+    from functions.store.drains import StepRecord
+    from tests.functions.conftest import FakeClock
+
+    clock = FakeClock()
+    note = terminate_note()
+    assert note.event is not None
+    start = clock.now()
+    harness.store.claim(
+        note.event.event_id,
+        StepRecord(
+            step="http",
+            status="running",
+            owner="other",
+            started_at=start,
+            lease_until=start + timedelta(seconds=30),
+        ),
+    )
+    with running(Answer(204)) as undo:
+        result = run_undrain(
+            cancelled(note),
+            undrain_settings(http_url=f"{undo.url}/u"),
+            harness.context(clock=clock),
+        )
+        assert len(undo.requests) == 1
+    assert clock.now() >= start + timedelta(seconds=30)  # waited out the running step
+    assert result.outcome == "undrained"
