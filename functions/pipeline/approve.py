@@ -6,16 +6,18 @@ is enough fleet-wide. The event row's `approval` field is claimed under its ETag
 the policy, the terminate workflow, the watchdog and an operator never approve the same
 event twice at the same moment.
 
-Retry rules: network errors and 5xx are retried with backoff (other relays are tried in
-between) until APPROVAL_MARGIN_SECONDS before NotBefore. A 4xx means that relay refused
-(signature, not in its document, not Scheduled): it is not asked again for this event,
-but another named VM's relay may be. With APPROVERS="relay,arm" (the default) ARM takes
-over when no relay can approve: none reported, all refused, or none answered within
+Retry rules: network errors, 5xx and the 4xx whose cause may pass (401 signature, 403,
+409, 429, a 404 from a relay whose VM has not reported the event yet; see
+functions.approvers.relay) are retried with backoff (other relays are tried in between)
+until APPROVAL_MARGIN_SECONDS before NotBefore. A final 4xx (400, a 404 for an event its
+VM reported) means that relay refused: it is not asked again for this event, but another
+named VM's relay may be. With APPROVERS="relay,arm" (the default) ARM takes over when no
+relay can approve: none reported, all refused, or none approved within
 ARM_FALLBACK_AFTER_SECONDS of the first relay attempt; an event no relay reports (Event
 Grid only) goes to ARM at once. ARM's 429/5xx are retried honouring Retry-After, its 4xx
 are final. When nothing can approve, the event will start at NotBefore anyway; that is
-announced as `approval_failed`. The audit and the announcement say which path approved it
-(`relay:<vm>` or `arm`).
+announced as `approval_failed`. The audit and the announcement say which path approved
+it (`relay:<vm>` or `arm`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import requests
 from pydantic import BaseModel, Field
 
 from functions.approvers.arm import acknowledge, default_credential
-from functions.approvers.relay import post_start
+from functions.approvers.relay import final_refusal, post_start
 from functions.clock import Clock
 from functions.model.arm import ArmResource, owner_of_vm
 from functions.model.event import Transition
@@ -171,8 +173,8 @@ def _relay_phase(
         tried = [a.at for a in record.approval_attempts if a.vm and a.vm != ARM]
         first = min(tried) if tried else now
         handover = min(deadline, first + timedelta(seconds=settings.arm_fallback_after_seconds))
-    # A relay that refused (4xx) is not asked again for this event, in this call or later.
-    refused = {a.vm for a in record.approval_attempts if a.outcome.startswith("refused")}
+    # A relay that refused for good is not asked again for this event, in this call or later.
+    refused = {a.vm for a in record.approval_attempts if final_refusal(a.outcome)}
     relays = [vm for vm in _relays(store, record, settings, now) if vm.name not in refused]
     unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(refused)
     if not relays:
@@ -188,7 +190,7 @@ def _relay_phase(
     return _try_relays(
         record,
         relays,
-        key,
+        (key, settings.relay_key_previous_bytes),
         pipeline.session,
         clock,
         min(stop, handover),
@@ -333,7 +335,7 @@ def _relays(store: Store, record: EventRecord, settings: Settings, now: datetime
 def _try_relays(
     record: EventRecord,
     relays: list[VmRecord],
-    key: bytes,
+    keys: tuple[bytes, bytes | None],
     session: requests.Session,
     clock: Clock,
     stop: datetime,
@@ -354,8 +356,15 @@ def _try_relays(
             remaining = (stop - clock.now()).total_seconds()
             if remaining <= 0:
                 break
+            wanted = record.event_id.casefold()
             verdict, status, text = post_start(
-                vm.callback_url, record.event_id, key, session, remaining
+                vm.callback_url,
+                record.event_id,
+                keys[0],
+                session,
+                remaining,
+                previous_key=keys[1],
+                reported=any(e.casefold() == wanted for e in vm.event_ids),
             )
             attempts.append(Attempt(at=clock.now(), vm=vm.name, outcome=text, by=by))
             if verdict == "approved":

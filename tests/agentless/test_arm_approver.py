@@ -200,7 +200,7 @@ def test_relay_down_falls_back_to_arm_after_the_fallback_time(store, clock, arm,
 
 def test_relay_refusal_hands_over_to_arm_at_once(store, clock, arm, relay):
     pipeline, _pub = agentless(store, clock, arm)
-    relay.default = (409, {"error": "not in my document"})
+    relay.default = (400, {"error": "malformed"})
     props = user_event(arm.sim, "EV-RR", ["web_0"])
     body = envelope("web_0", 1, [props], callback_url=relay.url, scale_set="web")
     body = with_compute(body, f"{owner('virtualMachineScaleSets', 'web')}/virtualMachines/0")
@@ -228,7 +228,7 @@ def test_fallback_waits_within_budget_then_the_watchdog_hands_over(store, clock,
 
 def test_relay_event_without_compute_metadata_cannot_use_arm(store, clock, arm, relay):
     pipeline, pub = agentless(store, clock, arm, approvers="relay,arm")
-    relay.default = (409, {"error": "refused"})
+    relay.default = (400, {"error": "refused"})
     props = user_event(arm.sim, "EV-L", ["web_1"])
     ingest_message(envelope("web_1", 1, [props], callback_url=relay.url, scale_set="web"), pipeline)
     assert store.get_event("EV-L").approval == "failed" and arm.arm.calls == []
