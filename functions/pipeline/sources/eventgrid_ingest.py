@@ -18,6 +18,7 @@ announced, decided and approved once. What differs from a relay's document:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from datetime import datetime, timedelta
 
@@ -78,8 +79,7 @@ def ingest_event_grid(body: bytes | str, pipeline: Pipeline, message_id: str = "
 
 
 def _text(raw: object, body: bytes | str) -> str:
-    import json
-
+    """The rejected element alone (not the whole array), as JSON."""
     try:
         return json.dumps(raw)
     except (TypeError, ValueError):
