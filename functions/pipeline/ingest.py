@@ -14,6 +14,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Literal
 
+from azure.core.exceptions import HttpResponseError
 from pydantic import BaseModel, Field
 
 from functions.model.envelope import DocumentError, Envelope, ScheduledEvent, parse_envelope
@@ -25,9 +26,10 @@ from functions.pipeline.context import Pipeline
 from functions.pipeline.lifecycle import report
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
+from functions.pipeline.sources.eventgrid import looks_like_event_grid
 from functions.pipeline.transitions import after_decision, end_event
 from functions.store import claims
-from functions.store.records import MAX_EVENTS_PER_DOCUMENT, EventRecord, VmRecord
+from functions.store.records import EventRecord, VmRecord
 from functions.store.tables import RowTooLarge, Store
 
 log = logging.getLogger(__name__)
@@ -42,23 +44,58 @@ class IngestResult(BaseModel):
 
 
 def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") -> IngestResult:
-    """Process one message body from the documents queue (or the local inbox)."""
+    """Process one message body from the documents queue (or the local inbox).
+
+    A problem with the message itself is permanent: it is recorded in the rejected table
+    with the reason and the message is completed, so a redelivery (and the VM's session)
+    never waits on it. That is an envelope that does not validate, and a row Table
+    storage refuses outright (400/413: a property or entity too large, a value out of
+    range) for a message that validated; the bounds in functions.model.envelope keep the
+    latter from happening for anything a relay sends. Everything else raises (transient).
+    """
+    if looks_like_event_grid(body):  # agentless mode: Event Grid, not a relay envelope
+        from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid
+
+        return ingest_event_grid(body, pipeline, message_id)
     now = pipeline.clock.now()
     try:
         envelope = parse_envelope(body)
     except DocumentError as exc:
-        log.warning("rejected message %s: %s", message_id or "?", exc)
-        pipeline.store.reject(at=now, reason=str(exc), body=body, message_id=message_id)
-        return IngestResult(outcome="rejected", reason=str(exc))
+        return _reject(pipeline, body, message_id, str(exc))
     try:
         return ingest_envelope(envelope, pipeline)
     except RowTooLarge as exc:
         # Bounded pieces make this unreachable for anything IMDS sends; if it happens the
         # message is kept with the reason instead of failing until it dead-letters.
         reason = f"state would exceed a Table size limit: {exc}"
-        log.error("rejected message %s: %s", message_id or "?", reason)
-        pipeline.store.reject(at=now, reason=reason, body=body, message_id=message_id)
-        return IngestResult(outcome="rejected", vm=envelope.vm.name, reason=reason)
+        return _reject(pipeline, body, message_id, reason, vm=envelope.vm.name, now=now)
+    except HttpResponseError as exc:
+        if exc.status_code not in REFUSED_BY_TABLES:
+            raise
+        code = getattr(exc, "error_code", None) or f"HTTP {exc.status_code}"
+        reason = f"Table storage refused a row for this message ({code}): {_first_line(exc)}"
+        return _reject(pipeline, body, message_id, reason, vm=envelope.vm.name, now=now)
+
+
+REFUSED_BY_TABLES = frozenset({400, 413})
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).splitlines() or [""])[0][:300]
+
+
+def _reject(
+    pipeline: Pipeline,
+    body: bytes | str,
+    message_id: str,
+    reason: str,
+    vm: str | None = None,
+    now: datetime | None = None,
+) -> IngestResult:
+    log.warning("rejected message %s: %s", message_id or "?", reason)
+    at = now or pipeline.clock.now()
+    pipeline.store.reject(at=at, reason=reason, body=body, message_id=message_id)
+    return IngestResult(outcome="rejected", vm=vm, reason=reason)
 
 
 def _is_stale(vm: VmRecord | None, envelope: Envelope) -> bool:
@@ -72,36 +109,13 @@ def _is_stale(vm: VmRecord | None, envelope: Envelope) -> bool:
     return envelope.sequence <= vm.last_sequence and envelope.observed_at <= vm.last_observed_at
 
 
-def _own_events(
-    envelope: Envelope, current: list[ScheduledEvent]
-) -> tuple[list[ScheduledEvent], str]:
-    """The events to process, and why some were left out. A document listing more than
-    MAX_EVENTS_PER_DOCUMENT events (IMDS shows a VM a handful) keeps those naming this VM:
-    each VM reports its own events, so nothing is lost fleet-wide."""
-    if len(current) <= MAX_EVENTS_PER_DOCUMENT:
-        return current, ""
-    own = [e for e in current if e.affects(envelope.vm.name)]
-    note = (
-        f"document lists {len(current)} events, more than {MAX_EVENTS_PER_DOCUMENT}: "
-        f"kept the {len(own)} naming {envelope.vm.name}"
-    )
-    return own, note
-
-
 def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     store, clock = pipeline.store, pipeline.clock
     name = envelope.vm.name
     result = IngestResult(outcome="processed", vm=name)
     document = envelope.scheduled_events
-    current, note = _own_events(envelope, list(document.events) if document else [])
-    if len(current) > MAX_EVENTS_PER_DOCUMENT:
-        reason = f"{note}; still more than {MAX_EVENTS_PER_DOCUMENT}: not processed"
-        log.warning("rejected document of %s: %s", name, reason)
-        store.reject(at=clock.now(), reason=reason, body=envelope.model_dump_json())
-        return IngestResult(outcome="rejected", vm=name, reason=reason)
-    if note:
-        log.warning("document of %s: %s", name, note)
-        result.reason = note
+    # At most MAX_EVENTS events (functions.model.envelope rejects more with the reason).
+    current: list[ScheduledEvent] = list(document.events) if document else []
     for _ in range(20):
         vm = store.get_vm(name)
         if _is_stale(vm, envelope):
@@ -121,14 +135,20 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         if _save_vm(store, vm, envelope, current if document is not None else None, now, recovered):
             # After the VM row, so this VM's callback URL is known to the approver.
             for event_id in to_approve:
-                result.approvals.append(
-                    approve_event(
+                try:
+                    approval = approve_event(
                         event_id,
                         pipeline,
                         give_up_at=now
                         + timedelta(seconds=pipeline.settings.approval_budget_seconds),
                     )
-                )
+                except Exception:
+                    # The VM row is saved, so a redelivery would be stale and approve
+                    # nothing: leave it to the watchdog, which retries a pending approval
+                    # (or a claim gone stale) and announces an outcome left unannounced.
+                    log.exception("approval of %s failed; the watchdog retries it", event_id)
+                    continue
+                result.approvals.append(approval)
             for mark in recovered:
                 _announce_recovery(pipeline, name, mark, now)
             return result

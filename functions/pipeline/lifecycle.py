@@ -30,9 +30,7 @@ from functions.store.records import (
     MAX_NAME_CHARS,
     MAX_RESOURCES,
     MAX_SETS,
-    MAX_TEXT,
     EventRecord,
-    clip,
 )
 
 
@@ -59,6 +57,11 @@ def _union(
     return dropped
 
 
+def _add(items: list[str], value: str | None) -> None:
+    """Add one name (case-insensitively new) within the caps (Event Grid's path uses it)."""
+    _union(items, [value], MAX_RESOURCES)
+
+
 def _claim(
     record: EventRecord, transition: Transition, now: datetime, out: list[Transition]
 ) -> None:
@@ -81,7 +84,7 @@ def report(
             event_source=event.event_source,
             resource_type=event.resource_type,
             not_before=event.not_before,
-            description=clip(event.description, MAX_TEXT) if event.description else None,
+            description=event.description,  # bounded by functions.model.envelope
             duration_in_seconds=event.duration_in_seconds,
             first_seen=now,
         )
@@ -100,7 +103,7 @@ def report(
     if event.not_before is not None and not record.started:
         record.not_before = event.not_before
     if event.description and not record.description:
-        record.description = clip(event.description, MAX_TEXT)
+        record.description = event.description
     if event.duration_in_seconds is not None:
         record.duration_in_seconds = event.duration_in_seconds
     if event.event_status == STARTED and not record.started:

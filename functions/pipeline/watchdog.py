@@ -19,6 +19,7 @@ from functions.pipeline.announce import STALE_PENDING, announce, publish_claimed
 from functions.pipeline.approve import ApprovalResult, approval_stale_after, approve_event
 from functions.pipeline.capacity import acquire_capacity, needs_capacity
 from functions.pipeline.context import Pipeline
+from functions.pipeline.policy_state import sync_policy_state
 from functions.pipeline.redecide import as_event, redecide, should_redecide
 from functions.pipeline.relay_recovery import (
     announce_recovery,
@@ -26,6 +27,7 @@ from functions.pipeline.relay_recovery import (
     left_behind,
     silence_occurrence,
 )
+from functions.pipeline.sources.eventgrid_ingest import end_unheard
 from functions.pipeline.transitions import after_decision, end_event
 from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
@@ -51,6 +53,7 @@ class WatchdogReport(BaseModel):
     # Table requests the retention deletes took (listing an expired event's rows and the
     # batch deletes): the sweep's own cost is everything else.
     retention_requests: int = 0
+    policy: str | None = None  # policy_invalid / policy_valid announced for the fleet
 
 
 def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
@@ -60,6 +63,11 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
     retention expires; then point reads of those rows only."""
     now = pipeline.clock.now()
     out = WatchdogReport()
+    try:
+        changed = sync_policy_state(pipeline, now)
+        out.policy = changed.value if changed else None
+    except Exception:  # retried next minute; never stops the sweep
+        log.exception("watchdog: policy state")
     silent = _sweep_vms(pipeline, now, out)
     for event_id, listed_at in pipeline.store.open_events():
         try:
@@ -266,10 +274,15 @@ def _sweep_event(
     if unannounced is not None and announce(pipeline, record.event_id, unannounced, now):
         out.republished.append(f"{record.event_id}:{unannounced.value}")
         return
+    # An approval outcome whose announcement failed (the claim was released, and the
+    # document that approved it is processed): announce it now.
+    outcome = _unannounced_outcome(record)
+    if outcome is not None and announce(pipeline, record.event_id, outcome, now):
+        out.republished.append(f"{record.event_id}:{outcome.value}")
     # 2. Every reporter silent, and the event is past its start: it ended without word.
     past = record.started or (record.not_before is not None and now >= record.not_before)
-    if past and silent:
-        pipeline.store.load_reporters(record)
+    if (past and silent) or record.arm_resource:
+        pipeline.store.load_reporters(record)  # one query, only when it can matter
     if past and record.reporters and all(vm in silent for vm in record.reporters):
         for vm in list(record.reporters):
             end_event(
@@ -279,6 +292,10 @@ def _sweep_event(
                 now,
                 detail="every VM that reported it went silent",
             )
+        out.ended.append(record.event_id)
+        return
+    # 2b. Only Event Grid reported it, and its end never came (dead-lettered): end it.
+    if not record.past_reporters and end_unheard(record, pipeline, now):
         out.ended.append(record.event_id)
         return
     # 3. It failed closed on an invalid policy, and the policy here is valid: decide again.
@@ -301,6 +318,15 @@ def _sweep_event(
     result = _deferred_approval(pipeline, record, now)
     if result is not None:
         out.approvals.append(result)
+
+
+def _unannounced_outcome(record: EventRecord) -> Transition | None:
+    if record.ended:
+        return None
+    outcome = {"approved": Transition.APPROVED, "failed": Transition.APPROVAL_FAILED}.get(
+        record.approval
+    )
+    return None if outcome is None or outcome.value in record.announced else outcome
 
 
 def _unannounced_decision(record: EventRecord) -> Transition | None:

@@ -18,7 +18,6 @@ MAX_OUTCOME = 300  # one approval attempt's outcome text
 MAX_RESOURCES = 2000  # VM names kept on an event row (IMDS names far fewer per event)
 MAX_SETS = 200  # scale sets / availability sets kept on an event row
 MAX_NAME_CHARS = 150_000  # characters of names in one such list (the row stays < 1 MiB)
-MAX_EVENTS_PER_DOCUMENT = 200  # a VM's document listing more is cut to its own events
 MAX_REPORTED_BY = 100  # names in a notification's ReportedBy (Resources has them all)
 
 ApprovalState = Literal["", "pending", "in_progress", "approved", "failed"]
@@ -102,11 +101,9 @@ class EventRecord(Record):
     approval_attempts: list[Attempt] = Field(default_factory=list)
     # transition key -> "pending:<iso time>" while being published, "done" after.
     announced: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("description")
-    @classmethod
-    def _short_description(cls, value: str | None) -> str | None:
-        return clip(value, MAX_TEXT) if value else value
+    # ARM id of the VM / scale set / availability set that owns the event, as Event Grid
+    # named it (functions.pipeline.sources): where the ARM approver acknowledges it.
+    arm_resource: str | None = None
 
     @field_validator("approval_reason")
     @classmethod

@@ -49,8 +49,8 @@ REPORTER = "r|"  # in an event's partition: one row per reporting VM, "r|<vm key
 OPEN_EVENTS = reserved("open")  # events table: one row per event not ended yet
 CLAIMS = reserved("once")  # events table: fleet-wide "first one wins" markers
 RECENT_EVENT_ROWS = 1024  # event rows a Store remembers as the start of its next write
-CHUNK_CHARS = 30_000  # one string property: 60 KB as UTF-16, under the 64 KiB limit
-MAX_CHUNKS = 15  # a row's JSON at most 450,000 characters: under the 1 MiB entity
+CHUNK_CHARS = 30_000  # UTF-16 units in one string property: 60 KB, under the 64 KiB limit
+MAX_CHUNKS = 15  # a row's JSON at most 450,000 UTF-16 units (900 KB): under the 1 MiB entity
 BATCH = 100  # operations per entity group transaction (the service's limit)
 
 
@@ -65,6 +65,22 @@ def capacity_partition(key: str) -> str:
 
 class RowTooLarge(ValueError):
     """A record would not fit a Table row; the caller records why instead of failing."""
+
+
+def utf16_prefix(text: str, units: int) -> str:
+    """The longest prefix of `text` that is at most `units` UTF-16 code units long (how
+    Table storage measures a string property), never splitting a surrogate pair; lone
+    surrogates become U+FFFD so the row can always be sent."""
+    text = text.encode("utf-8", "replace").decode("utf-8") if not text.isascii() else text
+    if len(text) <= units // 2:
+        return text
+    out, used = [], 0
+    for ch in text:
+        used += 2 if ord(ch) > 0xFFFF else 1
+        if used > units:
+            break
+        out.append(ch)
+    return "".join(out)
 
 
 class ConflictError(RuntimeError):
@@ -107,10 +123,23 @@ def _copy(record: R) -> R:
 
 
 def _chunks(text: str) -> dict[str, str]:
-    """The record's JSON as `data`, `data1`, ... so no one property nears 64 KiB."""
-    if len(text) > CHUNK_CHARS * MAX_CHUNKS:
-        raise RowTooLarge(f"row of {len(text)} characters exceeds {CHUNK_CHARS * MAX_CHUNKS}")
-    parts = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
+    """The record's JSON as `data`, `data1`, ... so no one property nears 64 KiB. Table
+    storage counts UTF-16 units (a character beyond U+FFFF takes two), and so do we."""
+    units = len(text) if text.isascii() else len(text.encode("utf-16-le", "replace")) // 2
+    if units > CHUNK_CHARS * MAX_CHUNKS:
+        raise RowTooLarge(f"row of {units} UTF-16 units exceeds {CHUNK_CHARS * MAX_CHUNKS}")
+    if text.isascii():
+        parts = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
+    else:
+        parts, current, used = [], [], 0
+        for ch in text:
+            width = 2 if ord(ch) > 0xFFFF else 1
+            if used + width > CHUNK_CHARS:
+                parts.append("".join(current))
+                current, used = [], 0
+            current.append(ch)
+            used += width
+        parts.append("".join(current))
     return {("data" if n == 0 else f"data{n}"): part for n, part in enumerate(parts)}
 
 
@@ -634,6 +663,11 @@ class Store:
             return False
         return True
 
+    def forget_once(self, key: str) -> None:
+        """Undo a `claim_once` whose act failed, so the next delivery claims it again."""
+        with contextlib.suppress(ResourceNotFoundError):
+            self.events.delete_entity(CLAIMS, row_key(key))
+
     # ------------------------------------------------------------------ audit, rejects
 
     def audit(
@@ -678,9 +712,11 @@ class Store:
             {
                 "PartitionKey": at.strftime("%Y-%m-%d"),
                 "RowKey": f"{at.strftime('%H%M%S.%f')}-{uuid.uuid4().hex[:8]}",
-                "reason": reason[:4000],
-                "message_id": message_id[:512],
-                "body": text[:30000],
+                "reason": utf16_prefix(reason, 4000),
+                "message_id": utf16_prefix(message_id, 512),
+                # A string property holds 32 K UTF-16 units (64 KiB): cut there, not at
+                # 30 000 characters, which non-BMP text would make twice as long.
+                "body": utf16_prefix(text, 30000),
                 "time": at,
             }
         )
