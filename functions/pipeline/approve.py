@@ -209,7 +209,9 @@ def arm_owners(store: Store, record: EventRecord) -> list[ArmResource]:
     candidates: list[ArmResource | None] = []
     if record.arm_resource:
         candidates.append(owner_of_vm(record.arm_resource))
-    for name in record.resources:
+    # The named VMs of one event share few owners (their set): the first few VMs known
+    # give them, without a read per VM of an event naming 1,000.
+    for name in record.resources[: RELAYS_PER_ATTEMPT * 2]:
         vm = store.get_vm(name)
         if vm is not None:
             candidates.append(owner_of_vm(vm.resource_id, vm.scale_set, vm.availability_set))
