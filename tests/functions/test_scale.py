@@ -203,3 +203,22 @@ def test_rows_are_split_by_utf16_units_as_table_storage_counts_them():
     parts = _chunks(text)
     assert "".join(parts[k] for k in ("data", "data1", "data2")) == text
     assert all(len(p.encode("utf-16-le")) // 2 <= CHUNK_CHARS for p in parts.values())
+
+
+def test_a_200_vm_set_costs_at_most_4_table_requests_per_document(azurite, clock):
+    """200 VMs of one availability set (64-character names) report one event through
+    Scheduled, Started and gone, 16 at once: Table requests per document, on the wire."""
+    vms = [name64(i) for i in range(200)]
+    with TableCounter(azurite) as counter:
+        store = Store.from_connection_string(counter.connection_string, "set200").ensure_tables()
+        pipeline, publisher = make_pipeline(store, clock)
+        counter.reset()
+        for sequence, status in ((1, "Scheduled"), (2, "Started"), (3, None)):
+            events = [event("EV-SET", status=status, resources=tuple(vms))] if status else []
+            bodies = [envelope(vm, sequence, events, availability_set="as-200") for vm in vms]
+            with ThreadPoolExecutor(max_workers=16) as pool:
+                outcomes = list(pool.map(lambda b: ingest_message(b, pipeline).outcome, bodies))
+            assert outcomes == ["processed"] * 200
+        per_document = counter.total() / 600
+    assert per_document <= 4, counter.by_kind()
+    assert publisher.transitions("EV-SET") == ["scheduled", "decided", "started", "completed"]
