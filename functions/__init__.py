@@ -6,8 +6,9 @@ above it in this list:
 1. `model/`     what everything agrees on, with no I/O: the IMDS document and the relay
                 envelope (`envelope`), the announced transition (`event`), the policy,
                 the ARM ids of events' owners (`arm`).
-2. `store/`     Table storage: records, keys, the drain steps' table, the channels'
-                deliveries (posted once per announcement).
+2. `store/`     Table storage: records, keys, the one claim primitive (`claims`), the
+                drain steps' table, the channels' deliveries (posted once per
+                announcement).
 3. `approvers/` how an approval reaches Azure: the relay's signed callback (`relay`), or
                 Resource Manager's `acknowledge` with the app's identity (`arm`).
 4. `pipeline/`  the stages a document goes through: ingest → lifecycle → decision
