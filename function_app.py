@@ -8,6 +8,7 @@ import azure.functions as func
 
 from functions.triggers.core import bp as core
 from functions.triggers.notify import bp as notify
+from functions.triggers.pages import bp as pages
 from functions.triggers.terminate import bp as terminate
 
 app = func.FunctionApp()
@@ -18,3 +19,5 @@ app.register_functions(core)
 app.register_functions(notify)
 # Scale-set Terminate: drain, then approve (terminate subscription).
 app.register_functions(terminate)
+# The operators' pages (approval, fleet), signed in through App Service Authentication.
+app.register_functions(pages)

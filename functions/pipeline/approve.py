@@ -114,8 +114,19 @@ def approve_event(
         )
         won = claim(store, event_id, transition, clock.now())
         if won is not None:
-            publish_claimed(pipeline, won, [transition], clock.now())
+            # A person's approval names them in the announcement too, not only in the audit.
+            details = (
+                {transition: _manual_detail(by, result)} if by.startswith("manual:") else None
+            )
+            publish_claimed(pipeline, won, [transition], clock.now(), details)
     return result
+
+
+def _manual_detail(by: str, result: ApprovalResult) -> str:
+    who = by.removeprefix("manual:")
+    if result.outcome == "approved":
+        return f"approved by {who} (by hand), through the relay of {result.vm}"
+    return f"{who} approved by hand, but no relay could approve: {result.detail}"
 
 
 def _why_not(record: EventRecord | None) -> str:
