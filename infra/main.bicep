@@ -136,6 +136,19 @@ param drainRelayHook string = ''
 ])
 param drainOnFailure string = 'hold'
 
+// ---------- Operators' pages and alerts ----------
+@description('Client id of the Entra app registration for the approval and fleet pages (README: Approval page). Empty: the pages are off.')
+param operatorsClientId string = ''
+
+@description('Object id of the Entra group allowed to use the pages.')
+param operatorsGroupId string = ''
+
+@description('App role (value) allowed to use the pages, instead of or besides the group.')
+param operatorsAppRole string = ''
+
+@description('Custom domain the operators use, e.g. https://bridge.contoso.com. Empty: the app\'s own host name.')
+param publicBaseUrl string = ''
+
 // ---------- Example VMs ----------
 @description('Deploy the example scale set (relay + Terminate notifications).')
 param deployExampleScaleSet bool = false
@@ -319,6 +332,10 @@ module functionApp 'modules/functionapp.bicep' = {
     drainHttpUrl: drainHttpUrl
     drainRelayHook: drainRelayHook
     drainOnFailure: drainOnFailure
+    operatorsClientId: operatorsClientId
+    operatorsGroupId: operatorsGroupId
+    operatorsAppRole: operatorsAppRole
+    publicBaseUrl: publicBaseUrl
   }
 }
 
