@@ -149,6 +149,9 @@ param operatorsAppRole string = ''
 @description('Custom domain the operators use, e.g. https://bridge.contoso.com. Empty: the app\'s own host name.')
 param publicBaseUrl string = ''
 
+@description('E-mail address for alerts (dead letters, function failures, watchdog not running, relay_silent, approval_failed, policy_invalid). Empty: alerts fire into an action group with no receiver.')
+param alertEmail string = ''
+
 // ---------- Example VMs ----------
 @description('Deploy the example scale set (relay + Terminate notifications).')
 param deployExampleScaleSet bool = false
@@ -270,6 +273,12 @@ module monitoring 'modules/monitoring.bicep' = {
     location: location
     tags: tags
     functionPrincipalId: functionIdentity.properties.principalId
+    serviceBusNamespaceName: serviceBus.outputs.namespaceName
+    deadLetterEntities: [
+      serviceBus.outputs.queueName
+      serviceBus.outputs.topicName
+    ]
+    alertEmail: alertEmail
   }
 }
 

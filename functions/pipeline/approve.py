@@ -115,9 +115,7 @@ def approve_event(
         won = claim(store, event_id, transition, clock.now())
         if won is not None:
             # A person's approval names them in the announcement too, not only in the audit.
-            details = (
-                {transition: _manual_detail(by, result)} if by.startswith("manual:") else None
-            )
+            details = {transition: _manual_detail(by, result)} if by.startswith("manual:") else None
             publish_claimed(pipeline, won, [transition], clock.now(), details)
     return result
 

@@ -16,6 +16,7 @@ import threading
 import azure.functions as func
 import requests
 
+from functions import telemetry
 from functions.clock import SystemClock
 from functions.pipeline.context import Pipeline
 from functions.pipeline.ingest import ingest_message
@@ -85,6 +86,7 @@ def ingest(msg: func.ServiceBusMessage) -> None:
 def watchdog(timer: func.TimerRequest) -> None:
     report = run_watchdog(pipeline())
     log.info("watchdog: %s", report.model_dump_json())
+    telemetry.watchdog_run(report)  # the "watchdog not running" alert looks for this line
 
 
 def _json(data: object, status: int = 200) -> func.HttpResponse:

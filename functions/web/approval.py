@@ -7,6 +7,7 @@ dry run. What the caller shows for each outcome is in `HTTP_STATUS`.
 
 from __future__ import annotations
 
+from functions import telemetry
 from functions.pipeline.approve import ApprovalResult, approve_event
 from functions.pipeline.context import Pipeline
 
@@ -40,6 +41,7 @@ def approve_by_hand(pipeline: Pipeline, event_id: str, who: str) -> ApprovalResu
         )
         raise Refused(409, "POLICY__DRY_RUN is on: nothing is approved")
     result = approve_event(record.event_id, pipeline, by=by, force=True)
+    telemetry.manual_approval(record.event_id, by, result.outcome, result.detail)
     if result.outcome == "skipped":
         store.audit(
             record.event_id,

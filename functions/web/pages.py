@@ -232,7 +232,6 @@ def approve(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageResp
         admitted.name,
         event_id,
         result.outcome,
-        extra={"sebridge": "manual_approval", "event_id": event_id, "outcome": result.outcome},
     )
     words = {
         "approved": f"Approved by {admitted.name}, through the relay of {result.vm}.",
