@@ -116,8 +116,8 @@ def test_every_payload_was_valid_and_every_webhook_signed(played: Played):
         refused = [(r.status, r.problems) for r in receiver.received if not r.accepted]
         assert refused == [], f"{name}: {refused}"
     webhook = played.demo.receivers["webhook"].received
-    assert webhook and all("X-Bridge-Signature" in r.headers for r in webhook)
-    assert all(json.loads(r.raw)["schema"] == 1 for r in webhook)
+    assert webhook and all("webhook-signature" in r.headers for r in webhook)
+    assert all(json.loads(r.raw)["specversion"] == "1.0" for r in webhook)
 
 
 def test_host_failure_decision_card_and_page_say_it_already_started(played: Played):
