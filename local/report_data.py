@@ -42,8 +42,9 @@ def collect(demo: Demo) -> ReportData:
         for note in notes:
             if note.transition.value == "decided" and note.decision is not None:
                 d = note.decision
+                generic = f"rule {d.rule!r}: {d.action}"
                 decision_text = f"{d.action.upper()} by rule {d.rule}" + (
-                    f": {d.reason}" if d.reason else ""
+                    f": {d.reason}" if d.reason and d.reason != generic else ""
                 )
                 if d.dry_run:
                     decision_text += " [dry run]"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 # kind -> (shape, colour, legend text). Colours stay apart for common colour blindness.
 MARKS: dict[str, tuple[str, str, str]] = {
@@ -46,7 +46,23 @@ class Lane:
 
 
 def _x(at: datetime, start: datetime, span: float) -> float:
-    return LABEL_WIDTH + 10 + (at - start).total_seconds() / span * (PLOT_WIDTH - 20)
+    """x of a moment; a moment past the axis's end sits at the end (drawn as off the chart)."""
+    fraction = min((at - start).total_seconds() / span, 1.0)
+    return LABEL_WIDTH + 10 + fraction * (PLOT_WIDTH - 90)
+
+
+def _axis(lanes: Sequence[Lane], now: datetime | None) -> tuple[datetime, datetime]:
+    """The axis: every mark, except a NotBefore far beyond everything else (a predicted
+    failure's notice of days), which would squash the rest into one pixel."""
+    moments = [m.at for lane in lanes for m in lane.marks] + ([now] if now else [])
+    others = [m.at for lane in lanes for m in lane.marks if m.kind != "not_before"]
+    others += [now] if now else []
+    start = min(moments)
+    if not others:
+        return start, max(moments)
+    core_end = max(others)
+    limit = core_end + max(core_end - start, timedelta(seconds=30))
+    return start, min(max(moments), limit)
 
 
 def _shape(kind: str, x: float, y: float, title: str) -> str:
@@ -94,7 +110,7 @@ def render_svg(
             'height="30" xmlns="http://www.w3.org/2000/svg"><text x="4" y="20">'
             "No events to show.</text></svg>"
         )
-    start, end = min(moments), max(moments)
+    start, end = _axis(lanes, now)
     span = max((end - start).total_seconds(), 1.0)
     height = TOP + LANE_HEIGHT * len(lanes) + 48
     width = LABEL_WIDTH + PLOT_WIDTH
@@ -126,7 +142,7 @@ def render_svg(
             f'<text x="4" y="{y + 4:.1f}">{esc(lane.label[:38])}'
             f"<title>{esc(lane.label)}</title></text>"
         )
-        times = sorted(m.at for m in lane.marks)
+        times = sorted(min(m.at, end) for m in lane.marks)
         if len(times) > 1:
             parts.append(
                 f'<line x1="{_x(times[0], start, span):.1f}" y1="{y:.1f}" '
@@ -134,7 +150,14 @@ def render_svg(
                 'stroke-width="3"/>'
             )
         for mark in sorted(lane.marks, key=lambda m: m.kind == "not_before"):
-            parts.append(_shape(mark.kind, _x(mark.at, start, span), y, mark.text))
+            x = _x(mark.at, start, span)
+            parts.append(_shape(mark.kind, x, y, mark.text))
+            if mark.at > end:  # off the chart: say when
+                parts.append(
+                    f'<text x="{x + 6:.1f}" y="{y + 4:.1f}" fill="#555">→ '
+                    f"{esc(tick_label(mark.at))}<title>{esc(mark.text)} "
+                    f"{esc(tick_label(mark.at))}</title></text>"
+                )
         parts.append("</g>")
     legend_y = height - 16
     x = 4.0
