@@ -74,7 +74,10 @@ def policy_difference(demo: Demo, name: str, track: EventTrack) -> Outcome:
         why = f"your policy is invalid, so it fails closed ({ours.policy_error})"
         return Outcome(f"{label}: DIFFERS", True, f"{mine}; {theirs}; {why}", skipped=True)
     if ours.action != default.action:
-        why = f"your rule {ours.rule!r} matched first ({ours.reason or ours.action})"
+        generic = f"rule {ours.rule!r}: {ours.action}"
+        why = f"your rule {ours.rule!r} matched first" + (
+            f" ({ours.reason})" if ours.reason and ours.reason != generic else ""
+        )
         return Outcome(f"{label}: DIFFERS", True, f"{mine}; {theirs}; {why}", skipped=True)
     if ours.dry_run and ours.action in ("approve", "drain"):
         why = "same decision, but POLICY__DRY_RUN is on: nothing was approved or drained"
