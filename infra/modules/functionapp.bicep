@@ -248,6 +248,13 @@ resource scmCredentials 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@
 // Service sets WEBSITE_AUTH_ENABLED and strips any X-MS-CLIENT-PRINCIPAL* header a client
 // sends, which is what lets the app trust the one it receives.
 resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = if (!empty(operatorsClientId)) {
+  //checkov:skip=CKV_AZURE_13: this resource is App Service Authentication itself (authsettingsV2, platform enabled); checkov reads it as a web config
+  //checkov:skip=CKV_AZURE_63: sign-in settings, not the web config; the app logs to Application Insights (site resource)
+  //checkov:skip=CKV_AZURE_65: sign-in settings, not the web config; detailed errors stay off on the site
+  //checkov:skip=CKV_AZURE_66: sign-in settings, not the web config; invocations are traced in Application Insights
+  //checkov:skip=CKV_AZURE_80: sign-in settings of a Python app: no .NET Framework is involved
+  //checkov:skip=CKV_AZURE_88: sign-in settings: no file storage; the Flex app deploys from a blob container
+  //checkov:skip=CKV_AZURE_222: operators reach the approval pages over the internet, signed in with Entra ID
   parent: site
   name: 'authsettingsV2'
   properties: {
