@@ -8,6 +8,7 @@ are what the local receivers actually got. Nothing here is what the plan expecte
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -118,7 +119,7 @@ def _payloads(demo: Demo) -> list[Payload]:
         for record in receiver.received:
             body = record.body
             if channel == "teams":
-                summary = "Teams card"
+                summary = f"card: {_card_title(body)}"
             elif channel == "pagerduty" and isinstance(body, dict):
                 summary = f"{body.get('event_action')} {body.get('dedup_key', '')}"
             elif channel == "webhook" and isinstance(body, dict):
@@ -143,10 +144,23 @@ def _payloads(demo: Demo) -> list[Payload]:
     return sorted(out, key=lambda p: p.at)
 
 
+GUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
+
+
 def _subject(body: Any) -> str:
+    """The event a payload is about (its short id), or the key it names."""
     text = json.dumps(body) if body is not None else ""
-    for key in ('"EventId": "', '"dedup_key": "', '"subject": "'):
+    found = GUID.search(text)
+    if found:
+        return short_id(found[0])
+    for key in ('"dedup_key": "', '"subject": "'):
         if key in text:
-            value = text.split(key, 1)[1].split('"', 1)[0]
-            return short_id(value) if "-" in value else value
+            return text.split(key, 1)[1].split('"', 1)[0]
     return ""
+
+
+def _card_title(body: Any) -> str:
+    try:
+        return str(body["attachments"][0]["content"]["body"][0]["text"])[:120]
+    except (KeyError, IndexError, TypeError):
+        return "?"

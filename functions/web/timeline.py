@@ -24,7 +24,10 @@ MARKS: dict[str, tuple[str, str, str]] = {
     "removed": ("cross", "#555555", "removed / ended"),
 }
 
-LANE_HEIGHT = 34
+LANE_HEIGHT = 40
+# Marks that often coincide with another (a decision and a start within milliseconds of
+# the first sighting) sit above or below the lane's line, so none hides another.
+OFFSET = {"decided": -9.0, "approved": 9.0, "approval_failed": 9.0}
 LABEL_WIDTH = 230
 PLOT_WIDTH = 760
 TOP = 26
@@ -151,7 +154,7 @@ def render_svg(
             )
         for mark in sorted(lane.marks, key=lambda m: m.kind == "not_before"):
             x = _x(mark.at, start, span)
-            parts.append(_shape(mark.kind, x, y, mark.text))
+            parts.append(_shape(mark.kind, x, y + OFFSET.get(mark.kind, 0.0), mark.text))
             if mark.at > end:  # off the chart: say when
                 parts.append(
                     f'<text x="{x + 6:.1f}" y="{y + 4:.1f}" fill="#555">→ '
