@@ -155,6 +155,10 @@ requests
 | where success == false
 | summarize failures = count() by operation_Name
 '''
+    // One alert per operation_Name: says which one is in trouble.
+    dimensions: [
+      'operation_Name'
+    ]
     measure: 'failures'
     operator: 'GreaterThan'
     threshold: 0
@@ -171,6 +175,7 @@ traces
 | where tostring(d.kind) == "watchdog_run"
 | summarize runs = count()
 '''
+    dimensions: []
     measure: 'runs'
     operator: 'LessThan'
     threshold: 1
@@ -187,6 +192,10 @@ traces
 | where tostring(d.kind) == "transition" and tostring(d.transition) == "relay_silent"
 | summarize silent = count() by vm = tostring(d.vm)
 '''
+    // One alert per vm: says which one is in trouble.
+    dimensions: [
+      'vm'
+    ]
     measure: 'silent'
     operator: 'GreaterThan'
     threshold: 0
@@ -203,6 +212,10 @@ traces
 | where tostring(d.kind) == "transition" and tostring(d.transition) == "approval_failed"
 | summarize failed = count() by event_id = tostring(d.event_id)
 '''
+    // One alert per event_id: says which one is in trouble.
+    dimensions: [
+      'event_id'
+    ]
     measure: 'failed'
     operator: 'GreaterThan'
     threshold: 0
@@ -219,6 +232,7 @@ traces
 | where tostring(d.kind) == "transition" and tostring(d.transition) == "policy_invalid"
 | summarize invalid = count()
 '''
+    dimensions: []
     measure: 'invalid'
     operator: 'GreaterThan'
     threshold: 0
@@ -248,6 +262,15 @@ resource logAlertRules 'Microsoft.Insights/scheduledQueryRules@2023-03-15-previe
             // Sum the query's own count column: a `summarize count()` always returns a row.
             timeAggregation: 'Total'
             metricMeasureColumn: rule.measure
+            dimensions: [
+              for dimension in rule.dimensions: {
+                name: dimension
+                operator: 'Include'
+                values: [
+                  '*'
+                ]
+              }
+            ]
             operator: rule.operator
             threshold: rule.threshold
             failingPeriods: {

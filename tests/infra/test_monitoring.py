@@ -72,7 +72,11 @@ def test_queries_use_only_what_the_app_logs(name: str) -> None:
 def test_each_alert_sums_its_own_count_column(alert: dict) -> None:
     # A `summarize x = count()` always returns a row, so the rule sums x (Total), never
     # counts rows; "not running" is x < 1, everything else x > 0.
-    assert re.search(rf"summarize {alert['measure']} = count\(\)", alert["query"])
+    summarize = re.search(rf"summarize {alert['measure']} = count\(\)(?: by (.*))?", alert["query"])
+    assert summarize, alert["query"]
+    # Each dimension the rule splits on is a column the query groups by.
+    grouped = {c.split("=")[0].strip() for c in (summarize[1] or "").split(",") if c.strip()}
+    assert set(alert["dimensions"]) == grouped
     (rules,) = MON.resources("Microsoft.Insights/scheduledQueryRules")
     criterion = rules.body["properties"]["criteria"]["allOf"][0]
     assert criterion["timeAggregation"] == "Total"
