@@ -5,7 +5,8 @@ above it in this list:
 
 1. `model/`     what everything agrees on, with no I/O: the IMDS document and the relay
                 envelope (`envelope`), the announced transition (`event`), the policy.
-2. `store/`     Table storage: records, keys, the drain steps' table.
+2. `store/`     Table storage: records, keys, the drain steps' table, the channels'
+                deliveries (posted once per announcement).
 3. `approvers/` how an approval reaches Azure: the relay's signed callback.
 4. `pipeline/`  the stages a document goes through: ingest → lifecycle → decision
                 (`transitions`, `capacity`) → approve → announce (`publish`), plus the

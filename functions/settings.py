@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     notifications_topic: str = Field(default="notifications", min_length=1)
     state_table_prefix: str = Field(default="sebridge", pattern=r"^[A-Za-z][A-Za-z0-9]{0,40}$")
     relay_key: SecretStr | None = None
+    # The key before the last rotation: a relay that still verifies with it (not rotated
+    # yet) answers 401 to RELAY_KEY, and is asked once more signed with this one.
+    relay_key_previous: SecretStr | None = None
     public_base_url: str | None = None
     # The app's real host name, injected by App Service (Flex apps are not NAME.azurewebsites.net);
     # PUBLIC_BASE_URL defaults from it.
@@ -88,11 +91,25 @@ class Settings(BaseSettings):
             raise ValueError("PUBLIC_BASE_URL must be an http(s) URL")
         if self.relay_key is not None and len(self.relay_key.get_secret_value().strip()) < 16:
             raise ValueError("RELAY_KEY must be at least 16 characters")
+        previous = self.relay_key_previous.get_secret_value() if self.relay_key_previous else ""
+        if previous.strip() and len(previous.strip()) < 16:
+            raise ValueError("RELAY_KEY_PREVIOUS must be at least 16 characters")
         return self
 
     @property
     def relay_key_bytes(self) -> bytes | None:
         return self.relay_key.get_secret_value().strip().encode() if self.relay_key else None
+
+    @property
+    def relay_key_previous_bytes(self) -> bytes | None:
+        """None when unset, empty, or a Key Vault reference the platform could not resolve
+        (App Service then passes the reference text itself, which must never sign)."""
+        previous = self.relay_key_previous
+        value = previous.get_secret_value().strip() if previous is not None else ""
+        if value.startswith("@Microsoft.KeyVault("):
+            log.error("RELAY_KEY_PREVIOUS is an unresolved Key Vault reference; ignored")
+            return None
+        return value.encode() if value else None
 
     @cached_property
     def policy(self) -> PolicyLoad:

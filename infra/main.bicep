@@ -82,6 +82,10 @@ param relayCallbackPort int = 8492
 @minLength(32)
 param relayKey string
 
+@description('The relay key before a rotation, only while one is under way (infra/README.md).')
+@secure()
+param relayKeyPrevious string = ''
+
 @secure()
 param pagerdutyRoutingKey string = ''
 
@@ -129,6 +133,12 @@ param policyMaxConcurrentPerSet int = 1
 param drainHttpUrl string = ''
 
 param drainRelayHook string = ''
+
+@description('UNDRAIN__HTTP_URL: puts an instance back in service when its drained Terminate is cancelled.')
+param undrainHttpUrl string = ''
+
+@description('UNDRAIN__RELAY_HOOK: the relays\' hook script that undoes DRAIN__RELAY_HOOK.')
+param undrainRelayHook string = ''
 
 @allowed([
   'hold'
@@ -289,6 +299,7 @@ module keyVault 'modules/keyvault.bicep' = {
     location: location
     tags: tags
     relayKey: relayKey
+    relayKeyPrevious: relayKeyPrevious
     pagerdutyRoutingKey: pagerdutyRoutingKey
     teamsWebhookUrl: teamsWebhookUrl
     webhookUrl: webhookUrl
@@ -326,6 +337,7 @@ module functionApp 'modules/functionapp.bicep' = {
     stateTablePrefix: storage.outputs.tablePrefix
     keyVaultUri: keyVault.outputs.vaultUri
     secretNames: keyVault.outputs.secretNames
+    hasRelayKeyPrevious: keyVault.outputs.hasRelayKeyPrevious
     hasPagerduty: keyVault.outputs.hasPagerduty
     hasTeams: keyVault.outputs.hasTeams
     hasWebhookUrl: keyVault.outputs.hasWebhookUrl
@@ -340,6 +352,8 @@ module functionApp 'modules/functionapp.bicep' = {
     policyMaxConcurrentPerSet: policyMaxConcurrentPerSet
     drainHttpUrl: drainHttpUrl
     drainRelayHook: drainRelayHook
+    undrainHttpUrl: undrainHttpUrl
+    undrainRelayHook: undrainRelayHook
     drainOnFailure: drainOnFailure
     operatorsClientId: operatorsClientId
     operatorsGroupId: operatorsGroupId

@@ -5,10 +5,12 @@ enough fleet-wide. The event row's `approval` field is claimed under its ETag fi
 the policy, the terminate workflow, the watchdog and an operator never approve the same
 event twice at the same moment.
 
-Retry rules: network errors and 5xx are retried with backoff (other relays are tried in
-between) until APPROVAL_MARGIN_SECONDS before NotBefore. A 4xx means that relay refused
-(signature, not in its document, not Scheduled): it is not asked again for this event,
-but another named VM's relay may be. When nothing can approve, the event will start at
+Retry rules: network errors, 5xx and the 4xx whose cause may pass (401 signature, 403,
+409, 429, a 404 from a relay whose VM has not reported the event yet; see
+functions.approvers.relay) are retried with backoff (other relays are tried in between)
+until APPROVAL_MARGIN_SECONDS before NotBefore. A final 4xx (400, a 404 for an event its
+VM reported) means that relay refused: it is not asked again for this event, but another
+named VM's relay may be. When nothing can approve, the event will start at
 NotBefore anyway; that is announced as `approval_failed`.
 """
 
@@ -21,7 +23,7 @@ from typing import Literal
 import requests
 from pydantic import BaseModel, Field
 
-from functions.approvers.relay import post_start
+from functions.approvers.relay import final_refusal, post_start
 from functions.clock import Clock
 from functions.model.event import Transition
 from functions.pipeline.announce import claim, publish_claimed
@@ -82,8 +84,8 @@ def approve_event(
     assert record is not None
     deadline = _deadline(record, settings, now)
     stop = min(deadline, give_up_at) if give_up_at else deadline
-    # A relay that refused (4xx) is not asked again for this event, in this call or later.
-    refused = {a.vm for a in record.approval_attempts if a.outcome.startswith("refused")}
+    # A relay that refused for good is not asked again for this event, in this call or later.
+    refused = {a.vm for a in record.approval_attempts if final_refusal(a.outcome)}
     relays = [vm for vm in _relays(store, record, settings, now) if vm.name not in refused]
     unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(refused)
     attempts: list[Attempt] = []
@@ -105,8 +107,9 @@ def approve_event(
             by,
         )
     else:
+        keys = (key, settings.relay_key_previous_bytes)
         result = _try_relays(
-            store, record, relays, key, session, clock, stop, deadline, by, unheard
+            store, record, relays, keys, session, clock, stop, deadline, by, unheard
         )
     if announce and result.outcome in ("approved", "failed"):
         transition = (
@@ -181,7 +184,7 @@ def _try_relays(
     store: Store,
     record: EventRecord,
     relays: list[VmRecord],
-    key: bytes,
+    keys: tuple[bytes, bytes | None],
     session: requests.Session,
     clock: Clock,
     stop: datetime,
@@ -201,8 +204,15 @@ def _try_relays(
             remaining = (stop - clock.now()).total_seconds()
             if remaining <= 0:
                 break
+            wanted = record.event_id.casefold()
             verdict, status, text = post_start(
-                vm.callback_url, record.event_id, key, session, remaining
+                vm.callback_url,
+                record.event_id,
+                keys[0],
+                session,
+                remaining,
+                previous_key=keys[1],
+                reported=any(e.casefold() == wanted for e in vm.event_ids),
             )
             attempts.append(Attempt(at=clock.now(), vm=vm.name, outcome=text, by=by))
             if verdict == "approved":

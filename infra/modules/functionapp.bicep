@@ -42,6 +42,7 @@ param keyVaultUri string
 @description('Secret names in the vault (keyvault.bicep output secretNames).')
 param secretNames object
 
+param hasRelayKeyPrevious bool = false
 param hasPagerduty bool = false
 param hasTeams bool = false
 param hasWebhookUrl bool = false
@@ -87,6 +88,9 @@ param publicBaseUrl string = ''
 // Terminate (drain) workflow (DRAIN__*).
 param drainHttpUrl string = ''
 param drainRelayHook string = ''
+// Undoing a drain whose Terminate was cancelled (UNDRAIN__*).
+param undrainHttpUrl string = ''
+param undrainRelayHook string = ''
 param drainStepTimeoutSeconds int = 120
 param drainSafetyMarginSeconds int = 30
 @allowed([
@@ -138,6 +142,11 @@ var drainBaseSettings = {
 }
 var drainHttpSettings = empty(drainHttpUrl) ? {} : { DRAIN__HTTP_URL: drainHttpUrl }
 var drainHookSettings = empty(drainRelayHook) ? {} : { DRAIN__RELAY_HOOK: drainRelayHook }
+var undrainHttpSettings = empty(undrainHttpUrl) ? {} : { UNDRAIN__HTTP_URL: undrainHttpUrl }
+var undrainHookSettings = empty(undrainRelayHook) ? {} : { UNDRAIN__RELAY_HOOK: undrainRelayHook }
+
+// The relay key before a rotation, only while one is under way (README: rotate the relay key).
+var relayKeyPreviousSettings = hasRelayKeyPrevious ? { RELAY_KEY_PREVIOUS: '${kvRef}${secretNames.relayKeyPrevious})' } : {}
 
 // PUBLIC_BASE_URL defaults, in the app, from WEBSITE_HOSTNAME (the real host name: a Flex
 // app's is not NAME.azurewebsites.net); set it only for a custom domain.
@@ -152,7 +161,7 @@ var webhookUrlSettings = hasWebhookUrl ? { WEBHOOK_URL: '${kvRef}${secretNames.w
 var webhookSecretSettings = hasWebhookSecret ? { WEBHOOK_SECRET: '${kvRef}${secretNames.webhookSecret})' } : {}
 
 // Every app setting, set when the site is created (Flex needs its storage settings from the start).
-var appSettings = union(connectionSettings, bridgeSettings, publicUrlSettings, operatorsGroupSettings, operatorsRoleSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
+var appSettings = union(connectionSettings, bridgeSettings, relayKeyPreviousSettings, publicUrlSettings, operatorsGroupSettings, operatorsRoleSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, undrainHttpSettings, undrainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   //checkov:skip=CKV_AZURE_225: Flex zone redundancy is regional and opt-in; enable it where your region offers it

@@ -105,6 +105,7 @@ def test_the_function_app_gets_exactly_what_it_uses() -> None:
         ("storage", "hostContainers", "Storage Blob Data Contributor"),
         ("storage", "account", "Storage Table Data Contributor"),
         ("keyvault", "relayKeySecret", "Key Vault Secrets User"),
+        ("keyvault", "relayKeyPreviousSecret", "Key Vault Secrets User"),
         ("keyvault", "pagerdutySecret", "Key Vault Secrets User"),
         ("keyvault", "teamsSecret", "Key Vault Secrets User"),
         ("keyvault", "webhookUrlSecret", "Key Vault Secrets User"),
