@@ -339,12 +339,8 @@ def _unchanged(
         )
         if not settled:
             return False
-    updated, claimed = report(_fresh(recent), event, envelope.vm, now)
+    updated, claimed = report(recent, event, envelope.vm, now)  # a private copy
     return updated is None and not claimed
-
-
-def _fresh(record: EventRecord) -> EventRecord:
-    return EventRecord.model_validate_json(record.model_dump_json())
 
 
 def _absent(
