@@ -54,6 +54,8 @@ def resolve_vm(imds: ImdsClient, settings: RelaySettings, stop: threading.Event)
         scale_set=compute.get("vmScaleSetName") or None,
         availability_set=settings.availability_set,
         resource_id=compute.get("resourceId") or None,
+        subscription_id=compute.get("subscriptionId") or None,
+        resource_group=compute.get("resourceGroupName") or None,
     )
 
 
@@ -80,13 +82,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"relay: bad settings: {exc}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     key: bytes | None = None
+    previous_key: bytes | None = None
     if settings.callback_key_file is not None:
         from relay.signing import read_key_file
 
         try:
             key = read_key_file(str(settings.callback_key_file))
+            if settings.previous_key_file is not None:
+                previous_key = read_key_file(str(settings.previous_key_file))
         except (ValueError, OSError) as exc:
-            print(f"relay: bad settings: --callback-key-file: {exc}", file=sys.stderr)
+            print(f"relay: bad settings: key file: {exc}", file=sys.stderr)
             return EXIT_BAD_SETTINGS
 
     imds = ImdsClient(settings.imds_url, settings.imds_timeout)
@@ -116,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         first_timeout=settings.imds_first_timeout,
         max_backoff=settings.imds_max_backoff,
         stop=stop,
+        forward_all_events=settings.forward_all_events,
     )
     server = None
     if settings.callback_listen and key is not None:
-        server = _start_callback(settings, key, vm, watcher, sending)
+        server = _start_callback(settings, key, previous_key, vm, watcher, sending)
         if server is None:
             sending.stop()
             return 1
@@ -134,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _start_callback(
-    settings: RelaySettings, key: bytes, vm: VmRef, watcher: Watcher, sending: SendLoop
+    settings: RelaySettings,
+    key: bytes,
+    previous_key: bytes | None,
+    vm: VmRef,
+    watcher: Watcher,
+    sending: SendLoop,
 ) -> Any:
     from relay.callback import CallbackApp, CallbackServer
     from relay.hooks import HookRunner
@@ -166,6 +177,7 @@ def _start_callback(
         hooks=hooks,
         health=health,
         hook_wait=settings.hook_wait,
+        previous_key=previous_key,
     )
     assert settings.callback_listen
     try:

@@ -10,7 +10,14 @@ The server itself is bounded, because it listens on a customer's VM: at most
 `max_concurrent` requests are handled at once (one thread each; a connection beyond that
 gets a canned 503 from the listening thread and is closed, no thread started), and a
 request must arrive completely within `read_timeout` seconds in total, so a sender that
-trickles bytes cannot hold a slot for longer than that.
+trickles bytes cannot hold a slot for longer than that. Slots are shared fairly between
+client addresses: when all are taken and a connection arrives from an address holding
+fewer than the busiest one, a connection of the busiest address that is still being read
+(nothing of it has been acted on) is closed to make room. So one address trickling bytes
+on every slot cannot keep a signed approval from another address waiting.
+
+During a key rotation (contract C4) a signature under the previous key is accepted too;
+the health answer counts which key matched, never showing a key.
 
 Answers (JSON): 200 `{"imds_status": 200, "results": {EventId: "approved"}}`; 502 with the
 same shape when IMDS refused the StartRequests; 4xx/5xx `{"error": reason}` (for /v1/start
@@ -21,6 +28,7 @@ e.g. a "Nonce".
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -97,8 +105,11 @@ class CallbackApp:
         health: Callable[[], dict[str, Any]] | None = None,
         hook_wait: float = 10.0,
         clock: Callable[[], float] = time.time,
+        previous_key: bytes | None = None,
     ) -> None:
         self._key = key
+        self._previous_key = previous_key
+        self.key_matches = {"current": 0, "previous": 0}
         self.vm_name = vm_name
         self.imds = imds
         self.hooks = hooks
@@ -108,8 +119,26 @@ class CallbackApp:
         self.replays = ReplayCache()
 
     def health(self) -> tuple[int, dict[str, Any]]:
-        report = self._health()
+        report = dict(self._health())
+        report["signatures"] = {
+            "previous_key_configured": self._previous_key is not None,
+            "accepted": dict(self.key_matches),
+        }
         return (200 if report.get("healthy") else 503), report
+
+    def _verify(self, headers: dict[str, str], path: str, body: bytes, now: float) -> str:
+        """The signature, if valid under the current key or (during a rotation) the previous."""
+        try:
+            signature = verify(self._key, headers, "POST", path, body, now=now)
+            matched = "current"
+        except SignatureError as exc:
+            if self._previous_key is None or str(exc) != "bad signature":
+                raise
+            signature = verify(self._previous_key, headers, "POST", path, body, now=now)
+            matched = "previous"
+            event(log, logging.INFO, "signature matched the previous key", path=path)
+        self.key_matches[matched] += 1
+        return signature
 
     def post(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
         route = path.split("?", 1)[0]
@@ -117,7 +146,7 @@ class CallbackApp:
             raise Refused(404, "no such endpoint")
         now = self._clock()
         try:
-            signature = verify(self._key, headers, "POST", path, body, now=now)
+            signature = self._verify(headers, path, body, now)
         except SignatureError as exc:
             raise Refused(401, str(exc)) from None
         if not self.replays.first_use(signature, now):
@@ -126,6 +155,8 @@ class CallbackApp:
             payload = json.loads(body)
         except (UnicodeDecodeError, ValueError):
             raise Refused(400, "body is not JSON") from None
+        except RecursionError:  # e.g. 16 KiB of "[": valid-looking, but no request nests so
+            raise Refused(400, "body nests too deeply") from None
         if not isinstance(payload, dict):
             raise Refused(400, "body must be a JSON object")
         if route == "/v1/start":
@@ -250,10 +281,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _received(self) -> None:
         """The request is in: what follows (IMDS reads, a hook) is not the client's time."""
+        if not self.server.mark_received(self.connection):
+            self.close_connection = True
+            raise Refused(503, "connection closed to share slots fairly; try again")
         self.connection.settimeout(self.server.read_timeout)
 
     def do_GET(self) -> None:
-        self._received()
+        try:
+            self._received()
+        except Refused:
+            return
         if self.path.split("?", 1)[0] != "/v1/health":
             self._answer(404, {"error": "no such endpoint"})
             return
@@ -278,7 +315,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length")
         if length is None:
             raise Refused(411, "Content-Length required")
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()) or len(length) > 12:
             raise Refused(400, "bad Content-Length")
         if int(length) > MAX_BODY:
             self.close_connection = True
@@ -337,12 +374,19 @@ class CallbackHTTPServer(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self._active_lock = threading.Lock()
         self.active = 0  # requests being handled now (for health and tests)
+        # Each connection holding a slot -> [client address, True while being read,
+        # False once read, None once closed to make room].
+        self._holders: dict[socket.socket, list[Any]] = {}
+        self.evicted = 0
         self._busy = ErrorStreak(log, "callback")  # touched by the listening thread only
         self.refused_busy = 0
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        address = client_address[0] if isinstance(client_address, tuple) else client_address
+        if not self._slots.acquire(blocking=False) and not (
+            self._evict_for(address) and self._slots.acquire(timeout=1.0)
+        ):
             self.refused_busy += 1
             self._busy.error(
                 "busy",
@@ -353,23 +397,81 @@ class CallbackHTTPServer(ThreadingHTTPServer):
             return
         self._busy.ok()
         self._count(+1)
+        with self._active_lock:
+            self._holders[request] = [address, True]
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._release()  # no thread started, so none will release it
+            self._release(request)  # no thread started, so none will release it
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release()
+            self._release(request)
+
+    def mark_received(self, request: Any) -> bool:
+        """The request is wholly read: from now on it is never closed to make room.
+
+        False if it was closed to make room meanwhile: then it must not be acted on.
+        """
+        with self._active_lock:
+            holder = self._holders.get(request)
+            if holder is None:
+                return True
+            if holder[1] is None:
+                return False
+            holder[1] = False
+            return True
+
+    def _evict_for(self, address: str) -> bool:
+        """Close one still-reading connection of the busiest address, if that is fairer.
+
+        Only when the newcomer's address holds fewer slots than the busiest one minus one,
+        so equals never evict each other; only a connection still being read, so nothing
+        half-done is cut. The closed sender sees its connection end and may retry.
+        """
+        with self._active_lock:
+            counts: dict[str, int] = {}
+            for holder_address, _ in self._holders.values():
+                counts[holder_address] = counts.get(holder_address, 0) + 1
+            if not counts:
+                return False
+            busiest = max(counts, key=lambda a: counts[a])
+            if counts[busiest] <= counts.get(address, 0) + 1:
+                return False
+            victim = next(
+                (
+                    sock
+                    for sock, (holder_address, reading) in self._holders.items()
+                    if holder_address == busiest and reading
+                ),
+                None,
+            )
+            if victim is None:
+                return False
+            self._holders[victim][1] = None  # evicted: never acted on, even if it raced
+        self.evicted += 1
+        with contextlib.suppress(OSError):
+            victim.shutdown(socket.SHUT_RDWR)  # its reader wakes at once and finishes
+        if self.evicted == 1 or self.evicted % 100 == 0:
+            event(
+                log,
+                logging.WARNING,
+                "callback: closed a slow connection to share slots fairly",
+                address=busiest,
+                evicted=self.evicted,
+            )
+        return True
 
     def _count(self, delta: int) -> None:
         with self._active_lock:
             self.active += delta
 
-    def _release(self) -> None:
+    def _release(self, request: Any) -> None:
+        with self._active_lock:
+            self._holders.pop(request, None)
         self._count(-1)
         self._slots.release()
 

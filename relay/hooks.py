@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +123,7 @@ class HookRunner:
             "SCHEDULED_EVENT_ID": scheduled.event_id,
             "SCHEDULED_EVENT_TYPE": scheduled.event_type,
             "SCHEDULED_EVENT_STATUS": scheduled.event_status,
-            "SCHEDULED_EVENT_NOT_BEFORE": format_not_before(scheduled.not_before),
+            "SCHEDULED_EVENT_NOT_BEFORE": _not_before(scheduled),
             "SCHEDULED_EVENT_RESOURCES": ",".join(scheduled.resources),
             "SCHEDULED_EVENT_VM_NAME": self.vm_name,
         }
@@ -180,13 +180,19 @@ class HookRunner:
         )
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _not_before(scheduled: ScheduledEvent) -> str:
+    """RFC 1123 GMT; a time Python cannot hold is passed on as IMDS wrote it."""
+    moment = scheduled.not_before
+    return format_not_before(moment) if moment is not None else scheduled.not_before_text
+
+
+def _kill_group(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def public(record: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 log = logging.getLogger("relay")
@@ -21,7 +21,9 @@ log = logging.getLogger("relay")
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -34,7 +36,7 @@ class JsonFormatter(logging.Formatter):
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        moment = datetime.fromtimestamp(record.created, UTC).strftime("%H:%M:%S")
+        moment = datetime.fromtimestamp(record.created, timezone.utc).strftime("%H:%M:%S")
         fields = getattr(record, "fields", None) or {}
         tail = " ".join(f"{k}={v}" for k, v in fields.items())
         line = f"{moment} {record.levelname:<7} {record.getMessage()}"
@@ -51,8 +53,6 @@ def configure(log_format: str = "json", level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # urllib3 logs every retry and reconnect; our own lines say what matters.
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
 
 
 def event(logger: logging.Logger, level: int, msg: str, **fields: Any) -> None:
@@ -113,6 +113,6 @@ class ErrorStreak:
 
 
 def clip(exc: Exception, limit: int = 200) -> str:
-    """An exception's text, cut short: requests' errors can carry whole URLs and reprs."""
+    """An exception's text, cut short: HTTP errors can carry whole URLs and reprs."""
     text = str(exc)
     return text if len(text) < limit else text[:limit] + "..."

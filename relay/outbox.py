@@ -154,7 +154,7 @@ class Outbox:
                     )
                     self._alarm_at *= 2
             sequence = self._sequence + 1
-            stamped = envelope.model_copy(update={"sequence": sequence})
+            stamped = envelope.with_sequence(sequence)
             path = self.directory / f"{sequence:012d}-{envelope.kind}.json"
             try:
                 atomic_write(path, stamped.to_json().encode())

@@ -6,28 +6,32 @@ how long to wait: transient failures (5xx, 429, timeouts, refused connections) b
 exponentially with jitter; configuration failures (401, 403, 404, 410, other 4xx) cannot
 heal by retrying fast, so they retry slowly while an operator fixes the cause.
 
-The Service Bus sender speaks plain HTTPS with `requests` on purpose: the Azure SDK (AMQP)
-would triple the relay's memory on every VM of the fleet.
+The Service Bus sender speaks plain HTTPS with the standard library on purpose: the Azure
+SDK (AMQP) would triple the relay's memory on every VM of the fleet, and the relay must run
+on the VM's own Python with nothing installed. Heartbeats go to their own session-less
+queue (contract C1) so a fleet's liveness traffic never competes with documents for
+session locks.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import logging
 import random
 import re
+import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-import requests
-
+from relay.imds import ImdsClient, ImdsError
 from relay.logs import ErrorStreak, clip, event
 from relay.models import DocumentError, Envelope, parse_envelope
 from relay.outbox import Outbox, OutboxMessage, atomic_write
@@ -67,17 +71,22 @@ class FileSender:
     file instead of adding a duplicate.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, heartbeat_directory: Path | None = None) -> None:
         self.directory = directory
+        # Contract C1: heartbeats in DIR/heartbeats/, as if on their own queue.
+        self.heartbeat_directory = (
+            directory / "heartbeats" if heartbeat_directory is None else heartbeat_directory
+        )
 
     def describe(self) -> str:
         return f"file:{self.directory}"
 
     def send(self, envelope: Envelope, body: str) -> None:
         vm = re.sub(r"[^A-Za-z0-9._-]", "_", envelope.vm.name)
-        path = self.directory / f"{envelope.sequence:012d}-{vm}-{envelope.kind}.json"
+        directory = self.heartbeat_directory if envelope.kind == "heartbeat" else self.directory
+        path = directory / f"{envelope.sequence:012d}-{vm}-{envelope.kind}.json"
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(parents=True, exist_ok=True)
             atomic_write(path, body.encode())
         except OSError as exc:
             raise SendError(
@@ -165,13 +174,11 @@ class ManagedIdentityTokenProvider:
         imds_url: str,
         client_id: str | None = None,
         timeout: float = 10.0,
-        session: requests.Session | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._url = f"{imds_url}/metadata/identity/oauth2/token"
+        self._imds = ImdsClient(imds_url, timeout)
         self._client_id = client_id
         self._timeout = timeout
-        self._session = session or _imds_session()
         self._clock = clock
         self._token: str | None = None
         self._expires = 0.0
@@ -186,44 +193,33 @@ class ManagedIdentityTokenProvider:
         self._token = None
 
     def _fetch(self) -> None:
-        params = {"api-version": IDENTITY_API_VERSION, "resource": SERVICEBUS_RESOURCE}
-        if self._client_id:
-            params["client_id"] = self._client_id
         try:
-            response = self._session.get(
-                self._url, params=params, headers={"Metadata": "true"}, timeout=self._timeout
-            )
-        except requests.RequestException as exc:
-            raise SendError("token", f"managed identity token: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            slow = response.status_code in (400, 403, 404)
+            response = self._imds.get_token(SERVICEBUS_RESOURCE, self._client_id, self._timeout)
+        except ImdsError as exc:
+            raise SendError("token", f"managed identity token: {exc.kind}") from None
+        if response.status != 200:
+            slow = response.status in (400, 403, 404)
             raise SendError(
                 "token",
-                f"managed identity token: IMDS answered {response.status_code}"
+                f"managed identity token: IMDS answered {response.status}"
                 + (" (no identity assigned to this VM?)" if slow else ""),
                 slow=slow,
             )
         try:
-            data = response.json()
+            data = json.loads(response.body)
             token = str(data["access_token"])
             now = self._clock()
             if data.get("expires_on"):
                 expires = float(data["expires_on"])
             else:
                 expires = now + float(data.get("expires_in", 3600))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise SendError("token", "managed identity token: malformed answer") from None
         lifetime = max(expires - now, 0.0)
         self._token = token
         self._expires = expires
         # Refresh at the later of 5 minutes or 10 % of the lifetime before expiry.
         self._refresh_at = expires - max(min(300.0, lifetime / 2), lifetime / 10)
-
-
-def _imds_session() -> requests.Session:
-    session = requests.Session()
-    session.trust_env = False  # IMDS must never be reached through a proxy
-    return session
 
 
 # ------------------------------------------------------------------ Service Bus
@@ -238,7 +234,12 @@ _SLOW_STATUS = {
 
 
 class ServiceBusSender:
-    """POST one message per envelope to `https://NAMESPACE/QUEUE/messages`."""
+    """POST one message per envelope to `https://NAMESPACE/QUEUE/messages`.
+
+    Documents go to the session queue (SessionId = VM name keeps one VM's documents in
+    order); heartbeats go to `heartbeat_queue` without a SessionId (contract C1), or with
+    the documents when it is None or "".
+    """
 
     def __init__(
         self,
@@ -248,62 +249,99 @@ class ServiceBusSender:
         ttl_seconds: int,
         timeout: float = 30.0,
         endpoint: str | None = None,
-        session: requests.Session | None = None,
+        heartbeat_queue: str | None = None,
+        heartbeat_tokens: TokenProvider | None = None,
     ) -> None:
         base = endpoint or f"https://{namespace}"
         self.url = f"{base}/{queue}/messages"
+        self.heartbeat_url = f"{base}/{heartbeat_queue}/messages" if heartbeat_queue else None
         self._tokens = tokens
+        self._heartbeat_tokens = heartbeat_tokens or tokens
         self._ttl = ttl_seconds
         self._timeout = timeout
-        self._session = session or requests.Session()
+        self._opener: Any = None
 
     def describe(self) -> str:
         return self.url
 
-    def send(self, envelope: Envelope, body: str) -> None:
-        props = {
-            "MessageId": envelope.message_id(),
-            "SessionId": envelope.vm.name,
-            "TimeToLive": self._ttl,
-            "Label": envelope.kind,
-        }
-        headers = {
-            "Authorization": self._tokens.authorization(),
-            "Content-Type": "application/json",
-            "BrokerProperties": json.dumps(props, separators=(",", ":")),
-        }
+    def _open(self, request: Any) -> tuple[int, bytes, dict[str, str]]:
+        import urllib.error
+        import urllib.request
+
+        if self._opener is None:
+            # Honours HTTPS_PROXY / NO_PROXY, as an operator behind a proxy expects.
+            self._opener = urllib.request.build_opener()
         try:
-            response = self._session.post(
-                self.url, data=body.encode(), headers=headers, timeout=self._timeout
-            )
-        except requests.Timeout:
-            raise SendError("timeout", f"Service Bus did not answer in {self._timeout}s") from None
-        except requests.ConnectionError as exc:
+            with self._opener.open(request, timeout=self._timeout) as response:
+                return response.status, response.read(4096), dict(response.headers.items())
+        except urllib.error.HTTPError as exc:
+            body = b""
+            with contextlib.suppress(OSError):
+                body = exc.read(4096)
+            return exc.code, body, dict(exc.headers.items())
+
+    def send(self, envelope: Envelope, body: str) -> None:
+        import urllib.error
+        import urllib.request
+
+        heartbeat_apart = envelope.kind == "heartbeat" and self.heartbeat_url is not None
+        props: dict[str, Any] = {"MessageId": envelope.message_id()}
+        if not heartbeat_apart:
+            props["SessionId"] = envelope.vm.name
+        props.update(TimeToLive=self._ttl, Label=envelope.kind)
+        tokens = self._heartbeat_tokens if heartbeat_apart else self._tokens
+        url = self.heartbeat_url if heartbeat_apart else self.url
+        request = urllib.request.Request(  # noqa: S310 - https://, or a checked loopback stand-in
+            url,  # type: ignore[arg-type]
+            data=body.encode(),
+            method="POST",
+            headers={
+                "Authorization": tokens.authorization(),
+                "Content-Type": "application/json",
+                "BrokerProperties": json.dumps(props, separators=(",", ":")),
+            },
+        )
+        try:
+            status, text, headers = self._open(request)
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, (socket.timeout, TimeoutError)):
+                raise SendError(
+                    "timeout", f"Service Bus did not answer in {self._timeout}s"
+                ) from None
             raise SendError("connection", f"cannot reach Service Bus: {clip(exc)}") from None
-        except requests.RequestException as exc:
+        except (socket.timeout, TimeoutError):
+            raise SendError("timeout", f"Service Bus did not answer in {self._timeout}s") from None
+        except (OSError, ValueError, http_client_errors()) as exc:
             raise SendError("request", f"Service Bus request failed: {clip(exc)}") from None
-        status = response.status_code
         if status == 201:
             return
         if status == 401:
-            self._tokens.invalidate()
+            tokens.invalidate()
         if status in _SLOW_STATUS:
             raise SendError(f"http-{status}", _SLOW_STATUS[status], slow=True)
         if status == 429 or status >= 500:
             raise SendError(
                 f"http-{status}",
                 f"Service Bus answered {status} (busy or unavailable); retrying",
-                retry_after=_retry_after(response),
+                retry_after=_retry_after(headers),
             )
         raise SendError(
             f"http-{status}",
-            f"Service Bus refused the message with {status}: {response.text[:200]}",
+            f"Service Bus refused the message with {status}: "
+            f"{text[:200].decode('utf-8', 'replace')}",
             slow=True,
         )
 
 
-def _retry_after(response: requests.Response) -> float | None:
-    value = response.headers.get("Retry-After")
+def http_client_errors() -> type[Exception]:
+    import http.client
+
+    return http.client.HTTPException
+
+
+def _retry_after(headers: dict[str, str]) -> float | None:
+    value = {k.lower(): v for k, v in headers.items()}.get("retry-after")
     try:
         return float(value) if value else None
     except ValueError:
@@ -399,25 +437,35 @@ class SendLoop:
         return base * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
 
 
-def build_sender(settings: object, imds_session: requests.Session | None = None) -> Sender:
+def build_sender(settings: object) -> Sender:
     """The sender the settings ask for; raises ValueError for a setting that cannot work."""
     from relay.settings import RelaySettings
 
     assert isinstance(settings, RelaySettings)
     target = settings.forward_target
+    heartbeat_queue = settings.heartbeat_queue or None
     if target.kind == "file":
         assert target.directory is not None
-        return FileSender(target.directory)
+        return FileSender(target.directory, None if heartbeat_queue else target.directory)
     assert target.namespace and target.queue
     tokens: TokenProvider
+    heartbeat_tokens: TokenProvider | None = None
     if settings.sas_connection_string_file is not None:
-        tokens = SasTokenProvider.from_file(
-            settings.sas_connection_string_file, target.resource_uri
-        )
+        text = settings.sas_connection_string_file.read_text(encoding="utf-8")
+        tokens = SasTokenProvider(text, target.resource_uri)
+        if heartbeat_queue and heartbeat_queue != target.queue:
+            entity = parse_connection_string(text).get("entitypath")
+            if entity:
+                raise ValueError(
+                    f"the SAS connection string is for queue {entity!r} only, and heartbeats "
+                    f"go to queue {heartbeat_queue!r}: use a namespace-level rule (no "
+                    "EntityPath), or --heartbeat-queue '' to send heartbeats with the documents"
+                )
+            heartbeat_tokens = SasTokenProvider(
+                text, f"https://{target.namespace}/{heartbeat_queue}"
+            )
     else:
-        tokens = ManagedIdentityTokenProvider(
-            settings.imds_url, settings.identity_client_id, session=imds_session
-        )
+        tokens = ManagedIdentityTokenProvider(settings.imds_url, settings.identity_client_id)
     return ServiceBusSender(
         target.namespace,
         target.queue,
@@ -425,6 +473,8 @@ def build_sender(settings: object, imds_session: requests.Session | None = None)
         ttl_seconds=settings.message_ttl,
         timeout=settings.send_timeout,
         endpoint=settings.servicebus_endpoint,
+        heartbeat_queue=heartbeat_queue,
+        heartbeat_tokens=heartbeat_tokens,
     )
 
 

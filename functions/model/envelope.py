@@ -213,6 +213,9 @@ class VmRef(BaseModel):
     scale_set: str | None = None
     availability_set: str | None = None
     resource_id: str | None = None
+    # Contract C3: from IMDS compute metadata (subscriptionId, resourceGroupName).
+    subscription_id: str | None = None
+    resource_group: str | None = None
 
     @field_validator("callback_url")
     @classmethod
@@ -238,6 +241,9 @@ class Envelope(BaseModel):
     sequence: int = Field(ge=0)
     observed_at: AwareDatetime
     document: dict[str, Any] | None = None
+    # Contract C2: "own" when the relay kept only the events naming its VM; relays from
+    # before the field forwarded everything.
+    events: Literal["own", "all"] = "all"
 
     @field_validator("observed_at")
     @classmethod
