@@ -7,7 +7,7 @@ NODE_STAMP := node_modules/.installed-stamp
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-stamp
 
-.PHONY: demo test bench lint format install clean infra-check
+.PHONY: demo test bench lint format install clean infra-check relay test-py39
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -38,8 +38,17 @@ $(CHECKOV_STAMP): infra/requirements-checkov.txt
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r infra/requirements-checkov.txt
 	touch $@
 
-test: install lint infra-check
+test: install lint infra-check test-py39
 	$(BIN)/python -m pytest -q
+
+# The relay as it ships: one zipapp of relay/*.py, reproducible (same source, same bytes).
+# infra/relay/ keeps a committed copy for Bicep to embed; a test checks it is not stale.
+RELAY_PYZ := dist/scheduled-events-relay.pyz
+relay: $(RELAY_PYZ)
+	cp $(RELAY_PYZ) infra/relay/scheduled-events-relay.pyz
+
+$(RELAY_PYZ): $(wildcard relay/*.py) relay/deploy/build_pyz.py
+	$(PYTHON) relay/deploy/build_pyz.py $@
 
 demo: install
 	$(BIN)/python -m local.demo
