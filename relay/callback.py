@@ -42,7 +42,7 @@ from typing import Any
 from relay.hooks import RUNNING, HookRunner, public
 from relay.imds import ImdsClient, ImdsError
 from relay.logs import ErrorStreak, event
-from relay.signing import MAX_SKEW_SECONDS, SignatureError, verify
+from relay.signing import MAX_SKEW_SECONDS, MalformedSignature, SignatureError, verify
 
 log = logging.getLogger("relay.callback")
 
@@ -147,6 +147,8 @@ class CallbackApp:
         now = self._clock()
         try:
             signature = self._verify(headers, path, body, now)
+        except MalformedSignature as exc:
+            raise Refused(400, str(exc)) from None
         except SignatureError as exc:
             raise Refused(401, str(exc)) from None
         if not self.replays.first_use(signature, now):

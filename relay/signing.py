@@ -24,6 +24,10 @@ class SignatureError(Exception):
     """A request whose signature or timestamp does not hold; the message is safe to return."""
 
 
+class MalformedSignature(SignatureError):
+    """Signature headers that are not even well-formed (a 400, not a 401)."""
+
+
 def signature(key: bytes, timestamp: int | str, method: str, path: str, body: bytes) -> str:
     message = f"{timestamp}\n{method.upper()}\n{path}\n".encode() + body
     return f"{SCHEME}=" + hmac.new(key, message, hashlib.sha256).hexdigest()
@@ -55,8 +59,10 @@ def verify(
     given = lowered.get(SIGNATURE_HEADER.lower())
     if not stamp or not given:
         raise SignatureError("missing signature headers")
+    # isdigit() alone admits superscripts and other scripts' digits, which int() refuses
+    # or reads unexpectedly (a 500 instead of a 400).
     if not (stamp.isascii() and stamp.isdigit()) or len(stamp) > 20:
-        raise SignatureError("malformed timestamp")
+        raise MalformedSignature("malformed timestamp")
     current = time.time() if now is None else now
     if abs(current - int(stamp)) > max_skew:
         raise SignatureError("stale timestamp")
