@@ -41,6 +41,15 @@ $(CHECKOV_STAMP): infra/requirements-checkov.txt
 test: install lint infra-check test-py39
 	$(BIN)/python -m pytest -q
 
+# The relay's process-level tests (marked relay_process: they run the pyz) once more with the
+# relay on Debian bullseye's Python 3.9, fetched into .cache/py39/ with a project-local apt
+# configuration (tests/relay/python39.py). Outside CI it skips, saying so, where apt is missing.
+test-py39: $(STAMP)
+	@py39=$$($(PYTHON) tests/relay/python39.py) || exit 1; \
+	if [ -n "$$py39" ]; then \
+		RELAY_TEST_PYTHON=$$py39 $(BIN)/python -m pytest -q -p no:cacheprovider -m relay_process tests/relay; \
+	fi
+
 # The relay as it ships: one zipapp of relay/*.py, reproducible (same source, same bytes).
 # infra/relay/ keeps a committed copy for Bicep to embed; a test checks it is not stale.
 RELAY_PYZ := dist/scheduled-events-relay.pyz

@@ -42,6 +42,20 @@ def build_pyz(out: Path) -> Path:
     return module.build(out)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "relay_process: starts the relay pyz as a process (rerun on Python 3.9)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that runs the pyz, so `make test-py39` can rerun exactly those."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents and "relay_pyz" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.relay_process)
+
+
 @pytest.fixture(scope="session")
 def relay_pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_pyz(tmp_path_factory.mktemp("pyz") / "scheduled-events-relay.pyz")
