@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,6 +211,16 @@ class Outbox:
             file=str(self.rejected / message.path.name),
             reason=reason,
         )
+
+    def wait_while_size(self, size: int, timeout: float, stop: threading.Event) -> None:
+        """Wait up to `timeout` while the outbox holds exactly `size` messages."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._messages) == size and not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
 
     def wake(self) -> None:
         with self._cond:

@@ -399,6 +399,16 @@ class SendLoop:
                 failures += 1
                 level = logging.ERROR if exc.slow else logging.WARNING
                 self.streak.error(exc.kind, str(exc), level=level, pending=len(self.outbox))
+                if message.kind == "heartbeat":
+                    # A heartbeat goes to its own queue, which may fail on its own (missing,
+                    # no send right); it must never hold documents up. With anything behind
+                    # it, it is dropped (the next one says the same); alone, it waits for
+                    # its retry only until something else is queued.
+                    if len(self.outbox) > 1:
+                        self.outbox.remove(message)
+                        continue
+                    self.outbox.wait_while_size(1, self._delay(exc, failures), self._stop)
+                    continue
                 self._sleep(self._delay(exc, failures))
                 continue
             failures = 0

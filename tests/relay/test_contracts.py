@@ -61,6 +61,29 @@ def test_heartbeats_go_to_their_own_queue_without_a_session(
     assert relay.stop() == 0
 
 
+def test_a_failing_heartbeat_queue_never_holds_documents_up(
+    simulator: Any, standin: ServiceBusStandIn, relay_process: Any, tmp_path: Path
+) -> None:
+    sim = simulator.sim
+    sim.add_vm("vm0")
+    standin.heartbeat_queue = "not-deployed"  # the heartbeats queue is missing: 404
+    relay = relay_process(
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={tmp_path / 'state'}",
+        "--heartbeat-interval=1",
+        "--send-slow-retry=60",  # a 404 is retried slowly...
+        *FAST,
+        *to_standin(standin, tmp_path, standin.connection_string),
+    )
+    wait_for(lambda: standin.rejections)  # a heartbeat refused
+    for _ in range(3):
+        sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
+        # ...but documents behind it go at once, not after the slow retry.
+        wait_for(lambda: len(standin.messages) == len(sim.history("vm0")), timeout=5)
+    assert [m.envelope["document"] for m in standin.messages] == sim.history("vm0")
+    assert any("404" in x.get("msg", "") for x in relay.logs())
+
+
 def test_an_empty_heartbeat_queue_keeps_heartbeats_with_the_documents(
     simulator: Any, standin: ServiceBusStandIn, relay_process: Any, tmp_path: Path
 ) -> None:
