@@ -73,17 +73,15 @@ test-py39: $(STAMP)
 	fi
 
 # The relay as it ships: one zipapp of relay/*.py, reproducible (same source, same bytes).
-# infra/relay/ keeps a committed copy for Bicep to embed; a test checks it is not stale.
+# infra/relay/scheduled-events-relay.pyz.gz is the committed copy Bicep embeds (the same
+# zipapp, gzipped as a whole to fit customData); a test checks it is not stale.
 RELAY_PYZ := dist/scheduled-events-relay.pyz
 # dist/add-relay-bundled.sh is infra/relay/add-relay.sh with the relay appended, for
 # run-command on existing VMs and scale sets (nothing to host, nothing to download).
-relay: $(RELAY_PYZ)
-	cp $(RELAY_PYZ) infra/relay/scheduled-events-relay.pyz
+relay:
+	$(PYTHON) relay/deploy/build_pyz.py $(RELAY_PYZ) --embedded infra/relay/scheduled-events-relay.pyz.gz
 	{ cat infra/relay/add-relay.sh; echo __RELAY_PYZ_BASE64__; base64 $(RELAY_PYZ); } > dist/add-relay-bundled.sh
-	@ls -l $(RELAY_PYZ) dist/add-relay-bundled.sh
-
-$(RELAY_PYZ): $(wildcard relay/*.py) relay/deploy/build_pyz.py
-	$(PYTHON) relay/deploy/build_pyz.py $@
+	@ls -l dist/add-relay-bundled.sh
 
 demo: install
 	$(BIN)/python -m local.demo

@@ -143,7 +143,7 @@ param deployExampleScaleSet bool = false
 @description('Deploy the example single VM (relay).')
 param deployExampleVm bool = false
 
-@description('Empty (the default): cloud-init installs the relay embedded from infra/relay/scheduled-events-relay.pyz. Or https://HOST/scheduled-events-relay.pyz#sha256=HEX (a release asset and its checksum), installed only if the checksum matches.')
+@description('Empty (the default): cloud-init installs the relay embedded from infra/relay/scheduled-events-relay.pyz.gz. Or https://HOST/scheduled-events-relay.pyz#sha256=HEX (a release asset and its checksum), installed only if the checksum matches.')
 param relayPackageUrl string = ''
 
 param adminUsername string = 'azureuser'
@@ -324,10 +324,10 @@ module functionApp 'modules/functionapp.bicep' = {
 
 // ---------- Relay bootstrap (cloud-init) ----------
 // Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment: the relay
-// itself (infra/relay/scheduled-events-relay.pyz, `make relay`; a test keeps it equal to a
-// fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its six
+// itself (infra/relay/scheduled-events-relay.pyz.gz, `make relay`: the zipapp gzipped whole;
+// a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its six
 // arguments. Filled in, it stays under customData's 65535 bytes (tests/infra).
-var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz')
+var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz.gz')
 var addRelayScriptB64 = base64(loadTextContent('relay/add-relay.sh'))
 var cloudInitTemplate = loadTextContent('relay/cloud-init.yaml')
 var cloudInit0 = replace(cloudInitTemplate, '{{RELAY_PYZ_B64}}', relayPyzB64)

@@ -7,20 +7,22 @@ state directory cannot be used (nothing could be made durable, so nothing is pol
 from __future__ import annotations
 
 import logging
-import random
 import signal
 import sys
 import threading
-from typing import Any
 
 from relay import __version__, logs
 from relay.imds import ImdsClient, ImdsError
-from relay.logs import ErrorStreak, event
+from relay.logs import ErrorStreak, event, jitter
 from relay.models import VmRef
 from relay.outbox import Outbox
 from relay.senders import SendLoop, build_sender
 from relay.settings import EXIT_BAD_SETTINGS, RelaySettings, load_or_exit
 from relay.watcher import Watcher
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("relay")
 
@@ -45,7 +47,7 @@ def resolve_vm(imds: ImdsClient, settings: RelaySettings, stop: threading.Event)
                 failures += 1
                 streak.error(exc.kind, f"cannot learn this VM's name: {exc}")
                 pause = min(settings.imds_max_backoff, 0.5 * 2**failures)
-                stop.wait(pause * random.uniform(0.75, 1.25))  # noqa: S311 - jitter
+                stop.wait(pause * jitter(0.75, 1.25))
         else:
             return None
     return VmRef(

@@ -33,16 +33,23 @@ import io
 import json
 import logging
 import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
-from relay.hooks import RUNNING, HookRunner, public
+from relay.httpwire import MAX_LINE, REASONS, read_headers
 from relay.imds import ImdsClient, ImdsError
 from relay.logs import ErrorStreak, event
 from relay.signing import MAX_SKEW_SECONDS, MalformedSignature, SignatureError, verify
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # hooks (and subprocess) are loaded only when hooks are configured
+    from typing import Any
+
+    from relay.hooks import HookRunner
+
+RUNNING = "running"  # relay.hooks.RUNNING, without importing it
 
 log = logging.getLogger("relay.callback")
 
@@ -237,6 +244,8 @@ class CallbackApp:
         if self.hooks is None or not self.hooks.known(name):
             raise Refused(404, "unknown hook")
         previous = self.hooks.result(name, event_id)
+        from relay.hooks import public
+
         if previous is not None and previous.get("status") != RUNNING:
             return 200, public(previous)
         document = self._fresh_document()
@@ -269,22 +278,49 @@ class _DeadlineReader(socket.SocketIO):
         return super().readinto(buffer)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(socketserver.BaseRequestHandler):
+    """One request per connection (HTTP/1.0 answers, then close): callers are few and each
+    request is one signed call, so keep-alive would only let a client hold a slot longer."""
+
     server: CallbackHTTPServer
-    server_version = "scheduled-events-relay"
-    sys_version = ""
+    request: socket.socket
 
     def setup(self) -> None:
-        self.timeout = self.server.read_timeout  # also bounds each write of the answer
-        super().setup()
-        self.rfile.close()  # replaced: only the socket's file object, not the socket
+        self.connection = self.request
+        self.connection.settimeout(self.server.read_timeout)  # bounds each write too
         deadline = time.monotonic() + self.server.read_timeout
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
+        self.path = ""
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            self.rfile.close()
+
+    def handle(self) -> None:
+        try:
+            line = self.rfile.readline(MAX_LINE + 1)
+            if not line:
+                return
+            words = line.decode("iso-8859-1").split()
+            if len(line) > MAX_LINE or len(words) != 3 or not words[2].startswith("HTTP/1."):
+                self._answer(400, {"error": "bad request line"})
+                return
+            method, self.path, _ = words
+            self.headers = read_headers(self.rfile)
+        except (OSError, ValueError):  # too slow, gone, or not HTTP: close without a word
+            return
+        if method == "GET":
+            self.do_GET()
+        elif method == "POST":
+            self.do_POST()
+        elif method in ("PUT", "DELETE", "PATCH"):
+            self._answer(405, {"error": "method not allowed"})
+        else:
+            self._answer(501, {"error": "method not implemented"})
 
     def _received(self) -> None:
         """The request is in: what follows (IMDS reads, a hook) is not the client's time."""
         if not self.server.mark_received(self.connection):
-            self.close_connection = True
             raise Refused(503, "connection closed to share slots fairly; try again")
         self.connection.settimeout(self.server.read_timeout)
 
@@ -301,7 +337,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         try:
             body = self._read_body()
-            status, answer = self.server.app.post(self.path, dict(self.headers.items()), body)
+            status, answer = self.server.app.post(self.path, self.headers, body)
         except Refused as exc:
             if exc.status >= 500 or exc.status in (401, 409, 413):
                 event(log, logging.WARNING, "callback refused", path=self.path, **exc.body)
@@ -314,43 +350,44 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(status, answer)
 
     def _read_body(self) -> bytes:
-        length = self.headers.get("Content-Length")
+        length = self.headers.get("content-length")
         if length is None:
             raise Refused(411, "Content-Length required")
         if not (length.isascii() and length.isdigit()) or len(length) > 12:
             raise Refused(400, "bad Content-Length")
         if int(length) > MAX_BODY:
-            self.close_connection = True
             raise Refused(413, f"body over {MAX_BODY} bytes")
         try:
             body = self.rfile.read(int(length))
         except OSError:  # TimeoutError included; the client is too slow or gone
-            self.close_connection = True
             raise Refused(408, "request not received in time") from None
         if len(body) != int(length):
             raise Refused(400, "body shorter than Content-Length")
         self._received()
         return body
 
-    def do_PUT(self) -> None:
-        self._answer(405, {"error": "method not allowed"})
-
-    do_DELETE = do_PATCH = do_PUT
-
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(data)
+        now = time.gmtime()
+        head = (
+            f"HTTP/1.0 {status} {REASONS.get(status, 'Unknown')}\r\n"
+            "Server: scheduled-events-relay\r\n"
+            f"Date: {_DAYS[now.tm_wday]}, {now.tm_mday:02d} {_MONTHS[now.tm_mon - 1]} "
+            f"{now.tm_year} {now.tm_hour:02d}:{now.tm_min:02d}:{now.tm_sec:02d} GMT\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n"
+            "Cache-Control: no-store\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        with contextlib.suppress(OSError):  # a client gone before its answer: nothing to do
+            self.connection.sendall(head.encode("ascii") + data)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # our own lines say what happened, without request noise
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
-class CallbackHTTPServer(ThreadingHTTPServer):
+class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     """A thread per request, but never more than `max_concurrent` at once.
 
     The listening thread takes a slot before starting a handler thread; without one it
@@ -359,6 +396,7 @@ class CallbackHTTPServer(ThreadingHTTPServer):
     """
 
     daemon_threads = True
+    allow_reuse_address = True
     request_queue_size = 64  # the kernel's accept queue: a burst waits there, not in threads
 
     def __init__(

@@ -10,7 +10,6 @@ not rerun: a half-drained node is for a person (or the policy) to judge.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -21,11 +20,15 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from relay.logs import event
 from relay.models import ScheduledEvent, format_not_before
 from relay.outbox import atomic_write
+from relay.signing import sha256
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("relay.hooks")
 
@@ -49,7 +52,7 @@ class HookRunner:
         return name in self.hooks
 
     def _path(self, name: str, event_id: str) -> Path:
-        digest = hashlib.sha256(f"{name}\0{event_id.casefold()}".encode()).hexdigest()[:32]
+        digest = sha256(f"{name}\0{event_id.casefold()}".encode()).hexdigest()[:32]
         return self.directory / f"{digest}.json"
 
     def _store(self, record: dict[str, Any]) -> None:

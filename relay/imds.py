@@ -3,21 +3,17 @@
 Every failure becomes one `ImdsError` with a short `kind` (timeout, connection, http-503,
 malformed, ...) so the watcher can log each kind once per streak and back off.
 
-Plain `http.client` on one kept-alive connection: IMDS is a link-local HTTP endpoint that
-must never be reached through a proxy, and a poll a second on a reused connection costs
-far less CPU than building a request stack each time.
+One kept-alive connection (relay.httpwire): IMDS is a link-local HTTP endpoint that must
+never be reached through a proxy, and a poll a second on a reused connection costs far
+less CPU and memory than a general-purpose HTTP stack.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
-import select
 import socket
-import threading
-from typing import Any
-from urllib.parse import urlencode, urlsplit
 
+from relay.httpwire import HttpAnswer, HttpConnection
 from relay.logs import clip
 from relay.models import (
     SCHEDULED_EVENTS_API_VERSION,
@@ -26,8 +22,11 @@ from relay.models import (
     parse_document,
 )
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 COMPUTE_API_VERSION = "2021-02-01"
-MAX_ANSWER = 4 * 1024 * 1024  # a Scheduled Events document is a few KiB; never read more
 
 
 class ImdsError(Exception):
@@ -36,100 +35,10 @@ class ImdsError(Exception):
         self.kind = kind
 
 
-class HttpAnswer:
-    __slots__ = ("body", "headers", "status")
-
-    def __init__(self, status: int, body: bytes, headers: dict[str, str]) -> None:
-        self.status = status
-        self.body = body
-        self.headers = headers
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
-
-
-class HttpConnection:
-    """One kept-alive HTTP connection to one origin; thread-safe (used under a lock).
-
-    A connection the server closed while it sat idle is noticed before it is reused (it
-    turns readable), so an idle close never shows up as an error, while a server that
-    drops a request still does.
-    """
-
-    def __init__(self, base_url: str) -> None:
-        parts = urlsplit(base_url)
-        self.scheme = parts.scheme
-        self.host = parts.hostname or ""
-        self.port = parts.port
-        self.prefix = parts.path.rstrip("/")
-        self._conn: http.client.HTTPConnection | None = None
-        self._lock = threading.Lock()
-
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self._conn is None:
-            if self.scheme == "https":
-                self._conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
-            else:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-        self._conn.timeout = timeout
-        if self._conn.sock is not None:
-            self._conn.sock.settimeout(timeout)
-        return self._conn
-
-    def close(self) -> None:
-        with self._lock:
-            self._drop()
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        timeout: float,
-        params: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
-        body: bytes | None = None,
-    ) -> HttpAnswer:
-        target = self.prefix + path + ("?" + urlencode(params) if params else "")
-        with self._lock:
-            if self._conn is not None and _closed_by_peer(self._conn.sock):
-                self._drop()  # the server closed it while idle: not an error, reconnect
-            conn = self._connection(timeout)
-            try:
-                conn.request(method, target, body=body, headers=headers or {})
-                response = conn.getresponse()
-                data = response.read(MAX_ANSWER + 1)
-            except BaseException:
-                self._drop()
-                raise
-            answer = HttpAnswer(
-                response.status, data, {k.lower(): v for k, v in response.getheaders()}
-            )
-            if response.will_close or len(data) > MAX_ANSWER:
-                self._drop()
-            return answer
-
-
-def _closed_by_peer(sock: socket.socket | None) -> bool:
-    """An idle kept-alive socket is readable only if the peer closed it (or misbehaved)."""
-    if sock is None:
-        return False
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
-
-
 def _failure(exc: BaseException, timeout: float, what: str = "") -> ImdsError:
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return ImdsError("timeout", f"{what}no answer within {timeout}s")
-    if isinstance(exc, (OSError, http.client.HTTPException)):
+    if isinstance(exc, OSError):
         return ImdsError("connection", f"{what}cannot connect: {clip(exc, 160)}")
     return ImdsError("request", f"{what}request failed: {clip(exc, 160)}")
 
@@ -157,7 +66,7 @@ class ImdsClient:
             headers["Content-Type"] = "application/json"
         try:
             return self._http.request(method, path, timeout, params, headers, body)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             what = "StartRequests: " if method == "POST" else ""
             raise _failure(exc, timeout, what) from None
 

@@ -13,7 +13,10 @@ import logging
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("relay")
 
@@ -110,6 +113,14 @@ class ErrorStreak:
         self._kinds.clear()
         self._count = 0
         self.last_error = None
+
+
+def jitter(low: float, high: float) -> float:
+    """A random factor for backoff. `random` is imported on the first error, not at start:
+    a healthy relay never needs it (and every module not loaded is memory on every VM)."""
+    import random
+
+    return random.uniform(low, high)  # noqa: S311 - spreading retries, not security
 
 
 def clip(exc: Exception, limit: int = 200) -> str:

@@ -13,12 +13,15 @@ with a negative offset) must not stop the relay from forwarding the document.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any
+import re
+from datetime import datetime, timedelta, timezone
+
+from relay.record import Factory, Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 SCHEDULED_EVENTS_API_VERSION = "2020-07-01"
 """The version the relay pins; the newest one Microsoft publishes (see SPEC.md)."""
@@ -52,13 +55,13 @@ def parse_not_before(value: Any) -> datetime | None:
     text = value.strip()
     if not text:
         return None
-    from email.utils import parsedate_to_datetime
-
     try:
-        return _as_utc(parsedate_to_datetime(text))
+        moment = _parse_rfc1123(text)
+        if moment is not None:
+            return _as_utc(moment)
     except OverflowError:
         raise ValueError(f"NotBefore {value!r} is outside the times Python can hold") from None
-    except (TypeError, ValueError, IndexError):
+    except ValueError:
         pass
     iso = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
     try:
@@ -72,6 +75,44 @@ def parse_not_before(value: Any) -> datetime | None:
         ) from None
 
 
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_RFC1123 = re.compile(
+    r"(?:[A-Za-z]{3},\s*)?(\d{1,2})\s+([A-Za-z]{3})\s+(\d{2,4})\s+"
+    r"(\d{1,2}):(\d{2})(?::(\d{2}))?\s*(GMT|UTC?|Z|[+-]\d{4})?"
+)
+
+
+def _parse_rfc1123(text: str) -> datetime | None:
+    """`Mon, 11 Apr 2022 22:26:58 GMT` (or a numeric offset); None if it is not that form.
+
+    Written out rather than email.utils, which would load the email package into every
+    relay for one date format.
+    """
+    match = _RFC1123.fullmatch(text)
+    if match is None:
+        return None
+    day, month, year, hour, minute, second, zone = match.groups()
+    if month.title() not in _MONTHS:
+        return None
+    number = int(year)
+    if len(year) == 2:  # RFC 2822's rule for two-digit years
+        number += 2000 if number < 50 else 1900
+    offset = timezone.utc
+    if zone and zone[0] in "+-":
+        minutes = int(zone[1:3]) * 60 + int(zone[3:5])
+        offset = timezone((-1 if zone[0] == "-" else 1) * timedelta(minutes=minutes))
+    return datetime(
+        number,
+        _MONTHS.index(month.title()) + 1,
+        int(day),
+        int(hour),
+        int(minute),
+        int(second or 0),
+        tzinfo=offset,
+    )
+
+
 def _as_utc(moment: datetime) -> datetime:
     # IMDS times are GMT; a naive time can only have meant UTC.
     if moment.tzinfo is None:
@@ -83,9 +124,11 @@ def format_not_before(moment: datetime | None) -> str:
     """Write a time the way IMDS does: RFC 1123 in GMT, or "" for no time."""
     if moment is None:
         return ""
-    from email.utils import format_datetime
-
-    return format_datetime(_as_utc(moment).replace(microsecond=0), usegmt=True)
+    utc = _as_utc(moment)
+    return (
+        f"{_DAYS[utc.weekday()]}, {utc.day:02d} {_MONTHS[utc.month - 1]} {utc.year:04d} "
+        f"{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d} GMT"
+    )
 
 
 def parse_aware(value: Any, name: str) -> datetime:
@@ -117,15 +160,14 @@ def format_aware(moment: datetime) -> str:
 # --------------------------------------------------------------------------- document
 
 
-@dataclass(frozen=True)
-class ScheduledEvent:
+class ScheduledEvent(Record):
     """One entry of `Events`; `raw` is the entry exactly as IMDS wrote it."""
 
     event_id: str
     event_status: str
     event_type: str
     resources: tuple[str, ...] = ()
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: dict[str, Any] = Factory(dict, compare=False)
 
     @property
     def not_before_text(self) -> str:
@@ -158,13 +200,12 @@ class ScheduledEvent:
         return any(name.casefold() == wanted for name in self.resources)
 
 
-@dataclass(frozen=True)
-class ScheduledEventsDocument:
+class ScheduledEventsDocument(Record):
     """The whole answer of `GET /metadata/scheduledevents`."""
 
     document_incarnation: int
     events: tuple[ScheduledEvent, ...]
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: dict[str, Any] = Factory(dict, compare=False)
 
     def event(self, event_id: str) -> ScheduledEvent | None:
         wanted = event_id.casefold()
@@ -259,7 +300,9 @@ def only_events_for(document: dict[str, Any], vm_name: str) -> dict[str, Any]:
 def content_hash(document: dict[str, Any]) -> str:
     """A stable hash of a raw document, independent of key order and white space."""
     canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    from relay.signing import sha256
+
+    return sha256(canonical.encode()).hexdigest()
 
 
 # --------------------------------------------------------------------------- envelope
@@ -272,8 +315,7 @@ def _optional_str(data: dict[str, Any], key: str, where: str) -> str | None:
     return value
 
 
-@dataclass(frozen=True)
-class VmRef:
+class VmRef(Record):
     """Who sent an envelope, where it runs in Azure, and how to call its relay back."""
 
     name: str
@@ -283,7 +325,7 @@ class VmRef:
     resource_id: str | None = None
     subscription_id: str | None = None
     resource_group: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    extra: dict[str, Any] = Factory(dict, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not 1 <= len(self.name) <= 128:
@@ -311,7 +353,7 @@ class VmRef:
     def from_dict(cls, data: Any) -> VmRef:
         if not isinstance(data, dict):
             raise DocumentError("not a relay envelope: vm: must be an object")
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = set(cls._fields) - {"extra"}
         values = {k: _optional_str(data, k, "vm") for k in known if k != "name"}
         return cls(
             name=data.get("name"),  # type: ignore[arg-type] - checked in __post_init__
@@ -332,8 +374,7 @@ _ENVELOPE_KEYS = (
 )
 
 
-@dataclass(frozen=True)
-class Envelope:
+class Envelope(Record):
     """What the relay sends: one IMDS document (or a heartbeat) and its context.
 
     `document` is the IMDS answer exactly as received (or cut to this VM's events, see
@@ -350,7 +391,7 @@ class Envelope:
     relay_version: str = "unknown"
     events: str | None = None
     schema_version: int = ENVELOPE_SCHEMA
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = Factory(dict)
 
     def __post_init__(self) -> None:
         if self.schema_version != ENVELOPE_SCHEMA:
@@ -377,7 +418,7 @@ class Envelope:
         return parse_document(self.document) if self.document is not None else None
 
     def with_sequence(self, sequence: int) -> Envelope:
-        return dataclasses.replace(self, sequence=sequence)
+        return self.replace(sequence=sequence)
 
     def message_id(self) -> str:
         """Service Bus MessageId: equal for resends of the same document, so they are dropped.

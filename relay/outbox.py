@@ -27,11 +27,11 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from relay.logs import event
 from relay.models import Envelope
+from relay.record import Record
 
 log = logging.getLogger("relay.outbox")
 
@@ -42,8 +42,7 @@ class OutboxError(Exception):
     """A message could not be made durable; the caller must keep it and retry."""
 
 
-@dataclass(frozen=True, order=True)
-class OutboxMessage:
+class OutboxMessage(Record):
     sequence: int
     kind: str
     path: Path

@@ -11,18 +11,21 @@ tomllib).
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import math
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from relay.record import Factory, Record
+
 _WILDCARDS = ("0.0.0.0", "::", "[::]")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
 DEFAULT_STATE_DIR = Path("/var/lib/scheduled-events-relay")
 EXIT_BAD_SETTINGS = 2
 
@@ -31,8 +34,7 @@ class SettingsError(Exception):
     """A setting that cannot work; the message is the one line the operator sees."""
 
 
-@dataclass(frozen=True)
-class ForwardTarget:
+class ForwardTarget(Record):
     """Where envelopes go: a Service Bus queue over REST, or a local directory."""
 
     kind: str  # "servicebus" or "file"
@@ -70,6 +72,8 @@ def is_loopback_url(url: str) -> bool:
     if host == "localhost":
         return True
     try:
+        import ipaddress  # only to check a --servicebus-endpoint stand-in
+
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
@@ -144,8 +148,7 @@ def _hooks(value: Any) -> dict[str, Path]:
     return {str(k): _path(v) for k, v in value.items()}
 
 
-@dataclass(frozen=True)
-class _Spec:
+class _Spec(Record):
     convert: Callable[[Any], Any]
     gt: float | None = None
     ge: float | None = None
@@ -216,8 +219,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-@dataclass(frozen=True)
-class RelaySettings:
+class RelaySettings(Record):
     """All settings. Field names are the config-file keys; `RELAY_<NAME>` the variables."""
 
     forward: str
@@ -242,7 +244,7 @@ class RelaySettings:
     callback_max_concurrent: int = 16
     callback_read_timeout: float = 10.0
     log_format: str = "json"
-    hooks: dict[str, Path] = field(default_factory=dict)
+    hooks: dict[str, Path] = Factory(dict)
     hook_timeout: float = 120.0
     hook_wait: float = 10.0
     outbox_max_messages: int = 10000
@@ -258,19 +260,19 @@ class RelaySettings:
 
     def __post_init__(self) -> None:
         problems = []
-        for item in fields(self):
-            value = getattr(self, item.name)
+        for name in self._fields:
+            value = getattr(self, name)
             if value is None:
                 continue
             try:
-                value = _checked(item.name, value)
-                check = getattr(self, f"_check_{item.name}", None)
+                value = _checked(name, value)
+                check = getattr(self, f"_check_{name}", None)
                 if check is not None:
                     value = check(value)
             except ValueError as exc:
-                problems.append(f"{_flag(item.name)}: {exc}")
+                problems.append(f"{_flag(name)}: {exc}")
                 continue
-            object.__setattr__(self, item.name, value)
+            object.__setattr__(self, name, value)
         if problems:
             raise SettingsError("; ".join(problems))
         try:
@@ -408,7 +410,7 @@ class RelaySettings:
         return f"http://{host}:{port}"
 
 
-SETTING_NAMES = tuple(f.name for f in fields(RelaySettings))
+SETTING_NAMES = RelaySettings._fields
 """Every setting: config-file keys; `RELAY_<NAME upper>` is each one's variable."""
 
 

@@ -18,18 +18,20 @@ logged, and any unexpected failure is logged and the next poll goes on.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
 
 from relay import __version__
 from relay.imds import ImdsClient, ImdsError, parse_events
-from relay.logs import ErrorStreak, event
+from relay.logs import ErrorStreak, event, jitter
 from relay.models import Envelope, VmRef, content_hash, only_events_for
 from relay.outbox import Outbox, OutboxError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("relay.watcher")
 
@@ -121,7 +123,7 @@ class Watcher:
             self._failures += 1
             self.streak.error(exc.kind, str(exc))
             backoff = min(self.max_backoff, self.poll_interval * 2 ** min(self._failures - 1, 10))
-            return backoff * random.uniform(0.75, 1.25)  # noqa: S311 - jitter
+            return backoff * jitter(0.75, 1.25)
         except OutboxError as exc:
             # The document stays unqueued; the next poll sees it as new and tries again.
             self._outbox_streak.error("write", str(exc), level=logging.ERROR)

@@ -65,7 +65,7 @@ def check_cloud_init(errors: list[str]) -> None:
     import yaml
 
     script = (INFRA / "relay" / "add-relay.sh").read_bytes()
-    pyz = (INFRA / "relay" / "scheduled-events-relay.pyz").read_bytes()
+    pyz = (INFRA / "relay" / "scheduled-events-relay.pyz.gz").read_bytes()
     values = dict(
         SAMPLE,
         ADD_RELAY_SCRIPT_B64=base64.b64encode(script).decode(),

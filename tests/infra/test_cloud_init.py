@@ -5,8 +5,11 @@ in it; the committed relay is a fresh build of relay/; the script refuses bad in
 from __future__ import annotations
 
 import base64
+import gzip
 import re
 import subprocess
+import sys
+import zipfile
 
 import pytest
 
@@ -15,7 +18,7 @@ from tests.infra.checkov_gate import SAMPLE as ARGS
 
 CLOUD_INIT = INFRA / "relay" / "cloud-init.yaml"
 ADD_RELAY = INFRA / "relay" / "add-relay.sh"
-PYZ = INFRA / "relay" / "scheduled-events-relay.pyz"
+PYZ_GZ = INFRA / "relay" / "scheduled-events-relay.pyz.gz"
 UNIT = INFRA.parent / "relay" / "deploy" / "scheduled-events-relay.service"
 CUSTOM_DATA_LIMIT = 65535  # bytes, once Azure decodes customData's base64 (ARM reference)
 PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
@@ -44,7 +47,7 @@ def render(**overrides: str) -> str:
     values = dict(
         ARGS,
         ADD_RELAY_SCRIPT_B64=base64.b64encode(ADD_RELAY.read_bytes()).decode(),
-        RELAY_PYZ_B64=base64.b64encode(PYZ.read_bytes()).decode(),
+        RELAY_PYZ_B64=base64.b64encode(PYZ_GZ.read_bytes()).decode(),
         **overrides,
     )
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], CLOUD_INIT.read_text())
@@ -67,15 +70,36 @@ def test_the_script_and_template_are_loaded_from_their_files() -> None:
     assert _replacements()["ADD_RELAY_SCRIPT_B64"] == "addRelayScriptB64"
     pyz = main.variables["relayPyzB64"]["function"]
     assert pyz["type"] == "load_file_as_base64"
-    assert pyz["parameters"]["file_path"] == "relay/scheduled-events-relay.pyz"
+    assert pyz["parameters"]["file_path"] == "relay/scheduled-events-relay.pyz.gz"
     assert _replacements()["RELAY_PYZ_B64"] == "relayPyzB64"
 
 
-def test_the_embedded_relay_is_a_fresh_build_of_relay(tmp_path) -> None:
-    from tests.relay.conftest import build_pyz
+def _builder():
+    import importlib.util
 
-    fresh = build_pyz(tmp_path / "fresh.pyz").read_bytes()
-    assert PYZ.read_bytes() == fresh, "infra/relay/scheduled-events-relay.pyz is stale: make relay"
+    path = INFRA.parent / "relay" / "deploy" / "build_pyz.py"
+    spec = importlib.util.spec_from_file_location("build_pyz", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_embedded_relay_is_a_fresh_build_of_relay(tmp_path) -> None:
+    builder = _builder()
+    assert PYZ_GZ.read_bytes() == builder.embedded_bytes(), (
+        "infra/relay/scheduled-events-relay.pyz.gz is stale: make relay"
+    )
+    pyz = tmp_path / "scheduled-events-relay.pyz"  # what cloud-init writes on the VM
+    pyz.write_bytes(gzip.decompress(PYZ_GZ.read_bytes()))
+    assert pyz.read_bytes() == builder.build_bytes(zipfile.ZIP_STORED)
+    with zipfile.ZipFile(pyz) as archive, zipfile.ZipFile(builder.build(tmp_path / "d.pyz")) as d:
+        assert {n: archive.read(n) for n in archive.namelist()} == {
+            n: d.read(n) for n in d.namelist()
+        }  # the same files as the release pyz, only stored instead of deflated
+    help_text = subprocess.run(
+        [sys.executable, "-I", "-S", str(pyz), "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "--forward" in help_text
 
 
 def test_custom_data_fits_azures_limit() -> None:
@@ -89,7 +113,8 @@ def test_custom_data_fits_azures_limit() -> None:
     assert size <= CUSTOM_DATA_LIMIT - 4096, f"{size} bytes leaves under 4 KiB of headroom"
     files = {f["path"]: f for f in yaml.safe_load(text)["write_files"]}
     pyz = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz"]
-    assert pyz["encoding"] == "b64" and base64.b64decode(pyz["content"]) == PYZ.read_bytes()
+    assert pyz["encoding"] == "gz+b64"  # a cloud-init encoding: gzip, then base64
+    assert base64.b64decode(pyz["content"]) == PYZ_GZ.read_bytes()
 
 
 def test_the_unit_in_the_script_is_the_relays_unit() -> None:
@@ -102,7 +127,8 @@ def test_the_unit_in_the_script_is_the_relays_unit() -> None:
 def test_the_bundled_script_carries_the_relay(tmp_path) -> None:
     """What run-command sends: add-relay.sh, a marker, the pyz in base64 (make relay)."""
     bundle = tmp_path / "add-relay-bundled.sh"
-    payload = base64.encodebytes(PYZ.read_bytes()).decode()
+    release_pyz = gzip.decompress(PYZ_GZ.read_bytes())
+    payload = base64.encodebytes(release_pyz).decode()
     bundle.write_text(ADD_RELAY.read_text() + "__RELAY_PYZ_BASE64__\n" + payload)
     extract = re.search(
         r"^    (sed '1,/\^__RELAY_PYZ_BASE64__\$/d' \"\$0\" \| base64 -d)",
@@ -113,7 +139,7 @@ def test_the_bundled_script_carries_the_relay(tmp_path) -> None:
     out = subprocess.run(
         ["sh", "-c", extract.group(1), str(bundle)], capture_output=True, check=True
     ).stdout
-    assert out == PYZ.read_bytes()
+    assert out == release_pyz
     assert "\nexit 0\n" in ADD_RELAY.read_text()  # the shell never reads the payload
 
 
