@@ -61,8 +61,24 @@ def resolve_vm(imds: ImdsClient, settings: RelaySettings, stop: threading.Event)
     )
 
 
+def forget_startup_modules() -> None:
+    """Unload what only the start needed, so its memory is reused for the relay's work.
+
+    Every module kept costs memory on every VM for the relay's whole life; argparse and its
+    helpers have done their job once the flags are read. Only in the relay's own process
+    (`main`), never in a host that imported relay (its other modules may hold on to them).
+    """
+    import gc
+
+    for name in ("argparse", "gettext", "textwrap"):
+        sys.modules.pop(name, None)
+    gc.collect()
+
+
 def main(argv: list[str] | None = None) -> int:
     settings = load_or_exit(argv)
+    if __name__ == "__main__" or argv is None:
+        forget_startup_modules()
     logs.configure(settings.log_format)
     stop = threading.Event()
 

@@ -10,7 +10,6 @@ tomllib).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -24,6 +23,7 @@ from relay.record import Factory, Record
 _WILDCARDS = ("0.0.0.0", "::", "[::]")
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
     from typing import Any, NoReturn
 
 DEFAULT_STATE_DIR = Path("/var/lib/scheduled-events-relay")
@@ -438,12 +438,15 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise SettingsError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The flags. argparse is imported here, and the relay process lets it go after parsing
+    (relay.__main__.forget_startup_modules)."""
+    import argparse
+
+    class _OneLineParser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise SettingsError(message)
+
     p = _OneLineParser(
         prog="python3 scheduled-events-relay.pyz",
         description="Poll IMDS Scheduled Events, forward every changed document, "
