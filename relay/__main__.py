@@ -70,7 +70,8 @@ def forget_startup_modules() -> None:
     """
     import gc
 
-    for name in ("argparse", "gettext", "textwrap"):
+    # argparse's help formatter pulls in shutil, which pulls in bz2 and lzma.
+    for name in ("argparse", "gettext", "textwrap", "shutil", "bz2", "lzma", "_compression"):
         sys.modules.pop(name, None)
     gc.collect()
 
@@ -166,13 +167,12 @@ def _start_callback(
     sending: SendLoop,
 ) -> Any:
     from relay.callback import CallbackApp, CallbackServer
-    from relay.hooks import HookRunner
 
-    hooks = (
-        HookRunner(settings.hooks, settings.state_dir, settings.hook_timeout, vm.name)
-        if settings.hooks
-        else None
-    )
+    hooks = None
+    if settings.hooks:  # subprocess and tempfile only when there are hooks to run
+        from relay.hooks import HookRunner
+
+        hooks = HookRunner(settings.hooks, settings.state_dir, settings.hook_timeout, vm.name)
 
     def health() -> dict[str, Any]:
         return {

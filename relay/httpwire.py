@@ -117,7 +117,10 @@ class HttpConnection:
         if self._sock is not None and _closed_by_peer(self._sock):
             self._drop()  # the server closed it while idle: not an error, reconnect
         if self._sock is None:
-            sock = socket.create_connection((self.host, self.port), timeout=timeout)
+            # An ASCII host as bytes: a str goes through the idna codec, which loads
+            # unicodedata (a megabyte) into every relay for "169.254.169.254".
+            host = self.host.encode("ascii") if self.host.isascii() else self.host
+            sock = socket.create_connection((host, self.port), timeout=timeout)
             if self.scheme == "https":
                 import ssl  # only for an https IMDS URL; plain http needs no OpenSSL
 
