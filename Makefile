@@ -7,7 +7,7 @@ NODE_STAMP := node_modules/.installed-stamp
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-stamp
 
-.PHONY: demo test bench lint format install clean infra-check relay test-py39 actionlint
+.PHONY: demo test bench bench-quick lint format install clean infra-check browser relay test-py39 actionlint
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -60,7 +60,15 @@ $(CHECKOV_STAMP): infra/requirements-checkov.txt
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r infra/requirements-checkov.txt
 	touch $@
 
-test: install lint infra-check test-py39
+# The demo report's test opens it in Debian's chromium; install it when missing (as root on
+# a fresh machine; `apt-get update` only if the first try fails). Without it that test skips
+# (outside CI) and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium \
+	  || (apt-get update -q && apt-get install -y -q chromium) \
+	  || echo "make: could not install chromium; the report's browser test will skip"
+
+test: install lint infra-check browser test-py39
 	$(BIN)/python -m pytest -q
 
 # The relay's process-level tests (marked relay_process: they run the pyz) once more with the
@@ -87,7 +95,11 @@ demo: install
 	$(BIN)/python -m local.demo
 
 bench: install
-	$(BIN)/python -m tests.bench
+	$(BIN)/python -m tests.bench $(if $(QUICK),--quick)
+
+# A 30 s smoke run of the same measurements (also: make bench QUICK=1).
+bench-quick: install
+	$(BIN)/python -m tests.bench --quick
 
 clean:
 	rm -rf $(VENV) $(CHECKOV_VENV) node_modules .pytest_cache .ruff_cache

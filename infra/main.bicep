@@ -82,6 +82,10 @@ param relayCallbackPort int = 8492
 @minLength(32)
 param relayKey string
 
+@description('The relay key before a rotation, only while one is under way (infra/README.md).')
+@secure()
+param relayKeyPrevious string = ''
+
 @secure()
 param pagerdutyRoutingKey string = ''
 
@@ -130,11 +134,58 @@ param drainHttpUrl string = ''
 
 param drainRelayHook string = ''
 
+@description('UNDRAIN__HTTP_URL: puts an instance back in service when its drained Terminate is cancelled.')
+param undrainHttpUrl string = ''
+
+@description('UNDRAIN__RELAY_HOOK: the relays\' hook script that undoes DRAIN__RELAY_HOOK.')
+param undrainRelayHook string = ''
+
 @allowed([
   'hold'
   'approve'
 ])
 param drainOnFailure string = 'hold'
+
+// ---------- Agentless mode (preview): Event Grid + Resource Manager ----------
+@description('Create the Event Grid system topic (Microsoft.ResourceNotifications.MaintenanceResources) and its subscription to the scheduled-events queue. Register the preview features first (README).')
+param enableEventGrid bool = false
+
+@description('Event Grid delivery schema.')
+@allowed([
+  'CloudEventSchemaV1_0'
+  'EventGridSchema'
+])
+param eventGridDeliverySchema string = 'CloudEventSchemaV1_0'
+
+@description('Where the function app may acknowledge Scheduled Events through Resource Manager: [{resourceGroup: \'rg\'}] or [{resourceGroup: \'rg\', resourceType: \'virtualMachineScaleSets\', name: \'vmss\'}]. Empty: it cannot (relays approve).')
+param acknowledgeScopes array = []
+
+@description('APPROVERS: relay,arm (relay first, ARM when no relay can), arm, or relay.')
+@allowed([
+  'relay,arm'
+  'arm,relay'
+  'arm'
+  'relay'
+])
+param approvers string = 'relay,arm'
+
+@description('Opt the example VM and scale set in to Event Grid publishing (scheduledEventsPolicy; Compute API 2025-04-01, preview feature).')
+param exampleEventGridOptIn bool = false
+// ---------- Operators' pages and alerts ----------
+@description('Client id of the Entra app registration for the approval and fleet pages (README: Approval page). Empty: the pages are off.')
+param operatorsClientId string = ''
+
+@description('Object id of the Entra group allowed to use the pages.')
+param operatorsGroupId string = ''
+
+@description('App role (value) allowed to use the pages, instead of or besides the group.')
+param operatorsAppRole string = ''
+
+@description('Custom domain the operators use, e.g. https://bridge.contoso.com. Empty: the app\'s own host name.')
+param publicBaseUrl string = ''
+
+@description('E-mail address for alerts (dead letters, function failures, watchdog not running, relay_silent, approval_failed, policy_invalid). Empty: alerts fire into an action group with no receiver.')
+param alertEmail string = ''
 
 // ---------- Example VMs ----------
 @description('Deploy the example scale set (relay + Terminate notifications).')
@@ -257,6 +308,12 @@ module monitoring 'modules/monitoring.bicep' = {
     location: location
     tags: tags
     functionPrincipalId: functionIdentity.properties.principalId
+    serviceBusNamespaceName: serviceBus.outputs.namespaceName
+    deadLetterEntities: [
+      serviceBus.outputs.queueName
+      serviceBus.outputs.topicName
+    ]
+    alertEmail: alertEmail
   }
 }
 
@@ -267,6 +324,7 @@ module keyVault 'modules/keyvault.bicep' = {
     location: location
     tags: tags
     relayKey: relayKey
+    relayKeyPrevious: relayKeyPrevious
     pagerdutyRoutingKey: pagerdutyRoutingKey
     teamsWebhookUrl: teamsWebhookUrl
     webhookUrl: webhookUrl
@@ -278,6 +336,24 @@ module keyVault 'modules/keyvault.bicep' = {
   }
 }
 
+module eventGrid 'modules/eventgrid.bicep' = {
+  name: 'eventgrid'
+  dependsOn: [
+    serviceBus
+    storage
+  ]
+  params: {
+    namespaceName: serviceBus.outputs.namespaceName
+    storageAccountName: storage.outputs.accountName
+    tags: tags
+    enableEventGrid: enableEventGrid
+    eventDeliverySchema: eventGridDeliverySchema
+    maxDeliveryCount: maxDeliveryCount
+    functionPrincipalId: functionIdentity.properties.principalId
+    acknowledgeScopes: acknowledgeScopes
+  }
+}
+
 module functionApp 'modules/functionapp.bicep' = {
   name: 'functionapp'
   // Role assignments first, so the host and the Key Vault references work at first start.
@@ -286,6 +362,7 @@ module functionApp 'modules/functionapp.bicep' = {
     storage
     monitoring
     keyVault
+    eventGrid
   ]
   params: {
     name: names.functionApp
@@ -304,6 +381,7 @@ module functionApp 'modules/functionapp.bicep' = {
     stateTablePrefix: storage.outputs.tablePrefix
     keyVaultUri: keyVault.outputs.vaultUri
     secretNames: keyVault.outputs.secretNames
+    hasRelayKeyPrevious: keyVault.outputs.hasRelayKeyPrevious
     hasPagerduty: keyVault.outputs.hasPagerduty
     hasTeams: keyVault.outputs.hasTeams
     hasWebhookUrl: keyVault.outputs.hasWebhookUrl
@@ -318,7 +396,15 @@ module functionApp 'modules/functionapp.bicep' = {
     policyMaxConcurrentPerSet: policyMaxConcurrentPerSet
     drainHttpUrl: drainHttpUrl
     drainRelayHook: drainRelayHook
+    undrainHttpUrl: undrainHttpUrl
+    undrainRelayHook: undrainRelayHook
     drainOnFailure: drainOnFailure
+    eventGridQueueName: eventGrid.outputs.queueName
+    approvers: approvers
+    operatorsClientId: operatorsClientId
+    operatorsGroupId: operatorsGroupId
+    operatorsAppRole: operatorsAppRole
+    publicBaseUrl: publicBaseUrl
   }
 }
 
@@ -352,6 +438,7 @@ module exampleScaleSet 'modules/vmss-relay.bicep' = if (deployExampleScaleSet) {
     adminSshPublicKey: adminSshPublicKey
     instanceCount: exampleInstanceCount
     terminateNotBeforeTimeout: terminateNotBeforeTimeout
+    eventGridOptIn: exampleEventGridOptIn
   }
 }
 
@@ -366,6 +453,7 @@ module exampleVm 'modules/vm-relay.bicep' = if (deployExampleVm) {
     customData: relayCloudInit
     adminUsername: adminUsername
     adminSshPublicKey: adminSshPublicKey
+    eventGridOptIn: exampleEventGridOptIn
   }
 }
 
@@ -375,6 +463,7 @@ output functionAppUrl string = functionApp.outputs.url
 output serviceBusNamespace string = serviceBus.outputs.namespaceName
 output serviceBusFullyQualifiedNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 output documentsQueue string = serviceBus.outputs.queueName
+output eventGridQueue string = eventGrid.outputs.queueName
 output notificationsTopic string = serviceBus.outputs.topicName
 output keyVaultName string = keyVault.outputs.vaultName
 output relayKeySecretUri string = keyVault.outputs.relayKeySecretUri

@@ -36,8 +36,23 @@ class ChannelSettings(BaseSettings):
                 return "WEBHOOK_URL is not set"
             if not _present(self.webhook_secret):
                 return "WEBHOOK_URL is set but WEBHOOK_SECRET is not: refusing to send unsigned"
+            from functions.notify.webhook import WebhookSecretInvalid, secret_key
+
+            try:
+                secret_key(self.webhook_secret.get_secret_value())  # type: ignore[union-attr]
+            except WebhookSecretInvalid as exc:
+                return f"{exc}: refusing to send unsigned"
             return None
         return f"unknown channel {channel!r}"
+
+    def misconfigured(self, channel: str) -> bool:
+        """Set up half-way (a URL without its secret): off, but a mistake to report, unlike
+        a channel left unset on purpose."""
+        return (
+            channel == "webhook"
+            and _present(self.webhook_url)
+            and not _present(self.webhook_secret)
+        )
 
 
 def _present(value: SecretStr | None) -> bool:

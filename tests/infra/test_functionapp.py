@@ -11,6 +11,7 @@ FN = load("functionapp")
 # Settings that carry a secret (SETTINGS.md): they must be Key Vault references.
 SECRET_SETTINGS = {
     "RELAY_KEY",
+    "RELAY_KEY_PREVIOUS",
     "PAGERDUTY_ROUTING_KEY",
     "TEAMS_WEBHOOK_URL",
     "WEBHOOK_URL",
@@ -61,7 +62,9 @@ def test_site_config_takes_all_settings_from_the_checked_variable() -> None:
     }
     assert dotted(loop["config"]["name"]) == "setting.key"
     assert dotted(loop["config"]["value"]) == "setting.value"
-    assert not FN.resources("Microsoft.Web/sites/config"), "settings must live in one place"
+    # App settings live in one place; the only other site config is the sign-in (pages).
+    configs = [r.body["name"] for r in FN.resources("Microsoft.Web/sites/config")]
+    assert configs == ["authsettingsV2"], "settings must live in one place"
 
 
 def test_flex_consumption_python_311() -> None:
@@ -140,6 +143,7 @@ def test_secret_references_name_the_secrets_the_vault_creates() -> None:
     names = kv.variables["names"]
     for setting, key in (
         ("RELAY_KEY", "relayKey"),
+        ("RELAY_KEY_PREVIOUS", "relayKeyPrevious"),
         ("PAGERDUTY_ROUTING_KEY", "pagerdutyRoutingKey"),
         ("TEAMS_WEBHOOK_URL", "teamsWebhookUrl"),
         ("WEBHOOK_URL", "webhookUrl"),

