@@ -52,9 +52,11 @@ def test_the_pyz_keeps_line_numbers_of_the_source(relay_pyz: Path) -> None:
 def test_the_pyz_runs_on_the_standard_library_alone(relay_pyz: Path, tmp_path: Path) -> None:
     """-I -S: no site-packages, no PYTHONPATH, no current directory: stdlib and the pyz."""
     check = (
-        "import sys; sys.path.insert(0, sys.argv[1]);"
-        "import relay.__main__, relay.callback, relay.hooks, relay.senders, relay.settings;"
-        "import relay.watcher, relay.outbox, relay.imds, relay.signing, relay.models;"
+        "import importlib, sys, zipfile; sys.path.insert(0, sys.argv[1]);"
+        "names = [n[:-3].replace('/', '.') for n in zipfile.ZipFile(sys.argv[1]).namelist()"
+        " if n.startswith('relay/')];"
+        "[importlib.import_module(n.replace('.__init__', '')) for n in names];"  # every module
+        "assert len(names) >= 15, names;"
         "std = set(getattr(sys, 'stdlib_module_names', ()));"
         "bad = [m for m in sys.modules if std and m.split('.')[0] not in std | {'relay'}"
         " and not m.startswith('_') and m != '__main__'];"
@@ -78,6 +80,32 @@ def test_the_pyz_runs_on_the_standard_library_alone(relay_pyz: Path, tmp_path: P
     ).stdout
     assert "--forward" in help_text and "--heartbeat-queue" in help_text
     assert "--servicebus-endpoint" not in help_text
+
+
+def test_the_child_compile_and_the_plain_import_start_the_same_relay(
+    relay_pyz: Path, tmp_path: Path
+) -> None:
+    """pyz_main compiles in a child to save memory; without it (or if it fails) the relay
+    imports from the archive as usual. Both must give the same relay."""
+    outputs = []
+    for extra in ({}, {"RELAY_PYZ_COMPILE_IN_PROCESS": "1"}):
+        outputs.append(
+            subprocess.run(
+                [RELAY_PYTHON, str(relay_pyz), "--forward=file:/x", "--poll-interval=0"],
+                cwd=tmp_path,
+                env={**relay_env(), **extra},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        )
+    assert [o.returncode for o in outputs] == [2, 2]
+    assert (
+        outputs[0].stderr
+        == outputs[1].stderr
+        == ("relay: bad settings: --poll-interval: Input should be greater than 0\n")
+    )
 
 
 def test_make_relay_builds_the_pyz(tmp_path: Path) -> None:
