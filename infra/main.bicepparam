@@ -47,5 +47,6 @@ param deployExampleVm = false
 param exampleInstanceCount = 2
 param terminateNotBeforeTimeout = 'PT10M'
 param adminSshPublicKey = readEnvironmentVariable('SSH_PUBLIC_KEY', '')
-// The relay tarball from relay/deploy/package.sh, uploaded where the VMs can read it.
+// Empty: cloud-init installs the relay embedded in customData (infra/relay/). Or a release
+// asset with its checksum: https://.../scheduled-events-relay.pyz#sha256=HEX
 param relayPackageUrl = readEnvironmentVariable('RELAY_PACKAGE_URL', '')

@@ -7,20 +7,22 @@ state directory cannot be used (nothing could be made durable, so nothing is pol
 from __future__ import annotations
 
 import logging
-import random
 import signal
 import sys
 import threading
-from typing import Any
 
 from relay import __version__, logs
 from relay.imds import ImdsClient, ImdsError
-from relay.logs import ErrorStreak, event
+from relay.logs import ErrorStreak, event, jitter
 from relay.models import VmRef
 from relay.outbox import Outbox
 from relay.senders import SendLoop, build_sender
 from relay.settings import EXIT_BAD_SETTINGS, RelaySettings, load_or_exit
 from relay.watcher import Watcher
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("relay")
 
@@ -45,7 +47,7 @@ def resolve_vm(imds: ImdsClient, settings: RelaySettings, stop: threading.Event)
                 failures += 1
                 streak.error(exc.kind, f"cannot learn this VM's name: {exc}")
                 pause = min(settings.imds_max_backoff, 0.5 * 2**failures)
-                stop.wait(pause * random.uniform(0.75, 1.25))  # noqa: S311 - jitter
+                stop.wait(pause * jitter(0.75, 1.25))
         else:
             return None
     return VmRef(
@@ -54,11 +56,30 @@ def resolve_vm(imds: ImdsClient, settings: RelaySettings, stop: threading.Event)
         scale_set=compute.get("vmScaleSetName") or None,
         availability_set=settings.availability_set,
         resource_id=compute.get("resourceId") or None,
+        subscription_id=compute.get("subscriptionId") or None,
+        resource_group=compute.get("resourceGroupName") or None,
     )
+
+
+def forget_startup_modules() -> None:
+    """Unload what only the start needed, so its memory is reused for the relay's work.
+
+    Every module kept costs memory on every VM for the relay's whole life; argparse and its
+    helpers have done their job once the flags are read. Only in the relay's own process
+    (`main`), never in a host that imported relay (its other modules may hold on to them).
+    """
+    import gc
+
+    # argparse's help formatter pulls in shutil, which pulls in bz2 and lzma.
+    for name in ("argparse", "gettext", "textwrap", "shutil", "bz2", "lzma", "_compression"):
+        sys.modules.pop(name, None)
+    gc.collect()
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = load_or_exit(argv)
+    if __name__ == "__main__" or argv is None:
+        forget_startup_modules()
     logs.configure(settings.log_format)
     stop = threading.Event()
 
@@ -80,13 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"relay: bad settings: {exc}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     key: bytes | None = None
+    previous_key: bytes | None = None
     if settings.callback_key_file is not None:
         from relay.signing import read_key_file
 
         try:
             key = read_key_file(str(settings.callback_key_file))
+            if settings.previous_key_file is not None:
+                previous_key = read_key_file(str(settings.previous_key_file))
         except (ValueError, OSError) as exc:
-            print(f"relay: bad settings: --callback-key-file: {exc}", file=sys.stderr)
+            print(f"relay: bad settings: key file: {exc}", file=sys.stderr)
             return EXIT_BAD_SETTINGS
 
     imds = ImdsClient(settings.imds_url, settings.imds_timeout)
@@ -116,10 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         first_timeout=settings.imds_first_timeout,
         max_backoff=settings.imds_max_backoff,
         stop=stop,
+        forward_all_events=settings.forward_all_events,
     )
     server = None
     if settings.callback_listen and key is not None:
-        server = _start_callback(settings, key, vm, watcher, sending)
+        server = _start_callback(settings, key, previous_key, vm, watcher, sending)
         if server is None:
             sending.stop()
             return 1
@@ -134,16 +159,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _start_callback(
-    settings: RelaySettings, key: bytes, vm: VmRef, watcher: Watcher, sending: SendLoop
+    settings: RelaySettings,
+    key: bytes,
+    previous_key: bytes | None,
+    vm: VmRef,
+    watcher: Watcher,
+    sending: SendLoop,
 ) -> Any:
     from relay.callback import CallbackApp, CallbackServer
-    from relay.hooks import HookRunner
 
-    hooks = (
-        HookRunner(settings.hooks, settings.state_dir, settings.hook_timeout, vm.name)
-        if settings.hooks
-        else None
-    )
+    hooks = None
+    if settings.hooks:  # subprocess and tempfile only when there are hooks to run
+        from relay.hooks import HookRunner
+
+        hooks = HookRunner(settings.hooks, settings.state_dir, settings.hook_timeout, vm.name)
 
     def health() -> dict[str, Any]:
         return {
@@ -166,6 +195,7 @@ def _start_callback(
         hooks=hooks,
         health=health,
         hook_wait=settings.hook_wait,
+        previous_key=previous_key,
     )
     assert settings.callback_listen
     try:

@@ -10,7 +10,14 @@ The server itself is bounded, because it listens on a customer's VM: at most
 `max_concurrent` requests are handled at once (one thread each; a connection beyond that
 gets a canned 503 from the listening thread and is closed, no thread started), and a
 request must arrive completely within `read_timeout` seconds in total, so a sender that
-trickles bytes cannot hold a slot for longer than that.
+trickles bytes cannot hold a slot for longer than that. Slots are shared fairly between
+client addresses: when all are taken and a connection arrives from an address holding
+fewer than the busiest one, a connection of the busiest address that is still being read
+(nothing of it has been acted on) is closed to make room. So one address trickling bytes
+on every slot cannot keep a signed approval from another address waiting.
+
+During a key rotation (contract C4) a signature under the previous key is accepted too;
+the health answer counts which key matched, never showing a key.
 
 Answers (JSON): 200 `{"imds_status": 200, "results": {EventId: "approved"}}`; 502 with the
 same shape when IMDS refused the StartRequests; 4xx/5xx `{"error": reason}` (for /v1/start
@@ -21,20 +28,28 @@ e.g. a "Nonce".
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
-from relay.hooks import RUNNING, HookRunner, public
+from relay.httpwire import MAX_LINE, REASONS, read_headers
 from relay.imds import ImdsClient, ImdsError
 from relay.logs import ErrorStreak, event
-from relay.signing import MAX_SKEW_SECONDS, SignatureError, verify
+from relay.signing import MAX_SKEW_SECONDS, MalformedSignature, SignatureError, verify
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # hooks (and subprocess) are loaded only when hooks are configured
+    from typing import Any
+
+    from relay.hooks import HookRunner
+
+RUNNING = "running"  # relay.hooks.RUNNING, without importing it
 
 log = logging.getLogger("relay.callback")
 
@@ -97,8 +112,11 @@ class CallbackApp:
         health: Callable[[], dict[str, Any]] | None = None,
         hook_wait: float = 10.0,
         clock: Callable[[], float] = time.time,
+        previous_key: bytes | None = None,
     ) -> None:
         self._key = key
+        self._previous_key = previous_key
+        self.key_matches = {"current": 0, "previous": 0}
         self.vm_name = vm_name
         self.imds = imds
         self.hooks = hooks
@@ -108,8 +126,26 @@ class CallbackApp:
         self.replays = ReplayCache()
 
     def health(self) -> tuple[int, dict[str, Any]]:
-        report = self._health()
+        report = dict(self._health())
+        report["signatures"] = {
+            "previous_key_configured": self._previous_key is not None,
+            "accepted": dict(self.key_matches),
+        }
         return (200 if report.get("healthy") else 503), report
+
+    def _verify(self, headers: dict[str, str], path: str, body: bytes, now: float) -> str:
+        """The signature, if valid under the current key or (during a rotation) the previous."""
+        try:
+            signature = verify(self._key, headers, "POST", path, body, now=now)
+            matched = "current"
+        except SignatureError as exc:
+            if self._previous_key is None or str(exc) != "bad signature":
+                raise
+            signature = verify(self._previous_key, headers, "POST", path, body, now=now)
+            matched = "previous"
+            event(log, logging.INFO, "signature matched the previous key", path=path)
+        self.key_matches[matched] += 1
+        return signature
 
     def post(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
         route = path.split("?", 1)[0]
@@ -117,7 +153,9 @@ class CallbackApp:
             raise Refused(404, "no such endpoint")
         now = self._clock()
         try:
-            signature = verify(self._key, headers, "POST", path, body, now=now)
+            signature = self._verify(headers, path, body, now)
+        except MalformedSignature as exc:
+            raise Refused(400, str(exc)) from None
         except SignatureError as exc:
             raise Refused(401, str(exc)) from None
         if not self.replays.first_use(signature, now):
@@ -126,6 +164,8 @@ class CallbackApp:
             payload = json.loads(body)
         except (UnicodeDecodeError, ValueError):
             raise Refused(400, "body is not JSON") from None
+        except RecursionError:  # e.g. 16 KiB of "[": valid-looking, but no request nests so
+            raise Refused(400, "body nests too deeply") from None
         if not isinstance(payload, dict):
             raise Refused(400, "body must be a JSON object")
         if route == "/v1/start":
@@ -204,6 +244,8 @@ class CallbackApp:
         if self.hooks is None or not self.hooks.known(name):
             raise Refused(404, "unknown hook")
         previous = self.hooks.result(name, event_id)
+        from relay.hooks import public
+
         if previous is not None and previous.get("status") != RUNNING:
             return 200, public(previous)
         document = self._fresh_document()
@@ -226,12 +268,14 @@ class CallbackApp:
             return None
         from relay.models import ScheduledEvent
 
-        return ScheduledEvent(
-            EventId=event_id,
-            EventStatus="Cancelled",
-            EventType=str(payload.get("EventType") or "Terminate")[:64],
-            Resources=[self.vm_name],
-        )
+        event_type = str(payload.get("EventType") or "Terminate")[:64]
+        raw = {
+            "EventId": event_id,
+            "EventStatus": "Cancelled",
+            "EventType": event_type,
+            "Resources": [self.vm_name],
+        }
+        return ScheduledEvent(event_id, "Cancelled", event_type, (self.vm_name,), raw)
 
 
 class _DeadlineReader(socket.SocketIO):
@@ -254,24 +298,57 @@ class _DeadlineReader(socket.SocketIO):
         return super().readinto(buffer)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(socketserver.BaseRequestHandler):
+    """One request per connection (HTTP/1.0 answers, then close): callers are few and each
+    request is one signed call, so keep-alive would only let a client hold a slot longer."""
+
     server: CallbackHTTPServer
-    server_version = "scheduled-events-relay"
-    sys_version = ""
+    request: socket.socket
 
     def setup(self) -> None:
-        self.timeout = self.server.read_timeout  # also bounds each write of the answer
-        super().setup()
-        self.rfile.close()  # replaced: only the socket's file object, not the socket
+        self.connection = self.request
+        self.connection.settimeout(self.server.read_timeout)  # bounds each write too
         deadline = time.monotonic() + self.server.read_timeout
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
+        self.path = ""
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            self.rfile.close()
+
+    def handle(self) -> None:
+        try:
+            line = self.rfile.readline(MAX_LINE + 1)
+            if not line:
+                return
+            words = line.decode("iso-8859-1").split()
+            if len(line) > MAX_LINE or len(words) != 3 or not words[2].startswith("HTTP/1."):
+                self._answer(400, {"error": "bad request line"})
+                return
+            method, self.path, _ = words
+            self.headers = read_headers(self.rfile)
+        except (OSError, ValueError):  # too slow, gone, or not HTTP: close without a word
+            return
+        if method == "GET":
+            self.do_GET()
+        elif method == "POST":
+            self.do_POST()
+        elif method in ("PUT", "DELETE", "PATCH"):
+            self._answer(405, {"error": "method not allowed"})
+        else:
+            self._answer(501, {"error": "method not implemented"})
 
     def _received(self) -> None:
         """The request is in: what follows (IMDS reads, a hook) is not the client's time."""
+        if not self.server.mark_received(self.connection):
+            raise Refused(503, "connection closed to share slots fairly; try again")
         self.connection.settimeout(self.server.read_timeout)
 
     def do_GET(self) -> None:
-        self._received()
+        try:
+            self._received()
+        except Refused:
+            return
         if self.path.split("?", 1)[0] != "/v1/health":
             self._answer(404, {"error": "no such endpoint"})
             return
@@ -280,7 +357,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         try:
             body = self._read_body()
-            status, answer = self.server.app.post(self.path, dict(self.headers.items()), body)
+            status, answer = self.server.app.post(self.path, self.headers, body)
         except Refused as exc:
             if exc.status >= 500 or exc.status in (401, 409, 413):
                 event(log, logging.WARNING, "callback refused", path=self.path, **exc.body)
@@ -293,43 +370,44 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(status, answer)
 
     def _read_body(self) -> bytes:
-        length = self.headers.get("Content-Length")
+        length = self.headers.get("content-length")
         if length is None:
             raise Refused(411, "Content-Length required")
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()) or len(length) > 12:
             raise Refused(400, "bad Content-Length")
         if int(length) > MAX_BODY:
-            self.close_connection = True
             raise Refused(413, f"body over {MAX_BODY} bytes")
         try:
             body = self.rfile.read(int(length))
         except OSError:  # TimeoutError included; the client is too slow or gone
-            self.close_connection = True
             raise Refused(408, "request not received in time") from None
         if len(body) != int(length):
             raise Refused(400, "body shorter than Content-Length")
         self._received()
         return body
 
-    def do_PUT(self) -> None:
-        self._answer(405, {"error": "method not allowed"})
-
-    do_DELETE = do_PATCH = do_PUT
-
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(data)
+        now = time.gmtime()
+        head = (
+            f"HTTP/1.0 {status} {REASONS.get(status, 'Unknown')}\r\n"
+            "Server: scheduled-events-relay\r\n"
+            f"Date: {_DAYS[now.tm_wday]}, {now.tm_mday:02d} {_MONTHS[now.tm_mon - 1]} "
+            f"{now.tm_year} {now.tm_hour:02d}:{now.tm_min:02d}:{now.tm_sec:02d} GMT\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n"
+            "Cache-Control: no-store\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        with contextlib.suppress(OSError):  # a client gone before its answer: nothing to do
+            self.connection.sendall(head.encode("ascii") + data)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # our own lines say what happened, without request noise
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
-class CallbackHTTPServer(ThreadingHTTPServer):
+class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     """A thread per request, but never more than `max_concurrent` at once.
 
     The listening thread takes a slot before starting a handler thread; without one it
@@ -338,6 +416,7 @@ class CallbackHTTPServer(ThreadingHTTPServer):
     """
 
     daemon_threads = True
+    allow_reuse_address = True
     request_queue_size = 64  # the kernel's accept queue: a burst waits there, not in threads
 
     def __init__(
@@ -355,12 +434,19 @@ class CallbackHTTPServer(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self._active_lock = threading.Lock()
         self.active = 0  # requests being handled now (for health and tests)
+        # Each connection holding a slot -> [client address, True while being read,
+        # False once read, None once closed to make room].
+        self._holders: dict[socket.socket, list[Any]] = {}
+        self.evicted = 0
         self._busy = ErrorStreak(log, "callback")  # touched by the listening thread only
         self.refused_busy = 0
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        address = client_address[0] if isinstance(client_address, tuple) else client_address
+        if not self._slots.acquire(blocking=False) and not (
+            self._evict_for(address) and self._slots.acquire(timeout=1.0)
+        ):
             self.refused_busy += 1
             self._busy.error(
                 "busy",
@@ -371,23 +457,81 @@ class CallbackHTTPServer(ThreadingHTTPServer):
             return
         self._busy.ok()
         self._count(+1)
+        with self._active_lock:
+            self._holders[request] = [address, True]
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._release()  # no thread started, so none will release it
+            self._release(request)  # no thread started, so none will release it
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release()
+            self._release(request)
+
+    def mark_received(self, request: Any) -> bool:
+        """The request is wholly read: from now on it is never closed to make room.
+
+        False if it was closed to make room meanwhile: then it must not be acted on.
+        """
+        with self._active_lock:
+            holder = self._holders.get(request)
+            if holder is None:
+                return True
+            if holder[1] is None:
+                return False
+            holder[1] = False
+            return True
+
+    def _evict_for(self, address: str) -> bool:
+        """Close one still-reading connection of the busiest address, if that is fairer.
+
+        Only when the newcomer's address holds fewer slots than the busiest one minus one,
+        so equals never evict each other; only a connection still being read, so nothing
+        half-done is cut. The closed sender sees its connection end and may retry.
+        """
+        with self._active_lock:
+            counts: dict[str, int] = {}
+            for holder_address, _ in self._holders.values():
+                counts[holder_address] = counts.get(holder_address, 0) + 1
+            if not counts:
+                return False
+            busiest = max(counts, key=lambda a: counts[a])
+            if counts[busiest] <= counts.get(address, 0) + 1:
+                return False
+            victim = next(
+                (
+                    sock
+                    for sock, (holder_address, reading) in self._holders.items()
+                    if holder_address == busiest and reading
+                ),
+                None,
+            )
+            if victim is None:
+                return False
+            self._holders[victim][1] = None  # evicted: never acted on, even if it raced
+        self.evicted += 1
+        with contextlib.suppress(OSError):
+            victim.shutdown(socket.SHUT_RDWR)  # its reader wakes at once and finishes
+        if self.evicted == 1 or self.evicted % 100 == 0:
+            event(
+                log,
+                logging.WARNING,
+                "callback: closed a slow connection to share slots fairly",
+                address=busiest,
+                evicted=self.evicted,
+            )
+        return True
 
     def _count(self, delta: int) -> None:
         with self._active_lock:
             self.active += delta
 
-    def _release(self) -> None:
+    def _release(self, request: Any) -> None:
+        with self._active_lock:
+            self._holders.pop(request, None)
         self._count(-1)
         self._slots.release()
 

@@ -10,7 +10,6 @@ not rerun: a half-drained node is for a person (or the policy) to judge.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -19,13 +18,17 @@ import subprocess
 import tempfile
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from relay.logs import event
 from relay.models import ScheduledEvent, format_not_before
 from relay.outbox import atomic_write
+from relay.signing import sha256
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("relay.hooks")
 
@@ -49,7 +52,7 @@ class HookRunner:
         return name in self.hooks
 
     def _path(self, name: str, event_id: str) -> Path:
-        digest = hashlib.sha256(f"{name}\0{event_id.casefold()}".encode()).hexdigest()[:32]
+        digest = sha256(f"{name}\0{event_id.casefold()}".encode()).hexdigest()[:32]
         return self.directory / f"{digest}.json"
 
     def _store(self, record: dict[str, Any]) -> None:
@@ -123,7 +126,7 @@ class HookRunner:
             "SCHEDULED_EVENT_ID": scheduled.event_id,
             "SCHEDULED_EVENT_TYPE": scheduled.event_type,
             "SCHEDULED_EVENT_STATUS": scheduled.event_status,
-            "SCHEDULED_EVENT_NOT_BEFORE": format_not_before(scheduled.not_before),
+            "SCHEDULED_EVENT_NOT_BEFORE": _not_before(scheduled),
             "SCHEDULED_EVENT_RESOURCES": ",".join(scheduled.resources),
             "SCHEDULED_EVENT_VM_NAME": self.vm_name,
         }
@@ -180,13 +183,19 @@ class HookRunner:
         )
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _not_before(scheduled: ScheduledEvent) -> str:
+    """RFC 1123 GMT; a time Python cannot hold is passed on as IMDS wrote it."""
+    moment = scheduled.not_before
+    return format_not_before(moment) if moment is not None else scheduled.not_before_text
+
+
+def _kill_group(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def public(record: dict[str, Any]) -> dict[str, Any]:

@@ -2,16 +2,18 @@
 
 Every failure becomes one `ImdsError` with a short `kind` (timeout, connection, http-503,
 malformed, ...) so the watcher can log each kind once per streak and back off.
+
+One kept-alive connection (relay.httpwire): IMDS is a link-local HTTP endpoint that must
+never be reached through a proxy, and a poll a second on a reused connection costs far
+less CPU and memory than a general-purpose HTTP stack.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from typing import Any
+import socket
 
-import requests
-
+from relay.httpwire import HttpAnswer, HttpConnection
 from relay.logs import clip
 from relay.models import (
     SCHEDULED_EVENTS_API_VERSION,
@@ -19,6 +21,10 @@ from relay.models import (
     ScheduledEventsDocument,
     parse_document,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 COMPUTE_API_VERSION = "2021-02-01"
 
@@ -29,92 +35,100 @@ class ImdsError(Exception):
         self.kind = kind
 
 
+def _failure(exc: BaseException, timeout: float, what: str = "") -> ImdsError:
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return ImdsError("timeout", f"{what}no answer within {timeout}s")
+    if isinstance(exc, OSError):
+        return ImdsError("connection", f"{what}cannot connect: {clip(exc, 160)}")
+    return ImdsError("request", f"{what}request failed: {clip(exc, 160)}")
+
+
 class ImdsClient:
-    """Thread-safe: one session, used under a lock (IMDS calls are short and rare)."""
+    """Thread-safe: one kept-alive connection, used under a lock (IMDS calls are short)."""
 
     def __init__(self, base_url: str, timeout: float = 5.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.events_url = f"{self.base_url}/metadata/scheduledevents"
-        self._session = requests.Session()
-        self._session.trust_env = False  # IMDS must never be reached through a proxy
-        self._session.headers["Metadata"] = "true"
-        self._lock = threading.Lock()
+        self._http = HttpConnection(self.base_url)
 
-    @property
-    def session(self) -> requests.Session:
-        return self._session
-
-    def _request(self, method: str, url: str, timeout: float | None, **kwargs: Any) -> bytes:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        timeout: float | None,
+        params: dict[str, str],
+        body: bytes | None = None,
+    ) -> HttpAnswer:
+        timeout = timeout or self.timeout
+        headers = {"Metadata": "true"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         try:
-            with self._lock:
-                response = self._session.request(
-                    method, url, timeout=timeout or self.timeout, **kwargs
-                )
-                content = response.content
-        except requests.Timeout:
-            raise ImdsError("timeout", f"no answer within {timeout or self.timeout}s") from None
-        except requests.ConnectionError as exc:
-            raise ImdsError("connection", f"cannot connect: {clip(exc, 160)}") from None
-        except requests.RequestException as exc:
-            raise ImdsError("request", f"request failed: {clip(exc, 160)}") from None
-        if response.status_code != 200:
+            return self._http.request(method, path, timeout, params, headers, body)
+        except (OSError, ValueError) as exc:
+            what = "StartRequests: " if method == "POST" else ""
+            raise _failure(exc, timeout, what) from None
+
+    def _get_ok(self, path: str, timeout: float | None, params: dict[str, str]) -> bytes:
+        answer = self._request("GET", path, timeout, params)
+        if answer.status != 200:
             raise ImdsError(
-                f"http-{response.status_code}",
-                f"IMDS answered {response.status_code}: {content[:120]!r}",
+                f"http-{answer.status}",
+                f"IMDS answered {answer.status}: {answer.body[:120]!r}",
             )
-        return content
+        return answer.body
 
     def get_events_raw(self, timeout: float | None = None) -> bytes:
         """The Scheduled Events answer as bytes, to compare cheaply with the previous one."""
-        return self._request(
-            "GET", self.events_url, timeout, params={"api-version": SCHEDULED_EVENTS_API_VERSION}
+        return self._get_ok(
+            "/metadata/scheduledevents", timeout, {"api-version": SCHEDULED_EVENTS_API_VERSION}
         )
 
     def get_events(
         self, timeout: float | None = None
     ) -> tuple[dict[str, Any], ScheduledEventsDocument]:
         """A fresh, validated document: (raw dict as IMDS wrote it, parsed model)."""
-        raw = self.get_events_raw(timeout)
-        return parse_events(raw)
+        return parse_events(self.get_events_raw(timeout))
 
     def start_events(self, event_ids: list[str], timeout: float | None = None) -> tuple[int, str]:
         """POST StartRequests; return IMDS's status and body (200 is the only success)."""
         body = {"StartRequests": [{"EventId": event_id} for event_id in event_ids]}
-        try:
-            with self._lock:
-                response = self._session.post(
-                    self.events_url,
-                    params={"api-version": SCHEDULED_EVENTS_API_VERSION},
-                    json=body,
-                    timeout=timeout or self.timeout,
-                )
-        except requests.Timeout:
-            raise ImdsError("timeout", "StartRequests: no answer from IMDS") from None
-        except requests.RequestException as exc:
-            raise ImdsError("connection", f"StartRequests: {clip(exc, 160)}") from None
-        return response.status_code, response.text[:500]
+        answer = self._request(
+            "POST",
+            "/metadata/scheduledevents",
+            timeout,
+            {"api-version": SCHEDULED_EVENTS_API_VERSION},
+            json.dumps(body).encode(),
+        )
+        return answer.status, answer.text[:500]
 
     def get_compute(self, timeout: float | None = None) -> dict[str, Any]:
-        raw = self._request(
-            "GET",
-            f"{self.base_url}/metadata/instance/compute",
+        raw = self._get_ok(
+            "/metadata/instance/compute",
             timeout,
-            params={"api-version": COMPUTE_API_VERSION, "format": "json"},
+            {"api-version": COMPUTE_API_VERSION, "format": "json"},
         )
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ImdsError("malformed", "compute metadata is not JSON") from None
         if not isinstance(data, dict) or not data.get("name"):
             raise ImdsError("malformed", "compute metadata has no VM name")
         return data
 
+    def get_token(self, resource: str, client_id: str | None, timeout: float) -> HttpAnswer:
+        """A managed identity token answer (status and body, for the caller to judge)."""
+        params = {"api-version": "2018-02-01", "resource": resource}
+        if client_id:
+            params["client_id"] = client_id
+        return self._request("GET", "/metadata/identity/oauth2/token", timeout, params)
+
 
 def parse_events(raw: bytes) -> tuple[dict[str, Any], ScheduledEventsDocument]:
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise ImdsError("malformed", "the answer is not JSON") from None
     try:
         return data, parse_document(data)

@@ -12,8 +12,11 @@ import json
 import logging
 import sys
 import time
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime, timezone
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("relay")
 
@@ -21,7 +24,9 @@ log = logging.getLogger("relay")
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -34,7 +39,7 @@ class JsonFormatter(logging.Formatter):
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        moment = datetime.fromtimestamp(record.created, UTC).strftime("%H:%M:%S")
+        moment = datetime.fromtimestamp(record.created, timezone.utc).strftime("%H:%M:%S")
         fields = getattr(record, "fields", None) or {}
         tail = " ".join(f"{k}={v}" for k, v in fields.items())
         line = f"{moment} {record.levelname:<7} {record.getMessage()}"
@@ -51,8 +56,6 @@ def configure(log_format: str = "json", level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # urllib3 logs every retry and reconnect; our own lines say what matters.
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
 
 
 def event(logger: logging.Logger, level: int, msg: str, **fields: Any) -> None:
@@ -112,7 +115,15 @@ class ErrorStreak:
         self.last_error = None
 
 
+def jitter(low: float, high: float) -> float:
+    """A random factor for backoff. `random` is imported on the first error, not at start:
+    a healthy relay never needs it (and every module not loaded is memory on every VM)."""
+    import random
+
+    return random.uniform(low, high)  # noqa: S311 - spreading retries, not security
+
+
 def clip(exc: Exception, limit: int = 200) -> str:
-    """An exception's text, cut short: requests' errors can carry whole URLs and reprs."""
+    """An exception's text, cut short: HTTP errors can carry whole URLs and reprs."""
     text = str(exc)
     return text if len(text) < limit else text[:limit] + "..."

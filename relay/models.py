@@ -1,86 +1,73 @@
-"""The IMDS Scheduled Events document and the relay envelope, shared by relay and functions.
+"""The IMDS Scheduled Events document and the relay envelope, as the relay reads and writes them.
 
-Defined once here because the relay (which writes envelopes) and the functions (which read
-them) must never disagree on the wire format. The relay package is deliberately light
-(pydantic only), so the function app imports it rather than the other way round.
+Standard library only: the relay runs on a VM's own Python (3.9 and newer) with nothing
+installed. The function app keeps its own pydantic model of the same wire format
+(functions/model/envelope.py); tests check the relay's output against that model and the
+JSON Schema generated from it, so the two cannot drift apart.
 
 Azure adds fields and event types over time, so unknown ones are kept, never rejected: an
-old relay must still forward a document from a newer IMDS, and the functions must still
-announce an event type they have no rule for.
+old relay must still forward a document from a newer IMDS. Times are kept as IMDS wrote
+them and only interpreted on demand: a `NotBefore` that Python cannot represent (year 9999
+with a negative offset) must not stop the relay from forwarding the document.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from datetime import UTC, datetime
-from email.utils import format_datetime, parsedate_to_datetime
-from typing import Any, Literal
+import re
+from datetime import datetime, timedelta, timezone
 
-from pydantic import (
-    AwareDatetime,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_serializer,
-    field_validator,
-    model_validator,
-)
+from relay.record import Factory, Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 SCHEDULED_EVENTS_API_VERSION = "2020-07-01"
 """The version the relay pins; the newest one Microsoft publishes (see SPEC.md)."""
 
-# The published versions, oldest first, and what each one added to the document.
-API_VERSIONS: tuple[str, ...] = (
-    "2017-03-01",
-    "2017-08-01",
-    "2017-11-01",
-    "2019-01-01",
-    "2019-04-01",
-    "2019-08-01",
-    "2020-07-01",
-)
-
-# Known values. Fields are plain strings so that values Azure adds later pass through.
-FREEZE, REBOOT, REDEPLOY, PREEMPT, TERMINATE = (
-    "Freeze",
-    "Reboot",
-    "Redeploy",
-    "Preempt",
-    "Terminate",
-)
-KNOWN_EVENT_TYPES = frozenset({FREEZE, REBOOT, REDEPLOY, PREEMPT, TERMINATE})
 SCHEDULED, STARTED = "Scheduled", "Started"
-PLATFORM, USER = "Platform", "User"
+ENVELOPE_SCHEMA = 1
+ENVELOPE_KINDS = ("document", "heartbeat")
+EVENT_SCOPES = ("own", "all")
 
 
 class DocumentError(ValueError):
-    """An IMDS answer that is not a Scheduled Events document.
+    """An IMDS answer (or an envelope) that is not what it should be; one readable message."""
 
-    One exception type with one readable message, so the relay can log it once per streak
-    and the functions can record it as the reason a message was rejected.
-    """
+
+# --------------------------------------------------------------------------- times
 
 
 def parse_not_before(value: Any) -> datetime | None:
-    """Parse `NotBefore` as IMDS writes it (RFC 1123) or as Microsoft's mock does (ISO 8601).
+    """`NotBefore` as an aware UTC time; None for "" (Started) or None.
 
-    An empty string (the event has Started) and None both mean "no time".
+    IMDS writes RFC 1123 (`Mon, 11 Apr 2022 22:26:58 GMT`); Microsoft's mock writes
+    ISO 8601. Raises ValueError for anything else, including a time Python cannot hold
+    (OverflowError is folded in so one except clause covers every bad value).
     """
-    if value is None or isinstance(value, datetime):
-        return _as_utc(value) if value is not None else None
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return _as_utc(value)
     if not isinstance(value, str):
         raise ValueError(f"NotBefore must be a string, got {type(value).__name__}")
     text = value.strip()
     if not text:
         return None
     try:
-        return _as_utc(parsedate_to_datetime(text))
-    except (TypeError, ValueError, IndexError):
+        moment = _parse_rfc1123(text)
+        if moment is not None:
+            return _as_utc(moment)
+    except OverflowError:
+        raise ValueError(f"NotBefore {value!r} is outside the times Python can hold") from None
+    except ValueError:
         pass
+    iso = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
     try:
-        return _as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+        return _as_utc(datetime.fromisoformat(iso))
+    except OverflowError:
+        raise ValueError(f"NotBefore {value!r} is outside the times Python can hold") from None
     except ValueError:
         raise ValueError(
             f"NotBefore {value!r} is neither RFC 1123 ('Mon, 11 Apr 2022 22:26:58 GMT') "
@@ -88,43 +75,112 @@ def parse_not_before(value: Any) -> datetime | None:
         ) from None
 
 
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_RFC1123 = re.compile(
+    r"(?:[A-Za-z]{3},\s*)?(\d{1,2})\s+([A-Za-z]{3})\s+(\d{2,4})\s+"
+    r"(\d{1,2}):(\d{2})(?::(\d{2}))?\s*(GMT|UTC?|Z|[+-]\d{4})?"
+)
+
+
+def _parse_rfc1123(text: str) -> datetime | None:
+    """`Mon, 11 Apr 2022 22:26:58 GMT` (or a numeric offset); None if it is not that form.
+
+    Written out rather than email.utils, which would load the email package into every
+    relay for one date format.
+    """
+    match = _RFC1123.fullmatch(text)
+    if match is None:
+        return None
+    day, month, year, hour, minute, second, zone = match.groups()
+    if month.title() not in _MONTHS:
+        return None
+    number = int(year)
+    if len(year) == 2:  # RFC 2822's rule for two-digit years
+        number += 2000 if number < 50 else 1900
+    offset = timezone.utc
+    if zone and zone[0] in "+-":
+        minutes = int(zone[1:3]) * 60 + int(zone[3:5])
+        offset = timezone((-1 if zone[0] == "-" else 1) * timedelta(minutes=minutes))
+    return datetime(
+        number,
+        _MONTHS.index(month.title()) + 1,
+        int(day),
+        int(hour),
+        int(minute),
+        int(second or 0),
+        tzinfo=offset,
+    )
+
+
 def _as_utc(moment: datetime) -> datetime:
     # IMDS times are GMT; a naive time can only have meant UTC.
     if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+        return moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
 
 
 def format_not_before(moment: datetime | None) -> str:
     """Write a time the way IMDS does: RFC 1123 in GMT, or "" for no time."""
     if moment is None:
         return ""
-    return format_datetime(_as_utc(moment).replace(microsecond=0), usegmt=True)
+    utc = _as_utc(moment)
+    return (
+        f"{_DAYS[utc.weekday()]}, {utc.day:02d} {_MONTHS[utc.month - 1]} {utc.year:04d} "
+        f"{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d} GMT"
+    )
 
 
-class ScheduledEvent(BaseModel):
-    """One entry of `Events`. Python names are snake_case; the wire names are IMDS's."""
+def parse_aware(value: Any, name: str) -> datetime:
+    """An ISO 8601 time with an offset (what envelopes carry), on any Python >= 3.9."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise DocumentError(f"{name}: not an ISO 8601 time: {value!r}") from None
+    else:
+        raise DocumentError(f"{name}: must be an ISO 8601 string")
+    if moment.tzinfo is None:
+        raise DocumentError(f"{name}: needs a time zone offset")
+    try:
+        return moment.astimezone(timezone.utc)
+    except OverflowError:
+        raise DocumentError(f"{name}: outside the times Python can hold") from None
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
 
-    event_id: str = Field(alias="EventId", min_length=1)
-    event_status: str = Field(alias="EventStatus")
-    event_type: str = Field(alias="EventType")
-    resource_type: str = Field(default="VirtualMachine", alias="ResourceType")
-    resources: tuple[str, ...] = Field(default=(), alias="Resources")
-    not_before: datetime | None = Field(default=None, alias="NotBefore")
-    description: str | None = Field(default=None, alias="Description")
-    event_source: str | None = Field(default=None, alias="EventSource")
-    duration_in_seconds: int | None = Field(default=None, alias="DurationInSeconds")
+def format_aware(moment: datetime) -> str:
+    """UTC with microseconds and a `Z`, as pydantic writes an aware datetime."""
+    text = moment.astimezone(timezone.utc).replace(tzinfo=None).isoformat()
+    return text + "Z"
 
-    @field_validator("not_before", mode="before")
-    @classmethod
-    def _parse_not_before(cls, value: Any) -> datetime | None:
-        return parse_not_before(value)
 
-    @field_serializer("not_before")
-    def _write_not_before(self, value: datetime | None) -> str:
-        return format_not_before(value)
+# --------------------------------------------------------------------------- document
+
+
+class ScheduledEvent(Record):
+    """One entry of `Events`; `raw` is the entry exactly as IMDS wrote it."""
+
+    event_id: str
+    event_status: str
+    event_type: str
+    resources: tuple[str, ...] = ()
+    raw: dict[str, Any] = Factory(dict, compare=False)
+
+    @property
+    def not_before_text(self) -> str:
+        value = self.raw.get("NotBefore")
+        return value if isinstance(value, str) else ""
+
+    @property
+    def not_before(self) -> datetime | None:
+        """Parsed on demand; None when empty or not representable (see not_before_text)."""
+        try:
+            return parse_not_before(self.raw.get("NotBefore"))
+        except ValueError:
+            return None
 
     @property
     def is_scheduled(self) -> bool:
@@ -144,124 +200,230 @@ class ScheduledEvent(BaseModel):
         return any(name.casefold() == wanted for name in self.resources)
 
 
-class ScheduledEventsDocument(BaseModel):
+class ScheduledEventsDocument(Record):
     """The whole answer of `GET /metadata/scheduledevents`."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
-
-    document_incarnation: int = Field(alias="DocumentIncarnation", ge=0)
-    events: tuple[ScheduledEvent, ...] = Field(alias="Events")
-
-    @field_validator("document_incarnation", mode="before")
-    @classmethod
-    def _strict_incarnation(cls, value: Any) -> Any:
-        # Lax mode would turn True into 1 and "2" into 2; a document like that is broken.
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError("DocumentIncarnation must be an integer")
-        return value
+    document_incarnation: int
+    events: tuple[ScheduledEvent, ...]
+    raw: dict[str, Any] = Factory(dict, compare=False)
 
     def event(self, event_id: str) -> ScheduledEvent | None:
         wanted = event_id.casefold()
         return next((e for e in self.events if e.event_id.casefold() == wanted), None)
 
-    def to_wire(self) -> dict[str, Any]:
-        """The document with IMDS's field names, as IMDS would write it."""
-        return self.model_dump(mode="json", by_alias=True)
+    def unreadable_times(self) -> list[str]:
+        """EventIds whose `NotBefore` is not a time Python can read (logged, not fatal)."""
+        bad = []
+        for item in self.events:
+            try:
+                parse_not_before(item.raw.get("NotBefore"))
+            except ValueError:
+                bad.append(item.event_id)
+        return bad
 
 
-def parse_document(data: bytes | str | dict[str, Any]) -> ScheduledEventsDocument:
-    """Validate an IMDS answer; raise one DocumentError that says what is wrong."""
-    if isinstance(data, bytes | str):
+def _event(index: int, item: Any) -> ScheduledEvent:
+    where = f"Events.{index}"
+    if not isinstance(item, dict):
+        raise DocumentError(f"not a Scheduled Events document: {where}: must be an object")
+    values = {}
+    for key in ("EventId", "EventStatus", "EventType"):
+        value = item.get(key)
+        if not isinstance(value, str) or (key == "EventId" and not value):
+            raise DocumentError(
+                f"not a Scheduled Events document: {where}.{key}: must be a non-empty string"
+            )
+        values[key] = value
+    resources = item.get("Resources", [])
+    if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
+        raise DocumentError(
+            f"not a Scheduled Events document: {where}.Resources: must be a list of strings"
+        )
+    for key in ("ResourceType", "Description", "EventSource"):
+        if item.get(key) is not None and not isinstance(item[key], str):
+            raise DocumentError(f"not a Scheduled Events document: {where}.{key}: not a string")
+    duration = item.get("DurationInSeconds")
+    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, int)):
+        raise DocumentError(
+            f"not a Scheduled Events document: {where}.DurationInSeconds: not an integer"
+        )
+    not_before = item.get("NotBefore")
+    if not_before is not None and not isinstance(not_before, str):
+        raise DocumentError(f"not a Scheduled Events document: {where}.NotBefore: not a string")
+    return ScheduledEvent(
+        values["EventId"], values["EventStatus"], values["EventType"], tuple(resources), item
+    )
+
+
+def parse_document(data: Any) -> ScheduledEventsDocument:
+    """Check an IMDS answer's shape; raise one DocumentError that says what is wrong.
+
+    Times are not interpreted here (see `ScheduledEvent.not_before`): a document whose
+    NotBefore Python cannot represent is still a document, and is still forwarded.
+    """
+    if isinstance(data, (bytes, str)):
         try:
             data = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise DocumentError(f"not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise DocumentError(f"not a Scheduled Events document: a JSON {type(data).__name__}")
-    try:
-        return ScheduledEventsDocument.model_validate(data)
-    except ValidationError as exc:
-        raise DocumentError(f"not a Scheduled Events document: {_summarize(exc)}") from None
+    incarnation = data.get("DocumentIncarnation")
+    if isinstance(incarnation, bool) or not isinstance(incarnation, int) or incarnation < 0:
+        raise DocumentError(
+            "not a Scheduled Events document: DocumentIncarnation must be an integer >= 0"
+        )
+    events = data.get("Events")
+    if not isinstance(events, list):
+        raise DocumentError("not a Scheduled Events document: Events must be a list")
+    parsed = tuple(_event(i, item) for i, item in enumerate(events))
+    return ScheduledEventsDocument(incarnation, parsed, data)
 
 
-def _summarize(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in error["loc"]) or "document"
-        parts.append(f"{where}: {error['msg']}")
-    return "; ".join(parts)
+def only_events_for(document: dict[str, Any], vm_name: str) -> dict[str, Any]:
+    """The document with `Events` cut to those naming this VM in `Resources` (contract C2).
+
+    Every VM of an availability set or scale set placement group sees the others' events;
+    forwarding them from every VM multiplies messages by the set's size, and each VM's own
+    relay reports its own events anyway. Everything else in the document is kept.
+    """
+    wanted = vm_name.casefold()
+    events = [
+        item
+        for item in document.get("Events") or []
+        if isinstance(item, dict)
+        and any(isinstance(r, str) and r.casefold() == wanted for r in item.get("Resources") or [])
+    ]
+    return {**document, "Events": events}
 
 
 def content_hash(document: dict[str, Any]) -> str:
     """A stable hash of a raw document, independent of key order and white space."""
     canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    from relay.signing import sha256
+
+    return sha256(canonical.encode()).hexdigest()
 
 
 # --------------------------------------------------------------------------- envelope
 
-ENVELOPE_SCHEMA = 1
+
+def _optional_str(data: dict[str, Any], key: str, where: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise DocumentError(f"not a relay envelope: {where}.{key}: must be a string or null")
+    return value
 
 
-class VmRef(BaseModel):
-    """Who sent an envelope and how to call its relay back."""
+class VmRef(Record):
+    """Who sent an envelope, where it runs in Azure, and how to call its relay back."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    name: str = Field(min_length=1, max_length=128)
+    name: str
     callback_url: str | None = None
     scale_set: str | None = None
     availability_set: str | None = None
     resource_id: str | None = None
+    subscription_id: str | None = None
+    resource_group: str | None = None
+    extra: dict[str, Any] = Factory(dict, compare=False)
 
-    @field_validator("callback_url")
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not 1 <= len(self.name) <= 128:
+            raise DocumentError("not a relay envelope: vm.name: must be 1..128 characters")
+        url = self.callback_url
+        if url is not None:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise DocumentError("not a relay envelope: vm.callback_url: must be http(s)")
+            object.__setattr__(self, "callback_url", url.rstrip("/") or None)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "callback_url": self.callback_url,
+            "scale_set": self.scale_set,
+            "availability_set": self.availability_set,
+            "resource_id": self.resource_id,
+            "subscription_id": self.subscription_id,
+            "resource_group": self.resource_group,
+        }
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
     @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("callback_url must be an http(s) URL")
-        return value.rstrip("/") if value else value
+    def from_dict(cls, data: Any) -> VmRef:
+        if not isinstance(data, dict):
+            raise DocumentError("not a relay envelope: vm: must be an object")
+        known = set(cls._fields) - {"extra"}
+        values = {k: _optional_str(data, k, "vm") for k in known if k != "name"}
+        return cls(
+            name=data.get("name"),  # type: ignore[arg-type] - checked in __post_init__
+            extra={k: v for k, v in data.items() if k not in known},
+            **values,
+        )
 
 
-class Envelope(BaseModel):
-    """What the relay sends to Service Bus: one IMDS document (or a heartbeat) and its context.
+_ENVELOPE_KEYS = (
+    "schema",
+    "kind",
+    "vm",
+    "relay_version",
+    "sequence",
+    "observed_at",
+    "document",
+    "events",
+)
 
-    `document` is the IMDS answer exactly as received (a dict), so nothing the functions
-    might need is lost in translation; it is validated as a document all the same.
+
+class Envelope(Record):
+    """What the relay sends: one IMDS document (or a heartbeat) and its context.
+
+    `document` is the IMDS answer exactly as received (or cut to this VM's events, see
+    `events`), so nothing the functions might need is lost in translation. `extra` holds
+    the heartbeat's fields (imds_healthy, imds_error, outbox_pending) and anything a newer
+    relay adds; they travel as top-level keys.
     """
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
-
-    schema_version: Literal[1] = Field(default=ENVELOPE_SCHEMA, alias="schema")
-    kind: Literal["document", "heartbeat"]
+    kind: str
     vm: VmRef
-    relay_version: str = "unknown"
-    sequence: int = Field(ge=0)
-    observed_at: AwareDatetime
+    sequence: int
+    observed_at: datetime
     document: dict[str, Any] | None = None
+    relay_version: str = "unknown"
+    events: str | None = None
+    schema_version: int = ENVELOPE_SCHEMA
+    extra: dict[str, Any] = Factory(dict)
 
-    @field_validator("observed_at")
-    @classmethod
-    def _utc(cls, value: datetime) -> datetime:
-        return value.astimezone(UTC)
-
-    @model_validator(mode="after")
-    def _document_is_a_document(self) -> Envelope:
-        if self.kind == "document":
-            if self.document is None:
-                raise ValueError("a document envelope needs a document")
+    def __post_init__(self) -> None:
+        if self.schema_version != ENVELOPE_SCHEMA:
+            raise DocumentError(f"not a relay envelope: schema: must be {ENVELOPE_SCHEMA}")
+        if self.kind not in ENVELOPE_KINDS:
+            raise DocumentError("not a relay envelope: kind: must be 'document' or 'heartbeat'")
+        if not isinstance(self.vm, VmRef):
+            raise DocumentError("not a relay envelope: vm: must be a VmRef")
+        seq = self.sequence
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+            raise DocumentError("not a relay envelope: sequence: must be an integer >= 0")
+        object.__setattr__(self, "observed_at", parse_aware(self.observed_at, "observed_at"))
+        if not isinstance(self.relay_version, str):
+            raise DocumentError("not a relay envelope: relay_version: must be a string")
+        if self.events is not None and self.events not in EVENT_SCOPES:
+            raise DocumentError("not a relay envelope: events: must be 'own' or 'all'")
+        if self.kind == "document" and self.document is None:
+            raise DocumentError("not a relay envelope: a document envelope needs a document")
+        if self.document is not None:
             parse_document(self.document)
-        elif self.document is not None:
-            parse_document(self.document)
-        return self
 
     @property
     def scheduled_events(self) -> ScheduledEventsDocument | None:
         return parse_document(self.document) if self.document is not None else None
 
+    def with_sequence(self, sequence: int) -> Envelope:
+        return self.replace(sequence=sequence)
+
     def message_id(self) -> str:
         """Service Bus MessageId: equal for resends of the same document, so they are dropped.
 
-        VM + incarnation + content hash for documents (≤ 128 characters, the Service Bus
+        VM + incarnation + content hash for documents (<= 128 characters, the Service Bus
         limit). Heartbeats use the observation time, not the sequence: a reimaged VM whose
         state directory was wiped restarts its sequence, and its new heartbeats must not be
         dropped as duplicates of the old ones.
@@ -271,15 +433,46 @@ class Envelope(BaseModel):
             return f"{self.vm.name[:80]}:{incarnation}:{content_hash(self.document)[:32]}"
         return f"{self.vm.name[:80]}:hb:{self.observed_at.strftime('%Y%m%dT%H%M%S.%f')}"
 
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema": self.schema_version,
+            "kind": self.kind,
+            "vm": self.vm.to_dict(),
+            "relay_version": self.relay_version,
+            "sequence": self.sequence,
+            "observed_at": format_aware(self.observed_at),
+            "document": self.document,
+        }
+        if self.events is not None:
+            out["events"] = self.events
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
     def to_json(self) -> str:
-        return self.model_dump_json(by_alias=True)
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
 
 
-def parse_envelope(data: bytes | str | dict[str, Any]) -> Envelope:
-    """Validate an envelope; raise one DocumentError naming what is wrong."""
-    try:
-        if isinstance(data, dict):
-            return Envelope.model_validate(data)
-        return Envelope.model_validate_json(data)
-    except ValidationError as exc:
-        raise DocumentError(f"not a relay envelope: {_summarize(exc)}") from None
+def parse_envelope(data: Any) -> Envelope:
+    """Read an envelope back (the outbox's files); raise one DocumentError naming the problem."""
+    if isinstance(data, (bytes, str)):
+        try:
+            data = json.loads(data)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise DocumentError(f"not a relay envelope: not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DocumentError("not a relay envelope: not a JSON object")
+    missing = [k for k in ("kind", "vm", "sequence", "observed_at") if k not in data]
+    if missing:
+        raise DocumentError(f"not a relay envelope: {', '.join(missing)}: required")
+    relay_version = data.get("relay_version", "unknown")
+    return Envelope(
+        kind=data["kind"],
+        vm=VmRef.from_dict(data["vm"]),
+        sequence=data["sequence"],
+        observed_at=data["observed_at"],
+        document=data.get("document"),
+        relay_version=relay_version,
+        events=data.get("events"),
+        schema_version=data.get("schema", ENVELOPE_SCHEMA),
+        extra={k: v for k, v in data.items() if k not in _ENVELOPE_KEYS},
+    )

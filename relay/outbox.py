@@ -26,11 +26,12 @@ import logging
 import os
 import re
 import threading
-from dataclasses import dataclass
+import time
 from pathlib import Path
 
 from relay.logs import event
 from relay.models import Envelope
+from relay.record import Record
 
 log = logging.getLogger("relay.outbox")
 
@@ -41,8 +42,7 @@ class OutboxError(Exception):
     """A message could not be made durable; the caller must keep it and retry."""
 
 
-@dataclass(frozen=True, order=True)
-class OutboxMessage:
+class OutboxMessage(Record):
     sequence: int
     kind: str
     path: Path
@@ -154,7 +154,7 @@ class Outbox:
                     )
                     self._alarm_at *= 2
             sequence = self._sequence + 1
-            stamped = envelope.model_copy(update={"sequence": sequence})
+            stamped = envelope.with_sequence(sequence)
             path = self.directory / f"{sequence:012d}-{envelope.kind}.json"
             try:
                 atomic_write(path, stamped.to_json().encode())
@@ -210,6 +210,16 @@ class Outbox:
             file=str(self.rejected / message.path.name),
             reason=reason,
         )
+
+    def wait_while_size(self, size: int, timeout: float, stop: threading.Event) -> None:
+        """Wait up to `timeout` while the outbox holds exactly `size` messages."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._messages) == size and not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
 
     def wake(self) -> None:
         with self._cond:

@@ -6,36 +6,26 @@ how long to wait: transient failures (5xx, 429, timeouts, refused connections) b
 exponentially with jitter; configuration failures (401, 403, 404, 410, other 4xx) cannot
 heal by retrying fast, so they retry slowly while an operator fixes the cause.
 
-The Service Bus sender speaks plain HTTPS with `requests` on purpose: the Azure SDK (AMQP)
-would triple the relay's memory on every VM of the fleet.
+Service Bus lives in relay.servicebus, imported only when the forward target is a queue.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 import logging
-import random
 import re
 import threading
-import time
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
-import requests
-
-from relay.logs import ErrorStreak, clip, event
+from relay.logs import ErrorStreak, event, jitter
 from relay.models import DocumentError, Envelope, parse_envelope
 from relay.outbox import Outbox, OutboxMessage, atomic_write
 
-log = logging.getLogger("relay.sender")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    pass
 
-SERVICEBUS_RESOURCE = "https://servicebus.azure.net"
-IDENTITY_API_VERSION = "2018-02-01"
+log = logging.getLogger("relay.sender")
 
 
 class SendError(Exception):
@@ -50,16 +40,20 @@ class SendError(Exception):
         self.retry_after = retry_after
 
 
-class Sender(Protocol):
-    def send(self, envelope: Envelope, body: str) -> None: ...
+class Sender:
+    """What a forward target does (FileSender, ServiceBusSender)."""
 
-    def describe(self) -> str: ...
+    def send(self, envelope: Envelope, body: str) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
 
 
 # ------------------------------------------------------------------ file:DIR
 
 
-class FileSender:
+class FileSender(Sender):
     """Each message becomes its own JSON file, written atomically; names sort in send order.
 
     The name is `<sequence:012d>-<vm>-<kind>.json`: the relay's sequence only grows, so one
@@ -67,247 +61,27 @@ class FileSender:
     file instead of adding a duplicate.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, heartbeat_directory: Path | None = None) -> None:
         self.directory = directory
+        # Contract C1: heartbeats in DIR/heartbeats/, as if on their own queue.
+        self.heartbeat_directory = (
+            directory / "heartbeats" if heartbeat_directory is None else heartbeat_directory
+        )
 
     def describe(self) -> str:
         return f"file:{self.directory}"
 
     def send(self, envelope: Envelope, body: str) -> None:
         vm = re.sub(r"[^A-Za-z0-9._-]", "_", envelope.vm.name)
-        path = self.directory / f"{envelope.sequence:012d}-{vm}-{envelope.kind}.json"
+        directory = self.heartbeat_directory if envelope.kind == "heartbeat" else self.directory
+        path = directory / f"{envelope.sequence:012d}-{vm}-{envelope.kind}.json"
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(parents=True, exist_ok=True)
             atomic_write(path, body.encode())
         except OSError as exc:
             raise SendError(
                 "file", f"cannot write {path}: {exc.strerror or exc}", slow=True
             ) from None
-
-
-# ------------------------------------------------------------------ tokens
-
-
-class TokenProvider(Protocol):
-    def authorization(self) -> str: ...
-
-    def invalidate(self) -> None: ...
-
-
-def parse_connection_string(text: str) -> dict[str, str]:
-    parts: dict[str, str] = {}
-    for item in text.strip().split(";"):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError("a Service Bus connection string is KEY=VALUE pairs separated by ;")
-        parts[key.strip().lower()] = value.strip()
-    return parts
-
-
-def sas_token(resource_uri: str, key_name: str, key: str, expiry: int) -> str:
-    """Azure's documented SAS scheme: HMAC-SHA256 over `quote_plus(uri) + "\\n" + expiry`."""
-    uri = urllib.parse.quote_plus(resource_uri)
-    to_sign = f"{uri}\n{expiry}".encode()
-    digest = hmac.new(key.encode(), to_sign, hashlib.sha256).digest()
-    sig = urllib.parse.quote(base64.b64encode(digest), safe="")
-    return f"SharedAccessSignature sr={uri}&sig={sig}&se={expiry}&skn={key_name}"
-
-
-class SasTokenProvider:
-    """SAS tokens from a connection string, renewed well before they expire."""
-
-    def __init__(
-        self,
-        connection_string: str,
-        resource_uri: str,
-        validity: int = 3600,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        parts = parse_connection_string(connection_string)
-        name, key = parts.get("sharedaccesskeyname"), parts.get("sharedaccesskey")
-        if not name or not key:
-            raise ValueError(
-                "the SAS connection string needs SharedAccessKeyName and SharedAccessKey"
-            )
-        entity = parts.get("entitypath")
-        queue = resource_uri.rsplit("/", 1)[-1]
-        if entity and entity != queue:
-            raise ValueError(f"the SAS connection string is for {entity!r}, not queue {queue!r}")
-        self._name, self._key = name, key
-        self._uri = resource_uri
-        self._validity = validity
-        self._clock = clock
-        self._token: str | None = None
-        self._expires = 0.0
-
-    @classmethod
-    def from_file(cls, path: Path, resource_uri: str) -> SasTokenProvider:
-        return cls(path.read_text(encoding="utf-8"), resource_uri)
-
-    def authorization(self) -> str:
-        now = self._clock()
-        if self._token is None or now > self._expires - self._validity / 4:
-            self._expires = int(now) + self._validity
-            self._token = sas_token(self._uri, self._name, self._key, int(self._expires))
-        return self._token
-
-    def invalidate(self) -> None:
-        self._token = None
-
-
-class ManagedIdentityTokenProvider:
-    """Bearer tokens from the VM's managed identity (IMDS), refreshed before they expire."""
-
-    def __init__(
-        self,
-        imds_url: str,
-        client_id: str | None = None,
-        timeout: float = 10.0,
-        session: requests.Session | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._url = f"{imds_url}/metadata/identity/oauth2/token"
-        self._client_id = client_id
-        self._timeout = timeout
-        self._session = session or _imds_session()
-        self._clock = clock
-        self._token: str | None = None
-        self._expires = 0.0
-        self._refresh_at = 0.0
-
-    def authorization(self) -> str:
-        if self._token is None or self._clock() >= self._refresh_at:
-            self._fetch()
-        return f"Bearer {self._token}"
-
-    def invalidate(self) -> None:
-        self._token = None
-
-    def _fetch(self) -> None:
-        params = {"api-version": IDENTITY_API_VERSION, "resource": SERVICEBUS_RESOURCE}
-        if self._client_id:
-            params["client_id"] = self._client_id
-        try:
-            response = self._session.get(
-                self._url, params=params, headers={"Metadata": "true"}, timeout=self._timeout
-            )
-        except requests.RequestException as exc:
-            raise SendError("token", f"managed identity token: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            slow = response.status_code in (400, 403, 404)
-            raise SendError(
-                "token",
-                f"managed identity token: IMDS answered {response.status_code}"
-                + (" (no identity assigned to this VM?)" if slow else ""),
-                slow=slow,
-            )
-        try:
-            data = response.json()
-            token = str(data["access_token"])
-            now = self._clock()
-            if data.get("expires_on"):
-                expires = float(data["expires_on"])
-            else:
-                expires = now + float(data.get("expires_in", 3600))
-        except (ValueError, KeyError, TypeError):
-            raise SendError("token", "managed identity token: malformed answer") from None
-        lifetime = max(expires - now, 0.0)
-        self._token = token
-        self._expires = expires
-        # Refresh at the later of 5 minutes or 10 % of the lifetime before expiry.
-        self._refresh_at = expires - max(min(300.0, lifetime / 2), lifetime / 10)
-
-
-def _imds_session() -> requests.Session:
-    session = requests.Session()
-    session.trust_env = False  # IMDS must never be reached through a proxy
-    return session
-
-
-# ------------------------------------------------------------------ Service Bus
-
-_SLOW_STATUS = {
-    401: "401 unauthorized: the token was rejected (wrong SAS key or key name, expired "
-    "token, or the identity lacks the 'Azure Service Bus Data Sender' role)",
-    403: "403 forbidden: quota exceeded, message too large, or no send right on the queue",
-    404: "404 not found: the namespace or queue does not exist",
-    410: "410 gone: the queue does not exist (deleted or disabled)",
-}
-
-
-class ServiceBusSender:
-    """POST one message per envelope to `https://NAMESPACE/QUEUE/messages`."""
-
-    def __init__(
-        self,
-        namespace: str,
-        queue: str,
-        tokens: TokenProvider,
-        ttl_seconds: int,
-        timeout: float = 30.0,
-        endpoint: str | None = None,
-        session: requests.Session | None = None,
-    ) -> None:
-        base = endpoint or f"https://{namespace}"
-        self.url = f"{base}/{queue}/messages"
-        self._tokens = tokens
-        self._ttl = ttl_seconds
-        self._timeout = timeout
-        self._session = session or requests.Session()
-
-    def describe(self) -> str:
-        return self.url
-
-    def send(self, envelope: Envelope, body: str) -> None:
-        props = {
-            "MessageId": envelope.message_id(),
-            "SessionId": envelope.vm.name,
-            "TimeToLive": self._ttl,
-            "Label": envelope.kind,
-        }
-        headers = {
-            "Authorization": self._tokens.authorization(),
-            "Content-Type": "application/json",
-            "BrokerProperties": json.dumps(props, separators=(",", ":")),
-        }
-        try:
-            response = self._session.post(
-                self.url, data=body.encode(), headers=headers, timeout=self._timeout
-            )
-        except requests.Timeout:
-            raise SendError("timeout", f"Service Bus did not answer in {self._timeout}s") from None
-        except requests.ConnectionError as exc:
-            raise SendError("connection", f"cannot reach Service Bus: {clip(exc)}") from None
-        except requests.RequestException as exc:
-            raise SendError("request", f"Service Bus request failed: {clip(exc)}") from None
-        status = response.status_code
-        if status == 201:
-            return
-        if status == 401:
-            self._tokens.invalidate()
-        if status in _SLOW_STATUS:
-            raise SendError(f"http-{status}", _SLOW_STATUS[status], slow=True)
-        if status == 429 or status >= 500:
-            raise SendError(
-                f"http-{status}",
-                f"Service Bus answered {status} (busy or unavailable); retrying",
-                retry_after=_retry_after(response),
-            )
-        raise SendError(
-            f"http-{status}",
-            f"Service Bus refused the message with {status}: {response.text[:200]}",
-            slow=True,
-        )
-
-
-def _retry_after(response: requests.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
 
 
 # ------------------------------------------------------------------ send loop
@@ -361,6 +135,16 @@ class SendLoop:
                 failures += 1
                 level = logging.ERROR if exc.slow else logging.WARNING
                 self.streak.error(exc.kind, str(exc), level=level, pending=len(self.outbox))
+                if message.kind == "heartbeat":
+                    # A heartbeat goes to its own queue, which may fail on its own (missing,
+                    # no send right); it must never hold documents up. With anything behind
+                    # it, it is dropped (the next one says the same); alone, it waits for
+                    # its retry only until something else is queued.
+                    if len(self.outbox) > 1:
+                        self.outbox.remove(message)
+                        continue
+                    self.outbox.wait_while_size(1, self._delay(exc, failures), self._stop)
+                    continue
                 self._sleep(self._delay(exc, failures))
                 continue
             failures = 0
@@ -396,28 +180,46 @@ class SendLoop:
             base = min(self._max_backoff, 0.5 * 2 ** min(failures - 1, 16))
             if exc.retry_after:
                 base = max(base, min(exc.retry_after, self._max_backoff * 2))
-        return base * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
+        return base * jitter(0.8, 1.2)
 
 
-def build_sender(settings: object, imds_session: requests.Session | None = None) -> Sender:
+def build_sender(settings: object) -> Sender:
     """The sender the settings ask for; raises ValueError for a setting that cannot work."""
     from relay.settings import RelaySettings
 
     assert isinstance(settings, RelaySettings)
     target = settings.forward_target
+    heartbeat_queue = settings.heartbeat_queue or None
     if target.kind == "file":
         assert target.directory is not None
-        return FileSender(target.directory)
+        return FileSender(target.directory, None if heartbeat_queue else target.directory)
     assert target.namespace and target.queue
+    from relay.servicebus import (
+        ManagedIdentityTokenProvider,
+        SasTokenProvider,
+        ServiceBusSender,
+        TokenProvider,
+        parse_connection_string,
+    )
+
     tokens: TokenProvider
+    heartbeat_tokens: TokenProvider | None = None
     if settings.sas_connection_string_file is not None:
-        tokens = SasTokenProvider.from_file(
-            settings.sas_connection_string_file, target.resource_uri
-        )
+        text = settings.sas_connection_string_file.read_text(encoding="utf-8")
+        tokens = SasTokenProvider(text, target.resource_uri)
+        if heartbeat_queue and heartbeat_queue != target.queue:
+            entity = parse_connection_string(text).get("entitypath")
+            if entity:
+                raise ValueError(
+                    f"the SAS connection string is for queue {entity!r} only, and heartbeats "
+                    f"go to queue {heartbeat_queue!r}: use a namespace-level rule (no "
+                    "EntityPath), or --heartbeat-queue '' to send heartbeats with the documents"
+                )
+            heartbeat_tokens = SasTokenProvider(
+                text, f"https://{target.namespace}/{heartbeat_queue}"
+            )
     else:
-        tokens = ManagedIdentityTokenProvider(
-            settings.imds_url, settings.identity_client_id, session=imds_session
-        )
+        tokens = ManagedIdentityTokenProvider(settings.imds_url, settings.identity_client_id)
     return ServiceBusSender(
         target.namespace,
         target.queue,
@@ -425,15 +227,9 @@ def build_sender(settings: object, imds_session: requests.Session | None = None)
         ttl_seconds=settings.message_ttl,
         timeout=settings.send_timeout,
         endpoint=settings.servicebus_endpoint,
+        heartbeat_queue=heartbeat_queue,
+        heartbeat_tokens=heartbeat_tokens,
     )
 
 
-__all__ = [
-    "FileSender",
-    "ManagedIdentityTokenProvider",
-    "SasTokenProvider",
-    "SendError",
-    "SendLoop",
-    "ServiceBusSender",
-    "build_sender",
-]
+__all__ = ["FileSender", "SendError", "SendLoop", "Sender", "build_sender"]

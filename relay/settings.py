@@ -2,38 +2,42 @@
 
 Every setting is validated once, at start, so a typo stops the relay with one clear line
 (exit status 2) instead of surfacing hours later as a lost document or a refused approval.
+Standard library only (the relay runs on the VM's own Python): each setting is declared
+once in `_SPECS` with its type and bounds, and the same checks apply whether the value came
+from a flag, the environment (a string) or a config file (JSON, or TOML where the Python has
+tomllib).
 """
 
 from __future__ import annotations
 
-import argparse
-import ipaddress
 import json
+import math
 import os
 import sys
-import tomllib
-from contextvars import ContextVar
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, NoReturn
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from relay.record import Factory, Record
+
+_WILDCARDS = ("0.0.0.0", "::", "[::]")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, NoReturn
 
 DEFAULT_STATE_DIR = Path("/var/lib/scheduled-events-relay")
 EXIT_BAD_SETTINGS = 2
-
-_config_values: ContextVar[dict[str, Any]] = ContextVar("relay_config_values")
 
 
 class SettingsError(Exception):
     """A setting that cannot work; the message is the one line the operator sees."""
 
 
-class ForwardTarget(BaseModel):
+class ForwardTarget(Record):
     """Where envelopes go: a Service Bus queue over REST, or a local directory."""
 
-    kind: Literal["servicebus", "file"]
+    kind: str  # "servicebus" or "file"
     namespace: str | None = None  # NAME.servicebus.windows.net
     queue: str | None = None
     directory: Path | None = None
@@ -68,83 +72,244 @@ def is_loopback_url(url: str) -> bool:
     if host == "localhost":
         return True
     try:
+        import ipaddress  # only to check a --servicebus-endpoint stand-in
+
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 
 
-class RelaySettings(BaseSettings):
+# --------------------------------------------------------------------------- value types
+
+
+def _num(value: Any, kind: type) -> Any:
+    """A float or int the way a person means it: 3, 3.0, "3" (not True, not "soon")."""
+    if isinstance(value, bool):
+        raise ValueError(f"Input should be a valid {'integer' if kind is int else 'number'}")
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = int(text) if kind is int else float(text)
+        except ValueError:
+            if kind is int:
+                raise ValueError(
+                    "Input should be a valid integer, unable to parse string as an integer"
+                ) from None
+            raise ValueError(
+                "Input should be a valid number, unable to parse string as a number"
+            ) from None
+    if kind is int:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if not isinstance(value, int):
+            raise ValueError("Input should be a valid integer")
+        return value
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError("Input should be a finite number")
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("Input should be a valid string")
+    return value
+
+
+def _path(value: Any) -> Path:
+    if isinstance(value, Path):
+        return value
+    if not isinstance(value, str) or not value:
+        raise ValueError("Input should be a valid path")
+    return Path(value)
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on", "y", "t"):
+            return True
+        if lowered in ("0", "false", "no", "off", "n", "f", ""):
+            return False
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError("Input should be a valid boolean")
+
+
+def _hooks(value: Any) -> dict[str, Path]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError('must be a JSON object such as {"drain": "/opt/drain.sh"}') from None
+    if not isinstance(value, dict):
+        raise ValueError('must be a map such as {"drain": "/opt/drain.sh"}')
+    return {str(k): _path(v) for k, v in value.items()}
+
+
+class _Spec(Record):
+    convert: Callable[[Any], Any]
+    gt: float | None = None
+    ge: float | None = None
+    le: float | None = None
+    choices: tuple[str, ...] = ()
+    length: tuple[int, int] | None = None
+
+
+def _float(**bounds: float) -> _Spec:
+    return _Spec(lambda v: _num(v, float), **bounds)
+
+
+def _int(**bounds: float) -> _Spec:
+    return _Spec(lambda v: _num(v, int), **bounds)
+
+
+_SPECS: dict[str, _Spec] = {
+    "imds_url": _Spec(_text),
+    "vm_name": _Spec(_text, length=(1, 128)),
+    "availability_set": _Spec(_text),
+    "poll_interval": _float(gt=0, le=60),
+    "heartbeat_interval": _float(ge=1, le=86400),
+    "heartbeat_queue": _Spec(_text),
+    "forward_all_events": _Spec(_bool),
+    "state_dir": _Spec(_path),
+    "forward": _Spec(_text),
+    "sas_connection_string_file": _Spec(_path),
+    "identity_client_id": _Spec(_text),
+    "message_ttl": _int(ge=60),
+    "callback_listen": _Spec(_text),
+    "callback_key_file": _Spec(_path),
+    "previous_key_file": _Spec(_path),
+    "callback_url": _Spec(_text),
+    "callback_max_concurrent": _int(ge=1, le=256),
+    "callback_read_timeout": _float(gt=0, le=120),
+    "log_format": _Spec(_text, choices=("json", "text")),
+    "hooks": _Spec(_hooks),
+    "hook_timeout": _float(gt=0, le=3600),
+    "hook_wait": _float(ge=0, le=60),
+    "outbox_max_messages": _int(ge=10),
+    "imds_timeout": _float(gt=0, le=120),
+    "imds_first_timeout": _float(gt=0, le=600),
+    "imds_max_backoff": _float(gt=0, le=300),
+    "send_timeout": _float(gt=0, le=300),
+    "send_max_backoff": _float(gt=0, le=3600),
+    "send_slow_retry": _float(gt=0, le=3600),
+    "servicebus_endpoint": _Spec(_text),
+}
+
+
+def _checked(name: str, value: Any) -> Any:
+    spec = _SPECS[name]
+    value = spec.convert(value)
+    if spec.gt is not None and not value > spec.gt:
+        raise ValueError(f"Input should be greater than {spec.gt:g}")
+    if spec.ge is not None and not value >= spec.ge:
+        raise ValueError(f"Input should be greater than or equal to {spec.ge:g}")
+    if spec.le is not None and not value <= spec.le:
+        raise ValueError(f"Input should be less than or equal to {spec.le:g}")
+    if spec.choices and value not in spec.choices:
+        raise ValueError("Input should be " + " or ".join(repr(c) for c in spec.choices))
+    if spec.length is not None and not spec.length[0] <= len(value) <= spec.length[1]:
+        raise ValueError(f"must be {spec.length[0]}..{spec.length[1]} characters")
+    return value
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+class RelaySettings(Record):
     """All settings. Field names are the config-file keys; `RELAY_<NAME>` the variables."""
 
-    model_config = SettingsConfigDict(env_prefix="RELAY_", extra="forbid", frozen=True)
-
-    imds_url: str = "http://169.254.169.254"
-    vm_name: str | None = Field(default=None, min_length=1, max_length=128)
-    availability_set: str | None = None
-    poll_interval: float = Field(default=1.0, gt=0, le=60)
-    heartbeat_interval: float = Field(default=300.0, ge=1, le=86400)
-    state_dir: Path = DEFAULT_STATE_DIR
     forward: str
+    imds_url: str = "http://169.254.169.254"
+    vm_name: str | None = None
+    availability_set: str | None = None
+    poll_interval: float = 1.0
+    heartbeat_interval: float = 300.0
+    # Contract C1: heartbeats to their own (session-less) queue; "" keeps them with documents.
+    heartbeat_queue: str = "heartbeats"
+    # Contract C2: by default only the events naming this VM are forwarded.
+    forward_all_events: bool = False
+    state_dir: Path = DEFAULT_STATE_DIR
     sas_connection_string_file: Path | None = None
     identity_client_id: str | None = None
-    message_ttl: int = Field(default=7 * 86400, ge=60)
+    message_ttl: int = 7 * 86400
     callback_listen: str | None = None
     callback_key_file: Path | None = None
+    # Contract C4: a signature under the previous key is accepted too, during a rotation.
+    previous_key_file: Path | None = None
     callback_url: str | None = None
-    callback_max_concurrent: int = Field(default=16, ge=1, le=256)
-    callback_read_timeout: float = Field(default=10.0, gt=0, le=120)
-    log_format: Literal["json", "text"] = "json"
-    hooks: dict[str, Path] = Field(default_factory=dict)
-    hook_timeout: float = Field(default=120.0, gt=0, le=3600)
-    hook_wait: float = Field(default=10.0, ge=0, le=60)
-    outbox_max_messages: int = Field(default=10000, ge=10)
+    callback_max_concurrent: int = 16
+    callback_read_timeout: float = 10.0
+    log_format: str = "json"
+    hooks: dict[str, Path] = Factory(dict)
+    hook_timeout: float = 120.0
+    hook_wait: float = 10.0
+    outbox_max_messages: int = 10000
     # Tuning knobs, documented but rarely needed.
-    imds_timeout: float = Field(default=5.0, gt=0, le=120)
-    imds_first_timeout: float = Field(default=120.0, gt=0, le=600)
-    imds_max_backoff: float = Field(default=10.0, gt=0, le=300)
-    send_timeout: float = Field(default=30.0, gt=0, le=300)
-    send_max_backoff: float = Field(default=60.0, gt=0, le=3600)
-    send_slow_retry: float = Field(default=300.0, gt=0, le=3600)
+    imds_timeout: float = 5.0
+    imds_first_timeout: float = 120.0
+    imds_max_backoff: float = 10.0
+    send_timeout: float = 30.0
+    send_max_backoff: float = 60.0
+    send_slow_retry: float = 300.0
     # For tests against a local Service Bus stand-in: overrides https://NAMESPACE.
     servicebus_endpoint: str | None = None
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, _ConfigFileSource(settings_cls)
+    def __post_init__(self) -> None:
+        problems = []
+        for name in self._fields:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            try:
+                value = _checked(name, value)
+                check = getattr(self, f"_check_{name}", None)
+                if check is not None:
+                    value = check(value)
+            except ValueError as exc:
+                problems.append(f"{_flag(name)}: {exc}")
+                continue
+            object.__setattr__(self, name, value)
+        if problems:
+            raise SettingsError("; ".join(problems))
+        try:
+            self._consistent()
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
 
-    @field_validator("imds_url")
-    @classmethod
-    def _imds_http(cls, value: str) -> str:
+    # Field checks beyond type and bounds; each returns the (normalised) value.
+
+    @staticmethod
+    def _check_imds_url(value: str) -> str:
         if not value.startswith(("http://", "https://")) or not urlsplit(value).hostname:
             raise ValueError("must be an http URL such as http://169.254.169.254")
         return value.rstrip("/")
 
-    @field_validator("forward")
-    @classmethod
-    def _forward_parses(cls, value: str) -> str:
+    @staticmethod
+    def _check_forward(value: str) -> str:
         parse_forward(value)
         return value
 
-    @field_validator("callback_listen")
-    @classmethod
-    def _host_port(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
+    @staticmethod
+    def _check_heartbeat_queue(value: str) -> str:
+        if "/" in value or any(c.isspace() for c in value) or len(value) > 260:
+            raise ValueError("must be a queue name (no '/', no spaces), or '' for the documents")
+        return value
+
+    @staticmethod
+    def _check_callback_listen(value: str) -> str:
         host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        if not sep or not host or not port.isascii() or not port.isdigit():
+            raise ValueError("must be HOST:PORT, e.g. 0.0.0.0:8787")
+        if not 0 <= int(port) <= 65535:
             raise ValueError("must be HOST:PORT, e.g. 0.0.0.0:8787")
         return value
 
-    @field_validator("callback_url")
-    @classmethod
-    def _callback_http(cls, value: str | None) -> str | None:
+    @staticmethod
+    def _check_callback_url(value: str) -> str:
         """Scheme, host and port only.
 
         Callers sign the path of the URL they call (the advertised URL + `/v1/start`), and
@@ -153,14 +318,15 @@ class RelaySettings(BaseSettings):
         an event needs approving. Refusing at start is the safe, simple choice: publish
         the relay (or a proxy that forwards paths unchanged) at the root of a host:port.
         """
-        if value is None:
-            return None
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL")
         parts = urlsplit(value)
         if not parts.hostname:
             raise ValueError("must name a host, e.g. http://10.0.0.4:8787")
-        parts.port  # noqa: B018 - raises ValueError for a port that is not 0..65535
+        try:
+            parts.port  # noqa: B018 - raises ValueError for a port that is not 0..65535
+        except ValueError:
+            raise ValueError("Port out of range 0-65535") from None
         if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
             raise ValueError(
                 f"must be http(s)://HOST[:PORT] with no path, query or user "
@@ -169,9 +335,8 @@ class RelaySettings(BaseSettings):
             )
         return value.rstrip("/")
 
-    @field_validator("hooks")
-    @classmethod
-    def _hooks_exist(cls, value: dict[str, Path]) -> dict[str, Path]:
+    @staticmethod
+    def _check_hooks(value: dict[str, Path]) -> dict[str, Path]:
         for name, path in value.items():
             if not name or not all(c.isalnum() or c in "-_." for c in name):
                 raise ValueError(f"hook name {name!r} may only use letters, digits, - _ .")
@@ -181,19 +346,15 @@ class RelaySettings(BaseSettings):
                 raise ValueError(f"hook {name}: {path} is not an executable file")
         return value
 
-    @field_validator("servicebus_endpoint")
-    @classmethod
-    def _endpoint(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
+    @staticmethod
+    def _check_servicebus_endpoint(value: str) -> str:
         if value.startswith("http://") and not is_loopback_url(value):
             raise ValueError("plain http is allowed for loopback stand-ins only")
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL")
         return value.rstrip("/")
 
-    @model_validator(mode="after")
-    def _consistent(self) -> RelaySettings:
+    def _consistent(self) -> None:
         target = self.forward_target
         if target.kind == "file" and self.sas_connection_string_file is not None:
             raise ValueError("--sas-connection-string-file only applies to servicebus forwarding")
@@ -205,16 +366,32 @@ class RelaySettings(BaseSettings):
             )
         if self.callback_listen and self.callback_key_file is None:
             raise ValueError("--callback-listen needs --callback-key-file")
-        if self.callback_key_file is not None:
-            from relay.signing import read_key_file
+        if self.previous_key_file is not None and self.callback_key_file is None:
+            raise ValueError("--previous-key-file needs --callback-key-file (the current key)")
+        from relay.signing import read_key_file
 
+        for flag, path in (
+            ("callback key file", self.callback_key_file),
+            ("previous key file", self.previous_key_file),
+        ):
+            if path is None:
+                continue
             try:
-                read_key_file(str(self.callback_key_file))
+                read_key_file(str(path))
             except OSError as exc:
-                raise ValueError(f"cannot read callback key file: {exc.strerror}") from None
+                raise ValueError(f"cannot read {flag}: {exc.strerror}") from None
+            except ValueError as exc:
+                raise ValueError(f"{flag}: {exc}") from None
         if self.hooks and not self.callback_listen:
             raise ValueError("--hook needs --callback-listen (hooks run on a signed callback)")
-        return self
+        listen_host = (self.callback_listen or "").rpartition(":")[0]
+        if self.callback_listen and listen_host in _WILDCARDS and not self.callback_url:
+            # Nothing in an envelope could tell the Functions where to call, so every
+            # approval would silently wait for NotBefore. Refuse now, not then.
+            raise ValueError(
+                f"--callback-listen {self.callback_listen} is not an address callers can use; "
+                "set --callback-url http(s)://THIS-VM-ADDRESS:PORT (what the Functions call)"
+            )
 
     @property
     def forward_target(self) -> ForwardTarget:
@@ -228,20 +405,13 @@ class RelaySettings(BaseSettings):
         if not self.callback_listen:
             return None
         host, _, port = self.callback_listen.rpartition(":")
-        if host in ("0.0.0.0", "::", "[::]") or port == "0":
+        if host in _WILDCARDS or port == "0":
             return None
         return f"http://{host}:{port}"
 
 
-class _ConfigFileSource(PydanticBaseSettingsSource):
-    """Values from the --config file (JSON or TOML), lowest priority after defaults."""
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        values = _config_values.get({})
-        return values.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(_config_values.get({}))
+SETTING_NAMES = RelaySettings._fields
+"""Every setting: config-file keys; `RELAY_<NAME upper>` is each one's variable."""
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -250,54 +420,75 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from None
     try:
-        data = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        if path.suffix == ".toml":
+            try:
+                import tomllib  # type: ignore[import-not-found, unused-ignore]
+            except ImportError:
+                raise SettingsError(
+                    f"config file {path}: TOML needs Python 3.11 or newer "
+                    f"(this is {sys.version.split()[0]}); use a .json file"
+                ) from None
+            data = tomllib.loads(raw.decode())
+        else:
+            data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise SettingsError(f"config file {path} is not valid JSON/TOML: {exc}") from None
     if not isinstance(data, dict):
         raise SettingsError(f"config file {path} must hold an object of settings")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise SettingsError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The flags. argparse is imported here, and the relay process lets it go after parsing
+    (relay.__main__.forget_startup_modules)."""
+    import argparse
+
+    class _OneLineParser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise SettingsError(message)
+
     p = _OneLineParser(
-        prog="python -m relay",
+        prog="python3 scheduled-events-relay.pyz",
         description="Poll IMDS Scheduled Events, forward every changed document, "
         "approve on a signed callback.",
         argument_default=argparse.SUPPRESS,
     )
     add = p.add_argument
-    add("--config", type=Path, help="JSON or TOML file of settings (keys as below, snake_case)")
+    add("--config", type=Path, help="JSON (or TOML, Python 3.11+) file of settings, snake_case")
     add("--imds-url", help="IMDS base URL (default http://169.254.169.254)")
     add("--vm-name", help="this VM's name (default: from /metadata/instance/compute)")
     add("--availability-set", help="availability set name to report (IMDS does not expose it)")
-    add("--poll-interval", type=float, help="seconds between IMDS polls (default 1)")
-    add("--heartbeat-interval", type=float, help="seconds between heartbeats (default 300)")
-    add("--state-dir", type=Path, help=f"outbox and state (default {DEFAULT_STATE_DIR})")
+    add("--poll-interval", help="seconds between IMDS polls (default 1)")
+    add("--heartbeat-interval", help="seconds between heartbeats (default 300)")
+    add("--heartbeat-queue", help="Service Bus queue of heartbeats ('' = with the documents)")
+    add(
+        "--forward-all-events",
+        action="store_const",
+        const=True,
+        help="forward every event IMDS shows, not only those naming this VM",
+    )
+    add("--state-dir", help=f"outbox and state (default {DEFAULT_STATE_DIR})")
     add("--forward", help="servicebus://NAMESPACE.servicebus.windows.net/QUEUE or file:DIR")
-    add("--sas-connection-string-file", type=Path, help="Service Bus SAS connection string file")
+    add("--sas-connection-string-file", help="Service Bus SAS connection string file")
     add("--identity-client-id", help="client id of a user-assigned managed identity")
-    add("--message-ttl", type=int, help="Service Bus TimeToLive in seconds (default 7 days)")
+    add("--message-ttl", help="Service Bus TimeToLive in seconds (default 7 days)")
     add("--callback-listen", help="HOST:PORT for the signed callback server")
-    add("--callback-key-file", type=Path, help="file holding the shared HMAC key")
+    add("--callback-key-file", "--key-file", dest="callback_key_file", help="the HMAC key file")
+    add("--previous-key-file", help="the previous HMAC key file, accepted during a rotation")
     add("--callback-url", help="callback URL to advertise: http(s)://HOST[:PORT], no path")
-    add("--callback-max-concurrent", type=int, help="callback requests at once (default 16)")
-    add("--callback-read-timeout", type=float, help="seconds to receive a request (10)")
+    add("--callback-max-concurrent", help="callback requests at once (default 16)")
+    add("--callback-read-timeout", help="seconds to receive a request (10)")
     add("--log-format", help="json (default) or text")
     add("--hook", action="append", metavar="NAME=PATH", help="a local hook script (repeatable)")
-    add("--hook-timeout", type=float, help="seconds a hook may run (default 120)")
-    add("--hook-wait", type=float, help="seconds a hook call waits before answering 202")
-    add("--outbox-max-messages", type=int, help="soft bound of the outbox (default 10000)")
-    add("--imds-timeout", type=float, help="seconds per IMDS request (default 5)")
-    add("--imds-first-timeout", type=float, help="seconds for the first IMDS request (120)")
-    add("--imds-max-backoff", type=float, help="longest pause after IMDS errors (10)")
-    add("--send-timeout", type=float, help=argparse.SUPPRESS)
-    add("--send-max-backoff", type=float, help=argparse.SUPPRESS)
-    add("--send-slow-retry", type=float, help=argparse.SUPPRESS)
+    add("--hook-timeout", help="seconds a hook may run (default 120)")
+    add("--hook-wait", help="seconds a hook call waits before answering 202")
+    add("--outbox-max-messages", help="soft bound of the outbox (default 10000)")
+    add("--imds-timeout", help="seconds per IMDS request (default 5)")
+    add("--imds-first-timeout", help="seconds for the first IMDS request (120)")
+    add("--imds-max-backoff", help="longest pause after IMDS errors (10)")
+    add("--send-timeout", help=argparse.SUPPRESS)
+    add("--send-max-backoff", help=argparse.SUPPRESS)
+    add("--send-slow-retry", help=argparse.SUPPRESS)
     add("--servicebus-endpoint", help=argparse.SUPPRESS)
     return p
 
@@ -319,33 +510,20 @@ def load_settings(argv: list[str] | None = None) -> RelaySettings:
     args = vars(build_parser().parse_args(argv))
     config_path = args.pop("config", None) or os.environ.get("RELAY_CONFIG")
     file_values = read_config_file(Path(config_path)) if config_path else {}
+    unknown = [k for k in file_values if k not in SETTING_NAMES]
+    if unknown:
+        raise SettingsError("; ".join(f"unknown setting {k!r}" for k in unknown))
     if "hook" in args:
         args["hooks"] = _parse_hooks(args.pop("hook"))
-    token = _config_values.set(file_values)
-    try:
-        return RelaySettings(**args)
-    except ValidationError as exc:
-        raise SettingsError(_one_line(exc)) from None
-    finally:
-        _config_values.reset(token)
-
-
-def _one_line(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors(include_url=False):
-        loc = [str(x) for x in error["loc"]]
-        message = error["msg"].removeprefix("Value error, ")
-        if not loc:
-            parts.append(message)
-            continue
-        name = "--" + loc[0].replace("_", "-")
-        if error["type"] == "missing":
-            parts.append(f"{name} is required")
-        elif error["type"] == "extra_forbidden":
-            parts.append(f"unknown setting {loc[0]!r}")
-        else:
-            parts.append(f"{name}: {message}")
-    return "; ".join(parts)
+    merged: dict[str, Any] = dict(file_values)
+    for name in SETTING_NAMES:
+        variable = f"RELAY_{name.upper()}"
+        if variable in os.environ:
+            merged[name] = os.environ[variable]
+    merged.update(args)
+    if "forward" not in merged:
+        raise SettingsError("--forward is required")
+    return RelaySettings(**merged)
 
 
 def load_or_exit(argv: list[str] | None = None) -> RelaySettings:

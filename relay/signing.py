@@ -9,10 +9,11 @@ a signature it has already seen inside that window.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
-from collections.abc import Mapping
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 TIMESTAMP_HEADER = "X-Relay-Timestamp"
 SIGNATURE_HEADER = "X-Relay-Signature"
@@ -24,9 +25,53 @@ class SignatureError(Exception):
     """A request whose signature or timestamp does not hold; the message is safe to return."""
 
 
+class MalformedSignature(SignatureError):
+    """Signature headers that are not even well-formed (a 400, not a 401)."""
+
+
+def _sha256_constructor():
+    """Python's built-in SHA-256 where it has one, else OpenSSL's (hashlib).
+
+    hashlib and hmac load OpenSSL's libcrypto, a third of the relay's memory, for hashing
+    that the interpreter can do itself. Builds without the built-in (RHEL's, for FIPS)
+    fall back to hashlib, so the result is the same everywhere.
+    """
+    for name in ("_sha256", "_sha2"):  # 3.9-3.11, 3.12+
+        try:
+            return __import__(name).sha256
+        except (ImportError, AttributeError):
+            continue
+    import hashlib
+
+    return hashlib.sha256
+
+
+sha256 = _sha256_constructor()
+_INNER = bytes(b ^ 0x36 for b in range(256))
+_OUTER = bytes(b ^ 0x5C for b in range(256))
+
+
+def hmac_sha256(key: bytes, message: bytes) -> bytes:
+    """HMAC-SHA256 (RFC 2104) on `sha256`; tests hold it equal to the hmac module's."""
+    if len(key) > 64:
+        key = sha256(key).digest()
+    key = key.ljust(64, b"\0")
+    inner = sha256(key.translate(_INNER) + message).digest()
+    return sha256(key.translate(_OUTER) + inner).digest()
+
+
+def compare_digest(a: bytes, b: bytes) -> bool:
+    """Constant-time comparison (hmac.compare_digest, without importing hmac)."""
+    try:
+        from _operator import _compare_digest
+    except ImportError:  # pragma: no cover - every CPython has it; hmac as a fallback
+        from hmac import compare_digest as _compare_digest
+    return _compare_digest(a, b)
+
+
 def signature(key: bytes, timestamp: int | str, method: str, path: str, body: bytes) -> str:
     message = f"{timestamp}\n{method.upper()}\n{path}\n".encode() + body
-    return f"{SCHEME}=" + hmac.new(key, message, hashlib.sha256).hexdigest()
+    return f"{SCHEME}=" + hmac_sha256(key, message).hex()
 
 
 def sign_headers(
@@ -55,13 +100,15 @@ def verify(
     given = lowered.get(SIGNATURE_HEADER.lower())
     if not stamp or not given:
         raise SignatureError("missing signature headers")
-    if not stamp.isdigit():
-        raise SignatureError("malformed timestamp")
+    # isdigit() alone admits superscripts and other scripts' digits, which int() refuses
+    # or reads unexpectedly (a 500 instead of a 400).
+    if not (stamp.isascii() and stamp.isdigit()) or len(stamp) > 20:
+        raise MalformedSignature("malformed timestamp")
     current = time.time() if now is None else now
     if abs(current - int(stamp)) > max_skew:
         raise SignatureError("stale timestamp")
     expected = signature(key, stamp, method, path, body)
-    if not hmac.compare_digest(expected.encode(), given.encode()):
+    if not compare_digest(expected.encode(), given.encode("utf-8", "replace")):
         raise SignatureError("bad signature")
     return given
 

@@ -4,23 +4,34 @@ Change detection is two-step to stay cheap at one poll a second: identical bytes
 nothing changed (no JSON parsing at all); different bytes are parsed and compared on
 `DocumentIncarnation` and a content hash, so a re-serialised but equal document is not
 forwarded twice, while a content change under the same incarnation still is.
+
+By default only the events naming this VM are forwarded (contract C2): every VM of an
+availability set sees its neighbours' events, and forwarding those from each VM multiplies
+messages by the set's size. Change detection then ignores `DocumentIncarnation`, so a
+change to another VM's event sends nothing.
+
+Nothing IMDS sends may stop the loop: an answer that is not a document is an error kind
+logged once per streak, a time Python cannot represent is forwarded as written and
+logged, and any unexpected failure is logged and the next poll goes on.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime, timezone
 
 from relay import __version__
 from relay.imds import ImdsClient, ImdsError, parse_events
-from relay.logs import ErrorStreak, event
-from relay.models import Envelope, VmRef, content_hash
+from relay.logs import ErrorStreak, event, jitter
+from relay.models import Envelope, VmRef, content_hash, only_events_for
 from relay.outbox import Outbox, OutboxError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("relay.watcher")
 
@@ -38,7 +49,9 @@ class Watcher:
         max_backoff: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         stop: threading.Event | None = None,
+        forward_all_events: bool = False,
     ) -> None:
+        self.forward_all_events = forward_all_events
         self.imds = imds
         self.outbox = outbox
         self.vm = vm
@@ -53,7 +66,8 @@ class Watcher:
         self._outbox_streak = ErrorStreak(log, "outbox")
         self._ever_answered = False
         self._last_raw: bytes | None = None
-        self._last_key: tuple[int, str] | None = None
+        self._last_key: tuple[int | None, str] | None = None
+        self._unreadable_times: set[str] = set()
         self._failures = 0
         self._next_heartbeat = clock() + heartbeat_interval
         self.last_success: float | None = None
@@ -92,7 +106,15 @@ class Watcher:
             raw = self.imds.get_events_raw(timeout=timeout)
             if raw != self._last_raw:
                 data, document = parse_events(raw)
-                key = (document.document_incarnation, content_hash(data))
+                self._note_unreadable_times(document)
+                if self.forward_all_events:
+                    key: tuple[int | None, str] = (
+                        document.document_incarnation,
+                        content_hash(data),
+                    )
+                else:
+                    data = only_events_for(data, self.vm.name)
+                    key = (None, content_hash({**data, "DocumentIncarnation": None}))
                 if key != self._last_key:
                     self._queue_document(data)
                     self._last_key = key
@@ -101,11 +123,16 @@ class Watcher:
             self._failures += 1
             self.streak.error(exc.kind, str(exc))
             backoff = min(self.max_backoff, self.poll_interval * 2 ** min(self._failures - 1, 10))
-            return backoff * random.uniform(0.75, 1.25)  # noqa: S311 - jitter
+            return backoff * jitter(0.75, 1.25)
         except OutboxError as exc:
             # The document stays unqueued; the next poll sees it as new and tries again.
             self._outbox_streak.error("write", str(exc), level=logging.ERROR)
             return self.poll_interval
+        except Exception as exc:  # never let one odd answer end the relay
+            self._failures += 1
+            log.debug("unexpected failure in a poll", exc_info=True)
+            self.streak.error("internal", f"{type(exc).__name__}: {exc}", level=logging.ERROR)
+            return min(self.max_backoff, self.poll_interval * 2 ** min(self._failures - 1, 10))
         self._ever_answered = True
         self._failures = 0
         self.last_success = self._clock()
@@ -113,15 +140,29 @@ class Watcher:
         self._outbox_streak.ok()
         return self.poll_interval
 
+    def _note_unreadable_times(self, document: Any) -> None:
+        """Log (once per event) a time Python cannot represent; the document still goes."""
+        for event_id in document.unreadable_times():
+            if event_id not in self._unreadable_times:
+                self._unreadable_times.add(event_id)
+                event(
+                    log,
+                    logging.WARNING,
+                    "an event's NotBefore is not a time this relay can read; "
+                    "forwarding the document as IMDS wrote it",
+                    event_id=event_id,
+                )
+
     def _envelope(self, kind: str, document: dict[str, Any] | None, **extra: Any) -> Envelope:
         return Envelope(
             kind=kind,
             vm=self.vm,
             relay_version=__version__,
             sequence=0,  # the outbox stamps the real one
-            observed_at=datetime.now(UTC),
+            observed_at=datetime.now(timezone.utc),
             document=document,
-            **extra,
+            events=None if document is None else ("all" if self.forward_all_events else "own"),
+            extra=extra,
         )
 
     def _queue_document(self, data: dict[str, Any]) -> None:

@@ -275,6 +275,9 @@ class VmRef(BaseModel):
     scale_set: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     availability_set: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     resource_id: str | None = Field(default=None, max_length=MAX_URL_CHARS)
+    # Contract C3: from IMDS compute metadata (subscriptionId, resourceGroupName).
+    subscription_id: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    resource_group: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
 
     _encodable = field_validator("name", "scale_set", "availability_set")(
         classmethod(lambda cls, value: _unicode(value))
@@ -304,6 +307,9 @@ class Envelope(BaseModel):
     sequence: int = Field(ge=0)
     observed_at: AwareDatetime
     document: dict[str, Any] | None = None
+    # Contract C2: "own" when the relay kept only the events naming its VM; relays from
+    # before the field forwarded everything.
+    events: Literal["own", "all"] = "all"
 
     @field_validator("observed_at")
     @classmethod

@@ -1,15 +1,20 @@
 #!/bin/sh
 # Install and start the Scheduled Events relay on this VM, wired to the bridge. Run as root.
-# cloud-init runs it on first boot (infra/relay/cloud-init.yaml); for an existing VM or scale
-# set, run it with run-command (README: "Add the relay to an existing VM or scale set"):
+# cloud-init runs it on first boot (infra/relay/cloud-init.yaml, which also writes the relay
+# itself); for an existing VM or scale set, run the bundled form (make relay writes
+# dist/add-relay-bundled.sh: this script with the relay appended) with run-command
+# (README: "Add the relay to an existing VM or scale set"):
 #
 #   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT KEY_SECRET_URI PACKAGE_URL
 #
-# The deployment output `relayBootstrapArguments` holds these six values. The relay itself
-# is installed by relay/deploy/install.sh from the package (relay/deploy/package.sh). No
-# secret is passed in: the relay key is read from Key Vault with the VM's managed identity
-# (Key Vault Secrets User on that one secret), now and hourly after, so a rotated key
-# reaches every VM by itself. Idempotent: running it again upgrades and restarts the relay.
+# The deployment output `relayBootstrapArguments` holds these six values. PACKAGE_URL is
+# usually "": the relay (scheduled-events-relay.pyz, one file run by the VM's own Python
+# 3.9 or newer, standard library only) comes with this script. Otherwise it is
+# https://HOST/scheduled-events-relay.pyz#sha256=HEX (a release asset and its checksum);
+# the download is installed only if its SHA-256 matches. No secret is passed in: the relay
+# key is read from Key Vault with the VM's managed identity (Key Vault Secrets User on that
+# one secret), now and hourly after, so a rotated key reaches every VM by itself.
+# Idempotent: running it again upgrades and restarts the relay.
 set -eu
 
 if [ "$#" -ne 6 ]; then
@@ -24,22 +29,131 @@ case "$CLIENT_ID" in *[!0-9a-fA-F-]* | "") echo "add-relay.sh: bad client id" >&
 case "$PORT" in *[!0-9]* | "") echo "add-relay.sh: bad port $PORT" >&2; exit 2 ;; esac
 case "$SECRET_URI" in https://*.vault.azure.net/secrets/*) ;; *)
     echo "add-relay.sh: $SECRET_URI is not a Key Vault secret URI" >&2; exit 2 ;; esac
-case "$PACKAGE_URL" in https://*) ;; *)
-    echo "add-relay.sh: the package URL must be https:// (set relayPackageUrl)" >&2; exit 2 ;; esac
+SHA256=
+case "$PACKAGE_URL" in
+    "") ;;
+    https://*"#sha256="*)
+        SHA256=${PACKAGE_URL##*#sha256=}
+        PACKAGE_URL=${PACKAGE_URL%%#*}
+        case "$SHA256" in *[!0-9a-f]*) SHA256=bad ;; esac
+        [ "${#SHA256}" -eq 64 ] || {
+            echo "add-relay.sh: the package URL's #sha256= must be 64 lowercase hex digits" >&2; exit 2; } ;;
+    *) echo "add-relay.sh: the package URL must be https://...#sha256=HEX, or empty for the embedded relay" >&2
+       exit 2 ;;
+esac
 [ "$(id -u)" = 0 ] || { echo "add-relay.sh: run as root" >&2; exit 1; }
 
 ETC=/etc/scheduled-events-relay
+PREFIX=/opt/scheduled-events-relay
+PYZ=$PREFIX/scheduled-events-relay.pyz
 IMDS=http://169.254.169.254/metadata
+
+# The newest Python >= 3.9 on this machine (the relay needs nothing else).
+PY=
+for candidate in python3 python3.13 python3.12 python3.11 python3.10 python3.9; do
+    path=$(command -v "$candidate" 2>/dev/null) || continue
+    if "$path" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
+        PY=$path
+        break
+    fi
+done
+[ -n "$PY" ] || { echo "add-relay.sh: the relay needs Python 3.9 or newer (on RHEL 8: dnf install python39)" >&2; exit 1; }
 
 # The private address the function app calls back (IMDS knows it even before DHCP settles).
 ip=$(curl -sf -H Metadata:true --max-time 30 --retry 10 --retry-connrefused \
     "$IMDS/instance/network/interface/0/ipv4/ipAddress/0/privateIpAddress?api-version=2021-02-01&format=text")
 
+# The relay: downloaded and checked, appended to this script (bundled form), or already
+# written by cloud-init.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-curl -fsSL --retry 10 --retry-connrefused --max-time 300 "$PACKAGE_URL" -o "$work/relay.tar.gz"
-tar -xzf "$work/relay.tar.gz" -C "$work"
-sh "$work/relay/deploy/install.sh" --no-start
+install -d -m 0755 "$PREFIX"
+if [ -n "$PACKAGE_URL" ]; then
+    curl -fsSL --retry 10 --retry-connrefused --max-time 300 "$PACKAGE_URL" -o "$work/relay.pyz"
+    echo "$SHA256  $work/relay.pyz" | sha256sum -c --quiet - || {
+        echo "add-relay.sh: checksum mismatch for $PACKAGE_URL; nothing installed" >&2; exit 1; }
+elif grep -q '^__RELAY_PYZ_BASE64__$' "$0"; then
+    sed '1,/^__RELAY_PYZ_BASE64__$/d' "$0" | base64 -d > "$work/relay.pyz"
+elif [ -f "$PYZ" ]; then
+    cp "$PYZ" "$work/relay.pyz"
+else
+    echo "add-relay.sh: no relay: pass PACKAGE_URL, or run the bundled form (make relay)" >&2
+    exit 2
+fi
+"$PY" -I "$work/relay.pyz" --help >/dev/null || { echo "add-relay.sh: the relay does not run on $PY" >&2; exit 1; }
+if ! id scheduled-events-relay >/dev/null 2>&1; then
+    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin scheduled-events-relay
+fi
+install -m 0644 "$work/relay.pyz" "$PYZ.new"
+mv -f "$PYZ.new" "$PYZ"
+install -d -m 0750 -g scheduled-events-relay "$ETC"
+
+# The unit: relay/deploy/scheduled-events-relay.service, verbatim (a test keeps them equal).
+cat > "$work/unit" <<'UNIT_FILE'
+# Scheduled Events relay: polls IMDS, forwards every changed document, approves on a signed
+# callback. One file (scheduled-events-relay.pyz) run by the VM's own Python 3.9 or newer,
+# standard library only. Installed by relay/deploy/install.sh or infra/relay/add-relay.sh,
+# which put the absolute path of a Python >= 3.9 in ExecStart if /usr/bin/python3 is older.
+# Settings: /etc/scheduled-events-relay/relay.env (RELAY_* variables;
+# RELAY_CONFIG=/etc/scheduled-events-relay/relay.json for a file).
+[Unit]
+Description=Azure Scheduled Events relay
+Documentation=https://github.com/ (see README: "The relay on a VM")
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=simple
+User=scheduled-events-relay
+Group=scheduled-events-relay
+EnvironmentFile=/etc/scheduled-events-relay/relay.env
+Environment=PYTHONDONTWRITEBYTECODE=1
+Environment=RELAY_STATE_DIR=/var/lib/scheduled-events-relay
+ExecStart=/usr/bin/python3 -I /opt/scheduled-events-relay/scheduled-events-relay.pyz
+Restart=always
+RestartSec=2
+TimeoutStopSec=20
+# Exit status 2 is a bad setting: restarting cannot fix it, and it is logged once.
+RestartPreventExitStatus=2
+
+# State (outbox, sequence, hook results) lives here and survives restarts.
+StateDirectory=scheduled-events-relay
+StateDirectoryMode=0750
+UMask=0027
+
+# Hardening. Hook scripts run as children under the same sandbox: a drain hook that needs
+# more (writing elsewhere, talking to a root-only socket) needs a drop-in, e.g.
+#   systemctl edit scheduled-events-relay   ->   [Service] ReadWritePaths=/run/myapp
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+ProtectProc=invisible
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+CapabilityBoundingSet=
+AmbientCapabilities=
+# Small by design (about 15 MB resident); a leak is stopped long before it hurts the VM.
+MemoryHigh=64M
+MemoryMax=128M
+TasksMax=64
+
+[Install]
+WantedBy=multi-user.target
+UNIT_FILE
+sed "s|^ExecStart=/usr/bin/python3 |ExecStart=$PY |" "$work/unit" > /etc/systemd/system/scheduled-events-relay.service
 
 umask 027
 cat > "$ETC/relay.env.new" <<ENV
@@ -130,5 +244,7 @@ until /usr/local/sbin/scheduled-events-relay-key; do
 done
 systemctl daemon-reload
 systemctl enable --now scheduled-events-relay-key.timer
+systemctl enable scheduled-events-relay.service
 systemctl restart scheduled-events-relay.service
-echo "add-relay.sh: relay running, callback http://$ip:$PORT; logs: journalctl -u scheduled-events-relay"
+echo "add-relay.sh: relay running on $PY, callback http://$ip:$PORT; logs: journalctl -u scheduled-events-relay"
+exit 0

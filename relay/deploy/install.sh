@@ -1,14 +1,18 @@
 #!/bin/sh
 # Install (or upgrade) the Scheduled Events relay on this VM. Idempotent; run as root.
 #
-#   sudo relay/deploy/install.sh [--no-start]
+#   sudo sh relay/deploy/install.sh [--no-start] [PYZ]
+#   sudo sh relay/deploy/install.sh [--no-start] https://HOST/scheduled-events-relay.pyz --sha256 HEX
 #
-# It installs the relay package that contains this script (the relay/ directory it sits in):
-#   /opt/scheduled-events-relay/venv   a virtualenv with relay/requirements.txt (pinned)
-#   /opt/scheduled-events-relay/app    the relay package (python -m relay)
-#   /etc/scheduled-events-relay/       relay.env (settings), callback.key (yours to write)
-#   /var/lib/scheduled-events-relay    state: outbox, sequence, hook results (systemd-managed)
-# If a wheels/ directory sits next to relay/, pip installs from it offline (--no-index).
+# PYZ defaults to dist/scheduled-events-relay.pyz (make relay) or the file of that name next
+# to this script. A URL is downloaded and installed only if its SHA-256 is the one given.
+# Needs nothing but a Python >= 3.9 with its standard library (the stock python3 of Ubuntu
+# 20.04+, Debian 11+, RHEL 9, Azure Linux 2/3; on RHEL 8: dnf install python39). No pip,
+# no venv, no compiler, the same file on x86_64 and arm64. It installs:
+#   /opt/scheduled-events-relay/scheduled-events-relay.pyz   the relay
+#   /etc/systemd/system/scheduled-events-relay.service       the hardened unit
+#   /etc/scheduled-events-relay/relay.env                    your RELAY_* settings (kept)
+#   /var/lib/scheduled-events-relay                          state (systemd-managed)
 set -eu
 
 PREFIX=/opt/scheduled-events-relay
@@ -16,47 +20,73 @@ ETC=/etc/scheduled-events-relay
 UNIT=scheduled-events-relay.service
 SERVICE_USER=scheduled-events-relay
 START=yes
-[ "${1:-}" = "--no-start" ] && START=no
+SOURCE=
+SHA256=
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --no-start) START=no ;;
+        --sha256) [ "$#" -ge 2 ] || { echo "install.sh: --sha256 needs a value" >&2; exit 2; }
+                  SHA256=$2; shift ;;
+        -*) echo "install.sh: unknown option $1" >&2; exit 2 ;;
+        *) SOURCE=$1 ;;
+    esac
+    shift
+done
+HERE=$(cd "$(dirname "$0")" && pwd)
+if [ -z "$SOURCE" ]; then
+    for candidate in "$HERE/scheduled-events-relay.pyz" "$HERE/../../dist/scheduled-events-relay.pyz"; do
+        [ -f "$candidate" ] && { SOURCE=$candidate; break; }
+    done
+    [ -n "$SOURCE" ] || { echo "install.sh: no scheduled-events-relay.pyz (run make relay, or pass its path or URL)" >&2; exit 2; }
+fi
+case "$SHA256" in
+    "") ;;
+    *[!0-9a-f]*) echo "install.sh: --sha256 must be 64 lowercase hex digits" >&2; exit 2 ;;
+    *) [ "${#SHA256}" -eq 64 ] || { echo "install.sh: --sha256 must be 64 lowercase hex digits" >&2; exit 2; } ;;
+esac
+case "$SOURCE" in
+    https://*) [ -n "$SHA256" ] || { echo "install.sh: a URL needs --sha256 (published next to the release asset)" >&2; exit 2; } ;;
+    *://*) echo "install.sh: only https:// URLs" >&2; exit 2 ;;
+esac
+
+# The newest Python >= 3.9 on this machine (PYTHON=... to choose one).
+PY=
+for candidate in ${PYTHON:-} python3 python3.13 python3.12 python3.11 python3.10 python3.9; do
+    path=$(command -v "$candidate" 2>/dev/null) || continue
+    if "$path" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
+        PY=$path
+        break
+    fi
+done
+[ -n "$PY" ] || { echo "install.sh: the relay needs Python 3.9 or newer (none found; on RHEL 8: dnf install python39)" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || { echo "install.sh: run as root" >&2; exit 1; }
-HERE=$(cd "$(dirname "$0")" && pwd)
-PACKAGE=$(dirname "$HERE")              # .../relay
-SOURCE=$(dirname "$PACKAGE")            # directory holding relay/ (and maybe wheels/)
-[ -f "$PACKAGE/__main__.py" ] || { echo "install.sh: $PACKAGE is not the relay package" >&2; exit 1; }
-PYTHON=${PYTHON:-python3}
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
-    echo "install.sh: the relay needs Python 3.11 or newer ($PYTHON is older)" >&2; exit 1; }
-"$PYTHON" -m venv --help >/dev/null 2>&1 || {
-    echo "install.sh: python3-venv is missing (apt-get install python3-venv)" >&2; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+case "$SOURCE" in
+    https://*) curl -fsSL --retry 10 --retry-connrefused --max-time 300 "$SOURCE" -o "$work/relay.pyz" ;;
+    *) cp "$SOURCE" "$work/relay.pyz" ;;
+esac
+if [ -n "$SHA256" ]; then
+    echo "$SHA256  $work/relay.pyz" | sha256sum -c --quiet - || {
+        echo "install.sh: checksum mismatch for $SOURCE; nothing installed" >&2; exit 1; }
+fi
+"$PY" -I "$work/relay.pyz" --help >/dev/null || { echo "install.sh: $SOURCE does not run on $PY" >&2; exit 1; }
 
 if ! id "$SERVICE_USER" >/dev/null 2>&1; then
     useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$SERVICE_USER"
 fi
-
 install -d -m 0755 "$PREFIX"
-[ -x "$PREFIX/venv/bin/python" ] || "$PYTHON" -m venv "$PREFIX/venv"
-if [ -d "$SOURCE/wheels" ]; then
-    "$PREFIX/venv/bin/pip" install --quiet --no-index --find-links "$SOURCE/wheels" \
-        -r "$PACKAGE/requirements.txt"
-else
-    "$PREFIX/venv/bin/pip" install --quiet --disable-pip-version-check -r "$PACKAGE/requirements.txt"
-fi
-
-# Replace the package atomically: copy beside, then swap.
-rm -rf "$PREFIX/app.new"
-install -d -m 0755 "$PREFIX/app.new"
-cp -R "$PACKAGE" "$PREFIX/app.new/relay"
-find "$PREFIX/app.new" -name __pycache__ -prune -exec rm -rf {} +
-rm -rf "$PREFIX/app.old"
-[ -d "$PREFIX/app" ] && mv "$PREFIX/app" "$PREFIX/app.old"
-mv "$PREFIX/app.new" "$PREFIX/app"
-rm -rf "$PREFIX/app.old"
-chmod -R go-w "$PREFIX"
+install -m 0644 "$work/relay.pyz" "$PREFIX/scheduled-events-relay.pyz.new"
+mv -f "$PREFIX/scheduled-events-relay.pyz.new" "$PREFIX/scheduled-events-relay.pyz"
+# Left by the earlier venv-based installer; the pyz needs neither.
+rm -rf "$PREFIX/venv" "$PREFIX/app"
 
 install -d -m 0750 -g "$SERVICE_USER" "$ETC"
 if [ ! -f "$ETC/relay.env" ]; then
     cat > "$ETC/relay.env" <<'ENV'
-# Settings of the Scheduled Events relay (RELAY_<SETTING>=value); see the README.
+# Settings of the Scheduled Events relay (RELAY_<SETTING>=value); see relay/README.md.
 # RELAY_FORWARD=servicebus://NAMESPACE.servicebus.windows.net/documents
 # RELAY_CALLBACK_LISTEN=0.0.0.0:8787
 # RELAY_CALLBACK_KEY_FILE=/etc/scheduled-events-relay/callback.key
@@ -67,12 +97,13 @@ ENV
 fi
 [ -f "$ETC/callback.key" ] && chgrp "$SERVICE_USER" "$ETC/callback.key" && chmod 0640 "$ETC/callback.key"
 
-install -m 0644 "$HERE/$UNIT" "/etc/systemd/system/$UNIT"
+sed "s|^ExecStart=/usr/bin/python3 |ExecStart=$PY |" "$HERE/$UNIT" > "/etc/systemd/system/$UNIT.new"
+mv -f "/etc/systemd/system/$UNIT.new" "/etc/systemd/system/$UNIT"
 systemctl daemon-reload
 systemctl enable "$UNIT" >/dev/null
 if [ "$START" = yes ]; then
     systemctl restart "$UNIT"
-    echo "install.sh: $UNIT (re)started; logs: journalctl -u $UNIT"
+    echo "install.sh: $UNIT (re)started with $PY; logs: journalctl -u $UNIT"
 else
-    echo "install.sh: installed; start with: systemctl start $UNIT"
+    echo "install.sh: installed (Python: $PY); start with: systemctl start $UNIT"
 fi

@@ -32,8 +32,8 @@ import requests
 TARGETS: dict[str, tuple[str, float]] = {
     "detect_p99_ms": ("<=", 1100),
     "approve_e2e_p99_ms": ("<=", 1500),
-    "relay_rss_mb": ("<=", 45),
-    "relay_cpu_ratio": ("<=", 1.5),
+    "relay_rss_mb": ("<=", 15),
+    "relay_cpu_ratio": ("<=", 1.0),
     "ingest_docs_per_s": (">=", 200),
     "notifications_per_event": ("==", 1),
 }

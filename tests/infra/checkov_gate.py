@@ -31,7 +31,7 @@ SAMPLE = {
     "IDENTITY_CLIENT_ID": "00000000-0000-0000-0000-000000000000",
     "CALLBACK_PORT": "8492",
     "RELAY_KEY_SECRET_URI": "https://kv-x.vault.azure.net/secrets/relay-key",
-    "RELAY_PACKAGE_URL": "https://example.org/scheduled-events-relay-0.1.0.tar.gz",
+    "RELAY_PACKAGE_URL": "",  # the relay embedded in customData
 }
 
 
@@ -65,7 +65,12 @@ def check_cloud_init(errors: list[str]) -> None:
     import yaml
 
     script = (INFRA / "relay" / "add-relay.sh").read_bytes()
-    values = dict(SAMPLE, ADD_RELAY_SCRIPT_B64=base64.b64encode(script).decode())
+    pyz = (INFRA / "relay" / "scheduled-events-relay.pyz.gz").read_bytes()
+    values = dict(
+        SAMPLE,
+        ADD_RELAY_SCRIPT_B64=base64.b64encode(script).decode(),
+        RELAY_PYZ_B64=base64.b64encode(pyz).decode(),
+    )
     text = (INFRA / "relay" / "cloud-init.yaml").read_text()
     rendered = re.sub(r"\{\{([A-Z0-9_]+)\}\}", lambda m: values[m.group(1)], text)
     try:

@@ -1,11 +1,15 @@
-"""The relay bootstrap: cloud-init runs infra/relay/add-relay.sh with six arguments, all
-filled by main.bicep; no secret travels in customData; the script refuses bad input."""
+"""The relay bootstrap: cloud-init carries the relay itself and infra/relay/add-relay.sh,
+run with six arguments, all filled by main.bicep; it fits in customData; no secret travels
+in it; the committed relay is a fresh build of relay/; the script refuses bad input."""
 
 from __future__ import annotations
 
 import base64
+import gzip
 import re
 import subprocess
+import sys
+import zipfile
 
 import pytest
 
@@ -14,6 +18,9 @@ from tests.infra.checkov_gate import SAMPLE as ARGS
 
 CLOUD_INIT = INFRA / "relay" / "cloud-init.yaml"
 ADD_RELAY = INFRA / "relay" / "add-relay.sh"
+PYZ_GZ = INFRA / "relay" / "scheduled-events-relay.pyz.gz"
+UNIT = INFRA.parent / "relay" / "deploy" / "scheduled-events-relay.service"
+CUSTOM_DATA_LIMIT = 65535  # bytes, once Azure decodes customData's base64 (ARM reference)
 PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
 # The order add-relay.sh takes its arguments in.
 ARG_ORDER = list(ARGS)
@@ -36,14 +43,19 @@ def _replacements() -> dict[str, object]:
     return found
 
 
-def render() -> str:
-    values = dict(ARGS, ADD_RELAY_SCRIPT_B64=base64.b64encode(ADD_RELAY.read_bytes()).decode())
+def render(**overrides: str) -> str:
+    values = dict(
+        ARGS,
+        ADD_RELAY_SCRIPT_B64=base64.b64encode(ADD_RELAY.read_bytes()).decode(),
+        RELAY_PYZ_B64=base64.b64encode(PYZ_GZ.read_bytes()).decode(),
+        **overrides,
+    )
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], CLOUD_INIT.read_text())
 
 
 def test_every_placeholder_is_filled_by_main_bicep() -> None:
     used = set(PLACEHOLDER.findall(CLOUD_INIT.read_text()))
-    assert used == set(_replacements()) == {*ARGS, "ADD_RELAY_SCRIPT_B64"}
+    assert used == set(_replacements()) == {*ARGS, "ADD_RELAY_SCRIPT_B64", "RELAY_PYZ_B64"}
 
 
 def test_the_script_and_template_are_loaded_from_their_files() -> None:
@@ -56,6 +68,79 @@ def test_the_script_and_template_are_loaded_from_their_files() -> None:
     inner = b64["parameters"]["input_string"]["function"]
     assert inner["parameters"]["file_path"] == "relay/add-relay.sh"
     assert _replacements()["ADD_RELAY_SCRIPT_B64"] == "addRelayScriptB64"
+    pyz = main.variables["relayPyzB64"]["function"]
+    assert pyz["type"] == "load_file_as_base64"
+    assert pyz["parameters"]["file_path"] == "relay/scheduled-events-relay.pyz.gz"
+    assert _replacements()["RELAY_PYZ_B64"] == "relayPyzB64"
+
+
+def _builder():
+    import importlib.util
+
+    path = INFRA.parent / "relay" / "deploy" / "build_pyz.py"
+    spec = importlib.util.spec_from_file_location("build_pyz", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_embedded_relay_is_a_fresh_build_of_relay(tmp_path) -> None:
+    builder = _builder()
+    assert PYZ_GZ.read_bytes() == builder.embedded_bytes(), (
+        "infra/relay/scheduled-events-relay.pyz.gz is stale: make relay"
+    )
+    pyz = tmp_path / "scheduled-events-relay.pyz"  # what cloud-init writes on the VM
+    pyz.write_bytes(gzip.decompress(PYZ_GZ.read_bytes()))
+    assert pyz.read_bytes() == builder.build_bytes(zipfile.ZIP_STORED)
+    with zipfile.ZipFile(pyz) as archive, zipfile.ZipFile(builder.build(tmp_path / "d.pyz")) as d:
+        assert {n: archive.read(n) for n in archive.namelist()} == {
+            n: d.read(n) for n in d.namelist()
+        }  # the same files as the release pyz, only stored instead of deflated
+    help_text = subprocess.run(
+        [sys.executable, "-I", "-S", str(pyz), "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "--forward" in help_text
+
+
+def test_custom_data_fits_azures_limit() -> None:
+    import yaml
+
+    text = render(
+        RELAY_KEY_SECRET_URI="https://" + "k" * 24 + ".vault.azure.net/secrets/" + "r" * 127
+    )
+    size = len(text.encode())
+    assert size <= CUSTOM_DATA_LIMIT, f"customData is {size} bytes, over {CUSTOM_DATA_LIMIT}"
+    assert size <= CUSTOM_DATA_LIMIT - 4096, f"{size} bytes leaves under 4 KiB of headroom"
+    files = {f["path"]: f for f in yaml.safe_load(text)["write_files"]}
+    pyz = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz"]
+    assert pyz["encoding"] == "gz+b64"  # a cloud-init encoding: gzip, then base64
+    assert base64.b64decode(pyz["content"]) == PYZ_GZ.read_bytes()
+
+
+def test_the_unit_in_the_script_is_the_relays_unit() -> None:
+    text = ADD_RELAY.read_text()
+    unit = re.search(r"<<'UNIT_FILE'\n(.*?)^UNIT_FILE$", text, re.S | re.M)
+    assert unit, "add-relay.sh writes the unit from a quoted UNIT_FILE heredoc"
+    assert unit.group(1) == UNIT.read_text()
+
+
+def test_the_bundled_script_carries_the_relay(tmp_path) -> None:
+    """What run-command sends: add-relay.sh, a marker, the pyz in base64 (make relay)."""
+    bundle = tmp_path / "add-relay-bundled.sh"
+    release_pyz = gzip.decompress(PYZ_GZ.read_bytes())
+    payload = base64.encodebytes(release_pyz).decode()
+    bundle.write_text(ADD_RELAY.read_text() + "__RELAY_PYZ_BASE64__\n" + payload)
+    extract = re.search(
+        r"^    (sed '1,/\^__RELAY_PYZ_BASE64__\$/d' \"\$0\" \| base64 -d)",
+        ADD_RELAY.read_text(),
+        re.M,
+    )
+    assert extract, "add-relay.sh extracts the appended relay with sed | base64 -d"
+    out = subprocess.run(
+        ["sh", "-c", extract.group(1), str(bundle)], capture_output=True, check=True
+    ).stdout
+    assert out == release_pyz
+    assert "\nexit 0\n" in ADD_RELAY.read_text()  # the shell never reads the payload
 
 
 def test_cloud_init_runs_the_script_with_its_arguments_in_order() -> None:
@@ -109,8 +194,10 @@ def test_the_script_is_valid_sh() -> None:
         ("IDENTITY_CLIENT_ID", "not-a-guid!"),
         ("CALLBACK_PORT", "84x2"),
         ("RELAY_KEY_SECRET_URI", "https://evil.example.org/secrets/relay-key"),
-        ("RELAY_PACKAGE_URL", ""),
-        ("RELAY_PACKAGE_URL", "http://example.org/relay.tar.gz"),
+        ("RELAY_PACKAGE_URL", "https://example.org/scheduled-events-relay.pyz"),  # no checksum
+        ("RELAY_PACKAGE_URL", "http://example.org/r.pyz#sha256=" + "0" * 64),
+        ("RELAY_PACKAGE_URL", "https://example.org/r.pyz#sha256=" + "0" * 63),
+        ("RELAY_PACKAGE_URL", "https://example.org/r.pyz#sha256=" + "A" * 64),
     ],
 )
 def test_the_script_refuses_bad_arguments_before_doing_anything(field, bad) -> None:
@@ -158,11 +245,11 @@ def test_the_key_script_compiles_as_written() -> None:
 
 
 def test_relay_env_names_real_relay_settings() -> None:
-    from relay.settings import RelaySettings
+    from relay.settings import SETTING_NAMES
 
     env = _expand(_heredoc("ENV"))
     values = dict(line.split("=", 1) for line in env.splitlines() if line.strip())
-    fields = {f"RELAY_{name.upper()}" for name in RelaySettings.model_fields}
+    fields = {f"RELAY_{name.upper()}" for name in SETTING_NAMES}
     assert set(values) <= fields, set(values) - fields
     assert values["RELAY_FORWARD"] == "servicebus://sb-x.servicebus.windows.net/documents"
     assert values["RELAY_IDENTITY_CLIENT_ID"] == ARGS["IDENTITY_CLIENT_ID"]
@@ -171,10 +258,17 @@ def test_relay_env_names_real_relay_settings() -> None:
     assert values["RELAY_CALLBACK_KEY_FILE"] == "/etc/scheduled-events-relay/callback.key"
 
 
-def test_the_relay_installer_it_relies_on_exists() -> None:
-    deploy = INFRA.parent / "relay" / "deploy"
-    assert "--no-start" in (deploy / "install.sh").read_text()
-    unit = (deploy / "scheduled-events-relay.service").read_text()
+def test_the_script_installs_the_relay_where_the_unit_runs_it() -> None:
+    unit = UNIT.read_text()
     assert "EnvironmentFile=/etc/scheduled-events-relay/relay.env" in unit
     assert "User=scheduled-events-relay" in unit
-    assert 'sh "$work/relay/deploy/install.sh" --no-start' in ADD_RELAY.read_text()
+    assert (
+        "ExecStart=/usr/bin/python3 -I /opt/scheduled-events-relay/scheduled-events-relay.pyz"
+        in unit
+    )
+    script = ADD_RELAY.read_text()
+    assert "PYZ=$PREFIX/scheduled-events-relay.pyz" in script
+    assert "PREFIX=/opt/scheduled-events-relay" in script
+    assert "sys.version_info < (3, 9)" in script  # any Python >= 3.9, nothing installed
+    assert "sha256sum -c" in script  # a downloaded relay is checked before it is installed
+    assert "pip" not in script and "venv" not in script

@@ -1,6 +1,11 @@
 """Fixtures of the relay tests: the Service Bus stand-in, keys, a relay subprocess runner.
 
 The IMDS simulator comes from the shared `simulator` fixture (tests/conftest.py).
+
+A relay started as a process is what a VM runs: `python3 scheduled-events-relay.pyz`, the
+zipapp built fresh from relay/ once per session. The interpreter is this one, or the one
+named by RELAY_TEST_PYTHON (`make test-py39` points it at Debian's Python 3.9), so the same
+process-level tests prove the relay on the oldest Python it supports.
 """
 
 from __future__ import annotations
@@ -21,6 +26,52 @@ from tests.relay.servicebus_standin import ServiceBusStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = b"k3y-for-relay-tests-only-0123456789"
+RELAY_PYTHON = os.environ.get("RELAY_TEST_PYTHON") or sys.executable
+
+
+def build_pyz(out: Path) -> Path:
+    """A fresh, reproducible build of relay/ (the code `make relay` runs)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "build_pyz", ROOT / "relay" / "deploy" / "build_pyz.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build(out)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "relay_process: starts the relay pyz as a process (rerun on Python 3.9)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that runs the pyz, so `make test-py39` can rerun exactly those."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents and "relay_pyz" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.relay_process)
+
+
+@pytest.fixture(scope="session")
+def relay_pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_pyz(tmp_path_factory.mktemp("pyz") / "scheduled-events-relay.pyz")
+
+
+def relay_command(pyz: Path, *args: str) -> list[str]:
+    return [RELAY_PYTHON, str(pyz), *args]
+
+
+def relay_env() -> dict[str, str]:
+    """The environment of a relay process: no RELAY_* from the test run, no PYTHONPATH."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RELAY_", "PYTHON")) and k != "VIRTUAL_ENV"
+    }
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -61,15 +112,13 @@ def key_file(tmp_path: Path) -> Path:
 class RelayProcess:
     """A real `python -m relay` subprocess; stderr (the JSON log) goes to a file."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, pyz: Path, args: list[str], log_path: Path) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        env = {k: v for k, v in env.items() if not k.startswith("RELAY_")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "relay", *args],
-            cwd=ROOT,
-            env=env,
+            relay_command(pyz, *args),
+            cwd=log_path.parent,  # not the repository: nothing may come from relay/ there
+            env=relay_env(),
             stdout=subprocess.DEVNULL,
             stderr=self._log,
         )
@@ -100,11 +149,11 @@ class RelayProcess:
 
 
 @pytest.fixture
-def relay_process(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
+def relay_process(tmp_path: Path, relay_pyz: Path) -> Iterator[Callable[..., RelayProcess]]:
     started: list[RelayProcess] = []
 
     def start(*args: str) -> RelayProcess:
-        process = RelayProcess(list(args), tmp_path / f"relay-{len(started)}.log")
+        process = RelayProcess(relay_pyz, list(args), tmp_path / f"relay-{len(started)}.log")
         started.append(process)
         return process
 

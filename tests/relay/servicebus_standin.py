@@ -6,6 +6,10 @@ key name and scope; or a Bearer token's audience and expiry), the BrokerProperti
 (MessageId, SessionId, TimeToLive) and the path, answers 201/400/401/404 like Azure, can be
 told to fail (503, 429, ...) or to hang, and drops resends with a MessageId it already has,
 like duplicate detection.
+
+It serves two queues, as main.bicep deploys them: `documents` requires sessions (every
+message must carry a SessionId) and `heartbeats` has none (contract C1: a heartbeat must
+not carry a SessionId; the stand-in refuses one so a relay that still sets it is caught).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Received:
     body: bytes
     properties: dict[str, Any]
     content_type: str
+    queue: str = "documents"
 
     @property
     def message_id(self) -> str:
@@ -50,17 +55,19 @@ class _Script:
 class ServiceBusStandIn:
     namespace: str = "relay-test.servicebus.windows.net"
     queue: str = "documents"
+    heartbeat_queue: str = "heartbeats"
     key_name: str = "relay-send"
     key: str = "c2VjcmV0LWtleS1mb3ItdGVzdHMtb25seS0wMDAwMDA="
     clock: Any = time.time
-    messages: list[Received] = field(default_factory=list)
+    messages: list[Received] = field(default_factory=list)  # the documents queue
+    heartbeats: list[Received] = field(default_factory=list)  # the heartbeats queue
     statuses: list[int] = field(default_factory=list)
     duplicates: int = 0
     rejections: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: set[str] = set()
+        self._seen: set[tuple[str, str]] = set()
         self._script: list[_Script] = []
         self._hold = threading.Event()
         self._hold.set()
@@ -81,10 +88,16 @@ class ServiceBusStandIn:
 
     @property
     def connection_string(self) -> str:
+        """A namespace-level rule: its tokens may be scoped to either queue."""
         return (
             f"Endpoint=sb://{self.namespace}/;SharedAccessKeyName={self.key_name};"
-            f"SharedAccessKey={self.key};EntityPath={self.queue}"
+            f"SharedAccessKey={self.key}"
         )
+
+    @property
+    def queue_connection_string(self) -> str:
+        """A rule of the documents queue only (EntityPath)."""
+        return f"{self.connection_string};EntityPath={self.queue}"
 
     def fail(self, status: int, count: int | None = 1, retry_after: str | None = None) -> None:
         """Answer the next `count` sends (None: all until heal()) with `status`, storing nothing."""
@@ -107,6 +120,10 @@ class ServiceBusStandIn:
     def envelopes(self) -> list[dict[str, Any]]:
         with self._lock:
             return [m.envelope for m in self.messages]
+
+    def heartbeat_envelopes(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [m.envelope for m in self.heartbeats]
 
     def start(self) -> ServiceBusStandIn:
         standin = self
@@ -173,9 +190,10 @@ class ServiceBusStandIn:
                         self._script.pop(0)
                 extra = {"Retry-After": step.retry_after} if step.retry_after else {}
                 return step.status, "scripted failure", extra
-        if urllib.parse.urlsplit(path).path != f"/{self.queue}/messages":
+        queue = urllib.parse.urlsplit(path).path.removesuffix("/messages").strip("/")
+        if queue not in (self.queue, self.heartbeat_queue) or not path.startswith(f"/{queue}/"):
             return 404, f"no entity at {path}", {}
-        problem = self._check_authorization(lowered.get("authorization", ""))
+        problem = self._check_authorization(lowered.get("authorization", ""), queue)
         if problem:
             return 401, problem, {}
         if not lowered.get("content-type"):
@@ -190,27 +208,31 @@ class ServiceBusStandIn:
         if not isinstance(message_id, str) or not 0 < len(message_id) <= 128:
             return 400, "MessageId must be a string of 1..128 characters", {}
         session = props.get("SessionId")
-        if not isinstance(session, str) or not 0 < len(session) <= 128:
-            return 400, "the queue requires sessions: SessionId must be set", {}
+        if queue == self.queue:
+            if not isinstance(session, str) or not 0 < len(session) <= 128:
+                return 400, "the queue requires sessions: SessionId must be set", {}
+        elif "SessionId" in props:
+            return 400, "the heartbeats queue has no sessions: SessionId must not be set", {}
         ttl = props.get("TimeToLive")
         if not isinstance(ttl, int | float) or isinstance(ttl, bool) or ttl <= 0:
             return 400, "TimeToLive must be a positive number of seconds", {}
         with self._lock:
-            if message_id in self._seen:
+            if (queue, message_id) in self._seen:
                 self.duplicates += 1
                 return 201, "", {}
-            self._seen.add(message_id)
-            self.messages.append(Received(body, props, lowered["content-type"]))
+            self._seen.add((queue, message_id))
+            received = Received(body, props, lowered["content-type"], queue)
+            (self.messages if queue == self.queue else self.heartbeats).append(received)
         return 201, "", {}
 
-    def _check_authorization(self, value: str) -> str | None:
+    def _check_authorization(self, value: str, queue: str) -> str | None:
         if value.startswith("SharedAccessSignature "):
-            return self._check_sas(value[len("SharedAccessSignature ") :])
+            return self._check_sas(value[len("SharedAccessSignature ") :], queue)
         if value.startswith("Bearer "):
             return self._check_bearer(value[len("Bearer ") :])
         return "Authorization header missing or of an unknown scheme"
 
-    def _check_sas(self, token: str) -> str | None:
+    def _check_sas(self, token: str, queue: str) -> str | None:
         fields = dict(part.split("=", 1) for part in token.split("&") if "=" in part)
         if not {"sr", "sig", "se", "skn"} <= fields.keys():
             return "SAS token must have sr, sig, se and skn"
@@ -219,7 +241,7 @@ class ServiceBusStandIn:
         if not fields["se"].isdigit() or int(fields["se"]) < self.clock():
             return "SAS token expired"
         scope = urllib.parse.unquote_plus(fields["sr"]).lower().rstrip("/")
-        target = f"https://{self.namespace}/{self.queue}".lower()
+        target = f"https://{self.namespace}/{queue}".lower()
         for scheme in ("sb://", "http://"):
             if scope.startswith(scheme):
                 scope = "https://" + scope[len(scheme) :]

@@ -1,46 +1,128 @@
-"""What ships to VMs: pinned requirements, the systemd unit, cloud-init, the package tarball."""
+"""What ships to VMs: one reproducible zipapp, standard library only, its unit, cloud-init."""
 
 from __future__ import annotations
 
+import base64
 import configparser
+import hashlib
+import os
 import subprocess
 import sys
-import tarfile
-from importlib.metadata import version
+import zipfile
 from pathlib import Path
 
-from tests.relay.conftest import ROOT
+import pytest
+import yaml
+
+from tests.relay.conftest import RELAY_PYTHON, ROOT, build_pyz, relay_env
 
 DEPLOY = ROOT / "relay" / "deploy"
+UNIT = DEPLOY / "scheduled-events-relay.service"
 
 
-def pins(path: Path) -> dict[str, str]:
-    found = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            name, pinned = line.split("==")
-            found[name.strip().lower().replace("_", "-")] = pinned.strip()
-    return found
+def test_the_pyz_is_reproducible_and_holds_the_relay_only(relay_pyz: Path, tmp_path: Path) -> None:
+    again = build_pyz(tmp_path / "again.pyz")
+    assert again.read_bytes() == relay_pyz.read_bytes()  # same source, same bytes
+    assert relay_pyz.read_bytes().startswith(b"#!/usr/bin/env python3\n")
+    with zipfile.ZipFile(relay_pyz) as archive:
+        infos = archive.infolist()
+    names = [i.filename for i in infos]
+    modules = sorted(f"relay/{p.name}" for p in (ROOT / "relay").glob("*.py"))
+    assert names == sorted(["__main__.py", *modules])
+    assert all(i.date_time == (1980, 1, 1, 0, 0, 0) for i in infos)
+    assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in infos)
 
 
-def test_relay_requirements_are_pinned_and_agree_with_the_project() -> None:
-    relay, project = pins(ROOT / "relay" / "requirements.txt"), pins(ROOT / "requirements.txt")
-    assert {"requests", "pydantic", "pydantic-settings", "pydantic-core"} <= relay.keys()
-    for name, pinned in relay.items():
-        if name in project:
-            assert project[name] == pinned, name
-        assert version(name) == pinned, f"{name}: the tested version differs from the pin"
-    assert not [n for n in relay if n.startswith("azure")]
+def test_the_pyz_keeps_line_numbers_of_the_source(relay_pyz: Path) -> None:
+    with zipfile.ZipFile(relay_pyz) as archive:
+        for path in (ROOT / "relay").glob("*.py"):
+            shipped = archive.read(f"relay/{path.name}").decode()
+            source = path.read_text()
+            assert len(shipped.splitlines()) == len(source.splitlines()), path.name
+            compile(shipped, path.name, "exec")
+            # Code lines are unchanged: a traceback line number points at the repository.
+            for number, line in enumerate(shipped.splitlines()):
+                if line.strip() and line.strip() != "...":  # "..." stands for a docstring
+                    assert source.splitlines()[number].startswith(line.rstrip()), (
+                        path.name,
+                        number + 1,
+                    )
 
 
-def test_the_unit_is_hardened_and_restarts() -> None:
+def test_the_pyz_runs_on_the_standard_library_alone(relay_pyz: Path, tmp_path: Path) -> None:
+    """-I -S: no site-packages, no PYTHONPATH, no current directory: stdlib and the pyz."""
+    check = (
+        "import importlib, sys, zipfile; sys.path.insert(0, sys.argv[1]);"
+        "names = [n[:-3].replace('/', '.') for n in zipfile.ZipFile(sys.argv[1]).namelist()"
+        " if n.startswith('relay/')];"
+        "[importlib.import_module(n.replace('.__init__', '')) for n in names];"  # every module
+        "assert len(names) >= 15, names;"
+        "std = set(getattr(sys, 'stdlib_module_names', ()));"
+        "bad = [m for m in sys.modules if std and m.split('.')[0] not in std | {'relay'}"
+        " and not m.startswith('_') and m != '__main__'];"
+        "sys.exit(f'not standard library: {bad}' if bad else 0)"
+    )
+    subprocess.run(
+        [RELAY_PYTHON, "-I", "-S", "-c", check, str(relay_pyz)],
+        cwd=tmp_path,
+        env=relay_env(),
+        check=True,
+        timeout=60,
+    )
+    help_text = subprocess.run(
+        [RELAY_PYTHON, "-I", "-S", str(relay_pyz), "--help"],
+        cwd=tmp_path,
+        env=relay_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert "--forward" in help_text and "--heartbeat-queue" in help_text
+    assert "--servicebus-endpoint" not in help_text
+
+
+def test_the_child_compile_and_the_plain_import_start_the_same_relay(
+    relay_pyz: Path, tmp_path: Path
+) -> None:
+    """pyz_main compiles in a child to save memory; without it (or if it fails) the relay
+    imports from the archive as usual. Both must give the same relay."""
+    outputs = []
+    for extra in ({}, {"RELAY_PYZ_COMPILE_IN_PROCESS": "1"}):
+        outputs.append(
+            subprocess.run(
+                [RELAY_PYTHON, str(relay_pyz), "--forward=file:/x", "--poll-interval=0"],
+                cwd=tmp_path,
+                env={**relay_env(), **extra},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        )
+    assert [o.returncode for o in outputs] == [2, 2]
+    assert (
+        outputs[0].stderr
+        == outputs[1].stderr
+        == ("relay: bad settings: --poll-interval: Input should be greater than 0\n")
+    )
+
+
+def test_make_relay_builds_the_pyz(tmp_path: Path) -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "relay/deploy/build_pyz.py $(RELAY_PYZ) --embedded infra/relay/" in makefile
+
+
+def test_the_unit_is_hardened_restarts_and_runs_the_pyz() -> None:
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str  # type: ignore[assignment, method-assign]
-    unit.read(DEPLOY / "scheduled-events-relay.service")
+    unit.read(UNIT)
     service = unit["Service"]
-    assert service["ExecStart"].endswith("/venv/bin/python -m relay")
+    assert service["ExecStart"] == (
+        "/usr/bin/python3 -I /opt/scheduled-events-relay/scheduled-events-relay.pyz"
+    )
     assert service["Restart"] == "always"
+    assert service["RestartPreventExitStatus"] == "2"
     assert service["StateDirectory"] == "scheduled-events-relay"
     assert service["User"] == "scheduled-events-relay"
     for setting, value in {
@@ -55,52 +137,72 @@ def test_the_unit_is_hardened_and_restarts() -> None:
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 
 
-def test_cloud_init_installs_python_venv_and_runs_the_installer() -> None:
+def test_cloud_init_embeds_the_relay_and_the_unit_and_needs_no_package() -> None:
     text = (DEPLOY / "cloud-init.yaml").read_text()
     assert text.startswith("#cloud-config\n")
-    assert "  - python3-venv\n" in text
-    assert 'sh "$work/relay/deploy/install.sh"' in text
+    assert "\t" not in text
     for placeholder in (
-        "__RELAY_PACKAGE_URL__",
+        "__RELAY_PYZ_B64__",
         "__RELAY_FORWARD__",
         "__RELAY_CALLBACK_PORT__",
         "__RELAY_CALLBACK_KEY__",
         "__RELAY_IDENTITY_CLIENT_ID__",
     ):
         assert placeholder in text
-    assert "\t" not in text
+    doc = yaml.safe_load(text)
+    assert "packages" not in doc  # no pip, no venv, nothing from the distro's mirror
+    files = {f["path"]: f for f in doc["write_files"]}
+    unit = files["/etc/systemd/system/scheduled-events-relay.service"]["content"]
+    assert unit == UNIT.read_text()
+    pyz = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz"]
+    assert pyz["encoding"] == "b64" and pyz["content"] == "__RELAY_PYZ_B64__"
+
+
+def test_the_filled_in_cloud_init_fits_in_custom_data(relay_pyz: Path) -> None:
+    text = (DEPLOY / "cloud-init.yaml").read_text()
+    pyz_b64 = base64.b64encode(relay_pyz.read_bytes()).decode()
+    filled = text.replace("content: __RELAY_PYZ_B64__", f"content: {pyz_b64}")
+    filled = filled.replace("__RELAY_CALLBACK_KEY__", "k" * 64)
+    assert len(filled.encode()) <= 65535  # Azure: customData decodes to at most 65535 bytes
+    doc = yaml.safe_load(filled)
+    files = {f["path"]: f for f in doc["write_files"]}
+    content = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz"]["content"]
+    assert base64.b64decode(content) == relay_pyz.read_bytes()
 
 
 def test_shell_scripts_parse() -> None:
-    for script in ("install.sh", "package.sh"):
-        subprocess.run(["sh", "-n", str(DEPLOY / script)], check=True)
+    subprocess.run(["sh", "-n", str(DEPLOY / "install.sh")], check=True)
 
 
-def test_the_package_runs_on_its_own_without_azure_sdks(tmp_path: Path) -> None:
-    tarball = tmp_path / "relay.tar.gz"
-    subprocess.run([str(DEPLOY / "package.sh"), str(tarball)], check=True, capture_output=True)
-    with tarfile.open(tarball) as archive:
-        names = archive.getnames()
-        archive.extractall(tmp_path / "vm", filter="data")
-    assert "./relay/deploy/install.sh" in names and "./relay/requirements.txt" in names
-    assert not [n for n in names if "simulator" in n or "__pycache__" in n]
-    check = (
-        "import sys, relay.__main__, relay.callback, relay.hooks;"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('azure', 'functions', 'tests')];"
-        "sys.exit(f'unexpected imports: {bad}' if bad else 0)"
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["https://example.org/r.pyz"], "needs --sha256"),
+        (["http://example.org/r.pyz", "--sha256", "0" * 64], "only https://"),
+        (["x.pyz", "--sha256", "ABC"], "64 lowercase hex"),
+        (["--bogus"], "unknown option"),
+    ],
+)
+def test_install_refuses_bad_arguments_before_doing_anything(args: list[str], message: str) -> None:
+    proc = subprocess.run(
+        ["sh", str(DEPLOY / "install.sh"), *args], capture_output=True, text=True, check=False
     )
-    subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, '.'); {check}"],
-        cwd=tmp_path / "vm",
-        check=True,
-        timeout=30,
-    )
-    help_text = subprocess.run(
-        [sys.executable, "-m", "relay", "--help"],
-        cwd=tmp_path / "vm",
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+
+
+def test_install_checks_the_checksum_before_installing(relay_pyz: Path, tmp_path: Path) -> None:
+    if sys.platform != "linux":
+        pytest.skip("sha256sum")
+    wrong = hashlib.sha256(b"something else").hexdigest()
+    proc = subprocess.run(
+        ["sh", str(DEPLOY / "install.sh"), "--no-start", str(relay_pyz), "--sha256", wrong],
         capture_output=True,
         text=True,
-        check=True,
-        timeout=30,
-    ).stdout
-    assert "--forward" in help_text and "--servicebus-endpoint" not in help_text
+        check=False,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+    )
+    if "run as root" in proc.stderr:
+        pytest.skip("the checksum is checked after the root check")
+    assert proc.returncode == 1, proc.stderr
+    assert "checksum mismatch" in proc.stderr and "nothing installed" in proc.stderr

@@ -12,14 +12,11 @@ import pytest
 
 from relay.models import Envelope, VmRef
 from relay.outbox import Outbox
-from relay.senders import (
-    FileSender,
+from relay.senders import FileSender, SendError, SendLoop, build_sender
+from relay.servicebus import (
     ManagedIdentityTokenProvider,
     SasTokenProvider,
-    SendError,
-    SendLoop,
     ServiceBusSender,
-    build_sender,
     sas_token,
 )
 from relay.settings import load_settings

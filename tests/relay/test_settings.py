@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from relay.settings import RelaySettings, load_or_exit, load_settings
-from tests.relay.conftest import ROOT
+from tests.relay.conftest import relay_command, relay_env
 
 
 @pytest.fixture(autouse=True)
@@ -217,10 +216,11 @@ def test_unknown_config_key_and_broken_config_file(
     assert "not valid JSON/TOML" in capsys.readouterr().err
 
 
-def test_the_real_command_exits_2(tmp_path: Path) -> None:
+def test_the_real_command_exits_2(tmp_path: Path, relay_pyz: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "relay", "--forward", "file:/x", "--poll-interval", "-5"],
-        cwd=ROOT,
+        relay_command(relay_pyz, "--forward", "file:/x", "--poll-interval", "-5"),
+        cwd=tmp_path,
+        env=relay_env(),
         capture_output=True,
         text=True,
         timeout=30,
@@ -244,19 +244,18 @@ def test_hooks_from_the_environment_as_json(
     assert load_settings(["--forward=file:/x"]).hooks == {"drain": script}
 
 
-def test_an_unusable_sas_connection_string_exits_2(tmp_path: Path) -> None:
+def test_an_unusable_sas_connection_string_exits_2(tmp_path: Path, relay_pyz: Path) -> None:
     conn = tmp_path / "sas.txt"
     conn.write_text("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send")
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "relay",
+        relay_command(
+            relay_pyz,
             "--forward=servicebus://ns.servicebus.windows.net/documents",
             f"--sas-connection-string-file={conn}",
             f"--state-dir={tmp_path / 'state'}",
-        ],
-        cwd=ROOT,
+        ),
+        cwd=tmp_path,
+        env=relay_env(),
         capture_output=True,
         text=True,
         timeout=30,

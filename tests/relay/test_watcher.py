@@ -43,7 +43,10 @@ class Running:
         self.thread.start()
 
     def envelopes(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """Documents from DIR/, heartbeats from DIR/heartbeats/ (contract C1)."""
         found = [json.loads(p.read_text()) for p in json_files(self.forward)]
+        found += [json.loads(p.read_text()) for p in json_files(self.forward / "heartbeats")]
+        found.sort(key=lambda e: e["sequence"])
         return [e for e in found if kind is None or e["kind"] == kind]
 
     def documents(self) -> list[dict[str, Any]]:

@@ -1,0 +1,294 @@
+"""Forwarding to Service Bus: its REST "Send Message" call, SAS and managed-identity tokens.
+
+Plain HTTPS with the standard library on purpose: the Azure SDK (AMQP) would triple the
+relay's memory on every VM of the fleet, and the relay must run on the VM's own Python with
+nothing installed. Documents go to the session queue (SessionId = VM name keeps one VM's
+documents in order); heartbeats go to their own session-less queue (contract C1) so a
+fleet's liveness traffic never competes with documents for session locks. A module of its
+own, loaded only when forwarding to Service Bus: a relay writing to a directory never
+loads urllib, http.client or ssl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable
+
+from relay.imds import ImdsClient, ImdsError
+from relay.logs import clip
+from relay.senders import Sender, SendError
+from relay.signing import hmac_sha256
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
+    from relay.models import Envelope
+
+SERVICEBUS_RESOURCE = "https://servicebus.azure.net"
+IDENTITY_API_VERSION = "2018-02-01"
+
+
+# ------------------------------------------------------------------ tokens
+
+
+class TokenProvider:
+    """Where an Authorization header comes from (SAS or managed identity)."""
+
+    def authorization(self) -> str:
+        raise NotImplementedError
+
+    def invalidate(self) -> None:
+        raise NotImplementedError
+
+
+def parse_connection_string(text: str) -> dict[str, str]:
+    parts: dict[str, str] = {}
+    for item in text.strip().split(";"):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError("a Service Bus connection string is KEY=VALUE pairs separated by ;")
+        parts[key.strip().lower()] = value.strip()
+    return parts
+
+
+def sas_token(resource_uri: str, key_name: str, key: str, expiry: int) -> str:
+    """Azure's documented SAS scheme: HMAC-SHA256 over `quote_plus(uri) + "\\n" + expiry`."""
+    uri = urllib.parse.quote_plus(resource_uri)
+    to_sign = f"{uri}\n{expiry}".encode()
+    digest = hmac_sha256(key.encode(), to_sign)
+    import base64  # Service Bus with SAS only
+
+    sig = urllib.parse.quote(base64.b64encode(digest), safe="")
+    return f"SharedAccessSignature sr={uri}&sig={sig}&se={expiry}&skn={key_name}"
+
+
+class SasTokenProvider(TokenProvider):
+    """SAS tokens from a connection string, renewed well before they expire."""
+
+    def __init__(
+        self,
+        connection_string: str,
+        resource_uri: str,
+        validity: int = 3600,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        parts = parse_connection_string(connection_string)
+        name, key = parts.get("sharedaccesskeyname"), parts.get("sharedaccesskey")
+        if not name or not key:
+            raise ValueError(
+                "the SAS connection string needs SharedAccessKeyName and SharedAccessKey"
+            )
+        entity = parts.get("entitypath")
+        queue = resource_uri.rsplit("/", 1)[-1]
+        if entity and entity != queue:
+            raise ValueError(f"the SAS connection string is for {entity!r}, not queue {queue!r}")
+        self._name, self._key = name, key
+        self._uri = resource_uri
+        self._validity = validity
+        self._clock = clock
+        self._token: str | None = None
+        self._expires = 0.0
+
+    @classmethod
+    def from_file(cls, path: Path, resource_uri: str) -> SasTokenProvider:
+        return cls(path.read_text(encoding="utf-8"), resource_uri)
+
+    def authorization(self) -> str:
+        now = self._clock()
+        if self._token is None or now > self._expires - self._validity / 4:
+            self._expires = int(now) + self._validity
+            self._token = sas_token(self._uri, self._name, self._key, int(self._expires))
+        return self._token
+
+    def invalidate(self) -> None:
+        self._token = None
+
+
+class ManagedIdentityTokenProvider(TokenProvider):
+    """Bearer tokens from the VM's managed identity (IMDS), refreshed before they expire."""
+
+    def __init__(
+        self,
+        imds_url: str,
+        client_id: str | None = None,
+        timeout: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._imds = ImdsClient(imds_url, timeout)
+        self._client_id = client_id
+        self._timeout = timeout
+        self._clock = clock
+        self._token: str | None = None
+        self._expires = 0.0
+        self._refresh_at = 0.0
+
+    def authorization(self) -> str:
+        if self._token is None or self._clock() >= self._refresh_at:
+            self._fetch()
+        return f"Bearer {self._token}"
+
+    def invalidate(self) -> None:
+        self._token = None
+
+    def _fetch(self) -> None:
+        try:
+            response = self._imds.get_token(SERVICEBUS_RESOURCE, self._client_id, self._timeout)
+        except ImdsError as exc:
+            raise SendError("token", f"managed identity token: {exc.kind}") from None
+        if response.status != 200:
+            slow = response.status in (400, 403, 404)
+            raise SendError(
+                "token",
+                f"managed identity token: IMDS answered {response.status}"
+                + (" (no identity assigned to this VM?)" if slow else ""),
+                slow=slow,
+            )
+        try:
+            data = json.loads(response.body)
+            token = str(data["access_token"])
+            now = self._clock()
+            if data.get("expires_on"):
+                expires = float(data["expires_on"])
+            else:
+                expires = now + float(data.get("expires_in", 3600))
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise SendError("token", "managed identity token: malformed answer") from None
+        lifetime = max(expires - now, 0.0)
+        self._token = token
+        self._expires = expires
+        # Refresh at the later of 5 minutes or 10 % of the lifetime before expiry.
+        self._refresh_at = expires - max(min(300.0, lifetime / 2), lifetime / 10)
+
+
+# ------------------------------------------------------------------ Service Bus
+
+_SLOW_STATUS = {
+    401: "401 unauthorized: the token was rejected (wrong SAS key or key name, expired "
+    "token, or the identity lacks the 'Azure Service Bus Data Sender' role)",
+    403: "403 forbidden: quota exceeded, message too large, or no send right on the queue",
+    404: "404 not found: the namespace or queue does not exist",
+    410: "410 gone: the queue does not exist (deleted or disabled)",
+}
+
+
+class ServiceBusSender(Sender):
+    """POST one message per envelope to `https://NAMESPACE/QUEUE/messages`.
+
+    Documents go to the session queue (SessionId = VM name keeps one VM's documents in
+    order); heartbeats go to `heartbeat_queue` without a SessionId (contract C1), or with
+    the documents when it is None or "".
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        queue: str,
+        tokens: TokenProvider,
+        ttl_seconds: int,
+        timeout: float = 30.0,
+        endpoint: str | None = None,
+        heartbeat_queue: str | None = None,
+        heartbeat_tokens: TokenProvider | None = None,
+    ) -> None:
+        base = endpoint or f"https://{namespace}"
+        self.url = f"{base}/{queue}/messages"
+        self.heartbeat_url = f"{base}/{heartbeat_queue}/messages" if heartbeat_queue else None
+        self._tokens = tokens
+        self._heartbeat_tokens = heartbeat_tokens or tokens
+        self._ttl = ttl_seconds
+        self._timeout = timeout
+        self._opener: Any = None
+
+    def describe(self) -> str:
+        return self.url
+
+    def _open(self, request: Any) -> tuple[int, bytes, dict[str, str]]:
+        import urllib.error
+        import urllib.request
+
+        if self._opener is None:
+            # Honours HTTPS_PROXY / NO_PROXY, as an operator behind a proxy expects.
+            self._opener = urllib.request.build_opener()
+        try:
+            with self._opener.open(request, timeout=self._timeout) as response:
+                return response.status, response.read(4096), dict(response.headers.items())
+        except urllib.error.HTTPError as exc:
+            body = b""
+            with contextlib.suppress(OSError):
+                body = exc.read(4096)
+            return exc.code, body, dict(exc.headers.items())
+
+    def send(self, envelope: Envelope, body: str) -> None:
+        import urllib.error
+        import urllib.request
+
+        heartbeat_apart = envelope.kind == "heartbeat" and self.heartbeat_url is not None
+        props: dict[str, Any] = {"MessageId": envelope.message_id()}
+        if not heartbeat_apart:
+            props["SessionId"] = envelope.vm.name
+        props.update(TimeToLive=self._ttl, Label=envelope.kind)
+        tokens = self._heartbeat_tokens if heartbeat_apart else self._tokens
+        url = self.heartbeat_url if heartbeat_apart else self.url
+        request = urllib.request.Request(  # noqa: S310 - https://, or a checked loopback stand-in
+            url,  # type: ignore[arg-type]
+            data=body.encode(),
+            method="POST",
+            headers={
+                "Authorization": tokens.authorization(),
+                "Content-Type": "application/json",
+                "BrokerProperties": json.dumps(props, separators=(",", ":")),
+            },
+        )
+        try:
+            status, text, headers = self._open(request)
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, (socket.timeout, TimeoutError)):
+                raise SendError(
+                    "timeout", f"Service Bus did not answer in {self._timeout}s"
+                ) from None
+            raise SendError("connection", f"cannot reach Service Bus: {clip(exc)}") from None
+        except (socket.timeout, TimeoutError):
+            raise SendError("timeout", f"Service Bus did not answer in {self._timeout}s") from None
+        except (OSError, ValueError, http_client_errors()) as exc:
+            raise SendError("request", f"Service Bus request failed: {clip(exc)}") from None
+        if status == 201:
+            return
+        if status == 401:
+            tokens.invalidate()
+        if status in _SLOW_STATUS:
+            raise SendError(f"http-{status}", _SLOW_STATUS[status], slow=True)
+        if status == 429 or status >= 500:
+            raise SendError(
+                f"http-{status}",
+                f"Service Bus answered {status} (busy or unavailable); retrying",
+                retry_after=_retry_after(headers),
+            )
+        raise SendError(
+            f"http-{status}",
+            f"Service Bus refused the message with {status}: "
+            f"{text[:200].decode('utf-8', 'replace')}",
+            slow=True,
+        )
+
+
+def http_client_errors() -> type[Exception]:
+    import http.client
+
+    return http.client.HTTPException
+
+
+def _retry_after(headers: dict[str, str]) -> float | None:
+    value = {k.lower(): v for k, v in headers.items()}.get("retry-after")
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None

@@ -1,0 +1,226 @@
+"""The relay's side of the contracts with the other stages, against the real relay process.
+
+C1 heartbeats on their own session-less queue (or DIR/heartbeats/); C2 only this VM's
+events; C3 subscription and resource group in the envelope; C4 the previous key accepted
+during a rotation. IMDS is the simulator; Service Bus is the stand-in, which checks what
+Azure checks (and that heartbeats carry no SessionId).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from relay.signing import sign_headers
+from simulator.instance import RESOURCE_GROUP, SUBSCRIPTION_ID
+from tests.conftest import free_port
+from tests.relay.conftest import KEY, json_files, wait_for
+from tests.relay.servicebus_standin import ServiceBusStandIn
+
+FAST = ["--poll-interval=0.05", "--imds-max-backoff=0.2", "--send-max-backoff=0.2"]
+
+
+def to_standin(standin: ServiceBusStandIn, tmp_path: Path, connection: str) -> list[str]:
+    conn = tmp_path / "sas.txt"
+    conn.write_text(connection)
+    return [
+        f"--forward={standin.forward}",
+        f"--sas-connection-string-file={conn}",
+        f"--servicebus-endpoint={standin.endpoint}",
+    ]
+
+
+def read(directory: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in json_files(directory)]
+
+
+# ---------------------------------------------------------------------- C1
+
+
+def test_heartbeats_go_to_their_own_queue_without_a_session(
+    simulator: Any, standin: ServiceBusStandIn, relay_process: Any, tmp_path: Path
+) -> None:
+    simulator.sim.add_vm("vm0")
+    relay = relay_process(
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={tmp_path / 'state'}",
+        "--heartbeat-interval=1",
+        *FAST,
+        *to_standin(standin, tmp_path, standin.connection_string),
+    )
+    wait_for(lambda: len(standin.heartbeats) >= 2)
+    wait_for(lambda: len(standin.messages) >= 1)
+    assert all("SessionId" not in m.properties for m in standin.heartbeats)
+    assert {m.envelope["kind"] for m in standin.heartbeats} == {"heartbeat"}
+    assert {m.envelope["kind"] for m in standin.messages} == {"document"}
+    assert all(m.properties["SessionId"] == "vm0" for m in standin.messages)
+    assert not standin.rejections
+    assert relay.stop() == 0
+
+
+def test_a_failing_heartbeat_queue_never_holds_documents_up(
+    simulator: Any, standin: ServiceBusStandIn, relay_process: Any, tmp_path: Path
+) -> None:
+    sim = simulator.sim
+    sim.add_vm("vm0")
+    standin.heartbeat_queue = "not-deployed"  # the heartbeats queue is missing: 404
+    relay = relay_process(
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={tmp_path / 'state'}",
+        "--heartbeat-interval=1",
+        "--send-slow-retry=60",  # a 404 is retried slowly...
+        *FAST,
+        *to_standin(standin, tmp_path, standin.connection_string),
+    )
+    wait_for(lambda: standin.rejections)  # a heartbeat refused
+    for _ in range(3):
+        sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
+        # ...but documents behind it go at once, not after the slow retry.
+        wait_for(lambda: len(standin.messages) == len(sim.history("vm0")), timeout=5)
+    assert [m.envelope["document"] for m in standin.messages] == sim.history("vm0")
+    assert any("404" in x.get("msg", "") for x in relay.logs())
+
+
+def test_an_empty_heartbeat_queue_keeps_heartbeats_with_the_documents(
+    simulator: Any, standin: ServiceBusStandIn, relay_process: Any, tmp_path: Path
+) -> None:
+    simulator.sim.add_vm("vm0")
+    relay_process(
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={tmp_path / 'state'}",
+        "--heartbeat-interval=1",
+        "--heartbeat-queue=",
+        *FAST,
+        *to_standin(standin, tmp_path, standin.queue_connection_string),
+    )
+    wait_for(lambda: any(e["kind"] == "heartbeat" for e in standin.envelopes()))
+    assert standin.heartbeats == []
+    assert all(m.properties["SessionId"] == "vm0" for m in standin.messages)
+
+
+def test_a_queue_scoped_sas_rule_cannot_reach_the_heartbeat_queue(
+    standin: ServiceBusStandIn, relay_process: Any, tmp_path: Path
+) -> None:
+    relay = relay_process(
+        f"--state-dir={tmp_path / 'state'}",
+        "--vm-name=vm0",
+        *to_standin(standin, tmp_path, standin.queue_connection_string),
+    )
+    assert relay.proc.wait(30) == 2
+    [line] = relay.log_path.read_text().splitlines()
+    assert line.startswith("relay: bad settings: the SAS connection string is for queue")
+    assert "--heartbeat-queue ''" in line
+
+
+def test_file_forwarding_puts_heartbeats_in_their_own_directory(
+    simulator: Any, relay_process: Any, tmp_path: Path
+) -> None:
+    simulator.sim.add_vm("vm0")
+    forward = tmp_path / "forward"
+    relay_process(
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={tmp_path / 'state'}",
+        f"--forward=file:{forward}",
+        "--heartbeat-interval=1",
+        *FAST,
+    )
+    wait_for(lambda: len(read(forward / "heartbeats")) >= 2)
+    assert {e["kind"] for e in read(forward)} == {"document"}
+    assert {e["kind"] for e in read(forward / "heartbeats")} == {"heartbeat"}
+
+
+# ---------------------------------------------------------------------- C2, C3
+
+
+def test_only_this_vms_events_are_forwarded_by_default(
+    simulator: Any, relay_process: Any, tmp_path: Path
+) -> None:
+    sim = simulator.sim
+    sim.add_vm("vm0", availability_set="as1")
+    sim.add_vm("vm1", availability_set="as1")
+    own, everything = tmp_path / "own", tmp_path / "all"
+    for forward, extra in ((own, []), (everything, ["--forward-all-events"])):
+        relay_process(
+            f"--imds-url={simulator.vm_url('vm0')}",
+            f"--state-dir={forward}-state",
+            f"--forward=file:{forward}",
+            *FAST,
+            *extra,
+        )
+    wait_for(lambda: read(own) and read(everything))
+    theirs = sim.add_event(event_type="Reboot", resources=["vm1"], notice=3600)
+    wait_for(lambda: len(read(everything)) == 2)
+    polls = sim.request_count("vm0")
+    wait_for(lambda: sim.request_count("vm0") >= polls + 10)  # both relays polled it
+    assert len(read(own)) == 1  # another VM's event: nothing sent
+    mine = sim.add_event(event_type="Freeze", resources=["VM0"], notice=3600)  # any case
+    wait_for(lambda: len(read(own)) == 2)
+    wait_for(lambda: len(read(everything)) == 3)
+    latest_own, latest_all = read(own)[-1], read(everything)[-1]
+    assert [e["EventId"] for e in latest_own["document"]["Events"]] == [mine]
+    assert {e["EventId"] for e in latest_all["document"]["Events"]} == {mine, theirs}
+    assert (
+        latest_own["document"]["DocumentIncarnation"] == sim.document("vm0")["DocumentIncarnation"]
+    )
+    assert (latest_own["events"], latest_all["events"]) == ("own", "all")
+    vm = latest_own["vm"]
+    assert (vm["subscription_id"], vm["resource_group"]) == (SUBSCRIPTION_ID, RESOURCE_GROUP)
+    assert vm["resource_id"].startswith(f"/subscriptions/{SUBSCRIPTION_ID}/resourceGroups/")
+
+
+# ---------------------------------------------------------------------- C4
+
+
+def test_the_previous_key_is_accepted_during_a_rotation(
+    simulator: Any, relay_process: Any, tmp_path: Path
+) -> None:
+    sim = simulator.sim
+    sim.add_vm("vm0")
+    new_key, old_key = b"the-new-key-0123456789abcdef", KEY
+    (tmp_path / "new.key").write_bytes(new_key)
+    (tmp_path / "old.key").write_bytes(old_key)
+    port = free_port()
+    relay = relay_process(
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={tmp_path / 'state'}",
+        f"--forward=file:{tmp_path / 'forward'}",
+        f"--callback-listen=127.0.0.1:{port}",
+        f"--key-file={tmp_path / 'new.key'}",
+        f"--previous-key-file={tmp_path / 'old.key'}",
+        *FAST,
+    )
+    wait_for(lambda: any(x.get("msg") == "callback listening" for x in relay.logs()))
+    first = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
+    second = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
+    assert start(port, old_key, first)[0] == 200  # the previous key, still accepted
+    assert start(port, new_key, second)[0] == 200  # the current key
+    status, answer = start(port, b"neither-key-0123456789abcdef", second)
+    assert (status, answer["error"]) == (401, "bad signature")
+    assert sorted(a.event_id for a in sim.approvals) == sorted([first, second])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/v1/health")
+    health = json.loads(conn.getresponse().read())
+    conn.close()
+    assert health["signatures"] == {
+        "previous_key_configured": True,
+        "accepted": {"current": 1, "previous": 1},
+    }
+    text = relay.log_path.read_text()
+    assert old_key.decode() not in text and new_key.decode() not in text
+    assert any("previous key" in x.get("msg", "") for x in relay.logs())
+
+
+def start(port: int, key: bytes, event_id: str) -> tuple[int, dict[str, Any]]:
+    body = json.dumps({"EventIds": [event_id], "Nonce": uuid.uuid4().hex}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(
+            "POST", "/v1/start", body=body, headers=sign_headers(key, "POST", "/v1/start", body)
+        )
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
