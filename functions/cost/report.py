@@ -56,7 +56,7 @@ def render(e: Estimate) -> str:
     if e.unconfirmed_prices:
         lines += [
             "",
-            "Unconfirmed list prices (check them, see prices.json): "
+            "Not confirmed on the source page (check them in prices.json): "
             + ", ".join(e.unconfirmed_prices),
         ]
     return "\n".join(lines)

@@ -226,7 +226,8 @@ def set200(connection_string: str) -> dict[str, Any]:
         out["set200_requests_by_kind"] = big["requests_by_kind"]
     except Exception as exc:
         out["table_requests_per_doc_set200"] = None
-        out["set200_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        code = getattr(exc, "error_code", None) or str(exc).splitlines()[0][:100]
+        out["set200_error"] = f"{type(exc).__name__}: {code}"
     small = reporters(connection_string, 20)
     out["table_requests_per_doc_set20"] = small["table_requests_per_doc"]
     out["_counts"] = small["_counts"]
