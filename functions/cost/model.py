@@ -326,8 +326,9 @@ def ceilings(w: Workload, d: Deployment, c: Counts, p: PriceTable) -> list[Ceili
         Ceiling(
             name="Functions instances",
             vms=_over(d.max_instances, instances_per_vm),
-            formula=f"{d.max_instances} instances x {hb_rate:.3g} heartbeats/s each "
-            f"({hb_how}) x {w.heartbeat_seconds:g} s, less documents",
+            formula=f"{d.max_instances} instances / (1/{w.heartbeat_seconds:g} s / "
+            f"{hb_rate:.3g} heartbeats/s per instance [{hb_how}] + documents / "
+            f"{session_rate:.3g} per instance)",
         )
     )
 

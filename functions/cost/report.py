@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 
 from functions.cost.model import Estimate
 
@@ -53,10 +54,15 @@ def render(e: Estimate) -> str:
     ]
     for ceiling in e.ceilings:
         lines.append(f"  {ceiling.name:<22} {_vms(ceiling.vms):>16}  {ceiling.formula}")
+    if w.vms > e.capacity_vms:
+        needed = math.ceil(w.vms / e.capacity_vms) if e.capacity_vms >= 1 else "no number of"
+        lines.append(
+            f"  ! {w.vms:,} VMs is over this ceiling: {needed} deployments as configured "
+            "(the cost above is for the work, wherever it runs)"
+        )
     if e.unconfirmed_prices:
-        lines += [
-            "",
-            "Not confirmed on the source page (check them in prices.json): "
-            + ", ".join(e.unconfirmed_prices),
-        ]
+        lines += ["", "Not confirmed on their source page (check them in prices.json):"]
+        lines += textwrap.wrap(
+            ", ".join(e.unconfirmed_prices), 85, initial_indent="  ", subsequent_indent="  "
+        )
     return "\n".join(lines)

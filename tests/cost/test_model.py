@@ -181,3 +181,14 @@ def test_tiers() -> None:
 def test_workload_refuses_nonsense(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         Workload(**{"vms": 10, field: value})
+
+
+def test_report_says_when_the_fleet_is_over_the_ceiling() -> None:
+    from functions.cost.report import render
+
+    within = render(estimate(WORKLOAD, DEPLOYMENT, COUNTS, PRICES))
+    assert "over this ceiling" not in within
+    assert "Capacity of one deployment: 1,286,973 VMs (bound by Service Bus Standard)" in within
+    bigger = WORKLOAD.model_copy(update={"vms": 2_000_000})
+    over = render(estimate(bigger, DEPLOYMENT, COUNTS, PRICES))
+    assert "2,000,000 VMs is over this ceiling: 2 deployments as configured" in over
