@@ -85,7 +85,9 @@ def load_counts(path: Path | str | None = None) -> Counts:
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
-    for candidate in (text, *reversed(text.strip().splitlines()[-1:])):
+    """The whole text as a JSON object, else its last line that is one (a bench output)."""
+    lines = [line for line in reversed(text.splitlines()) if line.startswith("{")]
+    for candidate in (text, *lines):
         try:
             data = json.loads(candidate)
         except json.JSONDecodeError:
