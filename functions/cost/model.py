@@ -55,6 +55,11 @@ class Deployment(BaseModel):
     max_concurrent_calls: int = Field(ge=1)
     max_concurrent_sessions: int = Field(ge=1)
     session_idle_seconds: float = Field(ge=0)
+    # A batch trigger (cardinality many) fires at minMessageBatchSize or after
+    # maxBatchWaitTime, whichever comes first (host.json; Functions' defaults if unset).
+    batch_min: int = Field(default=1, ge=1)
+    batch_max: int = Field(default=1000, ge=1)
+    batch_wait_seconds: float = Field(default=30.0, ge=0)
 
 
 class Volumes(BaseModel):
@@ -108,7 +113,17 @@ def documents_per_event(workload: Workload, counts: Counts) -> float:
     return counts.documents_per_event_named_vm + setmates * counts.documents_per_event_per_setmate
 
 
-def volumes(workload: Workload, counts: Counts) -> Volumes:
+def heartbeat_batch(workload: Workload, deployment: Deployment, counts: Counts) -> float:
+    """Heartbeats per execution: 1 on the session queue; on a batch trigger, what arrives
+    before it fires (minMessageBatchSize, or the fleet's rate x maxBatchWaitTime if fewer)."""
+    if counts.heartbeats_on_sessions:
+        return 1.0
+    arriving = workload.vms / workload.heartbeat_seconds * deployment.batch_wait_seconds
+    fires_at = min(deployment.batch_min, deployment.batch_max)
+    return max(1.0, min(float(fires_at), arriving))
+
+
+def volumes(workload: Workload, counts: Counts, deployment: Deployment) -> Volumes:
     events = workload.vms * workload.events_per_vm_month
     heartbeats = workload.vms * SECONDS_PER_MONTH / workload.heartbeat_seconds
     notifications = events * counts.notifications_per_event
@@ -116,7 +131,7 @@ def volumes(workload: Workload, counts: Counts) -> Volumes:
         events=events,
         documents=events * documents_per_event(workload, counts),
         heartbeats=heartbeats,
-        heartbeat_executions=heartbeats / counts.heartbeats_per_execution,
+        heartbeat_executions=heartbeats / heartbeat_batch(workload, deployment, counts),
         notifications=notifications,
         notify_executions=notifications * counts.topic_subscriptions,
         sweeps=SWEEPS_PER_MONTH,
@@ -361,7 +376,7 @@ def estimate(
     *,
     free_grants: bool = False,
 ) -> Estimate:
-    v = volumes(workload, counts)
+    v = volumes(workload, counts, deployment)
     lines = [
         *functions_lines(v, workload, deployment, counts, prices, free_grants),
         *servicebus_lines(v, counts, prices),
@@ -414,6 +429,9 @@ def load_deployment(
         max_concurrent_calls=int(bus.get("maxConcurrentCalls", 16)),
         max_concurrent_sessions=int(bus.get("maxConcurrentSessions", 8)),
         session_idle_seconds=_timespan(str(bus.get("sessionIdleTimeout", "00:01:00"))),
+        batch_min=int(bus.get("minMessageBatchSize", 1)),
+        batch_max=int(bus.get("maxMessageBatchSize", 1000)),
+        batch_wait_seconds=_timespan(str(bus.get("maxBatchWaitTime", "00:00:30"))),
     )
 
 

@@ -15,6 +15,8 @@ here.
 
 from __future__ import annotations
 
+import importlib
+import json
 import logging
 import multiprocessing
 import statistics
@@ -24,11 +26,16 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import requests
+from pydantic import BaseModel
 
+from functions.pipeline.publish import LocalPublisher
 from tests.bench.wire import WireCounter
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TRACE_ROW_BYTES = 250  # columns Application Insights stores around each log line (assumed)
 PLATFORM_BYTES_PER_EXECUTION = 1000  # the host's request row and its two trace lines (assumed)
@@ -143,67 +150,105 @@ def make_pipeline(connection_string: str, prefix: str, publisher: Any, clock: An
     return Pipeline(store, settings, publisher, requests.Session(), clock)
 
 
-Row = tuple[str, str, str, str]  # (kind "vm" | "ended", table prefix, VM name, ISO time)
+# --------------------------------------------------------------------------- seeding
 
 
-def seed(connection_string: str, rows: list[Row], processes: int = 2, threads: int = 8) -> None:
-    """Write a fleet's rows through the store's own API (so they follow its layout), spread
-    over processes and threads. Not counted: this is the state a sweep finds, not work."""
-    if not rows:
+class SessionClock:
+    """Each thread's own standing time, set per piece of work: one pipeline seeds both
+    the past (events that ended 40 days ago) and the present (VMs heard just now)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def set(self, at: datetime) -> None:
+        self._local.at = at
+
+    def now(self) -> datetime:
+        return self._local.at
+
+    def sleep(self, seconds: float) -> None:
+        self._local.at += timedelta(seconds=max(0.0, seconds))
+
+
+# (table prefix, ISO time of the pipeline's clock, "session" | "heartbeats", bodies): a
+# session is one VM's documents, in order; heartbeats are one batch as the trigger gets it.
+Work = tuple[str, str, str, list[str]]
+
+
+def heartbeat_batch_size() -> int:
+    """Heartbeats per execution as host.json delivers them on a queue without sessions
+    (the trigger waits for minMessageBatchSize, the conservative end)."""
+    bus = json.loads((ROOT / "host.json").read_text())["extensions"]["serviceBus"]
+    return int(bus.get("minMessageBatchSize", 1))
+
+
+def batch_handler() -> Callable[..., Any] | None:
+    """The app's heartbeat batch handler, if it has one (issue 11 moves heartbeats off the
+    session queue); None: heartbeats are documents-queue messages, one per execution."""
+    try:
+        module = importlib.import_module("functions.pipeline.heartbeats")
+    except ImportError:
+        return None
+    return getattr(module, "ingest_heartbeats", None)
+
+
+def receive_heartbeats(bodies: list[str], pipeline: Any) -> tuple[int, bool]:
+    """Give heartbeats to the app as Azure would: through its batch handler where it has
+    one (functions.pipeline.heartbeats), else one message per execution on the session
+    queue. Returns (executions, whether they rode the session queue)."""
+    ingest_heartbeats = batch_handler()
+    if ingest_heartbeats is None:
+        from functions.pipeline.ingest import ingest_message
+
+        bad = [r.outcome for r in (ingest_message(b, pipeline) for b in bodies)]
+        if any(outcome != "processed" for outcome in bad):
+            raise RuntimeError(f"heartbeats not processed: {sorted(set(bad))}") from None
+        return len(bodies), True
+    size = max(1, heartbeat_batch_size())
+    chunks = [bodies[i : i + size] for i in range(0, len(bodies), size)]
+    for chunk in chunks:
+        result = ingest_heartbeats(chunk, pipeline)
+        if getattr(result, "rejected", 0):
+            raise RuntimeError(f"heartbeats rejected: {result}")
+    return len(chunks), False
+
+
+def seed(connection_string: str, work: list[Work], processes: int = 2, threads: int = 8) -> None:
+    """Run the work through the app's own entry points (ingest for documents, the
+    heartbeat path for heartbeats), so the rows follow whatever layout the store has;
+    spread over processes and threads as the function app would. Not counted."""
+    if not work:
         return
     context = multiprocessing.get_context("spawn")
-    shares = [(connection_string, rows[i::processes], threads) for i in range(processes)]
+    shares = [(connection_string, work[i::processes], threads) for i in range(processes)]
     with ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
         list(pool.map(_seed_worker, shares, timeout=900))
 
 
-def _seed_worker(args: tuple[str, list[Row], int]) -> None:
-    from functions.model.event import Decision
-    from functions.store.records import EventRecord, VmRecord
-    from functions.store.tables import Store
+def _seed_worker(args: tuple[str, list[Work], int]) -> None:
+    from functions.pipeline.ingest import ingest_message
+    from functions.pipeline.publish import LocalPublisher
 
-    connection_string, rows, threads = args
-    stores = {
-        prefix: Store.from_connection_string(connection_string, prefix).ensure_tables()
-        for prefix in {prefix for _, prefix, _, _ in rows}
+    connection_string, work, threads = args
+    clock = SessionClock()
+    pipelines = {
+        prefix: make_pipeline(connection_string, prefix, LocalPublisher(), clock)
+        for prefix in {prefix for prefix, _, _, _ in work}
     }
 
-    def write(row: Row) -> None:
-        kind, prefix, name, at_text = row
-        store, at = stores[prefix], datetime.fromisoformat(at_text)
-        if kind == "vm":  # heard at `at`, as a relay's document would leave it
-            vm = VmRecord(name=name, last_sequence=3, last_observed_at=at, last_seen=at)
-            store.mutate_vm(name, lambda current: vm if current is None else None, known=None)
+    def run(piece: Work) -> None:
+        prefix, at, kind, bodies = piece
+        clock.set(datetime.fromisoformat(at))
+        if kind == "heartbeats":
+            receive_heartbeats(bodies, pipelines[prefix])
             return
-        # An event on this VM that was held, then cancelled at `at` (before the retention).
-        event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{prefix}/{name}")).upper()
-        decision = Decision(action="hold", rule="default-hold", reason="bench")
-        record = EventRecord(
-            event_id=event_id,
-            event_type="Reboot",
-            event_status="Scheduled",
-            event_source="Platform",
-            resources=[name],
-            not_before=at + timedelta(minutes=15),
-            first_seen=at - timedelta(minutes=5),
-            past_reporters=[name],
-            ended="cancelled",
-            ended_at=at,
-            decision=decision,
-            decided_at=at - timedelta(minutes=5),
-            announced={"scheduled": "done", "decided": "done", "cancelled": "done"},
-        )
-        store.mutate_event(event_id, lambda current: record if current is None else None, None)
-        store.audit(
-            event_id,
-            at=at - timedelta(minutes=5),
-            rule="default-hold",
-            action="hold",
-            outcome="held",
-        )
+        for body in bodies:
+            outcome = ingest_message(body, pipelines[prefix]).outcome
+            if outcome != "processed":
+                raise RuntimeError(f"seeding: a document was {outcome}")
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        list(pool.map(write, rows))
+        list(pool.map(run, work))
 
 
 def _timed(call: Callable[[], Any]) -> tuple[Any, float]:
@@ -300,27 +345,22 @@ def reporters(connection_string: str, vms: int, workers: int = 16) -> dict[str, 
 # --------------------------------------------------------------------------- watchdog
 
 
-def watchdog(
-    connection_string: str, vms: int = 10_000, ended: int = 1_000, active: int = 5
-) -> dict[str, Any]:
-    """One sweep with `vms` VMs heard recently, `ended` events ended 40 days ago (before a
-    30-day retention) and `active` events held; then a steady sweep; then the same at 10
-    VMs, for the fit. Seeding goes through ingest, so it follows the store's layout."""
-    run_id = uuid.uuid4().hex[:6]
-    now = datetime.now(UTC).replace(microsecond=0)
-    big, small = f"benchwd{run_id}", f"benchws{run_id}"
-    seed(connection_string, _fleet(big, vms, ended, now) + _fleet(small, 10, 0, now))
-    for prefix, size in ((big, vms), (small, 10)):
-        _hold_events(connection_string, prefix, size, active, now + timedelta(seconds=1))
-    sweep_at = now + timedelta(minutes=2)  # every VM heard 2 minutes ago: none is silent
-    first, first_s, steady, steady_s = _sweeps(connection_string, big, sweep_at)
-    _, _, small_steady, small_s = _sweeps(connection_string, small, sweep_at)
-    per_vm = max(0.0, (steady - small_steady) / (vms - 10))
-    per_vm_s = max(0.0, (steady_s - small_s) / (vms - 10))
-    heartbeat = heartbeats(connection_string, big, vms, now + timedelta(minutes=1))
+def watchdog(connection_string: str, fleets: Fleets) -> dict[str, Any]:
+    """One sweep with the big fleet heard recently, its ended events 40 days old (before a
+    30-day retention) and 5 events held; then a steady sweep; then the same at 10 VMs, for
+    the fit (base + per VM) the model uses; then heartbeats of that fleet."""
+    sweep_at = fleets.now + timedelta(minutes=2)  # every VM heard 2 minutes ago: none silent
+    first, first_s, steady, steady_s = _sweeps(connection_string, fleets.big, sweep_at)
+    _, _, small_steady, small_s = _sweeps(connection_string, fleets.small, sweep_at)
+    span = fleets.vms - 10
+    per_vm = max(0.0, (steady - small_steady) / span) if span > 0 else 0.0
+    per_vm_s = max(0.0, (steady_s - small_s) / span) if span > 0 else 0.0
+    heartbeat = heartbeats(
+        connection_string, fleets.big, fleets.vms, fleets.now + timedelta(minutes=1)
+    )
     return {
         "watchdog_requests_10k": first,
-        "watchdog_fleet": vms,
+        "watchdog_fleet": fleets.vms,
         "watchdog_sweep_s": round(first_s, 2),
         "watchdog_requests_steady": steady,
         "watchdog_requests_10_vms": small_steady,
@@ -335,13 +375,48 @@ def watchdog(
     }
 
 
-def _fleet(prefix: str, vms: int, ended: int, now: datetime) -> list[Row]:
-    """Every VM heard `now`; `ended` events (one per VM) ended 40 days ago."""
-    long_ago = (now - timedelta(days=40)).isoformat()
+def fleet(prefix: str, vms: int, ended: int, now: datetime) -> tuple[list[Work], list[Work]]:
+    """(first, then): `ended` VMs each report an event 40 days ago and then its end; then
+    every VM's heartbeat `now`, in batches as the trigger gets them."""
+    long_ago = now - timedelta(days=40)
     names = [name64(prefix, i) for i in range(vms)]
-    return [("vm", prefix, n, now.isoformat()) for n in names] + [
-        ("ended", prefix, n, long_ago) for n in names[:ended]
+    past: list[Work] = []
+    for name in names[:ended]:
+        event = [reboot(str(uuid.uuid4()).upper(), [name], "Scheduled", long_ago)]
+        bodies = [
+            envelope(name, 1, event, long_ago - timedelta(minutes=10)),
+            envelope(name, 2, [], long_ago),
+        ]
+        past.append((prefix, long_ago.isoformat(), "session", bodies))
+    size = max(1, heartbeat_batch_size())
+    beats = [envelope(n, 3, None, now) for n in names]
+    present: list[Work] = [
+        (prefix, now.isoformat(), "heartbeats", beats[i : i + size])
+        for i in range(0, len(beats), size)
     ]
+    return past, present
+
+
+class Fleets(BaseModel):
+    big: str
+    small: str
+    vms: int
+    ended: int
+    now: datetime
+
+
+def seed_fleets(connection_string: str, vms: int, ended: int, active: int = 5) -> Fleets:
+    """The watchdog's fleets (that many VMs, and 10), seeded and ready to sweep."""
+    run_id = uuid.uuid4().hex[:6]
+    now = datetime.now(UTC).replace(microsecond=0)
+    big, small = f"benchwd{run_id}", f"benchws{run_id}"
+    big_past, big_now = fleet(big, vms, ended, now)
+    small_past, small_now = fleet(small, 10, 0, now)
+    seed(connection_string, big_past + small_past)  # the past first: ended, then heard
+    seed(connection_string, big_now + small_now)
+    for prefix, size in ((big, vms), (small, 10)):
+        _hold_events(connection_string, prefix, size, active, now + timedelta(seconds=1))
+    return Fleets(big=big, small=small, vms=vms, ended=ended, now=now)
 
 
 def _hold_events(connection_string: str, prefix: str, vms: int, active: int, at: datetime) -> None:
@@ -381,27 +456,29 @@ def _sweeps(connection_string: str, prefix: str, at: datetime) -> tuple[int, flo
 def heartbeats(
     connection_string: str, prefix: str, vms: int, at: datetime, sample: int = 400
 ) -> dict[str, Any]:
-    """Heartbeats of `sample` known VMs, received as the app receives them today: one
-    message per execution on the documents queue (sessions on)."""
-    from functions.pipeline.ingest import ingest_message
-    from functions.pipeline.publish import LocalPublisher
-
+    """Heartbeats of `sample` known VMs, received as the app receives them (see
+    receive_heartbeats), 16 executions at a time."""
     names = [name64(prefix, i) for i in range(min(sample, vms))]
     bodies = [envelope(n, 10, None, at) for n in names]
+    size = 1
     with WireCounter(connection_string) as wire, LogMeter() as meter:
         pipeline = make_pipeline(wire.connection_string, prefix, LocalPublisher(), FixedClock(at))
+        on_sessions = batch_handler() is None
+        size = 1 if on_sessions else max(1, heartbeat_batch_size())
+        batches = [bodies[i : i + size] for i in range(0, len(bodies), size)]
         wire.reset()
+        meter.reset()
         with ThreadPoolExecutor(max_workers=16) as pool:
-            timed = list(pool.map(lambda b: _timed(lambda: ingest_message(b, pipeline)), bodies))
-        if any(result.outcome != "processed" for result, _ in timed):
-            raise RuntimeError("heartbeats: not every heartbeat was processed")
+            timed = list(
+                pool.map(lambda b: _timed(lambda: receive_heartbeats(b, pipeline)), batches)
+            )
+        executions = sum(result[0] for result, _ in timed)
         count = len(bodies)
-        executions = count  # one message, one execution
         return {
-            "table_requests_per_heartbeat": round(wire.total() / count, 2),
+            "table_requests_per_heartbeat": round(wire.total() / count, 3),
             "_counts": {
                 "heartbeats_per_execution": count / executions,
-                "heartbeats_on_sessions": True,
+                "heartbeats_on_sessions": on_sessions,
                 "table_requests_per_heartbeat": wire.total() / count,
                 "table_entities_per_heartbeat": wire.entities() / count,
                 "seconds_per_heartbeat_execution": statistics.fmean(s for _, s in timed),

@@ -83,6 +83,9 @@ DEPLOYMENT = Deployment(
     max_concurrent_calls=16,
     max_concurrent_sessions=32,
     session_idle_seconds=30,
+    batch_min=10,
+    batch_max=1000,
+    batch_wait_seconds=30,
 )
 
 # 2,628 s between heartbeats: 1,000 heartbeats per VM in a 730-hour month.
@@ -90,11 +93,12 @@ WORKLOAD = Workload(vms=1000, set_size=2, events_per_vm_month=1, heartbeat_secon
 
 
 def test_volumes() -> None:
-    v = volumes(WORKLOAD, COUNTS)
+    v = volumes(WORKLOAD, COUNTS, DEPLOYMENT)
     assert v.events == 1000
     assert v.documents == 3000  # 3 from the named VM, 0 from its one set-mate
     assert v.heartbeats == 1_000_000
-    assert v.heartbeat_executions == 100_000  # 10 per execution
+    # the trigger fires at 10 (minMessageBatchSize): 1,000 VMs / 2,628 s x 30 s is 11.4
+    assert v.heartbeat_executions == 100_000
     assert v.notifications == 4000
     assert v.notify_executions == 16_000  # 4 subscriptions
     assert v.sweeps == 43_800  # 730 h x 60
@@ -159,6 +163,15 @@ def test_heartbeats_on_sessions_wait_for_the_idle_timeout() -> None:
     rate = 32 / 32
     documents = 1 * 3 / 2_628_000 / (32 / 30.5)
     assert functions.vms == pytest.approx(10 / (1 / 300 / rate + documents))
+
+
+def test_small_fleets_fill_smaller_batches() -> None:
+    small = WORKLOAD.model_copy(update={"vms": 438})  # 438 / 2,628 s x 30 s = 5 per batch
+    assert volumes(small, COUNTS, DEPLOYMENT).heartbeat_executions == pytest.approx(438 * 1000 / 5)
+    one = WORKLOAD.model_copy(update={"vms": 10})  # fewer than one per wait: one each
+    assert volumes(one, COUNTS, DEPLOYMENT).heartbeat_executions == pytest.approx(10 * 1000)
+    on_sessions = COUNTS.model_copy(update={"heartbeats_on_sessions": True})
+    assert volumes(WORKLOAD, on_sessions, DEPLOYMENT).heartbeat_executions == 1_000_000
 
 
 def test_tiers() -> None:
