@@ -346,15 +346,17 @@ def reporters(connection_string: str, vms: int, workers: int = 16) -> dict[str, 
 
 
 def watchdog(connection_string: str, fleets: Fleets) -> dict[str, Any]:
-    """One sweep with the big fleet heard recently, its ended events 40 days old (before a
-    30-day retention) and 5 events held; then a steady sweep; then the same at 10 VMs, for
-    the fit (base + per VM) the model uses; then heartbeats of that fleet."""
+    """The issue's sweep: the big fleet heard recently, its ended events 40 days old
+    (before a 30-day retention), 5 events held; and the sweep after it. Then steady sweeps
+    of two fleets with no history (2,000 VMs and 10), for the model's base + per VM, which
+    a retention backlog must not skew; then heartbeats of the big fleet."""
     sweep_at = fleets.now + timedelta(minutes=2)  # every VM heard 2 minutes ago: none silent
-    first, first_s, steady, steady_s = _sweeps(connection_string, fleets.big, sweep_at)
-    _, _, small_steady, small_s = _sweeps(connection_string, fleets.small, sweep_at)
-    span = fleets.vms - 10
-    per_vm = max(0.0, (steady - small_steady) / span) if span > 0 else 0.0
-    per_vm_s = max(0.0, (steady_s - small_s) / span) if span > 0 else 0.0
+    first, first_s, after, _ = _sweeps(connection_string, fleets.big, sweep_at)
+    _, _, quiet, quiet_s = _sweeps(connection_string, fleets.quiet, sweep_at)
+    _, _, small, small_s = _sweeps(connection_string, fleets.small, sweep_at)
+    span = fleets.quiet_vms - 10
+    per_vm = max(0.0, (quiet - small) / span) if span > 0 else 0.0
+    per_vm_s = max(0.0, (quiet_s - small_s) / span) if span > 0 else 0.0
     heartbeat = heartbeats(
         connection_string, fleets.big, fleets.vms, fleets.now + timedelta(minutes=1)
     )
@@ -362,11 +364,12 @@ def watchdog(connection_string: str, fleets: Fleets) -> dict[str, Any]:
         "watchdog_requests_10k": first,
         "watchdog_fleet": fleets.vms,
         "watchdog_sweep_s": round(first_s, 2),
-        "watchdog_requests_steady": steady,
-        "watchdog_requests_10_vms": small_steady,
+        "watchdog_requests_next_sweep": after,
+        f"watchdog_requests_quiet_{fleets.quiet_vms}": quiet,
+        "watchdog_requests_quiet_10": small,
         **{k: v for k, v in heartbeat.items() if not k.startswith("_")},
         "_counts": {
-            "watchdog_requests_per_sweep_base": max(0.0, small_steady - per_vm * 10),
+            "watchdog_requests_per_sweep_base": max(0.0, small - per_vm * 10),
             "watchdog_requests_per_sweep_per_vm": per_vm,
             "watchdog_seconds_per_sweep_base": max(0.0, small_s - per_vm_s * 10),
             "watchdog_seconds_per_sweep_per_vm": per_vm_s,
@@ -399,24 +402,38 @@ def fleet(prefix: str, vms: int, ended: int, now: datetime) -> tuple[list[Work],
 
 class Fleets(BaseModel):
     big: str
+    quiet: str
     small: str
+    quiet_vms: int
     vms: int
     ended: int
     now: datetime
 
 
 def seed_fleets(connection_string: str, vms: int, ended: int, active: int = 5) -> Fleets:
-    """The watchdog's fleets (that many VMs, and 10), seeded and ready to sweep."""
+    """The watchdog's fleets, seeded and ready to sweep: the issue's (`vms` VMs, `ended`
+    old events) and two without history (2,000 VMs and 10), each with `active` held events."""
     run_id = uuid.uuid4().hex[:6]
     now = datetime.now(UTC).replace(microsecond=0)
-    big, small = f"benchwd{run_id}", f"benchws{run_id}"
-    big_past, big_now = fleet(big, vms, ended, now)
-    small_past, small_now = fleet(small, 10, 0, now)
-    seed(connection_string, big_past + small_past)  # the past first: ended, then heard
-    seed(connection_string, big_now + small_now)
-    for prefix, size in ((big, vms), (small, 10)):
+    sizes = {
+        f"benchwd{run_id}": (vms, ended),
+        f"benchwq{run_id}": (min(2000, vms), 0),
+        f"benchws{run_id}": (10, 0),
+    }
+    past: list[Work] = []
+    present: list[Work] = []
+    for prefix, (size, old) in sizes.items():
+        earlier, later = fleet(prefix, size, old, now)
+        past += earlier
+        present += later
+    seed(connection_string, past)  # the past first: ended, then heard
+    seed(connection_string, present)
+    for prefix, (size, _) in sizes.items():
         _hold_events(connection_string, prefix, size, active, now + timedelta(seconds=1))
-    return Fleets(big=big, small=small, vms=vms, ended=ended, now=now)
+    big, quiet, small = sizes
+    return Fleets(
+        big=big, quiet=quiet, small=small, quiet_vms=sizes[quiet][0], vms=vms, ended=ended, now=now
+    )
 
 
 def _hold_events(connection_string: str, prefix: str, vms: int, active: int, at: datetime) -> None:
