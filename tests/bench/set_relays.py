@@ -5,7 +5,8 @@ sees it (IMDS shows a VM its set-mates' events), so what each relay forwards bec
 is what issue 11 counts: 3 from the named VM when relays forward only their own events,
 3 from every VM of the set when they forward whole documents.
 
-Each relay is a `python -m relay` process (1 s polling, `--forward file:DIR`, its own
+Each relay is a real relay process (the pyz where one is built, else `python -m relay`;
+1 s polling, `--forward file:DIR`, its own
 directory); only `*-document.json` files in that directory count (heartbeats are not
 documents, and go elsewhere). A step is over when every VM's IMDS was polled twice after
 the change and no forward directory has changed for half a second, so nothing is missed
@@ -25,6 +26,18 @@ from pathlib import Path
 from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+PYZ_CANDIDATES = ("dist/scheduled-events-relay.pyz", "infra/relay/scheduled-events-relay.pyz")
+
+
+def relay_command() -> list[str]:
+    """The relay as it ships where there is a build (the zipapp `make relay` writes, or the
+    one committed for cloud-init), else the package: `python -m relay`."""
+    for candidate in PYZ_CANDIDATES:
+        if (ROOT / candidate).is_file():
+            return [sys.executable, str(ROOT / candidate)]
+    return [sys.executable, "-m", "relay"]
 
 
 class SetResult(BaseModel):
@@ -76,9 +89,7 @@ def run(vms: int = 20, poll: float = 1.0, timeout: float = 90.0) -> SetResult:
             relays.append(
                 subprocess.Popen(
                     [
-                        sys.executable,
-                        "-m",
-                        "relay",
+                        *relay_command(),
                         f"--imds-url={server.vm_url(name)}",
                         f"--vm-name={name}",
                         "--availability-set=benchset",
