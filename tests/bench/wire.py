@@ -18,6 +18,8 @@ from tests.tablecount import TableCounter
 
 _ENTITY_PATH = re.compile(r"^/[^/]+/(?P<table>[^/(?]+)(?P<key>\([^)]*\))?")
 _PK_IN_KEY = re.compile(r"PartitionKey='((?:[^']|'')*)'")
+_RK_IN_KEY = re.compile(r"RowKey='((?:[^']|'')*)'")
+_RK_IN_BODY = re.compile(rb'"RowKey"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _PK_IN_BODY = re.compile(rb'"PartitionKey"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _PK_IN_FILTER = re.compile(r"PartitionKey eq '((?:[^']|'')*)'")
 _SUB_REQUEST = re.compile(rb"^(GET|POST|PUT|PATCH|MERGE|DELETE) (\S+) HTTP/1\.1\r?$", re.M)
@@ -32,6 +34,7 @@ class WireCounter(TableCounter):
         self._entities: Counter[tuple[str, str]] = Counter()
         self._written: Counter[str] = Counter()  # bytes of entity bodies per table
         self._writes: Counter[str] = Counter()  # entity writes per table
+        self._rows: dict[tuple[str, str, str], int] = {}  # row -> size of its last write
         self._wire_lock = threading.Lock()
 
     def _send(self, method, path, body, headers):  # type: ignore[no-untyped-def]
@@ -70,11 +73,20 @@ class WireCounter(TableCounter):
             pk = found.group(1).decode("utf-8", "replace")
         elif found := _PK_IN_FILTER.search(unquote(parts.query).replace("+", " ")):
             pk = found.group(1)
+        rk = ""
+        if found := _RK_IN_KEY.search(key):
+            rk = found.group(1)
+        elif found := _RK_IN_BODY.search(body):
+            rk = found.group(1).decode("utf-8", "replace")
         with self._wire_lock:
             self._entities[(table, pk)] += 1
             if method in _WRITES and body:
                 self._written[table] += len(body)
                 self._writes[table] += 1
+                if rk:
+                    self._rows[(table, pk, rk)] = len(body)
+            elif method == "DELETE":
+                self._rows.pop((table, pk, rk), None)
 
     def reset(self) -> None:
         super().reset()
@@ -82,6 +94,7 @@ class WireCounter(TableCounter):
             self._entities.clear()
             self._written.clear()
             self._writes.clear()
+            self._rows.clear()
 
     def entities(self) -> int:
         """Entity operations since the reset: a batch counts each of its sub-requests."""
@@ -97,6 +110,13 @@ class WireCounter(TableCounter):
     def partitions(self) -> dict[tuple[str, str], int]:
         with self._wire_lock:
             return dict(self._entities)
+
+    def stored(self, table_suffix: str) -> tuple[int, int]:
+        """(bytes, rows) as left by the writes since the reset, in tables whose name ends
+        with the suffix: each row's last write counts once, a deleted row not at all."""
+        with self._wire_lock:
+            sizes = [n for (t, _, _), n in self._rows.items() if t.endswith(table_suffix)]
+            return sum(sizes), len(sizes)
 
     def bytes_written(self, table_suffix: str) -> tuple[int, int]:
         """(bytes, writes) of entity bodies sent to tables whose name ends with the suffix."""

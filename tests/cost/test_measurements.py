@@ -62,6 +62,8 @@ def test_proxy_counts_what_it_forwards(azurite: str) -> None:
         assert counter.hottest_partition_share() == pytest.approx(6 / 10)
         written, writes = counter.bytes_written(name)
         assert writes == 7 and written > 0  # insert, 2 updates, upsert, 3 in the batch
+        size, rows = counter.stored(name)  # p1/a was deleted; the others remain
+        assert rows == 4 and 0 < size < written
 
     # It forwarded: Azurite itself holds exactly the rows written through the proxy.
     direct = TableServiceClient.from_connection_string(azurite).get_table_client(name)
