@@ -7,6 +7,7 @@ functions. Settings are read at the first invocation (functions/triggers/core.py
 import azure.functions as func
 
 from functions.triggers.core import bp as core
+from functions.triggers.eventgrid import bp as eventgrid
 from functions.triggers.notify import bp as notify
 from functions.triggers.terminate import bp as terminate
 
@@ -18,3 +19,5 @@ app.register_functions(core)
 app.register_functions(notify)
 # Scale-set Terminate: drain, then approve (terminate subscription).
 app.register_functions(terminate)
+# Agentless mode: Event Grid notifications (EVENTGRID_QUEUE), same ingest as documents.
+app.register_functions(eventgrid)

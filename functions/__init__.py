@@ -4,9 +4,12 @@ The packages follow one document down the data path; each imports only from the 
 above it in this list:
 
 1. `model/`     what everything agrees on, with no I/O: the IMDS document and the relay
-                envelope (`envelope`), the announced transition (`event`), the policy.
-2. `store/`     Table storage: records, keys, the drain steps' table.
-3. `approvers/` how an approval reaches Azure: the relay's signed callback.
+                envelope (`envelope`), the announced transition (`event`), the policy,
+                the ARM ids of events' owners (`arm`).
+2. `store/`     Table storage: records, keys, the drain steps' table, the channels'
+                deliveries (posted once per announcement).
+3. `approvers/` how an approval reaches Azure: the relay's signed callback (`relay`), or
+                Resource Manager's `acknowledge` with the app's identity (`arm`).
 4. `pipeline/`  the stages a document goes through: ingest → lifecycle → decision
                 (`transitions`, `capacity`) → approve → announce (`publish`), plus the
                 watchdog that does the same on a timer for what no document triggers.
@@ -16,5 +19,6 @@ above it in this list:
                 the timer and HTTP; `function_app.py` registers them.
 
 Where to change things: a rule → `model/policy.py` (or just the `POLICY__*` settings);
-a channel → `notify/`; a store → `store/`; a new source → `pipeline/ingest.py`.
+a channel → `notify/`; a store → `store/`; a new source → `pipeline/sources/` (Event Grid
+is one) plus a dispatch in `pipeline/ingest.py`.
 """

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from functions.model.envelope import DocumentError, parse_document, parse_envelope
 from functions.model.policy import decide, effective_policy_json, load_policy
+from functions.pipeline.sources.eventgrid import looks_like_event_grid, parse_message
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     policy = sub.add_parser("policy", help="check or try the approval policy")
     what = policy.add_subparsers(dest="policy_command", required=True)
     what.add_parser("check", help="print the effective policy, or exit 2 with the error")
-    explain = what.add_parser("explain", help="decide each event of a document or envelope")
-    explain.add_argument("file", help="an IMDS document or a relay envelope (JSON); - for stdin")
+    explain = what.add_parser(
+        "explain", help="decide each event of a document, an envelope or Event Grid events"
+    )
+    explain.add_argument(
+        "file",
+        help="an IMDS document, a relay envelope, or an Event Grid event or array of them "
+        "(Event Grid schema or CloudEvents 1.0); JSON; - for stdin",
+    )
     explain.add_argument("--now", help="ISO time to decide at (default: now), for windows")
     _cost_parser(sub)
     args = parser.parse_args(argv)
@@ -55,6 +62,10 @@ def _explain(load, file: str, now_text: str | None) -> int:
         print(f"{file}: not JSON: {exc}", file=sys.stderr)
         return 2
     scale_sets: tuple[str, ...] = ()
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    if looks_like_event_grid(raw):
+        return _explain_event_grid(load, file, data, now)
     try:
         if isinstance(data, dict) and "kind" in data and "vm" in data:
             envelope = parse_envelope(data)
@@ -65,22 +76,8 @@ def _explain(load, file: str, now_text: str | None) -> int:
     except DocumentError as exc:
         print(f"{file}: {exc}", file=sys.stderr)
         return 2
-    if now.tzinfo is None:
-        now = now.replace(tzinfo=UTC)
     for event in document.events if document else ():
-        decision = decide(load, event, now, scale_sets)
-        line = {
-            "EventId": event.event_id,
-            "EventType": event.event_type,
-            "action": decision.action,
-            "rule": decision.rule,
-            "reason": decision.reason,
-            "page": decision.page,
-            "severity": decision.severity,
-            "approve_after": decision.approve_after.isoformat() if decision.approve_after else None,
-            "dry_run": decision.dry_run,
-        }
-        print(json.dumps(line))
+        _print_decision(load, event, now, scale_sets)
     return 0
 
 
@@ -140,6 +137,39 @@ def _cost(args: argparse.Namespace) -> int:
         return 2
     print(result.model_dump_json() if args.json else render(result))
     return 0
+
+
+def _explain_event_grid(load, file: str, data: object, now: datetime) -> int:
+    """Each notification decided as its IMDS event would be (a scale set owner counts as
+    the event's scale set, as ingest records it)."""
+    try:
+        events, rejected = parse_message(data)  # type: ignore[arg-type]
+    except DocumentError as exc:
+        print(f"{file}: {exc}", file=sys.stderr)
+        return 2
+    for bad in rejected:
+        print(f"{file}: {bad.reason}", file=sys.stderr)
+    for grid in events:
+        owner = grid.owner
+        sets = (owner.name,) if owner.resource_type == "virtualMachineScaleSets" else ()
+        _print_decision(load, grid.event, now, sets)
+    return 2 if rejected else 0
+
+
+def _print_decision(load, event, now: datetime, scale_sets: tuple[str, ...]) -> None:
+    decision = decide(load, event, now, scale_sets)
+    line = {
+        "EventId": event.event_id,
+        "EventType": event.event_type,
+        "action": decision.action,
+        "rule": decision.rule,
+        "reason": decision.reason,
+        "page": decision.page,
+        "severity": decision.severity,
+        "approve_after": decision.approve_after.isoformat() if decision.approve_after else None,
+        "dry_run": decision.dry_run,
+    }
+    print(json.dumps(line))
 
 
 if __name__ == "__main__":

@@ -59,12 +59,28 @@ class Settings(BaseSettings):
     notifications_topic: str = Field(default="notifications", min_length=1)
     state_table_prefix: str = Field(default="sebridge", pattern=r"^[A-Za-z][A-Za-z0-9]{0,40}$")
     relay_key: SecretStr | None = None
+    # The key before the last rotation: a relay that still verifies with it (not rotated
+    # yet) answers 401 to RELAY_KEY, and is asked once more signed with this one.
+    relay_key_previous: SecretStr | None = None
     public_base_url: str | None = None
     relay_silent_after_seconds: int = Field(default=600, ge=30)
     approval_margin_seconds: int = Field(default=10, ge=0)
     # How long one ingest invocation keeps retrying an approval before leaving the rest to
     # the watchdog, so a slow relay never holds a VM's session for the whole notice period.
     approval_budget_seconds: int = Field(default=60, ge=1)
+    # Agentless mode (functions.approvers.arm): which approvers, in order, and how ARM is
+    # reached. APPROVERS="relay,arm" tries relays first and acknowledges through ARM when
+    # no relay can approve; "arm" or "relay" alone use only that one.
+    approvers: str = Field(default="relay,arm")
+    eventgrid_queue: str = Field(default="scheduled-events", min_length=1)
+    # An event only Event Grid reported is ended this long after NotBefore if its
+    # Completed/Canceled never arrives (no relay silence can end it).
+    eventgrid_end_after_seconds: int = Field(default=6 * 3600, ge=60)
+    arm_endpoint: str = Field(default="https://management.azure.com")
+    arm_api_version: str = Field(default="2025-11-01", pattern=r"^\d{4}-\d{2}-\d{2}(-preview)?$")
+    # How long relays are tried (from their first attempt) before ARM takes over, when both
+    # are configured; never later than APPROVAL_MARGIN_SECONDS before NotBefore.
+    arm_fallback_after_seconds: int = Field(default=30, ge=0)
 
     @model_validator(mode="after")
     def _urls(self) -> Settings:
@@ -72,11 +88,37 @@ class Settings(BaseSettings):
             raise ValueError("PUBLIC_BASE_URL must be an http(s) URL")
         if self.relay_key is not None and len(self.relay_key.get_secret_value().strip()) < 16:
             raise ValueError("RELAY_KEY must be at least 16 characters")
+        previous = self.relay_key_previous.get_secret_value() if self.relay_key_previous else ""
+        if previous.strip() and len(previous.strip()) < 16:
+            raise ValueError("RELAY_KEY_PREVIOUS must be at least 16 characters")
+        if not self.arm_endpoint.startswith(("https://", "http://")):
+            raise ValueError("ARM_ENDPOINT must be an http(s) URL")
+        order = self.approver_order
+        if not order or len(set(order)) != len(order) or not set(order) <= {"relay", "arm"}:
+            raise ValueError(
+                f"APPROVERS {self.approvers!r} must list relay and/or arm, each once, in order "
+                "(e.g. relay,arm)"
+            )
         return self
+
+    @property
+    def approver_order(self) -> tuple[str, ...]:
+        return tuple(p.strip().casefold() for p in self.approvers.split(",") if p.strip())
 
     @property
     def relay_key_bytes(self) -> bytes | None:
         return self.relay_key.get_secret_value().strip().encode() if self.relay_key else None
+
+    @property
+    def relay_key_previous_bytes(self) -> bytes | None:
+        """None when unset, empty, or a Key Vault reference the platform could not resolve
+        (App Service then passes the reference text itself, which must never sign)."""
+        previous = self.relay_key_previous
+        value = previous.get_secret_value().strip() if previous is not None else ""
+        if value.startswith("@Microsoft.KeyVault("):
+            log.error("RELAY_KEY_PREVIOUS is an unresolved Key Vault reference; ignored")
+            return None
+        return value.encode() if value else None
 
     @cached_property
     def policy(self) -> PolicyLoad:

@@ -82,6 +82,10 @@ param relayCallbackPort int = 8492
 @minLength(32)
 param relayKey string
 
+@description('The relay key before a rotation, only while one is under way (infra/README.md).')
+@secure()
+param relayKeyPrevious string = ''
+
 @secure()
 param pagerdutyRoutingKey string = ''
 
@@ -130,11 +134,43 @@ param drainHttpUrl string = ''
 
 param drainRelayHook string = ''
 
+@description('UNDRAIN__HTTP_URL: puts an instance back in service when its drained Terminate is cancelled.')
+param undrainHttpUrl string = ''
+
+@description('UNDRAIN__RELAY_HOOK: the relays\' hook script that undoes DRAIN__RELAY_HOOK.')
+param undrainRelayHook string = ''
+
 @allowed([
   'hold'
   'approve'
 ])
 param drainOnFailure string = 'hold'
+
+// ---------- Agentless mode (preview): Event Grid + Resource Manager ----------
+@description('Create the Event Grid system topic (Microsoft.ResourceNotifications.MaintenanceResources) and its subscription to the scheduled-events queue. Register the preview features first (README).')
+param enableEventGrid bool = false
+
+@description('Event Grid delivery schema.')
+@allowed([
+  'CloudEventSchemaV1_0'
+  'EventGridSchema'
+])
+param eventGridDeliverySchema string = 'CloudEventSchemaV1_0'
+
+@description('Where the function app may acknowledge Scheduled Events through Resource Manager: [{resourceGroup: \'rg\'}] or [{resourceGroup: \'rg\', resourceType: \'virtualMachineScaleSets\', name: \'vmss\'}]. Empty: it cannot (relays approve).')
+param acknowledgeScopes array = []
+
+@description('APPROVERS: relay,arm (relay first, ARM when no relay can), arm, or relay.')
+@allowed([
+  'relay,arm'
+  'arm,relay'
+  'arm'
+  'relay'
+])
+param approvers string = 'relay,arm'
+
+@description('Opt the example VM and scale set in to Event Grid publishing (scheduledEventsPolicy; Compute API 2025-04-01, preview feature).')
+param exampleEventGridOptIn bool = false
 
 // ---------- Example VMs ----------
 @description('Deploy the example scale set (relay + Terminate notifications).')
@@ -267,6 +303,7 @@ module keyVault 'modules/keyvault.bicep' = {
     location: location
     tags: tags
     relayKey: relayKey
+    relayKeyPrevious: relayKeyPrevious
     pagerdutyRoutingKey: pagerdutyRoutingKey
     teamsWebhookUrl: teamsWebhookUrl
     webhookUrl: webhookUrl
@@ -278,6 +315,24 @@ module keyVault 'modules/keyvault.bicep' = {
   }
 }
 
+module eventGrid 'modules/eventgrid.bicep' = {
+  name: 'eventgrid'
+  dependsOn: [
+    serviceBus
+    storage
+  ]
+  params: {
+    namespaceName: serviceBus.outputs.namespaceName
+    storageAccountName: storage.outputs.accountName
+    tags: tags
+    enableEventGrid: enableEventGrid
+    eventDeliverySchema: eventGridDeliverySchema
+    maxDeliveryCount: maxDeliveryCount
+    functionPrincipalId: functionIdentity.properties.principalId
+    acknowledgeScopes: acknowledgeScopes
+  }
+}
+
 module functionApp 'modules/functionapp.bicep' = {
   name: 'functionapp'
   // Role assignments first, so the host and the Key Vault references work at first start.
@@ -286,6 +341,7 @@ module functionApp 'modules/functionapp.bicep' = {
     storage
     monitoring
     keyVault
+    eventGrid
   ]
   params: {
     name: names.functionApp
@@ -304,6 +360,7 @@ module functionApp 'modules/functionapp.bicep' = {
     stateTablePrefix: storage.outputs.tablePrefix
     keyVaultUri: keyVault.outputs.vaultUri
     secretNames: keyVault.outputs.secretNames
+    hasRelayKeyPrevious: keyVault.outputs.hasRelayKeyPrevious
     hasPagerduty: keyVault.outputs.hasPagerduty
     hasTeams: keyVault.outputs.hasTeams
     hasWebhookUrl: keyVault.outputs.hasWebhookUrl
@@ -318,7 +375,11 @@ module functionApp 'modules/functionapp.bicep' = {
     policyMaxConcurrentPerSet: policyMaxConcurrentPerSet
     drainHttpUrl: drainHttpUrl
     drainRelayHook: drainRelayHook
+    undrainHttpUrl: undrainHttpUrl
+    undrainRelayHook: undrainRelayHook
     drainOnFailure: drainOnFailure
+    eventGridQueueName: eventGrid.outputs.queueName
+    approvers: approvers
   }
 }
 
@@ -348,6 +409,7 @@ module exampleScaleSet 'modules/vmss-relay.bicep' = if (deployExampleScaleSet) {
     adminSshPublicKey: adminSshPublicKey
     instanceCount: exampleInstanceCount
     terminateNotBeforeTimeout: terminateNotBeforeTimeout
+    eventGridOptIn: exampleEventGridOptIn
   }
 }
 
@@ -362,6 +424,7 @@ module exampleVm 'modules/vm-relay.bicep' = if (deployExampleVm) {
     customData: relayCloudInit
     adminUsername: adminUsername
     adminSshPublicKey: adminSshPublicKey
+    eventGridOptIn: exampleEventGridOptIn
   }
 }
 
@@ -371,6 +434,7 @@ output functionAppUrl string = functionApp.outputs.url
 output serviceBusNamespace string = serviceBus.outputs.namespaceName
 output serviceBusFullyQualifiedNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 output documentsQueue string = serviceBus.outputs.queueName
+output eventGridQueue string = eventGrid.outputs.queueName
 output notificationsTopic string = serviceBus.outputs.topicName
 output keyVaultName string = keyVault.outputs.vaultName
 output relayKeySecretUri string = keyVault.outputs.relayKeySecretUri

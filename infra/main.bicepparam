@@ -24,6 +24,7 @@ param relayCallbackPort = 8492
 
 // Secrets, stored in Key Vault; an empty value leaves that channel off.
 param relayKey = readEnvironmentVariable('RELAY_KEY')
+param relayKeyPrevious = readEnvironmentVariable('RELAY_KEY_PREVIOUS', '')
 param pagerdutyRoutingKey = readEnvironmentVariable('PAGERDUTY_ROUTING_KEY', '')
 param teamsWebhookUrl = readEnvironmentVariable('TEAMS_WEBHOOK_URL', '')
 param webhookUrl = readEnvironmentVariable('WEBHOOK_URL', '')

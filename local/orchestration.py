@@ -82,6 +82,8 @@ class Demo:
         self.channels: list[str] = []
         self.subscriptions: list[Subscription] = []
         self.inbox: Path | None = None
+        self.event_grid: Any = None  # the Event Grid stand-in (agentless mode), if any VM opted in
+        self.credential: Any = None  # the function app's identity for Resource Manager
         # The functions read POLICY__* from the process environment, so that is what counts.
         self.play_errors: list[Outcome] = []
         self.custom_policy = any(k.upper().startswith("POLICY__") for k in os.environ)
@@ -107,6 +109,8 @@ class Demo:
             self._start_host()
         if "relays" not in self.missing:
             self._start_relays()
+        if "local functions host" not in self.missing:
+            self._start_event_grid()
         self.watcher = FleetWatcher(self.sim, self.timeline, on_new=self._attach_step).start()
         self.stack.callback(self.watcher.stop)
         return self
@@ -200,7 +204,11 @@ class Demo:
             # Real-world margins, scaled like the simulator's clock.
             approval_margin_seconds=max(0, round(10 / self.options.time_scale)),
             approval_budget_seconds=max(1, round(60 / self.options.time_scale)),
+            # Agentless mode: the simulator's Resource Manager, relays first.
+            arm_endpoint=self.server.arm_url,
+            arm_fallback_after_seconds=max(1, round(30 / self.options.time_scale)),
         )
+        self.credential = self._managed_identity()
         if self.settings.policy.error:
             self.timeline.add("decide", "policy", f"INVALID: {self.settings.policy.error}", False)
         self.store = Store.from_settings(self.settings).ensure_tables()
@@ -213,6 +221,7 @@ class Demo:
         self.host = LocalHost(
             self.inbox, self.settings, self.store, self.publisher, watchdog_interval_seconds=5
         )
+        self.host.pipeline.credential = self.credential
         stop = threading.Event()
         thread = threading.Thread(
             target=self.host.run_forever,
@@ -229,6 +238,53 @@ class Demo:
 
         self.stack.callback(stop_host)
         self.timeline.add("demo", "functions", f"local host reading {self.inbox}")
+
+    def _managed_identity(self) -> Any:
+        """The function app's identity: azure-identity's ManagedIdentityCredential, asking
+        the simulator's IMDS token endpoint (AZURE_POD_IDENTITY_AUTHORITY_HOST) for tokens
+        the simulator's Resource Manager accepts."""
+        from azure.identity import ManagedIdentityCredential
+
+        name = "AZURE_POD_IDENTITY_AUTHORITY_HOST"
+        before = os.environ.get(name)
+        os.environ[name] = self.server.url
+
+        def restore() -> None:
+            if before is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = before
+
+        self.stack.callback(restore)
+        return ManagedIdentityCredential()
+
+    def _start_event_grid(self) -> None:
+        """Event Grid's stand-in: the opted-in VMs' event changes, as notifications, into
+        the same inbox (in Azure: their own queue), with a seeded duplicate now and then
+        and an occasional one out of order, as Event Grid delivers."""
+        from simulator.eventgrid import EventGridPublisher, directory_sink
+
+        opted = [vm.name for vm in self.options.fleet if vm.event_grid]
+        if not opted:
+            return
+        assert self.inbox is not None
+        self.event_grid = EventGridPublisher(
+            self.sim,
+            directory_sink(self.inbox),
+            opted_in=opted,
+            schema="cloudevents",
+            duplicate_rate=0.3,
+            reorder_rate=0.3,
+            seed=48,  # with these rates: its first and third notifications come twice
+            hold_seconds=0.3,
+        ).start()
+        self.stack.callback(self.event_grid.stop)
+        self.timeline.add(
+            "demo",
+            "event grid",
+            f"publishing {', '.join(opted)} (opted in) to {self.inbox}; Resource Manager at "
+            f"{self.server.arm_url}",
+        )
 
     def _subscribe_channels(self) -> None:
         """Each channel is its own subscription, as on the topic; every delivery is recorded."""
@@ -309,7 +365,9 @@ class Demo:
         def approve(event_id: str, until: datetime) -> Any:
             return approve_event(
                 event_id,
-                Pipeline(self.store, self.settings, self.publisher, session, clock),
+                Pipeline(
+                    self.store, self.settings, self.publisher, session, clock, self.credential
+                ),
                 give_up_at=until,
                 by="terminate",
             )
@@ -352,6 +410,8 @@ class Demo:
         self.relays: dict[str, subprocess.Popen[bytes]] = {}
         self.callback_urls: dict[str, str] = {}
         for vm in self.options.fleet:
+            if not vm.relay:
+                continue
             port = free_port()
             url = relay_callback_url(port)
             argv = relay_argv(
@@ -363,6 +423,8 @@ class Demo:
                 port=port,
                 key_file=self.key_file,
                 hook=hook,
+                # Nothing listens there: approvals through it fail (connection refused).
+                advertise=relay_callback_url(free_port()) if vm.callback_down else None,
             )
             log = self.workdir / "logs" / f"relay-{vm.name}.log"
             self.relays[vm.name] = self.stack.process(argv, log, env=relay_env(self.options.env))

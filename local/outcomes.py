@@ -98,7 +98,7 @@ def _pipeline_outcomes(demo: Demo, name: str, step: Step, track: EventTrack) -> 
         )
 
     scenario = step.scenario
-    if scenario in ("live-migration", "user-reboot"):
+    if scenario in ("live-migration", "user-reboot", "user-redeploy"):
         expect_action("approve")
         expect_approved_in_time()
         expect_announced("approved")
@@ -128,6 +128,37 @@ def _pipeline_outcomes(demo: Demo, name: str, step: Step, track: EventTrack) -> 
     elif scenario == "hardware-failure":
         expect_no_approval()
         expect_announced("started")
+    if step.approved_via == "arm":
+        out.extend(_approved_through_arm(demo, name, step, first_approval, notes))
+    return out
+
+
+def _approved_through_arm(
+    demo: Demo, name: str, step: Step, approval: Any, notes: list[Any]
+) -> list[Outcome]:
+    """Agentless mode: Resource Manager's acknowledge started it (the simulator recorded
+    who), and the announcement says so; an event of a VM without a relay came only through
+    Event Grid (no relay reported it)."""
+    out = []
+    who = approval.vm if approval is not None else "nobody"
+    out.append(Outcome(f"{name}: approved through Resource Manager", who.startswith("arm:"), who))
+    approved = [n for n in notes if n.transition.value == "approved"]
+    said = approved[0].detail if approved else "no 'approved' announcement"
+    out.append(
+        Outcome(f"{name}: announced as approved via arm", said.startswith("approved via arm"), said)
+    )
+    vm = next((v for v in demo.options.fleet if v.name == step.target), None)
+    store = getattr(demo, "store", None)
+    if vm is not None and not vm.relay and store is not None and approval is not None:
+        record = store.get_event(approval.event_id)
+        grid = demo.event_grid.delivered if demo.event_grid is not None else []
+        copies = [g for g in grid if g[1] == approval.event_id]
+        ok = record is not None and not record.past_reporters and bool(record.arm_resource)
+        detail = (
+            f"{len(copies)} notification(s) delivered ({len({g[0] for g in copies})} distinct), "
+            f"relays that reported it: {len(record.past_reporters) if record else '?'}"
+        )
+        out.append(Outcome(f"{name}: arrived through Event Grid only (no relay)", ok, detail))
     return out
 
 

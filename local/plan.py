@@ -16,6 +16,9 @@ class VmSpec(BaseModel):
     availability_set: str | None = None
     scale_set: str | None = None
     spot: bool = False
+    relay: bool = True  # False: no relay on it (agentless: Event Grid and ARM only)
+    callback_down: bool = False  # its relay reports, but its callback URL answers nothing
+    event_grid: bool = False  # opted in to Event Grid (scheduledEventsPolicy)
 
     @property
     def group(self) -> str:
@@ -23,7 +26,12 @@ class VmSpec(BaseModel):
             return f"availability set {self.availability_set}"
         if self.scale_set:
             return f"scale set {self.scale_set}"
-        return "Spot VM" if self.spot else "standalone VM"
+        kind = "Spot VM" if self.spot else "standalone VM"
+        if not self.relay:
+            kind += ", no relay, Event Grid"
+        elif self.callback_down:
+            kind += ", relay callback down"
+        return kind
 
 
 class Step(BaseModel):
@@ -35,6 +43,7 @@ class Step(BaseModel):
     scenario: str
     target: str  # a VM name, or an availability set name for set-wide events
     story: str = ""  # what the audience should expect, in words
+    approved_via: str | None = None  # "arm": must be approved through Resource Manager
 
 
 FLEET: tuple[VmSpec, ...] = (
@@ -43,6 +52,8 @@ FLEET: tuple[VmSpec, ...] = (
     VmSpec(name="workers_0", scale_set="workers"),
     VmSpec(name="workers_1", scale_set="workers"),
     VmSpec(name="spot-1", spot=True),
+    VmSpec(name="legacy-1", relay=False, event_grid=True),
+    VmSpec(name="batch-1", callback_down=True),
 )
 
 PLAN: tuple[Step, ...] = (
@@ -75,6 +86,20 @@ PLAN: tuple[Step, ...] = (
         scenario="cancelled",
         target="workers_1",
         story="maintenance that Azure withdraws: cancelled",
+    ),
+    Step(
+        at=5.0,
+        scenario="user-redeploy",
+        target="legacy-1",
+        story="no relay: Event Grid brings it, approved through Resource Manager",
+        approved_via="arm",
+    ),
+    Step(
+        at=6.0,
+        scenario="live-migration",
+        target="batch-1",
+        story="relay callback down: approved through Resource Manager before NotBefore",
+        approved_via="arm",
     ),
     Step(
         at=12.0, scenario="preempt", target="spot-1", story="Spot eviction with 30 s notice: paged"

@@ -45,7 +45,10 @@ def relay_argv(
     port: int,
     key_file: Path,
     hook: Path,
+    advertise: str | None = None,
 ) -> list[str]:
+    """`advertise`: the callback URL the relay announces, if not its own (a callback that
+    is down: the demo's ARM fallback)."""
     argv = [
         sys.executable,
         "-m",
@@ -65,7 +68,7 @@ def relay_argv(
         "--callback-key-file",
         str(key_file),
         "--callback-url",
-        relay_callback_url(port),
+        advertise or relay_callback_url(port),
         "--log-format",
         "text",
         "--hook",

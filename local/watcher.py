@@ -125,7 +125,11 @@ class FleetWatcher:
             self.timeline.add(
                 "approve",
                 short_id(approval.event_id),
-                f"IMDS received StartRequests from {approval.vm}{when}{counted}",
+                (
+                    f"Resource Manager acknowledged it on {approval.vm.removeprefix('arm:')}{when}"
+                    if approval.vm.startswith("arm:")
+                    else f"IMDS received StartRequests from {approval.vm}{when}{counted}"
+                ),
             )
 
     def _update(self) -> None:

@@ -207,13 +207,31 @@ class CallbackApp:
         if previous is not None and previous.get("status") != RUNNING:
             return 200, public(previous)
         document = self._fresh_document()
-        scheduled = document.event(event_id)
+        scheduled = document.event(event_id) or self._undoing(payload, event_id)
         if scheduled is None:
             raise Refused(404, "unknown EventId")
         if not scheduled.affects(self.vm_name):
             raise Refused(403, "EventId does not name this VM")
         record = self.hooks.run_once(name, scheduled, wait=self.hook_wait)
         return (202 if record.get("status") == RUNNING else 200), public(record)
+
+    def _undoing(self, payload: dict[str, Any], event_id: str) -> Any:
+        """An event gone from IMDS (cancelled) may still be undone here: `{"Undoes": HOOK}`
+        runs the requested hook only if HOOK already ran on this VM for that EventId (an
+        undrain after a drain), never for an event this relay did not act on."""
+        undoes = payload.get("Undoes")
+        if not isinstance(undoes, str) or self.hooks is None or not self.hooks.known(undoes):
+            return None
+        if self.hooks.result(undoes, event_id) is None:
+            return None
+        from relay.models import ScheduledEvent
+
+        return ScheduledEvent(
+            EventId=event_id,
+            EventStatus="Cancelled",
+            EventType=str(payload.get("EventType") or "Terminate")[:64],
+            Resources=[self.vm_name],
+        )
 
 
 class _DeadlineReader(socket.SocketIO):

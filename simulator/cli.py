@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from simulator.engine import DEFAULT_VM, Simulator, SimulatorError
+from simulator.eventgrid import EventGridPublisher, directory_sink, http_sink
 from simulator.scenarios import (
     SCENARIOS,
     EventSpec,
@@ -26,6 +27,8 @@ from simulator.scenarios import (
     parse_iso_duration,
 )
 from simulator.server import SimulatorServer
+
+OWNER_KINDS = ("virtualMachines", "virtualMachineScaleSets", "availabilitySets")
 
 
 class _AddVm(argparse.Action):
@@ -106,6 +109,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer 429 beyond N requests per second per VM (Azure: 5); default no limit",
     )
     parser.add_argument("--location", default="westeurope", help="the VMs' Azure region")
+    grid = parser.add_argument_group(
+        "agentless mode",
+        "Event Grid notifications and Resource Manager's acknowledge API (served under "
+        "{url}/arm: set the function app's ARM_ENDPOINT to it)",
+    )
+    grid.add_argument(
+        "--event-grid",
+        metavar="DIR|URL",
+        help="publish every event change of the opted-in VMs and sets to a directory (one "
+        "file per message: the local host's inbox) or POST it to an http(s) URL",
+    )
+    grid.add_argument(
+        "--opt-in",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a VM, scale set or availability set that opted in (repeatable; default: all)",
+    )
+    grid.add_argument(
+        "--event-grid-schema",
+        choices=("eventgrid", "cloudevents"),
+        default="eventgrid",
+        help="Event Grid schema (default) or CloudEvents 1.0",
+    )
+    grid.add_argument(
+        "--event-grid-duplicates",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="share of notifications delivered twice (same id), 0..1",
+    )
+    grid.add_argument(
+        "--event-grid-reorder",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="share of notifications held back until after the next one, 0..1",
+    )
+    grid.add_argument(
+        "--event-grid-seed", type=int, default=None, metavar="N", help="seed for those choices"
+    )
     parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
     parser.add_argument(
         "--exit-when-done",
@@ -156,6 +200,30 @@ def build_simulator(args: argparse.Namespace) -> Simulator:
                 ) from None
             sim.add_scale_set(name, count, terminate_timeout=set_timeout)
     return sim
+
+
+def build_publisher(sim: Simulator, args: argparse.Namespace) -> EventGridPublisher | None:
+    """The Event Grid stand-in the flags ask for (not started), or None."""
+    if not args.event_grid:
+        return None
+    for name in args.opt_in:
+        if not any(sim.owns(kind, name) for kind in OWNER_KINDS):
+            raise ValueError(
+                f"--opt-in {name!r}: no VM, scale set or availability set by that name"
+            )
+    target = args.event_grid
+    sink = (
+        http_sink(target) if target.startswith(("http://", "https://")) else directory_sink(target)
+    )
+    return EventGridPublisher(
+        sim,
+        sink,
+        opted_in=args.opt_in or ["*"],
+        schema=args.event_grid_schema,
+        duplicate_rate=args.event_grid_duplicates,
+        reorder_rate=args.event_grid_reorder,
+        seed=args.event_grid_seed,
+    )
 
 
 def schedule_scenarios(sim: Simulator, args: argparse.Namespace) -> None:
@@ -209,6 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
 
     changes: queue.Queue[str] = queue.Queue()
+    try:
+        publisher = build_publisher(sim, args)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     def on_change(vm: str, incarnation: int, document: dict[str, Any]) -> None:
         stamp = datetime.now(UTC).strftime("%H:%M:%S")
@@ -221,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ).start()
     except OSError as exc:
         parser.error(f"cannot listen on {args.host}:{args.port}: {exc.strerror}")
+    if publisher is not None:
+        publisher.start()  # before the scenarios: their first notifications count too
     try:
         try:
             schedule_scenarios(sim, args)
@@ -231,9 +305,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, url in urls.items():
             suffix = f" (also at {server.url})" if name == root else ""
             print(f"VM {name}: {url}{suffix}", flush=True)
-        print(f"READY {json.dumps({'url': server.url, 'root': root, 'vms': urls})}", flush=True)
+        ready = {"url": server.url, "root": root, "vms": urls, "arm": server.arm_url}
+        print(f"READY {json.dumps(ready)}", flush=True)
         return _run(sim, changes, args.exit_when_done)
     finally:
+        if publisher is not None:
+            publisher.stop()
         server.stop()
 
 

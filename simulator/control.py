@@ -28,6 +28,8 @@ PATHS = {
     ("scenarios",),
     ("faults",),
     ("vms",),
+    ("arm",),
+    ("arm", "*"),
 }
 
 
@@ -63,6 +65,29 @@ class Urls(BaseModel):
     vm_url: Callable[[str], str]
 
 
+class ArmFaultRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: int = Field(ge=429, le=599)
+    count: int = Field(default=1, ge=1, le=1000)
+    retry_after: float = Field(default=1.0, ge=0, le=600)
+
+
+class ArmGrantRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    principal: str = Field(min_length=1)
+    scope: str = Field(pattern=r"^/subscriptions/")
+
+
+def arm_state(arm: Any) -> dict[str, Any]:
+    return {
+        "grants": arm.grants,
+        "faults": [{"status": s, "retry_after": r} for s, r in arm.faults],
+        "calls": [vars(c) for c in arm.calls],
+    }
+
+
 def handle(
     sim: Simulator,
     urls: Urls,
@@ -70,6 +95,7 @@ def handle(
     path: str,
     query: dict[str, str],
     raw_body: bytes,
+    arm: Any = None,
 ) -> tuple[int, Any]:
     """Serve one control call. Raises SimulatorError (400), NotFound (404), MethodNotAllowed."""
     parts = [p for p in path.split("/") if p]
@@ -122,6 +148,18 @@ def handle(
                 }
             case ("DELETE", "faults"):
                 return 200, {"cleared": sim.clear_faults(query.get("vm"))}
+            case ("GET", "arm"):
+                return 200, arm_state(arm)
+            case ("POST", "arm", "*") if parts[1] == "faults":
+                request = ArmFaultRequest.model_validate(body)
+                if request.status != 429 and request.status < 500:
+                    raise SimulatorError("an ARM fault is 429 or a 5xx status")
+                arm.fail_next(request.status, request.count, request.retry_after)
+                return 200, arm_state(arm)
+            case ("POST", "arm", "*") if parts[1] == "grants":
+                request = ArmGrantRequest.model_validate(body)
+                arm.grant(request.principal, request.scope)
+                return 200, arm_state(arm)
             case ("GET", "vms"):
                 return 200, {"vms": vm_urls, "root": sim.root_vm()}
             case ("POST", "vms"):

@@ -43,6 +43,7 @@ from simulator.scenarios import (
 )
 
 DEFAULT_VM = "myVM"
+COMPLETED, CANCELED = "Completed", "Canceled"  # Event Grid's end statuses
 DEFAULT_TERMINATE_TIMEOUT = 300.0
 MIN_TERMINATE_TIMEOUT, MAX_TERMINATE_TIMEOUT = 300.0, 900.0
 
@@ -57,6 +58,10 @@ class NotFound(SimulatorError):
     """An unknown VM or event (the control API's 404)."""
 
 
+class Conflict(SimulatorError):
+    """An event in a state that does not allow the request (ARM's 409)."""
+
+
 @dataclass
 class _Pending:
     due: float
@@ -64,6 +69,9 @@ class _Pending:
 
 
 Listener = Callable[[str, int, dict[str, Any]], None]
+# (event as IMDS writes it, with EventStatus Completed/Canceled once it ended; its owner
+# (resource type, name) as Event Grid and ARM name it)
+EventListener = Callable[[dict[str, Any], tuple[str, str]], None]
 
 
 class Simulator:
@@ -98,6 +106,8 @@ class Simulator:
         self._approvals: list[Approval] = []
         self._faults = FaultBook()
         self._listeners: list[Listener] = []
+        self._event_listeners: list[EventListener] = []
+        self._event_states: dict[str, str] = {}  # EventId -> status last told listeners
         self._advancing = False
         self._dirty = False
         self._as_of: float | None = None
@@ -641,6 +651,95 @@ class Simulator:
                 vm.history.append(document)
                 for listener in list(self._listeners):
                     listener(vm.name, vm.incarnation, document)
+        self._tell_event_listeners()
+
+    def _tell_event_listeners(self) -> None:
+        """Every status change of every event, as Event Grid reports them (ended events as
+        Completed or Canceled); done after the documents, so a listener sees both agree."""
+        for event in self._events.values():
+            status = self.grid_status(event)
+            if self._event_states.get(event.event_id) == status:
+                continue
+            self._event_states[event.event_id] = status
+            if not self._event_listeners:
+                continue
+            rendered = event.render(SCHEDULED_EVENTS_API_VERSION) or {}
+            rendered = {**rendered, "EventStatus": status}
+            owner = self.owner_of(event)
+            for listener in list(self._event_listeners):
+                listener(rendered, owner)
+
+    @staticmethod
+    def grid_status(event: Event) -> str:
+        if event.active:
+            return event.status
+        return COMPLETED if event.started_at is not None else CANCELED
+
+    def subscribe_events(self, listener: EventListener) -> None:
+        """Call `listener(event, owner)` on every status change of an event, Completed and
+        Canceled included (under the lock: keep it quick and do not block)."""
+        with self._lock:
+            self._event_listeners.append(listener)
+
+    # ------------------------------------------------------------------ ARM
+
+    def owner_of(self, event: Event) -> tuple[str, str]:
+        """The resource an event belongs to outside the VM: the scale set or availability
+        set of its VMs, or the VM itself ("virtualMachines", name)."""
+        vm = self._vms.get(event.resources[0].casefold()) if event.resources else None
+        if vm is not None and vm.scale_set:
+            return "virtualMachineScaleSets", vm.scale_set
+        if vm is not None and vm.availability_set:
+            return "availabilitySets", vm.availability_set
+        return "virtualMachines", vm.name if vm is not None else event.resources[0]
+
+    def owns(self, resource_type: str, name: str) -> bool:
+        """Whether a VM, scale set or availability set of that name exists here."""
+        with self._lock:
+            key = name.casefold()
+            if resource_type == "virtualMachines":
+                return key in self._vms
+            attr = "scale_set" if resource_type == "virtualMachineScaleSets" else "availability_set"
+            return any((getattr(vm, attr) or "").casefold() == key for vm in self._vms.values())
+
+    def acknowledge(self, resource_type: str, name: str, event_id: str) -> Event:
+        """ARM's acknowledge: approve an event for all its Resources, if `name` owns it.
+        NotFound: no such event under that resource; Conflict: it is not Scheduled."""
+        with self._lock:
+            self._advance()
+            event = next(
+                (e for e in self._events.values() if e.event_id.casefold() == event_id.casefold()),
+                None,
+            )
+            if event is None:
+                raise NotFound(f"scheduled event {event_id} not found")
+            kind, owner = self.owner_of(event)
+            if kind != resource_type or owner.casefold() != name.casefold():
+                raise NotFound(
+                    f"scheduled event {event_id} does not belong to {resource_type}/{name}"
+                )
+            if not event.active or event.status != SCHEDULED:
+                raise Conflict(
+                    f"scheduled event {event.event_id} is "
+                    f"{self.grid_status(event)}: only a Scheduled event can be acknowledged"
+                )
+            now = self.clock()
+            self._approvals.append(
+                Approval(
+                    vm=f"arm:{kind}/{owner}",
+                    event_id=event.event_id,
+                    at=datetime.fromtimestamp(now, UTC),
+                    counted=True,
+                )
+            )
+            for resource in event.resources:
+                if resource not in event.approved_by:
+                    event.approved_by.append(resource)
+            if event.event_type != TERMINATE:
+                self._start(event, now)
+            self._release_terminates(now)
+            self._settle()
+            return event
 
     def subscribe(self, listener: Listener) -> None:
         """Call `listener(vm, incarnation, document)` on every document change (under the lock:

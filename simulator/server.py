@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from functions.model.envelope import API_VERSIONS
 from simulator import control, instance
+from simulator.arm import ArmService
 from simulator.engine import NotFound, Simulator, SimulatorError
 
 MAX_BODY = 64 * 1024
@@ -61,6 +62,8 @@ class SimulatorServer:
         self.stopping = threading.Event()
         self._httpd: _HttpServer | None = None
         self._threads: list[threading.Thread] = []
+        # Resource Manager's acknowledge API, under {url}/arm (simulator.arm).
+        self.arm = ArmService(sim)
 
     def start(self) -> SimulatorServer:
         if self._httpd is not None:
@@ -71,6 +74,7 @@ class SimulatorServer:
         httpd.owner = self
         self._httpd = httpd
         self.port = httpd.server_address[1]
+        self.arm.audience = self.arm_url
         self._threads = [
             threading.Thread(
                 target=httpd.serve_forever,
@@ -112,6 +116,11 @@ class SimulatorServer:
     def url(self) -> str:
         host = self.host if ":" not in self.host else f"[{self.host}]"
         return f"http://{host}:{self.port}"
+
+    @property
+    def arm_url(self) -> str:
+        """The ARM endpoint to configure (ARM_ENDPOINT): acknowledge paths go under it."""
+        return f"{self.url}/arm"
 
     def vm_url(self, name: str) -> str:
         """Base URL of one VM; a relay appends /metadata/scheduledevents to it."""
@@ -199,6 +208,12 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path == "/_sim" or path.startswith("/_sim/"):
                 self._control(method, path.removeprefix("/_sim"), query)
+                return
+            if path.startswith("/arm/"):
+                status, answer, headers = self.server.owner.arm.handle(
+                    method, path.removeprefix("/arm"), query, self.headers
+                )
+                self._send(status, json.dumps(answer).encode(), headers=headers)
                 return
             vm_name: str | None = None
             if path.startswith("/vm/"):
@@ -352,7 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
         urls = control.Urls(url=owner.url, vm_url=owner.vm_url)
         try:
             status, data = control.handle(
-                self.server.sim, urls, method, path, query, self._request_body
+                self.server.sim, urls, method, path, query, self._request_body, owner.arm
             )
         except control.MethodNotAllowed as exc:
             self._error(405, str(exc))

@@ -45,4 +45,4 @@ def test_published_set_indexes_all_functions(tmp_path: Path) -> None:
         [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "8"
+    assert result.stdout.strip() == "9"

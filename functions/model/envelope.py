@@ -55,6 +55,44 @@ SCHEDULED, STARTED = "Scheduled", "Started"
 PLATFORM, USER = "Platform", "User"
 
 
+# Bounds that keep one message inside what Table storage can hold (a string property is at
+# most 32 K UTF-16 characters; an entity at most 1 MiB) with room to spare, and inside what
+# a real IMDS document ever carries: a handful of events, short descriptions. A message
+# beyond them is broken or hostile; it is rejected with the reason (or, for descriptive
+# text, shortened with a marker) instead of failing every write and being redelivered.
+MAX_EVENTS = 100
+MAX_RESOURCES = 1000
+MAX_EVENT_ID_CHARS = 128
+MAX_NAME_CHARS = 128  # EventType, EventStatus, EventSource, ResourceType, VM and set names
+MAX_URL_CHARS = 2048
+MAX_DESCRIPTION_CHARS = 2000
+TRUNCATED_MARK = " … [truncated: {} more characters]"
+
+# Times that datetime can hold *and* do arithmetic on (deadlines, budgets, margins):
+# IMDS writes times close to now; anything outside these is a broken document.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def shorten(text: str, limit: int = MAX_DESCRIPTION_CHARS) -> str:
+    """Descriptive text cut to `limit` characters, saying how much was cut (never silently)."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + TRUNCATED_MARK.format(len(text) - limit)
+
+
+def _unicode(value: Any) -> Any:
+    """A name must be encodable: a lone surrogate (JSON "\\ud800") cannot be sent to Table
+    storage at all, so every write of a row keyed or holding it would fail."""
+    for text in value if isinstance(value, tuple) else (value,):
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("must be valid Unicode (a lone surrogate is not)") from None
+    return value
+
+
 class DocumentError(ValueError):
     """An IMDS answer that is not a Scheduled Events document.
 
@@ -76,23 +114,34 @@ def parse_not_before(value: Any) -> datetime | None:
     if not text:
         return None
     try:
-        return _as_utc(parsedate_to_datetime(text))
-    except (TypeError, ValueError, IndexError):
-        pass
+        parsed = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        parsed = None
+    if parsed is not None:
+        return _as_utc(parsed)
     try:
-        return _as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
-    except ValueError:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (ValueError, OverflowError):
         raise ValueError(
             f"NotBefore {value!r} is neither RFC 1123 ('Mon, 11 Apr 2022 22:26:58 GMT') "
             "nor ISO 8601 ('2025-07-01T12:00:00Z')"
         ) from None
+    return _as_utc(parsed)
 
 
 def _as_utc(moment: datetime) -> datetime:
+    """UTC, within EARLIEST..LATEST; ValueError (never OverflowError, which pydantic would
+    not turn into a validation error) for a time outside them."""
     # IMDS times are GMT; a naive time can only have meant UTC.
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+    try:
+        utc = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(
+            f"time {moment.isoformat()} is out of range once converted to UTC"
+        ) from None
+    if not EARLIEST <= utc < LATEST:
+        raise ValueError(f"time {utc.isoformat()} is outside {EARLIEST.year}..{LATEST.year - 1}")
+    return utc
 
 
 def format_not_before(moment: datetime | None) -> str:
@@ -107,20 +156,33 @@ class ScheduledEvent(BaseModel):
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
 
-    event_id: str = Field(alias="EventId", min_length=1)
-    event_status: str = Field(alias="EventStatus")
-    event_type: str = Field(alias="EventType")
-    resource_type: str = Field(default="VirtualMachine", alias="ResourceType")
-    resources: tuple[str, ...] = Field(default=(), alias="Resources")
+    event_id: str = Field(alias="EventId", min_length=1, max_length=MAX_EVENT_ID_CHARS)
+    event_status: str = Field(alias="EventStatus", max_length=MAX_NAME_CHARS)
+    event_type: str = Field(alias="EventType", max_length=MAX_NAME_CHARS)
+    resource_type: str = Field(
+        default="VirtualMachine", alias="ResourceType", max_length=MAX_NAME_CHARS
+    )
+    resources: tuple[str, ...] = Field(default=(), alias="Resources", max_length=MAX_RESOURCES)
     not_before: datetime | None = Field(default=None, alias="NotBefore")
     description: str | None = Field(default=None, alias="Description")
-    event_source: str | None = Field(default=None, alias="EventSource")
+    event_source: str | None = Field(default=None, alias="EventSource", max_length=MAX_NAME_CHARS)
     duration_in_seconds: int | None = Field(default=None, alias="DurationInSeconds")
 
     @field_validator("not_before", mode="before")
     @classmethod
     def _parse_not_before(cls, value: Any) -> datetime | None:
         return parse_not_before(value)
+
+    _encodable = field_validator("event_id", "resources", "event_type", "event_status")(
+        classmethod(lambda cls, value: _unicode(value))
+    )
+
+    @field_validator("description")
+    @classmethod
+    def _short_description(cls, value: str | None) -> str | None:
+        # Free text only people read: shortened with a marker rather than rejected, so a
+        # verbose (or hostile) Description never costs the event its decision.
+        return shorten(value) if value is not None else None
 
     @field_serializer("not_before")
     def _write_not_before(self, value: datetime | None) -> str:
@@ -150,7 +212,7 @@ class ScheduledEventsDocument(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
 
     document_incarnation: int = Field(alias="DocumentIncarnation", ge=0)
-    events: tuple[ScheduledEvent, ...] = Field(alias="Events")
+    events: tuple[ScheduledEvent, ...] = Field(alias="Events", max_length=MAX_EVENTS)
 
     @field_validator("document_incarnation", mode="before")
     @classmethod
@@ -208,11 +270,15 @@ class VmRef(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: str = Field(min_length=1, max_length=128)
-    callback_url: str | None = None
-    scale_set: str | None = None
-    availability_set: str | None = None
-    resource_id: str | None = None
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    callback_url: str | None = Field(default=None, max_length=MAX_URL_CHARS)
+    scale_set: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    availability_set: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    resource_id: str | None = Field(default=None, max_length=MAX_URL_CHARS)
+
+    _encodable = field_validator("name", "scale_set", "availability_set")(
+        classmethod(lambda cls, value: _unicode(value))
+    )
 
     @field_validator("callback_url")
     @classmethod
@@ -234,7 +300,7 @@ class Envelope(BaseModel):
     schema_version: Literal[1] = Field(default=ENVELOPE_SCHEMA, alias="schema")
     kind: Literal["document", "heartbeat"]
     vm: VmRef
-    relay_version: str = "unknown"
+    relay_version: str = Field(default="unknown", max_length=MAX_NAME_CHARS)
     sequence: int = Field(ge=0)
     observed_at: AwareDatetime
     document: dict[str, Any] | None = None
@@ -242,7 +308,7 @@ class Envelope(BaseModel):
     @field_validator("observed_at")
     @classmethod
     def _utc(cls, value: datetime) -> datetime:
-        return value.astimezone(UTC)
+        return _as_utc(value)
 
     @model_validator(mode="after")
     def _document_is_a_document(self) -> Envelope:

@@ -30,6 +30,9 @@ class Transition(StrEnum):
     RELAY_SILENT = "relay_silent"  # a relay stopped reporting (watchdog)
     RELAY_RECOVERED = "relay_recovered"  # a relay announced silent reports again (ingest)
     POLICY_INVALID = "policy_invalid"  # the policy did not validate: failing closed
+    POLICY_VALID = "policy_valid"  # a host started with a valid policy after an invalid one
+    UNDRAINED = "undrained"  # a drained Terminate was cancelled: the instance is back
+    UNDRAIN_FAILED = "undrain_failed"  # ... and undoing the drain failed (or is not set up)
 
 
 Severity = Literal["critical", "error", "warning", "info"]

@@ -206,6 +206,7 @@ class PagingPolicy(BaseModel):
         Transition.RELAY_SILENT,
         Transition.DRAIN_FAILED,
         Transition.POLICY_INVALID,
+        Transition.UNDRAIN_FAILED,
     )
 
 

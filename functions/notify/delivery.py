@@ -60,6 +60,12 @@ class RetryPolicy(BaseModel):
     connect_timeout: float = 5.0
     read_timeout: float = 15.0
 
+    def longest_seconds(self) -> float:
+        """The longest one `post_json` call can take: every attempt timing out and every
+        wait at its cap. A delivery claim older than this has lost its poster."""
+        requests_time = self.attempts * (self.connect_timeout + self.read_timeout)
+        return requests_time + (self.attempts - 1) * self.max_wait_seconds
+
     def wait(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(max(retry_after, 0.0), self.max_wait_seconds)

@@ -118,6 +118,8 @@ FOLLOW_UP = {
     Transition.COMPLETED: "completed",
     Transition.CANCELLED: "cancelled by Azure before it started",
     Transition.OVERDUE: "overdue: still Scheduled after NotBefore",
+    Transition.UNDRAINED: "cancelled after its drain: undrained, back in service",
+    Transition.UNDRAIN_FAILED: "cancelled after its drain, but undraining failed",
 }
 
 
@@ -129,6 +131,8 @@ def headline(note: Notification) -> str:
         return f"Relay on {note.vm or 'a VM'} is reporting again"
     if note.transition is Transition.POLICY_INVALID:
         return "Approval policy is invalid: nothing is approved until it is fixed"
+    if note.transition is Transition.POLICY_VALID:
+        return "Approval policy is valid again: events are decided and approved"
     event = note.event
     if event is None:
         return f"{note.transition.value} ({note.vm or 'fleet'})"

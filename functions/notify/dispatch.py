@@ -1,53 +1,52 @@
-"""The plain function each channel's Service Bus handler calls: parse, route, send.
+"""The plain function each channel's Service Bus handler calls: parse, route, send once.
 
 Failures are sorted into what Service Bus should do with the message:
-- returns normally: delivered, or nothing to send (the message is completed);
-- RetryableDeliveryError: redeliver (after this invocation's own short retries);
-- PermanentDeliveryError / InvalidNotification: the body can never succeed. A function
-  bound to azure.functions.ServiceBusMessage cannot settle (dead-letter) its message, and
-  the preview SDK-type binding that could is not worth a beta dependency, so it is raised
-  as well, without any retry; each redelivery fails the same way at once (the channel's
-  rejection is remembered per worker so the receiver is not asked again) and after
-  maxDeliveryCount Service Bus moves it to the subscription's dead-letter queue. The
-  reason is logged each time.
+- returns normally: delivered, nothing to send, already delivered by an earlier delivery
+  of the same announcement, or failed permanently and recorded (the message is completed);
+- RetryableDeliveryError (or a Table storage error): redeliver, after this invocation's
+  own short retries; after maxDeliveryCount Service Bus dead-letters it.
+
+With a `DeliveryLedger` (the Azure handlers always pass one) each announcement is posted
+at most once per channel, barring a crash between the post and its record (see
+functions.store.deliveries), and a permanent failure (the receiver's 4xx other than
+408/425/429, a message that is not a notification, a half-configured channel) is recorded
+in the deliveries table with the reason and completed at once: the pinned
+azure-functions ServiceBusMessage binding cannot dead-letter (settling needs the preview
+SDK-type binding package), and redelivering cannot help. Without a ledger a permanent
+failure raises PermanentDeliveryError (the old behaviour: dead-lettered after
+maxDeliveryCount).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+import math
+import uuid
+from datetime import datetime, timedelta
 
 from pydantic import ValidationError
 
 from functions.model.event import Notification
 from functions.notify import pagerduty, teams, webhook
-from functions.notify.delivery import DeliveryError, PermanentDeliveryError, Transport
+from functions.notify.delivery import (
+    DeliveryError,
+    PermanentDeliveryError,
+    RetryableDeliveryError,
+    Transport,
+)
 from functions.notify.settings import ChannelSettings
+from functions.store.deliveries import DeliveryLedger, DeliveryRecord
 
 log = logging.getLogger(__name__)
 
 CHANNELS = ("teams", "pagerduty", "webhook")
-_REJECTED_LIMIT = 1000
+CLAIM_SLACK_SECONDS = 30.0  # on top of RetryPolicy.longest_seconds: one Table write's worth
+CLAIM_POLL_SECONDS = 2.0  # how often a redelivery re-reads a claim another invocation holds
+FINISH_ATTEMPTS = 3  # writes of `posted` before giving up (the post itself went through)
 
 
 class InvalidNotification(PermanentDeliveryError):
     """The message on the topic is not a Notification: no channel can ever send it."""
-
-
-class Rejections:
-    """Message ids a channel rejected permanently, so redeliveries fail fast (bounded)."""
-
-    def __init__(self, limit: int = _REJECTED_LIMIT) -> None:
-        self._seen: OrderedDict[str, PermanentDeliveryError] = OrderedDict()
-        self._limit = limit
-
-    def get(self, key: str) -> PermanentDeliveryError | None:
-        return self._seen.get(key)
-
-    def add(self, key: str, error: PermanentDeliveryError) -> None:
-        self._seen[key] = error
-        while len(self._seen) > self._limit:
-            self._seen.popitem(last=False)
 
 
 _off_logged: set[str] = set()
@@ -64,46 +63,192 @@ def parse(channel: str, body: bytes | str) -> Notification:
         ) from None
 
 
+def wants(channel: str, note: Notification) -> bool:
+    """Whether this channel posts anything for this transition (no claim otherwise)."""
+    if note.decision is not None and channel not in note.decision.channels:
+        return False
+    if channel == "teams":
+        return teams.wants(note)
+    if channel == "pagerduty":
+        return pagerduty.action_for(note) is not None
+    return True
+
+
 def deliver(
     channel: str,
     body: bytes | str,
     *,
     settings: ChannelSettings,
     transport: Transport,
-    rejections: Rejections | None = None,
+    ledger: DeliveryLedger | None = None,
+    message_id: str = "",
 ) -> bool:
-    """Send one topic message on one channel. True when something was posted."""
+    """Send one topic message on one channel. True when this call posted something.
+
+    `message_id`: the Service Bus MessageId, naming the record of a body that is not a
+    notification (a notification is recorded under its own id)."""
     off = settings.off_reason(channel)
     if off is not None:
+        if settings.misconfigured(channel) and ledger is not None:
+            # Half-configured is a mistake, not "off": say so for every message it drops.
+            record_rejection(ledger, channel, _id_of(body, message_id), off, transport.clock())
         if channel not in _off_logged:
             _off_logged.add(channel)
-            log.info("%s: channel off (%s)", channel, off)
+            log.log(
+                logging.ERROR if settings.misconfigured(channel) else logging.INFO,
+                "%s: channel off (%s)",
+                channel,
+                off,
+            )
         return False
-    note = parse(channel, body)
-    if note.decision is not None and channel not in note.decision.channels:
-        log.info(
-            "%s: %s not routed here by rule %s", channel, note.message_id(), note.decision.rule
-        )
+    try:
+        note = parse(channel, body)
+    except InvalidNotification as exc:
+        log.error("%s: message %s %s", channel, message_id or "?", exc.reason)
+        if ledger is None:
+            raise
+        record_rejection(ledger, channel, message_id or "unnamed", exc.reason, transport.clock())
         return False
-    key = f"{channel}:{note.message_id()}"
-    if rejections is not None and (earlier := rejections.get(key)) is not None:
-        log.error("%s: %s was rejected before (%s); failing fast", channel, key, earlier.reason)
-        raise earlier
+    if not wants(channel, note):
+        log.info("%s: nothing to send for %s", channel, note.message_id())
+        return False
+    if ledger is None:
+        return _send_logged(channel, note, settings, transport)
+    claim = _claim(ledger, channel, note.message_id(), transport)
+    if claim is None:
+        return False
+    try:
+        sent = _send_logged(channel, note, settings, transport)
+    except PermanentDeliveryError as exc:
+        _finish(ledger, claim, "rejected", exc.reason, transport)
+        return False
+    except BaseException:
+        try:
+            ledger.release(claim)
+        except Exception:  # the claim goes stale after its lease instead
+            log.exception("%s: could not release the claim on %s", channel, claim.message_id)
+        raise
+    _finish(ledger, claim, "posted", "", transport)
+    return sent
+
+
+def _send_logged(
+    channel: str, note: Notification, settings: ChannelSettings, transport: Transport
+) -> bool:
     try:
         return _send(channel, note, settings, transport)
     except PermanentDeliveryError as exc:
-        log.error(
-            "%s: %s rejected permanently, bound for the dead-letter queue: %s",
-            channel,
-            note.message_id(),
-            exc.reason,
-        )
-        if rejections is not None:
-            rejections.add(key, exc)
+        log.error("%s: %s rejected permanently: %s", channel, note.message_id(), exc.reason)
         raise
     except DeliveryError as exc:
         log.warning("%s: %s not delivered yet: %s", channel, note.message_id(), exc.reason)
         raise
+
+
+def _id_of(body: bytes | str, message_id: str) -> str:
+    try:
+        return Notification.from_json(body).message_id()
+    except ValidationError:
+        return message_id or "unnamed"
+
+
+def record_rejection(
+    ledger: DeliveryLedger, channel: str, message_id: str, reason: str, now: datetime
+) -> None:
+    """Record a message `channel` can never handle, with the reason (then complete it)."""
+    record = DeliveryRecord(
+        message_id=message_id,
+        channel=channel,
+        status="rejected",
+        owner="-",
+        claimed_at=now,
+        lease_until=now,
+        finished_at=now,
+        detail=reason,
+    )
+    if not ledger.insert(record):
+        log.info("%s: %s already recorded", channel, message_id)
+
+
+def _claim(
+    ledger: DeliveryLedger, channel: str, message_id: str, transport: Transport
+) -> DeliveryRecord | None:
+    """Our claim on (announcement, channel), or None when it is already posted or rejected.
+
+    A claim another invocation holds is waited for (a redelivery after a lost lock comes
+    while the first may still be posting); once its lease passed, it is taken over."""
+    owner = uuid.uuid4().hex[:12]
+    longest = transport.policy.longest_seconds() + CLAIM_SLACK_SECONDS
+    polls = math.ceil(longest / CLAIM_POLL_SECONDS) + 2
+    for _ in range(polls):
+        now = transport.clock()
+        lease_until = now + timedelta(seconds=longest)
+        record = DeliveryRecord(
+            message_id=message_id,
+            channel=channel,
+            status="claimed",
+            owner=owner,
+            claimed_at=now,
+            lease_until=lease_until,
+        )
+        if ledger.insert(record):
+            return record
+        current = ledger.get(message_id, channel)
+        if current is None:
+            continue  # released meanwhile: claim again
+        if current.final:
+            log.info("%s: %s already %s; not posting again", channel, message_id, current.status)
+            return None
+        if current.lease_until > now:
+            log.info("%s: %s is being posted elsewhere; waiting", channel, message_id)
+            wait = min(CLAIM_POLL_SECONDS, (current.lease_until - now).total_seconds())
+            transport.sleep(max(wait, 0.05))
+            continue
+        taken = ledger.take_over(current, owner, now, lease_until)
+        if taken is not None:
+            log.warning(
+                "%s: %s was claimed at %s by a poster that did not finish; posting again "
+                "(at least once: it may have been posted)",
+                channel,
+                message_id,
+                current.claimed_at.isoformat(),
+            )
+            return taken
+    raise RetryableDeliveryError(channel, f"{message_id} stayed claimed by another invocation")
+
+
+def _finish(
+    ledger: DeliveryLedger,
+    claim: DeliveryRecord,
+    status: str,
+    detail: str,
+    transport: Transport,
+) -> None:
+    """Record the outcome. The post already happened (or was refused for good), so a Table
+    failure here must not redeliver the message: retried a few times, then logged."""
+    done = claim.model_copy(
+        update={"status": status, "finished_at": transport.clock(), "detail": detail}
+    )
+    for attempt in range(1, FINISH_ATTEMPTS + 1):
+        try:
+            if not ledger.replace(done):
+                log.warning(
+                    "%s: the claim on %s was taken over while posting",
+                    claim.channel,
+                    claim.message_id,
+                )
+            return
+        except Exception:
+            if attempt == FINISH_ATTEMPTS:
+                log.exception(
+                    "%s: %s %s, but recording it failed; a redelivery after the claim's "
+                    "lease would post again",
+                    claim.channel,
+                    claim.message_id,
+                    status,
+                )
+                return
+            transport.sleep(0.5 * attempt)
 
 
 def _send(

@@ -29,8 +29,17 @@ ALWAYS_PAGE = {
     Transition.DRAIN_FAILED: "error",
     Transition.RELAY_SILENT: "warning",
     Transition.POLICY_INVALID: "error",
+    Transition.UNDRAIN_FAILED: "error",
 }
-RESOLVING = frozenset({Transition.COMPLETED, Transition.CANCELLED, Transition.RELAY_RECOVERED})
+RESOLVING = frozenset(
+    {
+        Transition.COMPLETED,
+        Transition.CANCELLED,
+        Transition.RELAY_RECOVERED,
+        Transition.UNDRAINED,
+        Transition.POLICY_VALID,
+    }
+)
 
 
 # Progress, not alarms: never a trigger, even for an event whose decision pages.
@@ -45,6 +54,13 @@ def action_for(note: Notification) -> Literal["trigger", "resolve"] | None:
     # The announcer (functions.pipeline.announce) sets `page` from the policy's POLICY__PAGE__*
     # settings; when present it is the authority. Without it, the defaults below apply.
     explicit = getattr(note, "page", None)
+    if note.transition is Transition.DECIDED and (note.occurrence or "").startswith("redecided-"):
+        # Decided again on a valid policy: the fail-closed page (same dedup_key) is over
+        # unless the new decision pages on its own.
+        pages = (
+            explicit if isinstance(explicit, bool) else bool(note.decision and note.decision.page)
+        )
+        return "trigger" if pages else "resolve"
     if isinstance(explicit, bool):
         return "trigger" if explicit and note.transition not in PROGRESS else None
     if note.transition in ALWAYS_PAGE:
@@ -59,6 +75,8 @@ def dedup_key(note: Notification) -> str:
         key = note.event.event_id
     elif note.transition in (Transition.RELAY_SILENT, Transition.RELAY_RECOVERED):
         key = f"relay-silent:{note.vm or 'unknown'}"
+    elif note.transition is Transition.POLICY_VALID:
+        key = f"{Transition.POLICY_INVALID.value}:{note.vm or 'fleet'}"  # what it resolves
     else:
         key = f"{note.transition.value}:{note.vm or 'fleet'}"
     return key[:DEDUP_KEY_LIMIT]

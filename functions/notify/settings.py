@@ -39,6 +39,15 @@ class ChannelSettings(BaseSettings):
             return None
         return f"unknown channel {channel!r}"
 
+    def misconfigured(self, channel: str) -> bool:
+        """Set up half-way (a URL without its secret): off, but a mistake to report, unlike
+        a channel left unset on purpose."""
+        return (
+            channel == "webhook"
+            and _present(self.webhook_url)
+            and not _present(self.webhook_secret)
+        )
+
 
 def _present(value: SecretStr | None) -> bool:
     return value is not None and bool(value.get_secret_value().strip())

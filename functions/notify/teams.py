@@ -31,6 +31,7 @@ ATTENTION = {
     Transition.OVERDUE,
     Transition.RELAY_SILENT,
     Transition.POLICY_INVALID,
+    Transition.UNDRAIN_FAILED,
 }
 
 

@@ -74,9 +74,11 @@ def _default_detail(record: EventRecord, transition: Transition) -> str:
     if transition == Transition.POLICY_INVALID and decision is not None:
         return decision.reason
     if transition == Transition.APPROVAL_FAILED:
-        return f"no relay could approve: it will start at NotBefore. {record.approval_reason}"
+        return f"nothing could approve: it will start at NotBefore. {record.approval_reason}"
     if transition == Transition.APPROVED:
-        return f"approved through the relay of {record.approved_by}"
+        if record.approved_by == "arm":
+            return f"approved via arm: {record.approval_reason}"
+        return f"approved via relay:{record.approved_by}: through the relay of {record.approved_by}"
     return ""
 
 

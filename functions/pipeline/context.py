@@ -26,12 +26,15 @@ class Pipeline:
         publisher: Publisher,
         session: requests.Session,
         clock: Clock,
+        credential: object | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
         self.publisher = publisher
         self.session = session
         self.clock = clock
+        # The token credential of the ARM approver; None: built on first use.
+        self.credential = credential
 
     @property
     def policy(self) -> Policy | None:

@@ -19,8 +19,10 @@ from functions.pipeline.announce import announce, pending_mark, publish_claimed,
 from functions.pipeline.approve import ApprovalResult, approve_event
 from functions.pipeline.capacity import acquire_capacity, needs_capacity
 from functions.pipeline.context import Pipeline
+from functions.pipeline.policy_state import sync_policy_state
 from functions.pipeline.redecide import as_event, redecide, should_redecide
 from functions.pipeline.relay_recovery import announce_recovery, left_behind, silence_occurrence
+from functions.pipeline.sources.eventgrid_ingest import end_unheard
 from functions.pipeline.transitions import after_decision, end_event
 from functions.store.records import EventRecord, VmRecord
 
@@ -35,11 +37,17 @@ class WatchdogReport(BaseModel):
     republished: list[str] = Field(default_factory=list)
     recovered: list[str] = Field(default_factory=list)  # relay_recovered published again
     redecided: list[str] = Field(default_factory=list)  # fail-closed decisions replaced
+    policy: str | None = None  # policy_invalid / policy_valid announced for the fleet
 
 
 def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
     now = pipeline.clock.now()
     out = WatchdogReport()
+    try:
+        changed = sync_policy_state(pipeline, now)
+        out.policy = changed.value if changed else None
+    except Exception:  # retried next minute; never stops the sweep
+        log.exception("watchdog: policy state")
     silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
     vms = {vm.name: vm for vm in pipeline.store.list_vms()}
     silent = {name for name, vm in vms.items() if _is_silent(vm, now, silent_after)}
@@ -144,6 +152,11 @@ def _sweep_event(
     if unannounced is not None and announce(pipeline, record.event_id, unannounced, now):
         out.republished.append(f"{record.event_id}:{unannounced.value}")
         return
+    # An approval outcome whose announcement failed (the claim was released, and the
+    # document that approved it is processed): announce it now.
+    outcome = _unannounced_outcome(record)
+    if outcome is not None and announce(pipeline, record.event_id, outcome, now):
+        out.republished.append(f"{record.event_id}:{outcome.value}")
     # 2. Every reporter silent, and the event is past its start: it ended without word.
     if record.reporters and all(vm in silent for vm in record.reporters):
         past = record.started or (record.not_before is not None and now >= record.not_before)
@@ -158,6 +171,10 @@ def _sweep_event(
                 )
             out.ended.append(record.event_id)
             return
+    # 2b. Only Event Grid reported it, and its end never came (dead-lettered): end it.
+    if end_unheard(record, pipeline, now):
+        out.ended.append(record.event_id)
+        return
     # 3. It failed closed on an invalid policy, and the policy here is valid: decide again.
     if should_redecide(record, pipeline.settings.policy, now):
         _redecide(pipeline, record, now, out)
@@ -178,6 +195,15 @@ def _sweep_event(
     result = _deferred_approval(pipeline, record, now)
     if result is not None:
         out.approvals.append(result)
+
+
+def _unannounced_outcome(record: EventRecord) -> Transition | None:
+    if record.ended:
+        return None
+    outcome = {"approved": Transition.APPROVED, "failed": Transition.APPROVAL_FAILED}.get(
+        record.approval
+    )
+    return None if outcome is None or outcome.value in record.announced else outcome
 
 
 def _unannounced_decision(record: EventRecord) -> Transition | None:

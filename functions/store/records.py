@@ -82,6 +82,9 @@ class EventRecord(Record):
     approval_attempts: list[Attempt] = Field(default_factory=list)
     # transition key -> "pending:<iso time>" while being published, "done" after.
     announced: dict[str, str] = Field(default_factory=dict)
+    # ARM id of the VM / scale set / availability set that owns the event, as Event Grid
+    # named it (functions.pipeline.sources): where the ARM approver acknowledges it.
+    arm_resource: str | None = None
 
     def snapshot(self) -> EventSnapshot:
         return EventSnapshot(

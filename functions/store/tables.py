@@ -50,6 +50,22 @@ CAPACITY_PARTITION = "capacity"
 RECENT_EVENT_ROWS = 1024  # event rows a Store remembers as the start of its next write
 
 
+def utf16_prefix(text: str, units: int) -> str:
+    """The longest prefix of `text` that is at most `units` UTF-16 code units long (how
+    Table storage measures a string property), never splitting a surrogate pair; lone
+    surrogates become U+FFFD so the row can always be sent."""
+    text = text.encode("utf-8", "replace").decode("utf-8") if not text.isascii() else text
+    if len(text) <= units // 2:
+        return text
+    out, used = [], 0
+    for ch in text:
+        used += 2 if ord(ch) > 0xFFFF else 1
+        if used > units:
+            break
+        out.append(ch)
+    return "".join(out)
+
+
 class ConflictError(RuntimeError):
     """A row kept changing under us; the caller may retry the whole operation."""
 
@@ -383,9 +399,11 @@ class Store:
             {
                 "PartitionKey": at.strftime("%Y-%m-%d"),
                 "RowKey": f"{at.strftime('%H%M%S.%f')}-{uuid.uuid4().hex[:8]}",
-                "reason": reason[:4000],
-                "message_id": message_id[:512],
-                "body": text[:30000],
+                "reason": utf16_prefix(reason, 4000),
+                "message_id": utf16_prefix(message_id, 512),
+                # A string property holds 32 K UTF-16 units (64 KiB): cut there, not at
+                # 30 000 characters, which non-BMP text would make twice as long.
+                "body": utf16_prefix(text, 30000),
                 "time": at,
             }
         )

@@ -33,9 +33,12 @@ def _remaining(now: Callable[[], datetime], until: datetime) -> float:
     return (until - now()).total_seconds()
 
 
-def drain_request(event: EventSnapshot, deadline: datetime, timeout: float) -> dict[str, Any]:
-    """What the customer's drain hook receives: the event and its instances."""
+def drain_request(
+    event: EventSnapshot, deadline: datetime, timeout: float, action: str = "drain"
+) -> dict[str, Any]:
+    """What the customer's drain (or undrain) hook receives: the event and its instances."""
     return {
+        "action": action,
         "EventId": event.event_id,
         "EventType": event.event_type,
         "NotBefore": event.imds_fields()["NotBefore"],
@@ -61,30 +64,34 @@ def http_drain(
     now: Callable[[], datetime],
     sleep: Callable[[float], None],
     secret: bytes | None = None,
+    action: str = "drain",
 ) -> StepOutcome:
-    """POST the instances to the drain hook and wait for a 2xx, retrying 429/5xx in time."""
+    """POST the instances to the drain hook and wait for a 2xx, retrying 429/5xx in time.
+
+    `action="undrain"` is the same request to UNDRAIN__HTTP_URL after a cancellation."""
     attempt = 0
     last = "no attempt"
+    what = f"{action} hook"
     while (left := _remaining(now, until)) > 0.05:
         attempt += 1
-        body = json.dumps(drain_request(event, until, left)).encode()
+        body = json.dumps(drain_request(event, until, left, action)).encode()
         headers = {"Content-Type": "application/json", "X-Bridge-Event-Id": event.event_id}
         if secret:
             headers.update(sign_webhook(secret, url, body))
         try:
             response = session.post(url, data=body, headers=headers, timeout=(min(5, left), left))
         except requests.Timeout:
-            return False, f"drain hook did not answer within {left:.0f} s"
+            return False, f"{what} did not answer within {left:.0f} s"
         except requests.ConnectionError as exc:
             last = f"cannot connect ({type(exc).__name__})"
         else:
             if 200 <= response.status_code < 300:
-                return True, f"drain hook answered {response.status_code} (attempt {attempt})"
+                return True, f"{what} answered {response.status_code} (attempt {attempt})"
             last = f"HTTP {response.status_code}: {error_text(response)}"
             if response.status_code < 500 and response.status_code not in (408, 429):
-                return False, f"drain hook refused: {last}"
+                return False, f"{what} refused: {last}"
         sleep(min(RETRY_WAIT_SECONDS * attempt, max(_remaining(now, until), 0)))
-    return False, f"drain hook ran out of time after {attempt} attempts: {last}"
+    return False, f"{what} ran out of time after {attempt} attempts: {last}"
 
 
 def relay_hook(
@@ -97,17 +104,25 @@ def relay_hook(
     now: Callable[[], datetime],
     sleep: Callable[[float], None],
     poll_seconds: float = 2.0,
+    previous_key: bytes | None = None,
+    undoes: str | None = None,
+    event_type: str | None = None,
 ) -> StepOutcome:
     """Ask the VM's relay to run its configured hook for this event; poll while running.
 
     The relay runs each (hook, EventId) once and answers a repeat with the recorded result,
     so polling is the same signed request again (freshly signed: the relay refuses a
-    replayed signature).
+    replayed signature). A 401 with `previous_key` set (RELAY_KEY_PREVIOUS, mid-rotation)
+    switches to that key for the rest of this step. `undoes`: the drain hook this one
+    undoes; the relay then runs it for an event gone from IMDS if that hook ran there.
     """
     base = callback_url.rstrip("/")
     url = f"{base}/v1/hook"
     path = f"{urlsplit(base).path}/v1/hook"
-    body = json.dumps({"Hook": hook, "EventId": event_id}).encode()
+    request: dict[str, str] = {"Hook": hook, "EventId": event_id}
+    if undoes:
+        request.update({"Undoes": undoes, "EventType": event_type or "Terminate"})
+    body = json.dumps(request).encode()
     last = "no attempt"
     last_signed: int | None = None
     while (left := _remaining(now, until)) > 0.05:
@@ -144,6 +159,12 @@ def relay_hook(
                 sleep(min(poll_seconds, max(_remaining(now, until), 0)))
                 continue
             reason = answer.get("error") or error_text(response)
+            if status == 401 and previous_key is not None and key != previous_key:
+                log.warning(
+                    "relay hook %s: 401 to RELAY_KEY; signing with RELAY_KEY_PREVIOUS", hook
+                )
+                key = previous_key
+                continue
             if status == 404:
                 return False, f"relay refused: {reason} (hooks come only from the relay's config)"
             if status in (400, 401, 403):

@@ -39,7 +39,7 @@ MAX_PARALLEL_HOOKS = 16
 # approve_event's "skipped" reasons that mean the approval is settled without us.
 SETTLED = frozenset({"already approved", "another caller is approving it", "event already started"})
 
-Outcome = Literal["approved", "held", "approval_failed", "skipped"]
+Outcome = Literal["approved", "held", "approval_failed", "skipped", "undrained", "undrain_failed"]
 
 
 class DrainSettings(BaseSettings):
@@ -55,6 +55,18 @@ class DrainSettings(BaseSettings):
     poll_seconds: float = Field(default=2.0, gt=0)  # relay hook status polling
     # Kept free after the drain steps for the approval call itself.
     approve_reserve_seconds: float = Field(default=10, ge=0)
+
+
+class UndrainSettings(BaseSettings):
+    """`UNDRAIN__*` app settings: how to put back an instance drained for a Terminate that
+    Azure then cancelled (the scale-in was called off, the instance stays)."""
+
+    model_config = SettingsConfigDict(env_prefix="UNDRAIN__", extra="ignore", case_sensitive=False)
+
+    http_url: str | None = Field(default=None, pattern=r"^https?://")
+    relay_hook: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    step_timeout_seconds: float = Field(default=120, gt=0)
+    poll_seconds: float = Field(default=2.0, gt=0)
 
 
 # approve(event_id, give_up_at) → "approved" | "failed" | "skipped" | ..., or an object with
@@ -73,11 +85,14 @@ class DrainContext:
     callback_url: CallbackUrl  # VM name → its relay's callback URL (from the state store)
     relay_key: bytes | None
     clock: Clock = field(default_factory=SystemClock)
+    relay_key_previous: bytes | None = None  # RELAY_KEY_PREVIOUS, while a rotation runs
     webhook_secret: bytes | None = None  # signs the HTTP drain hook request when set
     # Whether the policy pages on a transition (functions.model.policy.transition_pages); None:
     # the channels' defaults apply (drain_failed pages).
     pages: Callable[[Transition], bool] | None = None
     owner: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # audit(event_id, outcome, detail): a row in the state's audit table (undrain outcomes).
+    audit: Callable[[str, str, str], None] | None = None
 
 
 @dataclass
@@ -87,6 +102,19 @@ class DrainResult:
     drained: bool = False
     detail: str = ""
     steps: dict[str, StepRecord] = field(default_factory=dict)
+
+
+def wants_undrain(note: Notification) -> bool:
+    """A `cancelled` Terminate whose decision was to drain: something may need undoing."""
+    event, decision = note.event, note.decision
+    return (
+        note.transition is Transition.CANCELLED
+        and event is not None
+        and event.event_type == "Terminate"
+        and decision is not None
+        and decision.action == "drain"
+        and not decision.dry_run
+    )
 
 
 def wants(note: Notification) -> bool:
@@ -270,7 +298,7 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
             return steps.once(
                 f"hook:{vm}",
                 budget(clock.now(), drain_until, settings.step_timeout_seconds),
-                _hook_action(ctx, settings, hook, vm, callback, event.event_id),
+                _hook_action(ctx, hook, vm, callback, event.event_id, settings.poll_seconds),
                 rerun_if_lost=True,
             )
 
@@ -308,13 +336,171 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
     return DrainResult(event.event_id, outcome, drained, approval.detail, steps.records)
 
 
+# Drain step details that mean the step never reached its receiver: nothing to undo.
+NEVER_STARTED = ("no time left before the deadline", "no relay callback URL known", "RELAY_KEY")
+
+
+def _reached(record: StepRecord | None) -> bool:
+    return record is not None and not record.detail.startswith(NEVER_STARTED)
+
+
+def run_undrain(
+    note: Notification,
+    settings: UndrainSettings,
+    ctx: DrainContext,
+    drain_hook: str | None = None,
+) -> DrainResult:
+    """Undo the drain of a Terminate that was cancelled; run-once per step, like the drain.
+
+    Only what the drain reached is undone: the HTTP undrain hook if the HTTP drain hook was
+    called, the relay undrain hook on each VM whose relay drain hook was called (the relay
+    runs it because its drain hook ran there for this EventId: `Undoes`). A drain step
+    that was reached but has no undrain setting is a failure to report, not to skip: the
+    instance stays out of service until someone puts it back. Announced once as
+    `undrained` or `undrain_failed`, and audited."""
+    if not wants_undrain(note):
+        event_id = note.event.event_id if note.event else "-"
+        return DrainResult(event_id, "skipped", detail="not a cancelled drained Terminate")
+    assert note.event is not None and note.decision is not None
+    event = note.event
+    done = _settled_drain_steps(ctx, event.event_id)
+    http_reached = _reached(done.get("http"))
+    vms = sorted(
+        name.removeprefix("hook:")
+        for name, rec in done.items()
+        if name.startswith("hook:") and _reached(rec)
+    )
+    if not http_reached and not vms:
+        return DrainResult(event.event_id, "skipped", detail="nothing was drained")
+    steps = _Steps(event.event_id, ctx)
+    clock = ctx.clock
+    failures: list[str] = []
+    records: list[StepRecord] = []
+
+    def until() -> datetime:
+        return clock.now() + timedelta(seconds=settings.step_timeout_seconds)
+
+    if http_reached and settings.http_url:
+        url = settings.http_url
+        records.append(
+            steps.once(
+                "undrain:http",
+                until(),
+                lambda limit: http_drain(
+                    ctx.session,
+                    url,
+                    event,
+                    limit,
+                    clock.now,
+                    clock.sleep,
+                    ctx.webhook_secret,
+                    action="undrain",
+                ),
+                rerun_if_lost=False,
+            )
+        )
+    elif http_reached:
+        failures.append("the HTTP drain hook was called, but UNDRAIN__HTTP_URL is not set")
+    if vms and settings.relay_hook:
+        hook = settings.relay_hook
+
+        def on_vm(vm: str) -> StepRecord:
+            action = _hook_action(
+                ctx,
+                hook,
+                vm,
+                ctx.callback_url(vm),
+                event.event_id,
+                settings.poll_seconds,
+                undoes=drain_hook,
+                event_type=event.event_type,
+            )
+            return steps.once(f"undrain:hook:{vm}", until(), action, rerun_if_lost=True)
+
+        workers = max(1, min(MAX_PARALLEL_HOOKS, len(vms)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="undrain-hook") as pool:
+            futures = [pool.submit(on_vm, vm) for vm in vms]
+            wait(futures)
+        records.extend(future.result() for future in futures)
+    elif vms:
+        failures.append(
+            f"the relay drain hook ran on {', '.join(vms)}, but UNDRAIN__RELAY_HOOK is not set"
+        )
+    failures += [f"{r.step}: {r.detail}" for r in records if r.status != "succeeded"]
+    if failures:
+        transition, outcome = Transition.UNDRAIN_FAILED, "undrain_failed"
+        detail = "; ".join(failures) + " — put the instance back in service by hand"
+    else:
+        transition, outcome = Transition.UNDRAINED, "undrained"
+        detail = "; ".join(r.detail for r in records)
+    steps.once(
+        f"announce:{transition.value}",
+        clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
+        _announcer(ctx, note, transition, detail),
+        rerun_if_lost=True,
+    )
+    if ctx.audit is not None:
+        steps.once(
+            "audit:undrain",
+            clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
+            lambda _until: (ctx.audit(event.event_id, outcome, detail), (True, outcome))[1],
+            rerun_if_lost=True,
+        )
+    return DrainResult(event.event_id, outcome, False, detail, steps.records)
+
+
+def _settled_drain_steps(ctx: DrainContext, event_id: str) -> dict[str, StepRecord]:
+    """The drain's step rows once none is running any more: a cancellation can arrive
+    while a drain hook still runs, and undoing it must come after it. Each running step
+    ends by its lease (its time limit), so this waits at most that long."""
+    while True:
+        done = ctx.store.steps(event_id)
+        now = ctx.clock.now()
+        running = [
+            r.lease_until
+            for name, r in done.items()
+            if (name == "http" or name.startswith("hook:")) and not r.done and r.lease_until > now
+        ]
+        if not running:
+            return done
+        log.info("undrain %s: waiting for the drain's running steps", event_id)
+        ctx.clock.sleep(min(WAIT_POLL_SECONDS, (min(running) - now).total_seconds()))
+
+
+def _announcer(
+    ctx: DrainContext, note: Notification, transition: Transition, detail: str
+) -> Callable[[datetime], tuple[bool, str]]:
+    decision = note.decision
+
+    def send(_until: datetime) -> tuple[bool, str]:
+        extra = {}
+        if ctx.pages is not None:
+            extra["page"] = ctx.pages(transition)
+        ctx.publish(
+            Notification(
+                transition=transition,
+                occurred_at=ctx.clock.now(),
+                event=note.event,
+                decision=decision,
+                detail=detail,
+                links=note.links,
+                **extra,
+            )
+        )
+        return True, detail
+
+    return send
+
+
 def _hook_action(
     ctx: DrainContext,
-    settings: DrainSettings,
     hook: str,
     vm: str,
     callback: str | None,
     event_id: str,
+    poll_seconds: float,
+    undoes: str | None = None,
+    event_type: str | None = None,
 ) -> Callable[[datetime], tuple[bool, str]]:
     def act(until: datetime) -> tuple[bool, str]:
         if ctx.relay_key is None:
@@ -330,7 +516,10 @@ def _hook_action(
             until,
             ctx.clock.now,
             ctx.clock.sleep,
-            settings.poll_seconds,
+            poll_seconds,
+            ctx.relay_key_previous,
+            undoes,
+            event_type,
         )
 
     return act

@@ -1,7 +1,8 @@
 """Azure handlers: one Service Bus topic trigger per channel, each on its own subscription.
 
-Thin on purpose: read the body, call `dispatch.deliver`, let an exception abandon the
-message. See dispatch.py for how retryable and permanent failures reach the DLQ.
+Thin on purpose: read the body, call `dispatch.deliver` with the deliveries ledger (the
+`{prefix}deliveries` table, next to the core's state), let an exception abandon the
+message. See dispatch.py for what is retried and what is recorded and completed.
 Register with `app.register_functions(functions.triggers.notify.bp)`.
 """
 
@@ -14,8 +15,9 @@ import azure.functions as func
 import requests
 
 from functions.notify.delivery import Transport
-from functions.notify.dispatch import Rejections, deliver
+from functions.notify.dispatch import deliver
 from functions.notify.settings import channel_settings
+from functions.store.deliveries import DeliveryLedger
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +26,21 @@ bp = func.Blueprint()
 TOPIC = "%NOTIFICATIONS_TOPIC%"
 CONNECTION = "ServiceBusConnection"
 
-_rejections = Rejections()
-
 
 @lru_cache(maxsize=1)
 def _transport() -> Transport:
     # One pooled session per worker: keeps TLS connections to Teams/PagerDuty warm.
     return Transport(session=requests.Session())
+
+
+@lru_cache(maxsize=1)
+def ledger() -> DeliveryLedger:
+    """The deliveries table, next to the core's state (also where terminate records junk)."""
+    from functions.triggers.core import pipeline
+
+    core = pipeline()
+    service, prefix = core.store.service, core.settings.state_table_prefix
+    return DeliveryLedger.from_service(service, prefix).ensure_table()
 
 
 def _handle(channel: str, msg: func.ServiceBusMessage) -> None:
@@ -42,7 +52,8 @@ def _handle(channel: str, msg: func.ServiceBusMessage) -> None:
         msg.get_body(),
         settings=channel_settings(),
         transport=_transport(),
-        rejections=_rejections,
+        ledger=ledger(),
+        message_id=msg.message_id or "",
     )
 
 

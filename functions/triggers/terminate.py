@@ -1,9 +1,12 @@
 """Azure handler for the terminate workflow: the `terminate` subscription of the topic.
 
-Wires run_drain to the core's shared pipeline (functions.triggers.core.pipeline: settings,
-Table store, topic publisher, HTTP session, clock) and to functions.pipeline.approve.approve_event.
-Returning completes the message; an exception (Table storage or Service Bus trouble)
-abandons it, and the redelivery resumes the workflow from the drains table.
+A `decided` drain runs the drain (run_drain); a `cancelled` Terminate that was to be
+drained runs the undrain (run_undrain). Wires them to the core's shared pipeline
+(functions.triggers.core.pipeline: settings, Table store, topic publisher, HTTP session,
+clock) and to functions.pipeline.approve.approve_event.
+Returning completes the message (a body that is not a notification is recorded in the
+deliveries table first, as channel `terminate`); an exception (Table storage or Service Bus
+trouble) abandons it, and the redelivery resumes the workflow from the drains table.
 Register with `app.register_functions(functions.triggers.terminate.bp)`.
 """
 
@@ -17,9 +20,19 @@ import azure.functions as func
 from pydantic import ValidationError
 
 from functions.model.event import Notification, Transition
+from functions.notify.dispatch import record_rejection
 from functions.notify.settings import channel_settings
 from functions.store.drains import DrainStore
-from functions.terminate.workflow import DrainContext, DrainSettings, run_drain, wants
+from functions.terminate.workflow import (
+    DrainContext,
+    DrainSettings,
+    UndrainSettings,
+    run_drain,
+    run_undrain,
+    wants,
+    wants_undrain,
+)
+from functions.triggers import notify as notify_trigger
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +42,11 @@ bp = func.Blueprint()
 @lru_cache(maxsize=1)
 def drain_settings() -> DrainSettings:
     return DrainSettings()
+
+
+@lru_cache(maxsize=1)
+def undrain_settings() -> UndrainSettings:
+    return UndrainSettings()
 
 
 def build_context() -> DrainContext:
@@ -54,6 +72,19 @@ def build_context() -> DrainContext:
     def pages(transition: Transition) -> bool:
         return transition_pages(settings.policy.policy, transition)
 
+    def audit(event_id: str, outcome: str, detail: str) -> None:
+        record = store.get_event(event_id)
+        decision = record.decision if record else None
+        store.audit(
+            event_id,
+            at=core.clock.now(),
+            rule=decision.rule if decision else "",
+            action="undrain",
+            outcome=outcome,
+            detail=detail,
+            by="terminate",
+        )
+
     secret = channel_settings().webhook_secret
     return DrainContext(
         store=DrainStore.from_service(store.service, settings.state_table_prefix),
@@ -62,9 +93,11 @@ def build_context() -> DrainContext:
         approve=approve,
         callback_url=callback_url,
         relay_key=settings.relay_key_bytes,
+        relay_key_previous=settings.relay_key_previous_bytes,
         clock=core.clock,
         webhook_secret=secret.get_secret_value().encode() if secret else None,
         pages=pages,
+        audit=audit,
     )
 
 
@@ -76,7 +109,23 @@ def build_context() -> DrainContext:
     connection="ServiceBusConnection",
 )
 def terminate_drain(msg: func.ServiceBusMessage) -> None:
-    note = Notification.from_json(msg.get_body())  # not a notification: raise, then DLQ
+    try:
+        note = Notification.from_json(msg.get_body())
+    except ValidationError as exc:
+        # Permanent, and this binding cannot dead-letter: recorded with the reason, completed.
+        reason = f"not a notification ({exc.error_count()} errors): {exc.errors()[0]['msg']}"
+        log.error("terminate: message %s %s", msg.message_id or "?", reason)
+        record_rejection(
+            notify_trigger.ledger(),
+            "terminate",
+            msg.message_id or "unnamed",
+            reason,
+            datetime.now(UTC),
+        )
+        return
+    if wants_undrain(note):
+        undrain(note)
+        return
     if not wants(note):
         return
     try:
@@ -95,18 +144,37 @@ def terminate_drain(msg: func.ServiceBusMessage) -> None:
     )
 
 
-def announce_invalid_settings(note: Notification, exc: ValidationError) -> None:
+def undrain(note: Notification) -> None:
+    try:
+        settings = undrain_settings()
+        hook = drain_settings().relay_hook
+    except ValidationError as exc:
+        announce_invalid_settings(note, exc, Transition.UNDRAIN_FAILED, "UNDRAIN__")
+        return
+    result = run_undrain(note, settings, build_context(), drain_hook=hook)
+    log.info("terminate %s: %s %s", result.event_id, result.outcome, result.detail)
+
+
+def announce_invalid_settings(
+    note: Notification,
+    exc: ValidationError,
+    transition: Transition = Transition.DRAIN_FAILED,
+    prefix: str = "DRAIN__",
+) -> None:
     from functions.triggers.core import pipeline
 
     problems = "; ".join(
-        f"DRAIN__{'.'.join(str(p) for p in error['loc']).upper()}: {error['msg']}"
+        f"{prefix}{'.'.join(str(p) for p in error['loc']).upper()}: {error['msg']}"
         for error in exc.errors()
     )
-    detail = f"drain settings invalid ({problems}): nothing drained or approved, holding"
+    if transition is Transition.DRAIN_FAILED:
+        detail = f"drain settings invalid ({problems}): nothing drained or approved, holding"
+    else:
+        detail = f"settings invalid ({problems}): nothing undrained; undrain by hand"
     log.error("terminate %s: %s", note.event.event_id if note.event else "-", detail)
     pipeline().publisher.publish(
         Notification(
-            transition=Transition.DRAIN_FAILED,
+            transition=transition,
             occurred_at=datetime.now(UTC),
             event=note.event,
             decision=note.decision,

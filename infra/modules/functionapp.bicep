@@ -42,6 +42,7 @@ param keyVaultUri string
 @description('Secret names in the vault (keyvault.bicep output secretNames).')
 param secretNames object
 
+param hasRelayKeyPrevious bool = false
 param hasPagerduty bool = false
 param hasTeams bool = false
 param hasWebhookUrl bool = false
@@ -63,6 +64,10 @@ param relaySilentAfterSeconds int = 600
 param approvalMarginSeconds int = 10
 param pagerdutyEventsUrl string = 'https://events.pagerduty.com/v2/enqueue'
 
+// Agentless mode (eventgrid.bicep): the queue Event Grid delivers to, and the approvers.
+param eventGridQueueName string = 'scheduled-events'
+param approvers string = 'relay,arm'
+
 // Policy (POLICY__*); editable later as app settings.
 @description('Ordered policy rules (JSON array). Empty: the built-in default, Microsoft\'s reference policy.')
 param policyRules array = []
@@ -75,6 +80,9 @@ param policyMaxConcurrentPerSet int = 1
 // Terminate (drain) workflow (DRAIN__*).
 param drainHttpUrl string = ''
 param drainRelayHook string = ''
+// Undoing a drain whose Terminate was cancelled (UNDRAIN__*).
+param undrainHttpUrl string = ''
+param undrainRelayHook string = ''
 param drainStepTimeoutSeconds int = 120
 param drainSafetyMarginSeconds int = 30
 @allowed([
@@ -110,6 +118,8 @@ var bridgeSettings = {
   RELAY_SILENT_AFTER_SECONDS: string(relaySilentAfterSeconds)
   APPROVAL_MARGIN_SECONDS: string(approvalMarginSeconds)
   PAGERDUTY_EVENTS_URL: pagerdutyEventsUrl
+  EVENTGRID_QUEUE: eventGridQueueName
+  APPROVERS: approvers
 }
 
 var policyBaseSettings = {
@@ -127,6 +137,11 @@ var drainBaseSettings = {
 }
 var drainHttpSettings = empty(drainHttpUrl) ? {} : { DRAIN__HTTP_URL: drainHttpUrl }
 var drainHookSettings = empty(drainRelayHook) ? {} : { DRAIN__RELAY_HOOK: drainRelayHook }
+var undrainHttpSettings = empty(undrainHttpUrl) ? {} : { UNDRAIN__HTTP_URL: undrainHttpUrl }
+var undrainHookSettings = empty(undrainRelayHook) ? {} : { UNDRAIN__RELAY_HOOK: undrainRelayHook }
+
+// The relay key before a rotation, only while one is under way (README: rotate the relay key).
+var relayKeyPreviousSettings = hasRelayKeyPrevious ? { RELAY_KEY_PREVIOUS: '${kvRef}${secretNames.relayKeyPrevious})' } : {}
 
 // Channel secrets: only those that exist in the vault, always as references.
 var pagerdutySettings = hasPagerduty ? { PAGERDUTY_ROUTING_KEY: '${kvRef}${secretNames.pagerdutyRoutingKey})' } : {}
@@ -135,7 +150,7 @@ var webhookUrlSettings = hasWebhookUrl ? { WEBHOOK_URL: '${kvRef}${secretNames.w
 var webhookSecretSettings = hasWebhookSecret ? { WEBHOOK_SECRET: '${kvRef}${secretNames.webhookSecret})' } : {}
 
 // Every app setting, set when the site is created (Flex needs its storage settings from the start).
-var appSettings = union(connectionSettings, bridgeSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
+var appSettings = union(connectionSettings, bridgeSettings, relayKeyPreviousSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, undrainHttpSettings, undrainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   //checkov:skip=CKV_AZURE_225: Flex zone redundancy is regional and opt-in; enable it where your region offers it

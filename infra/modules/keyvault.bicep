@@ -16,6 +16,10 @@ param tags object = {}
 @minLength(32)
 param relayKey string
 
+@description('The relay key before the last rotation; stored as secret `relay-key-previous` while set. Empty = none (after a rotation has finished).')
+@secure()
+param relayKeyPrevious string = ''
+
 @description('PagerDuty Events API v2 routing key; empty = no PagerDuty channel.')
 @secure()
 param pagerdutyRoutingKey string = ''
@@ -54,6 +58,7 @@ var keyVaultSecretsUser = '4633458b-17de-408a-b874-0445c86b69e6'
 // Secret names; the function app's settings reference them by these names.
 var names = {
   relayKey: 'relay-key'
+  relayKeyPrevious: 'relay-key-previous'
   pagerdutyRoutingKey: 'pagerduty-routing-key'
   teamsWebhookUrl: 'teams-webhook-url'
   webhookUrl: 'webhook-url'
@@ -99,6 +104,18 @@ resource relayKeySecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
   name: names.relayKey
   properties: {
     value: relayKey
+    contentType: 'text/plain'
+  }
+}
+
+// Only while a rotation is under way: the app retries a relay that answers 401 with it.
+resource relayKeyPreviousSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if (!empty(relayKeyPrevious)) {
+  //checkov:skip=CKV_AZURE_114: contentType is set below; checkov does not read the body of a conditional (if) resource
+  //checkov:skip=CKV_AZURE_41: removed by the operator when the rotation is over (README); an expiry would break approvals mid-rotation
+  parent: vault
+  name: names.relayKeyPrevious
+  properties: {
+    value: relayKeyPrevious
     contentType: 'text/plain'
   }
 }
@@ -169,6 +186,16 @@ resource functionReadsRelayKey 'Microsoft.Authorization/roleAssignments@2022-04-
   }
 }
 
+resource functionReadsRelayKeyPrevious 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(relayKeyPrevious)) {
+  scope: relayKeyPreviousSecret
+  name: guid(vault.id, names.relayKeyPrevious, functionPrincipalId, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 resource functionReadsPagerduty 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(pagerdutyRoutingKey)) {
   scope: pagerdutySecret
   name: guid(vault.id, names.pagerdutyRoutingKey, functionPrincipalId, keyVaultSecretsUser)
@@ -213,6 +240,7 @@ output vaultName string = vault.name
 output vaultUri string = vault.properties.vaultUri
 output relayKeySecretUri string = relayKeySecret.properties.secretUri
 // Which optional secrets exist, so the app settings reference only those.
+output hasRelayKeyPrevious bool = !empty(relayKeyPrevious)
 output hasPagerduty bool = !empty(pagerdutyRoutingKey)
 output hasTeams bool = !empty(teamsWebhookUrl)
 output hasWebhookUrl bool = !empty(webhookUrl)

@@ -48,6 +48,7 @@ var tableSuffixes = [
   'audit'
   'rejected'
   'drains'
+  'deliveries'
 ]
 
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {

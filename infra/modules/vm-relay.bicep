@@ -42,7 +42,19 @@ resource nic 'Microsoft.Network/networkInterfaces@2024-01-01' = {
   }
 }
 
-resource vm 'Microsoft.Compute/virtualMachines@2024-07-01' = {
+@description('Publish this VM\'s Scheduled Events to Event Grid and Resource Graph (agentless mode, preview: register Microsoft.Compute/SendScheduledEventsPolicy).')
+param eventGridOptIn bool = false
+
+var eventGridPolicy = {
+  scheduledEventsAdditionalPublishingTargets: {
+    eventGridAndResourceGraph: {
+      enable: true
+      scheduledEventsApiVersion: '2020-07-01'
+    }
+  }
+}
+
+resource vm 'Microsoft.Compute/virtualMachines@2025-04-01' = {
   //checkov:skip=CKV_AZURE_97: encryption at host needs the EncryptionAtHost feature registered on the subscription; enable it in securityProfile once registered
   //checkov:skip=CKV_AZURE_151: encryption at host needs the EncryptionAtHost feature registered on the subscription; enable it in securityProfile once registered
   name: name
@@ -55,6 +67,7 @@ resource vm 'Microsoft.Compute/virtualMachines@2024-07-01' = {
     }
   }
   properties: {
+    scheduledEventsPolicy: eventGridOptIn ? eventGridPolicy : null
     hardwareProfile: {
       vmSize: vmSize
     }

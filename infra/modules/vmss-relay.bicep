@@ -43,7 +43,19 @@ param instanceCount int = 2
 ])
 param terminateNotBeforeTimeout string = 'PT10M'
 
-resource scaleSet 'Microsoft.Compute/virtualMachineScaleSets@2024-07-01' = {
+@description('Publish this scale set\'s Scheduled Events to Event Grid and Resource Graph (agentless mode, preview: register Microsoft.Compute/SendScheduledEventsPolicy).')
+param eventGridOptIn bool = false
+
+var eventGridPolicy = {
+  scheduledEventsAdditionalPublishingTargets: {
+    eventGridAndResourceGraph: {
+      enable: true
+      scheduledEventsApiVersion: '2020-07-01'
+    }
+  }
+}
+
+resource scaleSet 'Microsoft.Compute/virtualMachineScaleSets@2025-04-01' = {
   //checkov:skip=CKV_AZURE_95: automatic OS image upgrades reimage instances and need a health probe; this example keeps Manual upgrades
   //checkov:skip=CKV_AZURE_97: encryption at host needs the EncryptionAtHost feature registered on the subscription; enable it in securityProfile once registered
   name: name
@@ -61,6 +73,7 @@ resource scaleSet 'Microsoft.Compute/virtualMachineScaleSets@2024-07-01' = {
     }
   }
   properties: {
+    scheduledEventsPolicy: eventGridOptIn ? eventGridPolicy : null
     orchestrationMode: 'Uniform'
     overprovision: false
     upgradePolicy: {

@@ -56,6 +56,7 @@ class Relay:
         self.requests: list[dict[str, Any]] = []
         self.bad_signatures = 0
         self.seen: set[str] = set()
+        self.keys: list[str] = [KEY]  # a signature under any of these verifies (rotation)
         self._lock = threading.Lock()
         relay = self
 
@@ -67,7 +68,7 @@ class Relay:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 try:
-                    given = verify(KEY.encode(), dict(self.headers), "POST", self.path, body)
+                    given = relay.verify(dict(self.headers), self.path, body)
                     with relay._lock:  # the relay refuses a signature it has seen (replay)
                         if given in relay.seen:
                             raise SignatureError("replayed signature")
@@ -99,6 +100,16 @@ class Relay:
             target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
         self.thread.start()
+
+    def verify(self, headers: dict[str, str], path: str, body: bytes) -> str:
+        error: SignatureError | None = None
+        for key in self.keys:
+            try:
+                return verify(key.encode(), headers, "POST", path, body)
+            except SignatureError as exc:
+                error = exc
+        assert error is not None
+        raise error
 
     def starts(self) -> list[str]:
         return [i for r in self.requests for i in r["EventIds"]]

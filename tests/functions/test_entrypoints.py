@@ -190,6 +190,7 @@ def test_handlers_from_function_app(store, clock, relay):
         "notify_pagerduty",
         "notify_webhook",
         "terminate_drain",
+        "ingest_event_grid",
     }
     pipeline, pub = make_pipeline(store, clock)
     handlers.use_pipeline(pipeline)

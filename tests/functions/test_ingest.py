@@ -58,7 +58,7 @@ def test_user_event_is_approved_through_the_relay(store, clock, relay):
     record = store.get_event("EV-U")
     assert record.approval == "approved" and record.approved_by == "vm1"
     outcomes = [a["outcome"] for a in store.audit_rows("EV-U")]
-    assert outcomes == ["approving", "approved via vm1"]
+    assert outcomes == ["approving", "approved via relay:vm1"]
 
 
 def test_terminate_is_drained_not_approved_by_ingest(store, clock, relay):

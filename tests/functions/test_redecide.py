@@ -63,7 +63,7 @@ def test_watchdog_redecides_a_fail_closed_event_once_and_approves_it(store, cloc
     assert outcomes == [
         ("policy-invalid", "failed closed: policy invalid"),
         ("user-initiated", "approving"),
-        ("user-initiated", "approved via vm1"),
+        ("user-initiated", "approved via relay:vm1"),
     ]
     # Once: later sweeps (and later documents) leave the new decision alone.
     clock.advance(60)

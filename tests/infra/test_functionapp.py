@@ -11,6 +11,7 @@ FN = load("functionapp")
 # Settings that carry a secret (SETTINGS.md): they must be Key Vault references.
 SECRET_SETTINGS = {
     "RELAY_KEY",
+    "RELAY_KEY_PREVIOUS",
     "PAGERDUTY_ROUTING_KEY",
     "TEAMS_WEBHOOK_URL",
     "WEBHOOK_URL",
@@ -140,6 +141,7 @@ def test_secret_references_name_the_secrets_the_vault_creates() -> None:
     names = kv.variables["names"]
     for setting, key in (
         ("RELAY_KEY", "relayKey"),
+        ("RELAY_KEY_PREVIOUS", "relayKeyPrevious"),
         ("PAGERDUTY_ROUTING_KEY", "pagerdutyRoutingKey"),
         ("TEAMS_WEBHOOK_URL", "teamsWebhookUrl"),
         ("WEBHOOK_URL", "webhookUrl"),

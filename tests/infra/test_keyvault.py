@@ -7,6 +7,7 @@ from tests.infra.bicep import dotted, load, module_params
 KV = load("keyvault")
 SECRET_PARAMS = (
     "relayKey",
+    "relayKeyPrevious",
     "pagerdutyRoutingKey",
     "teamsWebhookUrl",
     "webhookUrl",
@@ -46,7 +47,7 @@ def test_each_secret_is_created_only_when_given() -> None:
     secrets = {
         r.symbol: r for r in KV.resources("Microsoft.KeyVault/vaults/secrets") if not r.existing
     }
-    assert len(secrets) == 5
+    assert len(secrets) == 6
     by_value = {r.body["properties"]["value"]: r for r in secrets.values()}
     assert set(by_value) == set(SECRET_PARAMS)
     assert by_value["relayKey"].condition is None  # always: approvals need it
@@ -69,6 +70,7 @@ def test_each_secret_is_created_only_when_given() -> None:
 
 def test_has_flags_match_the_secret_conditions() -> None:
     for flag, param in (
+        ("hasRelayKeyPrevious", "relayKeyPrevious"),
         ("hasPagerduty", "pagerdutyRoutingKey"),
         ("hasTeams", "teamsWebhookUrl"),
         ("hasWebhookUrl", "webhookUrl"),

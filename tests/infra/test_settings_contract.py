@@ -157,3 +157,28 @@ def test_channels_stay_off_when_their_secret_is_not_given(monkeypatch) -> None:
     names = set(app_settings())
     assert not names & {"PAGERDUTY_ROUTING_KEY", "TEAMS_WEBHOOK_URL", "WEBHOOK_URL"}
     assert "RELAY_KEY" in names
+
+
+def test_rotation_and_undrain_settings_reach_their_models(monkeypatch) -> None:
+    from functions.settings import Settings
+    from functions.terminate.workflow import UndrainSettings
+
+    monkeypatch.setitem(SAMPLE, "hasRelayKeyPrevious", True)
+    monkeypatch.setitem(SAMPLE, "undrainHttpUrl", "https://drain.example.org/undrain")
+    monkeypatch.setitem(SAMPLE, "undrainRelayHook", "undrain")
+    monkeypatch.setitem(SECRETS, "relay-key-previous", "p" * 64)
+    settings = app_settings()
+    assert settings["RELAY_KEY_PREVIOUS"].endswith("/secrets/relay-key-previous)")
+    for name, value in settings.items():
+        monkeypatch.setenv(name, _resolve_key_vault(value))
+    assert Settings().relay_key_previous_bytes == b"p" * 64
+    undrain = UndrainSettings()
+    assert (undrain.http_url, undrain.relay_hook) == (
+        "https://drain.example.org/undrain",
+        "undrain",
+    )
+
+
+def test_no_rotation_no_undrain_by_default() -> None:
+    settings = app_settings()
+    assert not {"RELAY_KEY_PREVIOUS", "UNDRAIN__HTTP_URL", "UNDRAIN__RELAY_HOOK"} & set(settings)

@@ -4,6 +4,7 @@ webhook. Fleet-wide "once" comes from MessageId = EventId:transition."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,6 +18,7 @@ from functions.notify import dispatch
 from functions.notify.delivery import RetryPolicy, Transport
 from functions.notify.settings import ChannelSettings, channel_settings
 from functions.pipeline.relay_recovery import recovery_note
+from functions.store.deliveries import DeliveryLedger
 from functions.triggers import notify as blueprint
 from tests.notify.factory import NOW, decision, event, note
 from tests.notify.fakebus import Message, Topic
@@ -33,7 +35,7 @@ class Fleet:
     settings: ChannelSettings
     topic: Topic
     transport: Transport
-    rejections: dispatch.Rejections
+    ledger: DeliveryLedger
 
     def publish(self, *notes: Notification) -> None:
         for item in notes:
@@ -48,7 +50,8 @@ class Fleet:
                     message.body,
                     settings=self.settings,
                     transport=self.transport,
-                    rejections=self.rejections,
+                    ledger=self.ledger,
+                    message_id=message.message_id,
                 )
 
             subscription.pump(handle)
@@ -63,7 +66,13 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet() -> Iterator[Fleet]:
+def ledger(azurite: str) -> DeliveryLedger:
+    prefix = "d" + uuid.uuid4().hex[:12]
+    return DeliveryLedger.from_connection_string(azurite, prefix).ensure_table()
+
+
+@pytest.fixture
+def fleet(ledger: DeliveryLedger) -> Iterator[Fleet]:
     with (
         running(Answer(202, {"status": "accepted"})) as teams,
         running(Answer(202, {"status": "success", "message": "Event processed"})) as pd,
@@ -87,7 +96,7 @@ def fleet() -> Iterator[Fleet]:
                 policy=RetryPolicy(attempts=3, backoff_seconds=0.001, max_wait_seconds=0.01),
                 sleep=lambda _seconds: None,
             ),
-            dispatch.Rejections(),
+            ledger,
         )
 
 
@@ -156,7 +165,7 @@ def test_a_flaky_receiver_gets_each_message_once(fleet: Fleet) -> None:
         assert subscription.dead_letters == []
 
 
-def test_a_pagerduty_400_is_dead_lettered_and_others_carry_on(
+def test_a_pagerduty_400_is_recorded_at_once_and_others_carry_on(
     fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
     reason = "Length of 'routing_key' is incorrect (should be 32 characters)"
@@ -166,24 +175,40 @@ def test_a_pagerduty_400_is_dead_lettered_and_others_carry_on(
     fleet.pump()
 
     pd = fleet.topic.subscriptions["pagerduty"]
-    assert [message.message_id for message in pd.dead_letters] == ["EV-D:decided", "EV-D:completed"]
-    assert all(message.delivery_count == MAX_DELIVERY for message in pd.dead_letters)
-    assert "routing_key" in (pd.dead_letters[0].dead_letter_description or "")
-    # Asked once per message: redeliveries on this worker fail fast without re-posting.
+    # Completed on the first delivery, not retried until maxDeliveryCount: asked once each.
+    assert pd.dead_letters == []
+    assert [
+        (m.message_id, m.delivery_count)
+        for m in pd.completed
+        if m.message_id in ("EV-D:decided", "EV-D:completed")
+    ] == [("EV-D:decided", 1), ("EV-D:completed", 1)]
     assert len(fleet.pagerduty.requests) == 2
+    for message_id in ("EV-D:decided", "EV-D:completed"):
+        row = fleet.ledger.get(message_id, "pagerduty")
+        assert row.status == "rejected" and reason in row.detail
+        assert row.detail.startswith("HTTP 400")
     assert "Length of 'routing_key' is incorrect" in caplog.text
+    # The other channels posted as usual, and say so in the same table.
     assert len(fleet.card_titles()) == 4
     assert len(fleet.webhook.requests) == 5
-    assert fleet.topic.subscriptions["teams"].dead_letters == []
-    assert fleet.topic.subscriptions["webhook"].dead_letters == []
+    assert fleet.ledger.rows("EV-D:decided").keys() == {"teams", "pagerduty", "webhook"}
+    assert fleet.ledger.get("EV-D:decided", "teams").status == "posted"
+    # A redelivery of the rejected message (say, replayed by hand) does not ask again.
+    fleet.topic.seen.clear()
+    fleet.publish(lifecycle("EV-D", page=True, end=Transition.COMPLETED)[1])
+    fleet.pump()
+    assert len(fleet.pagerduty.requests) == 2 and len(fleet.card_titles()) == 4
 
 
-def test_a_broken_message_is_dead_lettered_everywhere(fleet: Fleet) -> None:
+def test_a_broken_message_is_recorded_everywhere_and_completed(fleet: Fleet) -> None:
     fleet.topic.send("junk:1", b'{"transition": "exploded"}')
     fleet.pump()
     for subscription in fleet.topic.subscriptions.values():
-        (dead,) = subscription.dead_letters
-        assert "not a notification" in (dead.dead_letter_description or "")
+        assert subscription.dead_letters == []
+        assert [m.message_id for m in subscription.completed] == ["junk:1"]
+    rows = fleet.ledger.rows("junk:1")
+    assert rows.keys() == set(dispatch.CHANNELS)
+    assert all(r.status == "rejected" and "not a notification" in r.detail for r in rows.values())
     assert not fleet.teams.requests and not fleet.pagerduty.requests
 
 
@@ -204,6 +229,12 @@ def test_a_channel_without_settings_is_off(fleet: Fleet, caplog: pytest.LogCaptu
     assert "refusing to send unsigned" in caplog.text or "webhook" in dispatch._off_logged
     for subscription in fleet.topic.subscriptions.values():
         assert len(subscription.completed) == 5
+    # Unset (Teams, PagerDuty) is off on purpose: nothing recorded. Half-set (a webhook URL
+    # without its secret) is a mistake: each message it drops is recorded with the reason.
+    rows = fleet.ledger.rows("EV-F:decided")
+    assert rows.keys() == {"webhook"}
+    assert rows["webhook"].status == "rejected"
+    assert "WEBHOOK_SECRET is not" in rows["webhook"].detail
 
 
 def test_the_azure_handlers_read_app_settings(
@@ -213,6 +244,7 @@ def test_the_azure_handlers_read_app_settings(
     monkeypatch.setenv("PAGERDUTY_ROUTING_KEY", "R0UT1NGKEY0123456789012345678901")
     monkeypatch.setenv("PAGERDUTY_EVENTS_URL", f"{fleet.pagerduty.url}/v2/enqueue")
     monkeypatch.delenv("WEBHOOK_URL", raising=False)
+    monkeypatch.setattr(blueprint, "ledger", lambda: fleet.ledger)
     channel_settings.cache_clear()
     try:
         item = note(Transition.DECIDED, event("EV-G"), decision())
@@ -225,6 +257,9 @@ def test_the_azure_handlers_read_app_settings(
     assert fleet.teams.requests[0].path == "/wf"
     assert fleet.actions() == [("trigger", "EV-G")]
     assert not fleet.webhook.requests
+    assert fleet.ledger.get("EV-G:decided", "teams").status == "posted"
+    blueprint.notify_teams(msg)  # a redelivery: recorded as posted, not posted again
+    assert len(fleet.teams.requests) == 1
     app = func.FunctionApp()
     app.register_functions(blueprint.bp)
     triggers = {fn.get_function_name(): fn.get_trigger() for fn in app.get_functions()}

@@ -133,9 +133,15 @@ class Relays:
     sim: Any
     urls: dict[str, str]
     ran: Path  # each hook run appends "<vm> <event id>" here
+    undone: Path | None = None  # each `undrain` hook run appends "<vm> <event id> <status>"
 
     def runs(self) -> list[str]:
         return self.ran.read_text().splitlines() if self.ran.exists() else []
+
+    def undrains(self) -> list[str]:
+        if self.undone is None or not self.undone.exists():
+            return []
+        return self.undone.read_text().splitlines()
 
 
 @pytest.fixture
@@ -154,20 +160,31 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
             'echo "drained $SCHEDULED_EVENT_VM_NAME"\n'
         )
         script.chmod(0o755)
+        undone = tmp_path / "undone.txt"
+        undrain = tmp_path / "undrain.sh"
+        undrain.write_text(
+            "#!/bin/sh\n"
+            'echo "$SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_ID $SCHEDULED_EVENT_STATUS"'
+            f" >> {undone}\n"
+            'echo "back in service"\n'
+        )
+        undrain.chmod(0o755)
         server = SimulatorServer(Simulator(time_scale=1.0)).start()
         started.append(server)
         server.sim.add_scale_set("web", count)
         urls = {}
         for index in range(count):
             vm = f"web_{index}"
-            hooks = HookRunner({"drain": script}, tmp_path / vm, timeout=10, vm_name=vm)
+            hooks = HookRunner(
+                {"drain": script, "undrain": undrain}, tmp_path / vm, timeout=10, vm_name=vm
+            )
             app = CallbackApp(
                 RELAY_KEY, vm, ImdsClient(server.vm_url(vm)), hooks, hook_wait=hook_wait
             )
             callback = CallbackServer("127.0.0.1:0", app).start()
             started.append(callback)
             urls[vm] = callback.url
-        return Relays(server.sim, urls, ran)
+        return Relays(server.sim, urls, ran, undone)
 
     try:
         yield start

@@ -16,11 +16,13 @@ from functions.model.event import Transition
 from functions.pipeline.context import Pipeline
 from functions.pipeline.publish import LocalPublisher
 from functions.settings import Settings
+from functions.store.deliveries import DeliveryLedger
 from functions.store.drains import DrainStore
 from functions.store.records import EventRecord, VmRecord
 from functions.store.tables import Store
 from functions.triggers import core as handlers
-from functions.triggers.terminate import bp, drain_settings, terminate_drain
+from functions.triggers import notify as notify_trigger
+from functions.triggers.terminate import bp, drain_settings, terminate_drain, undrain_settings
 from tests.terminate.conftest import RELAY_KEY, Relays, terminate_note
 
 pytestmark = pytest.mark.azurite
@@ -36,15 +38,18 @@ def core(azurite: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pipeline]:
     pipeline = Pipeline(store, settings, LocalPublisher(), requests.Session(), SystemClock())
     monkeypatch.setenv("DRAIN__RELAY_HOOK", "drain")
     monkeypatch.setenv("DRAIN__SAFETY_MARGIN_SECONDS", "5")
+    monkeypatch.setenv("UNDRAIN__RELAY_HOOK", "undrain")
     monkeypatch.delenv("WEBHOOK_SECRET", raising=False)
     drain_settings.cache_clear()
+    undrain_settings.cache_clear()
     handlers.use_pipeline(pipeline)
     try:
         yield pipeline
     finally:
         handlers.use_pipeline(None)
         drain_settings.cache_clear()
-        for name in ("vms", "events", "audit", "rejected", "drains"):
+        undrain_settings.cache_clear()
+        for name in ("vms", "events", "audit", "rejected", "drains", "deliveries"):
             store.service.delete_table(f"{prefix}{name}")
 
 
@@ -102,12 +107,44 @@ def test_the_handler_drains_through_the_relay_then_approves_through_it(
     assert steps["approve"].finished_at < note.event.not_before - timedelta(seconds=5)
 
 
+def test_the_handler_undrains_a_drained_terminate_azure_cancelled(
+    core: Pipeline, relays: Callable[..., Relays]
+) -> None:
+    fleet = relays(count=1)
+    event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
+    note = terminate_note(event_id, notice=300)
+    now = datetime.now(UTC)
+    core.store.mutate_vm(
+        "web_0",
+        lambda _r: VmRecord(name="web_0", callback_url=fleet.urls["web_0"], last_seen=now),
+    )
+    # No event row: the approval finds nothing to approve, the instance stays drained.
+    terminate_drain(func.ServiceBusMessage(body=note.to_json().encode()))
+    assert fleet.runs() == [f"web_0 {event_id}"] and fleet.sim.approvals == []
+    fleet.sim.cancel_event(event_id)
+    gone = note.model_copy(update={"transition": Transition.CANCELLED})
+    for _delivery in range(2):  # a redelivery undoes nothing twice
+        terminate_drain(func.ServiceBusMessage(body=gone.to_json().encode()))
+    assert fleet.undrains() == [f"web_0 {event_id} Cancelled"]
+    assert core.publisher.transitions(event_id)[-1] == "undrained"  # type: ignore[attr-defined]
+    rows = [(r["action"], r["outcome"], r["by"]) for r in core.store.audit_rows(event_id)]
+    assert rows == [("undrain", "undrained", "terminate")]
+
+
 def test_other_messages_return_and_junk_is_refused(core: Pipeline) -> None:
     quiet = terminate_note(action="approve")
     terminate_drain(func.ServiceBusMessage(body=quiet.to_json().encode()))
     assert core.publisher.published == []  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match="validation error"):
+    ledger = DeliveryLedger.from_service(core.store.service, core.settings.state_table_prefix)
+    ledger.ensure_table()
+    notify_trigger.ledger.cache_clear()
+    try:
+        # The test constructor has no MessageId (Azure always sets one): recorded as "unnamed".
         terminate_drain(func.ServiceBusMessage(body=b'{"transition": "nope"}'))
+    finally:
+        notify_trigger.ledger.cache_clear()
+    row = ledger.get("unnamed", "terminate")  # completed, not retried until the DLQ
+    assert row.status == "rejected" and "not a notification" in row.detail
 
 
 def test_invalid_drain_settings_fail_closed_and_are_announced(

@@ -8,7 +8,7 @@ import pytest
 
 from functions.terminate.workflow import run_drain
 from tests.notify.receiver import Answer, running
-from tests.terminate.conftest import Harness, Relays, settings, terminate_note
+from tests.terminate.conftest import RELAY_KEY, Harness, Relays, settings, terminate_note
 
 pytestmark = pytest.mark.azurite
 
@@ -140,3 +140,19 @@ def test_a_relay_hook_that_outlasts_its_step_fails_the_drain(
     assert result.outcome == "held"
     assert "ran out of time: hook still running" in result.steps["hook:web_0"].detail
     assert harness.transitions() == ["drain_started", "drain_failed"]
+
+
+def test_mid_rotation_the_previous_key_runs_the_hook(
+    harness: Harness, relays: Callable[..., Relays]
+) -> None:
+    """The app already signs with the new key; this relay still has only the old one."""
+    fleet = relays(count=1)
+    harness.callbacks.update(fleet.urls)
+    event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
+    result = run_drain(
+        terminate_note(event_id),
+        settings(relay_hook="drain"),
+        harness.context(relay_key=b"the-new-key-0123456789abcdef", relay_key_previous=RELAY_KEY),
+    )
+    assert result.outcome == "approved" and result.drained
+    assert fleet.runs() == [f"web_0 {event_id}"]

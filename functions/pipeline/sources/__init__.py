@@ -1,0 +1,1 @@
+"""Where events come from besides the relays' envelopes: Event Grid (agentless mode)."""

@@ -1,0 +1,152 @@
+"""What each channel did with each announcement, in the `{prefix}deliveries` table.
+
+Service Bus delivers at least once: a crash (or a lost lock) between a successful post and
+the completion of the message redelivers it, and the channel would post the Teams card or
+the webhook again. So before posting, a channel claims the announcement with a conditional
+insert (exactly one insert wins), and marks it `posted` with an ETag-conditional replace
+right after the receiver accepted it; a redelivery that finds `posted` completes without
+posting. A permanent failure (the receiver's 4xx, an invalid message, a half-configured
+channel) is recorded as `rejected` with the reason and the message is completed: the
+Python Service Bus binding cannot dead-letter, and retrying cannot help.
+
+What stays at least once: a crash after the receiver accepted the post and before the
+`posted` write leaves a `claimed` row; once its lease passes (the longest one invocation
+can keep posting, see `RetryPolicy.longest_seconds`) a redelivery takes it over and posts
+again. The window is one HTTP answer plus one Table write; webhook receivers can dedupe on
+`X-Bridge-Delivery`, PagerDuty on its `dedup_key`.
+
+PartitionKey = the announcement's MessageId (escaped), RowKey = channel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime
+from typing import Literal
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
+from azure.data.tables import TableClient, TableServiceClient, UpdateMode
+from pydantic import AwareDatetime, BaseModel
+
+from functions.store.keys import table_key
+from functions.store.tables import utf16_prefix
+
+DeliveryStatus = Literal["claimed", "posted", "rejected"]
+DETAIL_LIMIT = 4000
+
+
+class DeliveryRecord(BaseModel):
+    message_id: str
+    channel: str
+    status: DeliveryStatus
+    owner: str
+    claimed_at: AwareDatetime
+    lease_until: AwareDatetime  # a claim whose lease passed has lost its poster
+    finished_at: AwareDatetime | None = None
+    claims: int = 1  # how many invocations claimed it (more than one: a taken-over claim)
+    detail: str = ""
+    etag: str | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.status != "claimed"
+
+
+class DeliveryLedger:
+    def __init__(self, table: TableClient) -> None:
+        self.table = table
+
+    @classmethod
+    def from_service(cls, service: TableServiceClient, prefix: str = "sebridge") -> DeliveryLedger:
+        return cls(service.get_table_client(f"{prefix}deliveries"))
+
+    @classmethod
+    def from_connection_string(cls, connection: str, prefix: str = "sebridge") -> DeliveryLedger:
+        return cls.from_service(TableServiceClient.from_connection_string(connection), prefix)
+
+    def ensure_table(self) -> DeliveryLedger:
+        with contextlib.suppress(ResourceExistsError):
+            self.table.create_table()
+        return self
+
+    @staticmethod
+    def _entity(record: DeliveryRecord) -> dict[str, object]:
+        data = record.model_dump(mode="json", exclude={"etag"})
+        data["detail"] = utf16_prefix(record.detail, DETAIL_LIMIT)
+        data["message_id"] = utf16_prefix(record.message_id, 512)
+        return {
+            "PartitionKey": table_key(record.message_id),
+            "RowKey": table_key(record.channel),
+            **data,
+        }
+
+    @staticmethod
+    def _load(entity: dict[str, object]) -> DeliveryRecord:
+        fields = {k: v for k, v in entity.items() if k in DeliveryRecord.model_fields}
+        record = DeliveryRecord.model_validate(fields)
+        record.etag = entity.metadata.get("etag")  # type: ignore[attr-defined]
+        return record
+
+    def get(self, message_id: str, channel: str) -> DeliveryRecord | None:
+        try:
+            entity = self.table.get_entity(table_key(message_id), table_key(channel))
+        except ResourceNotFoundError:
+            return None
+        return self._load(entity)
+
+    def rows(self, message_id: str) -> dict[str, DeliveryRecord]:
+        query = "PartitionKey eq @pk"
+        entities = self.table.query_entities(query, parameters={"pk": table_key(message_id)})
+        return {record.channel: record for record in map(self._load, entities)}
+
+    def insert(self, record: DeliveryRecord) -> bool:
+        """Conditional insert; False if a row for this announcement and channel exists."""
+        try:
+            meta = self.table.create_entity(self._entity(record))
+        except ResourceExistsError:
+            return False
+        record.etag = meta.get("etag")
+        return True
+
+    def replace(self, record: DeliveryRecord) -> bool:
+        """Write `record` only if its row is unchanged since read; False if it changed."""
+        try:
+            meta = self.table.update_entity(
+                self._entity(record),
+                mode=UpdateMode.REPLACE,
+                etag=record.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except (ResourceModifiedError, ResourceNotFoundError):
+            return False
+        record.etag = meta.get("etag")
+        return True
+
+    def release(self, record: DeliveryRecord) -> None:
+        """Drop our claim after a retryable failure, so the redelivery claims afresh at once
+        (if this fails too, the claim simply goes stale after its lease)."""
+        with contextlib.suppress(ResourceModifiedError, ResourceNotFoundError):
+            self.table.delete_entity(
+                table_key(record.message_id),
+                table_key(record.channel),
+                etag=record.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+
+    def take_over(
+        self, stale: DeliveryRecord, owner: str, now: datetime, lease_until: datetime
+    ) -> DeliveryRecord | None:
+        fresh = stale.model_copy(
+            update={
+                "owner": owner,
+                "claimed_at": now,
+                "lease_until": lease_until,
+                "claims": stale.claims + 1,
+            }
+        )
+        return fresh if self.replace(fresh) else None

@@ -1,0 +1,34 @@
+"""Azure handler for agentless mode: Event Grid notifications from their own queue.
+
+Event Grid delivers `ScheduledEventEmitted` to the `%EVENTGRID_QUEUE%` queue (no sessions:
+Event Grid sets no SessionId, and notifications have no per-VM order to keep). The
+same `ingest_message` as the documents queue handles them, with the same contract:
+returning completes the message, raising abandons it for redelivery (then the DLQ).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import azure.functions as func
+
+from functions.pipeline.ingest import ingest_message
+from functions.triggers.core import pipeline
+
+log = logging.getLogger(__name__)
+
+bp = func.Blueprint()
+
+
+@bp.function_name("ingest_event_grid")
+@bp.service_bus_queue_trigger(
+    arg_name="msg", queue_name="%EVENTGRID_QUEUE%", connection="ServiceBusConnection"
+)
+def ingest_event_grid(msg: func.ServiceBusMessage) -> None:
+    result = ingest_message(msg.get_body(), pipeline(), message_id=msg.message_id or "")
+    log.info(
+        "event grid %s: %s %s",
+        msg.message_id,
+        result.outcome,
+        " ".join(f"{e}:{t}" for e, t in result.transitions),
+    )

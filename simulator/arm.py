@@ -1,0 +1,234 @@
+"""A stand-in for Azure Resource Manager's Scheduled Events `acknowledge`, served under /arm.
+
+It checks what ARM checks, in ARM's order, and answers in ARM's error shape
+(`{"error": {"code", "message"}}`), so the function app's ARM approver is tested against
+every answer it must handle:
+
+- the path: `/subscriptions/{sub}/resourcegroups/{rg}/providers/Microsoft.Compute/{type}/
+  {name}/providers/Microsoft.Maintenance/scheduledevents/{EventId}/acknowledge`, POST only
+  (404 InvalidResourceType / ResourceNotFound / ResourceGroupNotFound otherwise);
+- `api-version` present (400 MissingApiVersionParameter) and one the provider serves (400
+  NoRegisteredProviderFound);
+- a bearer token (401 AuthenticationFailed) that is one the simulator's managed-identity
+  endpoint issued, unexpired, for this audience (401 InvalidAuthenticationToken...);
+- that the caller holds `Microsoft.Maintenance/scheduledevents/acknowledge/action` at the
+  resource or above (403 AuthorizationFailed), when grants are configured;
+- that the resource owns the event (404) and that it is still Scheduled (409 Conflict).
+Then it starts the event for all its Resources, as ARM does. Faults: 429 (with
+Retry-After) or 5xx on the next calls, on demand.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator import instance
+from simulator.engine import Conflict, NotFound, Simulator
+
+ACTION = "Microsoft.Maintenance/scheduledevents/acknowledge/action"
+API_VERSIONS = ("2023-10-01-preview", "2025-10-01-preview", "2025-11-01")
+PUBLIC_AUDIENCES = ("https://management.azure.com", "https://management.core.windows.net")
+
+_PATH = re.compile(
+    r"^/subscriptions/(?P<sub>[^/]+)/resourcegroups/(?P<rg>[^/]+)/providers/microsoft\.compute"
+    r"/(?P<type>[^/]+)/(?P<name>[^/]+)/providers/microsoft\.maintenance/scheduledevents"
+    r"/(?P<event>[^/]+)/acknowledge$",
+    re.IGNORECASE,
+)
+_TYPES = {
+    "virtualmachines": "virtualMachines",
+    "virtualmachinescalesets": "virtualMachineScaleSets",
+    "availabilitysets": "availabilitySets",
+}
+
+
+@dataclass
+class ArmCall:
+    """One acknowledge request as received, and what was answered."""
+
+    path: str
+    status: int
+    code: str
+    principal: str | None
+
+
+@dataclass
+class ArmService:
+    """The state behind /arm: who may acknowledge where, and injected faults."""
+
+    sim: Simulator
+    audience: str = ""  # the server's own /arm URL, set by the server
+    # principal (token appid) -> scopes where it holds the acknowledge action; None: any
+    # caller with a valid token may (the role is assigned at the subscription).
+    grants: dict[str, list[str]] | None = None
+    faults: list[tuple[int, float]] = field(default_factory=list)  # (status, Retry-After)
+    calls: list[ArmCall] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def grant(self, principal: str, scope: str) -> None:
+        """Assign the acknowledge action to `principal` at `scope` (an ARM id prefix)."""
+        with self._lock:
+            self.grants = self.grants or {}
+            self.grants.setdefault(principal, []).append(scope.rstrip("/"))
+
+    def fail_next(self, status: int, count: int = 1, retry_after: float = 1.0) -> None:
+        """Answer the next `count` well-formed calls with `status` (429 or 5xx)."""
+        with self._lock:
+            self.faults.extend([(status, retry_after)] * count)
+
+    def handle(
+        self, method: str, path: str, query: dict[str, str], headers: Any
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        seen: dict[str, str] = {}
+        try:
+            status, body, extra = self._answer(method, path, query, headers, seen)
+        except _Refusal as refusal:
+            status, body, extra = refusal.answer()
+        principal = seen.get("principal")
+        code = body.get("error", {}).get("code", "") if isinstance(body, dict) else ""
+        with self._lock:
+            self.calls.append(ArmCall(path=path, status=status, code=code, principal=principal))
+        return status, body, extra
+
+    def _answer(
+        self, method: str, path: str, query: dict[str, str], headers: Any, seen: dict[str, str]
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        match = _PATH.match(path)
+        if match is None:
+            raise _Refusal(404, "InvalidResourceType", f"No route for {path!r}.")
+        if method != "POST":
+            raise _Refusal(405, "MethodNotAllowed", f"{method} is not allowed here.")
+        version = query.get("api-version")
+        if not version:
+            raise _Refusal(
+                400,
+                "MissingApiVersionParameter",
+                "The api-version query parameter (?api-version=) is required for all requests.",
+            )
+        if version not in API_VERSIONS:
+            raise _Refusal(
+                400,
+                "NoRegisteredProviderFound",
+                f"No registered resource provider found for API version '{version}' and type "
+                f"'scheduledevents'. The supported api-versions are '{', '.join(API_VERSIONS)}'.",
+            )
+        claims = self._token(headers.get("Authorization"))
+        principal = seen["principal"] = str(claims.get("appid") or claims.get("oid") or "")
+        resource_type = _TYPES.get(match["type"].casefold())
+        scope = (
+            f"/subscriptions/{match['sub']}/resourcegroups/{match['rg']}/providers/"
+            f"Microsoft.Compute/{match['type']}/{match['name']}"
+        )
+        if not self._allowed(principal, scope):
+            raise _Refusal(
+                403,
+                "AuthorizationFailed",
+                f"The client '{principal}' with object id '{principal}' does not have "
+                f"authorization to perform action '{ACTION}' over scope '{scope}/providers/"
+                f"Microsoft.Maintenance/scheduledevents/{match['event']}' or the scope is "
+                "invalid. If access was recently granted, please refresh your credentials.",
+            )
+        if match["sub"].casefold() != instance.SUBSCRIPTION_ID:
+            raise _Refusal(
+                404,
+                "SubscriptionNotFound",
+                f"The subscription '{match['sub']}' could not be found.",
+            )
+        if match["rg"].casefold() != instance.RESOURCE_GROUP.casefold():
+            raise _Refusal(
+                404, "ResourceGroupNotFound", f"Resource group '{match['rg']}' could not be found."
+            )
+        if resource_type is None:
+            raise _Refusal(
+                404,
+                "InvalidResourceType",
+                f"The resource type '{match['type']}' could not be found in the namespace "
+                "'Microsoft.Compute' for scheduled events.",
+            )
+        if not self.sim.owns(resource_type, match["name"]):
+            raise _Refusal(
+                404,
+                "ResourceNotFound",
+                f"The Resource 'Microsoft.Compute/{resource_type}/{match['name']}' under "
+                f"resource group '{match['rg']}' was not found.",
+            )
+        with self._lock:
+            fault = self.faults.pop(0) if self.faults else None
+        if fault is not None:
+            status, wait = fault
+            code = "TooManyRequests" if status == 429 else "InternalServerError"
+            headers_out = {"Retry-After": f"{wait:g}"} if status in (429, 503) else {}
+            body = {"error": {"code": code, "message": f"Simulated {status}."}}
+            return status, body, headers_out
+        try:
+            self.sim.acknowledge(resource_type, match["name"], match["event"])
+        except Conflict as exc:
+            raise _Refusal(409, "Conflict", str(exc)) from None
+        except NotFound as exc:
+            raise _Refusal(404, "NotFound", str(exc)) from None
+        return 200, {"value": "Successfully Approved"}, {}
+
+    def _token(self, header: str | None) -> dict[str, Any]:
+        if not header:
+            raise _Refusal(
+                401,
+                "AuthenticationFailed",
+                "Authentication failed. The 'Authorization' header is missing.",
+            )
+        scheme, _, token = header.partition(" ")
+        if scheme.casefold() != "bearer" or not token.strip():
+            raise _Refusal(
+                401,
+                "AuthenticationFailed",
+                "Authentication failed. The 'Authorization' header is provided in an invalid "
+                "format.",
+            )
+        try:
+            payload = token.strip().split(".")[1]
+            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+            if not isinstance(claims, dict) or claims.get("iss") != "relay-simulator":
+                raise ValueError("issuer")
+        except (IndexError, ValueError, UnicodeDecodeError):
+            raise _Refusal(
+                401, "InvalidAuthenticationToken", "The access token is invalid."
+            ) from None
+        if float(claims.get("exp", 0)) <= self.sim.clock():
+            raise _Refusal(
+                401,
+                "ExpiredAuthenticationToken",
+                "The access token expiry UTC time is in the past.",
+            )
+        audiences = {a.rstrip("/").casefold() for a in (*PUBLIC_AUDIENCES, self.audience) if a}
+        if str(claims.get("aud", "")).rstrip("/").casefold() not in audiences:
+            raise _Refusal(
+                401,
+                "InvalidAuthenticationTokenAudience",
+                f"The access token has been obtained for wrong audience or resource "
+                f"'{claims.get('aud')}'. It should exactly match with one of the allowed "
+                f"audiences {sorted(audiences)}.",
+            )
+        return claims
+
+    def _allowed(self, principal: str, scope: str) -> bool:
+        with self._lock:
+            if self.grants is None:
+                return True
+            held = self.grants.get(principal, [])
+        target = scope.casefold()
+        return any(target == s.casefold() or target.startswith(s.casefold() + "/") for s in held)
+
+
+class _Refusal(Exception):
+    """An ARM error answer: raised where a check fails, answered by `handle`."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+    def answer(self) -> tuple[int, dict[str, Any], dict[str, str]]:
+        return self.status, {"error": {"code": self.code, "message": self.message}}, {}

@@ -1,0 +1,1 @@
+"""Agentless mode: Event Grid source, ARM approver, their simulator stand-ins."""

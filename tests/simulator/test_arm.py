@@ -1,0 +1,147 @@
+"""The simulator's Resource Manager `acknowledge`: every check ARM makes, over real HTTP,
+in ARM's error shape; the control API that sets grants and faults."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+import requests
+
+from simulator import Simulator, SimulatorServer, instance
+
+SUB, RG = instance.SUBSCRIPTION_ID, instance.RESOURCE_GROUP
+V = {"api-version": "2025-11-01"}
+
+
+@pytest.fixture
+def server():
+    sim = Simulator(time_scale=60.0)
+    sim.add_vm("solo")
+    sim.add_scale_set("web", 2)
+    server = SimulatorServer(sim).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def token(server, resource="https://management.azure.com/") -> str:
+    answer = requests.get(
+        f"{server.url}/metadata/identity/oauth2/token",
+        params={"api-version": "2018-02-01", "resource": resource},
+        headers={"Metadata": "true"},
+        timeout=5,
+    )
+    return answer.json()["access_token"]
+
+
+def ack_url(server, kind, name, event_id, rg=RG, sub=SUB) -> str:
+    return (
+        f"{server.arm_url}/subscriptions/{sub}/resourcegroups/{rg}/providers/Microsoft.Compute/"
+        f"{kind}/{name}/providers/Microsoft.Maintenance/scheduledevents/{event_id}/acknowledge"
+    )
+
+
+def post(url, bearer=None, params=V, method="POST"):
+    headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+    return requests.request(method, url, params=params, headers=headers, timeout=5)
+
+
+def control_post(url: str, body: dict) -> requests.Response:
+    return requests.post(url, json=body, timeout=5)
+
+
+def error(response) -> tuple[int, str]:
+    return response.status_code, response.json()["error"]["code"]
+
+
+def test_acknowledge_starts_the_event_for_all_its_resources(server):
+    event_id = server.sim.add_event("Reboot", resources=["web_0", "web_1"])
+    answer = post(ack_url(server, "virtualMachineScaleSets", "web", event_id), token(server))
+    assert answer.status_code == 200 and answer.json() == {"value": "Successfully Approved"}
+    described = server.sim.describe_event(event_id)
+    assert described["EventStatus"] == "Started"
+    assert described["approved_by"] == ["web_0", "web_1"]
+    again = post(ack_url(server, "virtualMachineScaleSets", "web", event_id), token(server))
+    assert error(again) == (409, "Conflict")
+
+
+def test_what_arm_checks_before_anything_else(server):
+    event_id = server.sim.add_event("Reboot", resources=["solo"])
+    url = ack_url(server, "virtualMachines", "solo", event_id)
+    good = token(server)
+    assert error(post(url, good, params={})) == (400, "MissingApiVersionParameter")
+    assert error(post(url, good, params={"api-version": "2020-01-01"})) == (
+        400,
+        "NoRegisteredProviderFound",
+    )
+    assert error(post(url)) == (401, "AuthenticationFailed")
+    assert error(post(url, "garbage")) == (401, "InvalidAuthenticationToken")
+    assert error(post(url, token(server, "https://vault.azure.net"))) == (
+        401,
+        "InvalidAuthenticationTokenAudience",
+    )
+    assert error(post(url, good, method="GET")) == (405, "MethodNotAllowed")
+    assert error(post(url.replace("/acknowledge", "/approve"), good)) == (
+        404,
+        "InvalidResourceType",
+    )
+    assert error(post(ack_url(server, "disks", "solo", event_id), good)) == (
+        404,
+        "InvalidResourceType",
+    )
+    assert error(post(ack_url(server, "virtualMachines", "solo", event_id, rg="x"), good)) == (
+        404,
+        "ResourceGroupNotFound",
+    )
+    assert error(post(ack_url(server, "virtualMachines", "nope", event_id), good)) == (
+        404,
+        "ResourceNotFound",
+    )
+    assert server.sim.describe_event(event_id)["EventStatus"] == "Scheduled"
+
+
+def test_an_expired_token_is_refused(server):
+    event_id = server.sim.add_event("Reboot", resources=["solo"])
+    header, claims, sig = token(server).split(".")
+    data = json.loads(base64.urlsafe_b64decode(claims + "=="))
+    data["exp"] = int(time.time()) - 1
+    stale = base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+    answer = post(ack_url(server, "virtualMachines", "solo", event_id), f"{header}.{stale}.{sig}")
+    assert error(answer) == (401, "ExpiredAuthenticationToken")
+
+
+def test_the_resource_must_own_the_event(server):
+    on_set = server.sim.add_event("Reboot", resources=["web_1"])
+    answer = post(ack_url(server, "virtualMachines", "solo", on_set), token(server))
+    assert error(answer) == (404, "NotFound")
+    unknown = post(ack_url(server, "virtualMachines", "solo", "NOPE"), token(server))
+    assert error(unknown) == (404, "NotFound")
+
+
+def test_grants_and_faults_through_the_control_api(server):
+    event_id = server.sim.add_event("Reboot", resources=["solo"])
+    bearer = token(server)
+    principal = json.loads(base64.urlsafe_b64decode(bearer.split(".")[1] + "=="))["appid"]
+    group = f"/subscriptions/{SUB}/resourceGroups/{RG}"
+    elsewhere = f"{group}/providers/Microsoft.Compute/virtualMachines/other"
+    control = f"{server.url}/_sim/arm"
+    grant = control_post(f"{control}/grants", {"principal": principal, "scope": elsewhere})
+    assert grant.status_code == 200
+    refused = post(ack_url(server, "virtualMachines", "solo", event_id), bearer)
+    assert error(refused) == (403, "AuthorizationFailed")
+    assert "scheduledevents/acknowledge/action" in refused.json()["error"]["message"]
+    control_post(f"{control}/grants", {"principal": principal, "scope": group})
+    fault = control_post(f"{control}/faults", {"status": 429, "count": 1, "retry_after": 7})
+    assert fault.status_code == 200
+    throttled = post(ack_url(server, "virtualMachines", "solo", event_id), bearer)
+    assert error(throttled) == (429, "TooManyRequests")
+    assert throttled.headers["Retry-After"] == "7"
+    assert post(ack_url(server, "virtualMachines", "solo", event_id), bearer).status_code == 200
+    calls = requests.get(control, timeout=5).json()["calls"]
+    assert [c["status"] for c in calls] == [403, 429, 200]
+    bad = control_post(f"{control}/faults", {"status": 404})
+    assert bad.status_code == 400
