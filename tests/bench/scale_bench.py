@@ -24,6 +24,7 @@ import importlib
 import json
 import logging
 import multiprocessing
+import re
 import statistics
 import threading
 import time
@@ -510,8 +511,17 @@ def heartbeats(
 # --------------------------------------------------------------------------- counts
 
 
+def topic_subscriptions() -> list[str]:
+    """The notifications topic's subscriptions, as the Bicep creates them."""
+    bicep = (ROOT / "infra" / "modules" / "servicebus.bicep").read_text()
+    block = re.search(r"var subscriptionNames = \[(.*?)\]", bicep, re.DOTALL)
+    if block is None:
+        raise RuntimeError("servicebus.bicep: no subscriptionNames list")
+    return re.findall(r"'([^']+)'", block.group(1))
+
+
 ASSUMED = {
-    "topic_subscriptions": "infra/modules/servicebus.bicep: teams, pagerduty, webhook, terminate",
+    "topic_subscriptions": "read from infra/modules/servicebus.bicep (subscriptionNames)",
     "servicebus_operations_per_message": "send, receive and complete are each an operation "
     "(https://azure.microsoft.com/pricing/details/service-bus/: any API call); not measurable "
     "without Service Bus",
@@ -530,7 +540,7 @@ def build_counts(measured: dict[str, Any], measured_by: str) -> Any:
     return Counts(
         measured_at=datetime.now(UTC).replace(microsecond=0),
         measured_by=measured_by,
-        topic_subscriptions=4,
+        topic_subscriptions=len(topic_subscriptions()),
         servicebus_operations_per_message=3,
         servicebus_credits_per_message=2,
         platform_log_bytes_per_execution=PLATFORM_BYTES_PER_EXECUTION,
