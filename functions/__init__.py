@@ -18,6 +18,9 @@ above it in this list:
 7. `triggers/`  the thin Azure Functions handlers that bind the above to Service Bus,
                 the timer and HTTP; `function_app.py` registers them.
 
+Beside the data path, imported by nothing above: `cost/`, the monthly cost and capacity
+model behind `python -m functions cost` (dated prices, counts measured by `make bench`).
+
 Where to change things: a rule → `model/policy.py` (or just the `POLICY__*` settings);
 a channel → `notify/`; a store → `store/`; a new source → `pipeline/sources/` (Event Grid
 is one) plus a dispatch in `pipeline/ingest.py`.
