@@ -101,6 +101,7 @@ class Estimate(BaseModel):
     bound_by: str
     counts_measured_at: str
     counts_measured_by: str
+    heartbeats_measured_per_execution: float  # the batch the per-heartbeat counts come from
     prices_as_of: str
     unconfirmed_prices: list[str]
 
@@ -402,6 +403,7 @@ def estimate(
         bound_by=bound.name,
         counts_measured_at=counts.measured_at.isoformat(),
         counts_measured_by=counts.measured_by,
+        heartbeats_measured_per_execution=counts.heartbeats_per_execution,
         prices_as_of=prices.as_of.isoformat(),
         unconfirmed_prices=prices.unconfirmed(),
     )

@@ -32,8 +32,9 @@ def render(e: Estimate) -> str:
         f"per VM-month, a heartbeat every {w.heartbeat_seconds:g} s",
         f"Deployment: Flex Consumption {d.instance_memory_mb} MB instances (always ready off), "
         f"at most {d.max_instances}; Service Bus Standard; Table storage LRS",
-        f"Counts: measured {e.counts_measured_at} ({e.counts_measured_by}); "
-        f"prices: list, USD, as of {e.prices_as_of}",
+        f"Counts: measured {e.counts_measured_at} ({e.counts_measured_by}), heartbeats "
+        f"{e.heartbeats_measured_per_execution:g} per execution",
+        f"Prices: list, USD, as of {e.prices_as_of}",
         "",
         f"{'part':<14} {'item':<34} {'per month':>22} {'USD':>12}",
         "-" * 85,
