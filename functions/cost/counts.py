@@ -10,13 +10,12 @@ telemetry rows) are marked in `assumed`, with the reason.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from functions.cost.prices import CostInputError, _first_error
+from functions.cost.prices import CostInputError, first_error
 
 COUNTS_FILE = Path(__file__).with_name("counts.json")
 
@@ -27,8 +26,8 @@ class Counts(BaseModel):
     measured_at: AwareDatetime
     measured_by: str = Field(min_length=1)
 
-    # One document through ingest (the set200 scenario: 200 concurrent reporters of one
-    # event, Scheduled, Started and gone), per document.
+    # One document through ingest, per document: 20 VMs of a set (64-character names)
+    # report one event through Scheduled, Started and gone, 16 at a time.
     table_requests_per_document: float = Field(ge=0)
     table_entities_per_document: float = Field(ge=0)  # a batch counts each entity
     seconds_per_document: float = Field(gt=0)
@@ -38,7 +37,8 @@ class Counts(BaseModel):
     documents_per_event_per_setmate: float = Field(ge=0)
     notifications_per_event: float = Field(ge=0)  # messages published to the topic
 
-    # Heartbeats, as the function app receives them.
+    # Heartbeats, as the function app receives them; the per-heartbeat numbers were
+    # measured at this many per execution (the model takes its batches from host.json).
     heartbeats_per_execution: float = Field(ge=1)
     heartbeats_on_sessions: bool
     table_requests_per_heartbeat: float = Field(ge=0)
@@ -81,7 +81,7 @@ def load_counts(path: Path | str | None = None) -> Counts:
     try:
         return Counts.model_validate(data)
     except ValidationError as exc:
-        raise CostInputError(f"{file}: not a counts file: {_first_error(exc)}") from None
+        raise CostInputError(f"{file}: not a counts file: {first_error(exc)}") from None
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
@@ -101,7 +101,3 @@ def write_counts(counts: Counts, path: Path | str | None = None) -> Path:
     file = Path(path) if path is not None else COUNTS_FILE
     file.write_text(counts.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return file
-
-
-def age_days(counts: Counts, now: datetime) -> float:
-    return (now - counts.measured_at).total_seconds() / 86400

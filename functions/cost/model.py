@@ -426,8 +426,12 @@ def load_deployment(
         raise CostInputError(f"cannot read the deployment (host.json, Bicep): {exc}") from None
     bus = host.get("extensions", {}).get("serviceBus", {})
     return Deployment(
-        instance_memory_mb=instance_memory_mb or _bicep_default(bicep, "instanceMemoryMB"),
-        max_instances=max_instances or _bicep_default(bicep, "maximumInstanceCount"),
+        instance_memory_mb=_bicep_default(bicep, "instanceMemoryMB")
+        if instance_memory_mb is None
+        else instance_memory_mb,
+        max_instances=_bicep_default(bicep, "maximumInstanceCount")
+        if max_instances is None
+        else max_instances,
         max_concurrent_calls=int(bus.get("maxConcurrentCalls", 16)),
         max_concurrent_sessions=int(bus.get("maxConcurrentSessions", 8)),
         session_idle_seconds=_timespan(str(bus.get("sessionIdleTimeout", "00:01:00"))),

@@ -110,10 +110,10 @@ def load_prices(path: Path | str | None = None) -> PriceTable:
     except json.JSONDecodeError as exc:
         raise CostInputError(f"{file}: not JSON: {exc}") from None
     except ValidationError as exc:
-        raise CostInputError(f"{file}: not a price table: {_first_error(exc)}") from None
+        raise CostInputError(f"{file}: not a price table: {first_error(exc)}") from None
 
 
-def _first_error(exc: ValidationError) -> str:
+def first_error(exc: ValidationError) -> str:
     error = exc.errors(include_url=False)[0]
     where = ".".join(str(p) for p in error["loc"])
     message = error["msg"].removeprefix("Value error, ")

@@ -56,6 +56,17 @@ def test_no_fleet_is_exit_2(vms: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert err.startswith("cost: --vms:") and "greater than or equal to 1" in err
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--max-instances", "0"), ("--instance-memory-mb", "0"), ("--heartbeat-seconds", "0")],
+)
+def test_impossible_deployment_is_exit_2(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["cost", "--vms", "10", option, value]) == 2
+    assert capsys.readouterr().err.startswith(f"cost: {option}:")
+
+
 def test_malformed_price_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     broken = tmp_path / "prices.json"
     broken.write_text("{not json")
