@@ -38,7 +38,9 @@ class Counts(BaseModel):
     notifications_per_event: float = Field(ge=0)  # messages published to the topic
 
     # Heartbeats, as the function app receives them; the per-heartbeat numbers were
-    # measured at this many per execution (the model takes its batches from host.json).
+    # measured at this many per execution. The monthly executions take their batch size
+    # from host.json and the fleet's rate; the Functions ceiling (a fleet big enough to
+    # fill batches) uses this batch with the time measured for it.
     heartbeats_per_execution: float = Field(ge=1)
     heartbeats_on_sessions: bool
     table_requests_per_heartbeat: float = Field(ge=0)
