@@ -9,6 +9,7 @@ import azure.functions as func
 from functions.triggers.core import bp as core
 from functions.triggers.eventgrid import bp as eventgrid
 from functions.triggers.notify import bp as notify
+from functions.triggers.pages import bp as pages
 from functions.triggers.terminate import bp as terminate
 
 app = func.FunctionApp()
@@ -21,3 +22,5 @@ app.register_functions(notify)
 app.register_functions(terminate)
 # Agentless mode: Event Grid notifications (EVENTGRID_QUEUE), same ingest as documents.
 app.register_functions(eventgrid)
+# The operators' pages (approval, fleet), signed in through App Service Authentication.
+app.register_functions(pages)

@@ -15,13 +15,18 @@ above it in this list:
                 watchdog that does the same on a timer for what no document triggers.
 5. `terminate/` the scale-set drain workflow, fed by the `terminate` subscription.
 6. `notify/`    the channels (Teams, PagerDuty, webhook), one subscription each.
-7. `triggers/`  the thin Azure Functions handlers that bind the above to Service Bus,
+7. `web/`       the operators' pages (approval, fleet) as plain functions over the store:
+                Entra sign-in via App Service, CSRF-safe approval, HTML and SVG timeline.
+8. `triggers/`  the thin Azure Functions handlers that bind the above to Service Bus,
                 the timer and HTTP; `function_app.py` registers them.
 
-Beside the data path, imported by nothing above: `cost/`, the monthly cost and capacity
-model behind `python -m functions cost` (dated prices, counts measured by `make bench`).
+Beside them: `settings` (app settings), `signing` (HMAC), `clock`, and `telemetry`, the
+structured log lines the Bicep's alerts and workbook query. Beside the data path, imported
+by nothing above: `cost/`, the monthly cost and capacity model behind
+`python -m functions cost` (dated prices, counts measured by `make bench`).
 
 Where to change things: a rule → `model/policy.py` (or just the `POLICY__*` settings);
 a channel → `notify/`; a store → `store/`; a new source → `pipeline/sources/` (Event Grid
-is one) plus a dispatch in `pipeline/ingest.py`.
+is one) plus a dispatch in `pipeline/ingest.py`; a page → `web/` (and its route in
+`triggers/pages.py`).
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from functools import cached_property
+from urllib.parse import quote
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -63,6 +64,21 @@ class Settings(BaseSettings):
     # yet) answers 401 to RELAY_KEY, and is asked once more signed with this one.
     relay_key_previous: SecretStr | None = None
     public_base_url: str | None = None
+    # The app's real host name, injected by App Service (Flex apps are not NAME.azurewebsites.net);
+    # PUBLIC_BASE_URL defaults from it.
+    website_hostname: str | None = Field(
+        default=None, validation_alias=AliasChoices("WEBSITE_HOSTNAME", "website_hostname")
+    )
+    # App Service injects WEBSITE_AUTH_ENABLED=True when App Service Authentication runs in
+    # front of the app: only then are the X-MS-CLIENT-PRINCIPAL headers the platform's own.
+    website_auth_enabled: bool = Field(
+        default=False,
+        validation_alias=AliasChoices("WEBSITE_AUTH_ENABLED", "website_auth_enabled"),
+    )
+    # Who may use the approval and fleet pages: members of this Entra group (object id) or
+    # holders of this app role. Neither set: the pages are off and cards carry no buttons.
+    operators_group_id: str | None = None
+    operators_app_role: str | None = None
     relay_silent_after_seconds: int = Field(default=600, ge=30)
     approval_margin_seconds: int = Field(default=10, ge=0)
     # How long one ingest invocation keeps retrying an approval before leaving the rest to
@@ -163,13 +179,42 @@ class Settings(BaseSettings):
             "ServiceBusConnection__fullyQualifiedNamespace"
         )
 
+    @property
+    def base_url(self) -> str | None:
+        """Where people reach the app: PUBLIC_BASE_URL, else https://WEBSITE_HOSTNAME."""
+        if self.public_base_url:
+            return self.public_base_url.rstrip("/")
+        if self.website_hostname:
+            return f"https://{self.website_hostname.strip().rstrip('/')}"
+        return None
+
+    def pages_off_reason(self) -> str | None:
+        """Why the signed-in pages are off (None: they are on). Each is a setting to fix."""
+        if not (self.operators_group_id or self.operators_app_role):
+            return "neither OPERATORS_GROUP_ID nor OPERATORS_APP_ROLE is set"
+        if not self.website_auth_enabled:
+            return (
+                "App Service Authentication is not enabled on this app (WEBSITE_AUTH_ENABLED), "
+                "so nobody's sign-in can be trusted"
+            )
+        if self.base_url is None:
+            return "neither PUBLIC_BASE_URL nor WEBSITE_HOSTNAME is set"
+        if self.relay_key is None:
+            return "RELAY_KEY is not set (approvals cannot work, and it keys the page's form)"
+        return None
+
     def status_url(self) -> str | None:
-        return f"{self.public_base_url.rstrip('/')}/api/status" if self.public_base_url else None
+        """The fleet page; None while the pages are off (the JSON API needs a function key,
+        which never goes into a card)."""
+        if self.pages_off_reason() is not None:
+            return None
+        return f"{self.base_url}/api/pages/fleet"
 
     def approve_url(self, event_id: str) -> str | None:
-        if not self.public_base_url:
+        """The event's approval page; None while the pages are off."""
+        if self.pages_off_reason() is not None:
             return None
-        return f"{self.public_base_url.rstrip('/')}/api/events/{event_id}/approve"
+        return f"{self.base_url}/api/pages/events/{quote(event_id, safe='')}"
 
 
 def load_settings(**overrides: object) -> Settings:

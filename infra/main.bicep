@@ -171,6 +171,21 @@ param approvers string = 'relay,arm'
 
 @description('Opt the example VM and scale set in to Event Grid publishing (scheduledEventsPolicy; Compute API 2025-04-01, preview feature).')
 param exampleEventGridOptIn bool = false
+// ---------- Operators' pages and alerts ----------
+@description('Client id of the Entra app registration for the approval and fleet pages (README: Approval page). Empty: the pages are off.')
+param operatorsClientId string = ''
+
+@description('Object id of the Entra group allowed to use the pages.')
+param operatorsGroupId string = ''
+
+@description('App role (value) allowed to use the pages, instead of or besides the group.')
+param operatorsAppRole string = ''
+
+@description('Custom domain the operators use, e.g. https://bridge.contoso.com. Empty: the app\'s own host name.')
+param publicBaseUrl string = ''
+
+@description('E-mail address for alerts (dead letters, function failures, watchdog not running, relay_silent, approval_failed, policy_invalid). Empty: alerts fire into an action group with no receiver.')
+param alertEmail string = ''
 
 // ---------- Example VMs ----------
 @description('Deploy the example scale set (relay + Terminate notifications).')
@@ -293,6 +308,12 @@ module monitoring 'modules/monitoring.bicep' = {
     location: location
     tags: tags
     functionPrincipalId: functionIdentity.properties.principalId
+    serviceBusNamespaceName: serviceBus.outputs.namespaceName
+    deadLetterEntities: [
+      serviceBus.outputs.queueName
+      serviceBus.outputs.topicName
+    ]
+    alertEmail: alertEmail
   }
 }
 
@@ -380,6 +401,10 @@ module functionApp 'modules/functionapp.bicep' = {
     drainOnFailure: drainOnFailure
     eventGridQueueName: eventGrid.outputs.queueName
     approvers: approvers
+    operatorsClientId: operatorsClientId
+    operatorsGroupId: operatorsGroupId
+    operatorsAppRole: operatorsAppRole
+    publicBaseUrl: publicBaseUrl
   }
 }
 

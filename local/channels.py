@@ -4,6 +4,7 @@ sends a given notification, decided by the channel code itself (never re-impleme
 
 from __future__ import annotations
 
+import base64
 import hmac
 import secrets
 import time
@@ -31,20 +32,24 @@ class Delivery:
     at: float = field(default_factory=time.time)
 
 
-def webhook_verifier(secret: bytes) -> Callable[[dict[str, str], bytes], str | None]:
-    """Check the bridge's webhook signature the way a customer's receiver would."""
-    from functions.signing import signature
+def webhook_verifier(secret: str) -> Callable[[dict[str, str], bytes], str | None]:
+    """Check the bridge's Standard Webhooks signature the way a customer's receiver would
+    (the README's recipe: whsec_ secret, "{id}.{timestamp}.{body}", any v1 signature)."""
+    from functions.notify.webhook import secret_key, signature
+
+    key = secret_key(secret)
 
     def verify(headers: dict[str, str], raw: bytes) -> str | None:
         lowered = {k.lower(): v for k, v in headers.items()}
-        stamp = lowered.get("x-bridge-timestamp", "")
-        given = lowered.get("x-bridge-signature", "")
-        if not stamp.isdigit() or not given:
-            return "missing X-Bridge-Timestamp / X-Bridge-Signature"
+        msg_id = lowered.get("webhook-id", "")
+        stamp = lowered.get("webhook-timestamp", "")
+        given = lowered.get("webhook-signature", "").split()
+        if not msg_id or not stamp.isdigit() or not given:
+            return "missing webhook-id / webhook-timestamp / webhook-signature"
         if abs(time.time() - int(stamp)) > 300:
             return "stale timestamp"
-        expected = signature(secret, stamp, "POST", WebhookReceiver.path, raw)
-        return None if hmac.compare_digest(expected, given) else "bad signature"
+        expected = signature(key, msg_id, int(stamp), raw)
+        return None if any(hmac.compare_digest(expected, s) for s in given) else "bad signature"
 
     return verify
 
@@ -103,10 +108,11 @@ def channel_values(
         local["pagerduty_routing_key"] = LOCAL_ROUTING_KEY
         local["pagerduty_events_url"] = receivers["pagerduty"].url
     if "webhook" in receivers:
-        secret = secrets.token_hex(16)
+        # A secret the way the Standard Webhooks spec writes one.
+        secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
         local["webhook_url"] = receivers["webhook"].url
         local["webhook_secret"] = secret
         receiver = receivers["webhook"]
         assert isinstance(receiver, WebhookReceiver)
-        receiver.verify = webhook_verifier(secret.encode())
+        receiver.verify = webhook_verifier(secret)
     return local

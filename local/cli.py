@@ -21,6 +21,7 @@ from local.options import DEFAULT_REPORT, DemoAborted, DemoOptions
 from local.orchestration import Demo
 from local.plan import FLEET, PLAN, Step, check_plan
 from local.report import Outcome, Timeline, summary_lines, write_html
+from local.report_data import collect
 
 
 @contextlib.contextmanager
@@ -77,6 +78,7 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
             timeline.snapshot(),
             outcomes,
             demo.facts(),
+            data=collect(demo),
         )
         print(f"  report: {path}")
     if options.keep:

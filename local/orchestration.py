@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -468,13 +468,28 @@ class Demo:
             self.hook_script_runs()
             if pending:
                 quiet_since = None
-            elif self.watcher is not None and not self.watcher.active() and self._all_seen():
+            elif self.watcher is not None and not self._waiting_for() and self._all_seen():
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since >= o.settle:
                     return
             else:
                 quiet_since = None
             time.sleep(0.1)
+
+    def _waiting_for(self) -> list[EventTrack]:
+        """Events still to play out, except those whose NotBefore lies beyond the demo's hard
+        time limit (a predicted failure's 7 days): the demo cannot see them start."""
+        assert self.watcher is not None
+        horizon = datetime.now(UTC) + timedelta(
+            seconds=self.options.time_limit - (time.monotonic() - self._started)
+        )
+        return [
+            track
+            for track in self.watcher.active()
+            if track.started_at is not None
+            or track.not_before is None
+            or track.not_before <= horizon
+        ]
 
     def hook_script_runs(self) -> None:
         """The drain script writes one line per run; show each run as it happens."""
@@ -494,7 +509,7 @@ class Demo:
         return all(step in self.step_events for step in self.played)
 
     def _play_step(self, step: Step) -> None:
-        self.timeline.add("demo", step.scenario, f"playing on {step.target}: {step.story}")
+        self.timeline.add("demo", step.scenario, f"playing on {step.target}: {self._story(step)}")
         from simulator import SimulatorError
 
         try:
@@ -508,6 +523,20 @@ class Demo:
         event_id = _event_id(result)
         if event_id:
             self.step_events[step] = event_id
+
+    def _story(self, step: Step) -> str:
+        """What to expect, in words. A plan's step without a story gets the scenario's own
+        summary; under your policy the default policy's expectation is only a comparison."""
+        from simulator import SCENARIOS
+
+        if not step.story:
+            scenario = SCENARIOS.get(step.scenario)
+            return scenario.summary if scenario is not None else step.scenario
+        what, _, expected = step.story.partition(": ")
+        if self.custom_policy and expected:
+            # The default's expectation would be a false promise here: your policy decides.
+            return f"{what} (your policy decides; the summary compares it with the default)"
+        return step.story
 
     def _attach_step(self, track: EventTrack) -> None:
         for step, event_id in self.step_events.items():

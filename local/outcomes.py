@@ -41,6 +41,7 @@ def check_outcomes(demo: Demo) -> list[Outcome]:
                     else Outcome(f"{o.name} [default policy]", o.ok, o.detail, skipped=True)
                     for o in pipeline
                 ]
+                pipeline.append(policy_difference(demo, name, track))
             results.extend(pipeline)
     if demo.publisher is not None:
         results.extend(_fleet_outcomes(demo))
@@ -49,7 +50,48 @@ def check_outcomes(demo: Demo) -> list[Outcome]:
     return results
 
 
+def policy_difference(demo: Demo, name: str, track: EventTrack) -> Outcome:
+    """What your policy did with this event next to what the default policy would have
+    done, and why they differ (informative: never a failure)."""
+    from functions.model.envelope import ScheduledEvent
+    from functions.model.policy import Policy, decide
+
+    notes = [
+        n
+        for n in demo.publisher.published
+        if n.event and n.event.event_id == track.event_id and n.decision is not None
+    ]
+    note = next((n for n in notes if n.transition.value in ("decided", "policy_invalid")), None)
+    label = f"{name}: compared with the default policy"
+    if note is None or note.event is None:
+        return Outcome(label, True, "no decision was announced", skipped=True)
+    event = ScheduledEvent.model_validate(note.event.imds_fields())
+    ours = note.decision
+    default = decide(Policy(), event, note.occurred_at, note.event.scale_sets)
+    mine = f"yours: {ours.action.upper()} by rule {ours.rule}"
+    theirs = f"default: {default.action.upper()} by rule {default.rule}"
+    if ours.policy_error:
+        why = f"your policy is invalid, so it fails closed ({ours.policy_error})"
+        return Outcome(f"{label}: DIFFERS", True, f"{mine}; {theirs}; {why}", skipped=True)
+    if ours.action != default.action:
+        generic = f"rule {ours.rule!r}: {ours.action}"
+        why = f"your rule {ours.rule!r} matched first" + (
+            f" ({ours.reason})" if ours.reason and ours.reason != generic else ""
+        )
+        return Outcome(f"{label}: DIFFERS", True, f"{mine}; {theirs}; {why}", skipped=True)
+    if ours.dry_run and ours.action in ("approve", "drain"):
+        why = "same decision, but POLICY__DRY_RUN is on: nothing was approved or drained"
+        return Outcome(f"{label}: DIFFERS", True, f"{mine}; {theirs}; {why}", skipped=True)
+    return Outcome(f"{label}: same", True, f"{mine}; {theirs}", skipped=True)
+
+
 def _imds_outcomes(name: str, step: Step, track: EventTrack) -> list[Outcome]:
+    if step.scenario == "predicted-failure":
+        ahead = (track.not_before - track.first_seen_wall) if track.not_before else None
+        hours = ahead.total_seconds() / 3600 if ahead else 0.0
+        ok = track.first_status == "Scheduled" and track.removed_at is None
+        detail = f"NotBefore {hours:.1f} h ahead, longer than the demo runs: it does not wait"
+        return [Outcome(f"{name}: announced Scheduled with a long notice", ok, detail)]
     if step.scenario == "hardware-failure":
         ok = track.first_status == STARTED
         return [Outcome(f"{name}: appeared already Started", ok, track.first_status)]
@@ -128,6 +170,9 @@ def _pipeline_outcomes(demo: Demo, name: str, step: Step, track: EventTrack) -> 
     elif scenario == "hardware-failure":
         expect_no_approval()
         expect_announced("started")
+    elif scenario == "predicted-failure":
+        expect_action("hold")
+        expect_no_approval()
     if step.approved_via == "arm":
         out.extend(_approved_through_arm(demo, name, step, first_approval, notes))
     return out
@@ -170,7 +215,9 @@ def _announced_once(demo: Demo, name: str, track: EventTrack) -> Outcome:
         for d in demo.recorded_deliveries()
         if d.channel == "teams" and d.event_id == track.event_id and d.posted
     ]
-    cards = [d for d in teams if d.transition == "decided"]
+    # The card that tells the decision: `decided`, or `policy_invalid` when the policy failed
+    # closed (then that card is the decision: nothing is approved).
+    cards = [d for d in teams if d.transition in ("decided", "policy_invalid")]
     detail = f"{len(cards)} decision card(s), {len(teams)} Teams post(s) in all"
     ok = len(cards) == 1 and len(track.reported_by) >= 2
     ok = ok and len({d.message_id for d in teams}) == len(teams)

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from functions.web.timeline import Lane, render_svg
+
 # What each kind of line is about; the label is what the terminal shows.
 KINDS: dict[str, str] = {
     "demo": "demo",  # the demo itself: starting, stopping, a part missing
@@ -116,6 +118,36 @@ class Timeline:
             return list(self.entries)
 
 
+@dataclass(frozen=True)
+class EventRow:
+    event_id: str
+    what: str
+    vms: str
+    story: str
+    decision: str  # "HOLD by rule default-hold: reason"
+    approval: str  # "web-1, 14.2 s before NotBefore" / "none"
+    channels: str  # "Teams card x2, webhook x5, PagerDuty trigger"
+
+
+@dataclass(frozen=True)
+class Payload:
+    channel: str
+    subject: str  # the short EventId, or the VM
+    summary: str  # the transition, or PagerDuty's action
+    at: datetime
+    status: int
+    body: str  # pretty JSON
+
+
+@dataclass
+class ReportData:
+    lanes: list[Lane] = field(default_factory=list)
+    events: list[EventRow] = field(default_factory=list)
+    policy_source: str = ""
+    policy: str = ""  # pretty JSON of the effective policy, or the error
+    payloads: list[Payload] = field(default_factory=list)
+
+
 def short_id(event_id: str) -> str:
     """The first block of a GUID: enough to tell events apart on a terminal line."""
     return event_id.split("-")[0][:8] if event_id else "?"
@@ -148,6 +180,9 @@ vertical-align:top;border-bottom:1px solid #eee} th{background:#f6f6f6}
 .k-drain{color:#8a6100}.k-approve{color:#116622;font-weight:600}.k-demo{color:#444}
 .ok{color:#116622;font-weight:600}.fail{color:#b00020;font-weight:600}.skip{color:#777}
 code{font:12px ui-monospace,Consolas,monospace}
+pre{font:12px ui-monospace,Consolas,monospace;background:#f7f7f7;padding:.5rem;overflow:auto;
+max-height:30rem} details{margin:.2rem 0} summary{cursor:pointer}
+svg.timeline{max-width:100%;height:auto}
 """
 
 
@@ -156,9 +191,13 @@ def render_html(
     entries: list[Entry],
     outcomes: list[Outcome],
     facts: dict[str, str] | None = None,
+    data: ReportData | None = None,
 ) -> str:
-    """A single self-contained page (no scripts, no external assets)."""
+    """A single self-contained page (no scripts, no external assets): the outcomes, the
+    policy in effect, a timeline chart (a lane per event), a table per event, every payload
+    the receivers got (click to open) and the log."""
     esc = html.escape
+    data = data or ReportData()
     rows = []
     for e in entries:
         mark = "" if e.ok is None else ("✔ " if e.ok else "✘ ")
@@ -179,7 +218,42 @@ def render_html(
     fact_rows = "".join(
         f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in (facts or {}).items()
     )
+    event_rows = "".join(
+        f"<tr><td><code>{esc(short_id(r.event_id))}</code></td><td>{esc(r.what)}</td>"
+        f"<td>{esc(r.vms)}</td><td>{esc(r.decision)}</td><td>{esc(r.approval)}</td>"
+        f"<td>{esc(r.channels or 'none')}</td><td>{esc(r.story)}</td></tr>"
+        for r in data.events
+    )
+    payloads = "".join(
+        f'<details class="payload payload-{esc(p.channel)}"><summary>'
+        f"{esc(p.at.strftime('%H:%M:%S'))} {esc(p.channel)} <code>{esc(p.subject)}</code> "
+        f"{esc(p.summary)} → {p.status}</summary><pre>{esc(p.body)}</pre></details>"
+        for p in data.payloads
+    )
     summary = summary_lines(outcomes)[-1].strip()
+    policy = (
+        f"<h2>Policy in effect</h2><p>{esc(data.policy_source)}</p>"
+        f"<details><summary>the effective policy</summary><pre>{esc(data.policy)}</pre>"
+        "</details>"
+        if data.policy
+        else ""
+    )
+    chart = (
+        "<h2>What happened to each event</h2>"
+        + render_svg(data.lanes, title="Each event from IMDS to removal")
+        + "<table><tr><th>event</th><th>what</th><th>VMs</th><th>decision (rule)</th>"
+        "<th>approval (lead before NotBefore)</th><th>channels that posted</th>"
+        f"<th>scenario</th></tr>{event_rows}</table>"
+        if data.lanes
+        else ""
+    )
+    sent = (
+        f"<h2>Payloads sent ({len(data.payloads)})</h2>"
+        "<p>What Teams, PagerDuty, the webhook and the drain hook received, in order.</p>"
+        f"{payloads}"
+        if data.payloads
+        else ""
+    )
     return (
         "<!doctype html><html lang=en><meta charset=utf-8>"
         f"<title>{esc(title)}</title><style>{_CSS}</style><body>"
@@ -189,6 +263,7 @@ def render_html(
         f"<table>{fact_rows}</table>"
         "<h2>Expected outcomes</h2>"
         f"<table><tr><th>result</th><th>outcome</th><th>detail</th></tr>{''.join(results)}</table>"
+        f"{policy}{chart}{sent}"
         "<h2>Timeline</h2>"
         "<table><tr><th>t</th><th>UTC</th><th>what</th><th>subject</th><th>detail</th></tr>"
         f"{''.join(rows)}</table></body></html>\n"

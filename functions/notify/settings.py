@@ -36,6 +36,12 @@ class ChannelSettings(BaseSettings):
                 return "WEBHOOK_URL is not set"
             if not _present(self.webhook_secret):
                 return "WEBHOOK_URL is set but WEBHOOK_SECRET is not: refusing to send unsigned"
+            from functions.notify.webhook import WebhookSecretInvalid, secret_key
+
+            try:
+                secret_key(self.webhook_secret.get_secret_value())  # type: ignore[union-attr]
+            except WebhookSecretInvalid as exc:
+                return f"{exc}: refusing to send unsigned"
             return None
         return f"unknown channel {channel!r}"
 

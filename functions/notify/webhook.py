@@ -1,37 +1,64 @@
-"""Generic webhook: every transition as signed JSON, for whatever the customer runs.
+"""Generic webhook: every transition as a CloudEvents 1.0 event, signed per Standard Webhooks.
 
-Signed with the relay callback's HMAC scheme (functions.signing.signature) under webhook
-header names, so there is one scheme to audit:
-  X-Bridge-Timestamp: <unix seconds>
-  X-Bridge-Signature: v1=<hex HMAC-SHA256(WEBHOOK_SECRET, TS "\\n" "POST" "\\n" PATH "\\n" BODY)>
-PATH is the request target as the receiver sees it (path, plus "?query" if the URL has one).
+Receivers verify with any Standard Webhooks library (https://www.standardwebhooks.com/):
+  webhook-id:        the notification's message id (the same on every retry: dedupe on it)
+  webhook-timestamp: unix seconds when this attempt was signed
+  webhook-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>
+The key is the secret as the spec writes it: `whsec_<base64 of the key bytes>` is decoded;
+a secret without that prefix is used as its own UTF-8 bytes (receivers then pass
+"whsec_" + base64(secret) to their library). The body is a structured-mode CloudEvent
+(`application/cloudevents+json`) whose `data` is the transition.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import hmac
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from functions.model.event import Notification
-from functions.notify.delivery import Transport, dumps, post_json
-from functions.signing import signature
+from functions.notify.delivery import PermanentDeliveryError, Transport, dumps, post_json
 
 log = logging.getLogger(__name__)
 
-TIMESTAMP_HEADER = "X-Bridge-Timestamp"
-SIGNATURE_HEADER = "X-Bridge-Signature"
-DELIVERY_HEADER = "X-Bridge-Delivery"  # the notification's message id: receivers dedupe on it
-TRANSITION_HEADER = "X-Bridge-Transition"
-USER_AGENT = "scheduled-events-bridge-webhook/1"
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
+SECRET_PREFIX = "whsec_"  # noqa: S105 - the spec's prefix, not a secret
+CONTENT_TYPE = "application/cloudevents+json"
+USER_AGENT = "scheduled-events-bridge-webhook/2"
+SOURCE = "/scheduled-events-bridge"
+TYPE_PREFIX = "scheduled-events-bridge."  # + the transition, e.g. ...decided
 
 
-def build_body(note: Notification) -> dict[str, Any]:
+class WebhookSecretInvalid(ValueError):
+    """WEBHOOK_SECRET starts with whsec_ but is not base64 of 24 to 64 bytes."""
+
+
+def secret_key(secret: bytes | str) -> bytes:
+    """The HMAC key the Standard Webhooks spec derives from a secret."""
+    text = secret.decode() if isinstance(secret, bytes) else secret
+    text = text.strip()
+    if not text.startswith(SECRET_PREFIX):
+        return text.encode()
+    try:
+        key = base64.b64decode(text[len(SECRET_PREFIX) :], validate=True)
+    except (binascii.Error, ValueError):
+        raise WebhookSecretInvalid("WEBHOOK_SECRET: whsec_ must be followed by base64") from None
+    if not 24 <= len(key) <= 64:
+        raise WebhookSecretInvalid("WEBHOOK_SECRET: the key must be 24 to 64 bytes")
+    return key
+
+
+def build_data(note: Notification) -> dict[str, Any]:
+    """The transition itself: the CloudEvent's `data`."""
     return {
-        "schema": 1,
-        "id": note.message_id(),
+        "schema": 2,
         "transition": note.transition.value,
         "occurred_at": note.occurred_at.isoformat(),
         "event": note.event.imds_fields() if note.event else None,
@@ -46,17 +73,33 @@ def build_body(note: Notification) -> dict[str, Any]:
     }
 
 
-def signed_path(url: str) -> str:
-    parts = urlsplit(url)
-    path = parts.path or "/"
-    return f"{path}?{parts.query}" if parts.query else path
+def build_body(note: Notification) -> dict[str, Any]:
+    """A CloudEvents 1.0 event in structured mode."""
+    subject = note.event.event_id if note.event else (note.vm or "fleet")
+    return {
+        "specversion": "1.0",
+        "id": note.message_id(),
+        "source": SOURCE,
+        "type": TYPE_PREFIX + note.transition.value,
+        "subject": subject,
+        "time": note.occurred_at.isoformat(),
+        "datacontenttype": "application/json",
+        "data": build_data(note),
+    }
 
 
-def sign(secret: bytes, url: str, body: bytes, now: float | None = None) -> dict[str, str]:
+def signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+
+
+def sign(secret: bytes | str, msg_id: str, body: bytes, now: float | None = None) -> dict[str, str]:
+    """The three Standard Webhooks headers for one attempt."""
     stamp = int(time.time() if now is None else now)
     return {
+        ID_HEADER: msg_id,
         TIMESTAMP_HEADER: str(stamp),
-        SIGNATURE_HEADER: signature(secret, stamp, "POST", signed_path(url), body),
+        SIGNATURE_HEADER: signature(secret_key(secret), msg_id, stamp, body),
     }
 
 
@@ -69,13 +112,16 @@ def send(
     wall_clock: Callable[[], float] = time.time,
 ) -> bool:
     body = dumps(build_body(note))
+    try:
+        secret_key(secret)  # ChannelSettings keeps the channel off with such a secret
+    except WebhookSecretInvalid as exc:
+        raise PermanentDeliveryError("webhook", str(exc)) from None
 
     def headers() -> dict[str, str]:
         # Re-signed on each attempt, so a retry after a long Retry-After is not stale.
         return {
-            **sign(secret, url, body, wall_clock()),
-            DELIVERY_HEADER: note.message_id(),
-            TRANSITION_HEADER: note.transition.value,
+            **sign(secret, note.message_id(), body, wall_clock()),
+            "Content-Type": CONTENT_TYPE,
             "User-Agent": USER_AGENT,
         }
 

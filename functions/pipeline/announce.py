@@ -49,7 +49,7 @@ def build(
     else:
         page = bool(decision and decision.page and transition != Transition.SCHEDULED)
     links = Links()
-    if settings is not None and settings.public_base_url:
+    if settings is not None:
         links = Links(
             status_url=settings.status_url(),
             approve_url=settings.approve_url(record.event_id),

@@ -137,7 +137,9 @@ def approve_event(
         )
         won = claim(store, event_id, transition, clock.now())
         if won is not None:
-            publish_claimed(pipeline, won, [transition], clock.now())
+            # A person's approval names them in the announcement too, not only in the audit.
+            details = {transition: _manual_detail(by, result)} if by.startswith("manual:") else None
+            publish_claimed(pipeline, won, [transition], clock.now(), details)
     return result
 
 
@@ -280,6 +282,13 @@ def _arm_phase(
         detail=f"ARM did not approve before the approval deadline: {text}",
         attempts=attempts,
     )
+
+
+def _manual_detail(by: str, result: ApprovalResult) -> str:
+    who = by.removeprefix("manual:")
+    if result.outcome == "approved":
+        return f"approved by {who} (by hand), via {approval_path(result.vm)}"
+    return f"{who} approved by hand, but nothing could approve: {result.detail}"
 
 
 def _why_not(record: EventRecord | None) -> str:

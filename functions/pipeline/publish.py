@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from functions import telemetry
 from functions.model.event import Notification
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class ServiceBusPublisher:
             application_properties=application_properties(notification),
         )
         self.sender.send_messages(message)
+        telemetry.transition(notification)  # what the alerts and the workbook read
 
 
 Handler = Callable[[Notification], None]

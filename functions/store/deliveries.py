@@ -13,7 +13,7 @@ What stays at least once: a crash after the receiver accepted the post and befor
 `posted` write leaves a `claimed` row; once its lease passes (the longest one invocation
 can keep posting, see `RetryPolicy.longest_seconds`) a redelivery takes it over and posts
 again. The window is one HTTP answer plus one Table write; webhook receivers can dedupe on
-`X-Bridge-Delivery`, PagerDuty on its `dedup_key`.
+`webhook-id`, PagerDuty on its `dedup_key`.
 
 PartitionKey = the announcement's MessageId (escaped), RowKey = channel.
 """

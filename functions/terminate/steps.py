@@ -77,7 +77,8 @@ def http_drain(
         body = json.dumps(drain_request(event, until, left, action)).encode()
         headers = {"Content-Type": "application/json", "X-Bridge-Event-Id": event.event_id}
         if secret:
-            headers.update(sign_webhook(secret, url, body))
+            # Standard Webhooks, like the webhook channel; one id for every retry of it.
+            headers.update(sign_webhook(secret, f"{event.event_id}:{action}", body))
         try:
             response = session.post(url, data=body, headers=headers, timeout=(min(5, left), left))
         except requests.Timeout:

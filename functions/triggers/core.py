@@ -16,15 +16,16 @@ import threading
 import azure.functions as func
 import requests
 
+from functions import telemetry
 from functions.clock import SystemClock
-from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import ServiceBusPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.settings import check_for_azure, load_settings
-from functions.store.records import EventRecord
 from functions.store.tables import Store
+from functions.web.approval import HTTP_STATUS, Refused, approve_by_hand
+from functions.web.views import fleet_status
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ def ingest(msg: func.ServiceBusMessage) -> None:
 def watchdog(timer: func.TimerRequest) -> None:
     report = run_watchdog(pipeline())
     log.info("watchdog: %s", report.model_dump_json())
+    telemetry.watchdog_run(report)  # the "watchdog not running" alert looks for this line
 
 
 def _json(data: object, status: int = 200) -> func.HttpResponse:
@@ -93,43 +95,12 @@ def _json(data: object, status: int = 200) -> func.HttpResponse:
     )
 
 
-def event_view(record: EventRecord) -> dict[str, object]:
-    decision = record.decision
-    return {
-        **record.snapshot().imds_fields(),
-        "first_seen": record.first_seen.isoformat(),
-        "reporters": record.reporters,
-        "ended": record.ended or None,
-        "decision": decision.model_dump(mode="json") if decision else None,
-        "approval": record.approval or None,
-        "approval_reason": record.approval_reason or None,
-        "approved_by": record.approved_by,
-        "approve_after": record.approve_after.isoformat() if record.approve_after else None,
-        "approval_attempts": len(record.approval_attempts),
-        "announced": sorted(k for k, v in record.announced.items() if v == "done"),
-    }
-
-
 @bp.function_name("status")
 @bp.route(route="status", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
 def status(req: func.HttpRequest) -> func.HttpResponse:
     """Current fleet events and their decisions; `?all=true` includes ended ones."""
-    p = pipeline()
     include_ended = (req.params.get("all") or "").lower() in ("1", "true", "yes")
-    events = p.store.list_events(include_ended=include_ended)
-    events.sort(key=lambda r: (r.not_before is None, r.not_before or r.first_seen))
-    load = p.settings.policy
-    return _json(
-        {
-            "generated_at": p.clock.now().isoformat(),
-            "policy": {
-                "valid": load.policy is not None,
-                "error": load.error,
-                "dry_run": bool(load.policy and load.policy.dry_run),
-            },
-            "events": [event_view(r) for r in events],
-        }
-    )
+    return _json(fleet_status(pipeline(), include_ended))
 
 
 @bp.function_name("approve")
@@ -143,34 +114,8 @@ def approve(req: func.HttpRequest) -> func.HttpResponse:
     except ValueError:
         return _json({"error": 'body must be JSON, e.g. {"by": "alice"}'}, 400)
     by = str((body or {}).get("by") or req.headers.get("x-ms-client-principal-name") or "unknown")
-    record = p.store.get_event(event_id)
-    if record is None:
-        return _json({"error": f"unknown event {event_id}"}, 404)
-    load = p.settings.policy
-    if load.policy is not None and load.policy.dry_run:
-        p.store.audit(
-            record.event_id,
-            at=p.clock.now(),
-            rule="manual",
-            action="approve",
-            outcome="refused: dry run",
-            by=f"manual:{by}",
-        )
-        return _json({"error": "POLICY__DRY_RUN is on: nothing is approved"}, 409)
-    result = approve_event(
-        record.event_id,
-        p,
-        by=f"manual:{by}",
-        force=True,
-    )
-    if result.outcome == "skipped":
-        p.store.audit(
-            record.event_id,
-            at=p.clock.now(),
-            rule="manual",
-            action="approve",
-            outcome=f"skipped: {result.detail}",
-            by=f"manual:{by}",
-        )
-    code = {"approved": 200, "failed": 502, "retry_later": 503, "skipped": 409}[result.outcome]
-    return _json(result.model_dump(mode="json"), code)
+    try:
+        result = approve_by_hand(p, event_id, by)
+    except Refused as exc:
+        return _json({"error": str(exc)}, exc.status)
+    return _json(result.model_dump(mode="json"), HTTP_STATUS[result.outcome])

@@ -77,6 +77,18 @@ param policyTimezone string = 'UTC'
 @minValue(1)
 param policyMaxConcurrentPerSet int = 1
 
+// Operators' pages (approval, fleet): App Service Authentication with Microsoft Entra ID.
+@description('Client id of the Entra app registration operators sign in with. Empty: no sign-in, the pages are off and cards carry no buttons.')
+param operatorsClientId string = ''
+@description('Tenant of that app registration.')
+param operatorsTenantId string = tenant().tenantId
+@description('Object id of the Entra group whose members may use the pages (OPERATORS_GROUP_ID).')
+param operatorsGroupId string = ''
+@description('App role (value) whose holders may use the pages (OPERATORS_APP_ROLE).')
+param operatorsAppRole string = ''
+@description('Where people reach the app, if not its own host name (a custom domain). Empty: the app uses WEBSITE_HOSTNAME.')
+param publicBaseUrl string = ''
+
 // Terminate (drain) workflow (DRAIN__*).
 param drainHttpUrl string = ''
 param drainRelayHook string = ''
@@ -114,7 +126,6 @@ var bridgeSettings = {
   NOTIFICATIONS_TOPIC: notificationsTopicName
   STATE_TABLE_PREFIX: stateTablePrefix
   RELAY_KEY: '${kvRef}${secretNames.relayKey})'
-  PUBLIC_BASE_URL: 'https://${name}.azurewebsites.net'
   RELAY_SILENT_AFTER_SECONDS: string(relaySilentAfterSeconds)
   APPROVAL_MARGIN_SECONDS: string(approvalMarginSeconds)
   PAGERDUTY_EVENTS_URL: pagerdutyEventsUrl
@@ -143,6 +154,12 @@ var undrainHookSettings = empty(undrainRelayHook) ? {} : { UNDRAIN__RELAY_HOOK: 
 // The relay key before a rotation, only while one is under way (README: rotate the relay key).
 var relayKeyPreviousSettings = hasRelayKeyPrevious ? { RELAY_KEY_PREVIOUS: '${kvRef}${secretNames.relayKeyPrevious})' } : {}
 
+// PUBLIC_BASE_URL defaults, in the app, from WEBSITE_HOSTNAME (the real host name: a Flex
+// app's is not NAME.azurewebsites.net); set it only for a custom domain.
+var publicUrlSettings = empty(publicBaseUrl) ? {} : { PUBLIC_BASE_URL: publicBaseUrl }
+var operatorsGroupSettings = empty(operatorsGroupId) ? {} : { OPERATORS_GROUP_ID: operatorsGroupId }
+var operatorsRoleSettings = empty(operatorsAppRole) ? {} : { OPERATORS_APP_ROLE: operatorsAppRole }
+
 // Channel secrets: only those that exist in the vault, always as references.
 var pagerdutySettings = hasPagerduty ? { PAGERDUTY_ROUTING_KEY: '${kvRef}${secretNames.pagerdutyRoutingKey})' } : {}
 var teamsSettings = hasTeams ? { TEAMS_WEBHOOK_URL: '${kvRef}${secretNames.teamsWebhookUrl})' } : {}
@@ -150,7 +167,7 @@ var webhookUrlSettings = hasWebhookUrl ? { WEBHOOK_URL: '${kvRef}${secretNames.w
 var webhookSecretSettings = hasWebhookSecret ? { WEBHOOK_SECRET: '${kvRef}${secretNames.webhookSecret})' } : {}
 
 // Every app setting, set when the site is created (Flex needs its storage settings from the start).
-var appSettings = union(connectionSettings, bridgeSettings, relayKeyPreviousSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, undrainHttpSettings, undrainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
+var appSettings = union(connectionSettings, bridgeSettings, relayKeyPreviousSettings, publicUrlSettings, operatorsGroupSettings, operatorsRoleSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, undrainHttpSettings, undrainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   //checkov:skip=CKV_AZURE_225: Flex zone redundancy is regional and opt-in; enable it where your region offers it
@@ -237,6 +254,62 @@ resource scmCredentials 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@
   name: 'scm'
   properties: {
     allow: false
+  }
+}
+
+// Sign-in for the operators' pages. Anonymous requests still reach the app (the function-key
+// APIs, the triggers' webhooks); the pages themselves send a visitor who is not signed in to
+// /.auth/login/aad and admit only OPERATORS_GROUP_ID / OPERATORS_APP_ROLE. With this on, App
+// Service sets WEBSITE_AUTH_ENABLED and strips any X-MS-CLIENT-PRINCIPAL* header a client
+// sends, which is what lets the app trust the one it receives.
+resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = if (!empty(operatorsClientId)) {
+  //checkov:skip=CKV_AZURE_13: this resource is App Service Authentication itself (authsettingsV2, platform enabled); checkov reads it as a web config
+  //checkov:skip=CKV_AZURE_63: sign-in settings, not the web config; the app logs to Application Insights (site resource)
+  //checkov:skip=CKV_AZURE_65: sign-in settings, not the web config; detailed errors stay off on the site
+  //checkov:skip=CKV_AZURE_66: sign-in settings, not the web config; invocations are traced in Application Insights
+  //checkov:skip=CKV_AZURE_80: sign-in settings of a Python app: no .NET Framework is involved
+  //checkov:skip=CKV_AZURE_88: sign-in settings: no file storage; the Flex app deploys from a blob container
+  //checkov:skip=CKV_AZURE_222: operators reach the approval pages over the internet, signed in with Entra ID
+  parent: site
+  name: 'authsettingsV2'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      requireAuthentication: false
+      unauthenticatedClientAction: 'AllowAnonymous'
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: true
+        registration: {
+          clientId: operatorsClientId
+          openIdIssuer: '${environment().authentication.loginEndpoint}${operatorsTenantId}/v2.0'
+        }
+        validation: {
+          allowedAudiences: [
+            operatorsClientId
+            'api://${operatorsClientId}'
+          ]
+        }
+      }
+    }
+    login: {
+      tokenStore: {
+        enabled: false
+      }
+      cookieExpiration: {
+        convention: 'FixedTime'
+        timeToExpiration: '08:00:00'
+      }
+      nonce: {
+        validateNonce: true
+      }
+    }
+    httpSettings: {
+      requireHttps: true
+    }
   }
 }
 

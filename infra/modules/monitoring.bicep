@@ -17,6 +17,20 @@ param retentionInDays int = 30
 @description('Principal (object) id of the function app\'s managed identity.')
 param functionPrincipalId string
 
+// ---------- Alerts and the maintenance workbook ----------
+@description('Service Bus namespace whose dead-letter counts are watched.')
+param serviceBusNamespaceName string
+
+@description('Queues and topics watched for dead-lettered messages (a topic\'s count covers all its subscriptions).')
+param deadLetterEntities array
+
+@description('Where alerts are e-mailed. Empty: the action group has no receiver (add one later, e.g. a Teams or PagerDuty integration).')
+param alertEmail string = ''
+
+@description('The watchdog runs every minute: alert when it has not run for this long.')
+@minValue(5)
+param watchdogSilentMinutes int = 10
+
 // Built-in role: Monitoring Metrics Publisher (needed for Entra-authenticated ingestion).
 var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb'
 
@@ -58,3 +72,323 @@ resource functionPublishesTelemetry 'Microsoft.Authorization/roleAssignments@202
 output appInsightsName string = appInsights.name
 output connectionString string = appInsights.properties.ConnectionString
 output workspaceId string = workspace.id
+
+// Every alert goes to one action group; e-mail only when an address is given.
+resource alerts 'Microsoft.Insights/actionGroups@2023-01-01' = {
+  name: 'ag-${workspaceName}'
+  location: 'Global'
+  tags: tags
+  properties: {
+    groupShortName: 'sebridge'
+    enabled: true
+    emailReceivers: empty(alertEmail) ? [] : [
+      {
+        name: 'operators'
+        emailAddress: alertEmail
+        useCommonAlertSchema: true
+      }
+    ]
+  }
+}
+
+resource serviceBus 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' existing = {
+  name: serviceBusNamespaceName
+}
+
+// Dead-lettered messages, per entity (Service Bus metrics name queues and topics; a topic's
+// count is the sum over its subscriptions: teams, pagerduty, webhook, terminate).
+resource deadLetters 'Microsoft.Insights/metricAlerts@2018-03-01' = [
+  for entity in deadLetterEntities: {
+    name: 'dead-letters-${entity}-${workspaceName}'
+    location: 'global'
+    tags: tags
+    properties: {
+      description: 'Messages were dead-lettered on ${entity}: inspect them in Service Bus Explorer (README: Monitoring).'
+      severity: 2
+      enabled: true
+      scopes: [
+        serviceBus.id
+      ]
+      evaluationFrequency: 'PT5M'
+      windowSize: 'PT15M'
+      criteria: {
+        'odata.type': 'Microsoft.Azure.Monitor.SingleResourceMultipleMetricCriteria'
+        allOf: [
+          {
+            criterionType: 'StaticThresholdCriterion'
+            name: 'deadlettered'
+            metricNamespace: 'Microsoft.ServiceBus/namespaces'
+            metricName: 'DeadletteredMessages'
+            dimensions: [
+              {
+                name: 'EntityName'
+                operator: 'Include'
+                values: [
+                  entity
+                ]
+              }
+            ]
+            operator: 'GreaterThan'
+            threshold: 0
+            timeAggregation: 'Maximum'
+          }
+        ]
+      }
+      actions: [
+        {
+          actionGroupId: alerts.id
+        }
+      ]
+    }
+  }
+]
+
+// Log alerts over Application Insights. The app writes one `sebridge {json}` line per
+// published transition and per watchdog run (functions/telemetry.py); the queries parse it.
+var logAlerts = [
+  {
+    name: 'function-failures'
+    description: 'A function invocation failed (ingest, watchdog, a channel, the drain workflow or a page).'
+    severity: 2
+    query: '''
+requests
+| where success == false
+| summarize failures = count() by operation_Name
+'''
+    // One alert per operation_Name: says which one is in trouble.
+    dimensions: [
+      'operation_Name'
+    ]
+    measure: 'failures'
+    operator: 'GreaterThan'
+    threshold: 0
+    window: 'PT15M'
+  }
+  {
+    name: 'watchdog-not-running'
+    description: 'The watchdog has not run for ${watchdogSilentMinutes} minutes: silent relays, overdue events and deferred approvals go unnoticed.'
+    severity: 1
+    query: '''
+traces
+| where message startswith "sebridge "
+| extend d = parse_json(substring(message, 9))
+| where tostring(d.kind) == "watchdog_run"
+| summarize runs = count()
+'''
+    dimensions: []
+    measure: 'runs'
+    operator: 'LessThan'
+    threshold: 1
+    window: 'PT${watchdogSilentMinutes}M'
+  }
+  {
+    name: 'relay-silent'
+    description: 'A relay stopped reporting: its VM\'s events are not seen and it cannot approve.'
+    severity: 2
+    query: '''
+traces
+| where message startswith "sebridge "
+| extend d = parse_json(substring(message, 9))
+| where tostring(d.kind) == "transition" and tostring(d.transition) == "relay_silent"
+| summarize silent = count() by vm = tostring(d.vm)
+'''
+    // One alert per vm: says which one is in trouble.
+    dimensions: [
+      'vm'
+    ]
+    measure: 'silent'
+    operator: 'GreaterThan'
+    threshold: 0
+    window: 'PT15M'
+  }
+  {
+    name: 'approval-failed'
+    description: 'No relay could approve an event: it starts at NotBefore, without the policy\'s say.'
+    severity: 1
+    query: '''
+traces
+| where message startswith "sebridge "
+| extend d = parse_json(substring(message, 9))
+| where tostring(d.kind) == "transition" and tostring(d.transition) == "approval_failed"
+| summarize failed = count() by event_id = tostring(d.event_id)
+'''
+    // One alert per event_id: says which one is in trouble.
+    dimensions: [
+      'event_id'
+    ]
+    measure: 'failed'
+    operator: 'GreaterThan'
+    threshold: 0
+    window: 'PT15M'
+  }
+  {
+    name: 'policy-invalid'
+    description: 'The approval policy is invalid: nothing is approved until POLICY__* is fixed.'
+    severity: 1
+    query: '''
+traces
+| where message startswith "sebridge "
+| extend d = parse_json(substring(message, 9))
+| where tostring(d.kind) == "transition" and tostring(d.transition) == "policy_invalid"
+| summarize invalid = count()
+'''
+    dimensions: []
+    measure: 'invalid'
+    operator: 'GreaterThan'
+    threshold: 0
+    window: 'PT15M'
+  }
+]
+
+resource logAlertRules 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = [
+  for rule in logAlerts: {
+    name: '${rule.name}-${workspaceName}'
+    location: location
+    tags: tags
+    properties: {
+      displayName: 'Scheduled Events bridge: ${rule.name}'
+      description: rule.description
+      severity: rule.severity
+      enabled: true
+      scopes: [
+        appInsights.id
+      ]
+      evaluationFrequency: 'PT5M'
+      windowSize: rule.window
+      criteria: {
+        allOf: [
+          {
+            query: rule.query
+            // Sum the query's own count column: a `summarize count()` always returns a row.
+            timeAggregation: 'Total'
+            metricMeasureColumn: rule.measure
+            dimensions: [
+              for dimension in rule.dimensions: {
+                name: dimension
+                operator: 'Include'
+                values: [
+                  '*'
+                ]
+              }
+            ]
+            operator: rule.operator
+            threshold: rule.threshold
+            failingPeriods: {
+              numberOfEvaluationPeriods: 1
+              minFailingPeriodsToAlert: 1
+            }
+          }
+        ]
+      }
+      autoMitigate: true
+      actions: {
+        actionGroups: [
+          alerts.id
+        ]
+      }
+    }
+  }
+]
+
+// The workbook: maintenance over time, decisions by rule, approvals and their lead time.
+var workbookQueries = [
+  {
+    title: 'Transitions over time'
+    visualization: 'timechart'
+    query: '''
+traces
+| where message startswith "sebridge "
+| extend d = parse_json(substring(message, 9))
+| where tostring(d.kind) == "transition"
+| summarize announcements = dcount(tostring(d.message_id)) by transition = tostring(d.transition), bin(timestamp, 1h)
+'''
+  }
+  {
+    title: 'Decisions by rule and action'
+    visualization: 'barchart'
+    query: '''
+traces
+| where message startswith "sebridge "
+| extend d = parse_json(substring(message, 9))
+| where tostring(d.kind) == "transition" and tostring(d.transition) == "decided"
+| summarize events = dcount(tostring(d.event_id)) by rule = tostring(d.rule), action = tostring(d.action), event_type = tostring(d.event_type)
+'''
+  }
+  {
+    title: 'Approval lead time before NotBefore (minutes)'
+    visualization: 'table'
+    query: '''
+traces
+| where message startswith "sebridge "
+| extend d = parse_json(substring(message, 9))
+| where tostring(d.kind) == "transition" and tostring(d.transition) == "approved"
+| extend lead_minutes = datetime_diff("second", todatetime(d.not_before), todatetime(d.occurred_at)) / 60.0
+| project timestamp, event_id = tostring(d.event_id), event_type = tostring(d.event_type), vms = tostring(d.vms), detail = tostring(d.detail), lead_minutes
+| order by timestamp desc
+'''
+  }
+  {
+    title: 'Manual approvals'
+    visualization: 'table'
+    query: '''
+traces
+| where message startswith "sebridge "
+| extend d = parse_json(substring(message, 9))
+| where tostring(d.kind) == "manual_approval"
+| project timestamp, event_id = tostring(d.event_id), by = tostring(d.by), outcome = tostring(d.outcome), detail = tostring(d.detail)
+| order by timestamp desc
+'''
+  }
+  {
+    title: 'Failures and silent relays'
+    visualization: 'table'
+    query: '''
+traces
+| where message startswith "sebridge "
+| extend d = parse_json(substring(message, 9))
+| where tostring(d.kind) == "transition" and tostring(d.transition) in ("approval_failed", "drain_failed", "overdue", "relay_silent", "policy_invalid")
+| project timestamp, transition = tostring(d.transition), event_id = tostring(d.event_id), vm = tostring(d.vm), detail = tostring(d.detail)
+| order by timestamp desc
+'''
+  }
+]
+
+resource workbook 'Microsoft.Insights/workbooks@2023-06-01' = {
+  name: guid(resourceGroup().id, appInsights.id, 'maintenance-workbook')
+  location: location
+  tags: tags
+  kind: 'shared'
+  properties: {
+    displayName: 'Scheduled Events bridge: maintenance'
+    category: 'workbook'
+    sourceId: appInsights.id
+    serializedData: string({
+      version: 'Notebook/1.0'
+      items: [
+        for (item, index) in workbookQueries: {
+          type: 3
+          name: 'query-${index}'
+          content: {
+            version: 'KqlItem/1.0'
+            title: item.title
+            query: item.query
+            size: 0
+            timeContext: {
+              durationMs: 604800000
+            }
+            queryType: 0
+            resourceType: 'microsoft.insights/components'
+            visualization: item.visualization
+          }
+        }
+      ]
+      isLocked: false
+      fallbackResourceIds: [
+        appInsights.id
+      ]
+    })
+  }
+}
+
+output actionGroupId string = alerts.id
+output workbookId string = workbook.id

@@ -95,9 +95,9 @@ def test_cancelled_maintenance_is_announced_cancelled_and_never_approved(played:
     assert played.track("cancelled").started_at is None
     webhook = played.demo.receivers["webhook"].accepted()
     transitions = [
-        r.body["transition"]
+        r.body["data"]["transition"]
         for r in webhook
-        if (r.body.get("event") or {}).get("EventId") == event_id
+        if (r.body["data"].get("event") or {}).get("EventId") == event_id
     ]
     assert transitions.count("cancelled") == 1
     assert "started" not in transitions and "approved" not in transitions
@@ -116,8 +116,8 @@ def test_every_payload_was_valid_and_every_webhook_signed(played: Played):
         refused = [(r.status, r.problems) for r in receiver.received if not r.accepted]
         assert refused == [], f"{name}: {refused}"
     webhook = played.demo.receivers["webhook"].received
-    assert webhook and all("X-Bridge-Signature" in r.headers for r in webhook)
-    assert all(json.loads(r.raw)["schema"] == 1 for r in webhook)
+    assert webhook and all("webhook-signature" in r.headers for r in webhook)
+    assert all(json.loads(r.raw)["specversion"] == "1.0" for r in webhook)
 
 
 def test_host_failure_decision_card_and_page_say_it_already_started(played: Played):
@@ -139,3 +139,36 @@ def test_host_failure_decision_card_and_page_say_it_already_started(played: Play
         if r.body.get("dedup_key") == event_id and r.body.get("event_action") == "trigger"
     ]
     assert triggers and all("already started (no notice)" in s for s in triggers), triggers
+
+
+def test_the_report_renders_in_a_real_browser_with_a_lane_per_event(played: Played, tmp_path):
+    """The HTML report of this very run, opened in headless chromium: no errors, the chart's
+    lanes in the DOM, every payload viewable, and a screenshot that is not blank."""
+    from local.report import write_html
+    from local.report_data import collect
+    from tests.e2e.browser import dump_dom, png_pixels, screenshot
+
+    data = collect(played.demo)
+    page = write_html(
+        tmp_path / "report.html",
+        "demo report",
+        played.timeline.snapshot(),
+        played.outcomes,
+        played.demo.facts(),
+        data=data,
+    )
+    dom, log = dump_dom(page)
+    events = played.demo.watcher.snapshot()
+    assert dom.count('<g class="lane"') == len(events) >= 7
+    for event_id in events:
+        assert f'data-event="{event_id}"' in dom
+    for kind in ("scheduled", "not_before", "decided", "approved", "started", "removed"):
+        assert f"mark-{kind}" in dom, kind
+    assert dom.count("<details") >= len(data.payloads) > 0
+    for channel in ("teams", "pagerduty", "webhook", "drain"):
+        assert f"payload-{channel}" in dom, channel
+    assert "Policy in effect" in dom and "terminate-drain" in dom
+    assert "Uncaught" not in log and "ERROR:CONSOLE" not in log, log[-2000:]
+    width, height, pixels = png_pixels(screenshot(page, tmp_path / "report.png"))
+    assert (width, height) == (1280, 2400)
+    assert len(set(pixels)) > 20, "the screenshot is blank"

@@ -75,7 +75,9 @@ def test_channels_post_to_the_environment_or_to_the_local_receivers():
         assert values["webhook_url"] == webhook.url
         # The local webhook checks the signature made with the secret chosen here.
         assert webhook.verify is not None
-        assert webhook.verify({}, b"{}") == "missing X-Bridge-Timestamp / X-Bridge-Signature"
+        assert webhook.verify({}, b"{}") == (
+            "missing webhook-id / webhook-timestamp / webhook-signature"
+        )
     with TeamsReceiver() as teams:
         local = channel_values({}, {}, {"teams": teams})
         assert local == {"teams_webhook_url": teams.url}

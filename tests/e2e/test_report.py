@@ -48,3 +48,38 @@ def test_a_closed_pipe_stops_printing_but_not_recording():
     timeline.add("demo", "demo", "two")
     assert timeline.stream is None
     assert [e.text for e in timeline.snapshot()] == ["one", "two"]
+
+
+def test_the_report_draws_a_lane_per_event_and_shows_each_payload():
+    from datetime import UTC, datetime, timedelta
+
+    from functions.web.timeline import Lane, Mark
+    from local.report import EventRow, Payload, ReportData
+
+    t0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
+    data = ReportData(
+        lanes=[
+            Lane(
+                "EV-1",
+                "Reboot web-1, web-2",
+                (
+                    Mark(t0, "scheduled"),
+                    Mark(t0 + timedelta(seconds=15), "not_before"),
+                    Mark(t0 + timedelta(seconds=1), "decided", "decided hold <b>"),
+                    Mark(t0 + timedelta(seconds=16), "started"),
+                    Mark(t0 + timedelta(seconds=26), "removed"),
+                ),
+            ),
+            Lane("EV-2", "Freeze web-1", (Mark(t0, "scheduled"), Mark(t0, "approved"))),
+        ],
+        events=[EventRow("EV-1", "Reboot", "web-1, web-2", "", "HOLD", "not approved", "teams")],
+        policy_source="the default",
+        policy='{"rules": []}',
+        payloads=[Payload("teams", "EV-1", "Teams card", t0, 202, '{"type": "<message>"}')],
+    )
+    page = render_html("Demo", [], [Outcome("a", True)], data=data)
+    assert page.count('<g class="lane"') == 2
+    assert "mark-not_before" in page and "mark-approved" in page
+    assert "decided hold &lt;b&gt;" in page and "<b>" not in page
+    assert '<details class="payload payload-teams">' in page
+    assert "&lt;message&gt;" in page and "Policy in effect" in page

@@ -191,6 +191,9 @@ def test_handlers_from_function_app(store, clock, relay):
         "notify_webhook",
         "terminate_drain",
         "ingest_event_grid",
+        "page_event",
+        "page_approve",
+        "page_fleet",
     }
     pipeline, pub = make_pipeline(store, clock)
     handlers.use_pipeline(pipeline)

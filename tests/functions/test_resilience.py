@@ -100,11 +100,18 @@ def test_two_events_racing_for_one_slot_get_one_approval(azurite, store, clock, 
 
 
 def test_links_and_late_reporters(store, clock):
-    pipeline, pub = make_pipeline(store, clock, public_base_url="https://fn.example.net/")
+    pipeline, pub = make_pipeline(
+        store,
+        clock,
+        public_base_url="https://fn.example.net/",
+        operators_group_id="0b5c6d2e-0000-4000-8000-000000000001",
+        website_auth_enabled=True,
+    )
     ingest_message(envelope("vm1", 1, [event("EV-L", resources=("vm1", "vm2"))]), pipeline)
     links = pub.published[0].links
-    assert links.status_url == "https://fn.example.net/api/status"
-    assert links.approve_url == "https://fn.example.net/api/events/EV-L/approve"
+    # The signed-in pages, never the function-key API: a card must not need a key.
+    assert links.status_url == "https://fn.example.net/api/pages/fleet"
+    assert links.approve_url == "https://fn.example.net/api/pages/events/EV-L"
     ingest_message(envelope("vm1", 2, []), pipeline)
     assert pub.transitions("EV-L")[-1] == "cancelled"
     # vm2's document, delayed in the queue, still names it: remembered, not reopened.

@@ -135,7 +135,8 @@ def test_the_function_settings_model_reads_them(app_env) -> None:
     assert s.relay_key.get_secret_value() == SECRETS["relay-key"]
     assert s.documents_queue == "documents"
     assert s.notifications_topic == "notifications"
-    assert s.public_base_url == "https://func-sebridge-abc.azurewebsites.net"
+    # No PUBLIC_BASE_URL by default: the app takes its real host name from WEBSITE_HOSTNAME.
+    assert s.public_base_url is None
 
 
 def test_the_policy_defaults_are_the_reference_policy(app_env) -> None:

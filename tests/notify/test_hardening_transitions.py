@@ -64,7 +64,7 @@ def test_undrain_outcomes_on_every_channel(channels) -> None:
     assert actions == [("resolve", "EV-T"), ("trigger", "EV-T")]
     assert pd.bodies()[1]["payload"]["severity"] == "error"
     assert "by hand" in pd.bodies()[1]["payload"]["summary"]
-    assert [b["transition"] for b in hook.bodies()] == ["undrained", "undrain_failed"]
+    assert [b["data"]["transition"] for b in hook.bodies()] == ["undrained", "undrain_failed"]
 
 
 def test_policy_valid_resolves_the_fleet_incident(channels) -> None:
@@ -90,7 +90,7 @@ def test_policy_valid_resolves_the_fleet_incident(channels) -> None:
     ]
     titles = [b["attachments"][0]["content"]["body"][0]["text"] for b in t.bodies()]
     assert titles[1] == "Approval policy is valid again: events are decided and approved"
-    assert [(b["transition"], b["id"]) for b in hook.bodies()] == [
+    assert [(b["data"]["transition"], b["id"]) for b in hook.bodies()] == [
         ("policy_invalid", "fleet:policy_invalid:20261121T100000"),
         ("policy_valid", "fleet:policy_valid:20261121T100000"),
     ]

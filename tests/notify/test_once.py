@@ -117,8 +117,7 @@ def test_a_crash_between_post_and_record_posts_again_only_after_the_lease(receiv
     assert clock.now() >= left.lease_until  # it waited for the lease, then took over
     assert len(hook.requests) == 2
     assert (
-        hook.requests[0].headers["X-Bridge-Delivery"]
-        == hook.requests[1].headers["X-Bridge-Delivery"]
+        hook.requests[0].headers["webhook-id"] == hook.requests[1].headers["webhook-id"]
     )  # so the receiver can drop the repeat
     row = ledger.get("EV-1:decided", "webhook")
     assert (row.status, row.claims) == ("posted", 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -48,14 +49,18 @@ def test_drain_hook_succeeds_then_approved_before_the_deadline(harness: Harness)
 
 
 def test_the_drain_request_is_signed_when_a_webhook_secret_is_set(harness: Harness) -> None:
+    drained = terminate_note()
     with running(Answer(204)) as hook:
         run_drain(
-            terminate_note(),
+            drained,
             settings(http_url=f"{hook.url}/drain"),
             harness.context(webhook_secret=b"webhook-secret-0123456789"),
         )
         (request,) = hook.requests
-    assert readme_verify(b"webhook-secret-0123456789", request.headers, "/drain", request.body)
+    # The same Standard Webhooks signature as the webhook channel (raw secret = its bytes).
+    spec_secret = "whsec_" + base64.b64encode(b"webhook-secret-0123456789").decode()
+    assert readme_verify(spec_secret, request.headers, request.body)
+    assert request.headers["webhook-id"] == f"{drained.event.event_id}:drain"
 
 
 @pytest.mark.parametrize("on_failure", ["hold", "approve"])

@@ -1,0 +1,301 @@
+"""The operators' pages as plain functions: request in, response out, over the pipeline.
+
+- `event_page`  GET  /api/pages/events/{id}          the event, its decision, audit, Approve
+- `approve`     POST /api/pages/events/{id}/approve  approve through the usual path
+- `fleet_page`  GET  /api/pages/fleet                 open events and their timeline
+
+Every request passes `_admit` first: pages off → 404 with the reason; nobody signed in →
+a redirect to App Service's Entra sign-in (GET) or 401 (POST); a principal header that is
+not the platform's → 403; signed in but neither in the operators' group nor holding their
+app role → 403. Any HTTP front can serve these (functions/triggers/pages.py in Azure).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, quote
+
+from functions.model.event import utc_text
+from functions.notify import describe
+from functions.pipeline.approve import approval_path
+from functions.pipeline.context import Pipeline
+from functions.store.records import EventRecord
+from functions.web import csrf, render
+from functions.web.approval import HTTP_STATUS, Refused, approve_by_hand
+from functions.web.principal import Principal, PrincipalInvalid, read_principal
+from functions.web.timeline import render_svg
+from functions.web.views import countdown, event_lane, fleet_events, policy_state
+
+log = logging.getLogger(__name__)
+
+PAGES_PREFIX = "/api/pages"
+MAX_FORM_BYTES = 4096
+esc = render.esc
+
+
+@dataclass
+class PageRequest:
+    method: str
+    path: str  # as the browser asked for it, e.g. /api/pages/fleet
+    headers: Mapping[str, str]
+    query: Mapping[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+@dataclass
+class PageResponse:
+    status: int
+    body: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def event_path(event_id: str) -> str:
+    return f"{PAGES_PREFIX}/events/{quote(event_id, safe='')}"
+
+
+def _page(status: int, title: str, body: str, extra: dict[str, str] | None = None) -> PageResponse:
+    text, headers = render.document(title, body)
+    return PageResponse(status, text, {**headers, **(extra or {})})
+
+
+def _message(status: int, title: str, sentence: str) -> PageResponse:
+    return _page(status, title, f"<h1>{esc(title)}</h1><p>{esc(sentence)}</p>")
+
+
+def _admit(pipeline: Pipeline, request: PageRequest) -> Principal | PageResponse:
+    settings = pipeline.settings
+    off = settings.pages_off_reason()
+    if off is not None:
+        return _message(404, "Pages are off", f"The operators' pages are off: {off}.")
+    try:
+        principal = read_principal(request.headers)
+    except PrincipalInvalid as exc:
+        log.warning("pages: refused a principal header: %s", exc)
+        return _message(403, "Sign-in not accepted", f"Your sign-in cannot be used: {exc}.")
+    if principal is None:
+        if request.method == "GET":
+            target = quote(request.path, safe="/")
+            login = f"/.auth/login/aad?post_login_redirect_uri={target}"
+            return PageResponse(302, "", {"Location": login, "Cache-Control": "no-store"})
+        return _message(401, "Not signed in", "Sign in first: open the page from its link.")
+    if not principal.admitted(settings.operators_group_id, settings.operators_app_role):
+        hint = (
+            " Your sign-in lists too many groups to carry them; ask for the app role instead."
+            if principal.groups_overage
+            else ""
+        )
+        log.warning("pages: %s is not an operator", principal.name)
+        return _message(
+            403,
+            "Not an operator",
+            f"You are signed in as {principal.name}, who is not in the operators' group "
+            f"and does not hold their app role.{hint}",
+        )
+    return principal
+
+
+# ---------------------------------------------------------------------------- event page
+
+
+def _approvable(record: EventRecord) -> str | None:
+    """Why there is nothing to approve, or None."""
+    if record.ended:
+        return f"This event is {record.ended}."
+    if record.started or record.event_status == "Started":
+        return "This event has already started."
+    if record.approval == "approved":
+        return f"Already approved (via {approval_path(record.approved_by)})."
+    return None
+
+
+def _event_body(pipeline: Pipeline, record: EventRecord, form: str) -> str:
+    now = pipeline.clock.now()
+    snap = record.snapshot()
+    decision = record.decision
+    nb_iso = record.not_before.isoformat() if record.not_before else None
+    rows = [
+        ("What", esc(describe.event_words(snap))),
+        ("VMs", esc(describe.vms_text(snap))),
+        ("Status", esc(record.event_status + (f", {record.ended}" if record.ended else ""))),
+        (
+            "NotBefore",
+            esc(utc_text(record.not_before))
+            + " — "
+            + render.countdown(nb_iso, countdown(record.not_before, now)),
+        ),
+        ("Decision", esc(describe.decision_text(decision)) if decision else "not decided yet"),
+        ("Why (Azure)", esc(record.description or "no description given")),
+        ("Source", esc(record.event_source or "?")),
+        (
+            "Approval",
+            esc(record.approval or "none")
+            + (f" — {esc(record.approval_reason)}" if record.approval_reason else ""),
+        ),
+        ("EventId", f"<code>{esc(record.event_id)}</code>"),
+    ]
+    audit = pipeline.store.audit_rows(record.event_id)
+    audit_rows = [
+        [
+            esc(str(row.get("time") or row.get("RowKey", "")[:22])),
+            esc(str(row.get("by", ""))),
+            esc(str(row.get("rule", ""))),
+            esc(str(row.get("action", ""))),
+            esc(str(row.get("outcome", ""))),
+            esc(str(row.get("detail", ""))[:300]),
+        ]
+        for row in audit
+    ]
+    return (
+        f"<h1>{esc(describe.event_words(snap))}: {esc(describe.vm_count(snap))}</h1>"
+        f"{render.facts(rows)}{form}"
+        f"<h2>Timeline</h2>{render_svg([event_lane(record)], now=now)}"
+        "<h2>Audit so far</h2>"
+        + (
+            render.table(["time", "by", "rule", "action", "outcome", "detail"], audit_rows)
+            if audit_rows
+            else "<p class=muted>Nothing audited yet.</p>"
+        )
+        + f'<p><a href="{PAGES_PREFIX}/fleet">Fleet status</a></p>'
+    )
+
+
+def event_page(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageResponse:
+    admitted = _admit(pipeline, request)
+    if isinstance(admitted, PageResponse):
+        return admitted
+    record = pipeline.store.get_event(event_id)
+    if record is None:
+        return _message(404, "Unknown event", f"No event {event_id} is known to the bridge.")
+    extra: dict[str, str] = {}
+    why_not = _approvable(record)
+    if why_not is None and policy_state(pipeline)["dry_run"]:
+        why_not = "POLICY__DRY_RUN is on: nothing is approved, not even by hand."
+    if why_not is not None:
+        form = f'<p class="muted">{esc(why_not)}</p>'
+    else:
+        browser = csrf.read_cookie(request.headers)
+        if browser is None:
+            browser = csrf.new_browser_id()
+            extra["Set-Cookie"] = csrf.cookie_header(browser)
+        key = csrf.page_key(pipeline.settings.relay_key_bytes or b"")
+        token = csrf.issue_token(
+            key, admitted.user_id, record.event_id, browser, pipeline.clock.now().timestamp()
+        )
+        form = (
+            f'<form method="post" action="{esc(event_path(record.event_id))}/approve">'
+            f'<input type="hidden" name="token" value="{esc(token)}">'
+            f"<p><button type=submit>Approve now as {esc(admitted.name)}</button> "
+            '<span class="muted">IMDS starts the event for every VM it names.</span></p>'
+            "</form>"
+        )
+    body = _event_body(pipeline, record, form)
+    return _page(200, f"{record.event_type} {record.event_id}", body, extra)
+
+
+# ---------------------------------------------------------------------------- approve
+
+
+def approve(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageResponse:
+    admitted = _admit(pipeline, request)
+    if isinstance(admitted, PageResponse):
+        return admitted
+    settings = pipeline.settings
+    if len(request.body) > MAX_FORM_BYTES:
+        return _message(413, "Form too large", "The form is larger than the page ever sends.")
+    form = parse_qs(request.body.decode("utf-8", "replace"), max_num_fields=8)
+    token = (form.get("token") or [""])[0]
+    now = pipeline.clock.now()
+    try:
+        csrf.check_origin(request.headers, settings.base_url or "")
+        nonce = csrf.check_token(
+            csrf.page_key(settings.relay_key_bytes or b""),
+            token,
+            user_id=admitted.user_id,
+            event_id=event_id,
+            browser=csrf.read_cookie(request.headers),
+            now=now.timestamp(),
+        )
+    except csrf.TokenInvalid as exc:
+        log.warning("pages: approval form refused for %s on %s: %s", admitted.name, event_id, exc)
+        return _message(403, "Form refused", str(exc))
+    if pipeline.store.get_event(event_id) is None:
+        return _message(404, "Unknown event", f"No event {event_id} is known to the bridge.")
+    if not pipeline.store.claim_once(f"page-token:{nonce}", now):
+        return _message(409, "Form already used", "This form was sent before: open the page again.")
+    try:
+        result = approve_by_hand(pipeline, event_id, admitted.name)
+    except Refused as exc:
+        return _message(exc.status, "Not approved", str(exc))
+    log.info(
+        "pages: %s approved %s by hand: %s",
+        admitted.name,
+        event_id,
+        result.outcome,
+    )
+    words = {
+        "approved": f"Approved by {admitted.name}, via {approval_path(result.vm)}.",
+        "failed": f"No relay could approve it: {result.detail}",
+        "retry_later": f"Not approved yet; the watchdog keeps trying: {result.detail}",
+        "skipped": f"Nothing done: {result.detail}.",
+    }[result.outcome]
+    cls = "ok" if result.outcome == "approved" else "warn"
+    body = (
+        f"<h1>{esc(event_id)}</h1><p class={cls}>{esc(words)}</p>"
+        f'<p><a href="{esc(event_path(event_id))}">Back to the event</a> · '
+        f'<a href="{PAGES_PREFIX}/fleet">Fleet status</a></p>'
+    )
+    return _page(HTTP_STATUS[result.outcome], "Approval", body)
+
+
+# ---------------------------------------------------------------------------- fleet page
+
+
+def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
+    admitted = _admit(pipeline, request)
+    if isinstance(admitted, PageResponse):
+        return admitted
+    include_ended = (request.query.get("all") or "").lower() in ("1", "true", "yes")
+    now = pipeline.clock.now()
+    events = fleet_events(pipeline, include_ended)
+    policy = policy_state(pipeline)
+    if not policy["valid"]:
+        state = f'<p class="warn">Policy INVALID, failing closed: {esc(policy["error"])}</p>'
+    elif policy["dry_run"]:
+        state = '<p class="warn">Policy in dry run: nothing is approved.</p>'
+    else:
+        state = '<p class="ok">Policy valid.</p>'
+    rows = []
+    for record in events:
+        snap = record.snapshot()
+        nb_iso = record.not_before.isoformat() if record.not_before else None
+        decision = record.decision
+        rows.append(
+            [
+                f'<a href="{esc(event_path(record.event_id))}"><code>'
+                f"{esc(record.event_id[:8])}</code></a>",
+                esc(describe.event_words(snap)),
+                esc(describe.vms_text(snap)),
+                esc(record.event_status + (f", {record.ended}" if record.ended else "")),
+                render.countdown(nb_iso, countdown(record.not_before, now)),
+                esc(f"{decision.action} ({decision.rule})" if decision else "—"),
+                esc(record.approval or "—"),
+            ]
+        )
+    toggle = (
+        f'<a href="{PAGES_PREFIX}/fleet">open events only</a>'
+        if include_ended
+        else f'<a href="{PAGES_PREFIX}/fleet?all=true">include ended events</a>'
+    )
+    body = (
+        f"<h1>Fleet maintenance</h1>{state}"
+        f"<p class=muted>{len(events)} event(s) at {esc(utc_text(now))}, signed in as "
+        f"{esc(admitted.name)} · {toggle}</p>"
+        + render.table(
+            ["event", "what", "VMs", "status", "NotBefore", "decision", "approval"], rows
+        )
+        + "<h2>Timeline</h2>"
+        + render_svg([event_lane(r) for r in events], now=now)
+    )
+    return _page(200, "Fleet maintenance", body)

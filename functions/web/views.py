@@ -1,0 +1,81 @@
+"""What the status API and the fleet page both show, computed once from the store."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from functions.notify import describe
+from functions.pipeline.context import Pipeline
+from functions.store.records import EventRecord
+from functions.web.timeline import Lane, Mark
+
+
+def event_view(record: EventRecord) -> dict[str, Any]:
+    """One event as the status API returns it."""
+    decision = record.decision
+    return {
+        **record.snapshot().imds_fields(),
+        "first_seen": record.first_seen.isoformat(),
+        "reporters": record.reporters,
+        "ended": record.ended or None,
+        "decision": decision.model_dump(mode="json") if decision else None,
+        "approval": record.approval or None,
+        "approval_reason": record.approval_reason or None,
+        "approved_by": record.approved_by,
+        "approve_after": record.approve_after.isoformat() if record.approve_after else None,
+        "approval_attempts": len(record.approval_attempts),
+        "announced": sorted(k for k, v in record.announced.items() if v == "done"),
+    }
+
+
+def fleet_events(pipeline: Pipeline, include_ended: bool) -> list[EventRecord]:
+    """Open events (or all), soonest NotBefore first: what needs attention next."""
+    events = pipeline.store.list_events(include_ended=include_ended)
+    events.sort(key=lambda r: (r.not_before is None, r.not_before or r.first_seen))
+    return events
+
+
+def policy_state(pipeline: Pipeline) -> dict[str, Any]:
+    load = pipeline.settings.policy
+    return {
+        "valid": load.policy is not None,
+        "error": load.error,
+        "dry_run": bool(load.policy and load.policy.dry_run),
+    }
+
+
+def fleet_status(pipeline: Pipeline, include_ended: bool) -> dict[str, Any]:
+    """The status API's body."""
+    return {
+        "generated_at": pipeline.clock.now().isoformat(),
+        "policy": policy_state(pipeline),
+        "events": [event_view(r) for r in fleet_events(pipeline, include_ended)],
+    }
+
+
+def lane_label(record: EventRecord) -> str:
+    vms = ", ".join(record.resources[:3]) + (" …" if len(record.resources) > 3 else "")
+    return f"{record.event_type} {vms or record.event_id[:8]}"
+
+
+def event_lane(record: EventRecord) -> Lane:
+    """The event's lane: what the store knows happened to it, and when."""
+    marks = [Mark(record.first_seen, "scheduled", f"first seen {record.event_status}")]
+    if record.not_before is not None:
+        marks.append(Mark(record.not_before, "not_before", "NotBefore"))
+    if record.decision is not None and record.decided_at is not None:
+        text = f"decided {record.decision.action.upper()} by rule {record.decision.rule}"
+        marks.append(Mark(record.decided_at, "decided", text))
+    attempts = record.approval_attempts
+    if record.approval in ("approved", "failed") and attempts:
+        kind = "approved" if record.approval == "approved" else "approval_failed"
+        last = attempts[-1]
+        marks.append(Mark(last.at, kind, f"{kind.replace('_', ' ')} ({last.by}, {last.vm})"))
+    if record.ended and record.ended_at is not None:
+        marks.append(Mark(record.ended_at, "removed", record.ended))
+    return Lane(key=record.event_id, label=lane_label(record), marks=tuple(marks))
+
+
+def countdown(moment: datetime | None, now: datetime) -> str:
+    return describe.relative(moment, now) if moment else "not given"

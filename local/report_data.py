@@ -1,0 +1,166 @@
+"""What the demo's HTML report shows besides the log: gathered from what each part observed.
+
+The chart and the table come from the simulator's ground truth (documents, StartRequests),
+the announcements the local host published, and what each channel was handed; the payloads
+are what the local receivers actually got. Nothing here is what the plan expected.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from functions.web.timeline import Lane, Mark
+from local.report import EventRow, Payload, ReportData, short_id
+
+if TYPE_CHECKING:
+    from local.orchestration import Demo
+
+
+def collect(demo: Demo) -> ReportData:
+    data = ReportData()
+    _policy(demo, data)
+    if demo.watcher is None:
+        return data
+    published = list(demo.publisher.published) if demo.publisher is not None else []
+    deliveries = demo.recorded_deliveries()
+    for track in sorted(demo.watcher.snapshot().values(), key=lambda t: t.first_seen):
+        notes = [n for n in published if n.event and n.event.event_id == track.event_id]
+        approvals = [a for a in demo.watcher.approvals if a.event_id == track.event_id]
+        marks = [
+            Mark(
+                track.first_seen_wall,
+                "started" if track.first_status == "Started" else "scheduled",
+                f"IMDS showed it {track.first_status}",
+            )
+        ]
+        if track.not_before is not None:
+            marks.append(Mark(track.not_before, "not_before", "NotBefore"))
+        decision_text = "no decision announced"
+        for note in notes:
+            if note.transition.value == "decided" and note.decision is not None:
+                d = note.decision
+                generic = f"rule {d.rule!r}: {d.action}"
+                decision_text = f"{d.action.upper()} by rule {d.rule}" + (
+                    f": {d.reason}" if d.reason and d.reason != generic else ""
+                )
+                if d.dry_run:
+                    decision_text += " [dry run]"
+                marks.append(Mark(note.occurred_at, "decided", f"decided {d.action} ({d.rule})"))
+            elif note.transition.value == "approval_failed":
+                marks.append(Mark(note.occurred_at, "approval_failed", "approval failed"))
+        for approval in approvals:
+            marks.append(Mark(approval.at, "approved", f"StartRequests from {approval.vm}"))
+        if track.started_wall is not None and track.first_status != "Started":
+            marks.append(Mark(track.started_wall, "started", "Started"))
+        if track.removed_at is not None:
+            gone = track.first_seen_wall + timedelta(seconds=track.removed_at - track.first_seen)
+            marks.append(Mark(gone, "removed", "removed from the documents"))
+        label = f"{track.what} {', '.join(track.resources)}"
+        data.lanes.append(Lane(key=track.event_id, label=label, marks=tuple(marks)))
+        data.events.append(
+            EventRow(
+                event_id=track.event_id,
+                what=f"{track.what} ({track.source or '?'})",
+                vms=", ".join(track.resources) or "none named",
+                story=track.step.story if track.step else "",
+                decision=decision_text,
+                approval=_approval_text(track.not_before, approvals),
+                channels=_channels_text(
+                    [d for d in deliveries if d.event_id == track.event_id and d.posted]
+                ),
+            )
+        )
+    data.payloads = _payloads(demo)
+    return data
+
+
+def _approval_text(not_before: datetime | None, approvals: list[Any]) -> str:
+    if not approvals:
+        return "not approved"
+    first = approvals[0]
+    if not_before is None:
+        return f"StartRequests from {first.vm}"
+    lead = (not_before - first.at).total_seconds()
+    return f"StartRequests from {first.vm}, {lead:.1f} s before NotBefore"
+
+
+def _channels_text(deliveries: list[Any]) -> str:
+    counts = Counter(
+        f"PagerDuty {d.action}" if d.channel == "pagerduty" and d.action else d.channel
+        for d in deliveries
+    )
+    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(counts.items()))
+
+
+def _policy(demo: Demo, data: ReportData) -> None:
+    settings = getattr(demo, "settings", None)
+    data.policy_source = (
+        "your POLICY__* settings"
+        if demo.custom_policy
+        else "the default: Microsoft's reference policy (no POLICY__* set)"
+    )
+    if settings is None:
+        data.policy = "the local functions host did not start"
+        return
+    load = settings.policy
+    if load.policy is None:
+        data.policy = f"INVALID, failing closed (nothing is approved): {load.error}"
+        return
+    data.policy = json.dumps(load.policy.model_dump(mode="json"), indent=2)
+
+
+def _payloads(demo: Demo) -> list[Payload]:
+    out = []
+    for channel, receiver in demo.receivers.items():
+        for record in receiver.received:
+            body = record.body
+            if channel == "teams":
+                summary = f"card: {_card_title(body)}"
+            elif channel == "pagerduty" and isinstance(body, dict):
+                summary = f"{body.get('event_action')} {body.get('dedup_key', '')}"
+            elif channel == "webhook" and isinstance(body, dict):
+                summary = str(body.get("type", ""))
+            else:
+                summary = "drain request"
+            subject = _subject(body)
+            try:
+                pretty = json.dumps(body, indent=2) if body is not None else record.raw.decode()
+            except (TypeError, UnicodeDecodeError):
+                pretty = repr(record.raw[:2000])
+            out.append(
+                Payload(
+                    channel=channel,
+                    subject=subject,
+                    summary=summary,
+                    at=datetime.fromtimestamp(record.at).astimezone(),
+                    status=record.status,
+                    body=pretty,
+                )
+            )
+    return sorted(out, key=lambda p: p.at)
+
+
+GUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
+
+
+def _subject(body: Any) -> str:
+    """The event a payload is about (its short id), or the key it names."""
+    text = json.dumps(body) if body is not None else ""
+    found = GUID.search(text)
+    if found:
+        return short_id(found[0])
+    for key in ('"dedup_key": "', '"subject": "'):
+        if key in text:
+            return text.split(key, 1)[1].split('"', 1)[0]
+    return ""
+
+
+def _card_title(body: Any) -> str:
+    try:
+        return str(body["attachments"][0]["content"]["body"][0]["text"])[:120]
+    except (KeyError, IndexError, TypeError):
+        return "?"

@@ -1,0 +1,144 @@
+"""Alerts and the workbook query what the app really logs (functions/telemetry.py).
+
+The KQL strings are read out of infra/modules/monitoring.bicep; every field, kind and
+transition they name must be one the code emits, or an alert would silently never fire.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+
+import pytest
+
+from functions import telemetry
+from functions.model.event import Decision, EventSnapshot, Notification, Transition
+from tests.infra.bicep import MODULES, dotted, load, module_params
+
+MON = load("monitoring")
+ALERTS = MON.variables["logAlerts"]
+WORKBOOK = MON.variables["workbookQueries"]
+QUERIES = {f"alert {a['name']}": a["query"] for a in ALERTS} | {
+    f"workbook {w['title']}": w["query"] for w in WORKBOOK
+}
+
+
+def test_every_kql_string_in_the_file_is_checked_here() -> None:
+    text = (MODULES / "monitoring.bicep").read_text()
+    assert text.count("'''") == 2 * len(QUERIES)
+
+
+def test_the_required_alerts_exist() -> None:
+    assert {a["name"] for a in ALERTS} == {
+        "function-failures",
+        "watchdog-not-running",
+        "relay-silent",
+        "approval-failed",
+        "policy-invalid",
+    }
+    (metric,) = MON.resources("Microsoft.Insights/metricAlerts")
+    criterion = metric.body["properties"]["criteria"]["allOf"][0]
+    assert criterion["metricName"] == "DeadletteredMessages"
+    assert criterion["dimensions"][0]["name"] == "EntityName"
+    assert metric.loop is not None  # one alert per entity
+    entities = module_params(load("main"), "monitoring")["deadLetterEntities"]
+    assert [dotted(e) for e in entities] == [
+        "serviceBus.outputs.queueName",
+        "serviceBus.outputs.topicName",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_queries_use_only_what_the_app_logs(name: str) -> None:
+    query = QUERIES[name]
+    if "parse_json" not in query:
+        assert query.lstrip().startswith("requests"), name  # the platform's own table
+        return
+    # The line is "sebridge {json}": the prefix is exactly what substring() skips.
+    assert 'message startswith "sebridge "' in query
+    assert f"substring(message, {len(telemetry.PREFIX)})" in query
+    fields = set(re.findall(r"\bd\.(\w+)", query))
+    assert fields <= set(telemetry.FIELDS), fields - set(telemetry.FIELDS)
+    kinds = re.findall(r'd\.kind\)\s*==\s*"(\w+)"', query)
+    assert kinds and set(kinds) <= set(telemetry.KINDS)
+    named = re.findall(r'd\.transition\)\s*==\s*"(\w+)"', query)
+    for group in re.findall(r"d\.transition\)\s+in\s+\(([^)]*)\)", query):
+        named += re.findall(r'"(\w+)"', group)
+    assert set(named) <= {t.value for t in Transition}, named
+
+
+@pytest.mark.parametrize("alert", ALERTS, ids=lambda a: a["name"])
+def test_each_alert_sums_its_own_count_column(alert: dict) -> None:
+    # A `summarize x = count()` always returns a row, so the rule sums x (Total), never
+    # counts rows; "not running" is x < 1, everything else x > 0.
+    summarize = re.search(rf"summarize {alert['measure']} = count\(\)(?: by (.*))?", alert["query"])
+    assert summarize, alert["query"]
+    # Each dimension the rule splits on is a column the query groups by.
+    grouped = {c.split("=")[0].strip() for c in (summarize[1] or "").split(",") if c.strip()}
+    assert set(alert["dimensions"]) == grouped
+    (rules,) = MON.resources("Microsoft.Insights/scheduledQueryRules")
+    criterion = rules.body["properties"]["criteria"]["allOf"][0]
+    assert criterion["timeAggregation"] == "Total"
+    assert dotted(criterion["metricMeasureColumn"]) == "rule.measure"
+    expected = ("LessThan", 1) if alert["name"] == "watchdog-not-running" else ("GreaterThan", 0)
+    assert (alert["operator"], alert["threshold"]) == expected
+
+
+def _lines(caplog) -> list[dict]:
+    return [
+        json.loads(r.getMessage()[len(telemetry.PREFIX) :])
+        for r in caplog.records
+        if r.getMessage().startswith(telemetry.PREFIX)
+    ]
+
+
+def test_what_the_app_writes_carries_every_field_the_queries_read(caplog) -> None:
+    caplog.set_level("INFO", logger="sebridge.telemetry")
+    now = datetime(2026, 11, 21, 10, tzinfo=UTC)
+    event = EventSnapshot(
+        event_id="EV-T",
+        event_type="Reboot",
+        event_status="Scheduled",
+        resources=("vm1",),
+        not_before=now,
+    )
+    decision = Decision(action="hold", rule="default-hold")
+    for transition in Transition:
+        silent = transition in (Transition.RELAY_SILENT, Transition.RELAY_RECOVERED)
+        telemetry.transition(
+            Notification(
+                transition=transition,
+                occurred_at=now,
+                event=None if silent else event,
+                vm="vm1" if silent else None,
+                decision=decision,
+            )
+        )
+
+    class Report:
+        silent, overdue, approvals, ended, redecided = [], [], [], [], []
+
+    telemetry.watchdog_run(Report())
+    telemetry.manual_approval("EV-T", "manual:alice", "approved", "")
+    lines = _lines(caplog)
+    by_kind: dict[str, set[str]] = {}
+    for line in lines:
+        by_kind.setdefault(line["kind"], set()).update(line)
+    assert {line.get("transition") for line in lines} >= {t.value for t in Transition}
+    for name, query in QUERIES.items():
+        if "parse_json" not in query:
+            continue
+        (kind,) = set(re.findall(r'd\.kind\)\s*==\s*"(\w+)"', query))
+        used = set(re.findall(r"\bd\.(\w+)", query))
+        assert used <= by_kind[kind], (name, used - by_kind[kind])
+    # The same fields go out as logging extra too (customDimensions).
+    record = next(r for r in caplog.records if r.getMessage().startswith(telemetry.PREFIX))
+    assert record.sebridge_kind == "transition"
+
+
+def test_fields_outside_the_contract_are_refused() -> None:
+    with pytest.raises(ValueError, match="outside the contract"):
+        telemetry.emit("transition", {"transitionn": "decided"})
+    with pytest.raises(ValueError, match="unknown telemetry kind"):
+        telemetry.emit("heartbeat", {})

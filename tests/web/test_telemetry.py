@@ -1,0 +1,57 @@
+"""The lines the alerts read are really written where it matters: once per transition the
+Service Bus publisher sends, and once per watchdog run of the Azure handler."""
+
+from __future__ import annotations
+
+import json
+
+from azure.functions.timer import TimerRequest
+
+from functions import telemetry
+from functions.pipeline.ingest import ingest_message
+from functions.pipeline.publish import ServiceBusPublisher
+from functions.triggers import core
+from tests.functions.conftest import envelope, event, make_pipeline
+
+
+def _lines(caplog) -> list[dict]:
+    prefix = telemetry.PREFIX
+    return [
+        json.loads(r.getMessage()[len(prefix) :])
+        for r in caplog.records
+        if r.getMessage().startswith(prefix)
+    ]
+
+
+def test_the_publisher_logs_each_transition_it_sends(store, clock, relay, caplog):
+    caplog.set_level("INFO", logger="sebridge.telemetry")
+    sent = []
+
+    class Sender:
+        def send_messages(self, message):
+            sent.append(message)
+
+    pipeline, _ = make_pipeline(store, clock)
+    pipeline.publisher = ServiceBusPublisher(Sender())
+    ingest_message(envelope("vm1", 1, [event("EV-TL", "Reboot")], callback_url=relay.url), pipeline)
+    lines = _lines(caplog)
+    assert [m.message_id for m in sent] == [line["message_id"] for line in lines]
+    decided = next(line for line in lines if line["transition"] == "decided")
+    assert (decided["rule"], decided["action"], decided["event_id"]) == (
+        "default-hold",
+        "hold",
+        "EV-TL",
+    )
+    assert decided["not_before"] and decided["vms"] == ["vm1"]
+
+
+def test_the_watchdog_handler_logs_each_run(store, clock, caplog):
+    caplog.set_level("INFO", logger="sebridge.telemetry")
+    pipeline, _ = make_pipeline(store, clock)
+    core.use_pipeline(pipeline)
+    try:
+        core.watchdog(TimerRequest())
+    finally:
+        core.use_pipeline(None)
+    (line,) = _lines(caplog)
+    assert line["kind"] == "watchdog_run" and line["silent"] == 0
