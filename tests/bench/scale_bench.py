@@ -29,6 +29,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -67,12 +68,16 @@ class FixedClock:
 
 
 class LogMeter(logging.Handler):
-    """Bytes the app logs at Information and above (what reaches Log Analytics as traces)."""
+    """Bytes logged at Information and above by anything in the process, as the Functions
+    Python worker forwards them to Application Insights as traces: the app's lines, its
+    telemetry lines, and the Azure SDK's (its HTTP logging policy logs each request and
+    response at Information unless the app turns it down)."""
 
     def __init__(self) -> None:
         super().__init__(level=logging.INFO)
         self.records = 0
         self.bytes = 0
+        self.by_source: Counter[str] = Counter()  # bytes by top-level logger name
         self._meter_lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -80,25 +85,27 @@ class LogMeter(logging.Handler):
         with self._meter_lock:
             self.records += 1
             self.bytes += size
+            self.by_source[record.name.split(".")[0]] += size + TRACE_ROW_BYTES
 
     def reset(self) -> None:
         with self._meter_lock:
             self.records = self.bytes = 0
+            self.by_source.clear()
 
     def telemetry_bytes(self) -> int:
         return self.bytes + self.records * TRACE_ROW_BYTES
 
     def __enter__(self) -> LogMeter:
-        logger = logging.getLogger("functions")
-        self._old_level = logger.level
-        logger.setLevel(logging.INFO)
-        logger.addHandler(self)
+        root = logging.getLogger()
+        self._old_level = root.level
+        root.setLevel(logging.INFO)  # the worker's level; host.json's default is Information
+        root.addHandler(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        logger = logging.getLogger("functions")
-        logger.removeHandler(self)
-        logger.setLevel(self._old_level)
+        root = logging.getLogger()
+        root.removeHandler(self)
+        root.setLevel(self._old_level)
 
 
 def name64(prefix: str, i: int) -> str:
@@ -281,6 +288,7 @@ def set200(connection_string: str) -> dict[str, Any]:
         out["set200_error"] = f"{type(exc).__name__}: {code}"
     small = reporters(connection_string, 20)
     out["table_requests_per_doc_set20"] = small["table_requests_per_doc"]
+    out["log_bytes_per_doc_by_logger"] = small["log_bytes_per_doc_by_logger"]
     out["_counts"] = small["_counts"]
     return out
 
@@ -327,12 +335,14 @@ def reporters(connection_string: str, vms: int, workers: int = 16) -> dict[str, 
         event_bytes, _ = wire.stored("events")  # the event's rows, indexes, capacity slots
         audit_bytes, _ = wire.stored("audit")
         log_bytes = meter.telemetry_bytes()
+        log_sources = {k: round(v / (len(steps) * vms)) for k, v in meter.by_source.items()}
         by_kind = wire.by_kind()
     if outcomes.count("processed") != len(outcomes):
         raise RuntimeError(f"not every document was processed: {sorted(set(outcomes))}")
     return {
         "table_requests_per_doc": round(requests_total / documents, 2),
         "requests_by_kind": by_kind,
+        "log_bytes_per_doc_by_logger": log_sources,
         "_counts": {
             "table_requests_per_document": requests_total / documents,
             "table_entities_per_document": entities / documents,
