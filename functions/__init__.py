@@ -22,7 +22,9 @@ above it in this list:
                 the timer and HTTP; `function_app.py` registers them.
 
 Beside them: `settings` (app settings), `signing` (HMAC), `clock`, and `telemetry`, the
-structured log lines the Bicep's alerts and workbook query.
+structured log lines the Bicep's alerts and workbook query. Beside the data path, imported
+by nothing above: `cost/`, the monthly cost and capacity model behind
+`python -m functions cost` (dated prices, counts measured by `make bench`).
 
 Where to change things: a rule → `model/policy.py` (or just the `POLICY__*` settings);
 a channel → `notify/`; a store → `store/`; a new source → `pipeline/sources/` (Event Grid
