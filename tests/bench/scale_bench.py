@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from pydantic import BaseModel
 
 from functions.pipeline.publish import LocalPublisher
@@ -249,7 +250,7 @@ def _seed_worker(args: tuple[str, list[Work], int]) -> None:
         for prefix in {prefix for prefix, _, _, _ in work}
     }
 
-    def run(piece: Work) -> None:
+    def once(piece: Work) -> None:
         prefix, at, kind, bodies = piece
         clock.set(datetime.fromisoformat(at))
         if kind == "heartbeats":
@@ -257,11 +258,27 @@ def _seed_worker(args: tuple[str, list[Work], int]) -> None:
             return
         for body in bodies:
             outcome = ingest_message(body, pipelines[prefix]).outcome
-            if outcome != "processed":
+            if outcome not in ("processed", "stale"):
                 raise RuntimeError(f"seeding: a document was {outcome}")
 
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        list(pool.map(run, work))
+    def run(piece: Work) -> None:
+        # Azurite on 2 busy cores sometimes resets a connection; the app's entry points are
+        # idempotent (a redelivery is what Service Bus would do), so the piece is redone.
+        for attempt in range(5):
+            try:
+                once(piece)
+                return
+            except (ServiceRequestError, ServiceResponseError):
+                if attempt == 4:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+
+    try:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(run, work))
+    except Exception as exc:
+        # Azure SDK exceptions carry tracebacks that cannot cross the process boundary.
+        raise RuntimeError(f"seeding failed: {type(exc).__name__}: {exc}") from None
 
 
 def _timed(call: Callable[[], Any]) -> tuple[Any, float]:
