@@ -1,7 +1,9 @@
-"""Operator CLI: `python -m functions policy check` and `python -m functions policy explain FILE`.
+"""Operator CLI: `python -m functions policy check`, `python -m functions policy explain FILE`
+and `python -m functions cost --vms N`.
 
-Both read the same `POLICY__*` environment variables the function app reads, so a policy
-can be tried before it is deployed (export the app settings, then run these).
+The policy commands read the same `POLICY__*` environment variables the function app
+reads, so a policy can be tried before it is deployed (export the app settings, then run
+these). `cost` prints a deployment's monthly cost and capacity (functions/cost).
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         "(Event Grid schema or CloudEvents 1.0); JSON; - for stdin",
     )
     explain.add_argument("--now", help="ISO time to decide at (default: now), for windows")
+    _cost_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "cost":
+        return _cost(args)
 
     load = load_policy()
     if load.policy is None:
@@ -73,6 +78,64 @@ def _explain(load, file: str, now_text: str | None) -> int:
         return 2
     for event in document.events if document else ():
         _print_decision(load, event, now, scale_sets)
+    return 0
+
+
+def _cost_parser(sub: argparse._SubParsersAction) -> None:
+    cost = sub.add_parser(
+        "cost",
+        help="monthly cost by part and the capacity ceiling of one deployment",
+        description="From the counts `make bench` measured (functions/cost/counts.json) and "
+        "the dated list prices (functions/cost/prices.json).",
+    )
+    cost.add_argument("--vms", type=int, required=True, help="VMs in the fleet")
+    cost.add_argument("--set-size", type=int, default=20, help="VMs per availability set")
+    cost.add_argument("--events-per-vm-month", type=float, default=1.0, help="default 1")
+    cost.add_argument("--heartbeat-seconds", type=float, default=300.0, help="default 300")
+    cost.add_argument("--retention-days", type=float, default=30.0, help="ended events kept")
+    cost.add_argument("--instance-memory-mb", type=int, help="default: the Bicep default")
+    cost.add_argument("--max-instances", type=int, help="default: the Bicep default")
+    cost.add_argument("--prices", help="a price table like functions/cost/prices.json")
+    cost.add_argument("--counts", help="counts.json, or a `make bench` output")
+    cost.add_argument("--free-grants", action="store_true", help="subtract Flex free grants")
+    cost.add_argument("--json", action="store_true", help="the estimate as one JSON object")
+
+
+def _cost(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from functions.cost.counts import load_counts
+    from functions.cost.model import Workload, estimate, load_deployment
+    from functions.cost.prices import CostInputError, load_prices
+    from functions.cost.report import render
+
+    try:
+        workload = Workload(
+            vms=args.vms,
+            set_size=args.set_size,
+            events_per_vm_month=args.events_per_vm_month,
+            heartbeat_seconds=args.heartbeat_seconds,
+            retention_days=args.retention_days,
+        )
+        deployment = load_deployment(
+            instance_memory_mb=args.instance_memory_mb, max_instances=args.max_instances
+        )
+        result = estimate(
+            workload,
+            deployment,
+            load_counts(args.counts),
+            load_prices(args.prices),
+            free_grants=args.free_grants,
+        )
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        option = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "input"
+        print(f"cost: {option}: {error['msg']}", file=sys.stderr)
+        return 2
+    except CostInputError as exc:
+        print(f"cost: {exc}", file=sys.stderr)
+        return 2
+    print(result.model_dump_json() if args.json else render(result))
     return 0
 
 

@@ -57,6 +57,8 @@ class Settings(BaseSettings):
         ),
     )
     documents_queue: str = Field(default="documents", min_length=1)
+    # The batch trigger binds %HEARTBEATS_QUEUE%; relays send heartbeats there (contract C1).
+    heartbeats_queue: str = Field(default="heartbeats", min_length=1)
     notifications_topic: str = Field(default="notifications", min_length=1)
     state_table_prefix: str = Field(default="sebridge", pattern=r"^[A-Za-z][A-Za-z0-9]{0,40}$")
     relay_key: SecretStr | None = None
@@ -80,6 +82,9 @@ class Settings(BaseSettings):
     operators_group_id: str | None = None
     operators_app_role: str | None = None
     relay_silent_after_seconds: int = Field(default=600, ge=30)
+    # Ended events (with their reporters and audit rows), rejected envelopes and VMs not
+    # heard from are deleted by the watchdog this many days later.
+    retention_days: int = Field(default=30, ge=1, le=3650)
     approval_margin_seconds: int = Field(default=10, ge=0)
     # How long one ingest invocation keeps retrying an approval before leaving the rest to
     # the watchdog, so a slow relay never holds a VM's session for the whole notice period.

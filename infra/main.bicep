@@ -377,6 +377,7 @@ module functionApp 'modules/functionapp.bicep' = {
     appInsightsConnectionString: monitoring.outputs.connectionString
     serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
     documentsQueueName: serviceBus.outputs.queueName
+    heartbeatsQueueName: serviceBus.outputs.heartbeatsQueueName
     notificationsTopicName: serviceBus.outputs.topicName
     stateTablePrefix: storage.outputs.tablePrefix
     keyVaultUri: keyVault.outputs.vaultUri
@@ -463,6 +464,7 @@ output functionAppUrl string = functionApp.outputs.url
 output serviceBusNamespace string = serviceBus.outputs.namespaceName
 output serviceBusFullyQualifiedNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 output documentsQueue string = serviceBus.outputs.queueName
+output heartbeatsQueue string = serviceBus.outputs.heartbeatsQueueName
 output eventGridQueue string = eventGrid.outputs.queueName
 output notificationsTopic string = serviceBus.outputs.topicName
 output keyVaultName string = keyVault.outputs.vaultName

@@ -1,11 +1,15 @@
-"""Run the function app's core without Azure: a file inbox instead of the documents queue.
+"""Run the function app's core without Azure: a file inbox instead of the queues.
 
 The relay's `--forward file:DIR` writes each message as its own JSON file, names sorting
-in send order. This host reads them with Service Bus's rules: one VM's messages in order
-(like a session), a message is removed only after it was processed (moved to
-`processed/`), a failure is retried on the next pass and after `max_delivery_count`
-deliveries moved to `deadletter/` with the reason next to it. A message that does not
-validate is recorded in the rejected table and completed, as in Azure.
+in send order: documents to `DIR/`, heartbeats to `DIR/heartbeats/` (contract C1). This
+host reads them with Service Bus's rules and the function app's own trigger settings
+(`TriggerConfig`, read from host.json): documents one VM's messages in order (a session),
+at most `maxConcurrentSessions` VMs at once; heartbeats in batches of at most
+`maxMessageBatchSize`, waiting for `minMessageBatchSize` up to `maxBatchWaitTime`. A
+message is removed only after it was processed (moved to `processed/`), a failure is
+retried on the next pass and after `max_delivery_count` deliveries moved to `deadletter/`
+with the reason next to it. A message that does not validate is recorded in the rejected
+table and completed, as in Azure.
 
 Everything else is the real thing: the same `ingest_message`, the same Table store (on
 Azurite), and a `LocalPublisher` whose subscribers stand in for the topic subscriptions.
@@ -19,6 +23,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from functions.clock import Clock, SystemClock
 from functions.pipeline.context import Pipeline
+from functions.pipeline.heartbeats import HeartbeatResult, ingest_heartbeats
 from functions.pipeline.ingest import IngestResult, ingest_message
 from functions.pipeline.publish import LocalPublisher, Publisher
 from functions.pipeline.watchdog import WatchdogReport, run_watchdog
@@ -36,6 +42,34 @@ from functions.store.tables import Store
 log = logging.getLogger(__name__)
 
 UNKNOWN_SESSION = "\0unparsable"
+HOST_JSON = Path(__file__).resolve().parent.parent / "host.json"
+
+
+class TriggerConfig(BaseModel):
+    """What host.json tells the Functions host about delivering Service Bus messages."""
+
+    max_concurrent_sessions: int = 8  # the extension's defaults, where host.json is silent
+    max_message_batch_size: int = 1000
+    min_message_batch_size: int = 1
+    max_batch_wait_seconds: float = 30.0
+
+    @classmethod
+    def from_host_json(cls, path: Path = HOST_JSON) -> TriggerConfig:
+        bus = json.loads(path.read_text()).get("extensions", {}).get("serviceBus", {})
+        values: dict[str, Any] = {}
+        for key, field in (
+            ("maxConcurrentSessions", "max_concurrent_sessions"),
+            ("maxMessageBatchSize", "max_message_batch_size"),
+            ("minMessageBatchSize", "min_message_batch_size"),
+        ):
+            if key in bus:
+                values[field] = int(bus[key])
+        if "maxBatchWaitTime" in bus:
+            hours, minutes, seconds = bus["maxBatchWaitTime"].split(":")
+            values["max_batch_wait_seconds"] = (
+                int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+            )
+        return cls(**values)
 
 
 class RunReport(BaseModel):
@@ -45,6 +79,7 @@ class RunReport(BaseModel):
     failed: int = 0  # will be retried
     dead_lettered: int = 0
     results: list[IngestResult] = Field(default_factory=list)
+    heartbeat_batches: list[HeartbeatResult] = Field(default_factory=list)
 
 
 class LocalHost:
@@ -61,12 +96,22 @@ class LocalHost:
         clock: Clock | None = None,
         max_delivery_count: int = 10,
         watchdog_interval_seconds: float = 60.0,
+        triggers: TriggerConfig | None = None,
     ) -> None:
         self.inbox = Path(inbox_dir)
         self.processed_dir = self.inbox / "processed"
         self.deadletter_dir = self.inbox / "deadletter"
-        for folder in (self.inbox, self.processed_dir, self.deadletter_dir):
+        self.heartbeats_dir = self.inbox / "heartbeats"
+        for folder in (
+            self.inbox,
+            self.processed_dir,
+            self.deadletter_dir,
+            self.heartbeats_dir,
+            self.heartbeats_dir / "processed",
+        ):
             folder.mkdir(parents=True, exist_ok=True)
+        self.triggers = triggers or TriggerConfig.from_host_json()
+        self._report_lock = threading.Lock()
         self.publisher = publisher if publisher is not None else LocalPublisher()
         self.pipeline = Pipeline(
             store=store,
@@ -81,16 +126,18 @@ class LocalHost:
 
     # ---------------------------------------------------------------- one pass
 
-    def pending(self) -> list[Path]:
+    def pending(self, folder: Path | None = None) -> list[Path]:
         """Complete message files in send order (a writer's temp files are skipped)."""
         return sorted(
             p
-            for p in self.inbox.iterdir()
+            for p in (folder or self.inbox).iterdir()
             if p.is_file() and p.suffix == ".json" and not p.name.startswith(".")
         )
 
-    def run_once(self) -> RunReport:
-        """Process every message present now, one VM's messages in order."""
+    def run_once(self, *, wait_for_batches: bool = True) -> RunReport:
+        """Process every document present now, one VM's messages in order and at most
+        `maxConcurrentSessions` VMs at once, then the heartbeats that make up a batch
+        (all of them with `wait_for_batches=False`)."""
         report = RunReport()
         sessions: dict[str, list[tuple[Path, bytes]]] = defaultdict(list)
         for path in self.pending():
@@ -100,36 +147,92 @@ class LocalHost:
                 continue
             body = unwrap(raw)
             sessions[session_of(body)].append((path, body))
-        for messages in sessions.values():
+
+        def run_session(messages: list[tuple[Path, bytes]]) -> None:
             for path, body in messages:
                 if not self._deliver(path, body, report):
                     break  # keep this VM's order: later messages wait for this one
+
+        workers = max(1, min(self.triggers.max_concurrent_sessions, len(sessions)))
+        if workers == 1:
+            for messages in sessions.values():
+                run_session(messages)
+        else:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                list(pool.map(run_session, sessions.values()))
+        self.run_heartbeats(report, wait_for_batches=wait_for_batches)
         return report
 
+    def heartbeat_batches(self, *, wait_for_batches: bool = True) -> list[list[Path]]:
+        """The heartbeat files the trigger would hand over now, batch by batch: at most
+        `maxMessageBatchSize` each, in send order; a last batch smaller than
+        `minMessageBatchSize` waits until its oldest message waited `maxBatchWaitTime`."""
+        files = self.pending(self.heartbeats_dir)
+        size = self.triggers.max_message_batch_size
+        batches = [files[i : i + size] for i in range(0, len(files), size)]
+        if wait_for_batches and batches and len(batches[-1]) < self.triggers.min_message_batch_size:
+            try:
+                waited = time.time() - batches[-1][0].stat().st_mtime
+            except FileNotFoundError:
+                waited = 0.0
+            if waited < self.triggers.max_batch_wait_seconds:
+                batches.pop()
+        return batches
+
+    def run_heartbeats(self, report: RunReport, *, wait_for_batches: bool = True) -> None:
+        for batch in self.heartbeat_batches(wait_for_batches=wait_for_batches):
+            bodies = []
+            for path in batch:
+                with contextlib.suppress(FileNotFoundError):
+                    bodies.append((path, unwrap(path.read_bytes())))
+            try:
+                result = ingest_heartbeats(
+                    [b for _, b in bodies], self.pipeline, [p.stem for p, _ in bodies]
+                )
+            except Exception as exc:  # the whole batch is abandoned, as in Azure
+                log.warning("heartbeat batch of %d failed: %s", len(bodies), exc)
+                for path, _ in bodies:
+                    self.deliveries[path.name] += 1
+                    if self.deliveries[path.name] >= self.max_delivery_count:
+                        self._move(path, self.deadletter_dir)
+                        reason = f"{type(exc).__name__}: {exc}\n"
+                        (self.deadletter_dir / f"{path.name}.reason.txt").write_text(reason)
+                        report.dead_lettered += 1
+                    else:
+                        report.failed += 1
+                continue
+            for path, _ in bodies:
+                self._move(path, self.heartbeats_dir / "processed")
+                self.deliveries.pop(path.name, None)
+            report.heartbeat_batches.append(result)
+
     def _deliver(self, path: Path, body: bytes, report: RunReport) -> bool:
-        self.deliveries[path.name] += 1
+        with self._report_lock:
+            self.deliveries[path.name] += 1
+            count = self.deliveries[path.name]
         try:
             result = ingest_message(body, self.pipeline, message_id=path.stem)
         except Exception as exc:
-            count = self.deliveries[path.name]
             log.warning("delivery %d of %s failed: %s", count, path.name, exc)
-            if count >= self.max_delivery_count:
-                self._move(path, self.deadletter_dir)
-                reason = f"{type(exc).__name__}: {exc}\n"
-                (self.deadletter_dir / f"{path.name}.reason.txt").write_text(reason)
-                report.dead_lettered += 1
-                return True  # dead-lettered: the session moves on, as in Service Bus
-            report.failed += 1
+            with self._report_lock:
+                if count >= self.max_delivery_count:
+                    self._move(path, self.deadletter_dir)
+                    reason = f"{type(exc).__name__}: {exc}\n"
+                    (self.deadletter_dir / f"{path.name}.reason.txt").write_text(reason)
+                    report.dead_lettered += 1
+                    return True  # dead-lettered: the session moves on, as in Service Bus
+                report.failed += 1
             return False
         self._move(path, self.processed_dir)
-        self.deliveries.pop(path.name, None)
-        report.results.append(result)
-        if result.outcome == "processed":
-            report.processed += 1
-        elif result.outcome == "stale":
-            report.stale += 1
-        else:
-            report.rejected += 1
+        with self._report_lock:
+            self.deliveries.pop(path.name, None)
+            report.results.append(result)
+            if result.outcome == "processed":
+                report.processed += 1
+            elif result.outcome == "stale":
+                report.stale += 1
+            else:
+                report.rejected += 1
         return True
 
     @staticmethod

@@ -1,10 +1,11 @@
 """Announcing a transition exactly once fleet-wide: claim in the event row, then publish.
 
-The claim (transition key added to `announced` under the row's ETag) is what makes 100
-concurrent reporters announce once. A claim is written as "pending" and turned into
-"done" after the publish; if the publish fails the claim is released and the error
-raised, so the message is redelivered and the announcement retried. A crash between the
-two leaves "pending", which the watchdog republishes (the MessageId makes that safe).
+The claim (functions.store.claims, one mark per transition in `announced`, written under
+the row's ETag) is what makes 100 concurrent reporters announce once. A claim is written
+"pending" and marked "done" after the publish; if the publish fails the claim is released
+and the error raised, so the message is redelivered and the announcement retried. A crash
+between the two leaves "pending", which the watchdog republishes once it is stale (the
+MessageId makes that safe).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from functions.model.policy import Policy, transition_pages
 from functions.pipeline.context import Pipeline
 from functions.pipeline.redecide import occurrence
 from functions.settings import Settings
+from functions.store import claims
 from functions.store.records import EventRecord
 from functions.store.tables import UNREAD, Store
 
@@ -25,10 +27,6 @@ log = logging.getLogger(__name__)
 
 NO_PAGE = {Transition.COMPLETED, Transition.CANCELLED, Transition.APPROVED}
 STALE_PENDING = timedelta(minutes=3)  # a claim this old was left behind: publish it again
-
-
-def pending_mark(now: datetime) -> str:
-    return f"pending:{now.isoformat()}"
 
 
 def build(
@@ -92,6 +90,8 @@ def publish_claimed(
     """Publish transitions this caller claimed in `record.announced`, then mark them done."""
     sent = []
     pending = list(transitions)
+    if pending and not record.past_reporters:
+        pipeline.store.load_reporters(record)  # who reported it, for the notification
     for index, transition in enumerate(pending):
         note = build(
             record,
@@ -121,11 +121,8 @@ def release(
     keys = {t.value for t in transitions}
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or not any(rec.announced.get(k, "").startswith("pending") for k in keys):
+        if rec is None or not claims.release(rec.announced, keys):
             return None
-        for key in keys:
-            if rec.announced.get(key, "").startswith("pending"):
-                del rec.announced[key]
         return rec
 
     store.mutate_event(event_id, change, known=known)
@@ -141,10 +138,8 @@ def mark_done(
     keys = {t.value for t in transitions}
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or all(rec.announced.get(k) == "done" for k in keys):
+        if rec is None or not claims.finish(rec.announced, keys):
             return None
-        for key in keys:
-            rec.announced[key] = "done"
         return rec
 
     store.mutate_event(event_id, change, known=known)
@@ -152,12 +147,10 @@ def mark_done(
 
 def claim(store: Store, event_id: str, transition: Transition, now: datetime) -> EventRecord | None:
     """Claim one transition on its own; the record if this caller won, else None."""
-    key = transition.value
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or key in rec.announced:
+        if rec is None or not claims.take(rec.announced, transition.value, now):
             return None
-        rec.announced[key] = pending_mark(now)
         return rec
 
     record, won = store.mutate_event(event_id, change)
@@ -188,16 +181,9 @@ def announce(
 def stale_pending(record: EventRecord, now: datetime) -> list[Transition]:
     """Claims left "pending" by a crash between claim and publish."""
     stale = []
-    for key, mark in record.announced.items():
-        if not mark.startswith("pending:"):
-            continue
+    for key in claims.stale_keys(record.announced, now, STALE_PENDING):
         try:
-            since = datetime.fromisoformat(mark.removeprefix("pending:"))
+            stale.append(Transition(key))
         except ValueError:
-            since = now - STALE_PENDING
-        if now - since >= STALE_PENDING:
-            try:
-                stale.append(Transition(key))
-            except ValueError:
-                log.warning("unknown announcement key %s on %s", key, record.event_id)
+            log.warning("unknown announcement key %s on %s", key, record.event_id)
     return stale

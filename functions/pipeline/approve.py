@@ -37,6 +37,7 @@ from functions.model.event import Transition
 from functions.pipeline.announce import claim, publish_claimed
 from functions.pipeline.context import Pipeline
 from functions.settings import Settings
+from functions.store import claims
 from functions.store.records import MAX_ATTEMPTS_KEPT, Attempt, EventRecord, VmRecord
 from functions.store.tables import Store
 
@@ -46,6 +47,7 @@ Outcome = Literal["approved", "failed", "retry_later", "skipped"]
 BACKOFF_START_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 20.0
 ARM = "arm"  # `approved_by` and the attempts' `vm` when ARM acknowledged it
+RELAYS_PER_ATTEMPT = 8
 
 
 class ApprovalResult(BaseModel):
@@ -177,7 +179,7 @@ def _relay_phase(
         handover = min(deadline, first + timedelta(seconds=settings.arm_fallback_after_seconds))
     # A relay that refused for good is not asked again for this event, in this call or later.
     refused = {a.vm for a in record.approval_attempts if final_refusal(a.outcome)}
-    relays = [vm for vm in _relays(store, record, settings, now) if vm.name not in refused]
+    relays = _relays(store, record, settings, now, skip=refused)
     unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(refused)
     if not relays:
         # The named VMs' relays may simply not have reported yet (a set-mate's document
@@ -209,7 +211,9 @@ def arm_owners(store: Store, record: EventRecord) -> list[ArmResource]:
     candidates: list[ArmResource | None] = []
     if record.arm_resource:
         candidates.append(owner_of_vm(record.arm_resource))
-    for name in record.resources:
+    # The named VMs of one event share few owners (their set): the first few VMs known
+    # give them, without a read per VM of an event naming 1,000.
+    for name in record.resources[: RELAYS_PER_ATTEMPT * 2]:
         vm = store.get_vm(name)
         if vm is not None:
             candidates.append(owner_of_vm(vm.resource_id, vm.scale_set, vm.availability_set))
@@ -303,19 +307,25 @@ def _why_not(record: EventRecord | None) -> str:
     return "another caller is approving it"
 
 
+def approval_stale_after(settings: Settings) -> timedelta:
+    """An approval claim older than one invocation's budget (and a minute) was left by a
+    crash: another caller may take it over."""
+    return timedelta(seconds=settings.approval_budget_seconds + 60)
+
+
 def _claim(
     store: Store, event_id: str, now: datetime, settings: Settings
 ) -> tuple[EventRecord | None, bool]:
-    stale_after = timedelta(seconds=settings.approval_budget_seconds + 60)
+    stale_after = approval_stale_after(settings)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or rec.ended or rec.started or rec.approval == "approved":
             return None
-        busy = rec.approval == "in_progress" and rec.approval_claimed_at is not None
-        if busy and now - rec.approval_claimed_at < stale_after:  # type: ignore[operator]
+        busy = rec.approval == "in_progress"
+        if busy and not claims.can_claim(rec.approval_claim, now, stale_after):
             return None
         rec.approval = "in_progress"
-        rec.approval_claimed_at = now
+        rec.approval_claim = claims.pending(now)
         return rec
 
     return store.mutate_event(event_id, change)
@@ -327,11 +337,19 @@ def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetim
     return record.not_before - timedelta(seconds=settings.approval_margin_seconds)
 
 
-def _relays(store: Store, record: EventRecord, settings: Settings, now: datetime) -> list[VmRecord]:
-    """Named VMs whose relays reported recently, in `Resources` order (first is leader)."""
+def _relays(
+    store: Store, record: EventRecord, settings: Settings, now: datetime, skip: set[str | None]
+) -> list[VmRecord]:
+    """Named VMs whose relays reported recently, in `Resources` order (first is leader):
+    at most RELAYS_PER_ATTEMPT of them, so an event naming 1,000 VMs costs a few point
+    reads, not 1,000 (the others stay "unheard": a later attempt reaches them)."""
     fresh = timedelta(seconds=settings.relay_silent_after_seconds)
-    chosen = []
+    chosen: list[VmRecord] = []
     for name in record.resources:
+        if len(chosen) >= RELAYS_PER_ATTEMPT:
+            break
+        if name in skip:
+            continue
         vm = store.get_vm(name)
         if vm is None or not vm.callback_url or vm.last_seen is None:
             continue
@@ -443,6 +461,8 @@ def _finish(
         if rec.approval == "approved" and outcome != "approved":
             return None  # someone else succeeded meanwhile; keep their result
         rec.approval = state  # type: ignore[assignment]
+        # Done once approved or failed; released for a later try otherwise.
+        rec.approval_claim = claims.DONE if outcome in ("approved", "failed") else ""
         rec.approval_reason = detail[:1000]
         rec.approval_attempts = (rec.approval_attempts + attempts)[-MAX_ATTEMPTS_KEPT:]
         if outcome == "approved":

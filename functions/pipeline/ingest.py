@@ -27,9 +27,10 @@ from functions.pipeline.lifecycle import report
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
-from functions.pipeline.transitions import after_decision, already_ended_with, end_event
+from functions.pipeline.transitions import after_decision, end_event
+from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
-from functions.store.tables import Store
+from functions.store.tables import RowTooLarge, Store
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,11 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
         return _reject(pipeline, body, message_id, str(exc))
     try:
         return ingest_envelope(envelope, pipeline)
+    except RowTooLarge as exc:
+        # Bounded pieces make this unreachable for anything IMDS sends; if it happens the
+        # message is kept with the reason instead of failing until it dead-letters.
+        reason = f"state would exceed a Table size limit: {exc}"
+        return _reject(pipeline, body, message_id, reason, vm=envelope.vm.name, now=now)
     except HttpResponseError as exc:
         if exc.status_code not in REFUSED_BY_TABLES:
             raise
@@ -107,25 +113,26 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     store, clock = pipeline.store, pipeline.clock
     name = envelope.vm.name
     result = IngestResult(outcome="processed", vm=name)
+    document = envelope.scheduled_events
+    # At most MAX_EVENTS events (functions.model.envelope rejects more with the reason).
+    current: list[ScheduledEvent] = list(document.events) if document else []
     for _ in range(20):
         vm = store.get_vm(name)
         if _is_stale(vm, envelope):
             return IngestResult(outcome="stale", vm=name, reason="sequence already processed")
         now = clock.now()
-        document = envelope.scheduled_events
-        current: list[ScheduledEvent] = list(document.events) if document else []
         # Event rows first, VM row last: if we crash in between, the redelivery is not
         # "stale" and redoes the (idempotent) event updates.
         to_approve: list[str] = []
         for event in current:
-            _report(event, envelope, pipeline, now, result, to_approve)
+            _report(event, envelope, vm, pipeline, now, result, to_approve)
         if document is not None:
             current_ids = {e.event_id.casefold() for e in current}
             for old in vm.event_ids if vm else []:
                 if old.casefold() not in current_ids:
                     _absent(old, name, pipeline, now, result)
         recovered: list[str] = []  # the silence this document ends, if announced
-        if _save_vm(store, vm, envelope, now, recovered):
+        if _save_vm(store, vm, envelope, current if document is not None else None, now, recovered):
             # After the VM row, so this VM's callback URL is known to the approver.
             for event_id in to_approve:
                 try:
@@ -153,6 +160,7 @@ def _save_vm(
     store: Store,
     vm: VmRecord | None,
     envelope: Envelope,
+    events: list[ScheduledEvent] | None,
     now: datetime,
     recovered: list[str] | None = None,
 ) -> bool:
@@ -183,11 +191,12 @@ def _save_vm(
         record.availability_set = ref.availability_set or record.availability_set
         record.resource_id = ref.resource_id or record.resource_id
         record.relay_version = envelope.relay_version
-        if envelope.document is not None:
+        if envelope.document is not None and events is not None:
             document = envelope.scheduled_events
             assert document is not None
             record.last_incarnation = document.document_incarnation
-            record.event_ids = [e.event_id for e in document.events]
+            record.event_ids = [e.event_id for e in events]
+            record.event_statuses = {e.event_id.casefold(): e.event_status for e in events}
         return record
 
     try:
@@ -215,23 +224,33 @@ class _Moved(Exception):
 def _report(
     event: ScheduledEvent,
     envelope: Envelope,
+    vm: VmRecord | None,
     pipeline: Pipeline,
     now: datetime,
     result: IngestResult,
     to_approve: list[str],
 ) -> None:
     store = pipeline.store
-    if already_ended_with(store, event.event_id, envelope.vm.name):
+    name = envelope.vm.name
+    said_before = vm.event_statuses.get(event.event_id.casefold()) if vm else None
+    newcomer = said_before is None  # this VM's previous document did not list it
+    recent = store.recent_event(event.event_id)
+    if recent is None:
+        # Listed before its row can exist, so the watchdog never misses an event; once per
+        # event and Store (an event seen here before is listed already, or ended).
+        store.open_event(event.event_id, now)
+    if said_before != event.event_status:
+        # This VM's own reporter row, before the event row: an end decided from now on
+        # sees it (functions.pipeline.transitions.end_event).
+        store.set_reporter(event.event_id, name, event.event_status, now)
+    if recent is not None and _unchanged(recent, event, envelope, pipeline, now, newcomer):
         return
     claimed: list[Transition] = []
     made: list[bool] = []  # whether this write made the decision (vs. re-announcing it)
 
-    newcomer: list[bool] = []  # this VM was not a reporter before
-
     def change(rec: EventRecord | None) -> EventRecord | None:
         claimed.clear()
         made.clear()
-        newcomer[:] = [rec is None or envelope.vm.name not in rec.reporters]
         updated, transitions = report(rec, event, envelope.vm, now)
         claimed.extend(transitions)
         target = updated if updated is not None else rec
@@ -250,32 +269,78 @@ def _report(
         key = (
             Transition.POLICY_INVALID if target.decision.policy_error else Transition.DECIDED
         ).value
-        if key not in target.announced:
-            target.announced[key] = f"pending:{now.isoformat()}"
+        if claims.take(target.announced, key, now):
             claimed.append(Transition(key))
             return target
         return updated
 
     record, won = store.mutate_event(event.event_id, change)
-    if not won or record is None:
+    if record is not None and record.ended and newcomer and said_before is None:
+        # A late report after the event ended: remember the VM as a past reporter only.
+        store.set_reporter(event.event_id, name, "", now)
+    if record is None:
+        return
+    if not won:
+        # Nothing changed in the row; a named VM whose relay was not known when the
+        # approval was last tried may still approve it now.
+        if newcomer and event.affects(name) and not record.ended and _may_retry(record):
+            to_approve.append(record.event_id)
         return
     approve_now = False
     if made:
         record, approve_now = after_decision(record, event, pipeline, now)
-    elif Transition.DECIDED in claimed or (newcomer[0] and event.affects(envelope.vm.name)):
+    elif Transition.DECIDED in claimed or (newcomer and event.affects(name)):
         # A decision re-announced after a failed publish, or a named VM whose relay was
         # not known when the approval was last tried: try (again) now.
-        approve_now = (
-            record.approval == "pending"
-            and record.approve_after is None
-            and record.approval_reason != "capacity"
-        )
+        approve_now = _may_retry(record)
     announce_first = [t for t in claimed if t in (Transition.SCHEDULED, Transition.STARTED)]
     rest = [t for t in claimed if t not in announce_first]
     publish_claimed(pipeline, record, announce_first + rest, now)
     result.transitions.extend((record.event_id, t.value) for t in announce_first + rest)
     if approve_now:
         to_approve.append(record.event_id)
+
+
+def _may_retry(record: EventRecord) -> bool:
+    return (
+        record.approval == "pending"
+        and record.approve_after is None
+        and record.approval_reason != "capacity"
+    )
+
+
+def _unchanged(
+    recent: EventRecord,
+    event: ScheduledEvent,
+    envelope: Envelope,
+    pipeline: Pipeline,
+    now: datetime,
+    newcomer: bool,
+) -> bool:
+    """Whether this report needs nothing from the event row, judged from the row as this
+    Store last saw it, without reading it again. Only facts that never change back are
+    relied on: an ended event stays ended (a late reporter gets its own row, nothing
+    else), a decision once made and announced stays so, resources and sets only grow,
+    Started stays Started. A change, a pending claim, a re-decision or a possible
+    approval retry goes the read-and-write way."""
+    if recent.ended:
+        if newcomer:
+            pipeline.store.set_reporter(event.event_id, envelope.vm.name, "", now)
+        return True
+    decision = recent.decision
+    if decision is None or should_redecide(recent, pipeline.settings.policy, now):
+        return False
+    if any(mark != claims.DONE for mark in recent.announced.values()):
+        return False
+    if newcomer and event.affects(envelope.vm.name):
+        # The approval may be waiting for this VM's relay: only a final state is safe.
+        settled = recent.approval in ("approved", "failed") or (
+            recent.approval == "" and decision.action != "approve"
+        )
+        if not settled:
+            return False
+    updated, claimed = report(recent, event, envelope.vm, now)  # a private copy
+    return updated is None and not claimed
 
 
 def _absent(

@@ -6,9 +6,14 @@ says Started (or it is first seen Started: a host failure skips Scheduled), and 
 only when *every* VM that reported it has sent a later document without it (or went
 silent): `completed` if it had started, `cancelled` if it never did.
 
-Two facts never change back, and ingest relies on it to skip reading rows it saw
-before (functions.pipeline.ingest._already_ended_with): an ended event stays ended (a late
-report only adds to `past_reporters`), and `past_reporters` only grows.
+Who reports an event is not in its row: each reporter has its own row in the event's
+partition (functions.store.tables), written by that VM's documents alone, so 200 VMs
+reporting at once never contend for one row; the event row changes only when the event
+does (first report, Started, a new NotBefore, the decision, approval, the end).
+
+Facts that never change back, which ingest relies on to skip reading rows it saw before:
+an ended event stays ended (a late report only adds a past reporter row), a decision once
+made stays made, and `resources` / `scale_sets` / `availability_sets` only grow.
 
 These functions only compute; the caller writes the result under the row's ETag and may
 call them again on a fresh row after losing a race, so they must stay side-effect free.
@@ -20,28 +25,56 @@ from datetime import datetime
 
 from functions.model.envelope import STARTED, ScheduledEvent, VmRef
 from functions.model.event import Transition
-from functions.pipeline.announce import pending_mark
-from functions.store.records import EventRecord
+from functions.store import claims
+from functions.store.records import (
+    MAX_NAME_CHARS,
+    MAX_RESOURCES,
+    MAX_SETS,
+    EventRecord,
+)
+
+
+def _union(
+    items: list[str],
+    values: list[str | None] | tuple[str, ...],
+    cap: int,
+    chars: int = MAX_NAME_CHARS,
+) -> int:
+    """Add the values not already in `items` (case-insensitively), up to `cap` items and
+    `chars` characters in all; returns how many were left out for the caps."""
+    known = {i.casefold() for i in items}
+    used = sum(len(i) for i in items)
+    dropped = 0
+    for value in values:
+        if not value or value.casefold() in known:
+            continue
+        if len(items) >= cap or used + len(value) > chars:
+            dropped += 1
+            continue
+        items.append(value)
+        known.add(value.casefold())
+        used += len(value)
+    return dropped
 
 
 def _add(items: list[str], value: str | None) -> None:
-    if value and value.casefold() not in {i.casefold() for i in items}:
-        items.append(value)
+    """Add one name (case-insensitively new) within the caps (Event Grid's path uses it)."""
+    _union(items, [value], MAX_RESOURCES)
 
 
 def _claim(
     record: EventRecord, transition: Transition, now: datetime, out: list[Transition]
 ) -> None:
-    if transition.value not in record.announced:
-        record.announced[transition.value] = pending_mark(now)
+    if claims.take(record.announced, transition.value, now):
         out.append(transition)
 
 
 def report(
     record: EventRecord | None, event: ScheduledEvent, vm: VmRef, now: datetime
 ) -> tuple[EventRecord | None, list[Transition]]:
-    """A VM's document contains `event`. Returns the new row (None: unchanged) and the
-    transitions this write claims for announcing."""
+    """A VM's document contains `event`. Returns the new event row (None: unchanged) and
+    the transitions this write claims for announcing. The VM's own reporter row is the
+    caller's (functions.pipeline.ingest)."""
     claimed: list[Transition] = []
     if record is None:
         record = EventRecord(
@@ -50,9 +83,8 @@ def report(
             event_status=event.event_status,
             event_source=event.event_source,
             resource_type=event.resource_type,
-            resources=list(event.resources),
             not_before=event.not_before,
-            description=event.description,
+            description=event.description,  # bounded by functions.model.envelope
             duration_in_seconds=event.duration_in_seconds,
             first_seen=now,
         )
@@ -61,18 +93,13 @@ def report(
         before = record.model_dump_json()
         changed = False
     if record.ended:
-        # A late document from a VM after the event ended fleet-wide: remember the VM,
-        # do not reopen the event (it would announce it twice).
-        if vm.name not in record.past_reporters:
-            record.past_reporters.append(vm.name)
-            return record, claimed
+        # A late document from a VM after the event ended fleet-wide: the caller records
+        # the VM as a past reporter; the event is not reopened (it would announce twice).
         return None, claimed
-    record.reporters[vm.name] = event.event_status
-    _add(record.past_reporters, vm.name)
-    for name in event.resources:
-        _add(record.resources, name)
-    _add(record.scale_sets, vm.scale_set)
-    _add(record.availability_sets, vm.availability_set)
+    dropped = _union(record.resources, event.resources, MAX_RESOURCES)
+    record.resources_dropped = max(record.resources_dropped, dropped)
+    _union(record.scale_sets, [vm.scale_set], MAX_SETS)
+    _union(record.availability_sets, [vm.availability_set], MAX_SETS)
     if event.not_before is not None and not record.started:
         record.not_before = event.not_before
     if event.description and not record.description:
@@ -89,19 +116,6 @@ def report(
     if changed or claimed or record.model_dump_json() != before:
         return record, claimed
     return None, claimed
-
-
-def absent(
-    record: EventRecord | None, vm_name: str, now: datetime, why: str = ""
-) -> tuple[EventRecord | None, list[Transition]]:
-    """`vm_name` no longer reports the event (a newer document without it, or silence)."""
-    claimed: list[Transition] = []
-    if record is None or record.ended or vm_name not in record.reporters:
-        return None, claimed
-    del record.reporters[vm_name]
-    if not record.reporters:
-        end(record, now, claimed)
-    return record, claimed
 
 
 def end(record: EventRecord, now: datetime, claimed: list[Transition]) -> None:

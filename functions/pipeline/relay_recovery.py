@@ -19,6 +19,7 @@ from datetime import datetime
 from functions.model.event import Notification, Transition
 from functions.pipeline.announce import STALE_PENDING
 from functions.pipeline.publish import Publisher
+from functions.store import claims
 from functions.store.records import VmRecord
 from functions.store.tables import Store
 
@@ -37,8 +38,9 @@ def claim_recovery(record: VmRecord, now: datetime) -> str | None:
     if mark is None:
         return None
     record.recovery_pending = mark
-    record.recovery_pending_since = now
+    record.recovery_claim = claims.pending(now)
     record.silent_announced_for = None
+    record.silence_claim = ""
     return mark
 
 
@@ -69,8 +71,8 @@ def announce_recovery(
     def change(rec: VmRecord | None) -> VmRecord | None:
         if rec is None or rec.recovery_pending != mark:
             return None
-        rec.recovery_pending = None
-        rec.recovery_pending_since = None
+        rec.recovery_pending = None  # done: the next silence starts afresh
+        rec.recovery_claim = ""
         return rec
 
     store.mutate_vm(vm, change)
@@ -78,7 +80,8 @@ def announce_recovery(
 
 def left_behind(record: VmRecord, now: datetime) -> str | None:
     """A recovery claimed long enough ago that its announcer must have failed."""
-    since = record.recovery_pending_since
-    if record.recovery_pending is None or since is None or now - since < STALE_PENDING:
+    if record.recovery_pending is None:
+        return None
+    if record.recovery_claim and not claims.is_stale(record.recovery_claim, now, STALE_PENDING):
         return None
     return record.recovery_pending

@@ -19,18 +19,16 @@ from functions.pipeline.capacity import (
     release_capacity,
 )
 from functions.pipeline.context import Pipeline
-from functions.pipeline.lifecycle import absent
+from functions.pipeline.lifecycle import end
 from functions.store.records import EventRecord
 from functions.store.tables import Store
 
 
-def already_ended_with(store: Store, event_id: str, vm: str | None) -> bool:
-    """Whether the event is known to have ended (with `vm` among its past reporters):
-    then neither a late report nor an absence changes its row. Taken from the row as this
-    Store last saw it, without a read: ending is final and past reporters are only ever
-    added, so what was true then is true now."""
+def already_ended(store: Store, event_id: str) -> bool:
+    """Whether the event is known to have ended, from the row as this Store last saw it,
+    without a read: ending is final, so what was true then is true now."""
     seen = store.recent_event(event_id)
-    return seen is not None and bool(seen.ended) and (vm is None or vm in seen.past_reporters)
+    return seen is not None and bool(seen.ended)
 
 
 def after_decision(
@@ -92,18 +90,32 @@ def end_event(
     now: datetime,
     detail: str = "",
 ) -> list[Transition]:
-    """End the event for `vm` (it reported without it, or went silent); return the
+    """`vm` no longer reports the event (a later document without it, or silence): its
+    reporter row says so, and if no VM reports it any more the event ends. Returns the
     transitions this call claimed and announced (none if another caller did)."""
     store = pipeline.store
-    if already_ended_with(store, event_id, None):
+    # Own row first, then look for anyone else: of two last reporters leaving at once,
+    # the later query sees both rows, so at least one of them ends the event.
+    store.set_reporter(event_id, vm, "", now)
+    if already_ended(store, event_id) or store.anyone_reports(event_id):
         return []
+    return finish_event(event_id, pipeline, now, detail)
+
+
+def finish_event(
+    event_id: str, pipeline: Pipeline, now: datetime, detail: str = ""
+) -> list[Transition]:
+    """End the event (once: an ETag-guarded claim of `completed` / `cancelled`), free its
+    capacity, announce, then move it from the open index to the ended-on-day index."""
+    store = pipeline.store
     claimed: list[Transition] = []
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         claimed.clear()
-        updated, transitions = absent(rec, vm, now)
-        claimed.extend(transitions)
-        return updated
+        if rec is None or rec.ended:
+            return None
+        end(rec, now, claimed)
+        return rec
 
     record, won = store.mutate_event(event_id, change)
     if not won or record is None or not claimed:
@@ -112,4 +124,7 @@ def end_event(
         release_capacity(store, record)
     details = dict.fromkeys(claimed, detail) if detail else None
     publish_claimed(pipeline, record, claimed, now, details)
+    # After the announcement: an event whose end was not announced stays in the open
+    # index, where the watchdog finds it and announces it.
+    store.close_event(event_id, record.ended_at or now)
     return list(claimed)

@@ -15,18 +15,28 @@ from pydantic import BaseModel, Field
 
 from functions.model.envelope import SCHEDULED, TERMINATE
 from functions.model.event import Notification, Transition
-from functions.pipeline.announce import announce, pending_mark, publish_claimed, stale_pending
-from functions.pipeline.approve import ApprovalResult, approve_event
+from functions.pipeline.announce import STALE_PENDING, announce, publish_claimed, stale_pending
+from functions.pipeline.approve import ApprovalResult, approval_stale_after, approve_event
 from functions.pipeline.capacity import acquire_capacity, needs_capacity
 from functions.pipeline.context import Pipeline
 from functions.pipeline.policy_state import sync_policy_state
 from functions.pipeline.redecide import as_event, redecide, should_redecide
-from functions.pipeline.relay_recovery import announce_recovery, left_behind, silence_occurrence
+from functions.pipeline.relay_recovery import (
+    announce_recovery,
+    claim_recovery,
+    left_behind,
+    silence_occurrence,
+)
 from functions.pipeline.sources.eventgrid_ingest import end_unheard
 from functions.pipeline.transitions import after_decision, end_event
+from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
 
 log = logging.getLogger(__name__)
+
+
+RETENTION_EVENTS_PER_SWEEP = 100  # expired events deleted per sweep (144,000 a day)
+UNLISTED_AFTER = timedelta(minutes=10)  # an open-index row with no event row this old: drop
 
 
 class WatchdogReport(BaseModel):
@@ -35,12 +45,22 @@ class WatchdogReport(BaseModel):
     approvals: list[ApprovalResult] = Field(default_factory=list)
     ended: list[str] = Field(default_factory=list)
     republished: list[str] = Field(default_factory=list)
-    recovered: list[str] = Field(default_factory=list)  # relay_recovered published again
+    recovered: list[str] = Field(default_factory=list)  # relay_recovered published
     redecided: list[str] = Field(default_factory=list)  # fail-closed decisions replaced
+    expired: list[str] = Field(default_factory=list)  # events deleted by retention
+    expired_rejects: int = 0
+    forgotten_vms: list[str] = Field(default_factory=list)  # not heard for RETENTION_DAYS
+    # Table requests the retention deletes took (listing an expired event's rows and the
+    # batch deletes): the sweep's own cost is everything else.
+    retention_requests: int = 0
     policy: str | None = None  # policy_invalid / policy_valid announced for the fleet
 
 
 def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
+    """One sweep. Its Table requests do not grow with the fleet or its history: one
+    filtered query per VM partition returns only VMs due a look (silent, announced silent,
+    recovery pending), one query lists the open events, one range query each finds what
+    retention expires; then point reads of those rows only."""
     now = pipeline.clock.now()
     out = WatchdogReport()
     try:
@@ -48,29 +68,117 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
         out.policy = changed.value if changed else None
     except Exception:  # retried next minute; never stops the sweep
         log.exception("watchdog: policy state")
-    silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
-    vms = {vm.name: vm for vm in pipeline.store.list_vms()}
-    silent = {name for name, vm in vms.items() if _is_silent(vm, now, silent_after)}
-    for name in sorted(silent):
-        if _deleted_by_terminate(pipeline, vms[name]):
-            continue  # a scale-in deleted it: its silence is expected, not an incident
-        if _announce_silence(pipeline, vms[name], now):
-            out.silent.append(name)
-    for name, vm in sorted(vms.items()):
-        mark = left_behind(vm, now)
-        if mark is None:
-            continue
+    silent = _sweep_vms(pipeline, now, out)
+    for event_id, listed_at in pipeline.store.open_events():
         try:
-            announce_recovery(pipeline.store, pipeline.publisher, name, mark, now)
-            out.recovered.append(name)
-        except Exception:
-            log.exception("watchdog: relay_recovered for %s", name)
-    for record in pipeline.store.list_events():
-        try:
+            record = pipeline.store.get_event(event_id)
+            if record is None:
+                if listed_at is None or now - listed_at > UNLISTED_AFTER:
+                    pipeline.store.drop_open(event_id)  # its first write never happened
+                continue
+            if record.ended:
+                _close(pipeline, record, now, out)
+                continue
             _sweep_event(pipeline, record, now, silent, out)
         except Exception:  # one bad row must not stop the sweep of the others
-            log.exception("watchdog: event %s", record.event_id)
+            log.exception("watchdog: event %s", event_id)
+    try:
+        _retention(pipeline, now, out)
+    except Exception:
+        log.exception("watchdog: retention")
     return out
+
+
+def _sweep_vms(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> set[str]:
+    """Silence, recovery after a heartbeat ended a silence, recoveries left unpublished,
+    and VMs not heard for RETENTION_DAYS; returns the names of the silent VMs."""
+    silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
+    forget_before = now - timedelta(days=pipeline.settings.retention_days)
+    silent: set[str] = set()
+    for vm in pipeline.store.vms_due(now - silent_after):
+        try:
+            if vm.last_seen is not None and vm.last_seen < forget_before:
+                pipeline.store.delete_vm(vm.name)
+                out.retention_requests += 1
+                out.forgotten_vms.append(vm.name)
+                continue
+            if _is_silent(vm, now, silent_after):
+                silent.add(vm.name)
+                if not _silence_pending(vm, now) or _deleted_by_terminate(pipeline, vm):
+                    continue  # announced already, or a scale-in deleted it (expected)
+                if _announce_silence(pipeline, vm, now):
+                    out.silent.append(vm.name)
+                continue
+            if vm.silent_announced_for is not None:
+                # Heard again through a heartbeat (which writes without reading): the
+                # silence ends here, claimed in the VM row like ingest claims it.
+                if _claim_recovery(pipeline, vm.name, now):
+                    out.recovered.append(vm.name)
+                continue
+            mark = left_behind(vm, now)
+            if mark is not None:
+                announce_recovery(pipeline.store, pipeline.publisher, vm.name, mark, now)
+                out.recovered.append(vm.name)
+        except Exception:
+            log.exception("watchdog: VM %s", vm.name)
+    return silent
+
+
+def _mark(vm: VmRecord) -> str | None:
+    return vm.last_seen.isoformat() if vm.last_seen else None
+
+
+def _claim_recovery(pipeline: Pipeline, name: str, now: datetime) -> bool:
+    claimed: list[str] = []
+
+    def change(rec: VmRecord | None) -> VmRecord | None:
+        claimed.clear()
+        if rec is None or rec.silent_announced_for is None:
+            return None
+        if rec.silent_announced_for == _mark(rec):
+            return None  # not heard since the silence after all
+        mark = claim_recovery(rec, now)
+        if mark is not None:
+            claimed.append(mark)
+        return rec
+
+    _, won = pipeline.store.mutate_vm(name, change)
+    if not won or not claimed:
+        return False
+    announce_recovery(pipeline.store, pipeline.publisher, name, claimed[0], now)
+    return True
+
+
+def _close(pipeline: Pipeline, record: EventRecord, now: datetime, out: WatchdogReport) -> None:
+    """An ended event still in the open index: its end announcement failed or was cut
+    short. Announce it (once), then move it to the ended-on-day index."""
+    transition = Transition.COMPLETED if record.ended == "completed" else Transition.CANCELLED
+    stale = stale_pending(record, now)
+    if stale:
+        publish_claimed(pipeline, record, stale, now)
+        out.republished.extend(f"{record.event_id}:{t.value}" for t in stale)
+    elif transition.value not in record.announced:
+        if announce(pipeline, record.event_id, transition, now):
+            out.republished.append(f"{record.event_id}:{transition.value}")
+    elif record.announced[transition.value] != claims.DONE:
+        return  # being announced right now: close it on a later sweep
+    pipeline.store.close_event(record.event_id, record.ended_at or now)
+
+
+def _retention(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> None:
+    """Delete what ended (events, with reporter and audit rows) or was rejected more than
+    RETENTION_DAYS ago: found by range queries over day-named partitions, so the work is
+    what expires, never a scan of what is kept."""
+    store = pipeline.store
+    day = (now - timedelta(days=pipeline.settings.retention_days)).strftime("%Y-%m-%d")
+    expired = store.expired_events(day, RETENTION_EVENTS_PER_SWEEP)
+    if expired:
+        out.retention_requests += store.delete_events(expired)
+        out.expired.extend(event_id for _, event_id in expired)
+    rejects = store.expired_rejects(day)
+    if rejects:
+        out.retention_requests += store.delete_rejects(rejects)
+        out.expired_rejects = len(rejects)
 
 
 def _is_silent(vm: VmRecord, now: datetime, silent_after: timedelta) -> bool:
@@ -90,15 +198,24 @@ def _deleted_by_terminate(pipeline: Pipeline, vm: VmRecord) -> bool:
     return False
 
 
+def _silence_pending(vm: VmRecord, now: datetime) -> bool:
+    """This silence still needs announcing: not claimed yet, or its claim went stale."""
+    return vm.silent_announced_for != _mark(vm) or claims.is_stale(
+        vm.silence_claim, now, STALE_PENDING
+    )
+
+
 def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime) -> bool:
-    """Once per silence: the claim is the last_seen it was announced for."""
+    """Once per silence (functions.store.claims): the claim names the last_seen it is for,
+    is marked done after the publish, released if the publish fails, redone if stale."""
     assert vm.last_seen is not None
     mark = vm.last_seen.isoformat()
 
     def change(rec: VmRecord | None) -> VmRecord | None:
-        if rec is None or rec.silent_announced_for == mark or rec.last_seen != vm.last_seen:
+        if rec is None or rec.last_seen != vm.last_seen or not _silence_pending(rec, now):
             return None
         rec.silent_announced_for = mark
+        rec.silence_claim = claims.pending(now)
         return rec
 
     _, won = pipeline.store.mutate_vm(vm.name, change)
@@ -116,16 +233,21 @@ def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime) -> bool:
     try:
         pipeline.publisher.publish(note)
     except Exception:
-        pipeline.store.mutate_vm(vm.name, _unmark(mark))
+        pipeline.store.mutate_vm(vm.name, _settle(mark, done=False))
         raise
+    pipeline.store.mutate_vm(vm.name, _settle(mark, done=True))
     return True
 
 
-def _unmark(mark: str):
+def _settle(mark: str, *, done: bool):
     def change(rec: VmRecord | None) -> VmRecord | None:
         if rec is None or rec.silent_announced_for != mark:
             return None
-        rec.silent_announced_for = None
+        if done:
+            rec.silence_claim = claims.DONE
+        else:
+            rec.silent_announced_for = None
+            rec.silence_claim = ""
         return rec
 
     return change
@@ -158,21 +280,22 @@ def _sweep_event(
     if outcome is not None and announce(pipeline, record.event_id, outcome, now):
         out.republished.append(f"{record.event_id}:{outcome.value}")
     # 2. Every reporter silent, and the event is past its start: it ended without word.
-    if record.reporters and all(vm in silent for vm in record.reporters):
-        past = record.started or (record.not_before is not None and now >= record.not_before)
-        if past:
-            for vm in list(record.reporters):
-                end_event(
-                    record.event_id,
-                    vm,
-                    pipeline,
-                    now,
-                    detail="every VM that reported it went silent",
-                )
-            out.ended.append(record.event_id)
-            return
+    past = record.started or (record.not_before is not None and now >= record.not_before)
+    if (past and silent) or record.arm_resource:
+        pipeline.store.load_reporters(record)  # one query, only when it can matter
+    if past and record.reporters and all(vm in silent for vm in record.reporters):
+        for vm in list(record.reporters):
+            end_event(
+                record.event_id,
+                vm,
+                pipeline,
+                now,
+                detail="every VM that reported it went silent",
+            )
+        out.ended.append(record.event_id)
+        return
     # 2b. Only Event Grid reported it, and its end never came (dead-lettered): end it.
-    if end_unheard(record, pipeline, now):
+    if not record.past_reporters and end_unheard(record, pipeline, now):
         out.ended.append(record.event_id)
         return
     # 3. It failed closed on an invalid policy, and the policy here is valid: decide again.
@@ -224,7 +347,7 @@ def _redecide(pipeline: Pipeline, record: EventRecord, now: datetime, out: Watch
         if rec is None or not should_redecide(rec, load, now):
             return None
         redecide(rec, as_event(rec), load, now)
-        rec.announced[Transition.DECIDED.value] = pending_mark(now)
+        claims.take(rec.announced, Transition.DECIDED.value, now)
         return rec
 
     store = pipeline.store
@@ -243,11 +366,8 @@ def _deferred_approval(
 ) -> ApprovalResult | None:
     if record.ended or record.started or record.decision is None:
         return None
-    stale_claim = (
-        record.approval == "in_progress"
-        and record.approval_claimed_at is not None
-        and now - record.approval_claimed_at
-        > timedelta(seconds=pipeline.settings.approval_budget_seconds + 60)
+    stale_claim = record.approval == "in_progress" and claims.is_stale(
+        record.approval_claim, now, approval_stale_after(pipeline.settings)
     )
     if record.approval != "pending" and not stale_claim:
         return None

@@ -1,7 +1,9 @@
 """Table storage: the fleet's state between messages.
 
 `records` are the rows (VMs, events, capacity slots), `tables` reads and writes them with
-ETags so concurrent invocations agree, `keys` turns names into keys one-to-one, `drains`
+ETags so concurrent invocations agree and lays them out so no partition holds the fleet,
+`keys` turns names into keys one-to-one, `claims` is the one "claim, act, mark done, redo
+if stale" encoding for everything done once fleet-wide, `drains`
 keeps the terminate workflow's step rows, `deliveries` what each channel posted (or
 refused for good) per announcement. Nothing above this package talks to Azure
 Tables directly.

@@ -38,3 +38,22 @@ def table_key(text: str, *, fold: bool = False) -> str:
 def row_key(text: str) -> str:
     """The case-folded key used for VM names and EventIds."""
     return table_key(text, fold=True)
+
+
+# Partitions that hold indexes rather than one VM's or one event's rows start with "%"
+# followed by a lower-case letter: `table_key` never produces that (it writes "%" only as
+# "%25" or "%XX" with upper-case hex digits), so no VM name or EventId can land in one.
+def reserved(name: str) -> str:
+    """The key of an index partition (`%open`, `%due|3`, ...), apart from every name's key."""
+    assert name[:1].islower(), name
+    return f"%{name}"
+
+
+VM_BUCKETS = 8  # VM rows spread over this many partitions; see functions/README.md
+
+
+def vm_partition(name: str) -> str:
+    """A VM's partition: a stable hash bucket of its key, so no partition holds the fleet
+    and a batch of heartbeats groups into at most VM_BUCKETS transactions."""
+    digest = hashlib.sha256(row_key(name).encode("utf-8", "surrogatepass")).digest()
+    return f"vm{int.from_bytes(digest[:4], 'big') % VM_BUCKETS:02d}"

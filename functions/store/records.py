@@ -8,11 +8,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from functions.model.event import Decision, EventSnapshot
 
 MAX_ATTEMPTS_KEPT = 50
+MAX_TEXT = 2000  # Description, reasons: far below the 64 KiB property limit
+MAX_OUTCOME = 300  # one approval attempt's outcome text
+MAX_RESOURCES = 2000  # VM names kept on an event row (IMDS names far fewer per event)
+MAX_SETS = 200  # scale sets / availability sets kept on an event row
+MAX_NAME_CHARS = 150_000  # characters of names in one such list (the row stays < 1 MiB)
+MAX_REPORTED_BY = 100  # names in a notification's ReportedBy (Resources has them all)
 
 ApprovalState = Literal["", "pending", "in_progress", "approved", "failed"]
 EndState = Literal["", "completed", "cancelled"]
@@ -36,12 +42,16 @@ class VmRecord(Record):
     resource_id: str | None = None
     relay_version: str | None = None
     event_ids: list[str] = Field(default_factory=list)  # in its latest document
+    # EventId (case-folded) -> the status this VM last reported, so a document that
+    # repeats it writes no reporter row again.
+    event_statuses: dict[str, str] = Field(default_factory=dict)
     silent_announced_for: str | None = None  # the last_seen whose silence was announced
+    silence_claim: str = ""  # its announcement's claim (functions.store.claims)
     # The silence (its `silent_announced_for`) whose end is being announced as
-    # relay_recovered, and since when; cleared once published (the watchdog republishes
-    # one left behind by a crash).
+    # relay_recovered, and that announcement's claim; cleared once published (the watchdog
+    # republishes one left behind by a crash).
     recovery_pending: str | None = None
-    recovery_pending_since: AwareDatetime | None = None
+    recovery_claim: str = ""
 
 
 class Attempt(BaseModel):
@@ -49,6 +59,11 @@ class Attempt(BaseModel):
     vm: str | None
     outcome: str  # "approved", "refused 409: ...", "error: ...", "503"
     by: str = "policy"
+
+    @field_validator("outcome", "by")
+    @classmethod
+    def _bounded(cls, value: str) -> str:
+        return clip(value, MAX_OUTCOME)
 
 
 class EventRecord(Record):
@@ -65,8 +80,11 @@ class EventRecord(Record):
     availability_sets: list[str] = Field(default_factory=list)
     first_seen: AwareDatetime
     started: bool = False
-    reporters: dict[str, str] = Field(default_factory=dict)  # VM -> status it last reported
-    past_reporters: list[str] = Field(default_factory=list)
+    # Not stored in the event row: each reporter is its own row in the event's partition
+    # (functions.store.tables), filled in by `Store.load_reporters` when needed.
+    reporters: dict[str, str] = Field(default_factory=dict, exclude=True)  # VM -> status
+    past_reporters: list[str] = Field(default_factory=list, exclude=True)
+    resources_dropped: int = 0  # names beyond MAX_RESOURCES, not kept
     ended: EndState = ""
     ended_at: AwareDatetime | None = None
     decision: Decision | None = None
@@ -76,7 +94,8 @@ class EventRecord(Record):
     redecided_at: AwareDatetime | None = None
     approval: ApprovalState = ""
     approval_reason: str = ""
-    approval_claimed_at: AwareDatetime | None = None
+    # The claim (functions.store.claims) of whoever is approving it right now.
+    approval_claim: str = ""
     approve_after: AwareDatetime | None = None
     approved_by: str | None = None
     approval_attempts: list[Attempt] = Field(default_factory=list)
@@ -85,6 +104,11 @@ class EventRecord(Record):
     # ARM id of the VM / scale set / availability set that owns the event, as Event Grid
     # named it (functions.pipeline.sources): where the ARM approver acknowledges it.
     arm_resource: str | None = None
+
+    @field_validator("approval_reason")
+    @classmethod
+    def _short_reason(cls, value: str) -> str:
+        return clip(value, MAX_TEXT)
 
     def snapshot(self) -> EventSnapshot:
         return EventSnapshot(
@@ -99,9 +123,13 @@ class EventRecord(Record):
             duration_in_seconds=self.duration_in_seconds,
             scale_sets=tuple(self.scale_sets),
             availability_sets=tuple(self.availability_sets),
-            reported_by=tuple(sorted({*self.past_reporters, *self.reporters})),
+            reported_by=tuple(sorted({*self.past_reporters, *self.reporters}))[:MAX_REPORTED_BY],
             first_seen=self.first_seen,
         )
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class CapacityRecord(Record):

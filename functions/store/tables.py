@@ -34,7 +34,7 @@ from azure.core.exceptions import (
 from azure.core.pipeline.transport import RequestsTransport
 from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 
-from functions.store.keys import row_key
+from functions.store.keys import VM_BUCKETS, reserved, row_key, vm_partition
 from functions.store.records import (
     CapacityRecord,
     EventRecord,
@@ -44,10 +44,27 @@ from functions.store.records import (
 
 log = logging.getLogger(__name__)
 
-VM_PARTITION = "vm"
-EVENT_PARTITION = "event"
-CAPACITY_PARTITION = "capacity"
+EVENT_ROW = "event"  # in an event's partition: its lifecycle, decision, approval
+REPORTER = "r|"  # in an event's partition: one row per reporting VM, "r|<vm key>"
+OPEN_EVENTS = reserved("open")  # events table: one row per event not ended yet
+CLAIMS = reserved("once")  # events table: fleet-wide "first one wins" markers
 RECENT_EVENT_ROWS = 1024  # event rows a Store remembers as the start of its next write
+CHUNK_CHARS = 30_000  # UTF-16 units in one string property: 60 KB, under the 64 KiB limit
+MAX_CHUNKS = 15  # a row's JSON at most 450,000 UTF-16 units (900 KB): under the 1 MiB entity
+BATCH = 100  # operations per entity group transaction (the service's limit)
+
+
+def ended_partition(day: str) -> str:
+    """Events table: the events that ended on `day` (YYYY-MM-DD), for retention."""
+    return reserved(f"ended|{day}")
+
+
+def capacity_partition(key: str) -> str:
+    return reserved("cap|" + row_key(key))
+
+
+class RowTooLarge(ValueError):
+    """A record would not fit a Table row; the caller records why instead of failing."""
 
 
 def utf16_prefix(text: str, units: int) -> str:
@@ -105,8 +122,58 @@ def _copy(record: R) -> R:
     return copied
 
 
+def _chunks(text: str) -> dict[str, str]:
+    """The record's JSON as `data`, `data1`, ... so no one property nears 64 KiB. Table
+    storage counts UTF-16 units (a character beyond U+FFFF takes two), and so do we."""
+    units = len(text) if text.isascii() else len(text.encode("utf-16-le", "replace")) // 2
+    if units > CHUNK_CHARS * MAX_CHUNKS:
+        raise RowTooLarge(f"row of {units} UTF-16 units exceeds {CHUNK_CHARS * MAX_CHUNKS}")
+    if text.isascii():
+        parts = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
+    else:
+        parts, current, used = [], [], 0
+        for ch in text:
+            width = 2 if ord(ch) > 0xFFFF else 1
+            if used + width > CHUNK_CHARS:
+                parts.append("".join(current))
+                current, used = [], 0
+            current.append(ch)
+            used += width
+        parts.append("".join(current))
+    return {("data" if n == 0 else f"data{n}"): part for n, part in enumerate(parts)}
+
+
+def _unchunk(entity: Any) -> str | None:
+    if "data" not in entity:
+        return None
+    parts = [entity["data"]]
+    n = 1
+    while f"data{n}" in entity:
+        parts.append(entity[f"data{n}"])
+        n += 1
+    return "".join(parts)
+
+
+def _in_batches(ops: list[Any]) -> Iterator[list[Any]]:
+    for start in range(0, len(ops), BATCH):
+        yield ops[start : start + BATCH]
+
+
 class Store:
-    """All state the function app keeps. Thread-safe to share; cheap to create per thread."""
+    """All state the function app keeps. Thread-safe to share; cheap to create per thread.
+
+    Layout (functions/README.md, "What is stored", has the why):
+    - `{prefix}vms`: a VM's row in partition `vm00`..`vm07` (hash of its name), RowKey =
+      its name's key. Document state is JSON in `data`; liveness is in plain columns
+      (`seen`, `callback_url`, `relay_version`) that a heartbeat merges without reading.
+    - `{prefix}events`: each event is its own partition (PartitionKey = EventId's key):
+      RowKey `event` holds the lifecycle, decision, approval and announcements; RowKey
+      `r|<vm>` is one reporter, written by that reporter alone. Index partitions: `%open`
+      (events not ended), `%ended|<day>` (for retention), `%cap|<set>` (capacity slots),
+      `%once` (fleet-wide markers).
+    - `{prefix}audit`: PartitionKey = EventId's key (deleted with its event).
+    - `{prefix}rejected`: PartitionKey = day.
+    """
 
     def __init__(self, service: TableServiceClient, prefix: str = "sebridge") -> None:
         self.service = service
@@ -149,7 +216,10 @@ class Store:
 
     @staticmethod
     def _load(model: type[R], entity: Any) -> R:
-        record = model.model_validate_json(entity["data"])
+        text = _unchunk(entity)
+        record = model.model_validate_json(text) if text is not None else None
+        if record is None:
+            raise ValueError(f"row {entity.get('RowKey')} has no data")
         record.etag = entity.metadata.get("etag")
         return record
 
@@ -162,7 +232,7 @@ class Store:
 
     @staticmethod
     def _entity(pk: str, rk: str, record: Record, extra: dict[str, Any]) -> dict[str, Any]:
-        return {"PartitionKey": pk, "RowKey": rk, "data": record.model_dump_json(), **extra}
+        return {"PartitionKey": pk, "RowKey": rk, **_chunks(record.model_dump_json()), **extra}
 
     def _insert(self, table: TableClient, pk: str, rk: str, record: R, extra: dict) -> bool:
         """Conditional insert: True if this call created the row, False if it existed."""
@@ -193,6 +263,7 @@ class Store:
         extra: Callable[[R], dict[str, Any]],
         attempts: int = 120,
         known: R | None = UNREAD,
+        load: Callable[[Any], R] | None = None,
     ) -> tuple[R | None, bool]:
         """Optimistic read-modify-write. `change` gets the current row (or None) and returns
         the new row, or None for "nothing to change". It may run several times, so it must
@@ -205,9 +276,18 @@ class Store:
         "nothing to change" computed from `known` is checked against a fresh read too."""
         if known is not None and known is not UNREAD and known.etag is None:
             known = UNREAD  # built, not read: no ETag to guard a write with
+
+        def read() -> R | None:
+            if load is None:
+                return self._get(table, model, pk, rk)
+            try:
+                return load(table.get_entity(pk, rk))
+            except ResourceNotFoundError:
+                return None
+
         for attempt in range(attempts):
             unverified = attempt == 0 and known is not UNREAD
-            current = known if unverified else self._get(table, model, pk, rk)
+            current = known if unverified else read()
             snapshot = _copy(current) if current is not None else None
             updated = change(snapshot)
             if updated is None:
@@ -236,10 +316,67 @@ class Store:
                 time.sleep(random.uniform(0, min(0.2, 0.005 * (2**attempt))))  # noqa: S311
         raise ConflictError(f"{table.table_name}/{rk} kept changing; gave up after {attempts}")
 
+    def _delete_rows(self, table: TableClient, keys: list[tuple[str, str]]) -> int:
+        """Delete rows, one transaction per partition and 100 rows; returns requests made."""
+        by_partition: dict[str, list[str]] = {}
+        for pk, rk in keys:
+            by_partition.setdefault(pk, []).append(rk)
+        requests_made = 0
+        for pk, rks in by_partition.items():
+            for chunk in _in_batches(rks):
+                ops = [("delete", {"PartitionKey": pk, "RowKey": rk}) for rk in chunk]
+                requests_made += 1
+                try:
+                    table.submit_transaction(ops)
+                except Exception:  # one row gone already fails the batch: go one by one
+                    for rk in chunk:
+                        requests_made += 1
+                        with contextlib.suppress(ResourceNotFoundError):
+                            table.delete_entity(pk, rk)
+        return requests_made
+
     # ------------------------------------------------------------------ VMs
 
+    @staticmethod
+    def _load_vm(entity: Any) -> VmRecord:
+        """Document state from `data`, overlaid with the liveness columns heartbeats merge."""
+        text = _unchunk(entity)
+        record = (
+            VmRecord.model_validate_json(text)
+            if text is not None
+            else VmRecord(name=str(entity.get("name") or entity["RowKey"]))
+        )
+        seen = entity.get("seen")
+        if isinstance(seen, datetime) and (record.last_seen is None or seen > record.last_seen):
+            record.last_seen = seen
+        if entity.get("callback_url"):
+            record.callback_url = entity["callback_url"]
+        if entity.get("relay_version"):
+            record.relay_version = entity["relay_version"]
+        record.etag = entity.metadata.get("etag")
+        return record
+
+    @staticmethod
+    def _vm_columns(record: VmRecord) -> dict[str, Any]:
+        columns: dict[str, Any] = {
+            "name": record.name,
+            "silent": record.silent_announced_for is not None,
+            "recovering": record.recovery_pending is not None,
+        }
+        if record.last_seen is not None:
+            columns["seen"] = record.last_seen
+        if record.callback_url:
+            columns["callback_url"] = record.callback_url
+        if record.relay_version:
+            columns["relay_version"] = record.relay_version
+        return columns
+
     def get_vm(self, name: str) -> VmRecord | None:
-        return self._get(self.vms, VmRecord, VM_PARTITION, row_key(name))
+        try:
+            entity = self.vms.get_entity(vm_partition(name), row_key(name))
+        except ResourceNotFoundError:
+            return None
+        return self._load_vm(entity)
 
     def mutate_vm(
         self,
@@ -250,24 +387,165 @@ class Store:
         return self._mutate(
             self.vms,
             VmRecord,
-            VM_PARTITION,
+            vm_partition(name),
             row_key(name),
             change,
-            lambda r: {"name": r.name},
+            self._vm_columns,
             known=known,
+            load=self._load_vm,
         )
 
+    def heard(self, beats: list[tuple[str, datetime, str | None, str | None]]) -> int:
+        """Liveness of many VMs at once: (name, seen, callback_url, relay_version) each.
+
+        A merge, never a read or a replace, so it cannot undo a document's write; one
+        transaction per VM partition (at most VM_BUCKETS per 100 VMs). Returns requests."""
+        latest: dict[str, tuple[str, datetime, str | None, str | None]] = {}
+        for beat in beats:
+            key = row_key(beat[0])
+            if key not in latest or beat[1] >= latest[key][1]:
+                latest[key] = beat
+        by_partition: dict[str, list[dict[str, Any]]] = {}
+        for key, (name, seen, callback_url, relay_version) in latest.items():
+            entity: dict[str, Any] = {
+                "PartitionKey": vm_partition(name),
+                "RowKey": key,
+                "name": name,
+                "seen": seen,
+            }
+            if callback_url:
+                entity["callback_url"] = callback_url
+            if relay_version:
+                entity["relay_version"] = relay_version
+            by_partition.setdefault(entity["PartitionKey"], []).append(entity)
+        made = 0
+        for entities in by_partition.values():
+            for chunk in _in_batches(entities):
+                ops = [("upsert", e, {"mode": UpdateMode.MERGE}) for e in chunk]
+                self.vms.submit_transaction(ops)
+                made += 1
+        return made
+
+    def vms_due(self, silent_before: datetime) -> Iterator[VmRecord]:
+        """VMs not heard since `silent_before`, or announced silent, or with a recovery
+        announcement pending: one filtered query per VM partition, whatever the fleet."""
+        query = "PartitionKey eq @pk and (seen lt @cutoff or silent eq true or recovering eq true)"
+        for bucket in range(VM_BUCKETS):
+            rows = self.vms.query_entities(
+                query, parameters={"pk": f"vm{bucket:02d}", "cutoff": silent_before}
+            )
+            for row in rows:
+                yield self._load_vm(row)
+
+    def delete_vm(self, name: str) -> None:
+        with contextlib.suppress(ResourceNotFoundError):
+            self.vms.delete_entity(vm_partition(name), row_key(name))
+
     def list_vms(self) -> list[VmRecord]:
-        rows = self.vms.query_entities("PartitionKey eq @pk", parameters={"pk": VM_PARTITION})
-        return [self._load(VmRecord, row) for row in rows]
+        """Every VM (for tools and tests; the function app never lists the fleet)."""
+        rows = self.vms.query_entities("PartitionKey ge 'vm' and PartitionKey lt 'vn'")
+        return [self._load_vm(row) for row in rows]
 
     # ------------------------------------------------------------------ events
 
-    def get_event(self, event_id: str) -> EventRecord | None:
+    @staticmethod
+    def _event_columns(r: EventRecord) -> dict[str, Any]:
+        return {
+            "EventId": r.event_id,
+            "EventType": r.event_type,
+            "EventStatus": r.event_status,
+            "ended": r.ended,
+            "action": r.decision.action if r.decision else "",
+            "approval": r.approval,
+        }
+
+    def get_event(self, event_id: str, *, reporters: bool = False) -> EventRecord | None:
+        """The event row (one point read); `reporters=True` also reads its reporter rows."""
         rk = row_key(event_id)
-        record = self._get(self.events, EventRecord, EVENT_PARTITION, rk)
+        record = self._get(self.events, EventRecord, rk, EVENT_ROW)
         self._note_event(rk, record)
+        if record is not None and reporters:
+            self.load_reporters(record)
         return record
+
+    def load_reporters(self, record: EventRecord) -> EventRecord:
+        """Fill `reporters` (VM -> status, those still reporting it) and `past_reporters`
+        (every VM that ever did) from the event's reporter rows: one partition query."""
+        rows = self.events.query_entities(
+            "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi",
+            parameters={"pk": row_key(record.event_id), "lo": REPORTER, "hi": "r}"},
+            select=["vm", "status"],
+        )
+        present: dict[str, str] = {}
+        everyone: list[str] = []
+        for row in rows:
+            everyone.append(row["vm"])
+            if row.get("status"):
+                present[row["vm"]] = row["status"]
+        record.reporters = present
+        record.past_reporters = everyone
+        return record
+
+    def set_reporter(self, event_id: str, vm: str, status: str, at: datetime) -> None:
+        """This VM's own row in the event's partition: status "" = it no longer reports it.
+        Only that VM's documents write it (one session each), so a blind upsert is safe."""
+        self.events.upsert_entity(
+            {
+                "PartitionKey": row_key(event_id),
+                "RowKey": REPORTER + row_key(vm),
+                "vm": vm,
+                "status": status,
+                "at": at,
+            },
+            mode=UpdateMode.REPLACE,
+        )
+
+    def anyone_reports(self, event_id: str) -> bool:
+        """Whether any VM still reports the event: one query that stops at the first."""
+        rows = self.events.query_entities(
+            "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi and status ne ''",
+            parameters={"pk": row_key(event_id), "lo": REPORTER, "hi": "r}"},
+            select=["RowKey"],
+            results_per_page=1,
+        )
+        return next(iter(rows), None) is not None
+
+    def open_event(self, event_id: str, now: datetime) -> None:
+        """List the event in the open index (before its row exists: never a row unlisted)."""
+        self.events.upsert_entity(
+            {
+                "PartitionKey": OPEN_EVENTS,
+                "RowKey": row_key(event_id),
+                "EventId": event_id,
+                "at": now,
+            },
+            mode=UpdateMode.REPLACE,
+        )
+
+    def close_event(self, event_id: str, ended_at: datetime) -> None:
+        """Move an ended event from the open index to the day it ended (for retention)."""
+        day = ended_at.strftime("%Y-%m-%d")
+        self.events.upsert_entity(
+            {
+                "PartitionKey": ended_partition(day),
+                "RowKey": row_key(event_id),
+                "EventId": event_id,
+            },
+            mode=UpdateMode.REPLACE,
+        )
+        with contextlib.suppress(ResourceNotFoundError):
+            self.events.delete_entity(OPEN_EVENTS, row_key(event_id))
+
+    def open_events(self) -> list[tuple[str, datetime | None]]:
+        """(EventId, listed at) of every event not ended: one query of the small index."""
+        rows = self.events.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": OPEN_EVENTS}, select=["EventId", "at"]
+        )
+        return [(row["EventId"], row.get("at")) for row in rows]
+
+    def drop_open(self, event_id: str) -> None:
+        with contextlib.suppress(ResourceNotFoundError):
+            self.events.delete_entity(OPEN_EVENTS, row_key(event_id))
 
     def _note_event(self, rk: str, record: EventRecord | None) -> None:
         """Remember the event row as last read or written here, with its ETag."""
@@ -283,7 +561,7 @@ class Store:
     def recent_event(self, event_id: str) -> EventRecord | None:
         """The event row as this Store last read or wrote it, if remembered: unverified, so
         only facts that never change back may be taken from it (see lifecycle: an ended
-        event stays ended, and `past_reporters` only grows)."""
+        event stays ended, a decision once made stays made)."""
         recalled = self._recall_event(row_key(event_id))
         return None if recalled is UNREAD else recalled
 
@@ -308,27 +586,56 @@ class Store:
         if known is UNREAD:
             known = self._recall_event(rk)
         record, won = self._mutate(
-            self.events,
-            EventRecord,
-            EVENT_PARTITION,
-            rk,
-            change,
-            lambda r: {
-                "EventType": r.event_type,
-                "EventStatus": r.event_status,
-                "ended": r.ended,
-                "action": r.decision.action if r.decision else "",
-                "approval": r.approval,
-            },
-            known=known,
+            self.events, EventRecord, rk, EVENT_ROW, change, self._event_columns, known=known
         )
         self._note_event(rk, record)
         return record, won
 
     def list_events(self, include_ended: bool = False) -> list[EventRecord]:
-        query = "PartitionKey eq @pk" + ("" if include_ended else " and ended eq ''")
-        rows = self.events.query_entities(query, parameters={"pk": EVENT_PARTITION})
-        return [self._load(EventRecord, row) for row in rows]
+        """Events not ended (the open index, then each row), or with `include_ended` every
+        event row still kept (a scan: for the status page's `?all=true` only)."""
+        if include_ended:
+            rows = self.events.query_entities("RowKey eq @rk", parameters={"rk": EVENT_ROW})
+            return [self._load(EventRecord, row) for row in rows]
+        found = []
+        for event_id, _ in self.open_events():
+            record = self.get_event(event_id)
+            if record is not None and not record.ended:
+                found.append(record)
+        return found
+
+    def expired_events(self, before_day: str, limit: int) -> list[tuple[str, str]]:
+        """(day, EventId) of events that ended before `before_day`: one range query over
+        the ended-on-day partitions, which after deletion hold only what expires next."""
+        rows = self.events.query_entities(
+            "PartitionKey ge @lo and PartitionKey lt @hi",
+            parameters={"lo": ended_partition(""), "hi": ended_partition(before_day)},
+            select=["PartitionKey", "EventId"],
+            results_per_page=min(limit, 1000),
+        )
+        out: list[tuple[str, str]] = []
+        for row in rows:
+            out.append((row["PartitionKey"], row["EventId"]))
+            if len(out) >= limit:
+                break
+        return out
+
+    def delete_events(self, expired: list[tuple[str, str]]) -> int:
+        """Expired events: each one's rows (event, reporters), its audit rows, and then
+        the index rows naming them (in batches). Returns the Table requests it took."""
+        made = 0
+        for _, event_id in expired:
+            pk = row_key(event_id)
+            for table in (self.events, self.audit_table):
+                rows = table.query_entities(
+                    "PartitionKey eq @pk", parameters={"pk": pk}, select=["RowKey"]
+                )
+                keys = [(pk, row["RowKey"]) for row in rows]
+                made += 1 + self._delete_rows(table, keys)
+            with self._recent_lock:
+                self._recent_events.pop(pk, None)
+        made += self._delete_rows(self.events, [(day, row_key(e)) for day, e in expired])
+        return made
 
     # ------------------------------------------------------------------ capacity
 
@@ -338,23 +645,28 @@ class Store:
         return self._mutate(
             self.events,
             CapacityRecord,
-            CAPACITY_PARTITION,
-            row_key(key),
+            capacity_partition(key),
+            "slots",
             change,
-            lambda r: {"holders": ",".join(r.holders)},
+            lambda r: {"holders": ",".join(r.holders)[:1000]},
         )
 
     def get_capacity(self, key: str) -> CapacityRecord | None:
-        return self._get(self.events, CapacityRecord, CAPACITY_PARTITION, row_key(key))
+        return self._get(self.events, CapacityRecord, capacity_partition(key), "slots")
 
     def claim_once(self, key: str, now: datetime) -> bool:
         """A fleet-wide "first one wins" marker (e.g. one announcement per policy error)."""
-        entity = {"PartitionKey": "once", "RowKey": row_key(key), "at": now.isoformat()}
+        entity = {"PartitionKey": CLAIMS, "RowKey": row_key(key), "at": now.isoformat()}
         try:
             self.events.create_entity(entity)
         except ResourceExistsError:
             return False
         return True
+
+    def forget_once(self, key: str) -> None:
+        """Undo a `claim_once` whose act failed, so the next delivery claims it again."""
+        with contextlib.suppress(ResourceNotFoundError):
+            self.events.delete_entity(CLAIMS, row_key(key))
 
     # ------------------------------------------------------------------ audit, rejects
 
@@ -369,17 +681,18 @@ class Store:
         detail: str = "",
         by: str = "policy",
     ) -> None:
-        """One row per decision or approval outcome; partitioned by event for easy reading."""
+        """One row per decision or approval outcome, in the event's partition (so it is
+        read with the event and deleted with it)."""
         self.audit_table.create_entity(
             {
                 "PartitionKey": row_key(event_id),
                 # Wall-clock nanoseconds break ties between rows written in one (injected) instant.
                 "RowKey": f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{time.time_ns():020d}-"
                 f"{uuid.uuid4().hex[:6]}",
-                "EventId": event_id,
-                "rule": rule,
-                "action": action,
-                "outcome": outcome,
+                "EventId": event_id[:1000],
+                "rule": rule[:1000],
+                "action": action[:100],
+                "outcome": outcome[:1000],
                 "detail": detail[:4000],
                 "by": by[:200],
                 "time": at,
@@ -411,3 +724,15 @@ class Store:
     def rejected_rows(self) -> Iterator[dict[str, Any]]:
         for row in self.rejected.list_entities():
             yield dict(row)
+
+    def expired_rejects(self, before_day: str) -> list[tuple[str, str]]:
+        """Rejected rows of days before `before_day`: a range query over old days only."""
+        rows = self.rejected.query_entities(
+            "PartitionKey lt @day",
+            parameters={"day": before_day},
+            select=["PartitionKey", "RowKey"],
+        )
+        return [(row["PartitionKey"], row["RowKey"]) for row in rows]
+
+    def delete_rejects(self, keys: list[tuple[str, str]]) -> int:
+        return self._delete_rows(self.rejected, keys)

@@ -19,6 +19,7 @@ import requests
 from functions import telemetry
 from functions.clock import SystemClock
 from functions.pipeline.context import Pipeline
+from functions.pipeline.heartbeats import ingest_heartbeats
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import ServiceBusPublisher
 from functions.pipeline.watchdog import run_watchdog
@@ -79,6 +80,22 @@ def ingest(msg: func.ServiceBusMessage) -> None:
         result.outcome,
         " ".join(f"{e}:{t}" for e, t in result.transitions),
     )
+
+
+@bp.function_name("heartbeats")
+@bp.service_bus_queue_trigger(
+    arg_name="msgs",
+    queue_name="%HEARTBEATS_QUEUE%",
+    connection="ServiceBusConnection",
+    cardinality="many",
+)
+def heartbeats(msgs: list[func.ServiceBusMessage]) -> None:
+    """A batch of heartbeats (host.json `maxMessageBatchSize`) in one execution; returning
+    completes them all, raising abandons them all (the writes are idempotent)."""
+    result = ingest_heartbeats(
+        [m.get_body() for m in msgs], pipeline(), [m.message_id or "" for m in msgs]
+    )
+    log.info("heartbeats: %s", result.model_dump_json())
 
 
 @bp.function_name("watchdog")

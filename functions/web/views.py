@@ -32,6 +32,9 @@ def event_view(record: EventRecord) -> dict[str, Any]:
 def fleet_events(pipeline: Pipeline, include_ended: bool) -> list[EventRecord]:
     """Open events (or all), soonest NotBefore first: what needs attention next."""
     events = pipeline.store.list_events(include_ended=include_ended)
+    for record in events:
+        if not record.ended:  # reporters are rows of their own: one query per open event
+            pipeline.store.load_reporters(record)
     events.sort(key=lambda r: (r.not_before is None, r.not_before or r.first_seen))
     return events
 

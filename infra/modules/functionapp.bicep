@@ -32,6 +32,8 @@ param serviceBusFullyQualifiedNamespace string
 
 param documentsQueueName string = 'documents'
 
+param heartbeatsQueueName string = 'heartbeats'
+
 param notificationsTopicName string = 'notifications'
 
 param stateTablePrefix string = 'sebridge'
@@ -52,15 +54,23 @@ param hasWebhookSecret bool = false
 @maxValue(1000)
 param maximumInstanceCount int = 40
 
+// Measured (functions/README.md, "Sizing"): the Python worker running ingest peaks at
+// about 70 MB for a 200-VM set and 85 MB for a 1,000-VM set at 16-32 sessions at once, so
+// the smallest instance leaves room for the host; billing is per GB-second of it.
+@description('Flex Consumption instance memory. 512 fits the measured worker; raise it only for a very large POLICY or fleet.')
 @allowed([
   512
   2048
   4096
 ])
-param instanceMemoryMB int = 2048
+param instanceMemoryMB int = 512
 
 // Bridge behaviour (SETTINGS.md).
 param relaySilentAfterSeconds int = 600
+@description('Days ended events, rejected envelopes and VMs not heard from are kept.')
+@minValue(1)
+@maxValue(3650)
+param retentionDays int = 30
 param approvalMarginSeconds int = 10
 param pagerdutyEventsUrl string = 'https://events.pagerduty.com/v2/enqueue'
 
@@ -123,6 +133,8 @@ var connectionSettings = {
 
 var bridgeSettings = {
   DOCUMENTS_QUEUE: documentsQueueName
+  HEARTBEATS_QUEUE: heartbeatsQueueName
+  RETENTION_DAYS: string(retentionDays)
   NOTIFICATIONS_TOPIC: notificationsTopicName
   STATE_TABLE_PREFIX: stateTablePrefix
   RELAY_KEY: '${kvRef}${secretNames.relayKey})'

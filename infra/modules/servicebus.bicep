@@ -1,6 +1,7 @@
-// Service Bus: the `documents` queue (relays -> ingest) and the `notifications` topic
-// (ingest -> one subscription per channel), with every role assignment scoped to the entity
-// it is about: the relays' identity can only send to `documents`.
+// Service Bus: the `documents` queue (relays -> ingest, one session per VM), the
+// `heartbeats` queue (relays -> the batch trigger, no sessions) and the `notifications`
+// topic (ingest -> one subscription per channel), with every role assignment scoped to the
+// entity it is about: the relays' identity can only send to `documents` and `heartbeats`.
 
 @description('Service Bus namespace name (globally unique).')
 param namespaceName string
@@ -37,6 +38,9 @@ param maxDeliveryCount int = 10
 @description('How long an undelivered document is kept (ISO 8601); then it is dead-lettered, not dropped.')
 param documentTimeToLive string = 'P7D'
 
+@description('How long an undelivered heartbeat is kept (ISO 8601). A heartbeat older than the silence threshold says nothing, so an expired one is dropped, not dead-lettered.')
+param heartbeatTimeToLive string = 'PT15M'
+
 @description('How long an undelivered notification is kept (ISO 8601); then it is dead-lettered.')
 param notificationTimeToLive string = 'P1D'
 
@@ -47,6 +51,7 @@ param relayPrincipalId string
 param functionPrincipalId string
 
 var queueName = 'documents'
+var heartbeatsQueueName = 'heartbeats'
 var topicName = 'notifications'
 var subscriptionNames = [
   'teams'
@@ -96,6 +101,24 @@ resource documents 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' =
   }
 }
 
+// Heartbeats only say "this relay is alive": no sessions (ordering does not matter, and a
+// session per VM is what capped the documents queue), no duplicate detection (recording
+// liveness twice is harmless), delivered in batches to one execution (host.json).
+resource heartbeats 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' = {
+  parent: namespace
+  name: heartbeatsQueueName
+  properties: {
+    requiresSession: false
+    requiresDuplicateDetection: false
+    maxDeliveryCount: maxDeliveryCount
+    deadLetteringOnMessageExpiration: false
+    defaultMessageTimeToLive: heartbeatTimeToLive
+    lockDuration: 'PT1M'
+    maxSizeInMegabytes: 1024
+    enablePartitioning: false
+  }
+}
+
 resource notifications 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = {
   parent: namespace
   name: topicName
@@ -122,7 +145,7 @@ resource channelSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscripti
   }
 ]
 
-// The relays may only send to `documents`.
+// The relays may only send to `documents` ...
 resource relaySendsDocuments 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: documents
   name: guid(documents.id, relayPrincipalId, serviceBusDataSender)
@@ -133,7 +156,29 @@ resource relaySendsDocuments 'Microsoft.Authorization/roleAssignments@2022-04-01
   }
 }
 
-// The function app receives documents ...
+// ... and to `heartbeats`.
+resource relaySendsHeartbeats 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: heartbeats
+  name: guid(heartbeats.id, relayPrincipalId, serviceBusDataSender)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    principalId: relayPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// The function app receives heartbeats ...
+resource functionReceivesHeartbeats 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: heartbeats
+  name: guid(heartbeats.id, functionPrincipalId, serviceBusDataReceiver)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// ... documents ...
 resource functionReceivesDocuments 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: documents
   name: guid(documents.id, functionPrincipalId, serviceBusDataReceiver)
@@ -169,5 +214,6 @@ resource functionReceivesNotifications 'Microsoft.Authorization/roleAssignments@
 output namespaceName string = namespace.name
 output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
 output queueName string = documents.name
+output heartbeatsQueueName string = heartbeats.name
 output topicName string = notifications.name
 output subscriptionNames array = subscriptionNames

@@ -24,7 +24,7 @@ def test_scheduled_started_completed(store, clock):
     result = send(pipeline, ev)
     assert result.outcome == "processed" and result.vm is None
     assert pub.transitions("EV-1") == ["scheduled", "decided"]
-    record = store.get_event("EV-1")
+    record = store.get_event("EV-1", reporters=True)
     assert record.decision.action == "hold" and record.reporters == {}
     assert record.arm_resource == owner_id()
     send(pipeline, {**ev, "EventStatus": "Started", "NotBefore": ""}, schema="cloudevents")
@@ -115,7 +115,7 @@ def test_event_grid_first_then_relay(store, clock, relay):
     send(pipeline, ev)
     ingest_message(envelope("vm1", 1, [ev], callback_url=relay.url), pipeline)
     assert pub.transitions("EV-G") == ["scheduled", "decided"]
-    record = store.get_event("EV-G")
+    record = store.get_event("EV-G", reporters=True)
     assert record.reporters == {"vm1": "Scheduled"} and record.arm_resource == owner_id()
     # Absence from every relay's document still ends it (IMDS says so too); Event Grid's
     # own end, arriving later, changes nothing.

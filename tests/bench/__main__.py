@@ -7,7 +7,12 @@
   policy and the signed callback, with state on Azurite;
 - ingest throughput with Table storage on Azurite, one worker per Service Bus session;
 - notifications per event: 100 VMs of one availability set report the same event
-  concurrently, and Teams must get one post.
+  concurrently, and Teams must get one post;
+- fleet scale (tests/bench/scale_bench.py, tests/bench/set_relays.py): Table requests per
+  document at 200 reporters, documents per event across a 20-VM set of real relays, one
+  watchdog sweep at 10,000 VMs, heartbeats; from these, the per-operation counts the cost
+  model reads (functions/cost/counts.json, rewritten by a full run) and the model's cost
+  per VM-month at 10,000 VMs and capacity ceiling.
 
 The table is for people; the last line is one JSON object, for CI and the README.
 """
@@ -29,6 +34,8 @@ from typing import Any
 
 import requests
 
+from functions.cost.counts import COUNTS_FILE
+
 TARGETS: dict[str, tuple[str, float]] = {
     "detect_p99_ms": ("<=", 1100),
     "approve_e2e_p99_ms": ("<=", 1500),
@@ -36,6 +43,11 @@ TARGETS: dict[str, tuple[str, float]] = {
     "relay_cpu_ratio": ("<=", 1.0),
     "ingest_docs_per_s": (">=", 200),
     "notifications_per_event": ("==", 1),
+    "table_requests_per_doc_set200": ("<=", 4),
+    "documents_per_event_set20": ("<=", 3),
+    "watchdog_requests_10k": ("<=", 30),
+    "cost_usd_per_vm_month_10k": ("<=", 0.01),
+    "capacity_vms": (">=", 100000),
 }
 
 
@@ -259,10 +271,53 @@ def notifications_per_event(connection_string: str, vms: int = 100) -> dict[str,
     }
 
 
+# --------------------------------------------------------------------------- fleet scale
+
+
+def fleet_scale(connection_string: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Issue 11's keys, and the counts the cost model reads, all from this one run."""
+    from tests.bench import scale_bench, set_relays
+
+    out: dict[str, Any] = {}
+    counts: dict[str, Any] = {}
+    vms, ended = args.watchdog_vms, args.watchdog_ended
+    # Seeding the watchdog's fleet is Azurite-bound and the relays mostly wait for their
+    # polls, so the two overlap; the relays' count does not depend on timing.
+    with ThreadPoolExecutor(max_workers=1) as background:
+        progress(f"watchdog: seeding {vms} VMs heard now and {ended} events ended long ago")
+        fleets = background.submit(scale_bench.seed_fleets, connection_string, vms, ended)
+        progress("documents per event: a 20-VM availability set of real relays, one event")
+        relays = set_relays.run(20)
+        seeded = fleets.result()
+    out["documents_per_event_set20"] = relays.total
+    counts["documents_per_event_named_vm"] = relays.per_vm[relays.named]
+    counts["documents_per_event_per_setmate"] = relays.per_setmate
+    progress("reporters: 200 VMs (64-character names) of one set report one event")
+    reporters = scale_bench.set200(connection_string)
+    progress(f"watchdog: one sweep over {vms} VMs, {ended} events ended before the retention")
+    sweep = scale_bench.watchdog(connection_string, seeded)
+    for part in (reporters, sweep):
+        counts.update(part.pop("_counts"))
+        out.update(part)
+    measured = scale_bench.build_counts(
+        counts, "make bench --quick" if args.quick else "make bench"
+    )
+    out.update(scale_bench.cost_keys(measured))
+    target = args.counts_out or (None if args.quick else str(COUNTS_FILE))
+    if target:
+        from functions.cost.counts import write_counts
+
+        progress(f"counts written to {write_counts(measured, target)}")
+    out["counts"] = json.loads(measured.model_dump_json())
+    return out
+
+
 # --------------------------------------------------------------------------- report
 
 
 def verdict(name: str, value: Any) -> str:
+    if name in TARGETS and value is None:
+        return f"{TARGETS[name][0]} {TARGETS[name][1]:g}  FAILED (see the *_error key)"
     if name not in TARGETS or not isinstance(value, int | float):
         return ""
     op, target = TARGETS[name]
@@ -271,7 +326,11 @@ def verdict(name: str, value: Any) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    rows = [(name, f"{value}", verdict(name, value)) for name, value in results.items()]
+    rows = [
+        (name, f"{value}", verdict(name, value))
+        for name, value in results.items()
+        if not isinstance(value, dict)  # breakdowns and the counts stay in the JSON line
+    ]
     width = max(len(r[0]) for r in rows)
     lines = [f"{'measure':<{width}}  {'value':>12}  target", "-" * (width + 32)]
     lines += [f"{name:<{width}}  {value:>12}  {target}" for name, value, target in rows]
@@ -286,10 +345,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ingest-vms", type=int, default=300)
     parser.add_argument("--ingest-processes", type=int, default=2, help="worker processes")
     parser.add_argument("--ingest-threads", type=int, default=2, help="sessions per process")
+    parser.add_argument("--watchdog-vms", type=int, default=10_000, help="fleet of the sweep")
+    parser.add_argument("--watchdog-ended", type=int, default=1_000, help="ended events")
+    parser.add_argument(
+        "--counts-out",
+        help="where to write the measured counts (default: functions/cost/counts.json on a "
+        "full run, nowhere with --quick); they are in the last JSON line either way",
+    )
     parser.add_argument("--quick", action="store_true", help="small samples, for a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
         args.relay_seconds, args.approve_samples, args.ingest_vms = 12.0, 5, 50
+        args.watchdog_vms, args.watchdog_ended = 1_000, 100
     from local.azurite import Azurite
 
     began = time.monotonic()
@@ -310,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         progress("fan-out: 100 VMs of one availability set report one event")
         results.update(notifications_per_event(azurite.connection_string))
+        results.update(fleet_scale(azurite.connection_string, args))
     results["bench_seconds"] = round(time.monotonic() - began, 1)
     print(table(results))
     print(json.dumps(results))

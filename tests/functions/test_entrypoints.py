@@ -183,6 +183,7 @@ def test_handlers_from_function_app(store, clock, relay):
     names = _functions()
     assert set(names) == {
         "ingest",
+        "heartbeats",
         "watchdog",
         "status",
         "approve",
@@ -203,6 +204,15 @@ def test_handlers_from_function_app(store, clock, relay):
         names["ingest"](func.ServiceBusMessage(body=b"garbage"))  # completes, recorded
         assert pub.transitions("EV-HD") == ["scheduled", "decided"]
         assert len(list(store.rejected_rows())) == 1
+        clock.advance(60)
+        beats = [
+            func.ServiceBusMessage(
+                body=envelope(vm, 2, None, kind="heartbeat", observed_at=clock.now()).encode()
+            )
+            for vm in ("vm1", "vm2")
+        ]
+        names["heartbeats"](beats)  # one execution for the batch
+        assert store.get_vm("vm1").last_seen == store.get_vm("vm2").last_seen == clock.now()
 
         status = names["status"](func.HttpRequest("GET", "/api/status", body=b""))
         data = json.loads(status.get_body())

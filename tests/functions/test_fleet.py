@@ -48,7 +48,7 @@ def test_same_event_from_40_vms_concurrently_is_decided_approved_announced_once(
     assert publisher.transitions("EV-FLEET") == ["scheduled", "decided", "approved"]
     assert publisher.duplicates == []
     assert sum(len(r.requests) for r in relays.values()) == 1
-    record = store.get_event("EV-FLEET")
+    record = store.get_event("EV-FLEET", reporters=True)
     assert set(record.reporters) == set(vms)
     assert len(store.audit_rows("EV-FLEET")) == 2  # the decision, the approval
 

@@ -22,7 +22,7 @@ def test_reboot_scheduled_decided_held_then_started_and_completed(store, clock, 
     ingest_message(envelope("vm1", 2, [started], callback_url=relay.url), pipeline)
     ingest_message(envelope("vm1", 3, [], callback_url=relay.url), pipeline)
     assert pub.transitions("EV-R") == ["scheduled", "decided", "started", "completed"]
-    record = store.get_event("EV-R")
+    record = store.get_event("EV-R", reporters=True)
     assert record.ended == "completed" and record.reporters == {}
     audit = store.audit_rows("EV-R")
     assert [(a["rule"], a["action"], a["outcome"]) for a in audit] == [
@@ -89,7 +89,7 @@ def test_availability_set_event_ends_only_when_every_reporter_drops_it(store, cl
     ingest_message(envelope("a1", 10, []), pipeline)
     ingest_message(envelope("a2", 10, []), pipeline)
     assert pub.transitions("EV-AS") == ["scheduled", "decided"]
-    assert set(store.get_event("EV-AS").reporters) == {"a3"}
+    assert set(store.get_event("EV-AS", reporters=True).reporters) == {"a3"}
     ingest_message(envelope("a3", 10, []), pipeline)
     assert pub.transitions("EV-AS") == ["scheduled", "decided", "cancelled"]
     assert store.get_event("EV-AS").availability_sets == ["as1"]
@@ -138,7 +138,7 @@ def test_heartbeat_updates_the_vm_without_touching_events(store, clock, relay):
     ingest_message(envelope("vm1", 2, None, kind="heartbeat", callback_url=relay.url), pipeline)
     vm = store.get_vm("vm1")
     assert vm.callback_url == relay.url and vm.last_sequence == 2 and vm.event_ids == ["EV-H"]
-    assert store.get_event("EV-H").reporters == {"vm1": "Scheduled"}
+    assert store.get_event("EV-H", reporters=True).reporters == {"vm1": "Scheduled"}
 
 
 def test_dry_run_decides_audits_announces_never_approves(store, clock, relay):

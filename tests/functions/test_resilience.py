@@ -117,7 +117,7 @@ def test_links_and_late_reporters(store, clock):
     # vm2's document, delayed in the queue, still names it: remembered, not reopened.
     ingest_message(envelope("vm2", 1, [event("EV-L", resources=("vm1", "vm2"))]), pipeline)
     assert pub.transitions("EV-L") == ["scheduled", "decided", "cancelled"]
-    assert "vm2" in store.get_event("EV-L").past_reporters
+    assert "vm2" in store.get_event("EV-L", reporters=True).past_reporters
 
 
 def test_a_vm_deleted_by_terminate_is_not_announced_silent(store, clock):

@@ -191,6 +191,8 @@ def test_bridge_settings_match_the_contract() -> None:
     s = settings()
     for name in (
         "DOCUMENTS_QUEUE",
+        "HEARTBEATS_QUEUE",
+        "RETENTION_DAYS",
         "NOTIFICATIONS_TOPIC",
         "STATE_TABLE_PREFIX",
         "PUBLIC_BASE_URL",
@@ -201,5 +203,10 @@ def test_bridge_settings_match_the_contract() -> None:
         assert name in s, name
     assert FN.param_default("drainOnFailure") == "hold"
     assert FN.param_default("documentsQueueName") == "documents"
+    assert FN.param_default("heartbeatsQueueName") == "heartbeats"
+    assert FN.param_default("retentionDays") == 30
+    main = load("main")
+    passed = module_params(main, "functionApp")
+    assert dotted(passed["heartbeatsQueueName"]) == "serviceBus.outputs.heartbeatsQueueName"
     assert FN.param_default("notificationsTopicName") == "notifications"
     assert FN.param_default("stateTablePrefix") == "sebridge"

@@ -105,10 +105,11 @@ def test_assignment_is_builtin_entity_scoped_and_unique(template, assignment) ->
     assert role_arg in args
 
 
-def test_the_relays_may_only_send_documents_and_read_the_relay_key() -> None:
+def test_the_relays_may_only_send_documents_and_heartbeats_and_read_the_relay_key() -> None:
     relay = {g for g in _grants() if g.principal == "relayPrincipalId"}
     assert relay == {
         Grant("servicebus", "documents", "Azure Service Bus Data Sender", "relayPrincipalId"),
+        Grant("servicebus", "heartbeats", "Azure Service Bus Data Sender", "relayPrincipalId"),
         Grant("keyvault", "relayKeySecret", "Key Vault Secrets User", "relayPrincipalId"),
     }
 
@@ -117,6 +118,7 @@ def test_the_function_app_gets_exactly_what_it_uses() -> None:
     fn = {(g.module, g.scope, g.role) for g in _grants() if g.principal == "functionPrincipalId"}
     assert fn == {
         ("servicebus", "documents", "Azure Service Bus Data Receiver"),
+        ("servicebus", "heartbeats", "Azure Service Bus Data Receiver"),
         ("servicebus", "notifications", "Azure Service Bus Data Sender"),
         ("servicebus", "notifications", "Azure Service Bus Data Receiver"),
         ("storage", "deploymentContainer", "Storage Blob Data Owner"),

@@ -7,9 +7,15 @@ from tests.infra.bicep import iso_minutes, load, module_params
 SB = load("servicebus")
 
 
+def _queues():
+    return {
+        SB.variables.get(q.body["name"], q.body["name"]): q
+        for q in SB.resources("Microsoft.ServiceBus/namespaces/queues")
+    }
+
+
 def _queue():
-    (queue,) = SB.resources("Microsoft.ServiceBus/namespaces/queues")
-    return queue
+    return _queues()["documents"]
 
 
 def _topic():
@@ -46,6 +52,27 @@ def test_documents_queue_dead_letters_instead_of_dropping() -> None:
     ttl = SB.param_default(ttl) if ttl in SB.params else ttl
     # The relay's default message TTL is 7 days: the queue must not expire them sooner.
     assert iso_minutes(ttl) >= 7 * 24 * 60
+
+
+def test_heartbeats_queue_is_sessionless_and_poison_goes_to_the_dead_letter_queue() -> None:
+    queues = _queues()
+    assert sorted(queues) == ["documents", "heartbeats"]
+    props = queues["heartbeats"].body["properties"]
+    # No sessions: a session per VM is what capped the documents queue (issue 11).
+    assert props["requiresSession"] is False
+    assert props["maxDeliveryCount"] == "maxDeliveryCount"  # then the dead-letter queue
+    # An expired heartbeat says nothing any more: dropped, not dead-lettered; and it must
+    # not expire before the silence threshold (RELAY_SILENT_AFTER_SECONDS, 600 s).
+    assert props["deadLetteringOnMessageExpiration"] is False
+    assert iso_minutes(SB.param_default(props["defaultMessageTimeToLive"])) >= 10
+
+
+def test_relays_send_and_the_function_app_receives_heartbeats_only_there() -> None:
+    roles = SB.resources("Microsoft.Authorization/roleAssignments")
+    scopes = {r.symbol: r.body["scope"] for r in roles}
+    heartbeat_symbol = _queues()["heartbeats"].symbol
+    assert scopes["relaySendsHeartbeats"] == heartbeat_symbol
+    assert scopes["functionReceivesHeartbeats"] == heartbeat_symbol
 
 
 def test_notifications_topic_dedupes_and_has_one_subscription_per_channel() -> None:

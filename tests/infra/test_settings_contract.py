@@ -134,6 +134,8 @@ def test_the_function_settings_model_reads_them(app_env) -> None:
     assert s.service_bus_connection is None and s.state_storage is None
     assert s.relay_key.get_secret_value() == SECRETS["relay-key"]
     assert s.documents_queue == "documents"
+    assert s.heartbeats_queue == "heartbeats"
+    assert s.retention_days == 30
     assert s.notifications_topic == "notifications"
     # No PUBLIC_BASE_URL by default: the app takes its real host name from WEBSITE_HOSTNAME.
     assert s.public_base_url is None

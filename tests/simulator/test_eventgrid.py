@@ -180,9 +180,14 @@ def test_cli_publishes_to_an_inbox_and_serves_arm(run, tmp_path):  # noqa: F811
     assert ready["arm"] == f"{ready['url']}/arm"
     proc.wait_line(lambda line: "Scheduled" in line)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not list(tmp_path.glob("*.json")):
+
+    def published() -> list:
+        # Not the sink's temporary ".…json" files: they are renamed into place when whole.
+        return sorted(p for p in tmp_path.glob("*.json") if not p.name.startswith("."))
+
+    while time.monotonic() < deadline and not published():
         time.sleep(0.05)
-    (first,) = sorted(tmp_path.glob("*.json"))[:1]
+    (first,) = published()[:1]
     data = json.loads(first.read_text())
     assert data["specversion"] == "1.0" and "/virtualMachines/solo/" in data["subject"]
 

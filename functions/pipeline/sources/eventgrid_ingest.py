@@ -36,7 +36,6 @@ from functions.pipeline.lifecycle import _add, _claim
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.sources.eventgrid import COMPLETED, GridEvent, parse_message
 from functions.pipeline.transitions import after_decision
-from functions.store.keys import row_key
 from functions.store.records import EventRecord
 from functions.store.tables import Store
 
@@ -88,7 +87,7 @@ def _text(raw: object, body: bytes | str) -> str:
 
 def _forget(store: Store, grid_id: str) -> None:
     with contextlib.suppress(ResourceNotFoundError):
-        store.events.delete_entity(partition_key="once", row_key=row_key(SEEN_PREFIX + grid_id))
+        store.forget_once(SEEN_PREFIX + grid_id)
 
 
 def report_grid(
@@ -182,6 +181,8 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
             return target
         return updated
 
+    if store.recent_event(event.event_id) is None:
+        store.open_event(event.event_id, now)  # the watchdog's index (functions.store)
     record, won = store.mutate_event(event.event_id, change)
     if not won or record is None:
         return

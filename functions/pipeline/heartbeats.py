@@ -1,0 +1,62 @@
+"""Heartbeats from the `heartbeats` queue, many per execution: VM liveness, nothing else.
+
+A heartbeat says only "this relay is alive, here is its callback URL". On the session
+queue each one held a session and cost an execution; here a batch of up to
+`maxMessageBatchSize` (host.json) is one execution, and its liveness writes are merges of
+plain columns grouped into one Table transaction per VM partition: no read, and never an
+overwrite of what a document wrote (functions.store.tables.Store.heard). Silence and the
+end of a silence are the watchdog's (one filtered query per VM partition finds them).
+
+Contract with the caller (the batch trigger, the local host): returning completes every
+message of the batch; raising abandons them all for redelivery (the writes are
+idempotent). A message that is not a valid envelope is recorded as rejected, never
+redelivered; a document that arrived here by mistake goes through ingest as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from pydantic import BaseModel
+
+from functions.model.envelope import DocumentError, parse_envelope
+from functions.pipeline.context import Pipeline
+from functions.pipeline.ingest import ingest_envelope
+
+log = logging.getLogger(__name__)
+
+
+class HeartbeatResult(BaseModel):
+    heard: int = 0  # heartbeats recorded (several of one VM in a batch count once each)
+    documents: int = 0  # documents that came on this queue, ingested
+    rejected: int = 0
+    requests: int = 0  # Table transactions the liveness writes took
+
+
+def ingest_heartbeats(
+    bodies: list[bytes | str], pipeline: Pipeline, message_ids: list[str] | None = None
+) -> HeartbeatResult:
+    now = pipeline.clock.now()
+    result = HeartbeatResult()
+    beats: list[tuple[str, datetime, str | None, str | None]] = []
+    for index, body in enumerate(bodies):
+        message_id = (message_ids or [])[index] if message_ids else ""
+        try:
+            envelope = parse_envelope(body)
+        except DocumentError as exc:
+            log.warning("rejected heartbeat %s: %s", message_id or "?", exc)
+            pipeline.store.reject(at=now, reason=str(exc), body=body, message_id=message_id)
+            result.rejected += 1
+            continue
+        if envelope.kind != "heartbeat":
+            ingest_envelope(envelope, pipeline)
+            result.documents += 1
+            continue
+        beats.append(
+            (envelope.vm.name, now, envelope.vm.callback_url, envelope.relay_version or None)
+        )
+    if beats:
+        result.requests = pipeline.store.heard(beats)
+        result.heard = len(beats)
+    return result

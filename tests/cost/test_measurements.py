@@ -1,0 +1,98 @@
+"""The bench's measuring instruments: the counting proxy before Azurite, and the harness
+that counts what a set of real relays forwards for one event."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceModifiedError
+from azure.data.tables import TableServiceClient, UpdateMode
+
+from tests.bench import set_relays
+from tests.bench.wire import WireCounter
+from tests.tablecount import TableCounter
+
+pytestmark = pytest.mark.azurite
+
+
+def test_proxy_counts_what_it_forwards(azurite: str) -> None:
+    name = "tc" + uuid.uuid4().hex[:10]
+    with WireCounter(azurite) as counter:
+        via = TableServiceClient.from_connection_string(counter.connection_string)
+        via.create_table(name)
+        assert counter.total() == 0 and counter.total(exclude=()) == 1  # table calls apart
+        counter.reset()
+        table = via.get_table_client(name)
+        table.create_entity({"PartitionKey": "p1", "RowKey": "a", "v": 1})
+        got = table.get_entity("p1", "a")
+        assert [e["v"] for e in table.query_entities("PartitionKey eq 'p1'")] == [1]
+        table.update_entity(
+            {"PartitionKey": "p1", "RowKey": "a", "v": 2},
+            mode=UpdateMode.REPLACE,
+            etag=got.metadata["etag"],
+            match_condition=MatchConditions.IfNotModified,
+        )
+        with pytest.raises(ResourceModifiedError):  # refused by Azurite, still a request
+            table.update_entity(
+                {"PartitionKey": "p1", "RowKey": "a", "v": 3},
+                mode=UpdateMode.REPLACE,
+                etag=got.metadata["etag"],
+                match_condition=MatchConditions.IfNotModified,
+            )
+        table.upsert_entity({"PartitionKey": "p2", "RowKey": "b", "v": 1})
+        table.submit_transaction(
+            [
+                ("create", {"PartitionKey": "p3", "RowKey": "1"}),
+                ("create", {"PartitionKey": "p3", "RowKey": "2"}),
+                ("upsert", {"PartitionKey": "p3", "RowKey": "3"}),
+            ]
+        )
+        table.delete_entity("p1", "a")
+
+        assert counter.by_kind() == {
+            "insert": 1, "get": 1, "query": 1, "update": 2, "upsert": 1, "batch": 1, "delete": 1
+        }  # fmt: skip
+        assert counter.total() == 8
+        assert counter.by_table() == {name: 7, "$batch": 1}
+        # What the scalability targets count: each entity of the batch, per partition.
+        assert counter.entities() == 10
+        assert counter.partitions() == {(name, "p1"): 6, (name, "p2"): 1, (name, "p3"): 3}
+        assert counter.hottest_partition_share() == pytest.approx(6 / 10)
+        written, writes = counter.bytes_written(name)
+        assert writes == 7 and written > 0  # insert, 2 updates, upsert, 3 in the batch
+        size, rows = counter.stored(name)  # p1/a was deleted; the others remain
+        assert rows == 4 and 0 < size < written
+
+    # It forwarded: Azurite itself holds exactly the rows written through the proxy.
+    direct = TableServiceClient.from_connection_string(azurite).get_table_client(name)
+    rows = {(e["PartitionKey"], e["RowKey"]) for e in direct.list_entities()}
+    assert rows == {("p2", "b"), ("p3", "1"), ("p3", "2"), ("p3", "3")}
+
+
+def test_a_second_counter_counts_only_its_own_traffic(azurite: str) -> None:
+    name = "tc" + uuid.uuid4().hex[:10]
+    TableServiceClient.from_connection_string(azurite).create_table(name)
+    with TableCounter(azurite) as one, TableCounter(azurite) as two:
+        TableServiceClient.from_connection_string(one.connection_string).get_table_client(
+            name
+        ).upsert_entity({"PartitionKey": "p", "RowKey": "r"})
+        assert (one.total(), two.total()) == (1, 0)
+
+
+@pytest.mark.slow
+def test_documents_per_event_on_a_three_vm_set() -> None:
+    """Three real relays over the simulator; one event naming the first VM goes Scheduled,
+    Started, gone. The named VM forwards exactly those three documents; a set-mate forwards
+    all three (whole documents) or none (its own events only), never part of them."""
+    result = set_relays.run(3)
+    assert set(result.per_vm) == {"set-vm-00", "set-vm-01", "set-vm-02"}
+    assert result.named == "set-vm-00"
+    assert result.per_vm[result.named] == 3
+    assert result.contents[result.named] == [["Scheduled"], ["Started"], []]
+    for vm, forwarded in result.per_vm.items():
+        assert forwarded in (0, 3), vm
+        assert result.contents[vm] == ([["Scheduled"], ["Started"], []] if forwarded else [])
+    assert result.total == sum(result.per_vm.values())
+    assert result.per_setmate == (result.total - 3) / 2

@@ -1,0 +1,69 @@
+"""The one claim primitive (functions.store.claims) and the acts that use it: a claim left
+pending by a crash is redone once stale, never while fresh, never once done."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from functions.pipeline.ingest import ingest_message
+from functions.pipeline.watchdog import run_watchdog
+from functions.store import claims
+from tests.functions.conftest import T0, envelope, event, make_pipeline
+
+MINUTE = timedelta(minutes=1)
+
+
+def test_claim_act_done_and_redo_if_stale():
+    marks: dict[str, str] = {}
+    assert claims.take(marks, "a", T0) and marks["a"] == f"pending:{T0.isoformat()}"
+    assert not claims.take(marks, "a", T0 + MINUTE)  # held
+    assert not claims.take(marks, "a", T0 + MINUTE, stale_after=2 * MINUTE)  # fresh
+    assert claims.take(marks, "a", T0 + 3 * MINUTE, stale_after=2 * MINUTE)  # stale: redo
+    assert claims.finish(marks, ["a"]) and not claims.finish(marks, ["a"])
+    assert not claims.take(marks, "a", T0 + 99 * MINUTE, stale_after=MINUTE)  # done is final
+    assert claims.take(marks, "b", T0) and claims.release(marks, ["b"]) and "b" not in marks
+    assert not claims.release(marks, ["a"])  # a done claim is not released
+    assert claims.is_stale("pending:garbage", T0, MINUTE)  # unreadable: take it over
+    assert claims.stale_keys({"x": "done", "y": claims.pending(T0)}, T0 + 5 * MINUTE, MINUTE) == [
+        "y"
+    ]
+
+
+def test_a_silence_whose_announcer_crashed_is_announced_once_when_its_claim_is_stale(store, clock):
+    pipeline, publisher = make_pipeline(store, clock)
+    ingest_message(envelope("vm1", 1, [event("E-1", resources=("vm1",))]), pipeline)
+    clock.advance(11 * 60)
+    last_seen = store.get_vm("vm1").last_seen
+
+    def crashed(rec):  # claimed, then the process died before publishing
+        rec.silent_announced_for = last_seen.isoformat()
+        rec.silence_claim = claims.pending(clock.now())
+        return rec
+
+    store.mutate_vm("vm1", crashed)
+    assert run_watchdog(pipeline).silent == []  # fresh claim: someone may be publishing
+    clock.advance(4 * 60)
+    assert run_watchdog(pipeline).silent == ["vm1"]  # stale: redone
+    assert store.get_vm("vm1").silence_claim == claims.DONE
+    assert run_watchdog(pipeline).silent == []
+    assert [n.transition for n in publisher.published if n.vm] == ["relay_silent"]
+
+
+def test_an_approval_claim_left_by_a_crash_is_taken_over_after_the_budget(store, clock, relay):
+    pipeline, publisher = make_pipeline(store, clock, approval_budget_seconds=30)
+    ev = event("E-A", source="User", resources=("vm1",), not_before=T0 + timedelta(hours=1))
+    relay.default = (503, {"error": "busy"})
+    ingest_message(envelope("vm1", 1, [ev], callback_url=relay.url), pipeline)
+
+    def crashed(rec):
+        rec.approval = "in_progress"
+        rec.approval_claim = claims.pending(clock.now())
+        return rec
+
+    store.mutate_event("E-A", crashed)
+    relay.default = (200, {"status": 200})
+    assert run_watchdog(pipeline).approvals == []  # the claim is fresh
+    clock.advance(91)
+    (result,) = run_watchdog(pipeline).approvals
+    assert result.outcome == "approved" and store.get_event("E-A").approval_claim == "done"
+    assert publisher.transitions("E-A")[-1] == "approved"
