@@ -68,6 +68,32 @@ BUSY_RESPONSE = (
 )
 
 
+MAX_NESTING = 16  # a request is an object holding a list of strings: depth 2
+
+
+def _nesting(body: bytes) -> int:
+    """The deepest [ or { nesting outside strings. Checked before parsing because how
+    deep json.loads may go before a RecursionError depends on the Python version."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 class Refused(Exception):
     def __init__(self, status: int, reason: str, **extra: Any) -> None:
         super().__init__(reason)
@@ -160,6 +186,8 @@ class CallbackApp:
             raise Refused(401, str(exc)) from None
         if not self.replays.first_use(signature, now):
             raise Refused(409, "replayed request")
+        if _nesting(body) > MAX_NESTING:
+            raise Refused(400, "body nests too deeply")
         try:
             payload = json.loads(body)
         except (UnicodeDecodeError, ValueError):
