@@ -81,7 +81,7 @@ demo: install
 bench: install
 	$(BIN)/python -m tests.bench $(if $(QUICK),--quick)
 
-# A 30 s smoke run of the same measurements (also: make bench QUICK=1).
+# A smoke run (about 100 s) of the same measurements with small samples (also: make bench QUICK=1).
 bench-quick: install
 	$(BIN)/python -m tests.bench --quick
 

@@ -44,6 +44,12 @@ from functions.store.records import (
 
 log = logging.getLogger(__name__)
 
+# The Azure SDK logs every HTTP request and response at Information, and the Functions
+# worker forwards the root logger to Application Insights: those lines were most of the
+# telemetry per document (about 7.5 KB; the bench's log_bytes_per_doc_by_logger), paid for
+# in Log Analytics. Warnings and errors from the SDK still pass.
+logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
+
 EVENT_ROW = "event"  # in an event's partition: its lifecycle, decision, approval
 REPORTER = "r|"  # in an event's partition: one row per reporting VM, "r|<vm key>"
 OPEN_EVENTS = reserved("open")  # events table: one row per event not ended yet
