@@ -19,15 +19,14 @@ from pydantic import BaseModel, Field
 
 from functions.model.envelope import DocumentError, Envelope, ScheduledEvent, parse_envelope
 from functions.model.event import Transition
-from functions.model.policy import decide
 from functions.pipeline.announce import publish_claimed
 from functions.pipeline.approve import ApprovalResult, approve_event
 from functions.pipeline.context import Pipeline
 from functions.pipeline.lifecycle import report
-from functions.pipeline.redecide import redecide, should_redecide
+from functions.pipeline.redecide import should_redecide
 from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
-from functions.pipeline.transitions import after_decision, end_event
+from functions.pipeline.transitions import after_decision, decide_once, end_event
 from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
 from functions.store.tables import RowTooLarge, Store
@@ -256,21 +255,11 @@ def _report(
         target = updated if updated is not None else rec
         if target is None or target.ended:
             return updated
-        if target.decision is None:
-            target.decision = decide(pipeline.settings.policy, event, now, tuple(target.scale_sets))
-            target.decided_at = now
+        decided, announce = decide_once(target, event, pipeline, now)
+        if decided:
             made.append(True)
-        elif should_redecide(target, pipeline.settings.policy, now):
-            # It failed closed on an invalid policy; this host's policy is valid.
-            redecide(target, event, pipeline.settings.policy, now)
-            made.append(True)
-        # Claimed here also when a failed publish released the claim: the redelivery
-        # announces the decision it could not announce before.
-        key = (
-            Transition.POLICY_INVALID if target.decision.policy_error else Transition.DECIDED
-        ).value
-        if claims.take(target.announced, key, now):
-            claimed.append(Transition(key))
+        if announce is not None:
+            claimed.append(announce)
             return target
         return updated
 

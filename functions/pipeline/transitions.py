@@ -10,6 +10,7 @@ from datetime import datetime
 
 from functions.model.envelope import ScheduledEvent
 from functions.model.event import Transition
+from functions.model.policy import decide
 from functions.pipeline.announce import publish_claimed
 from functions.pipeline.capacity import (
     acquire_capacity,
@@ -20,6 +21,8 @@ from functions.pipeline.capacity import (
 )
 from functions.pipeline.context import Pipeline
 from functions.pipeline.lifecycle import end
+from functions.pipeline.redecide import redecide, should_redecide
+from functions.store import claims
 from functions.store.records import EventRecord
 from functions.store.tables import Store
 
@@ -128,3 +131,25 @@ def finish_event(
     # index, where the watchdog finds it and announces it.
     store.close_event(event_id, record.ended_at or now)
     return list(claimed)
+
+
+def decide_once(
+    target: EventRecord, event: ScheduledEvent, pipeline: Pipeline, now: datetime
+) -> tuple[bool, Transition | None]:
+    """Decide an event the first time any source reports it (or once more, after it failed
+    closed on an invalid policy and this host's policy is valid), and claim the decision's
+    announcement. Shared by relay documents and Event Grid so both sources decide and
+    announce alike. The claim is taken again after a failed publish released it, so a
+    redelivery announces what could not be announced before. Returns (decided now, the
+    transition claimed or None)."""
+    policy = pipeline.settings.policy
+    decided = False
+    if target.decision is None:
+        target.decision = decide(policy, event, now, tuple(target.scale_sets))
+        target.decided_at = now
+        decided = True
+    elif should_redecide(target, policy, now):
+        redecide(target, event, policy, now)
+        decided = True
+    key = Transition.POLICY_INVALID if target.decision.policy_error else Transition.DECIDED
+    return decided, key if claims.take(target.announced, key.value, now) else None

@@ -26,16 +26,14 @@ from azure.core.exceptions import ResourceNotFoundError
 
 from functions.model.envelope import STARTED
 from functions.model.event import Transition
-from functions.model.policy import decide
 from functions.pipeline.announce import publish_claimed
 from functions.pipeline.approve import approve_event
 from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
 from functions.pipeline.ingest import IngestResult
 from functions.pipeline.lifecycle import _add, _claim
-from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.sources.eventgrid import COMPLETED, GridEvent, parse_message
-from functions.pipeline.transitions import after_decision
+from functions.pipeline.transitions import after_decision, decide_once
 from functions.store.records import EventRecord
 from functions.store.tables import Store
 
@@ -165,19 +163,11 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
         target = updated if updated is not None else rec
         if target is None or target.ended:
             return updated
-        if target.decision is None:
-            target.decision = decide(pipeline.settings.policy, event, now, tuple(target.scale_sets))
-            target.decided_at = now
+        decided, announce = decide_once(target, event, pipeline, now)
+        if decided:
             made.append(True)
-        elif should_redecide(target, pipeline.settings.policy, now):
-            redecide(target, event, pipeline.settings.policy, now)
-            made.append(True)
-        key = (
-            Transition.POLICY_INVALID if target.decision.policy_error else Transition.DECIDED
-        ).value
-        if key not in target.announced:
-            target.announced[key] = f"pending:{now.isoformat()}"
-            claimed.append(Transition(key))
+        if announce is not None:
+            claimed.append(announce)
             return target
         return updated
 
