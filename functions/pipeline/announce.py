@@ -11,7 +11,7 @@ MessageId makes that safe).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from functions.model.event import Links, Notification, Transition
@@ -118,14 +118,8 @@ def release(
     transitions: Iterable[Transition],
     known: EventRecord | None = UNREAD,
 ) -> None:
-    keys = {t.value for t in transitions}
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or not claims.release(rec.announced, keys):
-            return None
-        return rec
-
-    store.mutate_event(event_id, change, known=known)
+    """Give back claims whose publish failed, so the next caller announces them."""
+    _settle(store, event_id, transitions, known, claims.release)
 
 
 def mark_done(
@@ -135,10 +129,21 @@ def mark_done(
     known: EventRecord | None = UNREAD,
 ) -> None:
     """`known`: the row as the claim wrote it; usually nobody wrote since, saving a read."""
+    _settle(store, event_id, transitions, known, claims.finish)
+
+
+def _settle(
+    store: Store,
+    event_id: str,
+    transitions: Iterable[Transition],
+    known: EventRecord | None,
+    settle: Callable[[dict[str, str], set[str]], bool],
+) -> None:
+    """Apply `settle` to the transitions' marks; write only if it changed one."""
     keys = {t.value for t in transitions}
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or not claims.finish(rec.announced, keys):
+        if rec is None or not settle(rec.announced, keys):
             return None
         return rec
 

@@ -26,14 +26,13 @@ from typing import Literal
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
-    ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
 )
-from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 from pydantic import AwareDatetime, BaseModel
 
 from functions.store.keys import table_key
+from functions.store.leased import LeasedTable
 from functions.store.tables import utf16_prefix
 
 DeliveryStatus = Literal["claimed", "posted", "rejected"]
@@ -57,22 +56,9 @@ class DeliveryRecord(BaseModel):
         return self.status != "claimed"
 
 
-class DeliveryLedger:
-    def __init__(self, table: TableClient) -> None:
-        self.table = table
-
-    @classmethod
-    def from_service(cls, service: TableServiceClient, prefix: str = "sebridge") -> DeliveryLedger:
-        return cls(service.get_table_client(f"{prefix}deliveries"))
-
-    @classmethod
-    def from_connection_string(cls, connection: str, prefix: str = "sebridge") -> DeliveryLedger:
-        return cls.from_service(TableServiceClient.from_connection_string(connection), prefix)
-
-    def ensure_table(self) -> DeliveryLedger:
-        with contextlib.suppress(ResourceExistsError):
-            self.table.create_table()
-        return self
+class DeliveryLedger(LeasedTable[DeliveryRecord]):
+    TABLE = "deliveries"
+    MODEL = DeliveryRecord
 
     @staticmethod
     def _entity(record: DeliveryRecord) -> dict[str, object]:
@@ -85,47 +71,19 @@ class DeliveryLedger:
             **data,
         }
 
-    @staticmethod
-    def _load(entity: dict[str, object]) -> DeliveryRecord:
-        fields = {k: v for k, v in entity.items() if k in DeliveryRecord.model_fields}
-        record = DeliveryRecord.model_validate(fields)
-        record.etag = entity.metadata.get("etag")  # type: ignore[attr-defined]
-        return record
-
     def get(self, message_id: str, channel: str) -> DeliveryRecord | None:
-        try:
-            entity = self.table.get_entity(table_key(message_id), table_key(channel))
-        except ResourceNotFoundError:
-            return None
-        return self._load(entity)
+        return self._get(message_id, channel)
 
     def rows(self, message_id: str) -> dict[str, DeliveryRecord]:
-        query = "PartitionKey eq @pk"
-        entities = self.table.query_entities(query, parameters={"pk": table_key(message_id)})
-        return {record.channel: record for record in map(self._load, entities)}
+        return {record.channel: record for record in self._partition(message_id)}
 
     def insert(self, record: DeliveryRecord) -> bool:
         """Conditional insert; False if a row for this announcement and channel exists."""
-        try:
-            meta = self.table.create_entity(self._entity(record))
-        except ResourceExistsError:
-            return False
-        record.etag = meta.get("etag")
-        return True
+        return self._insert(self._entity(record), record)
 
     def replace(self, record: DeliveryRecord) -> bool:
         """Write `record` only if its row is unchanged since read; False if it changed."""
-        try:
-            meta = self.table.update_entity(
-                self._entity(record),
-                mode=UpdateMode.REPLACE,
-                etag=record.etag,
-                match_condition=MatchConditions.IfNotModified,
-            )
-        except (ResourceModifiedError, ResourceNotFoundError):
-            return False
-        record.etag = meta.get("etag")
-        return True
+        return self._replace(self._entity(record), record)
 
     def release(self, record: DeliveryRecord) -> None:
         """Drop our claim after a retryable failure, so the redelivery claims afresh at once
