@@ -135,3 +135,28 @@ class Azurite:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def table_url(connection_string: str, table: str) -> str:
+    """A table's URL on the endpoint a connection string names (Azurite: /ACCOUNT/TABLE)."""
+    parts = dict(
+        item.split("=", 1) for item in connection_string.strip(";").split(";") if "=" in item
+    )
+    return f"{parts['TableEndpoint'].rstrip('/')}/{table}"
+
+
+def table_sas(table: str, permission: str = "au", hours: float = 24.0) -> str:
+    """A SAS query string for one Azurite table, signed with the well-known development key:
+    by default add + update only, what a relay needs to merge its heartbeat (no read, no
+    delete), as the liveness role grants the relay's identity in Azure."""
+    from datetime import datetime, timedelta, timezone
+
+    from azure.core.credentials import AzureNamedKeyCredential
+    from azure.data.tables import TableSasPermissions, generate_table_sas
+
+    return generate_table_sas(
+        AzureNamedKeyCredential(AZURITE_ACCOUNT, AZURITE_KEY),
+        table,
+        permission=TableSasPermissions(_str=permission),
+        expiry=datetime.now(timezone.utc) + timedelta(hours=hours),
+    )

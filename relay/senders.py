@@ -23,7 +23,7 @@ from relay.outbox import Outbox, OutboxMessage, atomic_write
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    pass
+    from typing import Any
 
 log = logging.getLogger("relay.sender")
 
@@ -188,8 +188,28 @@ def build_sender(settings: object) -> Sender:
     from relay.settings import RelaySettings
 
     assert isinstance(settings, RelaySettings)
+    if not settings.heartbeat_table:
+        return _document_sender(settings, settings.heartbeat_queue or None)
+    from relay.liveness import SplitSender, TableLiveness
+
+    documents = _document_sender(settings, None)  # heartbeats never reach it
+    if settings.heartbeat_table_sas_file is not None:
+        sas = settings.heartbeat_table_sas_file.read_text(encoding="utf-8")
+        heartbeats = TableLiveness(settings.heartbeat_table, sas=sas, timeout=settings.send_timeout)
+    else:
+        from relay.identity import STORAGE_RESOURCE, ManagedIdentityTokenProvider
+
+        tokens = ManagedIdentityTokenProvider(
+            settings.imds_url, settings.identity_client_id, resource=STORAGE_RESOURCE
+        )
+        heartbeats = TableLiveness(
+            settings.heartbeat_table, tokens=tokens, timeout=settings.send_timeout
+        )
+    return SplitSender(documents, heartbeats)
+
+
+def _document_sender(settings: Any, heartbeat_queue: str | None) -> Sender:
     target = settings.forward_target
-    heartbeat_queue = settings.heartbeat_queue or None
     if target.kind == "file":
         assert target.directory is not None
         return FileSender(target.directory, None if heartbeat_queue else target.directory)

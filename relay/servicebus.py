@@ -1,4 +1,4 @@
-"""Forwarding to Service Bus: its REST "Send Message" call, SAS and managed-identity tokens.
+"""Forwarding to Service Bus: its REST "Send Message" call and SAS tokens.
 
 Plain HTTPS with the standard library on purpose: the Azure SDK (AMQP) would triple the
 relay's memory on every VM of the fleet, and the relay must run on the VM's own Python with
@@ -18,7 +18,11 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-from relay.imds import ImdsClient, ImdsError
+from relay.identity import (
+    SERVICEBUS_RESOURCE,
+    ManagedIdentityTokenProvider,
+    TokenProvider,
+)
 from relay.logs import clip
 from relay.senders import Sender, SendError
 from relay.signing import hmac_sha256
@@ -30,21 +34,11 @@ if TYPE_CHECKING:
 
     from relay.models import Envelope
 
-SERVICEBUS_RESOURCE = "https://servicebus.azure.net"
 IDENTITY_API_VERSION = "2018-02-01"
 
 
 # ------------------------------------------------------------------ tokens
-
-
-class TokenProvider:
-    """Where an Authorization header comes from (SAS or managed identity)."""
-
-    def authorization(self) -> str:
-        raise NotImplementedError
-
-    def invalidate(self) -> None:
-        raise NotImplementedError
+# (managed identity: relay.identity, shared with the Table heartbeats)
 
 
 def parse_connection_string(text: str) -> dict[str, str]:
@@ -112,62 +106,6 @@ class SasTokenProvider(TokenProvider):
         self._token = None
 
 
-class ManagedIdentityTokenProvider(TokenProvider):
-    """Bearer tokens from the VM's managed identity (IMDS), refreshed before they expire."""
-
-    def __init__(
-        self,
-        imds_url: str,
-        client_id: str | None = None,
-        timeout: float = 10.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._imds = ImdsClient(imds_url, timeout)
-        self._client_id = client_id
-        self._timeout = timeout
-        self._clock = clock
-        self._token: str | None = None
-        self._expires = 0.0
-        self._refresh_at = 0.0
-
-    def authorization(self) -> str:
-        if self._token is None or self._clock() >= self._refresh_at:
-            self._fetch()
-        return f"Bearer {self._token}"
-
-    def invalidate(self) -> None:
-        self._token = None
-
-    def _fetch(self) -> None:
-        try:
-            response = self._imds.get_token(SERVICEBUS_RESOURCE, self._client_id, self._timeout)
-        except ImdsError as exc:
-            raise SendError("token", f"managed identity token: {exc.kind}") from None
-        if response.status != 200:
-            slow = response.status in (400, 403, 404)
-            raise SendError(
-                "token",
-                f"managed identity token: IMDS answered {response.status}"
-                + (" (no identity assigned to this VM?)" if slow else ""),
-                slow=slow,
-            )
-        try:
-            data = json.loads(response.body)
-            token = str(data["access_token"])
-            now = self._clock()
-            if data.get("expires_on"):
-                expires = float(data["expires_on"])
-            else:
-                expires = now + float(data.get("expires_in", 3600))
-        except (ValueError, KeyError, TypeError, RecursionError):
-            raise SendError("token", "managed identity token: malformed answer") from None
-        lifetime = max(expires - now, 0.0)
-        self._token = token
-        self._expires = expires
-        # Refresh at the later of 5 minutes or 10 % of the lifetime before expiry.
-        self._refresh_at = expires - max(min(300.0, lifetime / 2), lifetime / 10)
-
-
 # ------------------------------------------------------------------ Service Bus
 
 _SLOW_STATUS = {
@@ -205,29 +143,12 @@ class ServiceBusSender(Sender):
         self._heartbeat_tokens = heartbeat_tokens or tokens
         self._ttl = ttl_seconds
         self._timeout = timeout
-        self._opener: Any = None
+        self._opener = https_opener()
 
     def describe(self) -> str:
         return self.url
 
-    def _open(self, request: Any) -> tuple[int, bytes, dict[str, str]]:
-        import urllib.error
-        import urllib.request
-
-        if self._opener is None:
-            # Honours HTTPS_PROXY / NO_PROXY, as an operator behind a proxy expects.
-            self._opener = urllib.request.build_opener()
-        try:
-            with self._opener.open(request, timeout=self._timeout) as response:
-                return response.status, response.read(4096), dict(response.headers.items())
-        except urllib.error.HTTPError as exc:
-            body = b""
-            with contextlib.suppress(OSError):
-                body = exc.read(4096)
-            return exc.code, body, dict(exc.headers.items())
-
     def send(self, envelope: Envelope, body: str) -> None:
-        import urllib.error
         import urllib.request
 
         heartbeat_apart = envelope.kind == "heartbeat" and self.heartbeat_url is not None
@@ -247,19 +168,7 @@ class ServiceBusSender(Sender):
                 "BrokerProperties": json.dumps(props, separators=(",", ":")),
             },
         )
-        try:
-            status, text, headers = self._open(request)
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, (socket.timeout, TimeoutError)):
-                raise SendError(
-                    "timeout", f"Service Bus did not answer in {self._timeout}s"
-                ) from None
-            raise SendError("connection", f"cannot reach Service Bus: {clip(exc)}") from None
-        except (socket.timeout, TimeoutError):
-            raise SendError("timeout", f"Service Bus did not answer in {self._timeout}s") from None
-        except (OSError, ValueError, http_client_errors()) as exc:
-            raise SendError("request", f"Service Bus request failed: {clip(exc)}") from None
+        status, text, headers = exchange(self._opener, request, self._timeout, "Service Bus")
         if status == 201:
             return
         if status == 401:
@@ -270,7 +179,7 @@ class ServiceBusSender(Sender):
             raise SendError(
                 f"http-{status}",
                 f"Service Bus answered {status} (busy or unavailable); retrying",
-                retry_after=_retry_after(headers),
+                retry_after=retry_after(headers),
             )
         raise SendError(
             f"http-{status}",
@@ -280,15 +189,61 @@ class ServiceBusSender(Sender):
         )
 
 
+def https_opener() -> Any:
+    """A urllib opener (honours HTTPS_PROXY / NO_PROXY, as an operator behind a proxy
+    expects); built on first use so a relay forwarding to a directory never loads it."""
+    import urllib.request
+
+    return urllib.request.build_opener()
+
+
+def exchange(
+    opener: Any, request: Any, timeout: float, service: str
+) -> tuple[int, bytes, dict[str, str]]:
+    """One HTTPS request: its status, the first 4 KiB of its body and its headers. An
+    HTTP error status is an answer, not an exception; anything that got no answer raises
+    SendError (timeout, connection, request) naming `service`, for the send loop to retry."""
+    import urllib.error
+
+    try:
+        try:
+            with opener.open(request, timeout=timeout) as response:
+                return response.status, response.read(4096), dict(response.headers.items())
+        except urllib.error.HTTPError as exc:
+            body = b""
+            with contextlib.suppress(OSError):
+                body = exc.read(4096)
+            return exc.code, body, dict(exc.headers.items())
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, (socket.timeout, TimeoutError)):
+            raise SendError("timeout", f"{service} did not answer in {timeout}s") from None
+        raise SendError("connection", f"cannot reach {service}: {clip(exc)}") from None
+    except (socket.timeout, TimeoutError):
+        raise SendError("timeout", f"{service} did not answer in {timeout}s") from None
+    except (OSError, ValueError, http_client_errors()) as exc:
+        raise SendError("request", f"{service} request failed: {clip(exc)}") from None
+
+
 def http_client_errors() -> type[Exception]:
     import http.client
 
     return http.client.HTTPException
 
 
-def _retry_after(headers: dict[str, str]) -> float | None:
+def retry_after(headers: dict[str, str]) -> float | None:
     value = {k.lower(): v for k, v in headers.items()}.get("retry-after")
     try:
         return float(value) if value else None
     except ValueError:
         return None
+
+
+__all__ = [
+    "SERVICEBUS_RESOURCE",
+    "ManagedIdentityTokenProvider",
+    "SasTokenProvider",
+    "ServiceBusSender",
+    "TokenProvider",
+    "parse_connection_string",
+    "sas_token",
+]

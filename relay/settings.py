@@ -172,6 +172,8 @@ _SPECS: dict[str, _Spec] = {
     "poll_interval": _float(gt=0, le=60),
     "heartbeat_interval": _float(ge=1, le=86400),
     "heartbeat_queue": _Spec(_text),
+    "heartbeat_table": _Spec(_text),
+    "heartbeat_table_sas_file": _Spec(_path),
     "forward_all_events": _Spec(_bool),
     "state_dir": _Spec(_path),
     "forward": _Spec(_text),
@@ -230,6 +232,10 @@ class RelaySettings(Record):
     heartbeat_interval: float = 300.0
     # Contract C1: heartbeats to their own (session-less) queue; "" keeps them with documents.
     heartbeat_queue: str = "heartbeats"
+    # Heartbeats straight into the bridge's VM table (relay.liveness) instead of Service Bus:
+    # https://ACCOUNT.table.core.windows.net/TABLE. Unset: the heartbeat queue, as before.
+    heartbeat_table: str | None = None
+    heartbeat_table_sas_file: Path | None = None  # a SAS query string, instead of the identity
     # Contract C2: by default only the events naming this VM are forwarded.
     forward_all_events: bool = False
     state_dir: Path = DEFAULT_STATE_DIR
@@ -300,6 +306,25 @@ class RelaySettings(Record):
         return value
 
     @staticmethod
+    def _check_heartbeat_table(value: str) -> str:
+        """https://ACCOUNT.table.core.windows.net/TABLE (any cloud's suffix), or a loopback
+        http URL whose last path segment is the table (Azurite: /ACCOUNT/TABLE)."""
+        value = value.rstrip("/")
+        parts = urlsplit(value)
+        if parts.scheme == "http" and not is_loopback_url(value):
+            raise ValueError("plain http is allowed for loopback stand-ins only")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be https://ACCOUNT.table.core.windows.net/TABLE")
+        if parts.query or parts.fragment or "@" in parts.netloc:
+            raise ValueError("must be the table's URL alone (no query: a SAS goes in a file)")
+        table = parts.path.rpartition("/")[2]
+        if not (3 <= len(table) <= 63 and table.isascii() and table.isalnum()):
+            raise ValueError(f"{table or '(none)'!r} is not a table name (3-63 letters/digits)")
+        if not table[0].isalpha():
+            raise ValueError(f"{table!r} is not a table name (it must start with a letter)")
+        return value
+
+    @staticmethod
     def _check_callback_listen(value: str) -> str:
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isascii() or not port.isdigit():
@@ -364,6 +389,15 @@ class RelaySettings(Record):
             raise ValueError(
                 f"cannot read SAS connection string file {self.sas_connection_string_file}"
             )
+        if self.heartbeat_table_sas_file is not None:
+            if not self.heartbeat_table:
+                raise ValueError("--heartbeat-table-sas-file needs --heartbeat-table")
+            try:
+                sas = self.heartbeat_table_sas_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"cannot read the heartbeat table SAS file: {exc}") from None
+            if "sig=" not in sas:
+                raise ValueError("the heartbeat table SAS file holds no SAS token (no sig=)")
         if self.callback_listen and self.callback_key_file is None:
             raise ValueError("--callback-listen needs --callback-key-file")
         if self.previous_key_file is not None and self.callback_key_file is None:
@@ -461,6 +495,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--poll-interval", help="seconds between IMDS polls (default 1)")
     add("--heartbeat-interval", help="seconds between heartbeats (default 300)")
     add("--heartbeat-queue", help="Service Bus queue of heartbeats ('' = with the documents)")
+    add(
+        "--heartbeat-table",
+        help="write heartbeats into this Table (https://ACCOUNT.table.core.windows.net/TABLE, "
+        "the bridge's VM table) instead of Service Bus",
+    )
+    add("--heartbeat-table-sas-file", help="a SAS token for --heartbeat-table (default: identity)")
     add(
         "--forward-all-events",
         action="store_const",
