@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from datetime import UTC
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -149,7 +150,7 @@ def table_sas(table: str, permission: str = "au", hours: float = 24.0) -> str:
     """A SAS query string for one Azurite table, signed with the well-known development key:
     by default add + update only, what a relay needs to merge its heartbeat (no read, no
     delete), as the liveness role grants the relay's identity in Azure."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from azure.core.credentials import AzureNamedKeyCredential
     from azure.data.tables import TableSasPermissions, generate_table_sas
@@ -158,5 +159,5 @@ def table_sas(table: str, permission: str = "au", hours: float = 24.0) -> str:
         AzureNamedKeyCredential(AZURITE_ACCOUNT, AZURITE_KEY),
         table,
         permission=TableSasPermissions(_str=permission),
-        expiry=datetime.now(timezone.utc) + timedelta(hours=hours),
+        expiry=datetime.now(UTC) + timedelta(hours=hours),
     )

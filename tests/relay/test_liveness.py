@@ -10,7 +10,7 @@ import json
 import random
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ def heartbeat(name: str, callback: str | None = "http://10.0.0.4:8787") -> Envel
         kind="heartbeat",
         vm=VmRef(name=name, callback_url=callback),
         sequence=1,
-        observed_at=datetime.now(timezone.utc),
+        observed_at=datetime.now(UTC),
         relay_version="9.9.9",
     )
 
@@ -70,11 +70,11 @@ def test_keys_are_the_function_apps_for_any_name() -> None:
 def test_a_heartbeat_lands_in_the_vm_row_the_function_app_reads(
     azurite: str, store: Store, name: str
 ) -> None:
-    before = datetime.now(timezone.utc) - timedelta(seconds=1)
+    before = datetime.now(UTC) - timedelta(seconds=1)
     writer(azurite).write(heartbeat(name))
     vm = store.get_vm(name)
     assert vm is not None and vm.last_seen is not None
-    assert before <= vm.last_seen <= datetime.now(timezone.utc) + timedelta(seconds=1)
+    assert before <= vm.last_seen <= datetime.now(UTC) + timedelta(seconds=1)
     assert (vm.callback_url, vm.relay_version, vm.name) == ("http://10.0.0.4:8787", "9.9.9", name)
     silent_after = vm.last_seen + timedelta(seconds=1)
     assert name in {v.name for v in store.vms_due(silent_after)}  # the watchdog's query
@@ -123,7 +123,7 @@ class _Answers(BaseHTTPRequestHandler):
     script: list[tuple[int, dict[str, str]]] = []
     seen: list[dict[str, Any]] = []
 
-    def do_PATCH(self) -> None:  # noqa: N802 - http.server's naming
+    def do_PATCH(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         type(self).seen.append(
             {
@@ -181,7 +181,7 @@ def test_the_request_is_an_insert_or_merge_of_plain_columns(standin: Any) -> Non
     handler, url = standin
     TableLiveness(url, sas="?sv=1&sig=abc").write(heartbeat("Vm'1"))
     [got] = handler.seen
-    pk, rk = vm_keys("Vm'1")
+    pk, _rk = vm_keys("Vm'1")
     assert got["path"] == f"/acct/{TABLE}(PartitionKey='{pk}',RowKey='vm%27%271')?sv=1&sig=abc"
     assert "if-match" not in got["headers"] and got["headers"]["x-ms-version"] == "2019-02-02"
     assert got["entity"]["seen@odata.type"] == "Edm.DateTime"
