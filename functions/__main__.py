@@ -93,6 +93,13 @@ def _cost_parser(sub: argparse._SubParsersAction) -> None:
     cost.add_argument("--events-per-vm-month", type=float, default=1.0, help="default 1")
     cost.add_argument("--heartbeat-seconds", type=float, default=300.0, help="default 300")
     cost.add_argument("--retention-days", type=float, default=30.0, help="ended events kept")
+    cost.add_argument(
+        "--heartbeats",
+        choices=("table", "servicebus"),
+        default="table",
+        help="how relays send heartbeats: straight into the VM table (default; relays "
+        "installed by this release) or through Service Bus (relays installed before)",
+    )
     cost.add_argument("--instance-memory-mb", type=int, help="default: the Bicep default")
     cost.add_argument("--max-instances", type=int, help="default: the Bicep default")
     cost.add_argument("--prices", help="a price table like functions/cost/prices.json")
@@ -116,6 +123,7 @@ def _cost(args: argparse.Namespace) -> int:
             events_per_vm_month=args.events_per_vm_month,
             heartbeat_seconds=args.heartbeat_seconds,
             retention_days=args.retention_days,
+            heartbeats=args.heartbeats,
         )
         deployment = load_deployment(
             instance_memory_mb=args.instance_memory_mb, max_instances=args.max_instances

@@ -23,7 +23,7 @@ from typing import Any
 import requests
 
 from functions.notify.settings import PAGERDUTY_EVENTS_URL
-from local.azurite import free_port
+from local.azurite import free_port, table_sas, table_url
 from local.channels import (
     Delivery,
     channel_values,
@@ -407,6 +407,12 @@ class Demo:
     def _start_relays(self) -> None:
         """One real relay process per VM, forwarding into the shared inbox."""
         hook, self.hook_log = write_drain_hook(self.workdir)
+        # Heartbeats go straight into the VM table, as in Azure (there through the relay
+        # identity's liveness role; here through a SAS of the same rights: add, update).
+        vms_table = f"{self.settings.state_table_prefix}vms"
+        sas_file = self.workdir / "heartbeat-table.sas"
+        sas_file.write_text(table_sas(vms_table) + "\n", encoding="utf-8")
+        heartbeat_table = (table_url(self.connection_string, vms_table), sas_file)
         self.relays: dict[str, subprocess.Popen[bytes]] = {}
         self.callback_urls: dict[str, str] = {}
         for vm in self.options.fleet:
@@ -425,6 +431,7 @@ class Demo:
                 hook=hook,
                 # Nothing listens there: approvals through it fail (connection refused).
                 advertise=relay_callback_url(free_port()) if vm.callback_down else None,
+                heartbeat_table=heartbeat_table,
             )
             log = self.workdir / "logs" / f"relay-{vm.name}.log"
             self.relays[vm.name] = self.stack.process(argv, log, env=relay_env(self.options.env))
@@ -435,7 +442,8 @@ class Demo:
             "demo",
             "relays",
             f"{len(self.relays)} relays polling every "
-            f"{self.options.poll_interval:g} s, forwarding to {self.inbox}",
+            f"{self.options.poll_interval:g} s, forwarding to {self.inbox}, "
+            f"heartbeats into the {vms_table} table",
         )
 
     def _wait_healthy(self, vm: str, url: str, timeout: float = 20.0) -> None:

@@ -46,9 +46,11 @@ def relay_argv(
     key_file: Path,
     hook: Path,
     advertise: str | None = None,
+    heartbeat_table: tuple[str, Path] | None = None,
 ) -> list[str]:
     """`advertise`: the callback URL the relay announces, if not its own (a callback that
-    is down: the demo's ARM fallback)."""
+    is down: the demo's ARM fallback). `heartbeat_table`: (table URL, SAS file) where the
+    relay writes its heartbeats, as deployed relays do (relay.liveness)."""
     argv = [
         sys.executable,
         "-m",
@@ -78,6 +80,9 @@ def relay_argv(
     ]
     if vm.availability_set:
         argv += ["--availability-set", vm.availability_set]
+    if heartbeat_table is not None:
+        url, sas_file = heartbeat_table
+        argv += ["--heartbeat-table", url, "--heartbeat-table-sas-file", str(sas_file)]
     return argv
 
 

@@ -47,6 +47,13 @@ class Counts(BaseModel):
     table_entities_per_heartbeat: float = Field(ge=0)
     seconds_per_heartbeat_execution: float = Field(gt=0)
     log_bytes_per_heartbeat_execution: float = Field(ge=0)
+    # Heartbeats as relays send them now (relay.liveness): straight into the VM table, one
+    # Insert Or Merge each, counted on the wire from real relay processes; no Service Bus
+    # message, no execution. The numbers above are for relays that still send heartbeats
+    # through Service Bus (installed before), which the model prices with --heartbeats
+    # servicebus.
+    table_requests_per_relay_heartbeat: float = Field(ge=0)
+    table_entities_per_relay_heartbeat: float = Field(ge=0)
     # Share of heartbeat entity operations that land on the busiest partition.
     hot_partition_share: float = Field(gt=0, le=1)
 

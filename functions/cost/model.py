@@ -23,6 +23,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,6 +46,10 @@ class Workload(BaseModel):
     events_per_vm_month: float = Field(default=1.0, ge=0)
     heartbeat_seconds: float = Field(default=300.0, ge=1)
     retention_days: float = Field(default=30.0, gt=0)
+    # How relays send heartbeats: straight into the VM table (relays of this release, with
+    # --heartbeat-table, as the Bicep installs them), or through Service Bus and a batch
+    # execution (relays installed before, or without the table setting).
+    heartbeats: Literal["table", "servicebus"] = "table"
 
 
 class Deployment(BaseModel):
@@ -116,7 +121,8 @@ def documents_per_event(workload: Workload, counts: Counts) -> float:
 
 def heartbeat_batch(workload: Workload, deployment: Deployment, counts: Counts) -> float:
     """Heartbeats per execution: 1 on the session queue; on a batch trigger, what arrives
-    before it fires (minMessageBatchSize, or the fleet's rate x maxBatchWaitTime if fewer)."""
+    before it fires (minMessageBatchSize, or the fleet's rate x maxBatchWaitTime if fewer).
+    Relays writing to the table cost no execution at all (see volumes)."""
     if counts.heartbeats_on_sessions:
         return 1.0
     arriving = workload.vms / workload.heartbeat_seconds * deployment.batch_wait_seconds
@@ -132,7 +138,9 @@ def volumes(workload: Workload, counts: Counts, deployment: Deployment) -> Volum
         events=events,
         documents=events * documents_per_event(workload, counts),
         heartbeats=heartbeats,
-        heartbeat_executions=heartbeats / heartbeat_batch(workload, deployment, counts),
+        heartbeat_executions=0.0
+        if workload.heartbeats == "table"
+        else heartbeats / heartbeat_batch(workload, deployment, counts),
         notifications=notifications,
         notify_executions=notifications * counts.topic_subscriptions,
         sweeps=SWEEPS_PER_MONTH,
@@ -197,10 +205,15 @@ def functions_lines(
     ]
 
 
-def servicebus_lines(v: Volumes, c: Counts, p: PriceTable) -> list[Line]:
+def bus_heartbeats(v: Volumes, w: Workload) -> float:
+    """Heartbeats that travel through Service Bus (none when relays write the table)."""
+    return v.heartbeats if w.heartbeats == "servicebus" else 0.0
+
+
+def servicebus_lines(v: Volumes, w: Workload, c: Counts, p: PriceTable) -> list[Line]:
     per_message = c.servicebus_operations_per_message
     receive_side = max(0.0, per_message - 1)  # receive + complete on each subscription
-    operations = (v.documents + v.heartbeats) * per_message + v.notifications * (
+    operations = (v.documents + bus_heartbeats(v, w)) * per_message + v.notifications * (
         1 + c.topic_subscriptions * receive_side
     )
     entry = p.prices["servicebus_standard_operations"]
@@ -227,9 +240,14 @@ def servicebus_lines(v: Volumes, c: Counts, p: PriceTable) -> list[Line]:
 
 
 def table_lines(v: Volumes, w: Workload, c: Counts, p: PriceTable) -> list[Line]:
+    per_heartbeat = (
+        c.table_requests_per_relay_heartbeat
+        if w.heartbeats == "table"
+        else c.table_requests_per_heartbeat
+    )
     transactions = (
         v.documents * c.table_requests_per_document
-        + v.heartbeats * c.table_requests_per_heartbeat
+        + v.heartbeats * per_heartbeat
         + v.sweeps * watchdog_requests(w.vms, c)
     )
     events_kept = v.events * w.retention_days / (HOURS_PER_MONTH / 24)
@@ -277,12 +295,17 @@ def log_lines(v: Volumes, c: Counts, p: PriceTable) -> list[Line]:
 def ceilings(w: Workload, d: Deployment, c: Counts, p: PriceTable) -> list[Ceiling]:
     """Fleet sizes at which each limit is reached, for this workload's per-VM rates."""
     heartbeat_rate = 1 / w.heartbeat_seconds  # per VM per second
+    direct = w.heartbeats == "table"
+    bus_heartbeat_rate = 0.0 if direct else heartbeat_rate
+    heartbeat_entities = (
+        c.table_entities_per_relay_heartbeat if direct else c.table_entities_per_heartbeat
+    )
     document_rate = w.events_per_vm_month * documents_per_event(w, c) / SECONDS_PER_MONTH
     notification_rate = w.events_per_vm_month * c.notifications_per_event / SECONDS_PER_MONTH
     out: list[Ceiling] = []
 
     credits = (
-        heartbeat_rate + document_rate
+        bus_heartbeat_rate + document_rate
     ) * c.servicebus_credits_per_message + notification_rate * (1 + 2 * c.topic_subscriptions)
     budget = p.limit("servicebus_standard_credits_per_second")
     out.append(
@@ -294,7 +317,7 @@ def ceilings(w: Workload, d: Deployment, c: Counts, p: PriceTable) -> list[Ceili
     )
 
     entities = (
-        heartbeat_rate * c.table_entities_per_heartbeat
+        heartbeat_rate * heartbeat_entities
         + document_rate * c.table_entities_per_document
         + c.watchdog_requests_per_sweep_per_vm / 60
     )
@@ -308,8 +331,7 @@ def ceilings(w: Workload, d: Deployment, c: Counts, p: PriceTable) -> list[Ceili
     )
 
     hot = (
-        heartbeat_rate * c.table_entities_per_heartbeat
-        + document_rate * c.table_entities_per_document
+        heartbeat_rate * heartbeat_entities + document_rate * c.table_entities_per_document
     ) * c.hot_partition_share
     partition = p.limit("table_partition_entities_per_second")
     out.append(
@@ -337,13 +359,17 @@ def ceilings(w: Workload, d: Deployment, c: Counts, p: PriceTable) -> list[Ceili
             f"{d.max_concurrent_calls} calls x {c.heartbeats_per_execution:g} heartbeats / "
             f"{c.seconds_per_heartbeat_execution:.3g} s"
         )
-    instances_per_vm = heartbeat_rate / hb_rate + document_rate / session_rate
+    instances_per_vm = bus_heartbeat_rate / hb_rate + document_rate / session_rate
+    heartbeat_term = (
+        "no heartbeat executions (relays write the table)"
+        if direct
+        else f"1/{w.heartbeat_seconds:g} s / {hb_rate:.3g} heartbeats/s per instance [{hb_how}]"
+    )
     out.append(
         Ceiling(
             name="Functions instances",
             vms=_over(d.max_instances, instances_per_vm),
-            formula=f"{d.max_instances} instances / (1/{w.heartbeat_seconds:g} s / "
-            f"{hb_rate:.3g} heartbeats/s per instance [{hb_how}] + documents / "
+            formula=f"{d.max_instances} instances / ({heartbeat_term} + documents / "
             f"{session_rate:.3g} per instance)",
         )
     )
@@ -380,7 +406,7 @@ def estimate(
     v = volumes(workload, counts, deployment)
     lines = [
         *functions_lines(v, workload, deployment, counts, prices, free_grants),
-        *servicebus_lines(v, counts, prices),
+        *servicebus_lines(v, workload, counts, prices),
         *table_lines(v, workload, counts, prices),
         *log_lines(v, counts, prices),
     ]

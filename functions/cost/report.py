@@ -29,11 +29,20 @@ def render(e: Estimate) -> str:
     w, d = e.workload, e.deployment
     lines = [
         f"Fleet: {w.vms:,} VMs in sets of {w.set_size}, {w.events_per_vm_month:g} event(s) "
-        f"per VM-month, a heartbeat every {w.heartbeat_seconds:g} s",
+        f"per VM-month, a heartbeat every {w.heartbeat_seconds:g} s "
+        + (
+            "straight into the VM table (no message, no execution)"
+            if w.heartbeats == "table"
+            else "through Service Bus (relays installed before the table path)"
+        ),
         f"Deployment: Flex Consumption {d.instance_memory_mb} MB instances (always ready off), "
         f"at most {d.max_instances}; Service Bus Standard; Table storage LRS",
-        f"Counts: measured {e.counts_measured_at} ({e.counts_measured_by}), heartbeats "
-        f"{e.heartbeats_measured_per_execution:g} per execution",
+        f"Counts: measured {e.counts_measured_at} ({e.counts_measured_by})"
+        + (
+            f", Service Bus heartbeats {e.heartbeats_measured_per_execution:g} per execution"
+            if w.heartbeats == "servicebus"
+            else ""
+        ),
         f"Prices: list, USD, as of {e.prices_as_of}",
         "",
         f"{'part':<14} {'item':<34} {'per month':>22} {'USD':>12}",

@@ -8,9 +8,11 @@
 - ingest throughput with Table storage on Azurite, one worker per Service Bus session;
 - notifications per event: 100 VMs of one availability set report the same event
   concurrently, and Teams must get one post;
-- fleet scale (tests/bench/scale_bench.py, tests/bench/set_relays.py): Table requests per
-  document at 200 reporters, documents per event across a 20-VM set of real relays, one
-  watchdog sweep at 10,000 VMs, heartbeats; from these, the per-operation counts the cost
+- fleet scale (tests/bench/scale_bench.py, tests/bench/set_relays.py,
+  tests/bench/relay_heartbeats.py): Table requests per document at 200 reporters,
+  documents per event across a 20-VM set of real relays, one watchdog sweep at 10,000 VMs,
+  heartbeats (real relays writing the VM table, and the Service Bus path of older relays);
+  from these, the per-operation counts the cost
   model reads (functions/cost/counts.json, rewritten by a full run) and the model's cost
   per VM-month at 10,000 VMs and capacity ceiling.
 
@@ -276,7 +278,7 @@ def notifications_per_event(connection_string: str, vms: int = 100) -> dict[str,
 
 def fleet_scale(connection_string: str, args: argparse.Namespace) -> dict[str, Any]:
     """Issue 11's keys, and the counts the cost model reads, all from this one run."""
-    from tests.bench import scale_bench, set_relays
+    from tests.bench import relay_heartbeats, scale_bench, set_relays
 
     out: dict[str, Any] = {}
     counts: dict[str, Any] = {}
@@ -292,6 +294,10 @@ def fleet_scale(connection_string: str, args: argparse.Namespace) -> dict[str, A
     out["documents_per_event_set20"] = relays.total
     counts["documents_per_event_named_vm"] = relays.per_vm[relays.named]
     counts["documents_per_event_per_setmate"] = relays.per_setmate
+    progress("heartbeats: 8 real relays write theirs into the VM table, one a second")
+    beats = relay_heartbeats.run(connection_string)
+    counts.update(beats.pop("_counts"))
+    out.update(beats)
     progress("reporters: 200 VMs (64-character names) of one set report one event")
     reporters = scale_bench.set200(connection_string)
     progress(f"watchdog: one sweep over {vms} VMs, {ended} events ended before the retention")

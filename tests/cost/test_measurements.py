@@ -96,3 +96,17 @@ def test_documents_per_event_on_a_three_vm_set() -> None:
         assert result.contents[vm] == ([["Scheduled"], ["Started"], []] if forwarded else [])
     assert result.total == sum(result.per_vm.values())
     assert result.per_setmate == (result.total - 3) / 2
+
+
+def test_relays_heartbeat_with_one_table_request_each(azurite: str) -> None:
+    """The bench's count for the model: real relays writing into the VM table, counted on
+    the wire; one Insert Or Merge per heartbeat and nothing else (no read, no retry)."""
+    from tests.bench import relay_heartbeats
+
+    result = relay_heartbeats.run(azurite, relays=2, seconds=3.0)
+    assert result["relay_heartbeats_measured"] >= 4
+    counts = result["_counts"]
+    assert counts["table_requests_per_relay_heartbeat"] == 1.0
+    assert (
+        counts["table_entities_per_relay_heartbeat"] == counts["table_requests_per_relay_heartbeat"]
+    )

@@ -64,6 +64,8 @@ COUNTS = Counts(
     table_entities_per_heartbeat=1,
     seconds_per_heartbeat_execution=2.0,
     log_bytes_per_heartbeat_execution=0,
+    table_requests_per_relay_heartbeat=1,
+    table_entities_per_relay_heartbeat=1,
     hot_partition_share=0.5,
     watchdog_requests_per_sweep_base=2,
     watchdog_requests_per_sweep_per_vm=0.001,
@@ -88,8 +90,13 @@ DEPLOYMENT = Deployment(
     batch_wait_seconds=30,
 )
 
-# 2,628 s between heartbeats: 1,000 heartbeats per VM in a 730-hour month.
-WORKLOAD = Workload(vms=1000, set_size=2, events_per_vm_month=1, heartbeat_seconds=2628)
+# 2,628 s between heartbeats: 1,000 heartbeats per VM in a 730-hour month, sent the old way
+# (Service Bus and a batch execution); TABLE_WORKLOAD is the same fleet with relays that
+# write their heartbeats into the VM table.
+WORKLOAD = Workload(
+    vms=1000, set_size=2, events_per_vm_month=1, heartbeat_seconds=2628, heartbeats="servicebus"
+)
+TABLE_WORKLOAD = WORKLOAD.model_copy(update={"heartbeats": "table"})
 
 
 def test_volumes() -> None:
@@ -157,7 +164,12 @@ def test_heartbeats_on_sessions_wait_for_the_idle_timeout() -> None:
     counts = COUNTS.model_copy(
         update={"heartbeats_on_sessions": True, "heartbeats_per_execution": 1}
     )
-    e = estimate(Workload(vms=1000, heartbeat_seconds=300), DEPLOYMENT, counts, PRICES)
+    e = estimate(
+        Workload(vms=1000, heartbeat_seconds=300, heartbeats="servicebus"),
+        DEPLOYMENT,
+        counts,
+        PRICES,
+    )
     functions = next(c for c in e.ceilings if c.name == "Functions instances")
     # issue 11: 32 sessions / (30 s idle + 2 s) per instance, a heartbeat every 300 s
     rate = 32 / 32
@@ -172,6 +184,30 @@ def test_small_fleets_fill_smaller_batches() -> None:
     assert volumes(one, COUNTS, DEPLOYMENT).heartbeat_executions == pytest.approx(10 * 1000)
     on_sessions = COUNTS.model_copy(update={"heartbeats_on_sessions": True})
     assert volumes(WORKLOAD, on_sessions, DEPLOYMENT).heartbeat_executions == 1_000_000
+
+
+def test_heartbeats_into_the_table_cost_one_transaction_and_no_message_or_execution() -> None:
+    v = volumes(TABLE_WORKLOAD, COUNTS, DEPLOYMENT)
+    assert v.heartbeats == 1_000_000 and v.heartbeat_executions == 0
+    e = estimate(TABLE_WORKLOAD, DEPLOYMENT, COUNTS, PRICES)
+    lines = {(line.part, line.item.split(" ")[0]): line for line in e.lines}
+    # billed seconds: 3,000 x 1 (min) + 43,800 x 1 + 16,000 x 1 = 62,800 at 1 GB
+    assert lines["Functions", "execution"].quantity == pytest.approx(62_800)
+    assert lines["Functions", "executions"].usd == pytest.approx(0.0628)
+    # 3,000 x 3 + 4,000 x (1 + 4 x 2): no heartbeat on the bus
+    assert lines["Service Bus", "operations"].quantity == pytest.approx(45_000)
+    # 3,000 x 4 + 1,000,000 x 1 + 43,800 x (2 + 0.001 x 1,000) = 1,143,400 transactions
+    assert lines["Table storage", "transactions"].quantity == pytest.approx(1_143_400)
+    assert lines["Table storage", "transactions"].usd == pytest.approx(1.1434)
+    # 62,800 executions x 1,000 B + 3,000 documents x 100 B
+    assert lines["Log Analytics", "ingestion"].quantity == pytest.approx(0.0631)
+    limits = {c.name: c.vms for c in e.ceilings}
+    # credits per VM-second: 3 / 2,628,000 x 2 + 4 / 2,628,000 x (1 + 2 x 4)
+    assert limits["Service Bus Standard"] == pytest.approx(1000 * 2_628_000 / 42)
+    assert limits["Table partition"] == pytest.approx(2000 * 2_628_000 / 506)  # as before
+    documents = (3 / 2_628_000) / (32 / 30.5)  # no heartbeat executions at all
+    assert limits["Functions instances"] == pytest.approx(10 / documents)
+    assert e.bound_by == "Functions instances"  # 9.2 M VMs, before the partition's 10.4 M
 
 
 def test_tiers() -> None:
