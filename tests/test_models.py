@@ -194,3 +194,12 @@ def test_message_id_dedupes_resends_but_not_changes():
 def test_bad_envelopes_are_rejected_with_a_reason(overrides):
     with pytest.raises(DocumentError, match="not a relay envelope"):
         parse_envelope(_envelope(**overrides))
+
+
+@pytest.mark.parametrize("text", ["Mon, 01 Jan 0001 00:00:00 GMT", "Sat, 11 Apr 0099 22:26:58 GMT"])
+def test_a_year_written_in_four_digits_is_that_year_not_19xx_or_20xx(text: str) -> None:
+    """email.utils reads years below 100 as 19xx/20xx even when written in full."""
+    from functions.model.envelope import parse_not_before
+
+    with pytest.raises(ValueError, match="outside"):
+        parse_not_before(text)

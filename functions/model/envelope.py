@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from datetime import UTC, datetime
 from email.utils import format_datetime, parsedate_to_datetime
 from typing import Any, Literal
@@ -118,6 +119,14 @@ def parse_not_before(value: Any) -> datetime | None:
     except (TypeError, ValueError, IndexError, OverflowError):
         parsed = None
     if parsed is not None:
+        written = _FOUR_DIGIT_YEAR.search(text)
+        if written is not None and int(written.group(1)) != parsed.year:
+            # email.utils reads any year below 100 as 19xx/20xx, even written with four
+            # digits: "0001" would become 2001. A year written in full is that year.
+            raise ValueError(
+                f"time {value!r}: year {written.group(1)} is outside "
+                f"{EARLIEST.year}..{LATEST.year - 1}"
+            )
         return _as_utc(parsed)
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -127,6 +136,9 @@ def parse_not_before(value: Any) -> datetime | None:
             "nor ISO 8601 ('2025-07-01T12:00:00Z')"
         ) from None
     return _as_utc(parsed)
+
+
+_FOUR_DIGIT_YEAR = re.compile(r"\b(\d{4})\s+\d{1,2}:\d{2}")
 
 
 def _as_utc(moment: datetime) -> datetime:
