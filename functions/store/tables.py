@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import requests
 from azure.core import MatchConditions
@@ -87,6 +88,18 @@ def utf16_prefix(text: str, units: int) -> str:
             break
         out.append(ch)
     return "".join(out)
+
+
+def _callback_url_ok(value: object) -> bool:
+    """A relay's callback as the envelope allows it: http(s)://HOST[:PORT], no user info."""
+    if not isinstance(value, str) or len(value) > 2048:
+        return False
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and "@" not in parts.netloc
 
 
 class ConflictError(RuntimeError):
@@ -355,10 +368,16 @@ class Store:
         seen = entity.get("seen")
         if isinstance(seen, datetime) and (record.last_seen is None or seen > record.last_seen):
             record.last_seen = seen
-        if entity.get("callback_url"):
-            record.callback_url = entity["callback_url"]
-        if entity.get("relay_version"):
-            record.relay_version = entity["relay_version"]
+        url = entity.get("callback_url")
+        if url and _callback_url_ok(url):
+            record.callback_url = url.rstrip("/")
+        elif url:
+            # Relays write these columns themselves (relay.liveness), past the envelope's
+            # checks: a value that is not a plain http(s) URL is never called back.
+            log.warning("VM %s: ignoring callback_url column %.100r", record.name, url)
+        version = entity.get("relay_version")
+        if isinstance(version, str) and version:
+            record.relay_version = version[:100]
         record.etag = entity.metadata.get("etag")
         return record
 

@@ -288,3 +288,25 @@ def test_the_relay_writes_heartbeats_to_the_table_and_documents_to_its_target(
     assert relay.proc.poll() is None
     lines = [line for line in relay.logs() if line.get("kind") == "heartbeat"]
     assert lines, "the relay logs the heartbeats it wrote"
+
+
+def test_liveness_columns_a_relay_wrote_are_checked_before_use(azurite: str, store: Store) -> None:
+    """The relay writes its row past the envelope's checks: the app calls back only a plain
+    http(s) URL and bounds the version it shows."""
+    from azure.data.tables import UpdateMode
+
+    pk, rk = vm_keys("forged-vm")
+    for url in ("file:///etc/passwd", "http://user@10.0.0.9:8787", "http://10.0.0.9:99999"):
+        store.vms.upsert_entity(
+            {
+                "PartitionKey": pk,
+                "RowKey": rk,
+                "name": "forged-vm",
+                "callback_url": url,
+                "relay_version": "v" * 5000,
+            },
+            mode=UpdateMode.MERGE,
+        )
+        vm = store.get_vm("forged-vm")
+        assert vm is not None and vm.callback_url is None, url
+        assert vm.relay_version is not None and len(vm.relay_version) == 100
