@@ -4,7 +4,9 @@
 //   az deployment group create -g rg-sebridge -p infra/main.bicepparam
 //
 // Least privilege throughout: two user-assigned identities (relays, function app), every
-// role assignment built-in and scoped to one entity (queue, topic, container, secret).
+// role assignment scoped to one entity (queue, topic, container, secret, table); built-in
+// roles, except two custom ones holding only the actions needed (the relays' heartbeat
+// writes to the vms table, storage.bicep; the app's acknowledge, eventgrid.bicep).
 
 targetScope = 'resourceGroup'
 
@@ -52,7 +54,7 @@ param existingVirtualNetworkName string = ''
 
 param vnetAddressPrefix string = '10.40.0.0/16'
 
-@description('New VNet only: a NAT gateway gives both subnets explicit outbound internet access (relays reach Service Bus and the package URL, the app reaches Teams/PagerDuty).')
+@description('New VNet only: a NAT gateway gives both subnets explicit outbound internet access (relays reach Service Bus, the vms table and the package URL, the app reaches Teams/PagerDuty).')
 param createNatGateway bool = true
 
 @description('The VM subnet: created (new VNet) or your VMs\' existing subnet.')
@@ -241,6 +243,9 @@ var names = {
 
 var vmSubnetReachesKeyVault = createVirtualNetwork || existingVmSubnetHasKeyVaultEndpoint
 
+// add-relay.sh's PACKAGE_URL in relayBootstrapArguments: a word even when empty.
+var relayPackageArgument = empty(relayPackageUrl) ? 'embedded' : relayPackageUrl
+
 // ---------- Identities ----------
 resource relayIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
   name: names.relayIdentity
@@ -297,6 +302,7 @@ module storage 'modules/storage.bicep' = {
     location: location
     tags: tags
     functionPrincipalId: functionIdentity.properties.principalId
+    relayPrincipalId: relayIdentity.properties.principalId
   }
 }
 
@@ -412,7 +418,7 @@ module functionApp 'modules/functionapp.bicep' = {
 // ---------- Relay bootstrap (cloud-init) ----------
 // Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment: the relay
 // itself (infra/relay/scheduled-events-relay.pyz.gz, `make relay`: the zipapp gzipped whole;
-// a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its six
+// a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its seven
 // arguments. Filled in, it stays under customData's 65535 bytes (tests/infra).
 var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz.gz')
 var addRelayScriptB64 = base64(loadTextContent('relay/add-relay.sh'))
@@ -424,7 +430,8 @@ var cloudInit3 = replace(cloudInit2, '{{DOCUMENTS_QUEUE}}', serviceBus.outputs.q
 var cloudInit4 = replace(cloudInit3, '{{IDENTITY_CLIENT_ID}}', relayIdentity.properties.clientId)
 var cloudInit5 = replace(cloudInit4, '{{CALLBACK_PORT}}', string(relayCallbackPort))
 var cloudInit6 = replace(cloudInit5, '{{RELAY_KEY_SECRET_URI}}', keyVault.outputs.relayKeySecretUri)
-var relayCloudInit = replace(cloudInit6, '{{RELAY_PACKAGE_URL}}', relayPackageUrl)
+var cloudInit7 = replace(cloudInit6, '{{RELAY_PACKAGE_URL}}', relayPackageUrl)
+var relayCloudInit = replace(cloudInit7, '{{HEARTBEAT_TABLE_URL}}', storage.outputs.heartbeatTableUrl)
 
 module exampleScaleSet 'modules/vmss-relay.bicep' = if (deployExampleScaleSet) {
   name: 'example-scaleset'
@@ -477,6 +484,10 @@ output functionIdentityClientId string = functionIdentity.properties.clientId
 output vmSubnetId string = network.outputs.vmSubnetId
 output functionSubnetId string = network.outputs.functionSubnetId
 output relayCallbackPort int = relayCallbackPort
-// The six arguments of infra/relay/add-relay.sh, for existing VMs and scale sets (README).
-output relayBootstrapArguments string = '${serviceBus.outputs.fullyQualifiedNamespace} ${serviceBus.outputs.queueName} ${relayIdentity.properties.clientId} ${relayCallbackPort} ${keyVault.outputs.relayKeySecretUri} ${relayPackageUrl}'
+// The seven arguments of infra/relay/add-relay.sh, for existing VMs and scale sets (README),
+// space-separated for `--parameters $ARGS`: an empty package URL is written `embedded`, so
+// that word splitting keeps all seven.
+output relayBootstrapArguments string = '${serviceBus.outputs.fullyQualifiedNamespace} ${serviceBus.outputs.queueName} ${relayIdentity.properties.clientId} ${relayCallbackPort} ${keyVault.outputs.relayKeySecretUri} ${relayPackageArgument} ${storage.outputs.heartbeatTableUrl}'
 output relayForward string = 'servicebus://${serviceBus.outputs.fullyQualifiedNamespace}/${serviceBus.outputs.queueName}'
+// The relays' --heartbeat-table (RELAY_HEARTBEAT_TABLE): the function app's vms table.
+output relayHeartbeatTable string = storage.outputs.heartbeatTableUrl

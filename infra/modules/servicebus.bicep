@@ -2,6 +2,9 @@
 // `heartbeats` queue (relays -> the batch trigger, no sessions) and the `notifications`
 // topic (ingest -> one subscription per channel), with every role assignment scoped to the
 // entity it is about: the relays' identity can only send to `documents` and `heartbeats`.
+// Relays installed with the heartbeat table (add-relay.sh's 7th argument) write their
+// heartbeats to the app's `vms` table instead (storage.bicep); `heartbeats` and the relays'
+// sender role on it stay for relays installed before that, which send heartbeats here.
 
 @description('Service Bus namespace name (globally unique).')
 param namespaceName string
@@ -156,7 +159,8 @@ resource relaySendsDocuments 'Microsoft.Authorization/roleAssignments@2022-04-01
   }
 }
 
-// ... and to `heartbeats`.
+// ... and to `heartbeats`: kept for relays installed without the heartbeat table (six
+// bootstrap arguments, or a relay older than RELAY_HEARTBEAT_TABLE), which heartbeat here.
 resource relaySendsHeartbeats 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: heartbeats
   name: guid(heartbeats.id, relayPrincipalId, serviceBusDataSender)

@@ -1,7 +1,10 @@
 // Storage for the function app: the Flex Consumption deployment container, the host's own
 // containers and the state tables. Shared keys are off: the app reaches everything with its
 // managed identity (Flex deploys from the container with identity auth, and Flex has no
-// Azure Files content share that would need a key).
+// Azure Files content share that would need a key). The relays write their heartbeats into
+// the `vms` table with their own identity (Insert Or Merge Entity only, see below), so the
+// public endpoint stays on: relays need outbound HTTPS to <account>.table.core.windows.net,
+// as they need it to the Service Bus namespace.
 
 @description('Storage account name: 3-24 lowercase letters and digits, globally unique.')
 @minLength(3)
@@ -30,6 +33,9 @@ param tablePrefix string = 'sebridge'
 @description('Principal (object) id of the function app\'s managed identity.')
 param functionPrincipalId string
 
+@description('Principal (object) id of the relays\' managed identity: may insert or merge entities in the vms table, nothing else here.')
+param relayPrincipalId string
+
 // Built-in role definitions.
 var storageBlobDataOwner = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
 var storageBlobDataContributor = 'ba92f5b4-2d11-453d-a403-e96b0029c9fe'
@@ -42,8 +48,9 @@ var hostContainerNames = [
   'azure-webjobs-secrets'
 ]
 
+// `vms` (VM rows: document state, and the liveness columns heartbeats merge) is declared on
+// its own below: it is the one table the relays may write to.
 var tableSuffixes = [
-  'vms'
   'events'
   'audit'
   'rejected'
@@ -131,6 +138,11 @@ resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-0
   name: 'default'
 }
 
+resource vmsTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
+  parent: tableService
+  name: '${tablePrefix}vms'
+}
+
 resource tables 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = [
   for suffix in tableSuffixes: {
     parent: tableService
@@ -174,8 +186,63 @@ resource functionUsesTables 'Microsoft.Authorization/roleAssignments@2022-04-01'
   }
 }
 
+// Relay heartbeats: a relay installed with the table URL (add-relay.sh's 7th argument,
+// RELAY_HEARTBEAT_TABLE) merges `name`, `seen`, `callback_url` and `relay_version` into its
+// VM's row, one Insert Or Merge Entity (PATCH, no If-Match) per heartbeat, with the relay
+// identity; it never reads or deletes. Relays installed before that (six arguments) still
+// send heartbeats to the Service Bus queue (servicebus.bicep keeps it and their role on it).
+//
+// The data actions, as confirmed: Microsoft's "Permissions for calling data operations"
+// (learn.microsoft.com/rest/api/storageservices/authorize-with-azure-active-directory,
+// 2025-03-27) gives Insert Or Merge Entity = entities/write OR (entities/add/action AND
+// entities/update/action); the pair is taken. Both are among the five data actions of the
+// built-in Storage Table Data Contributor (read, write, delete, add/action, update/action);
+// read, delete and the broader write are left out. Not confirmed: the Insert Or Merge Entity
+// page's own authorization section (not in the sources searched), and whether a custom role
+// may name a single resource as its assignable scope (this one is assignable in this
+// resource group, like the acknowledge role in eventgrid.bicep, and assigned on the table).
+// What RBAC cannot narrow: the pair also allows Insert Entity, Merge Entity and Update
+// Entity (replace), on any row and column of this one table. Every relay shares the
+// identity, so one VM can write another VM's row, as it could already send another VM's
+// heartbeat or document on Service Bus.
+resource heartbeatWriterRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = {
+  name: guid(subscription().id, resourceGroup().id, 'relay-heartbeat-writer')
+  properties: {
+    roleName: 'Scheduled Events Relay Heartbeat Writer (${resourceGroup().name}, ${uniqueString(resourceGroup().id)})'
+    description: 'Insert or merge table entities, nothing else (no read, no delete): the bridge\'s relays writing their heartbeats into the vms table.'
+    type: 'CustomRole'
+    permissions: [
+      {
+        actions: []
+        notActions: []
+        dataActions: [
+          'Microsoft.Storage/storageAccounts/tableServices/tables/entities/add/action'
+          'Microsoft.Storage/storageAccounts/tableServices/tables/entities/update/action'
+        ]
+        notDataActions: []
+      }
+    ]
+    assignableScopes: [
+      resourceGroup().id
+    ]
+  }
+}
+
+resource relayWritesHeartbeats 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: vmsTable
+  name: guid(vmsTable.id, relayPrincipalId, heartbeatWriterRole.name)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', heartbeatWriterRole.name)
+    principalId: relayPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 output accountName string = account.name
 output accountId string = account.id
 output blobEndpoint string = account.properties.primaryEndpoints.blob
 output deploymentContainerUrl string = '${account.properties.primaryEndpoints.blob}${deploymentContainerName}'
 output tablePrefix string = tablePrefix
+// What relays get as RELAY_HEARTBEAT_TABLE: https://<account>.table.core.windows.net/<prefix>vms
+// (the endpoint ends with a slash; other clouds have their own suffix).
+output heartbeatTableUrl string = '${account.properties.primaryEndpoints.table}${vmsTable.name}'

@@ -5,23 +5,25 @@
 # dist/add-relay-bundled.sh: this script with the relay appended) with run-command
 # (README: "Add the relay to an existing VM or scale set"):
 #
-#   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT KEY_SECRET_URI PACKAGE_URL
+#   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT KEY_SECRET_URI PACKAGE_URL [HEARTBEAT_TABLE]
 #
-# The deployment output `relayBootstrapArguments` holds these six values. PACKAGE_URL is
-# usually "": the relay (scheduled-events-relay.pyz, one file run by the VM's own Python
-# 3.9 or newer, standard library only) comes with this script. Otherwise it is
+# The deployment output `relayBootstrapArguments` holds these seven values. PACKAGE_URL is
+# usually "" (or `embedded`): the relay (scheduled-events-relay.pyz, one file run by the VM's
+# own Python 3.9 or newer, standard library only) comes with this script. Otherwise it is
 # https://HOST/scheduled-events-relay.pyz#sha256=HEX (a release asset and its checksum);
 # the download is installed only if its SHA-256 matches. No secret is passed in: the relay
 # key is read from Key Vault with the VM's managed identity (Key Vault Secrets User on that
 # one secret), now and hourly after, so a rotated key reaches every VM by itself.
+# HEARTBEAT_TABLE (the app's vms table, https://ACCOUNT.table.core.windows.net/TABLE): the
+# relay heartbeats there, not to the `heartbeats` queue (six arguments or "": the queue).
 # Idempotent: running it again upgrades and restarts the relay.
 set -eu
 
-if [ "$#" -ne 6 ]; then
-    echo "usage: $0 NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT KEY_SECRET_URI PACKAGE_URL" >&2
+if [ "$#" -ne 6 ] && [ "$#" -ne 7 ]; then
+    echo "usage: $0 NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT KEY_SECRET_URI PACKAGE_URL [HEARTBEAT_TABLE]" >&2
     exit 2
 fi
-NAMESPACE=$1 QUEUE=$2 CLIENT_ID=$3 PORT=$4 SECRET_URI=$5 PACKAGE_URL=$6
+NAMESPACE=$1 QUEUE=$2 CLIENT_ID=$3 PORT=$4 SECRET_URI=$5 PACKAGE_URL=$6 TABLE_URL=${7-}
 case "$NAMESPACE" in *.servicebus.windows.net) ;; *)
     echo "add-relay.sh: $NAMESPACE is not NAME.servicebus.windows.net" >&2; exit 2 ;; esac
 case "$QUEUE" in "" | */* | *[[:space:]]*) echo "add-relay.sh: bad queue name" >&2; exit 2 ;; esac
@@ -31,7 +33,7 @@ case "$SECRET_URI" in https://*.vault.azure.net/secrets/*) ;; *)
     echo "add-relay.sh: $SECRET_URI is not a Key Vault secret URI" >&2; exit 2 ;; esac
 SHA256=
 case "$PACKAGE_URL" in
-    "") ;;
+    "" | embedded) PACKAGE_URL= ;;
     https://*"#sha256="*)
         SHA256=${PACKAGE_URL##*#sha256=}
         PACKAGE_URL=${PACKAGE_URL%%#*}
@@ -41,6 +43,19 @@ case "$PACKAGE_URL" in
     *) echo "add-relay.sh: the package URL must be https://...#sha256=HEX, or empty for the embedded relay" >&2
        exit 2 ;;
 esac
+# https://ACCOUNT.table.core.SUFFIX/TABLE (SUFFIX: windows.net or another cloud's), ASCII only.
+bad_table() { echo "add-relay.sh: $TABLE_URL is not https://ACCOUNT.table.core.windows.net/TABLE" >&2; exit 2; }
+if [ -n "$TABLE_URL" ]; then
+    lower=abcdefghijklmnopqrstuvwxyz upper=ABCDEFGHIJKLMNOPQRSTUVWXYZ digits=0123456789
+    rest=${TABLE_URL#https://} && host=${rest%%/*} && table=${rest#*/} && account=${host%%.*}
+    case "$TABLE_URL" in https://*) ;; *) bad_table ;; esac
+    case "$host" in "$account".table.core.*) ;; *) bad_table ;; esac
+    case "${host#"$account".table.core.}" in "" | .* | *. | *..* | *[!$lower$digits.-]*) bad_table ;; esac
+    case "$account" in *[!$lower$digits]*) bad_table ;; esac
+    case "$table" in [!$lower$upper]* | *[!$lower$upper$digits]*) bad_table ;; esac
+    [ "${#account}" -ge 3 ] && [ "${#account}" -le 24 ] && [ "${#table}" -ge 3 ] && [ "${#table}" -le 63 ] ||
+        bad_table
+fi
 [ "$(id -u)" = 0 ] || { echo "add-relay.sh: run as root" >&2; exit 1; }
 
 ETC=/etc/scheduled-events-relay
@@ -163,6 +178,7 @@ RELAY_CALLBACK_LISTEN=0.0.0.0:$PORT
 RELAY_CALLBACK_KEY_FILE=$ETC/callback.key
 RELAY_CALLBACK_URL=http://$ip:$PORT
 ENV
+[ -z "$TABLE_URL" ] || echo "RELAY_HEARTBEAT_TABLE=$TABLE_URL" >> "$ETC/relay.env.new"
 chgrp scheduled-events-relay "$ETC/relay.env.new"
 mv "$ETC/relay.env.new" "$ETC/relay.env"
 

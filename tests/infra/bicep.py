@@ -174,12 +174,15 @@ def module_params(template: Template, symbol: str) -> dict[str, Any]:
 
 
 def role_definition_guid(template: Template, assignment: Resource) -> str:
-    """The role GUID of `subscriptionResourceId('Microsoft.Authorization/roleDefinitions', X)`."""
+    """The role GUID of `subscriptionResourceId('Microsoft.Authorization/roleDefinitions', X)`,
+    or `symbol.name` for a custom role defined in the same template."""
     ref = assignment.body["properties"]["roleDefinitionId"]
     func = ref["function"]
     assert func["type"] == "subscription_resource_id", f"{assignment.symbol}: {ref}"
     assert func["parameters"]["resource_type"] == "Microsoft.Authorization/roleDefinitions"
     name = func["parameters"]["resource_name_1"]
+    if not isinstance(name, str):
+        return dotted(name)
     return template.variables.get(name, name)
 
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 CHECKOV = Path(sys.executable).parent / "checkov"
 SKIP = re.compile(r"//\s*checkov:skip=([A-Z0-9_]+)(?::\s*(.*))?$")
-# The six arguments cloud-init passes to add-relay.sh, in its order; test_cloud_init.py uses
+# The seven arguments cloud-init passes to add-relay.sh, in its order; test_cloud_init.py uses
 # the same values (this file stays importable with the standard library alone).
 SAMPLE = {
     "SERVICEBUS_NAMESPACE": "sb-x.servicebus.windows.net",
@@ -32,6 +32,7 @@ SAMPLE = {
     "CALLBACK_PORT": "8492",
     "RELAY_KEY_SECRET_URI": "https://kv-x.vault.azure.net/secrets/relay-key",
     "RELAY_PACKAGE_URL": "",  # the relay embedded in customData
+    "HEARTBEAT_TABLE_URL": "https://stsebridgeabc.table.core.windows.net/sebridgevms",
 }
 
 

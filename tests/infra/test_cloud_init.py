@@ -1,6 +1,7 @@
 """The relay bootstrap: cloud-init carries the relay itself and infra/relay/add-relay.sh,
-run with six arguments, all filled by main.bicep; it fits in customData; no secret travels
-in it; the committed relay is a fresh build of relay/; the script refuses bad input."""
+run with seven arguments, all filled by main.bicep (six still work: heartbeats then stay on
+Service Bus); it fits in customData; no secret travels in it; the committed relay is a fresh
+build of relay/; the script refuses bad input."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import zipfile
 
 import pytest
 
-from tests.infra.bicep import INFRA, load
+from tests.infra.bicep import INFRA, dotted, load
 from tests.infra.checkov_gate import SAMPLE as ARGS
 
 CLOUD_INIT = INFRA / "relay" / "cloud-init.yaml"
@@ -106,7 +107,8 @@ def test_custom_data_fits_azures_limit() -> None:
     import yaml
 
     text = render(
-        RELAY_KEY_SECRET_URI="https://" + "k" * 24 + ".vault.azure.net/secrets/" + "r" * 127
+        RELAY_KEY_SECRET_URI="https://" + "k" * 24 + ".vault.azure.net/secrets/" + "r" * 127,
+        HEARTBEAT_TABLE_URL="https://" + "s" * 24 + ".table.core.windows.net/" + "t" * 63,
     )
     size = len(text.encode())
     assert size <= CUSTOM_DATA_LIMIT, f"customData is {size} bytes, over {CUSTOM_DATA_LIMIT}"
@@ -154,7 +156,7 @@ def test_cloud_init_runs_the_script_with_its_arguments_in_order() -> None:
     ]
     usage = re.search(
         r"^NAMESPACE=\$1 QUEUE=\$2 CLIENT_ID=\$3 PORT=\$4 SECRET_URI=\$5 "
-        r"PACKAGE_URL=\$6$",
+        r"PACKAGE_URL=\$6 TABLE_URL=\$\{7-\}$",
         ADD_RELAY.read_text(),
         re.M,
     )
@@ -162,15 +164,35 @@ def test_cloud_init_runs_the_script_with_its_arguments_in_order() -> None:
 
 
 def test_bootstrap_arguments_output_matches_the_script_order() -> None:
-    value = load("main").outputs["relayBootstrapArguments"]["value"]
+    main = load("main")
+    value = main.outputs["relayBootstrapArguments"]["value"]
     assert value.split() == [
         "${serviceBus.outputs.fullyQualifiedNamespace}",
         "${serviceBus.outputs.queueName}",
         "${relayIdentity.properties.clientId}",
         "${relayCallbackPort}",
         "${keyVault.outputs.relayKeySecretUri}",
-        "${relayPackageUrl}",
+        "${relayPackageArgument}",
+        "${storage.outputs.heartbeatTableUrl}",
     ]
+    # `--parameters $ARGS` splits on spaces: an empty package URL would vanish and shift the
+    # table URL into its place, so the output writes it as a word the script reads as "".
+    ternary = main.variables["relayPackageArgument"]["operator"]
+    assert ternary["type"] == "conditional"
+    ops = ternary["operands"]
+    assert ops["condition"]["function"]["type"] == "empty"
+    assert ops["condition"]["function"]["parameters"] == {"item_to_test": "relayPackageUrl"}
+    assert (ops["true_value"], ops["false_value"]) == ("embedded", "relayPackageUrl")
+
+
+def test_main_fills_the_table_url_from_the_storage_module() -> None:
+    assert dotted(_replacements()["HEARTBEAT_TABLE_URL"]) == "storage.outputs.heartbeatTableUrl"
+    outputs = load("main").outputs
+    assert dotted(outputs["relayHeartbeatTable"]["value"]) == "storage.outputs.heartbeatTableUrl"
+    st = load("storage")
+    url = st.outputs["heartbeatTableUrl"]["value"]
+    assert url == "${account.properties.primaryEndpoints.table}${vmsTable.name}"
+    assert st.resource("vmsTable").body["name"] == "${tablePrefix}vms"
 
 
 def test_no_secret_travels_in_cloud_init_or_the_script() -> None:
@@ -207,10 +229,122 @@ def test_the_script_refuses_bad_arguments_before_doing_anything(field, bad) -> N
     assert proc.stderr.startswith("add-relay.sh:")
 
 
-def test_the_script_wants_exactly_six_arguments() -> None:
-    proc = subprocess.run(["sh", str(ADD_RELAY), "a"], capture_output=True, text=True)
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("HEARTBEAT_TABLE_URL", "http://stx.table.core.windows.net/sebridgevms"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.blob.core.windows.net/sebridgevms"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.table.core.windows.net/"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.table.core.windows.net"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.table.core.windows.net/sebridgevms/"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.table.core.windows.net/sebridgevms?sv=x"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.table.core.windows.net/vm-s"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.table.core.windows.net/1vms"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.table.core.windows.net/v\u00e9ms"),
+        ("HEARTBEAT_TABLE_URL", "https://StX.table.core.windows.net/sebridgevms"),
+        ("HEARTBEAT_TABLE_URL", "https://st.table.core.windows.net/sebridgevms"),  # 2 chars
+        ("HEARTBEAT_TABLE_URL", "https://x.y.table.core.windows.net/sebridgevms"),
+        ("HEARTBEAT_TABLE_URL", "https://evil.example/stx.table.core.windows.net/vms"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.table.core..net/sebridgevms"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.table.core./sebridgevms"),
+        ("HEARTBEAT_TABLE_URL", "https://stx.table.core.windows.net:443/sebridgevms"),
+        ("HEARTBEAT_TABLE_URL", "sebridgevms"),
+    ],
+)
+def test_the_script_refuses_a_malformed_table_url(field, bad) -> None:
+    # The checks alone (_checked): a URL wrongly let through must not run the install.
+    proc = _checked(*[bad if k == field else ARGS[k] for k in ARG_ORDER])
+    assert proc.returncode == 2, proc.stdout
+    assert (
+        proc.stderr == f"add-relay.sh: {bad} is not https://ACCOUNT.table.core.windows.net/TABLE\n"
+    )
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 8])
+def test_the_script_wants_six_or_seven_arguments(count) -> None:
+    args = [*(ARGS[k] for k in ARG_ORDER), "extra"][:count]
+    proc = subprocess.run(["sh", str(ADD_RELAY), *args], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "usage:" in proc.stderr
+
+
+def _checked(*args: str) -> subprocess.CompletedProcess:
+    """add-relay.sh up to its first side effect (the root check, then IMDS and installing),
+    printing what it parsed instead: the argument checks alone, safe to run anywhere."""
+    text = ADD_RELAY.read_text()
+    cut = text.index('[ "$(id -u)" = 0 ]')
+    script = text[:cut] + 'printf "%s|%s\\n" "$PACKAGE_URL" "$TABLE_URL"\nexit 0\n'
+    return subprocess.run(
+        ["sh", "-c", script, "add-relay.sh", *args], capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        "https://stsebridgeabc.table.core.windows.net/sebridgevms",
+        "https://" + "s" * 24 + ".table.core.windows.net/T" + "t" * 62,
+        "https://stx.table.core.chinacloudapi.cn/sebridgevms",
+        "https://stx.table.core.usgovcloudapi.net/sebridgevms",
+    ],
+)
+def test_the_script_takes_a_seventh_argument_the_table_url(table) -> None:
+    args = [ARGS[k] for k in ARG_ORDER][:6]
+    proc = _checked(*args, table)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"|{table}\n", "")
+
+
+def test_six_arguments_still_install_a_relay_that_heartbeats_on_service_bus() -> None:
+    """A bootstrap command from before the table (six arguments) still works, and so does ""."""
+    six = [ARGS[k] for k in ARG_ORDER][:6]
+    assert len(six) == 6 and ARG_ORDER[6] == "HEARTBEAT_TABLE_URL"
+    for args in (six, [*six, ""]):
+        proc = _checked(*args)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, "|\n", "")
+
+
+def test_the_package_url_may_be_written_embedded() -> None:
+    args = [ARGS[k] for k in ARG_ORDER]
+    args[ARG_ORDER.index("RELAY_PACKAGE_URL")] = "embedded"
+    proc = _checked(*args)
+    assert (proc.returncode, proc.stdout) == (0, f"|{ARGS['HEARTBEAT_TABLE_URL']}\n")
+    url = "https://example.org/r.pyz#sha256=" + "0" * 64
+    args[ARG_ORDER.index("RELAY_PACKAGE_URL")] = url
+    assert _checked(*args).stdout.startswith("https://example.org/r.pyz|")
+
+
+def _heartbeat_env_line() -> str:
+    line = re.search(r'^\[ -z "\$TABLE_URL" \] \|\| echo .*$', ADD_RELAY.read_text(), re.M)
+    assert line, "add-relay.sh appends RELAY_HEARTBEAT_TABLE to relay.env when given a table"
+    return line.group(0)
+
+
+@pytest.mark.parametrize("table", ["", "https://stx.table.core.windows.net/sebridgevms"])
+def test_the_table_url_reaches_the_relay_as_relay_heartbeat_table(tmp_path, table) -> None:
+    env = tmp_path / "relay.env.new"
+    env.write_text(_expand(_heredoc("ENV")) + "\n")
+    before = env.read_text()
+    subprocess.run(
+        ["sh", "-c", _heartbeat_env_line()],
+        env={"ETC": str(tmp_path), "TABLE_URL": table, "PATH": "/usr/bin:/bin"},
+        check=True,
+    )
+    if table:
+        assert env.read_text() == before + f"RELAY_HEARTBEAT_TABLE={table}\n"
+    else:
+        assert env.read_text() == before  # no line: the relay heartbeats on Service Bus
+    script = ADD_RELAY.read_text()
+    assert script.index(_heartbeat_env_line()) < script.index('mv "$ETC/relay.env.new"')
+
+
+def test_relay_heartbeat_table_is_the_relays_setting() -> None:
+    """The contract: RELAY_HEARTBEAT_TABLE is the relay's `heartbeat_table` (--heartbeat-table).
+    Skips until the relay side of the change is in relay/settings.py."""
+    from relay.settings import SETTING_NAMES
+
+    if "heartbeat_table" not in SETTING_NAMES:
+        pytest.skip("relay/settings.py has no heartbeat_table yet (the relay side lands later)")
+    assert "RELAY_HEARTBEAT_TABLE=" in _heartbeat_env_line()
 
 
 def _heredoc(tag: str) -> str:

@@ -1,4 +1,6 @@
-"""Least privilege: built-in roles only, each scoped to one entity, to the right identity."""
+"""Least privilege: each role scoped to one entity, to the right identity; built-in roles,
+except the relays' heartbeat writer (storage.bicep) and the app's acknowledge role
+(eventgrid.bicep), custom roles holding only the actions needed."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ ENTITY_TYPES = {
     "Microsoft.ServiceBus/namespaces/topics/subscriptions",
     "Microsoft.Storage/storageAccounts",
     "Microsoft.Storage/storageAccounts/blobServices/containers",
+    "Microsoft.Storage/storageAccounts/tableServices/tables",
     "Microsoft.KeyVault/vaults/secrets",
     "Microsoft.Insights/components",
 }
@@ -38,10 +41,21 @@ ENTITY_TYPES = {
 ACKNOWLEDGE_MODULE = "eventgrid-acknowledge"
 TOPIC_IDENTITY = "systemTopic.identity.principalId"
 
+# Custom roles defined next to their one assignment: `symbol.name` -> a name for the tests.
+HEARTBEAT_WRITER = "Relay Heartbeat Writer (custom)"
+CUSTOM_ROLES = {"heartbeatWriterRole.name": HEARTBEAT_WRITER}
+TABLE_ENTITY = "Microsoft.Storage/storageAccounts/tableServices/tables/entities"
+# Insert Or Merge Entity = entities/write OR (add/action AND update/action) (storage.bicep).
+HEARTBEAT_DATA_ACTIONS = [f"{TABLE_ENTITY}/add/action", f"{TABLE_ENTITY}/update/action"]
+
 
 def _principal(assignment: Resource) -> str:
     principal = assignment.body["properties"]["principalId"]
     return principal if isinstance(principal, str) else dotted(principal)
+
+
+def _role_name(guid: str) -> str:
+    return ROLE_NAMES.get(guid) or CUSTOM_ROLES.get(guid, "?")
 
 
 @dataclass(frozen=True)
@@ -65,7 +79,7 @@ def _grants() -> set[Grant]:
         Grant(
             module=t.path.stem,
             scope=scope_symbol(a) or "",
-            role=ROLE_NAMES.get(role_definition_guid(t, a), "?"),
+            role=_role_name(role_definition_guid(t, a)),
             principal=_principal(a),
         )
         for t, a in _assignments()
@@ -88,7 +102,7 @@ def test_there_are_role_assignments() -> None:
 )
 def test_assignment_is_builtin_entity_scoped_and_unique(template, assignment) -> None:
     guid = role_definition_guid(template, assignment)
-    assert guid in ROLE_NAMES, f"{assignment.symbol}: {guid} is not a known built-in role"
+    assert guid in ROLE_NAMES or guid in CUSTOM_ROLES, f"{assignment.symbol}: unknown role {guid}"
     scope = scope_symbol(assignment)
     assert scope, f"{assignment.symbol} has no scope: it would apply to the whole resource group"
     target = template.resource(scope)
@@ -109,8 +123,75 @@ def test_the_relays_may_only_send_documents_and_heartbeats_and_read_the_relay_ke
     relay = {g for g in _grants() if g.principal == "relayPrincipalId"}
     assert relay == {
         Grant("servicebus", "documents", "Azure Service Bus Data Sender", "relayPrincipalId"),
+        # Kept for relays installed without the heartbeat table (six bootstrap arguments).
         Grant("servicebus", "heartbeats", "Azure Service Bus Data Sender", "relayPrincipalId"),
+        Grant("storage", "vmsTable", HEARTBEAT_WRITER, "relayPrincipalId"),
         Grant("keyvault", "relayKeySecret", "Key Vault Secrets User", "relayPrincipalId"),
+    }
+
+
+def _heartbeat_role() -> dict:
+    st = load("storage")
+    (role,) = st.resources("Microsoft.Authorization/roleDefinitions")
+    assert role.symbol == "heartbeatWriterRole"
+    assert role.condition is None and role.loop is None  # always there, one of it
+    return role.body
+
+
+def test_the_heartbeat_role_holds_insert_or_merge_and_nothing_else() -> None:
+    props = _heartbeat_role()["properties"]
+    assert props["type"] == "CustomRole"
+    (permission,) = props["permissions"]
+    assert permission["dataActions"] == HEARTBEAT_DATA_ACTIONS
+    assert permission["actions"] == permission["notActions"] == []
+    assert permission["notDataActions"] == []
+    for action in permission["dataActions"]:
+        assert "*" not in action
+        assert not action.endswith(("/read", "/delete", "/write")), action
+        assert action.startswith(f"{TABLE_ENTITY}/"), action  # entities, not tables or the account
+
+
+def test_the_heartbeat_role_is_assignable_only_in_this_resource_group() -> None:
+    role = _heartbeat_role()
+    (scope,) = role["properties"]["assignableScopes"]
+    accessor = scope["operator"]
+    assert accessor["type"] == "property_accessor"
+    assert accessor["operands"]["operand_1"]["function"]["type"] == "resource_group"
+    assert accessor["operands"]["operand_1"]["function"]["parameters"] == {
+        "resource_group_name": None,
+        "subscription_id": None,
+    }
+    assert accessor["operands"]["operand_2"] == "id"
+    # One definition per resource group, named after it (role names are unique per tenant).
+    params = role["name"]["function"]["parameters"]
+    assert params["extra_string_2"] == "relay-heartbeat-writer"
+    assert "${resourceGroup().name}" in role["properties"]["roleName"]
+
+
+def test_the_heartbeat_role_is_assigned_to_the_relays_on_the_vms_table_only() -> None:
+    st = load("storage")
+    grants = [
+        a
+        for a in st.resources(ASSIGNMENT)
+        if role_definition_guid(st, a) == "heartbeatWriterRole.name"
+    ]
+    (assignment,) = grants
+    assert scope_symbol(assignment) == "vmsTable"
+    table = st.resource("vmsTable")
+    assert table.type == "Microsoft.Storage/storageAccounts/tableServices/tables"
+    assert table.condition is None and table.loop is None
+    assert table.body["name"] == "${tablePrefix}vms"
+    assert table.body["parent"] == "tableService"
+    assert assignment.body["properties"]["principalId"] == "relayPrincipalId"
+    assert assignment.condition is None
+    # The app's own tables (the loop) are not the relays'.
+    assert "vms" not in st.variables["tableSuffixes"]
+    assert set(st.variables["tableSuffixes"]) == {
+        "events",
+        "audit",
+        "rejected",
+        "drains",
+        "deliveries",
     }
 
 
