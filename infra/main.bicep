@@ -421,7 +421,7 @@ module functionApp 'modules/functionapp.bicep' = {
 // a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its seven
 // arguments. Filled in, it stays under customData's 65535 bytes (tests/infra).
 var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz.gz')
-var addRelayScriptB64 = base64(loadTextContent('relay/add-relay.sh'))
+var addRelayScriptB64 = loadFileAsBase64('relay/add-relay.sh.gz') // add-relay.sh gzipped (make relay)
 var cloudInitTemplate = loadTextContent('relay/cloud-init.yaml')
 var cloudInit0 = replace(cloudInitTemplate, '{{RELAY_PYZ_B64}}', relayPyzB64)
 var cloudInit1 = replace(cloudInit0, '{{ADD_RELAY_SCRIPT_B64}}', addRelayScriptB64)

@@ -100,11 +100,19 @@ def embedded_bytes() -> bytes:
 
     Deflate inside a zip compresses each module on its own; gzip over stored entries
     compresses them together, a quarter smaller, which is what customData's 64 KiB limit
-    needs. cloud-init unpacks it (`encoding: gz+b64`) into a working pyz. The gzip frame is
-    written here rather than by gzip.compress, whose header bytes differ between Python
-    versions: the committed copy must be the same whichever Python builds it.
+    needs. cloud-init unpacks it (`encoding: gz+b64`) into a working pyz.
     """
-    data = build_bytes(zipfile.ZIP_STORED)
+    return gzip_bytes(build_bytes(zipfile.ZIP_STORED))
+
+
+ADD_RELAY = ROOT / "infra" / "relay" / "add-relay.sh"
+ADD_RELAY_GZ = ROOT / "infra" / "relay" / "add-relay.sh.gz"
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """A gzip frame written here rather than by gzip.compress, whose header bytes differ
+    between Python versions: a committed copy must be the same whichever Python builds it.
+    Also used for add-relay.sh, which customData carries gzipped beside the relay."""
     packer = zlib.compressobj(9, zlib.DEFLATED, -15, 9)
     deflated = packer.compress(data) + packer.flush()
     header = b"\x1f\x8b\x08\x00" + b"\x00\x00\x00\x00" + b"\x02\x03"  # no name, mtime 0, Unix
@@ -129,9 +137,14 @@ def build_embedded(out: Path = EMBEDDED_OUT) -> Path:
     return _write(out, embedded_bytes(), 0o644)
 
 
+def build_bootstrap(out: Path = ADD_RELAY_GZ) -> Path:
+    return _write(out, gzip_bytes(ADD_RELAY.read_bytes()), 0o644)
+
+
 if __name__ == "__main__":
     targets = [build(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT)]
     if len(sys.argv) > 3 and sys.argv[2] == "--embedded":
         targets.append(build_embedded(Path(sys.argv[3])))
+        targets.append(build_bootstrap())
     for target in targets:
         print(f"{target} ({target.stat().st_size} bytes)")

@@ -19,6 +19,7 @@ from tests.infra.checkov_gate import SAMPLE as ARGS
 
 CLOUD_INIT = INFRA / "relay" / "cloud-init.yaml"
 ADD_RELAY = INFRA / "relay" / "add-relay.sh"
+ADD_RELAY_GZ = INFRA / "relay" / "add-relay.sh.gz"  # what customData carries (make relay)
 PYZ_GZ = INFRA / "relay" / "scheduled-events-relay.pyz.gz"
 UNIT = INFRA.parent / "relay" / "deploy" / "scheduled-events-relay.service"
 CUSTOM_DATA_LIMIT = 65535  # bytes, once Azure decodes customData's base64 (ARM reference)
@@ -47,7 +48,7 @@ def _replacements() -> dict[str, object]:
 def render(**overrides: str) -> str:
     values = dict(
         ARGS,
-        ADD_RELAY_SCRIPT_B64=base64.b64encode(ADD_RELAY.read_bytes()).decode(),
+        ADD_RELAY_SCRIPT_B64=base64.b64encode(ADD_RELAY_GZ.read_bytes()).decode(),
         RELAY_PYZ_B64=base64.b64encode(PYZ_GZ.read_bytes()).decode(),
         **overrides,
     )
@@ -64,10 +65,9 @@ def test_the_script_and_template_are_loaded_from_their_files() -> None:
     assert main.variables["cloudInitTemplate"]["function"]["parameters"]["file_path"] == (
         "relay/cloud-init.yaml"
     )
-    b64 = main.variables["addRelayScriptB64"]["function"]
-    assert b64["type"] == "base64"
-    inner = b64["parameters"]["input_string"]["function"]
-    assert inner["parameters"]["file_path"] == "relay/add-relay.sh"
+    script = main.variables["addRelayScriptB64"]["function"]
+    assert script["type"] == "load_file_as_base64"
+    assert script["parameters"]["file_path"] == "relay/add-relay.sh.gz"
     assert _replacements()["ADD_RELAY_SCRIPT_B64"] == "addRelayScriptB64"
     pyz = main.variables["relayPyzB64"]["function"]
     assert pyz["type"] == "load_file_as_base64"
@@ -117,6 +117,21 @@ def test_custom_data_fits_azures_limit() -> None:
     pyz = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz"]
     assert pyz["encoding"] == "gz+b64"  # a cloud-init encoding: gzip, then base64
     assert base64.b64decode(pyz["content"]) == PYZ_GZ.read_bytes()
+
+
+def test_the_embedded_script_is_add_relay_sh_gzipped_reproducibly() -> None:
+    """customData carries add-relay.sh gzipped (cloud-init `gz+b64`); `make relay` rewrites
+    the committed copy, and it must be the script as it is now, byte for byte."""
+    import yaml
+
+    from relay.deploy.build_pyz import gzip_bytes
+
+    assert gzip.decompress(ADD_RELAY_GZ.read_bytes()) == ADD_RELAY.read_bytes(), (
+        "infra/relay/add-relay.sh.gz is stale: run `make relay`"
+    )
+    assert ADD_RELAY_GZ.read_bytes() == gzip_bytes(ADD_RELAY.read_bytes())
+    files = {f["path"]: f for f in yaml.safe_load(render())["write_files"]}
+    assert files["/usr/local/sbin/add-scheduled-events-relay"]["encoding"] == "gz+b64"
 
 
 def test_the_unit_in_the_script_is_the_relays_unit() -> None:
