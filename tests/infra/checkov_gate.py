@@ -65,11 +65,14 @@ def check_cloud_init(errors: list[str]) -> None:
 
     import yaml
 
+    import gzip
+
     script = (INFRA / "relay" / "add-relay.sh").read_bytes()
+    script_gz = (INFRA / "relay" / "add-relay.sh.gz").read_bytes()
     pyz = (INFRA / "relay" / "scheduled-events-relay.pyz.gz").read_bytes()
     values = dict(
         SAMPLE,
-        ADD_RELAY_SCRIPT_B64=base64.b64encode(script).decode(),
+        ADD_RELAY_SCRIPT_B64=base64.b64encode(script_gz).decode(),
         RELAY_PYZ_B64=base64.b64encode(pyz).decode(),
     )
     text = (INFRA / "relay" / "cloud-init.yaml").read_text()
@@ -84,8 +87,9 @@ def check_cloud_init(errors: list[str]) -> None:
         return
     files = {f.get("path"): f for f in doc.get("write_files", [])}
     entry = files.get("/usr/local/sbin/add-scheduled-events-relay", {})
-    if entry.get("encoding") != "b64" or base64.b64decode(entry.get("content", "")) != script:
-        errors.append("cloud-init.yaml: add-relay.sh is not embedded as b64 content")
+    content = base64.b64decode(entry.get("content", ""))
+    if entry.get("encoding") != "gz+b64" or gzip.decompress(content) != script:
+        errors.append("cloud-init.yaml: add-relay.sh is not embedded as gz+b64 content")
     if doc.get("runcmd") != [["/usr/local/sbin/add-scheduled-events-relay", *SAMPLE.values()]]:
         errors.append(f"cloud-init.yaml: unexpected runcmd {doc.get('runcmd')}")
 
