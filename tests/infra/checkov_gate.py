@@ -62,10 +62,9 @@ def inline_skips() -> dict[tuple[str, str], str]:
 
 def check_cloud_init(errors: list[str]) -> None:
     import base64
+    import gzip
 
     import yaml
-
-    import gzip
 
     script = (INFRA / "relay" / "add-relay.sh").read_bytes()
     script_gz = (INFRA / "relay" / "add-relay.sh.gz").read_bytes()
