@@ -218,13 +218,13 @@ def test_transport_options_read_proxies_and_ca_bundle_once(clean_env):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/corp.pem")
     remote = transport_options("https://acct.table.core.windows.net")
-    assert remote["proxies"]["https"] == "http://proxy.example:3128"
-    assert remote["transport"].connection_config.verify == "/etc/ssl/corp.pem"
-    assert transport_options("http://127.0.0.1:10002/devstoreaccount1")["proxies"] is None
+    assert remote["transport"].proxy == "http://proxy.example:3128"
+    assert remote["transport"].verify == "/etc/ssl/corp.pem"
+    assert transport_options("http://127.0.0.1:10002/devstoreaccount1")["transport"].proxy is None
     monkeypatch.delenv("REQUESTS_CA_BUNDLE")
     monkeypatch.delenv("HTTPS_PROXY")
-    plain = transport_options("https://acct.table.core.windows.net")
-    assert plain["proxies"] is None and plain["transport"].connection_config.verify is True
+    plain = transport_options("https://acct.table.core.windows.net")["transport"]
+    assert plain.proxy is None and plain.verify is True
 
 
 class RecordingProxy:
