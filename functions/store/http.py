@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import certifi
 import urllib3
@@ -71,7 +72,9 @@ class Urllib3Transport(HttpTransport[HttpRequest, HttpResponse]):
         )
         options: dict[str, Any] = {"maxsize": pool_size, "block": False, "retries": False, **tls}
         self._pool: urllib3.PoolManager = (
-            urllib3.ProxyManager(proxy, **options) if proxy else urllib3.PoolManager(**options)
+            urllib3.ProxyManager(proxy, proxy_headers=_proxy_auth(proxy), **options)
+            if proxy
+            else urllib3.PoolManager(**options)
         )
         self._timeout = urllib3.Timeout(connect=connect_timeout, read=read_timeout)
 
@@ -122,6 +125,16 @@ class Urllib3Transport(HttpTransport[HttpRequest, HttpResponse]):
 
     def __exit__(self, *args: object) -> None:
         self.close()
+
+
+def _proxy_auth(proxy: str) -> dict[str, str] | None:
+    """Basic credentials from the proxy URL (`http://user:pass@host:port`), as requests
+    sent them: urllib3 leaves the URL's user part unused."""
+    auth = urllib3.util.parse_url(proxy).auth
+    if not auth:
+        return None
+    user, _, password = auth.partition(":")
+    return urllib3.make_headers(proxy_basic_auth=f"{unquote(user)}:{unquote(password)}")
 
 
 def _body(request: HttpRequest) -> bytes | None:

@@ -4,15 +4,18 @@ connection failures its retry policy needs to tell apart."""
 
 from __future__ import annotations
 
+import base64
 import socket
 import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from azure.core import MatchConditions
 from azure.core.credentials import AzureNamedKeyCredential
 from azure.core.exceptions import (
+    HttpResponseError,
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
@@ -136,3 +139,29 @@ def test_a_connection_closed_before_the_answer_is_a_response_error():
             _client(server.url, Urllib3Transport()).get_entity("p", "r")
     finally:
         server.close()
+
+
+def test_credentials_in_the_proxy_url_are_sent_to_the_proxy():
+    """requests sent `http://user:pass@proxy` as a Proxy-Authorization header; so do we."""
+    seen: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Proxy-Authorization"))
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proxy = f"http://us%40er:p%3Ass@127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(HttpResponseError):  # the proxy's 404
+            _client("http://127.0.0.1:9", Urllib3Transport(proxy=proxy)).get_entity("p", "r")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["Basic " + base64.b64encode(b"us@er:p:ss").decode()]
