@@ -115,8 +115,8 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     document = envelope.scheduled_events
     # At most MAX_EVENTS events (functions.model.envelope rejects more with the reason).
     current: list[ScheduledEvent] = list(document.events) if document else []
-    for _ in range(20):
-        vm = store.get_vm(name)
+    for attempt in range(20):
+        vm = None if attempt == 0 and _first_and_idle(envelope, current) else store.get_vm(name)
         if _is_stale(vm, envelope):
             return IngestResult(outcome="stale", vm=name, reason="sequence already processed")
         now = clock.now()
@@ -151,8 +151,20 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
             for mark in recovered:
                 _announce_recovery(pipeline, name, mark, now)
             return result
-        log.info("VM row %s changed concurrently; re-reading", name)
+        if vm is not None or attempt > 0:  # not merely a first message's guess
+            log.info("VM row %s changed concurrently; re-reading", name)
     raise RuntimeError(f"VM row {name} kept changing; giving up this delivery")
+
+
+def _first_and_idle(envelope: Envelope, events: list[ScheduledEvent]) -> bool:
+    """A relay's first message (sequence 1: a new VM, or a reimaged one) with no events.
+
+    Such a VM usually has no row yet, so the read that would find none is skipped: the
+    row is inserted straight away. Nothing is written before that insert (no events, and
+    no row means no old events to end), so if a row does exist the insert fails, nothing
+    has changed, and the document is processed again from a fresh read, as any document
+    whose VM row moved under it."""
+    return envelope.sequence <= 1 and not events
 
 
 def _save_vm(
@@ -238,6 +250,9 @@ def _report(
         # Listed before its row can exist, so the watchdog never misses an event; once per
         # event and Store (an event seen here before is listed already, or ended).
         store.open_event(event.event_id, now)
+    if recent is not None and recent.ended:
+        _late_report(event, name, said_before, store, now)
+        return
     if said_before != event.event_status:
         # This VM's own reporter row, before the event row: an end decided from now on
         # sees it (functions.pipeline.transitions.end_event).
@@ -290,6 +305,18 @@ def _report(
         to_approve.append(record.event_id)
 
 
+def _late_report(
+    event: ScheduledEvent, name: str, said_before: str | None, store: Store, now: datetime
+) -> None:
+    """A report of an event this Store saw end (ending is final, so no read is needed):
+    the VM's own row only, written once with its final value. A VM new to the event is
+    only a past reporter (status ""); one that reported it before keeps its status."""
+    if said_before is None:
+        store.set_reporter(event.event_id, name, "", now)
+    elif said_before != event.event_status:
+        store.set_reporter(event.event_id, name, event.event_status, now)
+
+
 def _may_retry(record: EventRecord) -> bool:
     return (
         record.approval == "pending"
@@ -307,15 +334,10 @@ def _unchanged(
     newcomer: bool,
 ) -> bool:
     """Whether this report needs nothing from the event row, judged from the row as this
-    Store last saw it, without reading it again. Only facts that never change back are
-    relied on: an ended event stays ended (a late reporter gets its own row, nothing
-    else), a decision once made and announced stays so, resources and sets only grow,
-    Started stays Started. A change, a pending claim, a re-decision or a possible
-    approval retry goes the read-and-write way."""
-    if recent.ended:
-        if newcomer:
-            pipeline.store.set_reporter(event.event_id, envelope.vm.name, "", now)
-        return True
+    Store last saw it (not ended: see `_late_report`), without reading it again. Only
+    facts that never change back are relied on: a decision once made and announced stays
+    so, resources and sets only grow, Started stays Started. A change, a pending claim, a
+    re-decision or a possible approval retry goes the read-and-write way."""
     decision = recent.decision
     if decision is None or should_redecide(recent, pipeline.settings.policy, now):
         return False

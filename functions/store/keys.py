@@ -10,9 +10,15 @@ keeps a readable prefix and ends in a hash of the whole name.
 from __future__ import annotations
 
 import hashlib
+import re
 
 MAX_KEY_CHARS = 512  # well under the 1 KiB limit even when every character takes two bytes
 _HASHED_PREFIX = MAX_KEY_CHARS - 65
+
+
+# Exactly the characters `_escape` changes: most names hold none, and a key is computed
+# several times per document, so those skip the per-character pass.
+_ESCAPED = re.compile(r"[/\\#?%\x00-\x1f\x7f-\x9f]")
 
 
 def _escape(ch: str) -> str:
@@ -26,7 +32,7 @@ def table_key(text: str, *, fold: bool = False) -> str:
     """The key for `text`; `fold=True` for names Azure compares case-insensitively (VMs,
     EventIds), so `VM1` and `vm1` are one row."""
     source = text.casefold() if fold else text
-    escaped = "".join(_escape(ch) for ch in source)
+    escaped = "".join(_escape(ch) for ch in source) if _ESCAPED.search(source) else source
     if not escaped:
         return "_"
     if len(escaped) <= MAX_KEY_CHARS:

@@ -32,9 +32,9 @@ from azure.core.exceptions import (
     ResourceModifiedError,
     ResourceNotFoundError,
 )
-from azure.core.pipeline.transport import RequestsTransport
 from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 
+from functions.store.http import Urllib3Transport
 from functions.store.keys import VM_BUCKETS, reserved, row_key, vm_partition
 from functions.store.records import (
     CapacityRecord,
@@ -109,18 +109,17 @@ class ConflictError(RuntimeError):
 def transport_options(endpoint: str) -> dict[str, Any]:
     """HTTP settings for the Table client, read from the environment once.
 
-    By default requests re-reads the proxy variables (walking all of `os.environ`), the
-    CA-bundle variables and ~/.netrc on *every* request: about a tenth of ingest's CPU,
-    for values that do not change while we run. So: proxies (honouring NO_PROXY for our
-    one endpoint) and the CA bundle are read here, once. A ~/.netrc entry is no longer
-    applied; it would only have replaced the Table signature with Basic auth anyway.
+    requests would re-read the proxy variables (walking all of `os.environ`), the
+    CA-bundle variables and ~/.netrc on *every* request, for values that do not change
+    while we run. So: the proxy (honouring NO_PROXY for our one endpoint) and the CA
+    bundle are read here, once, for the urllib3 transport (functions.store.http says why
+    not requests). A ~/.netrc entry is not applied; it would only have replaced the Table
+    signature with Basic auth anyway.
     """
     proxies = requests.utils.get_environ_proxies(endpoint)
+    proxy = proxies.get(urlsplit(endpoint).scheme) or proxies.get("all")
     verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
-    return {
-        "transport": RequestsTransport(use_env_settings=False, connection_verify=verify),
-        "proxies": {k: v for k, v in proxies.items() if k != "no"} or None,
-    }
+    return {"transport": Urllib3Transport(proxy=proxy, verify=verify)}
 
 
 R = TypeVar("R", bound=Record)

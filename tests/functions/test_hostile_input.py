@@ -13,7 +13,7 @@ from functions.model.envelope import MAX_DESCRIPTION_CHARS
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
-from functions.store.keys import row_key
+from functions.store.keys import _escape, row_key
 from tests.functions.conftest import T0, envelope, event, make_pipeline
 
 
@@ -90,6 +90,15 @@ def test_names_with_del_and_c1_controls_work_and_never_share_a_row(store, clock,
     for name in names:
         assert ingest_message(envelope(name, 2, []), pipeline).outcome == "processed"
         assert store.get_event(f"EV-{name}").ended == "completed"
+
+
+def test_every_character_is_escaped_alike_with_or_without_the_fast_path():
+    """Keys of names with no character to escape skip the per-character pass: the result
+    must be what that pass would give, for every character around the escaped ranges."""
+    for code in [*range(0x2FF), 0xD800, 0xFFFF, 0x1F600]:
+        name = f"vm{chr(code)}x"
+        expected = "".join(_escape(ch) for ch in name.casefold())
+        assert row_key(name) == expected, hex(code)
 
 
 def test_a_40_kb_description_is_shortened_with_a_marker(store, clock):

@@ -50,7 +50,7 @@ class Calls:
 def test_a_document_reads_the_vm_row_once_and_a_redelivery_writes_nothing(store, clock, mocker):
     pipeline, _ = make_pipeline(store, clock)
     calls = Calls(store, mocker)
-    ingest_message(envelope("vm1", 1, []), pipeline)
+    ingest_message(envelope("vm1", 1, [event("EV-E")]), pipeline)
     assert calls.count("vms", "get_entity") == 1 and calls.count("vms", "create_entity") == 1
 
     body = envelope("vm1", 2, [event("EV-E")])
@@ -62,6 +62,29 @@ def test_a_document_reads_the_vm_row_once_and_a_redelivery_writes_nothing(store,
     calls.reset()
     assert ingest_message(body, pipeline).outcome == "stale"
     assert calls.count("vms", "get_entity") == 1 and calls.writes() == 0
+
+
+def test_a_relays_first_quiet_message_inserts_the_vm_row_without_reading_it(store, clock, mocker):
+    pipeline, _ = make_pipeline(store, clock)
+    calls = Calls(store, mocker)
+    assert ingest_message(envelope("vm1", 1, []), pipeline).outcome == "processed"
+    assert calls.count("vms", "get_entity") == 0 and calls.count("vms", "create_entity") == 1
+    assert store.get_vm("vm1").last_sequence == 1
+
+
+def test_a_first_message_for_a_vm_with_a_row_is_judged_on_that_row(store, clock, mocker):
+    """A reimaged relay starts its sequence again, and a first message can be redelivered:
+    the insert finds the row, and the document is processed from it like any other."""
+    pipeline, publisher = make_pipeline(store, clock)
+    ingest_message(envelope("vm1", 1, [event("EV-R")]), pipeline)
+    ingest_message(envelope("vm1", 2, [event("EV-R")]), pipeline)
+    redelivered = envelope("vm1", 1, [])
+    reimaged = envelope("vm1", 1, [], observed_at=T0 + timedelta(minutes=5))  # newer
+    assert ingest_message(redelivered, pipeline).outcome == "stale"
+    assert store.get_vm("vm1").event_ids == ["EV-R"]
+    assert ingest_message(reimaged, pipeline).outcome == "processed"
+    assert store.get_vm("vm1").event_ids == []
+    assert publisher.transitions("EV-R")[-1] == "cancelled"
 
 
 def test_an_unchanged_document_writes_the_vm_row_but_no_event_row(store, clock, mocker):
@@ -218,13 +241,13 @@ def test_transport_options_read_proxies_and_ca_bundle_once(clean_env):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/corp.pem")
     remote = transport_options("https://acct.table.core.windows.net")
-    assert remote["proxies"]["https"] == "http://proxy.example:3128"
-    assert remote["transport"].connection_config.verify == "/etc/ssl/corp.pem"
-    assert transport_options("http://127.0.0.1:10002/devstoreaccount1")["proxies"] is None
+    assert remote["transport"].proxy == "http://proxy.example:3128"
+    assert remote["transport"].verify == "/etc/ssl/corp.pem"
+    assert transport_options("http://127.0.0.1:10002/devstoreaccount1")["transport"].proxy is None
     monkeypatch.delenv("REQUESTS_CA_BUNDLE")
     monkeypatch.delenv("HTTPS_PROXY")
-    plain = transport_options("https://acct.table.core.windows.net")
-    assert plain["proxies"] is None and plain["transport"].connection_config.verify is True
+    plain = transport_options("https://acct.table.core.windows.net")["transport"]
+    assert plain.proxy is None and plain.verify is True
 
 
 class RecordingProxy:
@@ -331,8 +354,10 @@ def test_a_late_report_of_an_ended_event_costs_no_event_request(store, clock, mo
     ingest_message(envelope("vm1", 3, [event("EV-L")]), pipeline)
     ingest_message(envelope("vm1", 4, []), pipeline)
     assert sum(calls.count("events", m) for m in ("get_entity", "update_entity")) == 0
-    # A VM that never reported it is still recorded as a past reporter.
+    # A VM that never reported it is still recorded as a past reporter: one write.
+    upserts = mocker.spy(store.events, "upsert_entity")
     ingest_message(envelope("vm2", 1, [event("EV-L", resources=("vm1", "vm2"))]), pipeline)
+    assert [c.args[0]["status"] for c in upserts.call_args_list] == [""]
     record = store.get_event("EV-L", reporters=True)
     assert record.past_reporters == ["vm1", "vm2"] and record.ended == "cancelled"
     assert publisher.transitions("EV-L") == ["scheduled", "decided", "cancelled"]
