@@ -116,7 +116,7 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     # At most MAX_EVENTS events (functions.model.envelope rejects more with the reason).
     current: list[ScheduledEvent] = list(document.events) if document else []
     for attempt in range(20):
-        vm = None if attempt == 0 and _first_and_idle(envelope, current) else store.get_vm(name)
+        vm, guessed = _vm_row(store, envelope, current, first=attempt == 0)
         if _is_stale(vm, envelope):
             return IngestResult(outcome="stale", vm=name, reason="sequence already processed")
         now = clock.now()
@@ -151,9 +151,54 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
             for mark in recovered:
                 _announce_recovery(pipeline, name, mark, now)
             return result
-        if vm is not None or attempt > 0:  # not merely a first message's guess
+        if not guessed:
             log.info("VM row %s changed concurrently; re-reading", name)
     raise RuntimeError(f"VM row {name} kept changing; giving up this delivery")
+
+
+# How far apart in the relay's own time two documents may be for the second to start from
+# the row the first left: a relay heartbeats every 300 s by default, and a heartbeat takes
+# a sequence number of its own, so a longer gap could never pass the sequence test anyway.
+FOLLOW_WINDOW = timedelta(minutes=10)
+
+
+def _vm_row(
+    store: Store, envelope: Envelope, events: list[ScheduledEvent], *, first: bool
+) -> tuple[VmRecord | None, bool]:
+    """The VM row to process this document against, and whether it is a guess.
+
+    A guess saves the read: the conditional VM write at the end checks it, and if the row
+    moved, the document is processed again from a fresh read (everything before that
+    write is idempotent). Two guesses are taken on the first attempt only:
+    - a relay's first message with no events: no row yet (`_first_and_idle`);
+    - the very next document of a relay whose row this Store last read or wrote
+      (`_follows`): the row is then what that document left, as a fresh read would find.
+    """
+    if first:
+        if _first_and_idle(envelope, events):
+            return None, True
+        recent = store.recent_vm(envelope.vm.name)
+        if recent is not None and _follows(recent, envelope):
+            return recent, True
+    return store.get_vm(envelope.vm.name), False
+
+
+def _follows(row: VmRecord, envelope: Envelope) -> bool:
+    """Whether `envelope` is the relay's next message after the one that left `row`.
+
+    Why this makes the remembered row as good as a fresh read for the facts ingest reads
+    before its guarded write (the stale test, the statuses this VM last reported, its
+    event list): only ingest of this VM's documents writes those, and the relay numbers
+    every message, heartbeats included. Any other instance that wrote this VM's row since
+    processed this same message (a redelivery: the same idempotent writes) or a later one,
+    which Service Bus sessions hand out only after this one was taken, and then a fresh
+    read taken when this delivery began would have missed it as well. A relay that was
+    reinstalled restarts its numbers; the time window keeps an old row from matching its
+    new numbers by chance. Other writers (heartbeats, the watchdog) change the ETag, so
+    the guarded write catches them."""
+    if row.last_observed_at is None or envelope.sequence != row.last_sequence + 1:
+        return False
+    return row.last_observed_at < envelope.observed_at <= row.last_observed_at + FOLLOW_WINDOW
 
 
 def _first_and_idle(envelope: Envelope, events: list[ScheduledEvent]) -> bool:
@@ -183,6 +228,7 @@ def _save_vm(
     of the row sees it)."""
     expected = vm.etag if vm else None
     claimed: list[str] = []
+    document = envelope.scheduled_events  # parsed once, not on every attempt
 
     def change(current: VmRecord | None) -> VmRecord | None:
         claimed.clear()
@@ -202,9 +248,7 @@ def _save_vm(
         record.availability_set = ref.availability_set or record.availability_set
         record.resource_id = ref.resource_id or record.resource_id
         record.relay_version = envelope.relay_version
-        if envelope.document is not None and events is not None:
-            document = envelope.scheduled_events
-            assert document is not None
+        if document is not None and events is not None:
             record.last_incarnation = document.document_incarnation
             record.event_ids = [e.event_id for e in events]
             record.event_statuses = {e.event_id.casefold(): e.event_status for e in events}

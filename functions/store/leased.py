@@ -21,6 +21,7 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 from pydantic import BaseModel
 
+from functions.store.http import NO_ECHO
 from functions.store.keys import table_key
 
 R = TypeVar("R", bound=BaseModel)
@@ -71,7 +72,7 @@ class LeasedTable(Generic[R]):
     def _insert(self, entity: dict[str, object], record: R) -> bool:
         """Conditional insert; False if the row exists (another caller claimed it)."""
         try:
-            meta = self.table.create_entity(entity)
+            meta = self.table.create_entity(entity, **NO_ECHO)
         except ResourceExistsError:
             return False
         record.etag = meta.get("etag")  # type: ignore[attr-defined]

@@ -15,10 +15,8 @@ import contextlib
 import logging
 import os
 import random
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
@@ -34,8 +32,9 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 
-from functions.store.http import Urllib3Transport
+from functions.store.http import NO_ECHO, Urllib3Transport
 from functions.store.keys import VM_BUCKETS, reserved, row_key, vm_partition
+from functions.store.recent import RecentRows, copy_record
 from functions.store.records import (
     CapacityRecord,
     EventRecord,
@@ -56,6 +55,7 @@ REPORTER = "r|"  # in an event's partition: one row per reporting VM, "r|<vm key
 OPEN_EVENTS = reserved("open")  # events table: one row per event not ended yet
 CLAIMS = reserved("once")  # events table: fleet-wide "first one wins" markers
 RECENT_EVENT_ROWS = 1024  # event rows a Store remembers as the start of its next write
+RECENT_VM_ROWS = 2048  # VM rows likewise: about 2 KB each, so a few MB at most
 CHUNK_CHARS = 30_000  # UTF-16 units in one string property: 60 KB, under the 64 KiB limit
 MAX_CHUNKS = 15  # a row's JSON at most 450,000 UTF-16 units (900 KB): under the 1 MiB entity
 BATCH = 100  # operations per entity group transaction (the service's limit)
@@ -132,14 +132,6 @@ class _Unread:
 UNREAD: Any = _Unread()
 
 
-def _copy(record: R) -> R:
-    """A deep copy through the JSON the row is stored as: several times faster than
-    `model_copy(deep=True)`, and exactly what a fresh read would give."""
-    copied = type(record).model_validate_json(record.model_dump_json())
-    copied.etag = record.etag
-    return copied
-
-
 def _chunks(text: str) -> dict[str, str]:
     """The record's JSON as `data`, `data1`, ... so no one property nears 64 KiB. Table
     storage counts UTF-16 units (a character beyond U+FFFF takes two), and so do we."""
@@ -200,8 +192,8 @@ class Store:
         self.events = service.get_table_client(f"{prefix}events")
         self.audit_table = service.get_table_client(f"{prefix}audit")
         self.rejected = service.get_table_client(f"{prefix}rejected")
-        self._recent_events: OrderedDict[str, EventRecord] = OrderedDict()
-        self._recent_lock = threading.Lock()  # guards the dict only; never the Table rows
+        self._recent_events: RecentRows[EventRecord] = RecentRows(RECENT_EVENT_ROWS)
+        self._recent_vms: RecentRows[VmRecord] = RecentRows(RECENT_VM_ROWS)
 
     @classmethod
     def from_connection_string(cls, connection_string: str, prefix: str = "sebridge") -> Store:
@@ -255,7 +247,7 @@ class Store:
     def _insert(self, table: TableClient, pk: str, rk: str, record: R, extra: dict) -> bool:
         """Conditional insert: True if this call created the row, False if it existed."""
         try:
-            meta = table.create_entity(self._entity(pk, rk, record, extra))
+            meta = table.create_entity(self._entity(pk, rk, record, extra), **NO_ECHO)
         except ResourceExistsError:
             return False
         record.etag = meta.get("etag")
@@ -306,7 +298,7 @@ class Store:
         for attempt in range(attempts):
             unverified = attempt == 0 and known is not UNREAD
             current = known if unverified else read()
-            snapshot = _copy(current) if current is not None else None
+            snapshot = copy_record(current) if current is not None else None
             updated = change(snapshot)
             if updated is None:
                 if unverified:
@@ -396,11 +388,23 @@ class Store:
         return columns
 
     def get_vm(self, name: str) -> VmRecord | None:
+        key = row_key(name)
         try:
-            entity = self.vms.get_entity(vm_partition(name), row_key(name))
+            entity = self.vms.get_entity(vm_partition(name), key)
         except ResourceNotFoundError:
+            self._recent_vms.forget(key)
             return None
-        return self._load_vm(entity)
+        record = self._load_vm(entity)
+        self._recent_vms.note(key, record)
+        return record
+
+    def recent_vm(self, name: str) -> VmRecord | None:
+        """The VM row as this Store last read or wrote it, if remembered. Unverified:
+        anyone may have written since (a heartbeat, the watchdog, another instance), so a
+        caller relies on it only where it can tell nobody changed what it reads
+        (functions.pipeline.ingest: the next document of the same relay) and writes
+        with its ETag as the guard."""
+        return self._recent_vms.recall(row_key(name))
 
     def mutate_vm(
         self,
@@ -408,16 +412,23 @@ class Store:
         change: Callable[[VmRecord | None], VmRecord | None],
         known: VmRecord | None = UNREAD,
     ) -> tuple[VmRecord | None, bool]:
-        return self._mutate(
-            self.vms,
-            VmRecord,
-            vm_partition(name),
-            row_key(name),
-            change,
-            self._vm_columns,
-            known=known,
-            load=self._load_vm,
-        )
+        key = row_key(name)
+        try:
+            record, won = self._mutate(
+                self.vms,
+                VmRecord,
+                vm_partition(name),
+                key,
+                change,
+                self._vm_columns,
+                known=known,
+                load=self._load_vm,
+            )
+        except BaseException:
+            self._recent_vms.forget(key)
+            raise
+        self._recent_vms.note(key, record)
+        return record, won
 
     def heard(self, beats: list[tuple[str, datetime, str | None, str | None]]) -> int:
         """Liveness of many VMs at once: (name, seen, callback_url, relay_version) each.
@@ -443,6 +454,8 @@ class Store:
                 entity["relay_version"] = relay_version
             by_partition.setdefault(entity["PartitionKey"], []).append(entity)
         made = 0
+        for key in latest:  # their rows move: a remembered one would only fail its write
+            self._recent_vms.forget(key)
         for entities in by_partition.values():
             for chunk in _in_batches(entities):
                 ops = [("upsert", e, {"mode": UpdateMode.MERGE}) for e in chunk]
@@ -462,6 +475,7 @@ class Store:
                 yield self._load_vm(row)
 
     def delete_vm(self, name: str) -> None:
+        self._recent_vms.forget(row_key(name))
         with contextlib.suppress(ResourceNotFoundError):
             self.vms.delete_entity(vm_partition(name), row_key(name))
 
@@ -487,7 +501,7 @@ class Store:
         """The event row (one point read); `reporters=True` also reads its reporter rows."""
         rk = row_key(event_id)
         record = self._get(self.events, EventRecord, rk, EVENT_ROW)
-        self._note_event(rk, record)
+        self._recent_events.note(rk, record)
         if record is not None and reporters:
             self.load_reporters(record)
         return record
@@ -571,28 +585,11 @@ class Store:
         with contextlib.suppress(ResourceNotFoundError):
             self.events.delete_entity(OPEN_EVENTS, row_key(event_id))
 
-    def _note_event(self, rk: str, record: EventRecord | None) -> None:
-        """Remember the event row as last read or written here, with its ETag."""
-        with self._recent_lock:
-            if record is None or record.etag is None:
-                self._recent_events.pop(rk, None)
-                return
-            self._recent_events[rk] = _copy(record)
-            self._recent_events.move_to_end(rk)
-            while len(self._recent_events) > RECENT_EVENT_ROWS:
-                self._recent_events.popitem(last=False)
-
     def recent_event(self, event_id: str) -> EventRecord | None:
         """The event row as this Store last read or wrote it, if remembered: unverified, so
         only facts that never change back may be taken from it (see lifecycle: an ended
         event stays ended, a decision once made stays made)."""
-        recalled = self._recall_event(row_key(event_id))
-        return None if recalled is UNREAD else recalled
-
-    def _recall_event(self, rk: str) -> EventRecord | None:
-        with self._recent_lock:
-            record = self._recent_events.get(rk)
-            return _copy(record) if record is not None else UNREAD
+        return self._recent_events.recall(row_key(event_id))
 
     def mutate_event(
         self,
@@ -608,11 +605,11 @@ class Store:
         the write fails and the row is read afresh, so it is never trusted stale."""
         rk = row_key(event_id)
         if known is UNREAD:
-            known = self._recall_event(rk)
+            known = self._recent_events.recall(rk) or UNREAD
         record, won = self._mutate(
             self.events, EventRecord, rk, EVENT_ROW, change, self._event_columns, known=known
         )
-        self._note_event(rk, record)
+        self._recent_events.note(rk, record)
         return record, won
 
     def list_events(self, include_ended: bool = False) -> list[EventRecord]:
@@ -656,8 +653,7 @@ class Store:
                 )
                 keys = [(pk, row["RowKey"]) for row in rows]
                 made += 1 + self._delete_rows(table, keys)
-            with self._recent_lock:
-                self._recent_events.pop(pk, None)
+            self._recent_events.forget(pk)
         made += self._delete_rows(self.events, [(day, row_key(e)) for day, e in expired])
         return made
 
@@ -682,7 +678,7 @@ class Store:
         """A fleet-wide "first one wins" marker (e.g. one announcement per policy error)."""
         entity = {"PartitionKey": CLAIMS, "RowKey": row_key(key), "at": now.isoformat()}
         try:
-            self.events.create_entity(entity)
+            self.events.create_entity(entity, **NO_ECHO)
         except ResourceExistsError:
             return False
         return True
@@ -720,7 +716,8 @@ class Store:
                 "detail": detail[:4000],
                 "by": by[:200],
                 "time": at,
-            }
+            },
+            **NO_ECHO,
         )
 
     def audit_rows(self, event_id: str) -> list[dict[str, Any]]:
@@ -742,7 +739,8 @@ class Store:
                 # 30 000 characters, which non-BMP text would make twice as long.
                 "body": utf16_prefix(text, 30000),
                 "time": at,
-            }
+            },
+            **NO_ECHO,
         )
 
     def rejected_rows(self) -> Iterator[dict[str, Any]]:

@@ -53,7 +53,7 @@ def test_a_document_reads_the_vm_row_once_and_a_redelivery_writes_nothing(store,
     ingest_message(envelope("vm1", 1, [event("EV-E")]), pipeline)
     assert calls.count("vms", "get_entity") == 1 and calls.count("vms", "create_entity") == 1
 
-    body = envelope("vm1", 2, [event("EV-E")])
+    body = envelope("vm1", 3, [event("EV-E")])  # after a heartbeat (it took number 2)
     calls.reset()
     assert ingest_message(body, pipeline).outcome == "processed"
     assert calls.count("vms", "get_entity") == 1  # not re-read before the write
@@ -121,11 +121,13 @@ def test_a_vm_row_changed_between_read_and_write_is_reread_not_overwritten(azuri
         return record
 
     store.get_vm = get_then_someone_writes  # type: ignore[method-assign]
-    result = ingest_message(envelope("vm1", 2, [event("EV-R")]), pipeline)
+    # Number 3, not 2: the relay's next message would start from the row this worker
+    # wrote, without a read (the remembered-row tests below cover that path).
+    result = ingest_message(envelope("vm1", 3, [event("EV-R")]), pipeline)
     assert result.outcome == "processed"
     assert len(reads) == 2  # the failed conditional write sent it back to read again
     saved = real_get("vm1")
-    assert saved.last_sequence == 2 and saved.event_ids == ["EV-R"]
+    assert saved.last_sequence == 3 and saved.event_ids == ["EV-R"]
     # The watchdog's write was read, not overwritten: this document ends that silence.
     assert saved.silent_announced_for is None and saved.recovery_pending is None
     assert [n.occurrence for n in publisher.published if n.transition == "relay_recovered"] == [
@@ -361,3 +363,111 @@ def test_a_late_report_of_an_ended_event_costs_no_event_request(store, clock, mo
     record = store.get_event("EV-L", reporters=True)
     assert record.past_reporters == ["vm1", "vm2"] and record.ended == "cancelled"
     assert publisher.transitions("EV-L") == ["scheduled", "decided", "cancelled"]
+
+
+def test_a_relays_next_document_starts_from_the_vm_row_this_worker_wrote(store, clock, mocker):
+    pipeline, publisher = make_pipeline(store, clock)
+    calls = Calls(store, mocker)
+    ingest_message(envelope("vm1", 1, [event("EV-V")]), pipeline)
+    assert calls.count("vms", "get_entity") == 1  # a first message with events reads
+    calls.reset()
+    clock.advance(30)
+    ingest_message(envelope("vm1", 2, [event("EV-V", status="Started")]), pipeline)
+    ingest_message(envelope("vm1", 3, []), pipeline)
+    assert calls.count("vms", "get_entity") == 0
+    assert calls.count("vms", "update_entity") == 2
+    # A heartbeat took number 4: the next document may not trust the remembered row.
+    ingest_message(envelope("vm1", 5, [event("EV-V2")]), pipeline)
+    assert calls.count("vms", "get_entity") == 1
+    saved = store.get_vm("vm1")
+    assert (saved.last_sequence, saved.event_ids) == (5, ["EV-V2"])
+    assert publisher.transitions("EV-V") == ["scheduled", "decided", "started", "completed"]
+
+
+def test_a_remembered_vm_row_a_heartbeat_moved_is_read_again_and_both_kept(azurite, store, clock):
+    """A heartbeat merged by someone else (the relay itself, or the heartbeat function on
+    another instance) changes the row's ETag: the document's guarded write fails, and it
+    is processed again from a fresh read, keeping the heartbeat's columns."""
+    pipeline, publisher = make_pipeline(store, clock)
+    ingest_message(envelope("vm1", 1, [event("EV-B")]), pipeline)
+    beat_at = T0 + timedelta(minutes=3)
+    other = Store.from_connection_string(azurite, store.prefix)
+    other.heard([("vm1", beat_at, "http://10.0.0.4:8080", "9.9")])
+    clock.advance(240)
+    assert store.recent_vm("vm1") is not None  # this worker does not know of the heartbeat
+    real_get = store.get_vm
+    counted: list[str] = []
+
+    def get(name: str) -> VmRecord | None:
+        counted.append(name)
+        return real_get(name)
+
+    store.get_vm = get  # type: ignore[method-assign]
+    result = ingest_message(envelope("vm1", 2, [event("EV-B", status="Started")]), pipeline)
+    assert result.outcome == "processed" and counted == ["vm1"]  # one read, after the 412
+    saved = real_get("vm1")
+    assert saved.last_sequence == 2
+    assert saved.event_statuses == {"ev-b": "Started"}
+    assert saved.callback_url == "http://10.0.0.4:8080" and saved.relay_version == "test"
+    assert saved.last_seen == T0 + timedelta(minutes=4)  # the document's, after the beat
+    assert store.get_event("EV-B", reporters=True).reporters == {"vm1": "Started"}
+    assert publisher.transitions("EV-B") == ["scheduled", "decided", "started"]
+
+
+def test_after_another_worker_took_the_session_the_next_document_is_read_afresh(
+    azurite, store, clock, mocker
+):
+    """The VM's session moved to another worker, which handled numbers 2 and 3; this
+    worker still remembers the row after number 1. Number 4 does not follow it, so it is
+    judged on a fresh read."""
+    pipeline, publisher = make_pipeline(store, clock)
+    other, _ = make_pipeline(Store.from_connection_string(azurite, store.prefix), clock)
+    ingest_message(envelope("vm1", 1, [event("EV-S")]), pipeline)
+    ingest_message(envelope("vm1", 2, [event("EV-S", status="Started")]), other)
+    ingest_message(envelope("vm1", 3, []), other)
+    reads = mocker.spy(store, "get_vm")
+    assert ingest_message(envelope("vm1", 4, [event("EV-T")]), pipeline).outcome == "processed"
+    assert reads.call_count == 1
+    saved = store.get_vm("vm1")
+    assert (saved.last_sequence, saved.event_statuses) == (4, {"ev-t": "Scheduled"})
+    assert publisher.transitions("EV-S") == ["scheduled", "decided"]  # the rest went to other
+    assert store.get_event("EV-S", reporters=True).reporters == {}
+
+
+def test_a_redelivery_of_what_another_worker_handled_repeats_it_and_is_found_stale(
+    azurite, store, clock
+):
+    """Another worker handled number 2 but could not complete the message, so it comes
+    back here, where the remembered row is from number 1. It follows that row, so the
+    document is processed from it: the same writes the other worker made, then the
+    guarded VM write fails and a fresh read shows it stale."""
+    pipeline, publisher = make_pipeline(store, clock)
+    other, other_publisher = make_pipeline(
+        Store.from_connection_string(azurite, store.prefix), clock
+    )
+    two = ("vm1", "vm2")
+    ingest_message(envelope("vm1", 1, [event("EV-D", resources=two)]), pipeline)
+    ingest_message(envelope("vm2", 1, [event("EV-D", resources=two)]), other)
+    body = envelope("vm1", 2, [event("EV-D", status="Started", resources=two)])
+    ingest_message(body, other)
+    assert ingest_message(body, pipeline).outcome == "stale"
+    saved = store.get_vm("vm1")
+    assert (saved.last_sequence, saved.event_statuses) == (2, {"ev-d": "Started"})
+    assert store.get_event("EV-D", reporters=True).reporters == {
+        "vm1": "Started",
+        "vm2": "Scheduled",
+    }
+    announced = publisher.transitions("EV-D") + other_publisher.transitions("EV-D")
+    assert sorted(announced) == ["decided", "scheduled", "started"]  # each once
+
+
+def test_a_reinstalled_relays_numbers_do_not_match_an_old_remembered_row(store, clock, mocker):
+    """A relay whose state directory was wiped counts from 1 again; a number that happens
+    to follow the remembered row, observed long after it, is read, not assumed."""
+    pipeline, _ = make_pipeline(store, clock)
+    ingest_message(envelope("vm1", 1, [event("EV-I")]), pipeline)
+    calls = Calls(store, mocker)
+    later = T0 + timedelta(hours=2)
+    ingest_message(envelope("vm1", 2, [], observed_at=later), pipeline)
+    assert calls.count("vms", "get_entity") == 1
+    assert store.get_vm("vm1").event_ids == []
