@@ -215,6 +215,8 @@ def test_trickling_connections_from_one_address_cannot_hold_off_another_address(
 ) -> None:
     read_timeout = 4.0
     relay = start_relay(relay_process, imds, tmp_path, f"--callback-read-timeout={read_timeout}")
+    # The listener can be up before the first poll: change the document only after it.
+    wait_for(lambda: len(documents(relay.forward)) == 1)
     imds.document = {"DocumentIncarnation": 2, "Events": [event("E-1", "")]}
     wait_for(lambda: len(documents(relay.forward)) == 2)
     stop = threading.Event()
