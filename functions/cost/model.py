@@ -381,8 +381,13 @@ def ceilings(w: Workload, d: Deployment, c: Counts, p: PriceTable) -> list[Ceili
         Ceiling(
             name="Watchdog sweep",
             vms=math.inf if slope <= 0 else max(0.0, room / slope),
-            formula=f"({sweep:g} s - {c.watchdog_seconds_per_sweep_base:.3g} s) / "
-            f"{slope * 1000:.3g} ms per VM",
+            formula=(
+                f"{c.watchdog_seconds_per_sweep_base:.3g} s of {sweep:g} s, not growing "
+                "with the fleet (its queries filter on the server)"
+                if slope <= 0
+                else f"({sweep:g} s - {c.watchdog_seconds_per_sweep_base:.3g} s) / "
+                f"{slope * 1000:.3g} ms per VM"
+            ),
         )
     )
     return out
