@@ -123,15 +123,19 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         # Event rows first, VM row last: if we crash in between, the redelivery is not
         # "stale" and redoes the (idempotent) event updates.
         to_approve: list[str] = []
+        late: set[str] = set()  # events this VM lists only after they ended
         for event in current:
-            _report(event, envelope, vm, pipeline, now, result, to_approve)
+            _report(event, envelope, vm, pipeline, now, result, to_approve, late)
         if document is not None:
             current_ids = {e.event_id.casefold() for e in current}
             for old in vm.event_ids if vm else []:
-                if old.casefold() not in current_ids:
+                if old.casefold() not in current_ids and old.casefold() not in vm.late_event_ids:
                     _absent(old, name, pipeline, now, result)
         recovered: list[str] = []  # the silence this document ends, if announced
-        if _save_vm(store, vm, envelope, current if document is not None else None, now, recovered):
+        saved = _save_vm(
+            store, vm, envelope, current if document is not None else None, now, recovered, late
+        )
+        if saved:
             # After the VM row, so this VM's callback URL is known to the approver.
             for event_id in to_approve:
                 try:
@@ -219,6 +223,7 @@ def _save_vm(
     events: list[ScheduledEvent] | None,
     now: datetime,
     recovered: list[str] | None = None,
+    late: set[str] | None = None,
 ) -> bool:
     """Write the VM row only if nobody else did since we read it (else the caller redoes).
 
@@ -252,6 +257,7 @@ def _save_vm(
             record.last_incarnation = document.document_incarnation
             record.event_ids = [e.event_id for e in events]
             record.event_statuses = {e.event_id.casefold(): e.event_status for e in events}
+            record.late_event_ids = sorted(late or ())
         return record
 
     try:
@@ -284,10 +290,16 @@ def _report(
     now: datetime,
     result: IngestResult,
     to_approve: list[str],
+    late: set[str],
 ) -> None:
     store = pipeline.store
     name = envelope.vm.name
-    said_before = vm.event_statuses.get(event.event_id.casefold()) if vm else None
+    key = event.event_id.casefold()
+    if vm is not None and key in vm.late_event_ids:
+        # Its reporter row already says past reporter, and the event stays ended.
+        late.add(key)
+        return
+    said_before = vm.event_statuses.get(key) if vm else None
     newcomer = said_before is None  # this VM's previous document did not list it
     recent = store.recent_event(event.event_id)
     if recent is None:
@@ -295,6 +307,8 @@ def _report(
         # event and Store (an event seen here before is listed already, or ended).
         store.open_event(event.event_id, now)
     if recent is not None and recent.ended:
+        if newcomer:
+            late.add(key)
         _late_report(event, name, said_before, store, now)
         return
     if said_before != event.event_status:
@@ -326,6 +340,7 @@ def _report(
     if record is not None and record.ended and newcomer and said_before is None:
         # A late report after the event ended: remember the VM as a past reporter only.
         store.set_reporter(event.event_id, name, "", now)
+        late.add(key)
     if record is None:
         return
     if not won:

@@ -45,6 +45,10 @@ class VmRecord(Record):
     # EventId (case-folded) -> the status this VM last reported, so a document that
     # repeats it writes no reporter row again.
     event_statuses: dict[str, str] = Field(default_factory=dict)
+    # EventIds (case-folded) this VM first listed after the event had ended: its reporter
+    # row says past reporter once, and ending is final, so its later documents that list
+    # the event (or stop listing it) write nothing more for it.
+    late_event_ids: list[str] = Field(default_factory=list)
     silent_announced_for: str | None = None  # the last_seen whose silence was announced
     silence_claim: str = ""  # its announcement's claim (functions.store.claims)
     # The silence (its `silent_announced_for`) whose end is being announced as

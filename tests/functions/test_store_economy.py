@@ -17,6 +17,7 @@ from functions.model.event import Notification
 from functions.model.policy import Policy, Rule
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
+from functions.pipeline.transitions import finish_event
 from functions.store.records import VmRecord
 from functions.store.tables import Store, transport_options
 from tests.functions.conftest import T0, envelope, event, make_pipeline
@@ -360,9 +361,37 @@ def test_a_late_report_of_an_ended_event_costs_no_event_request(store, clock, mo
     upserts = mocker.spy(store.events, "upsert_entity")
     ingest_message(envelope("vm2", 1, [event("EV-L", resources=("vm1", "vm2"))]), pipeline)
     assert [c.args[0]["status"] for c in upserts.call_args_list] == [""]
+    # Written once: its later documents, listing it Started or no longer listing it,
+    # write nothing more for the ended event (its VM row remembers it joined late).
+    ingest_message(
+        envelope("vm2", 2, [event("EV-L", status="Started", resources=("vm1", "vm2"))]),
+        pipeline,
+    )
+    assert store.get_vm("vm2").late_event_ids == ["ev-l"]
+    ingest_message(envelope("vm2", 3, []), pipeline)
+    assert len(upserts.call_args_list) == 1
+    assert store.get_vm("vm2").late_event_ids == []  # bounded by what the VM lists
     record = store.get_event("EV-L", reporters=True)
     assert record.past_reporters == ["vm1", "vm2"] and record.ended == "cancelled"
     assert publisher.transitions("EV-L") == ["scheduled", "decided", "cancelled"]
+
+
+def test_a_vm_that_reported_before_the_end_keeps_its_status_and_leaves(store, clock, mocker):
+    """Only a VM that joined after the end is spared writes: one that reported the event
+    before it ended still has its status recorded, and its absence recorded."""
+    pipeline, _ = make_pipeline(store, clock)
+    two = ("vm1", "vm2")
+    ingest_message(envelope("vm1", 1, [event("EV-K", resources=two)]), pipeline)
+    ingest_message(envelope("vm2", 1, [event("EV-K", resources=two)]), pipeline)
+    finish_event("EV-K", pipeline, clock.now())  # as Event Grid's Completed ends it
+    ingest_message(envelope("vm2", 2, [event("EV-K", status="Started", resources=two)]), pipeline)
+    assert store.get_event("EV-K", reporters=True).reporters == {
+        "vm1": "Scheduled",
+        "vm2": "Started",
+    }
+    assert store.get_vm("vm2").late_event_ids == []
+    ingest_message(envelope("vm2", 3, []), pipeline)
+    assert store.get_event("EV-K", reporters=True).reporters == {"vm1": "Scheduled"}
 
 
 def test_a_relays_next_document_starts_from_the_vm_row_this_worker_wrote(store, clock, mocker):
