@@ -129,12 +129,12 @@ def test_instances_drain_at_the_same_time(harness: Harness, relays: Callable[...
 def test_a_relay_hook_that_outlasts_its_step_fails_the_drain(
     harness: Harness, relays: Callable[..., Relays]
 ) -> None:
-    fleet = relays(count=1, hook_seconds=2, hook_wait=0.1)
+    fleet = relays(count=1, hook_seconds=4, hook_wait=0.1)
     harness.callbacks.update(fleet.urls)
     event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
     result = run_drain(
         terminate_note(event_id),
-        settings(relay_hook="drain", step_timeout_seconds=0.8),
+        settings(relay_hook="drain", step_timeout_seconds=1.5),
         harness.context(),
     )
     assert result.outcome == "held"
