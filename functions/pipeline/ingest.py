@@ -129,11 +129,12 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         if document is not None:
             current_ids = {e.event_id.casefold() for e in current}
             for old in vm.event_ids if vm else []:
-                if old.casefold() not in current_ids and old.casefold() not in vm.late_event_ids:
+                key = old.casefold()
+                if key not in current_ids and key not in vm.late_event_ids:
                     _absent(old, name, pipeline, now, result)
         recovered: list[str] = []  # the silence this document ends, if announced
         saved = _save_vm(
-            store, vm, envelope, current if document is not None else None, now, recovered, late
+            store, vm, envelope, current if document is not None else None, now, late, recovered
         )
         if saved:
             # After the VM row, so this VM's callback URL is known to the approver.
@@ -222,8 +223,8 @@ def _save_vm(
     envelope: Envelope,
     events: list[ScheduledEvent] | None,
     now: datetime,
+    late: set[str],
     recovered: list[str] | None = None,
-    late: set[str] | None = None,
 ) -> bool:
     """Write the VM row only if nobody else did since we read it (else the caller redoes).
 
@@ -257,7 +258,7 @@ def _save_vm(
             record.last_incarnation = document.document_incarnation
             record.event_ids = [e.event_id for e in events]
             record.event_statuses = {e.event_id.casefold(): e.event_status for e in events}
-            record.late_event_ids = sorted(late or ())
+            record.late_event_ids = sorted(late)
         return record
 
     try:
@@ -307,9 +308,7 @@ def _report(
         # event and Store (an event seen here before is listed already, or ended).
         store.open_event(event.event_id, now)
     if recent is not None and recent.ended:
-        if newcomer:
-            late.add(key)
-        _late_report(event, name, said_before, store, now)
+        _late_report(event, name, said_before, store, now, late)
         return
     if said_before != event.event_status:
         # This VM's own reporter row, before the event row: an end decided from now on
@@ -337,10 +336,9 @@ def _report(
         return updated
 
     record, won = store.mutate_event(event.event_id, change)
-    if record is not None and record.ended and newcomer and said_before is None:
+    if record is not None and record.ended and newcomer:
         # A late report after the event ended: remember the VM as a past reporter only.
-        store.set_reporter(event.event_id, name, "", now)
-        late.add(key)
+        _late_report(event, name, said_before, store, now, late)
     if record is None:
         return
     if not won:
@@ -365,13 +363,20 @@ def _report(
 
 
 def _late_report(
-    event: ScheduledEvent, name: str, said_before: str | None, store: Store, now: datetime
+    event: ScheduledEvent,
+    name: str,
+    said_before: str | None,
+    store: Store,
+    now: datetime,
+    late: set[str],
 ) -> None:
-    """A report of an event this Store saw end (ending is final, so no read is needed):
-    the VM's own row only, written once with its final value. A VM new to the event is
-    only a past reporter (status ""); one that reported it before keeps its status."""
+    """A report of an event known to have ended (ending is final, so no read is needed):
+    the VM's own row only. A VM new to the event is only a past reporter (status ""),
+    written once: it joins `late`, which its VM row keeps, so its later documents write
+    nothing for it. One that reported it before keeps its status."""
     if said_before is None:
         store.set_reporter(event.event_id, name, "", now)
+        late.add(event.event_id.casefold())
     elif said_before != event.event_status:
         store.set_reporter(event.event_id, name, event.event_status, now)
 
