@@ -107,6 +107,22 @@ class Settings(BaseSettings):
     # How long relays are tried (from their first attempt) before ARM takes over, when both
     # are configured; never later than APPROVAL_MARGIN_SECONDS before NotBefore.
     arm_fallback_after_seconds: int = Field(default=30, ge=0)
+    # --- Per-VM identity (functions.identity, functions.pipeline.admission) ---
+    # The port every relay's callback listens on: the app calls Azure's address for the VM
+    # on this port and path, never an address a VM wrote.
+    relay_callback_port: int = Field(default=8492, ge=1, le=65535)
+    # Roots that sign IMDS attested documents. Empty: the public roots (certifi), as in
+    # Azure. Set only for the simulator (tests, the demo): its test CA, in PEM.
+    attestation_ca_pem: str | None = None
+    # The signer certificate's DNS name must be *.<one of these> (public, US Gov, China).
+    attestation_signer_suffixes: str = "metadata.azure.com,metadata.azure.us,metadata.azure.cn"
+    # Subscriptions whose VMs may send (comma-separated ids). Empty: any subscription the
+    # app's identity can read in Resource Graph (its Reader scopes are the allow-list then).
+    allowed_subscriptions: str = ""
+    # How long Resource Graph's answer about a VM (name, sets, address) is reused.
+    vm_facts_max_age_seconds: int = Field(default=6 * 3600, ge=60, le=7 * 86400)
+    # A VM may not announce maintenance further ahead than this (it would hold capacity).
+    max_not_before_days: int = Field(default=7, ge=1, le=365)
 
     @model_validator(mode="after")
     def _urls(self) -> Settings:
@@ -126,6 +142,20 @@ class Settings(BaseSettings):
                 "(e.g. relay,arm)"
             )
         return self
+
+    @property
+    def signer_suffixes(self) -> tuple[str, ...]:
+        return tuple(
+            s.strip().lstrip("*.").casefold()
+            for s in self.attestation_signer_suffixes.split(",")
+            if s.strip()
+        )
+
+    @property
+    def subscription_allow_list(self) -> frozenset[str]:
+        return frozenset(
+            s.strip().casefold() for s in self.allowed_subscriptions.split(",") if s.strip()
+        )
 
     @property
     def approver_order(self) -> tuple[str, ...]:

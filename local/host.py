@@ -33,11 +33,14 @@ from pydantic import BaseModel, Field
 from functions.clock import Clock, SystemClock
 from functions.pipeline.context import Pipeline
 from functions.pipeline.heartbeats import HeartbeatResult, ingest_heartbeats
-from functions.pipeline.ingest import IngestResult, ingest_message
+from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher, Publisher
+from functions.pipeline.results import IngestResult
+from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid
 from functions.pipeline.watchdog import WatchdogReport, run_watchdog
 from functions.settings import Settings
 from functions.store.tables import Store
+from simulator.eventgrid import EVENT_GRID_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +214,10 @@ class LocalHost:
             self.deliveries[path.name] += 1
             count = self.deliveries[path.name]
         try:
-            result = ingest_message(body, self.pipeline, message_id=path.stem)
+            # The Event Grid stand-in's files play EVENTGRID_QUEUE (only the system topic
+            # sends there); everything else is the documents queue, where relays send.
+            source = ingest_event_grid if path.name.endswith(EVENT_GRID_SUFFIX) else ingest_message
+            result = source(body, self.pipeline, message_id=path.stem)
         except Exception as exc:
             log.warning("delivery %d of %s failed: %s", count, path.name, exc)
             with self._report_lock:

@@ -98,6 +98,11 @@ def notification(
     }
 
 
+# The file names the Event Grid stand-in writes end so; the local host delivers them as
+# EVENTGRID_QUEUE's messages (in Azure only the system topic can send to that queue).
+EVENT_GRID_SUFFIX = "-eventgrid.json"
+
+
 def directory_sink(folder: str | Path) -> Sink:
     """One file per message, named to sort in delivery order; written under a dot-name and
     renamed, so a reader never sees half a file (the local host skips dot-files)."""
@@ -106,7 +111,7 @@ def directory_sink(folder: str | Path) -> Sink:
     counter = itertools.count()
 
     def deliver(body: bytes, message_id: str) -> None:
-        name = f"{time.time_ns():020d}-{next(counter):06d}-eventgrid.json"
+        name = f"{time.time_ns():020d}-{next(counter):06d}{EVENT_GRID_SUFFIX}"
         temp = path / f".{name}"
         temp.write_bytes(body)
         os.replace(temp, path / name)

@@ -1,18 +1,26 @@
-"""The relay approver: one signed `POST {callback_url}/v1/start` to a VM's relay.
+"""The relay approver: one signed `POST http://{VM address}:{port}/v1/start` to a VM's relay.
 
 Kept apart from the approval workflow (pipeline/approve.py) so the workflow can choose
 among approvers; this module only speaks the relay's callback protocol and classifies
 its answer:
-- approved;
+- approved: only an explicit `results[EventId] == "approved"` with `imds_status` 200 (the
+  relay's own IMDS accepted the StartRequests). Anything short of that is not an approval;
 - retry: network trouble, 5xx, and the 4xx whose cause may pass: 401 (signature: a key
   mid-rotation, a clock off), 403, 408, 409 (a replay, or not in its document yet), 425,
   429, and a 404 "unknown EventId" from a relay whose VM has not reported the event yet
   (its IMDS may simply lag behind a set-mate's);
 - refused: a 4xx that stays true (400 malformed, 404 for an event its VM did report, so it
-  left that VM's document, 405, 413, ...), or a refusal in a 200 body. A refused relay is
-  not asked again for that event.
-On a 401 with RELAY_KEY_PREVIOUS set, the same relay is asked once more at once, signed
-with the previous key: a relay not rotated yet still approves.
+  left that VM's document, 405, 413, ...), a redirect (never followed: the address is
+  Azure's, so a redirect means something else answers there), or a refusal in a 200 body.
+  A refused relay is not asked again for that event.
+
+Where the request goes and how it is signed comes from the app alone (RelayTarget): the
+address Azure gives the VM's NIC, the bridge's one port and path, and the key that VM's
+relay gave in an attested message, naming the VM's vmId as the target (scheme v2). On a 401
+the relay's previous key is tried once: a relay mid-rotation still approves.
+The request also says which event the policy decided on (`Expect`: its type and source as
+reported): a relay whose own IMDS shows the event otherwise refuses, so a set-mate's report
+that disagrees with the VM's own view cannot steer an approval.
 """
 
 from __future__ import annotations
@@ -20,68 +28,109 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
 import requests
 
-from functions.signing import sign_headers
+from functions.identity.keys import CallbackKey
+from functions.signing import sign_headers_v2
 
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_SECONDS = 10.0
+START_PATH = "/v1/start"
+HOOK_PATH = "/v1/hook"
 Verdict = Literal["approved", "refused", "retry"]
 # 4xx answers whose cause may pass: asked again within the approval budget.
 PASSING_4XX = frozenset({401, 403, 408, 409, 425, 429})
-PREVIOUS_KEY_NOTE = "signed with RELAY_KEY_PREVIOUS: this relay still has the old key"
+PREVIOUS_KEY_NOTE = "signed with the relay's previous key: it has not rotated yet"
+MAX_ANSWER_CHARS = 200
+
+
+@dataclass(frozen=True)
+class RelayTarget:
+    """One VM's relay as the app knows it: Azure's address, the VM's vmId, its keys."""
+
+    url: str  # http://ADDRESS:PORT, from Azure's facts; never from a relay
+    vm_id: str
+    keys: tuple[CallbackKey, ...]  # current first, then the previous one
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or parts.path not in ("", "/") or parts.query:
+            raise ValueError(f"relay target must be http(s)://HOST:PORT, got {self.url!r}")
+
+    def signed(
+        self, key: CallbackKey, path: str, body: bytes, now: float | None = None
+    ) -> dict[str, str]:
+        return {
+            "Content-Type": "application/json",
+            **sign_headers_v2(key.secret, key.key_id, self.vm_id, "POST", path, body, now=now),
+        }
 
 
 def post_start(
-    callback_url: str,
+    target: RelayTarget,
     event_id: str,
-    key: bytes,
     session: requests.Session,
     remaining: float,
     *,
-    previous_key: bytes | None = None,
     reported: bool = True,
+    expect: Mapping[str, str | None] | None = None,
 ) -> tuple[Verdict, int | None, str]:
     """One approval attempt; `remaining` bounds the request timeout by the deadline.
 
     `reported`: whether this relay's VM listed the event in a document (a 404 from a relay
-    that never saw it means "not yet", from one that did means "gone")."""
-    verdict, status, text = _post(callback_url, event_id, key, session, remaining, reported)
-    if status != 401 or previous_key is None:
+    that never saw it means "not yet", from one that did means "gone"). `expect`: the
+    event's facts the decision rests on (EventType, EventSource)."""
+    if not target.keys:
+        return "refused", None, "no callback key known for this VM"
+    verdict, status, text = _post(
+        target, target.keys[0], event_id, session, remaining, reported, expect
+    )
+    if status != 401 or len(target.keys) < 2:
         return verdict, status, text
-    again = _post(callback_url, event_id, previous_key, session, remaining, reported)
+    again = _post(target, target.keys[1], event_id, session, remaining, reported, expect)
     if again[1] == 401:  # neither key: a relay with some third key, or a clock off
-        return verdict, status, f"{text} (RELAY_KEY_PREVIOUS too)"
-    log.warning("relay %s: 401 to RELAY_KEY, %s: %s", callback_url, PREVIOUS_KEY_NOTE, again[2])
+        return verdict, status, f"{text} (previous key too)"
+    log.warning("relay %s: 401 to its current key, %s: %s", target.url, PREVIOUS_KEY_NOTE, again[2])
     return again[0], again[1], f"{again[2]} ({PREVIOUS_KEY_NOTE})"
 
 
 def _post(
-    callback_url: str,
+    target: RelayTarget,
+    key: CallbackKey,
     event_id: str,
-    key: bytes,
     session: requests.Session,
     remaining: float,
     reported: bool,
+    expect: Mapping[str, str | None] | None,
 ) -> tuple[Verdict, int | None, str]:
-    url = f"{callback_url}/v1/start"
+    url = f"{target.url.rstrip('/')}{START_PATH}"
     # The relay refuses a byte-identical request within a second as a replay; the nonce
     # keeps a quick retry (or two approvers at once) from looking like one.
-    body = json.dumps({"EventIds": [event_id], "Nonce": uuid.uuid4().hex}).encode()
-    path = urlsplit(url).path or "/"
-    headers = {"Content-Type": "application/json", **sign_headers(key, "POST", path, body)}
+    request: dict[str, object] = {"EventIds": [event_id], "Nonce": uuid.uuid4().hex}
+    if expect:
+        request["Expect"] = {event_id: {k: v for k, v in expect.items() if v is not None}}
+    body = json.dumps(request).encode()
+    headers = target.signed(key, START_PATH, body)
     try:
         response = session.post(
-            url, data=body, headers=headers, timeout=min(REQUEST_TIMEOUT_SECONDS, remaining)
+            url,
+            data=body,
+            headers=headers,
+            timeout=min(REQUEST_TIMEOUT_SECONDS, remaining),
+            allow_redirects=False,
         )
     except requests.RequestException as exc:
         return "retry", None, f"error: {type(exc).__name__}"
     text = reason(response)
     status = response.status_code
+    if 300 <= status < 400:
+        return "refused", status, f"refused {status}: redirect not followed"
     if status >= 500:
         return "retry", status, f"{status} {text}"
     if status in PASSING_4XX or (status == 404 and not reported):
@@ -90,18 +139,39 @@ def _post(
         return "refused", status, f"refused {status}: {text}"
     if status != 200:
         return "retry", status, f"unexpected {status}"
+    return _verdict(response, event_id)
+
+
+def _verdict(response: requests.Response, event_id: str) -> tuple[Verdict, int | None, str]:
+    """Approved only when the relay says so for this EventId and IMDS answered 200."""
     try:
         answer = response.json()
     except ValueError:
-        return "retry", 200, "200 without JSON"
-    results = answer.get("results") if isinstance(answer, dict) else None
+        return "refused", 200, "relay answered 'no verdict' (200 without JSON)"
+    if not isinstance(answer, dict):
+        return "refused", 200, "relay answered 'no verdict' (200 without an object)"
+    results = answer.get("results")
     verdict = None
     if isinstance(results, dict):
         verdict = next((v for k, v in results.items() if k.casefold() == event_id.casefold()), None)
-    if verdict not in (None, "approved"):
-        return "refused", 200, f"relay answered {verdict!r}"
-    imds = answer.get("imds_status", answer.get("status")) if isinstance(answer, dict) else None
-    return "approved", imds if isinstance(imds, int) else None, "approved"
+    if verdict is None:
+        return "refused", 200, "relay answered 'no verdict' for this event"
+    if verdict != "approved":
+        return "refused", 200, f"relay answered {clip(str(verdict))!r}"
+    imds = answer.get("imds_status")
+    if imds != 200 or isinstance(imds, bool):
+        return (
+            "retry",
+            imds if isinstance(imds, int) else None,
+            f"approved, but IMDS said {clip(str(imds))}",
+        )
+    return "approved", 200, "approved"
+
+
+def clip(text: str, limit: int = MAX_ANSWER_CHARS) -> str:
+    """Callee text as one printable line: it goes into audit rows and announcements."""
+    printable = "".join(c if c.isprintable() else " " for c in text)
+    return " ".join(printable.split())[:limit]
 
 
 def final_refusal(outcome: str) -> bool:
@@ -118,7 +188,7 @@ def reason(response: requests.Response) -> str:
     try:
         data = response.json()
     except ValueError:
-        return response.text[:200]
+        return clip(response.text)
     if isinstance(data, dict) and "error" in data:
-        return str(data["error"])[:200]
-    return json.dumps(data)[:200]
+        return clip(str(data["error"]))
+    return clip(json.dumps(data))

@@ -23,6 +23,7 @@ it (`relay:<vm>` or `arm`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -30,7 +31,7 @@ import requests
 from pydantic import BaseModel, Field
 
 from functions.approvers.arm import acknowledge, default_credential
-from functions.approvers.relay import final_refusal, post_start
+from functions.approvers.relay import RelayTarget, final_refusal, post_start
 from functions.clock import Clock
 from functions.model.arm import ArmResource, owner_of_vm
 from functions.model.event import Transition
@@ -169,9 +170,6 @@ def _relay_phase(
     their first attempt (kept in the row across invocations) and no waiting for relays
     not heard yet: ARM can approve now."""
     store, settings, clock = pipeline.store, pipeline.settings, pipeline.clock
-    key = settings.relay_key_bytes
-    if key is None:
-        return _Phase(outcome="exhausted", detail="RELAY_KEY is not set")
     handover = deadline
     if arm_next:
         tried = [a.at for a in record.approval_attempts if a.vm and a.vm != ARM]
@@ -179,7 +177,7 @@ def _relay_phase(
         handover = min(deadline, first + timedelta(seconds=settings.arm_fallback_after_seconds))
     # A relay that refused for good is not asked again for this event, in this call or later.
     refused = {a.vm for a in record.approval_attempts if final_refusal(a.outcome)}
-    relays = _relays(store, record, settings, now, skip=refused)
+    relays = _relays(store, record, settings, now, skip=refused, target=pipeline.relay_target)
     unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(refused)
     if not relays:
         # The named VMs' relays may simply not have reported yet (a set-mate's document
@@ -187,14 +185,13 @@ def _relay_phase(
         waiting = unheard and not arm_next and clock.now() < deadline
         return _Phase(
             outcome="later" if waiting else "exhausted",
-            detail="no VM named in Resources has a relay that reported recently with a "
-            "callback URL"
+            detail="no VM named in Resources has a relay that reported recently with an "
+            "attested key and an address Azure knows"
             + (f" (refused before: {', '.join(sorted(refused))})" if refused else ""),
         )
     return _try_relays(
         record,
         relays,
-        (key, settings.relay_key_previous_bytes),
         pipeline.session,
         clock,
         min(stop, handover),
@@ -338,31 +335,35 @@ def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetim
 
 
 def _relays(
-    store: Store, record: EventRecord, settings: Settings, now: datetime, skip: set[str | None]
-) -> list[VmRecord]:
+    store: Store,
+    record: EventRecord,
+    settings: Settings,
+    now: datetime,
+    skip: set[str | None],
+    target: Callable[[VmRecord], RelayTarget | None],
+) -> list[tuple[VmRecord, RelayTarget]]:
     """Named VMs whose relays reported recently, in `Resources` order (first is leader):
     at most RELAYS_PER_ATTEMPT of them, so an event naming 1,000 VMs costs a few point
     reads, not 1,000 (the others stay "unheard": a later attempt reaches them)."""
     fresh = timedelta(seconds=settings.relay_silent_after_seconds)
-    chosen: list[VmRecord] = []
+    chosen: list[tuple[VmRecord, RelayTarget]] = []
     for name in record.resources:
         if len(chosen) >= RELAYS_PER_ATTEMPT:
             break
         if name in skip:
             continue
         vm = store.get_vm(name)
-        if vm is None or not vm.callback_url or vm.last_seen is None:
+        if vm is None or vm.last_seen is None or now - vm.last_seen > fresh:
             continue
-        if now - vm.last_seen > fresh:
-            continue
-        chosen.append(vm)
+        relay = target(vm)
+        if relay is not None:
+            chosen.append((vm, relay))
     return chosen
 
 
 def _try_relays(
     record: EventRecord,
-    relays: list[VmRecord],
-    keys: tuple[bytes, bytes | None],
+    relays: list[tuple[VmRecord, RelayTarget]],
     session: requests.Session,
     clock: Clock,
     stop: datetime,
@@ -377,7 +378,7 @@ def _try_relays(
     refused: set[str] = set()
     delay = BACKOFF_START_SECONDS
     while True:
-        for vm in relays:
+        for vm, relay in relays:
             if vm.name in refused:
                 continue
             remaining = (stop - clock.now()).total_seconds()
@@ -385,13 +386,12 @@ def _try_relays(
                 break
             wanted = record.event_id.casefold()
             verdict, status, text = post_start(
-                vm.callback_url,
+                relay,
                 record.event_id,
-                keys[0],
                 session,
                 remaining,
-                previous_key=keys[1],
                 reported=any(e.casefold() == wanted for e in vm.event_ids),
+                expect={"EventType": record.event_type, "EventSource": record.event_source},
             )
             attempts.append(Attempt(at=clock.now(), vm=vm.name, outcome=text, by=by))
             if verdict == "approved":
@@ -404,7 +404,7 @@ def _try_relays(
                 )
             if verdict == "refused":
                 refused.add(vm.name)
-        if all(vm.name in refused for vm in relays):
+        if all(vm.name in refused for vm, _ in relays):
             # Named VMs whose relays are not known yet may still approve: keep it pending.
             waiting = unheard and clock.now() < deadline
             return _Phase(

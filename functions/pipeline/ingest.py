@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Literal
 
 from azure.core.exceptions import HttpResponseError
-from pydantic import BaseModel, Field
 
 from functions.model.envelope import DocumentError, Envelope, ScheduledEvent, parse_envelope
 from functions.model.event import Transition
+from functions.pipeline.admission import NotAdmitted, trusted_ref
 from functions.pipeline.announce import publish_claimed
-from functions.pipeline.approve import ApprovalResult, approve_event
+from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
 from functions.pipeline.lifecycle import report
 from functions.pipeline.redecide import should_redecide
 from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
+from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
 from functions.pipeline.transitions import after_decision, decide_once, end_event
 from functions.store import claims
@@ -32,14 +32,6 @@ from functions.store.records import EventRecord, VmRecord
 from functions.store.tables import RowTooLarge, Store
 
 log = logging.getLogger(__name__)
-
-
-class IngestResult(BaseModel):
-    outcome: Literal["processed", "stale", "rejected"]
-    vm: str | None = None
-    reason: str = ""
-    transitions: list[tuple[str, str]] = Field(default_factory=list)  # (EventId, transition)
-    approvals: list[ApprovalResult] = Field(default_factory=list)
 
 
 def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") -> IngestResult:
@@ -52,31 +44,83 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
     range) for a message that validated; the bounds in functions.model.envelope keep the
     latter from happening for anything a relay sends. Everything else raises (transient).
     """
-    if looks_like_event_grid(body):  # agentless mode: Event Grid, not a relay envelope
-        from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid
-
-        return ingest_event_grid(body, pipeline, message_id)
+    if looks_like_event_grid(body):
+        # Only the system topic can send to EVENTGRID_QUEUE; every relay can send here. An
+        # Event Grid body on this queue is a VM posing as Azure (it would end or cancel any
+        # event fleet-wide), so it is refused, with the reason.
+        return _reject(pipeline, body, message_id, EVENT_GRID_HERE)
     now = pipeline.clock.now()
     try:
         envelope = parse_envelope(body)
     except DocumentError as exc:
         return _reject(pipeline, body, message_id, str(exc))
+    if pipeline.admission is None:
+        return _reject(pipeline, body, message_id, "no identity check configured: refused")
+    try:
+        identity = pipeline.admission.admit(body, envelope, now)
+    except NotAdmitted as exc:
+        return _reject(pipeline, body, message_id, str(exc))
+    # FactsUnavailable propagates: Resource Graph may not show a new VM for a minute, so
+    # the message is abandoned and redelivered, not rejected.
+    envelope = envelope.model_copy(
+        update={"vm": trusted_ref(identity.facts, pipeline.admission.callback_port)}
+    )
+    name = envelope.vm.name
+    if envelope.kind == "unforwardable":
+        facts = envelope.unforwardable
+        assert facts is not None
+        reason = (
+            f"relay on {name} could not forward IMDS document incarnation "
+            f"{facts.incarnation} ({facts.bytes} bytes): {facts.reason}"
+        )
+        return _reject(pipeline, body, message_id, reason, vm=name, now=now)
+    problem = out_of_bounds(envelope, now, pipeline.settings.max_not_before_days)
+    if problem:
+        return _reject(pipeline, body, message_id, problem, vm=name, now=now)
     try:
         return ingest_envelope(envelope, pipeline)
     except RowTooLarge as exc:
         # Bounded pieces make this unreachable for anything IMDS sends; if it happens the
         # message is kept with the reason instead of failing until it dead-letters.
         reason = f"state would exceed a Table size limit: {exc}"
-        return _reject(pipeline, body, message_id, reason, vm=envelope.vm.name, now=now)
+        return _reject(pipeline, body, message_id, reason, vm=name, now=now)
     except HttpResponseError as exc:
         if exc.status_code not in REFUSED_BY_TABLES:
             raise
         code = getattr(exc, "error_code", None) or f"HTTP {exc.status_code}"
         reason = f"Table storage refused a row for this message ({code}): {_first_line(exc)}"
-        return _reject(pipeline, body, message_id, reason, vm=envelope.vm.name, now=now)
+        return _reject(pipeline, body, message_id, reason, vm=name, now=now)
+
+
+# A relay's clock may run a little ahead; a message from further in the future would make
+# the VM's later genuine documents look stale (functions.pipeline.ingest._is_stale).
+MAX_FUTURE = timedelta(minutes=5)
+
+
+def out_of_bounds(envelope: Envelope, now: datetime, not_before_days: int) -> str:
+    """Why a message is beyond what one VM may claim, or "" when it is within bounds."""
+    if envelope.observed_at > now + MAX_FUTURE:
+        return (
+            f"observed_at {envelope.observed_at.isoformat()} is more than "
+            f"{int(MAX_FUTURE.total_seconds() // 60)} min ahead of the app's clock"
+        )
+    document = envelope.scheduled_events
+    horizon = now + timedelta(days=not_before_days)
+    for event in document.events if document else ():
+        if event.not_before is not None and event.not_before > horizon:
+            return (
+                f"event {event.event_id[:128]}: NotBefore {event.not_before.isoformat()} is "
+                f"more than {not_before_days} days ahead (MAX_NOT_BEFORE_DAYS): no Azure "
+                "maintenance is announced that far ahead, and it would hold capacity"
+            )
+    return ""
 
 
 REFUSED_BY_TABLES = frozenset({400, 413})
+EVENT_GRID_HERE = (
+    "an Event Grid event on the documents queue: Event Grid events are accepted only from "
+    "EVENTGRID_QUEUE, which only the system topic can send to"
+)
 
 
 def _first_line(exc: Exception) -> str:
@@ -109,12 +153,18 @@ def _is_stale(vm: VmRecord | None, envelope: Envelope) -> bool:
 
 
 def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
+    """One admitted message: `envelope.vm` is Azure's description of its sender."""
     store, clock = pipeline.store, pipeline.clock
     name = envelope.vm.name
     result = IngestResult(outcome="processed", vm=name)
     document = envelope.scheduled_events
     # At most MAX_EVENTS events (functions.model.envelope rejects more with the reason).
-    current: list[ScheduledEvent] = list(document.events) if document else []
+    # A VM speaks only for itself: an event whose Resources do not name it is not its
+    # report to make (an old relay forwards its whole set's events; a hostile one could
+    # report any). Its absence from later documents then ends nothing of another VM's.
+    listed: list[ScheduledEvent] = list(document.events) if document else []
+    current = [e for e in listed if e.affects(name)]
+    result.ignored_events = len(listed) - len(current)
     for attempt in range(20):
         vm, guessed = _vm_row(store, envelope, current, first=attempt == 0)
         if _is_stale(vm, envelope):
@@ -249,6 +299,7 @@ def _save_vm(
             record.last_observed_at = envelope.observed_at
         record.last_seen = now
         ref = envelope.vm
+        record.vm_id = ref.vm_id or record.vm_id
         record.callback_url = ref.callback_url or record.callback_url
         record.scale_set = ref.scale_set or record.scale_set
         record.availability_set = ref.availability_set or record.availability_set

@@ -96,11 +96,17 @@ def report(
         # A late document from a VM after the event ended fleet-wide: the caller records
         # the VM as a past reporter; the event is not reopened (it would announce twice).
         return None, claimed
-    dropped = _union(record.resources, event.resources, MAX_RESOURCES)
+    # A relay vouches for its own VM only: the event's named VMs grow by the reporter
+    # (which ingest checked `Resources` names); the rest of a relay's `Resources` is a claim
+    # about other VMs. Event Grid (Azure itself) adds its whole list
+    # (functions.pipeline.sources.eventgrid_ingest). The sets are Azure's facts of the VM.
+    dropped = _union(record.resources, [vm.name], MAX_RESOURCES)
     record.resources_dropped = max(record.resources_dropped, dropped)
     _union(record.scale_sets, [vm.scale_set], MAX_SETS)
     _union(record.availability_sets, [vm.availability_set], MAX_SETS)
-    if event.not_before is not None and not record.started:
+    if event.not_before is not None and not record.started and not record.arm_resource:
+        # Once Event Grid described the event, its NotBefore is Azure's and a relay's
+        # report (perhaps a set-mate's, perhaps hostile) does not move it.
         record.not_before = event.not_before
     if event.description and not record.description:
         record.description = event.description

@@ -31,7 +31,8 @@ class Record(BaseModel):
 
 
 class VmRecord(Record):
-    name: str
+    name: str  # Azure's name for the VM (Resource Graph), never the relay's claim
+    vm_id: str | None = None  # Azure's vmId, from the attested document; keys its identity
     last_sequence: int = -1
     last_observed_at: AwareDatetime | None = None
     last_incarnation: int | None = None

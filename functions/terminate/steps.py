@@ -13,14 +13,13 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 
+from functions.approvers.relay import HOOK_PATH, RelayTarget
 from functions.model.event import EventSnapshot
 from functions.notify.delivery import error_text
 from functions.notify.webhook import sign as sign_webhook
-from functions.signing import sign_headers
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +96,13 @@ def http_drain(
 
 def relay_hook(
     session: requests.Session,
-    callback_url: str,
-    key: bytes,
+    target: RelayTarget,
     hook: str,
     event_id: str,
     until: datetime,
     now: Callable[[], datetime],
     sleep: Callable[[float], None],
     poll_seconds: float = 2.0,
-    previous_key: bytes | None = None,
     undoes: str | None = None,
     event_type: str | None = None,
 ) -> StepOutcome:
@@ -113,17 +110,21 @@ def relay_hook(
 
     The relay runs each (hook, EventId) once and answers a repeat with the recorded result,
     so polling is the same signed request again (freshly signed: the relay refuses a
-    replayed signature). A 401 with `previous_key` set (RELAY_KEY_PREVIOUS, mid-rotation)
-    switches to that key for the rest of this step. `undoes`: the drain hook this one
-    undoes; the relay then runs it for an event gone from IMDS if that hook ran there.
+    replayed signature). The request goes to Azure's address for the VM, signed with the
+    key its relay gave in an attested message and naming its vmId (scheme v2); a 401 with a
+    previous key known (mid-rotation) switches to that key for the rest of this step.
+    `undoes`: the drain hook this one undoes; the relay then runs it for an event gone from
+    IMDS if that hook ran there.
     """
-    base = callback_url.rstrip("/")
-    url = f"{base}/v1/hook"
-    path = f"{urlsplit(base).path}/v1/hook"
+    url = f"{target.url.rstrip('/')}{HOOK_PATH}"
     request: dict[str, str] = {"Hook": hook, "EventId": event_id}
     if undoes:
         request.update({"Undoes": undoes, "EventType": event_type or "Terminate"})
     body = json.dumps(request).encode()
+    keys = list(target.keys)
+    if not keys:
+        return False, "no callback key known for this VM"
+    key = keys[0]
     last = "no attempt"
     last_signed: int | None = None
     while (left := _remaining(now, until)) > 0.05:
@@ -136,14 +137,14 @@ def relay_hook(
             if (left := _remaining(now, until)) <= 0.05:
                 break
         last_signed = int(stamp)
-        headers = sign_headers(key, "POST", path, body, now=stamp)
-        headers["Content-Type"] = "application/json"
+        headers = target.signed(key, HOOK_PATH, body, now=stamp)
         try:
             response = session.post(
                 url,
                 data=body,
                 headers=headers,
                 timeout=(min(5, left), min(left, HOOK_REQUEST_SECONDS)),
+                allow_redirects=False,
             )
         except requests.Timeout:
             last = "relay did not answer in time"
@@ -164,12 +165,14 @@ def relay_hook(
                 sleep(min(poll_seconds, max(_remaining(now, until), 0)))
                 continue
             reason = answer.get("error") or error_text(response)
-            if status == 401 and previous_key is not None and key != previous_key:
+            if status == 401 and len(keys) > 1 and key is keys[0]:
                 log.warning(
-                    "relay hook %s: 401 to RELAY_KEY; signing with RELAY_KEY_PREVIOUS", hook
+                    "relay hook %s: 401 to the current key; signing with the previous", hook
                 )
-                key = previous_key
+                key = keys[1]
                 continue
+            if 300 <= status < 400:
+                return False, f"relay refused ({status}): redirect not followed"
             if status == 404:
                 return False, f"relay refused: {reason} (hooks come only from the relay's config)"
             if status in (400, 401, 403):

@@ -25,6 +25,7 @@ import requests
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from functions.approvers.relay import RelayTarget
 from functions.clock import Clock, SystemClock
 from functions.model.event import Notification, Transition
 from functions.store.drains import DrainStore, StepRecord
@@ -73,7 +74,8 @@ class UndrainSettings(BaseSettings):
 # `.outcome` and `.detail` (functions.pipeline.approve.ApprovalResult).
 Approve = Callable[[str, datetime], Any]
 Publish = Callable[[Notification], None]
-CallbackUrl = Callable[[str], str | None]
+# VM name → its relay as the app knows it (Azure's address, its attested key), or None.
+Targets = Callable[[str], RelayTarget | None]
 
 
 @dataclass
@@ -82,10 +84,8 @@ class DrainContext:
     session: requests.Session
     publish: Publish
     approve: Approve
-    callback_url: CallbackUrl  # VM name → its relay's callback URL (from the state store)
-    relay_key: bytes | None
+    relay_target: Targets
     clock: Clock = field(default_factory=SystemClock)
-    relay_key_previous: bytes | None = None  # RELAY_KEY_PREVIOUS, while a rotation runs
     webhook_secret: bytes | None = None  # signs the HTTP drain hook request when set
     # Whether the policy pages on a transition (functions.model.policy.transition_pages); None:
     # the channels' defaults apply (drain_failed pages).
@@ -294,11 +294,10 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         hook = settings.relay_hook
 
         def on_vm(vm: str) -> StepRecord:
-            callback = ctx.callback_url(vm)
             return steps.once(
                 f"hook:{vm}",
                 budget(clock.now(), drain_until, settings.step_timeout_seconds),
-                _hook_action(ctx, hook, vm, callback, event.event_id, settings.poll_seconds),
+                _hook_action(ctx, hook, vm, event.event_id, settings.poll_seconds),
                 rerun_if_lost=True,
             )
 
@@ -337,7 +336,7 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
 
 
 # Drain step details that mean the step never reached its receiver: nothing to undo.
-NEVER_STARTED = ("no time left before the deadline", "no relay callback URL known", "RELAY_KEY")
+NEVER_STARTED = ("no time left before the deadline", "no relay known")
 
 
 def _reached(record: StepRecord | None) -> bool:
@@ -409,7 +408,6 @@ def run_undrain(
                 ctx,
                 hook,
                 vm,
-                ctx.callback_url(vm),
                 event.event_id,
                 settings.poll_seconds,
                 undoes=drain_hook,
@@ -496,28 +494,24 @@ def _hook_action(
     ctx: DrainContext,
     hook: str,
     vm: str,
-    callback: str | None,
     event_id: str,
     poll_seconds: float,
     undoes: str | None = None,
     event_type: str | None = None,
 ) -> Callable[[datetime], tuple[bool, str]]:
     def act(until: datetime) -> tuple[bool, str]:
-        if ctx.relay_key is None:
-            return False, "RELAY_KEY is not set"
-        if not callback:
-            return False, f"no relay callback URL known for {vm}"
+        target = ctx.relay_target(vm)
+        if target is None:
+            return False, f"no relay known for {vm} (no attested key or no address from Azure)"
         return relay_hook(
             ctx.session,
-            callback,
-            ctx.relay_key,
+            target,
             hook,
             event_id,
             until,
             ctx.clock.now,
             ctx.clock.sleep,
             poll_seconds,
-            ctx.relay_key_previous,
             undoes,
             event_type,
         )

@@ -2,7 +2,7 @@
 
 Event Grid delivers `ScheduledEventEmitted` to the `%EVENTGRID_QUEUE%` queue (no sessions:
 Event Grid sets no SessionId, and notifications have no per-VM order to keep). The
-same `ingest_message` as the documents queue handles them, with the same contract:
+Event Grid source (`ingest_event_grid`) handles them, with the documents queue's contract:
 returning completes the message, raising abandons it for redelivery (then the DLQ).
 """
 
@@ -12,7 +12,7 @@ import logging
 
 import azure.functions as func
 
-from functions.pipeline.ingest import ingest_message
+from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid as ingest_grid
 from functions.triggers.core import pipeline
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ bp = func.Blueprint()
     arg_name="msg", queue_name="%EVENTGRID_QUEUE%", connection="ServiceBusConnection"
 )
 def ingest_event_grid(msg: func.ServiceBusMessage) -> None:
-    result = ingest_message(msg.get_body(), pipeline(), message_id=msg.message_id or "")
+    result = ingest_grid(msg.get_body(), pipeline(), message_id=msg.message_id or "")
     log.info(
         "event grid %s: %s %s",
         msg.message_id,

@@ -19,6 +19,7 @@ from functools import lru_cache
 import azure.functions as func
 from pydantic import ValidationError
 
+from functions.approvers.relay import RelayTarget
 from functions.model.event import Notification, Transition
 from functions.notify.dispatch import record_rejection
 from functions.notify.settings import channel_settings
@@ -65,9 +66,9 @@ def build_context() -> DrainContext:
             by="terminate",
         )
 
-    def callback_url(vm: str) -> str | None:
+    def relay_target(vm: str) -> RelayTarget | None:
         record = store.get_vm(vm)
-        return record.callback_url if record else None
+        return core.relay_target(record) if record else None
 
     def pages(transition: Transition) -> bool:
         return transition_pages(settings.policy.policy, transition)
@@ -91,9 +92,7 @@ def build_context() -> DrainContext:
         session=core.session,
         publish=core.publisher.publish,
         approve=approve,
-        callback_url=callback_url,
-        relay_key=settings.relay_key_bytes,
-        relay_key_previous=settings.relay_key_previous_bytes,
+        relay_target=relay_target,
         clock=core.clock,
         webhook_secret=secret.get_secret_value().encode() if secret else None,
         pages=pages,

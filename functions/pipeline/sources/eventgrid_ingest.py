@@ -30,8 +30,8 @@ from functions.pipeline.announce import publish_claimed
 from functions.pipeline.approve import approve_event
 from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
-from functions.pipeline.ingest import IngestResult
 from functions.pipeline.lifecycle import _add, _claim
+from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import COMPLETED, GridEvent, parse_message
 from functions.pipeline.transitions import after_decision, decide_once
 from functions.store.records import EventRecord

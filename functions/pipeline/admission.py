@@ -1,0 +1,137 @@
+"""Who sent a relay message, in Azure's words: the step before anything reads its content.
+
+Every relay shares a Service Bus send right (and, on scale sets, an identity), and Service
+Bus tells a receiver nothing about the sender, so a message's own claims (`vm.name`, its
+sets, its resource id, its callback URL) are an attacker's input about every other VM. What
+the app believes instead:
+
+- the attested document IMDS signed for this very message (its nonce is the message's
+  hash), which names the VM's `vmId` (functions.identity.attestation);
+- what Azure Resource Graph says that vmId is: name, sets, resource id, private address
+  (functions.identity.facts), kept in the app's own `identities` table;
+- the relay's callback key, taken from an attested message only, wrapped with the app's
+  own secret before it is stored (functions.identity.keys).
+
+The message's VM reference is then replaced by one built from those facts, so everything
+after this step (lifecycle, capacity, approval) sees Azure's view of the VM, and the VM can
+speak only for itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from functions.identity.attestation import AttestationError, AttestationVerifier
+from functions.identity.facts import FactsResolver, FactsUnavailable, UnknownVm, VmFacts
+from functions.identity.keys import CallbackKey, key_id_of
+from functions.identity.registry import Identity, IdentityStore
+from functions.model.envelope import Envelope, VmRef
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Admission",
+    "AttestationError",
+    "FactsUnavailable",
+    "NotAdmitted",
+    "callback_url",
+    "trusted_ref",
+]
+
+
+class NotAdmitted(ValueError):
+    """A message that proves no identity Azure vouches for: rejected with this reason."""
+
+
+def callback_url(facts: VmFacts, port: int) -> str | None:
+    """The VM's relay, at the address Azure gives its NIC and the one port the bridge uses:
+    never an address a VM wrote."""
+    if not facts.address:
+        return None
+    host = f"[{facts.address}]" if ":" in facts.address else facts.address
+    return f"http://{host}:{facts.port or port}"
+
+
+def trusted_ref(facts: VmFacts, port: int) -> VmRef:
+    """The VM as Azure describes it, in the shape the rest of ingest reads."""
+    return VmRef(
+        name=facts.name,
+        vm_id=facts.vm_id,
+        callback_url=callback_url(facts, port),
+        scale_set=facts.scale_set,
+        availability_set=facts.availability_set,
+        resource_id=facts.resource_id,
+        subscription_id=facts.subscription_id,
+        resource_group=facts.resource_group,
+    )
+
+
+@dataclass
+class Admission:
+    """Binds a relay message to its VM. One per pipeline; stateless beyond the registry."""
+
+    verifier: AttestationVerifier
+    resolver: FactsResolver
+    registry: IdentityStore
+    app_secret: bytes
+    callback_port: int = 8492
+    facts_max_age: timedelta = timedelta(hours=6)
+
+    def admit(self, body: bytes | str, envelope: Envelope, now: datetime) -> Identity:
+        """The sender's identity, its facts fresh enough and its current key remembered.
+
+        Raises NotAdmitted (reject the message, with the reason) or FactsUnavailable
+        (Resource Graph down, throttled or not yet showing a new VM: retry later)."""
+        if envelope.attestation is None:
+            raise NotAdmitted(
+                "attestation: missing (relays older than per-VM identity send none; "
+                "update the relay)"
+            )
+        if envelope.vm.vm_id is None:
+            raise NotAdmitted("attestation: vm.vm_id is missing")
+        if envelope.callback_key is None:
+            raise NotAdmitted("callback_key is missing: the app could not call this relay")
+        try:
+            attested = self.verifier.verify(body, now)
+        except AttestationError as exc:
+            raise NotAdmitted(str(exc)) from None
+        key = CallbackKey(
+            key_id=envelope.callback_key.id, secret=bytes.fromhex(envelope.callback_key.secret)
+        )
+        assert key_id_of(key.secret) == key.key_id  # the envelope model checked it
+        known = self.registry.get(attested.vm_id)
+        stale = known is None or now - known.facts.fetched_at > self.facts_max_age
+        new_key = known is None or not known.keys or known.keys[0].key_id != key.key_id
+        if not stale and not new_key:
+            assert known is not None
+            return known
+        facts = known.facts if known is not None and not stale else None
+        if facts is None or new_key:
+            # A new key means a new relay (reinstalled, reimaged) or a rotation: the VM may
+            # have moved too (a redeploy changes its host, not its vmId), so ask again.
+            try:
+                facts = self.resolver.resolve(attested.vm_id)
+            except UnknownVm as exc:
+                raise FactsUnavailable(str(exc)) from None
+        if facts.subscription_id.casefold() != attested.subscription_id.casefold():
+            raise NotAdmitted(
+                f"attestation: subscription {attested.subscription_id} does not match "
+                f"Resource Graph's {facts.subscription_id} for vmId {attested.vm_id}"
+            )
+        identity = self.registry.remember(facts, key, self.app_secret, now)
+        self._note_claims(envelope, facts)
+        return identity
+
+    @staticmethod
+    def _note_claims(envelope: Envelope, facts: VmFacts) -> None:
+        """A relay's own words that differ from Azure's are logged, never used."""
+        claimed = envelope.vm
+        if claimed.name.casefold() != facts.name.casefold():
+            log.warning(
+                "vmId %s says it is %r; Azure says %r (Azure's name is used)",
+                facts.vm_id,
+                claimed.name[:128],
+                facts.name,
+            )

@@ -1,0 +1,24 @@
+"""What ingesting one message did: shared by the relay and Event Grid sources.
+
+A module of its own so that neither source imports the other (they share only this and
+the stages below them).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from functions.pipeline.approve import ApprovalResult
+
+
+class IngestResult(BaseModel):
+    outcome: Literal["processed", "stale", "rejected", "retry"]
+    vm: str | None = None
+    reason: str = ""
+    transitions: list[tuple[str, str]] = Field(default_factory=list)  # (EventId, transition)
+    approvals: list[ApprovalResult] = Field(default_factory=list)
+    # Events a VM listed that do not name it: it speaks only for itself, so they are left
+    # out of its report (counted, not rejected: an old relay forwards its set's events).
+    ignored_events: int = 0
