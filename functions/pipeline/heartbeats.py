@@ -1,6 +1,8 @@
 """Heartbeats from the `heartbeats` queue, many per execution: VM liveness, nothing else.
 
-A heartbeat says only "this relay is alive, here is its callback URL". On the session
+A heartbeat says only "this relay is alive". Like every relay message it is believed only
+for the VM its attested document names (functions.pipeline.admission): its own name and
+callback address are claims, replaced by Azure's. On the session
 queue each one held a session and cost an execution; here a batch of up to
 `maxMessageBatchSize` (host.json) is one execution, and its liveness writes are merges of
 plain columns grouped into one Table transaction per VM partition: no read, and never an
@@ -9,8 +11,9 @@ end of a silence are the watchdog's (one filtered query per VM partition finds t
 
 Contract with the caller (the batch trigger, the local host): returning completes every
 message of the batch; raising abandons them all for redelivery (the writes are
-idempotent). A message that is not a valid envelope is recorded as rejected, never
-redelivered; a document that arrived here by mistake goes through ingest as usual.
+idempotent). A message that is not a valid envelope, or proves no identity, is recorded as
+rejected, never redelivered; a document that arrived here by mistake goes through ingest
+as usual (the same admission included).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from pydantic import BaseModel
 
 from functions.model.envelope import DocumentError, parse_envelope
 from functions.pipeline.context import Pipeline
-from functions.pipeline.ingest import ingest_envelope
+from functions.pipeline.admission import NotAdmitted, trusted_ref
+from functions.pipeline.ingest import ingest_message
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +54,22 @@ def ingest_heartbeats(
             result.rejected += 1
             continue
         if envelope.kind != "heartbeat":
-            ingest_envelope(envelope, pipeline)
+            ingest_message(body, pipeline, message_id)
             result.documents += 1
             continue
-        beats.append(
-            (envelope.vm.name, now, envelope.vm.callback_url, envelope.relay_version or None)
-        )
+        admission = pipeline.admission
+        try:
+            if admission is None:
+                raise NotAdmitted("no identity check configured: refused")
+            identity = admission.admit(body, envelope, now)
+        except NotAdmitted as exc:
+            log.warning("rejected heartbeat %s: %s", message_id or "?", exc)
+            pipeline.store.reject(at=now, reason=str(exc), body=body, message_id=message_id)
+            result.rejected += 1
+            continue
+        # FactsUnavailable propagates: the batch is abandoned and redelivered.
+        ref = trusted_ref(identity.facts, admission.callback_port)
+        beats.append((ref.name, now, ref.callback_url, envelope.relay_version or None))
     if beats:
         result.requests = pipeline.store.heard(beats)
         result.heard = len(beats)

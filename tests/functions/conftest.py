@@ -18,8 +18,9 @@ from functions.model.policy import Policy, PolicyLoad
 from functions.pipeline.context import Pipeline
 from functions.pipeline.publish import LocalPublisher
 from functions.settings import Settings
-from functions.signing import SignatureError, verify
+from functions.signing import SignatureError, verify_v2
 from functions.store.tables import Store
+from tests import identity_harness
 
 KEY = "test-relay-key-0123456789abcdef"
 T0 = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)
@@ -47,16 +48,19 @@ class FakeClock:
 
 
 class Relay:
-    """A relay callback stand-in: verifies the HMAC exactly as the relay does, answers from
-    a script (then `default`), and records every verified request."""
+    """A relay callback stand-in: verifies the signature exactly as the relay does (scheme
+    v2: the key its VM's relay gave, naming that VM's vmId), answers from a script (then
+    `default`), and records every verified request with the VM it was signed for."""
 
     def __init__(self) -> None:
         self.script: list[tuple[int, dict[str, Any]]] = []
-        self.default: tuple[int, dict[str, Any]] = (200, {"status": 200})
+        self.default: tuple[int, dict[str, Any]] = (200, {"imds_status": 200})
         self.requests: list[dict[str, Any]] = []
         self.bad_signatures = 0
         self.seen: set[str] = set()
-        self.keys: list[str] = [KEY]  # a signature under any of these verifies (rotation)
+        # Extra keys a signature may verify under (a rotation), besides the VM's own.
+        self.keys: list[identity_harness.CallbackKey] = []
+        self.targets: list[str] = []  # the VM names requests were signed for
         self._lock = threading.Lock()
         relay = self
 
@@ -81,6 +85,7 @@ class Relay:
                 ids = json.loads(body)["EventIds"]
                 with relay._lock:
                     relay.requests.append({"path": self.path, "EventIds": ids})
+                    relay.targets.append(identity_harness.NAMES.get(given_target(self), "?"))
                     status, answer = relay.script.pop(0) if relay.script else relay.default
                 if status == 200 and "results" not in answer:
                     answer = {**answer, "results": dict.fromkeys(ids, "approved")}
@@ -94,22 +99,26 @@ class Relay:
                 self.end_headers()
                 self.wfile.write(data)
 
+        def given_target(handler: BaseHTTPRequestHandler) -> str:
+            return handler.headers.get("X-Relay-Target", "")
+
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/relay"
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
         self.thread.start()
 
     def verify(self, headers: dict[str, str], path: str, body: bytes) -> str:
-        error: SignatureError | None = None
-        for key in self.keys:
-            try:
-                return verify(key.encode(), headers, "POST", path, body)
-            except SignatureError as exc:
-                error = exc
-        assert error is not None
-        raise error
+        """As the VM's relay would: the target names a test VM, and the key is the one that
+        VM's relay (at this URL) gave in its attested messages, or one of `keys`."""
+        target = {k.lower(): v for k, v in headers.items()}.get("x-relay-target", "")
+        name = identity_harness.NAMES.get(target)
+        if name is None:
+            raise SignatureError("signed for a VM this relay does not serve")
+        own = identity_harness.callback_key(name, self.url)
+        keys = {k.key_id: k.secret for k in [own, *self.keys]}
+        return verify_v2(keys, target, headers, "POST", path, body)
 
     def starts(self) -> list[str]:
         return [i for r in self.requests for i in r["EventIds"]]
@@ -150,7 +159,7 @@ def clock() -> FakeClock:
 
 
 def make_settings(policy: Policy | PolicyLoad | None = None, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {"relay_key": KEY, "approval_budget_seconds": 30, **overrides}
+    values: dict[str, Any] = {"approval_budget_seconds": 30, **overrides}
     settings = Settings(**values)
     if isinstance(policy, Policy):
         policy = PolicyLoad(policy=policy)
@@ -162,7 +171,12 @@ def make_pipeline(
 ) -> tuple[Pipeline, LocalPublisher]:
     publisher = LocalPublisher()
     pipeline = Pipeline(
-        store, make_settings(policy, **overrides), publisher, requests.Session(), clock
+        store,
+        make_settings(policy, **overrides),
+        publisher,
+        requests.Session(),
+        clock,
+        admission=identity_harness.admission(store),
     )
     return pipeline, publisher
 
@@ -204,19 +218,25 @@ def envelope(
     document = None
     if events is not None:
         document = {"DocumentIncarnation": incarnation or sequence, "Events": events}
-    return json.dumps(
-        {
-            "schema": 1,
-            "kind": kind,
-            "vm": {
-                "name": vm,
-                "callback_url": callback_url,
-                "scale_set": scale_set,
-                "availability_set": availability_set,
-            },
-            "relay_version": "test",
-            "sequence": sequence,
-            "observed_at": (observed_at or T0 + timedelta(seconds=sequence)).isoformat(),
-            "document": document,
-        }
+    at = observed_at or T0 + timedelta(seconds=sequence)
+    message = {
+        "schema": 1,
+        "kind": kind,
+        "vm": {
+            "name": vm,
+            "callback_url": callback_url,
+            "scale_set": scale_set,
+            "availability_set": availability_set,
+        },
+        "relay_version": "test",
+        "sequence": sequence,
+        "observed_at": at.isoformat(),
+        "document": document,
+    }
+    return identity_harness.signed_envelope(
+        message,
+        at,
+        callback_url=callback_url,
+        scale_set=scale_set,
+        availability_set=availability_set,
     )

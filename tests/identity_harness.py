@@ -1,0 +1,122 @@
+"""Azure's side of identity for tests that build relay messages by hand.
+
+Relay messages are admitted only with an IMDS attested document for their exact bytes
+(functions.pipeline.admission), so a test's hand-made envelope is attested here the way a
+relay does it: the binding nonce of the envelope without `attestation`, a document signed
+by the simulator's test issuer (simulator.identity), which the test app trusts through its
+`roots_pem` as the demo does through ATTESTATION_CA_PEM. What Resource Graph would say of
+the VM is registered in a StaticResolver at the same time.
+
+Each test VM has a stable vmId (uuid5 of its name) and a callback key derived from its name
+and the relay URL it is given: a test that gives a VM another relay gets another key, as a
+reinstalled relay would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from functions.identity.attestation import AttestationVerifier, binding_nonces
+from functions.identity.facts import StaticResolver, VmFacts
+from functions.identity.keys import CallbackKey, key_id_of
+from functions.identity.registry import IdentityStore
+from functions.pipeline.admission import Admission
+from functions.store.tables import Store
+from simulator import identity as azure
+
+SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
+RESOURCE_GROUP = "test-rg"
+APP_SECRET = b"test-app-secret-0123456789abcdef-0123456789"
+CALLBACK_PORT = 8492
+
+RESOLVER = StaticResolver()  # shared: facts are registered as envelopes are made
+NAMES: dict[str, str] = {}  # vmId -> name, for relay stand-ins that verify signatures
+
+
+def vm_id(name: str) -> str:
+    vid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"test-vm/{name.casefold()}"))
+    NAMES[vid] = name
+    return vid
+
+
+def callback_key(name: str, url: str | None = None) -> CallbackKey:
+    secret = hashlib.sha256(f"test-callback/{name.casefold()}/{url or ''}".encode()).digest()
+    return CallbackKey(key_id=key_id_of(secret), secret=secret)
+
+
+def facts_for(
+    name: str,
+    *,
+    callback_url: str | None = None,
+    scale_set: str | None = None,
+    availability_set: str | None = None,
+    fetched_at: datetime | None = None,
+) -> VmFacts:
+    parts = urlsplit(callback_url) if callback_url else None
+    group = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RESOURCE_GROUP}"
+    return VmFacts(
+        vm_id=vm_id(name),
+        name=name,
+        resource_id=f"{group}/providers/Microsoft.Compute/virtualMachines/{name}",
+        subscription_id=SUBSCRIPTION,
+        resource_group=RESOURCE_GROUP,
+        scale_set=scale_set,
+        availability_set=availability_set,
+        address=parts.hostname if parts else None,
+        port=parts.port if parts else None,
+        fetched_at=fetched_at or datetime.now().astimezone(),
+    )
+
+
+def attest(envelope: dict[str, Any], at: datetime, *, vm: str | None = None) -> str:
+    """The envelope as a relay sends it: with its attested document (for `vm`'s vmId,
+    by default the envelope's own claim)."""
+    body = {k: v for k, v in envelope.items() if k != "attestation"}
+    nonce = binding_nonces(body)[0]
+    who = vm_id(vm) if vm else body["vm"]["vm_id"]
+    signed = azure.attested_document(who, SUBSCRIPTION, nonce, now=at)
+    return json.dumps({**body, "attestation": {"signature": signed["signature"], "nonce": nonce}})
+
+
+def signed_envelope(
+    envelope: dict[str, Any],
+    at: datetime,
+    *,
+    callback_url: str | None = None,
+    scale_set: str | None = None,
+    availability_set: str | None = None,
+) -> str:
+    """Register Azure's facts for the envelope's VM, add its vmId and key, attest it."""
+    name = envelope["vm"]["name"]
+    RESOLVER.register(
+        facts_for(
+            name,
+            callback_url=callback_url,
+            scale_set=scale_set,
+            availability_set=availability_set,
+            fetched_at=at,
+        )
+    )
+    key = callback_key(name, callback_url)
+    envelope = {
+        **envelope,
+        "vm": {**envelope["vm"], "vm_id": vm_id(name)},
+        "callback_key": {"id": key.key_id, "secret": key.secret.hex()},
+    }
+    return attest(envelope, at)
+
+
+def admission(store: Store) -> Admission:
+    """The app's admission step as deployed, trusting the simulator's issuer."""
+    return Admission(
+        verifier=AttestationVerifier(roots_pem=azure.test_issuer().root_pem),
+        resolver=RESOLVER,
+        registry=IdentityStore.for_store(store, APP_SECRET),
+        app_secret=APP_SECRET,
+        callback_port=CALLBACK_PORT,
+    )
