@@ -152,9 +152,25 @@ def load_pem_certificates(pem: str) -> list[x509.Certificate]:
 
 
 def _default_roots() -> list[x509.Certificate]:
+    """certifi's bundle, one certificate at a time: a root that cryptography refuses (or
+    warns about, like a non-positive serial) is skipped, not fatal for all the others."""
+    import warnings
+
     import certifi
 
-    return load_pem_certificates(certifi.contents())
+    roots = []
+    for block in certifi.contents().split("-----END CERTIFICATE-----"):
+        if "-----BEGIN CERTIFICATE-----" not in block:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                roots.append(
+                    x509.load_pem_x509_certificate((block + "-----END CERTIFICATE-----").encode())
+                )
+            except ValueError:
+                continue
+    return roots
 
 
 def fetch_issuer(url: str) -> bytes:
