@@ -128,6 +128,11 @@ def parse_time(value: object, field: str) -> datetime:
         raise AttestationError(f"timeStamp.{field} {value[:40]!r} is not a time") from None
 
 
+def _utc(moment: datetime) -> datetime:
+    """`now` as an aware UTC time (a naive one is taken as UTC, as the clock module's)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
 def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """JSON objects with a key twice are refused: two parsers could read different values
     while the nonce is computed from one of them."""
@@ -255,6 +260,7 @@ class AttestationVerifier:
 
     def verify(self, body: bytes | str, now: datetime) -> Attested:
         """Check the whole message body (bytes as received); raise AttestationError."""
+        now = _utc(now)
         try:
             envelope = strict_json(body)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -310,6 +316,7 @@ class AttestationVerifier:
 
     def verify_signature(self, signature: str, now: datetime) -> bytes:
         """Checks 1-3: the signed content (bytes) if Azure signed it, else AttestationError."""
+        now = _utc(now)
         if len(signature) > MAX_SIGNATURE_CHARS:
             raise AttestationError("signature too large")
         try:
@@ -371,7 +378,7 @@ class AttestationVerifier:
         verifier = (
             PolicyBuilder()
             .store(self._store)
-            .time(now.astimezone(UTC).replace(tzinfo=None))
+            .time(now.replace(tzinfo=None))
             .build_server_verifier(DNSName(f"attest.{suffix}"))
         )
         intermediates = [*bag, *self._pinned]

@@ -503,3 +503,8 @@ def test_missing_intermediates_are_fetched_only_from_allowed_hosts(issuer):
     )
     assert pinned.verify(attest(env, issuer, signer=good), now()).vm_id == VM_A
     assert no_fetch.verify(attest(env, issuer, signer=good, extra_certs=(inter,)), now())
+
+
+def test_a_naive_now_is_taken_as_utc(verifier, issuer):
+    naive = now().replace(tzinfo=None)
+    assert verifier.verify(attest(envelope(), issuer), naive).vm_id == VM_A
