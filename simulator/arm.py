@@ -16,14 +16,23 @@ every answer it must handle:
 - that the resource owns the event (404) and that it is still Scheduled (409 Conflict).
 Then it starts the event for all its Resources, as ARM does. Faults: 429 (with
 Retry-After) or 5xx on the next calls, on demand.
+
+It also serves Azure Resource Graph's `POST /providers/Microsoft.ResourceGraph/resources`
+for the function app's facts resolver (functions.identity.facts): same bearer-token checks,
+the vmId taken from the query (`properties.vmId) == '<id>'`), rows shaped like the
+resolver's projection, one per NIC ipconfig. Each simulated VM gets its own loopback
+address, 127.0.0.2 + its index in the simulator (stable while the simulator lives), so a
+test can run one relay per VM on one machine and the app still calls each at its own.
 """
 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import re
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +54,22 @@ _TYPES = {
     "virtualmachinescalesets": "virtualMachineScaleSets",
     "availabilitysets": "availabilitySets",
 }
+
+
+RESOURCE_GRAPH_PATH = "/providers/microsoft.resourcegraph/resources"
+RESOURCE_GRAPH_API_VERSIONS = ("2021-03-01", "2022-10-01", "2024-04-01")
+_QUERY_VM_ID = re.compile(r"properties\.vmId\)*\s*(?:==|=~)\s*'([^']*)'", re.IGNORECASE)
+FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.2")
+
+
+def simulated_vm_id(name: str) -> str:
+    """The vmId the simulator's IMDS gives VM `name` (as simulator.instance.compute)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"relay-simulator/{name}"))
+
+
+def simulated_address(index: int) -> str:
+    """The private address of the simulator's VM number `index` (0-based): 127.0.0.2 on."""
+    return str(FIRST_ADDRESS + index)
 
 
 @dataclass
@@ -82,11 +107,17 @@ class ArmService:
             self.faults.extend([(status, retry_after)] * count)
 
     def handle(
-        self, method: str, path: str, query: dict[str, str], headers: Any
+        self, method: str, path: str, query: dict[str, str], headers: Any, body: bytes = b""
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
         seen: dict[str, str] = {}
+        request_body = body
         try:
-            status, body, extra = self._answer(method, path, query, headers, seen)
+            if path.rstrip("/").casefold() == RESOURCE_GRAPH_PATH:
+                status, body, extra = self._resource_graph(
+                    method, query, headers, request_body, seen
+                )
+            else:
+                status, body, extra = self._answer(method, path, query, headers, seen)
         except _Refusal as refusal:
             status, body, extra = refusal.answer()
         principal = seen.get("principal")
@@ -172,6 +203,104 @@ class ArmService:
         except NotFound as exc:
             raise _Refusal(404, "NotFound", str(exc)) from None
         return 200, {"value": "Successfully Approved"}, {}
+
+    # ------------------------------------------------------------------ Resource Graph
+
+    def _resource_graph(
+        self, method: str, query: dict[str, str], headers: Any, body: bytes, seen: dict[str, str]
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if method != "POST":
+            raise _Refusal(405, "MethodNotAllowed", f"{method} is not allowed here.")
+        version = query.get("api-version")
+        if not version:
+            raise _Refusal(
+                400,
+                "MissingApiVersionParameter",
+                "The api-version query parameter (?api-version=) is required for all requests.",
+            )
+        if version not in RESOURCE_GRAPH_API_VERSIONS:
+            raise _Refusal(
+                400,
+                "InvalidApiVersionParameter",
+                f"The api-version '{version}' is invalid. The supported versions are "
+                f"'{', '.join(RESOURCE_GRAPH_API_VERSIONS)}'.",
+            )
+        claims = self._token(headers.get("Authorization"))
+        seen["principal"] = str(claims.get("appid") or claims.get("oid") or "")
+        try:
+            request = json.loads(body or b"{}")
+            kql = request["query"]
+            if not isinstance(kql, str):
+                raise TypeError("query")
+        except (ValueError, KeyError, TypeError):
+            raise _Refusal(400, "BadRequest", "The request body must hold a query.") from None
+        subscriptions = request.get("subscriptions")
+        with self._lock:
+            fault = self.faults.pop(0) if self.faults else None
+        if fault is not None:
+            status, wait = fault
+            code = "RateLimiting" if status == 429 else "InternalServerError"
+            out = {"Retry-After": f"{wait:g}"} if status in (429, 503) else {}
+            if status == 429:
+                out["x-ms-user-quota-remaining"] = "0"
+                out["x-ms-user-quota-resets-after"] = f"00:00:{max(1, int(wait)):02d}"
+            return status, {"error": {"code": code, "message": f"Simulated {status}."}}, out
+        ids = {m.casefold() for m in _QUERY_VM_ID.findall(kql)}
+        rows: list[dict[str, Any]] = []
+        in_scope = subscriptions is None or instance.SUBSCRIPTION_ID in [
+            str(s).casefold() for s in subscriptions
+        ]
+        if len(ids) == 1 and in_scope:
+            rows = self._rows(ids.pop())
+        answer = {
+            "totalRecords": len(rows),
+            "count": len(rows),
+            "data": rows,
+            "facets": [],
+            "resultTruncated": "false",
+        }
+        return 200, answer, {"x-ms-user-quota-remaining": "14"}
+
+    def _rows(self, vm_id: str) -> list[dict[str, Any]]:
+        """The resolver's projection for the simulated VM with `vm_id`: one row (one NIC,
+        one ipconfig), or none."""
+        for index, name in enumerate(self.sim.vm_names):
+            if simulated_vm_id(name) != vm_id:
+                continue
+            vm = self.sim.describe_vm(name)
+            resource_id = instance.resource_id(vm)
+            base = (
+                f"/subscriptions/{instance.SUBSCRIPTION_ID}/resourceGroups/"
+                f"{instance.RESOURCE_GROUP}/providers"
+            )
+            if vm["scale_set"]:
+                kind = "uniform"
+                nic = f"{resource_id}/networkInterfaces/{vm['scale_set']}-nic"
+            else:
+                kind = "vm"
+                nic = f"{base}/Microsoft.Network/networkInterfaces/{name}-nic"
+            availability = (
+                f"{base}/Microsoft.Compute/availabilitySets/{vm['availability_set']}"
+                if vm["availability_set"]
+                else ""
+            )
+            return [
+                {
+                    "id": resource_id,
+                    "subscriptionId": instance.SUBSCRIPTION_ID,
+                    "resourceGroup": instance.RESOURCE_GROUP.lower(),
+                    "vmId": vm_id,
+                    "kind": kind,
+                    "scaleSetId": "",
+                    "availabilitySetId": availability,
+                    "nicId": nic,
+                    "nicPrimary": "true",
+                    "ipPrimary": "true",
+                    "privateIp": simulated_address(index),
+                    "ipVersion": "IPv4",
+                }
+            ]
+        return []
 
     def _token(self, header: str | None) -> dict[str, Any]:
         if not header:

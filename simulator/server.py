@@ -211,7 +211,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if path.startswith("/arm/"):
                 status, answer, headers = self.server.owner.arm.handle(
-                    method, path.removeprefix("/arm"), query, self.headers
+                    method, path.removeprefix("/arm"), query, self.headers, body
                 )
                 self._send(status, json.dumps(answer).encode(), headers=headers)
                 return

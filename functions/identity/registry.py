@@ -1,0 +1,249 @@
+"""The identities table (`{prefix}identities`): Azure's facts and the callback keys per VM.
+
+Only the function app writes it (relays have no role on it), so everything in it is either
+Azure's word (facts from Resource Graph) or learned from an attested message (keys). One
+row per vmId: PartitionKey `id00`..`id07` (first 8 hex digits of the vmId mod 8, so no
+partition holds the fleet), RowKey the vmId. Columns: `data` (the facts' JSON, bounded by
+VmFacts' field limits), `keys` (JSON list of {"id", "wrapped"}, current first, at most 2),
+plus `name`, `key_id` and `fetched_at` for people browsing the table and for `by_name`.
+Callback secrets are stored wrapped under APP_SECRET (keys.wrap): a reader of the table
+cannot sign callbacks. Every write is conditional on the row's ETag (or an insert), so two
+function instances never lose each other's key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
+from azure.data.tables import TableClient, TableServiceClient, UpdateMode
+from pydantic import BaseModel, ConfigDict
+
+from functions.identity.facts import FactsResolver, VmFacts, normalise_vm_id
+from functions.identity.keys import CallbackKey, InvalidCallbackKey, unwrap, wrap
+
+log = logging.getLogger(__name__)
+
+TABLE_SUFFIX = "identities"
+BUCKETS = 8
+MAX_KEYS = 2  # current and previous
+DEFAULT_MAX_AGE_SECONDS = 21600
+WRITE_ATTEMPTS = 20
+
+
+class IdentityConflict(RuntimeError):
+    """The row kept changing under us; the caller may retry the message."""
+
+
+class Identity(BaseModel):
+    """A VM's facts and callback keys (current first, then previous). `etag` is the row's
+    as read or written (None: not stored yet); `save` writes only over that version."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    facts: VmFacts
+    keys: tuple[CallbackKey, ...] = ()
+    etag: str | None = None
+
+    @property
+    def vm_id(self) -> str:
+        return self.facts.vm_id
+
+    @property
+    def current_key(self) -> CallbackKey | None:
+        return self.keys[0] if self.keys else None
+
+    def key(self, key_id: str) -> CallbackKey | None:
+        return next((k for k in self.keys if k.key_id == key_id), None)
+
+    def with_key(self, key: CallbackKey) -> Identity:
+        """`key` as current: a new id becomes current and the old current becomes previous.
+        A key already current, or the previous one presented again (an older message
+        delivered late), changes nothing: a superseded key is never made current again."""
+        if self.key(key.key_id) is not None:
+            return self
+        return self.model_copy(update={"keys": (key, *self.keys)[:MAX_KEYS]})
+
+
+def partition_of(vm_id: str) -> str:
+    return f"id{int(vm_id[:8], 16) % BUCKETS:02d}"
+
+
+class IdentityStore:
+    """Reads and writes identity rows through a TableClient passed in."""
+
+    def __init__(self, table: TableClient, app_secret: bytes) -> None:
+        self.table = table
+        self.app_secret = app_secret
+
+    @classmethod
+    def from_service(
+        cls, service: TableServiceClient, app_secret: bytes, prefix: str = "sebridge"
+    ) -> IdentityStore:
+        return cls(service.get_table_client(f"{prefix}{TABLE_SUFFIX}"), app_secret)
+
+    def ensure_table(self) -> IdentityStore:
+        with contextlib.suppress(ResourceExistsError):
+            self.table.create_table()
+        return self
+
+    # ------------------------------------------------------------------ rows
+
+    def _entity(self, identity: Identity) -> dict[str, Any]:
+        facts = identity.facts
+        keys = [
+            {"id": k.key_id, "wrapped": wrap(self.app_secret, k)} for k in identity.keys[:MAX_KEYS]
+        ]
+        return {
+            "PartitionKey": partition_of(facts.vm_id),
+            "RowKey": facts.vm_id,
+            "data": facts.model_dump_json(),
+            "keys": json.dumps(keys, separators=(",", ":")),
+            "name": facts.name.casefold(),
+            "key_id": keys[0]["id"] if keys else "",
+            "fetched_at": facts.fetched_at,
+        }
+
+    def _load(self, entity: Any) -> Identity:
+        facts = VmFacts.model_validate_json(entity["data"])
+        keys = []
+        for item in json.loads(entity.get("keys") or "[]")[:MAX_KEYS]:
+            try:
+                keys.append(unwrap(self.app_secret, item["wrapped"], item["id"]))
+            except (InvalidCallbackKey, KeyError, TypeError) as exc:
+                # Another APP_SECRET (rotated?) or a damaged row: the key is unusable; the
+                # relay's next message teaches the app its key again.
+                log.warning("identity %s: stored key not usable: %s", facts.vm_id, exc)
+        return Identity(facts=facts, keys=tuple(keys), etag=entity.metadata.get("etag"))
+
+    def get(self, vm_id: str) -> Identity | None:
+        vm_id = normalise_vm_id(vm_id)
+        try:
+            entity = self.table.get_entity(partition_of(vm_id), vm_id)
+        except ResourceNotFoundError:
+            return None
+        return self._load(entity)
+
+    def save(self, identity: Identity) -> Identity:
+        """Insert (no ETag) or replace only the version read (ETag); returns the identity
+        with its new ETag. Raises ResourceExistsError / ResourceModifiedError on a race."""
+        entity = self._entity(identity)
+        if identity.etag is None:
+            meta = self.table.create_entity(entity)
+        else:
+            meta = self.table.update_entity(
+                entity,
+                mode=UpdateMode.REPLACE,
+                etag=identity.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        return identity.model_copy(update={"etag": meta.get("etag")})
+
+    def mutate(
+        self, vm_id: str, change: Callable[[Identity | None], Identity | None]
+    ) -> Identity | None:
+        """Read-modify-write with the ETag; `change` may run several times (compute only).
+        It returns the new identity, or None for "nothing to write"."""
+        for attempt in range(WRITE_ATTEMPTS):
+            current = self.get(vm_id)
+            updated = change(current)
+            if updated is None:
+                return current
+            updated = updated.model_copy(update={"etag": current.etag if current else None})
+            try:
+                return self.save(updated)
+            except (ResourceExistsError, ResourceModifiedError):
+                time.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))  # noqa: S311
+        raise IdentityConflict(f"identity {vm_id} kept changing")
+
+    def remember_key(self, vm_id: str, key: CallbackKey) -> Identity:
+        """Make `key` the VM's current key (see Identity.with_key). The VM must have a row
+        (facts first): a key is only ever stored beside Azure's facts."""
+
+        def change(current: Identity | None) -> Identity | None:
+            if current is None:
+                raise LookupError(f"identity {vm_id} has no facts yet")
+            updated = current.with_key(key)
+            return None if updated is current else updated
+
+        result = self.mutate(vm_id, change)
+        assert result is not None
+        return result
+
+    def by_name(self, name: str) -> Identity | None:
+        """The identity whose facts name `name` (case-insensitive), if exactly one does:
+        names repeat across resource groups and subscriptions, so two matches are no
+        answer (the VM row holds the vm_id for that reason)."""
+        query = self.table.query_entities(
+            "name eq @name", parameters={"name": name.casefold()}, results_per_page=2
+        )
+        found = list(itertools.islice(query, 2))
+        if len(found) != 1:
+            if len(found) > 1:
+                log.warning("identity: VM name %r is not unique; use its vm_id", name[:80])
+            return None
+        return self._load(found[0])
+
+
+class CachedResolver:
+    """A FactsResolver that keeps facts in the identities table: Resource Graph is asked
+    only when the row is missing or older than `max_age` (VM_FACTS_MAX_AGE_SECONDS), or
+    when the relay presents a key the row does not hold (a reimaged or rebuilt VM)."""
+
+    def __init__(
+        self,
+        store: IdentityStore,
+        upstream: FactsResolver,
+        max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.store = store
+        self.upstream = upstream
+        self.max_age = timedelta(seconds=max_age_seconds)
+        self.clock = clock or (lambda: datetime.now(UTC))
+
+    def _fresh(self, identity: Identity | None) -> bool:
+        return identity is not None and self.clock() - identity.facts.fetched_at < self.max_age
+
+    def resolve(self, vm_id: str) -> VmFacts:
+        """Facts from the table while fresh, else from upstream (stored, keys kept).
+        Raises what upstream raises (FactsUnavailable, UnknownVm)."""
+        identity = self.store.get(vm_id)
+        if identity is not None and self._fresh(identity):
+            return identity.facts
+        return self._refresh(vm_id, None).facts
+
+    def enroll(self, vm_id: str, key: CallbackKey) -> Identity:
+        """The facts and keys after an attested message from `vm_id` carrying `key`: facts
+        re-resolved if stale or if the key is new to the row, and the key remembered."""
+        identity = self.store.get(vm_id)
+        if identity is not None and self._fresh(identity) and identity.key(key.key_id):
+            return identity  # the common case: one Table read, no Resource Graph query
+        # Missing, stale, or a key new to the row (reimage, re-creation: Azure's facts may
+        # have changed with it): ask Azure, then store facts and key in one write.
+        return self._refresh(vm_id, key)
+
+    def _refresh(self, vm_id: str, key: CallbackKey | None) -> Identity:
+        facts = self.upstream.resolve(vm_id)
+
+        def change(current: Identity | None) -> Identity:
+            base = current or Identity(facts=facts)
+            updated = base.model_copy(update={"facts": facts})
+            return updated.with_key(key) if key is not None else updated
+
+        result = self.store.mutate(vm_id, change)
+        assert result is not None
+        return result

@@ -1,0 +1,80 @@
+"""How long attestation verification takes per message (not a test: run it).
+
+    .venv/bin/python -m tests.identity.measure_attestation
+
+Cached: the steady state (the signer's chain verified once per process, then one RSA
+verify, one digest and the JSON parses per message). Uncached: the first message of a new
+signer certificate (chain building added), measured on fresh verifiers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import statistics
+import time
+
+from functions.identity.attestation import AttestationVerifier, binding_nonces
+from simulator import identity as sim_identity
+
+
+def body_for(issuer: sim_identity.Issuer) -> bytes:
+    envelope = {
+        "schema": 1,
+        "kind": "document",
+        "vm": {"vm_id": "11111111-2222-3333-4444-555555555555", "name": "web_0"},
+        "sequence": 7,
+        "observed_at": "2026-11-24T10:00:00Z",
+        "relay_version": "1.0.0",
+        "callback_key": {"id": "0123456789abcdef", "secret": "ab" * 32},
+        "document": {
+            "DocumentIncarnation": 3,
+            "Events": [
+                {
+                    "EventId": "602d9444-d2cd-49c7-8624-8643e7171297",
+                    "EventType": "Reboot",
+                    "ResourceType": "VirtualMachine",
+                    "Resources": ["web_0", "web_1", "web_2"],
+                    "EventStatus": "Scheduled",
+                    "NotBefore": "Mon, 30 Nov 2026 10:00:00 GMT",
+                    "Description": "Virtual machine is going to be restarted",
+                    "EventSource": "Platform",
+                    "DurationInSeconds": -1,
+                }
+            ],
+        },
+    }
+    nonce, _ = binding_nonces(envelope)
+    signature = sim_identity.attested_document(
+        envelope["vm"]["vm_id"], "00000000-0000-0000-0000-000000000000", nonce, issuer
+    )["signature"]
+    return json.dumps(
+        {**envelope, "attestation": {"signature": signature, "nonce": nonce}}
+    ).encode()
+
+
+def main() -> None:
+    logging.disable(logging.WARNING)
+    issuer = sim_identity.test_issuer()
+    body = body_for(issuer)
+    now = dt.datetime.now(dt.UTC)
+    cached = AttestationVerifier(roots_pem=issuer.root_pem)
+    cached.verify(body, now)
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(400):
+            cached.verify(body, now)
+        runs.append((time.perf_counter() - start) / 400 * 1e6)
+    fresh = [AttestationVerifier(roots_pem=issuer.root_pem) for _ in range(200)]
+    start = time.perf_counter()
+    for verifier in fresh:
+        verifier.verify(body, now)
+    uncached = (time.perf_counter() - start) / len(fresh) * 1e6
+    print(f"body {len(body)} bytes")
+    print(f"cached chain:   median {statistics.median(runs):.0f} us, best {min(runs):.0f} us")
+    print(f"uncached chain: {uncached:.0f} us per message")
+
+
+if __name__ == "__main__":
+    main()

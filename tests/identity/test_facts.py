@@ -1,0 +1,342 @@
+"""The Resource Graph facts resolver against the simulator's Resource Graph over HTTP, and
+against a local server answering what Resource Graph answers when things go wrong."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import requests
+
+from functions.identity.facts import (
+    FactsUnavailable,
+    ResourceGraphResolver,
+    StaticResolver,
+    UnknownVm,
+    VmFacts,
+    facts_from_rows,
+    facts_query,
+    normalise_vm_id,
+)
+from simulator import Simulator, SimulatorServer, instance
+from simulator.arm import simulated_vm_id
+
+NOW = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
+
+
+class SimulatorCredential:
+    """A TokenCredential that asks the simulator's managed-identity endpoint, as
+    ManagedIdentityCredential asks IMDS; records the scopes it was asked for."""
+
+    def __init__(self, server: SimulatorServer) -> None:
+        self.server = server
+        self.scopes: list[str] = []
+
+    def get_token(self, *scopes: str, **_: Any) -> SimpleNamespace:
+        self.scopes.extend(scopes)
+        resource = scopes[0].removesuffix("/.default")
+        answer = requests.get(
+            f"{self.server.url}/metadata/identity/oauth2/token",
+            params={"api-version": "2018-02-01", "resource": resource},
+            headers={"Metadata": "true"},
+            timeout=5,
+        )
+        return SimpleNamespace(token=answer.json()["access_token"])
+
+
+@pytest.fixture
+def server() -> Iterator[SimulatorServer]:
+    sim = Simulator(time_scale=60.0)
+    sim.add_vm("solo")
+    sim.add_scale_set("web", 2)
+    sim.add_availability_set("avset", ["db1", "db2"])
+    server = SimulatorServer(sim).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def resolver(server) -> ResourceGraphResolver:
+    return ResourceGraphResolver(
+        requests.Session(), SimulatorCredential(server), server.arm_url, clock=lambda: NOW
+    )
+
+
+def test_a_standalone_vm_resolves_to_its_facts_and_own_address(resolver, server):
+    facts = resolver.resolve(simulated_vm_id("solo"))
+    assert facts == VmFacts(
+        vm_id=simulated_vm_id("solo"),
+        name="solo",
+        resource_id=instance.resource_id(server.sim.describe_vm("solo")),
+        subscription_id=instance.SUBSCRIPTION_ID,
+        resource_group=instance.RESOURCE_GROUP.lower(),
+        scale_set=None,
+        availability_set=None,
+        address="127.0.0.2",
+        fetched_at=NOW,
+    )
+    assert resolver.credential.scopes == [f"{server.arm_url}/.default"]
+
+
+def test_uniform_instances_are_named_set_underscore_instance(resolver):
+    first, second = (resolver.resolve(simulated_vm_id(f"web_{i}")) for i in (0, 1))
+    assert (first.name, first.scale_set, first.address) == ("web_0", "web", "127.0.0.3")
+    assert (second.name, second.scale_set, second.address) == ("web_1", "web", "127.0.0.4")
+    assert first.resource_id.endswith("/virtualMachineScaleSets/web/virtualMachines/0")
+
+
+def test_availability_set_members_name_their_set(resolver):
+    facts = resolver.resolve(simulated_vm_id("db2"))
+    assert (facts.name, facts.availability_set, facts.address) == ("db2", "avset", "127.0.0.6")
+
+
+def test_an_unknown_vm_id_is_unknown(resolver):
+    with pytest.raises(UnknownVm):
+        resolver.resolve("01234567-89ab-cdef-0123-456789abcdef")
+
+
+def test_a_vm_id_that_is_not_a_uuid_never_reaches_the_query(resolver, server):
+    for bad in ("x' or 1==1 //", "", "{01234567-89ab-cdef-0123-456789abcdef}", "0" * 36):
+        with pytest.raises(UnknownVm):
+            resolver.resolve(bad)
+    with pytest.raises(ValueError, match="not a UUID"):
+        facts_query("' | project secrets")
+    assert server.arm.calls == []
+
+
+def test_upper_case_vm_id_is_normalised():
+    upper = simulated_vm_id("solo").upper()
+    assert normalise_vm_id(upper) == simulated_vm_id("solo")
+    assert f"'{simulated_vm_id('solo')}'" in facts_query(upper)
+
+
+def test_another_subscription_scope_finds_nothing(server):
+    resolver = ResourceGraphResolver(
+        requests.Session(),
+        SimulatorCredential(server),
+        server.arm_url,
+        subscriptions=["11111111-1111-1111-1111-111111111111"],
+    )
+    with pytest.raises(UnknownVm):
+        resolver.resolve(simulated_vm_id("solo"))
+
+
+def test_the_simulator_requires_a_bearer_token(server):
+    answer = requests.post(
+        f"{server.arm_url}/providers/Microsoft.ResourceGraph/resources",
+        params={"api-version": "2024-04-01"},
+        json={"query": facts_query(simulated_vm_id("solo"))},
+        timeout=5,
+    )
+    assert answer.status_code == 401
+    assert answer.json()["error"]["code"] == "AuthenticationFailed"
+
+
+def test_throttling_and_server_errors_are_transient_with_the_wait(resolver, server):
+    server.arm.fail_next(429, retry_after=3)
+    with pytest.raises(FactsUnavailable, match="429") as info:
+        resolver.resolve(simulated_vm_id("solo"))
+    assert info.value.retry_after == 3
+    server.arm.fail_next(500)
+    with pytest.raises(FactsUnavailable, match="500"):
+        resolver.resolve(simulated_vm_id("solo"))
+    assert resolver.resolve(simulated_vm_id("solo")).name == "solo"
+
+
+def test_a_token_failure_is_transient(server):
+    class Broken:
+        def get_token(self, *scopes: str, **_: Any) -> Any:
+            raise RuntimeError("no identity")
+
+    resolver = ResourceGraphResolver(requests.Session(), Broken(), server.arm_url)
+    with pytest.raises(FactsUnavailable, match="no token"):
+        resolver.resolve(simulated_vm_id("solo"))
+
+
+# ---------------------------------------------------------------------- a hostile server
+
+
+class _Canned(BaseHTTPRequestHandler):
+    answers: list[tuple[int, dict[str, str], bytes]] = []
+    seen: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.seen.append(
+            {
+                "path": self.path,
+                "auth": self.headers.get("Authorization"),
+                "body": json.loads(self.rfile.read(length)),
+            }
+        )
+        status, headers, body = self.answers.pop(0)
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def canned() -> Iterator[tuple[str, type[_Canned]]]:
+    handler = type("Handler", (_Canned,), {"answers": [], "seen": []})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+class FixedCredential:
+    def get_token(self, *scopes: str, **_: Any) -> SimpleNamespace:
+        return SimpleNamespace(token="t0ken")
+
+
+VM = "01234567-89ab-cdef-0123-456789abcdef"
+ROW = {
+    "id": "/subscriptions/aaaaaaaa-0000-0000-0000-000000000000/resourceGroups/RG/providers/"
+    "Microsoft.Compute/virtualMachines/vm1",
+    "subscriptionId": "aaaaaaaa-0000-0000-0000-000000000000",
+    "resourceGroup": "rg",
+    "vmId": VM,
+    "kind": "vm",
+    "scaleSetId": "",
+    "availabilitySetId": "",
+    "nicId": "/subscriptions/x/resourceGroups/rg/providers/Microsoft.Network/networkInterfaces/n1",
+    "nicPrimary": "true",
+    "ipPrimary": "true",
+    "privateIp": "10.0.0.4",
+    "ipVersion": "IPv4",
+}
+
+
+def rg_answer(rows: list[dict[str, Any]]) -> bytes:
+    return json.dumps(
+        {"totalRecords": len(rows), "count": len(rows), "data": rows, "facets": []}
+    ).encode()
+
+
+def test_the_request_is_resource_graphs(canned):
+    url, handler = canned
+    handler.answers.append((200, {}, rg_answer([ROW])))
+    resolver = ResourceGraphResolver(
+        requests.Session(), FixedCredential(), url, subscriptions=[ROW["subscriptionId"]]
+    )
+    facts = resolver.resolve(VM)
+    assert (facts.name, facts.address, facts.resource_group) == ("vm1", "10.0.0.4", "rg")
+    seen = handler.seen[0]
+    assert seen["path"] == "/providers/Microsoft.ResourceGraph/resources?api-version=2024-04-01"
+    assert seen["auth"] == "Bearer t0ken"
+    assert seen["body"]["subscriptions"] == [ROW["subscriptionId"]]
+    assert f"'{VM}'" in seen["body"]["query"]
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body", "match", "wait"),
+    [
+        (
+            429,
+            {"x-ms-user-quota-remaining": "0", "x-ms-user-quota-resets-after": "00:00:04"},
+            b'{"error": {"code": "RateLimiting"}}',
+            "429 RateLimiting",
+            4.0,
+        ),
+        (429, {"Retry-After": "7"}, b"", "429", 7.0),
+        (500, {}, b"<html>oops</html>", "500", None),
+        (302, {"Location": "http://169.254.169.254/"}, b"", "302", None),
+        (200, {}, b"not json", "not understood", None),
+        (200, {}, b'{"data": "rows"}', "not understood", None),
+        (200, {}, b'{"data": [1, 2]}', "not understood", None),
+        (200, {}, b'{"nodata": []}', "not understood", None),
+    ],
+)
+def test_bad_answers_are_transient(canned, status, headers, body, match, wait):
+    url, handler = canned
+    handler.answers.append((status, headers, body))
+    resolver = ResourceGraphResolver(requests.Session(), FixedCredential(), url)
+    with pytest.raises(FactsUnavailable, match=match) as info:
+        resolver.resolve(VM)
+    assert info.value.retry_after == wait
+
+
+def test_an_empty_answer_is_an_unknown_vm(canned):
+    url, handler = canned
+    handler.answers.append((200, {}, rg_answer([])))
+    with pytest.raises(UnknownVm):
+        ResourceGraphResolver(requests.Session(), FixedCredential(), url).resolve(VM)
+
+
+def test_the_table_result_format_is_understood(canned):
+    url, handler = canned
+    names = list(ROW)
+    table = {
+        "columns": [{"name": n, "type": "string"} for n in names],
+        "rows": [list(ROW.values())],
+    }
+    handler.answers.append((200, {}, json.dumps({"data": table}).encode()))
+    assert ResourceGraphResolver(requests.Session(), FixedCredential(), url).resolve(VM).name == (
+        "vm1"
+    )
+
+
+# ---------------------------------------------------------------------- rows -> facts
+
+
+def test_the_primary_nic_and_ipconfig_win():
+    rows = [
+        {**ROW, "nicId": "b", "nicPrimary": "false", "ipPrimary": "true", "privateIp": "10.0.1.9"},
+        {**ROW, "nicId": "a", "nicPrimary": "true", "ipPrimary": "false", "privateIp": "10.0.0.9"},
+        {**ROW, "nicId": "a", "nicPrimary": "true", "ipPrimary": "true", "privateIp": "10.0.0.5"},
+        {**ROW, "nicId": "a", "nicPrimary": "true", "ipPrimary": "false", "privateIp": "fd00::1"},
+    ]
+    assert facts_from_rows(VM, rows, NOW).address == "10.0.0.5"
+
+
+def test_a_vm_without_a_nic_row_has_no_address():
+    row = {**ROW, "nicId": None, "privateIp": None, "nicPrimary": None, "ipPrimary": None}
+    assert facts_from_rows(VM, [row], NOW).address is None
+
+
+def test_a_flexible_member_names_its_scale_set():
+    row = {
+        **ROW,
+        "scaleSetId": "/subscriptions/a/resourceGroups/rg/providers/Microsoft.Compute/"
+        "virtualMachineScaleSets/flex",
+    }
+    facts = facts_from_rows(VM, [row], NOW)
+    assert (facts.name, facts.scale_set) == ("vm1", "flex")
+
+
+def test_rows_for_another_vm_or_two_resources_are_not_trusted():
+    with pytest.raises(UnknownVm):
+        facts_from_rows(VM, [{**ROW, "vmId": "ffffffff-89ab-cdef-0123-456789abcdef"}], NOW)
+    twin = {**ROW, "id": ROW["id"].replace("vm1", "vm2")}
+    with pytest.raises(FactsUnavailable, match="2 resources"):
+        facts_from_rows(VM, [ROW, twin], NOW)
+    with pytest.raises(FactsUnavailable, match="unexpected resource id"):
+        facts_from_rows(VM, [{**ROW, "id": "/something/else"}], NOW)
+
+
+def test_static_resolver():
+    facts = facts_from_rows(VM, [ROW], NOW)
+    resolver = StaticResolver([facts])
+    assert resolver.resolve(VM.upper()) == facts
+    with pytest.raises(UnknownVm):
+        resolver.resolve("ffffffff-89ab-cdef-0123-456789abcdef")
+    with pytest.raises(UnknownVm):
+        resolver.resolve("junk")

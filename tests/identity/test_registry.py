@@ -1,0 +1,165 @@
+"""The identities table against Azurite: facts and wrapped keys per vmId, ETag-guarded,
+current/previous key rotation, and the facts cache in front of Resource Graph."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
+from azure.data.tables import TableServiceClient
+
+from functions.identity.facts import FactsUnavailable, StaticResolver, UnknownVm, VmFacts
+from functions.identity.keys import CallbackKey
+from functions.identity.registry import (
+    CachedResolver,
+    Identity,
+    IdentityStore,
+    partition_of,
+)
+
+pytestmark = pytest.mark.azurite
+
+APP = b"S" * 40
+T0 = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
+
+
+def facts(vm_id: str, name: str = "vm1", at: datetime = T0, address: str = "10.0.0.4"):
+    return VmFacts(
+        vm_id=vm_id,
+        name=name,
+        resource_id=f"/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/"
+        f"virtualMachines/{name}",
+        subscription_id="00000000-0000-0000-0000-000000000000",
+        resource_group="rg",
+        scale_set=None,
+        availability_set=None,
+        address=address,
+        fetched_at=at,
+    )
+
+
+@pytest.fixture
+def store(azurite: str) -> IdentityStore:
+    service = TableServiceClient.from_connection_string(azurite)
+    return IdentityStore.from_service(
+        service, APP, prefix="t" + uuid.uuid4().hex[:12]
+    ).ensure_table()
+
+
+def vm() -> str:
+    return str(uuid.uuid4())
+
+
+def test_partition_is_the_contracts():
+    assert partition_of("0000000a-0000-0000-0000-000000000000") == "id02"
+    assert partition_of("ffffffff-0000-0000-0000-000000000000") == f"id{0xFFFFFFFF % 8:02d}"
+
+
+def test_save_get_round_trip_with_wrapped_keys(store):
+    vm_id = vm()
+    key = CallbackKey.generate()
+    saved = store.save(Identity(facts=facts(vm_id), keys=(key,)))
+    assert saved.etag
+    loaded = store.get(vm_id.upper())
+    assert loaded == saved
+    entity = store.table.get_entity(partition_of(vm_id), vm_id)
+    assert key.secret.hex() not in json.dumps(dict(entity), default=str)
+    assert entity["key_id"] == key.key_id and entity["name"] == "vm1"
+    assert store.get(vm()) is None
+
+
+def test_writes_are_etag_conditional(store):
+    vm_id = vm()
+    first = store.save(Identity(facts=facts(vm_id)))
+    with pytest.raises(ResourceExistsError):
+        store.save(Identity(facts=facts(vm_id)))  # an insert over an existing row
+    second = store.save(first.model_copy(update={"facts": facts(vm_id, address="10.0.0.5")}))
+    with pytest.raises(ResourceModifiedError):
+        store.save(first)  # the version read before the other write
+    assert store.get(vm_id).facts.address == "10.0.0.5" and second.etag != first.etag
+
+
+def test_remember_key_rotates_current_to_previous_and_keeps_two(store):
+    vm_id = vm()
+    store.save(Identity(facts=facts(vm_id)))
+    k1, k2, k3 = (CallbackKey.generate() for _ in range(3))
+    assert store.remember_key(vm_id, k1).keys == (k1,)
+    assert store.remember_key(vm_id, k2).keys == (k2, k1)
+    again = store.remember_key(vm_id, k2)
+    assert again.keys == (k2, k1)
+    # The previous key presented again (an older message delivered late): no change.
+    assert store.remember_key(vm_id, k1).keys == (k2, k1)
+    assert store.remember_key(vm_id, k3).keys == (k3, k2)
+    loaded = store.get(vm_id)
+    assert loaded.current_key == k3 and loaded.key(k1.key_id) is None
+
+
+def test_remember_key_needs_facts_first(store):
+    with pytest.raises(LookupError):
+        store.remember_key(vm(), CallbackKey.generate())
+
+
+def test_keys_wrapped_under_another_app_secret_are_dropped_not_fatal(store):
+    vm_id = vm()
+    store.save(Identity(facts=facts(vm_id), keys=(CallbackKey.generate(),)))
+    other = IdentityStore(store.table, b"X" * 40)
+    loaded = other.get(vm_id)
+    assert loaded is not None and loaded.keys == ()
+
+
+def test_by_name_finds_one_and_refuses_ambiguity(store):
+    a, b, c = vm(), vm(), vm()
+    store.save(Identity(facts=facts(a, name="Alpha")))
+    store.save(Identity(facts=facts(b, name="twin")))
+    store.save(Identity(facts=facts(c, name="twin")))
+    assert store.by_name("alpha").vm_id == a
+    assert store.by_name("twin") is None
+    assert store.by_name("nobody") is None
+
+
+class CountingResolver(StaticResolver):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def resolve(self, vm_id: str) -> VmFacts:
+        self.calls += 1
+        return super().resolve(vm_id)
+
+
+def test_cached_resolver_asks_azure_only_when_missing_stale_or_keyed_anew(store):
+    vm_id = vm()
+    upstream = CountingResolver()
+    now = [T0]
+    cache = CachedResolver(store, upstream, max_age_seconds=3600, clock=lambda: now[0])
+    with pytest.raises(UnknownVm):
+        cache.resolve(vm_id)
+    upstream.register(facts(vm_id, at=T0))
+    k1, k2 = CallbackKey.generate(), CallbackKey.generate()
+    first = cache.enroll(vm_id, k1)
+    assert first.keys == (k1,) and upstream.calls == 2
+    assert cache.enroll(vm_id, k1) == first and upstream.calls == 2  # cached
+    assert cache.resolve(vm_id) == first.facts and upstream.calls == 2
+    # A new key: facts re-resolved and the key rotated in, in one write.
+    upstream.register(facts(vm_id, at=T0, address="10.0.0.9"))
+    second = cache.enroll(vm_id, k2)
+    assert second.keys == (k2, k1) and second.facts.address == "10.0.0.9"
+    assert upstream.calls == 3
+    # Stale: refreshed, keys kept.
+    now[0] = T0 + timedelta(hours=2)
+    upstream.register(facts(vm_id, at=now[0], address="10.0.0.10"))
+    assert cache.resolve(vm_id).address == "10.0.0.10" and upstream.calls == 4
+    assert store.get(vm_id).keys == (k2, k1)
+
+
+def test_cached_resolver_passes_transient_failures_through(store):
+    class Down:
+        def resolve(self, vm_id: str) -> VmFacts:
+            raise FactsUnavailable("throttled", retry_after=2)
+
+    with pytest.raises(FactsUnavailable) as info:
+        CachedResolver(store, Down()).enroll(vm(), CallbackKey.generate())
+    assert info.value.retry_after == 2
