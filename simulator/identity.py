@@ -35,6 +35,8 @@ ATTESTED_API_VERSIONS = frozenset(
 # What IMDS accepts as a nonce (REST spec: up to 32 alphanumeric characters).
 MAX_NONCE_CHARS = 32
 DOCUMENT_LIFETIME = dt.timedelta(hours=6)
+# Test certificates are valid from long ago: tests run on fixed clocks (2026-11-21 ...).
+VALID_FROM = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def make_root(common_name: str = "Relay Simulator Test Root") -> tuple[x509.Cert
         .issuer_name(_name(common_name))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_before(VALID_FROM)
         .not_valid_after(now + dt.timedelta(days=3650))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
@@ -97,7 +99,7 @@ def make_leaf(
     dns_name: str = SIGNER_NAME,
     *,
     valid_days: int = 365,
-    not_before_days: int = -1,
+    not_before_days: int | None = None,
 ) -> tuple[x509.Certificate, Any]:
     key = _key()
     now = dt.datetime.now(dt.UTC)
@@ -107,7 +109,9 @@ def make_leaf(
         .issuer_name(root.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now + dt.timedelta(days=not_before_days))
+        .not_valid_before(
+            VALID_FROM if not_before_days is None else now + dt.timedelta(days=not_before_days)
+        )
         .not_valid_after(now + dt.timedelta(days=valid_days))
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(dns_name)]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit
 from functions.identity.attestation import AttestationVerifier, binding_nonces
 from functions.identity.facts import StaticResolver, VmFacts
 from functions.identity.keys import CallbackKey, key_id_of
-from functions.identity.registry import IdentityStore
+from functions.identity.registry import CachedResolver, IdentityStore
 from functions.pipeline.admission import Admission
 from functions.store.tables import Store
 from simulator import identity as azure
@@ -111,12 +112,11 @@ def signed_envelope(
     return attest(envelope, at)
 
 
-def admission(store: Store) -> Admission:
+def admission(store: Store, clock: Callable[[], datetime] | None = None) -> Admission:
     """The app's admission step as deployed, trusting the simulator's issuer."""
+    registry = IdentityStore.from_service(store.service, APP_SECRET, store.prefix).ensure_table()
     return Admission(
         verifier=AttestationVerifier(roots_pem=azure.test_issuer().root_pem),
-        resolver=RESOLVER,
-        registry=IdentityStore.for_store(store, APP_SECRET),
-        app_secret=APP_SECRET,
+        identities=CachedResolver(registry, RESOLVER, clock=clock),
         callback_port=CALLBACK_PORT,
     )

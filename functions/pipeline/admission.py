@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from functions.identity.attestation import AttestationError, AttestationVerifier
-from functions.identity.facts import FactsResolver, FactsUnavailable, UnknownVm, VmFacts
-from functions.identity.keys import CallbackKey, key_id_of
-from functions.identity.registry import Identity, IdentityStore
+from functions.identity.facts import FactsUnavailable, UnknownVm, VmFacts
+from functions.identity.keys import InvalidCallbackKey, parse_callback_key
+from functions.identity.registry import CachedResolver, Identity, IdentityStore
 from functions.model.envelope import Envelope, VmRef
 
 log = logging.getLogger(__name__)
@@ -70,14 +70,15 @@ def trusted_ref(facts: VmFacts, port: int) -> VmRef:
 
 @dataclass
 class Admission:
-    """Binds a relay message to its VM. One per pipeline; stateless beyond the registry."""
+    """Binds a relay message to its VM. One per pipeline; its state is the identities table."""
 
     verifier: AttestationVerifier
-    resolver: FactsResolver
-    registry: IdentityStore
-    app_secret: bytes
+    identities: CachedResolver  # Resource Graph's facts, cached in the identities table
     callback_port: int = 8492
-    facts_max_age: timedelta = timedelta(hours=6)
+
+    @property
+    def registry(self) -> IdentityStore:
+        return self.identities.store
 
     def admit(self, body: bytes | str, envelope: Envelope, now: datetime) -> Identity:
         """The sender's identity, its facts fresh enough and its current key remembered.
@@ -97,30 +98,21 @@ class Admission:
             attested = self.verifier.verify(body, now)
         except AttestationError as exc:
             raise NotAdmitted(str(exc)) from None
-        key = CallbackKey(
-            key_id=envelope.callback_key.id, secret=bytes.fromhex(envelope.callback_key.secret)
-        )
-        assert key_id_of(key.secret) == key.key_id  # the envelope model checked it
-        known = self.registry.get(attested.vm_id)
-        stale = known is None or now - known.facts.fetched_at > self.facts_max_age
-        new_key = known is None or not known.keys or known.keys[0].key_id != key.key_id
-        if not stale and not new_key:
-            assert known is not None
-            return known
-        facts = known.facts if known is not None and not stale else None
-        if facts is None or new_key:
-            # A new key means a new relay (reinstalled, reimaged) or a rotation: the VM may
-            # have moved too (a redeploy changes its host, not its vmId), so ask again.
-            try:
-                facts = self.resolver.resolve(attested.vm_id)
-            except UnknownVm as exc:
-                raise FactsUnavailable(str(exc)) from None
+        try:
+            key = parse_callback_key(envelope.callback_key.model_dump())
+        except InvalidCallbackKey as exc:
+            raise NotAdmitted(f"callback_key: {exc}") from None
+        try:
+            identity = self.identities.enroll(attested.vm_id, key)
+        except UnknownVm as exc:
+            # Resource Graph lags a new VM by about a minute: retry, do not reject.
+            raise FactsUnavailable(f"Resource Graph does not know vmId yet: {exc}") from None
+        facts = identity.facts
         if facts.subscription_id.casefold() != attested.subscription_id.casefold():
             raise NotAdmitted(
                 f"attestation: subscription {attested.subscription_id} does not match "
                 f"Resource Graph's {facts.subscription_id} for vmId {attested.vm_id}"
             )
-        identity = self.registry.remember(facts, key, self.app_secret, now)
         self._note_claims(envelope, facts)
         return identity
 

@@ -24,8 +24,8 @@ from datetime import datetime
 from pydantic import BaseModel
 
 from functions.model.envelope import DocumentError, parse_envelope
-from functions.pipeline.context import Pipeline
 from functions.pipeline.admission import NotAdmitted, trusted_ref
+from functions.pipeline.context import Pipeline
 from functions.pipeline.ingest import ingest_message
 
 log = logging.getLogger(__name__)

@@ -176,7 +176,7 @@ def make_pipeline(
         publisher,
         requests.Session(),
         clock,
-        admission=identity_harness.admission(store),
+        admission=identity_harness.admission(store, clock.now),
     )
     return pipeline, publisher
 

@@ -52,7 +52,7 @@ def test_user_event_is_approved_through_the_relay(store, clock, relay):
     ev = event("EV-U", "Redeploy", source="User")
     result = ingest_message(envelope("vm1", 1, [ev], callback_url=relay.url), pipeline)
     assert pub.transitions("EV-U") == ["scheduled", "decided", "approved"]
-    assert relay.starts() == ["EV-U"] and relay.requests[0]["path"] == "/relay/v1/start"
+    assert relay.starts() == ["EV-U"] and relay.requests[0]["path"] == "/v1/start"
     assert relay.bad_signatures == 0
     assert result.approvals[0].outcome == "approved" and result.approvals[0].vm == "vm1"
     record = store.get_event("EV-U")
