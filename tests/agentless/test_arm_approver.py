@@ -13,7 +13,7 @@ from azure.core.credentials import AccessToken
 from azure.identity import ManagedIdentityCredential
 
 from functions.pipeline.approve import approve_event
-from functions.pipeline.ingest import ingest_message
+from tests.agentless.queues import deliver
 from simulator import Simulator, SimulatorServer, instance
 from tests.agentless.grid import event, grid_event
 from tests.functions.conftest import T0, envelope, make_pipeline
@@ -46,7 +46,7 @@ def agentless(store, clock, arm, **settings):
 
 
 def grid(pipeline, props, kind="virtualMachineScaleSets", name="web"):
-    return ingest_message(json.dumps(grid_event(props, owner=owner(kind, name))), pipeline)
+    return deliver(json.dumps(grid_event(props, owner=owner(kind, name))), pipeline)
 
 
 def user_event(sim, event_id, resources, event_type="Redeploy"):
@@ -166,7 +166,7 @@ def test_arm_alone_skips_a_working_relay(store, clock, arm, relay):
     pipeline, _pub = agentless(store, clock, arm, approvers="arm")
     props = user_event(arm.sim, "EV-ARM", ["solo"])
     body = envelope("solo", 1, [props], callback_url=relay.url)
-    ingest_message(with_compute(body, owner("virtualMachines", "solo")), pipeline)
+    deliver(with_compute(body, owner("virtualMachines", "solo")), pipeline)
     assert relay.requests == [] and store.get_event("EV-ARM").approved_by == "arm"
 
 
@@ -174,7 +174,7 @@ def test_relay_first_when_it_works(store, clock, arm, relay):
     pipeline, pub = agentless(store, clock, arm)
     props = user_event(arm.sim, "EV-RF", ["solo"])
     body = envelope("solo", 1, [props], callback_url=relay.url)
-    ingest_message(with_compute(body, owner("virtualMachines", "solo")), pipeline)
+    deliver(with_compute(body, owner("virtualMachines", "solo")), pipeline)
     grid(pipeline, props, "virtualMachines", "solo")
     assert relay.starts() == ["EV-RF"] and arm.arm.calls == []
     assert pub.transitions("EV-RF") == ["scheduled", "decided", "approved"]
@@ -186,7 +186,7 @@ def test_relay_down_falls_back_to_arm_after_the_fallback_time(store, clock, arm,
     relay.default = (503, {"error": "callback down"})
     props = user_event(arm.sim, "EV-FB", ["a1"])
     body = envelope("a1", 1, [props], callback_url=relay.url, availability_set="as1")
-    ingest_message(with_compute(body, owner("virtualMachines", "a1")), pipeline)
+    deliver(with_compute(body, owner("virtualMachines", "a1")), pipeline)
     record = store.get_event("EV-FB")
     assert record.approved_by == "arm" and len(relay.requests) >= 3
     relay_tries = [a.at for a in record.approval_attempts if a.vm == "a1"]
@@ -204,7 +204,7 @@ def test_relay_refusal_hands_over_to_arm_at_once(store, clock, arm, relay):
     props = user_event(arm.sim, "EV-RR", ["web_0"])
     body = envelope("web_0", 1, [props], callback_url=relay.url, scale_set="web")
     body = with_compute(body, f"{owner('virtualMachineScaleSets', 'web')}/virtualMachines/0")
-    ingest_message(body, pipeline)
+    deliver(body, pipeline)
     assert store.get_event("EV-RR").approved_by == "arm" and clock.slept == []
 
 
@@ -217,7 +217,7 @@ def test_fallback_waits_within_budget_then_the_watchdog_hands_over(store, clock,
     relay.default = (503, {"error": "down"})
     props = user_event(arm.sim, "EV-W", ["solo"])
     body = envelope("solo", 1, [props], callback_url=relay.url)
-    ingest_message(with_compute(body, owner("virtualMachines", "solo")), pipeline)
+    deliver(with_compute(body, owner("virtualMachines", "solo")), pipeline)
     assert store.get_event("EV-W").approval == "pending" and arm.arm.calls == []
     clock.advance(120)
     result = approve_event(
@@ -230,7 +230,7 @@ def test_relay_event_without_compute_metadata_cannot_use_arm(store, clock, arm, 
     pipeline, pub = agentless(store, clock, arm, approvers="relay,arm")
     relay.default = (400, {"error": "refused"})
     props = user_event(arm.sim, "EV-L", ["web_1"])
-    ingest_message(envelope("web_1", 1, [props], callback_url=relay.url, scale_set="web"), pipeline)
+    deliver(envelope("web_1", 1, [props], callback_url=relay.url, scale_set="web"), pipeline)
     assert store.get_event("EV-L").approval == "failed" and arm.arm.calls == []
     assert pub.transitions("EV-L")[-1] == "approval_failed"
 
@@ -242,11 +242,11 @@ def test_mixed_sources_pending_relay_then_event_grid_approves_once(store, clock,
     pipeline, pub = agentless(store, clock, arm, approvers="relay,arm")
     mate, named = new_relay(), new_relay()
     props = user_event(arm.sim, "EV-X", ["web_1"])
-    ingest_message(envelope("web_0", 1, [props], callback_url=mate.url, scale_set="web"), pipeline)
+    deliver(envelope("web_0", 1, [props], callback_url=mate.url, scale_set="web"), pipeline)
     assert store.get_event("EV-X").approval == "pending"
     grid(pipeline, props)
     assert store.get_event("EV-X").approved_by == "arm"
-    ingest_message(envelope("web_1", 1, [props], callback_url=named.url, scale_set="web"), pipeline)
+    deliver(envelope("web_1", 1, [props], callback_url=named.url, scale_set="web"), pipeline)
     assert mate.requests == [] and named.requests == []
     assert pub.transitions("EV-X") == ["scheduled", "decided", "approved"]
     assert len(arm.arm.calls) == 1
@@ -257,7 +257,7 @@ def test_arm_first_throttled_hands_over_to_the_relay(store, clock, arm, relay):
     arm.arm.fail_next(429, count=10, retry_after=10)
     props = user_event(arm.sim, "EV-AR", ["solo"])
     body = envelope("solo", 1, [props], callback_url=relay.url)
-    ingest_message(with_compute(body, owner("virtualMachines", "solo")), pipeline)
+    deliver(with_compute(body, owner("virtualMachines", "solo")), pipeline)
     record = store.get_event("EV-AR")
     assert record.approved_by == "solo" and relay.starts() == ["EV-AR"]
     assert [c.status for c in arm.arm.calls] == [429]

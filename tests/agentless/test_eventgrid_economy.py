@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from functions.pipeline.ingest import ingest_message
+from tests.agentless.queues import deliver
 from tests.agentless.grid import event, grid_event
 from tests.functions.conftest import make_pipeline
 from tests.functions.test_store_economy import Calls
@@ -22,7 +22,7 @@ def test_requests_per_notification(store, clock, mocker):
     pipeline, _ = make_pipeline(store, clock)
     calls = Calls(store, mocker)
     first = grid_event(event("EV-E", "Reboot"), grid_id="g-1")
-    ingest_message(json.dumps(first), pipeline)
+    deliver(json.dumps(first), pipeline)
     # The seen-marker, one read finding no row, the row created (decided in the same
     # write), the announcements marked done.
     assert requests(calls) == {
@@ -32,16 +32,16 @@ def test_requests_per_notification(store, clock, mocker):
     }
 
     calls.reset()
-    ingest_message(json.dumps(first), pipeline)  # Event Grid delivered it again
+    deliver(json.dumps(first), pipeline)  # Event Grid delivered it again
     assert requests(calls) == {"events.create_entity": 1}  # the failed insert, nothing else
 
     calls.reset()
     same_state = grid_event(event("EV-E", "Reboot"), grid_id="g-2")
-    ingest_message(json.dumps(same_state), pipeline)  # a new notification, nothing new
+    deliver(json.dumps(same_state), pipeline)  # a new notification, nothing new
     assert requests(calls) == {"events.create_entity": 1, "events.get_entity": 1}
 
     calls.reset()
     started = grid_event({**event("EV-E", "Reboot"), "EventStatus": "Started"}, grid_id="g-3")
-    ingest_message(json.dumps(started), pipeline)
+    deliver(json.dumps(started), pipeline)
     assert requests(calls) == {"events.create_entity": 1, "events.update_entity": 2}
     assert calls.count("vms", "get_entity") == 0  # Event Grid never touches VM rows

@@ -6,7 +6,7 @@ import json
 from datetime import timedelta
 
 from functions.model.policy import Match, Policy, Rule
-from functions.pipeline.ingest import ingest_message
+from tests.agentless.queues import deliver
 from tests.agentless.grid import event, grid_event, owner_id
 from tests.functions.conftest import T0, envelope, make_pipeline
 
@@ -15,7 +15,7 @@ HOLD_ALL = Policy(rules=[Rule(name="hold-all", match=Match(), action="hold")])
 
 def send(pipeline, *items, schema="eventgrid"):
     body = [grid_event(i, schema=schema) if "EventId" in i else i for i in items]
-    return ingest_message(json.dumps(body[0] if len(body) == 1 else body), pipeline)
+    return deliver(json.dumps(body[0] if len(body) == 1 else body), pipeline)
 
 
 def test_scheduled_started_completed(store, clock):
@@ -52,12 +52,12 @@ def test_started_directly_skips_scheduled(store, clock):
 def test_same_notification_twice_is_dropped_by_its_event_grid_id(store, clock):
     pipeline, pub = make_pipeline(store, clock)
     item = grid_event(event("EV-D", "Reboot"), grid_id="grid-1")
-    first = ingest_message(json.dumps(item), pipeline)
-    again = ingest_message(json.dumps(item), pipeline)
+    first = deliver(json.dumps(item), pipeline)
+    again = deliver(json.dumps(item), pipeline)
     assert first.outcome == "processed" and again.outcome == "stale"
     assert pub.transitions("EV-D") == ["scheduled", "decided"]
     # A new notification (new id) about the same state is processed and changes nothing.
-    other = ingest_message(json.dumps(grid_event(event("EV-D", "Reboot"))), pipeline)
+    other = deliver(json.dumps(grid_event(event("EV-D", "Reboot"))), pipeline)
     assert other.outcome == "processed" and other.transitions == []
 
 
@@ -89,17 +89,17 @@ def test_relay_and_event_grid_report_one_event(store, clock, relay):
     ends it although the relay still lists it, and the relay's later report keeps it ended."""
     pipeline, pub = make_pipeline(store, clock)
     ev = event("EV-M", "Freeze", duration=5, resources=("vm1",))
-    ingest_message(envelope("vm1", 1, [ev], callback_url=relay.url), pipeline)
+    deliver(envelope("vm1", 1, [ev], callback_url=relay.url), pipeline)
     assert pub.transitions("EV-M") == ["scheduled", "decided", "approved"]
     send(pipeline, ev)
     send(pipeline, {**ev, "EventStatus": "Started", "NotBefore": ""})
     assert relay.starts() == ["EV-M"]
     assert pub.transitions("EV-M") == ["scheduled", "decided", "approved", "started"]
     send(pipeline, {**ev, "EventStatus": "Completed", "NotBefore": ""})
-    ingest_message(
+    deliver(
         envelope("vm1", 2, [{**ev, "EventStatus": "Started"}], callback_url=relay.url), pipeline
     )
-    ingest_message(envelope("vm1", 3, [], callback_url=relay.url), pipeline)
+    deliver(envelope("vm1", 3, [], callback_url=relay.url), pipeline)
     assert pub.transitions("EV-M") == ["scheduled", "decided", "approved", "started", "completed"]
     record = store.get_event("EV-M")
     assert record.ended == "completed" and record.arm_resource == owner_id()
@@ -113,13 +113,13 @@ def test_event_grid_first_then_relay(store, clock, relay):
     pipeline, pub = make_pipeline(store, clock, HOLD_ALL)
     ev = event("EV-G", "Reboot", resources=("vm1",))
     send(pipeline, ev)
-    ingest_message(envelope("vm1", 1, [ev], callback_url=relay.url), pipeline)
+    deliver(envelope("vm1", 1, [ev], callback_url=relay.url), pipeline)
     assert pub.transitions("EV-G") == ["scheduled", "decided"]
     record = store.get_event("EV-G", reporters=True)
     assert record.reporters == {"vm1": "Scheduled"} and record.arm_resource == owner_id()
     # Absence from every relay's document still ends it (IMDS says so too); Event Grid's
     # own end, arriving later, changes nothing.
-    ingest_message(envelope("vm1", 2, [], callback_url=relay.url), pipeline)
+    deliver(envelope("vm1", 2, [], callback_url=relay.url), pipeline)
     assert pub.transitions("EV-G")[-1] == "cancelled"
     send(pipeline, {**ev, "EventStatus": "Completed"})
     assert pub.transitions("EV-G") == ["scheduled", "decided", "cancelled"]
@@ -131,7 +131,7 @@ def test_scale_set_owner_feeds_the_capacity_guard(store, clock):
         event("EV-S", "Reboot", resources=("web_1",)),
         owner=owner_id("virtualMachineScaleSets", "web"),
     )
-    ingest_message(json.dumps(item), pipeline)
+    deliver(json.dumps(item), pipeline)
     assert store.get_event("EV-S").scale_sets == ["web"]
 
 
@@ -140,11 +140,11 @@ def test_malformed_notifications_are_recorded_never_raised(store, clock):
     bad = grid_event(event("EV-B"))
     bad["data"]["resourceInfo"]["properties"]["EventStatus"] = "Exploded"
     good = grid_event(event("EV-OK", "Reboot"))
-    result = ingest_message(json.dumps([bad, good]), pipeline)
+    result = deliver(json.dumps([bad, good]), pipeline)
     assert result.outcome == "processed" and "Exploded" in result.reason
     assert pub.transitions("EV-OK") == ["scheduled", "decided"]
-    only_bad = ingest_message(json.dumps(bad), pipeline)
-    broken = ingest_message(b'[{"eventType": ', pipeline)
+    only_bad = deliver(json.dumps(bad), pipeline)
+    broken = deliver(b'[{"eventType": ', pipeline)
     assert only_bad.outcome == "rejected" and broken.outcome == "rejected"
     reasons = sorted(r["reason"] for r in store.rejected_rows())
     assert len(reasons) == 3 and all(reasons)
@@ -163,13 +163,13 @@ def test_a_failed_write_forgets_the_notification_so_the_redelivery_applies_it(st
     item = grid_event(event("EV-F", "Reboot"), grid_id="grid-f")
     pipeline.publisher.publish, real = boom, pipeline.publisher.publish
     try:
-        ingest_message(json.dumps(item), pipeline)
+        deliver(json.dumps(item), pipeline)
     except Down:
         pass
     else:
         raise AssertionError("a topic failure must reach the caller (message abandoned)")
     pipeline.publisher.publish = real
-    assert ingest_message(json.dumps(item), pipeline).outcome == "processed"
+    assert deliver(json.dumps(item), pipeline).outcome == "processed"
     assert pub.transitions("EV-F") == ["scheduled", "decided"]
 
 
@@ -194,7 +194,7 @@ def test_watchdog_ends_an_event_grid_only_event_whose_end_never_came(store, cloc
         relay_silent_after_seconds=10**6,  # vm2 never counts as silent here
     )
     send(pipeline, event("EV-LOST", "Reboot"))
-    ingest_message(envelope("vm2", 1, [event("EV-RELAY", "Reboot", resources=("vm2",))]), pipeline)
+    deliver(envelope("vm2", 1, [event("EV-RELAY", "Reboot", resources=("vm2",))]), pipeline)
     clock.advance(15 * 60 + 3599)
     assert "EV-LOST" not in run_watchdog(pipeline).ended
     clock.advance(2)
