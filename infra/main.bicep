@@ -100,6 +100,17 @@ param webhookUrl string = ''
 @secure()
 param webhookSecret string = ''
 
+@description('Empty (the default): the vault is named from the resource group. After deleting and recreating the group, the old vault is kept soft-deleted (purge protection) under that name: give any new word here for a new vault name, or set keyVaultCreateMode=recover to get the old one back.')
+@maxLength(20)
+param keyVaultNameSeed string = ''
+
+@description('default, or recover: recover the soft-deleted vault of this name (after the resource group was deleted and recreated).')
+@allowed([
+  'default'
+  'recover'
+])
+param keyVaultCreateMode string = 'default'
+
 @description('Key Vault firewall default. Deny: only the function and VM subnets (service endpoints) and trusted Azure services get through.')
 @allowed([
   'Allow'
@@ -162,14 +173,15 @@ param eventGridDeliverySchema string = 'CloudEventSchemaV1_0'
 @description('Where the function app may acknowledge Scheduled Events through Resource Manager: [{resourceGroup: \'rg\'}] or [{resourceGroup: \'rg\', resourceType: \'virtualMachineScaleSets\', name: \'vmss\'}]. Empty: it cannot (relays approve).')
 param acknowledgeScopes array = []
 
-@description('APPROVERS: relay,arm (relay first, ARM when no relay can), arm, or relay.')
+@description('APPROVERS: relay,arm (relay first, ARM when no relay can), arm, or relay. Empty (the default): relay,arm when acknowledgeScopes names a scope, else relay (the app has no acknowledge role anywhere).')
 @allowed([
+  ''
   'relay,arm'
   'arm,relay'
   'arm'
   'relay'
 ])
-param approvers string = 'relay,arm'
+param approvers string = ''
 
 @description('Opt the example VM and scale set in to Event Grid publishing (scheduledEventsPolicy; Compute API 2025-04-01, preview feature).')
 param exampleEventGridOptIn bool = false
@@ -201,8 +213,11 @@ param relayPackageUrl string = ''
 
 param adminUsername string = 'azureuser'
 
-@description('SSH public key for the example VMs.')
-param adminSshPublicKey string = ''
+// Required (it used to default to empty): with an example machine on, an empty key failed the
+// deployment last, after everything else had been deployed.
+@description('SSH public key for the example VMs (password login is off), e.g. the contents of ~/.ssh/id_ed25519.pub.')
+@minLength(1)
+param adminSshPublicKey string
 
 @description('Terminate notification timeout of the example scale set (PT5M..PT15M).')
 @allowed([
@@ -229,7 +244,7 @@ var names = {
   functionIdentity: 'id-${prefix}-func'
   serviceBus: 'sb-${prefix}-${suffix}'
   storage: take(toLower('st${prefix}${suffix}'), 24)
-  keyVault: take('kv-${prefix}-${suffix}', 24)
+  keyVault: take('kv-${prefix}-${empty(keyVaultNameSeed) ? suffix : uniqueString(resourceGroup().id, prefix, keyVaultNameSeed)}', 24)
   workspace: 'log-${prefix}-${suffix}'
   appInsights: 'appi-${prefix}-${suffix}'
   functionApp: 'func-${prefix}-${suffix}'
@@ -242,6 +257,9 @@ var names = {
 }
 
 var vmSubnetReachesKeyVault = createVirtualNetwork || existingVmSubnetHasKeyVaultEndpoint
+
+// ARM approves only where the acknowledge role is assigned (acknowledgeScopes).
+var effectiveApprovers = !empty(approvers) ? approvers : (empty(acknowledgeScopes) ? 'relay' : 'relay,arm')
 
 // add-relay.sh's PACKAGE_URL in relayBootstrapArguments: a word even when empty.
 var relayPackageArgument = empty(relayPackageUrl) ? 'embedded' : relayPackageUrl
@@ -315,8 +333,11 @@ module monitoring 'modules/monitoring.bicep' = {
     tags: tags
     functionPrincipalId: functionIdentity.properties.principalId
     serviceBusNamespaceName: serviceBus.outputs.namespaceName
+    // Every queue and the topic (its count covers its subscriptions).
     deadLetterEntities: [
       serviceBus.outputs.queueName
+      serviceBus.outputs.heartbeatsQueueName
+      eventGrid.outputs.queueName
       serviceBus.outputs.topicName
     ]
     alertEmail: alertEmail
@@ -338,6 +359,7 @@ module keyVault 'modules/keyvault.bicep' = {
     functionPrincipalId: functionIdentity.properties.principalId
     relayPrincipalId: relayIdentity.properties.principalId
     networkDefaultAction: keyVaultNetworkDefaultAction
+    createMode: keyVaultCreateMode
     allowedSubnetIds: concat([network.outputs.functionSubnetId], vmSubnetReachesKeyVault ? [network.outputs.vmSubnetId] : [])
   }
 }
@@ -407,7 +429,7 @@ module functionApp 'modules/functionapp.bicep' = {
     undrainRelayHook: undrainRelayHook
     drainOnFailure: drainOnFailure
     eventGridQueueName: eventGrid.outputs.queueName
-    approvers: approvers
+    approvers: effectiveApprovers
     operatorsClientId: operatorsClientId
     operatorsGroupId: operatorsGroupId
     operatorsAppRole: operatorsAppRole

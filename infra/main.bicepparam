@@ -46,7 +46,7 @@ param deployExampleScaleSet = true
 param deployExampleVm = false
 param exampleInstanceCount = 2
 param terminateNotBeforeTimeout = 'PT10M'
-param adminSshPublicKey = readEnvironmentVariable('SSH_PUBLIC_KEY', '')
+param adminSshPublicKey = readEnvironmentVariable('SSH_PUBLIC_KEY')
 // Empty: cloud-init installs the relay embedded in customData (infra/relay/). Or a release
 // asset with its checksum: https://.../scheduled-events-relay.pyz#sha256=HEX
 param relayPackageUrl = readEnvironmentVariable('RELAY_PACKAGE_URL', '')

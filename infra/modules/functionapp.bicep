@@ -220,7 +220,9 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
     siteConfig: {
       minTlsVersion: '1.2'
       scmMinTlsVersion: '1.2'
-      ftpsState: 'Disabled'
+      // No ftpsState: Flex Consumption lists it among its deprecated site properties and ARM
+      // has refused it there (error 51021); FTP is off through the ftp publishing policy below.
+      // https://learn.microsoft.com/azure/azure-functions/functions-app-settings#flex-consumption-plan-deprecations
       http20Enabled: true
       appSettings: [
         for setting in items(appSettings): {

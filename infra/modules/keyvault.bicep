@@ -11,6 +11,18 @@ param location string
 
 param tags object = {}
 
+// Purge protection keeps a deleted vault (and its name) for softDeleteRetentionInDays: a
+// vault of the same name cannot be created meanwhile. After deleting and recreating the
+// resource group, either recover the old vault (createMode 'recover': same name, same
+// group, its secrets are then rewritten by this deployment) or choose a new name
+// (main.bicep's keyVaultNameSeed).
+@description('default: create (or update) the vault. recover: recover the soft-deleted vault of this name.')
+@allowed([
+  'default'
+  'recover'
+])
+param createMode string = 'default'
+
 @description('The relay callback HMAC key (at least 32 characters). Stored as secret `relay-key`.')
 @secure()
 @minLength(32)
@@ -71,6 +83,7 @@ resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
   location: location
   tags: tags
   properties: {
+    createMode: createMode
     tenantId: subscription().tenantId
     sku: {
       family: 'A'

@@ -521,6 +521,21 @@ def _to_string(value: Any) -> str:
     return str(value)
 
 
+_ARITHMETIC = {
+    "less_than": lambda a, b: a < b,
+    "less_than_or_equals": lambda a, b: a <= b,
+    "greater_than": lambda a, b: a > b,
+    "greater_than_or_equals": lambda a, b: a >= b,
+    "add": lambda a, b: a + b,
+    "substract": lambda a, b: a - b,
+    "minus": lambda a: -a,
+    "multiply": lambda a, b: a * b,
+    # ARM's div and mod truncate toward zero.
+    "divide": lambda a, b: int(a / b),
+    "modulo": lambda a, b: a - b * int(a / b),
+}
+
+
 def _logic(kind: str, values: dict[str, Any]) -> Any:
     lists = [alternatives(v) for v in values.values()]
     results = []
@@ -537,6 +552,10 @@ def _logic(kind: str, values: dict[str, Any]) -> Any:
             results.append(combo[0] == combo[1])
         elif kind == "not_equals":
             results.append(combo[0] != combo[1])
+        elif kind in _ARITHMETIC and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in combo
+        ):
+            results.append(_ARITHMETIC[kind](*combo))
         else:
             raise _NotConcrete(None)
     return Alt.of(results)
