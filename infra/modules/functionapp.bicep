@@ -201,6 +201,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
   //checkov:skip=CKV_AZURE_222: operators reach the status and manual-approval functions over the internet with function keys
   //checkov:skip=CKV_AZURE_212: Flex Consumption scales from zero on demand; the documents queue buffers while an instance starts
   //checkov:skip=CKV_AZURE_213: health check is not available on Flex Consumption; the watchdog timer and Application Insights cover liveness
+  //checkov:skip=CKV_AZURE_78: FTP is off through the ftp basicPublishingCredentialsPolicies (allow false); Flex Consumption deprecates siteConfig.ftpsState (ARM error 51021)
   name: name
   location: location
   tags: tags

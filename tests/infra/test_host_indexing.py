@@ -70,7 +70,7 @@ def service_bus_entities() -> dict[str, object]:
     eg = evaluator_for(INFRA / "modules" / "eventgrid.bicep")
     queues = {}
     for evaluator in (sb, eg):
-        for symbol, res in evaluator.template.tree["resources"].items():
+        for res in evaluator.template.tree["resources"].values():
             if res["type"] == "Microsoft.ServiceBus/namespaces/queues":
                 body = res["config"]
                 name = evaluator.eval(body["name"])
