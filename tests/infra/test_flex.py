@@ -8,6 +8,24 @@ Sources (Microsoft Learn):
   https://learn.microsoft.com/azure/azure-functions/flex-consumption-plan
 - functionAppConfig in Bicep:
   https://learn.microsoft.com/azure/azure-functions/functions-infrastructure-as-code?pivots=flex-consumption-plan
+
+Re-checked for issue #23 against the stored copies (the live pages were not reachable):
+- INSTANCE_MEMORY_MB {512, 2048, 4096}: "Azure Functions Flex Consumption plan hosting",
+  section "Instance memory" (URL above) lists 512, 2048 and 4096 MB today (quoted in
+  Azure/azure-rest-api-specs#40898 and Azure/terraform-azurerm-avm-res-web-site#231, which
+  added 512 after the page did; the 2024 preview page read in MicrosoftDocs/azure-docs
+  offered 2048 and 4096 only). Open risk: #40898 (2026-03, open) reports
+  Microsoft.Web/sites@2024-04-01 answering BadRequest to instanceMemoryMB=512 ("only 2048
+  and 4096"). The default stays 512 (the measured sizing and the README's cost tables);
+  infra/README.md lists it under "verify on first deploy", with 2048 as the fallback.
+- MAXIMUM_INSTANCE_COUNT 40..1000: the same page's "Considerations" ("The lowest maximum
+  scale ... is 40. The highest currently supported value is 1000") in the version read; the
+  scale table gives 1000 as Flex's maximum. A newer page may allow a lower minimum: 40 is
+  then still accepted.
+- FLEX_DEPRECATED_*: the page's "Deprecated properties and settings" points to "Flex
+  Consumption plan deprecations" (URL above); the list itself was not readable in the
+  stored copies and stays as the previous review wrote it (its one confirmed entry:
+  ftpsState, refused by ARM with error 51021).
 """
 
 from __future__ import annotations

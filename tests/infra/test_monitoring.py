@@ -67,6 +67,12 @@ def test_sampling_never_drops_the_rows_alerts_and_workbook_read() -> None:
 
 
 def test_watchdog_window_is_one_a_log_alert_accepts() -> None:
+    """The window sizes below were written from memory by the first review (the portal's
+    aggregation granularities). Not confirmed against a published list in this review (the
+    Microsoft.Insights/scheduledQueryRules reference types windowSize as an ISO 8601 duration
+    without an enumeration: "Create or edit a log search alert rule",
+    https://learn.microsoft.com/azure/azure-monitor/alerts/alerts-create-log-alert-rule):
+    the rule's creation validates it (infra/README.md, verify on first deploy)."""
     allowed = MON.decorator("watchdogSilentMinutes", "allowed")
     windows = {1, 5, 10, 15, 30, 45, 60, 120, 180, 240, 300, 360, 1440, 2880}
     assert set(allowed) <= windows and min(allowed) >= 5  # evaluationFrequency is PT5M
