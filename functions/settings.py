@@ -25,6 +25,29 @@ class SettingsInvalid(RuntimeError):
     """The app settings cannot work; the message names each bad setting."""
 
 
+# App Service passes a Key Vault reference it could not resolve (no access, vault firewall,
+# secret missing) as its own text, `@Microsoft.KeyVault(SecretUri=...)`. As a secret that
+# text would pass every length check (RELAY_KEY: every relay then answers 401), so no secret
+# setting may hold it.
+KEY_VAULT_REFERENCE_PREFIX = "@Microsoft.KeyVault("
+
+
+def unresolved_reference(value: SecretStr | str | None) -> bool:
+    """True when a secret setting holds an unresolved Key Vault reference."""
+    if value is None:
+        return False
+    text = value.get_secret_value() if isinstance(value, SecretStr) else value
+    return text.strip().casefold().startswith(KEY_VAULT_REFERENCE_PREFIX.casefold())
+
+
+def unresolved_message(setting: str) -> str:
+    return (
+        f"{setting} is an unresolved Key Vault reference (App Service could not read the "
+        "secret: check the app identity's Key Vault Secrets User role on it, the vault "
+        "firewall, and that the secret exists)"
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         extra="ignore", case_sensitive=False, populate_by_name=True, frozen=True
@@ -126,6 +149,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _urls(self) -> Settings:
+        # RELAY_KEY_PREVIOUS is refused softly (relay_key_previous_bytes): it only helps
+        # during a rotation, so an unresolved one is logged and never signs.
+        for setting, value in (
+            ("RELAY_KEY", self.relay_key),
+            ("ServiceBusConnection", self.service_bus_connection),
+            ("StateStorage", self.state_storage),
+            ("AzureWebJobsStorage", self.webjobs_storage),
+        ):
+            if unresolved_reference(value):
+                raise ValueError(unresolved_message(setting))
         if self.public_base_url and not self.public_base_url.startswith(("http://", "https://")):
             raise ValueError("PUBLIC_BASE_URL must be an http(s) URL")
         if self.relay_key is not None and len(self.relay_key.get_secret_value().strip()) < 16:
@@ -171,8 +204,8 @@ class Settings(BaseSettings):
         (App Service then passes the reference text itself, which must never sign)."""
         previous = self.relay_key_previous
         value = previous.get_secret_value().strip() if previous is not None else ""
-        if value.startswith("@Microsoft.KeyVault("):
-            log.error("RELAY_KEY_PREVIOUS is an unresolved Key Vault reference; ignored")
+        if unresolved_reference(value):
+            log.error("%s; ignored", unresolved_message("RELAY_KEY_PREVIOUS"))
             return None
         return value.encode() if value else None
 

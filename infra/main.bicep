@@ -4,9 +4,12 @@
 //   az deployment group create -g rg-sebridge -p infra/main.bicepparam
 //
 // Least privilege throughout: two user-assigned identities (relays, function app), every
-// role assignment scoped to one entity (queue, topic, container, secret, table); built-in
-// roles, except two custom ones holding only the actions needed (the relays' heartbeat
-// writes to the vms table, storage.bicep; the app's acknowledge, eventgrid.bicep).
+// role assignment scoped to one entity (queue, topic, container, secret, table), except the
+// app's Reader on the resource groups its VMs live in (vmScopes: Resource Graph answers
+// what the app asks about a VM); built-in roles, except two custom ones holding only the
+// actions needed (the relays' heartbeat writes to their own liveness table, storage.bicep;
+// the app's acknowledge, eventgrid.bicep). The relays hold no right on anything the app
+// reads as truth, and none in Key Vault.
 
 targetScope = 'resourceGroup'
 
@@ -54,7 +57,7 @@ param existingVirtualNetworkName string = ''
 
 param vnetAddressPrefix string = '10.40.0.0/16'
 
-@description('New VNet only: a NAT gateway gives both subnets explicit outbound internet access (relays reach Service Bus, the vms table and the package URL, the app reaches Teams/PagerDuty).')
+@description('New VNet only: a NAT gateway gives both subnets explicit outbound internet access (relays reach Service Bus, the liveness table and the package URL, the app reaches Teams/PagerDuty).')
 param createNatGateway bool = true
 
 @description('The VM subnet: created (new VNet) or your VMs\' existing subnet.')
@@ -67,9 +70,6 @@ param functionSubnetName string = 'snet-functions'
 @description('Prefix of the function subnet: the only source allowed to reach relay callbacks.')
 param functionSubnetPrefix string = '10.40.1.0/24'
 
-@description('Existing VNet only: set true once your VM subnet has the Microsoft.KeyVault service endpoint (README), so relays can read the relay key through the vault firewall.')
-param existingVmSubnetHasKeyVaultEndpoint bool = false
-
 @description('An NSG already on your VM subnet: the callback rules are added to it.')
 param existingVmNsgName string = ''
 
@@ -79,14 +79,10 @@ param existingVmNsgName string = ''
 param relayCallbackPort int = 8492
 
 // ---------- Secrets (Key Vault) ----------
-@description('Relay callback HMAC key, at least 32 characters (e.g. `openssl rand -hex 32`).')
+@description('The app\'s own master secret (APP_SECRET), at least 32 characters (e.g. `openssl rand -hex 32`): wraps the relays\' stored callback keys, keys the approval page tokens. Only the function app reads it.')
 @secure()
 @minLength(32)
-param relayKey string
-
-@description('The relay key before a rotation, only while one is under way (infra/README.md).')
-@secure()
-param relayKeyPrevious string = ''
+param appSecret string
 
 @secure()
 param pagerdutyRoutingKey string = ''
@@ -99,6 +95,17 @@ param webhookUrl string = ''
 
 @secure()
 param webhookSecret string = ''
+
+@description('Empty (the default): the vault is named from the resource group. After deleting and recreating the group, the old vault is kept soft-deleted (purge protection) under that name: give any new word here for a new vault name, or set keyVaultCreateMode=recover to get the old one back.')
+@maxLength(20)
+param keyVaultNameSeed string = ''
+
+@description('default, or recover: recover the soft-deleted vault of this name (after the resource group was deleted and recreated).')
+@allowed([
+  'default'
+  'recover'
+])
+param keyVaultCreateMode string = 'default'
 
 @description('Key Vault firewall default. Deny: only the function and VM subnets (service endpoints) and trusted Azure services get through.')
 @allowed([
@@ -148,6 +155,15 @@ param undrainRelayHook string = ''
 ])
 param drainOnFailure string = 'hold'
 
+// ---------- Per-VM identity: where the VMs live ----------
+@description('Resource ids of the resource groups (/subscriptions/ID/resourceGroups/NAME) where relayed VMs live: the function app gets Reader on each, to look a VM up in Azure Resource Graph by its vmId. Default: this deployment\'s resource group. The deployer needs the right to assign roles in each (infra/README.md).')
+param vmScopes array = [
+  resourceGroup().id
+]
+
+@description('ALLOWED_SUBSCRIPTIONS: subscription ids whose VMs may send (their attested documents name it). Empty (the default): the subscriptions of vmScopes (by default, this deployment\'s).')
+param allowedSubscriptions array = []
+
 // ---------- Agentless mode (preview): Event Grid + Resource Manager ----------
 @description('Create the Event Grid system topic (Microsoft.ResourceNotifications.MaintenanceResources) and its subscription to the scheduled-events queue. Register the preview features first (README).')
 param enableEventGrid bool = false
@@ -162,14 +178,15 @@ param eventGridDeliverySchema string = 'CloudEventSchemaV1_0'
 @description('Where the function app may acknowledge Scheduled Events through Resource Manager: [{resourceGroup: \'rg\'}] or [{resourceGroup: \'rg\', resourceType: \'virtualMachineScaleSets\', name: \'vmss\'}]. Empty: it cannot (relays approve).')
 param acknowledgeScopes array = []
 
-@description('APPROVERS: relay,arm (relay first, ARM when no relay can), arm, or relay.')
+@description('APPROVERS: relay,arm (relay first, ARM when no relay can), arm, or relay. Empty (the default): relay,arm when acknowledgeScopes names a scope, else relay (the app has no acknowledge role anywhere).')
 @allowed([
+  ''
   'relay,arm'
   'arm,relay'
   'arm'
   'relay'
 ])
-param approvers string = 'relay,arm'
+param approvers string = ''
 
 @description('Opt the example VM and scale set in to Event Grid publishing (scheduledEventsPolicy; Compute API 2025-04-01, preview feature).')
 param exampleEventGridOptIn bool = false
@@ -201,8 +218,11 @@ param relayPackageUrl string = ''
 
 param adminUsername string = 'azureuser'
 
-@description('SSH public key for the example VMs.')
-param adminSshPublicKey string = ''
+// Required (it used to default to empty): with an example machine on, an empty key failed the
+// deployment last, after everything else had been deployed.
+@description('SSH public key for the example VMs (password login is off), e.g. the contents of ~/.ssh/id_ed25519.pub.')
+@minLength(1)
+param adminSshPublicKey string
 
 @description('Terminate notification timeout of the example scale set (PT5M..PT15M).')
 @allowed([
@@ -229,7 +249,7 @@ var names = {
   functionIdentity: 'id-${prefix}-func'
   serviceBus: 'sb-${prefix}-${suffix}'
   storage: take(toLower('st${prefix}${suffix}'), 24)
-  keyVault: take('kv-${prefix}-${suffix}', 24)
+  keyVault: take('kv-${prefix}-${empty(keyVaultNameSeed) ? suffix : uniqueString(resourceGroup().id, prefix, keyVaultNameSeed)}', 24)
   workspace: 'log-${prefix}-${suffix}'
   appInsights: 'appi-${prefix}-${suffix}'
   functionApp: 'func-${prefix}-${suffix}'
@@ -241,7 +261,12 @@ var names = {
   vm: 'vm-${prefix}'
 }
 
-var vmSubnetReachesKeyVault = createVirtualNetwork || existingVmSubnetHasKeyVaultEndpoint
+// /subscriptions/SUB/resourceGroups/RG -> SUB, RG (split on '/': '', subscriptions, SUB, resourceGroups, RG).
+var vmScopeSubscriptions = [for id in vmScopes: split(id, '/')[2]]
+var effectiveAllowedSubscriptions = empty(allowedSubscriptions) ? union(vmScopeSubscriptions, []) : allowedSubscriptions
+
+// ARM approves only where the acknowledge role is assigned (acknowledgeScopes).
+var effectiveApprovers = !empty(approvers) ? approvers : (empty(acknowledgeScopes) ? 'relay' : 'relay,arm')
 
 // add-relay.sh's PACKAGE_URL in relayBootstrapArguments: a word even when empty.
 var relayPackageArgument = empty(relayPackageUrl) ? 'embedded' : relayPackageUrl
@@ -315,8 +340,11 @@ module monitoring 'modules/monitoring.bicep' = {
     tags: tags
     functionPrincipalId: functionIdentity.properties.principalId
     serviceBusNamespaceName: serviceBus.outputs.namespaceName
+    // Every queue and the topic (its count covers its subscriptions).
     deadLetterEntities: [
       serviceBus.outputs.queueName
+      serviceBus.outputs.heartbeatsQueueName
+      eventGrid.outputs.queueName
       serviceBus.outputs.topicName
     ]
     alertEmail: alertEmail
@@ -329,16 +357,18 @@ module keyVault 'modules/keyvault.bicep' = {
     vaultName: names.keyVault
     location: location
     tags: tags
-    relayKey: relayKey
-    relayKeyPrevious: relayKeyPrevious
+    appSecret: appSecret
     pagerdutyRoutingKey: pagerdutyRoutingKey
     teamsWebhookUrl: teamsWebhookUrl
     webhookUrl: webhookUrl
     webhookSecret: webhookSecret
     functionPrincipalId: functionIdentity.properties.principalId
-    relayPrincipalId: relayIdentity.properties.principalId
     networkDefaultAction: keyVaultNetworkDefaultAction
-    allowedSubnetIds: concat([network.outputs.functionSubnetId], vmSubnetReachesKeyVault ? [network.outputs.vmSubnetId] : [])
+    createMode: keyVaultCreateMode
+    // The function subnet only: relays read nothing in the vault.
+    allowedSubnetIds: [
+      network.outputs.functionSubnetId
+    ]
   }
 }
 
@@ -388,12 +418,13 @@ module functionApp 'modules/functionapp.bicep' = {
     stateTablePrefix: storage.outputs.tablePrefix
     keyVaultUri: keyVault.outputs.vaultUri
     secretNames: keyVault.outputs.secretNames
-    hasRelayKeyPrevious: keyVault.outputs.hasRelayKeyPrevious
     hasPagerduty: keyVault.outputs.hasPagerduty
     hasTeams: keyVault.outputs.hasTeams
     hasWebhookUrl: keyVault.outputs.hasWebhookUrl
     hasWebhookSecret: keyVault.outputs.hasWebhookSecret
     maximumInstanceCount: maximumInstanceCount
+    relayCallbackPort: relayCallbackPort
+    allowedSubscriptions: effectiveAllowedSubscriptions
     relaySilentAfterSeconds: relaySilentAfterSeconds
     approvalMarginSeconds: approvalMarginSeconds
     policyRules: policyRules
@@ -407,7 +438,7 @@ module functionApp 'modules/functionapp.bicep' = {
     undrainRelayHook: undrainRelayHook
     drainOnFailure: drainOnFailure
     eventGridQueueName: eventGrid.outputs.queueName
-    approvers: approvers
+    approvers: effectiveApprovers
     operatorsClientId: operatorsClientId
     operatorsGroupId: operatorsGroupId
     operatorsAppRole: operatorsAppRole
@@ -415,11 +446,27 @@ module functionApp 'modules/functionapp.bicep' = {
   }
 }
 
+// Reader for the app on each resource group of vmScopes, deployed in that group (a module
+// scoped to it; the group may be in another subscription).
+module vmReaders 'modules/vm-reader.bicep' = [
+  for scopeId in vmScopes: {
+    name: 'vm-reader-${uniqueString(resourceGroup().id, scopeId)}'
+    scope: resourceGroup(split(scopeId, '/')[2], split(scopeId, '/')[4])
+    params: {
+      functionPrincipalId: functionIdentity.properties.principalId
+    }
+  }
+]
+
 // ---------- Relay bootstrap (cloud-init) ----------
 // Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment: the relay
 // itself (infra/relay/scheduled-events-relay.pyz.gz, `make relay`: the zipapp gzipped whole;
 // a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its seven
 // arguments. Filled in, it stays under customData's 65535 bytes (tests/infra).
+// The 5th argument was the relay key's Key Vault secret URI: there is no shared key any more,
+// and the position is kept with the word `none` (relayKeyArgument) so that the 6th and 7th
+// stay where add-relay.sh reads them.
+var relayKeyArgument = 'none'
 var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz.gz')
 var addRelayScriptB64 = loadFileAsBase64('relay/add-relay.sh.gz') // add-relay.sh gzipped (make relay)
 var cloudInitTemplate = loadTextContent('relay/cloud-init.yaml')
@@ -429,9 +476,9 @@ var cloudInit2 = replace(cloudInit1, '{{SERVICEBUS_NAMESPACE}}', serviceBus.outp
 var cloudInit3 = replace(cloudInit2, '{{DOCUMENTS_QUEUE}}', serviceBus.outputs.queueName)
 var cloudInit4 = replace(cloudInit3, '{{IDENTITY_CLIENT_ID}}', relayIdentity.properties.clientId)
 var cloudInit5 = replace(cloudInit4, '{{CALLBACK_PORT}}', string(relayCallbackPort))
-var cloudInit6 = replace(cloudInit5, '{{RELAY_KEY_SECRET_URI}}', keyVault.outputs.relayKeySecretUri)
+var cloudInit6 = replace(cloudInit5, '{{RELAY_KEY_SECRET_URI}}', relayKeyArgument)
 var cloudInit7 = replace(cloudInit6, '{{RELAY_PACKAGE_URL}}', relayPackageUrl)
-var relayCloudInit = replace(cloudInit7, '{{HEARTBEAT_TABLE_URL}}', storage.outputs.heartbeatTableUrl)
+var relayCloudInit = replace(cloudInit7, '{{HEARTBEAT_TABLE_URL}}', storage.outputs.livenessTableUrl)
 
 module exampleScaleSet 'modules/vmss-relay.bicep' = if (deployExampleScaleSet) {
   name: 'example-scaleset'
@@ -475,7 +522,6 @@ output heartbeatsQueue string = serviceBus.outputs.heartbeatsQueueName
 output eventGridQueue string = eventGrid.outputs.queueName
 output notificationsTopic string = serviceBus.outputs.topicName
 output keyVaultName string = keyVault.outputs.vaultName
-output relayKeySecretUri string = keyVault.outputs.relayKeySecretUri
 output storageAccountName string = storage.outputs.accountName
 output relayIdentityId string = relayIdentity.id
 output relayIdentityClientId string = relayIdentity.properties.clientId
@@ -485,9 +531,11 @@ output vmSubnetId string = network.outputs.vmSubnetId
 output functionSubnetId string = network.outputs.functionSubnetId
 output relayCallbackPort int = relayCallbackPort
 // The seven arguments of infra/relay/add-relay.sh, for existing VMs and scale sets (README),
-// space-separated for `--parameters $ARGS`: an empty package URL is written `embedded`, so
-// that word splitting keeps all seven.
-output relayBootstrapArguments string = '${serviceBus.outputs.fullyQualifiedNamespace} ${serviceBus.outputs.queueName} ${relayIdentity.properties.clientId} ${relayCallbackPort} ${keyVault.outputs.relayKeySecretUri} ${relayPackageArgument} ${storage.outputs.heartbeatTableUrl}'
+// space-separated for `--parameters $ARGS`: an empty package URL is written `embedded`, and
+// the former key secret URI `none`, so that word splitting keeps all seven.
+output relayBootstrapArguments string = '${serviceBus.outputs.fullyQualifiedNamespace} ${serviceBus.outputs.queueName} ${relayIdentity.properties.clientId} ${relayCallbackPort} ${relayKeyArgument} ${relayPackageArgument} ${storage.outputs.livenessTableUrl}'
 output relayForward string = 'servicebus://${serviceBus.outputs.fullyQualifiedNamespace}/${serviceBus.outputs.queueName}'
-// The relays' --heartbeat-table (RELAY_HEARTBEAT_TABLE): the function app's vms table.
-output relayHeartbeatTable string = storage.outputs.heartbeatTableUrl
+// The relays' --heartbeat-table (RELAY_HEARTBEAT_TABLE): their own liveness table.
+output relayHeartbeatTable string = storage.outputs.livenessTableUrl
+// What ALLOWED_SUBSCRIPTIONS holds (comma-separated).
+output allowedSubscriptions string = join(effectiveAllowedSubscriptions, ',')

@@ -1,6 +1,6 @@
 // Worked example: a new VNet, the bridge, and one example scale set running the relay.
 //
-//   export RELAY_KEY=$(openssl rand -hex 32)          # keep it: the function app and relays share it
+//   export APP_SECRET=$(openssl rand -hex 32)         # the app's own secret (Key Vault); relays never see it
 //   export SSH_PUBLIC_KEY="$(cat ~/.ssh/id_ed25519.pub)"
 //   az deployment group create -g rg-sebridge -f infra/main.bicep -p infra/main.bicepparam
 //
@@ -23,8 +23,7 @@ param functionSubnetPrefix = '10.40.1.0/24'
 param relayCallbackPort = 8492
 
 // Secrets, stored in Key Vault; an empty value leaves that channel off.
-param relayKey = readEnvironmentVariable('RELAY_KEY')
-param relayKeyPrevious = readEnvironmentVariable('RELAY_KEY_PREVIOUS', '')
+param appSecret = readEnvironmentVariable('APP_SECRET')
 param pagerdutyRoutingKey = readEnvironmentVariable('PAGERDUTY_ROUTING_KEY', '')
 param teamsWebhookUrl = readEnvironmentVariable('TEAMS_WEBHOOK_URL', '')
 param webhookUrl = readEnvironmentVariable('WEBHOOK_URL', '')
@@ -46,7 +45,7 @@ param deployExampleScaleSet = true
 param deployExampleVm = false
 param exampleInstanceCount = 2
 param terminateNotBeforeTimeout = 'PT10M'
-param adminSshPublicKey = readEnvironmentVariable('SSH_PUBLIC_KEY', '')
+param adminSshPublicKey = readEnvironmentVariable('SSH_PUBLIC_KEY')
 // Empty: cloud-init installs the relay embedded in customData (infra/relay/). Or a release
 // asset with its checksum: https://.../scheduled-events-relay.pyz#sha256=HEX
 param relayPackageUrl = readEnvironmentVariable('RELAY_PACKAGE_URL', '')

@@ -22,8 +22,14 @@ def _published_files() -> list[str]:
     ).stdout.split()
 
     def ignored(path: str) -> bool:
+        # gitignore-like: `dir/` a folder, `/name` anchored at the root, else a name anywhere.
         return any(
-            path.startswith(p) if p.endswith("/") else fnmatch.fnmatch(path, p) for p in patterns
+            path.startswith(p)
+            if p.endswith("/")
+            else path == p[1:]
+            if p.startswith("/")
+            else fnmatch.fnmatch(path, p) or fnmatch.fnmatch(path.rsplit("/", 1)[-1], p)
+            for p in patterns
         )
 
     return [path for path in tracked if not ignored(path)]

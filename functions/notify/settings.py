@@ -7,6 +7,8 @@ from functools import lru_cache
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from functions.settings import unresolved_message, unresolved_reference
+
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 
 
@@ -25,6 +27,9 @@ class ChannelSettings(BaseSettings):
 
     def off_reason(self, channel: str) -> str | None:
         """Why a channel is off, or None when it is on."""
+        unresolved = self._unresolved(channel)
+        if unresolved:
+            return f"{unresolved_message(unresolved)}: refusing to use it"
         if channel == "teams":
             return None if _present(self.teams_webhook_url) else "TEAMS_WEBHOOK_URL is not set"
         if channel == "pagerduty":
@@ -46,13 +51,31 @@ class ChannelSettings(BaseSettings):
         return f"unknown channel {channel!r}"
 
     def misconfigured(self, channel: str) -> bool:
-        """Set up half-way (a URL without its secret): off, but a mistake to report, unlike
-        a channel left unset on purpose."""
+        """Set up half-way (a URL without its secret, or a secret whose Key Vault reference
+        did not resolve): off, but a mistake to report, unlike a channel left unset."""
+        if self._unresolved(channel):
+            return True
         return (
             channel == "webhook"
             and _present(self.webhook_url)
             and not _present(self.webhook_secret)
         )
+
+    def _unresolved(self, channel: str) -> str | None:
+        """The first of the channel's secret settings holding an unresolved Key Vault
+        reference (App Service passes its text when it cannot read the secret)."""
+        secrets = {
+            "teams": (("TEAMS_WEBHOOK_URL", self.teams_webhook_url),),
+            "pagerduty": (("PAGERDUTY_ROUTING_KEY", self.pagerduty_routing_key),),
+            "webhook": (
+                ("WEBHOOK_URL", self.webhook_url),
+                ("WEBHOOK_SECRET", self.webhook_secret),
+            ),
+        }
+        for setting, value in secrets.get(channel, ()):
+            if unresolved_reference(value):
+                return setting
+        return None
 
 
 def _present(value: SecretStr | None) -> bool:

@@ -204,7 +204,9 @@ var acknowledgeGroups = union(namedGroups, [])
 resource acknowledgeRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (!empty(acknowledgeScopes)) {
   name: guid(subscription().id, resourceGroup().id, 'scheduled-events-acknowledge')
   properties: {
-    roleName: 'Scheduled Events Acknowledge (${resourceGroup().name})'
+    // Role names are unique in the tenant: the group's name alone collides with a group of the
+    // same name in another subscription (RoleDefinitionWithSameNameExists).
+    roleName: 'Scheduled Events Acknowledge (${resourceGroup().name}, ${uniqueString(resourceGroup().id)})'
     description: 'Approve (acknowledge) Scheduled Events, nothing else: the bridge\'s function app in agentless mode.'
     type: 'CustomRole'
     permissions: [

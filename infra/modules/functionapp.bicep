@@ -44,7 +44,6 @@ param keyVaultUri string
 @description('Secret names in the vault (keyvault.bicep output secretNames).')
 param secretNames object
 
-param hasRelayKeyPrevious bool = false
 param hasPagerduty bool = false
 param hasTeams bool = false
 param hasWebhookUrl bool = false
@@ -73,6 +72,15 @@ param relaySilentAfterSeconds int = 600
 param retentionDays int = 30
 param approvalMarginSeconds int = 10
 param pagerdutyEventsUrl string = 'https://events.pagerduty.com/v2/enqueue'
+
+// Per-VM identity (contract §2, §3, §6): the port every relay's callback listens on (the app
+// calls Azure's address for the VM on it), and the subscriptions whose VMs may send (the
+// attested document's subscriptionId; comma-separated ids in ALLOWED_SUBSCRIPTIONS).
+@minValue(1024)
+@maxValue(65535)
+param relayCallbackPort int = 8492
+@description('Subscription ids whose VMs may send. Empty: the app accepts any subscription its identity can read in Resource Graph (its Reader scopes).')
+param allowedSubscriptions array = []
 
 // Agentless mode (eventgrid.bicep): the queue Event Grid delivers to, and the approvers.
 param eventGridQueueName string = 'scheduled-events'
@@ -137,7 +145,10 @@ var bridgeSettings = {
   RETENTION_DAYS: string(retentionDays)
   NOTIFICATIONS_TOPIC: notificationsTopicName
   STATE_TABLE_PREFIX: stateTablePrefix
-  RELAY_KEY: '${kvRef}${secretNames.relayKey})'
+  // The app's own master secret (contract §6); the relays never see it.
+  APP_SECRET: '${kvRef}${secretNames.appSecret})'
+  RELAY_CALLBACK_PORT: string(relayCallbackPort)
+  ALLOWED_SUBSCRIPTIONS: join(allowedSubscriptions, ',')
   RELAY_SILENT_AFTER_SECONDS: string(relaySilentAfterSeconds)
   APPROVAL_MARGIN_SECONDS: string(approvalMarginSeconds)
   PAGERDUTY_EVENTS_URL: pagerdutyEventsUrl
@@ -163,8 +174,9 @@ var drainHookSettings = empty(drainRelayHook) ? {} : { DRAIN__RELAY_HOOK: drainR
 var undrainHttpSettings = empty(undrainHttpUrl) ? {} : { UNDRAIN__HTTP_URL: undrainHttpUrl }
 var undrainHookSettings = empty(undrainRelayHook) ? {} : { UNDRAIN__RELAY_HOOK: undrainRelayHook }
 
-// The relay key before a rotation, only while one is under way (README: rotate the relay key).
-var relayKeyPreviousSettings = hasRelayKeyPrevious ? { RELAY_KEY_PREVIOUS: '${kvRef}${secretNames.relayKeyPrevious})' } : {}
+// Never written here: RELAY_KEY / RELAY_KEY_PREVIOUS (no shared relay key any more) and
+// ATTESTATION_CA_PEM (replaces the public roots that sign IMDS attested documents: the
+// simulator's only, tests/infra/test_settings_contract.py keeps it out).
 
 // PUBLIC_BASE_URL defaults, in the app, from WEBSITE_HOSTNAME (the real host name: a Flex
 // app's is not NAME.azurewebsites.net); set it only for a custom domain.
@@ -179,7 +191,7 @@ var webhookUrlSettings = hasWebhookUrl ? { WEBHOOK_URL: '${kvRef}${secretNames.w
 var webhookSecretSettings = hasWebhookSecret ? { WEBHOOK_SECRET: '${kvRef}${secretNames.webhookSecret})' } : {}
 
 // Every app setting, set when the site is created (Flex needs its storage settings from the start).
-var appSettings = union(connectionSettings, bridgeSettings, relayKeyPreviousSettings, publicUrlSettings, operatorsGroupSettings, operatorsRoleSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, undrainHttpSettings, undrainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
+var appSettings = union(connectionSettings, bridgeSettings, publicUrlSettings, operatorsGroupSettings, operatorsRoleSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, undrainHttpSettings, undrainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   //checkov:skip=CKV_AZURE_225: Flex zone redundancy is regional and opt-in; enable it where your region offers it
@@ -201,6 +213,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
   //checkov:skip=CKV_AZURE_222: operators reach the status and manual-approval functions over the internet with function keys
   //checkov:skip=CKV_AZURE_212: Flex Consumption scales from zero on demand; the documents queue buffers while an instance starts
   //checkov:skip=CKV_AZURE_213: health check is not available on Flex Consumption; the watchdog timer and Application Insights cover liveness
+  //checkov:skip=CKV_AZURE_78: FTP is off through the ftp basicPublishingCredentialsPolicies (allow false); Flex Consumption deprecates siteConfig.ftpsState (ARM error 51021)
   name: name
   location: location
   tags: tags
@@ -220,7 +233,9 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
     siteConfig: {
       minTlsVersion: '1.2'
       scmMinTlsVersion: '1.2'
-      ftpsState: 'Disabled'
+      // No ftpsState: Flex Consumption lists it among its deprecated site properties and ARM
+      // has refused it there (error 51021); FTP is off through the ftp publishing policy below.
+      // https://learn.microsoft.com/azure/azure-functions/functions-app-settings#flex-consumption-plan-deprecations
       http20Enabled: true
       appSettings: [
         for setting in items(appSettings): {

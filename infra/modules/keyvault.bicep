@@ -1,6 +1,7 @@
-// Key Vault (RBAC mode) for every secret the bridge uses. A secret is created only when its
-// value is given; each identity gets Key Vault Secrets User on the individual secrets it
-// needs, never on the vault: the relays read `relay-key` and nothing else.
+// Key Vault (RBAC mode) for every secret the bridge uses. A channel secret is created only
+// when its value is given; the function app's identity gets Key Vault Secrets User on each
+// of its secrets, never on the vault. The relays hold no role here: there is no shared relay
+// key any more (each relay makes its own callback key, contract §4).
 
 @description('Key Vault name: 3-24 letters, digits and hyphens, globally unique.')
 @minLength(3)
@@ -11,14 +12,22 @@ param location string
 
 param tags object = {}
 
-@description('The relay callback HMAC key (at least 32 characters). Stored as secret `relay-key`.')
+// Purge protection keeps a deleted vault (and its name) for softDeleteRetentionInDays: a
+// vault of the same name cannot be created meanwhile. After deleting and recreating the
+// resource group, either recover the old vault (createMode 'recover': same name, same
+// group, its secrets are then rewritten by this deployment) or choose a new name
+// (main.bicep's keyVaultNameSeed).
+@description('default: create (or update) the vault. recover: recover the soft-deleted vault of this name.')
+@allowed([
+  'default'
+  'recover'
+])
+param createMode string = 'default'
+
+@description('The app\'s own master secret (at least 32 characters): wraps the relays\' stored callback keys and keys the approval page tokens. Stored as secret `app-secret`; never leaves the app.')
 @secure()
 @minLength(32)
-param relayKey string
-
-@description('The relay key before the last rotation; stored as secret `relay-key-previous` while set. Empty = none (after a rotation has finished).')
-@secure()
-param relayKeyPrevious string = ''
+param appSecret string
 
 @description('PagerDuty Events API v2 routing key; empty = no PagerDuty channel.')
 @secure()
@@ -39,10 +48,7 @@ param webhookSecret string = ''
 @description('Principal (object) id of the function app\'s managed identity.')
 param functionPrincipalId string
 
-@description('Principal (object) id of the relays\' managed identity.')
-param relayPrincipalId string
-
-@description('Subnets (with the Microsoft.KeyVault service endpoint) allowed through the vault firewall.')
+@description('Subnets (with the Microsoft.KeyVault service endpoint) allowed through the vault firewall: the function subnet (relays read nothing here).')
 param allowedSubnetIds array = []
 
 @description('Firewall default for everything else. Deny keeps the vault reachable only from allowedSubnetIds and trusted Azure services.')
@@ -57,8 +63,7 @@ var keyVaultSecretsUser = '4633458b-17de-408a-b874-0445c86b69e6'
 
 // Secret names; the function app's settings reference them by these names.
 var names = {
-  relayKey: 'relay-key'
-  relayKeyPrevious: 'relay-key-previous'
+  appSecret: 'app-secret'
   pagerdutyRoutingKey: 'pagerduty-routing-key'
   teamsWebhookUrl: 'teams-webhook-url'
   webhookUrl: 'webhook-url'
@@ -66,11 +71,12 @@ var names = {
 }
 
 resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
-  //checkov:skip=CKV_AZURE_189: the relays on VMs and the Flex app read secrets through the firewall (networkAcls, subnet rules); private endpoints are outside this example
+  //checkov:skip=CKV_AZURE_189: the Flex app reads its secrets through the firewall (networkAcls, its subnet's service endpoint); private endpoints are outside this example
   name: vaultName
   location: location
   tags: tags
   properties: {
+    createMode: createMode
     tenantId: subscription().tenantId
     sku: {
       family: 'A'
@@ -98,24 +104,12 @@ resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
   }
 }
 
-resource relayKeySecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
-  //checkov:skip=CKV_AZURE_41: rotation is operator-driven (README); an expiry date would silently stop every approval when it passes
+resource appSecretSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
+  //checkov:skip=CKV_AZURE_41: rotation is operator-driven (README); an expiry date would silently stop the app from opening the relays' stored keys
   parent: vault
-  name: names.relayKey
+  name: names.appSecret
   properties: {
-    value: relayKey
-    contentType: 'text/plain'
-  }
-}
-
-// Only while a rotation is under way: the app retries a relay that answers 401 with it.
-resource relayKeyPreviousSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if (!empty(relayKeyPrevious)) {
-  //checkov:skip=CKV_AZURE_114: contentType is set below; checkov does not read the body of a conditional (if) resource
-  //checkov:skip=CKV_AZURE_41: removed by the operator when the rotation is over (README); an expiry would break approvals mid-rotation
-  parent: vault
-  name: names.relayKeyPrevious
-  properties: {
-    value: relayKeyPrevious
+    value: appSecret
     contentType: 'text/plain'
   }
 }
@@ -164,31 +158,11 @@ resource webhookSecretSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if
   }
 }
 
-// The relays read the relay key, and nothing else in the vault.
-resource relayReadsRelayKey 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  scope: relayKeySecret
-  name: guid(relayKeySecret.id, relayPrincipalId, keyVaultSecretsUser)
-  properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
-    principalId: relayPrincipalId
-    principalType: 'ServicePrincipal'
-  }
-}
-
-// The function app reads each of its secrets (Key Vault references in its app settings).
-resource functionReadsRelayKey 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  scope: relayKeySecret
-  name: guid(relayKeySecret.id, functionPrincipalId, keyVaultSecretsUser)
-  properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
-    principalId: functionPrincipalId
-    principalType: 'ServicePrincipal'
-  }
-}
-
-resource functionReadsRelayKeyPrevious 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(relayKeyPrevious)) {
-  scope: relayKeyPreviousSecret
-  name: guid(vault.id, names.relayKeyPrevious, functionPrincipalId, keyVaultSecretsUser)
+// The function app reads each of its secrets (Key Vault references in its app settings);
+// no other identity reads anything here.
+resource functionReadsAppSecret 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: appSecretSecret
+  name: guid(appSecretSecret.id, functionPrincipalId, keyVaultSecretsUser)
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
     principalId: functionPrincipalId
@@ -238,9 +212,7 @@ resource functionReadsWebhookSecret 'Microsoft.Authorization/roleAssignments@202
 
 output vaultName string = vault.name
 output vaultUri string = vault.properties.vaultUri
-output relayKeySecretUri string = relayKeySecret.properties.secretUri
 // Which optional secrets exist, so the app settings reference only those.
-output hasRelayKeyPrevious bool = !empty(relayKeyPrevious)
 output hasPagerduty bool = !empty(pagerdutyRoutingKey)
 output hasTeams bool = !empty(teamsWebhookUrl)
 output hasWebhookUrl bool = !empty(webhookUrl)

@@ -27,9 +27,25 @@ param deadLetterEntities array
 @description('Where alerts are e-mailed. Empty: the action group has no receiver (add one later, e.g. a Teams or PagerDuty integration).')
 param alertEmail string = ''
 
+// A log alert's windowSize takes only some durations (1, 5, 10, 15, 30, 45 minutes, 1 to 6
+// hours, 1 or 2 days), and not less than its evaluationFrequency (PT5M here):
+// https://learn.microsoft.com/azure/azure-monitor/alerts/alerts-create-log-alert-rule
 @description('The watchdog runs every minute: alert when it has not run for this long.')
-@minValue(5)
+@allowed([
+  5
+  10
+  15
+  30
+  45
+  60
+  120
+  180
+  240
+  300
+  360
+])
 param watchdogSilentMinutes int = 10
+var watchdogWindow = watchdogSilentMinutes < 60 ? 'PT${watchdogSilentMinutes}M' : 'PT${watchdogSilentMinutes / 60}H'
 
 // Built-in role: Monitoring Metrics Publisher (needed for Entra-authenticated ingestion).
 var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb'
@@ -179,7 +195,7 @@ traces
     measure: 'runs'
     operator: 'LessThan'
     threshold: 1
-    window: 'PT${watchdogSilentMinutes}M'
+    window: watchdogWindow
   }
   {
     name: 'relay-silent'

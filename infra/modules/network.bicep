@@ -141,7 +141,7 @@ resource vnet 'Microsoft.Network/virtualNetworks@2024-01-01' = if (createVirtual
           networkSecurityGroup: {
             id: nsgId
           }
-          serviceEndpoints: keyVaultServiceEndpoint
+          // No Key Vault endpoint: relays read nothing in the vault (per-VM keys, contract §4).
           natGateway: natGatewayRef
         }
       }

@@ -2,9 +2,10 @@
 // containers and the state tables. Shared keys are off: the app reaches everything with its
 // managed identity (Flex deploys from the container with identity auth, and Flex has no
 // Azure Files content share that would need a key). The relays write their heartbeats into
-// the `vms` table with their own identity (Insert Or Merge Entity only, see below), so the
-// public endpoint stays on: relays need outbound HTTPS to <account>.table.core.windows.net,
-// as they need it to the Service Bus namespace.
+// a table of their own, `liveness`, with their own identity (Insert Or Merge Entity only,
+// see below); they hold no right on any table the app reads as truth. The public endpoint
+// stays on: relays need outbound HTTPS to <account>.table.core.windows.net, as they need it
+// to the Service Bus namespace.
 
 @description('Storage account name: 3-24 lowercase letters and digits, globally unique.')
 @minLength(3)
@@ -33,7 +34,7 @@ param tablePrefix string = 'sebridge'
 @description('Principal (object) id of the function app\'s managed identity.')
 param functionPrincipalId string
 
-@description('Principal (object) id of the relays\' managed identity: may insert or merge entities in the vms table, nothing else here.')
+@description('Principal (object) id of the relays\' managed identity: may insert or merge entities in the liveness table, nothing else here.')
 param relayPrincipalId string
 
 // Built-in role definitions.
@@ -48,9 +49,13 @@ var hostContainerNames = [
   'azure-webjobs-secrets'
 ]
 
-// `vms` (VM rows: document state, and the liveness columns heartbeats merge) is declared on
-// its own below: it is the one table the relays may write to.
+// The app's own tables: only the function app's identity may read or write them. `vms`
+// (VM rows) and `identities` (each VM's facts from Resource Graph and its wrapped callback
+// keys, contract §2) are what the app believes; the app also creates `identities` itself.
+// `liveness` is declared on its own below: it is the one table the relays may write to.
 var tableSuffixes = [
+  'vms'
+  'identities'
   'events'
   'audit'
   'rejected'
@@ -138,9 +143,11 @@ resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-0
   name: 'default'
 }
 
-resource vmsTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
+// Relay heartbeats (contract §5): untrusted hints the app checks against each VM's own
+// callback key; never read as truth.
+resource livenessTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
   parent: tableService
-  name: '${tablePrefix}vms'
+  name: '${tablePrefix}liveness'
 }
 
 resource tables 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = [
@@ -186,11 +193,12 @@ resource functionUsesTables 'Microsoft.Authorization/roleAssignments@2022-04-01'
   }
 }
 
-// Relay heartbeats: a relay installed with the table URL (add-relay.sh's 7th argument,
-// RELAY_HEARTBEAT_TABLE) merges `name`, `seen`, `callback_url` and `relay_version` into its
-// VM's row, one Insert Or Merge Entity (PATCH, no If-Match) per heartbeat, with the relay
-// identity; it never reads or deletes. Relays installed before that (six arguments) still
-// send heartbeats to the Service Bus queue (servicebus.bicep keeps it and their role on it).
+// Relay heartbeats (contract §5): a relay installed with the table URL (add-relay.sh's 7th
+// argument, RELAY_HEARTBEAT_TABLE) writes one row of its own in `liveness` per heartbeat,
+// one Insert Or Merge Entity (PATCH, no If-Match) with the relay identity; it never reads or
+// deletes. The app reads those rows as hints only: a row counts when its VM is enrolled and
+// its signature (the VM's own callback key) holds. Relays installed without the table keep
+// heartbeating on the Service Bus queue (servicebus.bicep keeps it and their role on it).
 //
 // The data actions, as confirmed: Microsoft's "Permissions for calling data operations"
 // (learn.microsoft.com/rest/api/storageservices/authorize-with-azure-active-directory,
@@ -203,13 +211,13 @@ resource functionUsesTables 'Microsoft.Authorization/roleAssignments@2022-04-01'
 // resource group, like the acknowledge role in eventgrid.bicep, and assigned on the table).
 // What RBAC cannot narrow: the pair also allows Insert Entity, Merge Entity and Update
 // Entity (replace), on any row and column of this one table. Every relay shares the
-// identity, so one VM can write another VM's row, as it could already send another VM's
-// heartbeat or document on Service Bus.
+// identity, so one VM can write another VM's liveness row; the app then finds no valid
+// signature on it and skips it (logged and counted), as the row is only a hint.
 resource heartbeatWriterRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = {
   name: guid(subscription().id, resourceGroup().id, 'relay-heartbeat-writer')
   properties: {
     roleName: 'Scheduled Events Relay Heartbeat Writer (${resourceGroup().name}, ${uniqueString(resourceGroup().id)})'
-    description: 'Insert or merge table entities, nothing else (no read, no delete): the bridge\'s relays writing their heartbeats into the vms table.'
+    description: 'Insert or merge table entities, nothing else (no read, no delete): the bridge\'s relays writing their heartbeats into the liveness table.'
     type: 'CustomRole'
     permissions: [
       {
@@ -228,9 +236,11 @@ resource heartbeatWriterRole 'Microsoft.Authorization/roleDefinitions@2022-04-01
   }
 }
 
+// On the liveness table only. A deployment from before (the role on the vms table) leaves
+// that assignment in place: delete it once (infra/README.md, "Upgrading to per-VM identity").
 resource relayWritesHeartbeats 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  scope: vmsTable
-  name: guid(vmsTable.id, relayPrincipalId, heartbeatWriterRole.name)
+  scope: livenessTable
+  name: guid(livenessTable.id, relayPrincipalId, heartbeatWriterRole.name)
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', heartbeatWriterRole.name)
     principalId: relayPrincipalId
@@ -243,6 +253,6 @@ output accountId string = account.id
 output blobEndpoint string = account.properties.primaryEndpoints.blob
 output deploymentContainerUrl string = '${account.properties.primaryEndpoints.blob}${deploymentContainerName}'
 output tablePrefix string = tablePrefix
-// What relays get as RELAY_HEARTBEAT_TABLE: https://<account>.table.core.windows.net/<prefix>vms
+// What relays get as RELAY_HEARTBEAT_TABLE: https://<account>.table.core.windows.net/<prefix>liveness
 // (the endpoint ends with a slash; other clouds have their own suffix).
-output heartbeatTableUrl string = '${account.properties.primaryEndpoints.table}${vmsTable.name}'
+output livenessTableUrl string = '${account.properties.primaryEndpoints.table}${livenessTable.name}'

@@ -20,9 +20,20 @@ ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 MODULES = INFRA / "modules"
 
-# Built-in Azure role definitions the templates may use (name -> id), from
-# https://learn.microsoft.com/azure/role-based-access-control/built-in-roles
+# Built-in Azure role definitions the templates may use (name -> id). Each id checked (each
+# role's JSON block: "name" and "roleName") against Microsoft's built-in roles reference,
+# "Azure built-in roles for <category>", source MicrosoftDocs/azure-docs
+# articles/role-based-access-control/built-in-roles/<category>.md, published as
+# https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/<category>:
+#   general.md     Reader
+#   integration.md Azure Service Bus Data Sender, Azure Service Bus Data Receiver
+#   storage.md     Storage Table Data Contributor, Storage Blob Data Owner,
+#                  Storage Blob Data Contributor
+#   security.md    Key Vault Secrets User
+#   monitor.md     Monitoring Metrics Publisher
+# (read through the stored copies of those pages and files, issue #22 review).
 BUILTIN_ROLES = {
+    "Reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
     "Azure Service Bus Data Sender": "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39",
     "Azure Service Bus Data Receiver": "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0",
     "Storage Table Data Contributor": "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3",

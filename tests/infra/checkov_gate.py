@@ -24,7 +24,9 @@ INFRA = ROOT / "infra"
 CHECKOV = Path(sys.executable).parent / "checkov"
 SKIP = re.compile(r"//\s*checkov:skip=([A-Z0-9_]+)(?::\s*(.*))?$")
 # The seven arguments cloud-init passes to add-relay.sh, in its order; test_cloud_init.py uses
-# the same values (this file stays importable with the standard library alone).
+# the same values (this file stays importable with the standard library alone). They test the
+# script as it is: main.bicep now passes `none` as the 5th (no relay key any more;
+# test_cloud_init.py checks that the script takes it once the relay side lands).
 SAMPLE = {
     "SERVICEBUS_NAMESPACE": "sb-x.servicebus.windows.net",
     "DOCUMENTS_QUEUE": "documents",
@@ -32,7 +34,7 @@ SAMPLE = {
     "CALLBACK_PORT": "8492",
     "RELAY_KEY_SECRET_URI": "https://kv-x.vault.azure.net/secrets/relay-key",
     "RELAY_PACKAGE_URL": "",  # the relay embedded in customData
-    "HEARTBEAT_TABLE_URL": "https://stsebridgeabc.table.core.windows.net/sebridgevms",
+    "HEARTBEAT_TABLE_URL": "https://stsebridgeabc.table.core.windows.net/sebridgeliveness",
 }
 
 

@@ -154,7 +154,14 @@ def test_main_wires_agentless_mode_and_nothing_on_the_vms_by_default() -> None:
     assert main.param_default("enableEventGrid") is False
     fn = module_params(main, "functionApp")
     assert dotted(fn["eventGridQueueName"]) == "eventGrid.outputs.queueName"
-    assert set(main.decorator("approvers", "allowed")) == {"relay,arm", "arm,relay", "arm", "relay"}
+    assert set(main.decorator("approvers", "allowed")) == {
+        "",
+        "relay,arm",
+        "arm,relay",
+        "arm",
+        "relay",
+    }
+    assert fn["approvers"] == "effectiveApprovers"
     for symbol in ("exampleScaleSet", "exampleVm"):
         assert module_params(main, symbol)["eventGridOptIn"] == "exampleEventGridOptIn"
     assert main.param_default("exampleEventGridOptIn") is False
@@ -180,3 +187,20 @@ def test_example_vm_and_scale_set_opt_in_behind_a_parameter() -> None:
         grid = target["scheduledEventsAdditionalPublishingTargets"]["eventGridAndResourceGraph"]
         assert grid == {"enable": True, "scheduledEventsApiVersion": "2020-07-01"}
         assert template.param_default("eventGridOptIn") is False
+
+
+def test_arm_approves_by_default_only_with_an_acknowledge_scope() -> None:
+    """Issue #23: APPROVERS was relay,arm with no acknowledge role anywhere."""
+    from tests.infra.schema_check import Evaluator
+
+    main = load("main")
+    expression = main.tree["variables"]["effectiveApprovers"]["value"]
+    for approvers, scopes, expected in [
+        ("", [], "relay"),
+        ("", [{"resourceGroup": "rg-web"}], "relay,arm"),
+        ("arm", [], "arm"),  # an explicit choice (a role granted out of band) is kept
+        ("relay", [{"resourceGroup": "rg-web"}], "relay"),
+    ]:
+        evaluator = Evaluator(main, {"approvers": approvers, "acknowledgeScopes": scopes})
+        assert evaluator.eval(expression) == expected
+    assert main.param_default("approvers") == ""

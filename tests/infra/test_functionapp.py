@@ -10,8 +10,7 @@ FN = load("functionapp")
 
 # Settings that carry a secret (SETTINGS.md): they must be Key Vault references.
 SECRET_SETTINGS = {
-    "RELAY_KEY",
-    "RELAY_KEY_PREVIOUS",
+    "APP_SECRET",
     "PAGERDUTY_ROUTING_KEY",
     "TEAMS_WEBHOOK_URL",
     "WEBHOOK_URL",
@@ -87,7 +86,9 @@ def test_https_only_tls12_no_ftp_no_basic_publishing() -> None:
     assert props["httpsOnly"] is True
     assert props["siteConfig"]["minTlsVersion"] == "1.2"
     assert props["siteConfig"]["scmMinTlsVersion"] == "1.2"
-    assert props["siteConfig"]["ftpsState"] == "Disabled"
+    # Flex lists ftpsState as deprecated (ARM refused it, error 51021): FTP is off through the
+    # ftp publishing policy below instead (test_flex.py holds the Flex rules).
+    assert "ftpsState" not in props["siteConfig"]
     policies = {
         r.body["name"]: r.body["properties"]["allow"]
         for r in FN.resources("Microsoft.Web/sites/basicPublishingCredentialsPolicies")
@@ -142,8 +143,7 @@ def test_secret_references_name_the_secrets_the_vault_creates() -> None:
     kv = load("keyvault")
     names = kv.variables["names"]
     for setting, key in (
-        ("RELAY_KEY", "relayKey"),
-        ("RELAY_KEY_PREVIOUS", "relayKeyPrevious"),
+        ("APP_SECRET", "appSecret"),
         ("PAGERDUTY_ROUTING_KEY", "pagerdutyRoutingKey"),
         ("TEAMS_WEBHOOK_URL", "teamsWebhookUrl"),
         ("WEBHOOK_URL", "webhookUrl"),
@@ -210,3 +210,22 @@ def test_bridge_settings_match_the_contract() -> None:
     assert dotted(passed["heartbeatsQueueName"]) == "serviceBus.outputs.heartbeatsQueueName"
     assert FN.param_default("notificationsTopicName") == "notifications"
     assert FN.param_default("stateTablePrefix") == "sebridge"
+
+
+def test_per_vm_identity_settings() -> None:
+    """Contract §6: APP_SECRET from Key Vault, the callback port, the subscription allow-list;
+    no shared relay key."""
+    s = settings()
+    assert not {"RELAY_KEY", "RELAY_KEY_PREVIOUS"} & set(s)
+    assert s["RELAY_CALLBACK_PORT"] == {
+        "function": {"type": "string", "parameters": {"value_to_convert": "relayCallbackPort"}}
+    }
+    assert FN.param_default("relayCallbackPort") == 8492
+    assert s["ALLOWED_SUBSCRIPTIONS"]["function"] == {
+        "type": "join",
+        "parameters": {"input_array": "allowedSubscriptions", "delimiter": ","},
+    }
+    main = load("main")
+    passed = module_params(main, "functionApp")
+    assert passed["relayCallbackPort"] == "relayCallbackPort"
+    assert passed["allowedSubscriptions"] == "effectiveAllowedSubscriptions"

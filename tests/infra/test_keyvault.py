@@ -6,8 +6,7 @@ from tests.infra.bicep import dotted, load, module_params
 
 KV = load("keyvault")
 SECRET_PARAMS = (
-    "relayKey",
-    "relayKeyPrevious",
+    "appSecret",
     "pagerdutyRoutingKey",
     "teamsWebhookUrl",
     "webhookUrl",
@@ -36,9 +35,14 @@ def test_secret_inputs_are_secure_everywhere() -> None:
     for name in SECRET_PARAMS:
         assert KV.decorator(name, "secure"), f"keyvault.{name}"
         assert main.decorator(name, "secure"), f"main.{name}"
-    assert KV.decorator("relayKey", "min_length") >= 32
-    assert main.decorator("relayKey", "min_length") >= 32
-    assert KV.params["relayKey"]["default"] is None
+    assert KV.decorator("appSecret", "min_length") >= 32
+    assert main.decorator("appSecret", "min_length") >= 32
+    assert KV.params["appSecret"]["default"] is None
+    assert main.params["appSecret"]["default"] is None
+    # No shared relay key any more (contract §4): no parameter, secret or output for one.
+    for template in (KV, main):
+        assert not {n for n in template.params if "relaykey" in n.lower()}, template.path.name
+        assert not {n for n in template.outputs if "relaykey" in n.lower()}, template.path.name
     for name in SECRET_PARAMS[1:]:
         assert KV.param_default(name) == ""
 
@@ -47,10 +51,10 @@ def test_each_secret_is_created_only_when_given() -> None:
     secrets = {
         r.symbol: r for r in KV.resources("Microsoft.KeyVault/vaults/secrets") if not r.existing
     }
-    assert len(secrets) == 6
+    assert len(secrets) == 5
     by_value = {r.body["properties"]["value"]: r for r in secrets.values()}
     assert set(by_value) == set(SECRET_PARAMS)
-    assert by_value["relayKey"].condition is None  # always: approvals need it
+    assert by_value["appSecret"].condition is None  # always: the app opens its stored keys with it
     for name in SECRET_PARAMS[1:]:
         condition = by_value[name].condition
         assert condition == {
@@ -70,7 +74,6 @@ def test_each_secret_is_created_only_when_given() -> None:
 
 def test_has_flags_match_the_secret_conditions() -> None:
     for flag, param in (
-        ("hasRelayKeyPrevious", "relayKeyPrevious"),
         ("hasPagerduty", "pagerdutyRoutingKey"),
         ("hasTeams", "teamsWebhookUrl"),
         ("hasWebhookUrl", "webhookUrl"),
@@ -96,8 +99,17 @@ def _secret_uses(node, secrets):
 
 
 def test_no_secret_value_is_output() -> None:
-    assert _secret_uses({"a": ["relayKey"]}, set(SECRET_PARAMS)) == {"relayKey"}
+    assert _secret_uses({"a": ["appSecret"]}, set(SECRET_PARAMS)) == {"appSecret"}
     for template in (KV, load("main")):
         for name, output in template.outputs.items():
             used = _secret_uses(output["value"], set(SECRET_PARAMS))
             assert not used, f"{template.path.name} output {name} exposes {used}"
+
+
+def test_only_the_function_subnet_passes_the_vault_firewall() -> None:
+    """Relays read nothing in the vault any more: their subnet is not let through."""
+    main = load("main")
+    subnets = module_params(main, "keyVault")["allowedSubnetIds"]
+    assert [dotted(s) for s in subnets] == ["network.outputs.functionSubnetId"]
+    assert "existingVmSubnetHasKeyVaultEndpoint" not in main.params
+    assert "relayPrincipalId" not in KV.params

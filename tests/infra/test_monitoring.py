@@ -14,7 +14,8 @@ import pytest
 
 from functions import telemetry
 from functions.model.event import Decision, EventSnapshot, Notification, Transition
-from tests.infra.bicep import MODULES, dotted, load, module_params
+from tests.infra.bicep import MODULES, ROOT, dotted, iso_minutes, load, module_params
+from tests.infra.schema_check import Evaluator
 
 MON = load("monitoring")
 ALERTS = MON.variables["logAlerts"]
@@ -43,10 +44,42 @@ def test_the_required_alerts_exist() -> None:
     assert criterion["dimensions"][0]["name"] == "EntityName"
     assert metric.loop is not None  # one alert per entity
     entities = module_params(load("main"), "monitoring")["deadLetterEntities"]
+    # Every queue (documents, heartbeats, the Event Grid queue) and the topic.
     assert [dotted(e) for e in entities] == [
         "serviceBus.outputs.queueName",
+        "serviceBus.outputs.heartbeatsQueueName",
+        "eventGrid.outputs.queueName",
         "serviceBus.outputs.topicName",
     ]
+
+
+def test_sampling_never_drops_the_rows_alerts_and_workbook_read() -> None:
+    """Adaptive sampling drops what excludedTypes does not list: the alerts and the workbook
+    read traces (the app's log lines) and requests, so both are excluded (issue #23)."""
+    sampling = json.loads((ROOT / "host.json").read_text())["logging"]["applicationInsights"]
+    settings = sampling["samplingSettings"]
+    excluded = {t.strip() for t in settings.get("excludedTypes", "").split(";")}
+    tables = {q.lstrip().split()[0] for q in QUERIES.values()}
+    needed = {"traces": "Trace", "requests": "Request", "exceptions": "Exception"}
+    assert tables <= set(needed), tables
+    if settings.get("isEnabled", True):
+        assert {needed[t] for t in tables} <= excluded
+
+
+def test_watchdog_window_is_one_a_log_alert_accepts() -> None:
+    """The window sizes below were written from memory by the first review (the portal's
+    aggregation granularities). Not confirmed against a published list in this review (the
+    Microsoft.Insights/scheduledQueryRules reference types windowSize as an ISO 8601 duration
+    without an enumeration: "Create or edit a log search alert rule",
+    https://learn.microsoft.com/azure/azure-monitor/alerts/alerts-create-log-alert-rule):
+    the rule's creation validates it (infra/README.md, verify on first deploy)."""
+    allowed = MON.decorator("watchdogSilentMinutes", "allowed")
+    windows = {1, 5, 10, 15, 30, 45, 60, 120, 180, 240, 300, 360, 1440, 2880}
+    assert set(allowed) <= windows and min(allowed) >= 5  # evaluationFrequency is PT5M
+    expression = MON.tree["variables"]["watchdogWindow"]["value"]
+    shown = {m: Evaluator(MON, {"watchdogSilentMinutes": m}).eval(expression) for m in allowed}
+    assert shown[10] == "PT10M" and shown[60] == "PT1H" and shown[360] == "PT6H"
+    assert all(iso_minutes(w) == m for m, w in shown.items())
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))

@@ -12,7 +12,6 @@ def test_outputs_for_the_next_steps() -> None:
         "serviceBusFullyQualifiedNamespace": "serviceBus.outputs.fullyQualifiedNamespace",
         "documentsQueue": "serviceBus.outputs.queueName",
         "keyVaultName": "keyVault.outputs.vaultName",
-        "relayKeySecretUri": "keyVault.outputs.relayKeySecretUri",
         "relayIdentityId": "relayIdentity.id",
         "relayIdentityClientId": "relayIdentity.properties.clientId",
         "vmSubnetId": "network.outputs.vmSubnetId",
@@ -21,6 +20,9 @@ def test_outputs_for_the_next_steps() -> None:
         assert dotted(outputs[name]["value"]) == source, name
     assert outputs["relayCallbackPort"]["value"] == "relayCallbackPort"
     assert outputs["relayForward"]["value"].startswith("servicebus://")
+    # No shared relay key any more: nothing about one is output.
+    assert not {name for name in outputs if "relaykey" in name.lower() or "secret" in name.lower()}
+    assert dotted(outputs["relayHeartbeatTable"]["value"]) == "storage.outputs.livenessTableUrl"
 
 
 def test_outputs_are_not_marked_or_typed_as_secrets() -> None:

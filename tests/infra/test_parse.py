@@ -75,7 +75,8 @@ def test_worked_example_takes_secrets_from_the_environment_only() -> None:
     values = parse_bicepparam(INFRA / "main.bicepparam")
     main = load("main")
     secure = {n for n in main.params if main.decorator(n, "secure")}
-    assert {"relayKey", "pagerdutyRoutingKey", "webhookSecret"} <= secure
+    assert {"appSecret", "pagerdutyRoutingKey", "webhookSecret"} <= secure
+    assert values["appSecret"]["function"]["parameters"] == {"arg_1": "APP_SECRET"}  # required
     for name in secure & set(values):
         value = values[name]
         assert isinstance(value, dict), f"{name} is a literal in main.bicepparam"

@@ -1,6 +1,10 @@
 """Least privilege: each role scoped to one entity, to the right identity; built-in roles,
 except the relays' heartbeat writer (storage.bicep) and the app's acknowledge role
-(eventgrid.bicep), custom roles holding only the actions needed."""
+(eventgrid.bicep), custom roles holding only the actions needed. The one grant on a whole
+resource group is the app's Reader where the VMs live (vm-reader.bicep, contract §2).
+
+IDENTITY_GRANTS is the whole picture, as data: identity -> the exact set of (role, scope),
+every assignment of every template; anything extra or missing fails."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.infra.bicep import (
+    BUILTIN_ROLES,
     ROLE_NAMES,
     Resource,
     Template,
@@ -40,10 +45,69 @@ ENTITY_TYPES = {
 # acknowledge role, assigned where the user names, and the Event Grid topic's own identity.
 ACKNOWLEDGE_MODULE = "eventgrid-acknowledge"
 TOPIC_IDENTITY = "systemTopic.identity.principalId"
+# The app's Reader on each resource group of main.bicep's vmScopes (deployed in that group).
+VM_READER_MODULE = "vm-reader"
+# Modules deployed into other resource groups, whose grants are scoped to that group or to
+# an existing resource there, not to an entity of this deployment.
+OTHER_GROUP_MODULES = {ACKNOWLEDGE_MODULE, VM_READER_MODULE}
 
-# Custom roles defined next to their one assignment: `symbol.name` -> a name for the tests.
+# Custom roles defined next to their assignments: `symbol.name` (or the parameter carrying
+# it) -> a name for the tests.
 HEARTBEAT_WRITER = "Relay Heartbeat Writer (custom)"
-CUSTOM_ROLES = {"heartbeatWriterRole.name": HEARTBEAT_WRITER}
+ACKNOWLEDGER = "Scheduled Events Acknowledge (custom)"
+CUSTOM_ROLES = {"heartbeatWriterRole.name": HEARTBEAT_WRITER, "roleDefinitionName": ACKNOWLEDGER}
+
+# Who is who: the principal each template's assignments name -> the identity.
+IDENTITIES = {
+    "relayPrincipalId": "relay",
+    "functionPrincipalId": "function app",
+    TOPIC_IDENTITY: "Event Grid system topic",
+}
+
+SB_SENDER = "Azure Service Bus Data Sender"
+SB_RECEIVER = "Azure Service Bus Data Receiver"
+KV_SECRETS_USER = "Key Vault Secrets User"
+
+# identity -> exactly the (role, scope) it holds, over all templates. A scope is
+# "<module>: <resource type> <symbol>", or "<module>: resource group" for an unscoped grant
+# (the group the module is deployed in).
+IDENTITY_GRANTS: dict[str, set[tuple[str, str]]] = {
+    "relay": {
+        # Documents, and heartbeats from relays installed before the liveness table.
+        (SB_SENDER, "servicebus: queues documents"),
+        (SB_SENDER, "servicebus: queues heartbeats"),
+        # Insert or merge in its own liveness table; nothing the app reads as truth, no
+        # Key Vault role (no shared relay key any more).
+        (HEARTBEAT_WRITER, "storage: tables livenessTable"),
+    },
+    "function app": {
+        (SB_RECEIVER, "servicebus: queues documents"),
+        (SB_RECEIVER, "servicebus: queues heartbeats"),
+        (SB_SENDER, "servicebus: topics notifications"),
+        (SB_RECEIVER, "servicebus: topics notifications"),
+        (SB_RECEIVER, "eventgrid: queues eventQueue"),
+        ("Storage Blob Data Owner", "storage: containers deploymentContainer"),
+        ("Storage Blob Data Contributor", "storage: containers hostContainers"),
+        ("Storage Table Data Contributor", "storage: storageAccounts account"),
+        (KV_SECRETS_USER, "keyvault: secrets appSecretSecret"),
+        (KV_SECRETS_USER, "keyvault: secrets pagerdutySecret"),
+        (KV_SECRETS_USER, "keyvault: secrets teamsSecret"),
+        (KV_SECRETS_USER, "keyvault: secrets webhookUrlSecret"),
+        (KV_SECRETS_USER, "keyvault: secrets webhookSecretSecret"),
+        ("Monitoring Metrics Publisher", "monitoring: components appInsights"),
+        # Resource Graph facts about a VM by its vmId, on each group of vmScopes.
+        ("Reader", "vm-reader: resource group"),
+        # Agentless mode, only where acknowledgeScopes names.
+        (ACKNOWLEDGER, "eventgrid-acknowledge: virtualMachines vm"),
+        (ACKNOWLEDGER, "eventgrid-acknowledge: virtualMachineScaleSets scaleSet"),
+        (ACKNOWLEDGER, "eventgrid-acknowledge: availabilitySets availabilitySet"),
+        (ACKNOWLEDGER, "eventgrid-acknowledge: resource group"),
+    },
+    "Event Grid system topic": {
+        (SB_SENDER, "eventgrid: queues eventQueue"),
+        ("Storage Blob Data Contributor", "eventgrid: containers deadLetterContainer"),
+    },
+}
 TABLE_ENTITY = "Microsoft.Storage/storageAccounts/tableServices/tables/entities"
 # Insert Or Merge Entity = entities/write OR (add/action AND update/action) (storage.bicep).
 HEARTBEAT_DATA_ACTIONS = [f"{TABLE_ENTITY}/add/action", f"{TABLE_ENTITY}/update/action"]
@@ -87,6 +151,39 @@ def _grants() -> set[Grant]:
     }
 
 
+def _scope(template: Template, assignment: Resource) -> str:
+    symbol = scope_symbol(assignment)
+    if symbol is None:
+        return f"{template.path.stem}: resource group"
+    target = template.resource(symbol)
+    return f"{template.path.stem}: {target.type.rsplit('/', 1)[-1]} {symbol}"
+
+
+def _identity_grants() -> dict[str, set[tuple[str, str]]]:
+    found: dict[str, set[tuple[str, str]]] = {}
+    for template, assignment in _assignments():
+        identity = IDENTITIES.get(_principal(assignment), _principal(assignment))
+        role = _role_name(role_definition_guid(template, assignment))
+        found.setdefault(identity, set()).add((role, _scope(template, assignment)))
+    return found
+
+
+def test_each_identity_holds_exactly_its_grants() -> None:
+    found = _identity_grants()
+    assert set(found) == set(IDENTITY_GRANTS), "an identity was added or lost"
+    for identity, expected in IDENTITY_GRANTS.items():
+        extra, missing = found[identity] - expected, expected - found[identity]
+        assert not extra and not missing, f"{identity}: extra {extra}, missing {missing}"
+
+
+def test_the_relays_hold_nothing_the_app_reads_as_truth_and_nothing_in_key_vault() -> None:
+    relay = IDENTITY_GRANTS["relay"]
+    assert not {scope for _, scope in relay if scope.startswith("keyvault:")}
+    tables = {scope for _, scope in relay if scope.startswith("storage:")}
+    assert tables == {"storage: tables livenessTable"}
+    assert {role for role, _ in relay} == {SB_SENDER, HEARTBEAT_WRITER}
+
+
 def test_there_are_role_assignments() -> None:
     assert len(_assignments()) >= 12
 
@@ -96,7 +193,7 @@ def test_there_are_role_assignments() -> None:
     [
         (t, a)
         for t, a in _assignments()
-        if t.path.stem != ACKNOWLEDGE_MODULE and _principal(a) != TOPIC_IDENTITY
+        if t.path.stem not in OTHER_GROUP_MODULES and _principal(a) != TOPIC_IDENTITY
     ],
     ids=lambda x: getattr(x, "symbol", ""),
 )
@@ -117,17 +214,6 @@ def test_assignment_is_builtin_entity_scoped_and_unique(template, assignment) ->
     assert props["principalId"] in args
     role_arg = props["roleDefinitionId"]["function"]["parameters"]["resource_name_1"]
     assert role_arg in args
-
-
-def test_the_relays_may_only_send_documents_and_heartbeats_and_read_the_relay_key() -> None:
-    relay = {g for g in _grants() if g.principal == "relayPrincipalId"}
-    assert relay == {
-        Grant("servicebus", "documents", "Azure Service Bus Data Sender", "relayPrincipalId"),
-        # Kept for relays installed without the heartbeat table (six bootstrap arguments).
-        Grant("servicebus", "heartbeats", "Azure Service Bus Data Sender", "relayPrincipalId"),
-        Grant("storage", "vmsTable", HEARTBEAT_WRITER, "relayPrincipalId"),
-        Grant("keyvault", "relayKeySecret", "Key Vault Secrets User", "relayPrincipalId"),
-    }
 
 
 def _heartbeat_role() -> dict:
@@ -168,7 +254,7 @@ def test_the_heartbeat_role_is_assignable_only_in_this_resource_group() -> None:
     assert "${resourceGroup().name}" in role["properties"]["roleName"]
 
 
-def test_the_heartbeat_role_is_assigned_to_the_relays_on_the_vms_table_only() -> None:
+def test_the_heartbeat_role_is_assigned_to_the_relays_on_the_liveness_table_only() -> None:
     st = load("storage")
     grants = [
         a
@@ -176,44 +262,32 @@ def test_the_heartbeat_role_is_assigned_to_the_relays_on_the_vms_table_only() ->
         if role_definition_guid(st, a) == "heartbeatWriterRole.name"
     ]
     (assignment,) = grants
-    assert scope_symbol(assignment) == "vmsTable"
-    table = st.resource("vmsTable")
+    assert scope_symbol(assignment) == "livenessTable"
+    table = st.resource("livenessTable")
     assert table.type == "Microsoft.Storage/storageAccounts/tableServices/tables"
     assert table.condition is None and table.loop is None
-    assert table.body["name"] == "${tablePrefix}vms"
+    assert table.body["name"] == "${tablePrefix}liveness"
     assert table.body["parent"] == "tableService"
     assert assignment.body["properties"]["principalId"] == "relayPrincipalId"
     assert assignment.condition is None
-    # The app's own tables (the loop) are not the relays'.
-    assert "vms" not in st.variables["tableSuffixes"]
+    # The app's own tables (the loop), vms and identities among them, are not the relays'.
+    assert "liveness" not in st.variables["tableSuffixes"]
     assert set(st.variables["tableSuffixes"]) == {
+        "vms",
+        "identities",
         "events",
         "audit",
         "rejected",
         "drains",
         "deliveries",
     }
-
-
-def test_the_function_app_gets_exactly_what_it_uses() -> None:
-    fn = {(g.module, g.scope, g.role) for g in _grants() if g.principal == "functionPrincipalId"}
-    assert fn == {
-        ("servicebus", "documents", "Azure Service Bus Data Receiver"),
-        ("servicebus", "heartbeats", "Azure Service Bus Data Receiver"),
-        ("servicebus", "notifications", "Azure Service Bus Data Sender"),
-        ("servicebus", "notifications", "Azure Service Bus Data Receiver"),
-        ("storage", "deploymentContainer", "Storage Blob Data Owner"),
-        ("storage", "hostContainers", "Storage Blob Data Contributor"),
-        ("storage", "account", "Storage Table Data Contributor"),
-        ("keyvault", "relayKeySecret", "Key Vault Secrets User"),
-        ("keyvault", "relayKeyPreviousSecret", "Key Vault Secrets User"),
-        ("keyvault", "pagerdutySecret", "Key Vault Secrets User"),
-        ("keyvault", "teamsSecret", "Key Vault Secrets User"),
-        ("keyvault", "webhookUrlSecret", "Key Vault Secrets User"),
-        ("keyvault", "webhookSecretSecret", "Key Vault Secrets User"),
-        ("monitoring", "appInsights", "Monitoring Metrics Publisher"),
-        ("eventgrid", "eventQueue", "Azure Service Bus Data Receiver"),
-    }
+    (loop,) = [
+        r
+        for r in st.resources("Microsoft.Storage/storageAccounts/tableServices/tables")
+        if r.loop is not None
+    ]
+    assert loop.body["name"] == "${tablePrefix}${suffix}"
+    assert loop.loop["detail"]["array_name"] == "tableSuffixes"
 
 
 def test_no_other_principal_gets_a_role() -> None:
@@ -233,8 +307,9 @@ def test_scopes_are_the_named_entities() -> None:
     container = st.resource("deploymentContainer").body["name"]
     assert container == "deploymentContainerName"
     kv = load("keyvault")
-    assert dotted(kv.resource("relayKeySecret").body["name"]) == "names.relayKey"
-    assert kv.variables["names"]["relayKey"] == "relay-key"
+    assert dotted(kv.resource("appSecretSecret").body["name"]) == "names.appSecret"
+    assert kv.variables["names"]["appSecret"] == "app-secret"
+    assert not {n for n in kv.variables["names"] if "relay" in n.lower()}
 
 
 def test_conditional_secret_grants_follow_their_secret() -> None:
@@ -242,7 +317,7 @@ def test_conditional_secret_grants_follow_their_secret() -> None:
     for assignment in kv.resources(ASSIGNMENT):
         target = kv.resource(scope_symbol(assignment))
         assert assignment.condition == target.condition, assignment.symbol
-    assert kv.resource("relayKeySecret").condition is None
+    assert kv.resource("appSecretSecret").condition is None
 
 
 def test_main_wires_each_identity_to_its_own_principal_param() -> None:
@@ -272,3 +347,61 @@ def test_identities_are_user_assigned_and_the_vms_use_the_relay_one() -> None:
     fn = module_params(main, "functionApp")
     assert dotted(fn["identityId"]) == "functionIdentity.id"
     assert dotted(fn["identityClientId"]) == "functionIdentity.properties.clientId"
+
+
+def test_the_reader_grant_is_the_built_in_reader_on_its_group_only() -> None:
+    reader = load(VM_READER_MODULE)
+    (assignment,) = reader.resources(ASSIGNMENT)
+    assert role_definition_guid(reader, assignment) == BUILTIN_ROLES["Reader"]
+    assert scope_symbol(assignment) is None  # the resource group the module is deployed in
+    assert assignment.condition is None and assignment.loop is None
+    props = assignment.body["properties"]
+    assert props["principalId"] == "functionPrincipalId"
+    assert props["principalType"] == "ServicePrincipal"
+    name = assignment.body["name"]["function"]
+    assert name["type"] == "guid"
+    assert "functionPrincipalId" in name["parameters"].values()
+    assert "reader" in name["parameters"].values()
+    assert reader.resources("Microsoft.Authorization/roleDefinitions") == []
+    assert set(reader.params) == {"functionPrincipalId"}
+
+
+def test_main_deploys_a_reader_into_each_group_of_vm_scopes() -> None:
+    main = load("main")
+    module = main.modules["vmReaders"]
+    assert module["detail"]["path"] == "modules/vm-reader.bicep"
+    config = module["config"]
+    assert config["loop_type"]["detail"]["array_name"] == "vmScopes"
+    assert config["loop_type"]["detail"]["item_name"] == "scopeId"
+    body = config["config"]
+    # resourceGroup(SUB, RG) from /subscriptions/SUB/resourceGroups/RG.
+    scope = body["scope"]["function"]
+    assert scope["type"] == "resource_group"
+    parts = [scope["parameters"][k] for k in ("subscription_id", "resource_group_name")]
+    for part, index in zip(parts, (2, 4), strict=True):
+        op = part["operator"]
+        assert op["type"] == "index_accessor"
+        assert op["operands"]["operand_1"]["function"] == {
+            "type": "split",
+            "parameters": {"input_string": "scopeId", "delimiter": "/"},
+        }
+        assert op["operands"]["operand_2"] == index
+    assert dotted(body["params"]["functionPrincipalId"]) == (
+        "functionIdentity.properties.principalId"
+    )
+    # Default: this deployment's resource group only.
+    (default,) = main.param_default("vmScopes")
+    assert default == {
+        "operator": {
+            "type": "property_accessor",
+            "operands": {
+                "operand_1": {
+                    "function": {
+                        "type": "resource_group",
+                        "parameters": {"resource_group_name": None, "subscription_id": None},
+                    }
+                },
+                "operand_2": "id",
+            },
+        }
+    }

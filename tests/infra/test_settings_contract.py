@@ -29,7 +29,7 @@ SAMPLE = {
     "hasWebhookSecret": True,
 }
 SECRETS = {
-    "relay-key": "k" * 64,
+    "app-secret": "a" * 64,
     "pagerduty-routing-key": "R" * 32,
     "teams-webhook-url": "https://example.org/teams",
     "webhook-url": "https://example.org/hook",
@@ -48,6 +48,9 @@ def _value(node):
         return re.sub(r"\$\{([\w.]+)\}", lambda m: str(_ref(m.group(1))), node)
     if isinstance(node, dict) and "function" in node:
         func = node["function"]
+        if func["type"] == "join":
+            params = func["parameters"]
+            return params["delimiter"].join(_value(params["input_array"]))
         (arg,) = func["parameters"].values()
         value = _value(arg)
         if func["type"] == "empty":
@@ -111,7 +114,7 @@ def app_env(monkeypatch):
 def test_key_vault_references_are_well_formed(app_env) -> None:
     refs = {n: v for n, v in app_settings().items() if v.startswith("@Microsoft.KeyVault")}
     assert set(refs) == {
-        "RELAY_KEY",
+        "APP_SECRET",
         "PAGERDUTY_ROUTING_KEY",
         "TEAMS_WEBHOOK_URL",
         "WEBHOOK_URL",
@@ -132,7 +135,13 @@ def test_the_function_settings_model_reads_them(app_env) -> None:
     assert s.state_storage_account == SAMPLE["storageAccountName"]
     assert s.webjobs_storage_account == SAMPLE["storageAccountName"]
     assert s.service_bus_connection is None and s.state_storage is None
-    assert s.relay_key.get_secret_value() == SECRETS["relay-key"]
+    # The shared relay key is gone (contract §4, §6): nothing sets it.
+    assert s.relay_key is None and s.relay_key_previous is None
+    if "app_secret" in type(s).model_fields:  # the app side of contract §6
+        assert s.app_secret.get_secret_value() == SECRETS["app-secret"]
+    if "relay_callback_port" in type(s).model_fields:
+        assert s.relay_callback_port == 8492
+    assert app_env["RELAY_CALLBACK_PORT"] == "8492"
     assert s.documents_queue == "documents"
     assert s.heartbeats_queue == "heartbeats"
     assert s.retention_days == 30
@@ -159,22 +168,16 @@ def test_channels_stay_off_when_their_secret_is_not_given(monkeypatch) -> None:
         monkeypatch.delitem(SAMPLE, flag)
     names = set(app_settings())
     assert not names & {"PAGERDUTY_ROUTING_KEY", "TEAMS_WEBHOOK_URL", "WEBHOOK_URL"}
-    assert "RELAY_KEY" in names
+    assert "APP_SECRET" in names
 
 
-def test_rotation_and_undrain_settings_reach_their_models(monkeypatch) -> None:
-    from functions.settings import Settings
+def test_undrain_settings_reach_their_model(monkeypatch) -> None:
     from functions.terminate.workflow import UndrainSettings
 
-    monkeypatch.setitem(SAMPLE, "hasRelayKeyPrevious", True)
     monkeypatch.setitem(SAMPLE, "undrainHttpUrl", "https://drain.example.org/undrain")
     monkeypatch.setitem(SAMPLE, "undrainRelayHook", "undrain")
-    monkeypatch.setitem(SECRETS, "relay-key-previous", "p" * 64)
-    settings = app_settings()
-    assert settings["RELAY_KEY_PREVIOUS"].endswith("/secrets/relay-key-previous)")
-    for name, value in settings.items():
+    for name, value in app_settings().items():
         monkeypatch.setenv(name, _resolve_key_vault(value))
-    assert Settings().relay_key_previous_bytes == b"p" * 64
     undrain = UndrainSettings()
     assert (undrain.http_url, undrain.relay_hook) == (
         "https://drain.example.org/undrain",
@@ -182,6 +185,55 @@ def test_rotation_and_undrain_settings_reach_their_models(monkeypatch) -> None:
     )
 
 
-def test_no_rotation_no_undrain_by_default() -> None:
+def test_no_relay_key_no_undrain_by_default() -> None:
     settings = app_settings()
-    assert not {"RELAY_KEY_PREVIOUS", "UNDRAIN__HTTP_URL", "UNDRAIN__RELAY_HOOK"} & set(settings)
+    assert not {
+        "RELAY_KEY",
+        "RELAY_KEY_PREVIOUS",
+        "UNDRAIN__HTTP_URL",
+        "UNDRAIN__RELAY_HOOK",
+    } & set(settings)
+
+
+def test_allowed_subscriptions_is_a_comma_separated_list(monkeypatch) -> None:
+    """ALLOWED_SUBSCRIPTIONS: what main.bicep passes (by default the subscriptions of
+    vmScopes, i.e. this deployment's), joined with commas as the app splits it."""
+    assert app_settings()["ALLOWED_SUBSCRIPTIONS"] == ""  # the module default: any
+    subs = ["11111111-2222-3333-4444-555555555555", "66666666-7777-8888-9999-000000000000"]
+    monkeypatch.setitem(SAMPLE, "allowedSubscriptions", subs)
+    assert app_settings()["ALLOWED_SUBSCRIPTIONS"] == ",".join(subs)
+    main = load("main")
+    assert main.param_default("allowedSubscriptions") == []
+    effective = main.variables["effectiveAllowedSubscriptions"]["operator"]
+    assert effective["type"] == "conditional"
+    ops = effective["operands"]
+    assert ops["condition"]["function"] == {
+        "type": "empty",
+        "parameters": {"item_to_test": "allowedSubscriptions"},
+    }
+    assert ops["true_value"]["function"]["type"] == "union"
+    assert "vmScopeSubscriptions" in ops["true_value"]["function"]["parameters"].values()
+    assert ops["false_value"] == "allowedSubscriptions"
+    per_scope = main.variables["vmScopeSubscriptions"]
+    assert per_scope["loop_type"]["detail"]["array_name"] == "vmScopes"
+
+
+# ATTESTATION_CA_PEM replaces the public roots that sign IMDS attested documents: set, it
+# would let anyone holding that CA's key forge any VM. It is the simulator's only.
+NEVER_IN_AZURE = {"ATTESTATION_CA_PEM"}
+
+
+def test_the_bicep_never_writes_the_simulators_attestation_roots() -> None:
+    from tests.infra.bicep import INFRA
+    from tests.infra.test_functionapp import settings as every_setting
+
+    assert not NEVER_IN_AZURE & set(every_setting())  # every arm of every conditional
+    assert not NEVER_IN_AZURE & set(app_settings())
+    for path in [*INFRA.rglob("*.bicep"), *INFRA.rglob("*.bicepparam")]:
+        for line in path.read_text().splitlines():
+            code = line.split("//", 1)[0]
+            assert not any(name in code for name in NEVER_IN_AZURE), f"{path.name}: {line}"
+    # Settings are written in one place only (the site's siteConfig.appSettings).
+    assert [r.body["name"] for r in FN.resources("Microsoft.Web/sites/config")] == [
+        "authsettingsV2"
+    ]
