@@ -74,6 +74,22 @@ def facts_for(
     )
 
 
+def with_resource_id(body: str, resource_id: str) -> str:
+    """The same VM as Azure knows it under `resource_id` (a scale-set instance, a VM in
+    another group): Resource Graph's answer changes, and the message is attested again."""
+    data = json.loads(body)
+    name = data["vm"]["name"]
+    facts = RESOLVER.resolve(vm_id(name))
+    group = resource_id.split("/providers/")[0]
+    RESOLVER.register(
+        facts.model_copy(
+            update={"resource_id": resource_id, "resource_group": group.rsplit("/", 1)[-1]}
+        )
+    )
+    data["vm"]["resource_id"] = resource_id
+    return attest(data, datetime.fromisoformat(data["observed_at"]))
+
+
 def attest(envelope: dict[str, Any], at: datetime, *, vm: str | None = None) -> str:
     """The envelope as a relay sends it: with its attested document (for `vm`'s vmId,
     by default the envelope's own claim)."""

@@ -13,9 +13,10 @@ from azure.core.credentials import AccessToken
 from azure.identity import ManagedIdentityCredential
 
 from functions.pipeline.approve import approve_event
-from tests.agentless.queues import deliver
 from simulator import Simulator, SimulatorServer, instance
+from tests import identity_harness
 from tests.agentless.grid import event, grid_event
+from tests.agentless.queues import deliver
 from tests.functions.conftest import T0, envelope, make_pipeline
 
 RG = f"/subscriptions/{instance.SUBSCRIPTION_ID}/resourceGroups/{instance.RESOURCE_GROUP}"
@@ -55,9 +56,7 @@ def user_event(sim, event_id, resources, event_type="Redeploy"):
 
 
 def with_compute(body: str, resource_id: str) -> str:
-    data = json.loads(body)
-    data["vm"]["resource_id"] = resource_id
-    return json.dumps(data)
+    return identity_harness.with_resource_id(body, resource_id)
 
 
 def test_event_grid_only_event_is_acknowledged_through_arm(store, clock, arm):
@@ -226,24 +225,34 @@ def test_fallback_waits_within_budget_then_the_watchdog_hands_over(store, clock,
     assert result.outcome == "approved" and result.vm == "arm"
 
 
-def test_relay_event_without_compute_metadata_cannot_use_arm(store, clock, arm, relay):
+def test_a_relay_event_is_acknowledged_on_azures_resource_id_not_the_relays(
+    store, clock, arm, relay
+):
+    """The owner ARM is asked about comes from Resource Graph's facts for the attested
+    vmId; the relay's own resource_id claim is never used."""
     pipeline, pub = agentless(store, clock, arm, approvers="relay,arm")
     relay.default = (400, {"error": "refused"})
     props = user_event(arm.sim, "EV-L", ["web_1"])
-    deliver(envelope("web_1", 1, [props], callback_url=relay.url, scale_set="web"), pipeline)
-    assert store.get_event("EV-L").approval == "failed" and arm.arm.calls == []
-    assert pub.transitions("EV-L")[-1] == "approval_failed"
+    body = json.loads(envelope("web_1", 1, [props], callback_url=relay.url, scale_set="web"))
+    body["vm"]["resource_id"] = owner("virtualMachines", "someone-else")
+    deliver(identity_harness.attest(body, clock.now()), pipeline)
+    assert arm.arm.calls and all("someone-else" not in c.path for c in arm.arm.calls)
+    # Azure's facts: web_1 is an instance of scale set web in the test resource group.
+    group = f"/resourceGroups/{identity_harness.RESOURCE_GROUP}/"
+    assert all(group in c.path and "/web" in c.path for c in arm.arm.calls)
 
 
 def test_mixed_sources_pending_relay_then_event_grid_approves_once(store, clock, arm, new_relay):
-    """A set-mate's relay reported first (the named VM's relay not yet): pending. Event
-    Grid then names the owner: ARM approves, once; the named VM's relay reports later and
-    nothing is approved or announced again."""
+    """A set-mate's relay lists an event that names only web_1: not its report to make, so
+    it is left out. Event Grid then names the owner: ARM approves, once; the named VM's
+    relay reports later and nothing is approved or announced again."""
     pipeline, pub = agentless(store, clock, arm, approvers="relay,arm")
     mate, named = new_relay(), new_relay()
     props = user_event(arm.sim, "EV-X", ["web_1"])
-    deliver(envelope("web_0", 1, [props], callback_url=mate.url, scale_set="web"), pipeline)
-    assert store.get_event("EV-X").approval == "pending"
+    result = deliver(
+        envelope("web_0", 1, [props], callback_url=mate.url, scale_set="web"), pipeline
+    )
+    assert result.ignored_events == 1 and store.get_event("EV-X") is None
     grid(pipeline, props)
     assert store.get_event("EV-X").approved_by == "arm"
     deliver(envelope("web_1", 1, [props], callback_url=named.url, scale_set="web"), pipeline)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.agentless.queues import deliver
 from tests.agentless.grid import event, grid_event
+from tests.agentless.queues import deliver
 from tests.functions.conftest import make_pipeline
 from tests.functions.test_store_economy import Calls
 

@@ -6,8 +6,8 @@ import json
 from datetime import timedelta
 
 from functions.model.policy import Match, Policy, Rule
-from tests.agentless.queues import deliver
 from tests.agentless.grid import event, grid_event, owner_id
+from tests.agentless.queues import deliver
 from tests.functions.conftest import T0, envelope, make_pipeline
 
 HOLD_ALL = Policy(rules=[Rule(name="hold-all", match=Match(), action="hold")])
