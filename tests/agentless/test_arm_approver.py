@@ -238,8 +238,8 @@ def test_a_relay_event_is_acknowledged_on_azures_resource_id_not_the_relays(
     deliver(identity_harness.attest(body, clock.now()), pipeline)
     assert arm.arm.calls and all("someone-else" not in c.path for c in arm.arm.calls)
     # Azure's facts: web_1 is an instance of scale set web in the test resource group.
-    group = f"/resourceGroups/{identity_harness.RESOURCE_GROUP}/"
-    assert all(group in c.path and "/web" in c.path for c in arm.arm.calls)
+    group = f"/resourcegroups/{identity_harness.RESOURCE_GROUP}/"
+    assert all(group in c.path.lower() and "/web/" in c.path for c in arm.arm.calls)
 
 
 def test_mixed_sources_pending_relay_then_event_grid_approves_once(store, clock, arm, new_relay):
