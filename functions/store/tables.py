@@ -216,7 +216,7 @@ class Store:
         return cls(service, settings.state_table_prefix)
 
     def ensure_tables(self) -> Store:
-        for name in ("vms", "events", "audit", "rejected", "drains"):
+        for name in ("vms", "events", "audit", "rejected", "drains", "identities"):
             # A concurrent creator winning is fine.
             with contextlib.suppress(ResourceExistsError):
                 self.service.create_table_if_not_exists(f"{self.prefix}{name}")
