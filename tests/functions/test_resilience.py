@@ -105,6 +105,7 @@ def test_links_and_late_reporters(store, clock):
         clock,
         public_base_url="https://fn.example.net/",
         operators_group_id="0b5c6d2e-0000-4000-8000-000000000001",
+        app_secret="s" * 32,
         website_auth_enabled=True,
     )
     ingest_message(envelope("vm1", 1, [event("EV-L", resources=("vm1", "vm2"))]), pipeline)
