@@ -13,6 +13,7 @@ from functions.clock import Clock
 from functions.model.policy import Policy
 from functions.pipeline.publish import Publisher
 from functions.settings import Settings
+from functions.store.liveness import Verifier
 from functions.store.tables import Store
 
 
@@ -27,6 +28,7 @@ class Pipeline:
         session: requests.Session,
         clock: Clock,
         credential: object | None = None,
+        liveness_verifier: Verifier | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -35,6 +37,9 @@ class Pipeline:
         self.clock = clock
         # The token credential of the ARM approver; None: built on first use.
         self.credential = credential
+        # Vouches for a relay's liveness row (functions.store.liveness): the VM's name when
+        # it is genuine. None: no liveness row is believed (the watchdog says so).
+        self.liveness_verifier = liveness_verifier
 
     @property
     def policy(self) -> Policy | None:

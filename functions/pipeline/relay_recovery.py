@@ -75,7 +75,9 @@ def announce_recovery(
         rec.recovery_claim = ""
         return rec
 
-    store.mutate_vm(vm, change)
+    _, cleared = store.mutate_vm(vm, change)
+    if cleared:
+        store.unmark_vm(vm)  # its open-index listing (functions.pipeline.watchdog)
 
 
 def left_behind(record: VmRecord, now: datetime) -> str | None:
