@@ -65,7 +65,9 @@ def announce_recovery(
     store: Store, publisher: Publisher, vm: str, mark: str, now: datetime
 ) -> None:
     """Publish the claimed recovery, then clear the claim (raises if the publish fails;
-    the claim then stays for the watchdog)."""
+    the claim then stays for the watchdog). The VM's open-index listing says so first,
+    and is dropped once the recovery is announced (functions.pipeline.watchdog)."""
+    store.mark_recovering(vm)
     publisher.publish(recovery_note(vm, mark, now))
 
     def change(rec: VmRecord | None) -> VmRecord | None:

@@ -184,9 +184,9 @@ def _silent_hint(
             out.retention_requests += 3
             out.forgotten_vms.append(hint.name)
             return
-    announced = _mark_time(mark) if mark else None
+    announced = _mark_time(mark) if mark and mark.get("done") else None
     if announced is not None and hint.seen <= announced:
-        silent.add(hint.name)  # announced for this silence (or a later heard moment)
+        silent.add(hint.name)  # announced for this silence (published): no read at all
         return
     vm = store.get_vm(hint.name)
     if vm is None:
@@ -197,8 +197,13 @@ def _silent_hint(
     vm.last_seen = heard
     silent.add(vm.name)
     if not _silence_pending(vm, now) or _deleted_by_terminate(pipeline, vm):
-        if vm.silent_announced_for is not None and mark is None:
-            store.mark_vm(vm.name, hint.vm_id, vm.silent_announced_for)  # heal the index
+        listed = (
+            mark is not None and mark.get("done") and mark.get("mark") == vm.silent_announced_for
+        )
+        if vm.silent_announced_for is not None and vm.silence_claim == claims.DONE and not listed:
+            # Published, but the listing lacks it (written by an older version, or lost):
+            # list it as done, so the next sweeps skip this silence without a read.
+            store.mark_vm(vm.name, hint.vm_id, vm.silent_announced_for, done=True)
         return  # announced already, or a scale-in deleted it (expected)
     if _announce_silence(pipeline, vm, now, hint.vm_id):
         out.silent.append(vm.name)
@@ -357,6 +362,7 @@ def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime, vm_id: st
         pipeline.store.mutate_vm(vm.name, _settle(mark, done=False))
         raise
     pipeline.store.mutate_vm(vm.name, _settle(mark, done=True))
+    pipeline.store.mark_vm(vm.name, vm_id, mark, done=True)
     return True
 
 

@@ -637,21 +637,20 @@ class Store:
         self, skipped: Callable[[Skipped], None] | None = None
     ) -> tuple[list[tuple[str, datetime | None]], list[dict[str, str]]]:
         """One query of the open index: (events not ended as (EventId, listed at), VMs
-        with silence marks as {"vm", "vm_id", "mark"}). A row that is neither is skipped
+        with silence marks as {"vm", "vm_id", "mark", "done"}). A row that is neither is skipped
         and reported."""
         rows = self.events.query_entities(
             "PartitionKey eq @pk",
             parameters={"pk": OPEN_EVENTS},
-            select=["RowKey", "EventId", "at", "vm", "vm_id", "mark"],
+            select=["RowKey", "EventId", "at", "vm", "vm_id", "mark", "done"],
         )
         events: list[tuple[str, datetime | None]] = []
         marks: list[dict[str, str]] = []
         for row in rows:
             rk = str(row.get("RowKey", ""))
             if rk.startswith(reserved(VM_MARK)) and isinstance(row.get("vm"), str):
-                marks.append(
-                    {k: row[k] for k in ("vm", "vm_id", "mark") if isinstance(row.get(k), str)}
-                )
+                mark = {k: row[k] for k in ("vm", "vm_id", "mark") if isinstance(row.get(k), str)}
+                marks.append({**mark, "done": "yes" if row.get("done") is True else ""})
                 continue
             event_id, at = row.get("EventId"), row.get("at")
             if isinstance(event_id, str) and event_id and (at is None or isinstance(at, datetime)):
@@ -663,7 +662,7 @@ class Store:
                 skipped(skip)
         return events, marks
 
-    def mark_vm(self, name: str, vm_id: str, mark: str) -> None:
+    def mark_vm(self, name: str, vm_id: str, mark: str, *, done: bool = False) -> None:
         """List a VM in the open index as having silence marks (before the VM row gets
         them, so a VM row is never marked unlisted); the watchdog drops the listing when
         it finds the VM row without marks."""
@@ -674,8 +673,22 @@ class Store:
                 "vm": name,
                 "vm_id": vm_id,
                 "mark": mark,
+                "done": done,  # the silence's announcement is published
             },
             mode=UpdateMode.REPLACE,
+        )
+
+    def mark_recovering(self, name: str) -> None:
+        """The VM's listing: its silence is ending (a recovery is being announced), so the
+        watchdog looks at the VM row again until the listing is dropped."""
+        self.events.upsert_entity(
+            {
+                "PartitionKey": OPEN_EVENTS,
+                "RowKey": reserved(VM_MARK + row_key(name)),
+                "vm": name,
+                "done": False,
+            },
+            mode=UpdateMode.MERGE,
         )
 
     def unmark_vm(self, name: str) -> None:

@@ -15,7 +15,13 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.tables import Store
-from tests.functions.conftest import envelope, event, make_pipeline, make_settings
+from tests.functions.conftest import (
+    envelope,
+    event,
+    make_pipeline,
+    make_settings,
+    write_liveness,
+)
 
 
 class FlakyPublisher(LocalPublisher):
@@ -132,6 +138,8 @@ def test_a_vm_deleted_by_terminate_is_not_announced_silent(store, clock):
     )
     ingest_message(envelope("ss_1", 1, [ev], scale_set="ss"), pipeline)
     ingest_message(envelope("other", 1, []), pipeline)
+    write_liveness(store, "ss_1", clock.now())
+    write_liveness(store, "other", clock.now())
     clock.advance(20 * 60)
     report = run_watchdog(pipeline)
     assert report.silent == ["other"]
