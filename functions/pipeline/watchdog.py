@@ -176,7 +176,7 @@ def _silent_hint(
     store = pipeline.store
     mark = marked.get(row_key(hint.name))
     if hint.seen < forget_before:
-        vm = store.get_vm(hint.name)
+        vm = store.get_vm(hint.name, strict=True)
         if vm is None or vm.last_seen is None or vm.last_seen < forget_before:
             store.liveness.delete(hint.vm_id)
             store.delete_vm(hint.name)
@@ -188,7 +188,7 @@ def _silent_hint(
     if announced is not None and hint.seen <= announced:
         silent.add(hint.name)  # announced for this silence (published): no read at all
         return
-    vm = store.get_vm(hint.name)
+    vm = store.get_vm(hint.name, strict=True)
     if vm is None:
         return  # enrolled but no document yet: nothing to watch
     heard = max(hint.seen, vm.last_seen) if vm.last_seen else hint.seen
@@ -220,7 +220,7 @@ def _marked(
     liveness row (the silence ends here, claimed in the VM row as ingest claims it), a
     recovery left unpublished, or a listing whose marks are gone (dropped)."""
     store = pipeline.store
-    vm = store.get_vm(mark["vm"])
+    vm = store.get_vm(mark["vm"], strict=True)
     if vm is None or (vm.silent_announced_for is None and vm.recovery_pending is None):
         store.unmark_vm(mark["vm"])
         return

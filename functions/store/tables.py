@@ -418,14 +418,17 @@ class Store:
             columns["relay_version"] = record.relay_version
         return columns
 
-    def get_vm(self, name: str) -> VmRecord | None:
+    def get_vm(self, name: str, *, strict: bool = False) -> VmRecord | None:
+        """The VM row. One that cannot be read raises BadRow with `strict` (the watchdog
+        skips and reports it); otherwise it reads as a new VM's, carrying the bad row's
+        ETag, so the VM's next write replaces it and the VM is never blocked by it."""
         key = row_key(name)
         try:
             entity = self.vms.get_entity(vm_partition(name), key)
         except ResourceNotFoundError:
             self._recent_vms.forget(key)
             return None
-        record = self._load_vm(entity)
+        record = self._load_vm(entity) if strict else self._load_vm_or_fresh(name, entity)
         self._recent_vms.note(key, record)
         return record
 
