@@ -9,6 +9,8 @@ the app, while a missing connection is an error that stops it with a clear messa
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 from functools import cached_property
 from urllib.parse import quote
@@ -88,6 +90,19 @@ class Settings(BaseSettings):
     # The key before the last rotation: a relay that still verifies with it (not rotated
     # yet) answers 401 to RELAY_KEY, and is asked once more signed with this one.
     relay_key_previous: SecretStr | None = None
+    # APP_SECRET (contract §6): the app's own master secret, never shared with relays (Key
+    # Vault reference in production, >= 32 characters). It keys the approval page tokens
+    # (HMAC-SHA256(APP_SECRET, b"page-token/v1")); rotating it voids the forms open now.
+    app_secret: SecretStr | None = Field(default=None, min_length=32)
+
+    @property
+    def page_token_key(self) -> bytes | None:
+        """The approval page tokens' key; None when APP_SECRET is unset or unresolved."""
+        value = self.app_secret.get_secret_value().strip() if self.app_secret else ""
+        if not value or value.startswith("@Microsoft.KeyVault("):
+            return None
+        return hmac.new(value.encode(), b"page-token/v1", hashlib.sha256).digest()
+
     public_base_url: str | None = None
     # The app's real host name, injected by App Service (Flex apps are not NAME.azurewebsites.net);
     # PUBLIC_BASE_URL defaults from it.
@@ -272,8 +287,8 @@ class Settings(BaseSettings):
             )
         if self.base_url is None:
             return "neither PUBLIC_BASE_URL nor WEBSITE_HOSTNAME is set"
-        if self.relay_key is None:
-            return "RELAY_KEY is not set (approvals cannot work, and it keys the page's form)"
+        if self.page_token_key is None:
+            return "APP_SECRET is not set (it keys the approval page's form)"
         return None
 
     def status_url(self) -> str | None:

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime
 
 from functions.model.event import Decision, EventSnapshot, Notification, Transition, utc_text
 
 MAX_LISTED = 20  # VMs named per group before "and N more": a card must stay readable
+
+
+def plain(text: str) -> str:
+    """One line of printable text: control characters (newlines, escapes, NUL, C1) and
+    invisible format characters (bidi overrides, zero-width ones) become spaces, runs of
+    whitespace one space. Text from VMs (names, EventIds, Descriptions, relay answers)
+    passes through this before any summary or card carries it."""
+    cleaned = "".join(
+        " " if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch for ch in text
+    )
+    return " ".join(cleaned.split())
 
 
 def event_words(event: EventSnapshot) -> str:

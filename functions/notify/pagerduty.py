@@ -127,8 +127,12 @@ def _summary(note: Notification) -> str:
         text += f" — {describe.decision_text(note.decision)}"
     if note.detail:
         text += f" — {note.detail}"
-    text = " ".join(text.split())
+    text = describe.plain(text)
     return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
+
+
+def _plain_or_none(text: str | None) -> str | None:
+    return (describe.plain(text)[:255] or None) if text else None
 
 
 def build_event(note: Notification, routing_key: str) -> dict[str, Any] | None:
@@ -155,13 +159,14 @@ def build_event(note: Notification, routing_key: str) -> dict[str, Any] | None:
         details["vm"] = note.vm
     payload: dict[str, Any] = {
         "summary": _summary(note),
-        "source": _source(note),
+        "source": describe.plain(_source(note))[:255] or "scheduled-events-bridge",
         "severity": severity(note),
         "timestamp": note.occurred_at.isoformat(),
-        "component": note.vm
-        or (note.event.resources[0] if note.event and note.event.resources else None),
-        "group": _group(note),
-        "class": note.event.event_type if note.event else note.transition.value,
+        "component": _plain_or_none(
+            note.vm or (note.event.resources[0] if note.event and note.event.resources else None)
+        ),
+        "group": _plain_or_none(_group(note)),
+        "class": describe.plain(note.event.event_type if note.event else note.transition.value),
         "custom_details": details,
     }
     body["payload"] = {key: value for key, value in payload.items() if value is not None}

@@ -3,11 +3,22 @@
 The full card goes out once per event, on `decided` (it carries everything `scheduled`
 knew, plus what will happen and why); later transitions post short follow-ups. Only
 elements Teams renders from a Workflows webhook are used (schema version 1.5).
+
+Most of a card's text comes from VMs (EventId, VM and set names, EventType, Description,
+relay answers in `detail`), and TextBlock and FactSet values render a subset of Markdown:
+a VM could write `[click](https://evil)` or `**URGENT**` into an operator's channel. So
+every text in the card goes through `inert` (our own words carry no Markdown either):
+one line (`describe.plain`), Markdown punctuation backslash-escaped (CommonMark escapes,
+which Teams renders as the bare character), a line-start `#`, `-`, `+`, `=` or `1.`
+escaped, and anything a linkifier would turn into a link (`scheme:`, `www.`, `a.b`, `@`)
+broken by a zero-width space. Teams mobile clients have been seen to show the backslash of
+an escape; the text stays inert either way.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime
 from typing import Any
 
@@ -35,18 +46,40 @@ ATTENTION = {
 }
 
 
+# CommonMark's backslash-escapable characters that mean something in Teams' Markdown
+# (emphasis, links, images, code, strike-through, HTML/<at> mentions, entities, tables).
+_MARKDOWN = re.compile(r"([\\`*_\[\](){}<>~|!&])")
+_BLOCK_START = re.compile(r"^([#>+=-])|^(\d+)\.")  # a heading, quote, list or rule
+ZWSP = "\u200b"
+# What linkifiers take for a link: a scheme (http:, mailto:), a host name or www. (a.b),
+# an e-mail address (a@b). A zero-width space after the `:`, `.` or `@` breaks each.
+_LINKY = re.compile(r"(?<=[A-Za-z]):(?=[A-Za-z0-9/])|(?<=[A-Za-z0-9])[.@](?=[A-Za-z0-9])")
+
+
+def inert(text: str) -> str:
+    """`text` as Teams shows it literally: no formatting, no link, no mention, one line
+    (so the only line start is the text's own)."""
+    text = _MARKDOWN.sub(r"\\\1", describe.plain(text))
+    text = _BLOCK_START.sub(lambda m: "\\" + m[1] if m[1] else m[2] + "\\.", text)
+    return _LINKY.sub(lambda m: m[0] + ZWSP, text)
+
+
 def wants(note: Notification) -> bool:
     return note.transition not in SKIPPED
 
 
 def _text(text: str, **style: Any) -> dict[str, Any]:
-    return {"type": "TextBlock", "text": text[:MAX_TEXT], "wrap": True, **style}
+    return {"type": "TextBlock", "text": inert(text[:MAX_TEXT]), "wrap": True, **style}
 
 
 def _facts(pairs: list[tuple[str, str | None]]) -> dict[str, Any]:
     return {
         "type": "FactSet",
-        "facts": [{"title": title, "value": value[:MAX_TEXT]} for title, value in pairs if value],
+        "facts": [
+            {"title": inert(title), "value": inert(value[:MAX_TEXT])}
+            for title, value in pairs
+            if value
+        ],
     }
 
 

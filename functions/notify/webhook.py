@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from functions.model.event import Notification
+from functions.notify import describe
 from functions.notify.delivery import PermanentDeliveryError, Transport, dumps, post_json
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,9 @@ def build_data(note: Notification) -> dict[str, Any]:
 
 def build_body(note: Notification) -> dict[str, Any]:
     """A CloudEvents 1.0 event in structured mode."""
-    subject = note.event.event_id if note.event else (note.vm or "fleet")
+    # `data` carries the raw values (JSON-escaped); the subject a receiver may show or log
+    # is one printable line.
+    subject = describe.plain(note.event.event_id if note.event else (note.vm or "fleet"))
     return {
         "specversion": "1.0",
         "id": note.message_id(),

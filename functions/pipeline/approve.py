@@ -23,7 +23,6 @@ it (`relay:<vm>` or `arm`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -177,7 +176,7 @@ def _relay_phase(
         handover = min(deadline, first + timedelta(seconds=settings.arm_fallback_after_seconds))
     # A relay that refused for good is not asked again for this event, in this call or later.
     refused = {a.vm for a in record.approval_attempts if final_refusal(a.outcome)}
-    relays = _relays(store, record, settings, now, skip=refused, target=pipeline.relay_target)
+    relays = _relays(pipeline, record, now, skip=refused)
     unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(refused)
     if not relays:
         # The named VMs' relays may simply not have reported yet (a set-mate's document
@@ -335,29 +334,31 @@ def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetim
 
 
 def _relays(
-    store: Store,
-    record: EventRecord,
-    settings: Settings,
-    now: datetime,
-    skip: set[str | None],
-    target: Callable[[VmRecord], RelayTarget | None],
+    pipeline: Pipeline, record: EventRecord, now: datetime, skip: set[str | None]
 ) -> list[tuple[VmRecord, RelayTarget]]:
-    """Named VMs whose relays reported recently, in `Resources` order (first is leader):
-    at most RELAYS_PER_ATTEMPT of them, so an event naming 1,000 VMs costs a few point
-    reads, not 1,000 (the others stay "unheard": a later attempt reaches them)."""
-    fresh = timedelta(seconds=settings.relay_silent_after_seconds)
+    """Named VMs whose relays were heard recently (a message, or a verified liveness
+    hint), in `Resources` order (first is leader): at most RELAYS_PER_ATTEMPT of them, so an
+    event naming 1,000 VMs costs a few point reads, not 1,000 (the others stay "unheard": a
+    later attempt reaches them)."""
+    fresh = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
     chosen: list[tuple[VmRecord, RelayTarget]] = []
     for name in record.resources:
         if len(chosen) >= RELAYS_PER_ATTEMPT:
             break
         if name in skip:
             continue
-        vm = store.get_vm(name)
-        if vm is None or vm.last_seen is None or now - vm.last_seen > fresh:
+        vm = pipeline.store.get_vm(name)
+        if vm is None:
             continue
-        relay = target(vm)
-        if relay is not None:
-            chosen.append((vm, relay))
+        relay = pipeline.relay_target(vm)
+        if relay is None:
+            continue
+        heard = vm.last_seen
+        if heard is None or now - heard > fresh:
+            heard = pipeline.last_heard(vm)  # only then the liveness read
+        if heard is None or now - heard > fresh:
+            continue
+        chosen.append((vm, relay))
     return chosen
 
 

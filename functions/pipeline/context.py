@@ -7,14 +7,17 @@ recording publisher, a fake clock) without threading it through every function.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import requests
 
 from functions.approvers.relay import RelayTarget
 from functions.clock import Clock
 from functions.model.policy import Policy
-from functions.pipeline.admission import Admission, callback_url
+from functions.pipeline.admission import Admission, RegistryVerifier, callback_url
 from functions.pipeline.publish import Publisher
 from functions.settings import Settings
+from functions.store.liveness import Verifier
 from functions.store.records import VmRecord
 from functions.store.tables import Store
 
@@ -31,6 +34,7 @@ class Pipeline:
         clock: Clock,
         credential: object | None = None,
         admission: Admission | None = None,
+        liveness_verifier: Verifier | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -41,6 +45,11 @@ class Pipeline:
         self.credential = credential
         # Who sent a relay message (functions.pipeline.admission); None refuses them all.
         self.admission = admission
+        # Vouches for a relay's liveness row (functions.store.liveness): the VM's name when
+        # it is genuine. None: no liveness row is believed (the watchdog says so).
+        if liveness_verifier is None and admission is not None:
+            liveness_verifier = RegistryVerifier(admission.registry)
+        self.liveness_verifier = liveness_verifier
 
     @property
     def policy(self) -> Policy | None:
@@ -58,3 +67,13 @@ class Pipeline:
         if url is None:
             return None
         return RelayTarget(url=url, vm_id=identity.facts.vm_id, keys=tuple(identity.keys))
+
+    def last_heard(self, vm: VmRecord) -> datetime | None:
+        """When this VM's relay was last heard: its last message, or its verified liveness
+        hint if later (relays heartbeat into the liveness table, not the VM row)."""
+        heard = vm.last_seen
+        if vm.vm_id and self.liveness_verifier is not None:
+            hint = self.store.liveness.get(vm.vm_id, self.liveness_verifier, lambda _: None)
+            if hint is not None and (heard is None or hint.seen > heard):
+                heard = hint.seen
+        return heard

@@ -65,7 +65,9 @@ def announce_recovery(
     store: Store, publisher: Publisher, vm: str, mark: str, now: datetime
 ) -> None:
     """Publish the claimed recovery, then clear the claim (raises if the publish fails;
-    the claim then stays for the watchdog)."""
+    the claim then stays for the watchdog). The VM's open-index listing says so first,
+    and is dropped once the recovery is announced (functions.pipeline.watchdog)."""
+    store.mark_recovering(vm)
     publisher.publish(recovery_note(vm, mark, now))
 
     def change(rec: VmRecord | None) -> VmRecord | None:
@@ -75,7 +77,9 @@ def announce_recovery(
         rec.recovery_claim = ""
         return rec
 
-    store.mutate_vm(vm, change)
+    _, cleared = store.mutate_vm(vm, change)
+    if cleared:
+        store.unmark_vm(vm)  # its open-index listing (functions.pipeline.watchdog)
 
 
 def left_behind(record: VmRecord, now: datetime) -> str | None:

@@ -1,4 +1,5 @@
-"""The every-minute sweep: silent relays, overdue events, deferred approvals, loose ends,
+"""The every-minute sweep: silent relays (from the relays' liveness hints,
+functions.store.liveness), overdue events, deferred approvals, loose ends,
 events that failed closed on a policy that is valid now (functions.pipeline.redecide), and
 `relay_recovered` announcements a crash or a topic failure left unpublished.
 
@@ -30,12 +31,17 @@ from functions.pipeline.relay_recovery import (
 from functions.pipeline.sources.eventgrid_ingest import end_unheard
 from functions.pipeline.transitions import after_decision, end_event
 from functions.store import claims
+from functions.store.keys import row_key
+from functions.store.liveness import LivenessHint
 from functions.store.records import EventRecord, VmRecord
+from functions.store.tables import BadRow
 
 log = logging.getLogger(__name__)
 
 
 UNLISTED_AFTER = timedelta(minutes=10)  # an open-index row with no event row this old: drop
+MAX_MARK_CHECKS = 100  # VMs with silence marks but no stale hint looked at per sweep
+MAX_SKIPPED_LISTED = 20  # skipped rows named in the report (all are counted and logged)
 
 
 class WatchdogReport(BaseModel):
@@ -53,13 +59,23 @@ class WatchdogReport(BaseModel):
     # batch deletes): the sweep's own cost is everything else.
     retention_requests: int = 0
     policy: str | None = None  # policy_invalid / policy_valid announced for the fleet
+    # Rows not believed or not readable (a liveness hint that fails verification, a VM or
+    # event row that is not its record): counted, the first few named, each one logged.
+    skipped_rows: int = 0
+    skipped: list[str] = Field(default_factory=list)
+
+    def skip(self, what: object) -> None:
+        self.skipped_rows += 1
+        if len(self.skipped) < MAX_SKIPPED_LISTED:
+            self.skipped.append(str(what)[:300])
 
 
 def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
-    """One sweep. Its Table requests do not grow with the fleet or its history: one
-    filtered query per VM partition returns only VMs due a look (silent, announced silent,
-    recovery pending), one query lists the open events, one range query each finds what
-    retention expires; then point reads of those rows only."""
+    """One sweep. Its Table requests do not grow with the fleet or its history: one query
+    per liveness partition returns only silent VMs, one query of the open index lists the
+    open events and the VMs with silence marks, one range query each finds what retention
+    expires; then point reads of those rows only. A row that is malformed, hostile or not
+    verified is skipped and reported (`skipped_rows`), never stops the sweep."""
     now = pipeline.clock.now()
     out = WatchdogReport()
     try:
@@ -67,8 +83,17 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
         out.policy = changed.value if changed else None
     except Exception:  # retried next minute; never stops the sweep
         log.exception("watchdog: policy state")
-    silent = _sweep_vms(pipeline, now, out)
-    for event_id, listed_at in pipeline.store.open_events():
+    try:
+        open_events, marks = pipeline.store.open_index(out.skip)
+    except Exception:
+        log.exception("watchdog: open index")
+        open_events, marks = [], []
+    silent: set[str] = set()
+    try:
+        silent = _sweep_vms(pipeline, now, out, marks)
+    except Exception:
+        log.exception("watchdog: silent relays")
+    for event_id, listed_at in open_events:
         try:
             record = pipeline.store.get_event(event_id)
             if record is None:
@@ -79,8 +104,11 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
                 _close(pipeline, record, now, out)
                 continue
             _sweep_event(pipeline, record, now, silent, out)
-        except Exception:  # one bad row must not stop the sweep of the others
-            log.exception("watchdog: event %s", event_id)
+        except BadRow as exc:  # one bad row must not stop the sweep of the others
+            log.warning("watchdog: skipped %s", exc)
+            out.skip(exc.skipped)
+        except Exception:
+            log.exception("watchdog: event %.200r", event_id)
     try:
         _retention(pipeline, now, out)
     except Exception:
@@ -88,52 +116,148 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
     return out
 
 
-def _sweep_vms(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> set[str]:
-    """Silence, recovery after a heartbeat ended a silence, recoveries left unpublished,
-    and VMs not heard for RETENTION_DAYS; returns the names of the silent VMs."""
+def _sweep_vms(
+    pipeline: Pipeline, now: datetime, out: WatchdogReport, marks: list[dict[str, str]]
+) -> set[str]:
+    """Silence from the relays' verified liveness hints, recovery of VMs with silence
+    marks, recoveries left unpublished, and VMs not heard for RETENTION_DAYS; returns the
+    names of the silent VMs. The marks themselves stay in the app's VM rows; the open
+    index only lists which VMs have them."""
+    store = pipeline.store
     silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
     forget_before = now - timedelta(days=pipeline.settings.retention_days)
+    marked = {row_key(m["vm"]): m for m in marks}
     silent: set[str] = set()
-    for vm in pipeline.store.vms_due(now - silent_after):
+    verify = pipeline.liveness_verifier
+    if verify is None:
+        log.warning("watchdog: no liveness verifier: no relay is watched for silence")
+    else:
+        for hint in store.liveness.stale(now - silent_after, verify, out.skip):
+            try:
+                _silent_hint(pipeline, hint, now, out, marked, silent, forget_before)
+            except BadRow as exc:
+                log.warning("watchdog: skipped %s", exc)
+                out.skip(exc.skipped)
+            except Exception:
+                log.exception("watchdog: VM %.200r", hint.name)
+    checks = 0
+    for key, mark in marked.items():
+        if mark["vm"] in silent or checks >= MAX_MARK_CHECKS:
+            continue
+        checks += 1
         try:
-            if vm.last_seen is not None and vm.last_seen < forget_before:
-                pipeline.store.delete_vm(vm.name)
-                out.retention_requests += 1
-                out.forgotten_vms.append(vm.name)
-                continue
-            if _is_silent(vm, now, silent_after):
-                silent.add(vm.name)
-                if not _silence_pending(vm, now) or _deleted_by_terminate(pipeline, vm):
-                    continue  # announced already, or a scale-in deleted it (expected)
-                if _announce_silence(pipeline, vm, now):
-                    out.silent.append(vm.name)
-                continue
-            if vm.silent_announced_for is not None:
-                # Heard again through a heartbeat (which writes without reading): the
-                # silence ends here, claimed in the VM row like ingest claims it.
-                if _claim_recovery(pipeline, vm.name, now):
-                    out.recovered.append(vm.name)
-                continue
-            mark = left_behind(vm, now)
-            if mark is not None:
-                announce_recovery(pipeline.store, pipeline.publisher, vm.name, mark, now)
-                out.recovered.append(vm.name)
+            _marked(pipeline, mark, now, out, silent_after)
+        except BadRow as exc:
+            log.warning("watchdog: skipped %s", exc)
+            out.skip(exc.skipped)
         except Exception:
-            log.exception("watchdog: VM %s", vm.name)
+            log.exception("watchdog: VM %.200r", key)
     return silent
+
+
+def _mark_time(mark: dict[str, str]) -> datetime | None:
+    try:
+        return datetime.fromisoformat(mark.get("mark", ""))
+    except ValueError:
+        return None
+
+
+def _silent_hint(
+    pipeline: Pipeline,
+    hint: LivenessHint,
+    now: datetime,
+    out: WatchdogReport,
+    marked: dict[str, dict[str, str]],
+    silent: set[str],
+    forget_before: datetime,
+) -> None:
+    """A verified hint not seen since the cutoff: forget it, skip it (this silence is
+    announced already: no read at all), or look at the VM row and announce the silence."""
+    store = pipeline.store
+    mark = marked.get(row_key(hint.name))
+    if hint.seen < forget_before:
+        vm = store.get_vm(hint.name, strict=True)
+        if vm is None or vm.last_seen is None or vm.last_seen < forget_before:
+            store.liveness.delete(hint.vm_id)
+            store.delete_vm(hint.name)
+            store.unmark_vm(hint.name)
+            out.retention_requests += 3
+            out.forgotten_vms.append(hint.name)
+            return
+    announced = _mark_time(mark) if mark and mark.get("done") else None
+    if announced is not None and hint.seen <= announced:
+        silent.add(hint.name)  # announced for this silence (published): no read at all
+        return
+    vm = store.get_vm(hint.name, strict=True)
+    if vm is None:
+        return  # enrolled but no document yet: nothing to watch
+    heard = max(hint.seen, vm.last_seen) if vm.last_seen else hint.seen
+    if now - heard <= timedelta(seconds=pipeline.settings.relay_silent_after_seconds):
+        return  # heard otherwise since (a document, a Service Bus heartbeat)
+    vm.last_seen = heard
+    silent.add(vm.name)
+    if not _silence_pending(vm, now) or _deleted_by_terminate(pipeline, vm):
+        listed = (
+            mark is not None and mark.get("done") and mark.get("mark") == vm.silent_announced_for
+        )
+        if vm.silent_announced_for is not None and vm.silence_claim == claims.DONE and not listed:
+            # Published, but the listing lacks it (written by an older version, or lost):
+            # list it as done, so the next sweeps skip this silence without a read.
+            store.mark_vm(vm.name, hint.vm_id, vm.silent_announced_for, done=True)
+        return  # announced already, or a scale-in deleted it (expected)
+    if _announce_silence(pipeline, vm, now, hint.vm_id):
+        out.silent.append(vm.name)
+
+
+def _marked(
+    pipeline: Pipeline,
+    mark: dict[str, str],
+    now: datetime,
+    out: WatchdogReport,
+    silent_after: timedelta,
+) -> None:
+    """A VM listed with silence marks whose hint is not stale: heard again through its
+    liveness row (the silence ends here, claimed in the VM row as ingest claims it), a
+    recovery left unpublished, or a listing whose marks are gone (dropped)."""
+    store = pipeline.store
+    vm = store.get_vm(mark["vm"], strict=True)
+    if vm is None or (vm.silent_announced_for is None and vm.recovery_pending is None):
+        store.unmark_vm(mark["vm"])
+        return
+    if vm.silent_announced_for is not None:
+        # Heard since: its verified liveness row, or the VM row's own `seen` (a Service
+        # Bus heartbeat merges it without reading, so it cannot end the silence itself).
+        verify = pipeline.liveness_verifier
+        vm_id = mark.get("vm_id")
+        hint = store.liveness.get(vm_id, verify, out.skip) if verify and vm_id else None
+        heard = [vm.last_seen] if vm.last_seen else []
+        if hint is not None and hint.name.casefold() == vm.name.casefold():
+            heard.append(hint.seen)
+        latest = max(heard, default=None)
+        if latest is None or now - latest > silent_after:
+            return  # nothing believable heard lately: still silent as far as we know
+        if _claim_recovery(pipeline, vm.name, now, latest):
+            out.recovered.append(vm.name)
+        return
+    left = left_behind(vm, now)
+    if left is not None:
+        announce_recovery(store, pipeline.publisher, vm.name, left, now)
+        out.recovered.append(vm.name)
 
 
 def _mark(vm: VmRecord) -> str | None:
     return vm.last_seen.isoformat() if vm.last_seen else None
 
 
-def _claim_recovery(pipeline: Pipeline, name: str, now: datetime) -> bool:
+def _claim_recovery(pipeline: Pipeline, name: str, now: datetime, heard: datetime) -> bool:
     claimed: list[str] = []
 
     def change(rec: VmRecord | None) -> VmRecord | None:
         claimed.clear()
         if rec is None or rec.silent_announced_for is None:
             return None
+        if rec.last_seen is None or heard > rec.last_seen:
+            rec.last_seen = heard  # the verified hint: the app's own record of it
         if rec.silent_announced_for == _mark(rec):
             return None  # not heard since the silence after all
         mark = claim_recovery(rec, now)
@@ -180,10 +304,6 @@ def _retention(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> None:
         out.expired_rejects = len(rejects)
 
 
-def _is_silent(vm: VmRecord, now: datetime, silent_after: timedelta) -> bool:
-    return vm.last_seen is not None and now - vm.last_seen > silent_after
-
-
 def _deleted_by_terminate(pipeline: Pipeline, vm: VmRecord) -> bool:
     """Its last document held a Terminate naming it, so the VM was (being) deleted."""
     for event_id in vm.event_ids:
@@ -204,15 +324,22 @@ def _silence_pending(vm: VmRecord, now: datetime) -> bool:
     )
 
 
-def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime) -> bool:
+def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime, vm_id: str) -> bool:
     """Once per silence (functions.store.claims): the claim names the last_seen it is for,
-    is marked done after the publish, released if the publish fails, redone if stale."""
+    is marked done after the publish, released if the publish fails, redone if stale.
+    `vm.last_seen` is the latest moment heard (the hint's or the VM row's); the VM is
+    listed in the open index first, so a marked VM row is never unlisted."""
     assert vm.last_seen is not None
     mark = vm.last_seen.isoformat()
+    pipeline.store.mark_vm(vm.name, vm_id, mark)
 
     def change(rec: VmRecord | None) -> VmRecord | None:
-        if rec is None or rec.last_seen != vm.last_seen or not _silence_pending(rec, now):
+        if rec is None:
             return None
+        heard = max(rec.last_seen, vm.last_seen) if rec.last_seen else vm.last_seen
+        if heard != vm.last_seen or not _silence_pending(rec, now):
+            return None
+        rec.last_seen = heard
         rec.silent_announced_for = mark
         rec.silence_claim = claims.pending(now)
         return rec
@@ -235,6 +362,7 @@ def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime) -> bool:
         pipeline.store.mutate_vm(vm.name, _settle(mark, done=False))
         raise
     pipeline.store.mutate_vm(vm.name, _settle(mark, done=True))
+    pipeline.store.mark_vm(vm.name, vm_id, mark, done=True)
     return True
 
 

@@ -34,6 +34,7 @@ from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 
 from functions.store.http import NO_ECHO, Urllib3Transport
 from functions.store.keys import VM_BUCKETS, reserved, row_key, vm_partition
+from functions.store.liveness import Liveness, Skipped
 from functions.store.recent import RecentRows, copy_record
 from functions.store.records import (
     CapacityRecord,
@@ -100,6 +101,27 @@ def _callback_url_ok(value: object) -> bool:
     except ValueError:
         return False
     return parts.scheme in ("http", "https") and bool(parts.hostname) and "@" not in parts.netloc
+
+
+class BadRow(ValueError):
+    """A stored row that cannot be read as its record (malformed JSON, wrong types, too
+    large): the readers skip and report it (`skipped`), never stop on it."""
+
+    def __init__(self, table: str, entity: Any, why: str) -> None:
+        self.skipped = Skipped(
+            table,
+            str(entity.get("PartitionKey", "?"))[:80],
+            str(entity.get("RowKey", "?"))[:80],
+            why[:300],
+        )
+        super().__init__(str(self.skipped))
+
+
+def _why(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+VM_MARK = "vm|"  # in the open index: a VM with silence marks (RowKey reserved("vm|<key>"))
 
 
 class ConflictError(RuntimeError):
@@ -192,6 +214,8 @@ class Store:
         self.events = service.get_table_client(f"{prefix}events")
         self.audit_table = service.get_table_client(f"{prefix}audit")
         self.rejected = service.get_table_client(f"{prefix}rejected")
+        # Relays' heartbeats (contract §5): read as hints, never as truth.
+        self.liveness = Liveness(service, prefix)
         self._recent_events: RecentRows[EventRecord] = RecentRows(RECENT_EVENT_ROWS)
         self._recent_vms: RecentRows[VmRecord] = RecentRows(RECENT_VM_ROWS)
 
@@ -216,7 +240,7 @@ class Store:
         return cls(service, settings.state_table_prefix)
 
     def ensure_tables(self) -> Store:
-        for name in ("vms", "events", "audit", "rejected", "drains", "identities"):
+        for name in ("vms", "events", "audit", "rejected", "drains", "identities", "liveness"):
             # A concurrent creator winning is fine.
             with contextlib.suppress(ResourceExistsError):
                 self.service.create_table_if_not_exists(f"{self.prefix}{name}")
@@ -226,10 +250,14 @@ class Store:
 
     @staticmethod
     def _load(model: type[R], entity: Any) -> R:
-        text = _unchunk(entity)
-        record = model.model_validate_json(text) if text is not None else None
+        """The row's record; BadRow (naming the row's keys) if it is not one."""
+        try:
+            text = _unchunk(entity)
+            record = model.model_validate_json(text) if isinstance(text, str) else None
+        except Exception as exc:  # malformed JSON, wrong types, a non-string chunk
+            raise BadRow(model.__name__, entity, _why(exc)) from None
         if record is None:
-            raise ValueError(f"row {entity.get('RowKey')} has no data")
+            raise BadRow(model.__name__, entity, "no data")
         record.etag = entity.metadata.get("etag")
         return record
 
@@ -350,12 +378,15 @@ class Store:
     @staticmethod
     def _load_vm(entity: Any) -> VmRecord:
         """Document state from `data`, overlaid with the liveness columns heartbeats merge."""
-        text = _unchunk(entity)
-        record = (
-            VmRecord.model_validate_json(text)
-            if text is not None
-            else VmRecord(name=str(entity.get("name") or entity["RowKey"]))
-        )
+        try:
+            text = _unchunk(entity)
+            record = (
+                VmRecord.model_validate_json(text)
+                if text is not None
+                else VmRecord(name=str(entity.get("name") or entity["RowKey"])[:1000])
+            )
+        except Exception as exc:  # a row that is not a VM's record: the caller skips it
+            raise BadRow("VmRecord", entity, _why(exc)) from None
         seen = entity.get("seen")
         if isinstance(seen, datetime) and (record.last_seen is None or seen > record.last_seen):
             record.last_seen = seen
@@ -387,14 +418,17 @@ class Store:
             columns["relay_version"] = record.relay_version
         return columns
 
-    def get_vm(self, name: str) -> VmRecord | None:
+    def get_vm(self, name: str, *, strict: bool = False) -> VmRecord | None:
+        """The VM row. One that cannot be read raises BadRow with `strict` (the watchdog
+        skips and reports it); otherwise it reads as a new VM's, carrying the bad row's
+        ETag, so the VM's next write replaces it and the VM is never blocked by it."""
         key = row_key(name)
         try:
             entity = self.vms.get_entity(vm_partition(name), key)
         except ResourceNotFoundError:
             self._recent_vms.forget(key)
             return None
-        record = self._load_vm(entity)
+        record = self._load_vm(entity) if strict else self._load_vm_or_fresh(name, entity)
         self._recent_vms.note(key, record)
         return record
 
@@ -422,13 +456,24 @@ class Store:
                 change,
                 self._vm_columns,
                 known=known,
-                load=self._load_vm,
+                load=lambda entity: self._load_vm_or_fresh(name, entity),
             )
         except BaseException:
             self._recent_vms.forget(key)
             raise
         self._recent_vms.note(key, record)
         return record, won
+
+    def _load_vm_or_fresh(self, name: str, entity: Any) -> VmRecord:
+        """A VM row that cannot be read must not block its VM: it is logged and replaced
+        (conditionally, under its ETag) by the next write, as if the VM were new."""
+        try:
+            return self._load_vm(entity)
+        except BadRow as exc:
+            log.warning("VM %.100r: replacing an unreadable row: %s", name, exc)
+            record = VmRecord(name=name)
+            record.etag = entity.metadata.get("etag")
+            return record
 
     def heard(self, beats: list[tuple[str, datetime, str | None, str | None]]) -> int:
         """Liveness of many VMs at once: (name, seen, callback_url, relay_version) each.
@@ -472,7 +517,10 @@ class Store:
                 query, parameters={"pk": f"vm{bucket:02d}", "cutoff": silent_before}
             )
             for row in rows:
-                yield self._load_vm(row)
+                try:
+                    yield self._load_vm(row)
+                except BadRow as exc:
+                    log.warning("vms: skipped %s", exc)
 
     def delete_vm(self, name: str) -> None:
         self._recent_vms.forget(row_key(name))
@@ -482,7 +530,13 @@ class Store:
     def list_vms(self) -> list[VmRecord]:
         """Every VM (for tools and tests; the function app never lists the fleet)."""
         rows = self.vms.query_entities("PartitionKey ge 'vm' and PartitionKey lt 'vn'")
-        return [self._load_vm(row) for row in rows]
+        found = []
+        for row in rows:
+            try:
+                found.append(self._load_vm(row))
+            except BadRow as exc:
+                log.warning("vms: skipped %s", exc)
+        return found
 
     # ------------------------------------------------------------------ events
 
@@ -517,9 +571,13 @@ class Store:
         present: dict[str, str] = {}
         everyone: list[str] = []
         for row in rows:
-            everyone.append(row["vm"])
-            if row.get("status"):
-                present[row["vm"]] = row["status"]
+            vm, status = row.get("vm"), row.get("status")
+            if not isinstance(vm, str) or not isinstance(status, str | None):
+                log.warning("events: skipped reporter row %.100r", row.get("RowKey"))
+                continue
+            everyone.append(vm)
+            if status:
+                present[vm] = status
         record.reporters = present
         record.past_reporters = everyone
         return record
@@ -576,10 +634,69 @@ class Store:
 
     def open_events(self) -> list[tuple[str, datetime | None]]:
         """(EventId, listed at) of every event not ended: one query of the small index."""
+        return self.open_index()[0]
+
+    def open_index(
+        self, skipped: Callable[[Skipped], None] | None = None
+    ) -> tuple[list[tuple[str, datetime | None]], list[dict[str, str]]]:
+        """One query of the open index: (events not ended as (EventId, listed at), VMs
+        with silence marks as {"vm", "vm_id", "mark", "done"}). A row that is neither is skipped
+        and reported."""
         rows = self.events.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": OPEN_EVENTS}, select=["EventId", "at"]
+            "PartitionKey eq @pk",
+            parameters={"pk": OPEN_EVENTS},
+            select=["RowKey", "EventId", "at", "vm", "vm_id", "mark", "done"],
         )
-        return [(row["EventId"], row.get("at")) for row in rows]
+        events: list[tuple[str, datetime | None]] = []
+        marks: list[dict[str, str]] = []
+        for row in rows:
+            rk = str(row.get("RowKey", ""))
+            if rk.startswith(reserved(VM_MARK)) and isinstance(row.get("vm"), str):
+                mark = {k: row[k] for k in ("vm", "vm_id", "mark") if isinstance(row.get(k), str)}
+                marks.append({**mark, "done": "yes" if row.get("done") is True else ""})
+                continue
+            event_id, at = row.get("EventId"), row.get("at")
+            if isinstance(event_id, str) and event_id and (at is None or isinstance(at, datetime)):
+                events.append((event_id, at))
+                continue
+            skip = Skipped(self.events.table_name, OPEN_EVENTS, rk[:80], "not an index row")
+            log.warning("open index: skipped %s", skip)
+            if skipped is not None:
+                skipped(skip)
+        return events, marks
+
+    def mark_vm(self, name: str, vm_id: str, mark: str, *, done: bool = False) -> None:
+        """List a VM in the open index as having silence marks (before the VM row gets
+        them, so a VM row is never marked unlisted); the watchdog drops the listing when
+        it finds the VM row without marks."""
+        self.events.upsert_entity(
+            {
+                "PartitionKey": OPEN_EVENTS,
+                "RowKey": reserved(VM_MARK + row_key(name)),
+                "vm": name,
+                "vm_id": vm_id,
+                "mark": mark,
+                "done": done,  # the silence's announcement is published
+            },
+            mode=UpdateMode.REPLACE,
+        )
+
+    def mark_recovering(self, name: str) -> None:
+        """The VM's listing: its silence is ending (a recovery is being announced), so the
+        watchdog looks at the VM row again until the listing is dropped."""
+        self.events.upsert_entity(
+            {
+                "PartitionKey": OPEN_EVENTS,
+                "RowKey": reserved(VM_MARK + row_key(name)),
+                "vm": name,
+                "done": False,
+            },
+            mode=UpdateMode.MERGE,
+        )
+
+    def unmark_vm(self, name: str) -> None:
+        with contextlib.suppress(ResourceNotFoundError):
+            self.events.delete_entity(OPEN_EVENTS, reserved(VM_MARK + row_key(name)))
 
     def drop_open(self, event_id: str) -> None:
         with contextlib.suppress(ResourceNotFoundError):
@@ -617,10 +734,20 @@ class Store:
         event row still kept (a scan: for the status page's `?all=true` only)."""
         if include_ended:
             rows = self.events.query_entities("RowKey eq @rk", parameters={"rk": EVENT_ROW})
-            return [self._load(EventRecord, row) for row in rows]
+            loaded = []
+            for row in rows:
+                try:
+                    loaded.append(self._load(EventRecord, row))
+                except BadRow as exc:
+                    log.warning("events: skipped %s", exc)
+            return loaded
         found = []
         for event_id, _ in self.open_events():
-            record = self.get_event(event_id)
+            try:
+                record = self.get_event(event_id)
+            except BadRow as exc:
+                log.warning("events: skipped %s", exc)
+                continue
             if record is not None and not record.ended:
                 found.append(record)
         return found

@@ -25,7 +25,7 @@ from functions.pipeline.publish import ServiceBusPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.settings import check_for_azure, load_settings
 from functions.store.tables import Store
-from functions.web.approval import HTTP_STATUS, Refused, approve_by_hand
+from functions.web.approval import FUNCTION_KEY_ACTOR, HTTP_STATUS, Refused, approve_by_hand
 from functions.web.views import fleet_status
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,8 @@ bp = func.Blueprint()
 
 _lock = threading.Lock()
 _pipeline: Pipeline | None = None
+# Body fields a caller might use to name who approved: never believed (approve below).
+IDENTITY_FIELDS = frozenset({"by", "approved_by", "approver", "who", "user", "actor", "name"})
 
 
 def use_pipeline(pipeline: Pipeline | None) -> None:
@@ -123,16 +125,37 @@ def status(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("approve")
 @bp.route(route="events/{event_id}/approve", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 def approve(req: func.HttpRequest) -> func.HttpResponse:
-    """An operator approves by hand, e.g. a Reboot the policy holds. Audited with `by`."""
-    p = pipeline()
-    event_id = req.route_params.get("event_id", "")
+    """Approve by hand with a function key, e.g. a Reboot the policy holds.
+
+    Audited as `manual:function-key`: a function key says nothing about who holds it, so
+    the caller cannot name who approved. A `by` (or `approved_by`, `who`, ...) in the body
+    or an X-MS-CLIENT-PRINCIPAL-* header is ignored, and the answer says so in `note`.
+    People who must be named approve on the operators' pages (Entra sign-in)."""
+    status, data = approve_with_key(pipeline(), req.route_params.get("event_id", ""), req)
+    return _json(data, status)
+
+
+def approve_with_key(p: Pipeline, event_id: str, req: func.HttpRequest) -> tuple[int, dict]:
     try:
         body = req.get_json() if req.get_body() else {}
     except ValueError:
-        return _json({"error": 'body must be JSON, e.g. {"by": "alice"}'}, 400)
-    by = str((body or {}).get("by") or req.headers.get("x-ms-client-principal-name") or "unknown")
+        return 400, {"error": "body must be empty or a JSON object"}
+    if body is not None and not isinstance(body, dict):
+        return 400, {"error": "body must be empty or a JSON object"}
+    claimed = sorted(k for k in body or {} if k.casefold() in IDENTITY_FIELDS)
+    claimed += sorted(h for h in req.headers if h.lower().startswith("x-ms-client-principal"))
+    note = None
+    if claimed:
+        note = (
+            f"ignored {', '.join(claimed)}: the function-key API cannot say who approved; "
+            f"recorded as {FUNCTION_KEY_ACTOR!r} (approve on the operators' pages to be named)"
+        )
+        log.warning("approve %s: %s", event_id[:128], note)
     try:
-        result = approve_by_hand(p, event_id, by)
+        result = approve_by_hand(p, event_id, FUNCTION_KEY_ACTOR)
     except Refused as exc:
-        return _json({"error": str(exc)}, exc.status)
-    return _json(result.model_dump(mode="json"), HTTP_STATUS[result.outcome])
+        return exc.status, {"error": str(exc), **({"note": note} if note else {})}
+    data = result.model_dump(mode="json")
+    if note:
+        data["note"] = note
+    return HTTP_STATUS[result.outcome], data

@@ -3,6 +3,13 @@
 It goes through `approve_event` like every other approval (the claim under the row's
 ETag, the relays, the audit, the announcement), with `by="manual:<who>"`, and refuses in
 dry run. What the caller shows for each outcome is in `HTTP_STATUS`.
+
+`who` is never a name a caller chose (issue 22, property 7):
+- on the operators' pages, `operator_actor`: the Entra object id App Service Authentication
+  vouches for, with the display name beside it (`oid:<object id> (<name>)`); a display name
+  alone names nobody (anyone can call themselves "alice");
+- on the function-key API, `FUNCTION_KEY_ACTOR`: whoever holds a function key, which is all
+  the host tells us (it does not pass the key's name to a Python worker).
 """
 
 from __future__ import annotations
@@ -10,6 +17,18 @@ from __future__ import annotations
 from functions import telemetry
 from functions.pipeline.approve import ApprovalResult, approve_event
 from functions.pipeline.context import Pipeline
+from functions.web.principal import Principal
+
+FUNCTION_KEY_ACTOR = "function-key"
+MAX_NAME = 100
+
+
+def operator_actor(principal: Principal) -> str:
+    """`oid:<object id> (<display name>)`: the id is who it is, the name is for people."""
+    name = "".join(ch if ch.isprintable() else " " for ch in principal.name)
+    name = " ".join(name.split())[:MAX_NAME] or "?"
+    return f"oid:{principal.user_id} ({name})"
+
 
 HTTP_STATUS = {"approved": 200, "failed": 502, "retry_later": 503, "skipped": 409}
 

@@ -3,7 +3,8 @@
 Three independent checks, so one browser quirk never leaves the Approve button open:
 - the request's `Origin` (or, without it, `Referer`) is the app's own origin, and
   `Sec-Fetch-Site`, when the browser sends it, says `same-origin`;
-- the form carries a token signed with a key derived from RELAY_KEY, binding the user,
+- the form carries a token signed with the page-token key, HMAC-SHA256(APP_SECRET,
+  b"page-token/v1") (contract §6: the app's own secret, never a relay's), binding the user,
   the event, the time it was issued and a random nonce to the browser's own cookie
   (`__Host-`, `SameSite=Strict`, `HttpOnly`: a cross-site form post does not carry it, and
   another site cannot read or set it): a token for one user, event or browser is useless
@@ -23,16 +24,10 @@ from urllib.parse import urlsplit
 
 COOKIE_NAME = "__Host-sebridge-approve"
 TOKEN_TTL_SECONDS = 30 * 60  # long enough to read the page and decide
-_KEY_LABEL = b"scheduled-events-bridge approval page token v1"
 
 
 class TokenInvalid(ValueError):
     """The form may not be acted on; the message is safe to show to the user."""
-
-
-def page_key(relay_key: bytes) -> bytes:
-    """A key of its own for page tokens, so a token can never double as a relay signature."""
-    return hmac.new(relay_key, _KEY_LABEL, hashlib.sha256).digest()
 
 
 def new_browser_id() -> str:

@@ -23,7 +23,7 @@ from functions.pipeline.approve import approval_path
 from functions.pipeline.context import Pipeline
 from functions.store.records import EventRecord
 from functions.web import csrf, render
-from functions.web.approval import HTTP_STATUS, Refused, approve_by_hand
+from functions.web.approval import HTTP_STATUS, Refused, approve_by_hand, operator_actor
 from functions.web.principal import Principal, PrincipalInvalid, read_principal
 from functions.web.timeline import render_svg
 from functions.web.views import countdown, event_lane, fleet_events, policy_state
@@ -179,7 +179,7 @@ def event_page(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageR
         if browser is None:
             browser = csrf.new_browser_id()
             extra["Set-Cookie"] = csrf.cookie_header(browser)
-        key = csrf.page_key(pipeline.settings.relay_key_bytes or b"")
+        key = pipeline.settings.page_token_key or b""
         token = csrf.issue_token(
             key, admitted.user_id, record.event_id, browser, pipeline.clock.now().timestamp()
         )
@@ -210,7 +210,7 @@ def approve(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageResp
     try:
         csrf.check_origin(request.headers, settings.base_url or "")
         nonce = csrf.check_token(
-            csrf.page_key(settings.relay_key_bytes or b""),
+            settings.page_token_key or b"",
             token,
             user_id=admitted.user_id,
             event_id=event_id,
@@ -225,12 +225,12 @@ def approve(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageResp
     if not pipeline.store.claim_once(f"page-token:{nonce}", now):
         return _message(409, "Form already used", "This form was sent before: open the page again.")
     try:
-        result = approve_by_hand(pipeline, event_id, admitted.name)
+        result = approve_by_hand(pipeline, event_id, operator_actor(admitted))
     except Refused as exc:
         return _message(exc.status, "Not approved", str(exc))
     log.info(
         "pages: %s approved %s by hand: %s",
-        admitted.name,
+        operator_actor(admitted),
         event_id,
         result.outcome,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import uuid
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import requests
+from azure.data.tables import EdmType, EntityProperty, UpdateMode
 
 from functions.clock import Clock
 from functions.model.policy import Policy, PolicyLoad
@@ -19,6 +21,7 @@ from functions.pipeline.context import Pipeline
 from functions.pipeline.publish import LocalPublisher
 from functions.settings import Settings
 from functions.signing import SignatureError, verify_v2
+from functions.store.liveness import DictVerifier, liveness_partition, liveness_signature
 from functions.store.tables import Store
 from tests import identity_harness
 
@@ -166,6 +169,43 @@ def make_settings(policy: Policy | PolicyLoad | None = None, **overrides: Any) -
     return settings.with_policy(policy or PolicyLoad(policy=Policy()))
 
 
+# Enrolled VMs for the tests' liveness verifier: vm_id -> (name, {key_id: secret}).
+ENROLLED: dict[str, tuple[str, dict[str, bytes]]] = {}
+VERIFIER = DictVerifier({})
+VERIFIER.known = ENROLLED  # one registry, shared by every test pipeline
+
+
+def vm_id_of(name: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name.casefold()}.vm.test"))
+
+
+def liveness_key(name: str) -> tuple[str, bytes]:
+    secret = hashlib.sha256(f"callback-key:{name.casefold()}".encode()).digest()
+    return hashlib.sha256(secret).hexdigest()[:16], secret
+
+
+def liveness_row(name: str, at: datetime, relay_version: str = "test") -> dict[str, Any]:
+    """The row a relay writes for a heartbeat at `at` (contract §5), its VM enrolled."""
+    vm_id = vm_id_of(name)
+    key_id, secret = liveness_key(name)
+    ENROLLED[vm_id] = (name, {key_id: secret})
+    unix = int(at.timestamp())
+    return {
+        "PartitionKey": liveness_partition(vm_id),
+        "RowKey": vm_id,
+        "seen": datetime.fromtimestamp(unix, UTC),
+        "at": EntityProperty(unix, EdmType.INT64),
+        "relay_version": relay_version,
+        "key_id": key_id,
+        "sig": liveness_signature(secret, vm_id, unix, relay_version),
+    }
+
+
+def write_liveness(store: Store, name: str, at: datetime) -> None:
+    """`name`'s relay writes its liveness row (Insert Or Merge, as relays do)."""
+    store.liveness.table.upsert_entity(liveness_row(name, at), mode=UpdateMode.MERGE)
+
+
 def make_pipeline(
     store: Store, clock: Clock, policy: Policy | PolicyLoad | None = None, **overrides: Any
 ) -> tuple[Pipeline, LocalPublisher]:
@@ -177,6 +217,7 @@ def make_pipeline(
         requests.Session(),
         clock,
         admission=identity_harness.admission(store, clock.now),
+        liveness_verifier=VERIFIER,
     )
     return pipeline, publisher
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
 from functions.store import claims
-from tests.functions.conftest import T0, envelope, event, make_pipeline
+from tests.functions.conftest import T0, envelope, event, make_pipeline, write_liveness
 
 MINUTE = timedelta(minutes=1)
 
@@ -32,6 +32,7 @@ def test_claim_act_done_and_redo_if_stale():
 def test_a_silence_whose_announcer_crashed_is_announced_once_when_its_claim_is_stale(store, clock):
     pipeline, publisher = make_pipeline(store, clock)
     ingest_message(envelope("vm1", 1, [event("E-1", resources=("vm1",))]), pipeline)
+    write_liveness(store, "vm1", clock.now())
     clock.advance(11 * 60)
     last_seen = store.get_vm("vm1").last_seen
 

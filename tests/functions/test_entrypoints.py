@@ -19,7 +19,7 @@ from functions.pipeline.publish import ServiceBusPublisher, application_properti
 from functions.settings import SettingsInvalid, load_settings
 from functions.triggers import core as handlers
 from local.host import LocalHost
-from tests.functions.conftest import T0, envelope, event, make_pipeline
+from tests.functions.conftest import T0, envelope, event, make_pipeline, write_liveness
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -239,14 +239,34 @@ def test_handlers_from_function_app(store, clock, relay):
         assert ok.status_code == 200, ok.get_body()
         assert relay.starts() == ["EV-HD"]
         assert pub.transitions("EV-HD")[-1] == "approved"
-        assert store.audit_rows("EV-HD")[-1]["by"] == "manual:alice"
+        # The caller cannot choose who approved: a function key names nobody.
+        assert store.audit_rows("EV-HD")[-1]["by"] == "manual:function-key"
+        answer = json.loads(ok.get_body())
+        assert "ignored by" in answer["note"] and "'function-key'" in answer["note"]
+        assert "alice" not in json.dumps(store.audit_rows("EV-HD"), default=str)
+        approved = [n for n in pub.published if n.transition == "approved"]
+        assert "alice" not in (approved[-1].detail or "")
+        assert "function-key" in (approved[-1].detail or "")
         again = approve(
             func.HttpRequest(
-                "POST", "/api/events/EV-HD/approve", body=b"{}", route_params={"event_id": "EV-HD"}
+                "POST",
+                "/api/events/EV-HD/approve",
+                body=b"{}",
+                route_params={"event_id": "EV-HD"},
+                headers={"X-MS-CLIENT-PRINCIPAL-NAME": "mallory"},
             )
         )
         assert again.status_code == 409
+        assert "x-ms-client-principal-name" in json.loads(again.get_body())["note"].lower()
+        assert "mallory" not in json.dumps(store.audit_rows("EV-HD"), default=str)
+        listed = approve(
+            func.HttpRequest(
+                "POST", "/api/events/EV-HD/approve", body=b"[]", route_params={"event_id": "EV-HD"}
+            )
+        )
+        assert listed.status_code == 400
 
+        write_liveness(store, "vm1", clock.now())  # vm1's relay, heard once more
         clock.advance(20 * 60)
         names["watchdog"](TimerRequest())
         assert "relay_silent" in pub.transitions() or any(

@@ -15,7 +15,14 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.tables import Store
-from tests.functions.conftest import T0, envelope, event, make_pipeline, make_settings
+from tests.functions.conftest import (
+    T0,
+    envelope,
+    event,
+    make_pipeline,
+    make_settings,
+    write_liveness,
+)
 
 
 def test_same_event_from_40_vms_concurrently_is_decided_approved_announced_once(
@@ -179,6 +186,7 @@ def test_watchdog_silent_relay_and_overdue_once_each(store, clock):
     ingest_message(
         envelope("vm1", 1, [event("E-O", not_before=T0 + timedelta(minutes=5))]), pipeline
     )
+    write_liveness(store, "vm1", clock.now())  # its relay's last liveness row
     clock.advance(6 * 60)
     ingest_message(envelope("vm1", 2, None, kind="heartbeat"), pipeline)
     first = run_watchdog(pipeline)
@@ -202,6 +210,7 @@ def test_event_ends_when_every_reporter_went_silent_after_not_before(store, cloc
     ingest_message(
         envelope("vm1", 1, [event("E-S", not_before=T0 + timedelta(minutes=1))]), pipeline
     )
+    write_liveness(store, "vm1", clock.now())
     clock.advance(15 * 60)
     report = run_watchdog(pipeline)
     assert report.ended == ["E-S"]

@@ -14,7 +14,7 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.keys import VM_BUCKETS
 from local.host import HOST_JSON, LocalHost, TriggerConfig
-from tests.functions.conftest import envelope, event, make_pipeline
+from tests.functions.conftest import envelope, event, make_pipeline, write_liveness
 from tests.functions.test_entrypoints import FUNCTIONS
 from tests.tablecount import TableCounter
 
@@ -75,22 +75,38 @@ def test_bad_messages_are_rejected_and_documents_on_this_queue_are_ingested(stor
 
 
 def test_silence_and_recovery_through_heartbeats_only(store, clock):
+    """Silence comes from the relays' liveness rows (contract §5); a Service Bus heartbeat
+    (the old path) still counts as heard, so it ends a silence too."""
     pipeline, publisher = make_pipeline(store, clock)
-    ingest_heartbeats([beat("vm1", 1, clock), beat("vm2", 1, clock)], pipeline)
+    for name in ("vm1", "vm2", "vm3"):
+        ingest_message(envelope(name, 1, []), pipeline)
+        write_liveness(store, name, clock.now())
     clock.advance(5 * 60)
-    ingest_heartbeats([beat("vm2", 2, clock)], pipeline)
-    clock.advance(6 * 60)  # vm1 last heard 11 min ago, vm2 6 min ago
+    write_liveness(store, "vm2", clock.now())
+    write_liveness(store, "vm3", clock.now())
+    clock.advance(6 * 60)  # vm1 last heard 11 min ago, vm2 and vm3 6 min ago
     report = run_watchdog(pipeline)
-    assert report.silent == ["vm1"]
+    assert report.silent == ["vm1"] and report.skipped_rows == 0
     assert run_watchdog(pipeline).silent == []  # once per silence
     clock.advance(60)
-    ingest_heartbeats([beat("vm1", 2, clock)], pipeline)  # a blind merge: no recovery here
+    write_liveness(store, "vm1", clock.now())  # a relay's merge: the watchdog sees it
     report = run_watchdog(pipeline)
     assert report.recovered == ["vm1"]
     assert [n.transition for n in publisher.published] == ["relay_silent", "relay_recovered"]
     assert run_watchdog(pipeline).recovered == []  # once
     vm = store.get_vm("vm1")
     assert vm.silent_announced_for is None and vm.recovery_pending is None
+    # vm3's liveness row goes stale, but it was heard through a Service Bus heartbeat
+    # (a blind merge into its VM row): not silent.
+    clock.advance(11 * 60)
+    write_liveness(store, "vm1", clock.now())
+    write_liveness(store, "vm2", clock.now())
+    ingest_heartbeats([beat("vm3", 2, clock)], pipeline)
+    assert run_watchdog(pipeline).silent == []
+    clock.advance(11 * 60)
+    write_liveness(store, "vm1", clock.now())
+    write_liveness(store, "vm2", clock.now())
+    assert run_watchdog(pipeline).silent == ["vm3"]
 
 
 # ------------------------------------------------------------------ local host ↔ triggers

@@ -13,7 +13,15 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.tables import Store
-from tests.functions.conftest import T0, envelope, event, make_pipeline, make_settings
+from tests.functions.conftest import (
+    T0,
+    VERIFIER,
+    envelope,
+    event,
+    make_pipeline,
+    make_settings,
+    write_liveness,
+)
 
 
 def heartbeat(vm: str, sequence: int, clock) -> str:
@@ -22,6 +30,7 @@ def heartbeat(vm: str, sequence: int, clock) -> str:
 
 def silence(pipeline, clock, vm: str = "vm1") -> None:
     ingest_message(envelope(vm, 1, [event("E-1", resources=(vm,))]), pipeline)
+    write_liveness(pipeline.store, vm, clock.now())
     clock.advance(11 * 60)
     assert run_watchdog(pipeline).silent == [vm]
 
@@ -71,7 +80,9 @@ def test_a_failed_publish_is_republished_by_the_watchdog(store, clock):
         def publish(self, note):
             raise ConnectionError("topic unreachable")
 
-    down = Pipeline(store, pipeline.settings, Down(), requests.Session(), clock)
+    down = Pipeline(
+        store, pipeline.settings, Down(), requests.Session(), clock, liveness_verifier=VERIFIER
+    )
     result = ingest_message(heartbeat("vm1", 2, clock), down)  # processed, not raised
     assert result.outcome == "processed"
     assert store.get_vm("vm1").recovery_pending is not None
@@ -89,7 +100,7 @@ def test_a_failed_publish_is_republished_by_the_watchdog(store, clock):
 def test_racing_documents_announce_it_once(azurite, store, clock):
     pub = LocalPublisher()
     settings = make_settings()
-    pipeline = Pipeline(store, settings, pub, requests.Session(), clock)
+    pipeline = Pipeline(store, settings, pub, requests.Session(), clock, liveness_verifier=VERIFIER)
     silence(pipeline, clock)
     bodies = [
         envelope(

@@ -15,7 +15,13 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.tables import Store
-from tests.functions.conftest import envelope, event, make_pipeline, make_settings
+from tests.functions.conftest import (
+    envelope,
+    event,
+    make_pipeline,
+    make_settings,
+    write_liveness,
+)
 
 
 class FlakyPublisher(LocalPublisher):
@@ -105,6 +111,7 @@ def test_links_and_late_reporters(store, clock):
         clock,
         public_base_url="https://fn.example.net/",
         operators_group_id="0b5c6d2e-0000-4000-8000-000000000001",
+        app_secret="s" * 32,
         website_auth_enabled=True,
     )
     ingest_message(envelope("vm1", 1, [event("EV-L", resources=("vm1", "vm2"))]), pipeline)
@@ -131,6 +138,8 @@ def test_a_vm_deleted_by_terminate_is_not_announced_silent(store, clock):
     )
     ingest_message(envelope("ss_1", 1, [ev], scale_set="ss"), pipeline)
     ingest_message(envelope("other", 1, []), pipeline)
+    write_liveness(store, "ss_1", clock.now())
+    write_liveness(store, "other", clock.now())
     clock.advance(20 * 60)
     report = run_watchdog(pipeline)
     assert report.silent == ["other"]

@@ -15,7 +15,15 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.keys import row_key
 from functions.store.tables import EVENT_ROW, REPORTER, Store, ended_partition
-from tests.functions.conftest import T0, envelope, event, make_pipeline, make_settings
+from tests.functions.conftest import (
+    T0,
+    envelope,
+    event,
+    liveness_row,
+    make_pipeline,
+    make_settings,
+    write_liveness,
+)
 from tests.tablecount import TableCounter
 
 STRING_LIMIT = 64 * 1024  # bytes of one string property (UTF-16)
@@ -86,6 +94,7 @@ def test_retention_deletes_what_expired_and_nothing_else(store, clock):
     for name, vm in (("EV-OLD", "vm-old"), ("EV-NEW", "vm-new")):
         ingest_message(envelope(vm, 1, [event(name, resources=(vm,))]), pipeline)
         ingest_message(envelope(vm, 2, []), pipeline)  # cancelled, on T0's day
+        write_liveness(store, vm, clock.now())  # its relay's last liveness row
     ingest_message(envelope("vm-open", 1, [event("EV-OPEN", resources=("vm-open",))]), pipeline)
     store.reject(at=clock.now(), reason="old", body="x")
     assert len(store.audit_rows("EV-OLD")) == 1
@@ -93,6 +102,7 @@ def test_retention_deletes_what_expired_and_nothing_else(store, clock):
     clock.advance(20 * 86400)
     ingest_message(envelope("vm-new", 3, [event("EV-NEW2", resources=("vm-new",))]), pipeline)
     ingest_message(envelope("vm-new", 4, []), pipeline)
+    write_liveness(store, "vm-new", clock.now())
     ingest_message(envelope("vm-open", 2, [event("EV-OPEN", resources=("vm-open",))]), pipeline)
     store.reject(at=clock.now(), reason="recent", body="y")
     clock.advance(11 * 86400)
@@ -125,6 +135,16 @@ def _seed(store: Store, clock, vms: int, ended: int) -> None:
     """`vms` VMs heard just now and `ended` events that ended 40 days ago, written with
     batch transactions (the watchdog must not care how many there are)."""
     store.heard([(f"vm-{i:05d}", clock.now(), f"http://10.0.0.1:{i}", "t") for i in range(vms)])
+    # Every relay's liveness row too, heard just now: none is stale, so none is returned.
+    rows: dict[str, list[dict]] = {}
+    for i in range(vms):
+        row = liveness_row(f"vm-{i:05d}", clock.now())
+        rows.setdefault(row["PartitionKey"], []).append(row)
+    for partition in rows.values():
+        for start in range(0, len(partition), 100):
+            store.liveness.table.submit_transaction(
+                [("upsert", r) for r in partition[start : start + 100]]
+            )
     day = (clock.now() - timedelta(days=40)).strftime("%Y-%m-%d")
     index = []
     for i in range(ended):
@@ -163,6 +183,7 @@ def _sweep_requests(azurite: str, clock, vms: int, ended: int) -> tuple[int, obj
             ingest_message(envelope(vm, 1, [event(f"ACT-{i}", resources=(vm,))]), pipeline)
         counter.reset()
         report = run_watchdog(pipeline)
+        print(f"watchdog sweep at {vms} VMs: {counter.total()} requests {counter.by_kind()}")
         return counter.total(), report
 
 

@@ -4,6 +4,7 @@ webhook. Fleet-wide "once" comes from MessageId = EventId:transition."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,7 +62,8 @@ class Fleet:
 
     def card_titles(self) -> list[str]:
         return [
-            body["attachments"][0]["content"]["body"][0]["text"] for body in self.teams.bodies()
+            re.sub(r"\\(.)", r"\1", body["attachments"][0]["content"]["body"][0]["text"])
+            for body in self.teams.bodies()
         ]
 
 

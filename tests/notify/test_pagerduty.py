@@ -175,3 +175,24 @@ def test_the_announcers_page_flag_is_the_authority(
 ) -> None:
     item = note(transition, event(), decision(page=not page), page=page)
     assert pagerduty.action_for(item) == action
+
+
+def test_vm_text_never_brings_control_characters_into_a_summary():
+    from functions.model.event import Transition
+    from functions.notify import pagerduty
+    from tests.notify.factory import event, note
+
+    hostile = "web_0\n\rINJECTED\x00\x1b[2J\u202eevil\u200b\t"
+    snap = event(event_id=hostile, description=hostile, resources=(hostile,), scale_sets=(hostile,))
+    body = pagerduty.build_event(
+        note(Transition.APPROVAL_FAILED, snap, None, detail=f"relay: {hostile}"), "r" * 32
+    )
+    payload = body["payload"]
+    for key in ("summary", "source", "component", "group", "class"):
+        value = payload.get(key)
+        if value is None:
+            continue
+        assert value.isprintable(), (key, value)
+        assert "\u202e" not in value and "\u200b" not in value
+    assert "INJECTED" in payload["summary"]  # still said, on one line
+    assert payload["custom_details"]["detail"] == f"relay: {hostile}"  # raw data, JSON-escaped

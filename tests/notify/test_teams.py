@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -61,11 +62,16 @@ def assert_valid_card(message: dict[str, Any]) -> dict[str, Any]:
     return card
 
 
+def shown(text: str) -> str:
+    """What Teams shows for a card text: escapes resolved, zero-width spaces invisible."""
+    return re.sub(r"\\(.)", r"\1", text).replace(teams.ZWSP, "")
+
+
 def facts(card: dict[str, Any]) -> dict[str, str]:
     found: dict[str, str] = {}
     for element in card["body"]:
         if element["type"] == "FactSet":
-            found.update({fact["title"]: fact["value"] for fact in element["facts"]})
+            found.update({shown(f["title"]): shown(f["value"]) for f in element["facts"]})
     return found
 
 
@@ -83,7 +89,7 @@ def test_decided_card_says_what_which_when_why_decision_and_links() -> None:
     assert "Hold" in table["Decision"] and "reboot-window" in table["Decision"]
     assert "outside the maintenance window" in table["Decision"]
     assert table["Event"] == "EV-1"
-    assert card["body"][0]["text"] == "Reboot scheduled: 2 VMs in scale set web"
+    assert shown(card["body"][0]["text"]) == "Reboot scheduled: 2 VMs in scale set web"
     urls = {action["title"]: action["url"] for action in card["actions"]}
     assert urls == {
         "Approve manually": "https://bridge.example/api/approve?event=E",
@@ -107,10 +113,10 @@ def test_follow_ups_are_short_valid_cards(transition: Transition, words: str) ->
     card = assert_valid_card(
         teams.build_message(note(transition, event(), detail="relay said 200"), now=NOW)
     )
-    assert words in card["body"][0]["text"]
+    assert words in shown(card["body"][0]["text"])
     assert "Why" not in facts(card) and "Decision" not in facts(card)
     assert facts(card)["Event"] == "EV-1"
-    assert card["body"][-1]["text"] == "relay said 200"
+    assert shown(card["body"][-1]["text"]) == "relay said 200"
     assert len(card["body"]) <= 3
     attention = transition in {
         Transition.APPROVAL_FAILED,
@@ -124,7 +130,7 @@ def test_relay_silent_and_policy_invalid_cards_have_no_event() -> None:
     silent = assert_valid_card(
         teams.build_message(note(Transition.RELAY_SILENT, None, vm="web_3"), now=NOW)
     )
-    assert silent["body"][0]["text"] == "Relay on web_3 stopped reporting"
+    assert shown(silent["body"][0]["text"]) == "Relay on web_3 stopped reporting"
     assert facts(silent)["VM"] == "web_3"
     broken = assert_valid_card(
         teams.build_message(
@@ -145,10 +151,10 @@ def test_relay_recovered_is_a_short_follow_up() -> None:
             note(Transition.RELAY_RECOVERED, None, vm="web_3", detail="after 12 min"), now=NOW
         )
     )
-    assert card["body"][0]["text"] == "Relay on web_3 is reporting again"
+    assert shown(card["body"][0]["text"]) == "Relay on web_3 is reporting again"
     assert card["body"][0]["color"] == "Default"
     assert facts(card)["VM"] == "web_3"
-    assert card["body"][-1]["text"] == "after 12 min"
+    assert shown(card["body"][-1]["text"]) == "after 12 min"
     assert [a["title"] for a in card.get("actions", [])] == ["Fleet status"]
 
 
@@ -217,7 +223,10 @@ def test_an_event_that_never_was_scheduled_says_so() -> None:
     card = assert_valid_card(
         teams.build_message(note(Transition.DECIDED, started, decision()), now=NOW)
     )
-    assert card["body"][0]["text"] == "Reboot already started (no notice): 2 VMs in scale set web"
+    assert (
+        shown(card["body"][0]["text"])
+        == "Reboot already started (no notice): 2 VMs in scale set web"
+    )
     assert facts(card)["When"] == "now (already started)"
 
 
@@ -230,3 +239,78 @@ def test_only_a_started_event_is_called_already_started(transition: Transition) 
     assert describe.headline(started) == (
         "Reboot already started (no notice): 2 VMs in scale set web"
     )
+
+
+HOSTILE = [
+    "[click](http://evil.example/x)",
+    "**bold** _it_ ~~gone~~ `code`",
+    "<at>everyone</at> &lt;b&gt;",
+    "line one\n\n# heading\n- item\n> quote",
+    "see www.evil.example or mail me@evil.example, <https://evil.example>",
+    "![img](https://evil.example/i.png) \x1b[31mred\u202eevil",
+]
+
+
+def _texts(card: dict[str, Any]) -> list[str]:
+    out = []
+    for element in card["body"]:
+        if element["type"] == "TextBlock":
+            out.append(element["text"])
+        for fact in element.get("facts", []):
+            out += [fact["title"], fact["value"]]
+    return out
+
+
+def _inert(text: str) -> None:
+    """No Markdown, link, mention or control character survives in a card text."""
+    assert "\n" not in text and "\r" not in text and "\x1b" not in text and "\u202e" not in text
+    unescaped = re.sub(r"\\.", "", text)  # what is left once every escape is taken out
+    for token in ("*", "_", "[", "]", "(", ")", "`", "~", "<", ">", "&", "!"):
+        assert token not in unescaped, (token, text)
+    assert not re.match(r"[#>+=-]|\d+\.", text), text
+    for linky in ("http://", "https://", "www.evil", "evil.example", "@evil", "mailto:"):
+        assert linky not in text, (linky, text)
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_vm_text_is_inert_in_every_card(hostile):
+    """Everything a VM or a relay said (EventId, names, type, Description, source, relay
+    answers in `detail`) reaches Teams as plain text: escaped, one line, no link."""
+    snap = event(
+        event_id=hostile,
+        event_type=hostile,
+        event_source=hostile,
+        description=hostile,
+        resources=(hostile, f"web_{hostile}"),
+        reported_by=(hostile,),
+        scale_sets=(hostile,),
+        availability_sets=(hostile,),
+    )
+    notes = [
+        note(Transition.DECIDED, snap, decision(reason=hostile)),
+        note(Transition.APPROVAL_FAILED, snap, decision(), detail=f"relay said: {hostile}"),
+        note(Transition.RELAY_SILENT, None, None, vm=hostile, detail=hostile),
+    ]
+    for n in notes:
+        card = assert_valid_card(teams.build_message(n, now=NOW))
+        texts = _texts(card)
+        assert texts
+        for text in texts:
+            _inert(text)
+        # ...and an operator still reads what the VM said, literally.
+        words = " ".join(shown(t) for t in texts)
+        assert describe.plain(hostile) in words
+        raw = json.dumps(card)
+        assert "<at>" not in raw and "](http" not in raw and "**bold**" not in raw
+
+
+def test_inert_keeps_ordinary_text_readable():
+    assert teams.inert("Reboot scheduled: 2 VMs in scale set web") == (
+        "Reboot scheduled: 2 VMs in scale set web"
+    )
+    assert shown(teams.inert("web_0 at 2026-11-21 10:12 UTC (in 12 min)")) == (
+        "web_0 at 2026-11-21 10:12 UTC (in 12 min)"
+    )
+    assert teams.inert("1. first") == "1\\. first"
+    assert teams.inert("#1") == "\\#1"
+    assert teams.inert("a\r\n\tb") == "a b"

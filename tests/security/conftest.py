@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 import requests
+from relay.attest import Attester, AttestingSender
+from relay.keystore import KeyStore
 
 from functions.clock import SystemClock
 from functions.identity.attestation import AttestationVerifier
@@ -36,10 +38,8 @@ from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.results import IngestResult
 from functions.settings import Settings
 from functions.store.tables import Store
-from relay.attest import Attester, AttestingSender
 from relay.callback import CallbackApp, CallbackServer
 from relay.imds import ImdsClient
-from relay.keystore import KeyStore
 from relay.models import parse_envelope
 from simulator import Simulator, SimulatorServer
 from simulator import identity as azure

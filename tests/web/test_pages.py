@@ -21,7 +21,9 @@ BASE = "https://bridge.example"
 GROUP = "6f1c2d3e-aaaa-4bbb-8ccc-000000000042"
 ALICE = "1a2b3c4d-0000-4000-8000-00000000a11c"
 BOB = "1a2b3c4d-0000-4000-8000-000000000b0b"
+APP_SECRET = "app-secret-for-the-page-tests-0123456789abcdef"
 PAGES_ON = {
+    "app_secret": APP_SECRET,
     "public_base_url": BASE,
     "operators_group_id": GROUP,
     "website_auth_enabled": True,
@@ -97,10 +99,75 @@ def test_approve_from_the_page_round_trip(held, relay, store):
         assert "Already approved" in after.text and 'name="token"' not in after.text
     assert relay.starts() == ["EV-PG"]
     audit = store.audit_rows("EV-PG")
-    assert audit[-1]["by"] == "manual:alice@contoso.example"
+    # The Entra object id names who approved; the display name is only beside it.
+    assert audit[-1]["by"] == f"manual:oid:{ALICE} (alice@contoso.example)"
     assert audit[-1]["outcome"] == "approved via relay:vm1"
     approved = [n for n in pub.published if n.transition is Transition.APPROVED]
-    assert "approved by alice@contoso.example" in approved[0].detail
+    assert f"approved by oid:{ALICE} (alice@contoso.example)" in approved[0].detail
+
+
+def test_two_operators_with_one_display_name_stay_apart(held, relay, store):
+    """Bob renames himself "alice@contoso.example": the audit still says it was Bob."""
+    pipeline, _ = held
+    impostor = principal(oid=BOB, name="alice@contoso.example\x07forged line")
+    with serve(pipeline) as url:
+        token, cookie, _ = open_page(url, impostor)
+        assert post(url, impostor, token, cookie).status_code == 200
+    by = store.audit_rows("EV-PG")[-1]["by"]
+    assert by == f"manual:oid:{BOB} (alice@contoso.example forged line)"
+    assert ALICE not in by
+
+
+def test_a_token_keyed_by_the_relay_key_is_refused(held, relay):
+    """Page tokens are keyed by APP_SECRET (contract §6), never by anything a relay holds:
+    a token made with the old RELAY_KEY-derived key (or RELAY_KEY itself) is refused."""
+    import hashlib
+    import hmac
+
+    from functions.web import csrf
+    from tests.functions.conftest import KEY
+
+    pipeline, _ = held
+    alice = principal()
+    old_label = b"scheduled-events-bridge approval page token v1"
+    keys = [
+        hmac.new(KEY.encode(), old_label, hashlib.sha256).digest(),
+        hmac.new(KEY.encode(), b"page-token/v1", hashlib.sha256).digest(),
+        KEY.encode(),
+    ]
+    with serve(pipeline) as url:
+        _, cookie, _ = open_page(url, alice)
+        for key in keys:
+            forged = csrf.issue_token(key, ALICE, "EV-PG", cookie, T0.timestamp())
+            response = post(url, alice, forged, cookie)
+            assert response.status_code == 403 and "not valid for you" in response.text
+    assert relay.starts() == []
+    expected = hmac.new(APP_SECRET.encode(), b"page-token/v1", hashlib.sha256).digest()
+    assert pipeline.settings.page_token_key == expected
+
+
+def test_rotating_app_secret_voids_open_forms(held, relay, store, clock):
+    """A new APP_SECRET (a new host start) refuses the forms issued under the old one:
+    the operator opens the page again. Nothing else is keyed by it on the pages."""
+    pipeline, _ = held
+    alice = principal()
+    with serve(pipeline) as url:
+        token, cookie, _ = open_page(url, alice)
+    rotated, _ = make_pipeline(store, clock, **{**PAGES_ON, "app_secret": "r" * 40})
+    with serve(rotated) as url:
+        refused = post(url, alice, token, cookie)
+        assert refused.status_code == 403 and "not valid for you" in refused.text
+        token, cookie, _ = open_page(url, alice)
+        assert post(url, alice, token, cookie).status_code == 200
+
+
+def test_app_secret_must_be_long_enough():
+    from functions.settings import SettingsInvalid, load_settings
+
+    with pytest.raises(SettingsInvalid, match="app_secret"):
+        load_settings(app_secret="short")
+    reference = "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/app-secret)"
+    assert load_settings(app_secret=reference).page_token_key is None  # never a key
 
 
 @pytest.mark.parametrize(
@@ -247,6 +314,7 @@ def test_an_app_role_admits_too(store, clock, relay):
         # forgery of an operator's principal must not get in.
         ({"website_auth_enabled": False}, "App Service Authentication is not enabled"),
         ({"public_base_url": None}, "neither PUBLIC_BASE_URL nor WEBSITE_HOSTNAME"),
+        ({"app_secret": None}, "APP_SECRET is not set"),
     ],
 )
 def test_pages_off_say_why_and_cards_carry_no_button(store, clock, relay, settings, why):
