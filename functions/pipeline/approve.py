@@ -168,7 +168,7 @@ def _relay_phase(
     """Relays of the named VMs. With ARM next, relays get ARM_FALLBACK_AFTER_SECONDS from
     their first attempt (kept in the row across invocations) and no waiting for relays
     not heard yet: ARM can approve now."""
-    store, settings, clock = pipeline.store, pipeline.settings, pipeline.clock
+    settings, clock = pipeline.settings, pipeline.clock
     handover = deadline
     if arm_next:
         tried = [a.at for a in record.approval_attempts if a.vm and a.vm != ARM]

@@ -230,7 +230,7 @@ def test_a_relay_event_is_acknowledged_on_azures_resource_id_not_the_relays(
 ):
     """The owner ARM is asked about comes from Resource Graph's facts for the attested
     vmId; the relay's own resource_id claim is never used."""
-    pipeline, pub = agentless(store, clock, arm, approvers="relay,arm")
+    pipeline, _ = agentless(store, clock, arm, approvers="relay,arm")
     relay.default = (400, {"error": "refused"})
     props = user_event(arm.sim, "EV-L", ["web_1"])
     body = json.loads(envelope("web_1", 1, [props], callback_url=relay.url, scale_set="web"))
