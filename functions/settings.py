@@ -29,8 +29,8 @@ class SettingsInvalid(RuntimeError):
 
 # App Service passes a Key Vault reference it could not resolve (no access, vault firewall,
 # secret missing) as its own text, `@Microsoft.KeyVault(SecretUri=...)`. As a secret that
-# text would pass every length check (RELAY_KEY: every relay then answers 401), so no secret
-# setting may hold it.
+# text would pass every length check (APP_SECRET: no stored key could be read), so no
+# secret setting may hold it.
 KEY_VAULT_REFERENCE_PREFIX = "@Microsoft.KeyVault("
 
 
@@ -86,13 +86,12 @@ class Settings(BaseSettings):
     heartbeats_queue: str = Field(default="heartbeats", min_length=1)
     notifications_topic: str = Field(default="notifications", min_length=1)
     state_table_prefix: str = Field(default="sebridge", pattern=r"^[A-Za-z][A-Za-z0-9]{0,40}$")
-    relay_key: SecretStr | None = None
-    # The key before the last rotation: a relay that still verifies with it (not rotated
-    # yet) answers 401 to RELAY_KEY, and is asked once more signed with this one.
-    relay_key_previous: SecretStr | None = None
-    # APP_SECRET (contract §6): the app's own master secret, never shared with relays (Key
-    # Vault reference in production, >= 32 characters). It keys the approval page tokens
-    # (HMAC-SHA256(APP_SECRET, b"page-token/v1")); rotating it voids the forms open now.
+    # APP_SECRET: the app's own master secret, never shared with relays (Key Vault reference
+    # in production, >= 32 characters). It wraps the relays' callback keys at rest
+    # (functions.identity.keys) and keys the approval page tokens (HMAC-SHA256(APP_SECRET,
+    # b"page-token/v1")); rotating it voids the forms open now and the stored callback keys
+    # (each relay's next message stores its key again). RELAY_KEY (one key every relay
+    # shared) is gone: each relay's key is its own.
     app_secret: SecretStr | None = Field(default=None, min_length=32)
 
     @property
@@ -164,10 +163,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _urls(self) -> Settings:
-        # RELAY_KEY_PREVIOUS is refused softly (relay_key_previous_bytes): it only helps
-        # during a rotation, so an unresolved one is logged and never signs.
         for setting, value in (
-            ("RELAY_KEY", self.relay_key),
+            ("APP_SECRET", self.app_secret),
             ("ServiceBusConnection", self.service_bus_connection),
             ("StateStorage", self.state_storage),
             ("AzureWebJobsStorage", self.webjobs_storage),
@@ -176,11 +173,6 @@ class Settings(BaseSettings):
                 raise ValueError(unresolved_message(setting))
         if self.public_base_url and not self.public_base_url.startswith(("http://", "https://")):
             raise ValueError("PUBLIC_BASE_URL must be an http(s) URL")
-        if self.relay_key is not None and len(self.relay_key.get_secret_value().strip()) < 16:
-            raise ValueError("RELAY_KEY must be at least 16 characters")
-        previous = self.relay_key_previous.get_secret_value() if self.relay_key_previous else ""
-        if previous.strip() and len(previous.strip()) < 16:
-            raise ValueError("RELAY_KEY_PREVIOUS must be at least 16 characters")
         if not self.arm_endpoint.startswith(("https://", "http://")):
             raise ValueError("ARM_ENDPOINT must be an http(s) URL")
         order = self.approver_order
@@ -210,18 +202,9 @@ class Settings(BaseSettings):
         return tuple(p.strip().casefold() for p in self.approvers.split(",") if p.strip())
 
     @property
-    def relay_key_bytes(self) -> bytes | None:
-        return self.relay_key.get_secret_value().strip().encode() if self.relay_key else None
-
-    @property
-    def relay_key_previous_bytes(self) -> bytes | None:
-        """None when unset, empty, or a Key Vault reference the platform could not resolve
-        (App Service then passes the reference text itself, which must never sign)."""
-        previous = self.relay_key_previous
-        value = previous.get_secret_value().strip() if previous is not None else ""
-        if unresolved_reference(value):
-            log.error("%s; ignored", unresolved_message("RELAY_KEY_PREVIOUS"))
-            return None
+    def app_secret_bytes(self) -> bytes | None:
+        """APP_SECRET as bytes; None when unset (an unresolved reference stops the app)."""
+        value = self.app_secret.get_secret_value().strip() if self.app_secret else ""
         return value.encode() if value else None
 
     @cached_property
@@ -321,7 +304,10 @@ def check_for_azure(settings: Settings) -> None:
             check()
         except SettingsInvalid as exc:
             problems.append(str(exc))
-    if settings.relay_key is None:
-        problems.append("RELAY_KEY is not set: the relays cannot be called back")
+    if settings.app_secret is None:
+        problems.append(
+            "APP_SECRET is not set: relays' callback keys cannot be stored, so no relay can "
+            "be called back"
+        )
     if problems:
         raise SettingsInvalid("; ".join(problems))

@@ -25,11 +25,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import requests
+
 from functions.identity.attestation import AttestationError, AttestationVerifier
-from functions.identity.facts import FactsUnavailable, UnknownVm, VmFacts
+from functions.identity.facts import (
+    FactsUnavailable,
+    ResourceGraphResolver,
+    UnknownVm,
+    VmFacts,
+)
 from functions.identity.keys import InvalidCallbackKey, liveness_ok, parse_callback_key
 from functions.identity.registry import CachedResolver, Identity, IdentityStore
 from functions.model.envelope import Envelope, VmRef
+from functions.settings import Settings
+from functions.store.tables import Store
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +90,34 @@ class Admission:
     @property
     def registry(self) -> IdentityStore:
         return self.identities.store
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, store: Store, session: requests.Session, credential: Any
+    ) -> Admission:
+        """As deployed: Azure's roots (unless ATTESTATION_CA_PEM, the simulator's), Resource
+        Graph with the app's identity, the identities table keyed by APP_SECRET."""
+        secret = settings.app_secret_bytes
+        if secret is None:
+            raise ValueError("APP_SECRET is not set: relays' callback keys cannot be stored")
+        registry = IdentityStore.from_service(
+            store.service, secret, settings.state_table_prefix
+        ).ensure_table()
+        resolver = ResourceGraphResolver(
+            session,
+            credential,
+            settings.arm_endpoint,
+            subscriptions=tuple(sorted(settings.subscription_allow_list)),
+        )
+        verifier = AttestationVerifier(
+            roots_pem=settings.attestation_ca_pem or None,
+            signer_suffixes=settings.signer_suffixes,
+            allowed_subscriptions=settings.subscription_allow_list,
+        )
+        cached = CachedResolver(
+            registry, resolver, max_age_seconds=settings.vm_facts_max_age_seconds
+        )
+        return cls(verifier, cached, settings.relay_callback_port)
 
     def admit(self, body: bytes | str, envelope: Envelope, now: datetime) -> Identity:
         """The sender's identity, its facts fresh enough and its current key remembered.

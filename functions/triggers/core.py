@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 
 import azure.functions as func
 import requests
 
 from functions import telemetry
+from functions.approvers.arm import default_credential
 from functions.clock import SystemClock
+from functions.pipeline.admission import Admission
 from functions.pipeline.context import Pipeline
 from functions.pipeline.heartbeats import ingest_heartbeats
 from functions.pipeline.ingest import ingest_message
@@ -51,15 +54,22 @@ def pipeline() -> Pipeline:
         if _pipeline is None:
             settings = load_settings()
             check_for_azure(settings)
-            if settings.relay_key is None:
-                log.error("RELAY_KEY is not set: approvals will fail and be announced")
+            if os.environ.get("RELAY_KEY") or os.environ.get("RELAY_KEY_PREVIOUS"):
+                log.warning(
+                    "RELAY_KEY / RELAY_KEY_PREVIOUS are no longer used (each relay has its own "
+                    "key): remove them and the relay-key secret"
+                )
             store = Store.from_settings(settings).ensure_tables()
+            session = requests.Session()
+            credential = default_credential()
             _pipeline = Pipeline(
                 store=store,
                 settings=settings,
                 publisher=ServiceBusPublisher.from_settings(settings),
-                session=requests.Session(),
+                session=session,
                 clock=SystemClock(),
+                credential=credential,
+                admission=Admission.from_settings(settings, store, session, credential),
             )
             settings.policy  # noqa: B018 - read now so an invalid policy is logged at start
         return _pipeline
