@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from relay.logs import event
 from relay.models import Envelope, format_aware
-from relay.senders import Sender, SendError
+from relay.sendbase import Sender, SendError
 from relay.servicebus import exchange, https_opener, retry_after
 
 TYPE_CHECKING = False

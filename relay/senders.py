@@ -20,34 +20,13 @@ from pathlib import Path
 from relay.logs import ErrorStreak, event, jitter
 from relay.models import DocumentError, Envelope, parse_envelope
 from relay.outbox import Outbox, OutboxMessage, atomic_write
+from relay.sendbase import Sender, SendError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 log = logging.getLogger("relay.sender")
-
-
-class SendError(Exception):
-    """A message was not confirmed. `slow` means retrying soon cannot help."""
-
-    def __init__(
-        self, kind: str, message: str, *, slow: bool = False, retry_after: float | None = None
-    ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.slow = slow
-        self.retry_after = retry_after
-
-
-class Sender:
-    """What a forward target does (FileSender, ServiceBusSender)."""
-
-    def send(self, envelope: Envelope, body: str) -> None:
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        raise NotImplementedError
 
 
 # ------------------------------------------------------------------ file:DIR

@@ -24,7 +24,7 @@ from relay.identity import (
     TokenProvider,
 )
 from relay.logs import clip
-from relay.senders import Sender, SendError
+from relay.sendbase import Sender, SendError
 from relay.signing import hmac_sha256
 
 TYPE_CHECKING = False
