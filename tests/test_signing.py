@@ -34,3 +34,86 @@ def test_verify_accepts_fresh_valid_and_refuses_the_rest():
         verify(KEY, {}, "POST", "/v1/start", body, now=1000)
     with pytest.raises(SignatureError, match="malformed"):
         verify(KEY, {**headers, "X-Relay-Timestamp": "-5"}, "POST", "/v1/start", body, now=1000)
+
+
+# --------------------------------------------------------------------------- v2 (issue 22)
+
+import relay.signing as relay_signing  # noqa: E402
+from functions import signing as app_signing  # noqa: E402
+
+SECRET = bytes.fromhex("11" * 32)
+KID = hashlib.sha256(SECRET).hexdigest()[:16]
+VM = "0f8fad5b-d9cb-469f-a165-70867728950e"
+OTHER = "7c9e6679-7425-40de-944b-e07fc1f90ae7"
+
+
+@pytest.mark.parametrize("module", [relay_signing, app_signing], ids=["relay", "functions"])
+def test_v2_headers_are_the_contract(module):
+    body = b'{"EventIds":["e1"]}'
+    headers = module.sign_headers_v2(SECRET, KID, VM.upper(), "post", "/v1/start", body, now=1700)
+    message = f"1700\nPOST\n/v1/start\n{VM}\n".encode() + body
+    assert headers == {
+        "X-Relay-Timestamp": "1700",
+        "X-Relay-Target": VM,
+        "X-Relay-Key-Id": KID,
+        "X-Relay-Signature": "v2=" + hmac.new(SECRET, message, hashlib.sha256).hexdigest(),
+    }
+    assert module.key_id(SECRET) == KID
+
+
+@pytest.mark.parametrize("module", [relay_signing, app_signing], ids=["relay", "functions"])
+def test_v2_verify_refuses_what_it_must(module):
+    body = b"{}"
+    keys = {KID: SECRET}
+    headers = module.sign_headers_v2(SECRET, KID, VM, "POST", "/v1/start", body, now=1000)
+    assert module.verify_v2(keys, VM, headers, "POST", "/v1/start", body, now=1200).startswith(
+        "v2="
+    )
+    assert module.verify_v2(keys, VM.upper(), headers, "POST", "/v1/start", body, now=1000)
+    with pytest.raises(module.WrongTarget, match="signed for another VM"):
+        module.verify_v2(keys, OTHER, headers, "POST", "/v1/start", body, now=1000)
+    for_other = module.sign_headers_v2(SECRET, KID, OTHER, "POST", "/v1/start", body, now=1000)
+    with pytest.raises(module.WrongTarget):
+        module.verify_v2(keys, VM, for_other, "POST", "/v1/start", body, now=1000)
+    # Rewriting the target header breaks the HMAC.
+    with pytest.raises(module.SignatureError, match="bad signature"):
+        module.verify_v2(
+            keys, VM, {**for_other, "X-Relay-Target": VM}, "POST", "/v1/start", body, now=1000
+        )
+    with pytest.raises(module.SignatureError, match="unknown key id"):
+        module.verify_v2({"0" * 16: SECRET}, VM, headers, "POST", "/v1/start", body, now=1000)
+    with pytest.raises(module.SignatureError, match="stale"):
+        module.verify_v2(keys, VM, headers, "POST", "/v1/start", body, now=1301)
+    with pytest.raises(module.SignatureError, match="bad signature"):
+        module.verify_v2(keys, VM, headers, "POST", "/v1/hook", body, now=1000)
+    with pytest.raises(module.SignatureError, match="bad signature"):
+        module.verify_v2(keys, VM, headers, "POST", "/v1/start", b"{ }", now=1000)
+    v1 = module.sign_headers(SECRET, "POST", "/v1/start", body, now=1000)
+    with pytest.raises(module.SignatureError, match="only v2"):
+        module.verify_v2(keys, VM, {**headers, **v1}, "POST", "/v1/start", body, now=1000)
+    with pytest.raises(module.MalformedSignature):
+        module.verify_v2(
+            keys,
+            VM,
+            {**headers, "X-Relay-Timestamp": "\uff11\uff12"},
+            "POST",
+            "/v1/start",
+            body,
+            now=1,
+        )
+    with pytest.raises(module.SignatureError, match="missing"):
+        module.verify_v2(keys, VM, {}, "POST", "/v1/start", body, now=1000)
+
+
+def test_the_relay_and_the_app_sign_alike():
+    """relay/signing.py (standard library, no hashlib on the hot path) = functions/signing.py."""
+    for body in (b"", b"{}", "é".encode() * 100):
+        for now in (0, 1_700_000_000):
+            args = (SECRET, KID, VM, "POST", "/v1/hook", body)
+            assert relay_signing.sign_headers_v2(*args, now=now) == app_signing.sign_headers_v2(
+                *args, now=now
+            )
+            assert relay_signing.sign_headers(SECRET, "POST", "/x", body, now=now) == (
+                app_signing.sign_headers(SECRET, "POST", "/x", body, now=now)
+            )
+    assert relay_signing.key_id(SECRET) == app_signing.key_id(SECRET)
