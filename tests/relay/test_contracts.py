@@ -14,10 +14,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from relay.signing import sign_headers
 from simulator.instance import RESOURCE_GROUP, SUBSCRIPTION_ID
 from tests.conftest import free_port
-from tests.relay.conftest import KEY, json_files, wait_for
+from tests.relay.conftest import KEY, json_files, sign_headers, wait_for
 from tests.relay.servicebus_standin import ServiceBusStandIn
 
 FAST = ["--poll-interval=0.05", "--imds-max-backoff=0.2", "--send-max-backoff=0.2"]

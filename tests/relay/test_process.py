@@ -10,9 +10,8 @@ from typing import Any
 
 import requests
 
-from relay.signing import sign_headers
 from tests.conftest import free_port
-from tests.relay.conftest import KEY, json_files, wait_for
+from tests.relay.conftest import KEY, json_files, sign_headers, wait_for
 from tests.relay.servicebus_standin import ServiceBusStandIn
 
 FAST = [

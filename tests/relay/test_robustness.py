@@ -21,9 +21,15 @@ from typing import Any
 
 import pytest
 
-from relay.signing import sign_headers
 from tests.conftest import free_port
-from tests.relay.conftest import KEY, json_files, relay_command, relay_env, wait_for
+from tests.relay.conftest import (
+    KEY,
+    json_files,
+    relay_command,
+    relay_env,
+    sign_headers,
+    wait_for,
+)
 
 FAST = ["--poll-interval=0.05", "--imds-max-backoff=0.2", "--imds-timeout=2"]
 # Times Python cannot hold once moved to UTC: past year 9999, before year 1.
