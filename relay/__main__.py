@@ -108,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
                 "its own callback key in the state directory (remove the setting)",
                 path=str(value),
             )
+    try:
+        build_sender(settings)  # every setting checked before anything is made or logged
+    except (ValueError, OSError) as exc:
+        print(f"relay: bad settings: {exc}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
     hook_user = None
     if settings.hooks:
         from relay.hooks import drop_ambient_capabilities, resolve_hook_user
