@@ -12,7 +12,9 @@ import sys
 import threading
 
 from relay import __version__, logs
+from relay.attest import Attester, AttestingSender
 from relay.imds import ImdsClient, ImdsError
+from relay.keystore import KeyStore
 from relay.logs import ErrorStreak, event, jitter
 from relay.models import VmRef
 from relay.outbox import Outbox
@@ -28,30 +30,29 @@ log = logging.getLogger("relay")
 
 
 def resolve_vm(imds: ImdsClient, settings: RelaySettings, stop: threading.Event) -> VmRef | None:
-    """Who we are. Without --vm-name, wait for IMDS compute metadata (retrying, logged)."""
+    """Who we are: IMDS compute metadata, waited for (retrying, logged). The vmId is this
+    VM's identity (issue 22: envelopes, attestation, callback target), so even with
+    --vm-name the relay does not start without it."""
     compute: dict[str, Any] = {}
-    if settings.vm_name:
+    streak = ErrorStreak(log, "IMDS compute metadata")
+    failures = 0
+    while not stop.is_set():
         try:
-            compute = imds.get_compute(timeout=settings.imds_timeout)
+            compute = imds.get_compute(timeout=settings.imds_first_timeout)
+            if not compute.get("vmId"):
+                raise ImdsError("malformed", "compute metadata has no vmId")
+            streak.ok()
+            break
         except ImdsError as exc:
-            event(log, logging.WARNING, "no compute metadata; scale set unknown", kind=exc.kind)
+            failures += 1
+            streak.error(exc.kind, f"cannot learn this VM's identity: {exc}")
+            pause = min(settings.imds_max_backoff, 0.5 * 2**failures)
+            stop.wait(pause * jitter(0.75, 1.25))
     else:
-        streak = ErrorStreak(log, "IMDS compute metadata")
-        failures = 0
-        while not stop.is_set():
-            try:
-                compute = imds.get_compute(timeout=settings.imds_first_timeout)
-                streak.ok()
-                break
-            except ImdsError as exc:
-                failures += 1
-                streak.error(exc.kind, f"cannot learn this VM's name: {exc}")
-                pause = min(settings.imds_max_backoff, 0.5 * 2**failures)
-                stop.wait(pause * jitter(0.75, 1.25))
-        else:
-            return None
+        return None
     return VmRef(
         name=settings.vm_name or compute["name"],
+        vm_id=str(compute["vmId"]).lower(),
         callback_url=settings.advertised_callback_url,
         scale_set=compute.get("vmScaleSetName") or None,
         availability_set=settings.availability_set,
@@ -95,23 +96,42 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         event(log, logging.CRITICAL, "cannot use the state directory", error=str(exc))
         return 1
+    for flag, value in (
+        ("--callback-key-file", settings.callback_key_file),
+        ("--previous-key-file", settings.previous_key_file),
+    ):
+        if value is not None:
+            event(
+                log,
+                logging.WARNING,
+                f"{flag} is ignored: there is no shared relay key any more; the relay makes "
+                "its own callback key in the state directory (remove the setting)",
+                path=str(value),
+            )
     try:
-        sender = build_sender(settings)
+        build_sender(settings)  # every setting checked before anything is made or logged
     except (ValueError, OSError) as exc:
         print(f"relay: bad settings: {exc}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
-    key: bytes | None = None
-    previous_key: bytes | None = None
-    if settings.callback_key_file is not None:
-        from relay.signing import read_key_file
+    hook_user = None
+    if settings.hooks:
+        from relay.hooks import drop_ambient_capabilities, resolve_hook_user
 
-        try:
-            key = read_key_file(str(settings.callback_key_file))
-            if settings.previous_key_file is not None:
-                previous_key = read_key_file(str(settings.previous_key_file))
-        except (ValueError, OSError) as exc:
-            print(f"relay: bad settings: key file: {exc}", file=sys.stderr)
-            return EXIT_BAD_SETTINGS
+        hook_user = resolve_hook_user(settings.hook_user)
+        if hook_user.problem:
+            event(log, logging.ERROR, hook_user.problem)
+        drop_ambient_capabilities()  # before any thread starts: capabilities are per thread
+    try:
+        keys = KeyStore(settings.state_dir, max_age=settings.callback_key_max_age_days * 86400)
+    except OSError as exc:
+        event(log, logging.CRITICAL, "cannot use the callback key store", error=str(exc))
+        return 1
+    attester = Attester(ImdsClient(settings.imds_url, settings.imds_timeout))
+    try:
+        sender = build_sender(settings, keys=keys, attester=attester)
+    except (ValueError, OSError) as exc:
+        print(f"relay: bad settings: {exc}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
 
     imds = ImdsClient(settings.imds_url, settings.imds_timeout)
     event(
@@ -123,10 +143,14 @@ def main(argv: list[str] | None = None) -> int:
         state_dir=str(settings.state_dir),
         pending=len(outbox),
         sequence=outbox.sequence,
+        key_id=keys.current_key().id,
     )
     vm = resolve_vm(imds, settings, stop)
     if vm is None:
         return 0
+    documents = getattr(sender, "documents", sender)
+    if isinstance(documents, AttestingSender):
+        documents.vm = vm.to_dict()
     sending = SendLoop(
         outbox, sender, max_backoff=settings.send_max_backoff, slow_retry=settings.send_slow_retry
     ).start()
@@ -141,10 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         max_backoff=settings.imds_max_backoff,
         stop=stop,
         forward_all_events=settings.forward_all_events,
+        keys=keys,
     )
     server = None
-    if settings.callback_listen and key is not None:
-        server = _start_callback(settings, key, previous_key, vm, watcher, sending)
+    if settings.callback_listen:
+        server = _start_callback(settings, keys, hook_user, vm, watcher, sending)
         if server is None:
             sending.stop()
             return 1
@@ -160,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _start_callback(
     settings: RelaySettings,
-    key: bytes,
-    previous_key: bytes | None,
+    keys: KeyStore,
+    hook_user: Any,
     vm: VmRef,
     watcher: Watcher,
     sending: SendLoop,
@@ -172,13 +197,16 @@ def _start_callback(
     if settings.hooks:  # subprocess and tempfile only when there are hooks to run
         from relay.hooks import HookRunner
 
-        hooks = HookRunner(settings.hooks, settings.state_dir, settings.hook_timeout, vm.name)
+        hooks = HookRunner(
+            settings.hooks, settings.state_dir, settings.hook_timeout, vm.name, user=hook_user
+        )
 
     def health() -> dict[str, Any]:
         return {
             "healthy": watcher.healthy and sending.healthy,
             "version": __version__,
             "vm": vm.name,
+            "vm_id": vm.vm_id,
             "imds": {"healthy": watcher.healthy, "error": watcher.streak.last_error},
             "sender": {
                 "healthy": sending.healthy,
@@ -188,14 +216,15 @@ def _start_callback(
         }
 
     # A separate client: a slow poll must not hold up an approval, nor the reverse.
+    assert vm.vm_id
     app = CallbackApp(
-        key,
+        keys,
+        vm.vm_id,
         vm.name,
         ImdsClient(settings.imds_url, settings.imds_timeout),
         hooks=hooks,
         health=health,
         hook_wait=settings.hook_wait,
-        previous_key=previous_key,
     )
     assert settings.callback_listen
     try:

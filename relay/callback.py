@@ -16,8 +16,11 @@ fewer than the busiest one, a connection of the busiest address that is still be
 (nothing of it has been acted on) is closed to make room. So one address trickling bytes
 on every slot cannot keep a signed approval from another address waiting.
 
-During a key rotation (contract C4) a signature under the previous key is accepted too;
-the health answer counts which key matched, never showing a key.
+Signatures are scheme v2 only (issue 22, relay.signing.verify_v2): made with this relay's
+own key (relay.keystore; the current one, or the previous one for 24 h after a rotation),
+naming this VM's vmId as the target. A request signed for another VM is a 403, an unknown
+key id or a v1 signature a 401. The health answer counts which key matched, never showing
+a key.
 
 Answers (JSON): 200 `{"imds_status": 200, "results": {EventId: "approved"}}`; 502 with the
 same shape when IMDS refused the StartRequests; 4xx/5xx `{"error": reason}` (for /v1/start
@@ -38,16 +41,24 @@ import threading
 import time
 from collections.abc import Callable
 
-from relay.httpwire import MAX_LINE, REASONS, read_headers
+from relay.httpwire import MAX_LINE, REASONS, HeaderError, read_headers
 from relay.imds import ImdsClient, ImdsError
 from relay.logs import ErrorStreak, event
-from relay.signing import MAX_SKEW_SECONDS, MalformedSignature, SignatureError, verify
+from relay.signing import (
+    KEY_ID_HEADER,
+    MAX_SKEW_SECONDS,
+    MalformedSignature,
+    SignatureError,
+    WrongTarget,
+    verify_v2,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hooks (and subprocess) are loaded only when hooks are configured
     from typing import Any
 
     from relay.hooks import HookRunner
+    from relay.keystore import KeyStore
 
 RUNNING = "running"  # relay.hooks.RUNNING, without importing it
 
@@ -131,17 +142,17 @@ class CallbackApp:
 
     def __init__(
         self,
-        key: bytes,
+        keys: KeyStore,
+        vm_id: str,
         vm_name: str,
         imds: ImdsClient,
         hooks: HookRunner | None = None,
         health: Callable[[], dict[str, Any]] | None = None,
         hook_wait: float = 10.0,
         clock: Callable[[], float] = time.time,
-        previous_key: bytes | None = None,
     ) -> None:
-        self._key = key
-        self._previous_key = previous_key
+        self.keys = keys
+        self.vm_id = vm_id.lower()
         self.key_matches = {"current": 0, "previous": 0}
         self.vm_name = vm_name
         self.imds = imds
@@ -153,22 +164,21 @@ class CallbackApp:
 
     def health(self) -> tuple[int, dict[str, Any]]:
         report = dict(self._health())
+        keys = self.keys.keys()
         report["signatures"] = {
-            "previous_key_configured": self._previous_key is not None,
+            "scheme": "v2",
+            "key_id": self.keys.current_key().id,
+            "previous_key_active": len(keys) > 1,
             "accepted": dict(self.key_matches),
         }
         return (200 if report.get("healthy") else 503), report
 
     def _verify(self, headers: dict[str, str], path: str, body: bytes, now: float) -> str:
-        """The signature, if valid under the current key or (during a rotation) the previous."""
-        try:
-            signature = verify(self._key, headers, "POST", path, body, now=now)
-            matched = "current"
-        except SignatureError as exc:
-            if self._previous_key is None or str(exc) != "bad signature":
-                raise
-            signature = verify(self._previous_key, headers, "POST", path, body, now=now)
-            matched = "previous"
+        """The signature, if v2, for this VM, under the current or the previous key."""
+        signature = verify_v2(self.keys.keys(), self.vm_id, headers, "POST", path, body, now=now)
+        current = self.keys.current_key().id
+        matched = "current" if headers.get(KEY_ID_HEADER.lower()) == current else "previous"
+        if matched == "previous":
             event(log, logging.INFO, "signature matched the previous key", path=path)
         self.key_matches[matched] += 1
         return signature
@@ -182,6 +192,8 @@ class CallbackApp:
             signature = self._verify(headers, path, body, now)
         except MalformedSignature as exc:
             raise Refused(400, str(exc)) from None
+        except WrongTarget:
+            raise Refused(403, "signed for another VM") from None
         except SignatureError as exc:
             raise Refused(401, str(exc)) from None
         if not self.replays.first_use(signature, now):
@@ -271,6 +283,8 @@ class CallbackApp:
             raise Refused(400, "EventId too long")
         if self.hooks is None or not self.hooks.known(name):
             raise Refused(404, "unknown hook")
+        if self.hooks.disabled:
+            raise Refused(503, self.hooks.disabled)
         previous = self.hooks.result(name, event_id)
         from relay.hooks import public
 
@@ -349,13 +363,19 @@ class _Handler(socketserver.BaseRequestHandler):
             line = self.rfile.readline(MAX_LINE + 1)
             if not line:
                 return
+            if len(line) > MAX_LINE:
+                self._refuse_malformed(414, "request line too long")
+                return
             words = line.decode("iso-8859-1").split()
-            if len(line) > MAX_LINE or len(words) != 3 or not words[2].startswith("HTTP/1."):
-                self._answer(400, {"error": "bad request line"})
+            if len(words) != 3 or not words[2].startswith("HTTP/1."):
+                self._refuse_malformed(400, "bad request line")
                 return
             method, self.path, _ = words
             self.headers = read_headers(self.rfile)
-        except (OSError, ValueError):  # too slow, gone, or not HTTP: close without a word
+        except HeaderError as exc:  # malformed or oversized headers: say so, then close
+            self._refuse_malformed(exc.status, str(exc))
+            return
+        except (OSError, ValueError):  # too slow or gone: nobody to answer
             return
         if method == "GET":
             self.do_GET()
@@ -365,6 +385,21 @@ class _Handler(socketserver.BaseRequestHandler):
             self._answer(405, {"error": "method not allowed"})
         else:
             self._answer(501, {"error": "method not implemented"})
+
+    def _refuse_malformed(self, status: int, reason: str) -> None:
+        """Answer a request we will not read further, then close without a reset: stop
+        writing, and drain (briefly, boundedly) what the client is still sending, so its
+        unread bytes do not make the kernel reset the connection before it reads the answer."""
+        self._answer(status, {"error": reason})
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(0.5)
+            drained = 0
+            while drained < 1024 * 1024:
+                chunk = self.connection.recv(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
 
     def _received(self) -> None:
         """The request is in: what follows (IMDS reads, a hook) is not the client's time."""

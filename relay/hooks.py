@@ -5,6 +5,14 @@ name and never sends a command. Each (hook, EventId) runs once: its result is ke
 state directory, so a repeated call, or a call after a relay restart, returns the first
 run's result instead of draining twice. A run a crash interrupted is reported as failed,
 not rerun: a half-drained node is for a person (or the policy) to judge.
+
+Scripts run as another user (`--hook-user`, default `nobody`), so a hook (or whatever it
+runs) cannot read the relay's callback key (relay.keystore, 0600 in a 0700 directory). The
+relay switches user for the child only (subprocess `user=`/`group=`, supplementary groups
+cleared), which needs root or CAP_SETUID + CAP_SETGID (the systemd unit grants these two
+and nothing else; `drop_ambient_capabilities` keeps them from reaching the script). A relay
+that cannot switch runs hooks as itself only when `--hook-user` names its own user
+explicitly; otherwise hook calls are refused (503) and the reason is logged at start.
 """
 
 from __future__ import annotations
@@ -36,10 +44,102 @@ OUTPUT_TAIL_BYTES = 2048
 SUCCEEDED, FAILED, TIMEOUT, RUNNING = "succeeded", "failed", "timeout", "running"
 
 
+CAP_SETGID, CAP_SETUID = 6, 7
+DEFAULT_HOOK_USER = "nobody"
+
+
+class HookUser:
+    """Who hooks run as: `uid`/`gid` None = as the relay itself; `problem` = refuse hooks."""
+
+    def __init__(
+        self, name: str, uid: int | None, gid: int | None, problem: str | None = None
+    ) -> None:
+        self.name, self.uid, self.gid, self.problem = name, uid, gid, problem
+
+
+def _capabilities(field: str = "CapEff") -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def can_switch_user() -> bool:
+    if os.geteuid() == 0:
+        return True
+    wanted = (1 << CAP_SETUID) | (1 << CAP_SETGID)
+    return _capabilities() & wanted == wanted
+
+
+def resolve_hook_user(configured: str | None) -> HookUser:
+    """The user hooks run as (`configured`, None = the default `nobody`), and whether the
+    relay can run them so."""
+    import pwd
+
+    name = configured or DEFAULT_HOOK_USER
+    me = os.geteuid()
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except (KeyError, ValueError):
+        return HookUser(name, None, None, f"hooks disabled: no user {name!r} (--hook-user)")
+    try:
+        own = pwd.getpwuid(me).pw_name
+    except KeyError:
+        own = str(me)
+    if entry.pw_uid == me:
+        if configured:
+            return HookUser(name, None, None)  # asked for explicitly: run as the relay
+        return HookUser(
+            name,
+            None,
+            None,
+            f"hooks disabled: the default hook user {name!r} is the relay's own user; set "
+            f"--hook-user {own} explicitly to run hooks as the relay (they could then read "
+            "its callback key), or run the relay as another user",
+        )
+    if not can_switch_user():
+        return HookUser(
+            name,
+            None,
+            None,
+            f"hooks disabled: the relay (user {own}) cannot switch to the hook user {name!r}: "
+            "run it as root or with CAP_SETUID and CAP_SETGID (the systemd unit grants "
+            f"them), or set --hook-user {own} to run hooks as the relay itself (they could "
+            "then read its callback key)",
+        )
+    return HookUser(name, entry.pw_uid, entry.pw_gid)
+
+
+def drop_ambient_capabilities() -> None:
+    """Clear this thread's ambient capabilities (systemd's AmbientCapabilities puts
+    CAP_SETUID/CAP_SETGID there), keeping them effective for the relay itself: an ambient
+    capability survives exec, so a hook script would inherit it and could switch back to
+    the relay's user. Capabilities are per thread: call this before starting any thread."""
+    if not _capabilities("CapAmb"):
+        return
+    import ctypes  # only on a relay started with ambient capabilities
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_cap_ambient, pr_cap_ambient_clear_all = 47, 4
+    if libc.prctl(pr_cap_ambient, pr_cap_ambient_clear_all, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAP_AMBIENT_CLEAR_ALL) failed")
+
+
 class HookRunner:
     def __init__(
-        self, hooks: dict[str, Path], state_dir: Path, timeout: float, vm_name: str
+        self,
+        hooks: dict[str, Path],
+        state_dir: Path,
+        timeout: float,
+        vm_name: str,
+        user: HookUser | None = None,
     ) -> None:
+        self.user = user or HookUser("(relay)", None, None)
+        self.disabled = self.user.problem
         self.hooks = dict(hooks)
         self.directory = state_dir / "hooks"
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -133,6 +233,9 @@ class HookRunner:
         event(log, logging.INFO, "hook started", hook=name, event_id=scheduled.event_id)
         began = time.monotonic()
         status, exit_code, tail = FAILED, None, ""
+        switch: dict[str, Any] = {}
+        if self.user.uid is not None:
+            switch = {"user": self.user.uid, "group": self.user.gid, "extra_groups": []}
         with tempfile.TemporaryFile(dir=self.directory) as output:
             try:
                 proc = subprocess.Popen(  # noqa: S603 - only scripts from the relay's own config
@@ -143,6 +246,7 @@ class HookRunner:
                     env=env,
                     cwd="/",
                     start_new_session=True,
+                    **switch,
                 )
             except OSError as exc:
                 tail = f"cannot start {script}: {exc.strerror or exc}"

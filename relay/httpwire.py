@@ -32,6 +32,8 @@ REASONS = {
     409: "Conflict",
     411: "Length Required",
     413: "Payload Too Large",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     501: "Not Implemented",
     502: "Bad Gateway",
@@ -41,6 +43,22 @@ REASONS = {
 
 class ProtocolError(OSError):
     """The peer did not speak HTTP/1.x as expected (treated like a connection failure)."""
+
+
+class HeaderError(ProtocolError):
+    """Headers a server must refuse with an answer (`status`: 400 or 431), not a silent close."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AnswerTooLarge(ProtocolError):
+    """An answer over MAX_ANSWER bytes: not read (contract §8: reported, not forwarded)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"answer of {size} bytes is too large (limit {MAX_ANSWER})")
+        self.size = size
 
 
 class RemoteDisconnected(ProtocolError):
@@ -66,18 +84,21 @@ def read_headers(rfile: io.BufferedIOBase) -> dict[str, str]:
     for _ in range(MAX_HEADERS + 1):
         line = rfile.readline(MAX_LINE + 1)
         if len(line) > MAX_LINE:
-            raise ProtocolError("header line too long")
+            raise HeaderError(431, "header line too long")
         if line in (b"\r\n", b"\n"):
             return headers
         if not line:
             raise RemoteDisconnected("connection closed in the headers")
+        if line[:1] in (b" ", b"\t"):
+            # obs-fold (RFC 9112 5.2): a server must refuse it (or unfold it); refused.
+            raise HeaderError(400, "folded header line (obs-fold)")
         name, sep, value = line.decode("iso-8859-1").partition(":")
         if not sep or not name.strip() or name != name.strip():
-            raise ProtocolError("malformed header line")
+            raise HeaderError(400, "malformed header line")
         key = name.lower()
         value = value.strip()
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    raise ProtocolError("too many headers")
+    raise HeaderError(431, f"more than {MAX_HEADERS} header lines")
 
 
 class HttpConnection:
@@ -177,12 +198,14 @@ def _read_answer(rfile: io.BufferedReader, method: str) -> tuple[HttpAnswer, boo
     elif headers.get("content-length", "").strip().isdigit():
         length = int(headers["content-length"])
         if length > MAX_ANSWER:
-            raise ProtocolError(f"answer of {length} bytes is too large")
+            raise AnswerTooLarge(length)
         body = rfile.read(length)
         if len(body) != length:
             raise RemoteDisconnected("the answer was cut short")
     else:
-        body = rfile.read(MAX_ANSWER)
+        body = rfile.read(MAX_ANSWER + 1)
+        if len(body) > MAX_ANSWER:
+            raise AnswerTooLarge(len(body))
         keep = False
     return HttpAnswer(status, body, headers), keep
 
@@ -202,7 +225,7 @@ def _read_chunked(rfile: io.BufferedReader) -> bytes:
             return b"".join(chunks)
         total += size
         if total > MAX_ANSWER:
-            raise ProtocolError("answer too large")
+            raise AnswerTooLarge(total)
         chunk = rfile.read(size)
         if len(chunk) != size:
             raise RemoteDisconnected("the answer was cut short")

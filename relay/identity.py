@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from relay.imds import ImdsClient, ImdsError
-from relay.senders import SendError
+from relay.sendbase import SendError
 
 SERVICEBUS_RESOURCE = "https://servicebus.azure.net"
 STORAGE_RESOURCE = "https://storage.azure.com/"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import socket
 
-from relay.httpwire import HttpAnswer, HttpConnection
+from relay.httpwire import AnswerTooLarge, HttpAnswer, HttpConnection
 from relay.logs import clip
 from relay.models import (
     SCHEDULED_EVENTS_API_VERSION,
@@ -27,15 +27,19 @@ if TYPE_CHECKING:
     from typing import Any
 
 COMPUTE_API_VERSION = "2021-02-01"
+ATTESTED_API_VERSION = "2020-09-01"
 
 
 class ImdsError(Exception):
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, size: int | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.size = size  # kind "too-large": the answer's announced size in bytes
 
 
 def _failure(exc: BaseException, timeout: float, what: str = "") -> ImdsError:
+    if isinstance(exc, AnswerTooLarge):
+        return ImdsError("too-large", f"{what}{exc}", size=exc.size)
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return ImdsError("timeout", f"{what}no answer within {timeout}s")
     if isinstance(exc, OSError):
@@ -116,6 +120,11 @@ class ImdsClient:
         if not isinstance(data, dict) or not data.get("name"):
             raise ImdsError("malformed", "compute metadata has no VM name")
         return data
+
+    def get_attested(self, nonce: str, timeout: float | None = None) -> HttpAnswer:
+        """The attested document for `nonce` (status and body, for the caller to judge)."""
+        params = {"api-version": ATTESTED_API_VERSION, "nonce": nonce}
+        return self._request("GET", "/metadata/attested/document", timeout, params)
 
     def get_token(self, resource: str, client_id: str | None, timeout: float) -> HttpAnswer:
         """A managed identity token answer (status and body, for the caller to judge)."""

@@ -1,23 +1,22 @@
-"""Heartbeats straight into the bridge's VM table: one Table request each, no Service Bus.
+"""Heartbeats into the liveness table: one Table request each, no Service Bus (contract §5).
 
 Why: on Service Bus a heartbeat cost a send, a receive and a complete (three billed
 operations) and a share of a Functions execution, 8,640 times per VM a month: most of the
-bridge's bill at fleet size. A heartbeat only says "alive, call me back here", and Table
-storage takes that as one Insert Or Merge of four plain columns (`name`, `seen`,
-`callback_url`, `relay_version`) into the VM's own row of the function app's VM table,
-exactly the columns the function app's own heartbeat path merges
-(functions.store.tables.Store.heard): the watchdog's silence query reads them as before, and
-a merge never touches what documents wrote. Nothing is read and nothing is deleted, so the
-relay's identity needs only the insert and update data actions on that one table.
+bridge's bill at fleet size. A heartbeat only says "alive", and Table storage takes that as
+one Insert Or Merge into this VM's row of `{prefix}liveness`, a table of untrusted hints of
+its own: no relay credential can write a table the app reads as truth (issue 22).
 
-The row's keys are the function app's (functions/store/keys.py: `row_key`,
-`vm_partition`); `vm_keys` below is the same mapping on the standard library, and a test
-holds the two together. A module of its own, loaded only when --heartbeat-table is set.
+Row: PartitionKey `lvNN` (NN = int(sha256(vm_id)[:8], 16) % 8), RowKey = vmId; columns
+`seen` (Edm.DateTime, the second of `at`), `at` (Edm.Int64 unix seconds), `relay_version`
+(<= 64 characters), `key_id` (the KID of the relay's callback key) and `sig` = hex
+HMAC-SHA256(secret, "liveness/v1\n{vm_id}\n{at}\n{relay_version}"). The app counts a row
+only if the vmId is enrolled and the KID and signature match that VM's key. Nothing is
+read and nothing is deleted, so the relay's identity needs only the insert and update data
+actions on this one table. A module of its own, loaded only when --heartbeat-table is set.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -26,18 +25,20 @@ from collections.abc import Callable
 
 from relay.logs import event
 from relay.models import Envelope, format_aware
-from relay.senders import Sender, SendError
+from relay.sendbase import Sender, SendError
 from relay.servicebus import exchange, https_opener, retry_after
+from relay.signing import hmac_sha256, sha256
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from relay.identity import TokenProvider
+    from relay.keystore import KeyStore
 
 log = logging.getLogger("relay.liveness")
 
 TABLE_API_VERSION = "2019-02-02"
-MAX_KEY_CHARS = 512  # functions.store.keys.MAX_KEY_CHARS
-VM_BUCKETS = 8  # functions.store.keys.VM_BUCKETS
+LIVENESS_BUCKETS = 8
+MAX_RELAY_VERSION = 64
 SKEW_TOLERATED = 5.0  # seconds of clock difference with Table storage left uncorrected
 
 _SLOW_STATUS = {
@@ -50,31 +51,16 @@ _SLOW_STATUS = {
 }
 
 
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    if ch in "/\\#?%" or code < 0x20 or 0x7F <= code <= 0x9F:
-        return f"%{code:02X}"
-    return ch
+def liveness_keys(vm_id: str) -> tuple[str, str]:
+    """(PartitionKey, RowKey) of the VM's liveness row (contract §5)."""
+    vm_id = vm_id.lower()
+    bucket = int(sha256(vm_id.encode()).hexdigest()[:8], 16) % LIVENESS_BUCKETS
+    return f"lv{bucket:02d}", vm_id
 
 
-def row_key(name: str) -> str:
-    """The VM's RowKey: its name case-folded, with the characters Table keys may not hold
-    escaped one-to-one, and a hash ending a name too long for a key."""
-    source = name.casefold()
-    escaped = "".join(_escape(ch) for ch in source)
-    if not escaped:
-        return "_"
-    if len(escaped) <= MAX_KEY_CHARS:
-        return escaped
-    digest = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"{escaped[: MAX_KEY_CHARS - 65]}~{digest}"
-
-
-def vm_keys(name: str) -> tuple[str, str]:
-    """(PartitionKey, RowKey) of the VM's row: a stable hash bucket of its key, and the key."""
-    key = row_key(name)
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
-    return f"vm{int.from_bytes(digest[:4], 'big') % VM_BUCKETS:02d}", key
+def liveness_signature(secret: bytes, vm_id: str, at: int, relay_version: str) -> str:
+    message = f"liveness/v1\n{vm_id}\n{at}\n{relay_version}".encode()
+    return hmac_sha256(secret, message).hex()
 
 
 def entity_url(table_url: str, partition_key: str, row_key_: str) -> str:
@@ -115,7 +101,7 @@ def parse_http_date(value: str) -> float | None:
 
 
 class TableLiveness(Sender):
-    """Writes heartbeat envelopes into the VM table (Insert Or Merge: HTTP PATCH, no
+    """Writes heartbeat envelopes into the liveness table (Insert Or Merge: HTTP PATCH, no
     If-Match). Authenticated by a bearer token (the VM's managed identity, resource
     https://storage.azure.com/) or a SAS query string (tests, non-Azure hosts).
 
@@ -131,6 +117,7 @@ class TableLiveness(Sender):
         sas: str | None = None,
         timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
+        keys: KeyStore | None = None,
     ) -> None:
         if (tokens is None) == (sas is None):
             raise ValueError("TableLiveness needs a token provider or a SAS, not both")
@@ -139,6 +126,7 @@ class TableLiveness(Sender):
         self._sas = (sas or "").strip().lstrip("?")
         self._timeout = timeout
         self._clock = clock
+        self.keys = keys
         self._opener = https_opener()
         self.skew = 0.0  # Table storage's clock minus ours, when beyond SKEW_TOLERATED
         self.written = 0
@@ -148,25 +136,30 @@ class TableLiveness(Sender):
 
     def send(self, envelope: Envelope, body: str) -> None:
         if envelope.kind != "heartbeat":
-            raise SendError("liveness", "only heartbeats go to the VM table", slow=True)
+            raise SendError("liveness", "only heartbeats go to the liveness table", slow=True)
+        if not envelope.vm.vm_id or self.keys is None:
+            raise SendError("liveness", "no vmId or callback key to sign the row", slow=True)
         self.write(envelope)
 
     def entity(self, envelope: Envelope, now: float) -> dict[str, str]:
-        partition_key, key = vm_keys(envelope.vm.name)
+        assert envelope.vm.vm_id and self.keys is not None
+        partition_key, key = liveness_keys(envelope.vm.vm_id)
         from datetime import datetime, timezone
 
-        seen = datetime.fromtimestamp(now + self.skew, timezone.utc)
-        entity = {
+        at = int(now + self.skew)
+        version = envelope.relay_version[:MAX_RELAY_VERSION]
+        callback_key = self.keys.current_key()
+        return {
             "PartitionKey": partition_key,
             "RowKey": key,
-            "name": envelope.vm.name,
-            "seen": format_aware(seen),
+            "seen": format_aware(datetime.fromtimestamp(at, timezone.utc)),
             "seen@odata.type": "Edm.DateTime",
-            "relay_version": envelope.relay_version,
+            "at": str(at),
+            "at@odata.type": "Edm.Int64",
+            "relay_version": version,
+            "key_id": callback_key.id,
+            "sig": liveness_signature(callback_key.secret, key, at, version),
         }
-        if envelope.vm.callback_url:
-            entity["callback_url"] = envelope.vm.callback_url
-        return entity
 
     def write(self, envelope: Envelope) -> None:
         """One Insert Or Merge; once more at once if that answer showed our clock is off
@@ -251,7 +244,7 @@ def _error_code(body: bytes) -> str:
 
 
 class SplitSender(Sender):
-    """Documents to their target (Service Bus, a directory); heartbeats to the VM table."""
+    """Documents to their target (Service Bus, a directory); heartbeats to the liveness table."""
 
     def __init__(self, documents: Sender, heartbeats: Sender) -> None:
         self.documents = documents
@@ -265,4 +258,4 @@ class SplitSender(Sender):
         target.send(envelope, body)
 
 
-__all__ = ["SplitSender", "TableLiveness", "entity_url", "row_key", "vm_keys"]
+__all__ = ["SplitSender", "TableLiveness", "entity_url", "liveness_keys", "liveness_signature"]

@@ -28,7 +28,7 @@ SCHEDULED_EVENTS_API_VERSION = "2020-07-01"
 
 SCHEDULED, STARTED = "Scheduled", "Started"
 ENVELOPE_SCHEMA = 1
-ENVELOPE_KINDS = ("document", "heartbeat")
+ENVELOPE_KINDS = ("document", "heartbeat", "unforwardable")
 EVENT_SCOPES = ("own", "all")
 
 
@@ -319,6 +319,7 @@ class VmRef(Record):
     """Who sent an envelope, where it runs in Azure, and how to call its relay back."""
 
     name: str
+    vm_id: str | None = None  # IMDS compute `vmId`, lower-case: the VM's identity (issue 22)
     callback_url: str | None = None
     scale_set: str | None = None
     availability_set: str | None = None
@@ -330,6 +331,8 @@ class VmRef(Record):
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not 1 <= len(self.name) <= 128:
             raise DocumentError("not a relay envelope: vm.name: must be 1..128 characters")
+        if self.vm_id is not None:
+            object.__setattr__(self, "vm_id", self.vm_id.lower())
         url = self.callback_url
         if url is not None:
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -339,6 +342,7 @@ class VmRef(Record):
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "name": self.name,
+            "vm_id": self.vm_id,
             "callback_url": self.callback_url,
             "scale_set": self.scale_set,
             "availability_set": self.availability_set,
@@ -397,7 +401,9 @@ class Envelope(Record):
         if self.schema_version != ENVELOPE_SCHEMA:
             raise DocumentError(f"not a relay envelope: schema: must be {ENVELOPE_SCHEMA}")
         if self.kind not in ENVELOPE_KINDS:
-            raise DocumentError("not a relay envelope: kind: must be 'document' or 'heartbeat'")
+            raise DocumentError(
+                "not a relay envelope: kind: must be 'document', 'heartbeat' or 'unforwardable'"
+            )
         if not isinstance(self.vm, VmRef):
             raise DocumentError("not a relay envelope: vm: must be a VmRef")
         seq = self.sequence
@@ -420,18 +426,36 @@ class Envelope(Record):
     def with_sequence(self, sequence: int) -> Envelope:
         return self.replace(sequence=sequence)
 
+    @property
+    def key_id(self) -> str:
+        """The KID of the callback key this envelope carries ("" if none)."""
+        key = self.extra.get("callback_key")
+        return str(key.get("id") or "") if isinstance(key, dict) else ""
+
+    @property
+    def session_id(self) -> str:
+        """Service Bus SessionId: the vmId (contract §1), the name for an old envelope."""
+        return self.vm.vm_id or self.vm.name
+
     def message_id(self) -> str:
         """Service Bus MessageId: equal for resends of the same document, so they are dropped.
 
-        VM + incarnation + content hash for documents (<= 128 characters, the Service Bus
-        limit). Heartbeats use the observation time, not the sequence: a reimaged VM whose
-        state directory was wiped restarts its sequence, and its new heartbeats must not be
-        dropped as duplicates of the old ones.
+        vmId + incarnation + content hash + KID for documents (contract §1; <= 128
+        characters, the Service Bus limit): a key rotation re-sends the current document
+        and must not be taken for a duplicate. Heartbeats use the observation time, not the
+        sequence: a reimaged VM whose state directory was wiped restarts its sequence, and
+        its new heartbeats must not be dropped as duplicates of the old ones.
         """
+        who = (self.vm.vm_id or self.vm.name)[:80]
         if self.kind == "document" and self.document is not None:
             incarnation = self.document.get("DocumentIncarnation")
-            return f"{self.vm.name[:80]}:{incarnation}:{content_hash(self.document)[:32]}"
-        return f"{self.vm.name[:80]}:hb:{self.observed_at.strftime('%Y%m%dT%H%M%S.%f')}"
+            digest = content_hash(self.document)[:32]
+            return f"{who}:{incarnation}:{digest}:{self.key_id}"[:128]
+        if self.kind == "unforwardable":
+            detail = self.extra.get("unforwardable")
+            incarnation = detail.get("incarnation") if isinstance(detail, dict) else None
+            return f"{who}:unfwd:{incarnation}:{self.sequence}:{self.key_id}"[:128]
+        return f"{who}:hb:{self.observed_at.strftime('%Y%m%dT%H%M%S.%f')}"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -59,11 +59,12 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, mode: int = 0o640) -> None:
     """Write to a temporary name, fsync, rename over, fsync the directory."""
     tmp = path.with_name(f".tmp-{path.name}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        os.fchmod(fd, mode)  # a leftover temporary file keeps its old mode otherwise
         view = memoryview(data)
         while view:
             written = os.write(fd, view)

@@ -20,34 +20,13 @@ from pathlib import Path
 from relay.logs import ErrorStreak, event, jitter
 from relay.models import DocumentError, Envelope, parse_envelope
 from relay.outbox import Outbox, OutboxMessage, atomic_write
+from relay.sendbase import Sender, SendError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 log = logging.getLogger("relay.sender")
-
-
-class SendError(Exception):
-    """A message was not confirmed. `slow` means retrying soon cannot help."""
-
-    def __init__(
-        self, kind: str, message: str, *, slow: bool = False, retry_after: float | None = None
-    ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.slow = slow
-        self.retry_after = retry_after
-
-
-class Sender:
-    """What a forward target does (FileSender, ServiceBusSender)."""
-
-    def send(self, envelope: Envelope, body: str) -> None:
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        raise NotImplementedError
 
 
 # ------------------------------------------------------------------ file:DIR
@@ -183,19 +162,27 @@ class SendLoop:
         return base * jitter(0.8, 1.2)
 
 
-def build_sender(settings: object) -> Sender:
-    """The sender the settings ask for; raises ValueError for a setting that cannot work."""
+def build_sender(settings: object, keys: Any = None, attester: Any = None) -> Sender:
+    """The sender the settings ask for; raises ValueError for a setting that cannot work.
+
+    With `keys` (relay.keystore.KeyStore) and `attester` (relay.attest.Attester), what goes
+    to Service Bus or a directory is attested at send time (contract §1), and heartbeats
+    into the liveness table are signed with the callback key (contract §5)."""
     from relay.settings import RelaySettings
 
     assert isinstance(settings, RelaySettings)
     if not settings.heartbeat_table:
-        return _document_sender(settings, settings.heartbeat_queue or None)
+        return _attested(
+            _document_sender(settings, settings.heartbeat_queue or None), keys, attester
+        )
     from relay.liveness import SplitSender, TableLiveness
 
-    documents = _document_sender(settings, None)  # heartbeats never reach it
+    documents = _attested(_document_sender(settings, None), keys, attester)
     if settings.heartbeat_table_sas_file is not None:
         sas = settings.heartbeat_table_sas_file.read_text(encoding="utf-8")
-        heartbeats = TableLiveness(settings.heartbeat_table, sas=sas, timeout=settings.send_timeout)
+        heartbeats = TableLiveness(
+            settings.heartbeat_table, sas=sas, timeout=settings.send_timeout, keys=keys
+        )
     else:
         from relay.identity import STORAGE_RESOURCE, ManagedIdentityTokenProvider
 
@@ -203,9 +190,17 @@ def build_sender(settings: object) -> Sender:
             settings.imds_url, settings.identity_client_id, resource=STORAGE_RESOURCE
         )
         heartbeats = TableLiveness(
-            settings.heartbeat_table, tokens=tokens, timeout=settings.send_timeout
+            settings.heartbeat_table, tokens=tokens, timeout=settings.send_timeout, keys=keys
         )
     return SplitSender(documents, heartbeats)
+
+
+def _attested(sender: Sender, keys: Any, attester: Any) -> Sender:
+    if keys is None or attester is None:
+        return sender
+    from relay.attest import AttestingSender
+
+    return AttestingSender(sender, attester, keys)
 
 
 def _document_sender(settings: Any, heartbeat_queue: str | None) -> Sender:

@@ -2,7 +2,7 @@
 
 Plain HTTPS with the standard library on purpose: the Azure SDK (AMQP) would triple the
 relay's memory on every VM of the fleet, and the relay must run on the VM's own Python with
-nothing installed. Documents go to the session queue (SessionId = VM name keeps one VM's
+nothing installed. Documents go to the session queue (SessionId = vmId keeps one VM's
 documents in order); heartbeats go to their own session-less queue (contract C1) so a
 fleet's liveness traffic never competes with documents for session locks. A module of its
 own, loaded only when forwarding to Service Bus: a relay writing to a directory never
@@ -24,7 +24,7 @@ from relay.identity import (
     TokenProvider,
 )
 from relay.logs import clip
-from relay.senders import Sender, SendError
+from relay.sendbase import Sender, SendError
 from relay.signing import hmac_sha256
 
 TYPE_CHECKING = False
@@ -120,7 +120,7 @@ _SLOW_STATUS = {
 class ServiceBusSender(Sender):
     """POST one message per envelope to `https://NAMESPACE/QUEUE/messages`.
 
-    Documents go to the session queue (SessionId = VM name keeps one VM's documents in
+    Documents go to the session queue (SessionId = vmId keeps one VM's documents in
     order); heartbeats go to `heartbeat_queue` without a SessionId (contract C1), or with
     the documents when it is None or "".
     """
@@ -154,7 +154,7 @@ class ServiceBusSender(Sender):
         heartbeat_apart = envelope.kind == "heartbeat" and self.heartbeat_url is not None
         props: dict[str, Any] = {"MessageId": envelope.message_id()}
         if not heartbeat_apart:
-            props["SessionId"] = envelope.vm.name
+            props["SessionId"] = envelope.session_id
         props.update(TimeToLive=self._ttl, Label=envelope.kind)
         tokens = self._heartbeat_tokens if heartbeat_apart else self._tokens
         url = self.heartbeat_url if heartbeat_apart else self.url

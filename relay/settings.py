@@ -183,6 +183,8 @@ _SPECS: dict[str, _Spec] = {
     "callback_listen": _Spec(_text),
     "callback_key_file": _Spec(_path),
     "previous_key_file": _Spec(_path),
+    "callback_key_max_age_days": _float(gt=0, le=3650),
+    "hook_user": _Spec(_text, length=(1, 64)),
     "callback_url": _Spec(_text),
     "callback_max_concurrent": _int(ge=1, le=256),
     "callback_read_timeout": _float(gt=0, le=120),
@@ -232,8 +234,8 @@ class RelaySettings(Record):
     heartbeat_interval: float = 300.0
     # Contract C1: heartbeats to their own (session-less) queue; "" keeps them with documents.
     heartbeat_queue: str = "heartbeats"
-    # Heartbeats straight into the bridge's VM table (relay.liveness) instead of Service Bus:
-    # https://ACCOUNT.table.core.windows.net/TABLE. Unset: the heartbeat queue, as before.
+    # Heartbeats into the bridge's liveness table (relay.liveness) instead of Service Bus:
+    # https://ACCOUNT.table.core.windows.net/PREFIXliveness. Unset: the heartbeat queue.
     heartbeat_table: str | None = None
     heartbeat_table_sas_file: Path | None = None  # a SAS query string, instead of the identity
     # Contract C2: by default only the events naming this VM are forwarded.
@@ -243,14 +245,18 @@ class RelaySettings(Record):
     identity_client_id: str | None = None
     message_ttl: int = 7 * 86400
     callback_listen: str | None = None
+    # Gone with the shared key (issue 22): accepted only to be ignored with a warning, so
+    # an upgraded VM whose unit or config still names them keeps running.
     callback_key_file: Path | None = None
-    # Contract C4: a signature under the previous key is accepted too, during a rotation.
     previous_key_file: Path | None = None
+    # The relay's own callback key (relay.keystore): rotated after this many days.
+    callback_key_max_age_days: float = 30.0
     callback_url: str | None = None
     callback_max_concurrent: int = 16
     callback_read_timeout: float = 10.0
     log_format: str = "json"
     hooks: dict[str, Path] = Factory(dict)
+    hook_user: str | None = None  # None: `nobody` (relay.hooks.DEFAULT_HOOK_USER)
     hook_timeout: float = 120.0
     hook_wait: float = 10.0
     outbox_max_messages: int = 10000
@@ -398,34 +404,8 @@ class RelaySettings(Record):
                 raise ValueError(f"cannot read the heartbeat table SAS file: {exc}") from None
             if "sig=" not in sas:
                 raise ValueError("the heartbeat table SAS file holds no SAS token (no sig=)")
-        if self.callback_listen and self.callback_key_file is None:
-            raise ValueError("--callback-listen needs --callback-key-file")
-        if self.previous_key_file is not None and self.callback_key_file is None:
-            raise ValueError("--previous-key-file needs --callback-key-file (the current key)")
-        from relay.signing import read_key_file
-
-        for flag, path in (
-            ("callback key file", self.callback_key_file),
-            ("previous key file", self.previous_key_file),
-        ):
-            if path is None:
-                continue
-            try:
-                read_key_file(str(path))
-            except OSError as exc:
-                raise ValueError(f"cannot read {flag}: {exc.strerror}") from None
-            except ValueError as exc:
-                raise ValueError(f"{flag}: {exc}") from None
         if self.hooks and not self.callback_listen:
             raise ValueError("--hook needs --callback-listen (hooks run on a signed callback)")
-        listen_host = (self.callback_listen or "").rpartition(":")[0]
-        if self.callback_listen and listen_host in _WILDCARDS and not self.callback_url:
-            # Nothing in an envelope could tell the Functions where to call, so every
-            # approval would silently wait for NotBefore. Refuse now, not then.
-            raise ValueError(
-                f"--callback-listen {self.callback_listen} is not an address callers can use; "
-                "set --callback-url http(s)://THIS-VM-ADDRESS:PORT (what the Functions call)"
-            )
 
     @property
     def forward_target(self) -> ForwardTarget:
@@ -497,8 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--heartbeat-queue", help="Service Bus queue of heartbeats ('' = with the documents)")
     add(
         "--heartbeat-table",
-        help="write heartbeats into this Table (https://ACCOUNT.table.core.windows.net/TABLE, "
-        "the bridge's VM table) instead of Service Bus",
+        help="write signed heartbeats into the bridge's liveness table "
+        "(https://ACCOUNT.table.core.windows.net/PREFIXliveness) instead of Service Bus",
     )
     add("--heartbeat-table-sas-file", help="a SAS token for --heartbeat-table (default: identity)")
     add(
@@ -513,13 +493,26 @@ def build_parser() -> argparse.ArgumentParser:
     add("--identity-client-id", help="client id of a user-assigned managed identity")
     add("--message-ttl", help="Service Bus TimeToLive in seconds (default 7 days)")
     add("--callback-listen", help="HOST:PORT for the signed callback server")
-    add("--callback-key-file", "--key-file", dest="callback_key_file", help="the HMAC key file")
-    add("--previous-key-file", help="the previous HMAC key file, accepted during a rotation")
+    add(
+        "--callback-key-file",
+        "--key-file",
+        dest="callback_key_file",
+        help="ignored (deprecated): the relay makes its own callback key in --state-dir",
+    )
+    add("--previous-key-file", help="ignored (deprecated), as --callback-key-file")
+    add(
+        "--callback-key-max-age-days",
+        help="rotate the relay's own callback key after this many days (default 30)",
+    )
     add("--callback-url", help="callback URL to advertise: http(s)://HOST[:PORT], no path")
     add("--callback-max-concurrent", help="callback requests at once (default 16)")
     add("--callback-read-timeout", help="seconds to receive a request (10)")
     add("--log-format", help="json (default) or text")
     add("--hook", action="append", metavar="NAME=PATH", help="a local hook script (repeatable)")
+    add(
+        "--hook-user",
+        help="user hooks run as (default nobody; the relay's own user only if named here)",
+    )
     add("--hook-timeout", help="seconds a hook may run (default 120)")
     add("--hook-wait", help="seconds a hook call waits before answering 202")
     add("--outbox-max-messages", help="soft bound of the outbox (default 10000)")

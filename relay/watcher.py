@@ -24,6 +24,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from relay import __version__
+from relay.attest import MAX_MESSAGE_BYTES
 from relay.imds import ImdsClient, ImdsError, parse_events
 from relay.logs import ErrorStreak, event, jitter
 from relay.models import Envelope, VmRef, content_hash, only_events_for
@@ -32,6 +33,11 @@ from relay.outbox import Outbox, OutboxError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from relay.keystore import KeyStore
+
+# A document whose envelope is larger cannot go out with its attestation and key (§8).
+MAX_DOCUMENT_ENVELOPE = MAX_MESSAGE_BYTES - 16 * 1024
 
 log = logging.getLogger("relay.watcher")
 
@@ -50,8 +56,11 @@ class Watcher:
         clock: Callable[[], float] = time.monotonic,
         stop: threading.Event | None = None,
         forward_all_events: bool = False,
+        keys: KeyStore | None = None,
     ) -> None:
         self.forward_all_events = forward_all_events
+        self.keys = keys
+        self._unforwardable: tuple[Any, ...] | None = None
         self.imds = imds
         self.outbox = outbox
         self.vm = vm
@@ -102,6 +111,10 @@ class Watcher:
     def poll_once(self) -> float:
         """One poll; returns how long after its start the next one should begin."""
         timeout = self.timeout if self._ever_answered else self.first_timeout
+        if self.keys is not None and self.keys.rotate_if_due():
+            # The app learns a new key from the next message: send the document again now
+            # (its MessageId names the key, so it is not taken for a duplicate).
+            self._last_raw = self._last_key = None
         try:
             raw = self.imds.get_events_raw(timeout=timeout)
             if raw != self._last_raw:
@@ -122,6 +135,8 @@ class Watcher:
         except ImdsError as exc:
             self._failures += 1
             self.streak.error(exc.kind, str(exc))
+            if exc.kind == "too-large":
+                self._queue_unforwardable(None, exc.size, "IMDS answer over the relay's read limit")
             backoff = min(self.max_backoff, self.poll_interval * 2 ** min(self._failures - 1, 10))
             return backoff * jitter(0.75, 1.25)
         except OutboxError as exc:
@@ -165,8 +180,28 @@ class Watcher:
             extra=extra,
         )
 
+    def _queue_unforwardable(self, incarnation: Any, size: int | None, reason: str) -> None:
+        """Contract §8: say (attested) what could not be forwarded, once per case."""
+        case = (incarnation, size, reason)
+        if case == self._unforwardable:
+            return
+        detail = {"incarnation": incarnation, "bytes": size, "reason": reason}
+        event(log, logging.ERROR, "a document cannot be forwarded; sending a notice", **detail)
+        try:
+            self.outbox.append(self._envelope("unforwardable", None, unforwardable=detail))
+        except OutboxError as exc:
+            self._outbox_streak.error("write", str(exc), level=logging.ERROR)
+            return
+        self._unforwardable = case
+
     def _queue_document(self, data: dict[str, Any]) -> None:
-        message = self.outbox.append(self._envelope("document", data))
+        envelope = self._envelope("document", data)
+        size = len(envelope.to_json().encode())
+        if size > MAX_DOCUMENT_ENVELOPE:
+            incarnation = data.get("DocumentIncarnation")
+            self._queue_unforwardable(incarnation, size, "too large for a Service Bus message")
+            return
+        message = self.outbox.append(envelope)
         self.documents += 1
         events = data.get("Events") or []
         event(

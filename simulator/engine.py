@@ -795,6 +795,11 @@ class Simulator:
         with self._lock:
             return self._faults.active()
 
+    def take_short_nonce(self, vm: str) -> bool:
+        """A short-nonce fault applies to this attested request (see FaultBook)."""
+        with self._lock:
+            return self._faults.take_short_nonce(vm)
+
     def take_faults(self, vm: str, endpoint: str) -> FaultAction:
         """Count one valid request and say how the server must misbehave on it, if at all."""
         with self._lock:

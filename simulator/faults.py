@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FaultKind = Literal["status", "slow", "drop", "malformed", "first-call-delay"]
-Endpoint = Literal["scheduledevents", "compute", "token", "any"]
+FaultKind = Literal["status", "slow", "drop", "malformed", "first-call-delay", "short-nonce"]
+Endpoint = Literal["scheduledevents", "compute", "token", "attested", "any"]
 
 
 class Fault(BaseModel):
@@ -81,7 +81,7 @@ class FaultBook:
         status/drop/malformed one decides the answer."""
         action = FaultAction()
         for fault in self._faults:
-            if fault.kind == "first-call-delay" or not fault.matches(vm, endpoint):
+            if fault.kind in ("first-call-delay", "short-nonce") or not fault.matches(vm, endpoint):
                 continue
             fault.used += 1
             if fault.kind == "slow":
@@ -101,6 +101,16 @@ class FaultBook:
                 self._prune()
                 return fault.seconds
         return None
+
+    def take_short_nonce(self, vm: str) -> bool:
+        """Whether an attested request with a nonce over 10 characters must get a 400 (as
+        Microsoft's page documents a 10-digit nonce; the REST spec allows 32)."""
+        for fault in self._faults:
+            if fault.kind == "short-nonce" and fault.matches(vm, "attested"):
+                fault.used += 1
+                self._prune()
+                return True
+        return False
 
     def _prune(self) -> None:
         self._faults = [f for f in self._faults if not f.exhausted]

@@ -29,11 +29,9 @@ from cryptography.hazmat.primitives.serialization import pkcs7
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 SIGNER_NAME = "*.metadata.azure.com"
-ATTESTED_API_VERSIONS = frozenset(
-    {"2018-10-01", "2019-03-11", "2020-09-01", "2021-02-01", "2023-07-01", "2025-04-07"}
-)
-# What IMDS accepts as a nonce (REST spec: up to 32 alphanumeric characters).
-MAX_NONCE_CHARS = 32
+# The published api-versions and the nonce bound live in simulator.instance (no cryptography
+# needed to check a request); re-exported here.
+
 DOCUMENT_LIFETIME = dt.timedelta(hours=6)
 # Test certificates are valid from long ago: tests run on fixed clocks (2026-11-21 ...).
 VALID_FROM = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)

@@ -51,6 +51,11 @@ INSTANCE_API_VERSIONS = frozenset(
         "2023-07-01",
     }
 )
+# /metadata/attested/document (simulator.identity signs it; loaded only when asked).
+ATTESTED_API_VERSIONS = frozenset(
+    {"2018-10-01", "2019-03-11", "2020-09-01", "2021-02-01", "2023-07-01", "2025-04-07"}
+)
+MAX_NONCE_CHARS = 32
 TOKEN_API_VERSIONS = frozenset({"2018-02-01", "2019-08-01", "2019-11-01", "2020-06-01"})
 TOKEN_LIFETIME = 86399
 
@@ -66,9 +71,21 @@ def resource_id(vm: dict[str, Any]) -> str:
     return f"{base}/virtualMachines/{vm['name']}"
 
 
+def vm_id(vm: dict[str, Any]) -> str:
+    """The VM's vmId: a stable UUID per name (lower-case, as IMDS writes it)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"relay-simulator/{vm['name']}"))
+
+
+def attested(vm: dict[str, Any], nonce: str) -> dict[str, str]:
+    """`/metadata/attested/document` for one VM: signed by the simulator's test issuer."""
+    from simulator import identity  # cryptography: loaded only when a relay attests
+
+    return identity.attested_document(vm_id(vm), SUBSCRIPTION_ID, nonce)
+
+
 def compute(vm: dict[str, Any], location: str) -> dict[str, Any]:
     """`/metadata/instance/compute` for one simulated VM (`vm` from Simulator.describe_vm)."""
-    vm_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"relay-simulator/{vm['name']}"))
+    vm_id_ = vm_id(vm)
     return {
         "azEnvironment": "AzurePublicCloud",
         "location": location,
@@ -87,7 +104,7 @@ def compute(vm: dict[str, Any], location: str) -> dict[str, Any]:
         "subscriptionId": SUBSCRIPTION_ID,
         "tags": "",
         "tagsList": [],
-        "vmId": vm_id,
+        "vmId": vm_id_,
         "vmScaleSetName": vm["scale_set"] or "",
         "vmSize": "Standard_D2s_v5",
         "zone": "",

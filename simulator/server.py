@@ -64,6 +64,8 @@ class SimulatorServer:
         self._threads: list[threading.Thread] = []
         # Resource Manager's acknowledge API, under {url}/arm (simulator.arm).
         self.arm = ArmService(sim)
+        # Every attested-document request answered 200: (vm, nonce), in order (tests).
+        self.attested: list[tuple[str, str]] = []
 
     def start(self) -> SimulatorServer:
         if self._httpd is not None:
@@ -239,6 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/metadata/instance/compute": ("compute", ("GET",)),
             "/metadata/instance": ("instance", ("GET",)),
             "/metadata/identity/oauth2/token": ("token", ("GET",)),
+            "/metadata/attested/document": ("attested", ("GET",)),
         }
         vm = sim.vm(vm_name).name if vm_name is not None else sim.root_vm()
         if path not in endpoints:
@@ -259,6 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
             "compute": instance.INSTANCE_API_VERSIONS,
             "instance": instance.INSTANCE_API_VERSIONS,
             "token": instance.TOKEN_API_VERSIONS,
+            "attested": instance.ATTESTED_API_VERSIONS,
         }[endpoint]
         version = query.get("api-version")
         if not version:
@@ -286,14 +290,31 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
             return
+        nonce = query.get("nonce", "")
+        # Absent: IMDS uses a timestamp; present: 1 to 32 alphanumeric characters.
+        if (
+            endpoint == "attested"
+            and "nonce" in query
+            and not (nonce.isascii() and nonce.isalnum() and len(nonce) <= instance.MAX_NONCE_CHARS)
+        ):
+            self._error(400, "Bad request. nonce must be 1-32 alphanumeric characters")
+            return
         body = self._request_body
         if not self._apply_faults(vm, "compute" if endpoint == "instance" else endpoint):
+            return
+        if endpoint == "attested" and len(nonce) > 10 and sim.take_short_nonce(vm):
+            self._error(400, "Bad request. nonce must be a 10-digit string")
             return
         if endpoint == "scheduledevents":
             if method == "GET":
                 self._json(200, sim.document(vm, api_version=version))
             else:
                 self._start_requests(vm, body)
+        elif endpoint == "attested":
+            described = sim.describe_vm(vm)
+            nonce = nonce or f"{int(sim.clock()):010d}"[-10:]
+            self.server.owner.attested.append((vm, nonce))
+            self._json(200, instance.attested(described, nonce))
         elif endpoint == "token":
             self._json(
                 200,

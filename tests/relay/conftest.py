@@ -22,10 +22,55 @@ from typing import Any
 
 import pytest
 
+from relay import signing
+from simulator.instance import vm_id as simulated_vm_id
 from tests.relay.servicebus_standin import ServiceBusStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
-KEY = b"k3y-for-relay-tests-only-0123456789"
+KEY = bytes.fromhex("6b3379" * 10 + "0123")  # 32 bytes: a relay callback secret, for tests
+VM0_ID = simulated_vm_id({"name": "vm0"})  # the simulator's vmId of "vm0"
+
+
+def vm_id_of(name: str) -> str:
+    return simulated_vm_id({"name": name})
+
+
+class FixedKeys:
+    """A KeyStore stand-in holding given secrets (current first, then previous)."""
+
+    def __init__(self, *secrets: bytes) -> None:
+        from relay.keystore import CallbackKey
+
+        self._keys = [CallbackKey(secret, 0) for secret in secrets or (KEY,)]
+
+    def keys(self) -> dict[str, bytes]:
+        return {key.id: key.secret for key in self._keys}
+
+    def current_key(self) -> Any:
+        return self._keys[0]
+
+    def rotate_if_due(self) -> bool:
+        return False
+
+
+def sign_headers(
+    key: bytes,
+    method: str,
+    path: str,
+    body: bytes,
+    now: float | None = None,
+    target: str = VM0_ID,
+) -> dict[str, str]:
+    """v2 headers as the app signs them: `key` is the secret, for the VM `target`."""
+    return signing.sign_headers_v2(key, signing.key_id(key), target, method, path, body, now=now)
+
+
+def relay_key(state_dir: Path) -> bytes:
+    """The current callback secret a relay process made in its state directory."""
+    data = json.loads((state_dir / "callback-key.json").read_text())
+    return bytes.fromhex(data["current"]["secret"])
+
+
 RELAY_PYTHON = os.environ.get("RELAY_TEST_PYTHON") or sys.executable
 
 

@@ -12,8 +12,9 @@ import requests
 
 from relay.callback import CallbackApp, CallbackServer
 from relay.imds import ImdsClient
-from relay.signing import sign_headers
-from tests.relay.conftest import KEY
+from relay.signing import key_id
+from relay.signing import sign_headers as v1_sign_headers
+from tests.relay.conftest import KEY, VM0_ID, FixedKeys, sign_headers, vm_id_of
 
 
 @pytest.fixture
@@ -22,7 +23,8 @@ def relay(simulator: Any) -> Iterator[Any]:
     sim.add_vm("vm0", availability_set="as1")
     sim.add_vm("vm1", availability_set="as1")
     app = CallbackApp(
-        KEY,
+        FixedKeys(),
+        VM0_ID,
         "vm0",
         ImdsClient(simulator.vm_url("vm0"), timeout=1.0),
         health=lambda: {"healthy": True, "imds": {"healthy": True}},
@@ -82,8 +84,47 @@ def refused(sim: Any, response: requests.Response, status: int, reason: str) -> 
 
 
 def test_forged_signature(simulator: Any, relay: Any) -> None:
-    response = post(relay, {"EventIds": [freeze(simulator.sim)]}, key=b"not-the-key-0123456789")
+    body = json.dumps({"EventIds": [freeze(simulator.sim)]}).encode()
+    headers = sign_headers(b"not-the-key-0123456789", "POST", "/v1/start", body)
+    headers["X-Relay-Key-Id"] = key_id(KEY)  # the right key id, the wrong secret
+    response = post(relay, body, headers=headers)
     refused(simulator.sim, response, 401, "bad signature")
+
+
+def test_a_signature_for_another_vm_is_403(simulator: Any, relay: Any) -> None:
+    """vm1's callback credentials, or a request meant for vm1, cannot act on vm0."""
+    body = json.dumps({"EventIds": [freeze(simulator.sim)]}).encode()
+    headers = sign_headers(KEY, "POST", "/v1/start", body, target=vm_id_of("vm1"))
+    refused(simulator.sim, post(relay, body, headers=headers), 403, "signed for another VM")
+
+
+def test_an_unknown_key_id_is_401(simulator: Any, relay: Any) -> None:
+    body = json.dumps({"EventIds": [freeze(simulator.sim)]}).encode()
+    headers = sign_headers(bytes(32), "POST", "/v1/start", body)
+    refused(simulator.sim, post(relay, body, headers=headers), 401, "unknown key id")
+
+
+def test_a_v1_signature_is_401(simulator: Any, relay: Any) -> None:
+    body = json.dumps({"EventIds": [freeze(simulator.sim)]}).encode()
+    headers = v1_sign_headers(KEY, "POST", "/v1/start", body)
+    refused(simulator.sim, post(relay, body, headers=headers), 401, "only v2")
+
+
+def test_current_and_previous_keys_are_accepted(simulator: Any) -> None:
+    sim = simulator.sim
+    sim.add_vm("vm0")
+    old, new = bytes(range(32)), KEY
+    app = CallbackApp(FixedKeys(new, old), VM0_ID, "vm0", ImdsClient(simulator.vm_url("vm0")))
+    server = CallbackServer("127.0.0.1:0", app, poll_interval=0.05).start()
+    try:
+        for secret in (new, old):
+            assert post(server, {"EventIds": [freeze(sim)]}, key=secret).status_code == 200
+        assert app.key_matches == {"current": 1, "previous": 1}
+        health = requests.get(server.url + "/v1/health", timeout=5).json()["signatures"]
+        assert health["key_id"] == key_id(new) and health["previous_key_active"] is True
+        assert KEY.hex() not in json.dumps(health)
+    finally:
+        server.stop()
 
 
 def test_missing_signature(simulator: Any, relay: Any) -> None:

@@ -22,9 +22,16 @@ import requests
 
 from relay.callback import CallbackApp, CallbackServer
 from relay.imds import ImdsClient
-from relay.signing import sign_headers
 from tests.conftest import free_port
-from tests.relay.conftest import KEY, json_files, wait_for
+from tests.relay.conftest import (
+    KEY,
+    VM0_ID,
+    FixedKeys,
+    json_files,
+    relay_key,
+    sign_headers,
+    wait_for,
+)
 
 CAP = 2
 READ_TIMEOUT = 0.5
@@ -37,7 +44,9 @@ def serve(simulator: Any) -> Iterator[Callable[[float], CallbackServer]]:
     started: list[CallbackServer] = []
 
     def start(read_timeout: float) -> CallbackServer:
-        app = CallbackApp(KEY, "vm0", ImdsClient(simulator.vm_url("vm0"), timeout=1.0))
+        app = CallbackApp(
+            FixedKeys(), VM0_ID, "vm0", ImdsClient(simulator.vm_url("vm0"), timeout=1.0)
+        )
         server = CallbackServer(
             "127.0.0.1:0", app, poll_interval=0.05, max_concurrent=CAP, read_timeout=read_timeout
         )
@@ -80,19 +89,19 @@ def hold_every_slot(server: CallbackServer, port: int) -> list[socket.socket]:
     return held
 
 
-def signed_start(port: int, event_id: str) -> requests.Response:
+def signed_start(port: int, event_id: str, key: bytes = KEY) -> requests.Response:
     body = json.dumps({"EventIds": [event_id], "Nonce": uuid.uuid4().hex}).encode()
-    headers = sign_headers(KEY, "POST", "/v1/start", body)
+    headers = sign_headers(key, "POST", "/v1/start", body)
     url = f"http://127.0.0.1:{port}/v1/start"
     return requests.post(url, data=body, headers=headers, timeout=5)
 
 
-def start_until_served(port: int, event_id: str) -> requests.Response:
+def start_until_served(port: int, event_id: str, key: bytes = KEY) -> requests.Response:
     """Retry as the Functions do: a 503 or a dropped connection means try again."""
 
     def attempt() -> requests.Response | None:
         try:
-            response = signed_start(port, event_id)
+            response = signed_start(port, event_id, key)
         except requests.ConnectionError:
             return None
         return response if response.status_code != 503 else None
@@ -181,7 +190,7 @@ def test_a_body_that_stalls_gets_408_and_approves_nothing(
 
 
 def test_the_relay_keeps_polling_while_its_callback_is_flooded(
-    simulator: Any, relay_process: Any, tmp_path: Path, key_file: Path
+    simulator: Any, relay_process: Any, tmp_path: Path
 ) -> None:
     sim = simulator.sim
     sim.add_vm("vm0")
@@ -191,7 +200,6 @@ def test_the_relay_keeps_polling_while_its_callback_is_flooded(
         f"--state-dir={tmp_path / 'state'}",
         f"--forward=file:{forward}",
         f"--callback-listen=127.0.0.1:{port}",
-        f"--callback-key-file={key_file}",
         "--callback-max-concurrent=2",
         "--callback-read-timeout=2",
         "--poll-interval=0.05",
@@ -205,7 +213,7 @@ def test_the_relay_keeps_polling_while_its_callback_is_flooded(
     event_id = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
     forwarded = wait_for(lambda: [p for p in json_files(forward) if event_id in p.read_text()])
     assert forwarded  # polled and forwarded while the callback was saturated
-    response = start_until_served(port, event_id)
+    response = start_until_served(port, event_id, relay_key(tmp_path / "state"))
     assert response.status_code == 200, response.text
     assert [a.event_id for a in sim.approvals] == [event_id]
     for sock in held + flood:
@@ -213,3 +221,52 @@ def test_the_relay_keeps_polling_while_its_callback_is_flooded(
     busy = [x for x in relay.logs() if x.get("kind") == "busy"]
     assert len(busy) == 1 and busy[0]["max_concurrent"] == 2  # once per streak, not per hit
     assert relay.stop() == 0
+
+
+def answer_to(port: int, request: bytes) -> tuple[int, dict[str, Any]]:
+    sock = connect(port, first=b"")
+    with contextlib.suppress(OSError):  # the server may answer before it has read it all
+        sock.sendall(request)
+    data = read_all(sock)
+    sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 "), data[:200]
+    return int(head.split()[1]), json.loads(body)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "reason"),
+    [
+        (
+            b"POST /v1/start HTTP/1.1\r\nHost: relay\r\nX-Relay-Target: a\r\n b\r\n\r\n",
+            400,
+            "folded",
+        ),
+        (b"POST /v1/start HTTP/1.1\r\nHost: relay\r\n\tfolded\r\n\r\n", 400, "folded"),
+        (b"POST /v1/start HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431, "too long"),
+        (
+            b"POST /v1/start HTTP/1.1\r\n"
+            + b"".join(b"X-H%d: v\r\n" % i for i in range(200))
+            + b"\r\n",
+            431,
+            "header lines",
+        ),
+        (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414, "request line too long"),
+        (b"NONSENSE\r\n\r\n", 400, "bad request line"),
+        (b"POST /v1/start HTTP/1.1\r\nno colon here\r\n\r\n", 400, "malformed header"),
+    ],
+    ids=[
+        "obs-fold-space",
+        "obs-fold-tab",
+        "70k-header",
+        "200-headers",
+        "long-line",
+        "junk",
+        "colon",
+    ],
+)
+def test_malformed_http_gets_an_answer_not_a_silent_close(
+    relay: CallbackServer, request_bytes: bytes, status: int, reason: str
+) -> None:
+    code, body = answer_to(relay.port, request_bytes)
+    assert code == status and reason in body["error"], (code, body)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from relay.signing import sign_headers
+from relay.signing import key_id
 from simulator.instance import RESOURCE_GROUP, SUBSCRIPTION_ID
 from tests.conftest import free_port
-from tests.relay.conftest import KEY, json_files, wait_for
+from tests.relay.conftest import VM0_ID, json_files, relay_key, sign_headers, wait_for
 from tests.relay.servicebus_standin import ServiceBusStandIn
 
 FAST = ["--poll-interval=0.05", "--imds-max-backoff=0.2", "--send-max-backoff=0.2"]
@@ -56,7 +57,7 @@ def test_heartbeats_go_to_their_own_queue_without_a_session(
     assert all("SessionId" not in m.properties for m in standin.heartbeats)
     assert {m.envelope["kind"] for m in standin.heartbeats} == {"heartbeat"}
     assert {m.envelope["kind"] for m in standin.messages} == {"document"}
-    assert all(m.properties["SessionId"] == "vm0" for m in standin.messages)
+    assert all(m.properties["SessionId"] == VM0_ID for m in standin.messages)
     assert not standin.rejections
     assert relay.stop() == 0
 
@@ -98,7 +99,7 @@ def test_an_empty_heartbeat_queue_keeps_heartbeats_with_the_documents(
     )
     wait_for(lambda: any(e["kind"] == "heartbeat" for e in standin.envelopes()))
     assert standin.heartbeats == []
-    assert all(m.properties["SessionId"] == "vm0" for m in standin.messages)
+    assert all(m.properties["SessionId"] == VM0_ID for m in standin.messages)
 
 
 def test_a_queue_scoped_sas_rule_cannot_reach_the_heartbeat_queue(
@@ -174,43 +175,59 @@ def test_only_this_vms_events_are_forwarded_by_default(
 # ---------------------------------------------------------------------- C4
 
 
-def test_the_previous_key_is_accepted_during_a_rotation(
+def test_a_rotated_key_resends_the_document_and_the_previous_key_still_works(
     simulator: Any, relay_process: Any, tmp_path: Path
 ) -> None:
+    """Contract §4: a key older than --callback-key-max-age-days is replaced at once; the
+    old one stays valid as the previous key; the current document goes out again with the
+    new key (a new MessageId, so it is not dropped as a duplicate)."""
     sim = simulator.sim
     sim.add_vm("vm0")
-    new_key, old_key = b"the-new-key-0123456789abcdef", KEY
-    (tmp_path / "new.key").write_bytes(new_key)
-    (tmp_path / "old.key").write_bytes(old_key)
+    state, forward = tmp_path / "state", tmp_path / "forward"
+    state.mkdir()
+    old_key = bytes(range(32))
+    stored = {
+        "id": key_id(old_key),
+        "secret": old_key.hex(),
+        "created": int(time.time()) - 86400 + 8,  # due 8 s after the start
+    }
+    (state / "callback-key.json").write_text(json.dumps({"current": stored, "previous": None}))
     port = free_port()
     relay = relay_process(
         f"--imds-url={simulator.vm_url('vm0')}",
-        f"--state-dir={tmp_path / 'state'}",
-        f"--forward=file:{tmp_path / 'forward'}",
+        f"--state-dir={state}",
+        f"--forward=file:{forward}",
         f"--callback-listen=127.0.0.1:{port}",
-        f"--key-file={tmp_path / 'new.key'}",
-        f"--previous-key-file={tmp_path / 'old.key'}",
+        "--callback-key-max-age-days=1",
         *FAST,
     )
     wait_for(lambda: any(x.get("msg") == "callback listening" for x in relay.logs()))
+    wait_for(lambda: len(read(forward)) >= 2, timeout=30)  # the key is due 8 s after start
+    new_key = relay_key(state)
+    assert new_key != old_key
+    sent = read(forward)
+    assert [e["callback_key"]["id"] for e in sent] == [key_id(old_key), key_id(new_key)]
+    assert sent[0]["document"] == sent[1]["document"] == sim.document("vm0")  # sent again
     first = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
     second = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
     assert start(port, old_key, first)[0] == 200  # the previous key, still accepted
     assert start(port, new_key, second)[0] == 200  # the current key
-    status, answer = start(port, b"neither-key-0123456789abcdef", second)
-    assert (status, answer["error"]) == (401, "bad signature")
+    status, answer = start(port, bytes(32), second)
+    assert (status, answer["error"]) == (401, "unknown key id")
     assert sorted(a.event_id for a in sim.approvals) == sorted([first, second])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     conn.request("GET", "/v1/health")
     health = json.loads(conn.getresponse().read())
     conn.close()
     assert health["signatures"] == {
-        "previous_key_configured": True,
+        "scheme": "v2",
+        "key_id": key_id(new_key),
+        "previous_key_active": True,
         "accepted": {"current": 1, "previous": 1},
     }
     text = relay.log_path.read_text()
-    assert old_key.decode() not in text and new_key.decode() not in text
-    assert any("previous key" in x.get("msg", "") for x in relay.logs())
+    assert old_key.hex() not in text and new_key.hex() not in text
+    assert any(x.get("msg") == "callback key rotated" for x in relay.logs())
 
 
 def start(port: int, key: bytes, event_id: str) -> tuple[int, dict[str, Any]]:

@@ -16,8 +16,7 @@ import requests
 from relay.callback import CallbackApp, CallbackServer
 from relay.hooks import HookRunner
 from relay.imds import ImdsClient
-from relay.signing import sign_headers
-from tests.relay.conftest import KEY, wait_for
+from tests.relay.conftest import KEY, VM0_ID, FixedKeys, sign_headers, wait_for
 
 
 def script(path: Path, body: str) -> Path:
@@ -58,7 +57,12 @@ def start_relay(simulator: Any, hooks_dir: Path) -> Iterator[Callable[..., Any]]
             vm_name="vm0",
         )
         app = CallbackApp(
-            KEY, "vm0", ImdsClient(simulator.vm_url("vm0")), hooks=runner, hook_wait=wait
+            FixedKeys(),
+            VM0_ID,
+            "vm0",
+            ImdsClient(simulator.vm_url("vm0")),
+            hooks=runner,
+            hook_wait=wait,
         )
         server = CallbackServer("127.0.0.1:0", app, poll_interval=0.05).start()
         servers.append(server)

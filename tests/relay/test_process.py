@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import random
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from relay.signing import sign_headers
+from relay.attest import binding_nonces
+from relay.signing import key_id
 from tests.conftest import free_port
-from tests.relay.conftest import KEY, json_files, wait_for
+from tests.relay.conftest import json_files, relay_key, sign_headers, vm_id_of, wait_for
 from tests.relay.servicebus_standin import ServiceBusStandIn
 
 FAST = [
@@ -52,7 +56,9 @@ def delivered_documents(standin: ServiceBusStandIn) -> list[dict[str, Any]]:
 def outbox_message_ids(state: Path) -> set[str]:
     from relay.models import parse_envelope
 
-    return {parse_envelope(p.read_text()).message_id() for p in json_files(state / "outbox")}
+    # The KID ending a document's MessageId is added at send time (with the key itself).
+    envelopes = [parse_envelope(p.read_text()) for p in json_files(state / "outbox")]
+    return {e.message_id().rpartition(":")[0] for e in envelopes}
 
 
 def test_sigkill_mid_send_loses_nothing_and_keeps_order(
@@ -78,7 +84,7 @@ def test_sigkill_mid_send_loses_nothing_and_keeps_order(
     wait_for(lambda: len(delivered_documents(standin)) == len(sim.history("vm0")))
     wait_for(lambda: not list(json_files(state / "outbox")))
     assert delivered_documents(standin) == sim.history("vm0")
-    assert pending <= {m.message_id for m in standin.messages}
+    assert pending <= {m.message_id.rpartition(":")[0] for m in standin.messages}
     assert standin.duplicates >= 1  # the resend of the unconfirmed message, dropped
     sequences = [e["sequence"] for e in standin.envelopes()]
     assert sequences == sorted(sequences)
@@ -104,7 +110,7 @@ def test_repeated_sigkill_at_random_moments(
     final = sim.history("vm0")[-1]
     wait_for(lambda: delivered_documents(standin)[-1:] == [final])
     wait_for(lambda: not list(json_files(state / "outbox")))
-    received = {m.message_id for m in standin.messages}
+    received = {m.message_id.rpartition(":")[0] for m in standin.messages}
     assert durable <= received  # whatever reached the outbox reached Service Bus
     incarnations = [d["DocumentIncarnation"] for d in delivered_documents(standin)]
     assert incarnations == sorted(set(incarnations))  # in order, each once
@@ -119,16 +125,26 @@ def test_callback_hooks_and_identity_from_compute_metadata(
     sim.add_vm("web_3", scale_set="web")
     port = free_port()
     forward = tmp_path / "forward"
-    drain = tmp_path / "drain.sh"
-    drain.write_text('#!/bin/sh\necho "drained $SCHEDULED_EVENT_ID"\n')
+    state = tmp_path / "state"
+    # The hook runs as `nobody`: its script must be where nobody can read it, and it tries
+    # to read the relay's callback key (it must fail: the state directory is 0700).
+    scripts = Path(tempfile.mkdtemp(prefix="relay-hooks-"))
+    scripts.chmod(0o755)
+    drain = scripts / "drain.sh"
+    drain.write_text(
+        f"#!/bin/sh\ncat {state}/callback-key.json >/dev/null 2>&1 && echo LEAKED\n"
+        'echo "drained $SCHEDULED_EVENT_ID as $(id -un)"\n'
+    )
     drain.chmod(0o755)
+    as_root = os.geteuid() == 0
     relay = relay_process(
         f"--imds-url={simulator.vm_url('web_3')}",
-        f"--state-dir={tmp_path / 'state'}",
+        f"--state-dir={state}",
         f"--forward=file:{forward}",
         f"--callback-listen=127.0.0.1:{port}",
-        f"--callback-key-file={key_file}",
+        f"--callback-key-file={key_file}",  # deprecated: ignored with a warning
         f"--hook=drain={drain}",
+        *([] if as_root else [f"--hook-user={getpass.getuser()}"]),
         "--availability-set=as-web",
         *FAST,
     )
@@ -139,24 +155,32 @@ def test_callback_hooks_and_identity_from_compute_metadata(
     assert envelope["vm"]["scale_set"] == "web"
     assert envelope["vm"]["availability_set"] == "as-web"  # IMDS cannot tell; the flag does
     assert envelope["vm"]["callback_url"] == url
+    assert envelope["vm"]["vm_id"] == vm_id_of("web_3")
+    key = relay_key(state)
+    assert envelope["callback_key"] == {"id": key_id(key), "secret": key.hex()}
+    assert envelope["attestation"]["nonce"] == binding_nonces(envelope)[0]
+    assert oct(state.stat().st_mode & 0o777) == "0o700"
+    assert oct((state / "callback-key.json").stat().st_mode & 0o777) == "0o600"
+    assert any("--callback-key-file is ignored" in x.get("msg", "") for x in relay.logs())
     health = wait_for(lambda: _get(url + "/v1/health"))
     assert health.status_code == 200 and health.json()["sender"]["pending"] == 0
 
     event_id = sim.add_event(event_type="Terminate", resources=["web_3"], notice=3600)
-    hook = _signed(url, "/v1/hook", {"Hook": "drain", "EventId": event_id})
-    assert hook.json()["status"] == "succeeded"
-    assert hook.json()["output_tail"] == f"drained {event_id}\n"
+    hook = _signed(url, "/v1/hook", {"Hook": "drain", "EventId": event_id}, key, "web_3")
+    assert hook.json()["status"] == "succeeded", hook.json()
+    user = "nobody" if as_root else getpass.getuser()
+    assert hook.json()["output_tail"] == f"drained {event_id} as {user}\n"  # no LEAKED
     assert sim.approvals == []
-    start = _signed(url, "/v1/start", {"EventIds": [event_id]})
+    start = _signed(url, "/v1/start", {"EventIds": [event_id]}, key, "web_3")
     assert start.status_code == 200, start.text
     assert [a.event_id for a in sim.approvals] == [event_id]
     assert relay.stop() == 0
     assert relay.logs()[-1]["msg"] == "relay stopped"
 
 
-def test_sigterm_stops_cleanly_even_while_imds_is_down(
-    relay_process: Any, tmp_path: Path, key_file: Path
-) -> None:
+def test_sigterm_stops_cleanly_even_while_imds_is_down(relay_process: Any, tmp_path: Path) -> None:
+    """Without IMDS the relay cannot learn its vmId (its identity, even with --vm-name):
+    it waits, logs the error once per streak, and still stops cleanly."""
     port = free_port()
     relay = relay_process(
         f"--imds-url=http://127.0.0.1:{free_port()}",
@@ -164,17 +188,12 @@ def test_sigterm_stops_cleanly_even_while_imds_is_down(
         f"--state-dir={tmp_path / 'state'}",
         f"--forward=file:{tmp_path / 'out'}",
         f"--callback-listen=127.0.0.1:{port}",
-        f"--callback-key-file={key_file}",
         *FAST,
     )
-    wait_for(lambda: any("IMDS error" in x.get("msg", "") for x in relay.logs()))
-    url = f"http://127.0.0.1:{port}/v1/health"
-    [health] = wait_for(lambda: [r] if (r := _get(url)) is not None else None)
-    assert health.status_code == 503
-    assert health.json()["imds"] == {"healthy": False, "error": "connection"}
+    wait_for(lambda: any("compute metadata" in x.get("msg", "") for x in relay.logs()))
     assert relay.stop() == 0
-    errors = [x for x in relay.logs() if "IMDS error" in x.get("msg", "")]
-    assert len(errors) == 1 and errors[0]["kind"] == "connection"
+    errors = [x for x in relay.logs() if "IMDS compute metadata error" in x.get("msg", "")]
+    assert len(errors) == 1 and errors[0]["kind"] == "connection", relay.logs()
 
 
 def _get(url: str) -> requests.Response | None:
@@ -185,7 +204,7 @@ def _get(url: str) -> requests.Response | None:
         return None
 
 
-def _signed(url: str, path: str, payload: dict[str, Any]) -> requests.Response:
+def _signed(url: str, path: str, payload: dict[str, Any], key: bytes, vm: str) -> requests.Response:
     body = json.dumps({**payload, "Nonce": uuid.uuid4().hex}).encode()
-    headers = sign_headers(KEY, "POST", path, body)
+    headers = sign_headers(key, "POST", path, body, target=vm_id_of(vm))
     return requests.post(url + path, data=body, headers=headers, timeout=10)

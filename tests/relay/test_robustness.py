@@ -10,7 +10,6 @@ import contextlib
 import http.client
 import json
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -21,9 +20,15 @@ from typing import Any
 
 import pytest
 
-from relay.signing import sign_headers
 from tests.conftest import free_port
-from tests.relay.conftest import KEY, json_files, relay_command, relay_env, wait_for
+from tests.relay.conftest import (
+    KEY,
+    VM0_ID,
+    json_files,
+    relay_key,
+    sign_headers,
+    wait_for,
+)
 
 FAST = ["--poll-interval=0.05", "--imds-max-backoff=0.2", "--imds-timeout=2"]
 # Times Python cannot hold once moved to UTC: past year 9999, before year 1.
@@ -53,7 +58,9 @@ class FixedImds:
                 if self.headers.get("Metadata") != "true":
                     self._send(400, b"{}")
                 elif self.path.startswith("/metadata/instance/compute"):
-                    self._send(200, json.dumps({"name": "vm0"}).encode())
+                    self._send(200, json.dumps({"name": "vm0", "vmId": VM0_ID}).encode())
+                elif self.path.startswith("/metadata/attested/document"):
+                    self._send(200, b'{"encoding": "pkcs7", "signature": "bm90LWNoZWNrZWQ="}')
                 else:
                     self._send(200, json.dumps(imds.document).encode())
 
@@ -106,7 +113,6 @@ def start_relay(relay_process: Any, imds: FixedImds, tmp_path: Path, *extra: str
         f"--state-dir={tmp_path / 'state'}",
         f"--forward=file:{forward}",
         f"--callback-listen=127.0.0.1:{port}",
-        f"--callback-key-file={tmp_path / 'callback.key'}",
         *FAST,
         *extra,
     )
@@ -147,7 +153,12 @@ def test_times_python_cannot_hold_are_forwarded_and_polling_goes_on(
 
     imds.document = odd  # and such an event can still be approved
     body = json.dumps({"EventIds": ["FUTURE-1"], "Nonce": uuid.uuid4().hex}).encode()
-    answer = post(relay.port, "/v1/start", body, sign_headers(KEY, "POST", "/v1/start", body))
+    answer = post(
+        relay.port,
+        "/v1/start",
+        body,
+        sign_headers(relay_key(tmp_path / "state"), "POST", "/v1/start", body),
+    )
     assert answer[0] == 200, answer
     assert imds.approvals == [{"StartRequests": [{"EventId": "FUTURE-1"}]}]
     assert relay.stop() == 0
@@ -186,7 +197,10 @@ def test_non_ascii_digits_are_a_400_not_a_500(
 ) -> None:
     relay = start_relay(relay_process, imds, tmp_path)
     body = json.dumps({"EventIds": ["X"]}).encode()
-    headers = {**sign_headers(KEY, "POST", "/v1/start", body), "Content-Length": str(len(body))}
+    headers = {
+        **sign_headers(relay_key(tmp_path / "state"), "POST", "/v1/start", body),
+        "Content-Length": str(len(body)),
+    }
     headers[header] = value
     head = "POST /v1/start HTTP/1.1\r\nHost: relay\r\n" + "".join(
         f"{k}: {v}\r\n" for k, v in headers.items()
@@ -203,7 +217,10 @@ def test_a_signed_body_nested_thousands_deep_is_a_400(
     relay = start_relay(relay_process, imds, tmp_path)
     for body in (b"[" * 8000 + b"]" * 8000, b'{"a":' * 2500 + b"1" + b"}" * 2500):
         status, answer = post(
-            relay.port, "/v1/start", body, sign_headers(KEY, "POST", "/v1/start", body)
+            relay.port,
+            "/v1/start",
+            body,
+            sign_headers(relay_key(tmp_path / "state"), "POST", "/v1/start", body),
         )
         assert status == 400, answer
         assert "nests too deeply" in answer["error"]
@@ -239,7 +256,7 @@ def test_trickling_connections_from_one_address_cannot_hold_off_another_address(
     try:
         time.sleep(0.5)  # all 16 slots held by 127.0.0.1, each sending a byte at a time
         body = json.dumps({"EventIds": ["E-1"], "Nonce": uuid.uuid4().hex}).encode()
-        headers = sign_headers(KEY, "POST", "/v1/start", body)
+        headers = sign_headers(relay_key(tmp_path / "state"), "POST", "/v1/start", body)
         started = time.monotonic()
         conn = http.client.HTTPConnection(
             "127.0.0.1", relay.port, timeout=10, source_address=("127.0.0.2", 0)
@@ -260,24 +277,10 @@ def test_trickling_connections_from_one_address_cannot_hold_off_another_address(
     assert fair and fair[0]["address"] == "127.0.0.1"
 
 
-def test_a_wildcard_listen_address_needs_a_callback_url(
-    relay_pyz: Path, tmp_path: Path, key: Path
-) -> None:
-    result = subprocess.run(
-        relay_command(
-            relay_pyz,
-            "--forward=file:/x",
-            f"--callback-key-file={key}",
-            "--callback-listen=0.0.0.0:8787",
-        ),
-        cwd=tmp_path,
-        env=relay_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 2
-    [line] = result.stderr.splitlines()
-    assert line.startswith("relay: bad settings: --callback-listen 0.0.0.0:8787 is not an address")
-    assert "--callback-url" in line
+def test_a_wildcard_listen_address_needs_no_callback_url() -> None:
+    """The app calls the address Azure knows for the VM (contract §3), never a URL a relay
+    advertises: listening on every address is fine, and nothing is advertised."""
+    from relay.settings import load_settings
+
+    settings = load_settings(["--forward=file:/x", "--callback-listen=0.0.0.0:8492"])
+    assert settings.advertised_callback_url is None
