@@ -23,8 +23,6 @@ from typing import Any
 
 import pytest
 import requests
-from relay.attest import Attester, AttestingSender
-from relay.keystore import KeyStore
 
 from functions.clock import SystemClock
 from functions.identity.attestation import AttestationVerifier
@@ -38,8 +36,10 @@ from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.results import IngestResult
 from functions.settings import Settings
 from functions.store.tables import Store
+from relay.attest import Attester, AttestingSender
 from relay.callback import CallbackApp, CallbackServer
 from relay.imds import ImdsClient
+from relay.keystore import KeyStore
 from relay.models import parse_envelope
 from simulator import Simulator, SimulatorServer
 from simulator import identity as azure
@@ -140,6 +140,7 @@ class Fleet:
 def _settings(port: int, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "approval_budget_seconds": 3,
+        "approvers": "relay",
         "relay_callback_port": port,
         "app_secret": APP_SECRET.decode(),
         **overrides,

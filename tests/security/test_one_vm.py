@@ -208,6 +208,7 @@ class Listener:
 
     def __init__(self, status: int = 200, body: bytes = b"{}", headers: dict | None = None):
         self.paths: list[str] = []
+        self.status, self.body, self.headers = status, body, headers or {}
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -218,12 +219,12 @@ class Listener:
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)
                 outer.paths.append(f"{self.command} {self.path}")
-                self.send_response(status)
-                for name, value in (headers or {}).items():
+                self.send_response(outer.status)
+                for name, value in outer.headers.items():
                     self.send_header(name, value)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(outer.body)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(outer.body)
 
             do_GET = do_POST = _any
 
@@ -259,8 +260,9 @@ def test_the_app_calls_only_azures_address_for_the_vm_never_one_it_wrote(fleet: 
 def _replace_callback(fleet: Fleet, vm: str, listener_factory) -> Listener:
     """The attacker controls its own VM: it can put anything on its own address."""
     own = fleet.vms[vm]
-    own.callback.stop()
-    own.callback = None
+    if own.callback is not None:
+        own.callback.stop()
+        own.callback = None
     server = listener_factory()
     server.server.server_close()
     handler = server.server.RequestHandlerClass
@@ -286,28 +288,30 @@ def test_a_redirect_is_never_followed(fleet: Fleet):
         redirecting.close()
 
 
-def test_a_200_without_a_verdict_is_not_an_approval_and_callee_text_is_clipped(
-    fleet: Fleet,
-):
-    hostile = json.dumps({"error": "[click](http://evil.example) **now**\n" + "x" * 5000})
+def test_a_200_without_a_verdict_is_not_an_approval(fleet: Fleet):
     quiet = _replace_callback(fleet, "attacker", lambda: Listener(200, b"{}"))
-    loud = None
     try:
         event_id, events = user_event(fleet, "attacker")
         fleet.deliver(fleet.vms["attacker"].message(events))
         record = fleet.store.get_event(event_id)
         assert record.approval == "failed"
         assert all("no verdict" in a.outcome for a in record.approval_attempts)
-        quiet.close()
-        loud = _replace_callback(fleet, "attacker", lambda: Listener(400, hostile.encode()))
-        second, events = user_event(fleet, "attacker")
-        fleet.deliver(fleet.vms["attacker"].message(events))
-        outcomes = [a.outcome for a in fleet.store.get_event(second).approval_attempts]
-        assert outcomes and all(len(o) <= 260 and "\n" not in o for o in outcomes)
     finally:
         quiet.close()
-        if loud is not None:
-            loud.close()
+
+
+def test_callee_text_is_clipped_to_one_plain_line(fleet: Fleet):
+    hostile = json.dumps({"error": "[click](http://evil.example) **now**\n" + "x" * 5000})
+    loud = _replace_callback(fleet, "attacker", lambda: Listener(400, hostile.encode()))
+    try:
+        event_id, events = user_event(fleet, "attacker")
+        fleet.deliver(fleet.vms["attacker"].message(events))
+        outcomes = [a.outcome for a in fleet.store.get_event(event_id).approval_attempts]
+        assert outcomes and all(len(o) <= 260 and "\n" not in o for o in outcomes)
+        detail = fleet.publisher.published[-1].detail
+        assert "\n" not in detail and len(detail) < 1200
+    finally:
+        loud.close()
 
 
 def test_a_signature_from_one_vms_key_file_is_refused_by_another_vm(fleet: Fleet):
@@ -317,7 +321,7 @@ def test_a_signature_from_one_vms_key_file_is_refused_by_another_vm(fleet: Fleet
     key = attacker.keys.current_key()
     url = f"http://{victim.address}:{fleet.port}/v1/start"
     for target in (victim.vm_id, attacker.vm_id):
-        headers = sign_headers_v2(key.secret, key.key_id, target, "POST", "/v1/start", body)
+        headers = sign_headers_v2(key.secret, key.id, target, "POST", "/v1/start", body)
         answer = requests.post(url, data=body, headers=headers, timeout=5)
         assert answer.status_code in (401, 403), answer.text
     assert imds_event(fleet, "victim", event_id)["EventStatus"] == "Scheduled"
