@@ -13,13 +13,13 @@ import azure.functions as func
 import pytest
 from azure.functions.timer import TimerRequest
 
-import function_app
 from functions.model.policy import Policy, Window, load_policy
 from functions.pipeline.publish import ServiceBusPublisher, application_properties
 from functions.settings import SettingsInvalid, load_settings
 from functions.triggers import core as handlers
 from local.host import LocalHost
 from tests.functions.conftest import T0, envelope, event, make_pipeline, write_liveness
+from tests.indexed_functions import indexed_functions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -164,7 +164,7 @@ def test_application_properties_for_filters():
 
 
 # get_functions() validates names and may be called once per app (as the host does).
-FUNCTIONS = {f.get_function_name(): f for f in function_app.app.get_functions()}
+FUNCTIONS = {f.get_function_name(): f for f in indexed_functions()}
 
 
 def _functions() -> dict[str, object]:

@@ -20,6 +20,7 @@ from functools import cache
 import azure.functions as func
 import pytest
 
+from tests.indexed_functions import indexed_functions
 from tests.infra.bicep import ROOT, iso_minutes
 from tests.infra.schema_check import INFRA, Alt, alternatives, evaluator_for
 
@@ -31,8 +32,9 @@ def indexed() -> dict[str, list[dict]]:
     module = importlib.import_module("function_app")
     apps = [v for v in vars(module).values() if isinstance(v, func.FunctionRegister)]
     assert len(apps) == 1, "the worker indexes every FunctionApp in function_app.py"
+    assert apps[0] is module.app
     functions: dict[str, list[dict]] = {}
-    for function in apps[0].get_functions():
+    for function in indexed_functions():
         name = function.get_function_name()
         assert name not in functions, f"two functions named {name}"
         functions[name] = json.loads(function.get_function_json())["bindings"]
