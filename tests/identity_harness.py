@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from functions.identity.attestation import AttestationVerifier, binding_nonces
 from functions.identity.facts import StaticResolver, VmFacts
 from functions.identity.keys import CallbackKey, key_id_of
-from functions.identity.registry import CachedResolver, IdentityStore
+from functions.identity.registry import CachedResolver, Identity, IdentityStore
 from functions.pipeline.admission import Admission
 from functions.store.tables import Store
 from simulator import identity as azure
@@ -136,3 +136,13 @@ def admission(store: Store, clock: Callable[[], datetime] | None = None) -> Admi
         identities=CachedResolver(registry, RESOLVER, clock=clock),
         callback_port=CALLBACK_PORT,
     )
+
+
+def enroll(pipeline: Any, name: str, target: Any, **facts: Any) -> str:
+    """What an attested message from `target`'s relay would have left in the identities
+    table: Azure's facts for `name` (its address: the target's) and the relay's keys."""
+    known = facts_for(name, callback_url=target.url, **facts)
+    known = known.model_copy(update={"vm_id": target.vm_id})
+    registry = pipeline.admission.registry
+    registry.save(Identity(facts=known, keys=tuple(target.keys)))
+    return target.vm_id

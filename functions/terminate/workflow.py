@@ -294,10 +294,11 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         hook = settings.relay_hook
 
         def on_vm(vm: str) -> StepRecord:
+            target = ctx.relay_target(vm)  # before the step: a lookup that dies claims nothing
             return steps.once(
                 f"hook:{vm}",
                 budget(clock.now(), drain_until, settings.step_timeout_seconds),
-                _hook_action(ctx, hook, vm, event.event_id, settings.poll_seconds),
+                _hook_action(ctx, hook, vm, target, event.event_id, settings.poll_seconds),
                 rerun_if_lost=True,
             )
 
@@ -408,6 +409,7 @@ def run_undrain(
                 ctx,
                 hook,
                 vm,
+                ctx.relay_target(vm),
                 event.event_id,
                 settings.poll_seconds,
                 undoes=drain_hook,
@@ -494,13 +496,13 @@ def _hook_action(
     ctx: DrainContext,
     hook: str,
     vm: str,
+    target: RelayTarget | None,
     event_id: str,
     poll_seconds: float,
     undoes: str | None = None,
     event_type: str | None = None,
 ) -> Callable[[datetime], tuple[bool, str]]:
     def act(until: datetime) -> tuple[bool, str]:
-        target = ctx.relay_target(vm)
         if target is None:
             return False, f"no relay known for {vm} (no attested key or no address from Azure)"
         return relay_hook(

@@ -14,14 +14,27 @@ import pytest
 import requests
 from azure.data.tables import TableServiceClient
 
+from functions.approvers.relay import RelayTarget
+from functions.identity.keys import CallbackKey
 from functions.model.event import Decision, EventSnapshot, Links, Notification, Transition
 from functions.store.drains import DrainStore
 from functions.terminate.workflow import DrainContext, DrainSettings
 from relay.callback import CallbackApp, CallbackServer
 from relay.hooks import HookRunner
 from relay.imds import ImdsClient
+from relay.keystore import KeyStore
+from simulator.arm import simulated_vm_id
 
-RELAY_KEY = b"relay-key-for-tests-0123456789"
+
+def target_of(url: str, vm_id: str, keys: KeyStore) -> RelayTarget:
+    """How the app knows a relay: Azure's address (here its loopback URL), the VM's vmId,
+    and the key its relay gave in an attested message (current first, then previous)."""
+    known = [keys.current_key(), *([keys.previous] if keys.previous else [])]
+    return RelayTarget(
+        url=url,
+        vm_id=vm_id,
+        keys=tuple(CallbackKey(key_id=k.id, secret=k.secret) for k in known),
+    )
 
 
 @pytest.fixture
@@ -64,8 +77,8 @@ class Harness:
     store: DrainStore
     approvals: Approvals = field(default_factory=Approvals)
     published: list[Notification] = field(default_factory=list)
-    callbacks: dict[str, str] = field(default_factory=dict)
-    resolve: Callable[[str], str | None] | None = None
+    callbacks: dict[str, RelayTarget] = field(default_factory=dict)
+    resolve: Callable[[str], RelayTarget | None] | None = None
 
     def context(self, **overrides: Any) -> DrainContext:
         values: dict[str, Any] = {
@@ -73,8 +86,7 @@ class Harness:
             "session": requests.Session(),
             "publish": self.published.append,
             "approve": self.approvals,
-            "callback_url": self.resolve or self.callbacks.get,
-            "relay_key": RELAY_KEY,
+            "relay_target": self.resolve or self.callbacks.get,
         }
         values.update(overrides)
         return DrainContext(**values)
@@ -131,7 +143,7 @@ class Relays:
     """Real relays (callback + hook runner) for a simulated scale set, reading real IMDS."""
 
     sim: Any
-    urls: dict[str, str]
+    targets: dict[str, RelayTarget]
     ran: Path  # each hook run appends "<vm> <event id>" here
     undone: Path | None = None  # each `undrain` hook run appends "<vm> <event id> <status>"
 
@@ -172,19 +184,21 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
         server = SimulatorServer(Simulator(time_scale=1.0)).start()
         started.append(server)
         server.sim.add_scale_set("web", count)
-        urls = {}
+        targets = {}
         for index in range(count):
             vm = f"web_{index}"
             hooks = HookRunner(
                 {"drain": script, "undrain": undrain}, tmp_path / vm, timeout=10, vm_name=vm
             )
+            keys = KeyStore(tmp_path / vm / "keys")
+            vm_id = simulated_vm_id(vm)
             app = CallbackApp(
-                RELAY_KEY, vm, ImdsClient(server.vm_url(vm)), hooks, hook_wait=hook_wait
+                keys, vm_id, vm, ImdsClient(server.vm_url(vm)), hooks, hook_wait=hook_wait
             )
             callback = CallbackServer("127.0.0.1:0", app).start()
             started.append(callback)
-            urls[vm] = callback.url
-        return Relays(server.sim, urls, ran, undone)
+            targets[vm] = target_of(callback.url, vm_id, keys)
+        return Relays(server.sim, targets, ran, undone)
 
     try:
         yield start

@@ -23,7 +23,8 @@ from functions.store.tables import Store
 from functions.triggers import core as handlers
 from functions.triggers import notify as notify_trigger
 from functions.triggers.terminate import bp, drain_settings, terminate_drain, undrain_settings
-from tests.terminate.conftest import RELAY_KEY, Relays, terminate_note
+from tests import identity_harness
+from tests.terminate.conftest import Relays, terminate_note
 
 pytestmark = pytest.mark.azurite
 
@@ -32,10 +33,19 @@ pytestmark = pytest.mark.azurite
 def core(azurite: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pipeline]:
     prefix = f"b{uuid.uuid4().hex[:10]}"
     settings = Settings(
-        state_storage=azurite, relay_key=RELAY_KEY.decode(), state_table_prefix=prefix
+        state_storage=azurite,
+        app_secret=identity_harness.APP_SECRET.decode(),
+        state_table_prefix=prefix,
     )
     store = Store.from_connection_string(azurite, prefix).ensure_tables()
-    pipeline = Pipeline(store, settings, LocalPublisher(), requests.Session(), SystemClock())
+    pipeline = Pipeline(
+        store,
+        settings,
+        LocalPublisher(),
+        requests.Session(),
+        SystemClock(),
+        admission=identity_harness.admission(store),
+    )
     monkeypatch.setenv("DRAIN__RELAY_HOOK", "drain")
     monkeypatch.setenv("DRAIN__SAFETY_MARGIN_SECONDS", "5")
     monkeypatch.setenv("UNDRAIN__RELAY_HOOK", "undrain")
@@ -49,7 +59,7 @@ def core(azurite: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pipeline]:
         handlers.use_pipeline(None)
         drain_settings.cache_clear()
         undrain_settings.cache_clear()
-        for name in ("vms", "events", "audit", "rejected", "drains", "deliveries"):
+        for name in ("vms", "events", "audit", "rejected", "drains", "deliveries", "identities"):
             store.service.delete_table(f"{prefix}{name}")
 
 
@@ -61,11 +71,10 @@ def test_the_handler_drains_through_the_relay_then_approves_through_it(
     note = terminate_note(event_id, notice=300)
     assert note.event is not None
     now = datetime.now(UTC)
+    vm_id = identity_harness.enroll(core, "web_0", fleet.targets["web_0"], scale_set="web")
     core.store.mutate_vm(
         "web_0",
-        lambda _r: VmRecord(
-            name="web_0", callback_url=fleet.urls["web_0"], last_seen=now, scale_set="web"
-        ),
+        lambda _r: VmRecord(name="web_0", vm_id=vm_id, last_seen=now, scale_set="web"),
     )
     core.store.mutate_event(
         event_id,
@@ -114,10 +123,8 @@ def test_the_handler_undrains_a_drained_terminate_azure_cancelled(
     event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
     note = terminate_note(event_id, notice=300)
     now = datetime.now(UTC)
-    core.store.mutate_vm(
-        "web_0",
-        lambda _r: VmRecord(name="web_0", callback_url=fleet.urls["web_0"], last_seen=now),
-    )
+    vm_id = identity_harness.enroll(core, "web_0", fleet.targets["web_0"])
+    core.store.mutate_vm("web_0", lambda _r: VmRecord(name="web_0", vm_id=vm_id, last_seen=now))
     # No event row: the approval finds nothing to approve, the instance stays drained.
     terminate_drain(func.ServiceBusMessage(body=note.to_json().encode()))
     assert fleet.runs() == [f"web_0 {event_id}"] and fleet.sim.approvals == []

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
+from functions.identity.keys import CallbackKey, key_id_of
 from functions.terminate.workflow import run_drain
 from tests.notify.receiver import Answer, running
-from tests.terminate.conftest import RELAY_KEY, Harness, Relays, settings, terminate_note
+from tests.terminate.conftest import Harness, Relays, settings, terminate_note
+
+OTHER_KEY = CallbackKey(key_id=key_id_of(b"k" * 32), secret=b"k" * 32)
+
+
+def with_keys(fleet: Relays, *keys: CallbackKey):
+    """The app's view of each relay, with other keys (a key this relay never gave)."""
+    return lambda vm: replace(fleet.targets[vm], keys=keys) if vm in fleet.targets else None
+
 
 pytestmark = pytest.mark.azurite
 
@@ -21,7 +31,7 @@ def test_relay_hook_runs_once_per_vm_even_when_redelivered(
     harness: Harness, relays: Callable[..., Relays]
 ) -> None:
     fleet = relays(count=2)
-    harness.callbacks.update(fleet.urls)
+    harness.callbacks.update(fleet.targets)
     event_id = fleet.sim.add_event("Terminate", resources=["web_0", "web_1"], notice=300)
     note = terminate_note(event_id, resources=("web_0", "web_1"))
     first = run_drain(note, settings(relay_hook="drain"), harness.context())
@@ -36,7 +46,7 @@ def test_a_slow_hook_is_polled_until_it_finishes(
     harness: Harness, relays: Callable[..., Relays]
 ) -> None:
     fleet = relays(count=1, hook_seconds=0.6, hook_wait=0.1)  # the relay answers 202 first
-    harness.callbacks.update(fleet.urls)
+    harness.callbacks.update(fleet.targets)
     event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
     result = run_drain(terminate_note(event_id), settings(relay_hook="drain"), harness.context())
     assert result.outcome == "approved"
@@ -47,7 +57,7 @@ def test_only_hooks_in_the_relays_config_run(
     harness: Harness, relays: Callable[..., Relays]
 ) -> None:
     fleet = relays(count=1)
-    harness.callbacks.update(fleet.urls)
+    harness.callbacks.update(fleet.targets)
     event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
     result = run_drain(terminate_note(event_id), settings(relay_hook="rm-rf"), harness.context())
     assert result.outcome == "held"
@@ -60,12 +70,11 @@ def test_a_wrong_key_is_refused_by_the_relay(
     harness: Harness, relays: Callable[..., Relays]
 ) -> None:
     fleet = relays(count=1)
-    harness.callbacks.update(fleet.urls)
     event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
     result = run_drain(
         terminate_note(event_id),
         settings(relay_hook="drain", on_failure="approve"),
-        harness.context(relay_key=b"not-the-relay-key-000000"),
+        harness.context(relay_target=with_keys(fleet, OTHER_KEY)),
     )
     assert "refused (401)" in result.steps["hook:web_0"].detail
     assert fleet.runs() == []
@@ -74,7 +83,9 @@ def test_a_wrong_key_is_refused_by_the_relay(
 
 def test_a_vm_without_a_known_relay_fails_its_step(harness: Harness) -> None:
     result = run_drain(terminate_note(), settings(relay_hook="drain"), harness.context())
-    assert result.steps["hook:web_0"].detail == "no relay callback URL known for web_0"
+    assert result.steps["hook:web_0"].detail == (
+        "no relay known for web_0 (no attested key or no address from Azure)"
+    )
     assert result.outcome == "held"
 
 
@@ -90,7 +101,7 @@ def test_a_restart_mid_workflow_resumes_without_rerunning_finished_steps(
         lookups.append(vm)
         if vm == "web_1" and lookups.count("web_1") == 1:
             raise Crash("worker killed")
-        return fleet.urls[vm]
+        return fleet.targets[vm]
 
     harness.resolve = dies_on_web_1
     with running(Answer(200)) as hook:
@@ -113,7 +124,7 @@ def test_a_restart_mid_workflow_resumes_without_rerunning_finished_steps(
 
 def test_instances_drain_at_the_same_time(harness: Harness, relays: Callable[..., Relays]) -> None:
     fleet = relays(count=3, hook_seconds=0.5)
-    harness.callbacks.update(fleet.urls)
+    harness.callbacks.update(fleet.targets)
     names = ("web_0", "web_1", "web_2")
     event_id = fleet.sim.add_event("Terminate", resources=list(names), notice=300)
     result = run_drain(
@@ -130,7 +141,7 @@ def test_a_relay_hook_that_outlasts_its_step_fails_the_drain(
     harness: Harness, relays: Callable[..., Relays]
 ) -> None:
     fleet = relays(count=1, hook_seconds=4, hook_wait=0.1)
-    harness.callbacks.update(fleet.urls)
+    harness.callbacks.update(fleet.targets)
     event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
     result = run_drain(
         terminate_note(event_id),
@@ -145,14 +156,15 @@ def test_a_relay_hook_that_outlasts_its_step_fails_the_drain(
 def test_mid_rotation_the_previous_key_runs_the_hook(
     harness: Harness, relays: Callable[..., Relays]
 ) -> None:
-    """The app already signs with the new key; this relay still has only the old one."""
+    """The app knows a newer key than this relay holds (say, a key from a message the relay
+    sent just before its state was restored): the previous key it knows still works."""
     fleet = relays(count=1)
-    harness.callbacks.update(fleet.urls)
+    (genuine,) = fleet.targets["web_0"].keys
     event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
     result = run_drain(
         terminate_note(event_id),
         settings(relay_hook="drain"),
-        harness.context(relay_key=b"the-new-key-0123456789abcdef", relay_key_previous=RELAY_KEY),
+        harness.context(relay_target=with_keys(fleet, OTHER_KEY, genuine)),
     )
     assert result.outcome == "approved" and result.drained
     assert fleet.runs() == [f"web_0 {event_id}"]

@@ -28,7 +28,7 @@ def test_a_cancelled_drain_is_undrained_through_http_and_relay_hooks(
     harness: Harness, relays: Callable[..., Relays]
 ) -> None:
     fleet = relays(count=2)
-    harness.callbacks.update(fleet.urls)
+    harness.callbacks.update(fleet.targets)
     event_id = fleet.sim.add_event("Terminate", resources=["web_0", "web_1"], notice=300)
     note = terminate_note(event_id, resources=("web_0", "web_1"))
     audits: list[tuple[str, str, str]] = []
@@ -74,7 +74,7 @@ def test_a_relay_runs_no_undrain_for_an_event_it_never_drained(
 ) -> None:
     """`Undoes` is honoured only where that drain hook ran for that EventId."""
     fleet = relays(count=1)
-    harness.callbacks.update(fleet.urls)
+    harness.callbacks.update(fleet.targets)
     event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
     note = terminate_note(event_id)
     # As if the drain had reached the relay (a step row), though its hook never ran there.
