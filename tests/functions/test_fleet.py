@@ -15,6 +15,7 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.tables import Store
+from tests import identity_harness
 from tests.functions.conftest import (
     T0,
     envelope,
@@ -39,7 +40,14 @@ def test_same_event_from_40_vms_concurrently_is_decided_approved_announced_once(
     def one(index: int, vm: str) -> None:
         try:
             own = Store.from_connection_string(azurite, store.prefix)  # its own TableClients
-            pipeline = Pipeline(own, settings, publisher, requests.Session(), clock)
+            pipeline = Pipeline(
+                own,
+                settings,
+                publisher,
+                requests.Session(),
+                clock,
+                admission=identity_harness.admission(own, clock.now),
+            )
             body = envelope(vm, 1, [ev], callback_url=relays[vm].url, availability_set="as")
             barrier.wait()
             ingest_message(body, pipeline)
@@ -143,7 +151,14 @@ def test_a_refusing_relay_is_not_retried_and_another_vm_approves(store, clock, n
     ingest_message(envelope("vm1", 1, [ev], callback_url=refuser.url), pipeline)
     result = approve_event(
         "E-FB",
-        Pipeline(store, pipeline.settings, pipeline.publisher, pipeline.session, clock),
+        Pipeline(
+            store,
+            pipeline.settings,
+            pipeline.publisher,
+            pipeline.session,
+            clock,
+            admission=pipeline.admission,
+        ),
         announce=False,
     )
     assert result.outcome == "approved" and result.vm == "vm2"

@@ -18,13 +18,21 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.tables import Store
+from tests import identity_harness
 from tests.functions.conftest import T0, envelope, event, make_settings
 
 INVALID = PolicyLoad(policy=None, error="rules.0.action: Input should be 'approve'")
 
 
 def pipeline_for(store, clock, publisher, policy: Policy | PolicyLoad | None = None, **kw):
-    return Pipeline(store, make_settings(policy, **kw), publisher, requests.Session(), clock)
+    return Pipeline(
+        store,
+        make_settings(policy, **kw),
+        publisher,
+        requests.Session(),
+        clock,
+        admission=identity_harness.admission(store, clock.now),
+    )
 
 
 def failed_closed(store, clock, publisher, relay, ev):
@@ -160,7 +168,14 @@ def test_not_redecided_after_not_before_or_once_an_operator_approved(store, cloc
     )
     manual = approve_event(
         "EV-M",
-        Pipeline(store, make_settings(INVALID), pub, requests.Session(), clock),
+        Pipeline(
+            store,
+            make_settings(INVALID),
+            pub,
+            requests.Session(),
+            clock,
+            admission=identity_harness.admission(store, clock.now),
+        ),
         announce=False,
         by="manual:alice",
     )
@@ -193,7 +208,14 @@ def test_two_watchdogs_at_once_redecide_once(azurite, store, clock, new_relay):
     def one() -> None:
         try:
             own = Store.from_connection_string(azurite, store.prefix)
-            p = Pipeline(own, settings, pub, requests.Session(), clock)
+            p = Pipeline(
+                own,
+                settings,
+                pub,
+                requests.Session(),
+                clock,
+                admission=identity_harness.admission(own, clock.now),
+            )
             barrier.wait()
             reports.append(run_watchdog(p))
         except BaseException as exc:  # surfaced below

@@ -13,6 +13,7 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.tables import Store
+from tests import identity_harness
 from tests.functions.conftest import (
     T0,
     VERIFIER,
@@ -81,7 +82,13 @@ def test_a_failed_publish_is_republished_by_the_watchdog(store, clock):
             raise ConnectionError("topic unreachable")
 
     down = Pipeline(
-        store, pipeline.settings, Down(), requests.Session(), clock, liveness_verifier=VERIFIER
+        store,
+        pipeline.settings,
+        Down(),
+        requests.Session(),
+        clock,
+        liveness_verifier=VERIFIER,
+        admission=pipeline.admission,
     )
     result = ingest_message(heartbeat("vm1", 2, clock), down)  # processed, not raised
     assert result.outcome == "processed"
@@ -100,7 +107,15 @@ def test_a_failed_publish_is_republished_by_the_watchdog(store, clock):
 def test_racing_documents_announce_it_once(azurite, store, clock):
     pub = LocalPublisher()
     settings = make_settings()
-    pipeline = Pipeline(store, settings, pub, requests.Session(), clock, liveness_verifier=VERIFIER)
+    pipeline = Pipeline(
+        store,
+        settings,
+        pub,
+        requests.Session(),
+        clock,
+        liveness_verifier=VERIFIER,
+        admission=identity_harness.admission(store, clock.now),
+    )
     silence(pipeline, clock)
     bodies = [
         envelope(
@@ -114,7 +129,14 @@ def test_racing_documents_announce_it_once(azurite, store, clock):
     def one(body: str) -> None:
         try:
             own = Store.from_connection_string(azurite, store.prefix)
-            p = Pipeline(own, settings, pub, requests.Session(), clock)
+            p = Pipeline(
+                own,
+                settings,
+                pub,
+                requests.Session(),
+                clock,
+                admission=identity_harness.admission(own, clock.now),
+            )
             barrier.wait()
             ingest_message(body, p)
         except BaseException as exc:  # surfaced below

@@ -15,6 +15,7 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.tables import Store
+from tests import identity_harness
 from tests.functions.conftest import (
     envelope,
     event,
@@ -82,7 +83,14 @@ def test_two_events_racing_for_one_slot_get_one_approval(azurite, store, clock, 
     def one(vm: str) -> None:
         try:
             own = Store.from_connection_string(azurite, store.prefix)
-            pipeline = Pipeline(own, settings, publisher, requests.Session(), clock)
+            pipeline = Pipeline(
+                own,
+                settings,
+                publisher,
+                requests.Session(),
+                clock,
+                admission=identity_harness.admission(own, clock.now),
+            )
             body = envelope(
                 vm,
                 1,
