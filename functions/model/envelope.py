@@ -67,6 +67,7 @@ MAX_EVENT_ID_CHARS = 128
 MAX_NAME_CHARS = 128  # EventType, EventStatus, EventSource, ResourceType, VM and set names
 MAX_URL_CHARS = 2048
 MAX_DESCRIPTION_CHARS = 2000
+MAX_ATTESTATION_CHARS = 32_768  # IMDS's PKCS#7 is about 5 KB of base64 with its chain
 TRUNCATED_MARK = " … [truncated: {} more characters]"
 
 # Times that datetime can hold *and* do arithmetic on (deadlines, budgets, margins):
@@ -277,6 +278,44 @@ def content_hash(document: dict[str, Any]) -> str:
 ENVELOPE_SCHEMA = 1
 
 
+VM_ID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+
+
+class CallbackKeyRef(BaseModel):
+    """The relay's own callback secret, sent to the app (the only reader of message bodies)
+    so it can sign callbacks that this VM alone accepts. `id` = sha256(secret)[:16]."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    secret: str = Field(pattern=r"^[0-9a-f]{64}$", repr=False)
+
+    @model_validator(mode="after")
+    def _id_names_secret(self) -> CallbackKeyRef:
+        if hashlib.sha256(bytes.fromhex(self.secret)).hexdigest()[:16] != self.id:
+            raise ValueError("callback_key.id is not the first 16 hex of sha256(secret)")
+        return self
+
+
+class Attestation(BaseModel):
+    """IMDS's attested document for this message (nonce = the message's binding hash)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    signature: str = Field(min_length=1, max_length=MAX_ATTESTATION_CHARS)
+    nonce: str = Field(pattern=r"^[0-9A-Za-z]{1,32}$")
+
+
+class Unforwardable(BaseModel):
+    """What a relay sends instead of a document too large to forward: it is then known."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    incarnation: int | None = None
+    bytes: int = Field(ge=0)
+    reason: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
+
+
 class VmRef(BaseModel):
     """Who sent an envelope and how to call its relay back."""
 
@@ -290,6 +329,9 @@ class VmRef(BaseModel):
     # Contract C3: from IMDS compute metadata (subscriptionId, resourceGroupName).
     subscription_id: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     resource_group: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    # The VM's vmId (IMDS compute metadata): a claim until the attested document, signed by
+    # Azure, says the same. Everything else above is a claim the app never acts on.
+    vm_id: str | None = Field(default=None, pattern=VM_ID_PATTERN)
 
     _encodable = field_validator("name", "scale_set", "availability_set")(
         classmethod(lambda cls, value: _unicode(value))
@@ -313,7 +355,7 @@ class Envelope(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
 
     schema_version: Literal[1] = Field(default=ENVELOPE_SCHEMA, alias="schema")
-    kind: Literal["document", "heartbeat"]
+    kind: Literal["document", "heartbeat", "unforwardable"]
     vm: VmRef
     relay_version: str = Field(default="unknown", max_length=MAX_NAME_CHARS)
     sequence: int = Field(ge=0)
@@ -322,6 +364,10 @@ class Envelope(BaseModel):
     # Contract C2: "own" when the relay kept only the events naming its VM; relays from
     # before the field forwarded everything.
     events: Literal["own", "all"] = "all"
+    # Per-VM identity (issue 22): the relay's callback secret and Azure's word for the VM.
+    callback_key: CallbackKeyRef | None = None
+    attestation: Attestation | None = None
+    unforwardable: Unforwardable | None = None
 
     @field_validator("observed_at")
     @classmethod
@@ -330,7 +376,10 @@ class Envelope(BaseModel):
 
     @model_validator(mode="after")
     def _document_is_a_document(self) -> Envelope:
-        if self.kind == "document":
+        if self.kind == "unforwardable":
+            if self.unforwardable is None:
+                raise ValueError("an unforwardable envelope needs its `unforwardable` facts")
+        elif self.kind == "document":
             if self.document is None:
                 raise ValueError("a document envelope needs a document")
             parse_document(self.document)
@@ -345,15 +394,18 @@ class Envelope(BaseModel):
     def message_id(self) -> str:
         """Service Bus MessageId: equal for resends of the same document, so they are dropped.
 
-        VM + incarnation + content hash for documents (≤ 128 characters, the Service Bus
-        limit). Heartbeats use the observation time, not the sequence: a reimaged VM whose
-        state directory was wiped restarts its sequence, and its new heartbeats must not be
-        dropped as duplicates of the old ones.
+        VM + incarnation + content hash (+ the callback key id, so a rotated key re-sends
+        the current document instead of being dropped) for documents (≤ 128 characters,
+        the Service Bus limit). Heartbeats use the observation time, not the sequence: a
+        reimaged VM whose state directory was wiped restarts its sequence, and its new
+        heartbeats must not be dropped as duplicates of the old ones.
         """
+        who = self.vm.vm_id or self.vm.name[:80]
         if self.kind == "document" and self.document is not None:
             incarnation = self.document.get("DocumentIncarnation")
-            return f"{self.vm.name[:80]}:{incarnation}:{content_hash(self.document)[:32]}"
-        return f"{self.vm.name[:80]}:hb:{self.observed_at.strftime('%Y%m%dT%H%M%S.%f')}"
+            key = f":{self.callback_key.id}" if self.callback_key else ""
+            return f"{who}:{incarnation}:{content_hash(self.document)[:32]}{key}"
+        return f"{who}:hb:{self.observed_at.strftime('%Y%m%dT%H%M%S.%f')}"
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)
