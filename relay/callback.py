@@ -6,6 +6,15 @@ valid, fresh and unseen, and each EventId must be, in an IMDS read made for this
 present, still `Scheduled` and naming this VM. Any doubt refuses the whole request and
 approves nothing.
 
+A shared event (one EventId in several VMs' documents) is approved by the app from one VM's
+report; a VM that forged its view of it (another EventType, a `User` source for a `Platform`
+event) must not get it approved elsewhere. So /v1/start may carry what the app believes:
+`"Expect": {EventId: {"EventType": ..., "EventSource": ...}}` (each key optional). Every
+EventId of the request with an entry there is compared with this VM's own fresh IMDS view
+(case-insensitively; an event without `EventSource` has ""), and any difference refuses the
+whole request with a 409 `{"error": "event ID differs from this VM's view: ...", "results":
+{ID: "differs"}}`, before IMDS is asked to start anything.
+
 The server itself is bounded, because it listens on a customer's VM: at most
 `max_concurrent` requests are handled at once (one thread each; a connection beyond that
 gets a canned 503 from the listening thread and is closed, no thread started), and a
@@ -80,6 +89,8 @@ BUSY_RESPONSE = (
 
 
 MAX_NESTING = 16  # a request is an object holding a list of strings: depth 2
+EXPECTED_FIELDS = ("EventType", "EventSource")  # what an `Expect` entry may name
+MAX_EXPECTED_LENGTH = 64
 
 
 def _nesting(body: bytes) -> int:
@@ -103,6 +114,47 @@ def _nesting(body: bytes) -> int:
         elif byte in (0x5D, 0x7D):
             depth -= 1
     return deepest
+
+
+def _expectations(value: Any) -> dict[str, dict[str, str]]:
+    """`Expect` of a /v1/start body: casefolded EventId -> {field: expected value}."""
+    shape = (
+        'expected "Expect": {EventId: {"EventType": TEXT, "EventSource": TEXT}} '
+        f"(each key optional, at most {MAX_EXPECTED_LENGTH} characters)"
+    )
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise Refused(400, shape)
+    found: dict[str, dict[str, str]] = {}
+    for event_id, entry in value.items():
+        if not isinstance(entry, dict) or not 0 < len(event_id) <= 128:
+            raise Refused(400, shape)
+        fields = {}
+        for name in EXPECTED_FIELDS:
+            if name not in entry:
+                continue
+            text = entry[name]
+            if not isinstance(text, str) or len(text) > MAX_EXPECTED_LENGTH:
+                raise Refused(400, shape)
+            fields[name] = text
+        if event_id.casefold() in found:
+            raise Refused(400, "duplicate EventIds in Expect")
+        found[event_id.casefold()] = fields
+    return found
+
+
+def _differences(expected: dict[str, str] | None, scheduled: Any) -> list[str]:
+    """What differs between the app's view of an event and this VM's IMDS view."""
+    if not expected:
+        return []
+    seen = {"EventType": scheduled.event_type, "EventSource": scheduled.raw.get("EventSource")}
+    differences = []
+    for name, wanted in expected.items():
+        actual = seen[name] if isinstance(seen[name], str) else ""
+        if wanted.casefold() != actual.casefold():
+            differences.append(f"{name} '{wanted}' expected, IMDS says '{actual[:64]}'")
+    return differences
 
 
 class Refused(Exception):
@@ -225,24 +277,29 @@ class CallbackApp:
             raise Refused(400, f'expected {{"EventIds": [1..{MAX_EVENT_IDS} EventId strings]}}')
         if len({i.casefold() for i in ids}) != len(ids):
             raise Refused(400, "duplicate EventIds")
+        expect = _expectations(payload.get("Expect"))
         document = self._fresh_document()
         checks: dict[str, str] = {}
         refusal: tuple[int, str] | None = None
         canonical: list[str] = []
         for event_id in ids:
             scheduled = document.event(event_id)
+            reason = None
             if scheduled is None:
                 verdict, code = "unknown EventId", 404
             elif not scheduled.affects(self.vm_name):
                 verdict, code = "does not name this VM", 403
             elif not scheduled.is_scheduled:
                 verdict, code = f"not Scheduled ({scheduled.event_status})", 409
+            elif differences := _differences(expect.get(event_id.casefold()), scheduled):
+                verdict, code = "differs", 409
+                reason = f"event {event_id} differs from this VM's view: {'; '.join(differences)}"
             else:
                 verdict, code = "ok", 0
                 canonical.append(scheduled.event_id)
             checks[event_id] = verdict
             if code and refusal is None:
-                refusal = (code, verdict)
+                refusal = (code, reason or verdict)
         if refusal is not None:
             event(log, logging.WARNING, "start refused", reason=refusal[1], event_ids=ids)
             raise Refused(refusal[0], refusal[1], results=checks)

@@ -46,7 +46,7 @@ _SLOW_STATUS = {
     401: "401 unauthorized: the token was rejected (expired or wrong SAS, or a token for "
     "another tenant)",
     403: "403 forbidden: the relay's identity may not write this table (it needs the "
-    "bridge's liveness role on the VM table), or the storage firewall refused this VM",
+    "bridge's liveness role on the liveness table), or the storage firewall refused this VM",
     404: "404 not found: the storage account or table does not exist (check --heartbeat-table)",
 }
 

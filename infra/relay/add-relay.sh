@@ -5,22 +5,29 @@
 # dist/add-relay-bundled.sh: this script with the relay appended) with run-command
 # (README: "Add the relay to an existing VM or scale set"):
 #
-#   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT KEY_SECRET_URI PACKAGE_URL [HEARTBEAT_TABLE]
+#   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL]
 #
-# The deployment output `relayBootstrapArguments` holds these seven values. PACKAGE_URL is
-# usually "" (or `embedded`): the relay (scheduled-events-relay.pyz, one file run by the VM's
-# own Python 3.9 or newer, standard library only) comes with this script. Otherwise it is
-# https://HOST/scheduled-events-relay.pyz#sha256=HEX (a release asset and its checksum);
-# the download is installed only if its SHA-256 matches. No secret is passed in: the relay
-# key is read from Key Vault with the VM's managed identity (Key Vault Secrets User on that
-# one secret), now and hourly after, so a rotated key reaches every VM by itself.
-# HEARTBEAT_TABLE (the app's vms table, https://ACCOUNT.table.core.windows.net/TABLE): the
-# relay heartbeats there, not to the `heartbeats` queue (six arguments or "": the queue).
-# Idempotent: running it again upgrades and restarts the relay.
+# The deployment output `relayBootstrapArguments` holds these seven values. The 5th is the
+# word `none` (or ""): it was the relay key's Key Vault secret URI, and stays as a placeholder
+# so the 6th and 7th keep their places. There is no shared relay key any more: the relay makes
+# its own callback key at first start (callback-key.json in its state directory, 0600) and the
+# app learns it from the relay's attested messages. A Key Vault URI there (an older caller) is
+# ignored with a warning; nothing is ever read from Key Vault.
+# PACKAGE_URL is usually "" (or `embedded`): the relay (scheduled-events-relay.pyz, one file
+# run by the VM's own Python 3.9 or newer, standard library only) comes with this script.
+# Otherwise it is https://HOST/scheduled-events-relay.pyz#sha256=HEX (a release asset and its
+# checksum); the download is installed only if its SHA-256 matches.
+# LIVENESS_TABLE_URL (the relays' liveness table, https://ACCOUNT.table.core.windows.net/
+# PREFIXliveness): the relay writes its signed heartbeat row there (RELAY_HEARTBEAT_TABLE),
+# not to the `heartbeats` queue (six arguments or "": the queue).
+# The relay listens on 0.0.0.0:CALLBACK_PORT; the app calls the VM's private address as Azure
+# knows it, so nothing here looks the address up or advertises it.
+# Idempotent: running it again upgrades and restarts the relay (and removes what the shared-key
+# versions left: callback.key and the scheduled-events-relay-key timer).
 set -eu
 
 if [ "$#" -ne 6 ] && [ "$#" -ne 7 ]; then
-    echo "usage: $0 NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT KEY_SECRET_URI PACKAGE_URL [HEARTBEAT_TABLE]" >&2
+    echo "usage: $0 NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL]" >&2
     exit 2
 fi
 NAMESPACE=$1 QUEUE=$2 CLIENT_ID=$3 PORT=$4 SECRET_URI=$5 PACKAGE_URL=$6 TABLE_URL=${7-}
@@ -29,8 +36,14 @@ case "$NAMESPACE" in *.servicebus.windows.net) ;; *)
 case "$QUEUE" in "" | */* | *[[:space:]]*) echo "add-relay.sh: bad queue name" >&2; exit 2 ;; esac
 case "$CLIENT_ID" in *[!0-9a-fA-F-]* | "") echo "add-relay.sh: bad client id" >&2; exit 2 ;; esac
 case "$PORT" in *[!0-9]* | "") echo "add-relay.sh: bad port $PORT" >&2; exit 2 ;; esac
-case "$SECRET_URI" in https://*.vault.azure.net/secrets/*) ;; *)
-    echo "add-relay.sh: $SECRET_URI is not a Key Vault secret URI" >&2; exit 2 ;; esac
+# The 5th argument is a placeholder now: `none` or "" (an older caller's Key Vault secret URI
+# is ignored with a warning: the relay makes its own key; no key is read from Key Vault).
+case "$SECRET_URI" in
+    "" | none) ;;
+    https://*.vault.azure.net/secrets/* | https://*.vault.azure.cn/secrets/* | https://*.vault.usgovcloudapi.net/secrets/*)
+        echo "add-relay.sh: warning: ignoring the 5th argument (a Key Vault secret URI): there is no shared relay key any more, the relay makes its own" >&2 ;;
+    *) echo "add-relay.sh: the 5th argument must be none (was: the relay key's Key Vault secret URI)" >&2; exit 2 ;;
+esac
 SHA256=
 case "$PACKAGE_URL" in
     "" | embedded) PACKAGE_URL= ;;
@@ -61,7 +74,6 @@ fi
 ETC=/etc/scheduled-events-relay
 PREFIX=/opt/scheduled-events-relay
 PYZ=$PREFIX/scheduled-events-relay.pyz
-IMDS=http://169.254.169.254/metadata
 
 # The newest Python >= 3.9 on this machine (the relay needs nothing else).
 PY=
@@ -73,10 +85,6 @@ for candidate in python3 python3.13 python3.12 python3.11 python3.10 python3.9; 
     fi
 done
 [ -n "$PY" ] || { echo "add-relay.sh: the relay needs Python 3.9 or newer (on RHEL 8: dnf install python39)" >&2; exit 1; }
-
-# The private address the function app calls back (IMDS knows it even before DHCP settles).
-ip=$(curl -sf -H Metadata:true --max-time 30 --retry 10 --retry-connrefused \
-    "$IMDS/instance/network/interface/0/ipv4/ipAddress/0/privateIpAddress?api-version=2021-02-01&format=text")
 
 # The relay: downloaded and checked, appended to this script (bundled form), or already
 # written by cloud-init.
@@ -133,7 +141,8 @@ RestartPreventExitStatus=2
 
 # State (outbox, sequence, hook results) lives here and survives restarts.
 StateDirectory=scheduled-events-relay
-StateDirectoryMode=0750
+# 0700: the relay's own callback key (callback-key.json, 0600) lives here (issue 22).
+StateDirectoryMode=0700
 UMask=0027
 
 # Hardening. Hook scripts run as children under the same sandbox: a drain hook that needs
@@ -158,8 +167,12 @@ RestrictSUIDSGID=yes
 LockPersonality=yes
 SystemCallArchitectures=native
 SystemCallFilter=@system-service
-CapabilityBoundingSet=
-AmbientCapabilities=
+# Hook scripts run as another user (--hook-user, default nobody) so they cannot read the
+# callback key: switching user for the child needs exactly these two capabilities. The relay
+# clears its ambient set at start (relay.hooks.drop_ambient_capabilities), so a hook script
+# gets none of them. Without hooks, `systemctl edit` may set both lines empty again.
+CapabilityBoundingSet=CAP_SETUID CAP_SETGID
+AmbientCapabilities=CAP_SETUID CAP_SETGID
 # Small by design (about 15 MB resident); a leak is stopped long before it hurts the VM.
 MemoryHigh=64M
 MemoryMax=128M
@@ -175,92 +188,21 @@ cat > "$ETC/relay.env.new" <<ENV
 RELAY_FORWARD=servicebus://$NAMESPACE/$QUEUE
 RELAY_IDENTITY_CLIENT_ID=$CLIENT_ID
 RELAY_CALLBACK_LISTEN=0.0.0.0:$PORT
-RELAY_CALLBACK_KEY_FILE=$ETC/callback.key
-RELAY_CALLBACK_URL=http://$ip:$PORT
 ENV
 [ -z "$TABLE_URL" ] || echo "RELAY_HEARTBEAT_TABLE=$TABLE_URL" >> "$ETC/relay.env.new"
 chgrp scheduled-events-relay "$ETC/relay.env.new"
 mv "$ETC/relay.env.new" "$ETC/relay.env"
 
-umask 022
-cat > /usr/local/sbin/scheduled-events-relay-key <<PY
-#!/usr/bin/env python3
-"""Fetch the relay key from Key Vault with the VM's managed identity.
+# Left by the shared-key versions of this script: the Key Vault fetcher, its timer, the key.
+if [ -f /etc/systemd/system/scheduled-events-relay-key.timer ]; then
+    systemctl disable --now scheduled-events-relay-key.timer >/dev/null 2>&1 || true
+fi
+rm -f /etc/systemd/system/scheduled-events-relay-key.timer \
+    /etc/systemd/system/scheduled-events-relay-key.service \
+    /usr/local/sbin/scheduled-events-relay-key "$ETC/callback.key" "$ETC/callback.key.tmp"
 
-Writes $ETC/callback.key (root:scheduled-events-relay 0640) atomically and restarts the
-relay only when the key changed. Exits non-zero until the role assignment has propagated.
-Never prints the key.
-"""
-import grp, json, os, subprocess, sys, urllib.parse, urllib.request
-
-SECRET_URI = "$SECRET_URI"
-CLIENT_ID = "$CLIENT_ID"
-KEY_FILE = "$ETC/callback.key"
-UNIT = "scheduled-events-relay.service"
-
-query = urllib.parse.urlencode({"api-version": "2018-02-01",
-                                "resource": "https://vault.azure.net",
-                                "client_id": CLIENT_ID})
-req = urllib.request.Request("$IMDS/identity/oauth2/token?" + query,
-                             headers={"Metadata": "true"})
-with urllib.request.urlopen(req, timeout=30) as resp:
-    token = json.loads(resp.read())["access_token"]
-req = urllib.request.Request(SECRET_URI + "?api-version=7.4",
-                             headers={"Authorization": "Bearer " + token})
-with urllib.request.urlopen(req, timeout=30) as resp:
-    key = json.loads(resp.read())["value"].strip()
-if not key or "\\n" in key:
-    sys.exit("relay key in Key Vault is empty or spans lines")
-old = None
-if os.path.exists(KEY_FILE):
-    with open(KEY_FILE) as f:
-        old = f.read().strip()
-if key == old:
-    sys.exit(0)
-tmp = KEY_FILE + ".tmp"
-fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-with os.fdopen(fd, "w") as f:
-    f.write(key + "\\n")
-    f.flush()
-    os.fsync(f.fileno())
-os.chown(tmp, 0, grp.getgrnam("scheduled-events-relay").gr_gid)
-os.replace(tmp, KEY_FILE)
-print("relay key updated from Key Vault", file=sys.stderr)
-if old is not None:
-    subprocess.run(["systemctl", "try-restart", UNIT], check=False)
-PY
-chmod 0755 /usr/local/sbin/scheduled-events-relay-key
-
-cat > /etc/systemd/system/scheduled-events-relay-key.service <<UNIT
-[Unit]
-Description=Fetch the Scheduled Events relay key from Key Vault
-After=network-online.target
-Wants=network-online.target
-[Service]
-Type=oneshot
-ExecStart=/usr/local/sbin/scheduled-events-relay-key
-UNIT
-cat > /etc/systemd/system/scheduled-events-relay-key.timer <<UNIT
-[Unit]
-Description=Refresh the Scheduled Events relay key hourly (rotation)
-[Timer]
-OnBootSec=5min
-OnUnitActiveSec=1h
-RandomizedDelaySec=5min
-[Install]
-WantedBy=timers.target
-UNIT
-
-# A new identity's role assignment can take minutes to reach Key Vault: retry for 15.
-n=0
-until /usr/local/sbin/scheduled-events-relay-key; do
-    n=$((n + 1))
-    [ "$n" -ge 90 ] && { echo "add-relay.sh: cannot read the relay key from Key Vault" >&2; exit 1; }
-    sleep 10
-done
 systemctl daemon-reload
-systemctl enable --now scheduled-events-relay-key.timer
 systemctl enable scheduled-events-relay.service
 systemctl restart scheduled-events-relay.service
-echo "add-relay.sh: relay running on $PY, callback http://$ip:$PORT; logs: journalctl -u scheduled-events-relay"
+echo "add-relay.sh: relay running on $PY, callback on port $PORT; logs: journalctl -u scheduled-events-relay"
 exit 0

@@ -88,14 +88,17 @@ if [ ! -f "$ETC/relay.env" ]; then
     cat > "$ETC/relay.env" <<'ENV'
 # Settings of the Scheduled Events relay (RELAY_<SETTING>=value); see relay/README.md.
 # RELAY_FORWARD=servicebus://NAMESPACE.servicebus.windows.net/documents
-# RELAY_CALLBACK_LISTEN=0.0.0.0:8787
-# RELAY_CALLBACK_KEY_FILE=/etc/scheduled-events-relay/callback.key
-# RELAY_CALLBACK_URL=http://10.0.0.4:8787
+# RELAY_CALLBACK_LISTEN=0.0.0.0:8492
+# RELAY_HEARTBEAT_TABLE=https://ACCOUNT.table.core.windows.net/PREFIXliveness
+# No key to give it: the relay makes its own callback key (callback-key.json in its state
+# directory, 0600) and sends it, attested, to the bridge.
 ENV
     chmod 0640 "$ETC/relay.env"
     chgrp "$SERVICE_USER" "$ETC/relay.env"
 fi
-[ -f "$ETC/callback.key" ] && chgrp "$SERVICE_USER" "$ETC/callback.key" && chmod 0640 "$ETC/callback.key"
+# The shared key of earlier versions is not read any more (the relay ignores
+# RELAY_CALLBACK_KEY_FILE with a warning): remove it.
+rm -f "$ETC/callback.key"
 
 sed "s|^ExecStart=/usr/bin/python3 |ExecStart=$PY |" "$HERE/$UNIT" > "/etc/systemd/system/$UNIT.new"
 mv -f "/etc/systemd/system/$UNIT.new" "/etc/systemd/system/$UNIT"

@@ -1,6 +1,6 @@
 """Relay benchmark (not a test): detection latency, resident memory, CPU against a plain loop.
 
-    python -m tests.bench.relay_bench [--seconds 60]
+    python -m tests.bench.relay_bench [--seconds 60] [--python .cache/py39/python3.9]
 
 The relay as it ships (`python3 -I -S scheduled-events-relay.pyz`, built fresh from relay/,
 standard library only; 1 s polling, file:DIR forwarding, callback listening) runs against
@@ -59,7 +59,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def run(seconds: float = 60) -> dict[str, float]:
+def run(seconds: float = 60, python: str | None = None) -> dict[str, float]:
+    """`python`: the relay's interpreter (default RELAY_TEST_PYTHON, else this one)."""
+    python = python or os.environ.get("RELAY_TEST_PYTHON") or sys.executable
     from simulator import Simulator, SimulatorServer
 
     sim = Simulator(time_scale=1.0)
@@ -73,12 +75,11 @@ def run(seconds: float = 60) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env = {k: v for k, v in env.items() if not k.startswith("RELAY_")}
     url = server.vm_url("vm0")
-    key = work / "callback.key"
-    key.write_text(os.urandom(24).hex())
-    # As on a VM: the signed callback listens too (it costs memory, so it is measured).
+    # As on a VM: the signed callback listens too (it costs memory, so it is measured), with
+    # the relay's own key, and every envelope is attested (the simulator's IMDS) when sent.
     relay = subprocess.Popen(
         [
-            sys.executable,
+            python,
             "-I",
             "-S",
             str(pyz),
@@ -89,7 +90,6 @@ def run(seconds: float = 60) -> dict[str, float]:
             "--poll-interval=1",
             "--heartbeat-interval=300",
             "--callback-listen=127.0.0.1:0",
-            f"--callback-key-file={key}",
         ],
         cwd=work,
         env=env,
@@ -158,8 +158,9 @@ def run(seconds: float = 60) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.relay_bench")
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--python", help="the relay's interpreter (default: this one)")
     args = parser.parse_args(argv)
-    result: dict[str, Any] = run(args.seconds)
+    result: dict[str, Any] = run(args.seconds, args.python)
     print(json.dumps(result))
     return 0
 

@@ -20,7 +20,11 @@ import zipfile
 import pytest
 
 from tests.infra.bicep import INFRA, dotted, load
-from tests.infra.checkov_gate import SAMPLE as ARGS
+from tests.infra.checkov_gate import SAMPLE
+
+# What the script is tested with: the 5th argument is `none` now (it was the relay key's Key
+# Vault secret URI; there is no shared key any more). An old caller's URI is only warned about.
+ARGS = {**SAMPLE, "RELAY_KEY_SECRET_URI": "none"}
 
 CLOUD_INIT = INFRA / "relay" / "cloud-init.yaml"
 ADD_RELAY = INFRA / "relay" / "add-relay.sh"
@@ -239,9 +243,34 @@ def test_no_secret_travels_in_cloud_init_or_the_script() -> None:
     for text in (CLOUD_INIT.read_text(), ADD_RELAY.read_text()):
         assert not re.search(r"SharedAccessKey|AccountKey=|password|CALLBACK_KEY__", text, re.I)
     script = ADD_RELAY.read_text()
-    assert "https://vault.azure.net" in script
-    assert "0o640" in script
-    assert "print(key" not in script
+    # No key is fetched from anywhere: no token for Key Vault, no key file for the relay (it
+    # makes its own callback-key.json in its state directory).
+    assert "https://vault.azure.net" not in script and "oauth2" not in script
+    assert "RELAY_CALLBACK_KEY_FILE" not in script and "RELAY_CALLBACK_URL" not in script
+    assert "urllib" not in script and "<<PY" not in script
+
+
+@pytest.mark.parametrize("fifth", ["none", ""])
+def test_the_fifth_argument_is_none_or_empty(fifth) -> None:
+    args = [ARGS[k] for k in ARG_ORDER]
+    args[ARG_ORDER.index("RELAY_KEY_SECRET_URI")] = fifth
+    proc = _checked(*args)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        0,
+        f"|{ARGS['HEARTBEAT_TABLE_URL']}\n",
+        "",
+    )
+
+
+def test_an_old_callers_key_vault_uri_is_ignored_with_a_warning() -> None:
+    """Before per-VM keys the 5th argument was the relay key's secret URI: a bootstrap
+    command from then still installs (nothing is read from Key Vault), saying so."""
+    args = [ARGS[k] for k in ARG_ORDER]
+    args[ARG_ORDER.index("RELAY_KEY_SECRET_URI")] = SAMPLE["RELAY_KEY_SECRET_URI"]
+    assert SAMPLE["RELAY_KEY_SECRET_URI"].startswith("https://kv-x.vault.azure.net/secrets/")
+    proc = _checked(*args)
+    assert (proc.returncode, proc.stdout) == (0, f"|{ARGS['HEARTBEAT_TABLE_URL']}\n")
+    assert proc.stderr.startswith("add-relay.sh: warning: ignoring the 5th argument")
 
 
 def test_the_script_is_valid_sh() -> None:
@@ -403,19 +432,23 @@ def _expand(text: str) -> str:
         "QUEUE": ARGS["DOCUMENTS_QUEUE"],
         "CLIENT_ID": ARGS["IDENTITY_CLIENT_ID"],
         "PORT": ARGS["CALLBACK_PORT"],
-        "SECRET_URI": ARGS["RELAY_KEY_SECRET_URI"],
-        "ip": "10.40.0.4",
     }
     text = re.sub(r"\$(\w+)", lambda m: values[m.group(1)], text)
     return text.replace("\\\\", "\\")
 
 
-def test_the_key_script_compiles_as_written() -> None:
-    script = _expand(_heredoc("PY"))
-    assert script.startswith("#!/usr/bin/env python3")
-    compile(script, "scheduled-events-relay-key", "exec")
-    assert f'SECRET_URI = "{ARGS["RELAY_KEY_SECRET_URI"]}"' in script
-    assert 'if not key or "\\n" in key:' in script
+def test_the_script_removes_what_the_shared_key_versions_left() -> None:
+    """An upgrade over a shared-key install stops the Key Vault fetcher and deletes the key."""
+    script = ADD_RELAY.read_text()
+    cleanup = script[script.index("# Left by the shared-key versions") :]
+    assert "systemctl disable --now scheduled-events-relay-key.timer" in cleanup
+    for path in (
+        "/etc/systemd/system/scheduled-events-relay-key.timer",
+        "/etc/systemd/system/scheduled-events-relay-key.service",
+        "/usr/local/sbin/scheduled-events-relay-key",
+        '"$ETC/callback.key"',
+    ):
+        assert path in cleanup.split("systemctl daemon-reload")[0], path
 
 
 def test_relay_env_names_real_relay_settings() -> None:
@@ -428,8 +461,8 @@ def test_relay_env_names_real_relay_settings() -> None:
     assert values["RELAY_FORWARD"] == "servicebus://sb-x.servicebus.windows.net/documents"
     assert values["RELAY_IDENTITY_CLIENT_ID"] == ARGS["IDENTITY_CLIENT_ID"]
     assert values["RELAY_CALLBACK_LISTEN"] == "0.0.0.0:8492"
-    assert values["RELAY_CALLBACK_URL"] == "http://10.40.0.4:8492"
-    assert values["RELAY_CALLBACK_KEY_FILE"] == "/etc/scheduled-events-relay/callback.key"
+    # The app calls Azure's address for the VM: nothing advertised, no key file.
+    assert set(values) == {"RELAY_FORWARD", "RELAY_IDENTITY_CLIENT_ID", "RELAY_CALLBACK_LISTEN"}
 
 
 def test_the_script_installs_the_relay_where_the_unit_runs_it() -> None:

@@ -147,8 +147,10 @@ def test_signature_for_another_path(simulator: Any, relay: Any) -> None:
     refused(simulator.sim, response, 401, "bad signature")
 
 
-@pytest.mark.parametrize("skew", [-301, 301])
+@pytest.mark.parametrize("skew", [-302, 302])
 def test_stale_or_future_timestamp(simulator: Any, relay: Any, skew: int) -> None:
+    # Two seconds past the 300 s window: the timestamp is truncated to a whole second and
+    # the request takes time, so a 301 s skew can arrive as 300 s (accepted, a flaky test).
     response = post(relay, {"EventIds": [freeze(simulator.sim)]}, now=time.time() + skew)
     refused(simulator.sim, response, 401, "stale timestamp")
 
@@ -261,3 +263,108 @@ def test_the_replay_cache_forgets_only_what_can_no_longer_verify() -> None:
     with pytest.raises(Refused) as info:  # full of live signatures: refuse, never forget
         cache.first_use("h", now=2000)
     assert info.value.status == 503
+
+
+# ------------------------------------------------ Expect: the app's view of a shared event
+
+
+def test_an_event_that_differs_from_the_apps_view_is_refused_and_imds_untouched(
+    simulator: Any, relay: Any
+) -> None:
+    """A VM forging its view of a shared event (a `User` reboot reported for a `Platform`
+    one) cannot get it approved on another VM: that VM's own IMDS view is compared first."""
+    sim = simulator.sim
+    event_id = sim.add_event(event_type="Reboot", resources=["vm0"], source="Platform")
+    expect = {event_id: {"EventType": "Reboot", "EventSource": "User"}}
+    response = post(relay, {"EventIds": [event_id], "Expect": expect})
+    assert response.status_code == 409, response.text
+    assert response.json() == {
+        "error": f"event {event_id} differs from this VM's view: "
+        "EventSource 'User' expected, IMDS says 'Platform'",
+        "results": {event_id: "differs"},
+    }
+    assert sim.approvals == []
+    assert sim.document("vm0")["Events"][0]["EventStatus"] == "Scheduled"
+
+
+def test_one_differing_event_refuses_the_whole_request(simulator: Any, relay: Any) -> None:
+    sim = simulator.sim
+    same, other = freeze(sim), freeze(sim)
+    expect = {
+        same.lower(): {"EventType": "freeze", "EventSource": "platform"},
+        other: {"EventType": "Redeploy"},
+    }
+    response = post(relay, {"EventIds": [same, other], "Expect": expect})
+    assert response.status_code == 409, response.text
+    assert response.json()["results"] == {same: "ok", other: "differs"}
+    assert response.json()["error"] == (
+        f"event {other} differs from this VM's view: EventType 'Redeploy' expected, "
+        "IMDS says 'Freeze'"
+    )
+    assert sim.approvals == []
+    assert [e["EventStatus"] for e in sim.document("vm0")["Events"]] == ["Scheduled"] * 2
+
+
+def test_an_event_as_the_app_expects_it_is_approved(simulator: Any, relay: Any) -> None:
+    """Case-insensitive on both fields and on the EventId; each key optional; an Expect
+    entry for an EventId the request does not name changes nothing."""
+    sim = simulator.sim
+    first, second = freeze(sim), freeze(sim)
+    expect = {
+        first.lower(): {"EventType": "FREEZE", "EventSource": "platform"},
+        second: {"EventSource": "Platform"},
+        "00000000-0000-0000-0000-000000000000": {"EventType": "Terminate"},
+    }
+    response = post(relay, {"EventIds": [first, second], "Expect": expect})
+    assert response.status_code == 200, response.text
+    assert response.json() == {
+        "imds_status": 200,
+        "results": {first: "approved", second: "approved"},
+    }
+    assert sorted(a.event_id for a in sim.approvals) == sorted([first, second])
+
+
+@pytest.mark.parametrize("expect", [None, {}])
+def test_a_request_without_expectations_still_approves(
+    simulator: Any, relay: Any, expect: Any
+) -> None:
+    sim = simulator.sim
+    event_id = freeze(sim)
+    body: dict[str, Any] = {"EventIds": [event_id]}
+    if expect is not None:
+        body["Expect"] = expect
+    response = post(relay, body)
+    assert response.status_code == 200, response.text
+    assert response.json()["results"] == {event_id: "approved"}
+    assert [a.event_id for a in sim.approvals] == [event_id]
+
+
+@pytest.mark.parametrize(
+    "expect",
+    [
+        [],
+        "Freeze",
+        {"X": "Freeze"},
+        {"X": {"EventType": 1}},
+        {"X": {"EventSource": None}},
+        {"X": {"EventType": "F" * 65}},
+        {"": {"EventType": "Freeze"}},
+        {"a": {}, "A": {}},
+    ],
+)
+def test_a_malformed_expect_is_a_400(simulator: Any, relay: Any, expect: Any) -> None:
+    response = post(relay, {"EventIds": [freeze(simulator.sim)], "Expect": expect})
+    refused(simulator.sim, response, 400, "Expect")
+
+
+def test_a_missing_event_source_in_imds_counts_as_empty() -> None:
+    from relay.callback import _differences
+    from relay.models import ScheduledEvent
+
+    raw = {"EventId": "E1", "EventStatus": "Scheduled", "EventType": "Freeze"}  # no EventSource
+    scheduled = ScheduledEvent("E1", "Scheduled", "Freeze", ("vm0",), raw)
+    assert _differences({"EventSource": ""}, scheduled) == []
+    assert _differences({"EventType": "freeze"}, scheduled) == []
+    assert _differences({"EventSource": "Platform"}, scheduled) == [
+        "EventSource 'Platform' expected, IMDS says ''"
+    ]

@@ -2,8 +2,10 @@
 
 C1 heartbeats on their own session-less queue (or DIR/heartbeats/); C2 only this VM's
 events; C3 subscription and resource group in the envelope; C4 the previous key accepted
-during a rotation. IMDS is the simulator; Service Bus is the stand-in, which checks what
-Azure checks (and that heartbeats carry no SessionId).
+during a rotation; issue 22 §1: every Service Bus message carries the VM's vmId, the relay's
+own key and IMDS's attestation, is what the function app's model accepts, and has the
+MessageId and SessionId the app expects. IMDS is the simulator; Service Bus is the
+stand-in, which checks what Azure checks (and that heartbeats carry no SessionId).
 """
 
 from __future__ import annotations
@@ -131,6 +133,47 @@ def test_file_forwarding_puts_heartbeats_in_their_own_directory(
     wait_for(lambda: len(read(forward / "heartbeats")) >= 2)
     assert {e["kind"] for e in read(forward)} == {"document"}
     assert {e["kind"] for e in read(forward / "heartbeats")} == {"heartbeat"}
+
+
+def test_every_message_is_attested_and_is_what_the_apps_model_accepts(
+    simulator: Any, standin: ServiceBusStandIn, relay_process: Any, tmp_path: Path
+) -> None:
+    import jsonschema
+
+    from functions.model.envelope import parse_envelope
+    from relay.attest import binding_nonces
+    from tests.relay.wire_schema import SCHEMA_PATH
+
+    simulator.sim.add_vm("vm0")
+    state = tmp_path / "state"
+    relay_process(
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={state}",
+        "--heartbeat-interval=1",
+        *FAST,
+        *to_standin(standin, tmp_path, standin.connection_string),
+    )
+    wait_for(lambda: len(standin.heartbeats) >= 1 and len(standin.messages) >= 1)
+    simulator.sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
+    wait_for(lambda: len(standin.messages) >= 2)
+    key = relay_key(state)
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text("utf-8")))
+    for message in [*standin.messages, *standin.heartbeats]:
+        data = message.envelope
+        assert not [e.message for e in validator.iter_errors(data)], data
+        envelope = parse_envelope(message.body.decode())
+        assert envelope.vm.vm_id == VM0_ID
+        assert envelope.callback_key is not None
+        assert (envelope.callback_key.id, envelope.callback_key.secret) == (key_id(key), key.hex())
+        assert envelope.attestation is not None
+        assert envelope.attestation.nonce in binding_nonces(data)
+        # The app computes the same MessageId (a rotated key re-sends, not deduplicated).
+        assert message.message_id == envelope.message_id()
+        if envelope.kind == "document":
+            assert message.message_id.startswith(f"{VM0_ID}:")
+            assert message.message_id.endswith(f":{key_id(key)}")
+            assert len(message.message_id) <= 128
+            assert message.properties["SessionId"] == envelope.vm.vm_id
 
 
 # ---------------------------------------------------------------------- C2, C3
