@@ -18,7 +18,9 @@ import itertools
 import json
 import logging
 import random
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -153,12 +155,19 @@ class IdentityStore:
         return identity.model_copy(update={"etag": meta.get("etag")})
 
     def mutate(
-        self, vm_id: str, change: Callable[[Identity | None], Identity | None]
+        self,
+        vm_id: str,
+        change: Callable[[Identity | None], Identity | None],
+        known: Identity | bool | None = False,
     ) -> Identity | None:
         """Read-modify-write with the ETag; `change` may run several times (compute only).
-        It returns the new identity, or None for "nothing to write"."""
+        It returns the new identity, or None for "nothing to write". `known`: the row as
+        just read (None: absent), saving the first read; the ETag still guards the write."""
         for attempt in range(WRITE_ATTEMPTS):
-            current = self.get(vm_id)
+            if attempt == 0 and known is not False:
+                current = known if isinstance(known, Identity) else None
+            else:
+                current = self.get(vm_id)
             updated = change(current)
             if updated is None:
                 return current
@@ -198,6 +207,9 @@ class IdentityStore:
         return self._load(found[0])
 
 
+RECENT_IDENTITIES = 4096  # per worker: about 4 MB at most
+
+
 class CachedResolver:
     """A FactsResolver that keeps facts in the identities table: Resource Graph is asked
     only when the row is missing or older than `max_age` (VM_FACTS_MAX_AGE_SECONDS), or
@@ -214,6 +226,20 @@ class CachedResolver:
         self.upstream = upstream
         self.max_age = timedelta(seconds=max_age_seconds)
         self.clock = clock or (lambda: datetime.now(UTC))
+        # Rows this worker last read or wrote, by vmId. Only the app writes the table, and a
+        # row is reused only while its facts are fresh and it holds the presented key, so a
+        # relay's steady messages cost no Table read; anything new (a key, stale facts)
+        # goes to the table as before.
+        self._recent: OrderedDict[str, Identity] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _remember(self, identity: Identity) -> Identity:
+        with self._lock:
+            self._recent[identity.vm_id] = identity
+            self._recent.move_to_end(identity.vm_id)
+            while len(self._recent) > RECENT_IDENTITIES:
+                self._recent.popitem(last=False)
+        return identity
 
     def _fresh(self, identity: Identity | None) -> bool:
         return identity is not None and self.clock() - identity.facts.fetched_at < self.max_age
@@ -229,14 +255,20 @@ class CachedResolver:
     def enroll(self, vm_id: str, key: CallbackKey) -> Identity:
         """The facts and keys after an attested message from `vm_id` carrying `key`: facts
         re-resolved if stale or if the key is new to the row, and the key remembered."""
+        with self._lock:
+            recent = self._recent.get(normalise_vm_id(vm_id))
+        if recent is not None and self._fresh(recent) and recent.key(key.key_id):
+            return recent  # the steady case: no Table request at all
         identity = self.store.get(vm_id)
         if identity is not None and self._fresh(identity) and identity.key(key.key_id):
-            return identity  # the common case: one Table read, no Resource Graph query
+            return self._remember(identity)  # one Table read, no Resource Graph query
         # Missing, stale, or a key new to the row (reimage, re-creation: Azure's facts may
         # have changed with it): ask Azure, then store facts and key in one write.
-        return self._refresh(vm_id, key)
+        return self._remember(self._refresh(vm_id, key, known=identity))
 
-    def _refresh(self, vm_id: str, key: CallbackKey | None) -> Identity:
+    def _refresh(
+        self, vm_id: str, key: CallbackKey | None, known: Identity | bool | None = False
+    ) -> Identity:
         facts = self.upstream.resolve(vm_id)
 
         def change(current: Identity | None) -> Identity:
@@ -244,6 +276,6 @@ class CachedResolver:
             updated = base.model_copy(update={"facts": facts})
             return updated.with_key(key) if key is not None else updated
 
-        result = self.store.mutate(vm_id, change)
+        result = self.store.mutate(vm_id, change, known=known)
         assert result is not None
         return result

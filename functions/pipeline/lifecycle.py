@@ -96,11 +96,12 @@ def report(
         # A late document from a VM after the event ended fleet-wide: the caller records
         # the VM as a past reporter; the event is not reopened (it would announce twice).
         return None, claimed
-    # A relay vouches for its own VM only: the event's named VMs grow by the reporter
-    # (which ingest checked `Resources` names); the rest of a relay's `Resources` is a claim
-    # about other VMs. Event Grid (Azure itself) adds its whole list
-    # (functions.pipeline.sources.eventgrid_ingest). The sets are Azure's facts of the VM.
-    dropped = _union(record.resources, [vm.name], MAX_RESOURCES)
+    # `Resources` from a relay is a claim about other VMs (ingest checked only that it names
+    # the reporter). It decides nothing about them: every action on a named VM goes to that
+    # VM's own relay, which acts only for an event its own IMDS shows naming it (and, to
+    # approve, of the type and source decided on). Kept as the union, as genuine reports
+    # agree, so a report that adds nothing writes nothing. The sets are Azure's facts.
+    dropped = _union(record.resources, event.resources, MAX_RESOURCES)
     record.resources_dropped = max(record.resources_dropped, dropped)
     _union(record.scale_sets, [vm.scale_set], MAX_SETS)
     _union(record.availability_sets, [vm.availability_set], MAX_SETS)

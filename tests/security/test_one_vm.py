@@ -139,11 +139,20 @@ def test_a_forged_view_of_a_shared_event_cannot_steer_the_victims_relay(fleet: F
     assert victim_attempts and all("differs" in o for o in victim_attempts), victim_attempts
 
 
-def test_names_added_to_resources_are_not_believed(fleet: Fleet):
-    event_id = fleet.sim.add_event("Freeze", resources=["attacker"])
-    padded = {**imds_event(fleet, "attacker", event_id), "Resources": ["attacker", "victim"]}
+def test_names_added_to_resources_move_nothing_on_the_named_vm(fleet: Fleet):
+    """A padded Resources list names the victim in the attacker's own event: every action
+    on a named VM goes to that VM's relay, which acts only on what its own IMDS shows."""
+    event_id = fleet.sim.add_event("Redeploy", resources=["attacker"], source="User")
+    padded = {**imds_event(fleet, "attacker", event_id), "Resources": ["victim", "attacker"]}
+    fleet.vms["attacker"].callback.stop()  # so the app turns to the other named VM
+    fleet.vms["attacker"].callback = None
+    fleet.deliver(fleet.vms["victim"].message([]))  # the victim's relay is known and fresh
     fleet.deliver(fleet.vms["attacker"].message([padded]))
-    assert fleet.store.get_event(event_id).resources == ["attacker"]
+    record = fleet.store.get_event(event_id)
+    assert record.approval != "approved"
+    victim = [a.outcome for a in record.approval_attempts if a.vm == "victim"]
+    assert victim and all("404" in o or "does not name" in o for o in victim), victim
+    assert fleet.sim.approvals == []  # nothing was approved in any IMDS
 
 
 # --------------------------------------------------------------- bounds
