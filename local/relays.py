@@ -75,18 +75,22 @@ def relay_argv(
         str(poll_interval),
         "--log-format",
         "text",
-        "--hook",
-        f"drain={hook}",
-        # On a VM hooks run as `nobody`, so a hook cannot read the relay's callback key; a
-        # local rehearsal runs unprivileged and cannot switch users, so it names its own
-        # user explicitly (the relay refuses to fall back to itself silently).
-        "--hook-user",
-        hook_user or current_user(),
-        "--hook-timeout",
-        "5",
     ]
     if listen is not None:
-        argv += ["--callback-listen", listen]
+        # Hooks run on a signed callback, so only a relay that listens has them. On a VM
+        # they run as `nobody`, so a hook cannot read the relay's callback key; a local
+        # rehearsal runs unprivileged and cannot switch users, so it names its own user
+        # explicitly (the relay never falls back to itself silently).
+        argv += [
+            "--callback-listen",
+            listen,
+            "--hook",
+            f"drain={hook}",
+            "--hook-user",
+            hook_user or current_user(),
+            "--hook-timeout",
+            "5",
+        ]
     if vm.availability_set:
         argv += ["--availability-set", vm.availability_set]
     if heartbeat_table is not None:
