@@ -140,33 +140,46 @@ def envelope(
     observed_at: datetime,
     aset: str | None = None,
 ) -> str:
+    """A relay's message (a heartbeat when `events` is None), attested for its exact bytes
+    (tests.bench.attested), as the app admits only those."""
     from functions.model.envelope import Envelope, VmRef
+    from tests.bench.attested import attested
 
-    return Envelope(
-        kind="heartbeat" if events is None else "document",
-        vm=VmRef(name=vm, availability_set=aset),
-        relay_version="bench",
-        sequence=sequence,
-        observed_at=observed_at,
-        document=None if events is None else {"DocumentIncarnation": sequence, "Events": events},
-    ).to_json()
+    return attested(
+        Envelope(
+            kind="heartbeat" if events is None else "document",
+            vm=VmRef(name=vm, availability_set=aset),
+            relay_version="bench",
+            sequence=sequence,
+            observed_at=observed_at,
+            document=None
+            if events is None
+            else {"DocumentIncarnation": sequence, "Events": events},
+        ).to_json()
+    )
 
 
 def make_pipeline(connection_string: str, prefix: str, publisher: Any, clock: Any) -> Any:
     from functions.pipeline.context import Pipeline
     from functions.settings import load_settings
+    from functions.store.liveness import DictVerifier
     from functions.store.tables import Store
+    from tests.bench.attested import APP_SECRET, admission
 
     settings = load_settings(
-        state_storage=connection_string, relay_key=uuid.uuid4().hex, state_table_prefix=prefix
+        state_storage=connection_string, app_secret=APP_SECRET, state_table_prefix=prefix
     )
-    from functions.store.liveness import DictVerifier
-
     store = Store.from_settings(settings).ensure_tables()
     # The watchdog reads the liveness table only with a verifier; the bench's relays write
     # no liveness rows (none is stale), so an empty one costs what a real one would.
     return Pipeline(
-        store, settings, publisher, requests.Session(), clock, liveness_verifier=DictVerifier({})
+        store,
+        settings,
+        publisher,
+        requests.Session(),
+        clock,
+        admission=admission(store),
+        liveness_verifier=DictVerifier({}),
     )
 
 
@@ -248,8 +261,10 @@ def seed(connection_string: str, work: list[Work], processes: int = 2, threads: 
 def _seed_worker(args: tuple[str, list[Work], int]) -> None:
     from functions.pipeline.ingest import ingest_message
     from functions.pipeline.publish import LocalPublisher
+    from tests.bench.attested import learn
 
     connection_string, work, threads = args
+    learn(body for _, _, _, bodies in work for body in bodies)  # Resource Graph's answers
     clock = SessionClock()
     pipelines = {
         prefix: make_pipeline(connection_string, prefix, LocalPublisher(), clock)
