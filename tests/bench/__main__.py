@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import requests
@@ -164,6 +164,10 @@ def _envelope(vm: str, sequence: int, events: list[dict[str, Any]], aset: str) -
     )
 
 
+def _in_an_hour() -> str:
+    return (datetime.now(UTC) + timedelta(hours=1)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+
 def _reboot(event_id: str, resources: list[str], status: str) -> dict[str, Any]:
     return {
         "EventId": event_id,
@@ -171,7 +175,8 @@ def _reboot(event_id: str, resources: list[str], status: str) -> dict[str, Any]:
         "EventType": "Reboot",
         "ResourceType": "VirtualMachine",
         "Resources": resources,
-        "NotBefore": "Mon, 11 Apr 2050 22:26:58 GMT" if status == "Scheduled" else "",
+        # An hour ahead: the app refuses a NotBefore more than MAX_NOT_BEFORE_DAYS ahead.
+        "NotBefore": _in_an_hour() if status == "Scheduled" else "",
         "Description": "Host server is undergoing maintenance.",
         "EventSource": "Platform",
         "DurationInSeconds": -1,
