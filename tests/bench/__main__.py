@@ -11,7 +11,7 @@
 - fleet scale (tests/bench/scale_bench.py, tests/bench/set_relays.py,
   tests/bench/relay_heartbeats.py): Table requests per document at 200 reporters,
   documents per event across a 20-VM set of real relays, one watchdog sweep at 10,000 VMs,
-  heartbeats (real relays writing the VM table, and the Service Bus path of older relays);
+  heartbeats (real relays writing the liveness table, and the Service Bus path of older relays);
   from these, the per-operation counts the cost
   model reads (functions/cost/counts.json, rewritten by a full run) and the model's cost
   per VM-month at 10,000 VMs and capacity ceiling.
@@ -330,7 +330,7 @@ def fleet_scale(connection_string: str, args: argparse.Namespace) -> dict[str, A
     out["documents_per_event_set20"] = relays.total
     counts["documents_per_event_named_vm"] = relays.per_vm[relays.named]
     counts["documents_per_event_per_setmate"] = relays.per_setmate
-    progress("heartbeats: 8 real relays write theirs into the VM table, one a second")
+    progress("heartbeats: 8 real relays write signed ones into the liveness table, one a second")
     beats = relay_heartbeats.run(connection_string)
     counts.update(beats.pop("_counts"))
     out.update(beats)
