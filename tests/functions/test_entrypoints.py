@@ -294,7 +294,13 @@ def test_local_host_processes_in_order_and_dead_letters(tmp_path, store, clock, 
         ("0002.json", envelope("vm1", 2, [], callback_url=relay.url)),
         ("0003.json", "not json"),
         (".0004.json.tmp", "partial"),
-        ("0005.json", json.dumps({"body": envelope("vm2", 1, [event("EV-M")]), "message_id": "x"})),
+        # vm2 reports its own event (a VM speaks only for itself: per-VM identity).
+        (
+            "0005.json",
+            json.dumps(
+                {"body": envelope("vm2", 1, [event("EV-M", resources=("vm2",))]), "message_id": "x"}
+            ),
+        ),
     ]
     for name, text in files:
         (inbox / name).write_text(text)
