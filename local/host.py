@@ -31,6 +31,7 @@ import requests
 from pydantic import BaseModel, Field
 
 from functions.clock import Clock, SystemClock
+from functions.pipeline.admission import Admission
 from functions.pipeline.context import Pipeline
 from functions.pipeline.heartbeats import HeartbeatResult, ingest_heartbeats
 from functions.pipeline.ingest import ingest_message
@@ -100,7 +101,12 @@ class LocalHost:
         max_delivery_count: int = 10,
         watchdog_interval_seconds: float = 60.0,
         triggers: TriggerConfig | None = None,
+        admission: Admission | None = None,
+        credential: Any = None,
     ) -> None:
+        """`admission`: who sent each relay message (functions.pipeline.admission); without
+        it every relay message is refused, as the app refuses them without its identity
+        settings. `credential`: the app's identity for Resource Manager (ARM approvals)."""
         self.inbox = Path(inbox_dir)
         self.processed_dir = self.inbox / "processed"
         self.deadletter_dir = self.inbox / "deadletter"
@@ -122,6 +128,8 @@ class LocalHost:
             publisher=self.publisher,
             session=session or requests.Session(),
             clock=clock or SystemClock(),
+            credential=credential,
+            admission=admission,
         )
         self.max_delivery_count = max_delivery_count
         self.watchdog_interval = watchdog_interval_seconds
@@ -281,7 +289,9 @@ def unwrap(raw: bytes) -> bytes:
 def session_of(body: bytes) -> str:
     try:
         data = json.loads(body)
-        return str(data["vm"]["name"]).casefold()
+        vm = data["vm"]
+        # Service Bus sessions are per vmId (the relay's SessionId); a name is only a claim.
+        return str(vm.get("vm_id") or vm["name"]).casefold()
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
         return UNKNOWN_SESSION
 

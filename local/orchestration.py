@@ -43,6 +43,7 @@ from local.receivers import (
     WebhookReceiver,
 )
 from local.relays import (
+    current_user,
     parse_hook_line,
     relay_argv,
     relay_callback_url,
@@ -184,23 +185,28 @@ class Demo:
 
     def _start_host(self) -> None:
         """Azurite, the local host over the shared inbox, channels and timeline subscribers."""
+        from functions.pipeline.admission import Admission
         from functions.pipeline.publish import LocalPublisher
         from functions.settings import load_settings
         from functions.store.tables import Store
         from local.azurite import Azurite
         from local.host import LocalHost
+        from simulator.identity import test_issuer
 
         azurite = self.stack.enter(Azurite())
         self.connection_string = azurite.connection_string
         self.timeline.add("demo", "azurite", f"Table storage on 127.0.0.1:{azurite.port}")
-        self.relay_key = secrets.token_hex(24)
-        self.key_file = self.workdir / "relay.key"
-        self.key_file.write_text(self.relay_key)
-        self.key_file.chmod(0o600)
         self.inbox = self.workdir / "inbox"
+        # One free port on which every relay listens, each at its own VM's address.
+        self.callback_port = free_port()
         self.settings = load_settings(
             state_storage=azurite.connection_string,
-            relay_key=self.relay_key,
+            # The app's own secret (wraps the relays' callback keys it stores): one per run.
+            app_secret=secrets.token_hex(32),
+            relay_callback_port=self.callback_port,
+            # The simulator's IMDS signs attested documents with its test CA: trusted here
+            # only because it is named (in Azure: the public roots).
+            attestation_ca_pem=test_issuer().root_pem,
             # Real-world margins, scaled like the simulator's clock.
             approval_margin_seconds=max(0, round(10 / self.options.time_scale)),
             approval_budget_seconds=max(1, round(60 / self.options.time_scale)),
@@ -212,6 +218,14 @@ class Demo:
         if self.settings.policy.error:
             self.timeline.add("decide", "policy", f"INVALID: {self.settings.policy.error}", False)
         self.store = Store.from_settings(self.settings).ensure_tables()
+        # Who sent each relay message: the attested document (the simulator's CA), the VM's
+        # facts from the simulator's Resource Graph (asked with the app's identity), the
+        # identities table on Azurite.
+        session = requests.Session()
+        self.stack.callback(session.close)
+        self.admission = Admission.from_settings(
+            self.settings, self.store, session, self.credential
+        )
         self.publisher = LocalPublisher()
         # The timeline first (it notes what is announced), then one subscription per channel.
         self.publisher.subscribe("timeline", self._announced)
@@ -219,9 +233,14 @@ class Demo:
         if "terminate workflow" not in self.missing:
             self._start_terminate()
         self.host = LocalHost(
-            self.inbox, self.settings, self.store, self.publisher, watchdog_interval_seconds=5
+            self.inbox,
+            self.settings,
+            self.store,
+            self.publisher,
+            watchdog_interval_seconds=5,
+            admission=self.admission,
+            credential=self.credential,
         )
-        self.host.pipeline.credential = self.credential
         stop = threading.Event()
         thread = threading.Thread(
             target=self.host.run_forever,
@@ -358,27 +377,31 @@ class Demo:
         self.stack.callback(session.close)
         clock = SystemClock()
 
-        def callback_url(vm: str) -> str | None:
+        pipeline = Pipeline(
+            self.store,
+            self.settings,
+            self.publisher,
+            session,
+            clock,
+            self.credential,
+            admission=self.admission,
+        )
+
+        def relay_target(vm: str) -> Any:
+            """Where and with which key to call the VM's relay: Azure's address for its
+            vmId, the key its relay sent in an attested message (None: not known yet)."""
             record = self.store.get_vm(vm)
-            return record.callback_url if record else None
+            return pipeline.relay_target(record) if record else None
 
         def approve(event_id: str, until: datetime) -> Any:
-            return approve_event(
-                event_id,
-                Pipeline(
-                    self.store, self.settings, self.publisher, session, clock, self.credential
-                ),
-                give_up_at=until,
-                by="terminate",
-            )
+            return approve_event(event_id, pipeline, give_up_at=until, by="terminate")
 
         ctx = DrainContext(
             store=drains,
             session=session,
             publish=self.publisher.publish,
             approve=approve,
-            callback_url=callback_url,
-            relay_key=self.relay_key.encode(),
+            relay_target=relay_target,
         )
         work: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
@@ -405,45 +428,50 @@ class Demo:
         self.publisher.subscribe("terminate", lambda note: work.put(note) if wants(note) else None)
 
     def _start_relays(self) -> None:
-        """One real relay process per VM, forwarding into the shared inbox."""
+        """One real relay process per VM, forwarding into the shared inbox, its callback
+        listener where Azure says the VM is (its simulator address, the one shared port)."""
+        from simulator.arm import simulated_address
+
         hook, self.hook_log = write_drain_hook(self.workdir)
-        # Heartbeats go straight into the VM table, as in Azure (there through the relay
-        # identity's liveness role; here through a SAS of the same rights: add, update).
-        vms_table = f"{self.settings.state_table_prefix}vms"
+        # Heartbeats go into the liveness table (untrusted hints the app checks against each
+        # relay's key), as in Azure: there through the relay identity's role on that table
+        # only; here through a SAS of the same rights (add, update) on that table only.
+        liveness_table = f"{self.settings.state_table_prefix}liveness"
         sas_file = self.workdir / "heartbeat-table.sas"
-        sas_file.write_text(table_sas(vms_table) + "\n", encoding="utf-8")
-        heartbeat_table = (table_url(self.connection_string, vms_table), sas_file)
+        sas_file.write_text(table_sas(liveness_table) + "\n", encoding="utf-8")
+        heartbeat_table = (table_url(self.connection_string, liveness_table), sas_file)
         self.relays: dict[str, subprocess.Popen[bytes]] = {}
         self.callback_urls: dict[str, str] = {}
+        port = self.callback_port
         for vm in self.options.fleet:
             if not vm.relay:
                 continue
-            port = free_port()
-            url = relay_callback_url(port)
+            address = simulated_address(self.sim.vm_names.index(vm.name))
             argv = relay_argv(
                 vm,
                 imds_url=self.server.vm_url(vm.name),
                 inbox=self.inbox,
                 state_dir=self.workdir / "relays" / vm.name,
                 poll_interval=self.options.poll_interval,
-                port=port,
-                key_file=self.key_file,
+                # A callback that is down: nothing listens at the VM's address, so approvals
+                # through its relay fail (connection refused) and ARM takes over.
+                listen=None if vm.callback_down else f"{address}:{port}",
                 hook=hook,
-                # Nothing listens there: approvals through it fail (connection refused).
-                advertise=relay_callback_url(free_port()) if vm.callback_down else None,
                 heartbeat_table=heartbeat_table,
             )
             log = self.workdir / "logs" / f"relay-{vm.name}.log"
             self.relays[vm.name] = self.stack.process(argv, log, env=relay_env(self.options.env))
-            self.callback_urls[vm.name] = url
+            if not vm.callback_down:
+                self.callback_urls[vm.name] = relay_callback_url(address, port)
         for vm, url in self.callback_urls.items():
             self._wait_healthy(vm, url)
         self.timeline.add(
             "demo",
             "relays",
             f"{len(self.relays)} relays polling every "
-            f"{self.options.poll_interval:g} s, forwarding to {self.inbox}, "
-            f"heartbeats into the {vms_table} table",
+            f"{self.options.poll_interval:g} s, forwarding to {self.inbox}, callbacks on port "
+            f"{port} at each VM's address, heartbeats into the {liveness_table} table, hooks "
+            f"as {current_user()} (on a VM: nobody)",
         )
 
     def _wait_healthy(self, vm: str, url: str, timeout: float = 20.0) -> None:

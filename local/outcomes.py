@@ -299,6 +299,7 @@ def _fleet_outcomes(demo: Demo) -> list[Outcome]:
             f"{len(dead_letters)} dead-lettered",
         )
     )
+    out.append(_all_admitted(demo))
     relays = getattr(demo, "relays", {})
     exited = [vm for vm, proc in relays.items() if proc.poll() is not None]
     out.append(
@@ -309,3 +310,20 @@ def _fleet_outcomes(demo: Demo) -> list[Outcome]:
         )
     )
     return out
+
+
+def _all_admitted(demo: Demo) -> Outcome:
+    """Per-VM identity: every relay message came with an attested document of its own VM
+    (the simulator's IMDS, trusted through ATTESTATION_CA_PEM) and a vmId Resource Graph
+    knows. A refused message is completed into the rejected table, so "processed" above
+    would not show it; this does."""
+    label = "every relay message was admitted (attested by its VM, known to Resource Graph)"
+    store = getattr(demo, "store", None)
+    if store is None:
+        return Outcome(label, False, "no state store", skipped=True)
+    try:
+        reasons = [str(row.get("reason", ""))[:120] for row in store.rejected_rows()]
+    except Exception as exc:  # Azurite gone: say so rather than fail the summary
+        return Outcome(label, False, f"rejected table unreadable: {exc}", skipped=True)
+    detail = "; ".join(reasons[:3]) or "none rejected"
+    return Outcome(label, not reasons, f"{len(reasons)} rejected: {detail}" if reasons else detail)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -292,14 +293,16 @@ class TeamsReceiver(Receiver):
 
     @staticmethod
     def card_text(record: Received) -> str:
-        """All the text of a posted card, joined, for timelines and assertions."""
+        """All the text of a posted card, joined, as Teams shows it (its Markdown escapes
+        and link-breaking zero-width spaces undone: functions.notify.teams.inert), for
+        timelines and assertions."""
         texts: list[str] = []
         try:
             for attachment in record.body["attachments"]:
                 _collect_text(attachment["content"], texts)
         except (KeyError, TypeError):
             pass
-        return " | ".join(texts)
+        return " | ".join(shown(text) for text in texts)
 
 
 def check_adaptive_card(card: Any, where: str = "card") -> list[str]:
@@ -326,6 +329,15 @@ def check_adaptive_card(card: Any, where: str = "card") -> list[str]:
     if actions is not None and not isinstance(actions, list):
         problems.append(f"{where}.actions must be a list")
     return problems
+
+
+_ESCAPED = re.compile(r"\\(.)")
+
+
+def shown(text: str) -> str:
+    """Card text as Teams renders it: a backslash escape shows the character, a zero-width
+    space shows nothing."""
+    return _ESCAPED.sub(r"\1", text).replace("\u200b", "")
 
 
 def _collect_text(node: Any, out: list[str]) -> None:

@@ -3,10 +3,17 @@
 The relays are the same `python -m relay` a VM runs, with the demo's loopback endpoints:
 IMDS from the simulator, forwarding into the shared inbox (the local stand-in for the
 Service Bus queue), a callback listener for StartRequests, and a drain hook script.
+
+Each relay makes its own callback key in its state directory and sends it with every
+(attested) message; the app calls it only where Azure says the VM is: the simulator's
+Resource Graph gives VM number N the address 127.0.0.(2+N), and every relay listens there
+on the one callback port the app is configured with (RELAY_CALLBACK_PORT).
 """
 
 from __future__ import annotations
 
+import os
+import pwd
 import sys
 from pathlib import Path
 
@@ -42,15 +49,16 @@ def relay_argv(
     inbox: Path,
     state_dir: Path,
     poll_interval: float,
-    port: int,
-    key_file: Path,
+    listen: str | None,
     hook: Path,
-    advertise: str | None = None,
     heartbeat_table: tuple[str, Path] | None = None,
+    hook_user: str | None = None,
 ) -> list[str]:
-    """`advertise`: the callback URL the relay announces, if not its own (a callback that
-    is down: the demo's ARM fallback). `heartbeat_table`: (table URL, SAS file) where the
-    relay writes its heartbeats, as deployed relays do (relay.liveness)."""
+    """`listen`: HOST:PORT of the relay's callback server, at the VM's address (None: no
+    callback listener: the demo's callback that is down, where ARM takes over).
+    `heartbeat_table`: (liveness table URL, SAS file) where the relay writes its signed
+    heartbeats, as deployed relays do (relay.liveness). `hook_user`: the user hooks run as
+    (default: the one running the demo, see below)."""
     argv = [
         sys.executable,
         "-m",
@@ -65,19 +73,24 @@ def relay_argv(
         str(state_dir),
         "--poll-interval",
         str(poll_interval),
-        "--callback-listen",
-        f"127.0.0.1:{port}",
-        "--callback-key-file",
-        str(key_file),
-        "--callback-url",
-        advertise or relay_callback_url(port),
         "--log-format",
         "text",
-        "--hook",
-        f"drain={hook}",
-        "--hook-timeout",
-        "5",
     ]
+    if listen is not None:
+        # Hooks run on a signed callback, so only a relay that listens has them. On a VM
+        # they run as `nobody`, so a hook cannot read the relay's callback key; a local
+        # rehearsal runs unprivileged and cannot switch users, so it names its own user
+        # explicitly (the relay never falls back to itself silently).
+        argv += [
+            "--callback-listen",
+            listen,
+            "--hook",
+            f"drain={hook}",
+            "--hook-user",
+            hook_user or current_user(),
+            "--hook-timeout",
+            "5",
+        ]
     if vm.availability_set:
         argv += ["--availability-set", vm.availability_set]
     if heartbeat_table is not None:
@@ -86,8 +99,13 @@ def relay_argv(
     return argv
 
 
-def relay_callback_url(port: int) -> str:
-    return f"http://127.0.0.1:{port}"
+def relay_callback_url(address: str, port: int) -> str:
+    return f"http://{address}:{port}"
+
+
+def current_user() -> str:
+    """The user running the demo (`id -un`): the relays' hooks run as it (see relay_argv)."""
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def relay_env(env: dict[str, str]) -> dict[str, str]:

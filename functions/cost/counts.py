@@ -27,7 +27,8 @@ class Counts(BaseModel):
     measured_by: str = Field(min_length=1)
 
     # One document through ingest, per document: 20 VMs of a set (64-character names)
-    # report one event through Scheduled, Started and gone, 16 at a time.
+    # report one event through Scheduled, Started and gone, 16 at a time. Every table the
+    # app touches counts, the admission's read of the sender's identities row included.
     table_requests_per_document: float = Field(ge=0)
     table_entities_per_document: float = Field(ge=0)  # a batch counts each entity
     seconds_per_document: float = Field(gt=0)
@@ -47,7 +48,7 @@ class Counts(BaseModel):
     table_entities_per_heartbeat: float = Field(ge=0)
     seconds_per_heartbeat_execution: float = Field(gt=0)
     log_bytes_per_heartbeat_execution: float = Field(ge=0)
-    # Heartbeats as relays send them now (relay.liveness): straight into the VM table, one
+    # Heartbeats as relays send them now (relay.liveness): straight into the liveness table, one
     # Insert Or Merge each, counted on the wire from real relay processes; no Service Bus
     # message, no execution. The numbers above are for relays that still send heartbeats
     # through Service Bus (installed before), which the model prices with --heartbeats
@@ -63,7 +64,7 @@ class Counts(BaseModel):
     watchdog_seconds_per_sweep_base: float = Field(ge=0)
     watchdog_seconds_per_sweep_per_vm: float = Field(ge=0)
 
-    # Stored bytes (entity bodies as written).
+    # Stored bytes (entity bodies as written); per VM: its VM row and its identities row.
     table_bytes_per_vm: float = Field(ge=0)
     table_bytes_per_event: float = Field(ge=0)
 

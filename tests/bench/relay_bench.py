@@ -76,7 +76,8 @@ def run(seconds: float = 60, python: str | None = None) -> dict[str, float]:
     env = {k: v for k, v in env.items() if not k.startswith("RELAY_")}
     url = server.vm_url("vm0")
     # As on a VM: the signed callback listens too (it costs memory, so it is measured), with
-    # the relay's own key, and every envelope is attested (the simulator's IMDS) when sent.
+    # the relay's own key (made in its state directory), and every document it forwards is
+    # attested at send time (one IMDS attested-document call per send).
     relay = subprocess.Popen(
         [
             python,

@@ -1,9 +1,10 @@
-"""Heartbeats as relays send them now: real relay processes writing into the VM table.
+"""Heartbeats as relays send them now: real relay processes writing into the liveness table.
 
 Each relay (the shipped pyz where one is built, else `python -m relay`; see set_relays)
-polls its own VM on the simulator and writes a heartbeat every second straight into the
-VM table on Azurite, through a counting proxy (tests.bench.wire), with a SAS of add +
-update only, as the relay identity's role allows in Azure. What the model reads: Table
+polls its own VM on the simulator and writes a signed heartbeat every second straight into
+the `{prefix}liveness` table on Azurite (contract §5: untrusted hints, never the app's VM
+table), through a counting proxy (tests.bench.wire), with a SAS of add + update on that
+table only, as the relay identity's role allows in Azure. What the model reads: Table
 requests and entities per heartbeat, counted on the wire against the heartbeats the relays
 say they wrote; no Service Bus message and no Functions execution is involved at all.
 """
@@ -63,14 +64,14 @@ def run(connection_string: str, relays: int = 8, seconds: float = 8.0) -> dict[s
     server = SimulatorServer(sim, host="127.0.0.1", port=0).start()
     work = Path(tempfile.mkdtemp(prefix="relay-heartbeats-"))
     sas = work / "table.sas"
-    sas.write_text(table_sas(f"{PREFIX}vms") + "\n", encoding="utf-8")
+    sas.write_text(table_sas(f"{PREFIX}liveness") + "\n", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env["PYTHONPATH"] = str(ROOT)
     procs: list[subprocess.Popen[bytes]] = []
     logs = [work / f"{name}.log" for name in names]
     try:
         with WireCounter(connection_string) as wire:
-            url = table_url(wire.connection_string, f"{PREFIX}vms")
+            url = table_url(wire.connection_string, f"{PREFIX}liveness")
             for name, log in zip(names, logs, strict=True):
                 with open(log, "wb") as err:
                     procs.append(

@@ -96,6 +96,11 @@ class WireCounter(TableCounter):
             self._writes.clear()
             self._rows.clear()
 
+    def entities_in(self, table_suffix: str) -> int:
+        """Entity operations since the reset on tables whose name ends with the suffix."""
+        with self._wire_lock:
+            return sum(n for (t, _), n in self._entities.items() if t.endswith(table_suffix))
+
     def entities(self) -> int:
         """Entity operations since the reset: a batch counts each of its sub-requests."""
         with self._wire_lock:

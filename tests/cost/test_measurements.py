@@ -99,7 +99,7 @@ def test_documents_per_event_on_a_three_vm_set() -> None:
 
 
 def test_relays_heartbeat_with_one_table_request_each(azurite: str) -> None:
-    """The bench's count for the model: real relays writing into the VM table, counted on
+    """The bench's count for the model: real relays writing into the liveness table, counted on
     the wire; one Insert Or Merge per heartbeat and nothing else (no read, no retry)."""
     from tests.bench import relay_heartbeats
 

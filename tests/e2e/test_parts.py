@@ -9,7 +9,13 @@ from local.channels import LOCAL_ROUTING_KEY, channel_values
 from local.narration import receiver_news
 from local.plan import VmSpec
 from local.receivers import Received, TeamsReceiver, WebhookReceiver
-from local.relays import parse_hook_line, relay_argv, relay_env, write_drain_hook
+from local.relays import (
+    current_user,
+    parse_hook_line,
+    relay_argv,
+    relay_env,
+    write_drain_hook,
+)
 
 
 def received(channel: str, status: int, body: object = None, problems=()) -> Received:
@@ -23,8 +29,7 @@ def argv_for(vm: VmSpec, tmp_path: Path) -> list[str]:
         inbox=tmp_path / "inbox",
         state_dir=tmp_path / "state",
         poll_interval=0.25,
-        port=4242,
-        key_file=tmp_path / "key",
+        listen=None if vm.callback_down else "127.0.0.5:4242",
         hook=tmp_path / "hook.sh",
     )
 
@@ -34,8 +39,25 @@ def test_relay_command_line_names_the_availability_set_only_when_there_is_one(tm
     alone = argv_for(VmSpec(name="spot-1", spot=True), tmp_path)
     assert in_set[-2:] == ["--availability-set", "web-as"]
     assert "--availability-set" not in alone
-    assert alone[alone.index("--callback-url") + 1] == "http://127.0.0.1:4242"
     assert alone[alone.index("--forward") + 1] == f"file:{tmp_path / 'inbox'}"
+
+
+def test_relays_listen_at_their_vms_address_with_their_own_key_and_hooks_as_this_user(
+    tmp_path: Path,
+):
+    argv = argv_for(VmSpec(name="web-1", availability_set="web-as"), tmp_path)
+    assert argv[argv.index("--callback-listen") + 1] == "127.0.0.5:4242"
+    # The relay makes its own key in its state directory and the app calls it only at the
+    # address Azure gives the VM: no shared key, no advertised URL.
+    for gone in ("--callback-key-file", "--key-file", "--previous-key-file", "--callback-url"):
+        assert gone not in argv
+    # A rehearsal cannot switch users: hooks run as whoever runs the demo, named explicitly.
+    assert argv[argv.index("--hook-user") + 1] == current_user()
+
+
+def test_a_relay_whose_callback_is_down_listens_nowhere_and_runs_no_hooks(tmp_path: Path):
+    argv = argv_for(VmSpec(name="batch-1", callback_down=True), tmp_path)
+    assert "--callback-listen" not in argv and "--hook" not in argv
 
 
 def test_relays_get_no_relay_settings_from_the_demo_environment():

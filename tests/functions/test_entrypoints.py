@@ -294,12 +294,26 @@ def test_local_host_processes_in_order_and_dead_letters(tmp_path, store, clock, 
         ("0002.json", envelope("vm1", 2, [], callback_url=relay.url)),
         ("0003.json", "not json"),
         (".0004.json.tmp", "partial"),
-        ("0005.json", json.dumps({"body": envelope("vm2", 1, [event("EV-M")]), "message_id": "x"})),
+        # vm2 reports its own event (a VM speaks only for itself: per-VM identity).
+        (
+            "0005.json",
+            json.dumps(
+                {"body": envelope("vm2", 1, [event("EV-M", resources=("vm2",))]), "message_id": "x"}
+            ),
+        ),
     ]
     for name, text in files:
         (inbox / name).write_text(text)
     pipeline, pub = make_pipeline(store, clock)
-    host = LocalHost(inbox, pipeline.settings, store, pub, clock=clock, max_delivery_count=2)
+    host = LocalHost(
+        inbox,
+        pipeline.settings,
+        store,
+        pub,
+        clock=clock,
+        max_delivery_count=2,
+        admission=pipeline.admission,
+    )
     report = host.run_once()
     assert (report.processed, report.rejected) == (3, 1)
     assert pub.transitions("EV-L") == ["scheduled", "decided", "approved", "completed"]
@@ -315,7 +329,15 @@ def test_local_host_processes_in_order_and_dead_letters(tmp_path, store, clock, 
     # A message that keeps failing blocks its VM's later messages, then is dead-lettered.
     (inbox / "0006.json").write_text(envelope("vm3", 1, [event("EV-X")]))
     (inbox / "0007.json").write_text(envelope("vm3", 2, []))
-    broken = LocalHost(inbox, pipeline.settings, store, pub, clock=clock, max_delivery_count=2)
+    broken = LocalHost(
+        inbox,
+        pipeline.settings,
+        store,
+        pub,
+        clock=clock,
+        max_delivery_count=2,
+        admission=pipeline.admission,
+    )
     broken.pipeline.store = type(store)(store.service, "x")  # tables that do not exist
     first = broken.run_once()
     assert (first.failed, first.processed) == (1, 0)

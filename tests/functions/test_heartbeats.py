@@ -142,7 +142,15 @@ def test_the_local_host_batches_heartbeats_as_configured(tmp_path, store, clock)
     config = TriggerConfig(
         max_message_batch_size=3, min_message_batch_size=2, max_batch_wait_seconds=30
     )
-    host = LocalHost(tmp_path, pipeline.settings, store, publisher, clock=clock, triggers=config)
+    host = LocalHost(
+        tmp_path,
+        pipeline.settings,
+        store,
+        publisher,
+        clock=clock,
+        triggers=config,
+        admission=pipeline.admission,
+    )
     for i in range(7):
         _write(host.heartbeats_dir, f"{i:04d}.json", beat(f"vm{i}", 1, clock))
     # 3 + 3 full batches; the last (1 < minMessageBatchSize) waits for maxBatchWaitTime.
@@ -159,7 +167,15 @@ def test_the_local_host_keeps_each_vms_documents_in_order_across_concurrent_sess
 ):
     pipeline, publisher = make_pipeline(store, clock)
     config = TriggerConfig(max_concurrent_sessions=4)
-    host = LocalHost(tmp_path, pipeline.settings, store, publisher, clock=clock, triggers=config)
+    host = LocalHost(
+        tmp_path,
+        pipeline.settings,
+        store,
+        publisher,
+        clock=clock,
+        triggers=config,
+        admission=pipeline.admission,
+    )
     n = 0
     for seq in range(1, 4):
         for vm in range(6):
