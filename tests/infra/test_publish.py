@@ -28,6 +28,7 @@ from tests.infra.bicep import ROOT
 from tests.test_funcignore import _published_files
 
 README = ROOT / "infra" / "README.md"
+FRONT_DOOR = ROOT / "README.md"
 RELEASE = ROOT / ".github" / "workflows" / "release.yml"
 APP_FILES = {"function_app.py", "host.json", "requirements.txt", "functions"}
 NEVER = ("relay/", "simulator/", "local/", "tests/", "infra/", ".venv", "node_modules/")
@@ -53,10 +54,10 @@ def _workflow_zip() -> str:
     return command.strip()
 
 
-def _readme_block(marker: str) -> str:
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+def _readme_block(marker: str, readme: Path = README) -> str:
+    blocks = re.findall(r"```bash\n(.*?)```", readme.read_text(), re.S)
     found = [line for block in blocks for line in block.splitlines() if line.startswith(marker)]
-    assert len(found) == 1, f"README: {len(found)} lines start with {marker!r}"
+    assert len(found) == 1, f"{readme.name}: {len(found)} lines start with {marker!r}"
     return found[0]
 
 
@@ -120,3 +121,9 @@ def test_the_publish_commands_fit_flex_consumption() -> None:
     # Named only as settings not to set (Flex deprecates them).
     for setting in ("SCM_DO_BUILD_DURING_DEPLOYMENT", "ENABLE_ORYX_BUILD"):
         assert f"Do not set `{setting}`" in text or f"or\n`{setting}`" in text, setting
+
+
+def test_the_front_door_publishes_as_infra_readme_does() -> None:
+    """The project README repeats the publish commands: word for word infra/README's."""
+    for marker in ("func azure functionapp publish", "zip -r", "az functionapp deployment"):
+        assert _readme_block(marker, FRONT_DOOR) == _readme_block(marker), marker
