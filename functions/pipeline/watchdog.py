@@ -132,7 +132,7 @@ def _sweep_vms(
     if verify is None:
         log.warning("watchdog: no liveness verifier: no relay is watched for silence")
     else:
-        for hint in store.liveness.stale(now - silent_after, verify, out.skip):
+        for hint in store.liveness.stale(now - silent_after, verify, out.skip, now=now):
             try:
                 _silent_hint(pipeline, hint, now, out, marked, silent, forget_before)
             except BadRow as exc:

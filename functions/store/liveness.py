@@ -24,7 +24,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
@@ -41,6 +41,11 @@ _SIG = re.compile(r"^[0-9a-f]{64}$")
 # row -> the VM's name when the row is genuine (enrolled vm_id, known key_id, valid sig),
 # None otherwise. The identity package provides the real one (functions/identity/).
 Verifier = Callable[[Mapping[str, Any]], str | None]
+
+
+# How far ahead of the app a relay's liveness row may be dated (relays correct their clock
+# from Table storage's Date header, so theirs are seconds apart).
+MAX_FUTURE = timedelta(minutes=5)
 
 
 class BadHint(ValueError):
@@ -147,17 +152,31 @@ class Liveness:
         return self
 
     def stale(
-        self, cutoff: datetime, verify: Verifier, skipped: Callable[[Skipped], None]
+        self,
+        cutoff: datetime,
+        verify: Verifier,
+        skipped: Callable[[Skipped], None],
+        now: datetime | None = None,
     ) -> Iterator[LivenessHint]:
         """Verified hints of VMs not seen since `cutoff`: one query per partition. A row
-        that is malformed or fails verification goes to `skipped`, never stops the rest."""
+        that is malformed or fails verification goes to `skipped`, never stops the rest.
+
+        The same query returns rows dated more than MAX_FUTURE ahead of `now`: a relay's
+        clock is corrected from Table storage's, so only a forger writes those (a future
+        `seen` would keep a dead relay's row out of `seen lt cutoff` forever); they are
+        reported as skipped, each sweep, instead of hiding."""
+        future = (now or datetime.now(UTC)) + MAX_FUTURE
         for bucket in range(LIVENESS_BUCKETS):
             pk = f"lv{bucket:02d}"
             rows = self.table.query_entities(
-                "PartitionKey eq @pk and seen lt @cutoff",
-                parameters={"pk": pk, "cutoff": cutoff},
+                "PartitionKey eq @pk and (seen lt @cutoff or seen gt @future)",
+                parameters={"pk": pk, "cutoff": cutoff, "future": future},
             )
             for row in rows:
+                seen = row.get("seen")
+                if isinstance(seen, datetime) and seen > future:
+                    self._skip(row, "dated in the future (a forged row?)", skipped)
+                    continue
                 hint = self._believe(row, verify, skipped)
                 if hint is not None:
                     yield hint
@@ -178,12 +197,13 @@ class Liveness:
         try:
             return to_hint(row, verify)
         except BadHint as exc:
-            skip = Skipped(
-                self.name, _key(row.get("PartitionKey")), _key(row.get("RowKey")), str(exc)
-            )
-            log.warning("liveness: skipped %s", skip)
-            skipped(skip)
+            self._skip(row, str(exc), skipped)
             return None
+
+    def _skip(self, row: Mapping[str, Any], why: str, skipped: Callable[[Skipped], None]) -> None:
+        skip = Skipped(self.name, _key(row.get("PartitionKey")), _key(row.get("RowKey")), why)
+        log.warning("liveness: skipped %s", skip)
+        skipped(skip)
 
     def delete(self, vm_id: str) -> None:
         with contextlib.suppress(ResourceNotFoundError):
