@@ -1,6 +1,6 @@
 """A Key Vault reference App Service could not resolve arrives as its own text; no secret
-setting may take it for the secret (issue #23: RELAY_KEY passed the length check and every
-relay answered 401)."""
+setting may take it for the secret (issue #23: the shared relay key passed the length check
+and every relay answered 401; APP_SECRET would wrap keys no instance could read)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ REF = "@Microsoft.KeyVault(SecretUri=https://kv-x.vault.azure.net/secrets/{name}
 @pytest.mark.parametrize(
     ("setting", "field"),
     [
-        ("RELAY_KEY", "relay_key"),
+        ("APP_SECRET", "app_secret"),
         ("ServiceBusConnection", "service_bus_connection"),
         ("StateStorage", "state_storage"),
         ("AzureWebJobsStorage", "webjobs_storage"),
@@ -24,24 +24,25 @@ REF = "@Microsoft.KeyVault(SecretUri=https://kv-x.vault.azure.net/secrets/{name}
 )
 def test_an_unresolved_reference_stops_the_app_naming_the_setting(setting, field) -> None:
     with pytest.raises(SettingsInvalid) as exc:
-        load_settings(**({"relay_key": "k" * 32} | {field: REF.format(name="x")}))
+        load_settings(**({"app_secret": "k" * 32} | {field: REF.format(name="x")}))
     assert setting in str(exc.value)
     assert "unresolved Key Vault reference" in str(exc.value)
 
 
 def test_the_same_from_the_environment(monkeypatch) -> None:
-    monkeypatch.setenv("RELAY_KEY", REF.format(name="relay-key"))
-    with pytest.raises(SettingsInvalid, match="RELAY_KEY is an unresolved Key Vault reference"):
+    monkeypatch.setenv("APP_SECRET", REF.format(name="app-secret"))
+    with pytest.raises(SettingsInvalid, match="APP_SECRET is an unresolved Key Vault reference"):
         load_settings()
 
 
 def test_a_resolved_secret_passes() -> None:
-    assert load_settings(relay_key="k" * 32).relay_key_bytes == b"k" * 32
+    assert load_settings(app_secret="k" * 32).app_secret_bytes == b"k" * 32
 
 
-def test_relay_key_previous_unresolved_is_ignored_never_used() -> None:
-    settings = load_settings(relay_key="k" * 32, relay_key_previous=REF.format(name="p"))
-    assert settings.relay_key_previous_bytes is None
+def test_the_old_shared_relay_key_is_not_a_setting_any_more(monkeypatch) -> None:
+    monkeypatch.setenv("RELAY_KEY", REF.format(name="relay-key"))
+    settings = load_settings(app_secret="k" * 32)  # ignored: nothing signs with it
+    assert not hasattr(settings, "relay_key")
 
 
 def test_detection_is_on_the_prefix_only() -> None:

@@ -135,12 +135,11 @@ def test_the_function_settings_model_reads_them(app_env) -> None:
     assert s.state_storage_account == SAMPLE["storageAccountName"]
     assert s.webjobs_storage_account == SAMPLE["storageAccountName"]
     assert s.service_bus_connection is None and s.state_storage is None
-    # The shared relay key is gone (contract §4, §6): nothing sets it.
-    assert s.relay_key is None and s.relay_key_previous is None
-    if "app_secret" in type(s).model_fields:  # the app side of contract §6
-        assert s.app_secret.get_secret_value() == SECRETS["app-secret"]
-    if "relay_callback_port" in type(s).model_fields:
-        assert s.relay_callback_port == 8492
+    # The shared relay key is gone (contract §4, §6): no setting reads it.
+    assert "relay_key" not in type(s).model_fields
+    assert s.app_secret is not None
+    assert s.app_secret.get_secret_value() == SECRETS["app-secret"]
+    assert s.relay_callback_port == 8492
     assert app_env["RELAY_CALLBACK_PORT"] == "8492"
     assert s.documents_queue == "documents"
     assert s.heartbeats_queue == "heartbeats"

@@ -167,7 +167,8 @@ def test_app_secret_must_be_long_enough():
     with pytest.raises(SettingsInvalid, match="app_secret"):
         load_settings(app_secret="short")
     reference = "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/app-secret)"
-    assert load_settings(app_secret=reference).page_token_key is None  # never a key
+    with pytest.raises(SettingsInvalid, match="APP_SECRET is an unresolved Key Vault"):
+        load_settings(app_secret=reference)  # never a key: the app stops, naming it
 
 
 @pytest.mark.parametrize(
