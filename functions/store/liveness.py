@@ -169,7 +169,7 @@ class Liveness:
         for bucket in range(LIVENESS_BUCKETS):
             pk = f"lv{bucket:02d}"
             rows = self.table.query_entities(
-                "PartitionKey eq @pk and (seen lt @cutoff or seen gt @future)",
+                "PartitionKey eq @pk and (seen lt @cutoff or seen gt @future )",
                 parameters={"pk": pk, "cutoff": cutoff, "future": future},
             )
             for row in rows:

@@ -176,7 +176,8 @@ VERIFIER.known = ENROLLED  # one registry, shared by every test pipeline
 
 
 def vm_id_of(name: str) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name.casefold()}.vm.test"))
+    """The test VM's vmId: the one its attested messages carry (tests.identity_harness)."""
+    return identity_harness.vm_id(name)
 
 
 def liveness_key(name: str) -> tuple[str, bytes]:
