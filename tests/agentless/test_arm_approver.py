@@ -41,6 +41,7 @@ def arm(monkeypatch):
 
 
 def agentless(store, clock, arm, **settings):
+    settings = {"approvers": "relay,arm", **settings}
     pipeline, pub = make_pipeline(store, clock, arm_endpoint=arm.arm_url, **settings)
     pipeline.credential = ManagedIdentityCredential()
     return pipeline, pub

@@ -162,7 +162,9 @@ def clock() -> FakeClock:
 
 
 def make_settings(policy: Policy | PolicyLoad | None = None, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {"approval_budget_seconds": 30, **overrides}
+    # Relays only unless a test says otherwise: every VM now has an ARM id (Azure's facts),
+    # so "relay,arm" would hand over to ARM, which has no credential here.
+    values: dict[str, Any] = {"approval_budget_seconds": 30, "approvers": "relay", **overrides}
     settings = Settings(**values)
     if isinstance(policy, Policy):
         policy = PolicyLoad(policy=policy)

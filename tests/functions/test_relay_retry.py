@@ -50,7 +50,7 @@ def test_a_401_that_outlasts_the_budget_is_left_to_the_watchdog_which_approves(s
     assert store.get_event("EV-2").approval == "pending"
     asked = len(relay.requests)
     # The relay is rotated (it now verifies our key): the watchdog asks the same relay again.
-    relay.default = (200, {"status": 200})
+    relay.default = (200, {"imds_status": 200})
     clock.advance(60)
     ingest_message(
         envelope("vm1", 2, [event("EV-2", source="User")], callback_url=relay.url), pipeline
@@ -68,7 +68,7 @@ def test_a_final_4xx_is_never_asked_again(store, clock, relay):
     result = ingest_message(body, pipeline)
     assert [a.outcome for a in result.approvals] == ["failed"]
     assert len(relay.requests) == 1
-    relay.default = (200, {"status": 200})
+    relay.default = (200, {"imds_status": 200})
     again = approve_event("EV-3", pipeline)  # e.g. the operator's manual approval
     assert again.outcome == "failed" and "refused before: vm1" in again.detail
     assert len(relay.requests) == 1

@@ -62,7 +62,7 @@ def test_hostile_rows_are_skipped_and_the_sweep_does_its_other_work(store, clock
     write_liveness(store, "good", clock.now())
     # (The approver judges a relay fresh by its VM row: a heartbeat through Service Bus.)
     ingest_message(envelope("good", 2, None, kind="heartbeat", observed_at=clock.now()), pipeline)
-    relay.default = (200, {"status": 200})
+    relay.default = (200, {"imds_status": 200})
 
     old = clock.now() - timedelta(hours=1)
     unix = int(old.timestamp())
