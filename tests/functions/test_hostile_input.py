@@ -130,7 +130,7 @@ def test_1000_resources_of_128_characters_fit_the_event_row(store, clock):
     """At the envelope's bounds (1000 resources of 128 characters): the event row is split
     over several properties (functions.store.tables), so it is processed."""
     pipeline, _ = make_pipeline(store, clock)
-    names = tuple(f"{i:04}" + "n" * 124 for i in range(1000))
+    names = ("vm1", *(f"{i:04}" + "n" * 124 for i in range(999)))
     big = event("EV-BIG", resources=names)
     result = ingest_message(envelope("vm1", 1, [big]), pipeline, message_id="m-big")
     assert result.outcome == "processed"
@@ -144,7 +144,7 @@ def test_a_row_table_storage_refuses_is_rejected_not_redelivered(store, clock, m
 
     monkeypatch.setattr(tables, "CHUNK_CHARS", 1_000_000)  # one property of 130 K units
     pipeline, _ = make_pipeline(store, clock)
-    names = tuple(f"{i:04}" + "n" * 124 for i in range(1000))
+    names = ("vm1", *(f"{i:04}" + "n" * 124 for i in range(999)))
     big = event("EV-BIG", resources=names)
     result = ingest_message(envelope("vm1", 1, [big]), pipeline, message_id="m-big")
     assert result.outcome == "rejected" and result.vm == "vm1"
@@ -164,12 +164,17 @@ def test_rejected_body_of_astral_text_fits_the_row(store, clock):
     assert len(row["body"].encode("utf-16-le")) <= 60000
 
 
-def test_clock_near_the_far_end_still_processes(store, clock):
-    """A NotBefore years away is odd but representable: processed, not rejected."""
+def test_a_not_before_beyond_the_horizon_is_rejected_with_the_reason(store, clock):
+    """No Azure maintenance is announced years ahead; such a NotBefore would hold a set's
+    capacity slot for as long (MAX_NOT_BEFORE_DAYS, 7 by default). Within it: processed."""
     pipeline, pub = make_pipeline(store, clock)
     far = event("EV-FAR", not_before=T0 + timedelta(days=365 * 100))
-    assert ingest_message(envelope("vm1", 1, [far]), pipeline).outcome == "processed"
-    assert pub.transitions("EV-FAR") == ["scheduled", "decided"]
+    result = ingest_message(envelope("vm1", 1, [far]), pipeline)
+    assert result.outcome == "rejected" and "MAX_NOT_BEFORE_DAYS" in result.reason
+    assert store.get_event("EV-FAR") is None
+    near = event("EV-NEAR", not_before=T0 + timedelta(days=6))
+    assert ingest_message(envelope("vm1", 2, [near]), pipeline).outcome == "processed"
+    assert pub.transitions("EV-NEAR") == ["scheduled", "decided"]
 
 
 class FailsOn(LocalPublisher):

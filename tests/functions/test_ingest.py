@@ -114,6 +114,7 @@ def test_a_relay_that_restarted_its_sequence_is_still_heard(store, clock):
     pipeline, pub = make_pipeline(store, clock)
     ingest_message(envelope("vm1", 50, []), pipeline)
     later = T0 + timedelta(hours=1)
+    clock.advance(3600)
     result = ingest_message(envelope("vm1", 0, [event("EV-N")], observed_at=later), pipeline)
     assert result.outcome == "processed"
     assert pub.transitions("EV-N") == ["scheduled", "decided"]

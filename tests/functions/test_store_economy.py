@@ -497,6 +497,7 @@ def test_a_reinstalled_relays_numbers_do_not_match_an_old_remembered_row(store, 
     ingest_message(envelope("vm1", 1, [event("EV-I")]), pipeline)
     calls = Calls(store, mocker)
     later = T0 + timedelta(hours=2)
+    clock.advance(2 * 3600)
     ingest_message(envelope("vm1", 2, [], observed_at=later), pipeline)
     assert calls.count("vms", "get_entity") == 1
     assert store.get_vm("vm1").event_ids == []
