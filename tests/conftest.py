@@ -41,3 +41,15 @@ def simulator() -> Iterator[object]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_test_fleet() -> Iterator[None]:
+    """Hand-made relay messages (tests.identity_harness) remember each VM's relay address
+    for the test that gave it, never for the next test."""
+    import sys
+
+    harness = sys.modules.get("tests.identity_harness")
+    if harness is not None:
+        harness.URLS.clear()
+    yield

@@ -37,6 +37,7 @@ CALLBACK_PORT = 8492
 
 RESOLVER = StaticResolver()  # shared: facts are registered as envelopes are made
 NAMES: dict[str, str] = {}  # vmId -> name, for relay stand-ins that verify signatures
+URLS: dict[str, str] = {}  # VM name (case-folded) -> the relay URL it was last given
 
 
 def vm_id(name: str) -> str:
@@ -114,8 +115,15 @@ def signed_envelope(
     scale_set: str | None = None,
     availability_set: str | None = None,
 ) -> str:
-    """Register Azure's facts for the envelope's VM, add its vmId and key, attest it."""
+    """Register Azure's facts for the envelope's VM, add its vmId and key, attest it.
+
+    A VM's relay address is Azure's, not the message's: a message made without one keeps
+    the address (and so the key) the VM was last given."""
     name = envelope["vm"]["name"]
+    if callback_url is None:
+        callback_url = URLS.get(name.casefold())
+    else:
+        URLS[name.casefold()] = callback_url
     RESOLVER.register(
         facts_for(
             name,
