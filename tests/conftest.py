@@ -44,7 +44,7 @@ def simulator() -> Iterator[object]:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_test_fleet() -> Iterator[None]:
+def _fresh_test_fleet() -> None:
     """Hand-made relay messages (tests.identity_harness) remember each VM's relay address
     for the test that gave it, never for the next test."""
     import sys
@@ -52,4 +52,3 @@ def _fresh_test_fleet() -> Iterator[None]:
     harness = sys.modules.get("tests.identity_harness")
     if harness is not None:
         harness.URLS.clear()
-    yield

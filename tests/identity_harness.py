@@ -114,6 +114,7 @@ def signed_envelope(
     callback_url: str | None = None,
     scale_set: str | None = None,
     availability_set: str | None = None,
+    key: CallbackKey | None = None,
 ) -> str:
     """Register Azure's facts for the envelope's VM, add its vmId and key, attest it.
 
@@ -133,7 +134,7 @@ def signed_envelope(
             fetched_at=at,
         )
     )
-    key = callback_key(name, callback_url)
+    key = key or callback_key(name, callback_url)
     envelope = {
         **envelope,
         "vm": {**envelope["vm"], "vm_id": vm_id(name)},

@@ -61,8 +61,10 @@ class Relay:
         self.requests: list[dict[str, Any]] = []
         self.bad_signatures = 0
         self.seen: set[str] = set()
-        # Extra keys a signature may verify under (a rotation), besides the VM's own.
+        # Extra keys a signature may verify under (a rotation), besides the VM's own; `own`
+        # False: only these (a relay that has not got the key its VM's messages carry).
         self.keys: list[identity_harness.CallbackKey] = []
+        self.own = True
         self.targets: list[str] = []  # the VM names requests were signed for
         self._lock = threading.Lock()
         relay = self
@@ -119,8 +121,8 @@ class Relay:
         name = identity_harness.NAMES.get(target)
         if name is None:
             raise SignatureError("signed for a VM this relay does not serve")
-        own = identity_harness.callback_key(name, self.url)
-        keys = {k.key_id: k.secret for k in [own, *self.keys]}
+        own = [identity_harness.callback_key(name, self.url)] if self.own else []
+        keys = {k.key_id: k.secret for k in [*own, *self.keys]}
         return verify_v2(keys, target, headers, "POST", path, body)
 
     def starts(self) -> list[str]:
@@ -258,6 +260,7 @@ def envelope(
     availability_set: str | None = None,
     observed_at: datetime | None = None,
     kind: str = "document",
+    key: identity_harness.CallbackKey | None = None,
 ) -> str:
     document = None
     if events is not None:
@@ -283,4 +286,5 @@ def envelope(
         callback_url=callback_url,
         scale_set=scale_set,
         availability_set=availability_set,
+        key=key,
     )

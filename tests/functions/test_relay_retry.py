@@ -1,18 +1,19 @@
 """A relay's 4xx: asked again when the cause may pass (a key mid-rotation, 409, 429, an
 event not in its document yet), within the approval budget; never again when it is final
-(400, an event that left the VM's document). RELAY_KEY_PREVIOUS bridges a rotation."""
+(400, an event that left the VM's document). A relay's previous key bridges a rotation."""
 
 from __future__ import annotations
 
 import pytest
 
+from functions.identity.keys import CallbackKey, key_id_of
 from functions.pipeline.approve import approve_event
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
-from tests.functions.conftest import KEY, envelope, event, make_pipeline
+from tests.functions.conftest import envelope, event, make_pipeline
 
-OLD_KEY = "old-relay-key-0123456789abcdef"
-NEW_KEY = "new-relay-key-0123456789abcdef"
+OLD_KEY = CallbackKey(key_id=key_id_of(b"o" * 32), secret=b"o" * 32)
+NEW_KEY = CallbackKey(key_id=key_id_of(b"n" * 32), secret=b"n" * 32)
 SIGNATURE_ERROR = {"error": "signature does not match"}
 
 
@@ -108,49 +109,41 @@ def test_a_404_from_a_relay_whose_vm_reported_it_is_final(store, clock, relay):
     assert store.get_event("EV-5").approval_attempts[0].outcome.startswith("refused 404")
 
 
-def test_mid_rotation_the_previous_key_approves_at_once(store, clock, relay):
-    """Rotation step 2: the app signs with the new key, this relay still has only the old."""
-    relay.keys = [OLD_KEY]
-    pipeline, pub = make_pipeline(store, clock, relay_key=NEW_KEY, relay_key_previous=OLD_KEY)
-    body = envelope("vm1", 1, [event("EV-6", source="User")], callback_url=relay.url)
+def test_a_relay_that_has_not_rotated_yet_approves_with_its_previous_key(store, clock, relay):
+    """The app knows the relay's new key (its last message carried it) and the one before;
+    this relay answers only to the old one (say its state was restored): asked once more at
+    once with the previous key, which approves."""
+    pipeline, pub = make_pipeline(store, clock)
+    ingest_message(envelope("vm1", 1, [], callback_url=relay.url, key=OLD_KEY), pipeline)
+    relay.own, relay.keys = False, [OLD_KEY]
+    body = envelope("vm1", 2, [event("EV-6", source="User")], callback_url=relay.url, key=NEW_KEY)
     result = ingest_message(body, pipeline)
     assert [a.outcome for a in result.approvals] == ["approved"]
     assert relay.bad_signatures == 1 and relay.starts() == ["EV-6"]
     assert clock.slept == []  # at once, no backoff
     (attempt,) = store.get_event("EV-6").approval_attempts
     assert (
-        attempt.outcome
-        == "approved (signed with RELAY_KEY_PREVIOUS: this relay still has the old key)"
+        attempt.outcome == "approved (signed with the relay's previous key: it has not rotated yet)"
     )
     assert pub.transitions("EV-6")[-1] == "approved"
-    # A rotated relay verifies the new key: asked once, no fallback.
+    # The relay catches up: asked once with the new key, no fallback.
     relay.keys = [NEW_KEY, OLD_KEY]
     ingest_message(
-        envelope("vm1", 2, [event("EV-7", source="User")], callback_url=relay.url), pipeline
+        envelope("vm1", 3, [event("EV-7", source="User")], callback_url=relay.url, key=NEW_KEY),
+        pipeline,
     )
     assert relay.bad_signatures == 1 and relay.starts() == ["EV-6", "EV-7"]
 
 
-def test_without_the_previous_key_a_mid_rotation_401_is_retried_not_final(store, clock, relay):
-    relay.keys = [OLD_KEY]
-    pipeline, _ = make_pipeline(store, clock, relay_key=NEW_KEY, approval_budget_seconds=3)
-    body = envelope("vm1", 1, [event("EV-8", source="User")], callback_url=relay.url)
+def test_a_key_the_relay_does_not_hold_is_retried_not_final(store, clock, relay):
+    """Only the new key is known to the app; the relay still answers to another: 401 is
+    retried, never final, and the watchdog approves once the relay has the key."""
+    relay.own, relay.keys = False, [OLD_KEY]
+    pipeline, _ = make_pipeline(store, clock, approval_budget_seconds=3)
+    body = envelope("vm1", 1, [event("EV-8", source="User")], callback_url=relay.url, key=NEW_KEY)
     result = ingest_message(body, pipeline)
     assert [a.outcome for a in result.approvals] == ["retry_later"]
     assert relay.bad_signatures == 2
-    relay.keys = [NEW_KEY, OLD_KEY]  # the relay is rotated
+    relay.keys = [NEW_KEY, OLD_KEY]  # the relay has the key now
     clock.advance(60)
     assert [a.outcome for a in run_watchdog(pipeline).approvals] == ["approved"]
-    assert KEY not in (NEW_KEY, OLD_KEY)
-
-
-def test_an_unresolved_key_vault_reference_never_signs(store, clock, relay):
-    reference = (
-        "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/relay-key-previous)"
-    )
-    pipeline, _ = make_pipeline(store, clock, relay_key_previous=reference)
-    assert pipeline.settings.relay_key_previous_bytes is None
-    relay.script = [(401, SIGNATURE_ERROR)]
-    body = envelope("vm1", 1, [event("EV-9", source="User")], callback_url=relay.url)
-    assert [a.outcome for a in ingest_message(body, pipeline).approvals] == ["approved"]
-    assert clock.slept == [1.0]  # retried after backoff with RELAY_KEY, not the reference
