@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -10,27 +11,35 @@ import pytest
 import requests
 
 from functions.clock import SystemClock
+from functions.identity.keys import CallbackKey
 from functions.pipeline.context import Pipeline
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from relay.callback import CallbackApp, CallbackServer
 from relay.imds import ImdsClient
+from relay.keystore import KeyStore
 from simulator.engine import Simulator
 from simulator.server import SimulatorServer
-from tests.functions.conftest import KEY, make_settings
+from tests import identity_harness
+from tests.conftest import free_port
+from tests.functions.conftest import envelope, make_settings
 
 
 @pytest.fixture
-def fleet() -> Iterator[tuple[Simulator, dict[str, CallbackServer]]]:
+def fleet(tmp_path) -> Iterator[tuple[Simulator, dict[str, CallbackServer]]]:
+    """Two real relay callbacks. vm2's relay holds the key its VM's messages carry; vm1's
+    holds a key of its own the app never learns (a message carrying it never came)."""
     sim = Simulator()
     sim.add_availability_set("as1", ["vm1", "vm2"])
     server = SimulatorServer(sim).start()
-    keys = {"vm1": b"a-different-key-the-functions-do-not-have", "vm2": KEY.encode()}
     relays = {}
     try:
-        for vm, key in keys.items():
-            app = CallbackApp(key, vm, ImdsClient(server.vm_url(vm)))
-            relays[vm] = CallbackServer("127.0.0.1:0", app, poll_interval=0.05).start()
+        for vm in ("vm1", "vm2"):
+            keys = KeyStore(tmp_path / vm)
+            if vm == "vm2":
+                _give(keys, identity_harness.callback_key(vm, f"http://127.0.0.1:{PORTS[vm]}"))
+            app = CallbackApp(keys, identity_harness.vm_id(vm), vm, ImdsClient(server.vm_url(vm)))
+            relays[vm] = CallbackServer(f"127.0.0.1:{PORTS[vm]}", app, poll_interval=0.05).start()
         yield sim, relays
     finally:
         for relay in relays.values():
@@ -38,25 +47,49 @@ def fleet() -> Iterator[tuple[Simulator, dict[str, CallbackServer]]]:
         server.stop()
 
 
+PORTS = {"vm1": free_port(), "vm2": free_port()}
+
+
+def _give(keys: KeyStore, key: CallbackKey) -> None:
+    """The relay's key file, as if it had made this key itself."""
+    created = int(time.time())
+    keys.path.write_text(
+        json.dumps(
+            {
+                "current": {"id": key.key_id, "secret": key.secret.hex(), "created": created},
+                "previous": None,
+            }
+        )
+    )
+    keys.current, keys.previous = keys._load()
+
+
 def test_approval_through_the_real_relay_falls_back_past_a_refusal(store, fleet):
     sim, relays = fleet
     event_id = sim.add_event("Reboot", resources=["vm1", "vm2"], source="User")
     publisher = LocalPublisher()
     settings = make_settings(approval_budget_seconds=2)
-    pipeline = Pipeline(store, settings, publisher, requests.Session(), SystemClock())
+    pipeline = Pipeline(
+        store,
+        settings,
+        publisher,
+        requests.Session(),
+        SystemClock(),
+        admission=identity_harness.admission(store),
+    )
     for sequence, vm in enumerate(("vm1", "vm2"), start=1):
-        body = {
-            "schema": 1,
-            "kind": "document",
-            "vm": {"name": vm, "callback_url": relays[vm].url, "availability_set": "as1"},
-            "sequence": sequence,
-            "observed_at": datetime.now(UTC).isoformat(),
-            "document": sim.document(vm),
-        }
-        ingest_message(json.dumps(body), pipeline)
+        body = envelope(
+            vm,
+            sequence,
+            sim.document(vm)["Events"],
+            callback_url=relays[vm].url,
+            availability_set="as1",
+            observed_at=datetime.now(UTC),
+        )
+        ingest_message(body, pipeline)
     record = store.get_event(event_id)
     assert record.approval == "approved" and record.approved_by == "vm2"
-    # vm1's relay answers 401 (it holds another key: perhaps mid-rotation), so it is asked
+    # vm1's relay answers 401 (it holds a key the app does not know), so it is asked
     # again within the budget, never given up on; vm2's relay approves once it is known.
     attempts = record.approval_attempts
     assert [a.vm for a in attempts][-1] == "vm2" and attempts[-1].outcome == "approved"

@@ -18,6 +18,7 @@ from typing import Any
 
 import requests
 
+from functions.notify.teams import build_card
 from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid
 from functions.signing import sign_headers_v2
 from tests.agentless.grid import grid_event
@@ -317,8 +318,12 @@ def test_callee_text_is_clipped_to_one_plain_line(fleet: Fleet):
         fleet.deliver(fleet.vms["attacker"].message(events))
         outcomes = [a.outcome for a in fleet.store.get_event(event_id).approval_attempts]
         assert outcomes and all(len(o) <= 260 and "\n" not in o for o in outcomes)
-        detail = fleet.publisher.published[-1].detail
-        assert "\n" not in detail and len(detail) < 1200
+        # Announcements carry it as plain text; the Teams card makes it inert (no link, no
+        # markdown from a VM or its relay).
+        failed = [n for n in fleet.publisher.published if n.transition == "approval_failed"]
+        assert failed and "\n" not in failed[-1].detail
+        card = json.dumps(build_card(failed[-1], datetime.now(UTC)))
+        assert "[click](http://evil.example)" not in card and "**now**" not in card
     finally:
         loud.close()
 
