@@ -46,7 +46,7 @@ class Workload(BaseModel):
     events_per_vm_month: float = Field(default=1.0, ge=0)
     heartbeat_seconds: float = Field(default=300.0, ge=1)
     retention_days: float = Field(default=30.0, gt=0)
-    # How relays send heartbeats: straight into the VM table (relays of this release, with
+    # How relays send heartbeats: straight into the liveness table (relays of this release, with
     # --heartbeat-table, as the Bicep installs them), or through Service Bus and a batch
     # execution (relays installed before, or without the table setting).
     heartbeats: Literal["table", "servicebus"] = "table"

@@ -31,7 +31,7 @@ def render(e: Estimate) -> str:
         f"Fleet: {w.vms:,} VMs in sets of {w.set_size}, {w.events_per_vm_month:g} event(s) "
         f"per VM-month, a heartbeat every {w.heartbeat_seconds:g} s "
         + (
-            "straight into the VM table (no message, no execution)"
+            "straight into the liveness table (no message, no execution)"
             if w.heartbeats == "table"
             else "through Service Bus (relays installed before the table path)"
         ),
