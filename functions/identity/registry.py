@@ -34,7 +34,7 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 from pydantic import BaseModel, ConfigDict
 
-from functions.identity.facts import FactsResolver, VmFacts, normalise_vm_id
+from functions.identity.facts import FactsResolver, FactsUnavailable, VmFacts, normalise_vm_id
 from functions.identity.keys import CallbackKey, InvalidCallbackKey, unwrap, wrap
 
 log = logging.getLogger(__name__)
@@ -208,6 +208,7 @@ class IdentityStore:
 
 
 RECENT_IDENTITIES = 4096  # per worker: about 4 MB at most
+REFRESH_RETRY_SECONDS = 60  # a refresh Resource Graph refused is put off this long
 
 
 class CachedResolver:
@@ -231,6 +232,8 @@ class CachedResolver:
         # relay's steady messages cost no Table read; anything new (a key, stale facts)
         # goes to the table as before.
         self._recent: OrderedDict[str, Identity] = OrderedDict()
+        # vmId -> when to ask Resource Graph again after it could not answer (throttled).
+        self._refresh_after: dict[str, datetime] = {}
         self._lock = threading.Lock()
 
     def _remember(self, identity: Identity) -> Identity:
@@ -257,14 +260,37 @@ class CachedResolver:
         re-resolved if stale or if the key is new to the row, and the key remembered."""
         with self._lock:
             recent = self._recent.get(normalise_vm_id(vm_id))
-        if recent is not None and self._fresh(recent) and recent.key(key.key_id):
-            return recent  # the steady case: no Table request at all
+            waiting = self._refresh_after.get(normalise_vm_id(vm_id))
+        usable = recent is not None and recent.key(key.key_id)
+        if usable and (self._fresh(recent) or (waiting and self.clock() < waiting)):
+            return recent  # the steady case (or a refresh put off): no Table request
         identity = self.store.get(vm_id)
         if identity is not None and self._fresh(identity) and identity.key(key.key_id):
             return self._remember(identity)  # one Table read, no Resource Graph query
         # Missing, stale, or a key new to the row (reimage, re-creation: Azure's facts may
         # have changed with it): ask Azure, then store facts and key in one write.
-        return self._remember(self._refresh(vm_id, key, known=identity))
+        try:
+            return self._remember(self._refresh(vm_id, key, known=identity))
+        except FactsUnavailable as exc:
+            if identity is None:
+                raise  # a VM Azure has not described yet: its message waits (retried)
+            # Resource Graph throttled or down, and Azure described this vmId before: its
+            # facts (name, sets, address) seldom change, so they serve until the next
+            # message retries the refresh, rather than holding every enrolled VM's
+            # messages back (a fleet-wide wave of refreshes would otherwise dead-letter).
+            log.warning(
+                "vmId %s: facts not refreshed (%s); using those of %s",
+                vm_id,
+                exc,
+                identity.facts.fetched_at.isoformat(),
+            )
+            kept = identity if identity.key(key.key_id) else self.store.remember_key(vm_id, key)
+            wait = timedelta(seconds=exc.retry_after or REFRESH_RETRY_SECONDS)
+            with self._lock:
+                self._refresh_after[kept.vm_id] = self.clock() + wait
+                while len(self._refresh_after) > RECENT_IDENTITIES:
+                    self._refresh_after.pop(next(iter(self._refresh_after)))
+            return self._remember(kept)
 
     def _refresh(
         self, vm_id: str, key: CallbackKey | None, known: Identity | bool | None = False

@@ -163,3 +163,36 @@ def test_cached_resolver_passes_transient_failures_through(store):
     with pytest.raises(FactsUnavailable) as info:
         CachedResolver(store, Down()).enroll(vm(), CallbackKey.generate())
     assert info.value.retry_after == 2
+
+
+def test_a_throttled_refresh_keeps_known_facts_and_waits_before_asking_again(store):
+    """Resource Graph throttles (about 15 queries in 5 s per identity): a VM Azure described
+    before keeps its facts and its new key is stored, instead of its messages being retried
+    until they dead-letter; Resource Graph is asked again only after its Retry-After."""
+    vm_id = vm()
+    now = [T0]
+    upstream = CountingResolver()
+    upstream.register(facts(vm_id, at=T0))
+    cache = CachedResolver(store, upstream, max_age_seconds=3600, clock=lambda: now[0])
+    k1, k2 = CallbackKey.generate(), CallbackKey.generate()
+    cache.enroll(vm_id, k1)
+    calls = upstream.calls
+
+    def throttled(asked: str) -> VmFacts:
+        upstream.calls += 1
+        raise FactsUnavailable("429 throttled", retry_after=30)
+
+    upstream.resolve = throttled  # type: ignore[method-assign]
+    now[0] = T0 + timedelta(hours=2)  # facts stale
+    kept = cache.enroll(vm_id, k2)  # a rotated key, while Resource Graph throttles
+    assert kept.facts.fetched_at == T0 and kept.keys == (k2, k1)
+    assert store.get(vm_id).keys == (k2, k1)
+    assert upstream.calls == calls + 1
+    now[0] += timedelta(seconds=10)
+    assert cache.enroll(vm_id, k2) == kept and upstream.calls == calls + 1  # put off
+    now[0] += timedelta(seconds=30)
+    cache.enroll(vm_id, k2)
+    assert upstream.calls == calls + 2  # asked again after Retry-After
+    # A VM Azure never described still waits (its message is retried, not guessed).
+    with pytest.raises(FactsUnavailable):
+        cache.enroll(str(uuid.uuid4()), CallbackKey.generate())
