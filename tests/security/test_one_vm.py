@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -276,7 +277,15 @@ def _replace_callback(fleet: Fleet, vm: str, listener_factory) -> Listener:
     server = listener_factory()
     server.server.server_close()
     handler = server.server.RequestHandlerClass
-    server.server = ThreadingHTTPServer((own.address, fleet.port), handler)
+    deadline = time.monotonic() + 5
+    while True:  # the relay's own listener may take a moment to let the port go
+        try:
+            server.server = ThreadingHTTPServer((own.address, fleet.port), handler)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     threading.Thread(target=server.server.serve_forever, daemon=True).start()
     return server
 
