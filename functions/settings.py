@@ -160,6 +160,10 @@ class Settings(BaseSettings):
     vm_facts_max_age_seconds: int = Field(default=6 * 3600, ge=60, le=7 * 86400)
     # A VM may not announce maintenance further ahead than this (it would hold capacity).
     max_not_before_days: int = Field(default=7, ge=1, le=365)
+    # What one VM may send in an hour; beyond it a message is rejected with the reason. A
+    # relay sends when its IMDS document changes and sees a few new events a month.
+    max_messages_per_vm_hour: int = Field(default=720, ge=10)
+    max_new_events_per_vm_hour: int = Field(default=50, ge=5)
 
     @model_validator(mode="after")
     def _urls(self) -> Settings:

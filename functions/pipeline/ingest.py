@@ -27,6 +27,7 @@ from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
 from functions.pipeline.transitions import after_decision, decide_once, end_event
+from functions.settings import Settings
 from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
 from functions.store.tables import RowTooLarge, Store
@@ -78,7 +79,11 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
     if problem:
         return _reject(pipeline, body, message_id, problem, vm=name, now=now)
     try:
-        return ingest_envelope(envelope, pipeline)
+        result = ingest_envelope(envelope, pipeline)
+        if result.outcome == "rejected":  # over a per-VM bound: recorded with its body
+            pipeline.store.reject(at=now, reason=result.reason, body=body, message_id=message_id)
+            log.warning("rejected message %s: %s", message_id or "?", result.reason)
+        return result
     except RowTooLarge as exc:
         # Bounded pieces make this unreachable for anything IMDS sends; if it happens the
         # message is kept with the reason instead of failing until it dead-letters.
@@ -152,6 +157,44 @@ def _is_stale(vm: VmRecord | None, envelope: Envelope) -> bool:
     return envelope.sequence <= vm.last_sequence and envelope.observed_at <= vm.last_observed_at
 
 
+RATE_WINDOW = timedelta(hours=1)
+
+
+def _window(vm: VmRecord | None, now: datetime) -> tuple[int, int]:
+    """(messages, new events) this VM sent in its current hour, or (0, 0) for a new hour."""
+    if vm is None or vm.window_start is None or now - vm.window_start >= RATE_WINDOW:
+        return 0, 0
+    return vm.window_messages, vm.window_new_events
+
+
+def _new_events(vm: VmRecord | None, events: list[ScheduledEvent]) -> int:
+    """Events this VM had not listed before (each can create rows: its event and more)."""
+    known = set(vm.event_statuses) | set(vm.late_event_ids) if vm else set()
+    return sum(1 for e in events if e.event_id.casefold() not in known)
+
+
+def over_rate(
+    vm: VmRecord | None, events: list[ScheduledEvent], now: datetime, settings: Settings
+) -> str:
+    """Why this message is over what one VM may send in an hour, or "" when it is not.
+
+    A genuine relay sends a message when its IMDS document changes (a few a day) and sees
+    a handful of new events a month; a hostile one could create rows without end (a new
+    EventId each message). The bounds are far above the first and far below the second."""
+    messages, new_events = _window(vm, now)
+    if messages >= settings.max_messages_per_vm_hour:
+        return (
+            f"more than {settings.max_messages_per_vm_hour} messages from this VM within an "
+            "hour (MAX_MESSAGES_PER_VM_HOUR)"
+        )
+    if new_events + _new_events(vm, events) > settings.max_new_events_per_vm_hour:
+        return (
+            f"more than {settings.max_new_events_per_vm_hour} new EventIds from this VM within "
+            "an hour (MAX_NEW_EVENTS_PER_VM_HOUR)"
+        )
+    return ""
+
+
 def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     """One admitted message: `envelope.vm` is Azure's description of its sender."""
     store, clock = pipeline.store, pipeline.clock
@@ -170,6 +213,9 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         if _is_stale(vm, envelope):
             return IngestResult(outcome="stale", vm=name, reason="sequence already processed")
         now = clock.now()
+        too_many = over_rate(vm, current, now, pipeline.settings)
+        if too_many:
+            return IngestResult(outcome="rejected", vm=name, reason=too_many)
         # Event rows first, VM row last: if we crash in between, the redelivery is not
         # "stale" and redoes the (idempotent) event updates.
         to_approve: list[str] = []
@@ -291,6 +337,13 @@ def _save_vm(
         if (current.etag if current else None) != expected:
             raise _Moved
         record = current or VmRecord(name=envelope.vm.name)
+        messages, new_events = _window(record, now)
+        if messages == 0 and new_events == 0:
+            record.window_start = now
+        record.window_messages = messages + 1
+        record.window_new_events = new_events + (
+            _new_events(record, events) if events is not None else 0
+        )
         mark = claim_recovery(record, now)
         if mark is not None:
             claimed.append(mark)

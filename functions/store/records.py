@@ -57,6 +57,11 @@ class VmRecord(Record):
     # republishes one left behind by a crash).
     recovery_pending: str | None = None
     recovery_claim: str = ""
+    # What this VM sent in its current hour (functions.pipeline.ingest.over_rate): one VM
+    # may not create rows without bound.
+    window_start: AwareDatetime | None = None
+    window_messages: int = 0
+    window_new_events: int = 0
 
 
 class Attempt(BaseModel):

@@ -384,3 +384,38 @@ def _self_signed(data: dict[str, Any], vm_id: str) -> str:
     content = azure.attested_content(vm_id, "00000000-0000-0000-0000-000000000000", nonce)
     signature = azure.sign(content, leaf, leaf_key, extra_certs=(azure.test_issuer().leaf,))
     return json.dumps({**data, "attestation": {"signature": signature, "nonce": nonce}})
+
+
+def test_one_vm_cannot_create_rows_without_bound(fleet: Fleet):
+    """A new EventId each message would create event rows without end: beyond
+    MAX_NEW_EVENTS_PER_VM_HOUR (50) new EventIds, or MAX_MESSAGES_PER_VM_HOUR messages, in
+    an hour, a VM's message is rejected with the reason; other VMs are untouched."""
+    attacker = fleet.vms["attacker"]
+    fake = {
+        "EventType": "Freeze",
+        "EventStatus": "Scheduled",
+        "Resources": ["attacker"],
+        "NotBefore": not_before(),
+    }
+    outcomes = []
+    for batch in range(3):
+        events = [{**fake, "EventId": f"FAKE-{batch}-{i}"} for i in range(20)]
+        outcomes.append(fleet.deliver(attacker.message(events)))
+    assert [r.outcome for r in outcomes] == ["processed", "processed", "rejected"]
+    assert "MAX_NEW_EVENTS_PER_VM_HOUR" in outcomes[-1].reason
+    assert fleet.store.get_event("FAKE-2-0") is None
+    assert any("MAX_NEW_EVENTS_PER_VM_HOUR" in r for r in fleet.rejected())
+    # Legitimate: the victim's own event, the same hour.
+    event_id = fleet.sim.add_event("Reboot", resources=["victim"])
+    assert fleet.deliver(fleet.vms["victim"].message(own_document(fleet, "victim"))).vm == "victim"
+    assert fleet.store.get_event(event_id) is not None
+
+
+def test_one_vm_cannot_send_without_bound(fleet: Fleet):
+    fleet.pipeline.settings = fleet.pipeline.settings.model_copy(
+        update={"max_messages_per_vm_hour": 10}
+    )
+    attacker = fleet.vms["attacker"]
+    outcomes = [fleet.deliver(attacker.message([])).outcome for _ in range(12)]
+    assert outcomes == ["processed"] * 10 + ["rejected"] * 2
+    assert fleet.deliver(fleet.vms["victim"].message([])).outcome == "processed"
