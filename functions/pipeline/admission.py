@@ -20,9 +20,10 @@ speak only for itself.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import requests
@@ -50,6 +51,13 @@ __all__ = [
     "callback_url",
     "trusted_ref",
 ]
+
+
+# A VM Resource Graph does not know yet (it lags new VMs by about a minute): each delivery
+# waits this long before it is abandoned, so Service Bus's 10 deliveries span minutes; past
+# UNKNOWN_VM_PATIENCE after the message it is rejected with the reason instead.
+UNKNOWN_VM_WAIT_SECONDS = 15.0
+UNKNOWN_VM_PATIENCE = timedelta(minutes=15)
 
 
 class NotAdmitted(ValueError):
@@ -86,6 +94,7 @@ class Admission:
     verifier: AttestationVerifier
     identities: CachedResolver  # Resource Graph's facts, cached in the identities table
     callback_port: int = 8492
+    sleep: Callable[[float], None] = time.sleep
 
     @property
     def registry(self) -> IdentityStore:
@@ -119,11 +128,14 @@ class Admission:
         )
         return cls(verifier, cached, settings.relay_callback_port)
 
-    def admit(self, body: bytes | str, envelope: Envelope, now: datetime) -> Identity:
+    def admit(
+        self, body: bytes | str, envelope: Envelope, now: datetime, *, patient: bool = True
+    ) -> Identity:
         """The sender's identity, its facts fresh enough and its current key remembered.
 
         Raises NotAdmitted (reject the message, with the reason) or FactsUnavailable
-        (Resource Graph down, throttled or not yet showing a new VM: retry later)."""
+        (Resource Graph down, throttled or not yet showing a new VM: retry later; `patient`
+        waits a little first for a VM it does not show yet)."""
         if envelope.attestation is None:
             raise NotAdmitted(
                 "attestation: missing (relays older than per-VM identity send none; "
@@ -144,7 +156,19 @@ class Admission:
         try:
             identity = self.identities.enroll(attested.vm_id, key)
         except UnknownVm as exc:
-            # Resource Graph lags a new VM by about a minute: retry, do not reject.
+            # Resource Graph lags a new VM by about a minute: retry, slowly (Service Bus
+            # redelivers at once, and 10 quick deliveries would dead-letter a VM's first
+            # document). Long after the message, the VM is not coming: rejected, saying why.
+            age = now - envelope.observed_at
+            if age > UNKNOWN_VM_PATIENCE:
+                raise NotAdmitted(
+                    f"vmId {attested.vm_id} is not in Resource Graph "
+                    f"{int(age.total_seconds() // 60)} min after this message: is the app's "
+                    "identity Reader on the VM's resource group (vmScopes), and its "
+                    "subscription in ALLOWED_SUBSCRIPTIONS?"
+                ) from None
+            if patient:
+                self.sleep(UNKNOWN_VM_WAIT_SECONDS)
             raise FactsUnavailable(f"Resource Graph does not know vmId yet: {exc}") from None
         facts = identity.facts
         if facts.subscription_id.casefold() != attested.subscription_id.casefold():

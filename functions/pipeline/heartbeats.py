@@ -24,7 +24,7 @@ from datetime import datetime
 from pydantic import BaseModel
 
 from functions.model.envelope import DocumentError, parse_envelope
-from functions.pipeline.admission import NotAdmitted, trusted_ref
+from functions.pipeline.admission import FactsUnavailable, NotAdmitted, trusted_ref
 from functions.pipeline.context import Pipeline
 from functions.pipeline.ingest import ingest_message
 
@@ -35,6 +35,7 @@ class HeartbeatResult(BaseModel):
     heard: int = 0  # heartbeats recorded (several of one VM in a batch count once each)
     documents: int = 0  # documents that came on this queue, ingested
     rejected: int = 0
+    unadmitted: int = 0  # from VMs Resource Graph could not describe yet (left out, logged)
     requests: int = 0  # Table transactions the liveness writes took
 
 
@@ -61,13 +62,19 @@ def ingest_heartbeats(
         try:
             if admission is None:
                 raise NotAdmitted("no identity check configured: refused")
-            identity = admission.admit(body, envelope, now)
+            identity = admission.admit(body, envelope, now, patient=False)
+        except FactsUnavailable as exc:
+            # A heartbeat says nothing lasting and the next one comes in minutes: one whose
+            # VM Azure cannot describe yet is left out (logged, counted), rather than holding
+            # back or redelivering the whole batch.
+            log.warning("heartbeat %s not admitted yet: %s", message_id or "?", exc)
+            result.unadmitted += 1
+            continue
         except NotAdmitted as exc:
             log.warning("rejected heartbeat %s: %s", message_id or "?", exc)
             pipeline.store.reject(at=now, reason=str(exc), body=body, message_id=message_id)
             result.rejected += 1
             continue
-        # FactsUnavailable propagates: the batch is abandoned and redelivered.
         ref = trusted_ref(identity.facts, admission.callback_port)
         beats.append((ref.name, now, ref.callback_url, envelope.relay_version or None))
     if beats:
