@@ -114,15 +114,6 @@ def verify(
     return given
 
 
-def read_key_file(path: str) -> bytes:
-    """The shared key is the file's text with surrounding white space stripped."""
-    with open(path, encoding="utf-8") as handle:
-        key = handle.read().strip()
-    if len(key) < 16:
-        raise ValueError(f"key in {path} is shorter than 16 characters")
-    return key.encode()
-
-
 # --------------------------------------------------------------------------- v2 (issue 22)
 # Per-VM keys naming their target: `X-Relay-Timestamp`, `X-Relay-Target` (the callee's
 # vmId, lower-case), `X-Relay-Key-Id` (KID = sha256(secret).hexdigest()[:16]) and

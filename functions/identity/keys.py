@@ -22,6 +22,8 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from functions.signing import key_id
+
 WRAP_LABEL = b"callback-key-wrap/v1"
 PAGE_TOKEN_LABEL = b"page-token/v1"
 NONCE_BYTES = 12
@@ -56,8 +58,8 @@ class CallbackKey:
 
 
 def key_id_of(secret: bytes) -> str:
-    """KID = H(secret)[:16]: names a key without revealing it."""
-    return hashlib.sha256(secret).hexdigest()[:16]
+    """KID = H(secret)[:16]: names a key without revealing it (the signing scheme's)."""
+    return key_id(secret)
 
 
 def parse_callback_key(value: Any) -> CallbackKey:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -29,6 +28,8 @@ from typing import Any
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import EdmType, EntityProperty, TableServiceClient
+
+from functions.identity.keys import liveness_ok
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,6 @@ class BadHint(ValueError):
 def liveness_partition(vm_id: str) -> str:
     digest = hashlib.sha256(vm_id.encode()).hexdigest()
     return f"lv{int(digest[:8], 16) % LIVENESS_BUCKETS:02d}"
-
-
-def liveness_signature(secret: bytes, vm_id: str, at: int, relay_version: str) -> str:
-    message = f"liveness/v1\n{vm_id}\n{at}\n{relay_version}".encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -225,5 +221,7 @@ class DictVerifier:
         secret = keys.get(str(row.get("key_id")))
         if secret is None:
             return None
-        expected = liveness_signature(secret, row["RowKey"], row["at"], row["relay_version"])
-        return name if hmac.compare_digest(expected, str(row.get("sig"))) else None
+        genuine = liveness_ok(
+            secret, row["RowKey"], row["at"], row["relay_version"], str(row.get("sig"))
+        )
+        return name if genuine else None

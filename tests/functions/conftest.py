@@ -16,12 +16,13 @@ import requests
 from azure.data.tables import EdmType, EntityProperty, UpdateMode
 
 from functions.clock import Clock
+from functions.identity.keys import liveness_signature
 from functions.model.policy import Policy, PolicyLoad
 from functions.pipeline.context import Pipeline
 from functions.pipeline.publish import LocalPublisher
 from functions.settings import Settings
 from functions.signing import SignatureError, verify_v2
-from functions.store.liveness import DictVerifier, liveness_partition, liveness_signature
+from functions.store.liveness import DictVerifier, liveness_partition
 from functions.store.tables import Store
 from tests import identity_harness
 

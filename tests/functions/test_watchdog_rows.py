@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from azure.data.tables import EdmType, EntityProperty, UpdateMode
 
+from functions.identity.keys import liveness_signature
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.keys import reserved, row_key, vm_partition
@@ -19,7 +20,6 @@ from functions.store.liveness import (
     DictVerifier,
     check_row,
     liveness_partition,
-    liveness_signature,
     to_hint,
 )
 from functions.store.tables import EVENT_ROW, OPEN_EVENTS
