@@ -67,6 +67,20 @@ def simulated_vm_id(name: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"relay-simulator/{name}"))
 
 
+def _post_version(method: str, query: dict[str, str]) -> str:
+    """What every Resource Manager POST here checks first: the method, an api-version."""
+    if method != "POST":
+        raise _Refusal(405, "MethodNotAllowed", f"{method} is not allowed here.")
+    version = query.get("api-version")
+    if not version:
+        raise _Refusal(
+            400,
+            "MissingApiVersionParameter",
+            "The api-version query parameter (?api-version=) is required for all requests.",
+        )
+    return version
+
+
 def simulated_address(index: int) -> str:
     """The private address of the simulator's VM number `index` (0-based): 127.0.0.2 on."""
     return str(FIRST_ADDRESS + index)
@@ -132,15 +146,7 @@ class ArmService:
         match = _PATH.match(path)
         if match is None:
             raise _Refusal(404, "InvalidResourceType", f"No route for {path!r}.")
-        if method != "POST":
-            raise _Refusal(405, "MethodNotAllowed", f"{method} is not allowed here.")
-        version = query.get("api-version")
-        if not version:
-            raise _Refusal(
-                400,
-                "MissingApiVersionParameter",
-                "The api-version query parameter (?api-version=) is required for all requests.",
-            )
+        version = _post_version(method, query)
         if version not in API_VERSIONS:
             raise _Refusal(
                 400,
@@ -209,15 +215,7 @@ class ArmService:
     def _resource_graph(
         self, method: str, query: dict[str, str], headers: Any, body: bytes, seen: dict[str, str]
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        if method != "POST":
-            raise _Refusal(405, "MethodNotAllowed", f"{method} is not allowed here.")
-        version = query.get("api-version")
-        if not version:
-            raise _Refusal(
-                400,
-                "MissingApiVersionParameter",
-                "The api-version query parameter (?api-version=) is required for all requests.",
-            )
+        version = _post_version(method, query)
         if version not in RESOURCE_GRAPH_API_VERSIONS:
             raise _Refusal(
                 400,
