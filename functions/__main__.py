@@ -45,8 +45,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.policy_command == "check":
         print(effective_policy_json(load))
+        _warn_not_enforcing()
         return 0
     return _explain(load, args.file, args.now)
+
+
+def _warn_not_enforcing() -> None:
+    """The policy decides only for VMs the bridge trusts: say so when it trusts on claims."""
+    from functions.settings import Settings
+
+    mode = Settings().attestation_mode
+    if mode != "enforce":
+        print(
+            f"warning: ATTESTATION_MODE={mode}: the bridge is NOT ENFORCING attestation; a "
+            "message whose attested document fails is admitted as the VM it claims "
+            "(set ATTESTATION_MODE=enforce once the fleet page counts none)",
+            file=sys.stderr,
+        )
 
 
 def _explain(load, file: str, now_text: str | None) -> int:

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import logging
 from functools import cached_property
+from typing import Literal
 from urllib.parse import quote
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
@@ -153,6 +154,11 @@ class Settings(BaseSettings):
     attestation_ca_pem: str | None = None
     # The signer certificate's DNS name must be *.<one of these> (public, US Gov, China).
     attestation_signer_suffixes: str = "metadata.azure.com,metadata.azure.us,metadata.azure.cn"
+    # enforce (default): a message whose attested document fails is rejected. report: it is
+    # admitted as the vmId it claims (facts still from Resource Graph, key still its own),
+    # logged with the failed check and counted (fleet page, `admission` log line): for a
+    # rollout, or while a mismatch with Azure is fixed. Every other check stays enforced.
+    attestation_mode: Literal["enforce", "report"] = "enforce"
     # Subscriptions whose VMs may send (comma-separated ids). Empty: any subscription the
     # app's identity can read in Resource Graph (its Reader scopes are the allow-list then).
     allowed_subscriptions: str = ""

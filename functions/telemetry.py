@@ -18,7 +18,7 @@ from functions.model.event import Notification
 log = logging.getLogger("sebridge.telemetry")
 
 PREFIX = "sebridge "
-KINDS = ("transition", "watchdog_run", "manual_approval")
+KINDS = ("transition", "watchdog_run", "manual_approval", "admission")
 # Every field any line carries; `kind` says which line it is.
 FIELDS = (
     "kind",
@@ -46,6 +46,10 @@ FIELDS = (
     "approvals",
     "ended",
     "redecided",
+    "admitted",
+    "rejected",
+    "unverified",
+    "checks",
 )
 
 
@@ -114,4 +118,21 @@ def manual_approval(event_id: str, by: str, outcome: str, detail: str) -> dict[s
     return emit(
         "manual_approval",
         {"event_id": event_id, "by": by, "outcome": outcome, "detail": detail[:500]},
+    )
+
+
+def admission(admitted: int, rejected: int, unverified: int, checks: dict[str, int]) -> dict:
+    """What admission judged since this process's last line (at most one a minute,
+    functions.pipeline.admission_tally): the rejection-rate alert sums these. `unverified`
+    counts messages admitted although their attestation failed (ATTESTATION_MODE=report),
+    `checks` those by the check that failed."""
+    return emit(
+        "admission",
+        {
+            "admitted": admitted,
+            "rejected": rejected,
+            "unverified": unverified,
+            "checks": checks,
+        },
+        logging.WARNING if unverified else logging.INFO,
     )

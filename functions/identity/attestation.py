@@ -429,7 +429,9 @@ class AttestationVerifier:
     @staticmethod
     def _chain_error(exc: VerificationError) -> AttestationError:
         detail = str(exc).split(" (encountered", 1)[0][:160]
-        return AttestationError(f"signer does not chain to a trusted root ({detail})")
+        return AttestationError(
+            f"signer does not chain to a trusted root ({detail})", check="chain"
+        )
 
     def _fetched_issuers(self, leaf: x509.Certificate) -> list[x509.Certificate]:
         """The leaf's caIssuers certificates, from allowed hosts only, cached per URL."""

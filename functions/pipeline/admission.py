@@ -15,6 +15,14 @@ the app believes instead:
 The message's VM reference is then replaced by one built from those facts, so everything
 after this step (lifecycle, capacity, approval) sees Azure's view of the VM, and the VM can
 speak only for itself.
+
+ATTESTATION_MODE=report (a rollout, or a mismatch with Azure found in production) admits a
+message whose attested document fails *only* the attestation check as the vmId it claims:
+its facts still come from Resource Graph (a vmId Azure does not know is still refused), its
+key is still that VM's own, and every such message is logged (WARNING, naming the check)
+and counted (functions.pipeline.admission_tally: the fleet page, the `admission` log line).
+An attestation that cannot be checked *now* (AttestationUnavailable) is retried in both
+modes, never rejected.
 """
 
 from __future__ import annotations
@@ -22,13 +30,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import requests
 
-from functions.identity.attestation import AttestationError, AttestationVerifier
+from functions.identity.attestation import (
+    AttestationError,
+    AttestationUnavailable,
+    AttestationVerifier,
+    Attested,
+)
 from functions.identity.facts import (
     FactsUnavailable,
     ResourceGraphResolver,
@@ -38,6 +51,7 @@ from functions.identity.facts import (
 from functions.identity.keys import InvalidCallbackKey, liveness_ok, parse_callback_key
 from functions.identity.registry import CachedResolver, Identity, IdentityStore
 from functions.model.envelope import Envelope, VmRef
+from functions.pipeline.admission_tally import AdmissionTally, Unverified
 from functions.settings import Settings
 from functions.store.tables import Store
 
@@ -58,6 +72,8 @@ __all__ = [
 # UNKNOWN_VM_PATIENCE after the message it is rejected with the reason instead.
 UNKNOWN_VM_WAIT_SECONDS = 15.0
 UNKNOWN_VM_PATIENCE = timedelta(minutes=15)
+
+ENFORCE, REPORT = "enforce", "report"
 
 
 class NotAdmitted(ValueError):
@@ -95,6 +111,8 @@ class Admission:
     identities: CachedResolver  # Resource Graph's facts, cached in the identities table
     callback_port: int = 8492
     sleep: Callable[[float], None] = time.sleep
+    mode: str = ENFORCE  # ATTESTATION_MODE
+    tally: AdmissionTally = field(default_factory=AdmissionTally)
 
     @property
     def registry(self) -> IdentityStore:
@@ -126,7 +144,13 @@ class Admission:
         cached = CachedResolver(
             registry, resolver, max_age_seconds=settings.vm_facts_max_age_seconds
         )
-        return cls(verifier, cached, settings.relay_callback_port)
+        return cls(
+            verifier,
+            cached,
+            settings.relay_callback_port,
+            mode=settings.attestation_mode,
+            tally=AdmissionTally(table=store.events),
+        )
 
     def admit(
         self, body: bytes | str, envelope: Envelope, now: datetime, *, patient: bool = True
@@ -134,8 +158,26 @@ class Admission:
         """The sender's identity, its facts fresh enough and its current key remembered.
 
         Raises NotAdmitted (reject the message, with the reason) or FactsUnavailable
-        (Resource Graph down, throttled or not yet showing a new VM: retry later; `patient`
-        waits a little first for a VM it does not show yet)."""
+        (Resource Graph down, throttled or not yet showing a new VM, or the attestation
+        cannot be checked now: retry later; `patient` waits a little first for a VM Resource
+        Graph does not show yet). Each admission and rejection is counted."""
+        unverified: list[Unverified] = []
+        try:
+            identity = self._admit(body, envelope, now, patient, unverified)
+        except NotAdmitted:
+            self.tally.count("rejected", now)
+            raise
+        self.tally.count("admitted", now, unverified[0] if unverified else None)
+        return identity
+
+    def _admit(
+        self,
+        body: bytes | str,
+        envelope: Envelope,
+        now: datetime,
+        patient: bool,
+        unverified: list[Unverified],
+    ) -> Identity:
         if envelope.attestation is None:
             raise NotAdmitted(
                 "attestation: missing (relays older than per-VM identity send none; "
@@ -145,16 +187,14 @@ class Admission:
             raise NotAdmitted("attestation: vm.vm_id is missing")
         if envelope.callback_key is None:
             raise NotAdmitted("callback_key is missing: the app could not call this relay")
-        try:
-            attested = self.verifier.verify(body, now)
-        except AttestationError as exc:
-            raise NotAdmitted(str(exc)) from None
+        attested = self._attest(body, envelope, now, unverified)
+        vm_id = attested.vm_id if attested else envelope.vm.vm_id.lower()
         try:
             key = parse_callback_key(envelope.callback_key.model_dump())
         except InvalidCallbackKey as exc:
             raise NotAdmitted(f"callback_key: {exc}") from None
         try:
-            identity = self.identities.enroll(attested.vm_id, key)
+            identity = self.identities.enroll(vm_id, key)
         except UnknownVm as exc:
             # Resource Graph lags a new VM by about a minute: retry, slowly (Service Bus
             # redelivers at once, and 10 quick deliveries would dead-letter a VM's first
@@ -162,7 +202,7 @@ class Admission:
             age = now - envelope.observed_at
             if age > UNKNOWN_VM_PATIENCE:
                 raise NotAdmitted(
-                    f"vmId {attested.vm_id} is not in Resource Graph "
+                    f"vmId {vm_id} is not in Resource Graph "
                     f"{int(age.total_seconds() // 60)} min after this message: is the app's "
                     "identity Reader on the VM's resource group (vmScopes), and its "
                     "subscription in ALLOWED_SUBSCRIPTIONS?"
@@ -171,13 +211,39 @@ class Admission:
                 self.sleep(UNKNOWN_VM_WAIT_SECONDS)
             raise FactsUnavailable(f"Resource Graph does not know vmId yet: {exc}") from None
         facts = identity.facts
-        if facts.subscription_id.casefold() != attested.subscription_id.casefold():
+        if attested is not None and (
+            facts.subscription_id.casefold() != attested.subscription_id.casefold()
+        ):
             raise NotAdmitted(
                 f"attestation: subscription {attested.subscription_id} does not match "
                 f"Resource Graph's {facts.subscription_id} for vmId {attested.vm_id}"
             )
         self._note_claims(envelope, facts)
         return identity
+
+    def _attest(
+        self, body: bytes | str, envelope: Envelope, now: datetime, unverified: list[Unverified]
+    ) -> Attested | None:
+        """Azure's signed word about the sender (an Attested), or, in report mode, None
+        for a document that fails the check: logged with the check, and noted to count."""
+        try:
+            return self.verifier.verify(body, now)
+        except AttestationUnavailable as exc:
+            raise FactsUnavailable(f"attestation cannot be checked now: {exc}") from None
+        except AttestationError as exc:
+            if self.mode != REPORT:
+                raise NotAdmitted(str(exc)) from None
+            check = getattr(exc, "check", "format")
+            vm_id = str(envelope.vm.vm_id).lower()
+            log.warning(
+                "ATTESTATION NOT ENFORCED (ATTESTATION_MODE=report): vmId %s admitted as it "
+                "claims although check %r failed: %s",
+                vm_id,
+                check,
+                exc,
+            )
+            unverified.append(Unverified(vm_id, check, str(exc), now))
+            return None
 
     @staticmethod
     def _note_claims(envelope: Envelope, facts: VmFacts) -> None:

@@ -26,7 +26,13 @@ from functions.web import csrf, render
 from functions.web.approval import HTTP_STATUS, Refused, approve_by_hand, operator_actor
 from functions.web.principal import Principal, PrincipalInvalid, read_principal
 from functions.web.timeline import render_svg
-from functions.web.views import countdown, event_lane, fleet_events, policy_state
+from functions.web.views import (
+    attestation_state,
+    countdown,
+    event_lane,
+    fleet_events,
+    policy_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +272,7 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
         state = '<p class="warn">Policy in dry run: nothing is approved.</p>'
     else:
         state = '<p class="ok">Policy valid.</p>'
+    state += attestation_warning(attestation_state(pipeline))
     rows = []
     for record in events:
         snap = record.snapshot()
@@ -299,3 +306,23 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
         + render_svg([event_lane(r) for r in events], now=now)
     )
     return _page(200, "Fleet maintenance", body)
+
+
+def attestation_warning(state: dict | None) -> str:
+    """The fleet page's warning while ATTESTATION_MODE is not enforce ("" when it is)."""
+    if state is None:
+        return ""
+    seen = state["unverified"]
+    checks = ", ".join(f"{k}: {v}" for k, v in seen["by_check"].items()) or "none yet"
+    last = seen["last"]
+    detail = (
+        f" Last: vmId {last['vm_id']}, check {last['check']} at {last['at']}: {last['reason']}"
+        if last
+        else ""
+    )
+    return (
+        '<p class="warn">Attestation NOT ENFORCED (ATTESTATION_MODE='
+        f"{esc(state['mode'])}): a message whose attested document fails is admitted as the "
+        f"VM it claims. {seen['total']} such message(s) admitted ({esc(checks)}).{esc(detail)} "
+        "Set ATTESTATION_MODE=enforce once this count stays at zero.</p>"
+    )

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from functions.notify import describe
+from functions.pipeline.admission_tally import read_report
 from functions.pipeline.context import Pipeline
 from functions.store.records import EventRecord
 from functions.web.timeline import Lane, Mark
@@ -48,11 +49,24 @@ def policy_state(pipeline: Pipeline) -> dict[str, Any]:
     }
 
 
+def attestation_state(pipeline: Pipeline) -> dict[str, Any] | None:
+    """None while attestation is enforced; else the mode and what it let through (one Table
+    read, only in report mode)."""
+    if pipeline.settings.attestation_mode == "enforce":
+        return None
+    report = read_report(pipeline.store.events)
+    return {
+        "mode": pipeline.settings.attestation_mode,
+        "unverified": report or {"total": 0, "by_check": {}, "since": None, "last": None},
+    }
+
+
 def fleet_status(pipeline: Pipeline, include_ended: bool) -> dict[str, Any]:
     """The status API's body."""
     return {
         "generated_at": pipeline.clock.now().isoformat(),
         "policy": policy_state(pipeline),
+        "attestation": attestation_state(pipeline),
         "events": [event_view(r) for r in fleet_events(pipeline, include_ended)],
     }
 
