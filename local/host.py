@@ -40,7 +40,7 @@ from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid
 from functions.pipeline.watchdog import WatchdogReport, run_watchdog
 from functions.settings import Settings
-from functions.store.tables import Store
+from functions.store.state import Store
 from simulator.eventgrid import EVENT_GRID_SUFFIX
 
 log = logging.getLogger(__name__)

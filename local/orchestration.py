@@ -188,7 +188,7 @@ class Demo:
         from functions.pipeline.admission import Admission
         from functions.pipeline.publish import LocalPublisher
         from functions.settings import load_settings
-        from functions.store.tables import Store
+        from functions.store.state import Store
         from local.azurite import Azurite
         from local.host import LocalHost
         from simulator.identity import test_issuer

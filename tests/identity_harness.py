@@ -27,7 +27,7 @@ from functions.identity.facts import StaticResolver, VmFacts
 from functions.identity.keys import CallbackKey, key_id_of
 from functions.identity.registry import CachedResolver, Identity, IdentityStore
 from functions.pipeline.admission import Admission
-from functions.store.tables import Store
+from functions.store.state import Store
 from simulator import identity as azure
 
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"

@@ -53,7 +53,7 @@ from functions.identity.registry import CachedResolver, Identity, IdentityStore
 from functions.model.envelope import Envelope, VmRef
 from functions.pipeline.admission_tally import AdmissionTally, Unverified
 from functions.settings import Settings
-from functions.store.tables import Store
+from functions.store.state import Store
 
 log = logging.getLogger(__name__)
 

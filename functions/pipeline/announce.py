@@ -21,7 +21,8 @@ from functions.pipeline.redecide import occurrence
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.records import EventRecord
-from functions.store.tables import UNREAD, Store
+from functions.store.rows import UNREAD
+from functions.store.state import Store
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from functions.pipeline.context import Pipeline
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.records import MAX_ATTEMPTS_KEPT, Attempt, EventRecord, VmRecord
-from functions.store.tables import Store
+from functions.store.state import Store
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from functions.model.envelope import TERMINATE, ScheduledEvent
 from functions.model.event import Decision
 from functions.model.policy import Policy, is_impactful
 from functions.store.records import CapacityRecord, EventRecord
-from functions.store.tables import Store
+from functions.store.state import Store
 
 
 def needs_capacity(event: ScheduledEvent | EventRecord) -> bool:

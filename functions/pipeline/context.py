@@ -19,7 +19,7 @@ from functions.pipeline.publish import Publisher
 from functions.settings import Settings
 from functions.store.liveness import Verifier
 from functions.store.records import VmRecord
-from functions.store.tables import Store
+from functions.store.state import Store
 
 
 class Pipeline:

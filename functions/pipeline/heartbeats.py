@@ -6,7 +6,7 @@ callback address are claims, replaced by Azure's. On the session
 queue each one held a session and cost an execution; here a batch of up to
 `maxMessageBatchSize` (host.json) is one execution, and its liveness writes are merges of
 plain columns grouped into one Table transaction per VM partition: no read, and never an
-overwrite of what a document wrote (functions.store.tables.Store.heard). Silence and the
+overwrite of what a document wrote (functions.store.vms.VmRows.heard). Silence and the
 end of a silence are the watchdog's (one filtered query per VM partition finds them).
 
 Contract with the caller (the batch trigger, the local host): returning completes every

@@ -30,7 +30,8 @@ from functions.pipeline.transitions import after_decision, decide_once, end_even
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
-from functions.store.tables import RowTooLarge, Store
+from functions.store.rows import RowTooLarge
+from functions.store.state import Store
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ only when *every* VM that reported it has sent a later document without it (or w
 silent): `completed` if it had started, `cancelled` if it never did.
 
 Who reports an event is not in its row: each reporter has its own row in the event's
-partition (functions.store.tables), written by that VM's documents alone, so 200 VMs
+partition (functions.store.events), written by that VM's documents alone, so 200 VMs
 reporting at once never contend for one row; the event row changes only when the event
 does (first report, Started, a new NotBefore, the decision, approval, the end).
 

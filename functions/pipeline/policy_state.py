@@ -31,7 +31,7 @@ from azure.data.tables import UpdateMode
 
 from functions.model.event import Notification, Transition
 from functions.pipeline.context import Pipeline
-from functions.store.tables import utf16_prefix
+from functions.store.rows import utf16_prefix
 
 log = logging.getLogger(__name__)
 

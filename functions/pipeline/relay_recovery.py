@@ -21,7 +21,7 @@ from functions.pipeline.announce import STALE_PENDING
 from functions.pipeline.publish import Publisher
 from functions.store import claims
 from functions.store.records import VmRecord
-from functions.store.tables import Store
+from functions.store.state import Store
 
 log = logging.getLogger(__name__)
 

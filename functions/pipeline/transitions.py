@@ -24,7 +24,7 @@ from functions.pipeline.lifecycle import end
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.store import claims
 from functions.store.records import EventRecord
-from functions.store.tables import Store
+from functions.store.state import Store
 
 
 def already_ended(store: Store, event_id: str) -> bool:

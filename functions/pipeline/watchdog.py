@@ -34,7 +34,7 @@ from functions.store import claims
 from functions.store.keys import row_key
 from functions.store.liveness import LivenessHint
 from functions.store.records import EventRecord, VmRecord
-from functions.store.tables import BadRow
+from functions.store.rows import BadRow
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from pydantic import AwareDatetime, BaseModel
 
 from functions.store.keys import table_key
 from functions.store.leased import LeasedTable
-from functions.store.tables import utf16_prefix
+from functions.store.rows import utf16_prefix
 
 DeliveryStatus = Literal["claimed", "posted", "rejected"]
 DETAIL_LIMIT = 4000

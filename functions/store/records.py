@@ -91,7 +91,7 @@ class EventRecord(Record):
     first_seen: AwareDatetime
     started: bool = False
     # Not stored in the event row: each reporter is its own row in the event's partition
-    # (functions.store.tables), filled in by `Store.load_reporters` when needed.
+    # (functions.store.events), filled in by `Store.load_reporters` when needed.
     reporters: dict[str, str] = Field(default_factory=dict, exclude=True)  # VM -> status
     past_reporters: list[str] = Field(default_factory=list, exclude=True)
     resources_dropped: int = 0  # names beyond MAX_RESOURCES, not kept

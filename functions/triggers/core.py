@@ -27,7 +27,7 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import ServiceBusPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.settings import check_for_azure, load_settings
-from functions.store.tables import Store
+from functions.store.state import Store
 from functions.web.approval import FUNCTION_KEY_ACTOR, HTTP_STATUS, Refused, approve_by_hand
 from functions.web.views import fleet_status
 

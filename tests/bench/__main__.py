@@ -135,7 +135,7 @@ def _pipeline(connection_string: str, prefix: str, publisher: Any) -> Any:
     from functions.clock import SystemClock
     from functions.pipeline.context import Pipeline
     from functions.settings import load_settings
-    from functions.store.tables import Store
+    from functions.store.state import Store
     from tests.bench.attested import APP_SECRET, admission
 
     settings = load_settings(

@@ -51,7 +51,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def run(connection_string: str, relays: int = 8, seconds: float = 8.0) -> dict[str, Any]:
-    from functions.store.tables import Store
+    from functions.store.state import Store
     from local.azurite import table_sas, table_url
     from simulator import Simulator, SimulatorServer
     from tests.bench.wire import WireCounter

@@ -163,7 +163,7 @@ def make_pipeline(connection_string: str, prefix: str, publisher: Any, clock: An
     from functions.pipeline.context import Pipeline
     from functions.settings import load_settings
     from functions.store.liveness import DictVerifier
-    from functions.store.tables import Store
+    from functions.store.state import Store
     from tests.bench.attested import APP_SECRET, admission
 
     settings = load_settings(

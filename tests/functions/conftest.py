@@ -23,7 +23,7 @@ from functions.pipeline.publish import LocalPublisher
 from functions.settings import Settings
 from functions.signing import SignatureError, verify_v2
 from functions.store.liveness import DictVerifier, liveness_partition
-from functions.store.tables import Store
+from functions.store.state import Store
 from tests import identity_harness
 
 KEY = "test-relay-key-0123456789abcdef"

@@ -27,7 +27,7 @@ def beat(vm: str, sequence: int, clock, callback_url: str | None = None) -> str:
 
 def test_a_batch_of_heartbeats_costs_one_merge_per_vm_partition_and_no_read(azurite, store, clock):
     with TableCounter(azurite) as counter:
-        from functions.store.tables import Store
+        from functions.store.state import Store
 
         counted = Store.from_connection_string(counter.connection_string, store.prefix)
         pipeline, _ = make_pipeline(counted, clock)

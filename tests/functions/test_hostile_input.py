@@ -128,7 +128,7 @@ def test_a_thousand_events_are_rejected_with_the_reason(store, clock):
 
 def test_1000_resources_of_128_characters_fit_the_event_row(store, clock):
     """At the envelope's bounds (1000 resources of 128 characters): the event row is split
-    over several properties (functions.store.tables), so it is processed."""
+    over several properties (functions.store.rows), so it is processed."""
     pipeline, _ = make_pipeline(store, clock)
     names = ("vm1", *(f"{i:04}" + "n" * 124 for i in range(999)))
     big = event("EV-BIG", resources=names)
@@ -140,7 +140,7 @@ def test_1000_resources_of_128_characters_fit_the_event_row(store, clock):
 def test_a_row_table_storage_refuses_is_rejected_not_redelivered(store, clock, monkeypatch):
     """Should a row still be refused (400: here, as if the split were left out), the
     message is rejected with that reason, not redelivered."""
-    from functions.store import tables
+    from functions.store import rows as tables
 
     monkeypatch.setattr(tables, "CHUNK_CHARS", 1_000_000)  # one property of 130 K units
     pipeline, _ = make_pipeline(store, clock)

@@ -12,7 +12,7 @@ from functions.pipeline.context import Pipeline
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
-from functions.store.tables import Store
+from functions.store.state import Store
 from tests import identity_harness
 from tests.functions.conftest import (
     T0,

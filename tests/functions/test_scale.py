@@ -13,8 +13,9 @@ import pytest
 from functions.model.policy import Policy, Rule
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
+from functions.store.events import EVENT_ROW, REPORTER, ended_partition
 from functions.store.keys import row_key
-from functions.store.tables import EVENT_ROW, REPORTER, Store, ended_partition
+from functions.store.state import Store
 from tests.functions.conftest import (
     T0,
     envelope,
@@ -203,7 +204,7 @@ def test_the_watchdog_costs_the_same_few_requests_at_10_and_at_10000_vms(azurite
 def test_a_row_that_would_not_fit_is_recorded_as_rejected_not_dead_lettered(
     store, clock, monkeypatch
 ):
-    from functions.store import tables
+    from functions.store import rows as tables
 
     monkeypatch.setattr(tables, "MAX_CHUNKS", 1)  # as if a row could hold 30,000 characters
     pipeline, publisher = make_pipeline(store, clock)
@@ -216,7 +217,7 @@ def test_a_row_that_would_not_fit_is_recorded_as_rejected_not_dead_lettered(
 
 
 def test_rows_are_split_by_utf16_units_as_table_storage_counts_them():
-    from functions.store.tables import CHUNK_CHARS, _chunks
+    from functions.store.rows import CHUNK_CHARS, _chunks
 
     text = "😀" * 40_000  # 80,000 UTF-16 units in 40,000 characters
     parts = _chunks(text)

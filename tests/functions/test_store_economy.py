@@ -19,7 +19,8 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.transitions import finish_event
 from functions.store.records import VmRecord
-from functions.store.tables import Store, transport_options
+from functions.store.rows import transport_options
+from functions.store.state import Store
 from tests.functions.conftest import T0, envelope, event, make_pipeline
 
 

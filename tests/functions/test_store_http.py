@@ -26,7 +26,8 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 
 from functions.store.http import Urllib3Transport
-from functions.store.tables import Store, transport_options
+from functions.store.rows import transport_options
+from functions.store.state import Store
 
 
 @pytest.fixture

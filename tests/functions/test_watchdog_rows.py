@@ -14,6 +14,7 @@ from azure.data.tables import EdmType, EntityProperty, UpdateMode
 from functions.identity.keys import liveness_signature
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
+from functions.store.events import EVENT_ROW, OPEN_EVENTS
 from functions.store.keys import reserved, row_key, vm_partition
 from functions.store.liveness import (
     BadHint,
@@ -22,7 +23,6 @@ from functions.store.liveness import (
     liveness_partition,
     to_hint,
 )
-from functions.store.tables import EVENT_ROW, OPEN_EVENTS
 from tests.functions.conftest import (
     T0,
     envelope,

@@ -35,7 +35,7 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.results import IngestResult
 from functions.settings import Settings
-from functions.store.tables import Store
+from functions.store.state import Store
 from relay.attest import Attester, AttestingSender
 from relay.callback import CallbackApp, CallbackServer
 from relay.imds import ImdsClient

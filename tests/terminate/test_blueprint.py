@@ -19,7 +19,7 @@ from functions.settings import Settings
 from functions.store.deliveries import DeliveryLedger
 from functions.store.drains import DrainStore
 from functions.store.records import EventRecord, VmRecord
-from functions.store.tables import Store
+from functions.store.state import Store
 from functions.triggers import core as handlers
 from functions.triggers import notify as notify_trigger
 from functions.triggers.terminate import bp, drain_settings, terminate_drain, undrain_settings

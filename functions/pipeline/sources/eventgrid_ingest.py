@@ -35,7 +35,7 @@ from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import COMPLETED, GridEvent, parse_message
 from functions.pipeline.transitions import after_decision, decide_once
 from functions.store.records import EventRecord
-from functions.store.tables import Store
+from functions.store.state import Store
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,92 @@
+"""The audit table (one row per decision or approval outcome, in the event's partition)
+and the rejected table (every message not processed, with why; PartitionKey = day)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from azure.data.tables import TableClient
+
+from functions.store.http import NO_ECHO
+from functions.store.keys import row_key
+from functions.store.rows import Rows, utf16_prefix
+
+
+class AuditRows(Rows):
+    """Reads and writes of the audit and rejected tables."""
+
+    audit_table: TableClient
+    rejected: TableClient
+
+    def audit(
+        self,
+        event_id: str,
+        *,
+        at: datetime,
+        rule: str,
+        action: str,
+        outcome: str,
+        detail: str = "",
+        by: str = "policy",
+    ) -> None:
+        """One row per decision or approval outcome, in the event's partition (so it is
+        read with the event and deleted with it)."""
+        self.audit_table.create_entity(
+            {
+                "PartitionKey": row_key(event_id),
+                # Wall-clock nanoseconds break ties between rows written in one (injected) instant.
+                "RowKey": f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{time.time_ns():020d}-"
+                f"{uuid.uuid4().hex[:6]}",
+                "EventId": event_id[:1000],
+                "rule": rule[:1000],
+                "action": action[:100],
+                "outcome": outcome[:1000],
+                "detail": detail[:4000],
+                "by": by[:200],
+                "time": at,
+            },
+            **NO_ECHO,
+        )
+
+    def audit_rows(self, event_id: str) -> list[dict[str, Any]]:
+        rows = self.audit_table.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": row_key(event_id)}
+        )
+        return sorted((dict(r) for r in rows), key=lambda r: r["RowKey"])
+
+    def reject(self, *, at: datetime, reason: str, body: bytes | str, message_id: str = "") -> None:
+        """Keep an envelope that does not validate, with why, so nothing is silently lost."""
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        self.rejected.create_entity(
+            {
+                "PartitionKey": at.strftime("%Y-%m-%d"),
+                "RowKey": f"{at.strftime('%H%M%S.%f')}-{uuid.uuid4().hex[:8]}",
+                "reason": utf16_prefix(reason, 4000),
+                "message_id": utf16_prefix(message_id, 512),
+                # A string property holds 32 K UTF-16 units (64 KiB): cut there, not at
+                # 30 000 characters, which non-BMP text would make twice as long.
+                "body": utf16_prefix(text, 30000),
+                "time": at,
+            },
+            **NO_ECHO,
+        )
+
+    def rejected_rows(self) -> Iterator[dict[str, Any]]:
+        for row in self.rejected.list_entities():
+            yield dict(row)
+
+    def expired_rejects(self, before_day: str) -> list[tuple[str, str]]:
+        """Rejected rows of days before `before_day`: a range query over old days only."""
+        rows = self.rejected.query_entities(
+            "PartitionKey lt @day",
+            parameters={"day": before_day},
+            select=["PartitionKey", "RowKey"],
+        )
+        return [(row["PartitionKey"], row["RowKey"]) for row in rows]
+
+    def delete_rejects(self, keys: list[tuple[str, str]]) -> int:
+        return self._delete_rows(self.rejected, keys)

@@ -1,0 +1,327 @@
+"""The events table: each event's row and its reporters, the open and ended indexes,
+capacity slots and fleet-wide "first one wins" markers.
+
+Each event is its own partition (PartitionKey = EventId's key): RowKey `event` holds the
+lifecycle, decision, approval and announcements; RowKey `r|<vm>` is one reporter, written
+by that reporter alone. Index partitions: `%open` (events not ended, and VMs with silence
+marks), `%ended|<day>` (for retention), `%cap|<set>` (capacity slots), `%once` (markers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.data.tables import TableClient, UpdateMode
+
+from functions.store.http import NO_ECHO
+from functions.store.keys import reserved, row_key
+from functions.store.liveness import Skipped
+from functions.store.recent import RecentRows
+from functions.store.records import CapacityRecord, EventRecord
+from functions.store.rows import UNREAD, BadRow, Rows
+
+log = logging.getLogger(__name__)
+
+EVENT_ROW = "event"  # in an event's partition: its lifecycle, decision, approval
+REPORTER = "r|"  # in an event's partition: one row per reporting VM, "r|<vm key>"
+OPEN_EVENTS = reserved("open")  # events table: one row per event not ended yet
+CLAIMS = reserved("once")  # events table: fleet-wide "first one wins" markers
+RECENT_EVENT_ROWS = 1024  # event rows a Store remembers as the start of its next write
+VM_MARK = "vm|"  # in the open index: a VM with silence marks (RowKey reserved("vm|<key>"))
+
+
+def ended_partition(day: str) -> str:
+    """Events table: the events that ended on `day` (YYYY-MM-DD), for retention."""
+    return reserved(f"ended|{day}")
+
+
+def capacity_partition(key: str) -> str:
+    return reserved("cap|" + row_key(key))
+
+
+class EventRows(Rows):
+    """Reads and writes of the events table."""
+
+    events: TableClient
+    audit_table: TableClient
+    _recent_events: RecentRows[EventRecord]
+
+    @staticmethod
+    def _event_columns(r: EventRecord) -> dict[str, Any]:
+        return {
+            "EventId": r.event_id,
+            "EventType": r.event_type,
+            "EventStatus": r.event_status,
+            "ended": r.ended,
+            "action": r.decision.action if r.decision else "",
+            "approval": r.approval,
+        }
+
+    def get_event(self, event_id: str, *, reporters: bool = False) -> EventRecord | None:
+        """The event row (one point read); `reporters=True` also reads its reporter rows."""
+        rk = row_key(event_id)
+        record = self._get(self.events, EventRecord, rk, EVENT_ROW)
+        self._recent_events.note(rk, record)
+        if record is not None and reporters:
+            self.load_reporters(record)
+        return record
+
+    def load_reporters(self, record: EventRecord) -> EventRecord:
+        """Fill `reporters` (VM -> status, those still reporting it) and `past_reporters`
+        (every VM that ever did) from the event's reporter rows: one partition query."""
+        rows = self.events.query_entities(
+            "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi",
+            parameters={"pk": row_key(record.event_id), "lo": REPORTER, "hi": "r}"},
+            select=["vm", "status"],
+        )
+        present: dict[str, str] = {}
+        everyone: list[str] = []
+        for row in rows:
+            vm, status = row.get("vm"), row.get("status")
+            if not isinstance(vm, str) or not isinstance(status, str | None):
+                log.warning("events: skipped reporter row %.100r", row.get("RowKey"))
+                continue
+            everyone.append(vm)
+            if status:
+                present[vm] = status
+        record.reporters = present
+        record.past_reporters = everyone
+        return record
+
+    def set_reporter(self, event_id: str, vm: str, status: str, at: datetime) -> None:
+        """This VM's own row in the event's partition: status "" = it no longer reports it.
+        Only that VM's documents write it (one session each), so a blind upsert is safe."""
+        self.events.upsert_entity(
+            {
+                "PartitionKey": row_key(event_id),
+                "RowKey": REPORTER + row_key(vm),
+                "vm": vm,
+                "status": status,
+                "at": at,
+            },
+            mode=UpdateMode.REPLACE,
+        )
+
+    def anyone_reports(self, event_id: str) -> bool:
+        """Whether any VM still reports the event: one query that stops at the first."""
+        rows = self.events.query_entities(
+            "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi and status ne ''",
+            parameters={"pk": row_key(event_id), "lo": REPORTER, "hi": "r}"},
+            select=["RowKey"],
+            results_per_page=1,
+        )
+        return next(iter(rows), None) is not None
+
+    def open_event(self, event_id: str, now: datetime) -> None:
+        """List the event in the open index (before its row exists: never a row unlisted)."""
+        self.events.upsert_entity(
+            {
+                "PartitionKey": OPEN_EVENTS,
+                "RowKey": row_key(event_id),
+                "EventId": event_id,
+                "at": now,
+            },
+            mode=UpdateMode.REPLACE,
+        )
+
+    def close_event(self, event_id: str, ended_at: datetime) -> None:
+        """Move an ended event from the open index to the day it ended (for retention)."""
+        day = ended_at.strftime("%Y-%m-%d")
+        self.events.upsert_entity(
+            {
+                "PartitionKey": ended_partition(day),
+                "RowKey": row_key(event_id),
+                "EventId": event_id,
+            },
+            mode=UpdateMode.REPLACE,
+        )
+        with contextlib.suppress(ResourceNotFoundError):
+            self.events.delete_entity(OPEN_EVENTS, row_key(event_id))
+
+    def open_events(self) -> list[tuple[str, datetime | None]]:
+        """(EventId, listed at) of every event not ended: one query of the small index."""
+        return self.open_index()[0]
+
+    def open_index(
+        self, skipped: Callable[[Skipped], None] | None = None
+    ) -> tuple[list[tuple[str, datetime | None]], list[dict[str, str]]]:
+        """One query of the open index: (events not ended as (EventId, listed at), VMs
+        with silence marks as {"vm", "vm_id", "mark", "done"}). A row that is neither is skipped
+        and reported."""
+        rows = self.events.query_entities(
+            "PartitionKey eq @pk",
+            parameters={"pk": OPEN_EVENTS},
+            select=["RowKey", "EventId", "at", "vm", "vm_id", "mark", "done"],
+        )
+        events: list[tuple[str, datetime | None]] = []
+        marks: list[dict[str, str]] = []
+        for row in rows:
+            rk = str(row.get("RowKey", ""))
+            if rk.startswith(reserved(VM_MARK)) and isinstance(row.get("vm"), str):
+                mark = {k: row[k] for k in ("vm", "vm_id", "mark") if isinstance(row.get(k), str)}
+                marks.append({**mark, "done": "yes" if row.get("done") is True else ""})
+                continue
+            event_id, at = row.get("EventId"), row.get("at")
+            if isinstance(event_id, str) and event_id and (at is None or isinstance(at, datetime)):
+                events.append((event_id, at))
+                continue
+            skip = Skipped(self.events.table_name, OPEN_EVENTS, rk[:80], "not an index row")
+            log.warning("open index: skipped %s", skip)
+            if skipped is not None:
+                skipped(skip)
+        return events, marks
+
+    def mark_vm(self, name: str, vm_id: str, mark: str, *, done: bool = False) -> None:
+        """List a VM in the open index as having silence marks (before the VM row gets
+        them, so a VM row is never marked unlisted); the watchdog drops the listing when
+        it finds the VM row without marks."""
+        self.events.upsert_entity(
+            {
+                "PartitionKey": OPEN_EVENTS,
+                "RowKey": reserved(VM_MARK + row_key(name)),
+                "vm": name,
+                "vm_id": vm_id,
+                "mark": mark,
+                "done": done,  # the silence's announcement is published
+            },
+            mode=UpdateMode.REPLACE,
+        )
+
+    def mark_recovering(self, name: str) -> None:
+        """The VM's listing: its silence is ending (a recovery is being announced), so the
+        watchdog looks at the VM row again until the listing is dropped."""
+        self.events.upsert_entity(
+            {
+                "PartitionKey": OPEN_EVENTS,
+                "RowKey": reserved(VM_MARK + row_key(name)),
+                "vm": name,
+                "done": False,
+            },
+            mode=UpdateMode.MERGE,
+        )
+
+    def unmark_vm(self, name: str) -> None:
+        with contextlib.suppress(ResourceNotFoundError):
+            self.events.delete_entity(OPEN_EVENTS, reserved(VM_MARK + row_key(name)))
+
+    def drop_open(self, event_id: str) -> None:
+        with contextlib.suppress(ResourceNotFoundError):
+            self.events.delete_entity(OPEN_EVENTS, row_key(event_id))
+
+    def recent_event(self, event_id: str) -> EventRecord | None:
+        """The event row as this Store last read or wrote it, if remembered: unverified, so
+        only facts that never change back may be taken from it (see lifecycle: an ended
+        event stays ended, a decision once made stays made)."""
+        return self._recent_events.recall(row_key(event_id))
+
+    def mutate_event(
+        self,
+        event_id: str,
+        change: Callable[[EventRecord | None], EventRecord | None],
+        known: EventRecord | None = UNREAD,
+    ) -> tuple[EventRecord | None, bool]:
+        """Read-modify-write of an event row. Without `known`, the write starts from the
+        row as this Store last read or wrote it, if it still remembers it: one VM's
+        documents about an event usually come one after another through the same worker,
+        and nobody else wrote the row in between. That remembered row is only the
+        starting point of a conditional write (If-Match its ETag): if anyone wrote since,
+        the write fails and the row is read afresh, so it is never trusted stale."""
+        rk = row_key(event_id)
+        if known is UNREAD:
+            known = self._recent_events.recall(rk) or UNREAD
+        record, won = self._mutate(
+            self.events, EventRecord, rk, EVENT_ROW, change, self._event_columns, known=known
+        )
+        self._recent_events.note(rk, record)
+        return record, won
+
+    def list_events(self, include_ended: bool = False) -> list[EventRecord]:
+        """Events not ended (the open index, then each row), or with `include_ended` every
+        event row still kept (a scan: for the status page's `?all=true` only)."""
+        if include_ended:
+            rows = self.events.query_entities("RowKey eq @rk", parameters={"rk": EVENT_ROW})
+            loaded = []
+            for row in rows:
+                try:
+                    loaded.append(self._load(EventRecord, row))
+                except BadRow as exc:
+                    log.warning("events: skipped %s", exc)
+            return loaded
+        found = []
+        for event_id, _ in self.open_events():
+            try:
+                record = self.get_event(event_id)
+            except BadRow as exc:
+                log.warning("events: skipped %s", exc)
+                continue
+            if record is not None and not record.ended:
+                found.append(record)
+        return found
+
+    def expired_events(self, before_day: str, limit: int) -> list[tuple[str, str]]:
+        """(day, EventId) of events that ended before `before_day`: one range query over
+        the ended-on-day partitions, which after deletion hold only what expires next."""
+        rows = self.events.query_entities(
+            "PartitionKey ge @lo and PartitionKey lt @hi",
+            parameters={"lo": ended_partition(""), "hi": ended_partition(before_day)},
+            select=["PartitionKey", "EventId"],
+            results_per_page=min(limit, 1000),
+        )
+        out: list[tuple[str, str]] = []
+        for row in rows:
+            out.append((row["PartitionKey"], row["EventId"]))
+            if len(out) >= limit:
+                break
+        return out
+
+    def delete_events(self, expired: list[tuple[str, str]]) -> int:
+        """Expired events: each one's rows (event, reporters), its audit rows, and then
+        the index rows naming them (in batches). Returns the Table requests it took."""
+        made = 0
+        for _, event_id in expired:
+            pk = row_key(event_id)
+            for table in (self.events, self.audit_table):
+                rows = table.query_entities(
+                    "PartitionKey eq @pk", parameters={"pk": pk}, select=["RowKey"]
+                )
+                keys = [(pk, row["RowKey"]) for row in rows]
+                made += 1 + self._delete_rows(table, keys)
+            self._recent_events.forget(pk)
+        made += self._delete_rows(self.events, [(day, row_key(e)) for day, e in expired])
+        return made
+
+    # ------------------------------------------------------------------ capacity
+
+    def mutate_capacity(
+        self, key: str, change: Callable[[CapacityRecord | None], CapacityRecord | None]
+    ) -> tuple[CapacityRecord | None, bool]:
+        return self._mutate(
+            self.events,
+            CapacityRecord,
+            capacity_partition(key),
+            "slots",
+            change,
+            lambda r: {"holders": ",".join(r.holders)[:1000]},
+        )
+
+    def get_capacity(self, key: str) -> CapacityRecord | None:
+        return self._get(self.events, CapacityRecord, capacity_partition(key), "slots")
+
+    def claim_once(self, key: str, now: datetime) -> bool:
+        """A fleet-wide "first one wins" marker (e.g. one announcement per policy error)."""
+        entity = {"PartitionKey": CLAIMS, "RowKey": row_key(key), "at": now.isoformat()}
+        try:
+            self.events.create_entity(entity, **NO_ECHO)
+        except ResourceExistsError:
+            return False
+        return True
+
+    def forget_once(self, key: str) -> None:
+        """Undo a `claim_once` whose act failed, so the next delivery claims it again."""
+        with contextlib.suppress(ResourceNotFoundError):
+            self.events.delete_entity(CLAIMS, row_key(key))
