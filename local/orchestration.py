@@ -7,11 +7,8 @@ host, one real relay per VM, then plays each step and records what every part ob
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
 import secrets
-import subprocess
 import tempfile
 import threading
 import time
@@ -23,13 +20,14 @@ from typing import Any
 import requests
 
 from functions.notify.settings import PAGERDUTY_EVENTS_URL
-from local.azurite import free_port, table_sas, table_url
+from local.azurite import free_port
 from local.channels import (
     Delivery,
     channel_values,
     pagerduty_action,
     short_retries,
 )
+from local.drain_worker import start_drain_worker
 from local.narration import announcement, receiver_news, subject
 from local.options import DemoAborted, DemoOptions
 from local.outcomes import check_outcomes
@@ -42,14 +40,8 @@ from local.receivers import (
     TeamsReceiver,
     WebhookReceiver,
 )
-from local.relays import (
-    current_user,
-    parse_hook_line,
-    relay_argv,
-    relay_callback_url,
-    relay_env,
-    write_drain_hook,
-)
+from local.relay_fleet import start_relays
+from local.relays import parse_hook_line
 from local.report import Outcome, Timeline, short_id
 from local.stack import Stack
 from local.subscription import Subscription
@@ -349,144 +341,10 @@ class Demo:
             )
 
     def _start_terminate(self) -> None:
-        """The `terminate` subscription: drain, then approve, on its own worker.
-
-        In Azure it is its own function, so a drain that takes seconds never holds up
-        ingest; the worker thread keeps that true here.
-        """
-        from functions.clock import SystemClock
-        from functions.pipeline.approve import approve_event
-        from functions.pipeline.context import Pipeline
-        from functions.store.drains import DrainStore
-        from functions.terminate.workflow import DrainContext, DrainSettings, run_drain, wants
-
-        scale = self.options.time_scale
-        self.drain_settings = DrainSettings(
-            http_url=self.receivers["drain"].url,
-            relay_hook="drain",
-            # The real-world defaults, scaled like the simulator's clock.
-            step_timeout_seconds=max(1.0, 120 / scale),
-            safety_margin_seconds=30 / scale,
-            approve_reserve_seconds=max(0.5, 10 / scale),
-            poll_seconds=0.1,
-        )
-        drains = DrainStore.from_connection_string(
-            self.connection_string, self.settings.state_table_prefix
-        ).ensure_table()
-        session = requests.Session()
-        self.stack.callback(session.close)
-        clock = SystemClock()
-
-        pipeline = Pipeline(
-            self.store,
-            self.settings,
-            self.publisher,
-            session,
-            clock,
-            self.credential,
-            admission=self.admission,
-        )
-
-        def relay_target(vm: str) -> Any:
-            """Where and with which key to call the VM's relay: Azure's address for its
-            vmId, the key its relay sent in an attested message (None: not known yet)."""
-            record = self.store.get_vm(vm)
-            return pipeline.relay_target(record) if record else None
-
-        def approve(event_id: str, until: datetime) -> Any:
-            return approve_event(event_id, pipeline, give_up_at=until, by="terminate")
-
-        ctx = DrainContext(
-            store=drains,
-            session=session,
-            publish=self.publisher.publish,
-            approve=approve,
-            relay_target=relay_target,
-        )
-        work: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-        def worker() -> None:
-            while True:
-                note = work.get()
-                if note is None:
-                    return
-                try:
-                    result = run_drain(note, self.drain_settings, ctx)
-                except Exception as exc:
-                    self.timeline.add("drain", "terminate", f"workflow failed: {exc}", ok=False)
-                    continue
-                self.drain_results.append(result)
-
-        thread = threading.Thread(target=worker, name="terminate-workflow", daemon=True)
-        thread.start()
-
-        def stop() -> None:
-            work.put(None)
-            thread.join(timeout=10)
-
-        self.stack.callback(stop)
-        self.publisher.subscribe("terminate", lambda note: work.put(note) if wants(note) else None)
+        start_drain_worker(self)
 
     def _start_relays(self) -> None:
-        """One real relay process per VM, forwarding into the shared inbox, its callback
-        listener where Azure says the VM is (its simulator address, the one shared port)."""
-        from simulator.arm import simulated_address
-
-        hook, self.hook_log = write_drain_hook(self.workdir)
-        # Heartbeats go into the liveness table (untrusted hints the app checks against each
-        # relay's key), as in Azure: there through the relay identity's role on that table
-        # only; here through a SAS of the same rights (add, update) on that table only.
-        liveness_table = f"{self.settings.state_table_prefix}liveness"
-        sas_file = self.workdir / "heartbeat-table.sas"
-        sas_file.write_text(table_sas(liveness_table) + "\n", encoding="utf-8")
-        heartbeat_table = (table_url(self.connection_string, liveness_table), sas_file)
-        self.relays: dict[str, subprocess.Popen[bytes]] = {}
-        self.callback_urls: dict[str, str] = {}
-        port = self.callback_port
-        for vm in self.options.fleet:
-            if not vm.relay:
-                continue
-            address = simulated_address(self.sim.vm_names.index(vm.name))
-            argv = relay_argv(
-                vm,
-                imds_url=self.server.vm_url(vm.name),
-                inbox=self.inbox,
-                state_dir=self.workdir / "relays" / vm.name,
-                poll_interval=self.options.poll_interval,
-                # A callback that is down: nothing listens at the VM's address, so approvals
-                # through its relay fail (connection refused) and ARM takes over.
-                listen=None if vm.callback_down else f"{address}:{port}",
-                hook=hook,
-                heartbeat_table=heartbeat_table,
-            )
-            log = self.workdir / "logs" / f"relay-{vm.name}.log"
-            self.relays[vm.name] = self.stack.process(argv, log, env=relay_env(self.options.env))
-            if not vm.callback_down:
-                self.callback_urls[vm.name] = relay_callback_url(address, port)
-        for vm, url in self.callback_urls.items():
-            self._wait_healthy(vm, url)
-        self.timeline.add(
-            "demo",
-            "relays",
-            f"{len(self.relays)} relays polling every "
-            f"{self.options.poll_interval:g} s, forwarding to {self.inbox}, callbacks on port "
-            f"{port} at each VM's address, heartbeats into the {liveness_table} table, hooks "
-            f"as {current_user()} (on a VM: nobody)",
-        )
-
-    def _wait_healthy(self, vm: str, url: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        proc = self.relays[vm]
-        while time.monotonic() < deadline:
-            self.check_deadline()
-            if proc.poll() is not None:
-                log = (self.workdir / "logs" / f"relay-{vm}.log").read_text(errors="replace")
-                raise DemoAborted(f"relay of {vm} exited ({proc.returncode}): {log[-400:]}")
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{url}/v1/health", timeout=1).status_code < 500:
-                    return
-            time.sleep(0.1)
-        raise DemoAborted(f"relay of {vm} did not answer on {url}/v1/health in {timeout:.0f} s")
+        start_relays(self)
 
     # ------------------------------------------------------------------ playing
     def play(self) -> None:

@@ -13,7 +13,6 @@ they model the network, not the maintenance.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import uuid
@@ -29,7 +28,10 @@ from functions.model.envelope import (
     STARTED,
     TERMINATE,
 )
-from simulator.faults import Endpoint, Fault, FaultAction, FaultBook, FaultKind
+from simulator.errors import Conflict, NotFound, SimulatorError
+from simulator.faulting import FaultsMixin
+from simulator.faults import FaultBook
+from simulator.fleet import DEFAULT_TERMINATE_TIMEOUT, DEFAULT_VM, FleetMixin
 from simulator.records import Approval, Event, Vm
 from simulator.scenarios import (
     DEFAULT_DESCRIPTION,
@@ -41,25 +43,11 @@ from simulator.scenarios import (
     EventSpec,
     Scenario,
 )
+from simulator.snapshot import SnapshotMixin
 
-DEFAULT_VM = "myVM"
+__all__ = ["DEFAULT_VM", "Conflict", "NotFound", "Simulator", "SimulatorError"]
+
 COMPLETED, CANCELED = "Completed", "Canceled"  # Event Grid's end statuses
-DEFAULT_TERMINATE_TIMEOUT = 300.0
-MIN_TERMINATE_TIMEOUT, MAX_TERMINATE_TIMEOUT = 300.0, 900.0
-
-_VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
-
-
-class SimulatorError(ValueError):
-    """A request the simulator cannot honour; the message says why (the control API's 400)."""
-
-
-class NotFound(SimulatorError):
-    """An unknown VM or event (the control API's 404)."""
-
-
-class Conflict(SimulatorError):
-    """An event in a state that does not allow the request (ARM's 409)."""
 
 
 @dataclass
@@ -74,8 +62,13 @@ Listener = Callable[[str, int, dict[str, Any]], None]
 EventListener = Callable[[dict[str, Any], tuple[str, str]], None]
 
 
-class Simulator:
-    """IMDS Scheduled Events for a set of simulated VMs. Thread-safe: one re-entrant lock."""
+class Simulator(FleetMixin, FaultsMixin, SnapshotMixin):
+    """IMDS Scheduled Events for a set of simulated VMs. Thread-safe: one re-entrant lock.
+
+    Its VMs (simulator.fleet), faults (simulator.faulting) and state reports
+    (simulator.snapshot) are mixins over the same state; events, documents, approvals and
+    time live here.
+    """
 
     def __init__(
         self,
@@ -112,88 +105,6 @@ class Simulator:
         self._dirty = False
         self._as_of: float | None = None
         self.errors: list[str] = []
-
-    # ------------------------------------------------------------------ VMs
-
-    def add_vm(
-        self,
-        name: str,
-        availability_set: str | None = None,
-        scale_set: str | None = None,
-        spot: bool = False,
-    ) -> str:
-        """Add a VM. A VM belongs to at most one set; its set-mates see its events."""
-        if not isinstance(name, str) or not _VM_NAME.match(name):
-            raise SimulatorError(
-                f"VM name {name!r} must be 1-80 letters, digits, '.', '_' or '-' "
-                "and start with a letter or digit"
-            )
-        if availability_set and scale_set:
-            raise SimulatorError(f"{name}: a VM is in an availability set or a scale set, not both")
-        for set_name in (availability_set, scale_set):
-            if set_name is not None and not _VM_NAME.match(set_name):
-                raise SimulatorError(f"set name {set_name!r} is not a valid name")
-        with self._lock:
-            if name.casefold() in self._vms:
-                raise SimulatorError(f"VM {name!r} already exists")
-            vm = Vm(name, availability_set, scale_set, spot)
-            vm.history.append({"DocumentIncarnation": 1, "Events": []})
-            self._vms[name.casefold()] = vm
-            self._dirty = True
-            if scale_set and scale_set not in self._scale_sets:
-                self._scale_sets[scale_set] = DEFAULT_TERMINATE_TIMEOUT
-            self._settle()
-        return name
-
-    def add_scale_set(
-        self, name: str, count: int, terminate_timeout: float = DEFAULT_TERMINATE_TIMEOUT
-    ) -> list[str]:
-        """Add instances `name_0..name_{count-1}` with terminate notifications enabled."""
-        if not isinstance(count, int) or not 1 <= count <= 1000:
-            raise SimulatorError("a scale set has 1 to 1000 instances")
-        if not MIN_TERMINATE_TIMEOUT <= terminate_timeout <= MAX_TERMINATE_TIMEOUT:
-            raise SimulatorError("notBeforeTimeout must be between PT5M and PT15M")
-        with self._lock:
-            self._scale_sets[name] = float(terminate_timeout)
-            return [self.add_vm(f"{name}_{i}", scale_set=name) for i in range(count)]
-
-    def add_availability_set(self, name: str, vms: Iterable[str]) -> list[str]:
-        with self._lock:
-            return [self.add_vm(vm, availability_set=name) for vm in vms]
-
-    @property
-    def vm_names(self) -> list[str]:
-        with self._lock:
-            return [vm.name for vm in self._vms.values()]
-
-    def root_vm(self) -> str:
-        """The VM served at the root URL: the first one added, or `myVM` if there is none."""
-        with self._lock:
-            if not self._vms:
-                self.add_vm(DEFAULT_VM)
-            return next(iter(self._vms.values())).name
-
-    def vm(self, name: str) -> Vm:
-        """Look a VM up by name (case-insensitive). `myVM` exists implicitly while no VM has
-        been added, so a bare Simulator behaves like the CLI's default."""
-        with self._lock:
-            if not self._vms and name.casefold() == DEFAULT_VM.casefold():
-                self.add_vm(DEFAULT_VM)
-            try:
-                return self._vms[name.casefold()]
-            except KeyError:
-                raise NotFound(f"no VM named {name!r}") from None
-
-    def describe_vm(self, name: str) -> dict[str, Any]:
-        with self._lock:
-            vm = self.vm(name)
-            return {
-                "name": vm.name,
-                "availability_set": vm.availability_set,
-                "scale_set": vm.scale_set,
-                "spot": vm.spot,
-                "terminate_timeout": self._scale_sets.get(vm.scale_set) if vm.scale_set else None,
-            }
 
     # ------------------------------------------------------------------ events
 
@@ -321,67 +232,6 @@ class Simulator:
         )
         self._events[event_id].follow = list(follow or [])
         return event_id
-
-    def _resolve_target(self, target: str | None, scenario: Scenario | None) -> list[str]:
-        """VM names, set names (comma-separated), or None (a sensible default) -> the VMs."""
-        needs = scenario.needs if scenario else None
-        label = scenario.name if scenario else "this event"
-        if target is None:
-            if needs == "spot":
-                spots = [vm.name for vm in self._vms.values() if vm.spot]
-                if not spots:
-                    raise SimulatorError(f"{label} needs a Spot VM: add one (--spot NAME)")
-                return spots[:1]
-            if needs == "set":
-                sets = [
-                    vm.availability_set or vm.scale_set
-                    for vm in self._vms.values()
-                    if vm.availability_set or vm.scale_set
-                ]
-                if not sets:
-                    return [self.root_vm()]
-                target = sets[0]
-            elif needs == "scale-set":
-                if not self._scale_sets:
-                    raise SimulatorError(
-                        f"{label} needs a scale-set instance: add a scale set (--scale-set NAME:N)"
-                    )
-                target = next(iter(self._scale_sets))
-            else:
-                return [self.root_vm()]
-        names: list[str] = []
-        for part in (p.strip() for p in target.split(",")):
-            if part:
-                names.extend(n for n in self._resolve_one(part, needs, label) if n not in names)
-        if not names:
-            raise SimulatorError(f"target {target!r} names no VM")
-        return names
-
-    def _resolve_one(self, target: str, needs: str | None, label: str) -> list[str]:
-        vm = self._vms.get(target.casefold())
-        if vm is not None:
-            if needs == "spot" and not vm.spot:
-                raise SimulatorError(f"{label} needs a Spot VM; {vm.name} is not one")
-            if needs == "scale-set" and not vm.scale_set:
-                raise SimulatorError(f"{label} needs a scale-set instance; {vm.name} is not one")
-            return [vm.name]
-        members = [
-            v
-            for v in self._vms.values()
-            if target.casefold()
-            in ((v.availability_set or "").casefold(), (v.scale_set or "").casefold())
-        ]
-        if not members:
-            raise NotFound(f"no VM or set named {target!r}")
-        if needs == "scale-set":
-            if not members[0].scale_set:
-                raise SimulatorError(f"{label} needs a scale set; {target} is an availability set")
-            return [members[-1].name]  # scale-in removes the highest instance id first
-        if needs == "spot":
-            members = [v for v in members if v.spot]
-            if not members:
-                raise SimulatorError(f"{label} needs a Spot VM; {target} has none")
-        return [v.name for v in members]
 
     def apply(self, spec: EventSpec) -> list[str]:
         """Raise what an EventSpec (control API, scenario file) describes, ignoring `at`."""
@@ -746,155 +596,3 @@ class Simulator:
         keep it quick and do not block)."""
         with self._lock:
             self._listeners.append(listener)
-
-    # ------------------------------------------------------------------ faults
-
-    def inject_fault(
-        self,
-        kind: FaultKind,
-        vm: str | None = None,
-        count: int | None = 1,
-        status: int = 500,
-        seconds: float = 1.0,
-        endpoint: Endpoint = "scheduledevents",
-    ) -> int:
-        """Make the next `count` matching requests misbehave (None: until cleared).
-
-        `vm` None means every VM. `endpoint` chooses which IMDS path is affected
-        (scheduledevents by default; "any" for all). A first-call-delay marks the VMs as not
-        yet enabled, so their next scheduledevents request waits `seconds`, as the first call
-        after enabling (or after 24 h without requests) does on Azure.
-        Raises pydantic.ValidationError for bad values, NotFound for an unknown VM.
-        """
-        fault = Fault.model_validate(
-            {
-                "kind": kind,
-                "vm": vm,
-                "count": count,
-                "status": status,
-                "seconds": seconds,
-                "endpoint": endpoint,
-            }
-        )
-        with self._lock:
-            if fault.vm is not None:
-                fault.vm = self.vm(fault.vm).name
-            if fault.kind == "first-call-delay":
-                for target in self._vms.values():
-                    if fault.vm is None or target.name == fault.vm:
-                        target.enablement.reset()
-            return self._faults.add(fault)
-
-    def clear_faults(self, vm: str | None = None) -> int:
-        """Remove all faults (or those of one VM); return how many were removed."""
-        with self._lock:
-            return self._faults.clear(self.vm(vm).name if vm is not None else None)
-
-    @property
-    def faults(self) -> list[Fault]:
-        with self._lock:
-            return self._faults.active()
-
-    def take_short_nonce(self, vm: str) -> bool:
-        """A short-nonce fault applies to this attested request (see FaultBook)."""
-        with self._lock:
-            return self._faults.take_short_nonce(vm)
-
-    def take_faults(self, vm: str, endpoint: str) -> FaultAction:
-        """Count one valid request and say how the server must misbehave on it, if at all."""
-        with self._lock:
-            target = self.vm(vm)
-            target.requests[endpoint] += 1
-            if self._over_rate_limit(target):
-                return FaultAction(kind="status", status=429)
-            action = self._faults.take(target.name, endpoint)
-            if endpoint == "scheduledevents":
-                if target.enablement.enabled:
-                    action.delay += target.enablement.remaining()
-                else:
-                    delay = self._faults.take_first_call(target.name)
-                    action.delay += target.enablement.begin(delay)
-            return action
-
-    def _over_rate_limit(self, vm: Vm) -> bool:
-        if self.rate_limit is None:
-            return False
-        now = time.monotonic()
-        recent = vm.recent_requests
-        recent.append(now)
-        while recent and recent[0] <= now - 1.0:
-            recent.popleft()
-        return len(recent) > self.rate_limit
-
-    def request_count(self, vm: str, endpoint: str = "scheduledevents") -> int:
-        """How many requests of that endpoint the VM's URL has received (after validation)."""
-        with self._lock:
-            return self.vm(vm).requests[endpoint]
-
-    # ------------------------------------------------------------------ state
-
-    def state(self) -> dict[str, Any]:
-        """Everything, as JSON-ready data (the control API's GET /_sim/state)."""
-        with self._lock:
-            self._settle()
-            now = self.clock()
-            return {
-                "now": datetime.fromtimestamp(now, UTC).isoformat(),
-                "time_scale": self.time_scale,
-                "approval_mode": self.approval_mode,
-                "root_vm": next(iter(self._vms.values())).name if self._vms else None,
-                "scale_sets": {
-                    name: {"terminate_timeout": t} for name, t in self._scale_sets.items()
-                },
-                "vms": {
-                    vm.name: {
-                        **self.describe_vm(vm.name),
-                        "incarnation": vm.incarnation,
-                        "document": self.document(vm.name),
-                        "requests": dict(vm.requests),
-                    }
-                    for vm in self._vms.values()
-                },
-                "events": [self._describe_event(e, now) for e in self._events.values()],
-                "pending": [
-                    {"due_in": round(p.due - now, 3), **p.spec.model_dump(exclude_none=True)}
-                    for p in self._pending
-                ],
-                "faults": [f.model_dump() for f in self._faults.active()],
-                "approvals": [a.model_dump(mode="json") for a in self._approvals],
-                "errors": list(self.errors),
-            }
-
-    def describe_event(self, event_id: str) -> dict[str, Any]:
-        """One event with its timeline and who approved and sees it, as JSON-ready data."""
-        with self._lock:
-            self._settle()
-            return self._describe_event(self.event(event_id), self.clock())
-
-    def _describe_event(self, event: Event, now: float) -> dict[str, Any]:
-        def iso(moment: float | None) -> str | None:
-            return datetime.fromtimestamp(moment, UTC).isoformat() if moment is not None else None
-
-        return {
-            **(event.render(SCHEDULED_EVENTS_API_VERSION) or {}),
-            "scenario": event.scenario,
-            "active": event.active,
-            "end_reason": event.end_reason,
-            "created_at": iso(event.created_at),
-            "not_before": iso(event.not_before),
-            "started_at": iso(event.started_at),
-            "ended_at": iso(event.ended_at),
-            "ends_at": iso(event.started_at + event.impact)
-            if event.active and event.started_at is not None
-            else None,
-            "cancel_at": iso(event.cancel_at) if event.active else None,
-            "approved_by": list(event.approved_by),
-            "seen_by": [vm.name for vm in self._vms.values() if self._sees(vm, event)],
-        }
-
-    @property
-    def idle(self) -> bool:
-        """No event active and nothing pending: a scripted run has played out."""
-        with self._lock:
-            self._settle()
-            return not self._pending and not any(e.active for e in self._events.values())

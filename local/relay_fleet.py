@@ -1,0 +1,91 @@
+"""Start the demo's relays: one real `python -m relay` process per VM that has one.
+
+Each forwards into the shared inbox, writes heartbeats into the liveness table and listens
+for callbacks where Azure says its VM is (the simulator's address for it, the one shared
+port), unless the plan says its callback is down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+import requests
+
+from local.azurite import table_sas, table_url
+from local.options import DemoAborted
+from local.relays import (
+    current_user,
+    relay_argv,
+    relay_callback_url,
+    relay_env,
+    write_drain_hook,
+)
+
+if TYPE_CHECKING:
+    from local.orchestration import Demo
+
+
+def start_relays(demo: Demo) -> None:
+    """One real relay process per VM, forwarding into the shared inbox, its callback
+    listener where Azure says the VM is (its simulator address, the one shared port)."""
+    from simulator.arm import simulated_address
+
+    hook, demo.hook_log = write_drain_hook(demo.workdir)
+    # Heartbeats go into the liveness table (untrusted hints the app checks against each
+    # relay's key), as in Azure: there through the relay identity's role on that table
+    # only; here through a SAS of the same rights (add, update) on that table only.
+    liveness_table = f"{demo.settings.state_table_prefix}liveness"
+    sas_file = demo.workdir / "heartbeat-table.sas"
+    sas_file.write_text(table_sas(liveness_table) + "\n", encoding="utf-8")
+    heartbeat_table = (table_url(demo.connection_string, liveness_table), sas_file)
+    demo.relays = {}
+    demo.callback_urls = {}
+    port = demo.callback_port
+    for vm in demo.options.fleet:
+        if not vm.relay:
+            continue
+        address = simulated_address(demo.sim.vm_names.index(vm.name))
+        argv = relay_argv(
+            vm,
+            imds_url=demo.server.vm_url(vm.name),
+            inbox=demo.inbox,
+            state_dir=demo.workdir / "relays" / vm.name,
+            poll_interval=demo.options.poll_interval,
+            # A callback that is down: nothing listens at the VM's address, so approvals
+            # through its relay fail (connection refused) and ARM takes over.
+            listen=None if vm.callback_down else f"{address}:{port}",
+            hook=hook,
+            heartbeat_table=heartbeat_table,
+        )
+        log = demo.workdir / "logs" / f"relay-{vm.name}.log"
+        demo.relays[vm.name] = demo.stack.process(argv, log, env=relay_env(demo.options.env))
+        if not vm.callback_down:
+            demo.callback_urls[vm.name] = relay_callback_url(address, port)
+    for vm, url in demo.callback_urls.items():
+        wait_healthy(demo, vm, url)
+    demo.timeline.add(
+        "demo",
+        "relays",
+        f"{len(demo.relays)} relays polling every "
+        f"{demo.options.poll_interval:g} s, forwarding to {demo.inbox}, callbacks on port "
+        f"{port} at each VM's address, heartbeats into the {liveness_table} table, hooks "
+        f"as {current_user()} (on a VM: nobody)",
+    )
+
+
+def wait_healthy(demo: Demo, vm: str, url: str, timeout: float = 20.0) -> None:
+    """Until the relay answers its health check; its log's tail if it exited instead."""
+    deadline = time.monotonic() + timeout
+    proc = demo.relays[vm]
+    while time.monotonic() < deadline:
+        demo.check_deadline()
+        if proc.poll() is not None:
+            log = (demo.workdir / "logs" / f"relay-{vm}.log").read_text(errors="replace")
+            raise DemoAborted(f"relay of {vm} exited ({proc.returncode}): {log[-400:]}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{url}/v1/health", timeout=1).status_code < 500:
+                return
+        time.sleep(0.1)
+    raise DemoAborted(f"relay of {vm} did not answer on {url}/v1/health in {timeout:.0f} s")
