@@ -164,6 +164,13 @@ param vmScopes array = [
 @description('ALLOWED_SUBSCRIPTIONS: subscription ids whose VMs may send (their attested documents name it). Empty (the default): the subscriptions of vmScopes (by default, this deployment\'s).')
 param allowedSubscriptions array = []
 
+@description('ATTESTATION_MODE: enforce (the default) rejects a message whose IMDS attested document fails the check; report admits it as the VM it claims (facts still from Resource Graph), logging and counting each failure: deploy with report first, switch to enforce once the fleet page counts none.')
+@allowed([
+  'enforce'
+  'report'
+])
+param attestationMode string = 'enforce'
+
 // ---------- Agentless mode (preview): Event Grid + Resource Manager ----------
 @description('Create the Event Grid system topic (Microsoft.ResourceNotifications.MaintenanceResources) and its subscription to the scheduled-events queue. Register the preview features first (README).')
 param enableEventGrid bool = false
@@ -203,8 +210,13 @@ param operatorsAppRole string = ''
 @description('Custom domain the operators use, e.g. https://bridge.contoso.com. Empty: the app\'s own host name.')
 param publicBaseUrl string = ''
 
-@description('E-mail address for alerts (dead letters, function failures, watchdog not running, relay_silent, approval_failed, policy_invalid). Empty: alerts fire into an action group with no receiver.')
+@description('E-mail address for alerts (dead letters, function failures, watchdog not running, relay_silent, approval_failed, policy_invalid, admission rejections). Empty: alerts fire into an action group with no receiver.')
 param alertEmail string = ''
+
+@description('Alert when admission rejects more than this share (percent) of relay messages in 15 minutes (at least 50 judged): the sign of a mismatch with Azure, not of one bad VM.')
+@minValue(1)
+@maxValue(100)
+param admissionRejectPercent int = 20
 
 // ---------- Example VMs ----------
 @description('Deploy the example scale set (relay + Terminate notifications).')
@@ -348,6 +360,7 @@ module monitoring 'modules/monitoring.bicep' = {
       serviceBus.outputs.topicName
     ]
     alertEmail: alertEmail
+    admissionRejectPercent: admissionRejectPercent
   }
 }
 
@@ -439,6 +452,7 @@ module functionApp 'modules/functionapp.bicep' = {
     drainOnFailure: drainOnFailure
     eventGridQueueName: eventGrid.outputs.queueName
     approvers: effectiveApprovers
+    attestationMode: attestationMode
     operatorsClientId: operatorsClientId
     operatorsGroupId: operatorsGroupId
     operatorsAppRole: operatorsAppRole

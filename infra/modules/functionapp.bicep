@@ -81,6 +81,12 @@ param pagerdutyEventsUrl string = 'https://events.pagerduty.com/v2/enqueue'
 param relayCallbackPort int = 8492
 @description('Subscription ids whose VMs may send. Empty: the app accepts any subscription its identity can read in Resource Graph (its Reader scopes).')
 param allowedSubscriptions array = []
+@description('ATTESTATION_MODE: enforce rejects a message whose attested document fails; report admits it as the VM it claims, logs and counts it (a rollout).')
+@allowed([
+  'enforce'
+  'report'
+])
+param attestationMode string = 'enforce'
 
 // Agentless mode (eventgrid.bicep): the queue Event Grid delivers to, and the approvers.
 param eventGridQueueName string = 'scheduled-events'
@@ -149,6 +155,7 @@ var bridgeSettings = {
   APP_SECRET: '${kvRef}${secretNames.appSecret})'
   RELAY_CALLBACK_PORT: string(relayCallbackPort)
   ALLOWED_SUBSCRIPTIONS: join(allowedSubscriptions, ',')
+  ATTESTATION_MODE: attestationMode
   RELAY_SILENT_AFTER_SECONDS: string(relaySilentAfterSeconds)
   APPROVAL_MARGIN_SECONDS: string(approvalMarginSeconds)
   PAGERDUTY_EVENTS_URL: pagerdutyEventsUrl

@@ -47,6 +47,14 @@ param alertEmail string = ''
 param watchdogSilentMinutes int = 10
 var watchdogWindow = watchdogSilentMinutes < 60 ? 'PT${watchdogSilentMinutes}M' : 'PT${watchdogSilentMinutes / 60}H'
 
+@description('Alert when admission rejects more than this share (percent) of the relay messages it judged in 15 minutes, with at least 50 judged.')
+@minValue(1)
+@maxValue(100)
+param admissionRejectPercent int = 20
+
+// The alert's query ignores a window with fewer than 50 messages judged: there the share
+// says little (one bad VM retrying). Multi-line strings take no interpolation: a constant.
+
 // Built-in role: Monitoring Metrics Publisher (needed for Entra-authenticated ingestion).
 var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb'
 
@@ -235,6 +243,25 @@ traces
     measure: 'failed'
     operator: 'GreaterThan'
     threshold: 0
+    window: 'PT15M'
+  }
+  {
+    name: 'admission-rejections'
+    description: 'Admission rejected more than ${admissionRejectPercent}% of relay messages in 15 minutes: the sign of a mismatch with Azure (attested documents, their chain, Resource Graph), not of one bad VM. Read the reasons in the rejected table; ATTESTATION_MODE=report admits while it is fixed.'
+    severity: 1
+    query: '''
+traces
+| where message startswith "sebridge "
+| extend d = parse_json(substring(message, 9))
+| where tostring(d.kind) == "admission"
+| summarize rejected = sum(toint(d.rejected)), judged = sum(toint(d.admitted)) + sum(toint(d.rejected))
+| where judged >= 50
+| extend rejected_percent = 100.0 * rejected / judged
+'''
+    dimensions: []
+    measure: 'rejected_percent'
+    operator: 'GreaterThan'
+    threshold: admissionRejectPercent
     window: 'PT15M'
   }
   {

@@ -37,6 +37,7 @@ def test_the_required_alerts_exist() -> None:
         "relay-silent",
         "approval-failed",
         "policy-invalid",
+        "admission-rejections",
     }
     (metric,) = MON.resources("Microsoft.Insights/metricAlerts")
     criterion = metric.body["properties"]["criteria"]["allOf"][0]
@@ -101,7 +102,10 @@ def test_queries_use_only_what_the_app_logs(name: str) -> None:
     assert set(named) <= {t.value for t in Transition}, named
 
 
-@pytest.mark.parametrize("alert", ALERTS, ids=lambda a: a["name"])
+COUNTED = [a for a in ALERTS if a["name"] != "admission-rejections"]
+
+
+@pytest.mark.parametrize("alert", COUNTED, ids=lambda a: a["name"])
 def test_each_alert_sums_its_own_count_column(alert: dict) -> None:
     # A `summarize x = count()` always returns a row, so the rule sums x (Total), never
     # counts rows; "not running" is x < 1, everything else x > 0.
@@ -153,6 +157,7 @@ def test_what_the_app_writes_carries_every_field_the_queries_read(caplog) -> Non
         silent, overdue, approvals, ended, redecided = [], [], [], [], []
 
     telemetry.watchdog_run(Report())
+    telemetry.admission(7, 3, 1, {"chain": 1})
     telemetry.manual_approval("EV-T", "manual:alice", "approved", "")
     lines = _lines(caplog)
     by_kind: dict[str, set[str]] = {}
@@ -175,3 +180,66 @@ def test_fields_outside_the_contract_are_refused() -> None:
         telemetry.emit("transition", {"transitionn": "decided"})
     with pytest.raises(ValueError, match="unknown telemetry kind"):
         telemetry.emit("heartbeat", {})
+
+
+ADMISSION = next(a for a in ALERTS if a["name"] == "admission-rejections")
+
+
+def test_the_rejection_share_alert_is_a_share_of_what_admission_judged() -> None:
+    """Over 15 minutes, rejected / (admitted + rejected) from the `admission` lines
+    (functions.pipeline.admission_tally), above the admissionRejectPercent parameter, once
+    enough messages were judged that one bad VM cannot trip it."""
+    query = ADMISSION["query"]
+    assert 'tostring(d.kind) == "admission"' in query
+    assert re.search(
+        r"summarize rejected = sum\(toint\(d\.rejected\)\), "
+        r"judged = sum\(toint\(d\.admitted\)\) \+ sum\(toint\(d\.rejected\)\)",
+        query,
+    )
+    minimum = int(re.search(r"where judged >= (\d+)", query)[1])
+    assert 10 <= minimum <= 1000
+    assert "extend rejected_percent = 100.0 * rejected / judged" in query
+    assert ADMISSION["measure"] == "rejected_percent" and ADMISSION["dimensions"] == []
+    assert (ADMISSION["operator"], ADMISSION["window"]) == ("GreaterThan", "PT15M")
+    assert dotted(ADMISSION["threshold"]) == "admissionRejectPercent"
+    assert MON.params["admissionRejectPercent"]["default"] == 20
+    assert (
+        MON.decorator("admissionRejectPercent", "min_value"),
+        MON.decorator("admissionRejectPercent", "max_value"),
+    ) == (1, 100)
+    main = load("main")
+    assert dotted(module_params(main, "monitoring")["admissionRejectPercent"]) == (
+        "admissionRejectPercent"
+    )
+    assert main.params["admissionRejectPercent"]["default"] == 20
+
+
+def _share(lines: list[dict], minimum: int) -> float | None:
+    """The alert's query, evaluated over log lines the app wrote (None: no row)."""
+    rejected = sum(int(x["rejected"]) for x in lines)
+    judged = sum(int(x["admitted"]) for x in lines) + rejected
+    return 100.0 * rejected / judged if judged >= minimum else None
+
+
+def test_the_alert_fires_on_a_fleet_wide_mismatch_not_on_one_bad_vm(caplog) -> None:
+    """What Admission really logs, fed through the alert's arithmetic."""
+    from functions.pipeline.admission_tally import AdmissionTally
+
+    caplog.set_level("INFO", logger="sebridge.telemetry")
+    minimum = int(re.search(r"where judged >= (\d+)", ADMISSION["query"])[1])
+    threshold = MON.params["admissionRejectPercent"]["default"]
+    now = datetime(2026, 11, 21, 10, tzinfo=UTC)
+
+    def window(admitted: int, rejected: int) -> float | None:
+        caplog.clear()
+        tally = AdmissionTally()
+        for n in range(admitted + rejected):
+            tally.count("rejected" if n < rejected else "admitted", now)
+        tally.flush(now)
+        return _share([x for x in _lines(caplog) if x["kind"] == "admission"], minimum)
+
+    one_bad_vm = window(admitted=500, rejected=20)  # one VM retrying a bad message
+    assert one_bad_vm is not None and one_bad_vm <= threshold
+    assert window(admitted=2, rejected=5) is None  # too few to say anything
+    mismatch = window(admitted=100, rejected=400)  # Azure's documents refused everywhere
+    assert mismatch is not None and mismatch > threshold
