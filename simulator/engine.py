@@ -32,6 +32,7 @@ from simulator.errors import Conflict, NotFound, SimulatorError
 from simulator.faulting import FaultsMixin
 from simulator.faults import FaultBook
 from simulator.fleet import DEFAULT_TERMINATE_TIMEOUT, DEFAULT_VM, FleetMixin
+from simulator.ownership import ArmMixin
 from simulator.records import Approval, Event, Vm
 from simulator.scenarios import (
     DEFAULT_DESCRIPTION,
@@ -62,12 +63,12 @@ Listener = Callable[[str, int, dict[str, Any]], None]
 EventListener = Callable[[dict[str, Any], tuple[str, str]], None]
 
 
-class Simulator(FleetMixin, FaultsMixin, SnapshotMixin):
+class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin):
     """IMDS Scheduled Events for a set of simulated VMs. Thread-safe: one re-entrant lock.
 
-    Its VMs (simulator.fleet), faults (simulator.faulting) and state reports
-    (simulator.snapshot) are mixins over the same state; events, documents, approvals and
-    time live here.
+    Its VMs (simulator.fleet), Resource Manager's view (simulator.ownership), faults
+    (simulator.faulting) and state reports (simulator.snapshot) are mixins over the same
+    state; events, documents, approvals and time live here.
     """
 
     def __init__(
@@ -530,66 +531,6 @@ class Simulator(FleetMixin, FaultsMixin, SnapshotMixin):
         Canceled included (under the lock: keep it quick and do not block)."""
         with self._lock:
             self._event_listeners.append(listener)
-
-    # ------------------------------------------------------------------ ARM
-
-    def owner_of(self, event: Event) -> tuple[str, str]:
-        """The resource an event belongs to outside the VM: the scale set or availability
-        set of its VMs, or the VM itself ("virtualMachines", name)."""
-        vm = self._vms.get(event.resources[0].casefold()) if event.resources else None
-        if vm is not None and vm.scale_set:
-            return "virtualMachineScaleSets", vm.scale_set
-        if vm is not None and vm.availability_set:
-            return "availabilitySets", vm.availability_set
-        return "virtualMachines", vm.name if vm is not None else event.resources[0]
-
-    def owns(self, resource_type: str, name: str) -> bool:
-        """Whether a VM, scale set or availability set of that name exists here."""
-        with self._lock:
-            key = name.casefold()
-            if resource_type == "virtualMachines":
-                return key in self._vms
-            attr = "scale_set" if resource_type == "virtualMachineScaleSets" else "availability_set"
-            return any((getattr(vm, attr) or "").casefold() == key for vm in self._vms.values())
-
-    def acknowledge(self, resource_type: str, name: str, event_id: str) -> Event:
-        """ARM's acknowledge: approve an event for all its Resources, if `name` owns it.
-        NotFound: no such event under that resource; Conflict: it is not Scheduled."""
-        with self._lock:
-            self._advance()
-            event = next(
-                (e for e in self._events.values() if e.event_id.casefold() == event_id.casefold()),
-                None,
-            )
-            if event is None:
-                raise NotFound(f"scheduled event {event_id} not found")
-            kind, owner = self.owner_of(event)
-            if kind != resource_type or owner.casefold() != name.casefold():
-                raise NotFound(
-                    f"scheduled event {event_id} does not belong to {resource_type}/{name}"
-                )
-            if not event.active or event.status != SCHEDULED:
-                raise Conflict(
-                    f"scheduled event {event.event_id} is "
-                    f"{self.grid_status(event)}: only a Scheduled event can be acknowledged"
-                )
-            now = self.clock()
-            self._approvals.append(
-                Approval(
-                    vm=f"arm:{kind}/{owner}",
-                    event_id=event.event_id,
-                    at=datetime.fromtimestamp(now, UTC),
-                    counted=True,
-                )
-            )
-            for resource in event.resources:
-                if resource not in event.approved_by:
-                    event.approved_by.append(resource)
-            if event.event_type != TERMINATE:
-                self._start(event, now)
-            self._release_terminates(now)
-            self._settle()
-            return event
 
     def subscribe(self, listener: Listener) -> None:
         """Call `listener(vm, incarnation, document)` on every document change (under the lock:
