@@ -115,6 +115,18 @@ def _cost_parser(sub: argparse._SubParsersAction) -> None:
         help="how relays send heartbeats: straight into the VM table (default; relays "
         "installed by this release) or through Service Bus (relays installed before)",
     )
+    cost.add_argument(
+        "--network",
+        choices=("new", "existing"),
+        help="new: the template's VNet with its NAT gateway (the Bicep default); "
+        "existing: your VNet and egress (createVirtualNetwork=false)",
+    )
+    cost.add_argument(
+        "--relays-behind-nat",
+        type=float,
+        default=1.0,
+        help="share of the relays whose VMs send through the template's NAT gateway (default 1)",
+    )
     cost.add_argument("--instance-memory-mb", type=int, help="default: the Bicep default")
     cost.add_argument("--max-instances", type=int, help="default: the Bicep default")
     cost.add_argument("--prices", help="a price table like functions/cost/prices.json")
@@ -139,9 +151,12 @@ def _cost(args: argparse.Namespace) -> int:
             heartbeat_seconds=args.heartbeat_seconds,
             retention_days=args.retention_days,
             heartbeats=args.heartbeats,
+            relays_behind_nat=args.relays_behind_nat,
         )
         deployment = load_deployment(
-            instance_memory_mb=args.instance_memory_mb, max_instances=args.max_instances
+            instance_memory_mb=args.instance_memory_mb,
+            max_instances=args.max_instances,
+            network=args.network,
         )
         result = estimate(
             workload,

@@ -28,7 +28,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from functions.cost.counts import Counts
+from functions.cost.lines import Line
 from functions.cost.prices import CostInputError, PriceTable
+from functions.cost.resources import TemplateResources, Traffic, resource_lines, template_resources
 
 HOURS_PER_MONTH = 730  # Azure's billing month
 SECONDS_PER_MONTH = HOURS_PER_MONTH * 3600
@@ -50,6 +52,9 @@ class Workload(BaseModel):
     # --heartbeat-table, as the Bicep installs them), or through Service Bus and a batch
     # execution (relays installed before, or without the table setting).
     heartbeats: Literal["table", "servicebus"] = "table"
+    # Share of the relays whose VMs live in the template's VNet and so send through its NAT
+    # gateway (the function app always does, with the template's VNet). 1: all of them.
+    relays_behind_nat: float = Field(default=1.0, ge=0, le=1)
 
 
 class Deployment(BaseModel):
@@ -65,6 +70,8 @@ class Deployment(BaseModel):
     batch_min: int = Field(default=1, ge=1)
     batch_max: int = Field(default=1000, ge=1)
     batch_wait_seconds: float = Field(default=30.0, ge=0)
+    # The template's other default resources (NAT gateway, Key Vault, alerts, host blobs).
+    resources: TemplateResources = Field(default_factory=TemplateResources)
 
 
 class Volumes(BaseModel):
@@ -77,14 +84,6 @@ class Volumes(BaseModel):
     notifications: float
     notify_executions: float
     sweeps: float
-
-
-class Line(BaseModel):
-    part: str  # Functions, Service Bus, Table storage, Log Analytics
-    item: str
-    quantity: float
-    unit: str
-    usd: float
 
 
 class Ceiling(BaseModel):
@@ -210,12 +209,16 @@ def bus_heartbeats(v: Volumes, w: Workload) -> float:
     return v.heartbeats if w.heartbeats == "servicebus" else 0.0
 
 
-def servicebus_lines(v: Volumes, w: Workload, c: Counts, p: PriceTable) -> list[Line]:
+def servicebus_operations(v: Volumes, w: Workload, c: Counts) -> float:
     per_message = c.servicebus_operations_per_message
     receive_side = max(0.0, per_message - 1)  # receive + complete on each subscription
-    operations = (v.documents + bus_heartbeats(v, w)) * per_message + v.notifications * (
+    return (v.documents + bus_heartbeats(v, w)) * per_message + v.notifications * (
         1 + c.topic_subscriptions * receive_side
     )
+
+
+def servicebus_lines(v: Volumes, w: Workload, c: Counts, p: PriceTable) -> list[Line]:
+    operations = servicebus_operations(v, w, c)
     entry = p.prices["servicebus_standard_operations"]
     tiers = [(t.up_to_millions, t.usd_per_million) for t in entry.tiers or []] or [
         (None, entry.value)
@@ -239,17 +242,39 @@ def servicebus_lines(v: Volumes, w: Workload, c: Counts, p: PriceTable) -> list[
     ]
 
 
-def table_lines(v: Volumes, w: Workload, c: Counts, p: PriceTable) -> list[Line]:
+def relay_table_requests(v: Volumes, w: Workload, c: Counts) -> float:
+    """The relays' own Table requests: their heartbeats into the liveness table."""
+    return v.heartbeats * c.table_requests_per_relay_heartbeat if w.heartbeats == "table" else 0.0
+
+
+def table_transactions(v: Volumes, w: Workload, c: Counts) -> float:
     per_heartbeat = (
         c.table_requests_per_relay_heartbeat
         if w.heartbeats == "table"
         else c.table_requests_per_heartbeat
     )
-    transactions = (
+    return (
         v.documents * c.table_requests_per_document
         + v.heartbeats * per_heartbeat
         + v.sweeps * watchdog_requests(w.vms, c)
     )
+
+
+def nat_traffic(v: Volumes, w: Workload, c: Counts) -> Traffic:
+    """What crosses the template's NAT gateway: all of the function app's Table and Service
+    Bus traffic, and the share of the relays' (heartbeats, documents) whose VMs live there."""
+    relay_tables = relay_table_requests(v, w, c)
+    relay_sends = v.documents + bus_heartbeats(v, w)  # one send each
+    app_tables = table_transactions(v, w, c) - relay_tables
+    app_bus = servicebus_operations(v, w, c) - relay_sends
+    return Traffic(
+        table_requests=app_tables + w.relays_behind_nat * relay_tables,
+        servicebus_operations=app_bus + w.relays_behind_nat * relay_sends,
+    )
+
+
+def table_lines(v: Volumes, w: Workload, c: Counts, p: PriceTable) -> list[Line]:
+    transactions = table_transactions(v, w, c)
     events_kept = v.events * w.retention_days / (HOURS_PER_MONTH / 24)
     gigabytes = (w.vms * c.table_bytes_per_vm + events_kept * c.table_bytes_per_event) / 1e9
     return [
@@ -414,6 +439,7 @@ def estimate(
         *servicebus_lines(v, workload, counts, prices),
         *table_lines(v, workload, counts, prices),
         *log_lines(v, counts, prices),
+        *resource_lines(deployment.resources, nat_traffic(v, workload, counts), prices),
     ]
     parts: dict[str, float] = {}
     for line in lines:
@@ -448,6 +474,7 @@ def load_deployment(
     *,
     instance_memory_mb: int | None = None,
     max_instances: int | None = None,
+    network: str | None = None,
 ) -> Deployment:
     """The deployment as this repository ships it: host.json and the Bicep defaults."""
     try:
@@ -469,6 +496,7 @@ def load_deployment(
         batch_min=int(bus.get("minMessageBatchSize", 1)),
         batch_max=int(bus.get("maxMessageBatchSize", 1000)),
         batch_wait_seconds=_timespan(str(bus.get("maxBatchWaitTime", "00:00:30"))),
+        resources=template_resources(root, network=network),
     )
 
 

@@ -25,6 +25,23 @@ REQUIRED_PRICES = (
     "table_transactions_per_10k",
     "table_lrs_gb_month",
     "log_analytics_gb",
+    "nat_gateway_per_hour",
+    "nat_gateway_per_gb",
+    "public_ip_standard_per_hour",
+    "key_vault_operations_per_10k",
+    "log_alert_rule_5min_month",
+    "metric_alert_series_month",
+    "blob_hot_lrs_gb_month",
+    "blob_write_operations_per_10k",
+)
+# Not prices: quantities Azure does not let us measure here (bytes on the wire, the host's
+# own blob writes), kept beside the prices so they are dated, sourced and flagged the same way.
+REQUIRED_ASSUMPTIONS = (
+    "nat_bytes_per_table_request",
+    "nat_bytes_per_servicebus_operation",
+    "key_vault_reads_per_secret_month",
+    "host_blob_writes_per_minute",
+    "host_blob_gb",
 )
 REQUIRED_LIMITS = (
     "servicebus_standard_credits_per_second",
@@ -79,6 +96,7 @@ class PriceTable(BaseModel):
     note: str = ""
     prices: dict[str, Entry]
     limits: dict[str, Entry]
+    assumptions: dict[str, Entry] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _complete(self) -> PriceTable:
@@ -86,6 +104,7 @@ class PriceTable(BaseModel):
             raise ValueError(f"currency must be USD (the table says {self.currency!r})")
         missing = [k for k in REQUIRED_PRICES if k not in self.prices]
         missing += [k for k in REQUIRED_LIMITS if k not in self.limits]
+        missing += [k for k in REQUIRED_ASSUMPTIONS if k not in self.assumptions]
         if missing:
             raise ValueError(f"missing entries: {', '.join(missing)}")
         return self
@@ -96,8 +115,12 @@ class PriceTable(BaseModel):
     def limit(self, name: str) -> float:
         return self.limits[name].value
 
+    def assumed(self, name: str) -> float:
+        return self.assumptions[name].value
+
     def unconfirmed(self) -> list[str]:
-        return sorted(name for name, e in {**self.prices, **self.limits}.items() if not e.confirmed)
+        every = {**self.prices, **self.limits, **self.assumptions}
+        return sorted(name for name, e in every.items() if not e.confirmed)
 
 
 def load_prices(path: Path | str | None = None) -> PriceTable:

@@ -36,7 +36,13 @@ def render(e: Estimate) -> str:
             else "through Service Bus (relays installed before the table path)"
         ),
         f"Deployment: Flex Consumption {d.instance_memory_mb} MB instances (always ready off), "
-        f"at most {d.max_instances}; Service Bus Standard; Table storage LRS",
+        f"at most {d.max_instances}; Service Bus Standard; Table storage LRS; "
+        + (
+            f"the template's VNet with a NAT gateway ({w.relays_behind_nat:.0%} of the "
+            "relays behind it)"
+            if d.resources.network == "new"
+            else "your VNet and egress (no NAT gateway)"
+        ),
         f"Counts: measured {e.counts_measured_at} ({e.counts_measured_by})"
         + (
             f", Service Bus heartbeats {e.heartbeats_measured_per_execution:g} per execution"

@@ -10,6 +10,7 @@ import pytest
 from functions.cost.counts import Counts
 from functions.cost.model import Deployment, Workload, estimate, tiered, volumes
 from functions.cost.prices import Entry, PriceTable, Tier
+from functions.cost.resources import TemplateResources
 
 
 def entry(value: float, tiers: list[Tier] | None = None) -> Entry:
@@ -39,12 +40,27 @@ PRICES = PriceTable(
         "table_transactions_per_10k": entry(0.01),
         "table_lrs_gb_month": entry(0.1),
         "log_analytics_gb": entry(2.0),
+        "nat_gateway_per_hour": entry(0.04),
+        "nat_gateway_per_gb": entry(0.05),
+        "public_ip_standard_per_hour": entry(0.005),
+        "key_vault_operations_per_10k": entry(0.03),
+        "log_alert_rule_5min_month": entry(1.5),
+        "metric_alert_series_month": entry(0.1),
+        "blob_hot_lrs_gb_month": entry(0.02),
+        "blob_write_operations_per_10k": entry(0.05),
     },
     limits={
         "servicebus_standard_credits_per_second": entry(1000),
         "table_account_entities_per_second": entry(20000),
         "table_partition_entities_per_second": entry(2000),
         "watchdog_sweep_seconds": entry(60),
+    },
+    assumptions={
+        "nat_bytes_per_table_request": entry(1000),
+        "nat_bytes_per_servicebus_operation": entry(2000),
+        "key_vault_reads_per_secret_month": entry(100),
+        "host_blob_writes_per_minute": entry(4),
+        "host_blob_gb": entry(0.5),
     },
 )
 
@@ -88,6 +104,10 @@ DEPLOYMENT = Deployment(
     batch_min=10,
     batch_max=1000,
     batch_wait_seconds=30,
+    # your own VNet: no NAT gateway (tests/cost/test_resources.py prices the template's)
+    resources=TemplateResources(
+        network="existing", key_vault_secrets=2, log_alert_rules=3, metric_alert_series=4
+    ),
 )
 
 # 2,628 s between heartbeats: 1,000 heartbeats per VM in a 730-hour month, sent the old way
@@ -131,9 +151,23 @@ def test_cost_by_part() -> None:
     # 162,800 executions x 1,000 B + 3,000 documents x 100 B = 0.1631 GB at $2
     assert lines["Log Analytics", "ingestion"].quantity == pytest.approx(0.1631)
     assert lines["Log Analytics", "ingestion"].usd == pytest.approx(0.3262)
-    assert e.total_usd == pytest.approx(10.660993, rel=1e-6)
-    assert e.usd_per_vm_month == pytest.approx(0.010660993, rel=1e-6)
-    assert set(e.parts) == {"Functions", "Service Bus", "Table storage", "Log Analytics"}
+    # the template's other resources, whatever the fleet: 2 secrets x 100 reads at $0.03 per
+    # 10k (0.0006); 3 log alert rules x $1.5 + 4 metric series x $0.1 (4.9); 43,800 minutes
+    # x 4 lease writes at $0.05 per 10k (0.876) + 0.5 GB of blobs at $0.02 (0.01): 5.7866
+    assert e.parts["Key Vault"] == pytest.approx(0.0006)
+    assert e.parts["Alerts"] == pytest.approx(4.9)
+    assert e.parts["Blob storage"] == pytest.approx(0.886)
+    assert e.total_usd == pytest.approx(10.660993 + 5.7866, rel=1e-6)
+    assert e.usd_per_vm_month == pytest.approx(0.016447593, rel=1e-6)
+    assert set(e.parts) == {
+        "Functions",
+        "Service Bus",
+        "Table storage",
+        "Log Analytics",
+        "Key Vault",
+        "Alerts",
+        "Blob storage",
+    }
 
 
 def test_free_grants_only_when_asked() -> None:
