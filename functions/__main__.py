@@ -1,5 +1,5 @@
-"""Operator CLI: `python -m functions policy check`, `python -m functions policy explain FILE`
-and `python -m functions cost --vms N`.
+"""Operator CLI: `python -m functions policy check`, `python -m functions policy explain FILE`,
+`python -m functions settings check [--strict]` and `python -m functions cost --vms N`.
 
 The policy commands read the same `POLICY__*` environment variables the function app
 reads, so a policy can be tried before it is deployed (export the app settings, then run
@@ -35,9 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     explain.add_argument("--now", help="ISO time to decide at (default: now), for windows")
     _cost_parser(sub)
+    _settings_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "cost":
         return _cost(args)
+    if args.command == "settings":
+        from functions.settings_cli import run_settings_check
+
+        return run_settings_check(args)
 
     load = load_policy()
     if load.policy is None:
@@ -45,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.policy_command == "check":
         print(effective_policy_json(load))
+        for warning in load.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         _warn_not_enforcing()
         return 0
     return _explain(load, args.file, args.now)
@@ -94,6 +101,29 @@ def _explain(load, file: str, now_text: str | None) -> int:
     for event in document.events if document else ():
         _print_decision(load, event, now, scale_sets)
     return 0
+
+
+def _settings_parser(sub: argparse._SubParsersAction) -> None:
+    settings = sub.add_parser("settings", help="check every app setting the app reads")
+    what = settings.add_subparsers(dest="settings_command", required=True)
+    check = what.add_parser(
+        "check",
+        help="validate the settings as the app does at start; exit 2 on errors",
+        description="Reads the environment (and --file) with the app's own models. Errors "
+        "are what the app refuses (it fails closed on them); warnings are what it logs.",
+    )
+    check.add_argument("--strict", action="store_true", help="warnings are errors too")
+    check.add_argument(
+        "--file",
+        help="app settings to check instead of (on top of) the environment: local.settings.json "
+        "or the output of `az functionapp config appsettings list`",
+    )
+    check.add_argument(
+        "--local",
+        action="store_true",
+        help="leave out the Azure connections (Service Bus, storage, APP_SECRET), as the "
+        "local host supplies its own",
+    )
 
 
 def _cost_parser(sub: argparse._SubParsersAction) -> None:

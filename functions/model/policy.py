@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+from collections.abc import Iterable
 from datetime import datetime, time, timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -22,18 +23,50 @@ from pydantic_settings.exceptions import SettingsError
 
 from functions.model.envelope import (
     FREEZE,
+    PLATFORM,
     PREEMPT,
     REBOOT,
     REDEPLOY,
+    SCHEDULED,
+    STARTED,
     TERMINATE,
     USER,
     ScheduledEvent,
 )
 from functions.model.event import Action, Decision, Severity, Transition
+from functions.model.policy_lint import lint_rules
+from functions.setting_names import env_names, suggestion
 
 ALL_CHANNELS: tuple[str, ...] = ("teams", "pagerduty", "webhook")
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 WEEKDAYS: tuple[str, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+# Azure's closed sets (Scheduled Events and its Event Grid events): a value outside them
+# can never match, so it is a typo and refused. Completed and Canceled come only from Event
+# Grid, and an ended event is never decided (policy_lint reports a rule needing them).
+EVENT_TYPES: tuple[str, ...] = (FREEZE, REBOOT, REDEPLOY, PREEMPT, TERMINATE)
+SOURCES: tuple[str, ...] = (PLATFORM, USER)
+STATUSES: tuple[str, ...] = (SCHEDULED, STARTED, "Completed", "Canceled")
+
+
+def closed_set(values: Iterable[str] | None, allowed: tuple[str, ...], what: str):
+    """`values` if each is one of `allowed` (case-insensitively, as Azure compares);
+    otherwise a ValueError naming each stranger and the closest allowed value."""
+    if values is None:
+        return values
+    folded = {a.casefold() for a in allowed}
+    bad = [
+        f"{v!r} is not {what}{_quoted(suggestion(v, allowed, cutoff=0.6))}"
+        for v in values
+        if v.casefold() not in folded
+    ]
+    if bad:
+        raise ValueError(f"{'; '.join(bad)} (Azure's: {', '.join(allowed)})")
+    return values
+
+
+def _quoted(hint: str) -> str:
+    return hint.replace("did you mean ", "did you mean '").replace("?", "'?") if hint else ""
 
 
 class Match(BaseModel):
@@ -50,10 +83,26 @@ class Match(BaseModel):
     event_types: tuple[str, ...] | None = None
     sources: tuple[str, ...] | None = None
     statuses: tuple[str, ...] | None = None
-    duration_at_least: int | None = None
-    duration_below: int | None = None
+    # IMDS sends -1 for "unknown": a negative bound would match unknown durations.
+    duration_at_least: int | None = Field(default=None, ge=0)
+    duration_below: int | None = Field(default=None, ge=0)
     resources: tuple[str, ...] | None = None  # globs over VM names, any named VM matches
     scale_sets: tuple[str, ...] | None = None  # any scale set of the named VMs
+
+    @field_validator("event_types")
+    @classmethod
+    def _event_types(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return closed_set(value, EVENT_TYPES, "an event type")
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return closed_set(value, SOURCES, "an event source")
+
+    @field_validator("statuses")
+    @classmethod
+    def _statuses(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return closed_set(value, STATUSES, "an event status")
 
     @model_validator(mode="after")
     def _range(self) -> Match:
@@ -209,6 +258,11 @@ class PagingPolicy(BaseModel):
         Transition.UNDRAIN_FAILED,
     )
 
+    @field_validator("event_types", "held_outside_window")
+    @classmethod
+    def _event_types(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return closed_set(value, EVENT_TYPES, "an event type")
+
 
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -272,7 +326,7 @@ class PolicySettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="POLICY__", env_nested_delimiter="__", extra="ignore", case_sensitive=False
+        env_prefix="POLICY__", env_nested_delimiter="__", extra="forbid", case_sensitive=False
     )
 
     rules: tuple[Rule, ...] = Field(default_factory=default_rules)
@@ -290,18 +344,81 @@ class PolicyLoad(BaseModel):
 
     policy: Policy | None
     error: str | None = None
+    # `error` piece by piece (each names its setting), for `settings check` to list.
+    problems: tuple[str, ...] = ()
+    # What the policy says that is probably not what was meant but is safe to run (a rule
+    # no event reaches, a drain with nothing configured to drain): logged at start,
+    # printed by `policy check`, errors under `settings check --strict`.
+    warnings: tuple[str, ...] = ()
+
+
+# Names starting with this are the policy's: one underscore short (POLICY_DRY_RUN) is
+# still a policy setting somebody meant.
+POLICY_FAMILY = "POLICY_"
+
+
+def policy_setting_names() -> set[str]:
+    return env_names(PolicySettings)
+
+
+def unknown_policy_names(environ: Iterable[str] | None = None) -> list[str]:
+    """An error for each `POLICY_*` name no field reads (POLICY__DRYRUN, POLICY_DRY_RUN)."""
+    known = policy_setting_names()
+    folded = {k.casefold() for k in known}
+    names = os.environ if environ is None else environ
+    return [
+        f"{name} is not a policy setting{suggestion(name, known)}"
+        for name in sorted(names)
+        if name.upper().startswith(POLICY_FAMILY) and name.casefold() not in folded
+    ]
 
 
 def load_policy() -> PolicyLoad:
-    """Read the policy from `POLICY__*` environment variables; never raises on a bad policy."""
+    """Read the policy from `POLICY__*` environment variables; never raises on a bad policy.
+
+    Refused (`error`, the app fails closed): a `POLICY_*` name no field reads, a value the
+    models refuse, a rule ordering that lets a less careful rule take events a later rule
+    drains or holds (policy_lint). Reported only (`warnings`): dead rules."""
+    unknown = unknown_policy_names()
     try:
         settings = PolicySettings()
         policy = Policy.model_validate(settings.model_dump())
     except ValidationError as exc:
-        return PolicyLoad(policy=None, error=summarize(exc))
+        return refused([*unknown, *policy_problems(exc)])
     except (SettingsError, ValueError) as exc:
-        return PolicyLoad(policy=None, error=_json_culprit() or str(exc))
-    return PolicyLoad(policy=policy)
+        return refused([*unknown, _json_culprit() or str(exc)])
+    errors, warnings = lint_rules(policy.rules)
+    if unknown or errors:
+        return refused([*unknown, *(f"POLICY__RULES: {e}" for e in errors)])
+    return PolicyLoad(policy=policy, warnings=tuple(f"POLICY__RULES: {w}" for w in warnings))
+
+
+def refused(problems: list[str]) -> PolicyLoad:
+    """No policy to act on (fail closed), because of `problems`."""
+    return PolicyLoad(policy=None, error="; ".join(problems), problems=tuple(problems))
+
+
+def policy_problems(exc: ValidationError) -> list[str]:
+    """Each error named by its app setting: `POLICY__PAGE__EVENT_TYPES: ...`,
+    `POLICY__RULES[2].match.sources: ...`."""
+    nested = {name for name, info in PolicySettings.model_fields.items() if _is_model(info)}
+    parts = []
+    for error in exc.errors(include_url=False):
+        loc = [str(p) for p in error["loc"]]
+        if not loc:
+            parts.append(f"POLICY: {error['msg']}")
+            continue
+        head = f"POLICY__{loc[0].upper()}"
+        rest = loc[1:]
+        if loc[0] in nested and rest and not rest[0].isdigit():
+            head, rest = f"{head}__{rest[0].upper()}", rest[1:]
+        path = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in rest)
+        parts.append(f"{head}{path}: {str(error['msg']).removeprefix('Value error, ')}")
+    return parts
+
+
+def _is_model(info) -> bool:
+    return isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
 
 
 def _json_culprit() -> str | None:
@@ -343,7 +460,7 @@ def fail_closed(error: str) -> Decision:
     return Decision(
         action="hold",
         rule="policy-invalid",
-        reason=f"the policy did not validate, so nothing is approved: {error}",
+        reason=f"the policy or a setting did not validate, so nothing is approved: {error}",
         severity="error",
         page=True,
         policy_error=error,

@@ -52,7 +52,7 @@ def test_cli_check_prints_the_default_policy():
 def test_cli_check_exits_2_on_an_invalid_policy():
     done = run_cli("policy", "check", env={"POLICY__RULES": '[{"name": "x", "action": "yes"}]'})
     assert done.returncode == 2
-    assert "rules.0.action" in done.stderr
+    assert "POLICY__RULES[0].action" in done.stderr
     done = run_cli("policy", "check", env={"POLICY__RULES": "[{"})
     assert done.returncode == 2 and "POLICY__RULES is not valid JSON" in done.stderr
 
@@ -98,7 +98,7 @@ def test_policy_from_app_settings_and_fail_closed(monkeypatch):
     assert load.policy.page.event_types == ("Preempt",)
     monkeypatch.setenv("POLICY__TIMEZONE", "Nowhere/City")
     load = load_policy()
-    assert load.policy is None and "timezone" in load.error
+    assert load.policy is None and "POLICY__TIMEZONE" in load.error
 
 
 def test_windows_across_midnight_and_dst():
