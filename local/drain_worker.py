@@ -63,7 +63,7 @@ def start_drain_worker(demo: Demo) -> None:
         return pipeline.relay_target(record) if record else None
 
     def approve(event_id: str, until: datetime) -> Any:
-        return approve_event(event_id, pipeline, give_up_at=until, by="terminate")
+        return approve_event(event_id, pipeline, give_up_at=until, by="drain")
 
     ctx = DrainContext(
         store=drains,

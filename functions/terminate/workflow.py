@@ -1,14 +1,20 @@
-"""The scale-set terminate workflow: drain, then approve, all before NotBefore.
+"""The drain workflow: take the VMs out of service, then approve, all before NotBefore.
 
-Runs for a `decided` notification whose event is a `Terminate` with action `drain` (the
-`terminate` subscription). Steps, each run at most once fleet-wide (terminate_store):
+Runs for a `decided` notification whose decision is `drain`, whatever the event type: a
+scale-in Terminate (the default policy), or a Reboot, Redeploy, Preempt or Freeze a
+policy rule asks to drain (the `terminate` subscription, named for its first use). Steps,
+each run at most once fleet-wide (functions.store.drains):
   announce drain_started → HTTP drain hook (DRAIN__HTTP_URL) → relay hook script on each
-  instance, all at once (DRAIN__RELAY_HOOK) → [on failure: announce drain_failed, then
-  approve or hold per DRAIN__ON_FAILURE] → approve through a relay.
+  VM, all at once (DRAIN__RELAY_HOOK) → [on failure: announce drain_failed, then approve
+  or hold per DRAIN__ON_FAILURE] → approve through a relay (or ARM).
 Deadline = NotBefore - DRAIN__SAFETY_MARGIN_SECONDS. Drain steps must end
 DRAIN__APPROVE_RESERVE_SECONDS before it, each within DRAIN__STEP_TIMEOUT_SECONDS; approval
 gives up at the deadline. A step that cannot start in time fails ("no time left") rather
-than run late.
+than run late. A Preempt has about 30 s of notice: its margins are DRAIN__PREEMPT_* (5 s
+and 2 s), so its drain is cut short in time and the eviction is approved or let go before
+NotBefore.
+The undrain (run_undrain) puts back what a drain reached when the event ends with the VM
+still there: cancelled (any type), or completed for a Freeze, Reboot or Redeploy.
 """
 
 from __future__ import annotations
@@ -22,13 +28,13 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import requests
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from functions.approvers.relay import RelayTarget
 from functions.clock import Clock, SystemClock
+from functions.model.envelope import FREEZE, PREEMPT, REBOOT, REDEPLOY
 from functions.model.event import Notification, Transition
 from functions.store.drains import DrainStore, StepRecord
+from functions.terminate.settings import DrainSettings, UndrainSettings
 from functions.terminate.steps import budget, http_drain, relay_hook
 
 log = logging.getLogger(__name__)
@@ -40,34 +46,23 @@ MAX_PARALLEL_HOOKS = 16
 # approve_event's "skipped" reasons that mean the approval is settled without us.
 SETTLED = frozenset({"already approved", "another caller is approving it", "event already started"})
 
+__all__ = [
+    "DrainContext",
+    "DrainResult",
+    "DrainSettings",
+    "UndrainSettings",
+    "run_drain",
+    "run_undrain",
+    "wants",
+    "wants_undrain",
+]
+
+# Types after which the VM is still there (paused, rebooted, moved): a drain is undone when
+# they complete. After a Terminate (deleted) or a Preempt (evicted) there is nothing to put
+# back; a cancelled event of any type is undone.
+BACK_AFTER = frozenset(t.casefold() for t in (FREEZE, REBOOT, REDEPLOY))
+
 Outcome = Literal["approved", "held", "approval_failed", "skipped", "undrained", "undrain_failed"]
-
-
-class DrainSettings(BaseSettings):
-    """`DRAIN__*` app settings."""
-
-    model_config = SettingsConfigDict(env_prefix="DRAIN__", extra="ignore", case_sensitive=False)
-
-    http_url: str | None = Field(default=None, pattern=r"^https?://")
-    relay_hook: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    step_timeout_seconds: float = Field(default=120, gt=0)
-    safety_margin_seconds: float = Field(default=30, ge=0)
-    on_failure: Literal["approve", "hold"] = "hold"
-    poll_seconds: float = Field(default=2.0, gt=0)  # relay hook status polling
-    # Kept free after the drain steps for the approval call itself.
-    approve_reserve_seconds: float = Field(default=10, ge=0)
-
-
-class UndrainSettings(BaseSettings):
-    """`UNDRAIN__*` app settings: how to put back an instance drained for a Terminate that
-    Azure then cancelled (the scale-in was called off, the instance stays)."""
-
-    model_config = SettingsConfigDict(env_prefix="UNDRAIN__", extra="ignore", case_sensitive=False)
-
-    http_url: str | None = Field(default=None, pattern=r"^https?://")
-    relay_hook: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    step_timeout_seconds: float = Field(default=120, gt=0)
-    poll_seconds: float = Field(default=2.0, gt=0)
 
 
 # approve(event_id, give_up_at) → "approved" | "failed" | "skipped" | ..., or an object with
@@ -105,24 +100,23 @@ class DrainResult:
 
 
 def wants_undrain(note: Notification) -> bool:
-    """A `cancelled` Terminate whose decision was to drain: something may need undoing."""
+    """An event whose decision was to drain ended with its VMs still there: cancelled
+    (any type), or completed after a Freeze, Reboot or Redeploy. Something may need
+    undoing (run_undrain finds out what its drain reached)."""
     event, decision = note.event, note.decision
-    return (
-        note.transition is Transition.CANCELLED
-        and event is not None
-        and event.event_type == "Terminate"
-        and decision is not None
-        and decision.action == "drain"
-        and not decision.dry_run
-    )
+    if event is None or decision is None or decision.action != "drain" or decision.dry_run:
+        return False
+    if note.transition is Transition.CANCELLED:
+        return True
+    return note.transition is Transition.COMPLETED and event.event_type.casefold() in BACK_AFTER
 
 
 def wants(note: Notification) -> bool:
+    """A `decided` drain, of any event type: the policy asked for it."""
     event, decision = note.event, note.decision
     return (
         note.transition is Transition.DECIDED
         and event is not None
-        and event.event_type == "Terminate"
         and decision is not None
         and decision.action == "drain"
     )
@@ -223,12 +217,12 @@ class _Steps:
 
 
 def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) -> DrainResult:
-    """Drain then approve (or hold) one Terminate event; resumable and run-once per step."""
+    """Drain then approve (or hold) one event; resumable and run-once per step."""
     if not wants(note):
         return DrainResult(
             note.event.event_id if note.event else "-",
             "skipped",
-            detail="not a Terminate with action drain",
+            detail="not a decided drain",
         )
     assert note.event is not None and note.decision is not None
     event, decision = note.event, note.decision
@@ -236,8 +230,9 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         return DrainResult(event.event_id, "skipped", detail="dry run: nothing drained or approved")
     if event.not_before is None:
         return DrainResult(event.event_id, "skipped", detail="no NotBefore: already started")
-    deadline = event.not_before - timedelta(seconds=settings.safety_margin_seconds)
-    drain_until = deadline - timedelta(seconds=settings.approve_reserve_seconds)
+    margin, reserve = settings.margins(event.event_type)
+    deadline = event.not_before - timedelta(seconds=margin)
+    drain_until = deadline - timedelta(seconds=reserve)
     steps = _Steps(event.event_id, ctx)
     clock = ctx.clock
 
@@ -302,7 +297,7 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
                 rerun_if_lost=True,
             )
 
-        # Every instance drains at the same time: the notice is the same for all of them.
+        # Every VM drains at the same time: the notice is the same for all of them.
         workers = max(1, min(MAX_PARALLEL_HOOKS, len(event.resources)))
         with ThreadPoolExecutor(workers, thread_name_prefix="drain-hook") as pool:
             futures = [pool.submit(on_vm, vm) for vm in event.resources]
@@ -316,7 +311,7 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
     drained = not failures
     if not drained:
         what = "; ".join(failures)
-        then = "approving anyway" if settings.on_failure == "approve" else "holding until NotBefore"
+        then = "approving anyway" if settings.on_failure == "approve" else _held(event.event_type)
         steps.once(
             "announce:drain_failed",
             clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
@@ -336,6 +331,13 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
     return DrainResult(event.event_id, outcome, drained, approval.detail, steps.records)
 
 
+def _held(event_type: str) -> str:
+    """What holding means for this type: a Preempt is not held, Azure evicts at NotBefore."""
+    if event_type.casefold() == PREEMPT.casefold():
+        return "not approving: Azure evicts it at NotBefore"
+    return "holding until NotBefore"
+
+
 # Drain step details that mean the step never reached its receiver: nothing to undo.
 NEVER_STARTED = ("no time left before the deadline", "no relay known")
 
@@ -350,17 +352,20 @@ def run_undrain(
     ctx: DrainContext,
     drain_hook: str | None = None,
 ) -> DrainResult:
-    """Undo the drain of a Terminate that was cancelled; run-once per step, like the drain.
+    """Undo the drain of an event that ended with its VMs still there (wants_undrain);
+    run-once per step, like the drain.
 
     Only what the drain reached is undone: the HTTP undrain hook if the HTTP drain hook was
     called, the relay undrain hook on each VM whose relay drain hook was called (the relay
     runs it because its drain hook ran there for this EventId: `Undoes`). A drain step
     that was reached but has no undrain setting is a failure to report, not to skip: the
-    instance stays out of service until someone puts it back. Announced once as
+    VM stays out of service until someone puts it back. Announced once as
     `undrained` or `undrain_failed`, and audited."""
     if not wants_undrain(note):
         event_id = note.event.event_id if note.event else "-"
-        return DrainResult(event_id, "skipped", detail="not a cancelled drained Terminate")
+        return DrainResult(
+            event_id, "skipped", detail="not an ended drained event with its VM back"
+        )
     assert note.event is not None and note.decision is not None
     event = note.event
     done = _settled_drain_steps(ctx, event.event_id)
@@ -429,7 +434,7 @@ def run_undrain(
     failures += [f"{r.step}: {r.detail}" for r in records if r.status != "succeeded"]
     if failures:
         transition, outcome = Transition.UNDRAIN_FAILED, "undrain_failed"
-        detail = "; ".join(failures) + " — put the instance back in service by hand"
+        detail = "; ".join(failures) + " — put the VM back in service by hand"
     else:
         transition, outcome = Transition.UNDRAINED, "undrained"
         detail = "; ".join(r.detail for r in records)

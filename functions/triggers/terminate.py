@@ -1,9 +1,11 @@
-"""Azure handler for the terminate workflow: the `terminate` subscription of the topic.
+"""Azure handler for the drain workflow: the `terminate` subscription of the topic (named
+for its first use, the scale-in Terminate; it drains every event type a rule drains).
 
-A `decided` drain runs the drain (run_drain); a `cancelled` Terminate that was to be
-drained runs the undrain (run_undrain). Wires them to the core's shared pipeline
-(functions.triggers.core.pipeline: settings, Table store, topic publisher, HTTP session,
-clock) and to functions.pipeline.approve.approve_event.
+A `decided` drain runs the drain (run_drain); a drained event that ended with its VM
+still there (cancelled, or a completed Freeze, Reboot or Redeploy) runs the undrain
+(run_undrain). Approvals and undrain audit rows say `by: drain`. Wires them to the core's
+shared pipeline (functions.triggers.core.pipeline: settings, Table store, topic publisher,
+HTTP session, clock) and to functions.pipeline.approve.approve_event.
 Returning completes the message (a body that is not a notification is recorded in the
 deliveries table first, as channel `terminate`); an exception (Table storage or Service Bus
 trouble) abandons it, and the redelivery resumes the workflow from the drains table.
@@ -63,7 +65,7 @@ def build_context() -> DrainContext:
             event_id,
             core,
             give_up_at=give_up_at,
-            by="terminate",
+            by="drain",
         )
 
     def relay_target(vm: str) -> RelayTarget | None:
@@ -83,7 +85,7 @@ def build_context() -> DrainContext:
             action="undrain",
             outcome=outcome,
             detail=detail,
-            by="terminate",
+            by="drain",
         )
 
     secret = channel_settings().webhook_secret
@@ -135,7 +137,8 @@ def terminate_drain(msg: func.ServiceBusMessage) -> None:
         return
     result = run_drain(note, settings, build_context())
     log.info(
-        "terminate %s: %s (drained=%s) %s",
+        "drain %s %s: %s (drained=%s) %s",
+        note.event.event_type if note.event else "-",
         result.event_id,
         result.outcome,
         result.drained,
@@ -151,7 +154,7 @@ def undrain(note: Notification) -> None:
         announce_invalid_settings(note, exc, Transition.UNDRAIN_FAILED, "UNDRAIN__")
         return
     result = run_undrain(note, settings, build_context(), drain_hook=hook)
-    log.info("terminate %s: %s %s", result.event_id, result.outcome, result.detail)
+    log.info("undrain %s: %s %s", result.event_id, result.outcome, result.detail)
 
 
 def announce_invalid_settings(

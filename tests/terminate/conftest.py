@@ -16,6 +16,7 @@ from azure.data.tables import TableServiceClient
 
 from functions.approvers.relay import RelayTarget
 from functions.identity.keys import CallbackKey
+from functions.model.envelope import parse_not_before
 from functions.model.event import Decision, EventSnapshot, Links, Notification, Transition
 from functions.store.drains import DrainStore
 from functions.terminate.workflow import DrainContext, DrainSettings
@@ -115,8 +116,12 @@ def terminate_note(
     event_id: str | None = None,
     resources: tuple[str, ...] = ("web_0",),
     notice: float = 30,
+    event_type: str = "Terminate",
+    not_before: datetime | None = None,
     **decision_fields: Any,
 ) -> Notification:
+    """A `decided` drain of an event (a Terminate unless `event_type` says otherwise),
+    NotBefore `notice` seconds from now unless given (imds_not_before: the simulator's)."""
     now = datetime.now(UTC)
     decision = {"action": "drain", "rule": "scale-in-drain", "severity": "warning"}
     decision.update(decision_fields)
@@ -125,17 +130,25 @@ def terminate_note(
         occurred_at=now,
         event=EventSnapshot(
             event_id=event_id or str(uuid.uuid4()).upper(),
-            event_type="Terminate",
+            event_type=event_type,
             event_status="Scheduled",
             event_source="Platform",
             resources=resources,
-            not_before=now + timedelta(seconds=notice),
+            not_before=not_before or now + timedelta(seconds=notice),
             scale_sets=("web",),
             reported_by=resources,
         ),
         decision=Decision(**decision),
         links=Links(status_url="https://bridge.example/api/status"),
     )
+
+
+def imds_not_before(sim: Any, event_id: str) -> datetime:
+    """The event's NotBefore as IMDS writes it (whole seconds): the view the app decides on
+    and the relay checks an approval against."""
+    value = parse_not_before(sim.describe_event(event_id)["NotBefore"])
+    assert value is not None
+    return value
 
 
 @dataclass

@@ -24,7 +24,7 @@ from functions.triggers import core as handlers
 from functions.triggers import notify as notify_trigger
 from functions.triggers.terminate import bp, drain_settings, terminate_drain, undrain_settings
 from tests import identity_harness
-from tests.terminate.conftest import Relays, terminate_note
+from tests.terminate.conftest import Relays, imds_not_before, terminate_note
 
 pytestmark = pytest.mark.azurite
 
@@ -68,7 +68,7 @@ def test_the_handler_drains_through_the_relay_then_approves_through_it(
 ) -> None:
     fleet = relays(count=1)
     event_id = fleet.sim.add_event("Terminate", resources=["web_0"], notice=300)
-    note = terminate_note(event_id, notice=300)
+    note = terminate_note(event_id, not_before=imds_not_before(fleet.sim, event_id))
     assert note.event is not None
     now = datetime.now(UTC)
     vm_id = identity_harness.enroll(core, "web_0", fleet.targets["web_0"], scale_set="web")
@@ -82,6 +82,8 @@ def test_the_handler_drains_through_the_relay_then_approves_through_it(
             event_id=event_id,
             event_type="Terminate",
             event_status="Scheduled",
+            event_source="Platform",  # as the simulator's IMDS says: the relay checks
+            duration_in_seconds=-1,
             resources=["web_0"],
             not_before=note.event.not_before,
             scale_sets=["web"],
@@ -135,7 +137,7 @@ def test_the_handler_undrains_a_drained_terminate_azure_cancelled(
     assert fleet.undrains() == [f"web_0 {event_id} Cancelled"]
     assert core.publisher.transitions(event_id)[-1] == "undrained"  # type: ignore[attr-defined]
     rows = [(r["action"], r["outcome"], r["by"]) for r in core.store.audit_rows(event_id)]
-    assert rows == [("undrain", "undrained", "terminate")]
+    assert rows == [("undrain", "undrained", "drain")]
 
 
 def test_other_messages_return_and_junk_is_refused(core: Pipeline) -> None:
@@ -175,3 +177,53 @@ def test_the_trigger_is_the_terminate_subscription() -> None:
     assert trigger.topic_name == "%NOTIFICATIONS_TOPIC%"
     assert trigger.subscription_name == "terminate"
     assert trigger.connection == "ServiceBusConnection"
+
+
+def test_the_handler_drains_a_reboot_approves_it_and_undrains_when_it_is_over(
+    core: Pipeline, relays: Callable[..., Relays]
+) -> None:
+    """A policy rule drains a Reboot: the same subscription drains it through the relay,
+    approves it through the relay (IMDS starts it), and undrains once it has completed."""
+    fleet = relays(count=1)
+    event_id = fleet.sim.add_event("Reboot", resources=["web_0"], notice=300)
+    note = terminate_note(
+        event_id,
+        not_before=imds_not_before(fleet.sim, event_id),
+        event_type="Reboot",
+        rule="drain-reboots",
+    )
+    assert note.event is not None
+    now = datetime.now(UTC)
+    vm_id = identity_harness.enroll(core, "web_0", fleet.targets["web_0"])
+    core.store.mutate_vm("web_0", lambda _r: VmRecord(name="web_0", vm_id=vm_id, last_seen=now))
+    core.store.mutate_event(
+        event_id,
+        lambda _r: EventRecord(
+            event_id=event_id,
+            event_type="Reboot",
+            event_status="Scheduled",
+            event_source="Platform",  # as the simulator's IMDS says: the relay checks
+            duration_in_seconds=-1,
+            resources=["web_0"],
+            not_before=note.event.not_before,
+            first_seen=now,
+            reporters={"web_0": "Scheduled"},
+            decision=note.decision,
+            decided_at=now,
+        ),
+    )
+    terminate_drain(func.ServiceBusMessage(body=note.to_json().encode()))
+    assert fleet.runs() == [f"web_0 {event_id}"]
+    assert [a.event_id.casefold() for a in fleet.sim.approvals] == [event_id.casefold()]
+    assert fleet.sim.event(event_id).status == "Started"  # approved: the reboot begins
+    fleet.sim.remove_event(event_id)  # ... and is over
+    done = note.model_copy(update={"transition": Transition.COMPLETED})
+    terminate_drain(func.ServiceBusMessage(body=done.to_json().encode()))
+    assert [line.split()[:2] for line in fleet.undrains()] == [["web_0", event_id]]
+    assert core.publisher.transitions(event_id) == [  # type: ignore[attr-defined]
+        Transition.DRAIN_STARTED.value,
+        Transition.APPROVED.value,
+        Transition.UNDRAINED.value,
+    ]
+    rows = [(r["action"], r["outcome"], r["by"]) for r in core.store.audit_rows(event_id)]
+    assert ("undrain", "undrained", "drain") in rows
