@@ -130,8 +130,8 @@ FOLLOW_UP = {
     Transition.COMPLETED: "completed",
     Transition.CANCELLED: "cancelled by Azure before it started",
     Transition.OVERDUE: "overdue: still Scheduled after NotBefore",
-    Transition.UNDRAINED: "cancelled after its drain: undrained, back in service",
-    Transition.UNDRAIN_FAILED: "cancelled after its drain, but undraining failed",
+    Transition.UNDRAINED: "over or cancelled after its drain: undrained, back in service",
+    Transition.UNDRAIN_FAILED: "over or cancelled after its drain, but undraining failed",
 }
 
 

@@ -55,8 +55,8 @@ def test_undrain_outcomes_on_every_channel(channels) -> None:
     send_all(settings, ok, failed)
     cards = [b["attachments"][0]["content"]["body"][0] for b in t.bodies()]
     assert cards[0]["text"] == (
-        "Scale-in: instance deleted cancelled after its drain: undrained, back in service: 1 VM"
-        " in scale set web"
+        "Scale-in: instance deleted over or cancelled after its drain: undrained, back in "
+        "service: 1 VM in scale set web"
     )
     assert cards[0]["color"] == "Default"
     assert "undraining failed" in cards[1]["text"] and cards[1]["color"] == "Attention"
