@@ -4,31 +4,33 @@ The message body is an envelope carrying `attestation: {"signature", "nonce"}`. 
 signature is the PKCS#7 SignedData IMDS answered for `nonce` = a hash of the envelope
 without its `attestation` key, so Azure's signature binds *this* body to *this* VM:
 
-1. base64 -> PKCS#7 SignedData with attached JSON content (asn1crypto parses; pyca has no
-   public PKCS#7 verify API).
-2. The signer is the certificate the SignerInfo's `sid` names (issuer+serial or SKI), never
-   "the first certificate in the bag": the bag is an unordered SET a forger fills (SPIRE's
-   2026 fix, commit 58f420c). Its RSA signature must hold over the signed attributes (whose
-   messageDigest must equal the content's digest, content-type `data`) or the content.
-3. That certificate chains to a trusted root (cryptography.x509.verification, webpki rules)
-   and its DNS SAN is `*.<suffix>` for an allowed suffix (`metadata.azure.com` ...): any
-   public CA issues certificates for other names; only Azure holds this one.
-4. The signed nonce equals the binding nonce recomputed from the received body: a document
-   signed for one message cannot vouch for another (edited or replayed) one.
-5. The signed vmId equals the envelope's `vm.vm_id`: a VM can only get documents about
-   itself, so it can only speak as itself. Subscription allow-list when configured.
+1. base64 -> PKCS#7 SignedData with attached JSON content (functions.identity.pkcs7).
+2. The signer is the certificate the SignerInfo's `sid` names, never "the first
+   certificate in the bag". Its RSA signature must hold with a SHA-256/384/512 digest,
+   written as Azure writes it (sha256WithRSAEncryption) or as the plain hash OID.
+3. The signer's DNS names include `metadata.azure.<com|us|cn>` (the configured suffixes)
+   or a subdomain of one (`eastus.metadata.azure.com`; a `*.` wildcard counts as a
+   subdomain form). Any public CA issues certificates for other names; only Microsoft
+   holds these. The chain is then built for a name the leaf holds, to the shipped roots
+   (functions/identity/trust: DigiCert Global Root G2, Microsoft RSA Root CA 2017,
+   Microsoft TLS RSA Root G2) through the shipped intermediates, with webpki rules
+   (cryptography.x509.verification: the leaf's serverAuth EKU, key sizes, validity).
+4. The signed nonce equals the binding nonce recomputed from the received body.
+5. The signed vmId equals the envelope's `vm.vm_id`; subscription allow-list if set.
 6. The document is current (createdOn not in the future, expiresOn not past).
+
+Each refusal is an AttestationError naming its `check` (attestation_errors.CHECKS).
 
 Chain verification is cached per signer-certificate fingerprint (bounded LRU, still
 re-checked against the chain's validity window on every use), so the steady-state cost per
 message is one RSA verify, one digest and the JSON parses.
 
-Azure puts only the leaf in the bag; its intermediate ("Microsoft Azure RSA TLS Issuing CA
-0x", "Microsoft TLS G2 RSA CA OCSP xx") is named by the leaf's AIA caIssuers URL. Where the
-bag does not complete the chain, the verifier fetches that URL, but only from Microsoft's and
-DigiCert's certificate hosts (no request to a host a forger names), or uses pinned
-`intermediates_pem`. A fetched intermediate is trusted for nothing: the chain still has to
-end at a configured root.
+Only the leaf is in Azure's bag. An intermediate the shipped trust lacks (Microsoft adds
+them without notice) is fetched from the leaf's AIA caIssuers URL under the rules of
+functions.identity.issuers (allowed hosts as the connection parses them, ports 80/443, one
+5 s deadline); a fetch that fails for the network raises AttestationUnavailable (retry)
+and is not tried again for FAILURE_TTL seconds. A fetched certificate is trusted for
+nothing: the chain still has to end at a root of the trust.
 """
 
 from __future__ import annotations
@@ -39,21 +41,30 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
-from asn1crypto import cms, core
-from asn1crypto import x509 as asn1_x509
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.x509.oid import AuthorityInformationAccessOID, ExtensionOID
+from cryptography.x509.oid import AuthorityInformationAccessOID, ExtensionOID, NameOID
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store, VerificationError
+
+from functions.identity import issuers, pkcs7, trust
+from functions.identity.attestation_errors import CHECKS, AttestationError, AttestationUnavailable
+
+__all__ = [
+    "CHECKS",
+    "AttestationError",
+    "AttestationUnavailable",
+    "AttestationVerifier",
+    "Attested",
+    "Signed",
+    "binding_nonces",
+    "canonical",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,58 +73,8 @@ TIME_FORMAT = "%m/%d/%y %H:%M:%S -0000"
 CLOCK_SKEW = timedelta(minutes=5)
 CHAIN_CACHE_SIZE = 64  # signer certificates: Azure has a handful per cloud at a time
 MAX_SIGNATURE_CHARS = 64 * 1024  # an IMDS signature is ~3-4 KB of base64
-MAX_BAG_CERTIFICATES = 8
-# Where Azure's attestation leaves point for their issuer (AIA caIssuers). Only these are
-# fetched: a forged leaf must not make the app request a URL of the forger's choosing.
-ISSUER_HOSTS = frozenset(
-    {
-        "www.microsoft.com",
-        "caissuers.microsoft.com",
-        "cacerts.digicert.com",
-        "cacerts.digicert.cn",
-        "cacerts.geotrust.com",
-    }
-)
-ISSUER_FETCH_TIMEOUT = 5.0
-ISSUER_MAX_BYTES = 64 * 1024
-
-_HASHES: dict[str, type[hashes.HashAlgorithm]] = {
-    "sha1": hashes.SHA1,
-    "sha256": hashes.SHA256,
-    "sha384": hashes.SHA384,
-    "sha512": hashes.SHA512,
-}
-
-
-class AttestationError(ValueError):
-    """The message's attestation does not hold. The message is safe to record: it starts
-    with "attestation: " and holds no secret (only ids, times and our own reasons).
-
-    `check` names the check that failed, one of CHECKS, so a report-mode rollout and the
-    operator's `attestation check` can say exactly which rule Azure's document broke."""
-
-    def __init__(self, reason: str, check: str = "format") -> None:
-        super().__init__(f"attestation: {reason}"[:1000])
-        self.check = check
-
-
-# The checks an AttestationError can name (its `check`).
-CHECKS = (
-    "format",  # not JSON / not PKCS#7 / no signature / missing fields
-    "signature",  # digest or signature algorithm, signed attributes, RSA signature
-    "signer_name",  # the signer certificate's DNS names are not Azure's attestation names
-    "chain",  # the signer does not chain to a shipped (or configured) root
-    "nonce",  # the signed nonce is not this message's
-    "vm_id",  # the signed vmId is not the one the message claims
-    "subscription",  # the signed subscription is not in the allow-list
-    "time",  # createdOn in the future / expiresOn past / chain not valid now
-)
-
-
-class AttestationUnavailable(RuntimeError):
-    """The document could not be checked *now* (an unknown intermediate could not be
-    fetched): the message must be retried, never rejected for good, because a genuine
-    Terminate would otherwise be lost to a network blip."""
+FAILURE_TTL = 60.0  # seconds a failed issuer fetch is not retried
+_LABEL = set("abcdefghijklmnopqrstuvwxyz0123456789-")
 
 
 @dataclass(frozen=True)
@@ -124,6 +85,16 @@ class Attested:
     subscription_id: str
     created_on: datetime
     expires_on: datetime
+
+
+@dataclass(frozen=True)
+class Signed:
+    """A signature that holds: its content, the signer's DNS names, the chain built
+    (subject common names, leaf first)."""
+
+    content: bytes
+    signer_names: tuple[str, ...]
+    chain: tuple[str, ...]
 
 
 def canonical(obj: Any) -> bytes:
@@ -179,52 +150,30 @@ def load_pem_certificates(pem: str) -> list[x509.Certificate]:
     return x509.load_pem_x509_certificates(pem.encode())
 
 
-def _default_roots() -> list[x509.Certificate]:
-    """certifi's bundle, one certificate at a time: a root that cryptography refuses (or
-    warns about, like a non-positive serial) is skipped, not fatal for all the others."""
-    import warnings
-
-    import certifi
-
-    roots = []
-    for block in certifi.contents().split("-----END CERTIFICATE-----"):
-        if "-----BEGIN CERTIFICATE-----" not in block:
-            continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                roots.append(
-                    x509.load_pem_x509_certificate((block + "-----END CERTIFICATE-----").encode())
-                )
-            except ValueError:
-                continue
-    return roots
-
-
-def fetch_issuer(url: str) -> bytes:
-    """GET an AIA caIssuers URL (only ISSUER_HOSTS; no redirects; size-bounded)."""
-    import requests
-
-    with requests.get(
-        url, timeout=ISSUER_FETCH_TIMEOUT, allow_redirects=False, stream=True
-    ) as answer:
-        answer.raise_for_status()
-        data = answer.raw.read(ISSUER_MAX_BYTES + 1, decode_content=True)
-    if len(data) > ISSUER_MAX_BYTES:
-        raise ValueError("issuer certificate too large")
-    return data
+def signer_name(names: Iterable[str], suffixes: Iterable[str]) -> str | None:
+    """The DNS name to build the chain for: an allowed suffix itself, else a subdomain of
+    one (letters, digits, hyphens), else a wildcard over one (checked as `attest.<suffix>`,
+    a name the wildcard covers). None: the certificate is not Azure's attestation signer."""
+    names = [n.lower().rstrip(".") for n in names]
+    for suffix in suffixes:
+        if suffix in names:
+            return suffix
+    for suffix in suffixes:
+        for name in names:
+            head = name[: -len(suffix) - 1]
+            if name.endswith("." + suffix) and all(
+                label and set(label) <= _LABEL for label in head.split(".")
+            ):
+                return name
+    for suffix in suffixes:
+        if f"*.{suffix}" in names:
+            return f"attest.{suffix}"
+    return None
 
 
-def _load_any_certificates(data: bytes) -> list[x509.Certificate]:
-    """A caIssuers answer: DER certificate, PEM, or a degenerate PKCS#7 of certificates."""
-    if b"-----BEGIN" in data:
-        return x509.load_pem_x509_certificates(data)
-    try:
-        return [x509.load_der_x509_certificate(data)]
-    except ValueError:
-        from cryptography.hazmat.primitives.serialization import pkcs7
-
-        return list(pkcs7.load_der_pkcs7_certificates(data))
+def _common_name(cert: x509.Certificate) -> str:
+    values = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(values[0].value) if values else cert.subject.rfc4514_string()
 
 
 @dataclass(frozen=True)
@@ -235,6 +184,8 @@ class _Chain:
     not_before: datetime
     not_after: datetime
     key: Any  # the signer's public key, so a cached signer is not parsed again
+    names: tuple[str, ...]
+    path: tuple[str, ...]
 
 
 class AttestationVerifier:
@@ -246,38 +197,49 @@ class AttestationVerifier:
         signer_suffixes: Iterable[str] = DEFAULT_SIGNER_SUFFIXES,
         allowed_subscriptions: frozenset[str] = frozenset(),
         *,
+        extra_pem: str | None = None,
         intermediates_pem: str | None = None,
         issuer_fetcher: Callable[[str], bytes] | None = None,
         fetch_issuers: bool | None = None,
         cache_size: int = CHAIN_CACHE_SIZE,
     ) -> None:
-        """`roots_pem` replaces the public roots (tests, the simulator: ATTESTATION_CA_PEM).
-        `intermediates_pem` pins intermediates where the app cannot reach the caIssuers
-        hosts; `fetch_issuers` (default: on with the public roots, off with `roots_pem`)
-        fetches a missing intermediate from the leaf's AIA URL through `issuer_fetcher`."""
+        """Trust: the shipped roots and intermediates (functions/identity/trust), unless
+        `roots_pem` replaces them (tests, the simulator: ATTESTATION_CA_PEM; self-signed
+        certificates in it are roots, the others intermediates). `extra_pem` adds to the
+        trust (`attestation check --ca-pem`, a chain since retired), `intermediates_pem`
+        adds intermediates only. `fetch_issuers` (default: on with the shipped trust, off
+        with `roots_pem`) fetches a missing intermediate through `issuer_fetcher`."""
         if roots_pem is not None:
-            roots = load_pem_certificates(roots_pem)
-            if not roots:
-                raise ValueError("roots_pem holds no certificate")
+            material = trust.from_pem(roots_pem)
+            if not material.roots:
+                raise ValueError("roots_pem holds no self-signed (root) certificate")
             log.warning(
-                "attestation: trusting %d configured root(s) instead of the public roots "
+                "attestation: trusting %d configured root(s) instead of the shipped ones "
                 "(ATTESTATION_CA_PEM): for tests and the simulator only",
-                len(roots),
+                len(material.roots),
             )
         else:
-            roots = _default_roots()
-        self._store = Store(roots)
+            material = trust.shipped()
+        if extra_pem:
+            material = material + trust.from_pem(extra_pem)
+        if intermediates_pem:
+            material = material + trust.TrustMaterial(
+                (), tuple(load_pem_certificates(intermediates_pem))
+            )
+        self._store = Store(list(material.roots))
+        self._intermediates = list(material.intermediates)
         self.suffixes = tuple(s.strip().strip(".").lower() for s in signer_suffixes if s.strip())
         if not self.suffixes:
             raise ValueError("no attestation signer suffix")
         self.allowed_subscriptions = frozenset(s.lower() for s in allowed_subscriptions)
-        self._pinned = load_pem_certificates(intermediates_pem) if intermediates_pem else []
         self._fetch_issuers = roots_pem is None if fetch_issuers is None else fetch_issuers
-        self._issuer_fetcher = issuer_fetcher or fetch_issuer
+        self._issuer_fetcher = issuer_fetcher or issuers.fetch_issuer
         self._issuers: OrderedDict[str, list[x509.Certificate]] = OrderedDict()
+        self._failed: dict[str, tuple[float, str]] = {}  # url -> (retry after, reason)
         self._chains: OrderedDict[bytes, _Chain] = OrderedDict()  # by SHA-256 of the DER
         self._cache_size = max(1, cache_size)
         self._lock = threading.Lock()
+        self.clock: Callable[[], float] = time.monotonic
 
     # ------------------------------------------------------------------ the message
 
@@ -299,26 +261,39 @@ class AttestationVerifier:
         claimed = vm.get("vm_id") if isinstance(vm, dict) else None
         if not isinstance(claimed, str) or not claimed:
             raise AttestationError("envelope has no vm.vm_id")
+        return self.verify_document(
+            attestation["signature"], now, nonces=binding_nonces(envelope), vm_id=claimed
+        )
 
-        content = self.verify_signature(attestation["signature"], now)
-        document = self._document(content)
-
-        if document["nonce"] not in binding_nonces(envelope):
-            raise AttestationError("nonce does not match this message")
-        vm_id = document["vmId"]
-        if vm_id.lower() != claimed.lower():
-            raise AttestationError(f"vmId {vm_id[:40]} does not match vm.vm_id {claimed[:40]!r}")
+    def verify_document(
+        self,
+        signature: str,
+        now: datetime,
+        *,
+        nonces: Iterable[str] | None = None,
+        vm_id: str | None = None,
+    ) -> Attested:
+        """Checks 1-6 on IMDS's `signature`; the nonce and vmId only when given."""
+        now = _utc(now)
+        document = self._document(self.verify_signature(signature, now))
+        if nonces is not None and document["nonce"] not in tuple(nonces):
+            raise AttestationError("nonce does not match this message", check="nonce")
+        signed_vm = document["vmId"]
+        if vm_id is not None and signed_vm.lower() != vm_id.lower():
+            raise AttestationError(
+                f"vmId {signed_vm[:40]} does not match vm.vm_id {vm_id[:40]!r}", check="vm_id"
+            )
         subscription = document["subscriptionId"]
         if self.allowed_subscriptions and subscription.lower() not in self.allowed_subscriptions:
-            raise AttestationError(f"subscription {subscription[:40]} not allowed")
+            raise AttestationError(f"subscription {subscription[:40]} not allowed", "subscription")
         stamp = document["timeStamp"]
         created = parse_time(stamp.get("createdOn"), "createdOn")
         expires = parse_time(stamp.get("expiresOn"), "expiresOn")
         if created > now + CLOCK_SKEW:
-            raise AttestationError(f"created in the future at {created.isoformat()}")
+            raise AttestationError(f"created in the future at {created.isoformat()}", "time")
         if expires <= now:
-            raise AttestationError(f"expired at {expires.isoformat()}")
-        return Attested(vm_id.lower(), subscription.lower(), created, expires)
+            raise AttestationError(f"expired at {expires.isoformat()}", check="time")
+        return Attested(signed_vm.lower(), subscription.lower(), created, expires)
 
     @staticmethod
     def _document(content: bytes) -> dict[str, Any]:
@@ -339,6 +314,10 @@ class AttestationVerifier:
 
     def verify_signature(self, signature: str, now: datetime) -> bytes:
         """Checks 1-3: the signed content (bytes) if Azure signed it, else AttestationError."""
+        return self.inspect(signature, now).content
+
+    def inspect(self, signature: str, now: datetime) -> Signed:
+        """Checks 1-3, with what they found (the operator's `attestation check` prints it)."""
         now = _utc(now)
         if len(signature) > MAX_SIGNATURE_CHARS:
             raise AttestationError("signature too large")
@@ -347,9 +326,9 @@ class AttestationVerifier:
         except (binascii.Error, ValueError):
             raise AttestationError("signature is not base64") from None
         try:
-            signed_data = _signed_data(der)
-            content = _content(signed_data)
-            signer_info, signer, others = _signer(signed_data)
+            data = pkcs7.signed_data(der)
+            content = pkcs7.content(data)
+            info, signer, others = pkcs7.signer(data)
             signer_der = signer.dump()
         except AttestationError:
             raise
@@ -361,80 +340,98 @@ class AttestationVerifier:
             if known is not None:
                 self._chains.move_to_end(fingerprint)
         if known is None:
-            leaf = x509.load_der_x509_certificate(signer_der)
-            key = leaf.public_key()
+            try:
+                leaf = x509.load_der_x509_certificate(signer_der)
+                key = leaf.public_key()
+            except ValueError:
+                raise AttestationError("signer certificate does not parse", "signature") from None
         else:
             key = known.key
-        if not isinstance(key, rsa.RSAPublicKey):
-            raise AttestationError("signer key is not RSA")
-        _check_signature(signer_info, key, content)
+        pkcs7.check_signature(info, key, content)
         if known is None:
             bag = [x509.load_der_x509_certificate(c.dump()) for c in others]
-            self._remember(fingerprint, self._verify_chain(leaf, bag, now), key)
+            known = self._verify_chain(leaf, bag, now, key)
+            self._remember(fingerprint, known)
         elif not known.not_before <= now < known.not_after:
             raise AttestationError(
                 f"signer certificate chain not valid at {now.isoformat()} (valid "
-                f"{known.not_before.isoformat()} to {known.not_after.isoformat()})"
+                f"{known.not_before.isoformat()} to {known.not_after.isoformat()})",
+                check="time",
             )
-        return content
+        return Signed(content, known.names, known.path)
 
     # ------------------------------------------------------------------ chain
 
-    def _suffix_of(self, leaf: x509.Certificate) -> str:
-        """The allowed suffix whose wildcard the leaf's DNS SAN holds."""
+    def _names_of(self, leaf: x509.Certificate) -> tuple[tuple[str, ...], str]:
+        """The leaf's DNS names and the one the chain is built for (signer_name)."""
         try:
             san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            names = tuple(n.lower() for n in san.get_values_for_type(x509.DNSName))
         except (x509.ExtensionNotFound, ValueError):
-            raise AttestationError("signer certificate has no subjectAltName") from None
-        names = {n.lower() for n in san.get_values_for_type(x509.DNSName)}
-        for suffix in self.suffixes:
-            if f"*.{suffix}" in names:
-                return suffix
-        shown = ", ".join(sorted(names))[:120]
-        raise AttestationError(f"signer certificate is for {shown or 'no DNS name'}, not Azure")
+            raise AttestationError(
+                "signer certificate has no subjectAltName", "signer_name"
+            ) from None
+        name = signer_name(names, self.suffixes)
+        if name is None:
+            shown = ", ".join(sorted(names))[:120]
+            raise AttestationError(
+                f"signer certificate is for {shown or 'no DNS name'}, not Azure's "
+                f"{' / '.join(self.suffixes)} or a subdomain",
+                check="signer_name",
+            )
+        return names, name
 
     def _verify_chain(
-        self, leaf: x509.Certificate, bag: list[x509.Certificate], now: datetime
-    ) -> tuple[datetime, datetime]:
-        """Check 3 for a signer not seen yet: (not before, not after) of the verified chain."""
-        suffix = self._suffix_of(leaf)
+        self, leaf: x509.Certificate, bag: list[x509.Certificate], now: datetime, key: Any
+    ) -> _Chain:
+        """Check 3 for a signer not seen yet."""
+        names, name = self._names_of(leaf)
         verifier = (
             PolicyBuilder()
             .store(self._store)
             .time(now.replace(tzinfo=None))
-            .build_server_verifier(DNSName(f"attest.{suffix}"))
+            .build_server_verifier(DNSName(name))
         )
-        intermediates = [*bag, *self._pinned]
+        intermediates = [*bag, *self._intermediates]
         try:
             chain = verifier.verify(leaf, intermediates)
         except VerificationError as first:
             fetched = self._fetched_issuers(leaf) if self._fetch_issuers else []
             if not fetched:
-                raise self._chain_error(first) from None
+                raise self._chain_error(first, leaf, now) from None
             try:
                 chain = verifier.verify(leaf, [*intermediates, *fetched])
             except VerificationError as second:
-                raise self._chain_error(second) from None
-        return (
+                raise self._chain_error(second, leaf, now) from None
+        return _Chain(
             max(c.not_valid_before_utc for c in chain),
             min(c.not_valid_after_utc for c in chain),
+            key,
+            names,
+            tuple(_common_name(c) for c in chain),
         )
 
-    def _remember(self, fingerprint: bytes, window: tuple[datetime, datetime], key: Any) -> None:
+    def _remember(self, fingerprint: bytes, chain: _Chain) -> None:
         with self._lock:
-            self._chains[fingerprint] = _Chain(window[0], window[1], key)
+            self._chains[fingerprint] = chain
             while len(self._chains) > self._cache_size:
                 self._chains.popitem(last=False)
 
     @staticmethod
-    def _chain_error(exc: VerificationError) -> AttestationError:
+    def _chain_error(
+        exc: VerificationError, leaf: x509.Certificate, now: datetime
+    ) -> AttestationError:
         detail = str(exc).split(" (encountered", 1)[0][:160]
-        return AttestationError(
-            f"signer does not chain to a trusted root ({detail})", check="chain"
-        )
+        if not leaf.not_valid_before_utc <= now <= leaf.not_valid_after_utc:
+            return AttestationError(
+                f"signer certificate not valid at {now.isoformat()} ({detail})", check="time"
+            )
+        return AttestationError(f"signer does not chain to a trusted root ({detail})", "chain")
 
     def _fetched_issuers(self, leaf: x509.Certificate) -> list[x509.Certificate]:
-        """The leaf's caIssuers certificates, from allowed hosts only, cached per URL."""
+        """The leaf's caIssuers certificates from allowed URLs, cached per URL. Raises
+        AttestationUnavailable when an allowed URL could not be fetched (now or in the
+        last FAILURE_TTL seconds) and no other one answered."""
         try:
             aia = leaf.extensions.get_extension_for_oid(
                 ExtensionOID.AUTHORITY_INFORMATION_ACCESS
@@ -442,141 +439,59 @@ class AttestationVerifier:
         except (x509.ExtensionNotFound, ValueError):
             return []
         found: list[x509.Certificate] = []
+        unavailable: list[str] = []
         for desc in aia:
             if desc.access_method != AuthorityInformationAccessOID.CA_ISSUERS:
                 continue
             if not isinstance(desc.access_location, x509.UniformResourceIdentifier):
                 continue
             url = desc.access_location.value
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or parts.hostname not in ISSUER_HOSTS:
-                log.info("attestation: not fetching issuer from %s", url[:200])
+            try:
+                certs = self._issuer(url)
+            except issuers.IssuerRefused as exc:
+                log.info("attestation: issuer %s not used: %s", url[:200], exc)
                 continue
-            with self._lock:
-                cached = self._issuers.get(url)
-            if cached is None:
-                try:
-                    cached = _load_any_certificates(self._issuer_fetcher(url))
-                except Exception as exc:  # network, HTTP, parse: the chain just stays short
-                    log.warning("attestation: issuer %s not fetched: %r", url[:200], exc)
-                    continue
-                with self._lock:
-                    self._issuers[url] = cached
-                    while len(self._issuers) > self._cache_size:
-                        self._issuers.popitem(last=False)
-            found.extend(cached)
+            except issuers.IssuerUnavailable as exc:
+                unavailable.append(str(exc)[:160])
+                continue
+            found.extend(certs)
+        if not found and unavailable:
+            raise AttestationUnavailable(
+                f"attestation: the signer's issuer could not be fetched ({unavailable[0]}); "
+                "retry later"
+            )
         return found
 
-
-# ---------------------------------------------------------------------- PKCS#7 helpers
-
-
-def _signed_data(der: bytes) -> cms.SignedData:
-    try:
-        info = cms.ContentInfo.load(der, strict=True)
-        kind = info["content_type"].native
-    except Exception:  # asn1crypto raises ValueError, TypeError, KeyError... on garbage
-        raise AttestationError("signature is not PKCS#7") from None
-    if kind != "signed_data":
-        raise AttestationError(f"signature is PKCS#7 {str(kind)[:40]}, not SignedData")
-    return info["content"]
-
-
-def _content(signed_data: cms.SignedData) -> bytes:
-    encap = signed_data["encap_content_info"]
-    if encap["content_type"].native != "data":
-        raise AttestationError("signed content type is not data")
-    content = encap["content"].native
-    if not isinstance(content, bytes) or not content:
-        raise AttestationError("signed content is not attached")
-    return content
-
-
-def _signer(
-    signed_data: cms.SignedData,
-) -> tuple[cms.SignerInfo, asn1_x509.Certificate, list[asn1_x509.Certificate]]:
-    """The one SignerInfo, the bag certificate its `sid` names (exactly one), and the
-    other certificates of the bag (candidate intermediates, trusted for nothing)."""
-    infos = list(signed_data["signer_infos"])
-    if len(infos) != 1:
-        raise AttestationError(f"{len(infos)} signers, expected 1")
-    info = infos[0]
-    sid = info["sid"]
-    certs = [c.chosen for c in signed_data["certificates"] or () if c.name == "certificate"]
-    if len(certs) > MAX_BAG_CERTIFICATES:
-        raise AttestationError(f"{len(certs)} certificates in the bag")
-    if sid.name == "issuer_and_serial_number":
-        issuer = sid.chosen["issuer"]
-        serial = sid.chosen["serial_number"].native
-        # Same DER first (what every signer writes); RFC 5280 name matching otherwise.
-        issuer_der = issuer.dump()
-        matches = [
-            c
-            for c in certs
-            if c.serial_number == serial and (c.issuer.dump() == issuer_der or c.issuer == issuer)
-        ]
-    elif sid.name == "subject_key_identifier":
-        ski = sid.chosen.native
-        matches = [c for c in certs if c.key_identifier is not None and c.key_identifier == ski]
-    else:  # pragma: no cover - the CHOICE has only these two
-        raise AttestationError("unknown signer identifier")
-    if not matches:
-        raise AttestationError("the signer's certificate is not in the signature")
-    if len(matches) > 1:
-        raise AttestationError("more than one certificate matches the signer")
-    others = [c for c in certs if c is not matches[0]]
-    return info, matches[0], others
+    def _issuer(self, url: str) -> list[x509.Certificate]:
+        issuers.checked_url(url)  # refuse before any cache or network use
+        with self._lock:
+            cached = self._issuers.get(url)
+            failed = self._failed.get(url)
+        if cached is not None:
+            return cached
+        if failed is not None and self.clock() < failed[0]:
+            raise issuers.IssuerUnavailable(f"{failed[1]} (cached failure)")
+        try:
+            data = self._issuer_fetcher(url)
+        except issuers.IssuerUnavailable as exc:
+            with self._lock:
+                self._failed[url] = (self.clock() + FAILURE_TTL, str(exc)[:160])
+            log.warning("attestation: issuer %s not fetched: %s", url[:200], exc)
+            raise
+        try:
+            certs = trust_load_any(data)
+        except ValueError:
+            raise issuers.IssuerRefused("the answer is not a certificate") from None
+        with self._lock:
+            self._failed.pop(url, None)
+            self._issuers[url] = certs
+            while len(self._issuers) > self._cache_size:
+                self._issuers.popitem(last=False)
+        return certs
 
 
-def _check_signature(info: cms.SignerInfo, key: rsa.RSAPublicKey, content: bytes) -> None:
-    digest_name = info["digest_algorithm"]["algorithm"].native
-    hash_type = _HASHES.get(digest_name)
-    if hash_type is None:
-        raise AttestationError(f"digest algorithm {digest_name} not accepted")
-    sig_algo = info["signature_algorithm"]
-    try:
-        algo = sig_algo.signature_algo
-    except ValueError:
-        algo = None
-    if algo != "rsassa_pkcs1v15":
-        raise AttestationError(f"signature algorithm {sig_algo['algorithm'].dotted} not accepted")
-    try:
-        named_hash = sig_algo.hash_algo
-    except ValueError:
-        named_hash = None  # plain rsaEncryption names no hash: the digest algorithm rules
-    if named_hash not in (None, digest_name):
-        raise AttestationError("signature and digest algorithms disagree")
-    signed_attrs = info["signed_attrs"]
-    if not isinstance(signed_attrs, core.Void):
-        _check_signed_attributes(signed_attrs, hash_type, content)
-        # CMS: the signature covers the attributes' DER with the SET OF tag (0x31), not the
-        # [0] IMPLICIT tag they travel with; the bytes are the received ones.
-        raw = signed_attrs.dump()
-        message = b"\x31" + raw[1:]
-    else:
-        message = content
-    try:
-        key.verify(info["signature"].native, message, padding.PKCS1v15(), hash_type())
-    except InvalidSignature:
-        raise AttestationError("signature does not verify") from None
+def trust_load_any(data: bytes) -> list[x509.Certificate]:
+    """A caIssuers answer: DER certificate, PEM, or a PKCS#7 bag of certificates."""
+    from functions.identity.trust.refresh import load_certificates
 
-
-def _check_signed_attributes(
-    attrs: cms.CMSAttributes, hash_type: type[hashes.HashAlgorithm], content: bytes
-) -> None:
-    values: dict[str, list[Any]] = {}
-    for attr in attrs:
-        name = attr["type"].native
-        if name in values:
-            raise AttestationError(f"signed attribute {name} repeated")
-        values[name] = list(attr["values"])
-    kinds = values.get("content_type")
-    if not kinds or len(kinds) != 1 or kinds[0].native != "data":
-        raise AttestationError("signed content-type attribute is not data")
-    digests = values.get("message_digest")
-    if not digests or len(digests) != 1:
-        raise AttestationError("signed attributes have no message digest")
-    h = hashes.Hash(hash_type())
-    h.update(content)
-    if digests[0].native != h.finalize():
-        raise AttestationError("message digest does not match the content")
+    return load_certificates(data)

@@ -299,11 +299,13 @@ def test_an_expired_signer_certificate_is_refused_even_when_its_chain_was_cached
     assert verifier.verify(attest(env, issuer, signer=short), now()).vm_id == VM_A
     later = now() + dt.timedelta(days=3)
     body = attest(env, issuer, signer=short, created=later)
-    with pytest.raises(AttestationError, match="chain not valid at"):
+    with pytest.raises(AttestationError, match="chain not valid at") as cached:
         verifier.verify(body, later)
+    assert cached.value.check == "time"
     fresh = AttestationVerifier(roots_pem=issuer.root_pem)
-    with pytest.raises(AttestationError, match="signer does not chain"):
+    with pytest.raises(AttestationError, match="signer certificate not valid at") as uncached:
         fresh.verify(body, later)
+    assert uncached.value.check == "time"
 
 
 # ---------------------------------------------------------------------- tampering
