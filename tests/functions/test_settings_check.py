@@ -1,0 +1,246 @@
+"""`python -m functions settings check`: each typo the issue found exits 2 naming the
+setting, the app refuses the same settings with the same message (failing closed and
+announcing `policy_invalid`), and what is valid passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from functions.model.policy import load_policy
+from functions.settings import load_settings
+from functions.settings_check import (
+    app_prefixes,
+    check_settings,
+    checked_settings,
+    known_names,
+    settings_models,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+# A deployment's settings that pass: connections present (never contacted), the secret.
+BASE = {
+    "ServiceBusConnection": "Endpoint=sb://sb-test.servicebus.windows.net/;"
+    "SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0",
+    "StateStorage": "UseDevelopmentStorage=true",
+    "APP_SECRET": "s" * 40,
+}
+TERMINATE_DRAIN = {
+    "name": "terminate-drain",
+    "match": {"event_types": ["Terminate"]},
+    "action": "drain",
+}
+
+
+def rules(*match: dict, action: str = "approve") -> str:
+    return json.dumps(
+        [{"name": f"r{i}", "match": m, "action": action} for i, m in enumerate(match)]
+        + [{"name": "default-hold", "action": "hold"}]
+    )
+
+
+# (environment, the setting the error must name, words it must contain)
+TYPOS = [
+    ({"POLICY__DRYRUN": "true"}, "POLICY__DRYRUN", "did you mean POLICY__DRY_RUN"),
+    ({"POLICY_DRY_RUN": "true"}, "POLICY_DRY_RUN", "did you mean POLICY__DRY_RUN"),
+    (
+        {"POLICY__RULES": rules({"event_types": ["Reboots"]})},
+        "POLICY__RULES[0].match.event_types",
+        "'Reboot'",
+    ),
+    (
+        {"POLICY__RULES": rules({"sources": ["Platfrom"]})},
+        "POLICY__RULES[0].match.sources",
+        "'Platform'",
+    ),
+    (
+        {"POLICY__RULES": rules({"statuses": ["Schedulled"]})},
+        "POLICY__RULES[0].match.statuses",
+        "'Scheduled'",
+    ),
+    ({"POLICY__PAGE__EVENT_TYPES": '["Premept"]'}, "POLICY__PAGE__EVENT_TYPES", "'Preempt'"),
+    (
+        {"POLICY__RULES": rules({"duration_at_least": -1})},
+        "POLICY__RULES[0].match.duration_at_least",
+        "greater than or equal to 0",
+    ),
+    ({"DRAIN__ON_FAILURE": "aprove"}, "DRAIN__ON_FAILURE", "did you mean approve"),
+    ({"DRAIN__ONFAILURE": "hold"}, "DRAIN__ONFAILURE", "did you mean DRAIN__ON_FAILURE"),
+    ({"TEAMS_WEBHOOK_URI": "https://x"}, "TEAMS_WEBHOOK_URI", "did you mean TEAMS_WEBHOOK_URL"),
+    ({"APPROVAL_MARGIN_SECOND": "5"}, "APPROVAL_MARGIN_SECOND", "APPROVAL_MARGIN_SECONDS"),
+    ({"RETENTION_DAYS": "0"}, "RETENTION_DAYS", "greater than or equal to 1"),
+    (
+        {
+            "POLICY__RULES": json.dumps(
+                [
+                    {"name": "user-initiated", "match": {"sources": ["User"]}, "action": "approve"},
+                    TERMINATE_DRAIN,
+                    {"name": "default-hold", "action": "hold"},
+                ]
+            )
+        },
+        "POLICY__RULES",
+        "takes the Terminate events from User",
+    ),
+]
+
+
+def run_check(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
+    return subprocess.run(
+        [sys.executable, "-m", "functions", "settings", "check", *args],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def bare_env(monkeypatch):
+    """The process environment holding only BASE (and what tests add)."""
+    for name in list(os.environ):
+        if name not in ("PATH", "HOME"):
+            monkeypatch.delenv(name)
+    for name, value in BASE.items():
+        monkeypatch.setenv(name, value)
+    return monkeypatch
+
+
+def test_valid_settings_pass_and_strict_counts_warnings():
+    done = run_check(BASE)
+    assert done.returncode == 0, done.stderr
+    assert "settings OK" in done.stdout
+    # The reference policy drains Terminate, and no drain step is configured: a warning.
+    assert "warning: POLICY__RULES: rule(s) 'terminate-drain' drain" in done.stderr
+    assert run_check(BASE, "--strict").returncode == 2
+    hooked = run_check({**BASE, "DRAIN__RELAY_HOOK": "drain"}, "--strict")
+    assert hooked.returncode == 0, hooked.stderr
+
+
+@pytest.mark.parametrize(("env", "setting", "words"), TYPOS, ids=[t[1] for t in TYPOS])
+def test_each_typo_exits_2_naming_the_setting(env, setting, words):
+    done = run_check({**BASE, **env})
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert any(setting in line and words in line for line in errors), done.stderr
+
+
+@pytest.mark.parametrize(("env", "setting", "words"), TYPOS, ids=[t[1] for t in TYPOS])
+def test_the_app_refuses_the_same_settings_with_the_same_message(bare_env, env, setting, words):
+    for name, value in env.items():
+        bare_env.setenv(name, value)
+    done = run_check({**BASE, **env})
+    printed = [line.removeprefix("error: ") for line in done.stderr.splitlines()]
+    printed = [line for line in printed if setting in line and words in line]
+    if setting == "RETENTION_DAYS":  # a Settings value: the app stops at start, naming it
+        with pytest.raises(Exception, match="retention_days"):
+            load_settings()
+        return
+    settings = checked_settings(load_settings())
+    load = settings.policy
+    assert load.policy is None  # fails closed: nothing is approved
+    assert printed and all(line in load.error for line in printed)
+
+
+def test_missing_connections_are_errors_unless_local():
+    done = run_check({"APP_SECRET": "s" * 40})
+    assert done.returncode == 2
+    assert "no Service Bus" in done.stderr and "no state storage" in done.stderr
+    assert run_check({}, "--local").returncode == 0
+
+
+def test_platform_and_host_names_are_not_the_apps(bare_env):
+    for name in (
+        "FUNCTIONS_WORKER_RUNTIME",
+        "FUNCTIONS_EXTENSION_VERSION",
+        "WEBSITE_SITE_NAME",
+        "WEBSITE_HOSTNAME",
+        "AzureWebJobsFeatureFlags",
+        "AzureWebJobsStorage__accountName",
+        "APPLICATIONINSIGHTS_CONNECTION_STRING",
+        "AZURE_CLIENT_ID",
+        "ServiceBusConnection__credential",
+        "StateStorage__clientId",
+        "IDENTITY_ENDPOINT",
+        "RELAY_CONFIG",  # the relay's, in a local run's environment
+    ):
+        bare_env.setenv(name, "x")
+    report = check_settings(for_azure=False)
+    assert report.errors() == [], report.errors()
+
+
+def test_unknown_connection_property_is_named(bare_env):
+    bare_env.setenv("StateStorage__acountName", "x")
+    (finding,) = [f for f in check_settings(for_azure=False).errors()]
+    assert finding.setting == "StateStorage__acountName"
+    assert "did you mean StateStorage__accountName" in finding.message
+
+
+def test_known_names_come_from_every_settings_model():
+    models = {m.__name__ for m in settings_models()}
+    assert {"Settings", "PolicySettings", "ChannelSettings", "DrainSettings"} <= models
+    names = {n.casefold() for n in known_names(settings_models())}
+    for name in (
+        "APP_SECRET",
+        "POLICY__PAGE__EVENT_TYPES",
+        "DRAIN__ON_FAILURE",
+        "UNDRAIN__RELAY_HOOK",
+        "TEAMS_WEBHOOK_URL",
+        "ServiceBusConnection__fullyQualifiedNamespace",
+    ):
+        assert name.casefold() in names, name
+    prefixes = app_prefixes(settings_models())
+    assert {"POLICY__", "DRAIN__", "TEAMS_", "PAGERDUTY_", "WEBHOOK_"} <= prefixes
+    assert "RELAY_" not in prefixes and "WEBSITE_" not in prefixes
+
+
+def test_retired_and_simulator_only_settings_are_warnings(bare_env):
+    bare_env.setenv("RELAY_KEY", "old")
+    bare_env.setenv("ATTESTATION_CA_PEM", "-----BEGIN CERTIFICATE-----")
+    report = check_settings(for_azure=True)
+    assert report.errors() == []
+    assert {f.setting for f in report.warnings()} >= {"RELAY_KEY", "ATTESTATION_CA_PEM"}
+
+
+def test_a_half_configured_channel_is_a_warning(bare_env):
+    bare_env.setenv("WEBHOOK_URL", "https://example.org/hook")
+    (warning,) = [f for f in check_settings().warnings() if f.setting == "webhook"]
+    assert "WEBHOOK_SECRET is not" in warning.message
+
+
+def test_exported_app_settings_file_with_key_vault_references(tmp_path):
+    exported = [
+        {"name": k, "value": v, "slotSetting": False}
+        for k, v in {
+            **BASE,
+            "APP_SECRET": "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/app-secret)",
+            "POLICY__DRY_RUN": "true",
+        }.items()
+    ]
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(exported))
+    done = run_check({}, "--file", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "note: APP_SECRET: a Key Vault reference" in done.stderr
+    path.write_text(json.dumps({"Values": {**BASE, "POLICY__DRYRUN": "true"}}))
+    done = run_check({}, "--file", str(path))
+    assert done.returncode == 2 and "POLICY__DRYRUN" in done.stderr
+    path.write_text("[1, 2]")
+    assert run_check({}, "--file", str(path)).returncode == 2
+
+
+def test_policy_check_refuses_unknown_policy_names_too(bare_env):
+    bare_env.setenv("POLICY__DRYRUN", "true")
+    load = load_policy()
+    assert load.policy is None
+    assert load.problems == (
+        "POLICY__DRYRUN is not a policy setting; did you mean POLICY__DRY_RUN?",
+    )
