@@ -8,6 +8,7 @@ import azure.functions as func
 
 from functions.triggers.core import bp as core
 from functions.triggers.eventgrid import bp as eventgrid
+from functions.triggers.identity import bp as identity
 from functions.triggers.notify import bp as notify
 from functions.triggers.pages import bp as pages
 from functions.triggers.terminate import bp as terminate
@@ -24,3 +25,5 @@ app.register_functions(terminate)
 app.register_functions(eventgrid)
 # The operators' pages (approval, fleet), signed in through App Service Authentication.
 app.register_functions(pages)
+# The bulk identity sync: every VM in Resource Graph into the identities table (timer).
+app.register_functions(identity)

@@ -164,6 +164,12 @@ class Settings(BaseSettings):
     allowed_subscriptions: str = ""
     # How long Resource Graph's answer about a VM (name, sets, address) is reused.
     vm_facts_max_age_seconds: int = Field(default=6 * 3600, ge=60, le=7 * 86400)
+    # The bulk sync (functions.identity.sync, timer `identity_sync` every 5 minutes) reads
+    # every VM in scope from Resource Graph this often; keep it below the facts' max age so
+    # enrolled VMs' facts never go stale between passes. Each run works at most
+    # RESOURCE_GRAPH_SYNC_BUDGET_SECONDS, then resumes from its stored cursor.
+    resource_graph_sync_hours: int = Field(default=3, ge=1, le=24)
+    resource_graph_sync_budget_seconds: int = Field(default=240, ge=10, le=290)
     # A VM may not announce maintenance further ahead than this (it would hold capacity).
     max_not_before_days: int = Field(default=7, ge=1, le=365)
     # What one VM may send in an hour; beyond it a message is rejected with the reason. A

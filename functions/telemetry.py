@@ -97,7 +97,14 @@ def transition(note: Notification) -> dict[str, Any]:
     )
 
 
-ATTENTION = {"approval_failed", "drain_failed", "overdue", "relay_silent", "policy_invalid"}
+ATTENTION = {
+    "approval_failed",
+    "drain_failed",
+    "overdue",
+    "relay_silent",
+    "policy_invalid",
+    "config_invalid",
+}
 
 
 def watchdog_run(report: Any) -> dict[str, Any]:

@@ -18,9 +18,10 @@ Then it starts the event for all its Resources, as ARM does. Faults: 429 (with
 Retry-After) or 5xx on the next calls, on demand.
 
 It also serves Azure Resource Graph's `POST /providers/Microsoft.ResourceGraph/resources`
-for the function app's facts resolver (functions.identity.facts): same bearer-token checks,
-the vmId taken from the query (`properties.vmId) == '<id>'`), rows shaped like the
-resolver's projection, one per NIC ipconfig. Each simulated VM gets its own loopback
+for the function app's facts resolver and bulk sync (functions.identity.facts, .sync): same
+bearer-token checks, then simulator.resource_graph (the documented query limits, 1,000-row
+pages with `$skipToken`, the 15-per-5-s quota), rows shaped like the facts queries'
+projection, one per NIC. Each simulated VM gets its own loopback
 address, 127.0.0.2 + its index in the simulator (stable while the simulator lives), so a
 test can run one relay per VM on one machine and the app still calls each at its own.
 """
@@ -38,6 +39,8 @@ from typing import Any
 
 from simulator import instance
 from simulator.engine import Conflict, NotFound, Simulator
+from simulator.maintenance import scheduled_event_rows
+from simulator.resource_graph import ResourceGraphService, vm_row
 
 ACTION = "Microsoft.Maintenance/scheduledevents/acknowledge/action"
 API_VERSIONS = ("2023-10-01-preview", "2025-10-01-preview", "2025-11-01")
@@ -58,7 +61,6 @@ _TYPES = {
 
 RESOURCE_GRAPH_PATH = "/providers/microsoft.resourcegraph/resources"
 RESOURCE_GRAPH_API_VERSIONS = ("2021-03-01", "2022-10-01", "2024-04-01")
-_QUERY_VM_ID = re.compile(r"properties\.vmId\)*\s*(?:==|=~)\s*'([^']*)'", re.IGNORECASE)
 FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.2")
 
 
@@ -108,6 +110,12 @@ class ArmService:
     faults: list[tuple[int, float]] = field(default_factory=list)  # (status, Retry-After)
     calls: list[ArmCall] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Resource Graph behind the same checks (simulator.resource_graph): its limits, pages
+    # and quota; `inventory` answers from the simulated VMs.
+    graph: ResourceGraphService = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.graph = ResourceGraphService(inventory=self.inventory)
 
     def grant(self, principal: str, scope: str) -> None:
         """Assign the acknowledge action to `principal` at `scope` (an ARM id prefix)."""
@@ -243,62 +251,45 @@ class ArmService:
                 out["x-ms-user-quota-remaining"] = "0"
                 out["x-ms-user-quota-resets-after"] = f"00:00:{max(1, int(wait)):02d}"
             return status, {"error": {"code": code, "message": f"Simulated {status}."}}, out
-        ids = {m.casefold() for m in _QUERY_VM_ID.findall(kql)}
-        rows: list[dict[str, Any]] = []
-        in_scope = subscriptions is None or instance.SUBSCRIPTION_ID in [
-            str(s).casefold() for s in subscriptions
-        ]
-        if len(ids) == 1 and in_scope:
-            rows = self._rows(ids.pop())
-        answer = {
-            "totalRecords": len(rows),
-            "count": len(rows),
-            "data": rows,
-            "facets": [],
-            "resultTruncated": "false",
-        }
-        return 200, answer, {"x-ms-user-quota-remaining": "14"}
+        scope = None if subscriptions is None else {str(s).casefold() for s in subscriptions}
+        return self.graph.answer(seen["principal"], request, scope)
 
-    def _rows(self, vm_id: str) -> list[dict[str, Any]]:
-        """The resolver's projection for the simulated VM with `vm_id`: one row (one NIC,
-        one ipconfig), or none."""
+    def inventory(self) -> list[dict[str, Any]]:
+        """Every simulated VM as the facts queries project it: standalone VMs in
+        `resources`, scale-set instances (uniform) in `computeresources`; one NIC each."""
+        base = (
+            f"/subscriptions/{instance.SUBSCRIPTION_ID}/resourceGroups/"
+            f"{instance.RESOURCE_GROUP}/providers"
+        )
+        rows = []
         for index, name in enumerate(self.sim.vm_names):
-            if simulated_vm_id(name) != vm_id:
-                continue
             vm = self.sim.describe_vm(name)
             resource_id = instance.resource_id(vm)
-            base = (
-                f"/subscriptions/{instance.SUBSCRIPTION_ID}/resourceGroups/"
-                f"{instance.RESOURCE_GROUP}/providers"
-            )
             if vm["scale_set"]:
-                kind = "uniform"
+                table = "computeresources"
                 nic = f"{resource_id}/networkInterfaces/{vm['scale_set']}-nic"
             else:
-                kind = "vm"
+                table = "resources"
                 nic = f"{base}/Microsoft.Network/networkInterfaces/{name}-nic"
             availability = (
                 f"{base}/Microsoft.Compute/availabilitySets/{vm['availability_set']}"
                 if vm["availability_set"]
                 else ""
             )
-            return [
-                {
-                    "id": resource_id,
-                    "subscriptionId": instance.SUBSCRIPTION_ID,
-                    "resourceGroup": instance.RESOURCE_GROUP.lower(),
-                    "vmId": vm_id,
-                    "kind": kind,
-                    "scaleSetId": "",
-                    "availabilitySetId": availability,
-                    "nicId": nic,
-                    "nicPrimary": "true",
-                    "ipPrimary": "true",
-                    "privateIp": simulated_address(index),
-                    "ipVersion": "IPv4",
-                }
-            ]
-        return []
+            rows.append(
+                vm_row(
+                    table=table,
+                    resource_id=resource_id,
+                    subscription_id=instance.SUBSCRIPTION_ID,
+                    resource_group=instance.RESOURCE_GROUP.lower(),
+                    vm_id=simulated_vm_id(name),
+                    nic_id=nic,
+                    address=simulated_address(index),
+                    availability_set_id=availability,
+                )
+            )
+        rows.extend(scheduled_event_rows(self.sim))  # maintenanceresources (Azure's events)
+        return rows
 
     def _token(self, header: str | None) -> dict[str, Any]:
         if not header:

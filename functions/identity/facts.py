@@ -3,13 +3,13 @@
 An envelope's `vm.name`, sets and callback URL are claims a compromised VM can write. Its
 vmId, once attested, is not. So the name, resource group, scale set / availability set and
 the address the app calls back are looked up in Azure Resource Graph by vmId, with the
-function app's own identity (Reader on the VMs' scopes). One query covers standalone and
-flexible-orchestration VMs (`resources`, Microsoft.Compute/virtualMachines) and uniform
-scale-set instances (`computeresources`, .../virtualMachineScaleSets/virtualMachines), and
-joins the NICs that name the VM (`microsoft.network/networkinterfaces`, or the scale set's
-own `.../virtualMachines/networkInterfaces` for uniform instances) for the primary NIC's
-primary private IPv4. One query per VM per refresh (Resource Graph throttles per caller,
-about 15 queries per 5 s), cached in the identities table (registry.CachedResolver).
+function app's own identity (Reader on the VMs' scopes). Two queries, each on one table as
+Resource Graph's documented limits require (see `vm_query`): `resources` for standalone and
+flexible-orchestration VMs with their NICs, `computeresources` for uniform scale-set
+instances with theirs; the primary NIC's primary private IPv4 is the callback address.
+The bulk sync (functions.identity.sync) pages both into the identities table for the whole
+fleet; `ResourceGraphResolver` asks about one vmId only when the sync has not stored it
+(registry.CachedResolver).
 """
 
 from __future__ import annotations
@@ -24,23 +24,18 @@ from typing import Any, Protocol
 import requests
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from functions.approvers.arm import TokenCredential, retry_after, scope_for
+from functions.approvers.arm import TokenCredential
+from functions.identity.resource_graph import (
+    FactsUnavailable,
+    ResourceGraph,
+    ResourceGraphRefused,
+)
 
 log = logging.getLogger(__name__)
 
-API_VERSION = "2024-04-01"
-REQUEST_TIMEOUT_SECONDS = 15.0
 MAX_NAME = 200  # bounds what a row holds; Azure names are at most 80 (VM) / 90 (RG)
 MAX_ID = 1024
-
-
-class FactsUnavailable(Exception):
-    """Transient: Resource Graph unreachable, throttled, erroring, or its answer unusable.
-    The message is abandoned and retried; `retry_after` is how long Azure asked us to wait."""
-
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
-        super().__init__(reason)
-        self.retry_after = retry_after
+MAX_IP_CONFIGURATIONS = 256  # per NIC, Azure's own limit
 
 
 class UnknownVm(Exception):
@@ -117,39 +112,61 @@ class StaticResolver:
             raise UnknownVm(f"vmId {vm_id[:40]!r} is not registered") from None
 
 
-def facts_query(vm_id: str) -> str:
-    """The KQL for one vmId (validated as a UUID first: it is pasted into the query)."""
-    vm_id = normalise_vm_id(vm_id)
-    return f"""union
-(resources
- | where type =~ 'microsoft.compute/virtualmachines'
- | where tolower(tostring(properties.vmId)) == '{vm_id}'
- | project vmKey = tolower(id), id, subscriptionId, resourceGroup,
-     vmId = tostring(properties.vmId), kind = 'vm',
-     scaleSetId = tostring(properties.virtualMachineScaleSet.id),
-     availabilitySetId = tostring(properties.availabilitySet.id)),
-(computeresources
- | where type =~ 'microsoft.compute/virtualmachinescalesets/virtualmachines'
- | where tolower(tostring(properties.vmId)) == '{vm_id}'
- | project vmKey = tolower(id), id, subscriptionId, resourceGroup,
-     vmId = tostring(properties.vmId), kind = 'uniform', scaleSetId = '',
-     availabilitySetId = tostring(properties.availabilitySet.id))
+# The documented limits (MicrosoftDocs/azure-docs, articles/governance/resource-graph/
+# concepts/query-language.md @ 03982e63): `union` only within one table or between
+# Resources and ResourceContainers, at most 3 legs; at most 3 `join`, one of them across
+# tables; at most 3 `mv-expand`. So each query reads one table, and joins it only with
+# itself (no cross-table join, no union, no mv-expand: a NIC's ipConfigurations come back
+# as one array and are read here). Which table holds what: reference/supported-tables-
+# resources.md @ 00ec1e2f: `resources` holds microsoft.compute/virtualmachines (standalone
+# VMs and flexible scale-set members) and microsoft.network/networkinterfaces;
+# `computeresources` holds microsoft.compute/virtualmachinescalesets/virtualmachines (uniform
+# instances) and .../virtualmachines/networkinterfaces. The property paths are those of
+# Azure/azure-rest-api-specs examples: NetworkInterfaceGet.json (network 2024-05-01 @
+# 25683164: properties.virtualMachine.id, properties.primary, ipConfigurations[].properties.
+# {primary, privateIPAddress, privateIPAddressVersion}) and VirtualMachineScaleSetVM_Get_
+# WithUserData.json (compute 2024-07-01 @ 38a91431: properties.vmId). Rows come ordered by
+# `id` so one VM's rows (one per NIC) are adjacent across pages.
+VM_TABLE = "resources"
+UNIFORM_TABLE = "computeresources"
+_SHAPES = {
+    VM_TABLE: (
+        "microsoft.compute/virtualmachines",
+        "microsoft.network/networkinterfaces",
+        "tostring(properties.virtualMachineScaleSet.id)",
+    ),
+    UNIFORM_TABLE: (
+        "microsoft.compute/virtualmachinescalesets/virtualmachines",
+        "microsoft.compute/virtualmachinescalesets/virtualmachines/networkinterfaces",
+        "''",
+    ),
+}
+TABLES = tuple(_SHAPES)
+
+
+def vm_query(table: str, vm_id: str | None = None) -> str:
+    """The KQL for the VMs of `table` (one of TABLES) with their NICs: every VM in scope
+    (the bulk sync), or the one `vm_id` (validated as a UUID first: it is pasted in)."""
+    vm_type, nic_type, scale_set = _SHAPES[table]
+    where = ""
+    if vm_id is not None:
+        where = f"\n| where tolower(tostring(properties.vmId)) == '{normalise_vm_id(vm_id)}'"
+    return f"""{table}
+| where type =~ '{vm_type}'{where}
+| project id, vmKey = tolower(id), subscriptionId, resourceGroup,
+    vmId = tostring(properties.vmId), scaleSetId = {scale_set},
+    availabilitySetId = tostring(properties.availabilitySet.id)
 | join kind=leftouter (
-    union
-      (resources | where type =~ 'microsoft.network/networkinterfaces'),
-      (computeresources | where type =~
-         'microsoft.compute/virtualmachinescalesets/virtualmachines/networkinterfaces')
+    {table}
+    | where type =~ '{nic_type}'
     | extend vmKey = tolower(tostring(properties.virtualMachine.id))
     | where isnotempty(vmKey)
-    | mv-expand ipc = properties.ipConfigurations
     | project vmKey, nicId = tostring(id), nicPrimary = tostring(properties.primary),
-        ipPrimary = tostring(ipc.properties.primary),
-        privateIp = tostring(ipc.properties.privateIPAddress),
-        ipVersion = tostring(ipc.properties.privateIPAddressVersion)
+        ipConfigurations = properties.ipConfigurations
   ) on vmKey
-| project id, subscriptionId, resourceGroup, vmId, kind, scaleSetId, availabilitySetId,
-    nicId, nicPrimary, ipPrimary, privateIp, ipVersion
-| limit 200"""
+| project id, subscriptionId, resourceGroup, vmId, scaleSetId, availabilitySetId,
+    nicId, nicPrimary, ipConfigurations
+| order by id asc"""
 
 
 _ID = re.compile(
@@ -168,21 +185,42 @@ def _truthy(value: object) -> bool:
     return str(value).strip().lower() == "true"
 
 
+def ip_configurations(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row's NIC ipConfigurations (the array Resource Graph returns, each with its
+    `properties`), as {"primary", "address", "version"}; anything malformed is left out."""
+    items = row.get("ipConfigurations")
+    if not isinstance(items, list):
+        return []
+    out = []
+    for item in items[:MAX_IP_CONFIGURATIONS]:
+        props = item.get("properties") if isinstance(item, dict) else None
+        if isinstance(props, dict):
+            out.append(
+                {
+                    "primary": _truthy(props.get("primary")),
+                    "address": str(props.get("privateIPAddress") or ""),
+                    "version": str(props.get("privateIPAddressVersion") or ""),
+                }
+            )
+    return out
+
+
 def _primary_ipv4(rows: list[dict[str, Any]]) -> str | None:
     """The primary NIC's primary IPv4: a NIC/ipconfig flagged primary wins; a VM with one
     NIC (or one ipconfig) has it unflagged. Deterministic otherwise (sorted)."""
+    nics = {str(r.get("nicId") or "").lower() for r in rows if r.get("nicId")}
     candidates = []
     for row in rows:
-        try:
-            address = ipaddress.ip_address(str(row.get("privateIp") or ""))
-        except ValueError:
-            continue
-        if address.version != 4:
-            continue
-        nics = {str(r.get("nicId") or "").lower() for r in rows if r.get("nicId")}
         nic_rank = 0 if _truthy(row.get("nicPrimary")) or len(nics) <= 1 else 1
-        ip_rank = 0 if _truthy(row.get("ipPrimary")) else 1
-        candidates.append((nic_rank, ip_rank, str(row.get("nicId") or ""), str(address)))
+        for ipc in ip_configurations(row):
+            try:
+                address = ipaddress.ip_address(ipc["address"])
+            except ValueError:
+                continue  # absent, or a prefix ("10.0.0.16/28")
+            if address.version != 4:
+                continue
+            ip_rank = 0 if ipc["primary"] else 1
+            candidates.append((nic_rank, ip_rank, str(row.get("nicId") or ""), str(address)))
     return min(candidates)[3] if candidates else None
 
 
@@ -222,8 +260,23 @@ def facts_from_rows(vm_id: str, rows: list[dict[str, Any]], now: datetime) -> Vm
         raise FactsUnavailable(f"Resource Graph row not usable: {str(exc)[:200]}") from None
 
 
+def rows_by_vm(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows grouped by vmId (lower-case); rows without a usable vmId are left out."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        try:
+            vm_id = normalise_vm_id(str(row.get("vmId", "")).lower())
+        except ValueError:
+            continue
+        grouped.setdefault(vm_id, []).append(row)
+    return grouped
+
+
 class ResourceGraphResolver:
-    """Resolves through `POST {arm}/providers/Microsoft.ResourceGraph/resources`."""
+    """Resolves one vmId through Resource Graph (functions.identity.resource_graph): the
+    `resources` query first (standalone and flexible VMs), then `computeresources` (uniform
+    instances) only if the first knows nothing: one or two queries per vmId. Used only for
+    vmIds the bulk sync (functions.identity.sync) has not stored yet."""
 
     def __init__(
         self,
@@ -233,86 +286,42 @@ class ResourceGraphResolver:
         subscriptions: tuple[str, ...] | list[str] = (),
         clock: Any = None,
     ) -> None:
-        self.session = session
-        self.credential = credential
-        self.endpoint = arm_endpoint.rstrip("/")
-        self.subscriptions = [normalise_vm_id(s) for s in subscriptions]  # UUIDs, too
+        self.graph = ResourceGraph(
+            session,
+            credential,
+            arm_endpoint,
+            [normalise_vm_id(s) for s in subscriptions],  # UUIDs, too
+        )
         self.clock = clock or (lambda: datetime.now(UTC))
 
     @property
     def url(self) -> str:
-        return f"{self.endpoint}/providers/Microsoft.ResourceGraph/resources"
+        return self.graph.url
+
+    @property
+    def credential(self) -> TokenCredential:
+        return self.graph.credential
 
     def resolve(self, vm_id: str) -> VmFacts:
         try:
-            query = facts_query(vm_id)
+            vm_id = normalise_vm_id(vm_id)
         except ValueError:
             raise UnknownVm(f"vmId {str(vm_id)[:40]!r} is not a UUID") from None
-        body: dict[str, Any] = {"query": query, "options": {"resultFormat": "objectArray"}}
-        if self.subscriptions:
-            body["subscriptions"] = self.subscriptions
-        try:
-            token = self.credential.get_token(scope_for(self.endpoint))
-        except Exception as exc:  # azure-identity raises several types
-            raise FactsUnavailable(f"no token for Resource Graph: {type(exc).__name__}") from None
-        try:
-            answer = self.session.post(
-                self.url,
-                params={"api-version": API_VERSION},
-                json=body,
-                headers={
-                    "Authorization": f"Bearer {token.token}",  # type: ignore[attr-defined]
-                    "Accept": "application/json",
-                },
-                timeout=REQUEST_TIMEOUT_SECONDS,
-                allow_redirects=False,
-            )
-        except requests.RequestException as exc:
-            raise FactsUnavailable(f"Resource Graph unreachable: {type(exc).__name__}") from None
-        if answer.status_code != 200:
-            raise FactsUnavailable(
-                f"Resource Graph {answer.status_code}{_error_code(answer)}",
-                retry_after=_wait(answer),
-            )
-        quota = answer.headers.get("x-ms-user-quota-remaining")
-        if quota is not None and quota.strip() in ("0", "1"):
-            log.info(
-                "Resource Graph quota nearly spent (remaining %s, resets after %s)",
-                quota,
-                answer.headers.get("x-ms-user-quota-resets-after"),
-            )
-        try:
-            data = answer.json()
-            rows = data["data"]
-            if isinstance(rows, dict):  # the table format: {"columns": [...], "rows": [...]}
-                names = [c["name"] for c in rows["columns"]]
-                rows = [dict(zip(names, row, strict=False)) for row in rows["rows"]]
-            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-                raise TypeError("data is not a list of objects")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise FactsUnavailable(f"Resource Graph answer not understood: {exc!r}"[:300]) from None
-        return facts_from_rows(vm_id, rows, self.clock())
+        for table in TABLES:
+            rows = self.graph.query(vm_query(table, vm_id)).rows
+            if rows_by_vm(rows).get(vm_id):
+                return facts_from_rows(vm_id, rows, self.clock())
+        raise UnknownVm(f"vmId {vm_id} not in Resource Graph")
 
 
-def _error_code(answer: requests.Response) -> str:
-    try:
-        error = answer.json().get("error") or {}
-        return f" {str(error.get('code', ''))[:80]}".rstrip()
-    except (ValueError, AttributeError):
-        return ""
-
-
-def _wait(answer: requests.Response) -> float | None:
-    """How long Azure asked us to wait: Retry-After, or Resource Graph's own
-    x-ms-user-quota-resets-after (hh:mm:ss) when the quota is spent."""
-    wait = retry_after(answer)
-    if wait is not None:
-        return wait
-    resets = answer.headers.get("x-ms-user-quota-resets-after")
-    if resets:
-        try:
-            h, m, s = resets.split(":")
-            return int(h) * 3600 + int(m) * 60 + float(s)
-        except ValueError:
-            return None
-    return None
+__all__ = [
+    "FactsUnavailable",
+    "ResourceGraphRefused",
+    "ResourceGraphResolver",
+    "StaticResolver",
+    "UnknownVm",
+    "VmFacts",
+    "facts_from_rows",
+    "normalise_vm_id",
+    "vm_query",
+]

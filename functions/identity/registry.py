@@ -214,7 +214,8 @@ REFRESH_RETRY_SECONDS = 60  # a refresh Resource Graph refused is put off this l
 class CachedResolver:
     """A FactsResolver that keeps facts in the identities table: Resource Graph is asked
     only when the row is missing or older than `max_age` (VM_FACTS_MAX_AGE_SECONDS), or
-    when the relay presents a key the row does not hold (a reimaged or rebuilt VM)."""
+    when the relay presents a key the row does not hold while it holds another (a reimaged
+    or rebuilt VM). Rows the bulk sync wrote (facts, no key) take a VM's first key as is."""
 
     def __init__(
         self,
@@ -265,8 +266,14 @@ class CachedResolver:
         if usable and (self._fresh(recent) or (waiting and self.clock() < waiting)):
             return recent  # the steady case (or a refresh put off): no Table request
         identity = self.store.get(vm_id)
-        if identity is not None and self._fresh(identity) and identity.key(key.key_id):
-            return self._remember(identity)  # one Table read, no Resource Graph query
+        if identity is not None and self._fresh(identity):
+            if identity.key(key.key_id):
+                return self._remember(identity)  # one Table read, no Resource Graph query
+            if not identity.keys:
+                # Facts the bulk sync stored (functions.identity.sync) and no key yet: the
+                # VM's first message. Its facts are fresh Azure facts, so its key is stored
+                # beside them without asking Resource Graph (a fleet enrols by the page).
+                return self._remember(self.store.remember_key(vm_id, key))
         # Missing, stale, or a key new to the row (reimage, re-creation: Azure's facts may
         # have changed with it): ask Azure, then store facts and key in one write.
         try:

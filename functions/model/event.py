@@ -31,6 +31,10 @@ class Transition(StrEnum):
     RELAY_RECOVERED = "relay_recovered"  # a relay announced silent reports again (ingest)
     POLICY_INVALID = "policy_invalid"  # the policy did not validate: failing closed
     POLICY_VALID = "policy_valid"  # a host started with a valid policy after an invalid one
+    # Azure refused the app's own request for a reason asking again cannot fix (Resource
+    # Graph 4xx: a query it rejects, a missing role): functions.identity.graph_state.
+    CONFIG_INVALID = "config_invalid"
+    CONFIG_VALID = "config_valid"  # ... and answers it again
     UNDRAINED = "undrained"  # a drained Terminate was cancelled: the instance is back
     UNDRAIN_FAILED = "undrain_failed"  # ... and undoing the drain failed (or is not set up)
 

@@ -145,6 +145,10 @@ def headline(note: Notification) -> str:
         return "Approval policy is invalid: nothing is approved until it is fixed"
     if note.transition is Transition.POLICY_VALID:
         return "Approval policy is valid again: events are decided and approved"
+    if note.transition is Transition.CONFIG_INVALID:
+        return f"Azure refuses the app's {note.vm or 'request'}: new VMs cannot be admitted"
+    if note.transition is Transition.CONFIG_VALID:
+        return f"Azure answers the app's {note.vm or 'request'} again"
     event = note.event
     if event is None:
         return f"{note.transition.value} ({note.vm or 'fleet'})"

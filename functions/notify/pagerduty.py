@@ -30,6 +30,7 @@ ALWAYS_PAGE = {
     Transition.RELAY_SILENT: "warning",
     Transition.POLICY_INVALID: "error",
     Transition.UNDRAIN_FAILED: "error",
+    Transition.CONFIG_INVALID: "error",
 }
 RESOLVING = frozenset(
     {
@@ -38,6 +39,7 @@ RESOLVING = frozenset(
         Transition.RELAY_RECOVERED,
         Transition.UNDRAINED,
         Transition.POLICY_VALID,
+        Transition.CONFIG_VALID,
     }
 )
 
@@ -77,6 +79,8 @@ def dedup_key(note: Notification) -> str:
         key = f"relay-silent:{note.vm or 'unknown'}"
     elif note.transition is Transition.POLICY_VALID:
         key = f"{Transition.POLICY_INVALID.value}:{note.vm or 'fleet'}"  # what it resolves
+    elif note.transition is Transition.CONFIG_VALID:
+        key = f"{Transition.CONFIG_INVALID.value}:{note.vm or 'fleet'}"
     else:
         key = f"{note.transition.value}:{note.vm or 'fleet'}"
     return key[:DEDUP_KEY_LIMIT]

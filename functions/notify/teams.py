@@ -43,6 +43,7 @@ ATTENTION = {
     Transition.RELAY_SILENT,
     Transition.POLICY_INVALID,
     Transition.UNDRAIN_FAILED,
+    Transition.CONFIG_INVALID,
 }
 
 

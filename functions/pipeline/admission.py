@@ -44,10 +44,12 @@ from functions.identity.attestation import (
 )
 from functions.identity.facts import (
     FactsUnavailable,
+    ResourceGraphRefused,
     ResourceGraphResolver,
     UnknownVm,
     VmFacts,
 )
+from functions.identity.graph_state import log_refusal_once
 from functions.identity.keys import InvalidCallbackKey, liveness_ok, parse_callback_key
 from functions.identity.registry import CachedResolver, Identity, IdentityStore
 from functions.model.envelope import Envelope, VmRef
@@ -72,6 +74,12 @@ __all__ = [
 # UNKNOWN_VM_PATIENCE after the message it is rejected with the reason instead.
 UNKNOWN_VM_WAIT_SECONDS = 15.0
 UNKNOWN_VM_PATIENCE = timedelta(minutes=15)
+# Resource Graph refusing the query (4xx: a configuration error, announced by the sync):
+# a VM it never described waits this long per delivery, and is rejected with Azure's words
+# once the message is CONFIG_ERROR_PATIENCE old: fewer deliveries than maxDeliveryCount
+# (10), so it is a reasoned rejection, never a dead-letter; fixed before then, nothing lost.
+CONFIG_ERROR_WAIT_SECONDS = 60.0
+CONFIG_ERROR_PATIENCE = timedelta(minutes=8)
 
 ENFORCE, REPORT = "enforce", "report"
 
@@ -195,6 +203,19 @@ class Admission:
             raise NotAdmitted(f"callback_key: {exc}") from None
         try:
             identity = self.identities.enroll(vm_id, key)
+        except ResourceGraphRefused as exc:
+            log_refusal_once(exc)
+            age = now - envelope.observed_at
+            if age > CONFIG_ERROR_PATIENCE:
+                raise NotAdmitted(
+                    f"vmId {vm_id}: Resource Graph refused the app's query for "
+                    f"{int(age.total_seconds() // 60)} min ({exc.status} {exc.code}: "
+                    f"{exc.message[:300]}): a configuration error to fix (the app identity's "
+                    "Reader role on vmScopes, ALLOWED_SUBSCRIPTIONS)"
+                ) from None
+            if patient:
+                self.sleep(CONFIG_ERROR_WAIT_SECONDS)
+            raise
         except UnknownVm as exc:
             # Resource Graph lags a new VM by about a minute: retry, slowly (Service Bus
             # redelivers at once, and 10 quick deliveries would dead-letter a VM's first

@@ -15,14 +15,17 @@ import pytest
 import requests
 
 from functions.identity.facts import (
+    TABLES,
+    VM_TABLE,
     FactsUnavailable,
+    ResourceGraphRefused,
     ResourceGraphResolver,
     StaticResolver,
     UnknownVm,
     VmFacts,
     facts_from_rows,
-    facts_query,
     normalise_vm_id,
+    vm_query,
 )
 from simulator import Simulator, SimulatorServer, instance
 from simulator.arm import simulated_vm_id
@@ -108,14 +111,14 @@ def test_a_vm_id_that_is_not_a_uuid_never_reaches_the_query(resolver, server):
         with pytest.raises(UnknownVm):
             resolver.resolve(bad)
     with pytest.raises(ValueError, match="not a UUID"):
-        facts_query("' | project secrets")
+        vm_query(VM_TABLE, "' | project secrets")
     assert server.arm.calls == []
 
 
 def test_upper_case_vm_id_is_normalised():
     upper = simulated_vm_id("solo").upper()
     assert normalise_vm_id(upper) == simulated_vm_id("solo")
-    assert f"'{simulated_vm_id('solo')}'" in facts_query(upper)
+    assert f"'{simulated_vm_id('solo')}'" in vm_query(VM_TABLE, upper)
 
 
 def test_another_subscription_scope_finds_nothing(server):
@@ -133,7 +136,7 @@ def test_the_simulator_requires_a_bearer_token(server):
     answer = requests.post(
         f"{server.arm_url}/providers/Microsoft.ResourceGraph/resources",
         params={"api-version": "2024-04-01"},
-        json={"query": facts_query(simulated_vm_id("solo"))},
+        json={"query": vm_query(VM_TABLE, simulated_vm_id("solo"))},
         timeout=5,
     )
     assert answer.status_code == 401
@@ -214,15 +217,27 @@ ROW = {
     "subscriptionId": "aaaaaaaa-0000-0000-0000-000000000000",
     "resourceGroup": "rg",
     "vmId": VM,
-    "kind": "vm",
     "scaleSetId": "",
     "availabilitySetId": "",
     "nicId": "/subscriptions/x/resourceGroups/rg/providers/Microsoft.Network/networkInterfaces/n1",
     "nicPrimary": "true",
-    "ipPrimary": "true",
-    "privateIp": "10.0.0.4",
-    "ipVersion": "IPv4",
+    "ipConfigurations": [
+        {"properties": {"primary": True, "privateIPAddress": "10.0.0.4"}},
+    ],
 }
+
+
+def ipc(address: str, primary: bool) -> dict[str, Any]:
+    """An ipConfigurations item as NetworkInterfaceGet.json (azure-rest-api-specs) has it."""
+    version = "IPv6" if ":" in address else "IPv4"
+    return {
+        "name": "ipconfig",
+        "properties": {
+            "primary": primary,
+            "privateIPAddress": address,
+            "privateIPAddressVersion": version,
+        },
+    }
 
 
 def rg_answer(rows: list[dict[str, Any]]) -> bytes:
@@ -274,11 +289,66 @@ def test_bad_answers_are_transient(canned, status, headers, body, match, wait):
     assert info.value.retry_after == wait
 
 
-def test_an_empty_answer_is_an_unknown_vm(canned):
+def test_an_empty_answer_from_both_tables_is_an_unknown_vm(canned):
     url, handler = canned
-    handler.answers.append((200, {}, rg_answer([])))
+    handler.answers.extend([(200, {}, rg_answer([])), (200, {}, rg_answer([]))])
     with pytest.raises(UnknownVm):
         ResourceGraphResolver(requests.Session(), FixedCredential(), url).resolve(VM)
+    queries = [seen["body"]["query"] for seen in handler.seen]
+    assert [q.split("\n", 1)[0] for q in queries] == list(TABLES)
+    assert all(seen["body"]["options"]["$top"] == 1000 for seen in handler.seen)
+
+
+# Azure's answer to an invalid query, as recorded by Azure/azure-powershell
+# (src/ResourceGraph/ResourceGraph.Test/ScenarioTests/ResourceGraphQueryTests.ps1 @ d89a87d2).
+INVALID_QUERY_ANSWER = {
+    "error": {
+        "code": "BadRequest",
+        "message": "Please provide below info when asking for support: timestamp = "
+        "2021-03-25T17:28:36.4413187Z, correlationId = 2f0c3f5c-0bd3-4b6a-9f1c-7a0a0f6e43b1.",
+        "details": [
+            {
+                "code": "InvalidQuery",
+                "message": "Query is invalid. Please refer to the documentation for the Azure "
+                "Resource Graph service and fix the error before retrying.",
+            },
+            {
+                "code": "ParserFailure",
+                "message": "ParserFailure",
+                "line": 1,
+                "characterPositionInLine": 11,
+                "token": "<EOF>",
+            },
+        ],
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code", "words"),
+    [
+        (400, INVALID_QUERY_ANSWER, "BadRequest", "InvalidQuery: Query is invalid"),
+        (
+            403,
+            {"error": {"code": "AuthorizationFailed", "message": "no read on scope"}},
+            "AuthorizationFailed",
+            "no read on scope",
+        ),
+        (404, {}, "HTTP 404", ""),
+    ],
+)
+def test_a_4xx_other_than_429_is_a_configuration_error_with_azures_words(
+    canned, status, body, code, words
+):
+    url, handler = canned
+    handler.answers.append((status, {}, json.dumps(body).encode()))
+    with pytest.raises(ResourceGraphRefused) as info:
+        ResourceGraphResolver(requests.Session(), FixedCredential(), url).resolve(VM)
+    assert (info.value.status, info.value.code) == (status, code)
+    assert words in info.value.message
+    assert info.value.retry_after == 900  # never retried as if it were a slow service
+    assert isinstance(info.value, FactsUnavailable)  # a known VM keeps its stored facts
+    assert len(handler.seen) == 1  # the second table is not asked after a refusal
 
 
 def test_the_table_result_format_is_understood(canned):
@@ -299,17 +369,27 @@ def test_the_table_result_format_is_understood(canned):
 
 def test_the_primary_nic_and_ipconfig_win():
     rows = [
-        {**ROW, "nicId": "b", "nicPrimary": "false", "ipPrimary": "true", "privateIp": "10.0.1.9"},
-        {**ROW, "nicId": "a", "nicPrimary": "true", "ipPrimary": "false", "privateIp": "10.0.0.9"},
-        {**ROW, "nicId": "a", "nicPrimary": "true", "ipPrimary": "true", "privateIp": "10.0.0.5"},
-        {**ROW, "nicId": "a", "nicPrimary": "true", "ipPrimary": "false", "privateIp": "fd00::1"},
+        {**ROW, "nicId": "b", "nicPrimary": "false", "ipConfigurations": [ipc("10.0.1.9", True)]},
+        {
+            **ROW,
+            "nicId": "a",
+            "nicPrimary": "true",
+            "ipConfigurations": [
+                ipc("10.0.0.9", False),
+                ipc("10.0.0.16/28", True),  # a prefix (NetworkInterfaceGet.json): no address
+                ipc("10.0.0.5", True),
+                ipc("fd00::1", False),
+            ],
+        },
     ]
     assert facts_from_rows(VM, rows, NOW).address == "10.0.0.5"
 
 
 def test_a_vm_without_a_nic_row_has_no_address():
-    row = {**ROW, "nicId": None, "privateIp": None, "nicPrimary": None, "ipPrimary": None}
+    row = {**ROW, "nicId": None, "ipConfigurations": None, "nicPrimary": None}
     assert facts_from_rows(VM, [row], NOW).address is None
+    junk = {**ROW, "ipConfigurations": [1, {"properties": "x"}, {"properties": {}}]}
+    assert facts_from_rows(VM, [junk], NOW).address is None
 
 
 def test_a_flexible_member_names_its_scale_set():

@@ -1,0 +1,231 @@
+"""The bulk sync: every VM Resource Graph shows the app, paged into the identities table.
+
+Without it each new VM costs Resource Graph queries on its first message: at the documented
+quota (15 queries per 5 s per user) 100,000 new VMs take hours, and their first events wait
+meanwhile. With it the fleet is read by the page, 1,000 VMs per query
+(functions.identity.facts.vm_query on `resources`, then on `computeresources`), and a VM's
+first message finds its facts stored (registry.CachedResolver stores its key beside them
+without a query); lookups on demand remain only for vmIds the sync has not seen yet.
+
+The timer (function_app `identity_sync`, every 5 minutes) calls `sync_identities`, which:
+
+- starts a pass when the last one finished RESOURCE_GRAPH_SYNC_HOURS ago (the rows' facts
+  are then never older than that, below VM_FACTS_MAX_AGE_SECONDS), else does nothing (one
+  Table read);
+- pages with `$skipToken`, and sleeps when `x-ms-user-quota-remaining` reaches 0 until
+  `x-ms-user-quota-resets-after` (or Retry-After on a 429), within its time budget; when
+  the budget runs out it stores the cursor (table, skip token, the rows of a VM a page cut
+  in two) and the next run resumes there;
+- writes each page as entity group transactions (up to 100 rows of one partition each)
+  that MERGE only the facts columns (`data`, `name`, `fetched_at`): a VM's callback keys,
+  stored by admission, are never touched;
+- on a 4xx other than 429 (a configuration error: functions.identity.resource_graph)
+  stops, keeps the cursor and raises ResourceGraphRefused for the handler to announce
+  (functions.identity.graph_state).
+
+Cost for 100,000 VMs: 100 queries and about 1,300 batch requests a pass (8 partitions: a
+page of 1,000 VMs is about 8 batches of 125 → 16 requests), plus one cursor read and write
+a run: with a pass every 3 hours, about 0.1 Table request per VM-day.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableClient, UpdateMode
+from pydantic import BaseModel, Field
+
+from functions.identity.facts import (
+    TABLES,
+    FactsUnavailable,
+    UnknownVm,
+    facts_from_rows,
+    rows_by_vm,
+    vm_query,
+)
+from functions.identity.registry import partition_of
+from functions.identity.resource_graph import PAGE_ROWS, ResourceGraph, ResourceGraphRefused
+
+log = logging.getLogger(__name__)
+
+CURSOR_PARTITION, CURSOR_ROW = "sync", "cursor"
+BATCH = 100  # an entity group transaction's limit
+CARRY_LIMIT = 30000  # characters of held-back rows stored in the cursor row
+DEFAULT_WAIT = 5.0  # a transient failure without Retry-After: one quota window
+
+
+class Cursor(BaseModel):
+    """Where a pass is: which table, the skip token, the held-back rows of the VM a page
+    boundary cut in two; when the pass started and when the last one finished."""
+
+    table: int = 0
+    skip_token: str | None = None
+    carry: list[dict[str, Any]] = Field(default_factory=list)
+    pass_started: datetime | None = None
+    last_pass: datetime | None = None
+    etag: str | None = None
+
+
+class SyncReport(BaseModel):
+    """One run, for the log line and the bench."""
+
+    due: bool = True
+    finished_pass: bool = False
+    queries: int = 0
+    pages: int = 0
+    vms_written: int = 0
+    unusable: int = 0  # rows facts_from_rows refused (e.g. two resources with one vmId)
+    table_requests: int = 0
+    quota_waits: int = 0
+    waited_seconds: float = 0.0
+    error: str | None = None
+
+
+class _Budget:
+    def __init__(self, seconds: float, monotonic: Callable[[], float]) -> None:
+        self.monotonic = monotonic
+        self.deadline = monotonic() + seconds
+
+    def allows(self, wait: float) -> bool:
+        return self.monotonic() + wait < self.deadline
+
+
+def load_cursor(table: TableClient) -> Cursor:
+    try:
+        row = table.get_entity(CURSOR_PARTITION, CURSOR_ROW)
+    except ResourceNotFoundError:
+        return Cursor()
+    data = json.loads(row.get("cursor") or "{}")
+    return Cursor.model_validate({**data, "etag": row.metadata.get("etag")})
+
+
+def save_cursor(table: TableClient, cursor: Cursor) -> None:
+    """Unconditional: the timer runs as a singleton (one instance holds its lease)."""
+    text = cursor.model_dump_json(exclude={"etag"})
+    if len(text) > 60000:  # never: the carry is bounded; a pass restarts rather than fail
+        text = cursor.model_copy(update={"skip_token": None, "carry": []}).model_dump_json(
+            exclude={"etag"}
+        )
+    entity = {"PartitionKey": CURSOR_PARTITION, "RowKey": CURSOR_ROW, "cursor": text}
+    table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+
+
+def write_facts(
+    table: TableClient, rows: list[dict[str, Any]], now: datetime, report: SyncReport
+) -> None:
+    """Merge the facts of every VM in `rows` into its identity row, 100 per transaction."""
+    by_partition: dict[str, list[dict[str, Any]]] = {}
+    for vm_id, mine in rows_by_vm(rows).items():
+        try:
+            facts = facts_from_rows(vm_id, mine, now)
+        except (FactsUnavailable, UnknownVm) as exc:
+            report.unusable += 1
+            log.warning("identity sync: vmId %s left out: %s", vm_id, exc)
+            continue
+        entity = {
+            "PartitionKey": partition_of(vm_id),
+            "RowKey": vm_id,
+            "data": facts.model_dump_json(),
+            "name": facts.name.casefold(),
+            "fetched_at": facts.fetched_at,
+        }
+        by_partition.setdefault(entity["PartitionKey"], []).append(entity)
+    for entities in by_partition.values():
+        for start in range(0, len(entities), BATCH):
+            chunk = entities[start : start + BATCH]
+            table.submit_transaction([("upsert", e, {"mode": UpdateMode.MERGE}) for e in chunk])
+            report.table_requests += 1
+            report.vms_written += len(chunk)
+
+
+def _split(rows: list[dict[str, Any]], more: bool) -> tuple[list[dict[str, Any]], list[dict]]:
+    """(rows to write now, rows to hold back): while pages remain, the last VM's rows wait
+    for the next page, which may hold its other NICs (rows come ordered by id)."""
+    if not more or not rows:
+        return rows, []
+    last = str(rows[-1].get("id", "")).casefold()
+    ready = [r for r in rows if str(r.get("id", "")).casefold() != last]
+    carry = [r for r in rows if str(r.get("id", "")).casefold() == last]
+    if len(json.dumps(carry, default=str)) > CARRY_LIMIT:
+        return rows, []
+    return ready, carry
+
+
+def sync_identities(
+    graph: ResourceGraph,
+    table: TableClient,
+    now: Callable[[], datetime],
+    *,
+    every: timedelta,
+    budget_seconds: float,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+    page_rows: int = PAGE_ROWS,
+) -> SyncReport:
+    """Run (or continue) a pass within `budget_seconds`; see the module docstring.
+    Raises ResourceGraphRefused (a configuration error) after saving the cursor."""
+    report = SyncReport()
+    cursor = load_cursor(table)
+    report.table_requests += 1
+    started = now()
+    if cursor.pass_started is None:
+        if cursor.last_pass is not None and started - cursor.last_pass < every:
+            report.due = False
+            return report
+        cursor = Cursor(pass_started=started, last_pass=cursor.last_pass)
+    budget = _Budget(budget_seconds, monotonic)
+    queries_before = graph.requests
+    retried_token = False
+    try:
+        while budget.allows(0):
+            kql = vm_query(TABLES[cursor.table])
+            try:
+                page = graph.query(kql, cursor.skip_token, top=page_rows)
+            except ResourceGraphRefused:
+                if cursor.skip_token and not retried_token:
+                    # A skip token kept across runs may have expired: this table again.
+                    log.warning("identity sync: skip token refused; restarting the table")
+                    cursor.skip_token, cursor.carry, retried_token = None, [], True
+                    continue
+                raise
+            except FactsUnavailable as exc:
+                wait = exc.retry_after if exc.retry_after is not None else DEFAULT_WAIT
+                if not budget.allows(wait):
+                    report.error = str(exc)
+                    break
+                report.quota_waits += 1
+                report.waited_seconds += wait
+                sleep(wait)
+                continue
+            report.pages += 1
+            ready, carry = _split(cursor.carry + page.rows, page.skip_token is not None)
+            write_facts(table, ready, now(), report)
+            cursor.skip_token, cursor.carry = page.skip_token, carry
+            if page.skip_token is None:
+                cursor.table += 1
+                if cursor.table == len(TABLES):
+                    cursor = Cursor(last_pass=cursor.pass_started)
+                    report.finished_pass = True
+                    break
+            if page.quota_remaining == 0:
+                wait = page.quota_resets_after if page.quota_resets_after else DEFAULT_WAIT
+                if not budget.allows(wait):
+                    break
+                report.quota_waits += 1
+                report.waited_seconds += wait
+                sleep(wait)
+    finally:
+        report.queries = graph.requests - queries_before
+        save_cursor(table, cursor)
+        report.table_requests += 1
+    return report
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
