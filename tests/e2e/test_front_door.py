@@ -1,5 +1,5 @@
 """What a new user trips over first: the example plan, the narration under your own policy,
-the comparison with the default policy, an invalid policy, a plan that cannot finish."""
+the comparison with the demo's policy, an invalid policy, a plan that cannot finish."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def test_the_example_plan_ships_and_plays_on_the_fleet():
     assert check_plan(plan, FLEET) is None
     assert "predicted-failure" in {s.scenario for s in plan}
     assert any(not s.story for s in plan)  # narrated from the scenario's own summary
-    readme = (ROOT / "README.md").read_text()
-    assert "--plan local/plans/example.json" in readme
+    demo_page = (ROOT / "docs" / "demo.md").read_text()
+    assert "--plan local/plans/example.json" in demo_page
 
 
 def test_steps_are_narrated_and_your_policy_is_not_promised_the_defaults_outcome(tmp_path):
@@ -90,7 +90,7 @@ def _note(decision: Decision, transition: Transition = Transition.DECIDED) -> No
     )
 
 
-def test_what_differs_from_the_default_policy_and_why():
+def test_what_differs_from_the_demos_policy_and_why():
     track = _track()
 
     def compare(decision, transition=Transition.DECIDED):
@@ -100,7 +100,7 @@ def test_what_differs_from_the_default_policy_and_why():
     held = compare(Decision(action="hold", rule="hold-all", reason="rule 'hold-all': hold"))
     assert held.name.endswith("DIFFERS") and held.skipped and held.ok
     assert "yours: HOLD by rule hold-all" in held.detail
-    assert "default: APPROVE by rule short-freeze" in held.detail
+    assert "demo's: APPROVE by rule short-freeze" in held.detail
     dry = compare(Decision(action="approve", rule="short-freeze", dry_run=True))
     assert dry.name.endswith("DIFFERS") and "POLICY__DRY_RUN" in dry.detail
     invalid = compare(
