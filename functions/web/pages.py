@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, quote
 
+from functions.identity.graph_state import graph_state
 from functions.model.event import utc_text
 from functions.notify import describe
 from functions.pipeline.approve import approval_path
@@ -216,7 +217,7 @@ def approve(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageResp
     try:
         csrf.check_origin(request.headers, settings.base_url or "")
         nonce = csrf.check_token(
-            settings.page_token_key or b"",
+            settings.page_token_keys or (b"",),
             token,
             user_id=admitted.user_id,
             event_id=event_id,
@@ -273,6 +274,7 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
     else:
         state = '<p class="ok">Policy valid.</p>'
     state += attestation_warning(attestation_state(pipeline))
+    state += graph_warning(graph_state(pipeline.store.events))
     rows = []
     for record in events:
         snap = record.snapshot()
@@ -306,6 +308,17 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
         + render_svg([event_lane(r) for r in events], now=now)
     )
     return _page(200, "Fleet maintenance", body)
+
+
+def graph_warning(state: dict | None) -> str:
+    """The fleet page's warning while Resource Graph refuses the app's queries."""
+    if state is None:
+        return ""
+    return (
+        f'<p class="warn">Resource Graph REFUSES the app\'s queries since {esc(state["since"])} '
+        f"({esc(str(state['status']))} {esc(state['code'])}: {esc(state['message'])}): new VMs "
+        "cannot be admitted until this configuration is fixed.</p>"
+    )
 
 
 def attestation_warning(state: dict | None) -> str:

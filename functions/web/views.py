@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from functions.identity.graph_state import graph_state
 from functions.notify import describe
 from functions.pipeline.admission_tally import read_report
 from functions.pipeline.context import Pipeline
@@ -67,6 +68,8 @@ def fleet_status(pipeline: Pipeline, include_ended: bool) -> dict[str, Any]:
         "generated_at": pipeline.clock.now().isoformat(),
         "policy": policy_state(pipeline),
         "attestation": attestation_state(pipeline),
+        # A Resource Graph configuration error in force (functions.identity.graph_state).
+        "resource_graph": graph_state(pipeline.store.events),
         "events": [event_view(r) for r in fleet_events(pipeline, include_ended)],
     }
 
