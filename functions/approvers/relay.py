@@ -9,6 +9,9 @@ its answer:
   mid-rotation, a clock off), 403, 408, 409 (a replay, or not in its document yet), 425,
   429, and a 404 "unknown EventId" from a relay whose VM has not reported the event yet
   (its IMDS may simply lag behind a set-mate's);
+- differs: a 409 whose verdict for the event is "differs": the relay's own IMDS shows the
+  event otherwise than the view the decision rests on (`Expect`). That is final for the
+  whole event: no other relay and no ARM is asked (functions.pipeline.approve);
 - refused: a 4xx that stays true (400 malformed, 404 for an event its VM did report, so it
   left that VM's document, 405, 413, ...), a redirect (never followed: the address is
   Azure's, so a redirect means something else answers there), or a refusal in a 200 body.
@@ -18,9 +21,10 @@ Where the request goes and how it is signed comes from the app alone (RelayTarge
 address Azure gives the VM's NIC, the bridge's one port and path, and the key that VM's
 relay gave in an attested message, naming the VM's vmId as the target (scheme v2). On a 401
 the relay's previous key is tried once: a relay mid-rotation still approves.
-The request also says which event the policy decided on (`Expect`: its type and source as
-reported): a relay whose own IMDS shows the event otherwise refuses, so a set-mate's report
-that disagrees with the VM's own view cannot steer an approval.
+The request also carries the view the policy decided on (`Expect`, functions/model/view.py:
+type, source, duration, NotBefore, Resources): a relay whose own IMDS shows the event
+otherwise refuses, so a set-mate's report that disagrees with the VM's own view cannot steer
+an approval.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import requests
@@ -43,11 +47,12 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT_SECONDS = 10.0
 START_PATH = "/v1/start"
 HOOK_PATH = "/v1/hook"
-Verdict = Literal["approved", "refused", "retry"]
+Verdict = Literal["approved", "refused", "retry", "differs"]
 # 4xx answers whose cause may pass: asked again within the approval budget.
 PASSING_4XX = frozenset({401, 403, 408, 409, 425, 429})
 PREVIOUS_KEY_NOTE = "signed with the relay's previous key: it has not rotated yet"
 MAX_ANSWER_CHARS = 200
+DIFFERS = "view differs"  # how a "differs" answer's attempt is recorded (final_refusal)
 
 
 @dataclass(frozen=True)
@@ -79,13 +84,13 @@ def post_start(
     remaining: float,
     *,
     reported: bool = True,
-    expect: Mapping[str, str | None] | None = None,
+    expect: Mapping[str, Any] | None = None,
 ) -> tuple[Verdict, int | None, str]:
     """One approval attempt; `remaining` bounds the request timeout by the deadline.
 
     `reported`: whether this relay's VM listed the event in a document (a 404 from a relay
-    that never saw it means "not yet", from one that did means "gone"). `expect`: the
-    event's facts the decision rests on (EventType, EventSource)."""
+    that never saw it means "not yet", from one that did means "gone"). `expect`: the view
+    the decision rests on (`VmView.expect()`)."""
     if not target.keys:
         return "refused", None, "no callback key known for this VM"
     verdict, status, text = _post(
@@ -107,14 +112,14 @@ def _post(
     session: requests.Session,
     remaining: float,
     reported: bool,
-    expect: Mapping[str, str | None] | None,
+    expect: Mapping[str, Any] | None,
 ) -> tuple[Verdict, int | None, str]:
     url = f"{target.url.rstrip('/')}{START_PATH}"
     # The relay refuses a byte-identical request within a second as a replay; the nonce
     # keeps a quick retry (or two approvers at once) from looking like one.
     request: dict[str, object] = {"EventIds": [event_id], "Nonce": uuid.uuid4().hex}
     if expect:
-        request["Expect"] = {event_id: {k: v for k, v in expect.items() if v is not None}}
+        request["Expect"] = {event_id: wire_expect(expect)}
     body = json.dumps(request).encode()
     headers = target.signed(key, START_PATH, body)
     try:
@@ -133,6 +138,8 @@ def _post(
         return "refused", status, f"refused {status}: redirect not followed"
     if status >= 500:
         return "retry", status, f"{status} {text}"
+    if status == 409 and _answered(response, event_id) == "differs":
+        return "differs", status, f"{DIFFERS} (409): {text}"
     if status in PASSING_4XX or (status == 404 and not reported):
         return "retry", status, f"answered {status} (may pass; asking again): {text}"
     if status >= 400:
@@ -140,6 +147,27 @@ def _post(
     if status != 200:
         return "retry", status, f"unexpected {status}"
     return _verdict(response, event_id)
+
+
+def wire_expect(expect: Mapping[str, Any]) -> dict[str, Any]:
+    """The `Expect` entry as relays read it: an unknown EventSource is "" (what a relay
+    sees for an IMDS event without one; a relay of before issue 27 refuses a null there),
+    a DurationInSeconds of null means "IMDS gives none"."""
+    wire = {k: v for k, v in expect.items() if v is not None or k == "DurationInSeconds"}
+    if "EventSource" in expect and expect["EventSource"] is None:
+        wire["EventSource"] = ""
+    return wire
+
+
+def _answered(response: requests.Response, event_id: str) -> object:
+    """The relay's verdict for this EventId in a refusal's `results`, if it gave one."""
+    try:
+        results = response.json().get("results")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(results, dict):
+        return None
+    return next((v for k, v in results.items() if k.casefold() == event_id.casefold()), None)
 
 
 def _verdict(response: requests.Response, event_id: str) -> tuple[Verdict, int | None, str]:
@@ -178,6 +206,8 @@ def final_refusal(outcome: str) -> bool:
     """Whether a recorded attempt means "never ask this relay again for this event".
     Attempts recorded before the 4xx were sorted (`refused 401: ...`) count only when
     their status is one that stays true."""
+    if outcome.startswith(DIFFERS):
+        return True
     if not outcome.startswith("refused "):
         return outcome.startswith("relay answered")
     code = outcome.removeprefix("refused ").split(":", 1)[0]

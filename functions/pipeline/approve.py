@@ -18,6 +18,13 @@ Grid only) goes to ARM at once. ARM's 429/5xx are retried honouring Retry-After,
 are final. When nothing can approve, the event will start at NotBefore anyway; that is
 announced as `approval_failed`. The audit and the announcement say which path approved
 it (`relay:<vm>` or `arm`).
+
+One VM's view never reaches another VM or Azure unchecked (issue 27): each relay is sent
+the view the decision rests on (`view_for`, `Expect`) and approves only if its own IMDS
+agrees; a relay answering that its view differs ends the approval of the whole event (no
+other relay, no ARM: approval_failed, with the relay's reason). ARM acknowledges only an
+event Azure itself reports as decided: Event Grid's own view (no relay reported it), or
+Resource Graph's row for it (functions.approvers.azure_events) agreeing field by field.
 """
 
 from __future__ import annotations
@@ -29,12 +36,20 @@ from typing import Literal
 import requests
 from pydantic import BaseModel, Field
 
-from functions.approvers.arm import acknowledge, default_credential
-from functions.approvers.relay import RelayTarget, final_refusal, post_start
+from functions.approvers.relay import DIFFERS, RelayTarget, final_refusal, post_start
 from functions.clock import Clock
-from functions.model.arm import ArmResource, owner_of_vm
 from functions.model.event import Transition
+from functions.model.view import VmView, normalise_resources
 from functions.pipeline.announce import claim, publish_claimed
+from functions.pipeline.approve_arm import (
+    ARM,
+    BACKOFF_MAX_SECONDS,
+    BACKOFF_START_SECONDS,
+    RELAYS_PER_ATTEMPT,
+    Phase,
+    arm_owners,
+    arm_phase,
+)
 from functions.pipeline.context import Pipeline
 from functions.settings import Settings
 from functions.store import claims
@@ -44,10 +59,6 @@ from functions.store.state import Store
 log = logging.getLogger(__name__)
 
 Outcome = Literal["approved", "failed", "retry_later", "skipped"]
-BACKOFF_START_SECONDS = 1.0
-BACKOFF_MAX_SECONDS = 20.0
-ARM = "arm"  # `approved_by` and the attempts' `vm` when ARM acknowledged it
-RELAYS_PER_ATTEMPT = 8
 
 
 class ApprovalResult(BaseModel):
@@ -101,8 +112,11 @@ def approve_event(
         if approver == "relay":
             phase = _relay_phase(pipeline, record, by, now, stop, deadline, arm_next)
         else:
-            phase = _arm_phase(pipeline, record, owners, by, stop, deadline)
+            phase = arm_phase(pipeline, record, owners, by, stop, deadline, expect_for)
         attempts += phase.attempts
+        if phase.outcome == "vetoed":
+            details.append(f"{approver}: {phase.detail}")
+            break  # a named VM's own view differs: nothing approves this event for it
         if phase.outcome == "approved":
             result = _finish(
                 store,
@@ -145,17 +159,6 @@ def approve_event(
     return result
 
 
-class _Phase(BaseModel):
-    """What one approver achieved: approved (`via` says the path), exhausted (nothing it
-    can do; the next approver's turn) or later (it may still succeed: retry later)."""
-
-    outcome: Literal["approved", "exhausted", "later"]
-    via: str | None = None
-    detail: str = ""
-    attempts: list[Attempt] = Field(default_factory=list)
-    status: int | None = None
-
-
 def _relay_phase(
     pipeline: Pipeline,
     record: EventRecord,
@@ -164,7 +167,7 @@ def _relay_phase(
     stop: datetime,
     deadline: datetime,
     arm_next: bool,
-) -> _Phase:
+) -> Phase:
     """Relays of the named VMs. With ARM next, relays get ARM_FALLBACK_AFTER_SECONDS from
     their first attempt (kept in the row across invocations) and no waiting for relays
     not heard yet: ARM can approve now."""
@@ -174,6 +177,9 @@ def _relay_phase(
         tried = [a.at for a in record.approval_attempts if a.vm and a.vm != ARM]
         first = min(tried) if tried else now
         handover = min(deadline, first + timedelta(seconds=settings.arm_fallback_after_seconds))
+    differs = [a for a in record.approval_attempts if a.outcome.startswith(DIFFERS)]
+    if differs:
+        return Phase(outcome="vetoed", detail=f"{differs[-1].vm}'s relay: {differs[-1].outcome}")
     # A relay that refused for good is not asked again for this event, in this call or later.
     refused = {a.vm for a in record.approval_attempts if final_refusal(a.outcome)}
     relays = _relays(pipeline, record, now, skip=refused)
@@ -182,7 +188,7 @@ def _relay_phase(
         # The named VMs' relays may simply not have reported yet (a set-mate's document
         # came first): wait for them while there is time, then give up.
         waiting = unheard and not arm_next and clock.now() < deadline
-        return _Phase(
+        return Phase(
             outcome="later" if waiting else "exhausted",
             detail="no VM named in Resources has a relay that reported recently with an "
             "attested key and an address Azure knows"
@@ -200,88 +206,27 @@ def _relay_phase(
     )
 
 
-def arm_owners(store: Store, record: EventRecord) -> list[ArmResource]:
-    """Where the event can be acknowledged: the owner Event Grid named, then the owners the
-    named VMs' compute metadata gives (scale set, availability set or the VM itself)."""
-    owners: list[ArmResource] = []
-    candidates: list[ArmResource | None] = []
-    if record.arm_resource:
-        candidates.append(owner_of_vm(record.arm_resource))
-    # The named VMs of one event share few owners (their set): the first few VMs known
-    # give them, without a read per VM of an event naming 1,000.
-    for name in record.resources[: RELAYS_PER_ATTEMPT * 2]:
-        vm = store.get_vm(name)
-        if vm is not None:
-            candidates.append(owner_of_vm(vm.resource_id, vm.scale_set, vm.availability_set))
-    for owner in candidates:
-        if owner is not None and not any(owner.same(o) for o in owners):
-            owners.append(owner)
-    return owners
-
-
-def _arm_phase(
-    pipeline: Pipeline,
-    record: EventRecord,
-    owners: list[ArmResource],
-    by: str,
-    stop: datetime,
-    deadline: datetime,
-) -> _Phase:
-    """Acknowledge through ARM: 429/5xx/network retried honouring Retry-After until `stop`;
-    a 404 tries the next candidate owner; any other 4xx is final for this event."""
-    settings, clock = pipeline.settings, pipeline.clock
-    if not owners:
-        return _Phase(
-            outcome="exhausted",
-            detail="no ARM id for the event's owner (no Event Grid notification, and no "
-            "named VM's relay sent its compute metadata)",
-        )
-    if pipeline.credential is None:
-        pipeline.credential = default_credential()
-    attempts: list[Attempt] = []
-    delay = BACKOFF_START_SECONDS
-    queue = list(owners)
-    while queue:
-        owner = queue[0]
-        remaining = (stop - clock.now()).total_seconds()
-        if remaining <= 0:
-            break
-        answer = acknowledge(
-            owner,
-            record.event_id,
-            credential=pipeline.credential,  # type: ignore[arg-type]
-            session=pipeline.session,
-            endpoint=settings.arm_endpoint,
-            api_version=settings.arm_api_version,
-            remaining=remaining,
-        )
-        attempts.append(Attempt(at=clock.now(), vm=ARM, outcome=answer.text[:500], by=by))
-        if answer.verdict == "approved":
-            return _Phase(
-                outcome="approved",
-                via=ARM,
-                detail=f"acknowledged through ARM on {owner.id}",
-                attempts=attempts,
-                status=answer.status,
-            )
-        if answer.verdict == "refused":
-            queue.pop(0)
-            if answer.status == 404 and queue:
-                continue  # another owner may hold it (e.g. the set, not the VM)
-            return _Phase(outcome="exhausted", detail=answer.text, attempts=attempts)
-        wait = answer.retry_after if answer.retry_after is not None else delay
-        if clock.now() + timedelta(seconds=wait) >= stop:
-            break
-        clock.sleep(wait)
-        delay = min(delay * 2, BACKOFF_MAX_SECONDS)
-    text = attempts[-1].outcome if attempts else "no time left"
-    if stop < deadline:
-        return _Phase(outcome="later", detail=f"ARM not answering yet: {text}", attempts=attempts)
-    return _Phase(
-        outcome="exhausted",
-        detail=f"ARM did not approve before the approval deadline: {text}",
-        attempts=attempts,
+def view_for(record: EventRecord, vm_name: str) -> VmView:
+    """The view of the event the decision for `vm_name` rests on, as that VM's relay must
+    see it in its own IMDS. Until ingest stores each VM's own view, the event as stored
+    (the union of what its reporters said): H's per-VM views replace this function."""
+    return VmView(
+        vm=vm_name,
+        event_type=record.event_type,
+        event_source=record.event_source,
+        duration_s=record.duration_in_seconds,
+        not_before=record.not_before,
+        resources=normalise_resources(record.resources),
     )
+
+
+def expect_for(record: EventRecord, vm_name: str) -> dict[str, object]:
+    """The callback's `Expect` entry: `view_for(...).expect()`, without Resources when the
+    row could not keep every name (an event naming more than MAX_RESOURCES VMs)."""
+    expect = view_for(record, vm_name).expect()
+    if record.resources_dropped:
+        expect.pop("Resources")
+    return expect
 
 
 def _manual_detail(by: str, result: ApprovalResult) -> str:
@@ -371,7 +316,7 @@ def _try_relays(
     deadline: datetime,
     by: str,
     unheard: bool,
-) -> _Phase:
+) -> Phase:
     """Round-robin over the relays with backoff between rounds; `unheard`: some named VMs
     have no usable relay yet, so "all refused" is not final while time remains.
     `deadline`: when relays are given up (NotBefore less the margin, or ARM's turn)."""
@@ -392,11 +337,15 @@ def _try_relays(
                 session,
                 remaining,
                 reported=any(e.casefold() == wanted for e in vm.event_ids),
-                expect={"EventType": record.event_type, "EventSource": record.event_source},
+                expect=expect_for(record, vm.name),
             )
             attempts.append(Attempt(at=clock.now(), vm=vm.name, outcome=text, by=by))
+            if verdict == "differs":
+                return Phase(
+                    outcome="vetoed", detail=f"{vm.name}'s relay: {text}", attempts=attempts
+                )
             if verdict == "approved":
-                return _Phase(
+                return Phase(
                     outcome="approved",
                     via=vm.name,
                     detail=text,
@@ -408,7 +357,7 @@ def _try_relays(
         if all(vm.name in refused for vm, _ in relays):
             # Named VMs whose relays are not known yet may still approve: keep it pending.
             waiting = unheard and clock.now() < deadline
-            return _Phase(
+            return Phase(
                 outcome="later" if waiting else "exhausted",
                 detail="every known named relay refused: " + _last_texts(attempts),
                 attempts=attempts,
@@ -416,12 +365,12 @@ def _try_relays(
         now = clock.now()
         if now + timedelta(seconds=delay) >= stop:
             if stop < deadline:
-                return _Phase(
+                return Phase(
                     outcome="later",
                     detail="relays unreachable so far: " + _last_texts(attempts),
                     attempts=attempts,
                 )
-            return _Phase(
+            return Phase(
                 outcome="exhausted",
                 detail="no relay answered before the approval deadline: " + _last_texts(attempts),
                 attempts=attempts,

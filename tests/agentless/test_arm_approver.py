@@ -52,8 +52,20 @@ def grid(pipeline, props, kind="virtualMachineScaleSets", name="web"):
 
 
 def user_event(sim, event_id, resources, event_type="Redeploy"):
+    """The event as the simulated Azure holds it (IMDS, Event Grid and Resource Graph agree:
+    the ARM approver acknowledges a relay-reported event only if Resource Graph shows it as
+    decided), with a Description of the tests' own."""
     sim.add_event(event_type, resources=resources, event_id=event_id, source="User")
-    return event(event_id, event_type, resources=tuple(resources), source="User")
+    azure = sim.describe_event(event_id)
+    return {
+        **event(event_id, event_type, resources=tuple(resources), source="User"),
+        **{k: azure[k] for k in ("NotBefore", "DurationInSeconds", "Resources")},
+    }
+
+
+def acknowledges(arm):
+    """ARM's acknowledge calls (not the Resource Graph queries the app also makes)."""
+    return [c for c in arm.arm.calls if c.path.endswith("/acknowledge")]
 
 
 def with_compute(body: str, resource_id: str) -> str:
@@ -193,7 +205,7 @@ def test_relay_down_falls_back_to_arm_after_the_fallback_time(store, clock, arm,
     arm_try = next(a.at for a in record.approval_attempts if a.vm == "arm")
     assert arm_try - relay_tries[0] <= timedelta(seconds=30)
     assert arm_try - relay_tries[0] >= timedelta(seconds=15)  # relays had their turn
-    (call,) = arm.arm.calls
+    (call,) = acknowledges(arm)
     assert "/availabilitySets/as1/" in call.path  # the set owns its VMs' events
     assert [a["outcome"] for a in store.audit_rows("EV-FB")] == ["approving", "approved via arm"]
 
@@ -229,8 +241,8 @@ def test_fallback_waits_within_budget_then_the_watchdog_hands_over(store, clock,
 def test_a_relay_event_is_acknowledged_on_azures_resource_id_not_the_relays(
     store, clock, arm, relay
 ):
-    """The owner ARM is asked about comes from Resource Graph's facts for the attested
-    vmId; the relay's own resource_id claim is never used."""
+    """The owner ARM is asked about comes from Azure (Resource Graph's row for the event);
+    the relay's own resource_id claim is never used."""
     pipeline, _ = agentless(store, clock, arm, approvers="relay,arm")
     relay.default = (400, {"error": "refused"})
     props = user_event(arm.sim, "EV-L", ["web_1"])
@@ -238,9 +250,11 @@ def test_a_relay_event_is_acknowledged_on_azures_resource_id_not_the_relays(
     body["vm"]["resource_id"] = owner("virtualMachines", "someone-else")
     deliver(identity_harness.attest(body, clock.now()), pipeline)
     assert arm.arm.calls and all("someone-else" not in c.path for c in arm.arm.calls)
-    # Azure's facts: web_1 is an instance of scale set web in the test resource group.
-    group = f"/resourcegroups/{identity_harness.RESOURCE_GROUP}/"
-    assert all(group in c.path.lower() and "/web/" in c.path for c in arm.arm.calls)
+    # Azure's owner of the event: Resource Graph's row for it names scale set web in the
+    # simulated Azure's resource group; the relay's claim is never used.
+    group = f"/resourcegroups/{instance.RESOURCE_GROUP.lower()}/"
+    assert acknowledges(arm)
+    assert all(group in c.path.lower() and "/web/" in c.path for c in acknowledges(arm))
 
 
 def test_mixed_sources_pending_relay_then_event_grid_approves_once(store, clock, arm, new_relay):

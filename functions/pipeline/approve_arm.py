@@ -1,0 +1,175 @@
+"""The ARM phase of an approval (functions.pipeline.approve): acknowledge through Azure
+Resource Manager, only for an event Azure itself reports as decided.
+
+ARM approves for every VM the event names with the app's own identity and no relay asked,
+so a relay's report is never enough (issue 27): the event must be Event Grid's own (no
+relay reported it), or Resource Graph's row for it (functions.approvers.azure_events) must
+agree with the decided view field by field; then Azure's owner of the event is the one
+acknowledged. 429/5xx/network are retried honouring Retry-After until `stop`; a 404 tries
+the next candidate owner; any other 4xx is final for this event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from functions.approvers import azure_events
+from functions.approvers.arm import acknowledge, default_credential
+from functions.model.arm import ArmError, ArmResource, owner_of_vm, parse_event_id
+from functions.pipeline.context import Pipeline
+from functions.store.records import Attempt, EventRecord
+from functions.store.state import Store
+
+ARM = "arm"  # `approved_by` and the attempts' `vm` when ARM acknowledged it
+BACKOFF_START_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 20.0
+RELAYS_PER_ATTEMPT = 8
+# The decided view's `Expect` entry for a VM ("" for Azure): functions.pipeline.approve.
+ExpectFor = Callable[[EventRecord, str], dict[str, object]]
+
+
+class Phase(BaseModel):
+    """What one approver achieved: approved (`via` says the path), exhausted (nothing it
+    can do; the next approver's turn), later (it may still succeed: retry later) or vetoed
+    (a named VM's relay sees the event otherwise than decided: no approver may act)."""
+
+    outcome: Literal["approved", "exhausted", "later", "vetoed"]
+    via: str | None = None
+    detail: str = ""
+    attempts: list[Attempt] = Field(default_factory=list)
+    status: int | None = None
+
+
+def arm_owners(store: Store, record: EventRecord) -> list[ArmResource]:
+    """Where the event can be acknowledged: the owner Event Grid named, then the owners the
+    named VMs' compute metadata gives (scale set, availability set or the VM itself)."""
+    owners: list[ArmResource] = []
+    candidates: list[ArmResource | None] = []
+    if record.arm_resource:
+        candidates.append(owner_of_vm(record.arm_resource))
+    # The named VMs of one event share few owners (their set): the first few VMs known
+    # give them, without a read per VM of an event naming 1,000.
+    for name in record.resources[: RELAYS_PER_ATTEMPT * 2]:
+        vm = store.get_vm(name)
+        if vm is not None:
+            candidates.append(owner_of_vm(vm.resource_id, vm.scale_set, vm.availability_set))
+    for owner in candidates:
+        if owner is not None and not any(owner.same(o) for o in owners):
+            owners.append(owner)
+    return owners
+
+
+def arm_phase(
+    pipeline: Pipeline,
+    record: EventRecord,
+    owners: list[ArmResource],
+    by: str,
+    stop: datetime,
+    deadline: datetime,
+    expect_for: ExpectFor,
+) -> Phase:
+    """Acknowledge through ARM: 429/5xx/network retried honouring Retry-After until `stop`;
+    a 404 tries the next candidate owner; any other 4xx is final for this event."""
+    settings, clock = pipeline.settings, pipeline.clock
+    if not owners:
+        return Phase(
+            outcome="exhausted",
+            detail="no ARM id for the event's owner (no Event Grid notification, and no "
+            "named VM's relay sent its compute metadata)",
+        )
+    if pipeline.credential is None:
+        pipeline.credential = default_credential()
+    confirmed = _azure_reports(pipeline, record, owners, stop, deadline, expect_for)
+    if isinstance(confirmed, Phase):
+        return confirmed
+    attempts: list[Attempt] = []
+    delay = BACKOFF_START_SECONDS
+    queue = confirmed
+    while queue:
+        owner = queue[0]
+        remaining = (stop - clock.now()).total_seconds()
+        if remaining <= 0:
+            break
+        answer = acknowledge(
+            owner,
+            record.event_id,
+            credential=pipeline.credential,  # type: ignore[arg-type]
+            session=pipeline.session,
+            endpoint=settings.arm_endpoint,
+            api_version=settings.arm_api_version,
+            remaining=remaining,
+        )
+        attempts.append(Attempt(at=clock.now(), vm=ARM, outcome=answer.text[:500], by=by))
+        if answer.verdict == "approved":
+            return Phase(
+                outcome="approved",
+                via=ARM,
+                detail=f"acknowledged through ARM on {owner.id}",
+                attempts=attempts,
+                status=answer.status,
+            )
+        if answer.verdict == "refused":
+            queue.pop(0)
+            if answer.status == 404 and queue:
+                continue  # another owner may hold it (e.g. the set, not the VM)
+            return Phase(outcome="exhausted", detail=answer.text, attempts=attempts)
+        wait = answer.retry_after if answer.retry_after is not None else delay
+        if clock.now() + timedelta(seconds=wait) >= stop:
+            break
+        clock.sleep(wait)
+        delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+    text = attempts[-1].outcome if attempts else "no time left"
+    if stop < deadline:
+        return Phase(outcome="later", detail=f"ARM not answering yet: {text}", attempts=attempts)
+    return Phase(
+        outcome="exhausted",
+        detail=f"ARM did not approve before the approval deadline: {text}",
+        attempts=attempts,
+    )
+
+
+def _azure_reports(
+    pipeline: Pipeline,
+    record: EventRecord,
+    owners: list[ArmResource],
+    stop: datetime,
+    deadline: datetime,
+    expect_for: ExpectFor,
+) -> list[ArmResource] | Phase:
+    """Where ARM may acknowledge the event, if Azure itself reports it as decided: Event
+    Grid's view when no relay reported it, else Resource Graph's row agreeing with the
+    decided view (then its owner is the one acknowledged). A Phase says why not."""
+    if record.arm_resource and not pipeline.store.load_reporters(record).past_reporters:
+        return owners  # Event Grid's own view: no relay's word in the decision
+    remaining = (stop - pipeline.clock.now()).total_seconds()
+    try:
+        azure = azure_events.lookup(
+            record.event_id,
+            credential=pipeline.credential,  # type: ignore[arg-type]
+            session=pipeline.session,
+            endpoint=pipeline.settings.arm_endpoint,
+            remaining=max(0.1, remaining),
+        )
+    except azure_events.AzureUnavailable as exc:
+        outcome = "later" if stop < deadline else "exhausted"
+        return Phase(outcome=outcome, detail=f"cannot ask Azure about the event yet: {exc}")
+    if azure is None:
+        return Phase(
+            outcome="exhausted",
+            detail="Azure does not report this event (Resource Graph): ARM does not "
+            "acknowledge on a relay's report alone",
+        )
+    differing = azure_events.differences(expect_for(record, ""), azure.properties)
+    if differing:
+        return Phase(
+            outcome="exhausted",
+            detail="Azure reports the event otherwise than decided: " + "; ".join(differing),
+        )
+    try:
+        return [parse_event_id(azure.id)[0]]
+    except ArmError as exc:
+        return Phase(outcome="exhausted", detail=f"Azure's event id is unusable: {exc}")
