@@ -1,13 +1,14 @@
-"""The demo's `terminate` subscription: the drain workflow on a worker thread of its own.
+"""The demo's `terminate` subscription: the drain workflow on worker threads of its own.
 
-In Azure it is its own function, so a drain that takes seconds never holds up ingest; the
-worker thread keeps that true here.
+Drains every event the policy drains (here: the scale-in Terminate, the app VM's reboot,
+the Spot eviction) and undrains the VMs that come back, with the real-world times scaled
+like the simulator's clock.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -18,25 +19,47 @@ if TYPE_CHECKING:
 
 
 def start_drain_worker(demo: Demo) -> None:
-    """The `terminate` subscription: drain, then approve, on its own worker.
+    """The `terminate` subscription: drain, then approve; undrain when the VM is back.
 
-    In Azure it is its own function, so a drain that takes seconds never holds up
-    ingest; the worker thread keeps that true here.
+    In Azure it is its own function, invoked once per message and many at once, so a drain
+    that takes seconds never holds up ingest or another event's drain; a few worker
+    threads keep that true here.
     """
     from functions.clock import SystemClock
+    from functions.model.envelope import PREEMPT
     from functions.pipeline.approve import approve_event
     from functions.pipeline.context import Pipeline
     from functions.store.drains import DrainStore
-    from functions.terminate.workflow import DrainContext, DrainSettings, run_drain, wants
+    from functions.terminate.workflow import (
+        DrainContext,
+        DrainSettings,
+        UndrainSettings,
+        run_drain,
+        run_undrain,
+        wants,
+        wants_undrain,
+    )
 
     scale = demo.options.time_scale
+    preempt_scale = demo.options.type_scales.get(PREEMPT, scale)
+    url = demo.receivers["drain"].url
     demo.drain_settings = DrainSettings(
-        http_url=demo.receivers["drain"].url,
+        http_url=url,
         relay_hook="drain",
-        # The real-world defaults, scaled like the simulator's clock.
+        # The real-world defaults, scaled like the simulator's clock (a Preempt's like its
+        # own: it plays at its own time scale).
         step_timeout_seconds=max(1.0, 120 / scale),
         safety_margin_seconds=30 / scale,
         approve_reserve_seconds=max(0.5, 10 / scale),
+        preempt_safety_margin_seconds=5 / preempt_scale,
+        preempt_approve_reserve_seconds=2 / preempt_scale,
+        poll_seconds=0.1,
+    )
+    # The same receiver takes the undrain (its body says "action": "undrain").
+    demo.undrain_settings = UndrainSettings(
+        http_url=url,
+        relay_hook="undrain",
+        step_timeout_seconds=max(1.0, 120 / scale),
         poll_seconds=0.1,
     )
     drains = DrainStore.from_connection_string(
@@ -72,26 +95,24 @@ def start_drain_worker(demo: Demo) -> None:
         approve=approve,
         relay_target=relay_target,
     )
-    work: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
-    def worker() -> None:
-        while True:
-            note = work.get()
-            if note is None:
-                return
-            try:
+    def handle(note: Any) -> None:
+        try:
+            if wants_undrain(note):
+                result = run_undrain(note, demo.undrain_settings, ctx, drain_hook="drain")
+            else:
                 result = run_drain(note, demo.drain_settings, ctx)
-            except Exception as exc:
-                demo.timeline.add("drain", "terminate", f"workflow failed: {exc}", ok=False)
-                continue
-            demo.drain_results.append(result)
+        except Exception as exc:
+            demo.timeline.add("drain", "terminate", f"workflow failed: {exc}", ok=False)
+            return
+        demo.drain_results.append(result)
 
-    thread = threading.Thread(target=worker, name="terminate-workflow", daemon=True)
-    thread.start()
+    pool = ThreadPoolExecutor(4, thread_name_prefix="drain-workflow")
+    demo.stack.callback(pool.shutdown)
 
-    def stop() -> None:
-        work.put(None)
-        thread.join(timeout=10)
+    def take(note: Any) -> None:
+        if wants(note) or wants_undrain(note):
+            with contextlib.suppress(RuntimeError):  # shutting down: the demo is over
+                pool.submit(handle, note)
 
-    demo.stack.callback(stop)
-    demo.publisher.subscribe("terminate", lambda note: work.put(note) if wants(note) else None)
+    demo.publisher.subscribe("terminate", take)

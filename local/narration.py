@@ -36,7 +36,7 @@ def announcement(note: Any, channels: list[str]) -> tuple[str, str, str]:
             text += f" [policy invalid: {decision.policy_error}]"
     elif transition in ("approved", "approval_failed"):
         kind, text = "relay", headline(note)
-    elif transition.startswith("drain"):
+    elif transition.startswith(("drain", "undrain")):
         kind, text = "drain", headline(note)
     else:
         kind, text = "decide", f"announced: {headline(note)}"
@@ -52,7 +52,10 @@ def receiver_news(record: Received) -> tuple[str, str, str, bool | None] | None:
     if record.channel == "drain":
         body = record.body if isinstance(record.body, dict) else {}
         vms = ", ".join(body.get("Resources") or []) or "?"
-        return "drain", "drain-hook", f"customer's HTTP drain hook called for {vms}", None
+        action = "undrain" if body.get("action") == "undrain" else "drain"
+        what = f"{body.get('EventType') or 'event'} {short_id(str(body.get('EventId') or '?'))}"
+        text = f"customer's HTTP {action} hook called for {vms} ({what})"
+        return "drain", f"{action}-hook", text, None
     if not record.accepted:
         detail = "; ".join(record.problems) or "injected failure"
         return "notify", record.channel, f"answered {record.status}: {detail}", False

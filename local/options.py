@@ -26,6 +26,9 @@ class DemoOptions(BaseModel):
     plan: tuple[Step, ...] = PLAN
     # The scale set's notBeforeTimeout: PT10M (5 to 15 minutes are allowed).
     terminate_timeout: float = Field(default=600.0, ge=300, le=900)
+    # A time scale of its own per event type: at 60x a Spot eviction's 30 s notice would be
+    # 0.5 s, shorter than NotBefore's one-second resolution; at 6x it is 5 s to drain in.
+    type_scales: dict[str, float] = Field(default_factory=lambda: {"Preempt": 6.0})
     poll_interval: float = Field(default=0.25, gt=0)  # relays' IMDS polling (1 s in Azure)
     keep: bool = False  # keep the working directory (relay logs, inbox, processed messages)
     env: dict[str, str] = Field(default_factory=lambda: dict(os.environ))

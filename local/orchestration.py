@@ -19,6 +19,7 @@ from typing import Any
 
 import requests
 
+from functions.model.policy import PolicyLoad
 from functions.notify.settings import PAGERDUTY_EVENTS_URL
 from local.azurite import free_port
 from local.channels import (
@@ -31,7 +32,7 @@ from local.drain_worker import start_drain_worker
 from local.narration import announcement, receiver_news, subject
 from local.options import DemoAborted, DemoOptions
 from local.outcomes import check_outcomes
-from local.plan import Step
+from local.plan import DEMO_RULES, Step, demo_policy
 from local.receivers import (
     DrainHookReceiver,
     PagerDutyReceiver,
@@ -80,7 +81,13 @@ class Demo:
         # The functions read POLICY__* from the process environment, so that is what counts.
         self.play_errors: list[Outcome] = []
         self.custom_policy = any(k.upper().startswith("POLICY__") for k in os.environ)
+        self.policy_source = (
+            "your POLICY__* settings"
+            if self.custom_policy
+            else "the demo's policy: Microsoft's reference policy with two drain rules in front"
+        )
         self.hook_runs: list[tuple[float, str, str]] = []  # (time.time(), VM, EventId)
+        self.undrain_runs: list[tuple[float, str, str]] = []  # the same, of the undrain hook
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> Demo:
@@ -96,6 +103,9 @@ class Demo:
             self.timeline.add(
                 "decide", "policy", "your POLICY__* settings decide; policy checks only inform"
             )
+        else:
+            names = ", ".join(rule.name for rule in DEMO_RULES)
+            self.timeline.add("decide", "policy", f"{self.policy_source}: {names} first")
         self._start_receivers()
         self._start_simulator()
         if "local functions host" not in self.missing:
@@ -155,8 +165,10 @@ class Demo:
 
     def _start_simulator(self) -> None:
         from simulator import Simulator, SimulatorServer
+        from simulator.scenarios import DEFAULT_NOTICE
 
-        self.sim = Simulator(time_scale=self.options.time_scale)
+        o = self.options
+        self.sim = Simulator(time_scale=self.options.time_scale, type_scales=o.type_scales)
         scale_sets: dict[str, list[str]] = {}
         for vm in self.options.fleet:
             if vm.scale_set:
@@ -174,6 +186,16 @@ class Demo:
         self.stack.callback(self.server.stop)
         groups = ", ".join(f"{vm.name} ({vm.group})" for vm in self.options.fleet)
         self.timeline.add("demo", "simulator", f"IMDS simulator at {self.server.url}: {groups}")
+        for event_type, scale in o.type_scales.items():
+            notice = DEFAULT_NOTICE.get(event_type)
+            if notice is not None:
+                self.timeline.add(
+                    "demo",
+                    "simulator",
+                    f"{event_type} events play at {scale:g}x: their {notice:g} s notice takes "
+                    f"{notice / scale:g} s (at {o.time_scale:g}x it would be "
+                    f"{notice / o.time_scale:g} s)",
+                )
 
     def _start_host(self) -> None:
         """Azurite, the local host over the shared inbox, channels and timeline subscribers."""
@@ -206,6 +228,8 @@ class Demo:
             arm_endpoint=self.server.arm_url,
             arm_fallback_after_seconds=max(1, round(30 / self.options.time_scale)),
         )
+        if not self.custom_policy:
+            self.settings = self.settings.with_policy(PolicyLoad(policy=demo_policy()))
         self.credential = self._managed_identity()
         if self.settings.policy.error:
             self.timeline.add("decide", "policy", f"INVALID: {self.settings.policy.error}", False)
@@ -386,18 +410,20 @@ class Demo:
         ]
 
     def hook_script_runs(self) -> None:
-        """The drain script writes one line per run; show each run as it happens."""
-        hook_log = getattr(self, "hook_log", None)
-        if hook_log is None or not hook_log.exists():
-            return
-        lines = hook_log.read_text().splitlines()
-        for line in lines[len(self.hook_runs) :]:
-            run = parse_hook_line(line)
-            self.hook_runs.append(run)
-            _at, vm, event_id = run
-            self.timeline.add(
-                "drain", short_id(event_id), f"relay of {vm} ran its hook script 'drain'"
-            )
+        """The drain and undrain scripts write one line per run; show each as it happens."""
+        for name, log, runs in (
+            ("drain", getattr(self, "hook_log", None), self.hook_runs),
+            ("undrain", getattr(self, "undrain_log", None), self.undrain_runs),
+        ):
+            if log is None or not log.exists():
+                continue
+            for line in log.read_text().splitlines()[len(runs) :]:
+                run = parse_hook_line(line)
+                runs.append(run)
+                _at, vm, event_id = run
+                self.timeline.add(
+                    "drain", short_id(event_id), f"relay of {vm} ran its hook script '{name}'"
+                )
 
     def _all_seen(self) -> bool:
         return all(step in self.step_events for step in self.played)
@@ -420,7 +446,7 @@ class Demo:
 
     def _story(self, step: Step) -> str:
         """What to expect, in words. A plan's step without a story gets the scenario's own
-        summary; under your policy the default policy's expectation is only a comparison."""
+        summary; under your policy the demo policy's expectation is only a comparison."""
         from simulator import SCENARIOS
 
         if not step.story:
@@ -428,8 +454,8 @@ class Demo:
             return scenario.summary if scenario is not None else step.scenario
         what, _, expected = step.story.partition(": ")
         if self.custom_policy and expected:
-            # The default's expectation would be a false promise here: your policy decides.
-            return f"{what} (your policy decides; the summary compares it with the default)"
+            # The demo policy's expectation would be a false promise here: yours decides.
+            return f"{what} (your policy decides; the summary compares it with the demo's)"
         return step.story
 
     def _attach_step(self, track: EventTrack) -> None:

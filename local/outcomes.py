@@ -38,7 +38,7 @@ def check_outcomes(demo: Demo) -> list[Outcome]:
                 pipeline = [
                     o
                     if "announced" in o.name and "'approved'" not in o.name
-                    else Outcome(f"{o.name} [default policy]", o.ok, o.detail, skipped=True)
+                    else Outcome(f"{o.name} [demo's policy]", o.ok, o.detail, skipped=True)
                     for o in pipeline
                 ]
                 pipeline.append(policy_difference(demo, name, track))
@@ -51,10 +51,12 @@ def check_outcomes(demo: Demo) -> list[Outcome]:
 
 
 def policy_difference(demo: Demo, name: str, track: EventTrack) -> Outcome:
-    """What your policy did with this event next to what the default policy would have
-    done, and why they differ (informative: never a failure)."""
+    """What your policy did with this event next to what the demo's policy (Microsoft's
+    reference rules with local.plan.DEMO_RULES in front) would have done, and why they
+    differ (informative: never a failure)."""
     from functions.model.envelope import ScheduledEvent
-    from functions.model.policy import Policy, decide
+    from functions.model.policy import decide
+    from local.plan import demo_policy
 
     notes = [
         n
@@ -62,14 +64,14 @@ def policy_difference(demo: Demo, name: str, track: EventTrack) -> Outcome:
         if n.event and n.event.event_id == track.event_id and n.decision is not None
     ]
     note = next((n for n in notes if n.transition.value in ("decided", "policy_invalid")), None)
-    label = f"{name}: compared with the default policy"
+    label = f"{name}: compared with the demo's policy"
     if note is None or note.event is None:
         return Outcome(label, True, "no decision was announced", skipped=True)
     event = ScheduledEvent.model_validate(note.event.imds_fields())
     ours = note.decision
-    default = decide(Policy(), event, note.occurred_at, note.event.scale_sets)
+    default = decide(demo_policy(), event, note.occurred_at, note.event.scale_sets)
     mine = f"yours: {ours.action.upper()} by rule {ours.rule}"
-    theirs = f"default: {default.action.upper()} by rule {default.rule}"
+    theirs = f"demo's: {default.action.upper()} by rule {default.rule}"
     if ours.policy_error:
         why = f"your policy is invalid, so it fails closed ({ours.policy_error})"
         return Outcome(f"{label}: DIFFERS", True, f"{mine}; {theirs}; {why}", skipped=True)
@@ -140,7 +142,17 @@ def _pipeline_outcomes(demo: Demo, name: str, step: Step, track: EventTrack) -> 
         )
 
     scenario = step.scenario
-    if scenario in ("live-migration", "user-reboot", "user-redeploy"):
+    if step.drain and "terminate workflow" not in demo.missing:
+        # The demo's policy drains it (local.plan.DEMO_RULES): whatever its type, drained
+        # first, approved before NotBefore, undrained if the VM is back afterwards.
+        expect_action("drain")
+        out.append(_drained_before_approval(demo, name, event_id, first_approval))
+        expect_approved_in_time()
+        if track.event_type in ("Freeze", "Reboot", "Redeploy"):
+            out.append(_undrained(demo, name, track, transitions))
+        if scenario == "preempt":
+            out.append(_paged(demo, name, event_id))
+    elif scenario in ("live-migration", "user-reboot", "user-redeploy"):
         expect_action("approve")
         expect_approved_in_time()
         expect_announced("approved")
@@ -252,13 +264,20 @@ def _paged(demo: Demo, name: str, event_id: str) -> Outcome:
     return Outcome(label, ok, f"{len(sent)} trigger(s) sent to {demo.external['pagerduty']}")
 
 
-def _drained_before_approval(demo: Demo, name: str, event_id: str, approval: Any) -> Outcome:
-    label = f"{name}: drained (HTTP hook and relay hook script) before approval"
-    http = [
+def _hook_calls(demo: Demo, event_id: str, action: str) -> list[Any]:
+    """The customer's HTTP hook calls for this event: its drains or its undrains."""
+    return [
         r
         for r in demo.receivers["drain"].accepted()
-        if isinstance(r.body, dict) and r.body.get("EventId") == event_id
+        if isinstance(r.body, dict)
+        and r.body.get("EventId") == event_id
+        and r.body.get("action", "drain") == action
     ]
+
+
+def _drained_before_approval(demo: Demo, name: str, event_id: str, approval: Any) -> Outcome:
+    label = f"{name}: drained (HTTP hook and relay hook script) before approval"
+    http = _hook_calls(demo, event_id, "drain")
     demo.hook_script_runs()
     script = [at for at, _vm, logged in demo.hook_runs if logged == event_id]
     if not http or not script:
@@ -269,6 +288,23 @@ def _drained_before_approval(demo: Demo, name: str, event_id: str, approval: Any
     lead = approval.at.timestamp() - drained_at
     detail = f"script ran once, approval {lead:.2f} s after the drain finished"
     return Outcome(label, lead >= 0 and len(script) == 1, detail)
+
+
+def _undrained(demo: Demo, name: str, track: EventTrack, transitions: list[str]) -> Outcome:
+    """Its VM is back after the event: put back in service once (HTTP undrain hook, the
+    relay's undrain script), after IMDS dropped the event, and announced once."""
+    label = f"{name}: undrained once it was over (HTTP hook and relay hook script)"
+    http = _hook_calls(demo, track.event_id, "undrain")
+    demo.hook_script_runs()
+    script = [at for at, _vm, logged in demo.undrain_runs if logged == track.event_id]
+    said = transitions.count("undrained")
+    detail = f"HTTP undrain calls {len(http)}, script runs {len(script)}, announced {said}x"
+    if track.removed_at is None or not script:
+        return Outcome(label, False, detail)
+    removed = track.first_seen_wall.timestamp() + (track.removed_at - track.first_seen)
+    after = min(script) - removed
+    ok = len(http) == 1 and len(script) == 1 and said == 1 and after >= -0.5
+    return Outcome(label, ok, f"{detail}, {after:.2f} s after IMDS dropped it")
 
 
 def _fleet_outcomes(demo: Demo) -> list[Outcome]:

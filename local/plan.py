@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from functions.model.policy import Match, Policy, Rule, default_rules
+
 
 class VmSpec(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -44,6 +46,7 @@ class Step(BaseModel):
     target: str  # a VM name, or an availability set name for set-wide events
     story: str = ""  # what the audience should expect, in words
     approved_via: str | None = None  # "arm": must be approved through Resource Manager
+    drain: bool = False  # the demo's policy drains it: drained, approved, undrained if back
 
 
 FLEET: tuple[VmSpec, ...] = (
@@ -54,7 +57,26 @@ FLEET: tuple[VmSpec, ...] = (
     VmSpec(name="spot-1", spot=True),
     VmSpec(name="legacy-1", relay=False, event_grid=True),
     VmSpec(name="batch-1", callback_down=True),
+    VmSpec(name="app-1"),
 )
+
+# The demo's policy: Microsoft's reference rules (functions.model.policy.default_rules), with
+# two rules in front that drain what operators take out of rotation first: a reboot or
+# redeploy of the app VMs, and a Spot eviction. Your POLICY__* settings replace it.
+DEMO_RULES: tuple[Rule, ...] = (
+    Rule(
+        name="drain-app-reboots",
+        match=Match(event_types=("Reboot", "Redeploy"), resources=("app-*",)),
+        action="drain",
+    ),
+    Rule(name="drain-spot-evictions", match=Match(event_types=("Preempt",)), action="drain"),
+)
+
+
+def demo_policy() -> Policy:
+    """The policy the demo runs with when no POLICY__* setting is given."""
+    return Policy(rules=(*DEMO_RULES, *default_rules()))
+
 
 PLAN: tuple[Step, ...] = (
     Step(
@@ -102,7 +124,19 @@ PLAN: tuple[Step, ...] = (
         approved_via="arm",
     ),
     Step(
-        at=12.0, scenario="preempt", target="spot-1", story="Spot eviction with 30 s notice: paged"
+        at=7.0,
+        scenario="platform-reboot",
+        target="app-1",
+        story="platform reboot of an app VM: drained first (rule drain-app-reboots), approved, "
+        "undrained once it is over",
+        drain=True,
+    ),
+    Step(
+        at=12.0,
+        scenario="preempt",
+        target="spot-1",
+        story="Spot eviction with 30 s notice: drained within it, approved before NotBefore, paged",
+        drain=True,
     ),
     Step(
         at=14.0,

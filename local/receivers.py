@@ -447,7 +447,8 @@ class WebhookReceiver(Receiver):
 
 
 class DrainHookReceiver(Receiver):
-    """A customer service's HTTP drain hook: it is told an instance is going, answers 200.
+    """A customer service's HTTP drain hook: it is told a VM is going (or, with
+    `"action": "undrain"`, back), answers 200.
 
     `delay` makes it slow (a drain that takes time, or one that hangs past the step's limit).
     """
@@ -468,4 +469,6 @@ class DrainHookReceiver(Receiver):
     def answer(self, body: Any) -> Any:
         if self.delay:
             time.sleep(self.delay)
+        if isinstance(body, dict) and body.get("action") == "undrain":
+            return {"undrained": True}
         return {"drained": True}

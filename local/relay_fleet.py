@@ -21,6 +21,7 @@ from local.relays import (
     relay_callback_url,
     relay_env,
     write_drain_hook,
+    write_undrain_hook,
 )
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ def start_relays(demo: Demo) -> None:
     from simulator.arm import simulated_address
 
     hook, demo.hook_log = write_drain_hook(demo.workdir)
+    undrain, demo.undrain_log = write_undrain_hook(demo.workdir)
     # Heartbeats go into the liveness table (untrusted hints the app checks against each
     # relay's key), as in Azure: there through the relay identity's role on that table
     # only; here through a SAS of the same rights (add, update) on that table only.
@@ -58,6 +60,7 @@ def start_relays(demo: Demo) -> None:
             listen=None if vm.callback_down else f"{address}:{port}",
             hook=hook,
             heartbeat_table=heartbeat_table,
+            undrain_hook=undrain,
         )
         log = demo.workdir / "logs" / f"relay-{vm.name}.log"
         demo.relays[vm.name] = demo.stack.process(argv, log, env=relay_env(demo.options.env))

@@ -36,6 +36,22 @@ def write_drain_hook(workdir: Path) -> tuple[Path, Path]:
     return hook, hook_log
 
 
+def write_undrain_hook(workdir: Path) -> tuple[Path, Path]:
+    """The undrain script (the VM back in service after its event), and its own log."""
+    hook = workdir / "undrain-hook.sh"
+    hook_log = workdir / "undrain-hook.log"
+    hook.write_text(
+        "#!/bin/sh\n"
+        "# The demo's undrain step on the VM: take work again once the event is over (or\n"
+        "# was cancelled). The relay runs it only where its drain hook ran for that event.\n"
+        f"log='{hook_log}'\n"
+        'echo "$(date +%s.%N) $SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_ID" >> "$log"\n'
+        'echo "back in service: $SCHEDULED_EVENT_VM_NAME"\n'
+    )
+    hook.chmod(0o755)
+    return hook, hook_log
+
+
 def parse_hook_line(line: str) -> tuple[float, str, str]:
     """One line of the drain hook's log: (time.time(), VM, EventId)."""
     stamp, vm, event_id = [*line.split(), "0", "?", "?"][:3]
@@ -53,12 +69,14 @@ def relay_argv(
     hook: Path,
     heartbeat_table: tuple[str, Path] | None = None,
     hook_user: str | None = None,
+    undrain_hook: Path | None = None,
 ) -> list[str]:
     """`listen`: HOST:PORT of the relay's callback server, at the VM's address (None: no
     callback listener: the demo's callback that is down, where ARM takes over).
     `heartbeat_table`: (liveness table URL, SAS file) where the relay writes its signed
     heartbeats, as deployed relays do (relay.liveness). `hook_user`: the user hooks run as
-    (default: the one running the demo, see below)."""
+    (default: the one running the demo, see below). `undrain_hook`: the script that puts
+    the VM back (`undrain`)."""
     argv = [
         sys.executable,
         "-m",
@@ -91,6 +109,8 @@ def relay_argv(
             "--hook-timeout",
             "5",
         ]
+        if undrain_hook is not None:
+            argv += ["--hook", f"undrain={undrain_hook}"]
     if vm.availability_set:
         argv += ["--availability-set", vm.availability_set]
     if heartbeat_table is not None:

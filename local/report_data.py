@@ -98,11 +98,7 @@ def _channels_text(deliveries: list[Any]) -> str:
 
 def _policy(demo: Demo, data: ReportData) -> None:
     settings = getattr(demo, "settings", None)
-    data.policy_source = (
-        "your POLICY__* settings"
-        if demo.custom_policy
-        else "the default: Microsoft's reference policy (no POLICY__* set)"
-    )
+    data.policy_source = getattr(demo, "policy_source", "")
     if settings is None:
         data.policy = "the local functions host did not start"
         return

@@ -95,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="divide every delay by N (60: 15 minutes last 15 seconds)",
     )
     parser.add_argument(
+        "--type-scale",
+        action="append",
+        default=[],
+        metavar="TYPE=N",
+        help="a time scale of its own for one event type (repeatable), e.g. Preempt=6 so a "
+        "Spot eviction's 30 s notice lasts 5 s while the rest plays at --time-scale",
+    )
+    parser.add_argument(
         "--approval-mode",
         choices=("any", "all"),
         default="any",
@@ -162,6 +170,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _type_scales(values: list[str]) -> dict[str, float]:
+    """`--type-scale Preempt=6` values -> {"Preempt": 6.0} (SimulatorError when malformed)."""
+    from functions.model.envelope import KNOWN_EVENT_TYPES
+
+    known = {t.casefold(): t for t in KNOWN_EVENT_TYPES}
+    scales = {}
+    for value in values:
+        name, _, number = value.partition("=")
+        if name.strip().casefold() not in known:
+            types = ", ".join(sorted(known.values()))
+            raise SimulatorError(f"--type-scale {value!r}: the type must be one of {types}")
+        try:
+            scale = float(number)
+        except ValueError:
+            scale = 0.0
+        if not scale > 0:
+            raise SimulatorError(f"--type-scale {value!r}: N must be a number greater than 0")
+        scales[known[name.strip().casefold()]] = scale
+    return scales
+
+
 def build_simulator(args: argparse.Namespace) -> Simulator:
     """Turn the flags into a Simulator with its VMs (raises SimulatorError on bad values)."""
     if not args.time_scale > 0:
@@ -175,6 +204,7 @@ def build_simulator(args: argparse.Namespace) -> Simulator:
         approval_mode=args.approval_mode,
         location=args.location,
         rate_limit=args.rate_limit,
+        type_scales=_type_scales(getattr(args, "type_scale", [])),
     )
     specs = getattr(args, "vm_specs", None) or [("vm", DEFAULT_VM)]
     for kind, value in specs:

@@ -78,11 +78,17 @@ class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin):
         clock: Callable[[], float] = time.time,
         location: str = "westeurope",
         rate_limit: float | None = None,
+        type_scales: dict[str, float] | None = None,
     ) -> None:
         """`rate_limit`: answer 429 beyond this many requests per second per VM, as IMDS
-        does (5/s on Azure); None (default) means no limit."""
+        does (5/s on Azure); None (default) means no limit. `type_scales`: a time scale of
+        their own for events of some types, e.g. {"Preempt": 6}: at 60x a Spot eviction's
+        30 s notice would be 0.5 s, less than NotBefore's one-second resolution."""
         if not time_scale > 0:
             raise SimulatorError("time_scale must be greater than 0")
+        self.type_scales = {k.casefold(): float(v) for k, v in (type_scales or {}).items()}
+        if not all(v > 0 for v in self.type_scales.values()):
+            raise SimulatorError("every type's time scale must be greater than 0")
         if approval_mode not in ("any", "all"):
             raise SimulatorError("approval_mode must be 'any' or 'all'")
         self.time_scale = float(time_scale)
@@ -159,6 +165,7 @@ class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin):
             if impact is None:
                 impact = DEFAULT_IMPACT.get(event_type, FALLBACK_IMPACT)
             now = self._now()
+            scale = self.scale_of(event_type)
             event = Event(
                 event_id=event_id,
                 event_type=event_type,
@@ -172,11 +179,9 @@ class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin):
                 ),
                 resource_type=resource_type,
                 created_at=now,
-                not_before=now + notice / self.time_scale if status == SCHEDULED else None,
-                impact=impact / self.time_scale,
-                cancel_at=now + cancel_after / self.time_scale
-                if cancel_after is not None
-                else None,
+                not_before=now + notice / scale if status == SCHEDULED else None,
+                impact=impact / scale,
+                cancel_at=now + cancel_after / scale if cancel_after is not None else None,
                 status=status,
                 scenario=scenario,
                 started_at=now if status == STARTED else None,
@@ -185,6 +190,10 @@ class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin):
             self._dirty = True
             self._settle()
             return event_id
+
+    def scale_of(self, event_type: str) -> float:
+        """The time scale events of this type play at (`type_scales`, else `time_scale`)."""
+        return self.type_scales.get(event_type.casefold(), self.time_scale)
 
     def _default_notice(self, event_type: str, resources: list[str]) -> float:
         if event_type == TERMINATE:

@@ -28,6 +28,7 @@ class SnapshotMixin:
     _scale_sets: dict[str, float]
     errors: list[str]
     time_scale: float
+    type_scales: dict[str, float]
     approval_mode: str
     clock: Callable[[], float]
     _settle: Callable[[], None]
@@ -44,6 +45,7 @@ class SnapshotMixin:
             return {
                 "now": datetime.fromtimestamp(now, UTC).isoformat(),
                 "time_scale": self.time_scale,
+                "type_scales": dict(self.type_scales),
                 "approval_mode": self.approval_mode,
                 "root_vm": next(iter(self._vms.values())).name if self._vms else None,
                 "scale_sets": {

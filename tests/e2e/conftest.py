@@ -29,17 +29,18 @@ class Played:
         """The timeline, for assertion messages: what actually happened."""
         return "\n".join(self.timeline.format(e) for e in self.timeline.snapshot())
 
-    def event_id(self, scenario: str) -> str:
+    def event_id(self, scenario: str, target: str | None = None) -> str:
+        """The event of the first step playing `scenario` (on `target`, if given)."""
         for step, event_id in self.demo.step_events.items():
-            if step.scenario == scenario:
+            if step.scenario == scenario and target in (None, step.target):
                 return event_id
         raise AssertionError(f"{scenario} produced no event\n{self.story()}")
 
-    def track(self, scenario: str):
-        return self.demo.watcher.snapshot()[self.event_id(scenario)]
+    def track(self, scenario: str, target: str | None = None):
+        return self.demo.watcher.snapshot()[self.event_id(scenario, target)]
 
-    def approvals(self, scenario: str) -> list:
-        event_id = self.event_id(scenario)
+    def approvals(self, scenario: str, target: str | None = None) -> list:
+        event_id = self.event_id(scenario, target)
         return [a for a in self.demo.watcher.approvals if a.event_id == event_id]
 
 

@@ -40,10 +40,10 @@ def test_auto_approved_events_are_started_by_our_start_request_before_not_before
 
 
 def test_platform_reboot_of_the_set_is_held_and_announced_once(played: Played):
-    track = played.track("platform-reboot")
+    track = played.track("platform-reboot", "web-as")
     assert set(track.resources) == {"web-1", "web-2"}
     assert track.reported_by >= {"web-1", "web-2"}  # both relays forwarded it
-    assert played.approvals("platform-reboot") == []
+    assert played.approvals("platform-reboot", "web-as") == []
     assert (track.started_wall - track.not_before).total_seconds() > -0.5
     teams = played.demo.receivers["teams"].accepted()
     cards = [r for r in teams if track.event_id.encode() in r.raw]
@@ -87,6 +87,58 @@ def test_scale_in_terminate_is_drained_then_approved_before_not_before(played: P
     assert drain_calls[0].at <= approvals[0].at.timestamp()
     assert script_at <= approvals[0].at.timestamp()
     assert approvals[0].at < track.not_before
+
+
+def _drained_then_approved(played: Played, scenario: str, target: str) -> tuple[float, float]:
+    """The customer's HTTP hook and the VM's relay script each drained it once, before the
+    one approval; returns (when the drain finished, when IMDS got StartRequests)."""
+    event_id = played.event_id(scenario, target)
+    calls = [
+        r.body
+        for r in played.demo.receivers["drain"].accepted()
+        if r.body.get("EventId") == event_id and r.body.get("action") == "drain"
+    ]
+    assert len(calls) == 1 and calls[0]["Resources"] == [target], played.story()
+    runs = [at for at, vm, logged in played.demo.hook_runs if logged == event_id and vm == target]
+    assert len(runs) == 1, played.story()
+    (approval,) = played.approvals(scenario, target)
+    assert approval.vm == target
+    decided = [
+        n.decision.action
+        for n in played.demo.publisher.published
+        if n.event and n.event.event_id == event_id and n.transition.value == "decided"
+    ]
+    assert decided == ["drain"]
+    return runs[0], approval.at.timestamp()
+
+
+def test_an_app_vms_reboot_is_drained_approved_and_undrained_when_over(played: Played):
+    drained, approved = _drained_then_approved(played, "platform-reboot", "app-1")
+    assert drained <= approved
+    track = played.track("platform-reboot", "app-1")
+    assert track.started_wall is not None and track.removed_at is not None
+    event_id = track.event_id
+    undone = [at for at, vm, logged in played.demo.undrain_runs if logged == event_id]
+    assert len(undone) == 1 and undone[0] > approved, played.story()
+    http = [
+        r
+        for r in played.demo.receivers["drain"].accepted()
+        if r.body.get("EventId") == event_id and r.body.get("action") == "undrain"
+    ]
+    assert len(http) == 1
+    assert played.demo.publisher.transitions(event_id).count("undrained") == 1
+
+
+def test_a_spot_eviction_is_drained_within_its_notice_then_approved(played: Played):
+    drained, approved = _drained_then_approved(played, "preempt", "spot-1")
+    track = played.track("preempt")
+    assert drained <= approved < track.not_before.timestamp(), played.story()
+    # Played at 6x: 5 s of notice, NotBefore's whole seconds included.
+    assert 3.5 <= track.not_before.timestamp() - track.first_seen_wall.timestamp() <= 5.5
+    event_id = track.event_id
+    # Evicted: nothing to put back.
+    assert not [r for r in played.demo.undrain_runs if r[2] == event_id]
+    assert "undrained" not in played.demo.publisher.transitions(event_id)
 
 
 def test_cancelled_maintenance_is_announced_cancelled_and_never_approved(played: Played):

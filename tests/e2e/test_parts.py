@@ -15,6 +15,7 @@ from local.relays import (
     relay_argv,
     relay_env,
     write_drain_hook,
+    write_undrain_hook,
 )
 
 
@@ -55,6 +56,21 @@ def test_relays_listen_at_their_vms_address_with_their_own_key_and_hooks_as_this
     assert argv[argv.index("--hook-user") + 1] == current_user()
 
 
+def test_relays_get_the_undrain_hook_beside_the_drain_hook(tmp_path: Path):
+    argv = relay_argv(
+        VmSpec(name="app-1"),
+        imds_url="http://127.0.0.1:1/vm/x",
+        inbox=tmp_path / "inbox",
+        state_dir=tmp_path / "state",
+        poll_interval=0.25,
+        listen="127.0.0.5:4242",
+        hook=tmp_path / "hook.sh",
+        undrain_hook=tmp_path / "undrain.sh",
+    )
+    hooks = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--hook"]
+    assert hooks == [f"drain={tmp_path / 'hook.sh'}", f"undrain={tmp_path / 'undrain.sh'}"]
+
+
 def test_a_relay_whose_callback_is_down_listens_nowhere_and_runs_no_hooks(tmp_path: Path):
     argv = argv_for(VmSpec(name="batch-1", callback_down=True), tmp_path)
     assert "--callback-listen" not in argv and "--hook" not in argv
@@ -68,13 +84,21 @@ def test_relays_get_no_relay_settings_from_the_demo_environment():
 def test_the_drain_hook_logs_one_line_per_run(tmp_path: Path):
     hook, log = write_drain_hook(tmp_path)
     assert hook.stat().st_mode & 0o111 and str(log) in hook.read_text()
+    undrain, undrain_log = write_undrain_hook(tmp_path)
+    assert undrain.stat().st_mode & 0o111 and str(undrain_log) in undrain.read_text()
+    assert undrain_log != log
     assert parse_hook_line("1700000000.5 workers_0 EV-1") == (1700000000.5, "workers_0", "EV-1")
     assert parse_hook_line("") == (0.0, "?", "?")  # a half-written line is not a crash
 
 
 def test_receivers_speak_only_for_drain_calls_and_refusals():
-    drain = receiver_news(received("drain", 200, {"Resources": ["workers_0"]}))
-    assert drain == ("drain", "drain-hook", "customer's HTTP drain hook called for workers_0", None)
+    body = {"Resources": ["workers_0"], "EventType": "Terminate", "EventId": "8B9C33C7-1"}
+    drain = receiver_news(received("drain", 200, body))
+    text = "customer's HTTP drain hook called for workers_0 (Terminate 8B9C33C7)"
+    assert drain == ("drain", "drain-hook", text, None)
+    undrain = receiver_news(received("drain", 200, {**body, "action": "undrain"}))
+    assert undrain is not None and undrain[1] == "undrain-hook"
+    assert undrain[2].startswith("customer's HTTP undrain hook called for workers_0")
     assert receiver_news(received("teams", 202)) is None
     refused = receiver_news(received("teams", 400, problems=['"type" must be "message"']))
     assert refused == ("notify", "teams", 'answered 400: "type" must be "message"', False)

@@ -134,6 +134,28 @@ def test_time_scale_divides_notice_and_impact(clock: Clock) -> None:
     assert sim.event(eid).end_reason == "completed"
 
 
+def test_a_type_scale_plays_that_type_slower(clock: Clock) -> None:
+    """At 60x a Spot eviction's 30 s notice would be 0.5 s; Preempt at 6x gets 5 s (and
+    its 60 s impact 10 s) while a Reboot still plays at 60x."""
+    sim = make(clock, time_scale=60, type_scales={"preempt": 6})
+    sim.add_vm("spot", spot=True)
+    sim.add_vm("vm0")
+    (evicted,) = sim.play("preempt", target="spot")
+    (rebooted,) = sim.play("user-reboot", target="vm0")
+    assert sim.event(evicted).not_before == START + 5
+    assert sim.event(rebooted).not_before == START + 15
+    assert sim.scale_of("Preempt") == 6 and sim.scale_of("Reboot") == 60
+    clock.advance(5)
+    assert events(sim, "spot")[0]["EventStatus"] == "Started"
+    clock.advance(9.9)
+    assert events(sim, "spot") != []
+    clock.advance(0.1)
+    assert events(sim, "spot") == []
+    assert sim.state()["type_scales"] == {"preempt": 6.0}
+    with pytest.raises(SimulatorError, match="greater than 0"):
+        Simulator(type_scales={"Preempt": 0})
+
+
 @pytest.mark.parametrize(
     ("version", "missing"),
     [
