@@ -112,6 +112,8 @@ def fetch_issuer(
 
     try:
         sock = socket.create_connection((host, port), timeout=left())
+    except TimeoutError:
+        raise IssuerUnavailable(f"{host}: no answer within {deadline:g} s") from None
     except OSError as exc:
         raise IssuerUnavailable(f"{host}:{port}: {exc}") from None
     try:
@@ -133,6 +135,8 @@ def fetch_issuer(
             received += chunk
             if len(received) > max_bytes + 16384:
                 raise IssuerRefused(f"{host}: answer larger than {max_bytes} bytes")
+    except TimeoutError:
+        raise IssuerUnavailable(f"{host}: no answer within {deadline:g} s") from None
     except (OSError, ssl.SSLError) as exc:
         raise IssuerUnavailable(f"{host}:{port}: {exc}") from None
     finally:
