@@ -420,9 +420,13 @@ class Demo:
             for line in log.read_text().splitlines()[len(runs) :]:
                 run = parse_hook_line(line)
                 runs.append(run)
-                _at, vm, event_id = run
+                at, vm, event_id = run
+                # Read from its log a moment later: say when it ran, so the line is not
+                # mistaken for coming after what the timeline printed meanwhile.
+                lag = time.time() - at
+                when = f" ({lag:.2f} s ago)" if lag >= 0.05 else ""
                 self.timeline.add(
-                    "drain", short_id(event_id), f"relay of {vm} ran its hook script '{name}'"
+                    "drain", short_id(event_id), f"relay of {vm} ran its hook script '{name}'{when}"
                 )
 
     def _all_seen(self) -> bool:

@@ -113,7 +113,8 @@ PLAN: tuple[Step, ...] = (
         at=5.0,
         scenario="user-redeploy",
         target="legacy-1",
-        story="no relay: Event Grid brings it, approved through Resource Manager",
+        story="no relay (the path for Windows VMs): Event Grid brings it, approved through "
+        "Resource Manager",
         approved_via="arm",
     ),
     Step(
