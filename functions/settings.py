@@ -94,14 +94,25 @@ class Settings(BaseSettings):
     # (each relay's next message stores its key again). RELAY_KEY (one key every relay
     # shared) is gone: each relay's key is its own.
     app_secret: SecretStr | None = Field(default=None, min_length=32)
+    # APP_SECRET_PREVIOUS: during a rotation, the secret APP_SECRET replaced (a Key Vault
+    # reference too). Callback keys stored under it still unwrap, and are wrapped under
+    # APP_SECRET again the first time they are read (functions.identity.registry); approval
+    # forms signed with it are still accepted. Remove it once the relays have been heard
+    # from (a key is read at each relay message and each callback); a key still wrapped
+    # under it then is learned again at the VM's next message, as without it.
+    app_secret_previous: SecretStr | None = Field(default=None, min_length=32)
 
     @property
     def page_token_key(self) -> bytes | None:
         """The approval page tokens' key; None when APP_SECRET is unset or unresolved."""
-        value = self.app_secret.get_secret_value().strip() if self.app_secret else ""
-        if not value or value.startswith("@Microsoft.KeyVault("):
-            return None
-        return hmac.new(value.encode(), b"page-token/v1", hashlib.sha256).digest()
+        return _page_token_key(self.app_secret)
+
+    @property
+    def page_token_keys(self) -> tuple[bytes, ...]:
+        """The keys a page token may be signed with: APP_SECRET's, then during a rotation
+        APP_SECRET_PREVIOUS's (forms opened before the rotation still work)."""
+        keys = (_page_token_key(self.app_secret), _page_token_key(self.app_secret_previous))
+        return tuple(k for k in keys if k is not None)
 
     public_base_url: str | None = None
     # The app's real host name, injected by App Service (Flex apps are not NAME.azurewebsites.net);
@@ -181,6 +192,7 @@ class Settings(BaseSettings):
     def _urls(self) -> Settings:
         for setting, value in (
             ("APP_SECRET", self.app_secret),
+            ("APP_SECRET_PREVIOUS", self.app_secret_previous),
             ("ServiceBusConnection", self.service_bus_connection),
             ("StateStorage", self.state_storage),
             ("AzureWebJobsStorage", self.webjobs_storage),
@@ -220,8 +232,13 @@ class Settings(BaseSettings):
     @property
     def app_secret_bytes(self) -> bytes | None:
         """APP_SECRET as bytes; None when unset (an unresolved reference stops the app)."""
-        value = self.app_secret.get_secret_value().strip() if self.app_secret else ""
-        return value.encode() if value else None
+        return _secret_bytes(self.app_secret)
+
+    @property
+    def app_secret_previous_bytes(self) -> bytes | None:
+        """APP_SECRET_PREVIOUS as bytes; None when unset or the same as APP_SECRET."""
+        previous = _secret_bytes(self.app_secret_previous)
+        return None if previous == self.app_secret_bytes else previous
 
     @cached_property
     def policy(self) -> PolicyLoad:
@@ -302,6 +319,18 @@ class Settings(BaseSettings):
         if self.pages_off_reason() is not None:
             return None
         return f"{self.base_url}/api/pages/events/{quote(event_id, safe='')}"
+
+
+def _secret_bytes(secret: SecretStr | None) -> bytes | None:
+    value = secret.get_secret_value().strip() if secret else ""
+    return value.encode() if value else None
+
+
+def _page_token_key(secret: SecretStr | None) -> bytes | None:
+    value = _secret_bytes(secret)
+    if value is None or unresolved_reference(value.decode()):
+        return None
+    return hmac.new(value, b"page-token/v1", hashlib.sha256).digest()
 
 
 def load_settings(**overrides: object) -> Settings:

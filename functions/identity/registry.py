@@ -87,15 +87,25 @@ def partition_of(vm_id: str) -> str:
 class IdentityStore:
     """Reads and writes identity rows through a TableClient passed in."""
 
-    def __init__(self, table: TableClient, app_secret: bytes) -> None:
+    def __init__(
+        self, table: TableClient, app_secret: bytes, previous: bytes | None = None
+    ) -> None:
         self.table = table
         self.app_secret = app_secret
+        # APP_SECRET_PREVIOUS during a rotation: keys wrapped under it still open, and the
+        # row is written again under APP_SECRET when `get` reads it (once per VM).
+        self.previous = previous if previous != app_secret else None
+        self.rewrapped = 0
 
     @classmethod
     def from_service(
-        cls, service: TableServiceClient, app_secret: bytes, prefix: str = "sebridge"
+        cls,
+        service: TableServiceClient,
+        app_secret: bytes,
+        prefix: str = "sebridge",
+        previous: bytes | None = None,
     ) -> IdentityStore:
-        return cls(service.get_table_client(f"{prefix}{TABLE_SUFFIX}"), app_secret)
+        return cls(service.get_table_client(f"{prefix}{TABLE_SUFFIX}"), app_secret, previous)
 
     def ensure_table(self) -> IdentityStore:
         with contextlib.suppress(ResourceExistsError):
@@ -120,16 +130,33 @@ class IdentityStore:
         }
 
     def _load(self, entity: Any) -> Identity:
+        return self._read(entity)[0]
+
+    def _read(self, entity: Any) -> tuple[Identity, bool]:
+        """The row's identity, and whether a key opened only under APP_SECRET_PREVIOUS."""
         facts = VmFacts.model_validate_json(entity["data"])
         keys = []
+        stale = False
         for item in json.loads(entity.get("keys") or "[]")[:MAX_KEYS]:
             try:
-                keys.append(unwrap(self.app_secret, item["wrapped"], item["id"]))
+                key, old = self._unwrap(item["wrapped"], item["id"])
             except (InvalidCallbackKey, KeyError, TypeError) as exc:
-                # Another APP_SECRET (rotated?) or a damaged row: the key is unusable; the
-                # relay's next message teaches the app its key again.
+                # Another APP_SECRET (rotated without APP_SECRET_PREVIOUS?) or a damaged
+                # row: the key is unusable; the relay's next message teaches it again.
                 log.warning("identity %s: stored key not usable: %s", facts.vm_id, exc)
-        return Identity(facts=facts, keys=tuple(keys), etag=entity.metadata.get("etag"))
+                continue
+            keys.append(key)
+            stale = stale or old
+        identity = Identity(facts=facts, keys=tuple(keys), etag=entity.metadata.get("etag"))
+        return identity, stale
+
+    def _unwrap(self, blob: str, key_id: str) -> tuple[CallbackKey, bool]:
+        try:
+            return unwrap(self.app_secret, blob, key_id), False
+        except InvalidCallbackKey:
+            if self.previous is None:
+                raise
+            return unwrap(self.previous, blob, key_id), True
 
     def get(self, vm_id: str) -> Identity | None:
         vm_id = normalise_vm_id(vm_id)
@@ -137,7 +164,20 @@ class IdentityStore:
             entity = self.table.get_entity(partition_of(vm_id), vm_id)
         except ResourceNotFoundError:
             return None
-        return self._load(entity)
+        identity, stale = self._read(entity)
+        return self._rewrap(identity) if stale else identity
+
+    def _rewrap(self, identity: Identity) -> Identity:
+        """The row written again with its keys under APP_SECRET (during a rotation, once
+        per VM): after it, APP_SECRET_PREVIOUS is no longer needed for this VM. A row that
+        changed meanwhile is left to its writer (every writer wraps under its APP_SECRET)."""
+        try:
+            saved = self.save(identity)
+        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
+            return identity
+        self.rewrapped += 1
+        log.info("identity %s: callback keys wrapped again under APP_SECRET", identity.vm_id)
+        return saved
 
     def save(self, identity: Identity) -> Identity:
         """Insert (no ETag) or replace only the version read (ETag); returns the identity

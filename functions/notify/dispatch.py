@@ -271,6 +271,6 @@ def _send(
     return webhook.send(
         note,
         url=settings.webhook_url.get_secret_value(),
-        secret=settings.webhook_secret.get_secret_value().encode(),
+        secret=settings.webhook_secrets(),
         transport=transport,
     )

@@ -14,8 +14,8 @@ PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 
 class ChannelSettings(BaseSettings):
     """`TEAMS_WEBHOOK_URL`, `PAGERDUTY_ROUTING_KEY`, `PAGERDUTY_EVENTS_URL`, `WEBHOOK_URL`,
-    `WEBHOOK_SECRET`. URLs that embed a signature (Teams) and keys are SecretStr so that
-    neither a repr nor a log line can leak them."""
+    `WEBHOOK_SECRET`, `WEBHOOK_SECRET_PREVIOUS`. URLs that embed a signature (Teams) and keys
+    are SecretStr so that neither a repr nor a log line can leak them."""
 
     model_config = SettingsConfigDict(extra="ignore", case_sensitive=False)
 
@@ -24,6 +24,38 @@ class ChannelSettings(BaseSettings):
     pagerduty_events_url: str = PAGERDUTY_EVENTS_URL
     webhook_url: SecretStr | None = None
     webhook_secret: SecretStr | None = None
+    # During a rotation: the secret WEBHOOK_SECRET replaced. Webhooks and the HTTP drain
+    # hook are then signed with both (Standard Webhooks allows several signatures), so a
+    # receiver still verifying with the old secret passes. Remove it once receivers use
+    # the new one. Unusable (unresolved reference, bad whsec_): ignored, and reported.
+    webhook_secret_previous: SecretStr | None = None
+
+    def webhook_secrets(self) -> tuple[bytes, ...]:
+        """WEBHOOK_SECRET, then WEBHOOK_SECRET_PREVIOUS when usable and different."""
+        current = self.webhook_secret.get_secret_value().strip() if self.webhook_secret else ""
+        if not current:
+            return ()
+        if self.previous_problem() is not None or not _present(self.webhook_secret_previous):
+            return (current.encode(),)
+        previous = self.webhook_secret_previous.get_secret_value().strip()  # type: ignore[union-attr]
+        return (current.encode(),) if previous == current else (current.encode(), previous.encode())
+
+    def previous_problem(self) -> str | None:
+        """Why WEBHOOK_SECRET_PREVIOUS is not used although set (None: used, or unset)."""
+        if not _present(self.webhook_secret_previous):
+            return None
+        if unresolved_reference(self.webhook_secret_previous):
+            return (
+                f"{unresolved_message('WEBHOOK_SECRET_PREVIOUS')}: signing with WEBHOOK_SECRET only"
+            )
+        from functions.notify.webhook import WebhookSecretInvalid, secret_key
+
+        try:
+            secret_key(self.webhook_secret_previous.get_secret_value())  # type: ignore[union-attr]
+        except WebhookSecretInvalid as exc:
+            text = str(exc).replace("WEBHOOK_SECRET", "WEBHOOK_SECRET_PREVIOUS")
+            return f"{text}: signing with WEBHOOK_SECRET only"
+        return None
 
     def off_reason(self, channel: str) -> str | None:
         """Why a channel is off, or None when it is on."""
@@ -52,8 +84,11 @@ class ChannelSettings(BaseSettings):
 
     def misconfigured(self, channel: str) -> bool:
         """Set up half-way (a URL without its secret, or a secret whose Key Vault reference
-        did not resolve): off, but a mistake to report, unlike a channel left unset."""
+        did not resolve): off, but a mistake to report, unlike a channel left unset. An
+        unusable WEBHOOK_SECRET_PREVIOUS too (the channel stays on, signing once)."""
         if self._unresolved(channel):
+            return True
+        if channel == "webhook" and self.previous_problem() is not None:
             return True
         return (
             channel == "webhook"

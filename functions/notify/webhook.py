@@ -4,6 +4,9 @@ Receivers verify with any Standard Webhooks library (https://www.standardwebhook
   webhook-id:        the notification's message id (the same on every retry: dedupe on it)
   webhook-timestamp: unix seconds when this attempt was signed
   webhook-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>
+During a rotation (WEBHOOK_SECRET_PREVIOUS set) every message carries two signatures,
+space-separated as the spec allows (`v1,<new> v1,<old>`): a receiver verifying with either
+secret accepts it, so receivers move to the new secret one by one.
 The key is the secret as the spec writes it: `whsec_<base64 of the key bytes>` is decoded;
 a secret without that prefix is used as its own UTF-8 bytes (receivers then pass
 "whsec_" + base64(secret) to their library). The body is a structured-mode CloudEvent
@@ -35,6 +38,10 @@ CONTENT_TYPE = "application/cloudevents+json"
 USER_AGENT = "scheduled-events-bridge-webhook/2"
 SOURCE = "/scheduled-events-bridge"
 TYPE_PREFIX = "scheduled-events-bridge."  # + the transition, e.g. ...decided
+
+
+# One secret, or several (WEBHOOK_SECRET, then WEBHOOK_SECRET_PREVIOUS): one signature each.
+Secrets = bytes | str | tuple[bytes | str, ...]
 
 
 class WebhookSecretInvalid(ValueError):
@@ -96,13 +103,14 @@ def signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
 
 
-def sign(secret: bytes | str, msg_id: str, body: bytes, now: float | None = None) -> dict[str, str]:
-    """The three Standard Webhooks headers for one attempt."""
+def sign(secret: Secrets, msg_id: str, body: bytes, now: float | None = None) -> dict[str, str]:
+    """The three Standard Webhooks headers for one attempt; one signature per secret."""
     stamp = int(time.time() if now is None else now)
+    secrets = secret if isinstance(secret, tuple) else (secret,)
     return {
         ID_HEADER: msg_id,
         TIMESTAMP_HEADER: str(stamp),
-        SIGNATURE_HEADER: signature(secret_key(secret), msg_id, stamp, body),
+        SIGNATURE_HEADER: " ".join(signature(secret_key(s), msg_id, stamp, body) for s in secrets),
     }
 
 
@@ -110,13 +118,14 @@ def send(
     note: Notification,
     *,
     url: str,
-    secret: bytes,
+    secret: Secrets,
     transport: Transport,
     wall_clock: Callable[[], float] = time.time,
 ) -> bool:
     body = dumps(build_body(note))
     try:
-        secret_key(secret)  # ChannelSettings keeps the channel off with such a secret
+        for each in secret if isinstance(secret, tuple) else (secret,):
+            secret_key(each)  # ChannelSettings keeps the channel off with such a secret
     except WebhookSecretInvalid as exc:
         raise PermanentDeliveryError("webhook", str(exc)) from None
 

@@ -136,7 +136,10 @@ class Admission:
         if secret is None:
             raise ValueError("APP_SECRET is not set: relays' callback keys cannot be stored")
         registry = IdentityStore.from_service(
-            store.service, secret, settings.state_table_prefix
+            store.service,
+            secret,
+            settings.state_table_prefix,
+            previous=settings.app_secret_previous_bytes,
         ).ensure_table()
         resolver = ResourceGraphResolver(
             session,

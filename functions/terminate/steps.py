@@ -62,7 +62,7 @@ def http_drain(
     until: datetime,
     now: Callable[[], datetime],
     sleep: Callable[[float], None],
-    secret: bytes | None = None,
+    secret: bytes | tuple[bytes, ...] | None = None,
     action: str = "drain",
 ) -> StepOutcome:
     """POST the instances to the drain hook and wait for a 2xx, retrying 429/5xx in time.

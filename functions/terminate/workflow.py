@@ -81,7 +81,9 @@ class DrainContext:
     approve: Approve
     relay_target: Targets
     clock: Clock = field(default_factory=SystemClock)
-    webhook_secret: bytes | None = None  # signs the HTTP drain hook request when set
+    # Signs the HTTP drain hook request when set; two secrets during a WEBHOOK_SECRET
+    # rotation (one signature each).
+    webhook_secret: bytes | tuple[bytes, ...] | None = None
     # Whether the policy pages on a transition (functions.model.policy.transition_pages); None:
     # the channels' defaults apply (drain_failed pages).
     pages: Callable[[Transition], bool] | None = None

@@ -88,7 +88,7 @@ def build_context() -> DrainContext:
             by="drain",
         )
 
-    secret = channel_settings().webhook_secret
+    secrets = channel_settings().webhook_secrets()
     return DrainContext(
         store=DrainStore.from_service(store.service, settings.state_table_prefix),
         session=core.session,
@@ -96,7 +96,7 @@ def build_context() -> DrainContext:
         approve=approve,
         relay_target=relay_target,
         clock=core.clock,
-        webhook_secret=secret.get_secret_value().encode() if secret else None,
+        webhook_secret=secrets or None,
         pages=pages,
         audit=audit,
     )

@@ -47,7 +47,7 @@ def issue_token(key: bytes, user_id: str, event_id: str, browser: str, now: floa
 
 
 def check_token(
-    key: bytes,
+    key: bytes | tuple[bytes, ...],
     token: str,
     *,
     user_id: str,
@@ -56,15 +56,22 @@ def check_token(
     now: float,
 ) -> str:
     """The token's nonce (to spend it) if it is this user's, for this event, from this
-    browser and fresh; TokenInvalid otherwise."""
+    browser and fresh; TokenInvalid otherwise. `key` may be several keys (APP_SECRET's,
+    then APP_SECRET_PREVIOUS's during a rotation): a token signed with any of them holds."""
     if not browser:
         raise TokenInvalid("the form's cookie is missing: open the page again from its link")
     parts = token.split(".")
     if len(parts) != 3 or not parts[0].isdigit():
         raise TokenInvalid("the form's token is malformed: open the page again")
     issued, nonce, given = int(parts[0]), parts[1], parts[2]
-    expected = _mac(key, user_id, event_id, issued, nonce, browser)
-    if not hmac.compare_digest(expected.encode(), given.encode()):
+    keys = (key,) if isinstance(key, bytes) else key
+    signed = [
+        hmac.compare_digest(
+            _mac(k, user_id, event_id, issued, nonce, browser).encode(), given.encode()
+        )
+        for k in keys
+    ]
+    if not any(signed):
         raise TokenInvalid("the form's token is not valid for you, this event and this browser")
     age = now - issued
     if age < -60 or age > TOKEN_TTL_SECONDS:

@@ -190,6 +190,8 @@ def test_known_names_come_from_every_settings_model():
     names = {n.casefold() for n in known_names(settings_models())}
     for name in (
         "APP_SECRET",
+        "APP_SECRET_PREVIOUS",
+        "WEBHOOK_SECRET_PREVIOUS",
         "POLICY__PAGE__EVENT_TYPES",
         "DRAIN__ON_FAILURE",
         "UNDRAIN__RELAY_HOOK",
