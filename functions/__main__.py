@@ -1,5 +1,6 @@
 """Operator CLI: `python -m functions policy check`, `python -m functions policy explain FILE`,
-`python -m functions settings check [--strict]` and `python -m functions cost --vms N`.
+`python -m functions settings check [--strict]`, `python -m functions cost --vms N` and
+`python -m functions attestation check FILE` (functions/identity/check_cli.py).
 
 The policy commands read the same `POLICY__*` environment variables the function app
 reads, so a policy can be tried before it is deployed (export the app settings, then run
@@ -36,7 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     explain.add_argument("--now", help="ISO time to decide at (default: now), for windows")
     _cost_parser(sub)
     _settings_parser(sub)
+    from functions.identity import check_cli
+
+    check_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "attestation":
+        return check_cli.run(args)
     if args.command == "cost":
         return _cost(args)
     if args.command == "settings":

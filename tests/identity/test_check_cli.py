@@ -1,0 +1,108 @@
+"""`python -m functions attestation check` on the genuine documents: one JSON line, exit 0
+when every check holds, the failing check and exit 1 otherwise, exit 2 for usage."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from functions.__main__ import main
+from tests.identity.test_genuine import GENUINE, RETIRED, SAMPLES
+
+G2 = next(s for s in SAMPLES if "g2" in s.file)
+OLD = next(s for s in SAMPLES if s.retired)
+
+
+@pytest.fixture(autouse=True)
+def production_trust(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ATTESTATION_CA_PEM", "ALLOWED_SUBSCRIPTIONS", "ATTESTATION_SIGNER_SUFFIXES"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    code = main(["attestation", "check", *args, "--offline"])
+    out = capsys.readouterr().out.strip().splitlines()
+    return code, json.loads(out[-1]) if out else {}
+
+
+def test_a_genuine_document_prints_what_azure_signed(capsys: pytest.CaptureFixture[str]) -> None:
+    code, line = check(capsys, str(GENUINE / G2.file), "--at", G2.at.isoformat())
+    assert code == 0
+    assert line == {
+        "ok": True,
+        "vmId": G2.vm_id,
+        "subscriptionId": G2.subscription,
+        "createdOn": "2026-07-28T13:24:00+00:00",
+        "expiresOn": "2026-07-28T19:24:00+00:00",
+        "signer": list(G2.names),
+        "chain": list(G2.chain),
+    }
+
+
+def test_a_retired_chain_fails_then_passes_with_ca_pem(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    at = OLD.at.isoformat()
+    code, line = check(capsys, str(GENUINE / OLD.file), "--at", at)
+    assert (code, line["ok"], line["check"]) == (1, False, "chain")
+    bundle = tmp_path / "retired.pem"
+    bundle.write_text("".join(p.read_text() for p in sorted(RETIRED.glob("*.pem"))))
+    code, line = check(capsys, str(GENUINE / OLD.file), "--at", at, "--ca-pem", str(bundle))
+    assert code == 0 and line["chain"] == list(OLD.chain)
+
+
+@pytest.mark.parametrize(
+    ("extra", "failed"),
+    [(("--nonce", "1234567890"), "nonce"), (("--at", "2026-07-29T00:00:00+00:00"), "time")],
+)
+def test_a_failing_check_is_named(
+    capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], failed: str
+) -> None:
+    args = [str(GENUINE / G2.file), "--at", G2.at.isoformat(), *extra]
+    code, line = check(capsys, *args)
+    assert code == 1 and line["check"] == failed and line["reason"].startswith("attestation:")
+
+
+def test_the_subscription_allow_list_of_the_app_settings_applies(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ALLOWED_SUBSCRIPTIONS", "00000000-0000-0000-0000-000000000000")
+    code, line = check(capsys, str(GENUINE / G2.file), "--at", G2.at.isoformat())
+    assert code == 1 and line["check"] == "subscription"
+
+
+def test_the_nonce_and_stdin(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO((GENUINE / G2.file).read_text()))
+    code, line = check(capsys, "-", "--at", G2.at.isoformat(), "--nonce", "20260728-192400")
+    assert code == 0 and line["vmId"] == G2.vm_id
+
+
+@pytest.mark.parametrize(
+    "content", ["not json", "[]", '{"encoding": "base64", "signature": "x"}', '{"x": 1}']
+)
+def test_usage_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str
+) -> None:
+    path = tmp_path / "doc.json"
+    path.write_text(content)
+    assert main(["attestation", "check", str(path)]) == 2
+    assert "attestation check:" in capsys.readouterr().err
+    assert main(["attestation", "check", str(tmp_path / "missing.json")]) == 2
+    assert main(["attestation", "check", str(GENUINE / G2.file), "--at", "yesterday"]) == 2
+
+
+def test_it_runs_as_a_module() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "functions", "attestation", "check", "--offline",
+         str(GENUINE / G2.file), "--at", G2.at.isoformat()],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] is True
