@@ -124,9 +124,11 @@ class EventRow:
     what: str
     vms: str
     story: str
-    decision: str  # "HOLD by rule default-hold: reason"
-    approval: str  # "web-1, 14.2 s before NotBefore" / "none"
-    channels: str  # "Teams card x2, webhook x5, PagerDuty trigger"
+    decision: str  # "hold by rule default-hold: reason"
+    approval: str  # "StartRequests from web-1, 14.2 s before NotBefore" / "none needed"
+    channels: str  # "teams x2, webhook x5, PagerDuty trigger"
+    final_state: str = ""  # "completed", "cancelled: Azure withdrew it before it started"
+    drain: str = ""  # "started 10:01:02, done 10:01:09 (6.8 s)"; "" when not drained
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,7 @@ vertical-align:top;border-bottom:1px solid #eee} th{background:#f6f6f6}
 code{font:12px ui-monospace,Consolas,monospace}
 pre{font:12px ui-monospace,Consolas,monospace;background:#f7f7f7;padding:.5rem;overflow:auto;
 max-height:30rem} details{margin:.2rem 0} summary{cursor:pointer}
-svg.timeline{max-width:100%;height:auto}
+svg.timeline{max-width:100%;height:auto} td.final{font-weight:600}
 """
 
 
@@ -193,9 +195,11 @@ def render_html(
     facts: dict[str, str] | None = None,
     data: ReportData | None = None,
 ) -> str:
-    """A single self-contained page (no scripts, no external assets): the outcomes, the
-    policy in effect, a timeline chart (a lane per event), a table per event, every payload
-    the receivers got (click to open) and the log."""
+    """A single self-contained page (no scripts, no external assets). Events first: a
+    timeline chart (a lane per event) and one row per event (how it ended, who or which rule
+    decided, the drain, the approval, who was told); then the checklist of expected
+    outcomes, the policy in effect, every payload the receivers got (click to open) and
+    the log."""
     esc = html.escape
     data = data or ReportData()
     rows = []
@@ -219,8 +223,10 @@ def render_html(
         f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in (facts or {}).items()
     )
     event_rows = "".join(
-        f"<tr><td><code>{esc(short_id(r.event_id))}</code></td><td>{esc(r.what)}</td>"
-        f"<td>{esc(r.vms)}</td><td>{esc(r.decision)}</td><td>{esc(r.approval)}</td>"
+        f'<tr class="event"><td><code>{esc(short_id(r.event_id))}</code></td>'
+        f"<td>{esc(r.what)}</td><td>{esc(r.vms)}</td>"
+        f'<td class="final">{esc(r.final_state)}</td><td>{esc(r.decision)}</td>'
+        f"<td>{esc(r.drain or '—')}</td><td>{esc(r.approval)}</td>"
         f"<td>{esc(r.channels or 'none')}</td><td>{esc(r.story)}</td></tr>"
         for r in data.events
     )
@@ -241,8 +247,9 @@ def render_html(
     chart = (
         "<h2>What happened to each event</h2>"
         + render_svg(data.lanes, title="Each event from IMDS to removal")
-        + "<table><tr><th>event</th><th>what</th><th>VMs</th><th>decision (rule)</th>"
-        "<th>approval (lead before NotBefore)</th><th>channels that posted</th>"
+        + '<table class="events"><tr><th>event</th><th>what</th><th>VMs</th>'
+        "<th>how it ended</th><th>decided (rule)</th><th>drain</th>"
+        "<th>approval (lead before NotBefore)</th><th>told</th>"
         f"<th>scenario</th></tr>{event_rows}</table>"
         if data.lanes
         else ""
@@ -261,9 +268,11 @@ def render_html(
         f"<p>{esc(summary)}. "
         f"Generated {esc(datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S UTC'))}.</p>"
         f"<table>{fact_rows}</table>"
+        f"{chart}"
         "<h2>Expected outcomes</h2>"
-        f"<table><tr><th>result</th><th>outcome</th><th>detail</th></tr>{''.join(results)}</table>"
-        f"{policy}{chart}{sent}"
+        f'<table class="outcomes"><tr><th>result</th><th>outcome</th><th>detail</th></tr>'
+        f"{''.join(results)}</table>"
+        f"{policy}{sent}"
         "<h2>Timeline</h2>"
         "<table><tr><th>t</th><th>UTC</th><th>what</th><th>subject</th><th>detail</th></tr>"
         f"{''.join(rows)}</table></body></html>\n"

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from functions.web.timeline import Lane, Mark
-from local.report import EventRow, Payload, ReportData, short_id
+from local.report import Payload, ReportData, short_id
+from local.report_events import event_row
 
 if TYPE_CHECKING:
     from local.orchestration import Demo
@@ -39,16 +39,9 @@ def collect(demo: Demo) -> ReportData:
         ]
         if track.not_before is not None:
             marks.append(Mark(track.not_before, "not_before", "NotBefore"))
-        decision_text = "no decision announced"
         for note in notes:
             if note.transition.value == "decided" and note.decision is not None:
                 d = note.decision
-                generic = f"rule {d.rule!r}: {d.action}"
-                decision_text = f"{d.action.upper()} by rule {d.rule}" + (
-                    f": {d.reason}" if d.reason and d.reason != generic else ""
-                )
-                if d.dry_run:
-                    decision_text += " [dry run]"
                 marks.append(Mark(note.occurred_at, "decided", f"decided {d.action} ({d.rule})"))
             elif note.transition.value == "approval_failed":
                 marks.append(Mark(note.occurred_at, "approval_failed", "approval failed"))
@@ -61,44 +54,19 @@ def collect(demo: Demo) -> ReportData:
             marks.append(Mark(gone, "removed", "removed from the documents"))
         label = f"{track.what} {', '.join(track.resources)}"
         data.lanes.append(Lane(key=track.event_id, label=label, marks=tuple(marks)))
-        data.events.append(
-            EventRow(
-                event_id=track.event_id,
-                what=f"{track.what} ({track.source or '?'})",
-                vms=", ".join(track.resources) or "none named",
-                story=track.step.story if track.step else "",
-                decision=decision_text,
-                approval=_approval_text(track.not_before, approvals),
-                channels=_channels_text(
-                    [d for d in deliveries if d.event_id == track.event_id and d.posted]
-                ),
-            )
-        )
+        posted = [d for d in deliveries if d.event_id == track.event_id and d.posted]
+        data.events.append(event_row(track, notes, approvals, posted))
     data.payloads = _payloads(demo)
     return data
 
 
-def _approval_text(not_before: datetime | None, approvals: list[Any]) -> str:
-    if not approvals:
-        return "not approved"
-    first = approvals[0]
-    if not_before is None:
-        return f"StartRequests from {first.vm}"
-    lead = (not_before - first.at).total_seconds()
-    return f"StartRequests from {first.vm}, {lead:.1f} s before NotBefore"
-
-
-def _channels_text(deliveries: list[Any]) -> str:
-    counts = Counter(
-        f"PagerDuty {d.action}" if d.channel == "pagerduty" and d.action else d.channel
-        for d in deliveries
-    )
-    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(counts.items()))
-
-
 def _policy(demo: Demo, data: ReportData) -> None:
     settings = getattr(demo, "settings", None)
-    data.policy_source = getattr(demo, "policy_source", "")
+    data.policy_source = (
+        "your POLICY__* settings"
+        if demo.custom_policy
+        else "the default: Microsoft's reference policy (no POLICY__* set)"
+    )
     if settings is None:
         data.policy = "the local functions host did not start"
         return

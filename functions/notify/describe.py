@@ -110,13 +110,21 @@ def decision_text(decision: Decision) -> str:
     text = f"{ACTION_WORDS.get(decision.action, decision.action)} (rule {decision.rule})"
     if decision.approve_after is not None:
         text += f", approve after {utc_text(decision.approve_after)}"
-    if decision.reason:
-        text += f": {decision.reason}"
+    reason = _beyond_the_rule(decision)
+    if reason:
+        text += f": {reason}"
     if decision.dry_run:
         text += " [dry run: nothing is approved]"
     if decision.policy_error:
         text += f" [policy invalid, failing closed: {decision.policy_error}]"
     return text
+
+
+def _beyond_the_rule(decision: Decision) -> str:
+    """The reason, less what the text already says: the policy writes "rule 'x': hold",
+    which would repeat the rule and the action a third time."""
+    reason = decision.reason.removeprefix(f"rule {decision.rule!r}: ")
+    return "" if reason in ("", decision.action) else reason
 
 
 FOLLOW_UP = {

@@ -7,12 +7,15 @@ elements Teams renders from a Workflows webhook are used (schema version 1.5).
 Most of a card's text comes from VMs (EventId, VM and set names, EventType, Description,
 relay answers in `detail`), and TextBlock and FactSet values render a subset of Markdown:
 a VM could write `[click](https://evil)` or `**URGENT**` into an operator's channel. So
-every text in the card goes through `inert` (our own words carry no Markdown either):
-one line (`describe.plain`), Markdown punctuation backslash-escaped (CommonMark escapes,
-which Teams renders as the bare character), a line-start `#`, `-`, `+`, `=` or `1.`
-escaped, and anything a linkifier would turn into a link (`scheme:`, `www.`, `a.b`, `@`)
-broken by a zero-width space. Teams mobile clients have been seen to show the backslash of
-an escape; the text stays inert either way.
+every text in the card goes through `inert`: one line (`describe.plain`); the characters
+that start Markdown in a card backslash-escaped (emphasis `*` and a word-boundary `_`,
+link and image brackets, code, strike-through, HTML and mentions `<` `>` `&`); a
+line-start `#`, `-`, `+`, `=` or `1.` escaped; and anything a linkifier would turn into a
+link (`scheme:`, `www.`, `a.b`, `@`) broken by a zero-width space. Nothing else is
+escaped: a renderer that shows escapes literally (some Teams clients, Microsoft's
+`adaptivecards` renderer without a Markdown engine) must not print a backslash before
+each parenthesis of our own `UTC (in 5 min)`; and parentheses, `!`, `|`, braces or an
+underscore inside a name (`workers_0`) make no Markdown on their own.
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ ATTENTION = {
 }
 
 
-# CommonMark's backslash-escapable characters that mean something in Teams' Markdown
-# (emphasis, links, images, code, strike-through, HTML/<at> mentions, entities, tables).
-_MARKDOWN = re.compile(r"([\\`*_\[\](){}<>~|!&])")
+# The characters that can start Markdown in a card (emphasis, links and images, code,
+# strike-through, HTML and <at> mentions, entities); `_` only where it can open or close
+# emphasis, at a word's edge.
+_MARKDOWN = re.compile(r"([\\`*\[\]<>~&])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 _BLOCK_START = re.compile(r"^([#>+=-])|^(\d+)\.")  # a heading, quote, list or rule
 ZWSP = "\u200b"
 # What linkifiers take for a link: a scheme (http:, mailto:), a host name or www. (a.b),
@@ -60,8 +64,9 @@ _LINKY = re.compile(r"(?<=[A-Za-z]):(?=[A-Za-z0-9/])|(?<=[A-Za-z0-9])[.@](?=[A-Z
 def inert(text: str) -> str:
     """`text` as Teams shows it literally: no formatting, no link, no mention, one line
     (so the only line start is the text's own)."""
-    text = _MARKDOWN.sub(r"\\\1", describe.plain(text))
+    text = _MARKDOWN.sub(lambda m: "\\" + m[0], describe.plain(text))
     text = _BLOCK_START.sub(lambda m: "\\" + m[1] if m[1] else m[2] + "\\.", text)
+    text = text.replace("](", "]" + ZWSP + "(")  # no inline link, whatever the escapes
     return _LINKY.sub(lambda m: m[0] + ZWSP, text)
 
 

@@ -83,3 +83,125 @@ def test_the_report_draws_a_lane_per_event_and_shows_each_payload():
     assert "decided hold &lt;b&gt;" in page and "<b>" not in page
     assert '<details class="payload payload-teams">' in page
     assert "&lt;message&gt;" in page and "Policy in effect" in page
+
+
+def _track(**extra):
+    from datetime import UTC, datetime, timedelta
+
+    from local.watcher import EventTrack
+
+    t0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
+    fields = dict(
+        event_id="EV-1",
+        event_type="Reboot",
+        source="Platform",
+        duration=-1,
+        resources=("web-1",),
+        description=None,
+        first_seen=0.0,
+        first_seen_wall=t0,
+        first_status="Scheduled",
+        not_before=t0 + timedelta(seconds=15),
+    )
+    fields.update(extra)
+    return EventTrack(**fields)
+
+
+def _note(transition: str, seconds: float, action: str = "hold", detail: str = ""):
+    from datetime import UTC, datetime, timedelta
+
+    from functions.model.event import Decision, Notification, Transition
+
+    return Notification(
+        transition=Transition(transition),
+        occurred_at=datetime(2026, 11, 21, 10, tzinfo=UTC) + timedelta(seconds=seconds),
+        decision=Decision(action=action, rule=f"rule-{action}"),
+        detail=detail,
+    )
+
+
+def _delivery(channel: str, action: str | None = None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(channel=channel, action=action, event_id="EV-1", posted=True)
+
+
+def test_a_host_failure_had_nothing_to_approve_whatever_the_default_rule_says():
+    from local.report_events import event_row
+
+    track = _track(first_status="Started", not_before=None, removed_at=30.0)
+    row = event_row(track, [_note("decided", 1)], [], [])
+    assert row.decision.startswith("nothing to decide: already Started")
+    assert "hold" not in row.decision.lower()
+    assert row.approval == "none needed"
+    assert row.final_state == "completed"
+
+
+def test_a_withdrawn_event_reads_cancelled_not_held():
+    from local.report_events import event_row
+
+    notes = [_note("decided", 1), _note("cancelled", 9)]
+    row = event_row(_track(removed_at=9.0), notes, [], [_delivery("teams")])
+    assert row.final_state.startswith("cancelled")
+    # without the announcement, the simulator's view says the same
+    assert event_row(_track(removed_at=9.0), [], [], []).final_state.startswith("cancelled")
+    assert event_row(_track(), [], [], []).final_state == "still scheduled when the demo ended"
+
+
+def test_pagerduty_resolve_is_news_only_where_it_paged():
+    from local.report_events import told_text
+
+    quiet = [_delivery("teams"), _delivery("pagerduty", "resolve"), _delivery("webhook")]
+    assert told_text(quiet) == "teams, webhook; never paged"
+    paged = [_delivery("pagerduty", "trigger"), _delivery("pagerduty", "resolve")]
+    assert told_text(paged) == "PagerDuty resolve, PagerDuty trigger"
+    assert told_text([]) == "never paged"
+
+
+def test_the_drain_shows_when_it_started_and_ended():
+    from local.report_events import drain_text, event_row
+
+    notes = [
+        _note("decided", 1, "drain"),
+        _note("drain_started", 2, "drain"),
+        _note("approved", 9.5, "drain", detail="approved via relay"),
+    ]
+    assert drain_text(notes) == "started 10:00:02, done 10:00:09 (7.5 s)"
+    failed = [_note("drain_started", 2, "drain"), _note("drain_failed", 5, "drain", "hook 500")]
+    assert drain_text(failed) == "started 10:00:02, FAILED 10:00:05: hook 500"
+    assert drain_text([_note("decided", 1)]) == ""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    track = _track(event_type="Terminate", source="User")
+    approval = SimpleNamespace(vm="web-1", at=track.not_before - timedelta(seconds=5.5))
+    row = event_row(track, notes, [approval], [])
+    assert row.approval == "StartRequests from web-1 (approved via relay), 5.5 s before NotBefore"
+    assert row.decision == "drain by rule rule-drain"
+
+
+def test_the_report_leads_with_the_events_and_the_checklist_follows():
+    from datetime import UTC, datetime
+
+    from functions.web.timeline import Lane, Mark
+    from local.report import EventRow, ReportData
+
+    t0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
+    data = ReportData(
+        lanes=[Lane("EV-1", "Reboot web-1", (Mark(t0, "scheduled"),))],
+        events=[
+            EventRow(
+                "EV-1",
+                "Reboot",
+                "web-1",
+                "",
+                "hold by rule x",
+                "not approved",
+                "teams",
+                final_state="cancelled: Azure withdrew it before it started",
+            )
+        ],
+    )
+    page = render_html("Demo", [], [Outcome("a", True)], data=data)
+    assert page.index("What happened to each event") < page.index("Expected outcomes")
+    assert '<td class="final">cancelled: Azure withdrew it before it started</td>' in page
