@@ -483,6 +483,15 @@ module vmReaders 'modules/vm-reader.bicep' = [
 var relayKeyArgument = 'none'
 var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz.gz')
 var addRelayScriptB64 = loadFileAsBase64('relay/add-relay.sh.gz') // add-relay.sh gzipped (make relay)
+// relay/cloud-init.yaml installs and starts the relay on first boot (any image whose python3
+// is 3.9 or newer: Ubuntu 20.04+, Debian 11+, RHEL 9, Azure Linux) with nothing to download:
+// it carries the relay itself (relay/scheduled-events-relay.pyz.gz: the zipapp gzipped as a
+// whole, base64) and add-relay.sh (less its comments, gzipped, base64: relay/add-relay.sh.gz),
+// which installs it with its unit, wired by its seven arguments: each double-braced NAME in it
+// is filled in below. The 5th is the word `none`, the 7th the relays' liveness table. Azure
+// caps customData at 65535 bytes once decoded; filled in, it leaves at least 8 KiB spare
+// (tests/infra/test_customdata.py; make bench: relay_customdata_spare_bytes). Comments stay
+// here, not in the file: every byte of it travels in customData. No secret is in it.
 var cloudInitTemplate = loadTextContent('relay/cloud-init.yaml')
 var cloudInit0 = replace(cloudInitTemplate, '{{RELAY_PYZ_B64}}', relayPyzB64)
 var cloudInit1 = replace(cloudInit0, '{{ADD_RELAY_SCRIPT_B64}}', addRelayScriptB64)

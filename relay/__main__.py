@@ -78,6 +78,11 @@ def forget_startup_modules() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["check"]:  # the preflight: `python3 scheduled-events-relay.pyz check`
+        from relay.preflight import main as preflight
+
+        return preflight(args[1:])
     settings = load_or_exit(argv)
     if __name__ == "__main__" or argv is None:
         forget_startup_modules()

@@ -28,7 +28,7 @@ SCHEDULED_EVENTS_API_VERSION = "2020-07-01"
 
 SCHEDULED, STARTED = "Scheduled", "Started"
 ENVELOPE_SCHEMA = 1
-ENVELOPE_KINDS = ("document", "heartbeat", "unforwardable")
+ENVELOPE_KINDS = ("document", "heartbeat", "unforwardable", "preflight")
 EVENT_SCOPES = ("own", "all")
 
 
@@ -402,7 +402,8 @@ class Envelope(Record):
             raise DocumentError(f"not a relay envelope: schema: must be {ENVELOPE_SCHEMA}")
         if self.kind not in ENVELOPE_KINDS:
             raise DocumentError(
-                "not a relay envelope: kind: must be 'document', 'heartbeat' or 'unforwardable'"
+                "not a relay envelope: kind: must be 'document', 'heartbeat', 'unforwardable' "
+                "or 'preflight'"
             )
         if not isinstance(self.vm, VmRef):
             raise DocumentError("not a relay envelope: vm: must be a VmRef")
@@ -455,7 +456,8 @@ class Envelope(Record):
             detail = self.extra.get("unforwardable")
             incarnation = detail.get("incarnation") if isinstance(detail, dict) else None
             return f"{who}:unfwd:{incarnation}:{self.sequence}:{self.key_id}"[:128]
-        return f"{who}:hb:{self.observed_at.strftime('%Y%m%dT%H%M%S.%f')}"
+        kind = "pf" if self.kind == "preflight" else "hb"  # `check`: one test message
+        return f"{who}:{kind}:{self.observed_at.strftime('%Y%m%dT%H%M%S.%f')}"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -355,7 +355,9 @@ class Envelope(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
 
     schema_version: Literal[1] = Field(default=ENVELOPE_SCHEMA, alias="schema")
-    kind: Literal["document", "heartbeat", "unforwardable"]
+    # "preflight": the relay's `check` command's one test message (relay/preflight.py),
+    # admitted like any other (attestation, Resource Graph), then recorded as nothing.
+    kind: Literal["document", "heartbeat", "unforwardable", "preflight"]
     vm: VmRef
     relay_version: str = Field(default="unknown", max_length=MAX_NAME_CHARS)
     sequence: int = Field(ge=0)

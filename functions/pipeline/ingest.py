@@ -68,6 +68,11 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
         update={"vm": trusted_ref(identity.facts, pipeline.admission.callback_port)}
     )
     name = envelope.vm.name
+    if envelope.kind == "preflight":
+        # The relay's `check` (relay/preflight.py): admitted is all it asks; no VM or event
+        # row is touched.
+        log.info("relay preflight from %s (vmId %s): admitted", name, identity.vm_id)
+        return IngestResult(outcome="preflight", vm=name, reason="relay preflight: admitted")
     if envelope.kind == "unforwardable":
         facts = envelope.unforwardable
         assert facts is not None

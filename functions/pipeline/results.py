@@ -14,7 +14,7 @@ from functions.pipeline.approve import ApprovalResult
 
 
 class IngestResult(BaseModel):
-    outcome: Literal["processed", "stale", "rejected", "retry"]
+    outcome: Literal["processed", "stale", "rejected", "retry", "preflight"]
     vm: str | None = None
     reason: str = ""
     transitions: list[tuple[str, str]] = Field(default_factory=list)  # (EventId, transition)

@@ -52,6 +52,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "watchdog_requests_10k": ("<=", 30),
     "cost_usd_per_vm_month_10k": ("<=", 0.01),
     "capacity_vms": (">=", 100000),
+    "relay_customdata_spare_bytes": (">=", 8192),
 }
 
 
@@ -405,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     progress(f"relay: {args.relay_seconds:g} s of polling beside the plain loop")
     results.update(relay_numbers(args.relay_seconds))
+    from tests.infra.customdata import spare_bytes
+
+    results["relay_customdata_spare_bytes"] = spare_bytes()  # issue 28: room to grow
     progress(f"approve end to end: {args.approve_samples} auto-approved events")
     results.update(approve_e2e(args.approve_samples))
     with Azurite() as azurite:

@@ -65,10 +65,19 @@ def inline_skips() -> dict[tuple[str, str], str]:
 def check_cloud_init(errors: list[str]) -> None:
     import base64
     import gzip
+    import importlib.util
 
     import yaml
 
-    script = (INFRA / "relay" / "add-relay.sh").read_bytes()
+    # What customData carries: the script less its comments (relay/deploy/build_pyz.py,
+    # loaded by path: this file runs in checkov's environment, outside the repository's).
+    spec = importlib.util.spec_from_file_location(
+        "build_pyz", INFRA.parent / "relay" / "deploy" / "build_pyz.py"
+    )
+    assert spec is not None and spec.loader is not None
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    script = builder.slim_script((INFRA / "relay" / "add-relay.sh").read_text()).encode()
     script_gz = (INFRA / "relay" / "add-relay.sh.gz").read_bytes()
     pyz = (INFRA / "relay" / "scheduled-events-relay.pyz.gz").read_bytes()
     values = dict(

@@ -1,0 +1,52 @@
+"""How much of customData the relay's cloud-init leaves spare (bench and tests).
+
+Azure decodes a VM's customData to at most 65,535 bytes. main.bicep fills
+infra/relay/cloud-init.yaml with the embedded relay, add-relay.sh and seven arguments; the
+longest values those arguments can take are used here (a 24-character storage account, a
+63-character table name, the longest Service Bus namespace), so the spare is a floor for
+any deployment. Issue 28 asks for at least 8 KiB, room for the relay to grow.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+
+from tests.infra.bicep import INFRA
+
+CUSTOM_DATA_LIMIT = 65535  # bytes once Azure decodes customData's base64 (ARM reference)
+MIN_SPARE = 8192
+PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
+LONGEST = {
+    # Namespaces are 6-50 characters; the FQDN adds .servicebus.windows.net.
+    "SERVICEBUS_NAMESPACE": "n" * 50 + ".servicebus.windows.net",
+    "DOCUMENTS_QUEUE": "q" * 50,
+    "IDENTITY_CLIENT_ID": "00000000-0000-0000-0000-000000000000",
+    "CALLBACK_PORT": "65535",
+    "RELAY_KEY_SECRET_URI": "none",
+    "RELAY_PACKAGE_URL": "embedded",
+    "HEARTBEAT_TABLE_URL": "https://" + "s" * 24 + ".table.core.windows.net/" + "t" * 63,
+}
+
+
+def custom_data(**values: str) -> str:
+    """cloud-init.yaml as main.bicep fills it (the committed relay and script)."""
+    relay = INFRA / "relay"
+    filled = {
+        **LONGEST,
+        "RELAY_PYZ_B64": _b64(relay / "scheduled-events-relay.pyz.gz"),
+        "ADD_RELAY_SCRIPT_B64": _b64(relay / "add-relay.sh.gz"),
+        **values,
+    }
+    text = (relay / "cloud-init.yaml").read_text()
+    return PLACEHOLDER.sub(lambda m: filled[m.group(1)], text)
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def spare_bytes() -> int:
+    """relay_customdata_spare_bytes: what a deployment's customData leaves unused."""
+    return CUSTOM_DATA_LIMIT - len(custom_data().encode())

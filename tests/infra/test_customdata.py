@@ -1,0 +1,29 @@
+"""The embedded relay leaves customData room to grow (issue 28: at least 8 KiB spare)."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.infra.customdata import LONGEST, MIN_SPARE, PLACEHOLDER, custom_data, spare_bytes
+from tests.infra.test_cloud_init import CLOUD_INIT, _replacements
+
+
+def test_customdata_keeps_at_least_8_kib_spare() -> None:
+    spare = spare_bytes()
+    assert spare >= MIN_SPARE, (
+        f"customData leaves {spare} bytes spare, under {MIN_SPARE}: slim the embedded relay "
+        "(relay/deploy/build_pyz.py) or move something out of customData"
+    )
+
+
+def test_the_measure_fills_every_placeholder_main_bicep_fills() -> None:
+    used = set(PLACEHOLDER.findall(CLOUD_INIT.read_text()))
+    assert used == set(_replacements())
+    assert used == {*LONGEST, "RELAY_PYZ_B64", "ADD_RELAY_SCRIPT_B64"}
+    doc = yaml.safe_load(custom_data())  # what cloud-init reads: still a valid document
+    assert custom_data().startswith("#cloud-config\n") and doc["write_files"]
+
+
+def test_a_longer_value_is_counted() -> None:
+    shorter = custom_data(DOCUMENTS_QUEUE="q")
+    assert len(custom_data().encode()) - len(shorter.encode()) == 49
