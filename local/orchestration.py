@@ -202,6 +202,7 @@ class Demo:
         from functions.pipeline.admission import Admission
         from functions.pipeline.publish import LocalPublisher
         from functions.settings import load_settings
+        from functions.settings_check import checked_settings
         from functions.store.state import Store
         from local.azurite import Azurite
         from local.host import LocalHost
@@ -228,7 +229,12 @@ class Demo:
             arm_endpoint=self.server.arm_url,
             arm_fallback_after_seconds=max(1, round(30 / self.options.time_scale)),
         )
-        if not self.custom_policy:
+        # The app's start-up check (functions.settings_check): settings it refuses make
+        # the host fail closed, as in Azure; otherwise the demo's policy unless yours.
+        checked = checked_settings(self.settings)
+        if self.custom_policy or checked.policy.error:
+            self.settings = checked
+        else:
             self.settings = self.settings.with_policy(PolicyLoad(policy=demo_policy()))
         self.credential = self._managed_identity()
         if self.settings.policy.error:

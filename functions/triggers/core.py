@@ -27,6 +27,7 @@ from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import ServiceBusPublisher
 from functions.pipeline.watchdog import run_watchdog
 from functions.settings import check_for_azure, load_settings
+from functions.settings_check import checked_settings
 from functions.store.state import Store
 from functions.web.approval import FUNCTION_KEY_ACTOR, HTTP_STATUS, Refused, approve_by_hand
 from functions.web.views import fleet_status
@@ -54,6 +55,9 @@ def pipeline() -> Pipeline:
         if _pipeline is None:
             settings = load_settings()
             check_for_azure(settings)
+            # Every setting checked as `settings check` does: one it refuses makes the
+            # host fail closed (nothing approved, policy_invalid announced, same message).
+            settings = checked_settings(settings)
             if os.environ.get("RELAY_KEY") or os.environ.get("RELAY_KEY_PREVIOUS"):
                 log.warning(
                     "RELAY_KEY / RELAY_KEY_PREVIOUS are no longer used (each relay has its own "
@@ -71,7 +75,6 @@ def pipeline() -> Pipeline:
                 credential=credential,
                 admission=Admission.from_settings(settings, store, session, credential),
             )
-            settings.policy  # noqa: B018 - read now so an invalid policy is logged at start
         return _pipeline
 
 

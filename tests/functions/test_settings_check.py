@@ -246,3 +246,29 @@ def test_policy_check_refuses_unknown_policy_names_too(bare_env):
     assert load.problems == (
         "POLICY__DRYRUN is not a policy setting; did you mean POLICY__DRY_RUN?",
     )
+
+
+def test_the_function_app_start_refuses_them(bare_env, azurite):
+    """Through the handlers' own start (functions.triggers.core.pipeline): the host fails
+    closed with the check's message, and each event is held, saying why."""
+    from functions.model.policy import decide
+    from functions.triggers import core as handlers
+    from tests.functions.conftest import T0
+    from tests.functions.test_policy import ev
+
+    bare_env.setenv("StateStorage", azurite)
+    bare_env.setenv("POLICY__DRYRUN", "true")
+    bare_env.setenv("DRAIN__ON_FAILURE", "aprove")
+    printed = run_check({**BASE, "POLICY__DRYRUN": "true", "DRAIN__ON_FAILURE": "aprove"})
+    errors = [line.removeprefix("error: ") for line in printed.stderr.splitlines()]
+    errors = [line for line in errors if "DRYRUN" in line or "ON_FAILURE" in line]
+    assert len(errors) == 2
+    handlers.use_pipeline(None)
+    try:
+        load = handlers.pipeline().settings.policy
+    finally:
+        handlers.use_pipeline(None)
+    assert load.policy is None and all(line in load.error for line in errors)
+    decision = decide(load, ev(source="User"), T0)
+    assert decision.action == "hold" and decision.policy_error == load.error
+    assert all(line in decision.reason for line in errors)
