@@ -60,24 +60,32 @@ def drain_text(notes: list[Any]) -> str:
             return f"{text}, FAILED {note.occurred_at:%H:%M:%S}: {note.detail or 'no detail'}"
         if kind == "approved":
             seconds = (note.occurred_at - begun).total_seconds()
-            return f"{text}, done {note.occurred_at:%H:%M:%S} ({seconds:.1f} s)"
+            text = f"{text}, done {note.occurred_at:%H:%M:%S} ({seconds:.1f} s)"
+            break
+    else:
+        text += ", not finished"
     undone = [n for n in notes if _transition(n) in ("undrained", "undrain_failed")]
     if undone:
-        return f"{text}, undone ({_transition(undone[-1]).replace('_', ' ')})"
-    return f"{text}, not finished"
+        last = undone[-1]
+        word = "undrained" if _transition(last) == "undrained" else "undrain FAILED"
+        text += f"; {word} {last.occurred_at:%H:%M:%S}"
+    return text
 
 
 def approval_text(track: Any, notes: list[Any], approvals: list[Any]) -> str:
     if track.first_status == "Started":
         return "none needed"
-    via = next((n.detail for n in notes if _transition(n) == "approved" and n.detail), "")
     if not approvals:
         failed = [n for n in notes if _transition(n) == "approval_failed"]
         if failed:
             return f"FAILED: {failed[-1].detail or 'no relay could approve'}; started at NotBefore"
         return "not approved" + (": started at NotBefore" if track.started_wall else "")
     first = approvals[0]
-    who = f"StartRequests from {first.vm}" + (f" ({via})" if via else "")
+    if first.vm.startswith("arm:"):  # the simulator's record of Resource Manager's acknowledge
+        vm = first.vm.rsplit("/", 1)[-1]
+        who = f"Resource Manager acknowledged it for {vm} (no relay could)"
+    else:
+        who = f"StartRequests from {first.vm}'s relay"
     if track.not_before is None:
         return who
     lead = (track.not_before - first.at).total_seconds()

@@ -176,7 +176,13 @@ def test_the_drain_shows_when_it_started_and_ended():
     track = _track(event_type="Terminate", source="User")
     approval = SimpleNamespace(vm="web-1", at=track.not_before - timedelta(seconds=5.5))
     row = event_row(track, notes, [approval], [])
-    assert row.approval == "StartRequests from web-1 (approved via relay), 5.5 s before NotBefore"
+    assert row.approval == "StartRequests from web-1's relay, 5.5 s before NotBefore"
+    undrained = [*notes, _note("undrained", 30, "drain")]
+    assert drain_text(undrained) == "started 10:00:02, done 10:00:09 (7.5 s); undrained 10:00:30"
+    arm = SimpleNamespace(vm="arm:virtualMachines/legacy-1", at=approval.at)
+    assert event_row(track, notes, [arm], []).approval == (
+        "Resource Manager acknowledged it (legacy-1 has no relay answering), 5.5 s before NotBefore"
+    )
     assert row.decision == "drain by rule rule-drain"
 
 
