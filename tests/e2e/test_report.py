@@ -181,7 +181,7 @@ def test_the_drain_shows_when_it_started_and_ended():
     assert drain_text(undrained) == "started 10:00:02, done 10:00:09 (7.5 s); undrained 10:00:30"
     arm = SimpleNamespace(vm="arm:virtualMachines/legacy-1", at=approval.at)
     assert event_row(track, notes, [arm], []).approval == (
-        "Resource Manager acknowledged it (legacy-1 has no relay answering), 5.5 s before NotBefore"
+        "Resource Manager acknowledged it for legacy-1 (no relay could), 5.5 s before NotBefore"
     )
     assert row.decision == "drain by rule rule-drain"
 
