@@ -96,6 +96,14 @@ param webhookUrl string = ''
 @secure()
 param webhookSecret string = ''
 
+@description('During a rotation of appSecret: the value it replaces (APP_SECRET_PREVIOUS). Relays\' keys stored under it still open and are stored again under the new one; remove it once the relays have been heard from. Empty: no rotation under way.')
+@secure()
+param appSecretPrevious string = ''
+
+@description('During a rotation of webhookSecret: the value it replaces (WEBHOOK_SECRET_PREVIOUS). Webhooks are signed with both until it is removed.')
+@secure()
+param webhookSecretPrevious string = ''
+
 @description('Empty (the default): the vault is named from the resource group. After deleting and recreating the group, the old vault is kept soft-deleted (purge protection) under that name: give any new word here for a new vault name, or set keyVaultCreateMode=recover to get the old one back.')
 @maxLength(20)
 param keyVaultNameSeed string = ''
@@ -375,6 +383,8 @@ module keyVault 'modules/keyvault.bicep' = {
     teamsWebhookUrl: teamsWebhookUrl
     webhookUrl: webhookUrl
     webhookSecret: webhookSecret
+    appSecretPrevious: appSecretPrevious
+    webhookSecretPrevious: webhookSecretPrevious
     functionPrincipalId: functionIdentity.properties.principalId
     networkDefaultAction: keyVaultNetworkDefaultAction
     createMode: keyVaultCreateMode
@@ -435,6 +445,8 @@ module functionApp 'modules/functionapp.bicep' = {
     hasTeams: keyVault.outputs.hasTeams
     hasWebhookUrl: keyVault.outputs.hasWebhookUrl
     hasWebhookSecret: keyVault.outputs.hasWebhookSecret
+    hasAppSecretPrevious: keyVault.outputs.hasAppSecretPrevious
+    hasWebhookSecretPrevious: keyVault.outputs.hasWebhookSecretPrevious
     maximumInstanceCount: maximumInstanceCount
     relayCallbackPort: relayCallbackPort
     allowedSubscriptions: effectiveAllowedSubscriptions

@@ -28,6 +28,9 @@ param pagerdutyRoutingKey = readEnvironmentVariable('PAGERDUTY_ROUTING_KEY', '')
 param teamsWebhookUrl = readEnvironmentVariable('TEAMS_WEBHOOK_URL', '')
 param webhookUrl = readEnvironmentVariable('WEBHOOK_URL', '')
 param webhookSecret = readEnvironmentVariable('WEBHOOK_SECRET', '')
+// Only during a rotation: the values the two above replace (see the README).
+param appSecretPrevious = readEnvironmentVariable('APP_SECRET_PREVIOUS', '')
+param webhookSecretPrevious = readEnvironmentVariable('WEBHOOK_SECRET_PREVIOUS', '')
 
 // Policy: Microsoft's reference policy (empty rules), no dry run, no maintenance windows,
 // at most one impactful event approved at a time per scale set / availability set.

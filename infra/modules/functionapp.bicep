@@ -48,6 +48,9 @@ param hasPagerduty bool = false
 param hasTeams bool = false
 param hasWebhookUrl bool = false
 param hasWebhookSecret bool = false
+// During a rotation (APP_SECRET_PREVIOUS, WEBHOOK_SECRET_PREVIOUS): the secrets replaced.
+param hasAppSecretPrevious bool = false
+param hasWebhookSecretPrevious bool = false
 
 @minValue(40)
 @maxValue(1000)
@@ -196,9 +199,11 @@ var pagerdutySettings = hasPagerduty ? { PAGERDUTY_ROUTING_KEY: '${kvRef}${secre
 var teamsSettings = hasTeams ? { TEAMS_WEBHOOK_URL: '${kvRef}${secretNames.teamsWebhookUrl})' } : {}
 var webhookUrlSettings = hasWebhookUrl ? { WEBHOOK_URL: '${kvRef}${secretNames.webhookUrl})' } : {}
 var webhookSecretSettings = hasWebhookSecret ? { WEBHOOK_SECRET: '${kvRef}${secretNames.webhookSecret})' } : {}
+var appSecretPreviousSettings = hasAppSecretPrevious ? { APP_SECRET_PREVIOUS: '${kvRef}${secretNames.appSecretPrevious})' } : {}
+var webhookSecretPreviousSettings = hasWebhookSecretPrevious ? { WEBHOOK_SECRET_PREVIOUS: '${kvRef}${secretNames.webhookSecretPrevious})' } : {}
 
 // Every app setting, set when the site is created (Flex needs its storage settings from the start).
-var appSettings = union(connectionSettings, bridgeSettings, publicUrlSettings, operatorsGroupSettings, operatorsRoleSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, undrainHttpSettings, undrainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings)
+var appSettings = union(connectionSettings, bridgeSettings, publicUrlSettings, operatorsGroupSettings, operatorsRoleSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, undrainHttpSettings, undrainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings, appSecretPreviousSettings, webhookSecretPreviousSettings)
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   //checkov:skip=CKV_AZURE_225: Flex zone redundancy is regional and opt-in; enable it where your region offers it

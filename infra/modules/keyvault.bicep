@@ -45,6 +45,14 @@ param webhookUrl string = ''
 @secure()
 param webhookSecret string = ''
 
+@description('During a rotation: the app secret appSecret replaces (APP_SECRET_PREVIOUS); empty = none.')
+@secure()
+param appSecretPrevious string = ''
+
+@description('During a rotation: the webhook secret webhookSecret replaces (WEBHOOK_SECRET_PREVIOUS); empty = none.')
+@secure()
+param webhookSecretPrevious string = ''
+
 @description('Principal (object) id of the function app\'s managed identity.')
 param functionPrincipalId string
 
@@ -68,6 +76,8 @@ var names = {
   teamsWebhookUrl: 'teams-webhook-url'
   webhookUrl: 'webhook-url'
   webhookSecret: 'webhook-secret'
+  appSecretPrevious: 'app-secret-previous'
+  webhookSecretPrevious: 'webhook-secret-previous'
 }
 
 resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
@@ -158,6 +168,28 @@ resource webhookSecretSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if
   }
 }
 
+resource appSecretPreviousSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if (!empty(appSecretPrevious)) {
+  //checkov:skip=CKV_AZURE_114: contentType is set below; checkov does not read the body of a conditional (if) resource
+  //checkov:skip=CKV_AZURE_41: kept only during a rotation, removed by the operator (README)
+  parent: vault
+  name: names.appSecretPrevious
+  properties: {
+    value: appSecretPrevious
+    contentType: 'text/plain'
+  }
+}
+
+resource webhookSecretPreviousSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if (!empty(webhookSecretPrevious)) {
+  //checkov:skip=CKV_AZURE_114: contentType is set below; checkov does not read the body of a conditional (if) resource
+  //checkov:skip=CKV_AZURE_41: kept only during a rotation, removed by the operator (README)
+  parent: vault
+  name: names.webhookSecretPrevious
+  properties: {
+    value: webhookSecretPrevious
+    contentType: 'text/plain'
+  }
+}
+
 // The function app reads each of its secrets (Key Vault references in its app settings);
 // no other identity reads anything here.
 resource functionReadsAppSecret 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
@@ -210,6 +242,26 @@ resource functionReadsWebhookSecret 'Microsoft.Authorization/roleAssignments@202
   }
 }
 
+resource functionReadsAppSecretPrevious 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(appSecretPrevious)) {
+  scope: appSecretPreviousSecret
+  name: guid(vault.id, names.appSecretPrevious, functionPrincipalId, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource functionReadsWebhookSecretPrevious 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(webhookSecretPrevious)) {
+  scope: webhookSecretPreviousSecret
+  name: guid(vault.id, names.webhookSecretPrevious, functionPrincipalId, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 output vaultName string = vault.name
 output vaultUri string = vault.properties.vaultUri
 // Which optional secrets exist, so the app settings reference only those.
@@ -217,4 +269,6 @@ output hasPagerduty bool = !empty(pagerdutyRoutingKey)
 output hasTeams bool = !empty(teamsWebhookUrl)
 output hasWebhookUrl bool = !empty(webhookUrl)
 output hasWebhookSecret bool = !empty(webhookSecret)
+output hasAppSecretPrevious bool = !empty(appSecretPrevious)
+output hasWebhookSecretPrevious bool = !empty(webhookSecretPrevious)
 output secretNames object = names

@@ -148,6 +148,8 @@ def test_secret_references_name_the_secrets_the_vault_creates() -> None:
         ("TEAMS_WEBHOOK_URL", "teamsWebhookUrl"),
         ("WEBHOOK_URL", "webhookUrl"),
         ("WEBHOOK_SECRET", "webhookSecret"),
+        ("APP_SECRET_PREVIOUS", "appSecretPrevious"),
+        ("WEBHOOK_SECRET_PREVIOUS", "webhookSecretPrevious"),
     ):
         assert s[setting].endswith(f"${{secretNames.{key}}})"), setting
         assert key in names

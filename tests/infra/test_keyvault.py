@@ -11,6 +11,8 @@ SECRET_PARAMS = (
     "teamsWebhookUrl",
     "webhookUrl",
     "webhookSecret",
+    "appSecretPrevious",
+    "webhookSecretPrevious",
 )
 
 
@@ -51,7 +53,7 @@ def test_each_secret_is_created_only_when_given() -> None:
     secrets = {
         r.symbol: r for r in KV.resources("Microsoft.KeyVault/vaults/secrets") if not r.existing
     }
-    assert len(secrets) == 5
+    assert len(secrets) == 7
     by_value = {r.body["properties"]["value"]: r for r in secrets.values()}
     assert set(by_value) == set(SECRET_PARAMS)
     assert by_value["appSecret"].condition is None  # always: the app opens its stored keys with it
@@ -78,6 +80,8 @@ def test_has_flags_match_the_secret_conditions() -> None:
         ("hasTeams", "teamsWebhookUrl"),
         ("hasWebhookUrl", "webhookUrl"),
         ("hasWebhookSecret", "webhookSecret"),
+        ("hasAppSecretPrevious", "appSecretPrevious"),
+        ("hasWebhookSecretPrevious", "webhookSecretPrevious"),
     ):
         value = KV.outputs[flag]["value"]
         assert value["operator"]["operands"]["bool_value"]["function"]["parameters"] == {

@@ -94,6 +94,8 @@ IDENTITY_GRANTS: dict[str, set[tuple[str, str]]] = {
         (KV_SECRETS_USER, "keyvault: secrets teamsSecret"),
         (KV_SECRETS_USER, "keyvault: secrets webhookUrlSecret"),
         (KV_SECRETS_USER, "keyvault: secrets webhookSecretSecret"),
+        (KV_SECRETS_USER, "keyvault: secrets appSecretPreviousSecret"),
+        (KV_SECRETS_USER, "keyvault: secrets webhookSecretPreviousSecret"),
         ("Monitoring Metrics Publisher", "monitoring: components appInsights"),
         # Resource Graph facts about a VM by its vmId, on each group of vmScopes.
         ("Reader", "vm-reader: resource group"),

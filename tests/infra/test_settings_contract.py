@@ -27,6 +27,8 @@ SAMPLE = {
     "hasTeams": True,
     "hasWebhookUrl": True,
     "hasWebhookSecret": True,
+    "hasAppSecretPrevious": True,
+    "hasWebhookSecretPrevious": True,
 }
 SECRETS = {
     "app-secret": "a" * 64,
@@ -34,6 +36,8 @@ SECRETS = {
     "teams-webhook-url": "https://example.org/teams",
     "webhook-url": "https://example.org/hook",
     "webhook-secret": "s" * 32,
+    "app-secret-previous": "p" * 64,
+    "webhook-secret-previous": "q" * 32,
 }
 
 
@@ -119,6 +123,8 @@ def test_key_vault_references_are_well_formed(app_env) -> None:
         "TEAMS_WEBHOOK_URL",
         "WEBHOOK_URL",
         "WEBHOOK_SECRET",
+        "APP_SECRET_PREVIOUS",
+        "WEBHOOK_SECRET_PREVIOUS",
     }
     for name, value in refs.items():
         assert value.startswith(
