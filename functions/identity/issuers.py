@@ -22,9 +22,11 @@ retry (AttestationUnavailable), it never rejects a genuine document for a networ
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import ssl
 import string
+import threading
 import time
 from collections.abc import Iterable
 from urllib.parse import urlsplit
@@ -110,8 +112,9 @@ def fetch_issuer(
             raise IssuerUnavailable(f"{host}: no answer within {deadline:g} s")
         return remaining
 
+    address = _resolve(host, port, left())
     try:
-        sock = socket.create_connection((host, port), timeout=left())
+        sock = socket.create_connection(address, timeout=left())
     except TimeoutError:
         raise IssuerUnavailable(f"{host}: no answer within {deadline:g} s") from None
     except OSError as exc:
@@ -142,6 +145,42 @@ def fetch_issuer(
     finally:
         sock.close()
     return _body(bytes(received), host, max_bytes)
+
+
+def _resolve(host: str, port: int, timeout: float) -> tuple[str, int]:
+    """The address to connect to, resolved within `timeout` (getaddrinfo has no timeout of
+    its own: it runs in a daemon thread). A name must resolve to a public address: a DNS
+    answer pointing at loopback, a private network or the metadata address is refused,
+    and the connection goes to the address checked here (no second lookup to rebind). An
+    allowed host written as an address (tests' loopback servers) is used as written."""
+    try:
+        ipaddress.ip_address(host)
+        return host, port
+    except ValueError:
+        pass
+    answer: list[object] = []
+
+    def lookup() -> None:
+        try:
+            answer.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            answer.append(exc)
+
+    worker = threading.Thread(target=lookup, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not answer:
+        raise IssuerUnavailable(f"{host}: no DNS answer within the deadline")
+    if isinstance(answer[0], OSError):
+        raise IssuerUnavailable(f"{host}: {answer[0]}")
+    infos = answer[0]
+    assert isinstance(infos, list)
+    for _family, _type, _proto, _name, sockaddr in infos:
+        if not ipaddress.ip_address(sockaddr[0]).is_global:
+            raise IssuerRefused(f"{host} resolves to {sockaddr[0]}, not a public address")
+    if not infos:
+        raise IssuerUnavailable(f"{host}: no address")
+    return infos[0][4][0], port
 
 
 def _body(answer: bytes, host: str, max_bytes: int) -> bytes:

@@ -264,3 +264,20 @@ def test_a_definitive_answer_rejects_instead_of_retrying(server: ThreadingHTTPSe
         verifier.verify_document(signature, dt.datetime.now(dt.UTC))
     assert info.value.check == "chain"
     assert server.hits == ["/x.crt"]  # type: ignore[attr-defined]
+
+
+def test_a_name_resolving_to_a_private_address_is_refused(
+    server: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: an allowed name whose answer is loopback (or the metadata address)
+    is refused, and the connection would go to the checked address, not a second lookup."""
+    port = port_of(server)
+
+    def fake_lookup(host: str, port: int, **_: object) -> list[tuple]:
+        assert host == "www.microsoft.com"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (LOOPBACK, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake_lookup)
+    with pytest.raises(issuers.IssuerRefused, match="not a public address"):
+        issuers.fetch_issuer("http://www.microsoft.com/x.crt", ports={80, port})
+    assert server.hits == []  # type: ignore[attr-defined]
