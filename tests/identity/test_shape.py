@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import re
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,7 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID
 
-from functions.identity.attestation import AttestationVerifier
+from functions.identity.attestation import AttestationError, AttestationVerifier
 from simulator import identity as sim_identity
 from tests.identity.test_genuine import CURRENT, Sample
 
@@ -122,3 +123,37 @@ def test_the_described_shape_is_azures() -> None:
         "chain_depth": 3,
     }
     assert genuine(G1[0])["eku"] == sorted([SERVER.dotted_string, CLIENT.dotted_string])
+
+
+@pytest.mark.parametrize("variant", ["g2", "g1"])
+def test_the_verifier_must_find_the_intermediate_itself(variant: str) -> None:
+    """Only the leaf is in the bag: trusting the root alone (no fetch) is not enough; the
+    trust a test configures (Issuer.root_pem: roots, cross-sign, intermediate) is."""
+    signature, verifier, now = simulated(variant)
+    issuer = sim_identity.issuer_for(variant)
+    root_only = AttestationVerifier(roots_pem=issuer.anchor_pem, fetch_issuers=False)
+    with pytest.raises(AttestationError, match="does not chain") as info:
+        root_only.inspect(signature, now)
+    assert info.value.check == "chain"
+    expected = {
+        "g2": ["Simulated Microsoft TLS G2 RSA CA OCSP 02", "Simulated Microsoft TLS RSA Root G2"],
+        "g1": [
+            "Simulated Microsoft Azure RSA TLS Issuing CA 03",
+            "Simulated DigiCert Global Root G2",
+        ],
+    }[variant]
+    assert list(verifier.inspect(signature, now).chain[1:]) == expected
+
+
+def test_a_saved_issuer_loads_and_signs_the_same_shape(tmp_path: Path) -> None:
+    """SIMULATOR_CA_DIR: the demo's and the bench's processes share one issuer."""
+    issuer = sim_identity.issuer_for("g2")
+    sim_identity.save_issuer(issuer, tmp_path)
+    loaded = sim_identity.load_issuer(tmp_path)
+    assert loaded.root_pem == issuer.root_pem and loaded.variant == "g2"
+    now = dt.datetime.now(dt.UTC)
+    content = sim_identity.attested_content("vm", "sub", "n", now=now)
+    signature = sim_identity.sign(content, loaded.leaf, loaded.leaf_key)
+    assert (
+        AttestationVerifier(roots_pem=issuer.root_pem).verify_document(signature, now).vm_id == "vm"
+    )
