@@ -123,27 +123,12 @@ def test_the_readme_shows_the_commands_people_need() -> None:
         ("functions", "policy", "check"),
         ("functions", "settings", "check"),
         ("functions", "cost"),
+        ("functions", "attestation", "check"),
     ):
         assert expected in commands, expected
 
 
-# Commands the README shows that another change of issue 28 adds. Strict: once the command
-# exists this test fails as XPASS, and the entry must go.
-PENDING = {
-    ("functions", "attestation", "check"): "python -m functions attestation check (issue 28)"
-}
-
-
-@pytest.mark.parametrize(
-    "command",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=PENDING[c]))
-        if c in PENDING
-        else c
-        for c in _python_m_commands()
-    ],
-    ids=" ".join,
-)
+@pytest.mark.parametrize("command", _python_m_commands(), ids=" ".join)
 def test_every_python_m_command_runs(command: tuple[str, ...]) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", *command, "--help"],
