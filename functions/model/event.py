@@ -77,6 +77,9 @@ class EventSnapshot(BaseModel):
     availability_sets: tuple[str, ...] = ()
     reported_by: tuple[str, ...] = ()  # VMs whose documents contained it
     first_seen: AwareDatetime | None = None
+    # The fields in which reporters' views of this event differ (empty: they agree); the
+    # decision shown is then the strictest of the decisions made on each view.
+    views_differ: tuple[str, ...] = ()
 
     def imds_fields(self) -> dict[str, Any]:
         """The event with IMDS's own field names, for custom details and webhooks."""

@@ -21,12 +21,13 @@ from functions.pipeline.admission import NotAdmitted, trusted_ref
 from functions.pipeline.announce import publish_claimed
 from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
-from functions.pipeline.lifecycle import report
+from functions.pipeline.decide import ReportPlan, decide_report
 from functions.pipeline.redecide import should_redecide
 from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
-from functions.pipeline.transitions import after_decision, decide_once, end_event
+from functions.pipeline.transitions import after_decision, end_event
+from functions.pipeline.views import view_key, view_of
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
@@ -226,8 +227,9 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         # "stale" and redoes the (idempotent) event updates.
         to_approve: list[str] = []
         late: set[str] = set()  # events this VM lists only after they ended
+        views: dict[str, str] = {}  # EventId (case-folded) -> this VM's view key
         for event in current:
-            _report(event, envelope, vm, pipeline, now, result, to_approve, late)
+            _report(event, envelope, vm, pipeline, now, result, to_approve, late, views)
         if document is not None:
             current_ids = {e.event_id.casefold() for e in current}
             for old in vm.event_ids if vm else []:
@@ -236,7 +238,14 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
                     _absent(old, name, pipeline, now, result)
         recovered: list[str] = []  # the silence this document ends, if announced
         saved = _save_vm(
-            store, vm, envelope, current if document is not None else None, now, late, recovered
+            store,
+            vm,
+            envelope,
+            current if document is not None else None,
+            now,
+            late,
+            recovered,
+            views,
         )
         if saved:
             # After the VM row, so this VM's callback URL is known to the approver.
@@ -327,6 +336,7 @@ def _save_vm(
     now: datetime,
     late: set[str],
     recovered: list[str] | None = None,
+    views: dict[str, str] | None = None,
 ) -> bool:
     """Write the VM row only if nobody else did since we read it (else the caller redoes).
 
@@ -369,6 +379,7 @@ def _save_vm(
             record.event_ids = [e.event_id for e in events]
             record.event_statuses = {e.event_id.casefold(): e.event_status for e in events}
             record.late_event_ids = sorted(late)
+            record.event_views = dict(views or {})
         return record
 
     try:
@@ -402,6 +413,7 @@ def _report(
     result: IngestResult,
     to_approve: list[str],
     late: set[str],
+    views: dict[str, str],
 ) -> None:
     store = pipeline.store
     name = envelope.vm.name
@@ -420,32 +432,41 @@ def _report(
     if recent is not None and recent.ended:
         _late_report(event, name, said_before, store, now, late)
         return
-    if said_before != event.event_status:
-        # This VM's own reporter row, before the event row: an end decided from now on
-        # sees it (functions.pipeline.transitions.end_event).
-        store.set_reporter(event.event_id, name, event.event_status, now)
-    if recent is not None and _unchanged(recent, event, envelope, pipeline, now, newcomer):
+    view = view_of(event, name)
+    seen_as = view_key(view, envelope.vm.scale_set)
+    views[key] = seen_as
+    repeated = (vm.event_views.get(key) if vm else None) == seen_as
+    if said_before != event.event_status or not repeated:
+        # This VM's own reporter row, with its own view, before the event row: an end
+        # decided from now on sees it (functions.pipeline.transitions.end_event).
+        store.set_reporter(event.event_id, name, event.event_status, now, view=view, key=seen_as)
+    if recent is not None and _unchanged(
+        recent, event, envelope, pipeline, now, newcomer, repeated
+    ):
         return
-    claimed: list[Transition] = []
-    made: list[bool] = []  # whether this write made the decision (vs. re-announcing it)
+    plans: list[ReportPlan] = []
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        claimed.clear()
-        made.clear()
-        updated, transitions = report(rec, event, envelope.vm, now)
-        claimed.extend(transitions)
-        target = updated if updated is not None else rec
-        if target is None or target.ended:
-            return updated
-        decided, announce = decide_once(target, event, pipeline, now)
-        if decided:
-            made.append(True)
-        if announce is not None:
-            claimed.append(announce)
-            return target
-        return updated
+        plan = decide_report(rec, event, envelope.vm, pipeline.settings.policy, now, repeated)
+        plans[:] = [plan]
+        return plan.row
 
     record, won = store.mutate_event(event.event_id, change)
+    plan = plans[0]
+    claimed, made = plan.claimed, plan.made
+    overflow = not plan.kept and not repeated and plan.decision is not None
+    if record is not None and not record.ended and overflow:
+        # Beyond MAX_VIEWS the event row does not keep this view: its decision stays with
+        # this VM's own reporter row (one more write, only for an event with that many).
+        store.set_reporter(
+            event.event_id,
+            name,
+            event.event_status,
+            now,
+            view=view,
+            key=seen_as,
+            decision=plan.decision,
+        )
     if record is not None and record.ended and newcomer:
         # A late report after the event ended: remember the VM as a past reporter only.
         _late_report(event, name, said_before, store, now, late)
@@ -458,7 +479,7 @@ def _report(
             to_approve.append(record.event_id)
         return
     approve_now = False
-    if made:
+    if made and won:
         record, approve_now = after_decision(record, event, pipeline, now)
     elif Transition.DECIDED in claimed or (newcomer and event.affects(name)):
         # A decision re-announced after a failed publish, or a named VM whose relay was
@@ -506,6 +527,7 @@ def _unchanged(
     pipeline: Pipeline,
     now: datetime,
     newcomer: bool,
+    repeated: bool,
 ) -> bool:
     """Whether this report needs nothing from the event row, judged from the row as this
     Store last saw it (not ended: see `_late_report`), without reading it again. Only
@@ -524,8 +546,8 @@ def _unchanged(
         )
         if not settled:
             return False
-    updated, claimed = report(recent, event, envelope.vm, now)  # a private copy
-    return updated is None and not claimed
+    plan = decide_report(recent, event, envelope.vm, pipeline.settings.policy, now, repeated)
+    return plan.row is None and not plan.claimed
 
 
 def _absent(

@@ -16,6 +16,7 @@ from datetime import datetime
 from functions.model.envelope import SCHEDULED, ScheduledEvent
 from functions.model.event import Decision, Transition
 from functions.model.policy import PolicyLoad, decide
+from functions.pipeline.views import redecide_views, strictest
 from functions.store.records import EventRecord
 
 ERROR_QUOTED = 200  # how much of the old policy error the new decision's reason repeats
@@ -62,7 +63,12 @@ def redecide(record: EventRecord, event: ScheduledEvent, load: PolicyLoad, now: 
     announced as `decided` with its own MessageId (see `occurrence`)."""
     old = record.decision
     assert old is not None and old.policy_error is not None
-    new = decide(load, event, now, tuple(record.scale_sets))
+    if record.views:
+        # Each reporter's view is decided afresh; the event follows the strictest.
+        record.views = redecide_views(record, load, now)
+        new = strictest([entry.decision for entry in record.views])
+    else:
+        new = decide(load, event, now, tuple(record.scale_sets))
     error = old.policy_error
     if len(error) > ERROR_QUOTED:
         error = error[: ERROR_QUOTED - 1] + "…"

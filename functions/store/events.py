@@ -12,18 +12,21 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
 
+from functions.model.event import Decision
+from functions.model.view import VmView
 from functions.store.http import NO_ECHO
 from functions.store.keys import reserved, row_key
 from functions.store.liveness import Skipped
 from functions.store.recent import RecentRows
 from functions.store.records import CapacityRecord, EventRecord
-from functions.store.rows import UNREAD, BadRow, Rows
+from functions.store.rows import UNREAD, BadRow, Rows, _chunks, _unchunk
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,39 @@ OPEN_EVENTS = reserved("open")  # events table: one row per event not ended yet
 CLAIMS = reserved("once")  # events table: fleet-wide "first one wins" markers
 RECENT_EVENT_ROWS = 1024  # event rows a Store remembers as the start of its next write
 VM_MARK = "vm|"  # in the open index: a VM with silence marks (RowKey reserved("vm|<key>"))
+
+
+@dataclass(frozen=True)
+class Reporter:
+    """One reporter row as read: who, its last status ("" = no longer reports it), its
+    view of the event (None for rows written before views were kept, or unreadable) and,
+    for a view the event row could not keep, the decision made on it."""
+
+    vm: str
+    status: str
+    view: VmView | None
+    key: str
+    decision: Decision | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Reporter | None:
+        vm, status = row.get("vm"), row.get("status")
+        if not isinstance(vm, str) or not isinstance(status, str | None):
+            log.warning("events: skipped reporter row %.100r", row.get("RowKey"))
+            return None
+        view: VmView | None = None
+        decision: Decision | None = None
+        try:
+            text = _unchunk({"data" + k[4:]: v for k, v in row.items() if k.startswith("view")})
+            if isinstance(text, str):
+                view = VmView.model_validate_json(text)
+            if isinstance(row.get("decision"), str):
+                decision = Decision.model_validate_json(row["decision"])
+        except (ValueError, TypeError):
+            log.warning("events: unreadable view in reporter row %.100r", row.get("RowKey"))
+            view, decision = None, None
+        key = row.get("key") if isinstance(row.get("key"), str) else ""
+        return cls(vm, status or "", view, key, decision)
 
 
 def ended_partition(day: str) -> str:
@@ -93,19 +129,63 @@ class EventRows(Rows):
         record.past_reporters = everyone
         return record
 
-    def set_reporter(self, event_id: str, vm: str, status: str, at: datetime) -> None:
+    def set_reporter(
+        self,
+        event_id: str,
+        vm: str,
+        status: str,
+        at: datetime,
+        *,
+        view: VmView | None = None,
+        key: str = "",
+        decision: Decision | None = None,
+    ) -> None:
         """This VM's own row in the event's partition: status "" = it no longer reports it.
-        Only that VM's documents write it (one session each), so a blind upsert is safe."""
-        self.events.upsert_entity(
-            {
-                "PartitionKey": row_key(event_id),
-                "RowKey": REPORTER + row_key(vm),
-                "vm": vm,
-                "status": status,
-                "at": at,
-            },
-            mode=UpdateMode.REPLACE,
+        Only that VM's documents write it (one session each), so a blind upsert is safe.
+        With `view` (this VM's view of the event and its key, functions.pipeline.decide)
+        the row is replaced whole; without, only the status changes and the view stays.
+        `decision` is kept only for a view the event row could not keep (MAX_VIEWS)."""
+        entity: dict[str, Any] = {
+            "PartitionKey": row_key(event_id),
+            "RowKey": REPORTER + row_key(vm),
+            "vm": vm,
+            "status": status,
+            "at": at,
+        }
+        if view is None:
+            self.events.upsert_entity(entity, mode=UpdateMode.MERGE)
+            return
+        # A view lists up to 1,000 names: split like a record's JSON (64 KiB a property).
+        chunks = _chunks(view.model_dump_json())
+        entity.update({"view" + name[4:]: part for name, part in chunks.items()})
+        entity["key"] = key
+        if decision is not None:
+            entity["decision"] = decision.model_dump_json()
+        self.events.upsert_entity(entity, mode=UpdateMode.REPLACE)
+
+    def get_reporter(self, event_id: str, vm: str) -> Reporter | None:
+        """One VM's reporter row (a point read): its status, view and the key of the view;
+        None if it never reported the event. A row whose view cannot be read has none."""
+        try:
+            row = self.events.get_entity(row_key(event_id), REPORTER + row_key(vm))
+        except ResourceNotFoundError:
+            return None
+        return Reporter.from_row(row)
+
+    def view_for(self, event_id: str, vm: str) -> VmView | None:
+        """`vm`'s own view of the event, as its latest document showed it (one point read):
+        what its relay is asked to confirm before it approves. None if it does not report
+        the event now (never did, or stopped) or its row holds no view."""
+        reporter = self.get_reporter(event_id, vm)
+        return reporter.view if reporter is not None and reporter.status else None
+
+    def reporter_rows(self, event_id: str) -> list[Reporter]:
+        """Every reporter of the event with its view: one partition query."""
+        rows = self.events.query_entities(
+            "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi",
+            parameters={"pk": row_key(event_id), "lo": REPORTER, "hi": "r}"},
         )
+        return [r for r in (Reporter.from_row(row) for row in rows) if r is not None]
 
     def anyone_reports(self, event_id: str) -> bool:
         """Whether any VM still reports the event: one query that stops at the first."""

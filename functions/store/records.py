@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from functions.model.event import Decision, EventSnapshot
+from functions.model.view import VmView
 
 MAX_ATTEMPTS_KEPT = 50
 MAX_TEXT = 2000  # Description, reasons: far below the 64 KiB property limit
@@ -19,6 +20,7 @@ MAX_RESOURCES = 2000  # VM names kept on an event row (IMDS names far fewer per 
 MAX_SETS = 200  # scale sets / availability sets kept on an event row
 MAX_NAME_CHARS = 150_000  # characters of names in one such list (the row stays < 1 MiB)
 MAX_REPORTED_BY = 100  # names in a notification's ReportedBy (Resources has them all)
+MAX_VIEWS = 8  # distinct views of one event kept on its row (genuine reporters share one)
 
 ApprovalState = Literal["", "pending", "in_progress", "approved", "failed"]
 EndState = Literal["", "completed", "cancelled"]
@@ -62,6 +64,27 @@ class VmRecord(Record):
     window_start: AwareDatetime | None = None
     window_messages: int = 0
     window_new_events: int = 0
+    # EventId (case-folded) -> the key of this VM's view of it (functions.pipeline.decide),
+    # so a document that repeats the same view writes no reporter row again.
+    event_views: dict[str, str] = Field(default_factory=dict)
+
+
+class ViewDecision(BaseModel):
+    """One distinct view of an event (functions.model.view) and the decision made on it.
+
+    Genuine reporters of one EventId see the same event, so they share one entry; a VM
+    whose IMDS shows something else (or that lies) gets an entry of its own, decided on
+    its own view. `first_vm` reported it first: a VM whose own view moves (Azure
+    rescheduled its event) replaces the entry it made instead of adding one."""
+
+    key: str
+    view: VmView  # Resources left out when long (functions.pipeline.views.kept_view)
+    resources_digest: str = ""
+    resources_count: int = 0
+    scale_set: str | None = None  # Azure's scale set of `first_vm`, which rules may match
+    decision: Decision
+    decided_at: AwareDatetime
+    first_vm: str
 
 
 class Attempt(BaseModel):
@@ -114,6 +137,14 @@ class EventRecord(Record):
     # ARM id of the VM / scale set / availability set that owns the event, as Event Grid
     # named it (functions.pipeline.sources): where the ARM approver acknowledges it.
     arm_resource: str | None = None
+    # The distinct views reporters gave of this event, each with the decision made on it
+    # (functions.pipeline.decide). `decision` above is the strictest of them: it is what
+    # an action taken for the whole event follows. `views_differ` names the fields that
+    # differ between them (empty: every reporter agrees), `views_dropped` counts views
+    # beyond MAX_VIEWS, decided for their VM alone (its reporter row keeps that decision).
+    views: list[ViewDecision] = Field(default_factory=list)
+    views_differ: list[str] = Field(default_factory=list)
+    views_dropped: int = 0
 
     @field_validator("approval_reason")
     @classmethod
@@ -135,6 +166,7 @@ class EventRecord(Record):
             availability_sets=tuple(self.availability_sets),
             reported_by=tuple(sorted({*self.past_reporters, *self.reporters}))[:MAX_REPORTED_BY],
             first_seen=self.first_seen,
+            views_differ=tuple(self.views_differ),
         )
 
 

@@ -33,6 +33,7 @@ from functions.web.views import (
     event_lane,
     fleet_events,
     policy_state,
+    views_text,
 )
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,7 @@ def _event_body(pipeline: Pipeline, record: EventRecord, form: str) -> str:
             + render.countdown(nb_iso, countdown(record.not_before, now)),
         ),
         ("Decision", esc(describe.decision_text(decision)) if decision else "not decided yet"),
+        ("Views", esc(views_text(record) or "every reporter shows the same event")),
         ("Why (Azure)", esc(record.description or "no description given")),
         ("Source", esc(record.event_source or "?")),
         (
@@ -288,7 +290,8 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
                 esc(describe.vms_text(snap)),
                 esc(record.event_status + (f", {record.ended}" if record.ended else "")),
                 render.countdown(nb_iso, countdown(record.not_before, now)),
-                esc(f"{decision.action} ({decision.rule})" if decision else "—"),
+                esc(f"{decision.action} ({decision.rule})" if decision else "—")
+                + (f"<br><small>{esc(views_text(record))}</small>" if record.views_differ else ""),
                 esc(record.approval or "—"),
             ]
         )

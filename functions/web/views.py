@@ -28,7 +28,22 @@ def event_view(record: EventRecord) -> dict[str, Any]:
         "approve_after": record.approve_after.isoformat() if record.approve_after else None,
         "approval_attempts": len(record.approval_attempts),
         "announced": sorted(k for k, v in record.announced.items() if v == "done"),
+        # Reporters' views that differ (functions.pipeline.decide): the decision above is
+        # then the strictest; each view's own decision is listed with who first showed it.
+        "views_differ": record.views_differ,
+        "views": [
+            {"first_vm": e.first_vm, "action": e.decision.action, "rule": e.decision.rule}
+            for e in record.views
+        ],
     }
+
+
+def views_text(record: EventRecord) -> str:
+    """The views' differences in words, for the fleet and event pages ("" when agreed)."""
+    if not record.views_differ:
+        return ""
+    each = "; ".join(f"{e.first_vm}: {e.decision.action}" for e in record.views)
+    return f"views differ ({', '.join(record.views_differ)}): {each}; the stricter applies"
 
 
 def fleet_events(pipeline: Pipeline, include_ended: bool) -> list[EventRecord]:

@@ -124,9 +124,11 @@ def test_a_set_mates_report_of_the_victims_event_is_not_its_to_make(fleet: Fleet
 
 
 def test_a_forged_view_of_a_shared_event_cannot_steer_the_victims_relay(fleet: Fleet):
-    """An event naming both VMs: the attacker reports it first as user-initiated. The
-    decision (approve) rests on that view; the victim's relay compares it with its own
-    IMDS and refuses, so nothing is approved through the victim."""
+    """An event naming both VMs: the attacker reports it first as user-initiated. That
+    view decides only for the attacker (approve); the victim's own view decides for the
+    victim (hold), the views are recorded as differing, and the event follows the
+    stricter decision: nothing is approved through the victim (had its relay been asked,
+    it would have compared the view with its own IMDS and refused)."""
     event_id = fleet.sim.add_event("Reboot", resources=["victim", "attacker"])
     forged = {**imds_event(fleet, "attacker", event_id), "EventSource": "User"}
     fleet.vms["attacker"].callback.stop()  # its own relay will not approve it
@@ -137,8 +139,12 @@ def test_a_forged_view_of_a_shared_event_cannot_steer_the_victims_relay(fleet: F
     record = fleet.store.get_event(event_id)
     assert record.approval != "approved"
     assert imds_event(fleet, "victim", event_id)["EventStatus"] == "Scheduled"
+    assert record.views_differ == ["EventSource"]
+    assert record.decision.action == "hold"
+    mine = {e.first_vm: e.decision.action for e in record.views}
+    assert mine == {"attacker": "approve", "victim": "hold"}
     victim_attempts = [a.outcome for a in record.approval_attempts if a.vm == "victim"]
-    assert victim_attempts and all("differs" in o for o in victim_attempts), victim_attempts
+    assert all("differs" in o for o in victim_attempts), victim_attempts
 
 
 def test_names_added_to_resources_move_nothing_on_the_named_vm(fleet: Fleet):

@@ -1,0 +1,182 @@
+"""The pure step of ingest: one VM's report of one event, decided on that VM's own view.
+
+`decide_report(row, event, vm, policy, now)` takes the event row as read (or None), the
+event as this VM's IMDS showed it (its attested document), Azure's facts about the VM,
+the policy and the time, and returns a `ReportPlan`: the event row to write (under the
+ETag it was read at), the transitions that write claims, whether it made a decision, and
+this VM's own view and decision. No I/O and no clock: the caller writes the plan with a
+conditional write and, on a conflict (412), reads again and calls it again.
+
+Each VM's view decides for that VM (ARCHITECTURE.md, "Trust boundaries"). Azure lets any
+VM named in an event's `Resources` approve it for all of them, and every VM of a set sees
+its set-mates' events, so a VM's description of a shared event is an attacker's input
+about every other VM. So:
+- each distinct view of an EventId is kept on the event row with the decision made on it
+  (`EventRecord.views`); genuine reporters see one event, so they share one entry and a
+  report that repeats it writes nothing;
+- a VM's own decision is the one made on its own view, whoever reported first;
+- where views differ, that is recorded (`views_differ`: the fields), and the event's
+  `decision` (what the announcements show and any action taken for the whole event
+  follows) is the strictest of them (`stricter`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from functions.model.envelope import ScheduledEvent, VmRef
+from functions.model.event import Decision, Transition
+from functions.model.policy import PolicyLoad, decide
+from functions.model.view import VmView
+from functions.pipeline.lifecycle import report
+from functions.pipeline.redecide import redecide, should_redecide
+from functions.pipeline.views import (
+    TOO_MANY_VIEWS,
+    differing_fields,
+    kept_view,
+    stricter,
+    view_key,
+    view_of,
+)
+from functions.store import claims
+from functions.store.recent import copy_record
+from functions.store.records import MAX_VIEWS, EventRecord, ViewDecision
+
+
+@dataclass
+class ReportPlan:
+    """What one VM's report of one event changes. `row` is the event row to write (None:
+    nothing to write); it carries the ETag of the row it was computed from."""
+
+    row: EventRecord | None
+    claimed: list[Transition] = field(default_factory=list)
+    made: bool = False  # this write made or changed the event's decision: audit, approve
+    view: VmView | None = None
+    key: str = ""
+    decision: Decision | None = None  # this VM's own decision (None: the event ended)
+    kept: bool = True  # the view is on the event row (False: beyond MAX_VIEWS)
+
+
+def decide_report(
+    row: EventRecord | None,
+    event: ScheduledEvent,
+    vm: VmRef,
+    policy: PolicyLoad,
+    now: datetime,
+    repeated: bool = False,
+) -> ReportPlan:
+    """The pure step for one event of one document (see the module docstring). `row` is
+    never changed: the plan's row is a copy. `repeated`: this VM's previous document
+    showed the same view (its VM row says so), so a view the row could not keep (beyond
+    MAX_VIEWS) is not counted again."""
+    current = copy_record(row) if row is not None else None
+    updated, claimed = report(current, event, vm, now)
+    target = updated if updated is not None else current
+    view = view_of(event, vm.name)
+    key = view_key(view, vm.scale_set)
+    if target is None or target.ended:
+        return ReportPlan(row=updated, claimed=claimed, view=view, key=key)
+    changed = updated is not None
+    made = False
+    entry = next((e for e in target.views if e.key == key), None)
+    kept = True
+    if entry is None:
+        own = decide(policy, event, now, (vm.scale_set,) if vm.scale_set else ())
+        kept_as, digest, count = kept_view(view)
+        entry = ViewDecision(
+            key=key,
+            view=kept_as,
+            resources_digest=digest,
+            resources_count=count,
+            scale_set=vm.scale_set,
+            decision=own,
+            decided_at=now,
+            first_vm=vm.name,
+        )
+        full = len(target.views) >= MAX_VIEWS and all(e.first_vm != vm.name for e in target.views)
+        if full and repeated:
+            kept = False  # counted and folded in when this VM first showed it
+        else:
+            kept = _keep(target, entry)
+            changed = True
+            made = _fold(target, entry.decision, now)
+    elif target.decision is None:  # views kept by an older row without a decision
+        made = _fold(target, entry.decision, now)
+        changed = True
+    if should_redecide(target, policy, now):
+        _redecide(target, event, policy, now)
+        made = changed = True
+    key_taken = Transition.POLICY_INVALID if _failed_closed(target) else Transition.DECIDED
+    if claims.take(target.announced, key_taken.value, now):
+        claimed.append(key_taken)
+        changed = True
+    return ReportPlan(
+        row=target if changed else None,
+        claimed=claimed,
+        made=made,
+        view=view,
+        key=key,
+        decision=entry.decision,
+        kept=kept,
+    )
+
+
+def _failed_closed(record: EventRecord) -> bool:
+    return record.decision is not None and record.decision.policy_error is not None
+
+
+def _keep(record: EventRecord, entry: ViewDecision) -> bool:
+    """Add a new view to the row: in place of the one its VM made before (its own view
+    moved), else alongside the others while there is room. Returns whether it is kept."""
+    own = next((i for i, e in enumerate(record.views) if e.first_vm == entry.first_vm), None)
+    kept = True
+    if own is not None:
+        record.views[own] = entry
+    elif len(record.views) < MAX_VIEWS:
+        record.views.append(entry)
+    else:
+        record.views_dropped += 1
+        kept = False
+    record.views_differ = differing_fields(record.views)
+    if record.views_dropped:
+        record.views_differ.append(TOO_MANY_VIEWS)
+    return kept
+
+
+def _fold(record: EventRecord, decision: Decision, now: datetime) -> bool:
+    """Make `decision` count for the whole event: the event's decision becomes the stricter
+    of the two. A stricter decision after one was announced is announced again (as a
+    re-decision, with its own MessageId). Returns whether the event's decision changed."""
+    if record.decision is None:
+        record.decision = decision
+        record.decided_at = now
+        return True
+    strict = stricter(record.decision, decision)
+    if strict is record.decision:
+        return False
+    fields = ", ".join(record.views_differ) or "their views"
+    record.decision = strict.model_copy(
+        update={
+            "reason": f"{strict.reason}; reporters' views differ ({fields}): the stricter "
+            "decision applies to the whole event"
+        }
+    )
+    record.decided_at = now
+    if record.announced.pop(Transition.DECIDED.value, None) is not None:
+        record.redecided_at = now  # a new MessageId for the new `decided`
+    if record.approval == "pending" and strict.action != "approve":
+        # Not started yet: the approval the looser view asked for is withdrawn (one in
+        # progress is the approver's to check: it asks only relays whose view approves).
+        record.approval = ""
+        record.approve_after = None
+        record.approval_reason = f"withdrawn: reporters' views differ ({fields})"
+    return True
+
+
+def _redecide(
+    record: EventRecord, event: ScheduledEvent, policy: PolicyLoad, now: datetime
+) -> None:
+    """The policy is valid again: each kept view and then the event are decided afresh
+    (functions.pipeline.redecide notes why)."""
+    redecide(record, event, policy, now)

@@ -1,0 +1,126 @@
+"""Views of one event and how their decisions combine: pure helpers shared by ingest's
+decide step (functions.pipeline.decide) and the re-decision of a fail-closed event
+(functions.pipeline.redecide)."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+
+from functions.model.envelope import ScheduledEvent
+from functions.model.event import Decision
+from functions.model.policy import PolicyLoad, decide
+from functions.model.view import VIEW_FIELDS, VmView, normalise_resources
+from functions.store.records import EventRecord, ViewDecision
+
+# "Stricter" (the brief's rule, made explicit): an action that leaves the event to Azure
+# beats one that acts on it, so hold > drain > approve. Between two approvals the later
+# one is stricter (an approval waiting for a maintenance window beats an immediate one).
+# Between equal actions, the one that pages beats the one that does not, then the higher
+# severity. A fail-closed decision (invalid policy) is a hold and wins over any other
+# hold, so the policy error stays visible. Ties keep the decision already made.
+ACTION_RANK = {"approve": 0, "drain": 1, "hold": 2}
+SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+TOO_MANY_VIEWS = "views"  # in `views_differ`: more distinct views than MAX_VIEWS
+VIEW_RESOURCE_CHARS = 4000  # Resources an event row keeps with each view (digest beyond)
+EARLIEST = datetime.min.replace(tzinfo=UTC)
+
+
+def strictness(decision: Decision) -> tuple[int, int, datetime, int, int]:
+    """A sort key: the larger, the stricter (see ACTION_RANK's comment)."""
+    return (
+        ACTION_RANK.get(decision.action, len(ACTION_RANK)),
+        1 if decision.policy_error else 0,
+        decision.approve_after or EARLIEST,
+        1 if decision.page else 0,
+        SEVERITY_RANK.get(decision.severity, 0),
+    )
+
+
+def stricter(current: Decision, other: Decision) -> Decision:
+    """The stricter of two decisions; `current` on a tie."""
+    return other if strictness(other) > strictness(current) else current
+
+
+def view_of(event: ScheduledEvent, vm: str) -> VmView:
+    """`vm`'s view of `event`, as its own IMDS showed it."""
+    return VmView(
+        vm=vm,
+        event_type=event.event_type,
+        event_source=event.event_source,
+        duration_s=event.duration_in_seconds,
+        not_before=event.not_before,
+        resources=normalise_resources(event.resources),
+    )
+
+
+def view_key(view: VmView, scale_set: str | None) -> str:
+    """What makes two reports decide alike: the view's fields (not who saw it) and the
+    reporter's scale set (Azure's fact), which a policy rule may match."""
+    return view.digest() + ("|" + scale_set.casefold() if scale_set else "")
+
+
+def differing_fields(entries: list[ViewDecision]) -> list[str]:
+    """The policy-relevant fields (VIEW_FIELDS order) in which these views differ;
+    Resources are compared by digest (an entry may keep only that)."""
+    if len(entries) < 2:
+        return []
+    wires = [{**e.view.expect(), "Resources": e.resources_digest} for e in entries]
+    return [name for name in VIEW_FIELDS if any(w[name] != wires[0][name] for w in wires[1:])]
+
+
+def resources_digest(names: tuple[str, ...]) -> str:
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+
+
+def kept_view(view: VmView) -> tuple[VmView, str, int]:
+    """The view as the event row keeps it: its Resources only while they are short
+    (VIEW_RESOURCE_CHARS), so MAX_VIEWS views of 1,000 long names still fit the row;
+    their digest and count always."""
+    names = view.resources
+    short = sum(len(n) for n in names) <= VIEW_RESOURCE_CHARS
+    kept = view if short else view.model_copy(update={"resources": ()})
+    return kept, resources_digest(names), len(names)
+
+
+def as_scheduled(view: VmView, status: str, event_id: str) -> ScheduledEvent:
+    """A stored view as the event the policy reads (to decide it again)."""
+    return ScheduledEvent(
+        EventId=event_id,
+        EventStatus=status,
+        EventType=view.event_type,
+        EventSource=view.event_source,
+        DurationInSeconds=view.duration_s,
+        NotBefore=view.not_before,
+        Resources=view.resources,
+    )
+
+
+def strictest(decisions: list[Decision]) -> Decision:
+    """The strictest of one or more decisions (the first on a tie)."""
+    strict = decisions[0]
+    for other in decisions[1:]:
+        strict = stricter(strict, other)
+    return strict
+
+
+def redecide_views(record: EventRecord, load: PolicyLoad, now: datetime) -> list[ViewDecision]:
+    """Each kept view decided afresh under `load` (for a fail-closed event once the
+    policy is valid again); the caller stores them and takes their strictest. A view
+    kept without its (long) Resources is decided on the event's names."""
+    fresh = []
+    for entry in record.views:
+        view = entry.view
+        if entry.resources_count and not view.resources:
+            view = view.model_copy(update={"resources": tuple(record.resources)})
+        seen = as_scheduled(view, record.event_status, record.event_id)
+        sets = (entry.scale_set,) if entry.scale_set else ()
+        fresh.append(entry.model_copy(update={"decision": decide(load, seen, now, sets)}))
+    return fresh
+
+
+def own_decision(record: EventRecord, key: str, kept_alone: Decision | None) -> Decision | None:
+    """A VM's own decision: the one made on its view (`key`, from its reporter row) as the
+    event row keeps it, else the one its reporter row kept (a view beyond MAX_VIEWS)."""
+    found = next((e.decision for e in record.views if e.key == key), None)
+    return found if found is not None else kept_alone

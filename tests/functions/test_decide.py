@@ -1,0 +1,246 @@
+"""The pure decide step (functions.pipeline.decide) without Azurite: each VM's report of a
+shared event is decided on its own view; differing views are recorded and the strictest
+decision is the event's."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from functions.model.envelope import ScheduledEvent, VmRef
+from functions.model.event import Decision, Transition
+from functions.model.policy import Policy, PolicyLoad, default_rules
+from functions.pipeline.decide import ReportPlan, decide_report
+from functions.pipeline.views import (
+    TOO_MANY_VIEWS,
+    VIEW_RESOURCE_CHARS,
+    differing_fields,
+    own_decision,
+    stricter,
+    strictest,
+    view_key,
+    view_of,
+)
+from functions.store.records import MAX_VIEWS, EventRecord
+
+NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
+LATER = NOW + timedelta(hours=1)
+POLICY = PolicyLoad(policy=Policy())  # the default rules: short Freeze and User approve
+
+
+def freeze(
+    duration: int, resources: tuple[str, ...] = ("victim", "mate"), **extra
+) -> ScheduledEvent:
+    fields = {
+        "EventId": "EV-1",
+        "EventStatus": "Scheduled",
+        "EventType": "Freeze",
+        "ResourceType": "VirtualMachine",
+        "Resources": resources,
+        "NotBefore": "Sat, 21 Nov 2026 10:15:00 GMT",
+        "EventSource": "Platform",
+        "DurationInSeconds": duration,
+        **extra,
+    }
+    return ScheduledEvent.model_validate(fields)
+
+
+def vm(name: str, scale_set: str | None = None) -> VmRef:
+    return VmRef(name=name, availability_set="as-1", scale_set=scale_set)
+
+
+def written(plan: ReportPlan, before: EventRecord | None = None) -> EventRecord:
+    """The row as stored after the plan (the plan's row, or the row unchanged)."""
+    row = plan.row if plan.row is not None else before
+    assert row is not None
+    row.etag = "W/etag"  # as a conditional write would return it
+    return row
+
+
+def test_the_first_report_decides_on_its_view_and_claims_its_announcements():
+    plan = decide_report(None, freeze(5), vm("victim"), POLICY, NOW)
+    assert plan.row is not None and plan.made
+    assert plan.decision is not None and plan.decision.action == "approve"
+    assert plan.row.decision == plan.decision
+    assert [e.first_vm for e in plan.row.views] == ["victim"]
+    assert plan.row.views_differ == []
+    assert plan.claimed == [Transition.SCHEDULED, Transition.DECIDED]
+    assert plan.view == view_of(freeze(5), "victim")
+
+
+def test_the_pure_step_never_changes_the_row_it_was_given():
+    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    before = row.model_dump_json()
+    decide_report(row, freeze(30), vm("mate"), POLICY, LATER)
+    assert row.model_dump_json() == before
+
+
+def test_a_set_mate_with_the_same_view_writes_nothing_and_shares_the_decision():
+    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    row.announced = {k: "done" for k in row.announced}
+    plan = decide_report(row, freeze(5), vm("mate"), POLICY, LATER)
+    assert plan.row is None and not plan.claimed and not plan.made
+    assert plan.decision == row.views[0].decision
+    assert own_decision(row, plan.key, None) == plan.decision
+
+
+def test_a_longer_duration_reported_first_does_not_decide_for_the_victim():
+    """The low finding: the attacker reports the shared Freeze first with a duration that
+    the policy holds; the victim's genuine report is decided on its own view (approve).
+    Views differ in DurationInSeconds, and the event's decision is the stricter (hold)."""
+    attacker = written(decide_report(None, freeze(60), vm("mate"), POLICY, NOW))
+    assert attacker.decision is not None and attacker.decision.action == "hold"
+    attacker.announced = {k: "done" for k in attacker.announced}
+    plan = decide_report(attacker, freeze(5), vm("victim"), POLICY, LATER)
+    assert plan.decision is not None and plan.decision.action == "approve"
+    row = written(plan, attacker)
+    assert row.views_differ == ["DurationInSeconds"]
+    assert row.decision is not None and row.decision.action == "hold"
+    assert {e.first_vm: e.decision.action for e in row.views} == {
+        "mate": "hold",
+        "victim": "approve",
+    }
+    # Nothing changed the event's decision, so nothing is announced again.
+    assert not plan.made and Transition.DECIDED not in plan.claimed
+
+
+def test_a_stricter_view_after_an_approval_was_decided_makes_the_event_stricter():
+    """The reverse order: the attacker's forged short duration comes first (approve), the
+    victim's genuine view holds. The event's decision becomes hold, announced again as a
+    re-decision, and a pending approval is withdrawn."""
+    first = written(decide_report(None, freeze(5), vm("mate"), POLICY, NOW))
+    first.announced = {k: "done" for k in first.announced}
+    first.approval = "pending"
+    plan = decide_report(first, freeze(60), vm("victim"), POLICY, LATER)
+    row = written(plan, first)
+    assert plan.made and plan.decision is not None and plan.decision.action == "hold"
+    assert row.decision is not None and row.decision.action == "hold"
+    assert "views differ (DurationInSeconds)" in row.decision.reason
+    assert Transition.DECIDED in plan.claimed and row.redecided_at == LATER
+    assert row.approval == "" and "views" in row.approval_reason
+
+
+def test_names_added_to_resources_are_a_difference_of_their_own():
+    row = written(decide_report(None, freeze(5, ("victim",)), vm("victim"), POLICY, NOW))
+    padded = decide_report(row, freeze(5, ("victim", "mate")), vm("mate"), POLICY, LATER)
+    assert written(padded, row).views_differ == ["Resources"]
+
+
+def test_a_vm_whose_own_view_moves_replaces_its_entry_and_differs_from_no_one():
+    row = written(decide_report(None, freeze(5, ("victim",)), vm("victim"), POLICY, NOW))
+    moved = freeze(5, ("victim",), NotBefore="Sat, 21 Nov 2026 10:30:00 GMT")
+    plan = decide_report(row, moved, vm("victim"), POLICY, LATER)
+    after = written(plan, row)
+    assert len(after.views) == 1 and after.views_differ == []
+    assert after.views[0].view.not_before == datetime(2026, 11, 21, 10, 30, tzinfo=UTC)
+
+
+def test_views_beyond_the_bound_are_counted_decided_alone_and_make_the_event_strict():
+    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    for n in range(MAX_VIEWS + 2):
+        plan = decide_report(row, freeze(100 + n), vm(f"forger{n}"), POLICY, LATER)
+        row = written(plan, row)
+    assert len(row.views) == MAX_VIEWS and row.views_dropped == 3
+    assert TOO_MANY_VIEWS in row.views_differ
+    assert not plan.kept and plan.decision is not None  # decided for that VM alone
+    # The same VM showing the same dropped view again writes nothing more.
+    again = decide_report(
+        row, freeze(100 + MAX_VIEWS + 1), vm(f"forger{MAX_VIEWS + 1}"), POLICY, LATER, repeated=True
+    )
+    assert again.row is None and not again.kept
+
+
+def test_long_resources_are_kept_by_digest_so_the_views_fit_the_row():
+    names = tuple(f"{i:04}" + "n" * 124 for i in range(999))
+    row = written(decide_report(None, freeze(5, ("victim", *names)), vm("victim"), POLICY, NOW))
+    entry = row.views[0]
+    assert entry.view.resources == () and entry.resources_count == 1000
+    short = decide_report(row, freeze(5, ("victim",)), vm("mate"), POLICY, LATER)
+    after = written(short, row)
+    assert after.views_differ == ["Resources"]
+    assert sum(len(n) for n in after.views[1].view.resources) <= VIEW_RESOURCE_CHARS
+
+
+def test_the_reporters_scale_set_is_part_of_what_decides():
+    """A rule matching a scale set decides each VM on its own set (Azure's fact)."""
+    rules = (
+        {"name": "ss", "match": {"scale_sets": ["web"]}, "action": "approve"},
+        {"name": "rest", "action": "hold"},
+    )
+    load = PolicyLoad(policy=Policy.model_validate({"rules": rules}))
+    row = written(decide_report(None, freeze(60), vm("a", "web"), load, NOW))
+    plan = decide_report(row, freeze(60), vm("b", "db"), load, LATER)
+    assert view_key(plan.view, "db") != row.views[0].key
+    assert plan.decision is not None and plan.decision.action == "hold"
+    assert row.views[0].decision.action == "approve"
+
+
+def test_an_ended_event_decides_nothing():
+    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    row.ended = "cancelled"
+    plan = decide_report(row, freeze(60), vm("mate"), POLICY, LATER)
+    assert plan.row is None and plan.decision is None and not plan.claimed
+
+
+def test_a_fail_closed_event_is_decided_again_per_view_once_the_policy_is_valid():
+    broken = PolicyLoad(policy=None, error="bad JSON")
+    row = written(decide_report(None, freeze(5), vm("victim"), broken, NOW))
+    row = written(decide_report(row, freeze(60), vm("mate"), broken, NOW), row)
+    assert row.decision is not None and row.decision.policy_error
+    row.announced = {k: "done" for k in row.announced}
+    plan = decide_report(row, freeze(5), vm("victim"), POLICY, NOW + timedelta(minutes=5))
+    after = written(plan, row)
+    assert plan.made and Transition.DECIDED in plan.claimed
+    assert {e.first_vm: e.decision.action for e in after.views} == {
+        "victim": "approve",
+        "mate": "hold",
+    }
+    assert after.decision is not None and after.decision.action == "hold"
+    assert after.decision.policy_error is None and "re-decided" in after.decision.reason
+
+
+def d(action: str, **extra) -> Decision:
+    return Decision(action=action, rule="r", **extra)
+
+
+@pytest.mark.parametrize(
+    ("looser", "stricter_one"),
+    [
+        (d("approve"), d("drain")),
+        (d("drain"), d("hold")),
+        (d("approve"), d("hold")),
+        (d("approve"), d("approve", approve_after=LATER)),
+        (d("approve", approve_after=NOW), d("approve", approve_after=LATER)),
+        (d("hold"), d("hold", page=True)),
+        (d("hold", severity="warning"), d("hold", severity="error")),
+        (d("hold", page=True, severity="critical"), d("hold", policy_error="bad")),
+    ],
+)
+def test_stricter_is_hold_then_drain_then_approve_then_the_later_then_paging(looser, stricter_one):
+    assert stricter(looser, stricter_one) is stricter_one
+    assert stricter(stricter_one, looser) is stricter_one
+    assert strictest([looser, stricter_one, looser]) is stricter_one
+
+
+def test_a_tie_keeps_the_decision_already_made():
+    first, second = d("hold", reason="first"), d("hold", reason="second")
+    assert stricter(first, second) is first
+
+
+def test_differing_fields_names_each_field_once_in_order():
+    rows = []
+    for n, event in enumerate(
+        (freeze(5), freeze(6, EventSource="User"), freeze(5, EventType="Reboot"))
+    ):
+        row = written(
+            decide_report(rows[-1] if rows else None, event, vm(f"v{n}"), POLICY, NOW),
+            rows[-1] if rows else None,
+        )
+        rows.append(row)
+    assert differing_fields(rows[-1].views) == ["EventType", "EventSource", "DurationInSeconds"]
+
+
+def test_default_rules_are_what_these_tests_assume():
+    names = [r.name for r in default_rules()]
+    assert names == ["terminate-drain", "user-initiated", "short-freeze", "default-hold"]
