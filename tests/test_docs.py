@@ -153,3 +153,21 @@ def test_the_readme_is_a_front_door() -> None:
         definition = text.index(f"**{term}**")
         assert definition < text.index("## Contents"), term
         assert text.index(term) == definition + 2, f"{term} is used before it is defined"
+
+
+def test_every_relay_subcommand_the_readme_shows_runs() -> None:
+    """`python3 scheduled-events-relay.pyz check` is the relay's own module (`make relay`
+    zips relay/), so `python -m relay check --help` is the same command."""
+    subcommands = {
+        m for line in _shown(README.read_text()) for m in re.findall(r"relay\.pyz (\w+)", line)
+    }
+    assert "check" in subcommands
+    for sub in sorted(subcommands):
+        proc = subprocess.run(
+            [sys.executable, "-m", "relay", sub, "--help"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, f"relay {sub} --help: {proc.stderr[-2000:]}"
