@@ -28,6 +28,7 @@ def start_drain_worker(demo: Demo) -> None:
     from functions.clock import SystemClock
     from functions.model.envelope import PREEMPT
     from functions.pipeline.approve import approve_event
+    from functions.pipeline.capacity import take_capacity
     from functions.pipeline.context import Pipeline
     from functions.store.drains import DrainStore
     from functions.terminate.workflow import (
@@ -88,12 +89,16 @@ def start_drain_worker(demo: Demo) -> None:
     def approve(event_id: str, until: datetime) -> Any:
         return approve_event(event_id, pipeline, give_up_at=until, by="drain")
 
+    def capacity(event_id: str) -> bool:
+        return take_capacity(demo.store, event_id, pipeline.policy, clock.now())
+
     ctx = DrainContext(
         store=drains,
         session=session,
         publish=demo.publisher.publish,
         approve=approve,
         relay_target=relay_target,
+        capacity=capacity,
     )
 
     def handle(note: Any) -> None:

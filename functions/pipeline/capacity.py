@@ -98,10 +98,11 @@ def _give_back(store: Store, key: str, event_id: str) -> None:
 
 
 def holds_capacity(record: EventRecord) -> bool:
-    """Whether the event may hold a slot: only an `approve` decision ever takes one (in
-    ingest or the watchdog), so ending a held or drained event need not read the slots.
-    A slot left behind anyway (a crash) is freed by `_take`, which drops ended holders."""
-    return record.decision is not None and record.decision.action == "approve"
+    """Whether the event may hold a slot: an `approve` decision takes one (in ingest or the
+    watchdog), a `drain` one before its drain (functions.terminate.workflow), so ending a
+    held event need not read the slots. A slot left behind anyway (a crash) is freed by
+    `_take`, which drops ended holders."""
+    return record.decision is not None and record.decision.action in ("approve", "drain")
 
 
 def release_capacity(store: Store, record: EventRecord) -> None:
@@ -111,3 +112,12 @@ def release_capacity(store: Store, record: EventRecord) -> None:
 
 def decision_for(record: EventRecord) -> Decision | None:
     return record.decision
+
+
+def take_capacity(store: Store, event_id: str, policy: Policy | None, now: datetime) -> bool:
+    """The drain workflow's guard: its event's slots taken (all or none), or not needed (a
+    Terminate, an event that is not impactful, an event with no row)."""
+    record = store.get_event(event_id)
+    if record is None or not needs_capacity(record):
+        return True
+    return acquire_capacity(store, record, policy, now)

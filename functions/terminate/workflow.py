@@ -90,6 +90,9 @@ class DrainContext:
     owner: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     # audit(event_id, outcome, detail): a row in the state's audit table (undrain outcomes).
     audit: Callable[[str, str, str], None] | None = None
+    # capacity(event_id): take the event's capacity slots (functions.pipeline.capacity), True
+    # when held or not needed; None: no guard (tests of the steps alone).
+    capacity: Callable[[str], bool] | None = None
 
 
 @dataclass
@@ -258,6 +261,28 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
 
         return send
 
+    if ctx.capacity is not None:
+        # The capacity guard, as for `approve`: no more VMs of a set down at once than the
+        # policy allows, so a drained reboot waits for its set-mate's to end, undrained.
+        capacity = ctx.capacity
+        slot = steps.once(
+            "capacity",
+            drain_until,
+            lambda until: _take_capacity(capacity, event.event_id, until, clock, settings),
+            rerun_if_lost=True,
+        )
+        if slot.status != "succeeded":
+            steps.once(
+                "announce:drain_failed",
+                clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
+                announce(
+                    Transition.DRAIN_FAILED,
+                    f"{slot.detail}: nothing drained, {_held(event.event_type)}",
+                ),
+                rerun_if_lost=True,
+            )
+            return DrainResult(event.event_id, "held", False, slot.detail, steps.records)
+
     plan = []
     if settings.http_url:
         plan.append("HTTP drain hook")
@@ -331,6 +356,23 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
     )
     outcome: Outcome = "approved" if approval.status == "succeeded" else "approval_failed"
     return DrainResult(event.event_id, outcome, drained, approval.detail, steps.records)
+
+
+def _take_capacity(
+    capacity: Callable[[str], bool],
+    event_id: str,
+    until: datetime,
+    clock: Clock,
+    settings: DrainSettings,
+) -> tuple[bool, str]:
+    """A slot in each of the event's sets (all or none), re-tried until `until`."""
+    while True:
+        if capacity(event_id):
+            return True, "capacity taken in its sets"
+        left = (until - clock.now()).total_seconds()
+        if left <= 0:
+            return False, "its set had no capacity before the drain deadline"
+        clock.sleep(min(settings.poll_seconds, left))
 
 
 def _held(event_type: str) -> str:

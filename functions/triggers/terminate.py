@@ -55,6 +55,7 @@ def undrain_settings() -> UndrainSettings:
 def build_context() -> DrainContext:
     from functions.model.policy import transition_pages
     from functions.pipeline.approve import ApprovalResult, approve_event
+    from functions.pipeline.capacity import take_capacity
     from functions.triggers.core import pipeline
 
     core = pipeline()
@@ -74,6 +75,9 @@ def build_context() -> DrainContext:
 
     def pages(transition: Transition) -> bool:
         return transition_pages(settings.policy.policy, transition)
+
+    def capacity(event_id: str) -> bool:
+        return take_capacity(store, event_id, core.policy, core.clock.now())
 
     def audit(event_id: str, outcome: str, detail: str) -> None:
         record = store.get_event(event_id)
@@ -99,6 +103,7 @@ def build_context() -> DrainContext:
         webhook_secret=secrets or None,
         pages=pages,
         audit=audit,
+        capacity=capacity,
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from functions.clock import SystemClock
-from functions.model.event import Transition
+from functions.model.event import Notification, Transition
 from functions.pipeline.context import Pipeline
 from functions.pipeline.publish import LocalPublisher
 from functions.settings import Settings
@@ -110,6 +110,7 @@ def test_the_handler_drains_through_the_relay_then_approves_through_it(
     drains = DrainStore.from_service(core.store.service, core.settings.state_table_prefix)
     steps = drains.steps(event_id)
     assert {name: s.status for name, s in steps.items()} == {
+        "capacity": "succeeded",  # a Terminate needs no slot: the guard lets it through
         "announce:drain_started": "succeeded",
         "hook:web_0": "succeeded",
         "approve": "succeeded",
@@ -227,3 +228,63 @@ def test_the_handler_drains_a_reboot_approves_it_and_undrains_when_it_is_over(
     ]
     rows = [(r["action"], r["outcome"], r["by"]) for r in core.store.audit_rows(event_id)]
     assert ("undrain", "undrained", "drain") in rows
+
+
+def _drained_reboot(core: Pipeline, fleet: Relays, vm: str, notice: float) -> Notification:
+    """A Reboot of `vm` (scale set web) the policy drains, as ingest leaves it: its row
+    decided, the VM enrolled."""
+    event_id = fleet.sim.add_event("Reboot", resources=[vm], notice=notice)
+    note = terminate_note(
+        event_id,
+        resources=(vm,),
+        not_before=imds_not_before(fleet.sim, event_id),
+        event_type="Reboot",
+        rule="drain-reboots",
+    )
+    assert note.event is not None
+    now = datetime.now(UTC)
+    vm_id = identity_harness.enroll(core, vm, fleet.targets[vm], scale_set="web")
+    core.store.mutate_vm(
+        vm, lambda _r: VmRecord(name=vm, vm_id=vm_id, last_seen=now, scale_set="web")
+    )
+    core.store.mutate_event(
+        event_id,
+        lambda _r: EventRecord(
+            event_id=event_id,
+            event_type="Reboot",
+            event_status="Scheduled",
+            event_source="Platform",
+            duration_in_seconds=-1,
+            resources=[vm],
+            not_before=note.event.not_before,
+            scale_sets=["web"],
+            first_seen=now,
+            reporters={vm: "Scheduled"},
+            decision=note.decision,
+            decided_at=now,
+        ),
+    )
+    return note
+
+
+def test_a_drained_reboot_waits_for_capacity_in_its_scale_set(
+    core: Pipeline, relays: Callable[..., Relays]
+) -> None:
+    """The capacity guard holds for drains as for approvals (1 per set by default): while
+    web_0's drained reboot holds the slot, web_1's is neither drained nor approved."""
+    fleet = relays(count=2)
+    first = _drained_reboot(core, fleet, "web_0", notice=300)
+    terminate_drain(func.ServiceBusMessage(body=first.to_json().encode()))
+    assert first.event is not None
+    assert fleet.runs() == [f"web_0 {first.event.event_id}"]
+    # NotBefore 17 s away: 5 s margin and 10 s reserve leave about 2 s to wait for a slot.
+    second = _drained_reboot(core, fleet, "web_1", notice=17)
+    assert second.event is not None
+    terminate_drain(func.ServiceBusMessage(body=second.to_json().encode()))
+    assert fleet.runs() == [f"web_0 {first.event.event_id}"]  # web_1 not drained
+    approved = {a.event_id.casefold() for a in fleet.sim.approvals}
+    assert approved == {first.event.event_id.casefold()}
+    transitions = core.publisher.transitions(second.event.event_id)  # type: ignore[attr-defined]
+    assert transitions == [Transition.DRAIN_FAILED.value]
+    failed = core.publisher.published[-1]  # type: ignore[attr-defined]
+    assert "no capacity" in failed.detail

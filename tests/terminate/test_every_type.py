@@ -22,7 +22,7 @@ from functions.terminate.workflow import (
     wants_undrain,
 )
 from tests.notify.receiver import Answer, running
-from tests.terminate.conftest import Harness, Relays, settings, terminate_note
+from tests.terminate.conftest import Harness, NoWaitClock, Relays, settings, terminate_note
 
 pytestmark = pytest.mark.azurite
 
@@ -201,3 +201,38 @@ def test_a_completed_reboot_is_undrained_on_the_vm_it_drained(
     # Only the VM whose drain hook ran is undrained (web_1 was never drained).
     assert [line.split()[:2] for line in fleet.undrains()] == [["web_0", event_id]]
     assert harness.transitions() == ["drain_started", "undrained"]
+
+
+def test_a_drain_waits_for_capacity_in_its_set_and_holds_without_it(harness: Harness) -> None:
+    """No capacity in the set (another VM of it is down) before the drain deadline: nothing
+    is drained or approved, and that is announced; capacity freed in time: it goes on."""
+    asked: list[str] = []
+
+    def full(event_id: str) -> bool:
+        asked.append(event_id)
+        return False
+
+    note = terminate_note(notice=4, event_type="Reboot")  # ~1 s until NotBefore - 2 s - 1 s
+    with running(Answer(200)) as hook:
+        result = run_drain(
+            note,
+            settings(http_url=hook.url, poll_seconds=0.2, on_failure="approve"),
+            harness.context(capacity=full),
+        )
+        assert hook.requests == []
+    assert result.outcome == "held" and harness.approvals.calls == []
+    assert len(asked) > 1  # asked again while there was time
+    assert harness.transitions() == ["drain_failed"]
+    assert "no capacity" in harness.published[0].detail
+    assert "nothing drained, holding until NotBefore" in harness.published[0].detail
+
+    answers = iter([False, False, True])
+    later = terminate_note(event_type="Reboot")
+    with running(Answer(200)) as hook:
+        freed = run_drain(
+            later,
+            settings(http_url=hook.url),
+            harness.context(capacity=lambda _id: next(answers), clock=NoWaitClock()),
+        )
+        assert len(hook.requests) == 1
+    assert freed.outcome == "approved" and freed.steps["capacity"].status == "succeeded"
