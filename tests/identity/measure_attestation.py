@@ -8,8 +8,10 @@ signer certificate (chain building added), measured on fresh verifiers. Both for
 simulator's G2 document (ATTESTATION_CA_PEM trust: roots, cross-sign, intermediate) and for
 a genuine G2 document with the shipped trust (3 roots, 13 intermediates) at its own time.
 
-2026-11-25, before issue 26 (one test root, leaf signed by it): cached 294 us, uncached
-395 us. After: see the numbers this prints (docs/attestation.md records them)."""
+2026-11-25 (shared 2 cores, load 4-5): before issue 26 (one test root, leaf signed by
+it) cached 290-440 us, uncached 400-900 us; after: simulator G2 cached 440-510 us,
+uncached 440-920 us; genuine G2 with the shipped trust cached 240-450 us, uncached
+1.0-2.7 ms (docs/attestation.md)."""
 
 from __future__ import annotations
 
