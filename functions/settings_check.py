@@ -68,7 +68,19 @@ PLATFORM_PREFIXES = (
 )
 # Connection settings the Functions host and the Azure SDKs read for identity-based
 # connections (`<connection>__credential`, ...): known for each connection the app names.
-CONNECTION_PROPERTIES = ("credential", "clientId", "tenantId", "clientSecret", "certificate")
+CONNECTION_PROPERTIES = (
+    "credential",
+    "clientId",
+    "tenantId",
+    "clientSecret",
+    "certificate",
+    "accountName",
+    "fullyQualifiedNamespace",
+    "serviceUri",
+    "blobServiceUri",
+    "queueServiceUri",
+    "tableServiceUri",
+)
 CONNECTIONS = ("ServiceBusConnection", "StateStorage", "AzureWebJobsStorage")
 # First words of app settings that other software owns in the same environment: the
 # relay's RELAY_* (local runs), the platform's WEBSITE_*.
@@ -141,7 +153,8 @@ def app_prefixes(models: Iterable[type[BaseSettings]]) -> set[str]:
     for model in models:
         prefix = str(model.model_config.get("env_prefix") or "").upper()
         if prefix:
-            prefixes.add(prefix)
+            # DRAIN_ON_FAILURE (one underscore short) is still meant for DRAIN__.
+            prefixes.update({prefix, prefix.rstrip("_") + "_"})
             continue
         for name in env_names(model):
             word = name.split("_", 1)[0].upper()
@@ -216,6 +229,12 @@ def _app_findings(settings: Settings, for_azure: bool) -> list[Finding]:
             check_for_azure(settings)
         except SettingsInvalid as exc:
             findings += [Finding("error", "connections", p) for p in str(exc).split("; ")]
+    if settings.app_secret_previous is not None and settings.app_secret_previous_bytes is None:
+        findings.append(
+            Finding(
+                "warning", "APP_SECRET_PREVIOUS", "the same as APP_SECRET: nothing to fall back to"
+            )
+        )
     if settings.attestation_ca_pem:
         findings.append(
             Finding(

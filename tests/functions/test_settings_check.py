@@ -71,6 +71,8 @@ TYPOS = [
     ),
     ({"DRAIN__ON_FAILURE": "aprove"}, "DRAIN__ON_FAILURE", "did you mean approve"),
     ({"DRAIN__ONFAILURE": "hold"}, "DRAIN__ONFAILURE", "did you mean DRAIN__ON_FAILURE"),
+    ({"DRAIN_ON_FAILURE": "hold"}, "DRAIN_ON_FAILURE", "did you mean DRAIN__ON_FAILURE"),
+    ({"APP_SECRET_PREVIOS": "p" * 40}, "APP_SECRET_PREVIOS", "did you mean APP_SECRET_PREVIOUS"),
     ({"TEAMS_WEBHOOK_URI": "https://x"}, "TEAMS_WEBHOOK_URI", "did you mean TEAMS_WEBHOOK_URL"),
     ({"APPROVAL_MARGIN_SECOND": "5"}, "APPROVAL_MARGIN_SECOND", "APPROVAL_MARGIN_SECONDS"),
     ({"RETENTION_DAYS": "0"}, "RETENTION_DAYS", "greater than or equal to 1"),
