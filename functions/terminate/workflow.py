@@ -4,6 +4,7 @@ Runs for a `decided` notification whose decision is `drain`, whatever the event 
 scale-in Terminate (the default policy), or a Reboot, Redeploy, Preempt or Freeze a
 policy rule asks to drain (the `terminate` subscription, named for its first use). Steps,
 each run at most once fleet-wide (functions.store.drains):
+  capacity (a slot in each of its sets, as an approval takes; not for a Terminate) →
   announce drain_started → HTTP drain hook (DRAIN__HTTP_URL) → relay hook script on each
   VM, all at once (DRAIN__RELAY_HOOK) → [on failure: announce drain_failed, then approve
   or hold per DRAIN__ON_FAILURE] → approve through a relay (or ARM).
