@@ -171,3 +171,20 @@ def test_every_relay_subcommand_the_readme_shows_runs() -> None:
             timeout=60,
         )
         assert proc.returncode == 0, f"relay {sub} --help: {proc.stderr[-2000:]}"
+
+
+def test_every_app_setting_is_documented() -> None:
+    """docs/settings.md names every setting the app reads (the names `settings check`
+    knows); an identity-connection sub-setting is named by its `__suffix` beside its group."""
+    from functions.settings_check import known_names, settings_models
+
+    page = (ROOT / "docs" / "settings.md").read_text()
+
+    def documented(name: str) -> bool:
+        if f"`{name}`".casefold() in page.casefold():
+            return True
+        group, _, suffix = name.partition("__")
+        return bool(suffix) and f"`{group}__*`" in page and f"`__{suffix}`" in page
+
+    missing = [n for n in sorted(known_names(settings_models())) if not documented(n)]
+    assert not missing, f"docs/settings.md does not name: {missing}"
