@@ -11,7 +11,9 @@ Standard library and pydantic only: the policy model and the settings check both
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
+from typing import Any
 
 from pydantic import AliasChoices, BaseModel
 from pydantic.fields import FieldInfo
@@ -89,3 +91,14 @@ def error_setting(model: type[BaseModel], loc: tuple) -> str:
         return ""
     head = field_env_name(model, str(loc[0]))
     return head + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
+
+
+def error_message(error: Any) -> str:
+    """pydantic's message for one error; for a choice among fixed values also what was given
+    and the closest choice (only there: another input may be a secret)."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    given = error.get("input")
+    if error["type"] in ("literal_error", "enum") and isinstance(given, str):
+        expected = re.findall(r"'([^']*)'", str(error.get("ctx", {}).get("expected", "")))
+        message += f", not {given[:64]!r}{suggestion(given, expected, cutoff=0.6)}"
+    return message

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 from functools import cached_property
 from typing import Literal
 from urllib.parse import quote
@@ -22,6 +23,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from functions.model.policy import PolicyLoad, load_policy, summarize
 
 log = logging.getLogger(__name__)
+
+
+_GUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 class SettingsInvalid(RuntimeError):
@@ -199,6 +203,13 @@ class Settings(BaseSettings):
         ):
             if unresolved_reference(value):
                 raise ValueError(unresolved_message(setting))
+        strangers = [s for s in self.subscription_allow_list if not _GUID.match(s)]
+        if strangers:
+            raise ValueError(
+                f"ALLOWED_SUBSCRIPTIONS: {', '.join(repr(s) for s in sorted(strangers))} is not "
+                "a subscription id (a GUID like 00000000-0000-0000-0000-000000000000); no VM "
+                "would ever be admitted from it"
+            )
         if self.public_base_url and not self.public_base_url.startswith(("http://", "https://")):
             raise ValueError("PUBLIC_BASE_URL must be an http(s) URL")
         if not self.arm_endpoint.startswith(("https://", "http://")):

@@ -25,7 +25,6 @@ import importlib
 import logging
 import os
 import pkgutil
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -35,7 +34,13 @@ from pydantic_settings import BaseSettings
 
 import functions
 from functions.model.policy import POLICY_FAMILY, PolicyLoad, PolicySettings, load_policy
-from functions.setting_names import did_you_mean, env_names, error_setting, suggestion
+from functions.setting_names import (
+    did_you_mean,
+    env_names,
+    error_message,
+    error_setting,
+    suggestion,
+)
 from functions.settings import Settings, SettingsInvalid, check_for_azure, load_settings
 
 log = logging.getLogger(__name__)
@@ -203,23 +208,12 @@ def model_findings(model: type[BaseSettings]) -> list[Finding]:
         model()
     except ValidationError as exc:
         return [
-            Finding("error", error_setting(model, tuple(e["loc"])), _message(e))
+            Finding("error", error_setting(model, tuple(e["loc"])), error_message(e))
             for e in exc.errors(include_url=False)
         ]
     except ValueError as exc:  # pydantic-settings: a complex value that is not JSON
         return [Finding("error", model.__name__, str(exc))]
     return []
-
-
-def _message(error: dict) -> str:
-    """pydantic's message; for a choice among fixed values also what was given and the
-    closest choice (never for other errors: the input may be a secret)."""
-    message = str(error["msg"]).removeprefix("Value error, ")
-    given = error.get("input")
-    if error["type"] in ("literal_error", "enum") and isinstance(given, str):
-        expected = re.findall(r"'([^']*)'", str(error.get("ctx", {}).get("expected", "")))
-        message += f", not {given[:64]!r}{suggestion(given, expected, cutoff=0.6)}"
-    return message
 
 
 def _app_findings(settings: Settings, for_azure: bool) -> list[Finding]:

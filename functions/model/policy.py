@@ -35,7 +35,7 @@ from functions.model.envelope import (
 )
 from functions.model.event import Action, Decision, Severity, Transition
 from functions.model.policy_lint import lint_rules
-from functions.setting_names import env_names, suggestion
+from functions.setting_names import env_names, error_message, suggestion
 
 ALL_CHANNELS: tuple[str, ...] = ("teams", "pagerduty", "webhook")
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
@@ -413,7 +413,7 @@ def policy_problems(exc: ValidationError) -> list[str]:
         if loc[0] in nested and rest and not rest[0].isdigit():
             head, rest = f"{head}__{rest[0].upper()}", rest[1:]
         path = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in rest)
-        parts.append(f"{head}{path}: {str(error['msg']).removeprefix('Value error, ')}")
+        parts.append(f"{head}{path}: {error_message(error)}")
     return parts
 
 

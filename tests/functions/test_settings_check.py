@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from functions.model.policy import load_policy
-from functions.settings import load_settings
+from functions.settings import SettingsInvalid, load_settings
 from functions.settings_check import (
     app_prefixes,
     check_settings,
@@ -76,6 +76,13 @@ TYPOS = [
     ({"TEAMS_WEBHOOK_URI": "https://x"}, "TEAMS_WEBHOOK_URI", "did you mean TEAMS_WEBHOOK_URL"),
     ({"APPROVAL_MARGIN_SECOND": "5"}, "APPROVAL_MARGIN_SECOND", "APPROVAL_MARGIN_SECONDS"),
     ({"RETENTION_DAYS": "0"}, "RETENTION_DAYS", "greater than or equal to 1"),
+    ({"ALLOWED_SUBSCRIPTIONS": "0000-typo"}, "ALLOWED_SUBSCRIPTIONS", "is not a subscription id"),
+    (
+        {"POLICY__WINDOWS": '[{"days":["Satu"],"start":"01:00","end":"05:00"}]'},
+        "POLICY__WINDOWS[0].days[0]",
+        "did you mean Sat",
+    ),
+    ({"ATTESTATION_MODE": "reprot"}, "ATTESTATION_MODE", "did you mean report"),
     (
         {
             "POLICY__RULES": json.dumps(
@@ -90,6 +97,14 @@ TYPOS = [
         "takes the Terminate events from User",
     ),
 ]
+
+
+# Settings the app cannot start without getting right: load_settings raises, naming it.
+STOPS = {
+    "RETENTION_DAYS": "retention_days",
+    "ALLOWED_SUBSCRIPTIONS": "ALLOWED_SUBSCRIPTIONS",
+    "ATTESTATION_MODE": "attestation_mode",
+}
 
 
 def run_check(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -142,8 +157,8 @@ def test_the_app_refuses_the_same_settings_with_the_same_message(bare_env, env, 
     done = run_check({**BASE, **env})
     printed = [line.removeprefix("error: ") for line in done.stderr.splitlines()]
     printed = [line for line in printed if setting in line and words in line]
-    if setting == "RETENTION_DAYS":  # a Settings value: the app stops at start, naming it
-        with pytest.raises(Exception, match="retention_days"):
+    if setting in STOPS:  # a Settings value: the app stops at start, naming it
+        with pytest.raises(SettingsInvalid, match=STOPS[setting]):
             load_settings()
         return
     settings = checked_settings(load_settings())
