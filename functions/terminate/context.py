@@ -1,0 +1,216 @@
+"""What every drain step shares: the context (store, session, publisher, approver, relay
+lookup, clock), the result, run-once bookkeeping of steps in the drains table, and the two
+actions the drain and the undrain both use (an announcement, a relay hook call).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import requests
+
+from functions.approvers.relay import RelayTarget
+from functions.clock import Clock, SystemClock
+from functions.model.event import Notification, Transition
+from functions.store.drains import DrainStore, StepRecord
+from functions.terminate.steps import relay_hook
+
+log = logging.getLogger("functions.terminate.workflow")
+
+WAIT_POLL_SECONDS = 1.0  # how often a second invocation re-reads a step another one runs
+ANNOUNCE_LEASE_SECONDS = 60.0  # announcements go out even after the deadline
+MAX_PARALLEL_HOOKS = 16
+
+Outcome = Literal["approved", "held", "approval_failed", "skipped", "undrained", "undrain_failed"]
+
+
+# approve(event_id, give_up_at) → "approved" | "failed" | "skipped" | ..., or an object with
+# `.outcome` and `.detail` (functions.pipeline.approve.ApprovalResult).
+Approve = Callable[[str, datetime], Any]
+Publish = Callable[[Notification], None]
+# VM name → its relay as the app knows it (Azure's address, its attested key), or None.
+Targets = Callable[[str], RelayTarget | None]
+
+
+@dataclass
+class DrainContext:
+    store: DrainStore
+    session: requests.Session
+    publish: Publish
+    approve: Approve
+    relay_target: Targets
+    clock: Clock = field(default_factory=SystemClock)
+    # Signs the HTTP drain hook request when set; two secrets during a WEBHOOK_SECRET
+    # rotation (one signature each).
+    webhook_secret: bytes | tuple[bytes, ...] | None = None
+    # Whether the policy pages on a transition (functions.model.policy.transition_pages); None:
+    # the channels' defaults apply (drain_failed pages).
+    pages: Callable[[Transition], bool] | None = None
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # audit(event_id, outcome, detail): a row in the state's audit table (undrain outcomes).
+    audit: Callable[[str, str, str], None] | None = None
+    # capacity(event_id): take the event's capacity slots (functions.pipeline.capacity), True
+    # when held or not needed; None: no guard (tests of the steps alone).
+    capacity: Callable[[str], bool] | None = None
+
+
+@dataclass
+class DrainResult:
+    event_id: str
+    outcome: Outcome
+    drained: bool = False
+    detail: str = ""
+    steps: dict[str, StepRecord] = field(default_factory=dict)
+
+
+class Steps:
+    """Run-once bookkeeping for one event's workflow."""
+
+    def __init__(self, event_id: str, ctx: DrainContext) -> None:
+        self.event_id = event_id
+        self.ctx = ctx
+        self.records: dict[str, StepRecord] = {}
+
+    def once(
+        self,
+        step: str,
+        until: datetime,
+        action: Callable[[datetime], tuple[bool, str]],
+        *,
+        rerun_if_lost: bool,
+    ) -> StepRecord:
+        """Run `action(until)` unless this step already ran (or runs) elsewhere.
+
+        A running step whose lease passed lost its runner: idempotent steps (announce, the
+        relay hook the relay itself runs once, approve) are taken over; the customer's HTTP
+        hook is not re-sent, it counts as timed out.
+        """
+        ctx, store = self.ctx, self.ctx.store
+        while True:
+            now = ctx.clock.now()
+            current = store.get(self.event_id, step)
+            if current is None:
+                if until <= now:
+                    record = StepRecord(
+                        step=step,
+                        status="failed",
+                        owner=ctx.owner,
+                        started_at=now,
+                        lease_until=now,
+                        finished_at=now,
+                        detail="no time left before the deadline",
+                    )
+                    if store.claim(self.event_id, record):
+                        return self._keep(record)
+                    continue
+                record = StepRecord(
+                    step=step, status="running", owner=ctx.owner, started_at=now, lease_until=until
+                )
+                if store.claim(self.event_id, record):
+                    return self._run(record, until, action)
+                continue
+            if current.done:
+                return self._keep(current)
+            if current.lease_until > now:
+                log.info("drain %s: %s is running elsewhere; waiting", self.event_id, step)
+                ctx.clock.sleep(min(WAIT_POLL_SECONDS, (current.lease_until - now).total_seconds()))
+                continue
+            if rerun_if_lost and until > now:
+                taken = store.take_over(self.event_id, current, ctx.owner, now, until)
+                if taken is not None:
+                    log.warning("drain %s: taking over %s from a lost runner", self.event_id, step)
+                    return self._run(taken, until, action)
+                continue
+            lost = current.model_copy(
+                update={
+                    "status": "failed",
+                    "finished_at": now,
+                    "detail": "timed out: its runner stopped before finishing",
+                }
+            )
+            if store.replace(self.event_id, lost):
+                return self._keep(lost)
+
+    def _run(
+        self, record: StepRecord, until: datetime, action: Callable[[datetime], tuple[bool, str]]
+    ) -> StepRecord:
+        try:
+            ok, detail = action(until)
+        except requests.RequestException as exc:  # a step's own HTTP trouble is its failure
+            ok, detail = False, f"{type(exc).__name__}"
+        done = record.model_copy(
+            update={
+                "status": "succeeded" if ok else "failed",
+                "finished_at": self.ctx.clock.now(),
+                "detail": detail[:1000],
+            }
+        )
+        if not self.ctx.store.replace(self.event_id, done):
+            # Someone declared us lost meanwhile; what is stored is the truth.
+            stored = self.ctx.store.get(self.event_id, record.step)
+            return self._keep(stored or done)
+        log.info("drain %s: %s %s: %s", self.event_id, record.step, done.status, done.detail)
+        return self._keep(done)
+
+    def _keep(self, record: StepRecord) -> StepRecord:
+        self.records[record.step] = record
+        return record
+
+
+def announcer(
+    ctx: DrainContext, note: Notification, transition: Transition, detail: str
+) -> Callable[[datetime], tuple[bool, str]]:
+    decision = note.decision
+
+    def send(_until: datetime) -> tuple[bool, str]:
+        extra = {}
+        if ctx.pages is not None:
+            extra["page"] = ctx.pages(transition)
+        ctx.publish(
+            Notification(
+                transition=transition,
+                occurred_at=ctx.clock.now(),
+                event=note.event,
+                decision=decision,
+                detail=detail,
+                links=note.links,
+                **extra,
+            )
+        )
+        return True, detail
+
+    return send
+
+
+def hook_action(
+    ctx: DrainContext,
+    hook: str,
+    vm: str,
+    target: RelayTarget | None,
+    event_id: str,
+    poll_seconds: float,
+    undoes: str | None = None,
+    event_type: str | None = None,
+) -> Callable[[datetime], tuple[bool, str]]:
+    def act(until: datetime) -> tuple[bool, str]:
+        if target is None:
+            return False, f"no relay known for {vm} (no attested key or no address from Azure)"
+        return relay_hook(
+            ctx.session,
+            target,
+            hook,
+            event_id,
+            until,
+            ctx.clock.now,
+            ctx.clock.sleep,
+            poll_seconds,
+            undoes,
+            event_type,
+        )
+
+    return act

@@ -1,0 +1,181 @@
+"""The undrain: put back what a drain reached once its event ended with the VM still there.
+
+Cancelled by Azure (any type), or completed for a Freeze, Reboot or Redeploy (the VM was
+paused, rebooted or moved, and is back); after a Terminate (deleted) or a Preempt (evicted)
+there is nothing to put back.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor, wait
+from datetime import datetime, timedelta
+
+from functions.model.envelope import FREEZE, REBOOT, REDEPLOY
+from functions.model.event import Notification, Transition
+from functions.store.drains import StepRecord
+from functions.terminate.context import (
+    ANNOUNCE_LEASE_SECONDS,
+    MAX_PARALLEL_HOOKS,
+    WAIT_POLL_SECONDS,
+    DrainContext,
+    DrainResult,
+    Steps,
+    announcer,
+    hook_action,
+)
+from functions.terminate.settings import UndrainSettings
+from functions.terminate.steps import http_drain
+
+log = logging.getLogger("functions.terminate.workflow")
+
+# Types after which the VM is still there (paused, rebooted, moved): a drain is undone when
+# they complete. After a Terminate (deleted) or a Preempt (evicted) there is nothing to put
+# back; a cancelled event of any type is undone.
+BACK_AFTER = frozenset(t.casefold() for t in (FREEZE, REBOOT, REDEPLOY))
+
+
+def wants_undrain(note: Notification) -> bool:
+    """An event whose decision was to drain ended with its VMs still there: cancelled
+    (any type), or completed after a Freeze, Reboot or Redeploy. Something may need
+    undoing (run_undrain finds out what its drain reached)."""
+    event, decision = note.event, note.decision
+    if event is None or decision is None or decision.action != "drain" or decision.dry_run:
+        return False
+    if note.transition is Transition.CANCELLED:
+        return True
+    return note.transition is Transition.COMPLETED and event.event_type.casefold() in BACK_AFTER
+
+
+# Drain step details that mean the step never reached its receiver: nothing to undo.
+NEVER_STARTED = ("no time left before the deadline", "no relay known")
+
+
+def _reached(record: StepRecord | None) -> bool:
+    return record is not None and not record.detail.startswith(NEVER_STARTED)
+
+
+def run_undrain(
+    note: Notification,
+    settings: UndrainSettings,
+    ctx: DrainContext,
+    drain_hook: str | None = None,
+) -> DrainResult:
+    """Undo the drain of an event that ended with its VMs still there (wants_undrain);
+    run-once per step, like the drain.
+
+    Only what the drain reached is undone: the HTTP undrain hook if the HTTP drain hook was
+    called, the relay undrain hook on each VM whose relay drain hook was called (the relay
+    runs it because its drain hook ran there for this EventId: `Undoes`). A drain step
+    that was reached but has no undrain setting is a failure to report, not to skip: the
+    VM stays out of service until someone puts it back. Announced once as
+    `undrained` or `undrain_failed`, and audited."""
+    if not wants_undrain(note):
+        event_id = note.event.event_id if note.event else "-"
+        return DrainResult(
+            event_id, "skipped", detail="not an ended drained event with its VM back"
+        )
+    assert note.event is not None and note.decision is not None
+    event = note.event
+    done = _settled_drain_steps(ctx, event.event_id)
+    http_reached = _reached(done.get("http"))
+    vms = sorted(
+        name.removeprefix("hook:")
+        for name, rec in done.items()
+        if name.startswith("hook:") and _reached(rec)
+    )
+    if not http_reached and not vms:
+        return DrainResult(event.event_id, "skipped", detail="nothing was drained")
+    steps = Steps(event.event_id, ctx)
+    clock = ctx.clock
+    failures: list[str] = []
+    records: list[StepRecord] = []
+
+    def until() -> datetime:
+        return clock.now() + timedelta(seconds=settings.step_timeout_seconds)
+
+    if http_reached and settings.http_url:
+        url = settings.http_url
+        records.append(
+            steps.once(
+                "undrain:http",
+                until(),
+                lambda limit: http_drain(
+                    ctx.session,
+                    url,
+                    event,
+                    limit,
+                    clock.now,
+                    clock.sleep,
+                    ctx.webhook_secret,
+                    action="undrain",
+                ),
+                rerun_if_lost=False,
+            )
+        )
+    elif http_reached:
+        failures.append("the HTTP drain hook was called, but UNDRAIN__HTTP_URL is not set")
+    if vms and settings.relay_hook:
+        hook = settings.relay_hook
+
+        def on_vm(vm: str) -> StepRecord:
+            action = hook_action(
+                ctx,
+                hook,
+                vm,
+                ctx.relay_target(vm),
+                event.event_id,
+                settings.poll_seconds,
+                undoes=drain_hook,
+                event_type=event.event_type,
+            )
+            return steps.once(f"undrain:hook:{vm}", until(), action, rerun_if_lost=True)
+
+        workers = max(1, min(MAX_PARALLEL_HOOKS, len(vms)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="undrain-hook") as pool:
+            futures = [pool.submit(on_vm, vm) for vm in vms]
+            wait(futures)
+        records.extend(future.result() for future in futures)
+    elif vms:
+        failures.append(
+            f"the relay drain hook ran on {', '.join(vms)}, but UNDRAIN__RELAY_HOOK is not set"
+        )
+    failures += [f"{r.step}: {r.detail}" for r in records if r.status != "succeeded"]
+    if failures:
+        transition, outcome = Transition.UNDRAIN_FAILED, "undrain_failed"
+        detail = "; ".join(failures) + " — put the VM back in service by hand"
+    else:
+        transition, outcome = Transition.UNDRAINED, "undrained"
+        detail = "; ".join(r.detail for r in records)
+    steps.once(
+        f"announce:{transition.value}",
+        clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
+        announcer(ctx, note, transition, detail),
+        rerun_if_lost=True,
+    )
+    if ctx.audit is not None:
+        steps.once(
+            "audit:undrain",
+            clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
+            lambda _until: (ctx.audit(event.event_id, outcome, detail), (True, outcome))[1],
+            rerun_if_lost=True,
+        )
+    return DrainResult(event.event_id, outcome, False, detail, steps.records)
+
+
+def _settled_drain_steps(ctx: DrainContext, event_id: str) -> dict[str, StepRecord]:
+    """The drain's step rows once none is running any more: a cancellation can arrive
+    while a drain hook still runs, and undoing it must come after it. Each running step
+    ends by its lease (its time limit), so this waits at most that long."""
+    while True:
+        done = ctx.store.steps(event_id)
+        now = ctx.clock.now()
+        running = [
+            r.lease_until
+            for name, r in done.items()
+            if (name == "http" or name.startswith("hook:")) and not r.done and r.lease_until > now
+        ]
+        if not running:
+            return done
+        log.info("undrain %s: waiting for the drain's running steps", event_id)
+        ctx.clock.sleep(min(WAIT_POLL_SECONDS, (min(running) - now).total_seconds()))
