@@ -188,3 +188,16 @@ def test_every_app_setting_is_documented() -> None:
 
     missing = [n for n in sorted(known_names(settings_models())) if not documented(n)]
     assert not missing, f"docs/settings.md does not name: {missing}"
+
+
+def test_every_template_parameter_is_documented() -> None:
+    """infra/README.md's parameter tables (the main one, agentless mode's) name every
+    parameter of infra/main.bicep."""
+    bicep = (ROOT / "infra" / "main.bicep").read_text()
+    rows = "\n".join(
+        line
+        for line in (ROOT / "infra" / "README.md").read_text().splitlines()
+        if line.startswith("| `")
+    )
+    missing = [p for p in re.findall(r"^param (\w+) ", bicep, re.M) if f"`{p}`" not in rows]
+    assert not missing, f"infra/README.md's parameter tables lack: {missing}"
