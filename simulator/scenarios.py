@@ -171,6 +171,17 @@ SCENARIOS: dict[str, Scenario] = {
             status=STARTED,
         ),
         Scenario(
+            "platform-redeploy",
+            REDEPLOY,
+            PLATFORM,
+            -1,
+            600,
+            600,
+            "Host server is undergoing maintenance; the virtual machine will be moved to "
+            "another host (temporary disk lost).",
+            "Redeploy, Platform: 10 min Scheduled, 10 min Started (a policy may drain it)",
+        ),
+        Scenario(
             "predicted-failure",
             REDEPLOY,
             PLATFORM,

@@ -238,6 +238,7 @@ def test_cli_lists_scenarios() -> None:
         "terminate",
         "cancelled",
         "hardware-failure",
+        "platform-redeploy",
         "predicted-failure",
         "rolling-maintenance",
     ]

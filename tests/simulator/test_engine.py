@@ -134,6 +134,18 @@ def test_time_scale_divides_notice_and_impact(clock: Clock) -> None:
     assert sim.event(eid).end_reason == "completed"
 
 
+def test_platform_redeploy_gives_ten_minutes_of_notice(clock: Clock) -> None:
+    sim = make(clock, "vm0", time_scale=60)
+    (eid,) = sim.play("platform-redeploy", target="vm0")
+    (event,) = events(sim, "vm0")
+    assert (event["EventType"], event["EventSource"]) == ("Redeploy", "Platform")
+    assert event["NotBefore"] == format_not_before(datetime.fromtimestamp(START + 10, UTC))
+    clock.advance(10)
+    assert events(sim, "vm0")[0]["EventStatus"] == "Started"
+    clock.advance(10)
+    assert events(sim, "vm0") == [] and sim.event(eid).end_reason == "completed"
+
+
 def test_a_type_scale_plays_that_type_slower(clock: Clock) -> None:
     """At 60x a Spot eviction's 30 s notice would be 0.5 s; Preempt at 6x gets 5 s (and
     its 60 s impact 10 s) while a Reboot still plays at 60x."""
