@@ -465,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python3 scheduled-events-relay.pyz",
         description="Poll IMDS Scheduled Events, forward every changed document, "
         "approve on a signed callback.",
+        epilog="Before rolling out: `check [--env-file relay.env] [--out FILE] [flags]` tries "
+        "IMDS, the attested document, Service Bus and the liveness row once, with these "
+        "settings, one PASS/FAIL line per step.",
         argument_default=argparse.SUPPRESS,
     )
     add = p.add_argument

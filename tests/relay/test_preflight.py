@@ -182,3 +182,10 @@ def test_bad_settings_exit_2_with_one_line(relay_pyz: Path, tmp_path: Path) -> N
     done = run_check(relay_pyz, "--env-file", str(tmp_path / "missing.env"), cwd=tmp_path)
     assert done.returncode == 2
     assert done.stdout.startswith("FAIL settings:")
+
+
+def test_the_relays_help_names_the_check(relay_pyz: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        relay_command(relay_pyz, "--help"), capture_output=True, text=True, env=relay_env()
+    )
+    assert done.returncode == 0 and "check [--env-file relay.env]" in " ".join(done.stdout.split())
