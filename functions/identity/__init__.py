@@ -18,7 +18,7 @@ read its own vmId or claim any name, so the app believes only what Azure itself 
   the app reads as truth (their liveness rows are signed hints).
 
 Modules: attestation (checks 1-6 of contract §1; pkcs7, issuers, trust and
-attestation_errors are its parts, check_cli its operator command), facts (Resource Graph resolver), keys
-(callback keys, wrapping, derived keys), registry (the identities table). No module here
-imports functions.pipeline, so the pipeline may import all of them.
+attestation_errors are its parts, check_cli its operator command), facts (Resource Graph
+resolver), keys (callback keys, wrapping, derived keys), registry (the identities
+table). No module here imports functions.pipeline, so the pipeline may import all of them.
 """
