@@ -240,12 +240,16 @@ def _app_findings(settings: Settings, for_azure: bool) -> list[Finding]:
     return findings
 
 
-def _drain_findings(policy: PolicyLoad, environ: Mapping[str, str]) -> list[Finding]:
+def _drain_findings(
+    policy: PolicyLoad, environ: Mapping[str, str], configured: bool | None
+) -> list[Finding]:
     """A `drain` rule with nothing configured to drain: the workflow approves undrained."""
     if policy.policy is None:
         return []
     folded = {k.upper(): v for k, v in environ.items()}
-    if folded.get("DRAIN__HTTP_URL") or folded.get("DRAIN__RELAY_HOOK"):
+    if configured is None:
+        configured = bool(folded.get("DRAIN__HTTP_URL") or folded.get("DRAIN__RELAY_HOOK"))
+    if configured:
         return []
     drains = [r.name for r in policy.policy.rules if r.action == "drain"]
     if not drains:
@@ -261,11 +265,15 @@ def _drain_findings(policy: PolicyLoad, environ: Mapping[str, str]) -> list[Find
 
 
 def check_settings(
-    environ: Mapping[str, str] | None = None, *, for_azure: bool = True
+    environ: Mapping[str, str] | None = None,
+    *,
+    for_azure: bool = True,
+    drain_configured: bool | None = None,
 ) -> SettingsReport:
     """Check the process environment (the models read os.environ; `environ` is only for
     the name checks, and defaults to it). `for_azure=False` leaves out the connections
-    the local host supplies itself."""
+    the local host supplies itself; `drain_configured` overrides what DRAIN__* says (the
+    demo configures its drain steps in code)."""
     env = os.environ if environ is None else environ
     models = settings_models()
     findings = unknown_names(env, models)
@@ -279,7 +287,7 @@ def check_settings(
     if policy.error and not policy.problems:
         findings.append(Finding("error", "", policy.error))
     findings += [Finding("warning", "", w) for w in policy.warnings]
-    findings += _drain_findings(policy, env)
+    findings += _drain_findings(policy, env, drain_configured)
     for model in models:
         if model not in (Settings, PolicySettings):
             findings += model_findings(model)
@@ -302,11 +310,13 @@ def _channel_findings() -> list[Finding]:
     ]
 
 
-def checked_settings(settings: Settings, *, for_azure: bool = False) -> Settings:
+def checked_settings(
+    settings: Settings, *, for_azure: bool = False, drain_configured: bool | None = None
+) -> Settings:
     """`settings` with the policy the app acts on: the settings check's errors, if any,
     make it fail closed (nothing approved, `policy_invalid` announced with the messages
     `settings check` prints); warnings are logged."""
-    report = check_settings(for_azure=for_azure)
+    report = check_settings(for_azure=for_azure, drain_configured=drain_configured)
     for warning in report.warnings():
         log.warning("settings: %s", warning)
     refusal = report.refusal()

@@ -231,7 +231,7 @@ class Demo:
         )
         # The app's start-up check (functions.settings_check): settings it refuses make
         # the host fail closed, as in Azure; otherwise the demo's policy unless yours.
-        checked = checked_settings(self.settings)
+        checked = checked_settings(self.settings, drain_configured=True)  # drain_worker's
         if self.custom_policy or checked.policy.error:
             self.settings = checked
         else:
