@@ -6,13 +6,20 @@ bridge's bill at fleet size. A heartbeat only says "alive", and Table storage ta
 one Insert Or Merge into this VM's row of `{prefix}liveness`, a table of untrusted hints of
 its own: no relay credential can write a table the app reads as truth (issue 22).
 
-Row: PartitionKey `lvNN` (NN = int(sha256(vm_id)[:8], 16) % 8), RowKey = vmId; columns
-`seen` (Edm.DateTime, the second of `at`), `at` (Edm.Int64 unix seconds), `relay_version`
-(<= 64 characters), `key_id` (the KID of the relay's callback key) and `sig` = hex
-HMAC-SHA256(secret, "liveness/v1\n{vm_id}\n{at}\n{relay_version}"). The app counts a row
-only if the vmId is enrolled and the KID and signature match that VM's key. Nothing is
-read and nothing is deleted, so the relay's identity needs only the insert and update data
-actions on this one table. A module of its own, loaded only when --heartbeat-table is set.
+Row (contract §5, v2): RowKey = hex HMAC-SHA256(secret, "liveness-row/v1"), so only this
+VM's relay and the app (which holds the key) can find or write it: every relay may write
+anywhere in the table (Table RBAC cannot scope rows), and a row keyed by vmId could be
+overwritten by any VM that knows the vmId, hiding a dead relay's silence (issue 27).
+PartitionKey `lvNN` (NN = int(RowKey[:8], 16) % 8); columns `vm_id`, `seen` (Edm.DateTime,
+the second of `at`), `at` (Edm.Int64 unix seconds), `relay_version` (<= 64 characters),
+`key_id` (the KID of the key) and `sig` = hex HMAC-SHA256(secret,
+"liveness/v1\n{vm_id}\n{at}\n{relay_version}"). The app counts a row only if the vmId is
+enrolled and the KID, the RowKey and the signature match that VM's key. For 24 h after a
+key rotation the previous key's row is written too (under that key), so an app that has not
+learnt the new key yet never sees this relay fall silent; the app deletes it once stale.
+Nothing is read and nothing is deleted here, so the relay's identity needs only the insert
+and update data actions on this one table. A module of its own, loaded only when
+--heartbeat-table is set.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from relay.logs import event
 from relay.models import Envelope, format_aware
 from relay.sendbase import Sender, SendError
 from relay.servicebus import exchange, https_opener, retry_after
-from relay.signing import hmac_sha256, sha256
+from relay.signing import hmac_sha256, key_id, sha256
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,11 +58,22 @@ _SLOW_STATUS = {
 }
 
 
+ROW_KEY_LABEL = b"liveness-row/v1"
+
+
 def liveness_keys(vm_id: str) -> tuple[str, str]:
-    """(PartitionKey, RowKey) of the VM's liveness row (contract §5)."""
+    """(PartitionKey, RowKey) of a liveness row keyed by vmId: the layout of relays before
+    issue 27, which the app still reads (and preflight checks report)."""
     vm_id = vm_id.lower()
     bucket = int(sha256(vm_id.encode()).hexdigest()[:8], 16) % LIVENESS_BUCKETS
     return f"lv{bucket:02d}", vm_id
+
+
+def liveness_row_keys(secret: bytes) -> tuple[str, str]:
+    """(PartitionKey, RowKey) of the liveness row under this callback key (contract §5 v2):
+    neither can be computed without the key."""
+    row = hmac_sha256(secret, ROW_KEY_LABEL).hex()
+    return f"lv{int(row[:8], 16) % LIVENESS_BUCKETS:02d}", row
 
 
 def liveness_signature(secret: bytes, vm_id: str, at: int, relay_version: str) -> str:
@@ -141,39 +159,46 @@ class TableLiveness(Sender):
             raise SendError("liveness", "no vmId or callback key to sign the row", slow=True)
         self.write(envelope)
 
-    def entity(self, envelope: Envelope, now: float) -> dict[str, str]:
+    def entity(self, envelope: Envelope, now: float, secret: bytes | None = None) -> dict[str, str]:
+        """The row under `secret` (the current key by default)."""
         assert envelope.vm.vm_id and self.keys is not None
-        partition_key, key = liveness_keys(envelope.vm.vm_id)
         from datetime import datetime, timezone
 
+        vm_id = envelope.vm.vm_id.lower()
+        if secret is None:
+            secret = self.keys.current_key().secret
+        partition_key, row = liveness_row_keys(secret)
         at = int(now + self.skew)
         version = envelope.relay_version[:MAX_RELAY_VERSION]
-        callback_key = self.keys.current_key()
         return {
             "PartitionKey": partition_key,
-            "RowKey": key,
+            "RowKey": row,
+            "vm_id": vm_id,
             "seen": format_aware(datetime.fromtimestamp(at, timezone.utc)),
             "seen@odata.type": "Edm.DateTime",
             "at": str(at),
             "at@odata.type": "Edm.Int64",
             "relay_version": version,
-            "key_id": callback_key.id,
-            "sig": liveness_signature(callback_key.secret, key, at, version),
+            "key_id": key_id(secret),
+            "sig": liveness_signature(secret, vm_id, at, version),
         }
 
     def write(self, envelope: Envelope) -> None:
-        """One Insert Or Merge; once more at once if that answer showed our clock is off
-        (so the row never keeps a time that would make a live VM look silent)."""
-        skew = self.skew
-        self._write_once(envelope)
-        if abs(self.skew - skew) > SKEW_TOLERATED:
-            self._write_once(envelope)
+        """One Insert Or Merge per key (the previous key's row too, within 24 h of a
+        rotation); once more at once if that answer showed our clock is off (so the row
+        never keeps a time that would make a live VM look silent)."""
+        assert self.keys is not None
+        for secret in self.keys.keys().values():  # the current key first
+            skew = self.skew
+            self._write_once(envelope, secret)
+            if abs(self.skew - skew) > SKEW_TOLERATED:
+                self._write_once(envelope, secret)
 
-    def _write_once(self, envelope: Envelope) -> None:
+    def _write_once(self, envelope: Envelope, secret: bytes) -> None:
         import urllib.request
 
         now = self._clock()
-        entity = self.entity(envelope, now)
+        entity = self.entity(envelope, now, secret)
         url = entity_url(self.table_url, entity["PartitionKey"], entity["RowKey"])
         headers = {
             "x-ms-version": TABLE_API_VERSION,
@@ -258,4 +283,11 @@ class SplitSender(Sender):
         target.send(envelope, body)
 
 
-__all__ = ["SplitSender", "TableLiveness", "entity_url", "liveness_keys", "liveness_signature"]
+__all__ = [
+    "SplitSender",
+    "TableLiveness",
+    "entity_url",
+    "liveness_keys",
+    "liveness_row_keys",
+    "liveness_signature",
+]

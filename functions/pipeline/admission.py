@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,7 +50,7 @@ from functions.identity.facts import (
     VmFacts,
 )
 from functions.identity.graph_state import log_refusal_once
-from functions.identity.keys import InvalidCallbackKey, liveness_ok, parse_callback_key
+from functions.identity.keys import InvalidCallbackKey, parse_callback_key
 from functions.identity.registry import CachedResolver, Identity, IdentityStore
 from functions.model.envelope import Envelope, VmRef
 from functions.pipeline.admission_tally import AdmissionTally, Unverified
@@ -280,24 +280,3 @@ class Admission:
                 claimed.name[:128],
                 facts.name,
             )
-
-
-class RegistryVerifier:
-    """Vouches for a relay's liveness row (functions.store.liveness) from the identities
-    table: the row's vmId must be enrolled, its key one that VM's relay gave in an attested
-    message, and its HMAC valid. Returns Azure's name for the VM, else None."""
-
-    def __init__(self, registry: IdentityStore) -> None:
-        self.registry = registry
-
-    def __call__(self, row: Mapping[str, Any]) -> str | None:
-        identity = self.registry.get(str(row["RowKey"]))
-        if identity is None:
-            return None
-        key = identity.key(str(row.get("key_id")))
-        if key is None:
-            return None
-        genuine = liveness_ok(
-            key.secret, identity.vm_id, int(row["at"]), str(row["relay_version"]), str(row["sig"])
-        )
-        return identity.facts.name if genuine else None

@@ -14,7 +14,8 @@ import requests
 from functions.approvers.relay import RelayTarget
 from functions.clock import Clock
 from functions.model.policy import Policy
-from functions.pipeline.admission import Admission, RegistryVerifier, callback_url
+from functions.pipeline.admission import Admission, callback_url
+from functions.pipeline.liveness_verifier import RegistryVerifier
 from functions.pipeline.publish import Publisher
 from functions.settings import Settings
 from functions.store.liveness import Verifier

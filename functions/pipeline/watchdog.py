@@ -32,7 +32,7 @@ from functions.pipeline.sources.eventgrid_ingest import end_unheard
 from functions.pipeline.transitions import after_decision, end_event
 from functions.store import claims
 from functions.store.keys import row_key
-from functions.store.liveness import LivenessHint
+from functions.store.liveness import Budget, LivenessHint
 from functions.store.records import EventRecord, VmRecord
 from functions.store.rows import BadRow
 
@@ -132,8 +132,11 @@ def _sweep_vms(
     if verify is None:
         log.warning("watchdog: no liveness verifier: no relay is watched for silence")
     else:
-        for hint in store.liveness.stale(now - silent_after, verify, out.skip, now=now):
+        budget = Budget()
+        for hint in store.liveness.stale(now - silent_after, verify, out.skip, now, budget):
             try:
+                if not hint.current and _superseded(pipeline, hint, now - silent_after, out):
+                    continue
                 _silent_hint(pipeline, hint, now, out, marked, silent, forget_before)
             except BadRow as exc:
                 log.warning("watchdog: skipped %s", exc)
@@ -178,7 +181,7 @@ def _silent_hint(
     if hint.seen < forget_before:
         vm = store.get_vm(hint.name, strict=True)
         if vm is None or vm.last_seen is None or vm.last_seen < forget_before:
-            store.liveness.delete(hint.vm_id)
+            store.liveness.delete(hint)
             store.delete_vm(hint.name)
             store.unmark_vm(hint.name)
             out.retention_requests += 3
@@ -207,6 +210,20 @@ def _silent_hint(
         return  # announced already, or a scale-in deleted it (expected)
     if _announce_silence(pipeline, vm, now, hint.vm_id):
         out.silent.append(vm.name)
+
+
+def _superseded(
+    pipeline: Pipeline, hint: LivenessHint, cutoff: datetime, out: WatchdogReport
+) -> bool:
+    """A stale row of a previous key: superseded (deleted) when the VM's current key's row
+    was written since the cutoff; then the relay is alive and rotated its key."""
+    verify = pipeline.liveness_verifier
+    assert verify is not None
+    fresh = pipeline.store.liveness.get(hint.vm_id, verify, out.skip)
+    if fresh is None or not fresh.current or fresh.seen < cutoff:
+        return False
+    pipeline.store.liveness.delete(hint)
+    return True
 
 
 def _marked(

@@ -1,48 +1,65 @@
 """Liveness hints: the heartbeats relays write to `{prefix}liveness` (contract §5).
 
 Relays write this table themselves (one Insert Or Merge per heartbeat, a custom role scoped
-to it), so nothing in it is believed: each row is parsed into a `LivenessHint` only when its
-columns have the contract's types and sizes, and counts only when a `Verifier` vouches for
-it (its vm_id enrolled, its key_id that VM's current or previous callback key, its `sig`
-the HMAC-SHA256 of f"liveness/v1\\n{vm_id}\\n{at}\\n{relay_version}" under that key). The
-verifier answers with the VM's name as Azure knows it; a row it refuses is skipped and
-reported, never believed, never paged on.
+to it), and Table RBAC cannot scope a writer to rows, so every relay can write every row:
+nothing in it is believed, and nothing in it may cost the app without bound (issue 27).
 
-Layout: PartitionKey f"lv{int(sha256(vm_id)[:8], 16) % 8:02d}", RowKey = vm_id, columns
-`seen` (Edm.DateTime, the second of `at`), `at` (Edm.Int64 unix seconds), `relay_version`
-(<= 64 characters), `key_id`, `sig`. The watchdog asks each partition for the rows not
-seen since a cutoff (`seen lt @cutoff`): 8 queries whatever the fleet, returning only
-silent VMs.
+Layout (v2, relays since issue 27): RowKey = hex HMAC-SHA256(K, "liveness-row/v1") under
+the VM's callback key K, PartitionKey `lvNN` (NN = int(RowKey[:8], 16) % 8), columns
+`vm_id`, `seen` (Edm.DateTime, the second of `at`), `at` (Edm.Int64 unix seconds),
+`relay_version` (<= 64 characters), `key_id`, `sig` = HMAC-SHA256(K,
+"liveness/v1\\n{vm_id}\\n{at}\\n{relay_version}"). A VM without K can neither find another
+VM's row nor write one that verifies, so it cannot overwrite a dead relay's row to hide
+its silence. Within 24 h of a rotation a relay writes its previous key's row too; that row
+is "superseded" once the app knows the new key, and deleted when the watchdog finds it
+stale while the current one is fresh. Rows of relays before issue 27 (RowKey = vmId,
+PartitionKey from sha256(vmId)) are still read and verified the same way; their residual
+risk is stated in the README.
+
+A row is a `LivenessHint` only when its columns have the contract's types and sizes and a
+`Verifier` vouches for it (vm_id enrolled, key_id that VM's current or previous key, and
+RowKey and sig made with it). Everything else is junk: deleted when seen (ETag-guarded
+batch deletes), counted, and the first few named in the watchdog's report.
+
+Cost: the watchdog asks each partition for the rows not seen since a cutoff, or dated more
+than MAX_FUTURE ahead (`seen lt @cutoff or seen gt @future`): 8 queries whatever the fleet,
+returning only silent VMs and junk. Every further request of the sweep (another page, a
+verifier's identities read, a batch delete) is spent from a `Budget` (SWEEP_REQUESTS), so a
+table full of junk costs a sweep at most that many requests; what is left is classified and
+deleted on the following sweeps.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
-from azure.data.tables import EdmType, EntityProperty, TableServiceClient
+from azure.core import MatchConditions
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
+from azure.data.tables import EdmType, EntityProperty, TableServiceClient, TableTransactionError
 
-from functions.identity.keys import liveness_ok
+from functions.identity.keys import key_id_of, liveness_ok
 
 log = logging.getLogger(__name__)
 
 LIVENESS_BUCKETS = 8
 MAX_RELAY_VERSION = 64
+ROW_KEY_LABEL = b"liveness-row/v1"
+SWEEP_REQUESTS = 18  # liveness requests one sweep may make, its 8 first pages included
+POINT_READS = 4  # more rows than this to check: list the enrolled VMs instead
+PAGE_SIZE = 1000
+BATCH = 100  # deletes per transaction (Table storage's limit)
 _VM_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_ROW = re.compile(r"^[0-9a-f]{64}$")
 _KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 _SIG = re.compile(r"^[0-9a-f]{64}$")
-
-# row -> the VM's name when the row is genuine (enrolled vm_id, known key_id, valid sig),
-# None otherwise. The identity package provides the real one (functions/identity/).
-Verifier = Callable[[Mapping[str, Any]], str | None]
-
 
 # How far ahead of the app a relay's liveness row may be dated (relays correct their clock
 # from Table storage's Date header, so theirs are seconds apart).
@@ -53,9 +70,33 @@ class BadHint(ValueError):
     """A liveness row that is not what the contract says; the message names what."""
 
 
+# What the app knows of an enrolled VM: Azure's name for it and its callback secrets,
+# current first.
+Entry = tuple[str, tuple[bytes, ...]]
+
+
+class Verifier(Protocol):
+    """Where the app's knowledge of enrolled VMs comes from (the identities table)."""
+
+    def lookup(self, vm_id: str) -> Entry | None:
+        """One VM (one Table read); None when not enrolled."""
+        ...
+
+    def pages(self) -> Iterator[dict[str, Entry]]:
+        """Every enrolled VM, one Table read a page (for a sweep with many rows to check)."""
+        ...
+
+
 def liveness_partition(vm_id: str) -> str:
+    """The partition of a pre-issue-27 row (RowKey = vmId)."""
     digest = hashlib.sha256(vm_id.encode()).hexdigest()
     return f"lv{int(digest[:8], 16) % LIVENESS_BUCKETS:02d}"
+
+
+def row_keys_for(secret: bytes) -> tuple[str, str]:
+    """(PartitionKey, RowKey) of the liveness row under a callback key (v2)."""
+    row = hmac.new(secret, ROW_KEY_LABEL, hashlib.sha256).hexdigest()
+    return f"lv{int(row[:8], 16) % LIVENESS_BUCKETS:02d}", row
 
 
 @dataclass(frozen=True)
@@ -65,15 +106,36 @@ class LivenessHint:
     seen: datetime
     at: int
     relay_version: str
+    partition: str = ""
+    row: str = ""
+    current: bool = True  # False: a previous key's row (superseded once the current is fresh)
+
+
+def is_keyed_row(row: Mapping[str, Any]) -> bool:
+    """Whether the row has the v2 layout (RowKey derived from the VM's key)."""
+    key = row.get("RowKey")
+    return isinstance(key, str) and _ROW.match(key) is not None
+
+
+def row_vm_id(row: Mapping[str, Any]) -> object:
+    """The vmId a row claims: its `vm_id` column (v2) or its RowKey (before issue 27)."""
+    return row.get("vm_id") if is_keyed_row(row) else row.get("RowKey")
 
 
 def check_row(row: Mapping[str, Any]) -> None:
     """Raise BadHint unless the row has the contract's shape (before any verifier runs)."""
-    vm_id = row.get("RowKey")
-    if not isinstance(vm_id, str) or not _VM_ID.match(vm_id):
-        raise BadHint("RowKey is not a lower-case vmId")
-    if row.get("PartitionKey") != liveness_partition(vm_id):
-        raise BadHint("PartitionKey is not the vmId's bucket")
+    key = row.get("RowKey")
+    if is_keyed_row(row):
+        vm_id = row.get("vm_id")
+        if not isinstance(vm_id, str) or not _VM_ID.match(vm_id):
+            raise BadHint("`vm_id` is not a lower-case vmId")
+        if row.get("PartitionKey") != f"lv{int(str(key)[:8], 16) % LIVENESS_BUCKETS:02d}":
+            raise BadHint("PartitionKey is not the RowKey's bucket")
+    elif isinstance(key, str) and _VM_ID.match(key):
+        if row.get("PartitionKey") != liveness_partition(key):
+            raise BadHint("PartitionKey is not the vmId's bucket")
+    else:
+        raise BadHint("RowKey is neither a key-derived row key nor a lower-case vmId")
     at, seen = _int64(row.get("at")), row.get("seen")
     if isinstance(at, bool) or not isinstance(at, int) or not 0 < at < 2**33:
         raise BadHint("`at` is not unix seconds")
@@ -98,23 +160,44 @@ def _int64(value: object) -> object:
     return value
 
 
+def genuine(row: Mapping[str, Any], vm_id: str, secret: bytes) -> bool:
+    """Whether `secret` made this (shape-checked) row: its sig, and for v2 its RowKey."""
+    if is_keyed_row(row) and not hmac.compare_digest(row_keys_for(secret)[1], row["RowKey"]):
+        return False
+    at = int(_int64(row["at"]))  # type: ignore[call-overload]
+    return liveness_ok(secret, vm_id, at, str(row["relay_version"]), str(row["sig"]))
+
+
+def vouch(row: Mapping[str, Any], entry: Entry | None) -> LivenessHint:
+    """The (shape-checked) row as a hint, if `entry` (its VM as the app knows it) made it:
+    the key its key_id names signed it and, for v2, derived its RowKey. BadHint otherwise."""
+    secret = None
+    if entry is not None:
+        secret = next((k for k in entry[1] if key_id_of(k) == row.get("key_id")), None)
+    vm_id = str(row_vm_id(row))
+    if entry is None or secret is None or not genuine(row, vm_id, secret):
+        raise BadHint("not verified (vm_id not enrolled, unknown key_id, or bad RowKey or sig)")
+    at = int(_int64(row["at"]))  # type: ignore[call-overload]
+    return LivenessHint(
+        vm_id=vm_id,
+        name=entry[0],
+        seen=datetime.fromtimestamp(at, UTC),
+        at=at,
+        relay_version=row["relay_version"],
+        partition=row["PartitionKey"],
+        row=row["RowKey"],
+        current=not is_keyed_row(row) or secret == entry[1][0],
+    )
+
+
 def to_hint(row: Mapping[str, Any], verify: Verifier) -> LivenessHint:
     """The row as a hint the verifier vouches for; BadHint (with why) otherwise."""
     check_row(row)
-    row = {**row, "at": _int64(row["at"])}
     try:
-        name = verify(row)
+        entry = verify.lookup(str(row_vm_id(row)))
     except Exception as exc:  # a verifier's trouble is this row's, never the sweep's
         raise BadHint(f"verifier failed: {type(exc).__name__}") from None
-    if not name:
-        raise BadHint("not verified (vm_id not enrolled, unknown key_id or bad sig)")
-    return LivenessHint(
-        vm_id=row["RowKey"],
-        name=name,
-        seen=datetime.fromtimestamp(row["at"], UTC),
-        at=row["at"],
-        relay_version=row["relay_version"],
-    )
+    return vouch(row, entry)
 
 
 @dataclass(frozen=True)
@@ -134,8 +217,57 @@ def _key(value: object) -> str:
     return repr(value)[:80] if not isinstance(value, str) else value[:80]
 
 
+class Budget:
+    """Table requests a sweep may still spend on the liveness table."""
+
+    def __init__(self, requests: int = SWEEP_REQUESTS) -> None:
+        self.left = requests
+        self.spent = 0
+
+    def spend(self, count: int = 1) -> None:
+        self.left -= count
+        self.spent += count
+
+
+class _Known:
+    """One sweep's view of the enrolled VMs: point reads while few rows need checking,
+    the identities table page by page once many do (while the budget allows)."""
+
+    def __init__(self, verify: Verifier, budget: Budget) -> None:
+        self.verify, self.budget = verify, budget
+        self.entries: dict[str, Entry | None] = {}
+        self.complete = False
+
+    def preload(self, keep: int) -> None:
+        pages = self.verify.pages()
+        loaded: dict[str, Entry | None] = {}
+        try:
+            while self.budget.left > keep:
+                self.budget.spend()
+                loaded.update(next(pages))
+        except StopIteration:
+            self.complete = True
+        except Exception:  # the identities table's trouble: point reads instead
+            log.exception("liveness: could not list the enrolled VMs")
+        self.entries.update(loaded)  # partial: what is not there is read one by one
+
+    def entry(self, vm_id: str) -> Entry | bool | None:
+        """The VM's entry; False when it cannot be known within the budget."""
+        if vm_id in self.entries or self.complete:
+            return self.entries.get(vm_id)
+        if self.budget.left <= 1:  # keep one request to delete what was found
+            return False
+        self.budget.spend()
+        try:
+            self.entries[vm_id] = self.verify.lookup(vm_id)
+        except Exception:  # a verifier's trouble is this row's, never the sweep's
+            log.exception("liveness: could not look up %s", vm_id)
+            return False
+        return self.entries[vm_id]
+
+
 class Liveness:
-    """The liveness table, as the app reads it (and deletes from it, for retention)."""
+    """The liveness table, as the app reads it (and deletes from it: junk, retention)."""
 
     def __init__(self, service: TableServiceClient, prefix: str = "sebridge") -> None:
         self.name = f"{prefix}liveness"
@@ -153,75 +285,150 @@ class Liveness:
         verify: Verifier,
         skipped: Callable[[Skipped], None],
         now: datetime | None = None,
+        budget: Budget | None = None,
     ) -> Iterator[LivenessHint]:
         """Verified hints of VMs not seen since `cutoff`: one query per partition. A row
-        that is malformed or fails verification goes to `skipped`, never stops the rest.
-
-        The same query returns rows dated more than MAX_FUTURE ahead of `now`: a relay's
-        clock is corrected from Table storage's, so only a forger writes those (a future
-        `seen` would keep a dead relay's row out of `seen lt cutoff` forever); they are
-        reported as skipped, each sweep, instead of hiding."""
+        that is malformed, fails verification or is dated more than MAX_FUTURE ahead of
+        `now` (only a forger writes those: relays correct their clock from Table
+        storage's) goes to `skipped` and is deleted; none stops the rest. Every request
+        (pages, identities reads, deletes) is spent from `budget`; rows not reached are
+        classified on a later sweep."""
+        budget = budget or Budget()
         future = (now or datetime.now(UTC)) + MAX_FUTURE
-        for bucket in range(LIVENESS_BUCKETS):
-            pk = f"lv{bucket:02d}"
-            rows = self.table.query_entities(
-                "PartitionKey eq @pk and (seen lt @cutoff or seen gt @future )",
-                parameters={"pk": pk, "cutoff": cutoff, "future": future},
-            )
-            for row in rows:
-                seen = row.get("seen")
-                if isinstance(seen, datetime) and seen > future:
-                    self._skip(row, "dated in the future (a forged row?)", skipped)
+        junk: dict[str, list[Mapping[str, Any]]] = {}
+        reasons: list[Skipped] = []
+        pending: list[Mapping[str, Any]] = []
+        for row in self._read(cutoff, future, budget):
+            seen = row.get("seen")
+            why = "dated in the future (a forged row?)"
+            if not (isinstance(seen, datetime) and seen > future):
+                try:
+                    check_row(row)
+                    pending.append(row)
                     continue
-                hint = self._believe(row, verify, skipped)
-                if hint is not None:
-                    yield hint
+                except BadHint as exc:
+                    why = str(exc)
+            self._junk(row, why, junk, reasons)
+        known = _Known(verify, budget)
+        if len(pending) > POINT_READS:
+            known.preload(keep=2)
+        for row in pending:
+            entry = known.entry(str(row_vm_id(row)))
+            if entry is False:
+                continue  # not checked this sweep: neither believed nor deleted
+            try:
+                hint = vouch(row, entry)  # type: ignore[arg-type]
+            except BadHint as exc:
+                self._junk(row, str(exc), junk, reasons)
+                continue
+            yield hint
+        self._report(reasons, skipped)
+        self._delete_junk(junk, budget)
+
+    def _read(self, cutoff: datetime, future: datetime, budget: Budget) -> list[Mapping[str, Any]]:
+        """Each partition's first page always; more while a third of the budget is left
+        for checking and deleting."""
+        rows: list[Mapping[str, Any]] = []
+        for bucket in range(LIVENESS_BUCKETS):
+            pages = self.table.query_entities(
+                # The space before ")": the SDK's @name substitution splits on spaces.
+                "PartitionKey eq @pk and (seen lt @cutoff or seen gt @future )",
+                parameters={"pk": f"lv{bucket:02d}", "cutoff": cutoff, "future": future},
+                results_per_page=PAGE_SIZE,
+            ).by_page()
+            for index, page in enumerate(pages):
+                reserve = SWEEP_REQUESTS // 3 + LIVENESS_BUCKETS - bucket
+                if index and budget.left < reserve:
+                    break
+                budget.spend()
+                rows.extend(page)
+        return rows
+
+    def _junk(
+        self,
+        row: Mapping[str, Any],
+        why: str,
+        junk: dict[str, list[Mapping[str, Any]]],
+        reasons: list[Skipped],
+    ) -> None:
+        pk, rk = _key(row.get("PartitionKey")), _key(row.get("RowKey"))
+        reasons.append(Skipped(self.name, pk, rk, why))
+        junk.setdefault(str(row.get("PartitionKey")), []).append(row)
+
+    def _report(self, reasons: list[Skipped], skipped: Callable[[Skipped], None]) -> None:
+        for reason in reasons:
+            skipped(reason)
+        if reasons:
+            log.warning(
+                "liveness: %d row(s) not believed, deleted as the budget allows; first: %s",
+                len(reasons),
+                reasons[0],
+            )
+
+    def _delete_junk(self, junk: dict[str, list[Mapping[str, Any]]], budget: Budget) -> None:
+        """ETag-guarded batch deletes, 100 a request: a row rewritten since it was read
+        fails its batch, which is left for a later sweep."""
+        for pk, rows in junk.items():
+            for start in range(0, len(rows), BATCH):
+                if budget.left <= 0:
+                    return
+                budget.spend()
+                guard = MatchConditions.IfNotModified
+                batch = [
+                    (
+                        "delete",
+                        {"PartitionKey": pk, "RowKey": r["RowKey"]},
+                        {"etag": r.metadata["etag"], "match_condition": guard},  # type: ignore[attr-defined]
+                    )
+                    for r in rows[start : start + BATCH]
+                ]
+                try:
+                    self.table.submit_transaction(batch)  # type: ignore[arg-type]
+                except (TableTransactionError, HttpResponseError) as exc:
+                    log.info("liveness: junk batch in %s not deleted now: %s", pk, exc)
 
     def get(
         self, vm_id: str, verify: Verifier, skipped: Callable[[Skipped], None]
     ) -> LivenessHint | None:
-        """One VM's verified hint (a point read), None when absent or not believed."""
+        """One VM's verified hint, None when absent or not believed: its current key's row
+        (a point read), else its row from before issue 27 (a second one)."""
         try:
-            row = self.table.get_entity(liveness_partition(vm_id), vm_id)
-        except ResourceNotFoundError:
+            entry = verify.lookup(vm_id)
+        except Exception:
+            log.exception("liveness: could not look up %s", vm_id)
             return None
-        return self._believe(row, verify, skipped)
+        places = [row_keys_for(entry[1][0])] if entry and entry[1] else []
+        places.append((liveness_partition(vm_id), vm_id))
+        for pk, rk in places:
+            try:
+                row = self.table.get_entity(pk, rk)
+            except ResourceNotFoundError:
+                continue
+            try:
+                check_row(row)
+                return vouch(row, entry)
+            except BadHint as exc:
+                skip = Skipped(self.name, _key(pk), _key(rk), str(exc))
+                log.warning("liveness: skipped %s", skip)
+                skipped(skip)
+        return None
 
-    def _believe(
-        self, row: Mapping[str, Any], verify: Verifier, skipped: Callable[[Skipped], None]
-    ) -> LivenessHint | None:
-        try:
-            return to_hint(row, verify)
-        except BadHint as exc:
-            self._skip(row, str(exc), skipped)
-            return None
-
-    def _skip(self, row: Mapping[str, Any], why: str, skipped: Callable[[Skipped], None]) -> None:
-        skip = Skipped(self.name, _key(row.get("PartitionKey")), _key(row.get("RowKey")), why)
-        log.warning("liveness: skipped %s", skip)
-        skipped(skip)
-
-    def delete(self, vm_id: str) -> None:
+    def delete(self, hint: LivenessHint) -> None:
         with contextlib.suppress(ResourceNotFoundError):
-            self.table.delete_entity(liveness_partition(vm_id), vm_id)
+            self.table.delete_entity(hint.partition, hint.row)
 
 
 class DictVerifier:
-    """vm_id -> (name, {key_id: secret}): for tests and the local host. The identity
-    package's verifier does the same over the identities table."""
+    """vm_id -> (name, {key_id: secret}) with the current key first: for tests and the
+    local host. functions.pipeline.liveness_verifier does the same over the identities
+    table."""
 
     def __init__(self, known: Mapping[str, tuple[str, Mapping[str, bytes]]]) -> None:
         self.known = dict(known)
 
-    def __call__(self, row: Mapping[str, Any]) -> str | None:
-        entry = self.known.get(str(row.get("RowKey")))
-        if entry is None:
-            return None
-        name, keys = entry
-        secret = keys.get(str(row.get("key_id")))
-        if secret is None:
-            return None
-        genuine = liveness_ok(
-            secret, row["RowKey"], row["at"], row["relay_version"], str(row.get("sig"))
-        )
-        return name if genuine else None
+    def lookup(self, vm_id: str) -> Entry | None:
+        entry = self.known.get(vm_id)
+        return (entry[0], tuple(entry[1].values())) if entry else None
+
+    def pages(self) -> Iterator[dict[str, Entry]]:
+        yield {vm_id: (name, tuple(keys.values())) for vm_id, (name, keys) in self.known.items()}

@@ -19,7 +19,13 @@ import pytest
 
 from local.azurite import table_sas, table_url
 from relay.identity import STORAGE_RESOURCE, ManagedIdentityTokenProvider
-from relay.liveness import TableLiveness, http_date, liveness_keys, parse_http_date
+from relay.liveness import (
+    TableLiveness,
+    http_date,
+    liveness_keys,
+    liveness_row_keys,
+    parse_http_date,
+)
 from relay.models import Envelope, VmRef
 from relay.senders import SendError
 from relay.settings import SettingsError, load_settings
@@ -119,14 +125,18 @@ def test_the_request_is_an_insert_or_merge_of_a_signed_row(standin: Any) -> None
     handler.script = [(204, {"Date": http_date(now)})]  # clocks agree: one request
     liveness(url, sas="?sv=1&sig=abc", clock=lambda: now).write(heartbeat(version="v" * 80))
     [got] = handler.seen
-    pk, rk = liveness_keys(VM_ID)
+    # The row's keys come from the callback key alone: another VM cannot find or write it.
+    rk = hmac.new(KEY, b"liveness-row/v1", hashlib.sha256).hexdigest()
+    pk = f"lv{int(rk[:8], 16) % 8:02d}"
+    assert liveness_row_keys(KEY) == (pk, rk) and rk != VM_ID
     assert got["path"] == f"/acct/{TABLE}(PartitionKey='{pk}',RowKey='{rk}')?sv=1&sig=abc"
     assert "if-match" not in got["headers"] and got["headers"]["x-ms-version"] == "2019-02-02"
     version = "v" * 64
     message = f"liveness/v1\n{VM_ID}\n1800000000\n{version}".encode()
     assert got["entity"] == {
         "PartitionKey": pk,
-        "RowKey": VM_ID,
+        "RowKey": rk,
+        "vm_id": VM_ID,
         "seen": "2027-01-15T08:00:00Z",
         "seen@odata.type": "Edm.DateTime",
         "at": "1800000000",
@@ -135,6 +145,29 @@ def test_the_request_is_an_insert_or_merge_of_a_signed_row(standin: Any) -> None
         "key_id": hashlib.sha256(KEY).hexdigest()[:16],
         "sig": hmac.new(KEY, message, hashlib.sha256).hexdigest(),
     }
+
+
+def test_within_a_day_of_a_rotation_the_previous_keys_row_is_written_too(standin: Any) -> None:
+    """An app that has not learnt the new key yet still sees this relay alive (its row
+    under the previous key stays fresh); each row is signed with its own key."""
+    handler, url = standin
+    now = 1_800_000_000.0
+    previous = bytes.fromhex("ab" * 32)
+    handler.script = [(204, {"Date": http_date(now)})] * 2
+    TableLiveness(url, sas="sv=1", keys=FixedKeys(KEY, previous), clock=lambda: now).write(
+        heartbeat()
+    )
+    rows = [seen["entity"] for seen in handler.seen]
+    assert [r["RowKey"] for r in rows] == [
+        liveness_row_keys(KEY)[1],
+        liveness_row_keys(previous)[1],
+    ]
+    assert [r["key_id"] for r in rows] == [
+        hashlib.sha256(KEY).hexdigest()[:16],
+        hashlib.sha256(previous).hexdigest()[:16],
+    ]
+    message = f"liveness/v1\n{VM_ID}\n1800000000\n9.9.9".encode()
+    assert rows[1]["sig"] == hmac.new(previous, message, hashlib.sha256).hexdigest()
 
 
 def test_a_heartbeat_without_a_vm_id_is_not_written(standin: Any) -> None:
@@ -224,21 +257,28 @@ def test_the_relay_writes_signed_heartbeats_to_the_table_and_documents_to_its_ta
         "--heartbeat-interval=1",
         "--poll-interval=0.1",
     )
-    pk, rk = liveness_keys(vm_id)
 
     def at(entity: Any) -> int:
         return int(getattr(entity["at"], "value", entity["at"]))
 
-    def row() -> Any:
+    def current_secret() -> bytes | None:
         try:
-            return table.get_entity(pk, rk)
+            return bytes.fromhex(
+                json.loads((state / "callback-key.json").read_text())["current"]["secret"]
+            )
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def row() -> Any:
+        key = current_secret()
+        try:
+            return table.get_entity(*liveness_row_keys(key)) if key else None
         except Exception:
             return None
 
     first = wait_for(row, timeout=20)
-    secret = bytes.fromhex(
-        json.loads((state / "callback-key.json").read_text())["current"]["secret"]
-    )
+    secret = current_secret()
+    assert secret is not None and first["vm_id"] == vm_id
     message = f"liveness/v1\n{vm_id}\n{at(first)}\n{first['relay_version']}".encode()
     assert first["sig"] == hmac.new(secret, message, hashlib.sha256).hexdigest()
     assert first["key_id"] == hashlib.sha256(secret).hexdigest()[:16]
