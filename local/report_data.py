@@ -19,6 +19,14 @@ from local.report_events import event_row
 if TYPE_CHECKING:
     from local.orchestration import Demo
 
+# The drain's steps on an event's lane: when it started and how it ended.
+DRAIN_MARKS = {
+    "drain_started": "drain started",
+    "drain_failed": "drain failed",
+    "undrained": "undrained",
+    "undrain_failed": "undrain failed",
+}
+
 
 def collect(demo: Demo) -> ReportData:
     data = ReportData()
@@ -45,6 +53,8 @@ def collect(demo: Demo) -> ReportData:
                 marks.append(Mark(note.occurred_at, "decided", f"decided {d.action} ({d.rule})"))
             elif note.transition.value == "approval_failed":
                 marks.append(Mark(note.occurred_at, "approval_failed", "approval failed"))
+            elif note.transition.value in DRAIN_MARKS:
+                marks.append(Mark(note.occurred_at, "drain", DRAIN_MARKS[note.transition.value]))
         for approval in approvals:
             marks.append(Mark(approval.at, "approved", f"StartRequests from {approval.vm}"))
         if track.started_wall is not None and track.first_status != "Started":

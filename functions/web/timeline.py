@@ -20,6 +20,7 @@ MARKS: dict[str, tuple[str, str, str]] = {
     "approved": ("triangle", "#117733", "approved (StartRequests)"),
     "approval_failed": ("cross", "#b00020", "approval failed"),
     "not_before": ("bar", "#d55e00", "NotBefore"),
+    "drain": ("diamond", "#8a6100", "drain started / failed, undrained"),
     "started": ("square", "#e69f00", "Started"),
     "removed": ("cross", "#555555", "removed / ended"),
 }
@@ -27,7 +28,7 @@ MARKS: dict[str, tuple[str, str, str]] = {
 LANE_HEIGHT = 40
 # Marks that often coincide with another (a decision and a start within milliseconds of
 # the first sighting) sit above or below the lane's line, so none hides another.
-OFFSET = {"decided": -9.0, "approved": 9.0, "approval_failed": 9.0}
+OFFSET = {"decided": -9.0, "drain": -9.0, "approved": 9.0, "approval_failed": 9.0}
 LABEL_WIDTH = 230
 PLOT_WIDTH = 760
 TOP = 26

@@ -211,3 +211,26 @@ def test_the_report_leads_with_the_events_and_the_checklist_follows():
     page = render_html("Demo", [], [Outcome("a", True)], data=data)
     assert page.index("What happened to each event") < page.index("Expected outcomes")
     assert '<td class="final">cancelled: Azure withdrew it before it started</td>' in page
+
+
+def test_a_drained_events_lane_shows_the_drain():
+    from datetime import UTC, datetime, timedelta
+
+    from functions.web.timeline import Lane, Mark
+    from local.report import ReportData
+    from local.report_data import DRAIN_MARKS
+
+    t0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
+    lane = Lane(
+        "EV-1",
+        "Reboot app-1",
+        (
+            Mark(t0, "scheduled"),
+            Mark(t0 + timedelta(seconds=1), "drain", DRAIN_MARKS["drain_started"]),
+            Mark(t0 + timedelta(seconds=4), "approved"),
+            Mark(t0 + timedelta(seconds=30), "drain", DRAIN_MARKS["undrained"]),
+        ),
+    )
+    page = render_html("Demo", [], [], data=ReportData(lanes=[lane]))
+    assert page.count("mark mark-drain") == 3  # two on the lane, one in the legend
+    assert "drain started" in page and "undrained" in page
