@@ -50,7 +50,7 @@ from functions.identity.facts import (
     VmFacts,
 )
 from functions.identity.graph_state import log_refusal_once
-from functions.identity.keys import InvalidCallbackKey, parse_callback_key
+from functions.identity.keys import CallbackKey, InvalidCallbackKey, parse_callback_key
 from functions.identity.registry import CachedResolver, Identity, IdentityStore
 from functions.model.envelope import Envelope, VmRef
 from functions.pipeline.admission_tally import AdmissionTally, Unverified
@@ -205,7 +205,7 @@ class Admission:
         except InvalidCallbackKey as exc:
             raise NotAdmitted(f"callback_key: {exc}") from None
         try:
-            identity = self.identities.enroll(vm_id, key)
+            identity = self._enroll(vm_id, key, verified=attested is not None)
         except ResourceGraphRefused as exc:
             log_refusal_once(exc)
             age = now - envelope.observed_at
@@ -244,6 +244,24 @@ class Admission:
             )
         self._note_claims(envelope, facts)
         return identity
+
+    def _enroll(self, vm_id: str, key: CallbackKey, *, verified: bool) -> Identity:
+        """Azure's facts for the VM, its relay's key remembered. A message whose attestation
+        failed (report mode) never replaces a key: a VM whose relay already gave one is
+        admitted with the keys it has, so a VM claiming another's vmId cannot take over the
+        callbacks meant for it; a VM not enrolled yet is enrolled from it (the rollout)."""
+        if not verified:
+            known = self.registry.get(vm_id)
+            if known is not None and known.keys and known.key(key.key_id) is None:
+                log.warning(
+                    "vmId %s: a message that failed attestation brings callback key %s; "
+                    "not stored (the VM keeps key %s until an attested message brings one)",
+                    vm_id,
+                    key.key_id,
+                    known.keys[0].key_id,
+                )
+                return known
+        return self.identities.enroll(vm_id, key)
 
     def _attest(
         self, body: bytes | str, envelope: Envelope, now: datetime, unverified: list[Unverified]

@@ -182,3 +182,27 @@ def test_the_fleet_page_and_policy_check_warn_that_the_bridge_is_not_enforcing(
     monkeypatch.setenv("ATTESTATION_MODE", "enforce")
     assert main(["policy", "check"]) == 0
     assert "NOT ENFORCING" not in capsys.readouterr().err
+
+
+def test_report_never_lets_an_unverified_message_replace_an_enrolled_vms_key(store, clock):
+    """A VM claiming another's vmId (report mode admits claims) cannot move the callbacks
+    meant for that VM to a key of its own: the key its attested messages gave stays."""
+    pipeline, _ = reporting(store, clock)
+    genuine = envelope("vm-victim", 1, [], observed_at=T0)
+    assert ingest_message(genuine, pipeline).outcome != "rejected"
+    vm_id = identity_harness.vm_id("vm-victim")
+    before = pipeline.admission.registry.get(vm_id).keys
+    thief = identity_harness.callback_key("vm-victim", "http://10.9.9.9:8492")
+    forged = self_signed(envelope("vm-victim", 2, [], observed_at=T0, key=thief))
+    assert ingest_message(forged, pipeline).outcome != "rejected"  # report: admitted
+    after = pipeline.admission.registry.get(vm_id).keys
+    assert after == before and thief.key_id not in {k.key_id for k in after}
+
+
+def test_report_enrols_a_vm_first_seen_unverified(store, clock):
+    pipeline, _ = reporting(store, clock)
+    body = self_signed(envelope("vm-newcomer", 1, [], observed_at=T0))
+    assert ingest_message(body, pipeline).outcome != "rejected"
+    identity = pipeline.admission.registry.get(identity_harness.vm_id("vm-newcomer"))
+    sent = json.loads(body)["callback_key"]["id"]
+    assert identity is not None and identity.keys[0].key_id == sent
