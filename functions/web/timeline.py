@@ -20,7 +20,7 @@ MARKS: dict[str, tuple[str, str, str]] = {
     "approved": ("triangle", "#117733", "approved (StartRequests)"),
     "approval_failed": ("cross", "#b00020", "approval failed"),
     "not_before": ("bar", "#d55e00", "NotBefore"),
-    "drain": ("diamond", "#8a6100", "drain started / failed, undrained"),
+    "drain": ("diamond", "#8a6100", "drain"),
     "started": ("square", "#e69f00", "Started"),
     "removed": ("cross", "#555555", "removed / ended"),
 }
