@@ -84,6 +84,14 @@ class AdmissionTally:
         if due:
             self.flush(now)
 
+    def flush_due(self, now: datetime) -> None:
+        """Flush if a minute has passed since the last flush: the watchdog calls this every
+        minute, so counts a quiet process holds still reach the alert."""
+        with self._lock:
+            due = self._flushed_at is not None and now - self._flushed_at >= self.flush_every
+        if due:
+            self.flush(now)
+
     def flush(self, now: datetime) -> None:
         """Write the counts since the last flush (one log line; the row in report mode)."""
         with self._lock:

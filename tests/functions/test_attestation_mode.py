@@ -206,3 +206,28 @@ def test_report_enrols_a_vm_first_seen_unverified(store, clock):
     identity = pipeline.admission.registry.get(identity_harness.vm_id("vm-newcomer"))
     sent = json.loads(body)["callback_key"]["id"]
     assert identity is not None and identity.keys[0].key_id == sent
+
+
+def test_the_watchdog_sends_the_counts_of_a_quiet_minute(store, clock, caplog):
+    """Rejections followed by silence: the next message would flush them, but none comes;
+    the watchdog (every minute) does."""
+    from azure.functions.timer import TimerRequest
+
+    from functions.triggers import core
+
+    caplog.set_level(logging.INFO, logger="sebridge.telemetry")
+    pipeline, _ = make_pipeline(store, clock)
+    ingest_message(envelope("vm-ok", 1, []), pipeline)  # first judgement: a line at once
+    ingest_message(self_signed(envelope("vm-bad", 1, [])), pipeline)  # held for a minute
+    clock.advance(61)
+    core.use_pipeline(pipeline)
+    try:
+        core.watchdog(TimerRequest())
+    finally:
+        core.use_pipeline(None)
+    lines = [
+        json.loads(r.getMessage()[len(telemetry.PREFIX) :])
+        for r in caplog.records
+        if r.getMessage().startswith(telemetry.PREFIX + '{"kind":"admission"')
+    ]
+    assert [(x["admitted"], x["rejected"]) for x in lines] == [(1, 0), (0, 1)]
