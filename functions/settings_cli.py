@@ -63,13 +63,19 @@ def run_settings_check(args: argparse.Namespace) -> int:
         print(f"note: {note}", file=sys.stderr)
     for finding in report.findings:
         print(f"{finding.severity}: {finding}", file=sys.stderr)
-    errors = report.errors(strict=args.strict)
+    refused = report.errors()
     warnings = report.warnings()
-    if errors:
+    if refused:
         print(
-            f"settings invalid: {len(errors)} error(s)"
-            + (" (--strict: warnings count)" if args.strict else "")
-            + "; the app refuses to act on them (fails closed)",
+            f"settings invalid: {len(refused)} error(s): the app refuses to act on them "
+            "(it fails closed: nothing approved, policy_invalid announced)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.strict and warnings:
+        print(
+            f"settings not clean: {len(warnings)} warning(s) (--strict); the app would run "
+            "with them and log them at start",
             file=sys.stderr,
         )
         return 2

@@ -384,7 +384,9 @@ def load_policy() -> PolicyLoad:
         settings = PolicySettings()
         policy = Policy.model_validate(settings.model_dump())
     except ValidationError as exc:
-        return refused([*unknown, *policy_problems(exc)])
+        named = {u.split(" ", 1)[0] for u in unknown}  # said once, with its did-you-mean
+        problems = [p for p in policy_problems(exc) if p.split(":", 1)[0] not in named]
+        return refused([*unknown, *problems])
     except (SettingsError, ValueError) as exc:
         return refused([*unknown, _json_culprit() or str(exc)])
     errors, warnings = lint_rules(policy.rules)
@@ -413,8 +415,16 @@ def policy_problems(exc: ValidationError) -> list[str]:
         if loc[0] in nested and rest and not rest[0].isdigit():
             head, rest = f"{head}__{rest[0].upper()}", rest[1:]
         path = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in rest)
-        parts.append(f"{head}{path}: {error_message(error)}")
+        message = error_message(error)
+        if error["type"] == "extra_forbidden" and rest:
+            message = f"{rest[-1]!r} is not a field{_quoted(suggestion(rest[-1], _fields()))}"
+        parts.append(f"{head}{path}: {message}")
     return parts
+
+
+def _fields() -> set[str]:
+    """Every field name a policy value may use (for "did you mean" on a misspelt one)."""
+    return {f for m in (Rule, Match, Window, PagingPolicy, Policy) for f in m.model_fields}
 
 
 def _is_model(info) -> bool:

@@ -64,6 +64,7 @@ TYPOS = [
         "'Scheduled'",
     ),
     ({"POLICY__PAGE__EVENT_TYPES": '["Premept"]'}, "POLICY__PAGE__EVENT_TYPES", "'Preempt'"),
+    ({"POLICY__RULES": rules({"sorces": ["User"]})}, "POLICY__RULES[0].match.sorces", "'sources'"),
     (
         {"POLICY__RULES": rules({"duration_at_least": -1})},
         "POLICY__RULES[0].match.duration_at_least",
@@ -137,7 +138,8 @@ def test_valid_settings_pass_and_strict_counts_warnings():
     assert "settings OK" in done.stdout
     # The reference policy drains Terminate, and no drain step is configured: a warning.
     assert "warning: POLICY__RULES: rule(s) 'terminate-drain' drain" in done.stderr
-    assert run_check(BASE, "--strict").returncode == 2
+    strict = run_check(BASE, "--strict")
+    assert strict.returncode == 2 and "1 warning(s) (--strict)" in strict.stderr
     hooked = run_check({**BASE, "DRAIN__RELAY_HOOK": "drain"}, "--strict")
     assert hooked.returncode == 0, hooked.stderr
 
