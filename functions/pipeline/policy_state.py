@@ -67,7 +67,7 @@ def sync_policy_state(pipeline: Pipeline, now: datetime) -> Transition | None:
             "since": _mark(now),
         }
         transition = Transition.POLICY_INVALID
-        detail = f"the policy does not validate, nothing is approved: {load.error}"
+        detail = f"the policy or a setting does not validate, nothing is approved: {load.error}"
     else:
         if row is None or row.get("valid", True):
             return None

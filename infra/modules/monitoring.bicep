@@ -266,7 +266,7 @@ traces
   }
   {
     name: 'policy-invalid'
-    description: 'The approval policy is invalid: nothing is approved until POLICY__* is fixed.'
+    description: 'The approval policy or a setting is invalid: nothing is approved until it is fixed (python -m functions settings check names it).'
     severity: 1
     query: '''
 traces
