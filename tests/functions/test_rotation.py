@@ -140,3 +140,27 @@ def test_a_form_opened_before_the_rotation_is_accepted(held, store, clock):  # n
     )
     with serve(rotated) as url:
         assert post(url, alice, token, cookie).status_code == 200
+
+
+def test_a_rotation_costs_one_write_per_vm_once(azurite):
+    """Measured on the wire: a row under the previous secret costs its read and one
+    conditional write (the re-wrap) the first time; every later read is the read alone."""
+    from azure.data.tables import TableServiceClient
+
+    from functions.identity.keys import CallbackKey
+    from functions.identity.registry import Identity
+    from tests.tablecount import TableCounter
+
+    with TableCounter(azurite) as counter:
+        service = TableServiceClient.from_connection_string(counter.connection_string)
+        prefix = "rot" + identity_harness.vm_id("vm9")[:8]
+        before = IdentityStore.from_service(service, OLD, prefix).ensure_table()
+        facts = identity_harness.facts_for("vm9", callback_url="http://127.0.0.1:1")
+        before.save(Identity(facts=facts, keys=(CallbackKey.generate(),)))
+        after = IdentityStore.from_service(service, NEW, prefix, previous=OLD)
+        counter.reset()
+        assert after.get(facts.vm_id).current_key is not None
+        first = dict(counter.by_kind())
+        counter.reset()
+        assert after.get(facts.vm_id).current_key is not None
+        assert (first, dict(counter.by_kind())) == ({"get": 1, "update": 1}, {"get": 1})
