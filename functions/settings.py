@@ -191,6 +191,10 @@ class Settings(BaseSettings):
     # relay sends when its IMDS document changes and sees a few new events a month.
     max_messages_per_vm_hour: int = Field(default=720, ge=10)
     max_new_events_per_vm_hour: int = Field(default=50, ge=5)
+    # New callback keys one VM may present in a UTC day (a rotation every 30 days, a
+    # reinstall, a reimage): each asks Resource Graph again. Beyond it the message is
+    # rejected with the reason before any query (issue 27), counted in the identities row.
+    max_new_keys_per_vm_day: int = Field(default=4, ge=1, le=100)
 
     @model_validator(mode="after")
     def _urls(self) -> Settings:

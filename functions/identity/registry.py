@@ -50,6 +50,14 @@ class IdentityConflict(RuntimeError):
     """The row kept changing under us; the caller may retry the message."""
 
 
+class TooManyKeys(ValueError):
+    """A VM presented more new callback keys today than MAX_NEW_KEYS_PER_VM_DAY: its
+    message is rejected with this reason, before Resource Graph is asked."""
+
+
+DEFAULT_MAX_NEW_KEYS_PER_DAY = 4  # Settings.max_new_keys_per_vm_day
+
+
 class Identity(BaseModel):
     """A VM's facts and callback keys (current first, then previous). `etag` is the row's
     as read or written (None: not stored yet); `save` writes only over that version."""
@@ -59,6 +67,13 @@ class Identity(BaseModel):
     facts: VmFacts
     keys: tuple[CallbackKey, ...] = ()
     etag: str | None = None
+    # "YYYY-MM-DD:N": keys new to a row that held others, presented that UTC day (issue 27:
+    # each asks Resource Graph again; CachedResolver bounds them per VM-day).
+    new_keys: str = ""
+
+    def new_keys_on(self, day: str) -> int:
+        when, _, count = self.new_keys.partition(":")
+        return int(count) if when == day and count.isdigit() else 0
 
     @property
     def vm_id(self) -> str:
@@ -127,6 +142,7 @@ class IdentityStore:
             "name": facts.name.casefold(),
             "key_id": keys[0]["id"] if keys else "",
             "fetched_at": facts.fetched_at,
+            "new_keys": identity.new_keys,
         }
 
     def _load(self, entity: Any) -> Identity:
@@ -147,7 +163,12 @@ class IdentityStore:
                 continue
             keys.append(key)
             stale = stale or old
-        identity = Identity(facts=facts, keys=tuple(keys), etag=entity.metadata.get("etag"))
+        identity = Identity(
+            facts=facts,
+            keys=tuple(keys),
+            etag=entity.metadata.get("etag"),
+            new_keys=str(entity.get("new_keys") or "")[:32],
+        )
         return identity, stale
 
     def _unwrap(self, blob: str, key_id: str) -> tuple[CallbackKey, bool]:
@@ -263,10 +284,12 @@ class CachedResolver:
         upstream: FactsResolver,
         max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS,
         clock: Callable[[], datetime] | None = None,
+        max_new_keys_per_day: int = DEFAULT_MAX_NEW_KEYS_PER_DAY,
     ) -> None:
         self.store = store
         self.upstream = upstream
         self.max_age = timedelta(seconds=max_age_seconds)
+        self.max_new_keys_per_day = max_new_keys_per_day
         self.clock = clock or (lambda: datetime.now(UTC))
         # Rows this worker last read or wrote, by vmId. Only the app writes the table, and a
         # row is reused only while its facts are fresh and it holds the presented key, so a
@@ -315,7 +338,16 @@ class CachedResolver:
                 # beside them without asking Resource Graph (a fleet enrols by the page).
                 return self._remember(self.store.remember_key(vm_id, key))
         # Missing, stale, or a key new to the row (reimage, re-creation: Azure's facts may
-        # have changed with it): ask Azure, then store facts and key in one write.
+        # have changed with it): ask Azure, then store facts and key in one write. A VM
+        # presenting more new keys today than the bound is refused before any query.
+        if identity is not None and identity.keys and identity.key(key.key_id) is None:
+            today = self.clock().strftime("%Y-%m-%d")
+            if identity.new_keys_on(today) >= self.max_new_keys_per_day:
+                raise TooManyKeys(
+                    f"vmId {identity.vm_id}: more than {self.max_new_keys_per_day} new "
+                    "callback keys today (MAX_NEW_KEYS_PER_VM_DAY); the key it holds still "
+                    "works"
+                )
         try:
             return self._remember(self._refresh(vm_id, key, known=identity))
         except FactsUnavailable as exc:
@@ -343,10 +375,14 @@ class CachedResolver:
         self, vm_id: str, key: CallbackKey | None, known: Identity | bool | None = False
     ) -> Identity:
         facts = self.upstream.resolve(vm_id)
+        today = self.clock().strftime("%Y-%m-%d")
 
         def change(current: Identity | None) -> Identity:
             base = current or Identity(facts=facts)
             updated = base.model_copy(update={"facts": facts})
+            if key is not None and base.keys and base.key(key.key_id) is None:
+                count = base.new_keys_on(today) + 1
+                updated = updated.model_copy(update={"new_keys": f"{today}:{count}"})
             return updated.with_key(key) if key is not None else updated
 
         result = self.store.mutate(vm_id, change, known=known)

@@ -51,7 +51,7 @@ from functions.identity.facts import (
 )
 from functions.identity.graph_state import log_refusal_once
 from functions.identity.keys import CallbackKey, InvalidCallbackKey, parse_callback_key
-from functions.identity.registry import CachedResolver, Identity, IdentityStore
+from functions.identity.registry import CachedResolver, Identity, IdentityStore, TooManyKeys
 from functions.model.envelope import Envelope, VmRef
 from functions.pipeline.admission_tally import AdmissionTally, Unverified
 from functions.settings import Settings
@@ -153,7 +153,10 @@ class Admission:
             allowed_subscriptions=settings.subscription_allow_list,
         )
         cached = CachedResolver(
-            registry, resolver, max_age_seconds=settings.vm_facts_max_age_seconds
+            registry,
+            resolver,
+            max_age_seconds=settings.vm_facts_max_age_seconds,
+            max_new_keys_per_day=settings.max_new_keys_per_vm_day,
         )
         return cls(
             verifier,
@@ -206,6 +209,8 @@ class Admission:
             raise NotAdmitted(f"callback_key: {exc}") from None
         try:
             identity = self._enroll(vm_id, key, verified=attested is not None)
+        except TooManyKeys as exc:
+            raise NotAdmitted(str(exc)) from None
         except ResourceGraphRefused as exc:
             log_refusal_once(exc)
             age = now - envelope.observed_at

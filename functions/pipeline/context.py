@@ -15,6 +15,7 @@ from functions.approvers.relay import RelayTarget
 from functions.clock import Clock
 from functions.model.policy import Policy
 from functions.pipeline.admission import Admission, callback_url
+from functions.pipeline.bounds import HeartbeatBound
 from functions.pipeline.liveness_verifier import RegistryVerifier
 from functions.pipeline.publish import Publisher
 from functions.settings import Settings
@@ -51,6 +52,8 @@ class Pipeline:
         if liveness_verifier is None and admission is not None:
             liveness_verifier = RegistryVerifier(admission.registry)
         self.liveness_verifier = liveness_verifier
+        # Per-VM bounds enforced in memory, before any Table request (issue 27).
+        self.heartbeat_bound = HeartbeatBound()
 
     @property
     def policy(self) -> Policy | None:

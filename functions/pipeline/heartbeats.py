@@ -37,6 +37,7 @@ class HeartbeatResult(BaseModel):
     rejected: int = 0
     unadmitted: int = 0  # from VMs Resource Graph could not describe yet (left out, logged)
     requests: int = 0  # Table transactions the liveness writes took
+    bounded: int = 0  # over the per-VM bound (functions.pipeline.bounds): not written
 
 
 def ingest_heartbeats(
@@ -76,7 +77,12 @@ def ingest_heartbeats(
             result.rejected += 1
             continue
         ref = trusted_ref(identity.facts, admission.callback_port)
+        if not pipeline.heartbeat_bound.allow(ref.name, now):
+            result.bounded += 1  # one write a minute is all a VM's liveness is worth
+            continue
         beats.append((ref.name, now, ref.callback_url, envelope.relay_version or None))
+    if result.bounded:
+        log.info("heartbeats over the per-VM bound, not written: %d", result.bounded)
     if beats:
         result.requests = pipeline.store.heard(beats)
         result.heard = len(beats)
