@@ -3,17 +3,34 @@ availability set, so a maintenance wave never takes a whole set down together.
 
 Slots are rows in the events table's capacity partition, taken all-or-nothing under ETags;
 a slot whose holder ended is freed by the next taker, so a crash never leaks one for good.
+
+A slot also lapses at the NotBefore it was taken for, plus the event's duration and
+CAPACITY_GRACE, whatever the event's reporters say afterwards (issue 27): a VM that keeps
+listing a made-up event, moving its NotBefore, cannot hold the slot its set-mates wait for.
+A real event is done by then (Azure starts it at NotBefore at the latest; the duration is
+its impact), so a genuine holder is not cut short.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from functions.model.envelope import TERMINATE, ScheduledEvent
 from functions.model.event import Decision
 from functions.model.policy import Policy, is_impactful
 from functions.store.records import CapacityRecord, EventRecord
 from functions.store.state import Store
+
+CAPACITY_GRACE = timedelta(minutes=30)  # beyond NotBefore + duration, before a slot lapses
+
+
+def slot_until(record: EventRecord, now: datetime) -> datetime:
+    """When the slot `record` takes now lapses: its NotBefore as of now (now if none or
+    past), plus its duration when known, plus CAPACITY_GRACE."""
+    start = max(record.not_before or now, now)
+    duration = record.duration_in_seconds
+    impact = timedelta(seconds=duration) if duration is not None and duration > 0 else timedelta()
+    return start + impact + CAPACITY_GRACE
 
 
 def needs_capacity(event: ScheduledEvent | EventRecord) -> bool:
@@ -46,8 +63,9 @@ def acquire_capacity(
     """Take a slot in each of the event's sets, or none at all."""
     limit = capacity_limit(policy)
     taken: list[str] = []
+    until = slot_until(record, now)
     for key in capacity_keys(record):
-        if _take(store, key, record.event_id, limit):
+        if _take(store, key, record.event_id, limit, now, until):
             taken.append(key)
         else:
             for done in taken:
@@ -56,19 +74,25 @@ def acquire_capacity(
     return True
 
 
-def _take(store: Store, key: str, event_id: str, limit: int) -> bool:
-    # Holders whose event ended (or vanished) free their slot; checked before the write.
+def _take(
+    store: Store, key: str, event_id: str, limit: int, now: datetime, until: datetime
+) -> bool:
+    # Holders whose slot lapsed, or whose event ended (or vanished), free their slot;
+    # checked before the write (a lapsed one costs no read).
     current = store.get_capacity(key)
-    dead = {h for h in (current.holders if current else []) if not _holds(store, h)}
+    holders = current.holders if current else []
+    lapsed = {h for h in holders if current and h in current.until and current.until[h] <= now}
+    dead = lapsed | {h for h in holders if h not in lapsed and not _holds(store, h)}
 
     def change(rec: CapacityRecord | None) -> CapacityRecord | None:
         rec = rec or CapacityRecord(key=key)
         if event_id in rec.holders:
             return None
-        holders = [h for h in rec.holders if h not in dead]
-        if len(holders) >= limit:
+        kept = [h for h in rec.holders if h not in dead]
+        if len(kept) >= limit:
             raise _Full
-        rec.holders = [*holders, event_id]
+        rec.holders = [*kept, event_id]
+        rec.until = {h: t for h, t in rec.until.items() if h in kept} | {event_id: until}
         return rec
 
     try:
@@ -92,6 +116,7 @@ def _give_back(store: Store, key: str, event_id: str) -> None:
         if rec is None or event_id not in rec.holders:
             return None
         rec.holders = [h for h in rec.holders if h != event_id]
+        rec.until.pop(event_id, None)
         return rec
 
     store.mutate_capacity(key, change)

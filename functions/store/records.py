@@ -177,3 +177,6 @@ def clip(text: str, limit: int) -> str:
 class CapacityRecord(Record):
     key: str
     holders: list[str] = Field(default_factory=list)
+    # Holder -> when its slot lapses whatever its event's reporters say (issue 27): the
+    # NotBefore it was taken for, plus its duration and a grace (functions.pipeline.capacity).
+    until: dict[str, AwareDatetime] = Field(default_factory=dict)
