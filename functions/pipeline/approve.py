@@ -51,6 +51,7 @@ from functions.pipeline.approve_arm import (
     arm_phase,
 )
 from functions.pipeline.context import Pipeline
+from functions.pipeline.views import own_views
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.records import MAX_ATTEMPTS_KEPT, Attempt, EventRecord, VmRecord
@@ -182,8 +183,16 @@ def _relay_phase(
         return Phase(outcome="vetoed", detail=f"{differs[-1].vm}'s relay: {differs[-1].outcome}")
     # A relay that refused for good is not asked again for this event, in this call or later.
     refused = {a.vm for a in record.approval_attempts if final_refusal(a.outcome)}
-    relays = _relays(pipeline, record, now, skip=refused)
-    unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(refused)
+    # Each VM's own view (its reporter row: one query) is what its relay must confirm; a
+    # VM whose own view decided stricter than the event is not asked, except by a person.
+    record.reporter_views, stricter_own = own_views(
+        pipeline.store.reporter_rows(record.event_id), record
+    )
+    not_approving = set() if by.startswith("manual:") else stricter_own
+    relays = _relays(pipeline, record, now, skip=refused | not_approving)
+    unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(
+        refused | not_approving
+    )
     if not relays:
         # The named VMs' relays may simply not have reported yet (a set-mate's document
         # came first): wait for them while there is time, then give up.
@@ -208,8 +217,12 @@ def _relay_phase(
 
 def view_for(record: EventRecord, vm_name: str) -> VmView:
     """The view of the event the decision for `vm_name` rests on, as that VM's relay must
-    see it in its own IMDS. Until ingest stores each VM's own view, the event as stored
-    (the union of what its reporters said): H's per-VM views replace this function."""
+    see it in its own IMDS: its own view, as its reporter row keeps it (loaded into
+    `record.reporter_views` by the relay phase). A named VM that has not reported the
+    event (or ARM's "") gets the event as stored."""
+    own = record.reporter_views.get(vm_name.casefold())
+    if own is not None:
+        return own
     return VmView(
         vm=vm_name,
         event_type=record.event_type,

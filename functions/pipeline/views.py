@@ -11,6 +11,7 @@ from functions.model.envelope import ScheduledEvent
 from functions.model.event import Decision
 from functions.model.policy import PolicyLoad, decide
 from functions.model.view import VIEW_FIELDS, VmView, normalise_resources
+from functions.store.events import Reporter
 from functions.store.records import EventRecord, ViewDecision
 
 # "Stricter" (the brief's rule, made explicit): an action that leaves the event to Azure
@@ -124,3 +125,22 @@ def own_decision(record: EventRecord, key: str, kept_alone: Decision | None) -> 
     event row keeps it, else the one its reporter row kept (a view beyond MAX_VIEWS)."""
     found = next((e.decision for e in record.views if e.key == key), None)
     return found if found is not None else kept_alone
+
+
+def own_views(reporters: list[Reporter], record: EventRecord) -> tuple[dict[str, VmView], set[str]]:
+    """From the event's reporter rows (one partition query, `Store.reporter_rows`): each
+    reporting VM's own view (by case-folded name), and the VMs whose own decision is
+    stricter than the event's, whose relays the policy's approval must not use (the
+    event's decision already folds every view in, so this only guards a view decided
+    apart: beyond MAX_VIEWS, or after a race)."""
+    views: dict[str, VmView] = {}
+    stricter_own: set[str] = set()
+    event = record.decision
+    for reporter in reporters:
+        if not reporter.status or reporter.view is None:
+            continue
+        views[reporter.vm.casefold()] = reporter.view
+        own = own_decision(record, reporter.key, reporter.decision)
+        if event is not None and own is not None and strictness(own) > strictness(event):
+            stricter_own.add(reporter.vm)
+    return views, stricter_own

@@ -117,6 +117,9 @@ class EventRecord(Record):
     # (functions.store.events), filled in by `Store.load_reporters` when needed.
     reporters: dict[str, str] = Field(default_factory=dict, exclude=True)  # VM -> status
     past_reporters: list[str] = Field(default_factory=list, exclude=True)
+    # Not stored either: each reporting VM's own view (case-folded name -> VmView), from
+    # its reporter row, filled by the approver (functions.pipeline.views.own_views).
+    reporter_views: dict[str, VmView] = Field(default_factory=dict, exclude=True)
     resources_dropped: int = 0  # names beyond MAX_RESOURCES, not kept
     ended: EndState = ""
     ended_at: AwareDatetime | None = None

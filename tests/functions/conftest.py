@@ -88,9 +88,12 @@ class Relay:
                         relay.bad_signatures += 1
                     self._answer(401, {"error": str(exc)})
                     return
-                ids = json.loads(body)["EventIds"]
+                sent = json.loads(body)
+                ids = sent["EventIds"]
                 with relay._lock:
-                    relay.requests.append({"path": self.path, "EventIds": ids})
+                    relay.requests.append(
+                        {"path": self.path, "EventIds": ids, "Expect": sent.get("Expect")}
+                    )
                     relay.targets.append(identity_harness.NAMES.get(given_target(self), "?"))
                     status, answer = relay.script.pop(0) if relay.script else relay.default
                 if status == 200 and "results" not in answer:

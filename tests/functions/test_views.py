@@ -107,3 +107,48 @@ def test_the_fleet_page_and_the_status_api_show_the_differing_views(store, clock
     expected = "views differ (DurationInSeconds): mate: hold; victim: approve"
     assert fleet.status_code == 200 and expected in fleet.text
     assert page.status_code == 200 and expected in page.text
+
+
+def user_redeploy(resources: tuple[str, ...], duration: int = -1) -> dict:
+    return event("EV-U", "Redeploy", resources=resources, source="User", duration=duration)
+
+
+def test_the_relay_is_sent_its_own_vms_view_to_confirm(store, clock, relay):
+    pipeline, _ = make_pipeline(store, clock)
+    body = envelope("victim", 1, [user_redeploy(("victim",))], callback_url=relay.url)
+    assert ingest_message(body, pipeline).outcome == "processed"
+    (request,) = relay.requests
+    assert request["EventIds"] == ["EV-U"]
+    own = store.view_for("EV-U", "victim")
+    assert request["Expect"]["EV-U"]["Resources"] == own.expect()["Resources"] == ["victim"]
+    assert request["Expect"]["EV-U"]["EventSource"] == "User"
+    assert store.get_event("EV-U").approval == "approved"
+
+
+def test_a_vm_whose_own_view_is_stricter_than_the_event_is_not_asked(store, clock, relay):
+    """Every view kept approves, but this VM's own view came beyond MAX_VIEWS and its
+    reporter row keeps a hold decided for it alone (as after a race): the policy's
+    approval does not ask its relay; a person's approval may."""
+    from functions.model.event import Decision
+    from functions.model.view import VmView
+    from functions.pipeline.approve import approve_event
+    from functions.store.records import MAX_VIEWS
+
+    pipeline, _ = make_pipeline(store, clock)
+    names = tuple(f"vm{i}" for i in range(MAX_VIEWS))
+    for n, vm in enumerate(names):  # each its own approving view (durations differ)
+        send(pipeline, vm, 1, [user_redeploy((*names, "victim"), duration=n)])
+    body = envelope("victim", 1, [], callback_url=relay.url, availability_set=SET)
+    ingest_message(body, pipeline)  # the victim's relay is known and fresh
+    record = store.get_event("EV-U")
+    assert record.decision.action == "approve" and len(record.views) == MAX_VIEWS
+    held = Decision(action="hold", rule="default-hold")
+    view = VmView(vm="victim", event_type="Redeploy", event_source="Platform")
+    store.set_reporter(
+        "EV-U", "victim", "Scheduled", clock.now(), view=view, key="k", decision=held
+    )
+    result = approve_event("EV-U", pipeline)
+    assert relay.requests == [] and result.outcome in ("failed", "retry_later"), result
+    manual = approve_event("EV-U", pipeline, by="manual:test", force=True)
+    assert manual.outcome == "approved" and relay.starts() == ["EV-U"]
+    assert relay.requests[0]["Expect"]["EV-U"]["EventSource"] == "Platform"
