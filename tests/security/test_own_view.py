@@ -135,3 +135,30 @@ def test_arm_still_acknowledges_an_event_azure_reports_as_decided(fleet: Fleet):
     record = fleet.store.get_event(event_id)
     assert record.approval == "approved" and record.approved_by == "arm", record.approval_reason
     assert len(acknowledged(fleet)) == 1
+
+
+# --------------------------------------------------------------- the first reporter
+
+
+def test_the_first_reporter_does_not_fix_a_shared_events_decision(fleet: Fleet):
+    """A Freeze naming both VMs, 5 s in IMDS (approved by the reference policy). The
+    attacker reports it first as 30 s (held). The victim's genuine report is decided on
+    its own view: the event records that the views differ, with the decision made on each;
+    the stricter one holds for the whole event, and no approval rests on either."""
+    fleet.deliver(fleet.vms["victim"].message([]))
+    event_id = fleet.sim.add_event(
+        "Freeze", resources=["victim", "attacker"], duration=5, notice=900
+    )
+    longer = {**imds_event(fleet, "attacker", event_id), "DurationInSeconds": 30}
+    silence(fleet, "attacker")
+    fleet.deliver(fleet.vms["attacker"].message([longer]))
+    assert fleet.store.get_event(event_id).decision.action == "hold"
+
+    fleet.deliver(fleet.vms["victim"].message(own_document(fleet, "victim")))
+
+    record = fleet.store.get_event(event_id)
+    assert "DurationInSeconds" in record.views_differ, record.views_differ
+    decided = {v.decision.action for v in record.views}
+    assert decided == {"hold", "approve"}, record.views  # each view decided on its own
+    assert record.decision.action == "hold"  # the stricter outcome for the whole event
+    assert fleet.sim.approvals == []
