@@ -245,6 +245,7 @@ class ResourceGraphService:
     clock: Callable[[], float] = time.monotonic
     quota: int | None = QUOTA  # None: no quota (a test that needs none)
     window: float = WINDOW_SECONDS
+    latency: float = 0.0  # seconds each answered query takes (the bench: Azure's, assumed)
     queries: int = 0
     refused: list[str] = field(default_factory=list)  # the rule of each query refused
     _users: dict[str, Quota] = field(default_factory=dict)
@@ -270,6 +271,8 @@ class ResourceGraphService:
         if not isinstance(top, int) or not 1 <= top <= PAGE_MAX:
             body = error_body("InvalidTop", f"$top must be between 1 and {PAGE_MAX}")
             return 400, body, headers
+        if self.latency:
+            time.sleep(self.latency)
         rows, offset = self._rows(kql, subscriptions, options.get("$skipToken"))
         if rows is None:
             body = error_body("InvalidSkipToken", "The $skipToken is not valid for this query")

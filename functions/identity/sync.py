@@ -23,9 +23,10 @@ The timer (function_app `identity_sync`, every 5 minutes) calls `sync_identities
   stops, keeps the cursor and raises ResourceGraphRefused for the handler to announce
   (functions.identity.graph_state).
 
-Cost for 100,000 VMs: 100 queries and about 1,300 batch requests a pass (8 partitions: a
-page of 1,000 VMs is about 8 batches of 125 → 16 requests), plus one cursor read and write
-a run: with a pass every 3 hours, about 0.1 Table request per VM-day.
+Cost for 100,000 VMs (measured by `make bench`, tests/bench/enrol_bench.py): 100 queries
+and about 1,600 batch requests a pass (a page of 1,000 VMs spreads over 8 partitions of
+about 125 rows, two transactions each), plus one cursor read and write a run. With a pass
+every 3 hours: 800 queries and about 13,000 Table requests a day, 0.13 per VM-day.
 """
 
 from __future__ import annotations
@@ -34,10 +35,15 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from azure.core.exceptions import ResourceNotFoundError
+from azure.core.exceptions import (
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
 from azure.data.tables import TableClient, UpdateMode
 from pydantic import BaseModel, Field
 
@@ -49,13 +55,19 @@ from functions.identity.facts import (
     rows_by_vm,
     vm_query,
 )
-from functions.identity.registry import partition_of
-from functions.identity.resource_graph import PAGE_ROWS, ResourceGraph, ResourceGraphRefused
+from functions.identity.registry import BUCKETS, partition_of
+from functions.identity.resource_graph import (
+    PAGE_ROWS,
+    Page,
+    ResourceGraph,
+    ResourceGraphRefused,
+)
 
 log = logging.getLogger(__name__)
 
 CURSOR_PARTITION, CURSOR_ROW = "sync", "cursor"
 BATCH = 100  # an entity group transaction's limit
+WRITE_ATTEMPTS = 3
 CARRY_LIMIT = 30000  # characters of held-back rows stored in the cursor row
 DEFAULT_WAIT = 5.0  # a transient failure without Retry-After: one quota window
 
@@ -117,9 +129,14 @@ def save_cursor(table: TableClient, cursor: Cursor) -> None:
 
 
 def write_facts(
-    table: TableClient, rows: list[dict[str, Any]], now: datetime, report: SyncReport
+    table: TableClient,
+    rows: list[dict[str, Any]],
+    now: datetime,
+    report: SyncReport,
+    pool: ThreadPoolExecutor | None = None,
 ) -> None:
-    """Merge the facts of every VM in `rows` into its identity row, 100 per transaction."""
+    """Merge the facts of every VM in `rows` into its identity row, 100 per transaction;
+    the partitions in parallel when a `pool` is given (each is its own Table partition)."""
     by_partition: dict[str, list[dict[str, Any]]] = {}
     for vm_id, mine in rows_by_vm(rows).items():
         try:
@@ -136,12 +153,32 @@ def write_facts(
             "fetched_at": facts.fetched_at,
         }
         by_partition.setdefault(entity["PartitionKey"], []).append(entity)
-    for entities in by_partition.values():
+
+    def write(entities: list[dict[str, Any]]) -> tuple[int, int]:
+        made = 0
         for start in range(0, len(entities), BATCH):
-            chunk = entities[start : start + BATCH]
-            table.submit_transaction([("upsert", e, {"mode": UpdateMode.MERGE}) for e in chunk])
-            report.table_requests += 1
-            report.vms_written += len(chunk)
+            operations = [
+                ("upsert", e, {"mode": UpdateMode.MERGE}) for e in entities[start : start + BATCH]
+            ]
+            for attempt in range(WRITE_ATTEMPTS):
+                made += 1
+                try:
+                    table.submit_transaction(operations)
+                    break
+                except (ServiceRequestError, ServiceResponseError):
+                    # A dropped connection: the transaction merges the same facts again,
+                    # so sending it again is safe. Anything else fails the run (the cursor
+                    # stays before this page; the next run writes it again).
+                    if attempt + 1 == WRITE_ATTEMPTS:
+                        raise
+                    time.sleep(0.2 * (attempt + 1))
+        return made, len(entities)
+
+    parts = list(by_partition.values())
+    results = list(pool.map(write, parts)) if pool is not None else [write(p) for p in parts]
+    for made, written in results:
+        report.table_requests += made
+        report.vms_written += written
 
 
 def _split(rows: list[dict[str, Any]], more: bool) -> tuple[list[dict[str, Any]], list[dict]]:
@@ -182,12 +219,26 @@ def sync_identities(
     budget = _Budget(budget_seconds, monotonic)
     queries_before = graph.requests
     retried_token = False
+
+    def fetch(table_index: int, token: str | None, wait: float) -> Page:
+        if wait:
+            sleep(wait)  # the quota is spent: its window resets first
+        return graph.query(vm_query(TABLES[table_index]), token, top=page_rows)
+
+    # The next page is asked for while this one is written (Resource Graph's latency hides
+    # behind the Table writes), and a page's partitions are written in parallel.
+    pager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-page")
+    writers = ThreadPoolExecutor(max_workers=BUCKETS, thread_name_prefix="sync-write")
+    pending: Future[Page] | None = None
     try:
         while budget.allows(0):
-            kql = vm_query(TABLES[cursor.table])
             try:
-                page = graph.query(kql, cursor.skip_token, top=page_rows)
+                if pending is None:
+                    page = fetch(cursor.table, cursor.skip_token, 0.0)
+                else:
+                    page = pending.result()
             except ResourceGraphRefused:
+                pending = None
                 if cursor.skip_token and not retried_token:
                     # A skip token kept across runs may have expired: this table again.
                     log.warning("identity sync: skip token refused; restarting the table")
@@ -195,6 +246,7 @@ def sync_identities(
                     continue
                 raise
             except FactsUnavailable as exc:
+                pending = None
                 wait = exc.retry_after if exc.retry_after is not None else DEFAULT_WAIT
                 if not budget.allows(wait):
                     report.error = str(exc)
@@ -203,24 +255,32 @@ def sync_identities(
                 report.waited_seconds += wait
                 sleep(wait)
                 continue
+            pending = None
             report.pages += 1
-            ready, carry = _split(cursor.carry + page.rows, page.skip_token is not None)
-            write_facts(table, ready, now(), report)
-            cursor.skip_token, cursor.carry = page.skip_token, carry
-            if page.skip_token is None:
-                cursor.table += 1
-                if cursor.table == len(TABLES):
-                    cursor = Cursor(last_pass=cursor.pass_started)
-                    report.finished_pass = True
-                    break
-            if page.quota_remaining == 0:
-                wait = page.quota_resets_after if page.quota_resets_after else DEFAULT_WAIT
-                if not budget.allows(wait):
-                    break
-                report.quota_waits += 1
-                report.waited_seconds += wait
-                sleep(wait)
+            more = page.skip_token
+            ready, carry = _split(cursor.carry + page.rows, more is not None)
+            next_table, next_token = (cursor.table, more) if more else (cursor.table + 1, None)
+            finished = next_table == len(TABLES)
+            if not finished:
+                wait = 0.0
+                if page.quota_remaining == 0:
+                    wait = page.quota_resets_after or DEFAULT_WAIT
+                if budget.allows(wait):
+                    if wait:
+                        report.quota_waits += 1
+                        report.waited_seconds += wait
+                    pending = pager.submit(fetch, next_table, next_token, wait)
+            write_facts(table, ready, now(), report, writers)
+            cursor.table, cursor.skip_token, cursor.carry = next_table, next_token, carry
+            if finished:
+                cursor = Cursor(last_pass=cursor.pass_started)
+                report.finished_pass = True
+                break
+            if pending is None:
+                break  # the quota's wait would outlast the budget: the next run goes on
     finally:
+        pager.shutdown(wait=True, cancel_futures=True)
+        writers.shutdown(wait=True)
         report.queries = graph.requests - queries_before
         save_cursor(table, cursor)
         report.table_requests += 1

@@ -50,9 +50,13 @@ TARGETS: dict[str, tuple[str, float]] = {
     "table_requests_per_doc_set200": ("<=", 4),
     "documents_per_event_set20": ("<=", 3),
     "watchdog_requests_10k": ("<=", 30),
+    "watchdog_requests_10k_junk": ("<=", 30),  # issue 27: 100,000 junk liveness rows
     "cost_usd_per_vm_month_10k": ("<=", 0.01),
     "capacity_vms": (">=", 100000),
     "relay_customdata_spare_bytes": (">=", 8192),
+    # Issue 26: 100,000 VMs enrolled by the bulk sync (tests/bench/enrol_bench.py).
+    "enrol_100k_s": ("<=", 600),
+    "resource_graph_queries_100k": ("<=", 110),
 }
 
 
@@ -390,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ingest-threads", type=int, default=2, help="sessions per process")
     parser.add_argument("--watchdog-vms", type=int, default=10_000, help="fleet of the sweep")
     parser.add_argument("--watchdog-ended", type=int, default=1_000, help="ended events")
+    parser.add_argument("--enrol-vms", type=int, default=100_000, help="VMs the sync enrols")
     parser.add_argument(
         "--counts-out",
         help="where to write the measured counts (default: functions/cost/counts.json on a "
@@ -400,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.relay_seconds, args.approve_samples, args.ingest_vms = 12.0, 5, 50
         args.watchdog_vms, args.watchdog_ended = 1_000, 100
+        args.enrol_vms = 10_000
     from local.azurite import Azurite
 
     began = time.monotonic()
@@ -424,6 +430,12 @@ def main(argv: list[str] | None = None) -> int:
         progress("fan-out: 100 VMs of one availability set report one event")
         results.update(notifications_per_event(azurite.connection_string))
         results.update(fleet_scale(azurite.connection_string, args))
+        from tests.bench import enrol_bench
+
+        progress(f"enrol: {args.enrol_vms} VMs through the simulated Resource Graph")
+        enrolled = enrol_bench.run(azurite.connection_string, args.enrol_vms)
+        results["enrol"] = enrolled.pop("_enrol")
+        results.update(enrolled)
     results["bench_seconds"] = round(time.monotonic() - began, 1)
     print(table(results))
     print(json.dumps(results))

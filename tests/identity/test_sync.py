@@ -18,6 +18,7 @@ from functions.identity.keys import CallbackKey
 from functions.identity.registry import CachedResolver, Identity, IdentityStore
 from functions.identity.sync import Cursor, load_cursor, save_cursor, sync_identities
 from functions.model.event import Notification, Transition
+from functions.web.pages import graph_warning
 from simulator import Simulator, SimulatorServer
 from simulator.resource_graph import vm_row
 from tests.identity.test_facts import SimulatorCredential
@@ -228,6 +229,8 @@ def test_a_refused_query_stops_the_sync_and_is_announced_once_then_resolved(
     assert graph_state.note_refused(events, published, errors[0], T0)
     assert not graph_state.note_refused(events, published, errors[1], T0)  # same error
     assert graph_state.graph_state(events)["code"] == "BadRequest"
+    warning = graph_warning(graph_state.graph_state(events))
+    assert "REFUSES" in warning and "CrossTableUnionNotSupported" in warning
     (note,) = published.notes
     assert note.transition is Transition.CONFIG_INVALID and note.page
     assert "CrossTableUnionNotSupported" in note.detail
@@ -236,6 +239,7 @@ def test_a_refused_query_stops_the_sync_and_is_announced_once_then_resolved(
     assert graph_state.note_answered(events, published, T0)
     assert [n.transition for n in published.notes][-1] is Transition.CONFIG_VALID
     assert graph_state.graph_state(events) is None
+    assert graph_warning(None) == ""
     assert not graph_state.note_answered(events, published, T0)
 
 
