@@ -271,3 +271,35 @@ def _facts(v: str) -> Any:
         address="10.0.0.7",
         fetched_at=T0,
     )
+
+
+def test_a_transaction_whose_connection_dropped_is_sent_again(server, store):
+    from azure.core.exceptions import ServiceResponseError
+
+    server.arm.graph.inventory = lambda: [standalone(i) for i in range(3)]
+
+    class Flaky:
+        """The identities table, whose first transaction loses its connection."""
+
+        def __init__(self, table: Any) -> None:
+            self.table, self.dropped = table, 0
+
+        def submit_transaction(self, operations: Any) -> Any:
+            if not self.dropped:
+                self.dropped += 1
+                raise ServiceResponseError("Connection aborted.")
+            return self.table.submit_transaction(operations)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.table, name)
+
+    flaky = Flaky(store.table)
+    report = sync_identities(
+        resolver(server).graph,
+        flaky,
+        lambda: T0,
+        every=timedelta(hours=3),
+        budget_seconds=60,
+    )
+    assert flaky.dropped == 1 and report.finished_pass and report.vms_written == 3
+    assert all(store.get(vm_id(i)) is not None for i in range(3))
