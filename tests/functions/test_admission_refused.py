@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import requests
 
 from functions.identity import graph_state
 from functions.identity.facts import ResourceGraphRefused
@@ -81,3 +82,34 @@ def test_a_known_vm_is_admitted_on_its_stored_facts(store, clock, refusing):
     later = envelope("old-vm", 2, [], observed_at=clock.now())
     assert ingest_message(later, pipeline).outcome != "rejected"
     assert refusing.calls == 1  # the refresh was asked, refused, and the stored facts served
+
+
+def test_the_sync_timer_announces_a_refusal_once_and_its_fix(store, clock, monkeypatch):
+    from functions.identity import sync
+    from functions.identity.facts import ResourceGraphResolver
+    from functions.pipeline.identity_sync import run_identity_sync
+    from simulator import Simulator, SimulatorServer
+    from tests.identity.test_facts import SimulatorCredential
+    from tests.simulator.test_resource_graph import OLD_FACTS_QUERY
+
+    sim = Simulator(time_scale=60.0)
+    sim.add_vm("solo")
+    server = SimulatorServer(sim).start()
+    try:
+        pipeline, pub = make_pipeline(store, clock)
+        pipeline.admission.identities.upstream = ResourceGraphResolver(
+            requests.Session(), SimulatorCredential(server), server.arm_url
+        )
+        monkeypatch.setattr(sync, "vm_query", lambda table, vm_id=None: OLD_FACTS_QUERY)
+        for _ in range(2):
+            report = run_identity_sync(pipeline)
+            assert "CrossTableUnionNotSupported" in report.error
+        (note,) = [n for n in pub.published if n.transition == "config_invalid"]
+        assert note.vm == "resource-graph" and "CrossTableUnionNotSupported" in note.detail
+        monkeypatch.undo()
+        assert run_identity_sync(pipeline).finished_pass
+        assert [n.transition for n in pub.published][-1] == "config_valid"
+        solo = pipeline.admission.registry.get(server.arm.inventory()[0]["vmId"])
+        assert solo is not None and solo.facts.name == "solo"
+    finally:
+        server.stop()
