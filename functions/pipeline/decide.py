@@ -1,4 +1,12 @@
-"""The pure step of ingest: one VM's report of one event, decided on that VM's own view.
+"""The pure steps of ingest: every decision one document makes, with no I/O and no clock.
+
+- `is_stale`, `over_rate`: whether the document is processed at all (a redelivery, or a
+  VM over its hourly bounds), from the VM row as read;
+- `decide_report`: one event the document lists, decided on this VM's own view;
+- `next_vm_row`: the VM row after the document (sequence, hourly counts, its events,
+  statuses and view keys, the end of an announced silence).
+functions.pipeline.ingest reads the rows, calls these, and writes what they return with
+conditional writes; on a conflict it reads again and calls them again.
 
 `decide_report(row, event, vm, policy, now)` takes the event row as read (or None), the
 event as this VM's IMDS showed it (its attested document), Azure's facts about the VM,
@@ -23,14 +31,15 @@ about every other VM. So:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from functions.model.envelope import ScheduledEvent, VmRef
+from functions.model.envelope import Envelope, ScheduledEvent, VmRef
 from functions.model.event import Decision, Transition
 from functions.model.policy import PolicyLoad, decide
 from functions.model.view import VmView
 from functions.pipeline.lifecycle import report
 from functions.pipeline.redecide import redecide, should_redecide
+from functions.pipeline.relay_recovery import claim_recovery
 from functions.pipeline.views import (
     TOO_MANY_VIEWS,
     differing_fields,
@@ -39,9 +48,10 @@ from functions.pipeline.views import (
     view_key,
     view_of,
 )
+from functions.settings import Settings
 from functions.store import claims
 from functions.store.recent import copy_record
-from functions.store.records import MAX_VIEWS, EventRecord, ViewDecision
+from functions.store.records import MAX_VIEWS, EventRecord, ViewDecision, VmRecord
 
 
 @dataclass
@@ -180,3 +190,97 @@ def _redecide(
     """The policy is valid again: each kept view and then the event are decided afresh
     (functions.pipeline.redecide notes why)."""
     redecide(record, event, policy, now)
+
+
+# ------------------------------------------------------------------ the VM's own row
+
+
+def is_stale(vm: VmRecord | None, envelope: Envelope) -> bool:
+    """Older than what we have: a redelivery or an out-of-order message.
+
+    Both the sequence and the relay's observation time must be no newer: a relay whose
+    state was wiped restarts its sequence, but its clock still moves forward.
+    """
+    if vm is None or vm.last_observed_at is None:
+        return False
+    return envelope.sequence <= vm.last_sequence and envelope.observed_at <= vm.last_observed_at
+
+
+RATE_WINDOW = timedelta(hours=1)
+
+
+def rate_window(vm: VmRecord | None, now: datetime) -> tuple[int, int]:
+    """(messages, new events) this VM sent in its current hour, or (0, 0) for a new hour."""
+    if vm is None or vm.window_start is None or now - vm.window_start >= RATE_WINDOW:
+        return 0, 0
+    return vm.window_messages, vm.window_new_events
+
+
+def new_events(vm: VmRecord | None, events: list[ScheduledEvent]) -> int:
+    """Events this VM had not listed before (each can create rows: its event and more)."""
+    known = set(vm.event_statuses) | set(vm.late_event_ids) if vm else set()
+    return sum(1 for e in events if e.event_id.casefold() not in known)
+
+
+def over_rate(
+    vm: VmRecord | None, events: list[ScheduledEvent], now: datetime, settings: Settings
+) -> str:
+    """Why this message is over what one VM may send in an hour, or "" when it is not.
+
+    A genuine relay sends a message when its IMDS document changes (a few a day) and sees
+    a handful of new events a month; a hostile one could create rows without end (a new
+    EventId each message). The bounds are far above the first and far below the second."""
+    messages, added = rate_window(vm, now)
+    if messages >= settings.max_messages_per_vm_hour:
+        return (
+            f"more than {settings.max_messages_per_vm_hour} messages from this VM within an "
+            "hour (MAX_MESSAGES_PER_VM_HOUR)"
+        )
+    if added + new_events(vm, events) > settings.max_new_events_per_vm_hour:
+        return (
+            f"more than {settings.max_new_events_per_vm_hour} new EventIds from this VM within "
+            "an hour (MAX_NEW_EVENTS_PER_VM_HOUR)"
+        )
+    return ""
+
+
+def next_vm_row(
+    current: VmRecord | None,
+    envelope: Envelope,
+    events: list[ScheduledEvent] | None,
+    now: datetime,
+    late: set[str],
+    views: dict[str, str],
+) -> tuple[VmRecord, str | None]:
+    """The VM row after this document (pure: `current` is not changed), and the mark of
+    an announced silence this document ends (the caller announces its recovery).
+
+    `events`: what the document lists for this VM (None for a message without a
+    document); `late`: EventIds it lists only after they ended; `views`: EventId ->
+    the key of its view of each (functions.pipeline.views.view_key)."""
+    record = copy_record(current) if current is not None else VmRecord(name=envelope.vm.name)
+    messages, added = rate_window(record, now)
+    if messages == 0 and added == 0:
+        record.window_start = now
+    record.window_messages = messages + 1
+    record.window_new_events = added + (new_events(record, events) if events is not None else 0)
+    mark = claim_recovery(record, now)
+    record.last_sequence = max(record.last_sequence, envelope.sequence)
+    if record.last_observed_at is None or envelope.observed_at > record.last_observed_at:
+        record.last_observed_at = envelope.observed_at
+    record.last_seen = now
+    ref = envelope.vm
+    record.vm_id = ref.vm_id or record.vm_id
+    record.callback_url = ref.callback_url or record.callback_url
+    record.scale_set = ref.scale_set or record.scale_set
+    record.availability_set = ref.availability_set or record.availability_set
+    record.resource_id = ref.resource_id or record.resource_id
+    record.relay_version = envelope.relay_version
+    document = envelope.scheduled_events
+    if document is not None and events is not None:
+        record.last_incarnation = document.document_incarnation
+        record.event_ids = [e.event_id for e in events]
+        record.event_statuses = {e.event_id.casefold(): e.event_status for e in events}
+        record.late_event_ids = sorted(late)
+        record.event_views = dict(views)
+    return record, mark

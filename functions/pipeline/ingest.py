@@ -21,14 +21,13 @@ from functions.pipeline.admission import NotAdmitted, trusted_ref
 from functions.pipeline.announce import publish_claimed
 from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
-from functions.pipeline.decide import ReportPlan, decide_report
+from functions.pipeline.decide import ReportPlan, decide_report, is_stale, next_vm_row, over_rate
 from functions.pipeline.redecide import should_redecide
-from functions.pipeline.relay_recovery import announce_recovery, claim_recovery
+from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
 from functions.pipeline.transitions import after_decision, end_event
 from functions.pipeline.views import view_key, view_of
-from functions.settings import Settings
 from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
 from functions.store.rows import RowTooLarge
@@ -105,7 +104,7 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
 
 
 # A relay's clock may run a little ahead; a message from further in the future would make
-# the VM's later genuine documents look stale (functions.pipeline.ingest._is_stale).
+# the VM's later genuine documents look stale (functions.pipeline.decide.is_stale).
 MAX_FUTURE = timedelta(minutes=5)
 
 
@@ -153,55 +152,6 @@ def _reject(
     return IngestResult(outcome="rejected", vm=vm, reason=reason)
 
 
-def _is_stale(vm: VmRecord | None, envelope: Envelope) -> bool:
-    """Older than what we have: a redelivery or an out-of-order message.
-
-    Both the sequence and the relay's observation time must be no newer: a relay whose
-    state was wiped restarts its sequence, but its clock still moves forward.
-    """
-    if vm is None or vm.last_observed_at is None:
-        return False
-    return envelope.sequence <= vm.last_sequence and envelope.observed_at <= vm.last_observed_at
-
-
-RATE_WINDOW = timedelta(hours=1)
-
-
-def _window(vm: VmRecord | None, now: datetime) -> tuple[int, int]:
-    """(messages, new events) this VM sent in its current hour, or (0, 0) for a new hour."""
-    if vm is None or vm.window_start is None or now - vm.window_start >= RATE_WINDOW:
-        return 0, 0
-    return vm.window_messages, vm.window_new_events
-
-
-def _new_events(vm: VmRecord | None, events: list[ScheduledEvent]) -> int:
-    """Events this VM had not listed before (each can create rows: its event and more)."""
-    known = set(vm.event_statuses) | set(vm.late_event_ids) if vm else set()
-    return sum(1 for e in events if e.event_id.casefold() not in known)
-
-
-def over_rate(
-    vm: VmRecord | None, events: list[ScheduledEvent], now: datetime, settings: Settings
-) -> str:
-    """Why this message is over what one VM may send in an hour, or "" when it is not.
-
-    A genuine relay sends a message when its IMDS document changes (a few a day) and sees
-    a handful of new events a month; a hostile one could create rows without end (a new
-    EventId each message). The bounds are far above the first and far below the second."""
-    messages, new_events = _window(vm, now)
-    if messages >= settings.max_messages_per_vm_hour:
-        return (
-            f"more than {settings.max_messages_per_vm_hour} messages from this VM within an "
-            "hour (MAX_MESSAGES_PER_VM_HOUR)"
-        )
-    if new_events + _new_events(vm, events) > settings.max_new_events_per_vm_hour:
-        return (
-            f"more than {settings.max_new_events_per_vm_hour} new EventIds from this VM within "
-            "an hour (MAX_NEW_EVENTS_PER_VM_HOUR)"
-        )
-    return ""
-
-
 def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     """One admitted message: `envelope.vm` is Azure's description of its sender."""
     store, clock = pipeline.store, pipeline.clock
@@ -217,7 +167,7 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     result.ignored_events = len(listed) - len(current)
     for attempt in range(20):
         vm, guessed = _vm_row(store, envelope, current, first=attempt == 0)
-        if _is_stale(vm, envelope):
+        if is_stale(vm, envelope):
             return IngestResult(outcome="stale", vm=name, reason="sequence already processed")
         now = clock.now()
         too_many = over_rate(vm, current, now, pipeline.settings)
@@ -346,40 +296,14 @@ def _save_vm(
     of the row sees it)."""
     expected = vm.etag if vm else None
     claimed: list[str] = []
-    document = envelope.scheduled_events  # parsed once, not on every attempt
 
     def change(current: VmRecord | None) -> VmRecord | None:
         claimed.clear()
         if (current.etag if current else None) != expected:
             raise _Moved
-        record = current or VmRecord(name=envelope.vm.name)
-        messages, new_events = _window(record, now)
-        if messages == 0 and new_events == 0:
-            record.window_start = now
-        record.window_messages = messages + 1
-        record.window_new_events = new_events + (
-            _new_events(record, events) if events is not None else 0
-        )
-        mark = claim_recovery(record, now)
+        record, mark = next_vm_row(current, envelope, events, now, late, views or {})
         if mark is not None:
             claimed.append(mark)
-        record.last_sequence = max(record.last_sequence, envelope.sequence)
-        if record.last_observed_at is None or envelope.observed_at > record.last_observed_at:
-            record.last_observed_at = envelope.observed_at
-        record.last_seen = now
-        ref = envelope.vm
-        record.vm_id = ref.vm_id or record.vm_id
-        record.callback_url = ref.callback_url or record.callback_url
-        record.scale_set = ref.scale_set or record.scale_set
-        record.availability_set = ref.availability_set or record.availability_set
-        record.resource_id = ref.resource_id or record.resource_id
-        record.relay_version = envelope.relay_version
-        if document is not None and events is not None:
-            record.last_incarnation = document.document_incarnation
-            record.event_ids = [e.event_id for e in events]
-            record.event_statuses = {e.event_id.casefold(): e.event_status for e in events}
-            record.late_event_ids = sorted(late)
-            record.event_views = dict(views or {})
         return record
 
     try:

@@ -244,3 +244,69 @@ def test_differing_fields_names_each_field_once_in_order():
 def test_default_rules_are_what_these_tests_assume():
     names = [r.name for r in default_rules()]
     assert names == ["terminate-drain", "user-initiated", "short-freeze", "default-hold"]
+
+
+# ------------------------------------------------------------------ the VM's own row
+
+
+def message(sequence: int, events: list[ScheduledEvent] | None, at: datetime = NOW):
+    from functions.model.envelope import parse_envelope
+
+    document = None
+    if events is not None:
+        wire = [e.model_dump(by_alias=True, mode="json") for e in events]
+        document = {"DocumentIncarnation": sequence, "Events": wire}
+    return parse_envelope(
+        {
+            "schema": 1,
+            "kind": "document",
+            "vm": {"name": "victim", "availability_set": "as-1"},
+            "relay_version": "test",
+            "sequence": sequence,
+            "observed_at": at.isoformat(),
+            "document": document,
+        }
+    )
+
+
+def test_the_vm_row_after_a_document_is_computed_without_changing_the_row_read():
+    from functions.pipeline.decide import next_vm_row
+
+    first, mark = next_vm_row(None, message(1, [freeze(5)]), [freeze(5)], NOW, set(), {"ev-1": "k"})
+    assert mark is None and first.last_sequence == 1 and first.event_ids == ["EV-1"]
+    assert first.event_views == {"ev-1": "k"} and first.window_new_events == 1
+    first.etag = "W/1"
+    first.silent_announced_for = "2026-11-21T09:00:00+00:00"
+    before = first.model_dump_json()
+    soon = NOW + timedelta(minutes=10)
+    second, mark = next_vm_row(first, message(2, [], soon), [], soon, set(), {})
+    assert first.model_dump_json() == before  # pure
+    assert mark == "2026-11-21T09:00:00+00:00" and second.recovery_pending == mark
+    assert second.event_ids == [] and second.event_views == {} and second.etag == "W/1"
+    assert second.window_messages == 2  # within the same hour
+
+
+def test_a_redelivered_or_older_document_is_stale():
+    from functions.pipeline.decide import is_stale, next_vm_row
+
+    row, _ = next_vm_row(None, message(5, []), [], NOW, set(), {})
+    assert is_stale(row, message(5, [], NOW))
+    assert is_stale(row, message(4, [], NOW - timedelta(seconds=1)))
+    assert not is_stale(row, message(1, [], LATER))  # a reinstalled relay: its clock moved on
+    assert not is_stale(None, message(1, []))
+
+
+def test_the_hourly_bounds_count_messages_and_new_event_ids():
+    from functions.pipeline.decide import next_vm_row, over_rate
+    from functions.settings import Settings
+
+    settings = Settings(max_messages_per_vm_hour=10, max_new_events_per_vm_hour=5)
+    row = None
+    for sequence in range(1, 10):
+        row, _ = next_vm_row(row, message(sequence, []), [], NOW, set(), {})
+    assert over_rate(row, [freeze(5)], NOW, settings) == ""
+    row, _ = next_vm_row(row, message(10, []), [], NOW, set(), {})
+    assert "MAX_MESSAGES_PER_VM_HOUR" in over_rate(row, [], NOW, settings)
+    assert over_rate(row, [], NOW + timedelta(hours=1), settings) == ""  # a new hour
+    many = [freeze(5, EventId=f"EV-{i}") for i in range(6)]
+    assert "MAX_NEW_EVENTS_PER_VM_HOUR" in over_rate(None, many, NOW, settings)
