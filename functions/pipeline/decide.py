@@ -81,10 +81,10 @@ def decide_report(
     showed the same view (its VM row says so), so a view the row could not keep (beyond
     MAX_VIEWS) is not counted again."""
     current = copy_record(row) if row is not None else None
-    updated, claimed = report(current, event, vm, now)
-    target = updated if updated is not None else current
     view = view_of(event, vm.name)
     key = view_key(view, vm.scale_set)
+    updated, claimed = report(current, event, vm, now, describes=_describes(current, vm, key))
+    target = updated if updated is not None else current
     if target is None or target.ended:
         return ReportPlan(row=updated, claimed=claimed, view=view, key=key)
     changed = updated is not None
@@ -111,9 +111,12 @@ def decide_report(
             kept = _keep(target, entry)
             changed = True
             made = _fold(target, entry.decision, now)
-    elif target.decision is None:  # views kept by an older row without a decision
-        made = _fold(target, entry.decision, now)
-        changed = True
+    else:
+        if _moved_to(target, entry, vm.name):
+            changed = True
+        if target.decision is None:  # views kept by an older row without a decision
+            made = _fold(target, entry.decision, now)
+            changed = True
     if should_redecide(target, policy, now):
         _redecide(target, event, policy, now)
         made = changed = True
@@ -130,6 +133,15 @@ def decide_report(
         decision=entry.decision,
         kept=kept,
     )
+
+
+def _describes(row: EventRecord | None, vm: VmRef, key: str) -> bool:
+    """Whether this report may move the row's description: the row shows the first view
+    kept (or none yet), and only its own VM, or a VM with that same view, moves it."""
+    if row is None or not row.views:
+        return True
+    first = row.views[0]
+    return first.first_vm == vm.name or first.key == key
 
 
 def _failed_closed(record: EventRecord) -> bool:
@@ -152,6 +164,20 @@ def _keep(record: EventRecord, entry: ViewDecision) -> bool:
     if record.views_dropped:
         record.views_differ.append(TOO_MANY_VIEWS)
     return kept
+
+
+def _moved_to(record: EventRecord, entry: ViewDecision, vm: str) -> bool:
+    """This VM now shows a view another VM showed first (Azure rescheduled the event and a
+    set-mate reported it first): the entry this VM made for its old view goes, so the
+    views do not look different for ever. Returns whether one went."""
+    stale = [e for e in record.views if e.first_vm == vm and e.key != entry.key]
+    if not stale:
+        return False
+    record.views = [e for e in record.views if e not in stale]
+    record.views_differ = differing_fields(record.views)
+    if record.views_dropped:
+        record.views_differ.append(TOO_MANY_VIEWS)
+    return True
 
 
 def _fold(record: EventRecord, decision: Decision, now: datetime) -> bool:

@@ -70,11 +70,18 @@ def _claim(
 
 
 def report(
-    record: EventRecord | None, event: ScheduledEvent, vm: VmRef, now: datetime
+    record: EventRecord | None,
+    event: ScheduledEvent,
+    vm: VmRef,
+    now: datetime,
+    describes: bool = True,
 ) -> tuple[EventRecord | None, list[Transition]]:
     """A VM's document contains `event`. Returns the new event row (None: unchanged) and
     the transitions this write claims for announcing. The VM's own reporter row is the
-    caller's (functions.pipeline.ingest)."""
+    caller's (functions.pipeline.ingest). `describes`: this report may move the row's
+    description (NotBefore, DurationInSeconds, Description), which the approval deadline,
+    the watchdog and the end read; only the VM whose view the row shows may (its own
+    event was rescheduled), so no other VM's report moves them for everyone."""
     claimed: list[Transition] = []
     if record is None:
         record = EventRecord(
@@ -105,13 +112,14 @@ def report(
     record.resources_dropped = max(record.resources_dropped, dropped)
     _union(record.scale_sets, [vm.scale_set], MAX_SETS)
     _union(record.availability_sets, [vm.availability_set], MAX_SETS)
-    if event.not_before is not None and not record.started and not record.arm_resource:
+    moves = describes and not record.started and not record.arm_resource
+    if event.not_before is not None and moves:
         # Once Event Grid described the event, its NotBefore is Azure's and a relay's
         # report (perhaps a set-mate's, perhaps hostile) does not move it.
         record.not_before = event.not_before
     if event.description and not record.description:
         record.description = event.description
-    if event.duration_in_seconds is not None:
+    if event.duration_in_seconds is not None and describes:
         record.duration_in_seconds = event.duration_in_seconds
     if event.event_status == STARTED and not record.started:
         record.started = True

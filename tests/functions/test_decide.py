@@ -310,3 +310,23 @@ def test_the_hourly_bounds_count_messages_and_new_event_ids():
     assert over_rate(row, [], NOW + timedelta(hours=1), settings) == ""  # a new hour
     many = [freeze(5, EventId=f"EV-{i}") for i in range(6)]
     assert "MAX_NEW_EVENTS_PER_VM_HOUR" in over_rate(None, many, NOW, settings)
+
+
+def test_only_the_vm_whose_view_the_row_shows_moves_its_not_before():
+    """A set-mate's report cannot move the NotBefore (the approval deadline, the
+    watchdog's overdue, the end's "had started") that the row shows for everyone."""
+    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    early = freeze(5, NotBefore="Sat, 21 Nov 2026 10:01:00 GMT", DurationInSeconds=3)
+    forged = written(decide_report(row, early, vm("mate"), POLICY, LATER), row)
+    assert forged.not_before == row.not_before and forged.duration_in_seconds == 5
+    assert forged.views_differ == ["DurationInSeconds", "NotBefore"]
+
+
+def test_a_reschedule_seen_first_by_a_set_mate_leaves_no_difference_behind():
+    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    moved = freeze(5, NotBefore="Sat, 21 Nov 2026 10:30:00 GMT")
+    row = written(decide_report(row, moved, vm("mate"), POLICY, NOW), row)
+    assert row.views_differ == ["NotBefore"]
+    row = written(decide_report(row, moved, vm("victim"), POLICY, NOW), row)
+    assert row.views_differ == [] and [e.first_vm for e in row.views] == ["mate"]
+    assert row.not_before == datetime(2026, 11, 21, 10, 30, tzinfo=UTC)
