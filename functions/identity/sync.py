@@ -138,7 +138,12 @@ def write_facts(
     """Merge the facts of every VM in `rows` into its identity row, 100 per transaction;
     the partitions in parallel when a `pool` is given (each is its own Table partition)."""
     by_partition: dict[str, list[dict[str, Any]]] = {}
-    for vm_id, mine in rows_by_vm(rows).items():
+    grouped = rows_by_vm(rows)
+    unnamed = len(rows) - sum(len(mine) for mine in grouped.values())
+    if unnamed:  # a VM row without a usable vmId: counted and logged, never silently lost
+        report.unusable += unnamed
+        log.warning("identity sync: %d row(s) without a usable vmId left out", unnamed)
+    for vm_id, mine in grouped.items():
         try:
             facts = facts_from_rows(vm_id, mine, now)
         except (FactsUnavailable, UnknownVm) as exc:

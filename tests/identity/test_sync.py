@@ -146,6 +146,15 @@ class CountingResolver(StaticResolver):
         return super().resolve(vm_id)
 
 
+def test_rows_azure_describes_badly_are_counted_and_the_rest_written(server, store):
+    twin = {**standalone(3), "id": standalone(3)["id"] + "-twin"}  # two resources, one vmId
+    rows = [standalone(1), {**standalone(2), "vmId": "not-a-uuid"}, standalone(3), twin]
+    server.arm.graph.inventory = lambda: rows
+    report = run(server, store, Clock())
+    assert report.finished_pass and report.vms_written == 1 and report.unusable == 2
+    assert store.get(vm_id(1)) is not None and store.get(vm_id(3)) is None
+
+
 def test_the_sync_merges_facts_and_never_touches_a_vms_keys(server, store):
     rows = [standalone(1)]
     server.arm.graph.inventory = lambda: rows
