@@ -108,9 +108,12 @@ def decide_report(
         if full and repeated:
             kept = False  # counted and folded in when this VM first showed it
         else:
+            agreed = not target.views_differ
             kept = _keep(target, entry)
             changed = True
             made = _fold(target, entry.decision, now)
+            if agreed and target.views_differ and not made:
+                _note_difference(target, now)
     else:
         if _moved_to(target, entry, vm.name):
             changed = True
@@ -178,6 +181,22 @@ def _moved_to(record: EventRecord, entry: ViewDecision, vm: str) -> bool:
     if record.views_dropped:
         record.views_differ.append(TOO_MANY_VIEWS)
     return True
+
+
+def _note_difference(record: EventRecord, now: datetime) -> None:
+    """Views of the event differ for the first time, and the event's decision stands (it
+    was already the stricter): that is a fact the on-call must see, so the decision is
+    announced again (once, as a re-decision with its own MessageId) saying so."""
+    assert record.decision is not None
+    fields = ", ".join(record.views_differ)
+    record.decision = record.decision.model_copy(
+        update={
+            "reason": f"{record.decision.reason}; reporters' views differ ({fields}): "
+            "the stricter decision applies to the whole event"
+        }
+    )
+    if record.announced.pop(Transition.DECIDED.value, None) is not None:
+        record.redecided_at = now
 
 
 def _fold(record: EventRecord, decision: Decision, now: datetime) -> bool:

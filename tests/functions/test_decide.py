@@ -101,8 +101,13 @@ def test_a_longer_duration_reported_first_does_not_decide_for_the_victim():
         "mate": "hold",
         "victim": "approve",
     }
-    # Nothing changed the event's decision, so nothing is announced again.
-    assert not plan.made and Transition.DECIDED not in plan.claimed
+    # The decision stands (hold was already the stricter), but that the views differ is
+    # announced: once, as a re-decision saying so.
+    assert not plan.made and Transition.DECIDED in plan.claimed
+    assert "views differ (DurationInSeconds)" in row.decision.reason
+    assert row.redecided_at == LATER
+    again = decide_report(row, freeze(7), vm("other"), POLICY, LATER + timedelta(seconds=1))
+    assert Transition.DECIDED not in again.claimed  # told once, not per difference
 
 
 def test_a_stricter_view_after_an_approval_was_decided_makes_the_event_stricter():

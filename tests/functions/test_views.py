@@ -39,8 +39,11 @@ def test_each_vm_is_decided_on_its_own_view_whoever_reported_first(store, clock)
     assert store.view_for("EV-F", "victim").duration_s == 5
     assert store.view_for("EV-F", "mate").duration_s == 60
     assert store.view_for("EV-F", "victim").expect()["Resources"] == ["mate", "victim"]
-    # The decision did not change (hold stays hold): announced once.
-    assert publisher.transitions("EV-F") == ["scheduled", "decided"]
+    # The decision stands (hold was the stricter); that the views differ is announced once.
+    assert publisher.transitions("EV-F") == ["scheduled", "decided", "decided"]
+    last = publisher.published[-1]
+    assert last.event.views_differ == ("DurationInSeconds",)
+    assert last.decision.action == "hold" and "views differ" in last.decision.reason
 
 
 def test_a_stricter_view_is_announced_with_the_fields_that_differ(store, clock):
