@@ -23,7 +23,7 @@ class RegistryVerifier:
     def lookup(self, vm_id: str) -> Entry | None:
         return _entry(self.registry.get(vm_id))
 
-    def pages(self) -> Iterator[dict[str, Entry]]:
+    def pages(self) -> Iterator[tuple[dict[str, Entry], bool]]:
         listing = self.registry.table.list_entities(
             select=["PartitionKey", "RowKey", "data", "keys"], results_per_page=PAGE_SIZE
         ).by_page()
@@ -36,7 +36,11 @@ class RegistryVerifier:
                     continue
                 if entry is not None:
                     found[str(row["RowKey"])] = entry
-            yield found
+            # The page's continuation token says whether another request would find more.
+            more = getattr(listing, "continuation_token", None) is not None
+            yield found, more
+            if not more:
+                return
 
 
 def _entry(identity: Identity | None) -> Entry | None:
