@@ -145,18 +145,25 @@ def _azure_reports(
     decided view (then its owner is the one acknowledged). A Phase says why not."""
     if record.arm_resource and not pipeline.store.load_reporters(record).past_reporters:
         return owners  # Event Grid's own view: no relay's word in the decision
-    remaining = (stop - pipeline.clock.now()).total_seconds()
-    try:
-        azure = azure_events.lookup(
-            record.event_id,
-            credential=pipeline.credential,  # type: ignore[arg-type]
-            session=pipeline.session,
-            endpoint=pipeline.settings.arm_endpoint,
-            remaining=max(0.1, remaining),
-        )
-    except azure_events.AzureUnavailable as exc:
-        outcome = "later" if stop < deadline else "exhausted"
-        return Phase(outcome=outcome, detail=f"cannot ask Azure about the event yet: {exc}")
+    clock = pipeline.clock
+    delay = BACKOFF_START_SECONDS
+    while True:  # Resource Graph throttled or down: asked again, honouring Retry-After
+        try:
+            azure = azure_events.lookup(
+                record.event_id,
+                credential=pipeline.credential,  # type: ignore[arg-type]
+                session=pipeline.session,
+                endpoint=pipeline.settings.arm_endpoint,
+                remaining=max(0.1, (stop - clock.now()).total_seconds()),
+            )
+            break
+        except azure_events.AzureUnavailable as exc:
+            wait = exc.retry_after if exc.retry_after is not None else delay
+            if clock.now() + timedelta(seconds=wait) >= stop:
+                outcome = "later" if stop < deadline else "exhausted"
+                return Phase(outcome=outcome, detail=f"cannot ask Azure about the event: {exc}")
+            clock.sleep(wait)
+            delay = min(delay * 2, BACKOFF_MAX_SECONDS)
     if azure is None:
         return Phase(
             outcome="exhausted",

@@ -285,3 +285,22 @@ def test_arm_first_throttled_hands_over_to_the_relay(store, clock, arm, relay):
     record = store.get_event("EV-AR")
     assert record.approved_by == "solo" and relay.starts() == ["EV-AR"]
     assert [c.status for c in arm.arm.calls] == [429]
+
+
+def test_resource_graph_throttled_is_asked_again_after_retry_after(store, clock, arm, relay):
+    """Before acknowledging a relay-reported event ARM's approver reads Azure's own view
+    (Resource Graph); a 429 there is waited out (Retry-After), not a failed approval."""
+    pipeline, _pub = agentless(store, clock, arm, arm_fallback_after_seconds=0)
+    relay.default = (503, {"error": "callback down"})
+    props = user_event(arm.sim, "EV-RG429", ["solo"])
+    arm.arm.fail_next(429, count=1, retry_after=2)
+    deliver(
+        with_compute(
+            envelope("solo", 1, [props], callback_url=relay.url), owner("virtualMachines", "solo")
+        ),
+        pipeline,
+    )
+    record = store.get_event("EV-RG429")
+    assert record.approved_by == "arm", record.approval_reason
+    assert 2 in clock.slept
+    assert [c.status for c in arm.arm.calls][:2] == [429, 200]  # the view, asked again
