@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Literal
 
 from functions.model.envelope import Envelope, ScheduledEvent, VmRef
 from functions.model.event import Decision, Transition
@@ -329,3 +330,116 @@ def next_vm_row(
         record.late_event_ids = sorted(late)
         record.event_views = dict(views)
     return record, mark
+
+
+# ------------------------------------------------------------------ the whole document
+
+
+@dataclass
+class EventStep:
+    """What one event the document lists asks of the store, decided before any write."""
+
+    event: ScheduledEvent
+    said_before: str | None  # the status this VM's previous document gave it (None: new)
+    late: bool = False  # the VM row says it listed this only after it ended: nothing to do
+    ended: bool = False  # the row as remembered has ended (final): a late report only
+    open_index: bool = False  # no row remembered: list it in the open index first
+    view: VmView | None = None  # this VM's view of it
+    key: str = ""  # the view's key (functions.pipeline.views.view_key)
+    repeated: bool = False  # the VM's previous document showed this same view
+    reporter: bool = False  # write its reporter row (status or view changed)
+    settled: bool = False  # the remembered row needs nothing from this report
+
+    @property
+    def newcomer(self) -> bool:
+        return self.said_before is None
+
+
+@dataclass
+class DocumentPlan:
+    """Everything one document changes, as decided from the rows read (`decide_document`).
+    `refused` is "stale" or "rejected" (with `reason`) for a document not processed."""
+
+    refused: Literal["", "stale", "rejected"] = ""
+    reason: str = ""
+    steps: list[EventStep] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)  # EventIds this VM no longer lists
+    views: dict[str, str] = field(default_factory=dict)  # EventId (folded) -> view key
+
+
+def decide_document(
+    vm: VmRecord | None,
+    remembered: dict[str, EventRecord | None],
+    envelope: Envelope,
+    events: list[ScheduledEvent],
+    policy: PolicyLoad,
+    settings: Settings,
+    now: datetime,
+) -> DocumentPlan:
+    """The pure step for one document: from the VM row as read (`vm`), the event rows as
+    this worker remembers them (`remembered`, by case-folded EventId; unverified, so an
+    event row is written under its ETag and decided again by `decide_report` on a
+    conflict), the events the document lists for this VM, the policy and the time."""
+    if is_stale(vm, envelope):
+        return DocumentPlan(refused="stale", reason="sequence already processed")
+    too_many = over_rate(vm, events, now, settings)
+    if too_many:
+        return DocumentPlan(refused="rejected", reason=too_many)
+    plan = DocumentPlan()
+    for event in events:
+        folded = event.event_id.casefold()
+        said = vm.event_statuses.get(folded) if vm else None
+        if vm is not None and folded in vm.late_event_ids:
+            plan.steps.append(EventStep(event, said, late=True))
+            continue
+        recent = remembered.get(folded)
+        step = EventStep(event, said, open_index=recent is None)
+        plan.steps.append(step)
+        if recent is not None and recent.ended:
+            step.ended = True
+            continue
+        step.view = view_of(event, envelope.vm.name)
+        step.key = view_key(step.view, envelope.vm.scale_set)
+        plan.views[folded] = step.key
+        step.repeated = (vm.event_views.get(folded) if vm else None) == step.key
+        step.reporter = said != event.event_status or not step.repeated
+        step.settled = recent is not None and settled(
+            recent, event, envelope.vm, policy, now, step.newcomer, step.repeated
+        )
+    if envelope.scheduled_events is not None and vm is not None:
+        listed = {e.event_id.casefold() for e in events}
+        for old in vm.event_ids:
+            folded = old.casefold()
+            if folded not in listed and folded not in vm.late_event_ids:
+                plan.absent.append(old)
+    return plan
+
+
+def settled(
+    recent: EventRecord,
+    event: ScheduledEvent,
+    vm: VmRef,
+    policy: PolicyLoad,
+    now: datetime,
+    newcomer: bool,
+    repeated: bool,
+) -> bool:
+    """Whether this report needs nothing from the event row, judged from the row as this
+    worker last saw it (not ended), without reading it again. Only facts that do not
+    change back are relied on: a decision announced stays announced, its views and
+    resources and sets only grow, Started stays Started. A change, a pending claim, a
+    re-decision or a possible approval retry goes the read-and-write way."""
+    decision = recent.decision
+    if decision is None or should_redecide(recent, policy, now):
+        return False
+    if any(mark != claims.DONE for mark in recent.announced.values()):
+        return False
+    if newcomer and event.affects(vm.name):
+        # The approval may be waiting for this VM's relay: only a final state is safe.
+        final = recent.approval in ("approved", "failed") or (
+            recent.approval == "" and decision.action != "approve"
+        )
+        if not final:
+            return False
+    plan = decide_report(recent, event, vm, policy, now, repeated)
+    return plan.row is None and not plan.claimed

@@ -21,14 +21,17 @@ from functions.pipeline.admission import NotAdmitted, trusted_ref
 from functions.pipeline.announce import publish_claimed
 from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
-from functions.pipeline.decide import ReportPlan, decide_report, is_stale, next_vm_row, over_rate
-from functions.pipeline.redecide import should_redecide
+from functions.pipeline.decide import (
+    EventStep,
+    ReportPlan,
+    decide_document,
+    decide_report,
+    next_vm_row,
+)
 from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
 from functions.pipeline.transitions import after_decision, end_event
-from functions.pipeline.views import view_key, view_of
-from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
 from functions.store.rows import RowTooLarge
 from functions.store.state import Store
@@ -166,26 +169,24 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     current = [e for e in listed if e.affects(name)]
     result.ignored_events = len(listed) - len(current)
     for attempt in range(20):
+        # Read: the VM row (or a safe guess of it) and the event rows as remembered.
         vm, guessed = _vm_row(store, envelope, current, first=attempt == 0)
-        if is_stale(vm, envelope):
-            return IngestResult(outcome="stale", vm=name, reason="sequence already processed")
         now = clock.now()
-        too_many = over_rate(vm, current, now, pipeline.settings)
-        if too_many:
-            return IngestResult(outcome="rejected", vm=name, reason=too_many)
-        # Event rows first, VM row last: if we crash in between, the redelivery is not
-        # "stale" and redoes the (idempotent) event updates.
+        remembered = {e.event_id.casefold(): store.recent_event(e.event_id) for e in current}
+        # Decide: every change of this document, in one pure step.
+        plan = decide_document(
+            vm, remembered, envelope, current, pipeline.settings.policy, pipeline.settings, now
+        )
+        if plan.refused:
+            return IngestResult(outcome=plan.refused, vm=name, reason=plan.reason)
+        # Write: event rows first, VM row last: if we crash in between, the redelivery is
+        # not "stale" and redoes the (idempotent) event updates.
         to_approve: list[str] = []
         late: set[str] = set()  # events this VM lists only after they ended
-        views: dict[str, str] = {}  # EventId (case-folded) -> this VM's view key
-        for event in current:
-            _report(event, envelope, vm, pipeline, now, result, to_approve, late, views)
-        if document is not None:
-            current_ids = {e.event_id.casefold() for e in current}
-            for old in vm.event_ids if vm else []:
-                key = old.casefold()
-                if key not in current_ids and key not in vm.late_event_ids:
-                    _absent(old, name, pipeline, now, result)
+        for step in plan.steps:
+            _write_step(step, envelope, pipeline, now, result, to_approve, late)
+        for old in plan.absent:
+            _absent(old, name, pipeline, now, result)
         recovered: list[str] = []  # the silence this document ends, if announced
         saved = _save_vm(
             store,
@@ -195,7 +196,7 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
             now,
             late,
             recovered,
-            views,
+            plan.views,
         )
         if saved:
             # After the VM row, so this VM's callback URL is known to the approver.
@@ -328,45 +329,37 @@ class _Moved(Exception):
     pass
 
 
-def _report(
-    event: ScheduledEvent,
+def _write_step(
+    step: EventStep,
     envelope: Envelope,
-    vm: VmRecord | None,
     pipeline: Pipeline,
     now: datetime,
     result: IngestResult,
     to_approve: list[str],
     late: set[str],
-    views: dict[str, str],
 ) -> None:
+    """Write what `decide_document` decided for one listed event; the event row under
+    its ETag, deciding again (`decide_report`) on fresh reads when it moved."""
     store = pipeline.store
     name = envelope.vm.name
-    key = event.event_id.casefold()
-    if vm is not None and key in vm.late_event_ids:
+    event, said_before, newcomer = step.event, step.said_before, step.newcomer
+    if step.late:
         # Its reporter row already says past reporter, and the event stays ended.
-        late.add(key)
+        late.add(event.event_id.casefold())
         return
-    said_before = vm.event_statuses.get(key) if vm else None
-    newcomer = said_before is None  # this VM's previous document did not list it
-    recent = store.recent_event(event.event_id)
-    if recent is None:
+    if step.open_index:
         # Listed before its row can exist, so the watchdog never misses an event; once per
         # event and Store (an event seen here before is listed already, or ended).
         store.open_event(event.event_id, now)
-    if recent is not None and recent.ended:
+    if step.ended:
         _late_report(event, name, said_before, store, now, late)
         return
-    view = view_of(event, name)
-    seen_as = view_key(view, envelope.vm.scale_set)
-    views[key] = seen_as
-    repeated = (vm.event_views.get(key) if vm else None) == seen_as
-    if said_before != event.event_status or not repeated:
+    view, seen_as, repeated = step.view, step.key, step.repeated
+    if step.reporter:
         # This VM's own reporter row, with its own view, before the event row: an end
         # decided from now on sees it (functions.pipeline.transitions.end_event).
         store.set_reporter(event.event_id, name, event.event_status, now, view=view, key=seen_as)
-    if recent is not None and _unchanged(
-        recent, event, envelope, pipeline, now, newcomer, repeated
-    ):
+    if step.settled:
         return
     plans: list[ReportPlan] = []
 
@@ -442,36 +435,6 @@ def _may_retry(record: EventRecord) -> bool:
         and record.approve_after is None
         and record.approval_reason != "capacity"
     )
-
-
-def _unchanged(
-    recent: EventRecord,
-    event: ScheduledEvent,
-    envelope: Envelope,
-    pipeline: Pipeline,
-    now: datetime,
-    newcomer: bool,
-    repeated: bool,
-) -> bool:
-    """Whether this report needs nothing from the event row, judged from the row as this
-    Store last saw it (not ended: see `_late_report`), without reading it again. Only
-    facts that never change back are relied on: a decision once made and announced stays
-    so, resources and sets only grow, Started stays Started. A change, a pending claim, a
-    re-decision or a possible approval retry goes the read-and-write way."""
-    decision = recent.decision
-    if decision is None or should_redecide(recent, pipeline.settings.policy, now):
-        return False
-    if any(mark != claims.DONE for mark in recent.announced.values()):
-        return False
-    if newcomer and event.affects(envelope.vm.name):
-        # The approval may be waiting for this VM's relay: only a final state is safe.
-        settled = recent.approval in ("approved", "failed") or (
-            recent.approval == "" and decision.action != "approve"
-        )
-        if not settled:
-            return False
-    plan = decide_report(recent, event, envelope.vm, pipeline.settings.policy, now, repeated)
-    return plan.row is None and not plan.claimed
 
 
 def _absent(

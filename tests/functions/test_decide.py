@@ -335,3 +335,63 @@ def test_a_reschedule_seen_first_by_a_set_mate_leaves_no_difference_behind():
     row = written(decide_report(row, moved, vm("victim"), POLICY, NOW), row)
     assert row.views_differ == [] and [e.first_vm for e in row.views] == ["mate"]
     assert row.not_before == datetime(2026, 11, 21, 10, 30, tzinfo=UTC)
+
+
+# ------------------------------------------------------------------ the whole document
+
+
+def test_one_pure_step_decides_what_a_whole_document_writes():
+    from functions.pipeline.decide import decide_document, next_vm_row
+    from functions.settings import Settings
+
+    settings = Settings()
+    first_doc = [freeze(5), freeze(5, EventId="EV-2")]
+    plan = decide_document(None, {}, message(1, first_doc), first_doc, POLICY, settings, NOW)
+    assert plan.refused == "" and plan.absent == []
+    assert [(s.open_index, s.reporter, s.settled, s.newcomer) for s in plan.steps] == [
+        (True, True, False, True),
+        (True, True, False, True),
+    ]
+    keys = {s.event.event_id.casefold(): s.key for s in plan.steps}
+    assert plan.views == keys
+    # The rows as written; EV-2 ended meanwhile; the next document drops EV-1 and
+    # lists EV-2 and a new EV-3.
+    rows = {
+        "ev-1": written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW)),
+        "ev-2": written(decide_report(None, freeze(5, EventId="EV-2"), vm("victim"), POLICY, NOW)),
+    }
+    for row in rows.values():
+        row.announced = {k: "done" for k in row.announced}
+    rows["ev-2"].ended = "cancelled"
+    vm_row, _ = next_vm_row(None, message(1, first_doc), first_doc, NOW, set(), plan.views)
+    vm_row.etag = "W/vm"
+    second = [freeze(5, EventId="EV-2"), freeze(5, EventId="EV-3")]
+    soon = NOW + timedelta(seconds=30)
+    plan = decide_document(vm_row, rows, message(2, second, soon), second, POLICY, settings, soon)
+    ev2, ev3 = plan.steps
+    assert ev2.ended and not ev2.open_index and ev2.view is None
+    assert ev3.open_index and ev3.reporter and not ev3.ended
+    assert plan.absent == ["EV-1"]
+    # The same document again is stale; the same view of a settled event writes nothing.
+    assert (
+        decide_document(
+            vm_row, rows, message(1, first_doc), first_doc, POLICY, settings, soon
+        ).refused
+        == "stale"
+    )
+    again = decide_document(
+        vm_row, rows, message(2, first_doc[:1], soon), first_doc[:1], POLICY, settings, soon
+    )
+    (ev1,) = again.steps
+    assert ev1.repeated and not ev1.reporter and ev1.settled
+
+
+def test_a_document_over_the_hourly_bound_is_refused_before_anything_is_decided():
+    from functions.pipeline.decide import decide_document
+    from functions.settings import Settings
+
+    settings = Settings(max_new_events_per_vm_hour=5)
+    many = [freeze(5, EventId=f"EV-{i}") for i in range(6)]
+    plan = decide_document(None, {}, message(1, many), many, POLICY, settings, NOW)
+    assert plan.refused == "rejected" and "MAX_NEW_EVENTS_PER_VM_HOUR" in plan.reason
+    assert plan.steps == []
