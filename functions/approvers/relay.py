@@ -53,6 +53,7 @@ PASSING_4XX = frozenset({401, 403, 408, 409, 425, 429})
 PREVIOUS_KEY_NOTE = "signed with the relay's previous key: it has not rotated yet"
 MAX_ANSWER_CHARS = 200
 DIFFERS = "view differs"  # how a "differs" answer's attempt is recorded (final_refusal)
+MAX_EXPECT_RESOURCES = 100  # 100 names of up to 64 characters: 7 KiB of a 16 KiB body
 
 
 @dataclass(frozen=True)
@@ -152,10 +153,14 @@ def _post(
 def wire_expect(expect: Mapping[str, Any]) -> dict[str, Any]:
     """The `Expect` entry as relays read it: an unknown EventSource is "" (what a relay
     sees for an IMDS event without one; a relay of before issue 27 refuses a null there),
-    a DurationInSeconds of null means "IMDS gives none"."""
+    a DurationInSeconds of null means "IMDS gives none". Resources is left out for an event
+    naming more than MAX_EXPECT_RESOURCES VMs: the request must stay within the relay's
+    16 KiB body limit (those VMs' relays then compare every other field)."""
     wire = {k: v for k, v in expect.items() if v is not None or k == "DurationInSeconds"}
     if "EventSource" in expect and expect["EventSource"] is None:
         wire["EventSource"] = ""
+    if len(wire.get("Resources") or ()) > MAX_EXPECT_RESOURCES:
+        wire.pop("Resources")
     return wire
 
 
