@@ -70,10 +70,13 @@ __all__ = [
 
 
 # A VM Resource Graph does not know yet (it lags new VMs by about a minute): each delivery
-# waits this long before it is abandoned, so Service Bus's 10 deliveries span minutes; past
-# UNKNOWN_VM_PATIENCE after the message it is rejected with the reason instead.
+# waits this long before it is abandoned; once the message is UNKNOWN_VM_PATIENCE old it is
+# rejected with the reason instead. Service Bus redelivers at once, so the patience must end
+# before the last of maxDeliveryCount (10) deliveries: 9 waits of 15 s outlast 2 min, and
+# the message is rejected with the reason instead of dead-lettered without one
+# (tests/functions/test_admission.py ties these to the Bicep's maxDeliveryCount).
 UNKNOWN_VM_WAIT_SECONDS = 15.0
-UNKNOWN_VM_PATIENCE = timedelta(minutes=15)
+UNKNOWN_VM_PATIENCE = timedelta(minutes=2)
 # Resource Graph refusing the query (4xx: a configuration error, announced by the sync):
 # a VM it never described waits this long per delivery, and is rejected with Azure's words
 # once the message is CONFIG_ERROR_PATIENCE old: fewer deliveries than maxDeliveryCount

@@ -66,3 +66,37 @@ def test_a_heartbeat_of_a_vm_azure_cannot_describe_yet_is_left_out_not_the_batch
     result = ingest_heartbeats([known, fresh], pipeline)
     assert (result.heard, result.unadmitted, result.rejected) == (1, 1, 0)
     assert store.get_vm("known-vm").last_seen == clock.now()
+
+
+def _max_delivery_count() -> int:
+    """The documents queue's maxDeliveryCount as the Bicep deploys it by default."""
+    import re
+    from pathlib import Path
+
+    bicep = (Path(__file__).resolve().parents[2] / "infra" / "main.bicep").read_text()
+    found = re.search(r"^param maxDeliveryCount int = (\d+)$", bicep, re.M)
+    assert found, "infra/main.bicep has no maxDeliveryCount default"
+    return int(found.group(1))
+
+
+def test_an_unknown_vm_is_rejected_with_the_reason_before_service_bus_dead_letters_it(
+    store, clock, unknown_vm
+):
+    """Each delivery waits UNKNOWN_VM_WAIT_SECONDS (the clock moves by it) and Service Bus
+    redelivers at once: within maxDeliveryCount deliveries the message must be rejected
+    with the reason, never left to dead-letter without one."""
+    pipeline, _ = make_pipeline(store, clock)
+    pipeline.admission.sleep = clock.advance
+    body = envelope("never-vm", 1, [], observed_at=T0)
+    unknown_vm("never-vm")
+    deliveries = _max_delivery_count()
+    for delivery in range(1, deliveries + 1):
+        try:
+            result = ingest_message(body, pipeline)
+        except FactsUnavailable:
+            continue
+        assert result.outcome == "rejected", result
+        assert "not in Resource Graph" in result.reason
+        assert delivery <= deliveries
+        return
+    pytest.fail(f"still abandoned after {deliveries} deliveries: Service Bus dead-letters it")
