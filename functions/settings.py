@@ -164,10 +164,12 @@ class Settings(BaseSettings):
     # The port every relay's callback listens on: the app calls Azure's address for the VM
     # on this port and path, never an address a VM wrote.
     relay_callback_port: int = Field(default=8492, ge=1, le=65535)
-    # Roots that sign IMDS attested documents. Empty: the public roots (certifi), as in
-    # Azure. Set only for the simulator (tests, the demo): its test CA, in PEM.
+    # A PEM bundle that replaces the trust shipped in functions/identity/trust (its
+    # self-signed certificates are roots, the others intermediates). Empty, as in Azure:
+    # the shipped roots and intermediates. Set only for the simulator (tests, the demo).
     attestation_ca_pem: str | None = None
-    # The signer certificate's DNS name must be *.<one of these> (public, US Gov, China).
+    # The signer certificate must name one of these exactly or a subdomain of it (public,
+    # US Gov, China); no wildcard is required.
     attestation_signer_suffixes: str = "metadata.azure.com,metadata.azure.us,metadata.azure.cn"
     # enforce (default): a message whose attested document fails is rejected. report: it is
     # admitted as the vmId it claims (facts still from Resource Graph, key still its own),
