@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import requests
@@ -27,12 +26,10 @@ def start_drain_worker(demo: Demo) -> None:
     """
     from functions.clock import SystemClock
     from functions.model.envelope import PREEMPT
-    from functions.pipeline.approve import approve_event
-    from functions.pipeline.capacity import take_capacity
     from functions.pipeline.context import Pipeline
     from functions.store.drains import DrainStore
+    from functions.terminate.wiring import pipeline_context
     from functions.terminate.workflow import (
-        DrainContext,
         DrainSettings,
         UndrainSettings,
         run_drain,
@@ -80,26 +77,8 @@ def start_drain_worker(demo: Demo) -> None:
         admission=demo.admission,
     )
 
-    def relay_target(vm: str) -> Any:
-        """Where and with which key to call the VM's relay: Azure's address for its
-        vmId, the key its relay sent in an attested message (None: not known yet)."""
-        record = demo.store.get_vm(vm)
-        return pipeline.relay_target(record) if record else None
-
-    def approve(event_id: str, until: datetime) -> Any:
-        return approve_event(event_id, pipeline, give_up_at=until, by="drain")
-
-    def capacity(event_id: str) -> bool:
-        return take_capacity(demo.store, event_id, pipeline.policy, clock.now())
-
-    ctx = DrainContext(
-        store=drains,
-        session=session,
-        publish=demo.publisher.publish,
-        approve=approve,
-        relay_target=relay_target,
-        capacity=capacity,
-    )
+    # The deployed app's wiring: only VMs whose own view decided drain are drained.
+    ctx = pipeline_context(pipeline, drains)
 
     def handle(note: Any) -> None:
         try:

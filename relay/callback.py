@@ -76,6 +76,9 @@ __all__ = [
 ]
 
 RUNNING = "running"  # relay.hooks.RUNNING, without importing it
+# How an event a hook undoes ended (`"EventStatus"` of a /v1/hook request with `Undoes`).
+CANCELLED = "Cancelled"
+UNDO_STATUSES = (CANCELLED, "Completed")
 
 log = logging.getLogger("relay.callback")
 
@@ -285,6 +288,9 @@ class CallbackApp:
             raise Refused(400, 'expected {"Hook": NAME, "EventId": ID}')
         if len(event_id) > 128:
             raise Refused(400, "EventId too long")
+        ended = payload.get("EventStatus", CANCELLED)
+        if ended not in UNDO_STATUSES:
+            raise Refused(400, 'expected "EventStatus": "Completed" or "Cancelled"')
         if self.hooks is None or not self.hooks.known(name):
             raise Refused(404, "unknown hook")
         if self.hooks.disabled:
@@ -304,9 +310,11 @@ class CallbackApp:
         return (202 if record.get("status") == RUNNING else 200), public(record)
 
     def _undoing(self, payload: dict[str, Any], event_id: str) -> Any:
-        """An event gone from IMDS (cancelled) may still be undone here: `{"Undoes": HOOK}`
-        runs the requested hook only if HOOK already ran on this VM for that EventId (an
-        undrain after a drain), never for an event this relay did not act on."""
+        """An event gone from IMDS (cancelled, or over) may still be undone here:
+        `{"Undoes": HOOK}` runs the requested hook only if HOOK already ran on this VM for
+        that EventId (an undrain after a drain), never for an event this relay did not act
+        on. `"EventStatus"` says how it ended ("Completed" after a Freeze, Reboot or
+        Redeploy, "Cancelled" if absent: an older app), the hook's SCHEDULED_EVENT_STATUS."""
         undoes = payload.get("Undoes")
         if not isinstance(undoes, str) or self.hooks is None or not self.hooks.known(undoes):
             return None
@@ -315,10 +323,11 @@ class CallbackApp:
         from relay.models import ScheduledEvent
 
         event_type = str(payload.get("EventType") or "Terminate")[:64]
+        status = payload.get("EventStatus", CANCELLED)  # one of UNDO_STATUSES: hook() checked
         raw = {
             "EventId": event_id,
-            "EventStatus": "Cancelled",
+            "EventStatus": status,
             "EventType": event_type,
             "Resources": [self.vm_name],
         }
-        return ScheduledEvent(event_id, "Cancelled", event_type, (self.vm_name,), raw)
+        return ScheduledEvent(event_id, status, event_type, (self.vm_name,), raw)

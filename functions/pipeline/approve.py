@@ -79,6 +79,7 @@ def approve_event(
     give_up_at: datetime | None = None,
     by: str = "policy",
     force: bool = False,
+    relays: tuple[str, ...] | None = None,
 ) -> ApprovalResult:
     """Approve one event now, through the approvers of APPROVERS in order; record and
     (optionally) announce.
@@ -88,6 +89,8 @@ def approve_event(
     - `announce`: publish `approved` / `approval_failed` (once, fleet-wide).
     - `by`: who asked ("policy", "terminate", "watchdog", "manual:<name>"), for the audit.
     - `force`: approve even if the policy is in dry run (a manual override is audited).
+    - `relays`: only these named VMs' relays may be asked (the drain workflow: the VMs
+      whose own view decided drain, functions.terminate.targets); None: any named VM's.
     Never raises for relay or ARM trouble; returns `skipped` when the event is gone,
     already started or approved, or another caller is approving it right now.
     """
@@ -111,7 +114,7 @@ def approve_event(
     for index, approver in enumerate(order):
         arm_next = "arm" in order[index + 1 :] and bool(owners)
         if approver == "relay":
-            phase = _relay_phase(pipeline, record, by, now, stop, deadline, arm_next)
+            phase = _relay_phase(pipeline, record, by, now, stop, deadline, arm_next, relays)
         else:
             phase = arm_phase(pipeline, record, owners, by, stop, deadline, expect_for)
         attempts += phase.attempts
@@ -168,6 +171,7 @@ def _relay_phase(
     stop: datetime,
     deadline: datetime,
     arm_next: bool,
+    only: tuple[str, ...] | None = None,
 ) -> Phase:
     """Relays of the named VMs. With ARM next, relays get ARM_FALLBACK_AFTER_SECONDS from
     their first attempt (kept in the row across invocations) and no waiting for relays
@@ -189,6 +193,9 @@ def _relay_phase(
         pipeline.store.reporter_rows(record.event_id), record
     )
     not_approving = set() if by.startswith("manual:") else stricter_own
+    if only is not None:
+        allowed = {name.casefold() for name in only}
+        not_approving |= {name for name in record.resources if name.casefold() not in allowed}
     relays = _relays(pipeline, record, now, skip=refused | not_approving)
     unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(
         refused | not_approving

@@ -19,6 +19,7 @@ from functions.clock import Clock, SystemClock
 from functions.model.event import Notification, Transition
 from functions.store.drains import DrainStore, StepRecord
 from functions.terminate.steps import relay_hook
+from functions.terminate.targets import DrainTargets
 
 log = logging.getLogger("functions.terminate.workflow")
 
@@ -29,12 +30,16 @@ MAX_PARALLEL_HOOKS = 16
 Outcome = Literal["approved", "held", "approval_failed", "skipped", "undrained", "undrain_failed"]
 
 
-# approve(event_id, give_up_at) → "approved" | "failed" | "skipped" | ..., or an object with
-# `.outcome` and `.detail` (functions.pipeline.approve.ApprovalResult).
-Approve = Callable[[str, datetime], Any]
+# approve(event_id, give_up_at, relays) → "approved" | "failed" | "skipped" | ..., or an
+# object with `.outcome` and `.detail` (functions.pipeline.approve.ApprovalResult).
+# `relays`: the only VMs whose relays may be asked (the VMs the drain drained), or None.
+Approve = Callable[[str, datetime, tuple[str, ...] | None], Any]
 Publish = Callable[[Notification], None]
 # VM name → its relay as the app knows it (Azure's address, its attested key), or None.
 Targets = Callable[[str], RelayTarget | None]
+# own_drains(event_id, ended) → the named VMs whose own view decided drain
+# (functions.terminate.targets.drain_targets on the event row and its reporter rows).
+OwnDrains = Callable[[str, bool], DrainTargets]
 
 
 @dataclass
@@ -44,6 +49,9 @@ class DrainContext:
     publish: Publish
     approve: Approve
     relay_target: Targets
+    # Who may be drained: only VMs whose own view decided drain (issue 27). No default:
+    # draining every name in Resources lets one VM's forged view drain its set-mates.
+    own_drains: OwnDrains
     clock: Clock = field(default_factory=SystemClock)
     # Signs the HTTP drain hook request when set; two secrets during a WEBHOOK_SECRET
     # rotation (one signature each).
@@ -66,6 +74,9 @@ class DrainResult:
     drained: bool = False
     detail: str = ""
     steps: dict[str, StepRecord] = field(default_factory=dict)
+    # Named VMs left out of service changes, each with why (their own view did not
+    # decide drain, or their relay never reported the event).
+    not_drained: dict[str, str] = field(default_factory=dict)
 
 
 class Steps:
@@ -196,6 +207,7 @@ def hook_action(
     poll_seconds: float,
     undoes: str | None = None,
     event_type: str | None = None,
+    event_status: str = "Cancelled",
 ) -> Callable[[datetime], tuple[bool, str]]:
     def act(until: datetime) -> tuple[bool, str]:
         if target is None:
@@ -211,6 +223,7 @@ def hook_action(
             poll_seconds,
             undoes,
             event_type,
+            event_status,
         )
 
     return act

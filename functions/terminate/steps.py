@@ -33,22 +33,30 @@ def _remaining(now: Callable[[], datetime], until: datetime) -> float:
 
 
 def drain_request(
-    event: EventSnapshot, deadline: datetime, timeout: float, action: str = "drain"
+    event: EventSnapshot,
+    deadline: datetime,
+    timeout: float,
+    action: str = "drain",
+    vms: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """What the customer's drain (or undrain) hook receives: the event and its instances."""
+    """What the customer's drain (or undrain) hook receives: the event and the instances
+    to drain: `vms`, the named VMs whose own view decided drain (functions.terminate.
+    targets), never a name only a set-mate's view put there. `Resources` lists the same
+    names, so a hook that reads either drains only those."""
+    names = list(event.resources if vms is None else vms)
     return {
         "action": action,
         "EventId": event.event_id,
         "EventType": event.event_type,
         "NotBefore": event.imds_fields()["NotBefore"],
-        "Resources": list(event.resources),
+        "Resources": names,
         "ScaleSets": list(event.scale_sets),
         "instances": [
             {
                 "name": vm,
                 "scale_set": next((s for s in event.scale_sets if vm.startswith(f"{s}_")), None),
             }
-            for vm in event.resources
+            for vm in names
         ],
         "drain_deadline": deadline.isoformat(),
         "timeout_seconds": round(timeout, 1),
@@ -64,8 +72,10 @@ def http_drain(
     sleep: Callable[[float], None],
     secret: bytes | tuple[bytes, ...] | None = None,
     action: str = "drain",
+    vms: tuple[str, ...] | None = None,
 ) -> StepOutcome:
-    """POST the instances to the drain hook and wait for a 2xx, retrying 429/5xx in time.
+    """POST the instances (`vms`) to the drain hook and wait for a 2xx, retrying 429/5xx
+    in time.
 
     `action="undrain"` is the same request to UNDRAIN__HTTP_URL after a cancellation."""
     attempt = 0
@@ -73,7 +83,7 @@ def http_drain(
     what = f"{action} hook"
     while (left := _remaining(now, until)) > 0.05:
         attempt += 1
-        body = json.dumps(drain_request(event, until, left, action)).encode()
+        body = json.dumps(drain_request(event, until, left, action, vms)).encode()
         headers = {"Content-Type": "application/json", "X-Bridge-Event-Id": event.event_id}
         if secret:
             # Standard Webhooks, like the webhook channel; one id for every retry of it.
@@ -105,6 +115,7 @@ def relay_hook(
     poll_seconds: float = 2.0,
     undoes: str | None = None,
     event_type: str | None = None,
+    event_status: str = "Cancelled",
 ) -> StepOutcome:
     """Ask the VM's relay to run its configured hook for this event; poll while running.
 
@@ -114,12 +125,19 @@ def relay_hook(
     key its relay gave in an attested message and naming its vmId (scheme v2); a 401 with a
     previous key known (mid-rotation) switches to that key for the rest of this step.
     `undoes`: the drain hook this one undoes; the relay then runs it for an event gone from
-    IMDS if that hook ran there.
+    IMDS if that hook ran there, with `event_status` (how the event ended: "Cancelled", or
+    "Completed" after a Freeze, Reboot or Redeploy) as its SCHEDULED_EVENT_STATUS.
     """
     url = f"{target.url.rstrip('/')}{HOOK_PATH}"
     request: dict[str, str] = {"Hook": hook, "EventId": event_id}
     if undoes:
-        request.update({"Undoes": undoes, "EventType": event_type or "Terminate"})
+        request.update(
+            {
+                "Undoes": undoes,
+                "EventType": event_type or "Terminate",
+                "EventStatus": event_status,
+            }
+        )
     body = json.dumps(request).encode()
     keys = list(target.keys)
     if not keys:

@@ -88,6 +88,8 @@ def run_undrain(
         return DrainResult(event.event_id, "skipped", detail="nothing was drained")
     steps = Steps(event.event_id, ctx)
     clock = ctx.clock
+    # How the event ended, for the relay's undrain hook (SCHEDULED_EVENT_STATUS).
+    status = "Cancelled" if note.transition is Transition.CANCELLED else "Completed"
     failures: list[str] = []
     records: list[StepRecord] = []
 
@@ -96,6 +98,11 @@ def run_undrain(
 
     if http_reached and settings.http_url:
         url = settings.http_url
+        # The VMs the drain request listed: those whose own view decided drain (as they
+        # last showed it), and any whose relay hook ran.
+        own = ctx.own_drains(event.event_id, True).drain
+        listed = {vm.casefold() for vm in own}
+        http_vms = (*own, *(vm for vm in vms if vm.casefold() not in listed))
         records.append(
             steps.once(
                 "undrain:http",
@@ -109,6 +116,7 @@ def run_undrain(
                     clock.sleep,
                     ctx.webhook_secret,
                     action="undrain",
+                    vms=http_vms or None,  # none found: every named VM (harmless)
                 ),
                 rerun_if_lost=False,
             )
@@ -128,6 +136,7 @@ def run_undrain(
                 settings.poll_seconds,
                 undoes=drain_hook,
                 event_type=event.event_type,
+                event_status=status,
             )
             return steps.once(f"undrain:hook:{vm}", until(), action, rerun_if_lost=True)
 

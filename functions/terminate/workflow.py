@@ -6,7 +6,7 @@ policy rule asks to drain (the `terminate` subscription, named for its first use
 each run at most once fleet-wide (functions.store.drains):
   capacity (a slot in each of its sets, as an approval takes; not for a Terminate) →
   announce drain_started → HTTP drain hook (DRAIN__HTTP_URL) → relay hook script on each
-  VM, all at once (DRAIN__RELAY_HOOK) → [on failure: announce drain_failed, then approve
+  VM to drain, all at once (DRAIN__RELAY_HOOK) → [on failure: announce drain_failed, then approve
   or hold per DRAIN__ON_FAILURE] → approve through a relay (or ARM).
 Deadline = NotBefore - DRAIN__SAFETY_MARGIN_SECONDS. Drain steps must end
 DRAIN__APPROVE_RESERVE_SECONDS before it, each within DRAIN__STEP_TIMEOUT_SECONDS; approval
@@ -14,6 +14,10 @@ gives up at the deadline. A step that cannot start in time fails ("no time left"
 than run late. A Preempt has about 30 s of notice: its margins are DRAIN__PREEMPT_* (5 s
 and 2 s), so its drain is cut short in time and the eviction is approved or let go before
 NotBefore.
+Only the named VMs whose own view decided drain are drained (functions.terminate.targets):
+the event's decision is the strictest of its reporters' views, so a set-mate's forged view
+can make the whole event a drain, but not drain another VM; the approval afterwards is
+asked of a drained VM's relay, which checks its own view against its IMDS.
 The undrain (run_undrain) puts back what a drain reached when the event ends with the VM
 still there: cancelled (any type), or completed for a Freeze, Reboot or Redeploy.
 """
@@ -40,12 +44,17 @@ from functions.terminate.context import (
 )
 from functions.terminate.settings import DrainSettings, UndrainSettings
 from functions.terminate.steps import budget, http_drain
+from functions.terminate.targets import DrainTargets
 from functions.terminate.undrain import run_undrain, wants_undrain
 
 log = logging.getLogger(__name__)
 
 # approve_event's "skipped" reasons that mean the approval is settled without us.
 SETTLED = frozenset({"already approved", "another caller is approving it", "event already started"})
+# How long a drain waits for a named VM's own report (its relay polls IMDS every second and
+# its document reaches ingest within seconds), and how often it reads the reporters again.
+REPORT_WAIT_SECONDS = 20.0
+REPORT_POLL_SECONDS = 2.0
 
 __all__ = [
     "DrainContext",
@@ -110,6 +119,13 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
 
         return send
 
+    # Only VMs whose own view decided drain (issue 27); a named VM not heard from yet gets
+    # a little time for its relay's report.
+    targets = await_reports(ctx, event.event_id, drain_until, settings.poll_seconds)
+    skipped = targets.summary()
+    if skipped:
+        log.warning("drain %s: %s", event.event_id, skipped)
+
     if ctx.capacity is not None:
         # The capacity guard, as for `approve`: no more VMs of a set down at once than the
         # policy allows, so a drained reboot waits for its set-mate's to end, undrained.
@@ -130,16 +146,20 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
                 ),
                 rerun_if_lost=True,
             )
-            return DrainResult(event.event_id, "held", False, slot.detail, steps.records)
+            return DrainResult(
+                event.event_id, "held", False, slot.detail, steps.records, targets.not_drained
+            )
 
+    drained_vms = targets.drain
     plan = []
-    if settings.http_url:
-        plan.append("HTTP drain hook")
-    if settings.relay_hook:
-        plan.append(f"relay hook {settings.relay_hook!r} on {len(event.resources)} VM(s)")
+    if settings.http_url and drained_vms:
+        plan.append(f"HTTP drain hook for {len(drained_vms)} VM(s)")
+    if settings.relay_hook and drained_vms:
+        plan.append(f"relay hook {settings.relay_hook!r} on {len(drained_vms)} VM(s)")
+    nothing = "no drain steps configured" if drained_vms else "no VM's own view decided drain"
     started = (
-        f"{' then '.join(plan) or 'no drain steps configured'}; "
-        f"approval by {deadline.strftime('%H:%M:%S UTC')}"
+        f"{' then '.join(plan) or nothing}; "
+        f"approval by {deadline.strftime('%H:%M:%S UTC')}" + (f"; {skipped}" if skipped else "")
     )
     steps.once(
         "announce:drain_started",
@@ -149,19 +169,26 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
     )
 
     drain_steps: list[StepRecord] = []
-    if settings.http_url:
+    if settings.http_url and drained_vms:
         url = settings.http_url
         drain_steps.append(
             steps.once(
                 "http",
                 budget(clock.now(), drain_until, settings.step_timeout_seconds),
                 lambda until: http_drain(
-                    ctx.session, url, event, until, clock.now, clock.sleep, ctx.webhook_secret
+                    ctx.session,
+                    url,
+                    event,
+                    until,
+                    clock.now,
+                    clock.sleep,
+                    ctx.webhook_secret,
+                    vms=drained_vms,
                 ),
                 rerun_if_lost=False,
             )
         )
-    if settings.relay_hook:
+    if settings.relay_hook and drained_vms:
         hook = settings.relay_hook
 
         def on_vm(vm: str) -> StepRecord:
@@ -174,9 +201,9 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
             )
 
         # Every VM drains at the same time: the notice is the same for all of them.
-        workers = max(1, min(MAX_PARALLEL_HOOKS, len(event.resources)))
+        workers = max(1, min(MAX_PARALLEL_HOOKS, len(drained_vms)))
         with ThreadPoolExecutor(workers, thread_name_prefix="drain-hook") as pool:
-            futures = [pool.submit(on_vm, vm) for vm in event.resources]
+            futures = [pool.submit(on_vm, vm) for vm in drained_vms]
             wait(futures)
         drain_steps.extend(future.result() for future in futures)  # re-raises the first error
     if not plan:
@@ -195,16 +222,43 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
             rerun_if_lost=True,
         )
         if settings.on_failure == "hold":
-            return DrainResult(event.event_id, "held", False, what, steps.records)
+            return DrainResult(
+                event.event_id, "held", False, what, steps.records, targets.not_drained
+            )
 
+    # The approval is asked of a relay whose own view decided drain (it checks that view
+    # against its IMDS); with none drained, the approver's own rules choose.
     approval = steps.once(
         "approve",
         deadline,
-        lambda until: _approve(ctx, event.event_id, until),
+        lambda until: _approve(ctx, event.event_id, until, drained_vms or None),
         rerun_if_lost=True,
     )
     outcome: Outcome = "approved" if approval.status == "succeeded" else "approval_failed"
-    return DrainResult(event.event_id, outcome, drained, approval.detail, steps.records)
+    return DrainResult(
+        event.event_id, outcome, drained, approval.detail, steps.records, targets.not_drained
+    )
+
+
+def await_reports(
+    ctx: DrainContext, event_id: str, drain_until: datetime, poll_seconds: float
+) -> DrainTargets:
+    """The drain's targets (ctx.own_drains: the event row and one reporter-rows query).
+    A named VM whose relay has not reported the event yet (a set-mate's document came
+    first) is waited for, at most REPORT_WAIT_SECONDS and a quarter of the time left to
+    drain, asking again every REPORT_POLL_SECONDS or more: a bounded number of queries
+    per run, whatever the number of VMs."""
+    clock = ctx.clock
+    start = clock.now()
+    wait = min(REPORT_WAIT_SECONDS, max((drain_until - start).total_seconds(), 0) / 4)
+    every = max(poll_seconds, REPORT_POLL_SECONDS)
+    for _ in range(int(wait // every) + 1):
+        targets = ctx.own_drains(event_id, False)
+        left = wait - (clock.now() - start).total_seconds()
+        if not targets.unheard or left <= 0:
+            return targets
+        clock.sleep(min(every, left))
+    return ctx.own_drains(event_id, False)
 
 
 def _take_capacity(
@@ -231,8 +285,10 @@ def _held(event_type: str) -> str:
     return "holding until NotBefore"
 
 
-def _approve(ctx: DrainContext, event_id: str, until: datetime) -> tuple[bool, str]:
-    result = ctx.approve(event_id, until)
+def _approve(
+    ctx: DrainContext, event_id: str, until: datetime, relays: tuple[str, ...] | None
+) -> tuple[bool, str]:
+    result = ctx.approve(event_id, until, relays)
     outcome = getattr(result, "outcome", result)
     detail = getattr(result, "detail", "") or ""
     if outcome == "approved":

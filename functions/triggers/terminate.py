@@ -21,7 +21,6 @@ from functools import lru_cache
 import azure.functions as func
 from pydantic import ValidationError
 
-from functions.approvers.relay import RelayTarget
 from functions.model.event import Notification, Transition
 from functions.notify.dispatch import record_rejection
 from functions.notify.settings import channel_settings
@@ -53,58 +52,14 @@ def undrain_settings() -> UndrainSettings:
 
 
 def build_context() -> DrainContext:
-    from functions.model.policy import transition_pages
-    from functions.pipeline.approve import ApprovalResult, approve_event
-    from functions.pipeline.capacity import take_capacity
+    """The drain's context over the core's shared pipeline (functions.terminate.wiring)."""
+    from functions.terminate.wiring import pipeline_context
     from functions.triggers.core import pipeline
 
     core = pipeline()
-    store, settings = core.store, core.settings
-
-    def approve(event_id: str, give_up_at: datetime) -> ApprovalResult:
-        return approve_event(
-            event_id,
-            core,
-            give_up_at=give_up_at,
-            by="drain",
-        )
-
-    def relay_target(vm: str) -> RelayTarget | None:
-        record = store.get_vm(vm)
-        return core.relay_target(record) if record else None
-
-    def pages(transition: Transition) -> bool:
-        return transition_pages(settings.policy.policy, transition)
-
-    def capacity(event_id: str) -> bool:
-        return take_capacity(store, event_id, core.policy, core.clock.now())
-
-    def audit(event_id: str, outcome: str, detail: str) -> None:
-        record = store.get_event(event_id)
-        decision = record.decision if record else None
-        store.audit(
-            event_id,
-            at=core.clock.now(),
-            rule=decision.rule if decision else "",
-            action="undrain",
-            outcome=outcome,
-            detail=detail,
-            by="drain",
-        )
-
     secrets = channel_settings().webhook_secrets()
-    return DrainContext(
-        store=DrainStore.from_service(store.service, settings.state_table_prefix),
-        session=core.session,
-        publish=core.publisher.publish,
-        approve=approve,
-        relay_target=relay_target,
-        clock=core.clock,
-        webhook_secret=secrets or None,
-        pages=pages,
-        audit=audit,
-        capacity=capacity,
-    )
+    drains = DrainStore.from_service(core.store.service, core.settings.state_table_prefix)
+    return pipeline_context(core, drains, secrets or None)
 
 
 @bp.function_name("terminate_drain")

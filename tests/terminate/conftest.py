@@ -19,6 +19,7 @@ from functions.identity.keys import CallbackKey
 from functions.model.envelope import parse_not_before
 from functions.model.event import Decision, EventSnapshot, Links, Notification, Transition
 from functions.store.drains import DrainStore
+from functions.terminate.targets import DrainTargets
 from functions.terminate.workflow import DrainContext, DrainSettings
 from relay.callback import CallbackApp, CallbackServer
 from relay.hooks import HookRunner
@@ -61,16 +62,32 @@ class NoWaitClock:
 
 @dataclass
 class Approvals:
-    """Stands in for functions.pipeline.approve.approve_event: records each call and its time."""
+    """Stands in for functions.pipeline.approve.approve_event: records each call and its
+    time, and which relays it was allowed to ask (`relays`, in call order)."""
 
     answer: str = "approved"
     calls: list[tuple[str, datetime, datetime]] = field(default_factory=list)
+    relays: list[tuple[str, ...] | None] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __call__(self, event_id: str, give_up_at: datetime) -> str:
+    def __call__(
+        self, event_id: str, give_up_at: datetime, relays: tuple[str, ...] | None = None
+    ) -> str:
         with self.lock:
             self.calls.append((event_id, give_up_at, datetime.now(UTC)))
+            self.relays.append(relays)
         return self.answer
+
+
+# EventId -> the VMs its note names (terminate_note): the stand-in for the reporter rows
+# says each of them reported the event and its own view decided drain.
+NAMED: dict[str, tuple[str, ...]] = {}
+
+
+def every_named_vm_drains(event_id: str, ended: bool) -> DrainTargets:
+    """Stands in for the reporter rows (functions.terminate.wiring): every VM the note
+    names decided drain on its own view (tests/security holds the real rows to it)."""
+    return DrainTargets(drain=NAMED.get(event_id, ()))
 
 
 @dataclass
@@ -88,6 +105,7 @@ class Harness:
             "publish": self.published.append,
             "approve": self.approvals,
             "relay_target": self.resolve or self.callbacks.get,
+            "own_drains": every_named_vm_drains,
         }
         values.update(overrides)
         return DrainContext(**values)
@@ -125,11 +143,13 @@ def terminate_note(
     now = datetime.now(UTC)
     decision = {"action": "drain", "rule": "scale-in-drain", "severity": "warning"}
     decision.update(decision_fields)
+    event_id = event_id or str(uuid.uuid4()).upper()
+    NAMED[event_id] = resources
     return Notification(
         transition=Transition.DECIDED,
         occurred_at=now,
         event=EventSnapshot(
-            event_id=event_id or str(uuid.uuid4()).upper(),
+            event_id=event_id,
             event_type=event_type,
             event_status="Scheduled",
             event_source="Platform",

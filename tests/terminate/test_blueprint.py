@@ -128,7 +128,23 @@ def test_the_handler_undrains_a_drained_terminate_azure_cancelled(
     now = datetime.now(UTC)
     vm_id = identity_harness.enroll(core, "web_0", fleet.targets["web_0"])
     core.store.mutate_vm("web_0", lambda _r: VmRecord(name="web_0", vm_id=vm_id, last_seen=now))
-    # No event row: the approval finds nothing to approve, the instance stays drained.
+    # The event row as decided (no view kept: Azure's own report) and already approved
+    # elsewhere: the approval has nothing to do, the instance stays drained.
+    assert note.event is not None and note.decision is not None
+    core.store.mutate_event(
+        event_id,
+        lambda _r: EventRecord(
+            event_id=event_id,
+            event_type="Terminate",
+            event_status="Scheduled",
+            resources=["web_0"],
+            not_before=note.event.not_before,
+            first_seen=now,
+            decision=note.decision,
+            decided_at=now,
+            approval="approved",
+        ),
+    )
     terminate_drain(func.ServiceBusMessage(body=note.to_json().encode()))
     assert fleet.runs() == [f"web_0 {event_id}"] and fleet.sim.approvals == []
     fleet.sim.cancel_event(event_id)
@@ -220,7 +236,8 @@ def test_the_handler_drains_a_reboot_approves_it_and_undrains_when_it_is_over(
     fleet.sim.remove_event(event_id)  # ... and is over
     done = note.model_copy(update={"transition": Transition.COMPLETED})
     terminate_drain(func.ServiceBusMessage(body=done.to_json().encode()))
-    assert [line.split()[:2] for line in fleet.undrains()] == [["web_0", event_id]]
+    # The relay's undrain hook is told the Reboot completed (not that it was cancelled).
+    assert fleet.undrains() == [f"web_0 {event_id} Completed"]
     assert core.publisher.transitions(event_id) == [  # type: ignore[attr-defined]
         Transition.DRAIN_STARTED.value,
         Transition.APPROVED.value,

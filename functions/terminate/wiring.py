@@ -1,0 +1,76 @@
+"""The drain workflow's context over the app's pipeline: one place that wires the drain to
+the state (the event row and its reporter rows, for whose own view decided drain), the
+approver, the relays, the capacity guard and the audit. Used by the Azure handler
+(functions.triggers.terminate), the local demo and the tests, so all of them drain only
+what the deployed app drains.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from functions.approvers.relay import RelayTarget
+from functions.model.event import Transition
+from functions.model.policy import transition_pages
+from functions.pipeline.approve import ApprovalResult, approve_event
+from functions.pipeline.capacity import take_capacity
+from functions.pipeline.context import Pipeline
+from functions.store.drains import DrainStore
+from functions.terminate.context import DrainContext
+from functions.terminate.targets import DrainTargets, drain_targets
+
+BY = "drain"  # who approvals and undrain audit rows say asked
+
+
+def pipeline_context(
+    pipeline: Pipeline,
+    drains: DrainStore,
+    webhook_secret: bytes | tuple[bytes, ...] | None = None,
+) -> DrainContext:
+    store, settings = pipeline.store, pipeline.settings
+
+    def approve(
+        event_id: str, give_up_at: datetime, relays: tuple[str, ...] | None
+    ) -> ApprovalResult:
+        return approve_event(event_id, pipeline, give_up_at=give_up_at, by=BY, relays=relays)
+
+    def relay_target(vm: str) -> RelayTarget | None:
+        record = store.get_vm(vm)
+        return pipeline.relay_target(record) if record else None
+
+    def own_drains(event_id: str, ended: bool) -> DrainTargets:
+        # A point read and one partition query per call, whatever the number of VMs.
+        return drain_targets(store.get_event(event_id), store.reporter_rows(event_id), ended=ended)
+
+    def pages(transition: Transition) -> bool:
+        return transition_pages(settings.policy.policy, transition)
+
+    def capacity(event_id: str) -> bool:
+        return take_capacity(store, event_id, pipeline.policy, pipeline.clock.now())
+
+    def audit(event_id: str, outcome: str, detail: str) -> None:
+        record = store.get_event(event_id)
+        decision = record.decision if record else None
+        store.audit(
+            event_id,
+            at=pipeline.clock.now(),
+            rule=decision.rule if decision else "",
+            action="undrain",
+            outcome=outcome,
+            detail=detail,
+            by=BY,
+        )
+
+    return DrainContext(
+        store=drains,
+        session=pipeline.session,
+        publish=pipeline.publisher.publish,
+        approve=approve,
+        relay_target=relay_target,
+        own_drains=own_drains,
+        clock=pipeline.clock,
+        webhook_secret=webhook_secret,
+        pages=pages,
+        audit=audit,
+        capacity=capacity,
+    )
