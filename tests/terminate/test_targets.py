@@ -3,6 +3,7 @@ named VMs whose own view decided drain, never one only a set-mate's view made a 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -162,3 +163,42 @@ def test_with_no_vm_to_drain_nothing_is_drained_and_the_approver_chooses(
     assert [s for s in result.steps if s == "http" or s.startswith("hook:")] == []
     assert harness.approvals.relays == [None]
     assert "no VM's own view decided drain" in harness.published[0].detail
+
+
+@pytest.mark.azurite
+@pytest.mark.parametrize("count", [2, 200])
+def test_choosing_the_targets_costs_two_table_requests_whatever_the_vm_count(
+    azurite: str, count: int
+) -> None:
+    """The event row (a point read) and its reporter rows (one query page): the same for
+    2 VMs as for 200, all of whose own views decided drain."""
+    from functions.clock import SystemClock
+    from functions.pipeline.context import Pipeline
+    from functions.pipeline.publish import LocalPublisher
+    from functions.settings import Settings
+    from functions.store.drains import DrainStore
+    from functions.store.state import Store
+    from functions.terminate.wiring import pipeline_context
+    from tests.tablecount import TableCounter
+
+    names = [f"web_{i}" for i in range(count)]
+    with TableCounter(azurite) as counter:
+        prefix = "c" + uuid.uuid4().hex[:10]
+        store = Store.from_connection_string(counter.connection_string, prefix).ensure_tables()
+        try:
+            shared = view("web_0", "Terminate", *names)
+            store.mutate_event("E1", lambda _r: record(names, entry("k", shared, DRAIN)))
+            for name in names:
+                own = shared.model_copy(update={"vm": name})
+                store.set_reporter("E1", name, "Scheduled", NOW, view=own, key="k")
+            pipeline = Pipeline(store, Settings(), LocalPublisher(), None, SystemClock())
+            drains = DrainStore.from_service(store.service, prefix)
+            ctx = pipeline_context(pipeline, drains)
+            counter.reset()
+            targets = ctx.own_drains("E1", False)
+            assert targets.drain == tuple(names)
+            assert counter.by_kind() == {"get": 1, "query": 1}, counter.by_kind()
+        finally:
+            for table in store.service.list_tables():
+                if table.name.startswith(prefix):
+                    store.service.delete_table(table.name)
