@@ -33,11 +33,13 @@ MAX_NAMED_IN_DETAIL = 10  # VMs named in an announcement's "not drained" text
 class DrainTargets:
     """`drain`: the VMs to drain, in `Resources` order. `not_drained`: each other named VM
     with the reason. `unheard`: named VMs without a view of their own yet (also in
-    `not_drained`)."""
+    `not_drained`). `now_decided`: the event's decision as its row says now (None: no
+    row), which a later, stricter view may have made a hold since the drain was decided."""
 
     drain: tuple[str, ...] = ()
     not_drained: dict[str, str] = field(default_factory=dict)
     unheard: tuple[str, ...] = ()
+    now_decided: str | None = None
 
     def summary(self) -> str:
         """The announcement's words for what is not drained, or ""."""
@@ -62,12 +64,15 @@ def drain_targets(
     uses this to find what the drain reached)."""
     if record is None:
         return DrainTargets()
+    now_decided = record.decision.action if record.decision is not None else None
     if not record.views:
         # Only Azure (Event Grid) reported it: its decision speaks for every VM it names.
-        decided = record.decision is not None and record.decision.action == "drain"
-        if decided:
-            return DrainTargets(drain=tuple(record.resources))
-        return DrainTargets(not_drained=dict.fromkeys(record.resources, "not decided drain"))
+        if now_decided == "drain":
+            return DrainTargets(drain=tuple(record.resources), now_decided=now_decided)
+        return DrainTargets(
+            not_drained=dict.fromkeys(record.resources, "not decided drain"),
+            now_decided=now_decided,
+        )
     rows: dict[str, Reporter] = {}
     for reporter in reporters:
         if reporter.view is not None and (reporter.status or ended):
@@ -96,4 +101,4 @@ def drain_targets(
             not_drained[name] = f"its own view decided {own.action} ({own.rule})"
         else:
             drain.append(name)
-    return DrainTargets(tuple(drain), not_drained, tuple(unheard))
+    return DrainTargets(tuple(drain), not_drained, tuple(unheard), now_decided)

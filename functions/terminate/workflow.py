@@ -122,6 +122,16 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
     # Only VMs whose own view decided drain (issue 27); a named VM not heard from yet gets
     # a little time for its relay's report.
     targets = await_reports(ctx, event.event_id, drain_until, settings.poll_seconds)
+    if targets.now_decided == "hold":
+        # A view reported since the drain was decided holds the event: nothing is drained
+        # or approved (that decision is announced by ingest).
+        log.warning("drain %s: the event is held now; nothing drained", event.event_id)
+        return DrainResult(
+            event.event_id,
+            "skipped",
+            detail="the event's decision is hold now: nothing drained or approved",
+            not_drained=targets.not_drained,
+        )
     skipped = targets.summary()
     if skipped:
         log.warning("drain %s: %s", event.event_id, skipped)

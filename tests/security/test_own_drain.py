@@ -198,6 +198,8 @@ def test_a_drain_decided_before_the_victims_hold_view_does_not_drain_it(
 
     assert not any(line.startswith("victim ") for line in drains.runs())
     assert "decided hold" in result.not_drained["victim"]
+    assert result.outcome == "skipped" and "hold now" in result.detail, result
+    assert drains.runs() == []  # the event is held: not even the attacker is drained
     record = fleet.store.get_event(event_id)
     assert [a for a in record.approval_attempts if a.vm == "victim"] == []
     assert fleet.sim.approvals == []

@@ -70,7 +70,23 @@ def test_only_vms_whose_own_view_decided_drain_are_drained() -> None:
 def test_a_vm_whose_own_view_decided_hold_is_not_drained() -> None:
     row, reporters = forged()
     row.views[1] = row.views[1].model_copy(update={"decision": HOLD})
-    assert drain_targets(row, reporters).drain == ("attacker",)
+    row.decision = HOLD  # the strictest view: the event is held now
+    targets = drain_targets(row, reporters)
+    assert targets.drain == ("attacker",) and targets.now_decided == "hold"
+
+
+@pytest.mark.azurite
+def test_an_event_held_since_its_drain_was_decided_is_neither_drained_nor_approved(
+    harness: Harness,
+) -> None:
+    note = terminate_note(resources=("web_0",))
+    held = DrainTargets(drain=("web_0",), now_decided="hold")
+    ctx = harness.context(own_drains=lambda _event_id, _ended: held)
+    with running(Answer(200)) as hook:
+        result = run_drain(note, settings(http_url=hook.url, relay_hook="drain"), ctx)
+        assert hook.requests == []
+    assert result.outcome == "skipped" and result.steps == {}
+    assert harness.approvals.calls == [] and harness.published == []
 
 
 def test_a_named_vm_that_has_not_reported_is_unheard_not_drained() -> None:
