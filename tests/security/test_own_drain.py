@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from azure.data.tables import TableServiceClient
 
 from functions.model.event import Notification, Transition
 from functions.model.policy import Match, Policy, PolicyLoad, Rule, default_rules
+from functions.pipeline.approve import approve_event
 from functions.store.drains import DrainStore
 from functions.terminate.context import DrainResult
 from functions.terminate.settings import DrainSettings
@@ -254,3 +256,31 @@ def test_a_named_vm_reporting_late_is_waited_for_then_drained(fleet: Fleet, drai
     assert sorted(drained_names(request)) == ["attacker", "victim"]
     assert sorted(drains.runs()) == [f"attacker {event_id}", f"victim {event_id}"]
     assert result.outcome == "approved", result
+
+
+def test_the_approval_after_a_drain_asks_only_the_relays_it_is_given(
+    fleet: Fleet, drains: Drains
+) -> None:
+    """approve_event(relays=...): the drain's approval goes only to the relays of VMs it
+    drained; another named VM's relay is not asked, even when it is the only one up."""
+    known(fleet)
+    event_id = fleet.sim.add_event("Terminate", resources=["victim", "attacker"], notice=900)
+    for name in ("attacker", "victim"):
+        fleet.deliver(fleet.vms[name].message(own_document(fleet, name)))
+    attacker = fleet.vms["attacker"]
+    assert attacker.callback is not None
+    attacker.callback.stop()  # the only relay the approval may ask is down
+    attacker.callback = None
+    soon = datetime.now(UTC) + timedelta(seconds=2)
+
+    first = approve_event(
+        event_id, fleet.pipeline, give_up_at=soon, by="drain", relays=("attacker",)
+    )
+
+    assert first.outcome != "approved" and fleet.sim.approvals == []
+    assert {a.vm for a in first.attempts} <= {"attacker"}, first.attempts
+    later = datetime.now(UTC) + timedelta(seconds=2)
+    second = approve_event(
+        event_id, fleet.pipeline, give_up_at=later, by="drain", relays=("victim",)
+    )
+    assert second.outcome == "approved" and second.vm == "victim", second
