@@ -67,7 +67,16 @@ def differing_fields(entries: list[ViewDecision]) -> list[str]:
     if len(entries) < 2:
         return []
     wires = [{**e.view.expect(), "Resources": e.resources_digest} for e in entries]
-    return [name for name in VIEW_FIELDS if any(w[name] != wires[0][name] for w in wires[1:])]
+    return [name for name in VIEW_FIELDS if _differ(name, [w[name] for w in wires])]
+
+
+def _differ(name: str, values: list[object]) -> bool:
+    """IMDS blanks NotBefore once an event has Started, so a VM that saw it start and one
+    that saw it scheduled do not disagree about it: NotBefore is compared only among the
+    views that have one."""
+    if name == "NotBefore":
+        values = [v for v in values if v]
+    return any(v != values[0] for v in values[1:])
 
 
 def resources_digest(names: tuple[str, ...]) -> str:

@@ -395,3 +395,16 @@ def test_a_document_over_the_hourly_bound_is_refused_before_anything_is_decided(
     plan = decide_document(None, {}, message(1, many), many, POLICY, settings, NOW)
     assert plan.refused == "rejected" and "MAX_NEW_EVENTS_PER_VM_HOUR" in plan.reason
     assert plan.steps == []
+
+
+def test_a_started_report_does_not_disagree_with_a_scheduled_one_about_not_before():
+    """IMDS blanks NotBefore once the event Started: one VM seeing it start while its
+    set-mate's last view was Scheduled is no difference (the demo's held set reboot was
+    announced twice for it); two different NotBefores still are."""
+    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    started = freeze(5, EventStatus="Started", NotBefore="")
+    after = decide_report(row, started, vm("mate"), POLICY, NOW + timedelta(minutes=15))
+    assert written(after, row).views_differ == []
+    moved = freeze(5, NotBefore="Sat, 21 Nov 2026 10:20:00 GMT")
+    other = decide_report(row, moved, vm("mate"), POLICY, NOW)
+    assert written(other, row).views_differ == ["NotBefore"]
