@@ -72,11 +72,7 @@ def collect(demo: Demo) -> ReportData:
 
 def _policy(demo: Demo, data: ReportData) -> None:
     settings = getattr(demo, "settings", None)
-    data.policy_source = (
-        "your POLICY__* settings"
-        if demo.custom_policy
-        else "the default: Microsoft's reference policy (no POLICY__* set)"
-    )
+    data.policy_source = getattr(demo, "policy_source", "")
     if settings is None:
         data.policy = "the local functions host did not start"
         return
