@@ -24,17 +24,13 @@ import threading
 from datetime import datetime
 from typing import Any, Protocol
 
-from azure.core import MatchConditions
-from azure.core.exceptions import (
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-)
-from azure.data.tables import TableClient, UpdateMode
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableClient
 
 from functions.identity.resource_graph import ResourceGraphRefused
 from functions.model.event import Notification, Transition
 from functions.store.keys import reserved
+from functions.store.rows import put_if_unchanged
 
 log = logging.getLogger(__name__)
 
@@ -61,21 +57,9 @@ def _read(table: TableClient) -> Any:
         return None
 
 
-def _write(table: TableClient, row: Any, fields: dict[str, Any]) -> bool:
-    entity = {"PartitionKey": PARTITION, "RowKey": ROW, **fields}
-    try:
-        if row is None:
-            table.create_entity(entity)
-        else:
-            table.update_entity(
-                entity,
-                mode=UpdateMode.REPLACE,
-                etag=row.metadata["etag"],
-                match_condition=MatchConditions.IfNotModified,
-            )
-    except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
-        return False  # another host flipped it first: theirs is the announcement
-    return True
+def _write(table: Any, row: Any, fields: dict[str, Any]) -> bool:
+    """False when another host changed the state row first: theirs is the announcement."""
+    return put_if_unchanged(table, {"PartitionKey": PARTITION, "RowKey": ROW, **fields}, row)
 
 
 def _mark(now: datetime) -> str:

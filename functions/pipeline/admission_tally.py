@@ -25,17 +25,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from azure.core import MatchConditions
-from azure.core.exceptions import (
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-)
-from azure.data.tables import UpdateMode
+from azure.core.exceptions import ResourceNotFoundError
 
 from functions import telemetry
 from functions.identity.attestation import CHECKS
 from functions.store.keys import reserved
+from functions.store.rows import put_if_unchanged
 
 log = logging.getLogger(__name__)
 
@@ -141,19 +136,9 @@ def add_to_report(
                 last_at=last.at.isoformat(),
             )
         entity["updated_at"] = now.isoformat()
-        try:
-            if row is None:
-                table.create_entity(entity)
-            else:
-                table.update_entity(
-                    entity,
-                    mode=UpdateMode.REPLACE,
-                    etag=row.metadata["etag"],
-                    match_condition=MatchConditions.IfNotModified,
-                )
+        if put_if_unchanged(table, entity, row):
             return
-        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
-            continue  # another host wrote first: read its counts and add again
+        # another host wrote first: read its counts and add again
     raise RuntimeError(f"the report row changed {WRITE_ATTEMPTS} times while adding to it")
 
 

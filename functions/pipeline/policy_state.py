@@ -21,17 +21,12 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from azure.core import MatchConditions
-from azure.core.exceptions import (
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-)
+from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import UpdateMode
 
 from functions.model.event import Notification, Transition
 from functions.pipeline.context import Pipeline
-from functions.store.rows import utf16_prefix
+from functions.store.rows import put_if_unchanged, utf16_prefix
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +92,8 @@ def _fields(row: Any) -> dict[str, Any]:
 
 
 def _write(table: Any, row: Any, fields: dict[str, Any]) -> bool:
-    entity = {"PartitionKey": PARTITION, "RowKey": ROW, **fields}
-    try:
-        if row is None:
-            table.create_entity(entity)
-        else:
-            table.update_entity(
-                entity,
-                mode=UpdateMode.REPLACE,
-                etag=row.metadata["etag"],
-                match_condition=MatchConditions.IfNotModified,
-            )
-    except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
-        return False  # another host changed it first: theirs is the announcement
-    return True
+    """False when another host changed the state row first: theirs is the announcement."""
+    return put_if_unchanged(table, {"PartitionKey": PARTITION, "RowKey": ROW, **fields}, row)
 
 
 def _undo(table: Any, previous: Any) -> None:

@@ -54,6 +54,26 @@ class RowTooLarge(ValueError):
     """A record would not fit a Table row; the caller records why instead of failing."""
 
 
+def put_if_unchanged(table: Any, entity: dict[str, Any], read: Any) -> bool:
+    """Create `entity` if `read` is None, else replace it under the ETag it was read with.
+    False when another host created, changed or deleted it first: the single-row state
+    machines (policy, Resource Graph refusal, admission report) then re-read and let the
+    winner's write stand, so a transition is announced by exactly one host."""
+    try:
+        if read is None:
+            table.create_entity(entity)
+        else:
+            table.update_entity(
+                entity,
+                mode=UpdateMode.REPLACE,
+                etag=read.metadata["etag"],
+                match_condition=MatchConditions.IfNotModified,
+            )
+    except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
+        return False
+    return True
+
+
 def utf16_prefix(text: str, units: int) -> str:
     """The longest prefix of `text` that is at most `units` UTF-16 code units long (how
     Table storage measures a string property), never splitting a surrogate pair; lone
