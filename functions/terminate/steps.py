@@ -165,7 +165,12 @@ def relay_hook(
                 allow_redirects=False,
             )
         except requests.Timeout:
-            last = "relay did not answer in time"
+            # A poll sent with little of the step left may time out although the relay
+            # answered every earlier one: what the relay last said stays the news.
+            if last == "hook still running":
+                last = "hook still running (the last poll got no answer in time)"
+            elif not last.startswith("hook still running"):
+                last = "relay did not answer in time"
         except requests.ConnectionError as exc:
             last = f"cannot reach the relay ({type(exc).__name__})"
         else:

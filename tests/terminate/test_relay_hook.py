@@ -168,3 +168,61 @@ def test_mid_rotation_the_previous_key_runs_the_hook(
     )
     assert result.outcome == "approved" and result.drained
     assert fleet.runs() == [f"web_0 {event_id}"]
+
+
+def test_a_last_poll_that_times_out_keeps_what_the_relay_last_said() -> None:
+    """The relay answered 202 (running), then a poll sent with little of the step left gets
+    no answer in time: the step reports "hook still running", not "did not answer" (the
+    flake this replaced: the timed-out poll's detail overwrote the relay's last word)."""
+    import http.server
+    import threading
+    import time
+    from datetime import UTC, datetime, timedelta
+
+    import requests
+
+    from functions.approvers.relay import RelayTarget
+    from functions.identity.keys import CallbackKey, key_id_of
+    from functions.terminate.steps import relay_hook
+
+    polls: list[float] = []
+
+    class Relay(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            polls.append(time.monotonic())
+            if len(polls) > 1:
+                time.sleep(1.5)  # the step's time runs out while this poll waits
+            self.send_response(202)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"status": "running"}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Relay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        secret = bytes(range(32))
+        target = RelayTarget(
+            url=f"http://127.0.0.1:{server.server_address[1]}",
+            vm_id="00000000-0000-0000-0000-000000000001",
+            keys=(CallbackKey(key_id_of(secret), secret),),
+        )
+        start = datetime.now(UTC)
+        ok, detail = relay_hook(
+            requests.Session(),
+            target,
+            "drain",
+            "EV-1",
+            until=start + timedelta(seconds=1.2),
+            now=lambda: datetime.now(UTC),
+            sleep=time.sleep,
+            poll_seconds=0.1,
+        )
+    finally:
+        server.shutdown()
+    assert not ok
+    assert len(polls) >= 2
+    assert "ran out of time: hook still running" in detail, detail
