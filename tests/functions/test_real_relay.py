@@ -64,6 +64,19 @@ def _give(keys: KeyStore, key: CallbackKey) -> None:
     keys.current, keys.previous = keys._load()
 
 
+def report(pipeline: Pipeline, sim: Simulator, relays: dict, vm: str, sequence: int) -> None:
+    """`vm`'s relay reports what the simulator's IMDS shows it now, through ingest."""
+    body = envelope(
+        vm,
+        sequence,
+        sim.document(vm)["Events"],
+        callback_url=relays[vm].url,
+        availability_set="as1",
+        observed_at=datetime.now(UTC),
+    )
+    ingest_message(body, pipeline)
+
+
 def test_approval_through_the_real_relay_falls_back_past_a_refusal(store, fleet):
     sim, relays = fleet
     event_id = sim.add_event("Reboot", resources=["vm1", "vm2"], source="User")
@@ -78,15 +91,7 @@ def test_approval_through_the_real_relay_falls_back_past_a_refusal(store, fleet)
         admission=identity_harness.admission(store),
     )
     for sequence, vm in enumerate(("vm1", "vm2"), start=1):
-        body = envelope(
-            vm,
-            sequence,
-            sim.document(vm)["Events"],
-            callback_url=relays[vm].url,
-            availability_set="as1",
-            observed_at=datetime.now(UTC),
-        )
-        ingest_message(body, pipeline)
+        report(pipeline, sim, relays, vm, sequence)
     record = store.get_event(event_id)
     assert record.approval == "approved" and record.approved_by == "vm2"
     # vm1's relay answers 401 (it holds a key the app does not know), so it is asked

@@ -5,8 +5,6 @@ work. Without it, the rotation breaks the callback (the behaviour issue 28 found
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 import requests
 
@@ -15,13 +13,12 @@ from functions.identity.attestation import AttestationVerifier
 from functions.identity.registry import CachedResolver, IdentityStore
 from functions.pipeline.admission import Admission
 from functions.pipeline.context import Pipeline
-from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher
 from functions.settings import SettingsInvalid, load_settings
 from simulator import identity as azure
 from tests import identity_harness
-from tests.functions.conftest import envelope, make_pipeline, make_settings
-from tests.functions.test_real_relay import fleet  # noqa: F401 - the real relays
+from tests.functions.conftest import make_pipeline, make_settings
+from tests.functions.test_real_relay import fleet, report  # noqa: F401 - the real relays
 from tests.web.server import serve
 from tests.web.test_pages import PAGES_ON, held, open_page, post, principal  # noqa: F401
 
@@ -55,18 +52,6 @@ def host(store, secret: bytes, previous: bytes | None = None) -> tuple[Pipeline,
         admission=admission(store, secret, previous),
     )
     return pipeline, publisher
-
-
-def report(pipeline, sim, relays, vm: str, sequence: int) -> None:
-    body = envelope(
-        vm,
-        sequence,
-        sim.document(vm)["Events"],
-        callback_url=relays[vm].url,
-        availability_set="as1",
-        observed_at=datetime.now(UTC),
-    )
-    ingest_message(body, pipeline)
 
 
 def enrol_vm2_before_the_rotation(store, fleet):  # noqa: F811
