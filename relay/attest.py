@@ -2,11 +2,18 @@
 
 Just before a message leaves, the sender puts the relay's current callback key in it
 (`callback_key`), computes the binding nonce of the envelope without `attestation`
-(N = sha256(canonical JSON)[:32], or a 10-digit form where IMDS refuses 32 characters),
-asks IMDS for the attested document of N and adds `attestation: {"signature", "nonce"}`.
+(N = sha256(canonical JSON)[:32], or a 10-digit form where IMDS does not take 32
+characters), asks IMDS for the attested document of N and adds `attestation:
+{"signature", "nonce"}`.
 The app checks Azure's signature, that the signed nonce is the one of the body it got,
 and that the signed vmId is `vm.vm_id`: a message cannot be replayed under another body,
 nor sent in another VM's name.
+
+Learn documents a 10-digit nonce; the REST spec allows 32 characters. IMDS may refuse the
+long form (400), or answer 200 having signed another nonce (issue 32): the relay reads the
+nonce Azure signed (relay.pkcs7: the JSON is plain bytes inside the PKCS#7) and, on a
+400 or a mismatch, uses the 10-digit form from then on. A mismatch on the 10-digit form
+too is a lasting failure (the message could never be admitted), said as such.
 
 One attested call per send attempt, never cached across envelopes. A failure to attest is
 a transient send failure: the message stays in the outbox and the send loop retries it
@@ -25,6 +32,7 @@ import logging
 from relay.imds import ImdsClient, ImdsError
 from relay.logs import event
 from relay.models import parse_envelope
+from relay.pkcs7 import signed_json
 from relay.sendbase import Sender, SendError
 from relay.signing import sha256
 
@@ -59,7 +67,8 @@ class Attester:
     def __init__(self, imds: ImdsClient, timeout: float | None = None) -> None:
         self.imds = imds
         self.timeout = timeout
-        self.short_nonce = False  # IMDS refused a 32-character nonce: the 10-digit form
+        self.short_nonce = False  # IMDS refused or did not sign a 32-character nonce
+        self.unreadable_logged = False
         self.calls = 0
 
     def attestation(self, envelope: dict[str, Any]) -> dict[str, str]:
@@ -77,16 +86,14 @@ class Attester:
                     raise ValueError
             except (ValueError, KeyError, TypeError, RecursionError):
                 raise SendError("attestation", "attested document: malformed answer") from None
+            self._check_signed_nonce(signature, nonce)
             return {"signature": signature, "nonce": nonce}
         if answer.status == 400 and not self.short_nonce:
             # The REST spec allows 32 characters; Microsoft's page says 10 digits. Use the
-            # documented fallback from now on; this message is retried at once.
-            self.short_nonce = True
-            event(
-                log,
-                logging.WARNING,
+            # documented form from now on; this message is retried at once.
+            self._use_short_nonce(
                 "IMDS refused a 32-character nonce; attesting with the 10-digit form",
-                detail=answer.text[:200],
+                answer.text[:200],
             )
             raise SendError("attestation", "attested document: 400 to a 32-character nonce")
         retry_after = None
@@ -100,6 +107,37 @@ class Attester:
             slow=not transient,
             retry_after=retry_after,
         )
+
+    def _check_signed_nonce(self, signature: str, nonce: str) -> None:
+        """Raise SendError when Azure signed another nonce than `nonce`: the app would
+        refuse the message (its signed nonce must bind this body)."""
+        content = signed_json(signature)
+        signed = content.get("nonce") if content is not None else None
+        if content is None:
+            # Not readable here (the app's full parser judges): sent as it is, said once.
+            if not self.unreadable_logged:
+                self.unreadable_logged = True
+                event(log, logging.WARNING, "cannot read the signed nonce of IMDS's answer")
+            return
+        if signed == nonce:
+            return
+        shown = str(signed)[:40]
+        if not self.short_nonce:
+            self._use_short_nonce(
+                "IMDS signed another nonce than the 32-character one asked; attesting with "
+                "the 10-digit form",
+                f"asked {nonce}, signed {shown}",
+            )
+            raise SendError("attestation", f"attested document: IMDS signed nonce {shown!r}")
+        raise SendError(
+            "attestation-nonce-mismatch",
+            f"attested document: IMDS signed nonce {shown!r}, not the 10-digit {nonce}",
+            slow=True,
+        )
+
+    def _use_short_nonce(self, message: str, detail: str) -> None:
+        self.short_nonce = True
+        event(log, logging.WARNING, message, detail=detail)
 
 
 class AttestingSender(Sender):

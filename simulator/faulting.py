@@ -69,10 +69,10 @@ class FaultsMixin:
         with self._lock:
             return self._faults.active()
 
-    def take_short_nonce(self, vm: str) -> bool:
-        """A short-nonce fault applies to this attested request (see FaultBook)."""
+    def take_nonce_fault(self, vm: str, nonce: str) -> str | None:
+        """The nonce fault that applies to this attested request, if any (see FaultBook)."""
         with self._lock:
-            return self._faults.take_short_nonce(vm)
+            return self._faults.take_nonce_fault(vm, nonce)
 
     def take_faults(self, vm: str, endpoint: str) -> FaultAction:
         """Count one valid request and say how the server must misbehave on it, if at all."""

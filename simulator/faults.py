@@ -12,7 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FaultKind = Literal["status", "slow", "drop", "malformed", "first-call-delay", "short-nonce"]
+FaultKind = Literal[
+    "status", "slow", "drop", "malformed", "first-call-delay", "short-nonce", "other-nonce"
+]
+# Faults on the attested document's nonce (FaultBook.take_nonce_fault), not on the request.
+NONCE_KINDS = ("short-nonce", "other-nonce")
 Endpoint = Literal["scheduledevents", "compute", "token", "attested", "any"]
 
 
@@ -81,7 +85,7 @@ class FaultBook:
         status/drop/malformed one decides the answer."""
         action = FaultAction()
         for fault in self._faults:
-            if fault.kind in ("first-call-delay", "short-nonce") or not fault.matches(vm, endpoint):
+            if fault.kind in (*NONCE_KINDS, "first-call-delay") or not fault.matches(vm, endpoint):
                 continue
             fault.used += 1
             if fault.kind == "slow":
@@ -102,15 +106,20 @@ class FaultBook:
                 return fault.seconds
         return None
 
-    def take_short_nonce(self, vm: str) -> bool:
-        """Whether an attested request with a nonce over 10 characters must get a 400 (as
-        Microsoft's page documents a 10-digit nonce; the REST spec allows 32)."""
+    def take_nonce_fault(self, vm: str, nonce: str) -> str | None:
+        """How an attested request misbehaves, if a nonce fault is injected (Microsoft's page
+        documents a 10-digit nonce; the REST spec allows 32): "short-nonce", a 400 to a
+        nonce over 10 characters; "other-nonce", a 200 whose signed nonce is IMDS's own
+        instead of the one asked (any nonce)."""
         for fault in self._faults:
-            if fault.kind == "short-nonce" and fault.matches(vm, "attested"):
-                fault.used += 1
-                self._prune()
-                return True
-        return False
+            if fault.kind not in NONCE_KINDS or not fault.matches(vm, "attested"):
+                continue
+            if fault.kind == "short-nonce" and len(nonce) <= 10:
+                continue
+            fault.used += 1
+            self._prune()
+            return fault.kind
+        return None
 
     def _prune(self) -> None:
         self._faults = [f for f in self._faults if not f.exhausted]

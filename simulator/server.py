@@ -302,9 +302,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._request_body
         if not self._apply_faults(vm, "compute" if endpoint == "instance" else endpoint):
             return
-        if endpoint == "attested" and len(nonce) > 10 and sim.take_short_nonce(vm):
+        nonce_fault = sim.take_nonce_fault(vm, nonce) if endpoint == "attested" else None
+        if nonce_fault == "short-nonce":
             self._error(400, "Bad request. nonce must be a 10-digit string")
             return
+        if nonce_fault == "other-nonce":
+            nonce = ""  # 200, signing IMDS's own (timestamp) nonce instead of the one asked
         if endpoint == "scheduledevents":
             if method == "GET":
                 self._json(200, sim.document(vm, api_version=version))

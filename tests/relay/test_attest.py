@@ -94,6 +94,37 @@ def test_a_400_to_a_32_character_nonce_falls_back_to_10_digits(simulator: Any, s
     assert attester.calls == 2
 
 
+def test_imds_signing_another_nonce_falls_back_to_10_digits(simulator: Any, sender: Any) -> None:
+    """Issue 32: IMDS answering 200 with another nonce signed (Learn documents a 10-digit
+    nonce) made every message fail admission; the relay now reads the signed nonce."""
+    attesting, inner, attester = sender
+    simulator.sim.inject_fault(kind="other-nonce", endpoint="attested", count=1)
+    envelope = document_envelope()
+    with pytest.raises(SendError) as caught:  # nothing the app would refuse is sent
+        attesting.send(envelope, envelope.to_json())
+    assert not caught.value.slow and inner.sent == [] and attester.short_nonce
+    attesting.send(envelope, envelope.to_json())
+    [(_, body)] = inner.sent
+    data = json.loads(body)
+    short = binding_nonces(data)[1]
+    signed = signed_content(data["attestation"]["signature"])["nonce"]
+    assert data["attestation"]["nonce"] == short == signed and len(short) == 10
+
+
+def test_another_nonce_signed_for_10_digits_too_is_a_lasting_failure(
+    simulator: Any, sender: Any
+) -> None:
+    attesting, inner, attester = sender
+    simulator.sim.inject_fault(kind="other-nonce", endpoint="attested", count=None)
+    envelope = document_envelope()
+    with pytest.raises(SendError):
+        attesting.send(envelope, envelope.to_json())
+    with pytest.raises(SendError) as caught:
+        attesting.send(envelope, envelope.to_json())
+    assert caught.value.slow and caught.value.kind == "attestation-nonce-mismatch"
+    assert inner.sent == [] and attester.calls == 2
+
+
 def test_imds_failing_to_attest_keeps_the_message(simulator: Any, sender: Any) -> None:
     attesting, inner, _ = sender
     simulator.sim.inject_fault(kind="status", status=503, endpoint="attested")
