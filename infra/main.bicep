@@ -193,6 +193,9 @@ param eventGridDeliverySchema string = 'CloudEventSchemaV1_0'
 @description('Where the function app may acknowledge Scheduled Events through Resource Manager: [{resourceGroup: \'rg\'}] or [{resourceGroup: \'rg\', resourceType: \'virtualMachineScaleSets\', name: \'vmss\'}]. Empty: it cannot (relays approve).')
 param acknowledgeScopes array = []
 
+@description('Object id in your tenant of the Maintenance resource provider\'s service principal (application id 78315a30-673a-4a46-8e5c-ce59dbc6adf8): `az ad sp show --id 78315a30-673a-4a46-8e5c-ce59dbc6adf8 --query id -o tsv`. With enableEventGrid it is given Scheduled Events Contributor on each resource group of vmScopes and acknowledgeScopes, as Learn\'s Event Grid and Resource Graph pages ask (infra/README.md). Empty: not assigned (the deployment output says so).')
+param maintenanceProviderPrincipalId string = ''
+
 @description('APPROVERS: relay,arm (relay first, ARM when no relay can), arm, or relay. Empty (the default): relay,arm when acknowledgeScopes names a scope, else relay (the app has no acknowledge role anywhere).')
 @allowed([
   ''
@@ -284,6 +287,12 @@ var names = {
 // /subscriptions/SUB/resourceGroups/RG -> SUB, RG (split on '/': '', subscriptions, SUB, resourceGroups, RG).
 var vmScopeSubscriptions = [for id in vmScopes: split(id, '/')[2]]
 var effectiveAllowedSubscriptions = empty(allowedSubscriptions) ? union(vmScopeSubscriptions, []) : allowedSubscriptions
+
+// The resource groups where opted-in VMs live: the Maintenance resource provider's
+// Scheduled Events Contributor goes on each (modules/maintenance-provider.bicep).
+var acknowledgeGroupIds = [for scope in acknowledgeScopes: '${subscription().id}/resourceGroups/${scope.resourceGroup}']
+var scheduledEventGroups = union(vmScopes, acknowledgeGroupIds)
+var assignMaintenanceProvider = enableEventGrid && !empty(maintenanceProviderPrincipalId)
 
 // ARM approves only where the acknowledge role is assigned (acknowledgeScopes).
 var effectiveApprovers = !empty(approvers) ? approvers : (empty(acknowledgeScopes) ? 'relay' : 'relay,arm')
@@ -484,6 +493,18 @@ module vmReaders 'modules/vm-reader.bicep' = [
   }
 ]
 
+// Scheduled Events Contributor for the Maintenance resource provider (Learn: Scheduled
+// Events in Event Grid / Resource Graph), on each group where opted-in VMs live.
+module maintenanceProvider 'modules/maintenance-provider.bicep' = [
+  for scopeId in (assignMaintenanceProvider ? scheduledEventGroups : []): {
+    name: 'maint-rp-${uniqueString(resourceGroup().id, scopeId)}'
+    scope: resourceGroup(split(scopeId, '/')[2], split(scopeId, '/')[4])
+    params: {
+      maintenanceProviderPrincipalId: maintenanceProviderPrincipalId
+    }
+  }
+]
+
 // ---------- Relay bootstrap (cloud-init) ----------
 // Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment: the relay
 // itself (infra/relay/scheduled-events-relay.pyz.gz, `make relay`: the zipapp gzipped whole;
@@ -572,5 +593,8 @@ output relayBootstrapArguments string = '${serviceBus.outputs.fullyQualifiedName
 output relayForward string = 'servicebus://${serviceBus.outputs.fullyQualifiedNamespace}/${serviceBus.outputs.queueName}'
 // The relays' --heartbeat-table (RELAY_HEARTBEAT_TABLE): their own liveness table.
 output relayHeartbeatTable string = storage.outputs.livenessTableUrl
+// Whether the Maintenance resource provider got Scheduled Events Contributor here; if not
+// (with Event Grid on), the exact command that gives it (infra/README.md, first deploy).
+output maintenanceProviderRole string = !enableEventGrid ? 'not needed (enableEventGrid is false)' : (assignMaintenanceProvider ? 'assigned on ${length(scheduledEventGroups)} resource group(s)' : 'NOT ASSIGNED: set maintenanceProviderPrincipalId to the output of: az ad sp show --id 78315a30-673a-4a46-8e5c-ce59dbc6adf8 --query id -o tsv')
 // What ALLOWED_SUBSCRIPTIONS holds (comma-separated).
 output allowedSubscriptions string = join(effectiveAllowedSubscriptions, ',')

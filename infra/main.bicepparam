@@ -52,3 +52,6 @@ param adminSshPublicKey = readEnvironmentVariable('SSH_PUBLIC_KEY')
 // Empty: cloud-init installs the relay embedded in customData (infra/relay/). Or a release
 // asset with its checksum: https://.../scheduled-events-relay.pyz#sha256=HEX
 param relayPackageUrl = readEnvironmentVariable('RELAY_PACKAGE_URL', '')
+// Agentless mode (enableEventGrid, preview): the Maintenance resource provider's object id
+// in your tenant (infra/README.md, "Agentless mode"); empty leaves its role unassigned.
+param maintenanceProviderPrincipalId = readEnvironmentVariable('MAINTENANCE_RP_PRINCIPAL_ID', '')

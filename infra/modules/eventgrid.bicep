@@ -12,10 +12,13 @@
 // The function app may acknowledge events only where you say (acknowledgeScopes), through
 // a custom role holding exactly Microsoft.Maintenance/scheduledevents/acknowledge/action:
 // the built-in "Scheduled Events Contributor" is meant "to read or acknowledge", more than
-// this needs.
+// this needs. That built-in role is what Learn has the Maintenance resource provider's own
+// service principal hold (main.bicep, modules/maintenance-provider.bicep).
 //
-// Preview features to register first (README): Microsoft.Compute/SendScheduledEventsPolicy
-// and Microsoft.Maintenance/ScheduledEventsActivity.
+// Preview, "not recommended for production" on every published version of Learn's pages.
+// Features to register first (README): Microsoft.Compute/SendScheduledEventsPolicy and
+// Microsoft.Maintenance/ScheduledEventsActivity (MicrosoftDocs/azure-compute-docs
+// articles/virtual-machines/scheduled-events-event-grid.md @ 1d8378b2 names both).
 
 @description('The bridge\'s Service Bus namespace (servicebus.bicep).')
 param namespaceName string
@@ -197,9 +200,13 @@ resource scheduledEvents 'Microsoft.EventGrid/systemTopics/eventSubscriptions@20
   }
 }
 
-// Exactly the acknowledge action, assignable only in the resource groups you named.
+// Exactly the acknowledge action, assignable only in the resource groups you named and in
+// this one, where the definition is created: a role definition deployed in a resource
+// group lists that group among its assignableScopes (Microsoft's own resource-group role
+// definition module, Azure/ResourceModules modules/authorization/role-definition/
+// resource-group/main.bicep @ 9edbecb8: `array(resourceGroup().id)`).
 var namedGroups = [for scope in acknowledgeScopes: '${subscription().id}/resourceGroups/${scope.resourceGroup}']
-var acknowledgeGroups = union(namedGroups, [])
+var acknowledgeGroups = union([resourceGroup().id], namedGroups)
 
 resource acknowledgeRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = if (!empty(acknowledgeScopes)) {
   name: guid(subscription().id, resourceGroup().id, 'scheduled-events-acknowledge')

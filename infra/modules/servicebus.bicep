@@ -204,16 +204,25 @@ resource functionSendsNotifications 'Microsoft.Authorization/roleAssignments@202
   }
 }
 
-// ... and receives them on the channel subscriptions (scoped to the topic, which holds them).
-resource functionReceivesNotifications 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  scope: notifications
-  name: guid(notifications.id, functionPrincipalId, serviceBusDataReceiver)
-  properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
-    principalId: functionPrincipalId
-    principalType: 'ServicePrincipal'
+// ... and receives them on each channel subscription, scoped to the subscription itself:
+// Functions' Service Bus page says a topic trigger's role "needs to have effective scope
+// over the Service Bus subscription resource. If only the topic is included, an error will
+// occur" (MicrosoftDocs/azure-docs includes/functions-service-bus-permissions.md @
+// 1fa9d3b8), and Service Bus's own "Resource scope" list names queue, topic or subscription
+// as entities a role applies to, without saying a topic's assignment reaches its
+// subscriptions (articles/service-bus-messaging/service-bus-managed-service-identity.md @
+// 12aea134). A role on each subscription satisfies both readings.
+resource functionReceivesNotifications 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
+  for (name, i) in subscriptionNames: {
+    scope: channelSubscriptions[i]
+    name: guid(channelSubscriptions[i].id, functionPrincipalId, serviceBusDataReceiver)
+    properties: {
+      roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
+      principalId: functionPrincipalId
+      principalType: 'ServicePrincipal'
+    }
   }
-}
+]
 
 output namespaceName string = namespace.name
 output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'

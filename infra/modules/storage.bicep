@@ -39,11 +39,10 @@ param relayPrincipalId string
 
 // Built-in role definitions.
 var storageBlobDataOwner = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
-var storageBlobDataContributor = 'ba92f5b4-2d11-453d-a403-e96b0029c9fe'
 var storageTableDataContributor = '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
 
-// The Functions host keeps its locks (timer triggers) and keys here; created up front so a
-// container-scoped role is enough and the identity never needs account-wide blob rights.
+// The Functions host keeps its locks (timer triggers) and keys here (created up front; the
+// host may create more: its role is on the account, below).
 var hostContainerNames = [
   'azure-webjobs-hosts'
   'azure-webjobs-secrets'
@@ -157,29 +156,24 @@ resource tables 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-
   }
 ]
 
-// Flex Consumption reads (and `func publish` writes) the app package in this container only.
-resource functionOwnsDeploymentContainer 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  scope: deploymentContainer
-  name: guid(deploymentContainer.id, functionPrincipalId, storageBlobDataOwner)
+// Host storage and the Flex deployment container: Storage Blob Data Owner on the account,
+// the documented form. Functions' page for an identity-based AzureWebJobsStorage: "The
+// Storage Blob Data Owner role covers the basic needs of Functions host storage - the
+// runtime needs both read and write access to blobs and the ability to create containers"
+// (MicrosoftDocs/azure-docs includes/functions-azurewebjobsstorage-permissions.md @
+// 85c6377a); creating a container is an account-level action, so container-scoped roles
+// (as before) leave the host unable to create one it needs. This account is the app's own:
+// the only other container is Event Grid's dead letters (eventgrid.bicep), which the app
+// may read anyway.
+resource functionOwnsBlobs 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: account
+  name: guid(account.id, functionPrincipalId, storageBlobDataOwner)
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataOwner)
     principalId: functionPrincipalId
     principalType: 'ServicePrincipal'
   }
 }
-
-// The host's lock and key containers, each on its own.
-resource functionUsesHostContainers 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
-  for (name, i) in hostContainerNames: {
-    scope: hostContainers[i]
-    name: guid(hostContainers[i].id, functionPrincipalId, storageBlobDataContributor)
-    properties: {
-      roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataContributor)
-      principalId: functionPrincipalId
-      principalType: 'ServicePrincipal'
-    }
-  }
-]
 
 // The state tables. Table roles are granted on the account: it is this app's own account and
 // holds nothing else, and a changed STATE_TABLE_PREFIX keeps working.

@@ -32,6 +32,12 @@ MODULES = INFRA / "modules"
 #   security.md    Key Vault Secrets User
 #   monitor.md     Monitoring Metrics Publisher
 # (read through the stored copies of those pages and files, issue #22 review).
+# Scheduled Events Contributor (Learn's "ScheduledEventContributor", the role the Scheduled
+# Events Event Grid / Resource Graph pages give the Maintenance resource provider) is not in
+# MicrosoftDocs/azure-docs built-in-roles/compute.md @ 064f7ba2 (Sep 2025) yet; its id is
+# the one two public dumps of Azure's built-in role list give (GitHub code search, read for
+# issue 32): b67fe603-310e-4889-b9ee-8257d09d353d. infra/README.md has the deployer confirm
+# it with `az role definition list --name "Scheduled Events Contributor"` before enabling.
 BUILTIN_ROLES = {
     "Reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
     "Azure Service Bus Data Sender": "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39",
@@ -41,6 +47,7 @@ BUILTIN_ROLES = {
     "Storage Blob Data Contributor": "ba92f5b4-2d11-453d-a403-e96b0029c9fe",
     "Key Vault Secrets User": "4633458b-17de-408a-b874-0445c86b69e6",
     "Monitoring Metrics Publisher": "3913510d-42f4-4e42-8a64-420c390055eb",
+    "Scheduled Events Contributor": "b67fe603-310e-4889-b9ee-8257d09d353d",
 }
 ROLE_NAMES = {v: k for k, v in BUILTIN_ROLES.items()}
 

@@ -111,10 +111,18 @@ def test_custom_role_holds_exactly_the_acknowledge_action() -> None:
     assert EG.variables[action] == "Microsoft.Maintenance/scheduledevents/acknowledge/action"
     assert permission["notActions"] == permission["dataActions"] == []
     assert role.body["properties"]["type"] == "CustomRole"
-    # Assignable only in the resource groups the user named.
+    # Assignable only in the resource groups the user named, and in the bridge's own group
+    # where the definition is created (issue 32: it was left out). The form is the one of
+    # Microsoft's resource-group role definition module, Azure/ResourceModules
+    # modules/authorization/role-definition/resource-group/main.bicep @ 9edbecb8
+    # (`assignableScopes: ... array(resourceGroup().id)`).
     assert role.body["properties"]["assignableScopes"] == "acknowledgeGroups"
     union = EG.variables["acknowledgeGroups"]["function"]
-    assert union["type"] == "union" and union["parameters"]["arg_1"] == "namedGroups"
+    assert union["type"] == "union" and union["parameters"]["arg_2"] == "namedGroups"
+    (own,) = union["parameters"]["arg_1"]
+    accessor = own["operator"]["operands"]
+    assert accessor["operand_1"]["function"]["type"] == "resource_group"
+    assert accessor["operand_2"] == "id"
     named = EG.tree["variables"]["namedGroups"]["value"]
     assert named["loop_type"]["detail"]["array_name"] == "acknowledgeScopes"
     assert EG.param_default("acknowledgeScopes") == []

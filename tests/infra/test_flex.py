@@ -10,6 +10,11 @@ Sources (Microsoft Learn):
   https://learn.microsoft.com/azure/azure-functions/functions-infrastructure-as-code?pivots=flex-consumption-plan
 
 Re-checked for issue #23 against the stored copies (the live pages were not reachable):
+- Issue 32 re-check: the current page, section "Instance sizes", lists 512 MB (0.25 core),
+  2,048 and 4,096 MB (read in the fork specialized806/azure-docs
+  articles/azure-functions/flex-consumption-plan.md @ 1dd74df5bee4e1ebccc7d9c9f6c1027a003653b4);
+  the MicrosoftDocs/azure-docs copy listing 2,048 and 4,096 only (@ ab021c0729a7e8655f85ed
+  06e4725c6005fe1d01) is the May 2024 preview page (ms.date 05/24/2024). 512 stays.
 - INSTANCE_MEMORY_MB {512, 2048, 4096}: "Azure Functions Flex Consumption plan hosting",
   section "Instance memory" (URL above) lists 512, 2048 and 4096 MB today (quoted in
   Azure/azure-rest-api-specs#40898 and Azure/terraform-azurerm-avm-res-web-site#231, which

@@ -47,9 +47,12 @@ ACKNOWLEDGE_MODULE = "eventgrid-acknowledge"
 TOPIC_IDENTITY = "systemTopic.identity.principalId"
 # The app's Reader on each resource group of main.bicep's vmScopes (deployed in that group).
 VM_READER_MODULE = "vm-reader"
+# The Maintenance resource provider's Scheduled Events Contributor on the same groups and
+# acknowledgeScopes' (Learn's Scheduled Events in Event Grid / Resource Graph pages).
+MAINTENANCE_MODULE = "maintenance-provider"
 # Modules deployed into other resource groups, whose grants are scoped to that group or to
 # an existing resource there, not to an entity of this deployment.
-OTHER_GROUP_MODULES = {ACKNOWLEDGE_MODULE, VM_READER_MODULE}
+OTHER_GROUP_MODULES = {ACKNOWLEDGE_MODULE, VM_READER_MODULE, MAINTENANCE_MODULE}
 
 # Custom roles defined next to their assignments: `symbol.name` (or the parameter carrying
 # it) -> a name for the tests.
@@ -62,6 +65,7 @@ IDENTITIES = {
     "relayPrincipalId": "relay",
     "functionPrincipalId": "function app",
     TOPIC_IDENTITY: "Event Grid system topic",
+    "maintenanceProviderPrincipalId": "Maintenance resource provider",
 }
 
 SB_SENDER = "Azure Service Bus Data Sender"
@@ -84,10 +88,13 @@ IDENTITY_GRANTS: dict[str, set[tuple[str, str]]] = {
         (SB_RECEIVER, "servicebus: queues documents"),
         (SB_RECEIVER, "servicebus: queues heartbeats"),
         (SB_SENDER, "servicebus: topics notifications"),
-        (SB_RECEIVER, "servicebus: topics notifications"),
+        # On each channel subscription (Functions: a topic trigger's role must have effective
+        # scope over the subscription; servicebus.bicep has the sources).
+        (SB_RECEIVER, "servicebus: subscriptions channelSubscriptions"),
         (SB_RECEIVER, "eventgrid: queues eventQueue"),
-        ("Storage Blob Data Owner", "storage: containers deploymentContainer"),
-        ("Storage Blob Data Contributor", "storage: containers hostContainers"),
+        # Host storage and the deployment container: the documented host role, on the
+        # account (storage.bicep has the source).
+        ("Storage Blob Data Owner", "storage: storageAccounts account"),
         ("Storage Table Data Contributor", "storage: storageAccounts account"),
         (KV_SECRETS_USER, "keyvault: secrets appSecretSecret"),
         (KV_SECRETS_USER, "keyvault: secrets pagerdutySecret"),
@@ -104,6 +111,9 @@ IDENTITY_GRANTS: dict[str, set[tuple[str, str]]] = {
         (ACKNOWLEDGER, "eventgrid-acknowledge: virtualMachineScaleSets scaleSet"),
         (ACKNOWLEDGER, "eventgrid-acknowledge: availabilitySets availabilitySet"),
         (ACKNOWLEDGER, "eventgrid-acknowledge: resource group"),
+    },
+    "Maintenance resource provider": {
+        ("Scheduled Events Contributor", "maintenance-provider: resource group"),
     },
     "Event Grid system topic": {
         (SB_SENDER, "eventgrid: queues eventQueue"),
@@ -297,6 +307,7 @@ def test_no_other_principal_gets_a_role() -> None:
         "relayPrincipalId",
         "functionPrincipalId",
         TOPIC_IDENTITY,
+        "maintenanceProviderPrincipalId",  # Azure's Maintenance RP: Learn asks for it
     }
 
 
