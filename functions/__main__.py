@@ -35,6 +35,14 @@ def main(argv: list[str] | None = None) -> int:
         "(Event Grid schema or CloudEvents 1.0); JSON; - for stdin",
     )
     explain.add_argument("--now", help="ISO time to decide at (default: now), for windows")
+    explain.add_argument(
+        "--scale-set",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="the scale set of the document's VM (repeatable), for `scale_sets` rules: a plain "
+        "IMDS document does not name it (an envelope or an Event Grid event does)",
+    )
     _cost_parser(sub)
     _settings_parser(sub)
     from functions.identity import check_cli
@@ -60,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {warning}", file=sys.stderr)
         _warn_not_enforcing()
         return 0
-    return _explain(load, args.file, args.now)
+    return _explain(load, args.file, args.now, tuple(args.scale_set))
 
 
 def _warn_not_enforcing() -> None:
@@ -77,7 +85,7 @@ def _warn_not_enforcing() -> None:
         )
 
 
-def _explain(load, file: str, now_text: str | None) -> int:
+def _explain(load, file: str, now_text: str | None, given_sets: tuple[str, ...] = ()) -> int:
     try:
         raw = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
         now = datetime.fromisoformat(now_text) if now_text else datetime.now(UTC)
@@ -89,7 +97,8 @@ def _explain(load, file: str, now_text: str | None) -> int:
     except json.JSONDecodeError as exc:
         print(f"{file}: not JSON: {exc}", file=sys.stderr)
         return 2
-    scale_sets: tuple[str, ...] = ()
+    scale_sets: tuple[str, ...] = tuple(n for n in given_sets if n)
+    known = bool(given_sets)  # an envelope names the VM's set too (or that it has none)
     if now.tzinfo is None:
         now = now.replace(tzinfo=UTC)
     if looks_like_event_grid(raw):
@@ -98,14 +107,24 @@ def _explain(load, file: str, now_text: str | None) -> int:
         if isinstance(data, dict) and "kind" in data and "vm" in data:
             envelope = parse_envelope(data)
             document = envelope.scheduled_events
-            scale_sets = (envelope.vm.scale_set,) if envelope.vm.scale_set else ()
+            if envelope.vm.scale_set and not given_sets:
+                scale_sets = (envelope.vm.scale_set,)
+            known = True
         else:
             document = parse_document(data)
     except DocumentError as exc:
         print(f"{file}: {exc}", file=sys.stderr)
         return 2
-    for event in document.events if document else ():
-        _print_decision(load, event, now, scale_sets)
+    events = document.events if document else ()
+    if not events:
+        incarnation = document.document_incarnation if document else None
+        print(
+            f"{file}: no events (DocumentIncarnation {incarnation}): nothing to decide; "
+            "IMDS lists an event only while it is scheduled or started",
+            file=sys.stderr,
+        )
+    for event in events:
+        _print_decision(load, event, now, scale_sets, scale_set_known=known)
     return 0
 
 
@@ -223,14 +242,21 @@ def _explain_event_grid(load, file: str, data: object, now: datetime) -> int:
         return 2
     for bad in rejected:
         print(f"{file}: {bad.reason}", file=sys.stderr)
+    if not events and not rejected:
+        print(f"{file}: no Scheduled Events notification: nothing to decide", file=sys.stderr)
     for grid in events:
         owner = grid.owner
         sets = (owner.name,) if owner.resource_type == "virtualMachineScaleSets" else ()
-        _print_decision(load, grid.event, now, sets)
+        _print_decision(load, grid.event, now, sets, scale_set_known=True)
     return 2 if rejected else 0
 
 
-def _print_decision(load, event, now: datetime, scale_sets: tuple[str, ...]) -> None:
+def _print_decision(
+    load, event, now: datetime, scale_sets: tuple[str, ...], scale_set_known: bool = False
+) -> None:
+    """One JSON line: the decision, what a `drain` will really do with the DRAIN__*
+    settings in this environment, and the rules that could not be evaluated (a
+    `scale_sets` rule against a document that does not say the VM's set)."""
     decision = decide(load, event, now, scale_sets)
     line = {
         "EventId": event.event_id,
@@ -243,7 +269,54 @@ def _print_decision(load, event, now: datetime, scale_sets: tuple[str, ...]) -> 
         "approve_after": decision.approve_after.isoformat() if decision.approve_after else None,
         "dry_run": decision.dry_run,
     }
+    if decision.action == "drain":
+        line["drain"] = _drain_plan()
+    unknown = _unevaluated(load, decision.rule, scale_sets, scale_set_known)
+    if unknown:
+        line["not_evaluated"] = unknown
+        print(
+            f"warning: {event.event_id}: {'; '.join(unknown)}: the document does not name the "
+            "VM's scale set; pass --scale-set NAME (a VM in no scale set: --scale-set '')",
+            file=sys.stderr,
+        )
     print(json.dumps(line))
+
+
+def _drain_plan() -> str:
+    """What the drain workflow does with this environment's DRAIN__* settings."""
+    from pydantic import ValidationError
+
+    from functions.terminate.settings import DrainSettings
+
+    try:
+        drain = DrainSettings()
+    except ValidationError as exc:
+        return f"DRAIN__* invalid ({exc.error_count()} error(s)): see `settings check`"
+    steps = []
+    if drain.http_url:
+        steps.append("HTTP drain hook (DRAIN__HTTP_URL)")
+    if drain.relay_hook:
+        steps.append(f"relay hook {drain.relay_hook!r} (DRAIN__RELAY_HOOK)")
+    if not steps:
+        return (
+            "no drain step configured (DRAIN__HTTP_URL, DRAIN__RELAY_HOOK): nothing is "
+            "drained and the event is held until NotBefore"
+        )
+    return f"{' then '.join(steps)}, then approve"
+
+
+def _unevaluated(load, decided_by: str, scale_sets: tuple[str, ...], known: bool) -> list[str]:
+    """Rules tried before the deciding one (and it) whose `scale_sets` criterion this
+    input cannot answer: no set given and none in the input."""
+    if known or scale_sets or load.policy is None:
+        return []
+    names = []
+    for rule in load.policy.rules:
+        if rule.match.scale_sets is not None:
+            names.append(f"rule {rule.name!r} (scale_sets) not evaluated")
+        if rule.name == decided_by:
+            break
+    return names
 
 
 if __name__ == "__main__":

@@ -243,7 +243,8 @@ def _app_findings(settings: Settings, for_azure: bool) -> list[Finding]:
 def _drain_findings(
     policy: PolicyLoad, environ: Mapping[str, str], configured: bool | None
 ) -> list[Finding]:
-    """A `drain` rule with nothing configured to drain: the workflow approves undrained."""
+    """A `drain` rule with nothing configured to drain: the workflow holds those events
+    until NotBefore (nothing drained, nothing approved early)."""
     if policy.policy is None:
         return []
     folded = {k.upper(): v for k, v in environ.items()}
@@ -259,7 +260,8 @@ def _drain_findings(
             "warning",
             "POLICY__RULES",
             f"rule(s) {', '.join(repr(n) for n in drains)} drain, but neither DRAIN__HTTP_URL "
-            "nor DRAIN__RELAY_HOOK is set: those events are approved without any drain step",
+            "nor DRAIN__RELAY_HOOK is set: those events are held until NotBefore, nothing drained "
+            "(set one to drain them and approve early)",
         )
     ]
 

@@ -42,7 +42,42 @@ def read_settings_file(path: str) -> dict[str, str]:
             raise SettingsFileError(f"{path}: a list, but not of {{name, value}}") from None
     if not isinstance(data, dict):
         raise SettingsFileError(f"{path}: not a JSON object or a list of settings")
+    _looks_like_settings(path, data)
     return {str(k): "" if v is None else str(v) for k, v in data.items()}
+
+
+def _looks_like_settings(path: str, data: dict) -> None:
+    """Refuse a JSON object that is not app settings (an IMDS document, an ARM export):
+    settings are names with plain values, and at least one is a name the app or the
+    platform reads. Checked without it, such a file would say "settings OK"."""
+    from functions.settings_check import app_prefixes, known_names, settings_models
+
+    shape = (
+        "expected app settings: `az functionapp config appsettings list` output "
+        '([{"name", "value"}, ...]), local.settings.json ({"Values": {...}}) or '
+        '{"NAME": "value", ...}'
+    )
+    if not data:
+        raise SettingsFileError(f"{path}: no settings in it; {shape}")
+    nested = sorted(str(k) for k, v in data.items() if isinstance(v, (dict, list)))
+    if nested:
+        raise SettingsFileError(
+            f"{path}: not app settings: {', '.join(nested[:5])} hold(s) a JSON object or list, "
+            f"and a setting's value is a string; {shape}"
+        )
+    models = settings_models()
+    known = {n.casefold() for n in known_names(models)}
+    prefixes = tuple(app_prefixes(models))
+    platform = ("FUNCTIONS_", "AZUREWEBJOBS", "WEBSITE_", "APPLICATIONINSIGHTS_")
+    if not any(
+        str(k).casefold() in known or str(k).upper().startswith((*prefixes, *platform))
+        for k in data
+    ):
+        names = ", ".join(sorted(str(k) for k in data)[:5])
+        raise SettingsFileError(
+            f"{path}: not app settings: no name in it ({names}) is one the app or the "
+            f"Functions platform reads; {shape}"
+        )
 
 
 def run_settings_check(args: argparse.Namespace) -> int:

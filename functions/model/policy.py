@@ -87,7 +87,9 @@ class Match(BaseModel):
     duration_at_least: int | None = Field(default=None, ge=0)
     duration_below: int | None = Field(default=None, ge=0)
     resources: tuple[str, ...] | None = None  # globs over VM names, any named VM matches
-    scale_sets: tuple[str, ...] | None = None  # any scale set of the named VMs
+    # Globs over the scale set names of the named VMs, as `resources` over VM names: an
+    # AKS node pool's set is `aks-<pool>-<number>-vmss`, so `aks-*` is what one writes.
+    scale_sets: tuple[str, ...] | None = None
 
     @field_validator("event_types")
     @classmethod
@@ -127,16 +129,18 @@ class Match(BaseModel):
             duration is None or duration >= self.duration_below
         ):
             return False
-        if self.resources is not None and not any(
-            fnmatch.fnmatchcase(name.casefold(), pattern.casefold())
-            for name in event.resources
-            for pattern in self.resources
-        ):
+        if self.resources is not None and not _glob_any(event.resources, self.resources):
             return False
-        return not (
-            self.scale_sets is not None
-            and not any(_in(name, self.scale_sets) for name in scale_sets)
-        )
+        return not (self.scale_sets is not None and not _glob_any(scale_sets, self.scale_sets))
+
+
+def _glob_any(names: Iterable[str], patterns: tuple[str, ...]) -> bool:
+    """Some name matches some glob, case-insensitively (Azure's names are)."""
+    return any(
+        fnmatch.fnmatchcase(name.casefold(), pattern.casefold())
+        for name in names
+        for pattern in patterns
+    )
 
 
 def _in(value: str | None, options: tuple[str, ...]) -> bool:
@@ -336,6 +340,13 @@ class PolicySettings(BaseSettings):
     max_concurrent_per_set: int = 1
     page: PagingPolicy = PagingPolicy()
 
+    @field_validator("rules", mode="before")
+    @classmethod
+    def _empty_is_reference(cls, value: object) -> object:
+        """`POLICY__RULES=[]` is the reference policy, as an empty `policyRules` in the
+        Bicep is (which leaves the setting out): "no rules of my own", never "no policy"."""
+        return default_rules() if value == [] or value == () else value
+
 
 class PolicyLoad(BaseModel):
     """The effective policy, or why there is none (then everything fails closed)."""
@@ -392,7 +403,24 @@ def load_policy() -> PolicyLoad:
     errors, warnings = lint_rules(policy.rules)
     if unknown or errors:
         return refused([*unknown, *(f"POLICY__RULES: {e}" for e in errors)])
-    return PolicyLoad(policy=policy, warnings=tuple(f"POLICY__RULES: {w}" for w in warnings))
+    notes = [f"POLICY__RULES: {w}" for w in warnings]
+    if _empty_rules_setting():
+        notes.append(
+            "POLICY__RULES: an empty list: Microsoft's reference policy applies (as without "
+            "the setting); remove it, or list your rules"
+        )
+    return PolicyLoad(policy=policy, warnings=tuple(notes))
+
+
+def _empty_rules_setting() -> bool:
+    """POLICY__RULES is set to an empty JSON list (any case of the name)."""
+    for key, value in os.environ.items():
+        if key.upper() == "POLICY__RULES":
+            try:
+                return json.loads(value) == []
+            except json.JSONDecodeError:
+                return False
+    return False
 
 
 def refused(problems: list[str]) -> PolicyLoad:

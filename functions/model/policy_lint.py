@@ -81,7 +81,8 @@ def _durations_overlap(a: Any, b: Any) -> bool:
 
 
 def _glob_covers(pattern: str, name: str) -> bool:
-    """Certain that every VM name `name` matches also matches `pattern`."""
+    """Certain that every name (of a VM or a scale set) `name` matches also matches
+    `pattern`."""
     pattern, name = pattern.casefold(), name.casefold()
     if pattern == name or pattern == "*":
         return True
@@ -104,18 +105,6 @@ def _names_overlap(a: Sequence[str] | None, b: Sequence[str] | None) -> bool:
     return any(_glob_covers(p, q) or _glob_covers(q, p) for p in a for q in b)
 
 
-def _sets_cover(a: Sequence[str] | None, b: Sequence[str] | None) -> bool:
-    if a is None:
-        return True
-    return b is not None and _fold(b) <= _fold(a)  # type: ignore[operator]
-
-
-def _sets_overlap(a: Sequence[str] | None, b: Sequence[str] | None) -> bool:
-    if a is None or b is None:
-        return True
-    return bool(_fold(a) & _fold(b))  # type: ignore[operator]
-
-
 CLOSED = (("event_types", EVENT_TYPES), ("sources", SOURCES), ("statuses", DECIDED_STATUSES))
 
 
@@ -125,7 +114,7 @@ def covers(a: Any, b: Any) -> bool:
         all(_closed(b, n, u) <= _closed(a, n, u) for n, u in CLOSED)
         and _durations_cover(a, b)
         and _names_cover(a.resources, b.resources)
-        and _sets_cover(a.scale_sets, b.scale_sets)
+        and _names_cover(a.scale_sets, b.scale_sets)
     )
 
 
@@ -135,7 +124,7 @@ def overlap(a: Any, b: Any) -> bool:
         all(_closed(a, n, u) & _closed(b, n, u) for n, u in CLOSED)
         and _durations_overlap(a, b)
         and _names_overlap(a.resources, b.resources)
-        and _sets_overlap(a.scale_sets, b.scale_sets)
+        and _names_overlap(a.scale_sets, b.scale_sets)
     )
 
 

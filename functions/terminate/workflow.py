@@ -166,7 +166,12 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         plan.append(f"HTTP drain hook for {len(drained_vms)} VM(s)")
     if settings.relay_hook and drained_vms:
         plan.append(f"relay hook {settings.relay_hook!r} on {len(drained_vms)} VM(s)")
-    nothing = "no drain steps configured" if drained_vms else "no VM's own view decided drain"
+    nothing = (
+        f"no drain step configured (DRAIN__HTTP_URL, DRAIN__RELAY_HOOK): nothing drained, "
+        f"{_held(event.event_type)}"
+        if drained_vms
+        else "no VM's own view decided drain"
+    )
     started = (
         f"{' then '.join(plan) or nothing}; "
         f"approval by {deadline.strftime('%H:%M:%S UTC')}" + (f"; {skipped}" if skipped else "")
@@ -216,8 +221,13 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
             futures = [pool.submit(on_vm, vm) for vm in drained_vms]
             wait(futures)
         drain_steps.extend(future.result() for future in futures)  # re-raises the first error
-    if not plan:
-        log.warning("drain %s: no DRAIN__HTTP_URL or DRAIN__RELAY_HOOK; approving", event.event_id)
+    if not plan and drained_vms:
+        # A drain with no step to run is never an approval: the VM would go undrained
+        # before NotBefore. It is held (drain_started said so) and Azure starts it then.
+        log.warning("drain %s: no DRAIN__HTTP_URL or DRAIN__RELAY_HOOK; holding", event.event_id)
+        return DrainResult(
+            event.event_id, "held", False, nothing, steps.records, targets.not_drained
+        )
     failures = [
         f"{record.step}: {record.detail}" for record in drain_steps if record.status != "succeeded"
     ]

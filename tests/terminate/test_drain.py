@@ -173,9 +173,31 @@ def test_an_interrupted_approval_is_taken_over(harness: Harness) -> None:
         step="approve", status="running", owner="dead", started_at=past, lease_until=past
     )
     assert harness.store.claim(note.event.event_id, dead)
-    result = run_drain(note, settings(), harness.context())
+    with running(Answer(200)) as hook:
+        result = run_drain(note, settings(http_url=hook.url), harness.context())
     assert result.outcome == "approved"
     assert len(harness.approvals.calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("event_type", "then"),
+    [("Terminate", "holding until NotBefore"), ("Preempt", "Azure evicts it at NotBefore")],
+)
+def test_a_drain_with_no_drain_step_configured_holds_and_says_so(
+    harness: Harness, event_type: str, then: str
+) -> None:
+    """The default deployment (no DRAIN__HTTP_URL, no DRAIN__RELAY_HOOK) decides `drain`
+    for a scale-in: that must never become an immediate, undrained approval (issue 33)."""
+    note = terminate_note(event_type=event_type)
+    result = run_drain(note, settings(), harness.context())
+    assert result.outcome == "held" and not result.drained
+    assert harness.approvals.calls == []
+    assert "approve" not in result.steps
+    assert harness.transitions() == ["drain_started"]
+    detail = harness.published[0].detail
+    assert "no drain step configured" in detail and "DRAIN__HTTP_URL" in detail, detail
+    assert "DRAIN__RELAY_HOOK" in detail and then in detail, detail
+    assert "no drain step configured" in result.detail
 
 
 def test_two_invocations_at_once_run_each_step_once(harness: Harness) -> None:
