@@ -65,6 +65,9 @@ class DrainContext:
     # capacity(event_id): take the event's capacity slots (functions.pipeline.capacity), True
     # when held or not needed; None: no guard (tests of the steps alone).
     capacity: Callable[[str], bool] | None = None
+    # scale_set_of(vm): Azure's scale set of a VM for the HTTP drain request (the VM row;
+    # functions.terminate.steps.ScaleSetOf); None: labelled by name only.
+    scale_set_of: Callable[[str], str | None] | None = None
 
 
 @dataclass

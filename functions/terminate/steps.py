@@ -32,18 +32,37 @@ def _remaining(now: Callable[[], datetime], until: datetime) -> float:
     return (until - now()).total_seconds()
 
 
+# VM name -> Azure's scale set for it (the VM row, from Resource Graph): the set's name,
+# "" when Azure says it is in none, None when the app has no row for it.
+ScaleSetOf = Callable[[str], str | None]
+
+
+def instance_scale_set(vm: str, sets: tuple[str, ...], fact: str | None) -> str | None:
+    """The scale set to name for `vm` in a drain request: Azure's fact when the app has
+    one; without it, the longest of the event's sets whose instance names `vm` can be
+    (`<set>_<instance id>`), so that with sets `app` and `app_x`, `app_x_5` is `app_x`'s."""
+    if fact is not None:
+        return fact or None
+    folded = vm.casefold()
+    owners = [s for s in sets if folded.startswith(f"{s}_".casefold())]
+    return max(owners, key=len, default=None)
+
+
 def drain_request(
     event: EventSnapshot,
     deadline: datetime,
     timeout: float,
     action: str = "drain",
     vms: tuple[str, ...] | None = None,
+    facts: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """What the customer's drain (or undrain) hook receives: the event and the instances
     to drain: `vms`, the named VMs whose own view decided drain (functions.terminate.
     targets), never a name only a set-mate's view put there. `Resources` lists the same
-    names, so a hook that reads either drains only those."""
+    names, so a hook that reads either drains only those. `facts`: each VM's scale set as
+    Azure says (ScaleSetOf); a VM not in it is labelled by name (instance_scale_set)."""
     names = list(event.resources if vms is None else vms)
+    facts = facts or {}
     return {
         "action": action,
         "EventId": event.event_id,
@@ -54,7 +73,7 @@ def drain_request(
         "instances": [
             {
                 "name": vm,
-                "scale_set": next((s for s in event.scale_sets if vm.startswith(f"{s}_")), None),
+                "scale_set": instance_scale_set(vm, event.scale_sets, facts.get(vm)),
             }
             for vm in names
         ],
@@ -73,17 +92,20 @@ def http_drain(
     secret: bytes | tuple[bytes, ...] | None = None,
     action: str = "drain",
     vms: tuple[str, ...] | None = None,
+    scale_set_of: ScaleSetOf | None = None,
 ) -> StepOutcome:
     """POST the instances (`vms`) to the drain hook and wait for a 2xx, retrying 429/5xx
-    in time.
+    in time. `scale_set_of`: Azure's scale set of each VM, read once before the first try.
 
     `action="undrain"` is the same request to UNDRAIN__HTTP_URL after a cancellation."""
+    named = event.resources if vms is None else vms
+    facts = {vm: scale_set_of(vm) for vm in named} if scale_set_of is not None else None
     attempt = 0
     last = "no attempt"
     what = f"{action} hook"
     while (left := _remaining(now, until)) > 0.05:
         attempt += 1
-        body = json.dumps(drain_request(event, until, left, action, vms)).encode()
+        body = json.dumps(drain_request(event, until, left, action, vms, facts)).encode()
         headers = {"Content-Type": "application/json", "X-Bridge-Event-Id": event.event_id}
         if secret:
             # Standard Webhooks, like the webhook channel; one id for every retry of it.

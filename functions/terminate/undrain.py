@@ -117,6 +117,7 @@ def run_undrain(
                     ctx.webhook_secret,
                     action="undrain",
                     vms=http_vms or None,  # none found: every named VM (harmless)
+                    scale_set_of=ctx.scale_set_of,
                 ),
                 rerun_if_lost=False,
             )

@@ -38,6 +38,10 @@ def pipeline_context(
         record = store.get_vm(vm)
         return pipeline.relay_target(record) if record else None
 
+    def scale_set_of(vm: str) -> str | None:
+        record = store.get_vm(vm)
+        return None if record is None else record.scale_set or ""
+
     def own_drains(event_id: str, ended: bool) -> DrainTargets:
         # A point read and one partition query per call, whatever the number of VMs.
         return drain_targets(store.get_event(event_id), store.reporter_rows(event_id), ended=ended)
@@ -73,4 +77,5 @@ def pipeline_context(
         pages=pages,
         audit=audit,
         capacity=capacity,
+        scale_set_of=scale_set_of,
     )

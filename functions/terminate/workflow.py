@@ -199,6 +199,7 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
                     clock.sleep,
                     ctx.webhook_secret,
                     vms=drained_vms,
+                    scale_set_of=ctx.scale_set_of,
                 ),
                 rerun_if_lost=False,
             )
