@@ -17,7 +17,7 @@ app = func.FunctionApp()
 
 # The core: ingest (documents queue), watchdog (timer), status and manual approval (HTTP).
 app.register_functions(core)
-# One topic-trigger function per channel (teams, pagerduty, webhook subscriptions).
+# One topic-trigger function per channel (teams, pagerduty, webhook, slack subscriptions).
 app.register_functions(notify)
 # Scale-set Terminate: drain, then approve (terminate subscription).
 app.register_functions(terminate)

@@ -15,7 +15,7 @@ above it in this list:
                 (`transitions`, `capacity`) → approve → announce (`publish`), plus the
                 watchdog that does the same on a timer for what no document triggers.
 5. `terminate/` the scale-set drain workflow, fed by the `terminate` subscription.
-6. `notify/`    the channels (Teams, PagerDuty, webhook), one subscription each.
+6. `notify/`    the channels (Teams, Slack, PagerDuty, webhook), one subscription each.
 7. `web/`       the operators' pages (approval, fleet) as plain functions over the store:
                 Entra sign-in via App Service, CSRF-safe approval, HTML and SVG timeline.
 8. `triggers/`  the thin Azure Functions handlers that bind the above to Service Bus,

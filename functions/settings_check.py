@@ -307,7 +307,7 @@ def _channel_findings() -> list[Finding]:
         return []  # model_findings named it
     return [
         Finding("warning", channel, channels.off_reason(channel) or "")
-        for channel in ("teams", "pagerduty", "webhook")
+        for channel in ("teams", "pagerduty", "webhook", "slack")
         if channels.misconfigured(channel)
     ]
 

@@ -57,7 +57,7 @@ param existingVirtualNetworkName string = ''
 
 param vnetAddressPrefix string = '10.40.0.0/16'
 
-@description('New VNet only: a NAT gateway gives both subnets explicit outbound internet access (relays reach Service Bus, the liveness table and the package URL, the app reaches Teams/PagerDuty).')
+@description('New VNet only: a NAT gateway gives both subnets explicit outbound internet access (relays reach Service Bus, the liveness table and the package URL, the app reaches Teams/Slack/PagerDuty).')
 param createNatGateway bool = true
 
 @description('The VM subnet: created (new VNet) or your VMs\' existing subnet.')
@@ -89,6 +89,9 @@ param pagerdutyRoutingKey string = ''
 
 @secure()
 param teamsWebhookUrl string = ''
+
+@secure()
+param slackWebhookUrl string = ''
 
 @secure()
 param webhookUrl string = ''
@@ -390,6 +393,7 @@ module keyVault 'modules/keyvault.bicep' = {
     appSecret: appSecret
     pagerdutyRoutingKey: pagerdutyRoutingKey
     teamsWebhookUrl: teamsWebhookUrl
+    slackWebhookUrl: slackWebhookUrl
     webhookUrl: webhookUrl
     webhookSecret: webhookSecret
     appSecretPrevious: appSecretPrevious
@@ -452,6 +456,7 @@ module functionApp 'modules/functionapp.bicep' = {
     secretNames: keyVault.outputs.secretNames
     hasPagerduty: keyVault.outputs.hasPagerduty
     hasTeams: keyVault.outputs.hasTeams
+    hasSlack: keyVault.outputs.hasSlack
     hasWebhookUrl: keyVault.outputs.hasWebhookUrl
     hasWebhookSecret: keyVault.outputs.hasWebhookSecret
     hasAppSecretPrevious: keyVault.outputs.hasAppSecretPrevious

@@ -26,6 +26,7 @@ param relayCallbackPort = 8492
 param appSecret = readEnvironmentVariable('APP_SECRET')
 param pagerdutyRoutingKey = readEnvironmentVariable('PAGERDUTY_ROUTING_KEY', '')
 param teamsWebhookUrl = readEnvironmentVariable('TEAMS_WEBHOOK_URL', '')
+param slackWebhookUrl = readEnvironmentVariable('SLACK_WEBHOOK_URL', '')
 param webhookUrl = readEnvironmentVariable('WEBHOOK_URL', '')
 param webhookSecret = readEnvironmentVariable('WEBHOOK_SECRET', '')
 // Only during a rotation: the values the two above replace (see the README).

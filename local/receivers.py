@@ -189,6 +189,14 @@ class Receiver:
     def rejection(self, problems: list[str]) -> Any:
         return {"error": "; ".join(problems)}
 
+    def fault_reply(self, fault: _Fault) -> Any:
+        """The body of an injected failure (a service answering 429 says so its own way)."""
+        return {"error": "injected"}
+
+    def status_for(self, problems: list[str]) -> int:
+        """The status of a refused request: 400 unless the service says otherwise."""
+        return 400
+
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         raw = handler.rfile.read(length) if length else b""
@@ -200,12 +208,17 @@ class Receiver:
         path = handler.path
         fault = self._take_fault()
         if fault is not None:
-            status, reply, extra, problems = fault.status, {"error": "injected"}, fault.headers, []
+            status, reply, extra, problems = (
+                fault.status,
+                self.fault_reply(fault),
+                fault.headers,
+                [],
+            )
         else:
             problems = self.check(path, headers, body, raw)
             extra = {}
             if problems:
-                status, reply = 400, self.rejection(problems)
+                status, reply = self.status_for(problems), self.rejection(problems)
             else:
                 status, reply = self.success_status, self.answer(body)
         record = Received(
@@ -245,10 +258,11 @@ class Receiver:
         body: Any,
         headers: dict[str, str] | None = None,
     ) -> None:
-        data = b"" if body is None else json.dumps(body).encode()
+        text = isinstance(body, str)  # a service answering plain text (Slack's "ok")
+        data = b"" if body is None else (body.encode() if text else json.dumps(body).encode())
         handler.send_response(status)
         if data:
-            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Type", "text/plain" if text else "application/json")
         for name, value in (headers or {}).items():
             handler.send_header(name, value)
         handler.send_header("Content-Length", str(len(data)))

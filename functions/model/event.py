@@ -1,7 +1,7 @@
 """The message on the `notifications` topic: one announced transition of one event.
 
 Ingest, the approver, the terminate workflow and the watchdog publish these; each channel
-(Teams, PagerDuty, webhook) consumes them on its own subscription. Keeping one typed model
+(Teams, Slack, PagerDuty, webhook) consumes them on its own subscription. Keeping one typed model
 here means a channel never has to know how the lifecycle was computed.
 """
 
@@ -51,7 +51,7 @@ class Decision(BaseModel):
     action: Action
     rule: str  # the rule's name, e.g. "user-initiated" or "default-hold"
     reason: str = ""
-    channels: tuple[str, ...] = ("teams", "pagerduty", "webhook")
+    channels: tuple[str, ...] = ("teams", "pagerduty", "webhook", "slack")
     severity: Severity = "warning"
     page: bool = False  # PagerDuty trigger
     approve_after: AwareDatetime | None = None  # maintenance window opens

@@ -37,7 +37,7 @@ from functions.model.event import Action, Decision, Severity, Transition
 from functions.model.policy_lint import lint_rules
 from functions.setting_names import env_names, error_message, suggestion
 
-ALL_CHANNELS: tuple[str, ...] = ("teams", "pagerduty", "webhook")
+ALL_CHANNELS: tuple[str, ...] = ("teams", "pagerduty", "webhook", "slack")
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 WEEKDAYS: tuple[str, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 

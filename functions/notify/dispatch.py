@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from pydantic import ValidationError
 
 from functions.model.event import Notification
-from functions.notify import pagerduty, teams, webhook
+from functions.notify import pagerduty, slack, teams, webhook
 from functions.notify.delivery import (
     DeliveryError,
     PermanentDeliveryError,
@@ -39,7 +39,7 @@ from functions.store.deliveries import DeliveryLedger, DeliveryRecord
 
 log = logging.getLogger(__name__)
 
-CHANNELS = ("teams", "pagerduty", "webhook")
+CHANNELS = ("teams", "pagerduty", "webhook", "slack")
 CLAIM_SLACK_SECONDS = 30.0  # on top of RetryPolicy.longest_seconds: one Table write's worth
 CLAIM_POLL_SECONDS = 2.0  # how often a redelivery re-reads a claim another invocation holds
 FINISH_ATTEMPTS = 3  # writes of `posted` before giving up (the post itself went through)
@@ -69,6 +69,8 @@ def wants(channel: str, note: Notification) -> bool:
         return False
     if channel == "teams":
         return teams.wants(note)
+    if channel == "slack":
+        return slack.wants(note)
     if channel == "pagerduty":
         return pagerduty.action_for(note) is not None
     return True
@@ -258,6 +260,11 @@ def _send(
         assert settings.teams_webhook_url is not None
         return teams.send(
             note, url=settings.teams_webhook_url.get_secret_value(), transport=transport
+        )
+    if channel == "slack":
+        assert settings.slack_webhook_url is not None
+        return slack.send(
+            note, url=settings.slack_webhook_url.get_secret_value(), transport=transport
         )
     if channel == "pagerduty":
         assert settings.pagerduty_routing_key is not None

@@ -13,13 +13,15 @@ PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 
 
 class ChannelSettings(BaseSettings):
-    """`TEAMS_WEBHOOK_URL`, `PAGERDUTY_ROUTING_KEY`, `PAGERDUTY_EVENTS_URL`, `WEBHOOK_URL`,
-    `WEBHOOK_SECRET`, `WEBHOOK_SECRET_PREVIOUS`. URLs that embed a signature (Teams) and keys
+    """`TEAMS_WEBHOOK_URL`, `SLACK_WEBHOOK_URL`, `PAGERDUTY_ROUTING_KEY`, `PAGERDUTY_EVENTS_URL`, `WEBHOOK_URL`,
+    `WEBHOOK_SECRET`, `WEBHOOK_SECRET_PREVIOUS`. URLs that embed a signature (Teams) or a
+    token (Slack's https://hooks.slack.com/services/T.../B.../secret) and keys
     are SecretStr so that neither a repr nor a log line can leak them."""
 
     model_config = SettingsConfigDict(extra="ignore", case_sensitive=False)
 
     teams_webhook_url: SecretStr | None = None
+    slack_webhook_url: SecretStr | None = None
     pagerduty_routing_key: SecretStr | None = None
     pagerduty_events_url: str = PAGERDUTY_EVENTS_URL
     webhook_url: SecretStr | None = None
@@ -64,6 +66,8 @@ class ChannelSettings(BaseSettings):
             return f"{unresolved_message(unresolved)}: refusing to use it"
         if channel == "teams":
             return None if _present(self.teams_webhook_url) else "TEAMS_WEBHOOK_URL is not set"
+        if channel == "slack":
+            return None if _present(self.slack_webhook_url) else "SLACK_WEBHOOK_URL is not set"
         if channel == "pagerduty":
             if _present(self.pagerduty_routing_key):
                 return None
@@ -101,6 +105,7 @@ class ChannelSettings(BaseSettings):
         reference (App Service passes its text when it cannot read the secret)."""
         secrets = {
             "teams": (("TEAMS_WEBHOOK_URL", self.teams_webhook_url),),
+            "slack": (("SLACK_WEBHOOK_URL", self.slack_webhook_url),),
             "pagerduty": (("PAGERDUTY_ROUTING_KEY", self.pagerduty_routing_key),),
             "webhook": (
                 ("WEBHOOK_URL", self.webhook_url),

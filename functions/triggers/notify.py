@@ -79,3 +79,11 @@ def notify_pagerduty(msg: func.ServiceBusMessage) -> None:
 )
 def notify_webhook(msg: func.ServiceBusMessage) -> None:
     _handle("webhook", msg)
+
+
+@bp.function_name("notify_slack")
+@bp.service_bus_topic_trigger(
+    arg_name="msg", topic_name=TOPIC, subscription_name="slack", connection=CONNECTION
+)
+def notify_slack(msg: func.ServiceBusMessage) -> None:
+    _handle("slack", msg)

@@ -46,6 +46,7 @@ param secretNames object
 
 param hasPagerduty bool = false
 param hasTeams bool = false
+param hasSlack bool = false
 param hasWebhookUrl bool = false
 param hasWebhookSecret bool = false
 // During a rotation (APP_SECRET_PREVIOUS, WEBHOOK_SECRET_PREVIOUS): the secrets replaced.
@@ -197,13 +198,14 @@ var operatorsRoleSettings = empty(operatorsAppRole) ? {} : { OPERATORS_APP_ROLE:
 // Channel secrets: only those that exist in the vault, always as references.
 var pagerdutySettings = hasPagerduty ? { PAGERDUTY_ROUTING_KEY: '${kvRef}${secretNames.pagerdutyRoutingKey})' } : {}
 var teamsSettings = hasTeams ? { TEAMS_WEBHOOK_URL: '${kvRef}${secretNames.teamsWebhookUrl})' } : {}
+var slackSettings = hasSlack ? { SLACK_WEBHOOK_URL: '${kvRef}${secretNames.slackWebhookUrl})' } : {}
 var webhookUrlSettings = hasWebhookUrl ? { WEBHOOK_URL: '${kvRef}${secretNames.webhookUrl})' } : {}
 var webhookSecretSettings = hasWebhookSecret ? { WEBHOOK_SECRET: '${kvRef}${secretNames.webhookSecret})' } : {}
 var appSecretPreviousSettings = hasAppSecretPrevious ? { APP_SECRET_PREVIOUS: '${kvRef}${secretNames.appSecretPrevious})' } : {}
 var webhookSecretPreviousSettings = hasWebhookSecretPrevious ? { WEBHOOK_SECRET_PREVIOUS: '${kvRef}${secretNames.webhookSecretPrevious})' } : {}
 
 // Every app setting, set when the site is created (Flex needs its storage settings from the start).
-var appSettings = union(connectionSettings, bridgeSettings, publicUrlSettings, operatorsGroupSettings, operatorsRoleSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, undrainHttpSettings, undrainHookSettings, pagerdutySettings, teamsSettings, webhookUrlSettings, webhookSecretSettings, appSecretPreviousSettings, webhookSecretPreviousSettings)
+var appSettings = union(connectionSettings, bridgeSettings, publicUrlSettings, operatorsGroupSettings, operatorsRoleSettings, policyBaseSettings, policyRulesSettings, drainBaseSettings, drainHttpSettings, drainHookSettings, undrainHttpSettings, undrainHookSettings, pagerdutySettings, teamsSettings, slackSettings, webhookUrlSettings, webhookSecretSettings, appSecretPreviousSettings, webhookSecretPreviousSettings)
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   //checkov:skip=CKV_AZURE_225: Flex zone redundancy is regional and opt-in; enable it where your region offers it

@@ -37,6 +37,10 @@ param pagerdutyRoutingKey string = ''
 @secure()
 param teamsWebhookUrl string = ''
 
+@description('Slack incoming-webhook URL (https://hooks.slack.com/services/..., it embeds a token); empty = no Slack channel.')
+@secure()
+param slackWebhookUrl string = ''
+
 @description('Generic webhook URL; empty = no webhook channel.')
 @secure()
 param webhookUrl string = ''
@@ -74,6 +78,7 @@ var names = {
   appSecret: 'app-secret'
   pagerdutyRoutingKey: 'pagerduty-routing-key'
   teamsWebhookUrl: 'teams-webhook-url'
+  slackWebhookUrl: 'slack-webhook-url'
   webhookUrl: 'webhook-url'
   webhookSecret: 'webhook-secret'
   appSecretPrevious: 'app-secret-previous'
@@ -142,6 +147,17 @@ resource teamsSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if (!empty
   name: names.teamsWebhookUrl
   properties: {
     value: teamsWebhookUrl
+    contentType: 'text/uri'
+  }
+}
+
+resource slackSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if (!empty(slackWebhookUrl)) {
+  //checkov:skip=CKV_AZURE_114: contentType is set below; checkov does not read the body of a conditional (if) resource
+  //checkov:skip=CKV_AZURE_41: set by the channel's owner; an expiry would silently mute the channel
+  parent: vault
+  name: names.slackWebhookUrl
+  properties: {
+    value: slackWebhookUrl
     contentType: 'text/uri'
   }
 }
@@ -222,6 +238,16 @@ resource functionReadsTeams 'Microsoft.Authorization/roleAssignments@2022-04-01'
   }
 }
 
+resource functionReadsSlack 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(slackWebhookUrl)) {
+  scope: slackSecret
+  name: guid(vault.id, names.slackWebhookUrl, functionPrincipalId, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 resource functionReadsWebhookUrl 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(webhookUrl)) {
   scope: webhookUrlSecret
   name: guid(vault.id, names.webhookUrl, functionPrincipalId, keyVaultSecretsUser)
@@ -267,6 +293,7 @@ output vaultUri string = vault.properties.vaultUri
 // Which optional secrets exist, so the app settings reference only those.
 output hasPagerduty bool = !empty(pagerdutyRoutingKey)
 output hasTeams bool = !empty(teamsWebhookUrl)
+output hasSlack bool = !empty(slackWebhookUrl)
 output hasWebhookUrl bool = !empty(webhookUrl)
 output hasWebhookSecret bool = !empty(webhookSecret)
 output hasAppSecretPrevious bool = !empty(appSecretPrevious)

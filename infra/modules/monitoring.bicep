@@ -120,7 +120,7 @@ resource serviceBus 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' existin
 }
 
 // Dead-lettered messages, per entity (Service Bus metrics name queues and topics; a topic's
-// count is the sum over its subscriptions: teams, pagerduty, webhook, terminate).
+// count is the sum over its subscriptions: teams, pagerduty, webhook, slack, terminate).
 resource deadLetters 'Microsoft.Insights/metricAlerts@2018-03-01' = [
   for entity in deadLetterEntities: {
     name: 'dead-letters-${entity}-${workspaceName}'

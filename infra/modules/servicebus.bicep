@@ -60,6 +60,7 @@ var subscriptionNames = [
   'teams'
   'pagerduty'
   'webhook'
+  'slack'
   'terminate'
 ]
 

@@ -146,6 +146,7 @@ def test_secret_references_name_the_secrets_the_vault_creates() -> None:
         ("APP_SECRET", "appSecret"),
         ("PAGERDUTY_ROUTING_KEY", "pagerdutyRoutingKey"),
         ("TEAMS_WEBHOOK_URL", "teamsWebhookUrl"),
+        ("SLACK_WEBHOOK_URL", "slackWebhookUrl"),
         ("WEBHOOK_URL", "webhookUrl"),
         ("WEBHOOK_SECRET", "webhookSecret"),
         ("APP_SECRET_PREVIOUS", "appSecretPrevious"),

@@ -9,6 +9,7 @@ SECRET_PARAMS = (
     "appSecret",
     "pagerdutyRoutingKey",
     "teamsWebhookUrl",
+    "slackWebhookUrl",
     "webhookUrl",
     "webhookSecret",
     "appSecretPrevious",
@@ -53,7 +54,7 @@ def test_each_secret_is_created_only_when_given() -> None:
     secrets = {
         r.symbol: r for r in KV.resources("Microsoft.KeyVault/vaults/secrets") if not r.existing
     }
-    assert len(secrets) == 7
+    assert len(secrets) == 8
     by_value = {r.body["properties"]["value"]: r for r in secrets.values()}
     assert set(by_value) == set(SECRET_PARAMS)
     assert by_value["appSecret"].condition is None  # always: the app opens its stored keys with it
@@ -78,6 +79,7 @@ def test_has_flags_match_the_secret_conditions() -> None:
     for flag, param in (
         ("hasPagerduty", "pagerdutyRoutingKey"),
         ("hasTeams", "teamsWebhookUrl"),
+        ("hasSlack", "slackWebhookUrl"),
         ("hasWebhookUrl", "webhookUrl"),
         ("hasWebhookSecret", "webhookSecret"),
         ("hasAppSecretPrevious", "appSecretPrevious"),

@@ -99,6 +99,7 @@ IDENTITY_GRANTS: dict[str, set[tuple[str, str]]] = {
         (KV_SECRETS_USER, "keyvault: secrets appSecretSecret"),
         (KV_SECRETS_USER, "keyvault: secrets pagerdutySecret"),
         (KV_SECRETS_USER, "keyvault: secrets teamsSecret"),
+        (KV_SECRETS_USER, "keyvault: secrets slackSecret"),
         (KV_SECRETS_USER, "keyvault: secrets webhookUrlSecret"),
         (KV_SECRETS_USER, "keyvault: secrets webhookSecretSecret"),
         (KV_SECRETS_USER, "keyvault: secrets appSecretPreviousSecret"),

@@ -85,7 +85,7 @@ def test_notifications_topic_dedupes_and_has_one_subscription_per_channel() -> N
     (subs,) = SB.resources("Microsoft.ServiceBus/namespaces/topics/subscriptions")
     assert subs.loop is not None
     names = SB.variables[subs.loop["detail"]["array_name"]]
-    assert sorted(names) == ["pagerduty", "teams", "terminate", "webhook"]
+    assert sorted(names) == ["pagerduty", "slack", "teams", "terminate", "webhook"]
     assert subs.body["parent"] == topic.symbol
     sub_props = subs.body["properties"]
     assert sub_props["deadLetteringOnMessageExpiration"] is True

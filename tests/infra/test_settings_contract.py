@@ -25,6 +25,7 @@ SAMPLE = {
     # Every optional channel secret given, so each reference is exercised.
     "hasPagerduty": True,
     "hasTeams": True,
+    "hasSlack": True,
     "hasWebhookUrl": True,
     "hasWebhookSecret": True,
     "hasAppSecretPrevious": True,
@@ -34,6 +35,7 @@ SECRETS = {
     "app-secret": "a" * 64,
     "pagerduty-routing-key": "R" * 32,
     "teams-webhook-url": "https://example.org/teams",
+    "slack-webhook-url": "https://hooks.slack.com/services/T0/B0/x",
     "webhook-url": "https://example.org/hook",
     "webhook-secret": "s" * 32,
     "app-secret-previous": "p" * 64,

@@ -265,7 +265,7 @@ def test_the_azure_handlers_read_app_settings(
     app = func.FunctionApp()
     app.register_functions(blueprint.bp)
     triggers = {fn.get_function_name(): fn.get_trigger() for fn in app.get_functions()}
-    assert set(triggers) == {"notify_teams", "notify_pagerduty", "notify_webhook"}
+    assert set(triggers) == {"notify_teams", "notify_pagerduty", "notify_webhook", "notify_slack"}
     for name, trigger in triggers.items():
         assert trigger.topic_name == "%NOTIFICATIONS_TOPIC%"
         assert trigger.subscription_name == name.removeprefix("notify_")
