@@ -63,13 +63,15 @@ def short_retries(policy_type: Any) -> Any:
 
 def routed(channel: str, note: Any) -> str | None:
     """Whether a channel sends this notification, as the channel code itself decides it."""
-    from functions.notify import pagerduty, teams
+    from functions.notify import pagerduty, slack, teams
 
     decision = note.decision
     if decision is not None and channel not in decision.channels:
         return None
     if channel == "teams":
         return "Teams card" if teams.wants(note) else None
+    if channel == "slack":
+        return "Slack message" if slack.wants(note) else None
     if channel == "pagerduty":
         action = pagerduty.action_for(note)
         return f"PagerDuty {action}" if action else None
@@ -99,6 +101,10 @@ def channel_values(
     if "pagerduty" in external:
         local["pagerduty_routing_key"] = env["PAGERDUTY_ROUTING_KEY"]
         local["pagerduty_events_url"] = external["pagerduty"]
+    if "slack" in external:
+        local["slack_webhook_url"] = env["SLACK_WEBHOOK_URL"]
+    if "slack" in receivers:
+        local["slack_webhook_url"] = receivers["slack"].url
     if "webhook" in external:
         local["webhook_url"] = env["WEBHOOK_URL"]
         local["webhook_secret"] = env.get("WEBHOOK_SECRET", "")

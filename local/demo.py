@@ -3,9 +3,9 @@
 The IMDS simulator plays a small fleet's maintenance at 60x speed; one real relay per VM
 forwards every changed document into a shared inbox directory (the local stand-in for the
 Service Bus queue); the functions' local host runs the same ingest, policy, approval and
-fan-out code as Azure, with state in Azurite; local receivers stand in for Teams, PagerDuty
-and a webhook unless real URLs are set in the environment. The timeline printed as it goes
-is built from what each part actually observed (documents, decisions, HTTP requests that
+fan-out code as Azure, with state in Azurite; local receivers stand in for Teams, Slack,
+PagerDuty and a webhook unless real URLs are set in the environment. The timeline printed
+as it goes is built from what each part actually observed (documents, decisions, HTTP requests that
 arrived, StartRequests the simulator received), never from what we expected, so a broken
 part shows up as a failed outcome and a non-zero exit, which is how CI uses it.
 

@@ -44,6 +44,7 @@ from local.receivers import (
 from local.relay_fleet import start_relays
 from local.relays import parse_hook_line
 from local.report import Outcome, Timeline, short_id
+from local.slack_receiver import SlackReceiver
 from local.stack import Stack
 from local.subscription import Subscription
 from local.watcher import EventTrack, FleetWatcher
@@ -152,6 +153,7 @@ class Demo:
                 else None,
             ),
             ("webhook", lambda: WebhookReceiver(on_receive=self._told), env.get("WEBHOOK_URL")),
+            ("slack", lambda: SlackReceiver(on_receive=self._told), env.get("SLACK_WEBHOOK_URL")),
         ]
         for channel, make, external in wanted:
             if external:

@@ -256,7 +256,7 @@ def render_html(
     )
     sent = (
         f"<h2>Payloads sent ({len(data.payloads)})</h2>"
-        "<p>What Teams, PagerDuty, the webhook and the drain hook received, in order.</p>"
+        "<p>What Teams, Slack, PagerDuty, the webhook and the drain hook received, in order.</p>"
         f"{payloads}"
         if data.payloads
         else ""

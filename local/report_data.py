@@ -92,6 +92,8 @@ def _payloads(demo: Demo) -> list[Payload]:
                 summary = f"card: {_card_title(body)}"
             elif channel == "pagerduty" and isinstance(body, dict):
                 summary = f"{body.get('event_action')} {body.get('dedup_key', '')}"
+            elif channel == "slack" and isinstance(body, dict):
+                summary = f"message: {str(body.get('text', ''))[:120]}"
             elif channel == "webhook" and isinstance(body, dict):
                 summary = str(body.get("type", ""))
             else:

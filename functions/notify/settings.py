@@ -13,9 +13,9 @@ PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 
 
 class ChannelSettings(BaseSettings):
-    """`TEAMS_WEBHOOK_URL`, `SLACK_WEBHOOK_URL`, `PAGERDUTY_ROUTING_KEY`, `PAGERDUTY_EVENTS_URL`, `WEBHOOK_URL`,
-    `WEBHOOK_SECRET`, `WEBHOOK_SECRET_PREVIOUS`. URLs that embed a signature (Teams) or a
-    token (Slack's https://hooks.slack.com/services/T.../B.../secret) and keys
+    """`TEAMS_WEBHOOK_URL`, `SLACK_WEBHOOK_URL`, `PAGERDUTY_ROUTING_KEY`,
+    `PAGERDUTY_EVENTS_URL`, `WEBHOOK_URL`, `WEBHOOK_SECRET`, `WEBHOOK_SECRET_PREVIOUS`. URLs
+    that embed a signature (Teams) or a token (Slack's hooks.slack.com/services/...) and keys
     are SecretStr so that neither a repr nor a log line can leak them."""
 
     model_config = SettingsConfigDict(extra="ignore", case_sensitive=False)

@@ -27,7 +27,7 @@ from typing import Any
 from functions.model.event import Notification, Transition, utc_text
 from functions.notify import describe
 from functions.notify.delivery import Transport, dumps, post_json
-from functions.notify.teams import ATTENTION, SKIPPED, ZWSP, _LINKY
+from functions.notify.teams import ATTENTION, LINKY, SKIPPED, ZWSP
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def wants(note: Notification) -> bool:
 def inert(text: str, limit: int) -> str:
     """`text` as a `plain_text` value shows it literally: one line, no link, within `limit`."""
     text = describe.plain(text)
-    text = _LINKY.sub(lambda m: m[0] + ZWSP, text)
+    text = LINKY.sub(lambda m: m[0] + ZWSP, text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -123,6 +123,7 @@ def test_key_vault_references_are_well_formed(app_env) -> None:
         "APP_SECRET",
         "PAGERDUTY_ROUTING_KEY",
         "TEAMS_WEBHOOK_URL",
+        "SLACK_WEBHOOK_URL",
         "WEBHOOK_URL",
         "WEBHOOK_SECRET",
         "APP_SECRET_PREVIOUS",

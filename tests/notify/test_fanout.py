@@ -21,6 +21,7 @@ from functions.notify.settings import ChannelSettings, channel_settings
 from functions.pipeline.relay_recovery import recovery_note
 from functions.store.deliveries import DeliveryLedger
 from functions.triggers import notify as blueprint
+from local.slack_receiver import SlackReceiver
 from tests.notify.factory import NOW, decision, event, note
 from tests.notify.fakebus import Message, Topic
 from tests.notify.receiver import Answer, Receiver, running
@@ -33,6 +34,7 @@ class Fleet:
     teams: Receiver
     pagerduty: Receiver
     webhook: Receiver
+    slack: SlackReceiver
     settings: ChannelSettings
     topic: Topic
     transport: Transport
@@ -79,6 +81,7 @@ def fleet(ledger: DeliveryLedger) -> Iterator[Fleet]:
         running(Answer(202, {"status": "accepted"})) as teams,
         running(Answer(202, {"status": "success", "message": "Event processed"})) as pd,
         running(Answer(204)) as hook,
+        SlackReceiver() as slack,
     ):
         settings = ChannelSettings(
             teams_webhook_url=f"{teams.url}/workflows/abc",
@@ -86,11 +89,13 @@ def fleet(ledger: DeliveryLedger) -> Iterator[Fleet]:
             pagerduty_events_url=f"{pd.url}/v2/enqueue",
             webhook_url=f"{hook.url}/bridge",
             webhook_secret="webhook-secret-0123456789",
+            slack_webhook_url=slack.url,
         )
         yield Fleet(
             teams,
             pd,
             hook,
+            slack,  # type: ignore[arg-type]
             settings,
             Topic({name: MAX_DELIVERY for name in dispatch.CHANNELS}),
             Transport(
@@ -133,6 +138,10 @@ def test_one_card_and_one_page_per_event_fleet_wide(fleet: Fleet) -> None:
         ("resolve", "EV-B"),
     ]
     assert len(fleet.webhook.requests) == 10  # every transition, once
+    # Slack by Teams' rules: the same eight posts, each once, in Block Kit.
+    slack_headers = [r.body["blocks"][0]["text"]["text"] for r in fleet.slack.received]
+    assert sorted(slack_headers) == sorted(titles)
+    assert all(r.status == 200 for r in fleet.slack.received)
     assert len(fleet.topic.dropped) == 20
     for subscription in fleet.topic.subscriptions.values():
         assert subscription.dead_letters == []
@@ -193,7 +202,7 @@ def test_a_pagerduty_400_is_recorded_at_once_and_others_carry_on(
     # The other channels posted as usual, and say so in the same table.
     assert len(fleet.card_titles()) == 4
     assert len(fleet.webhook.requests) == 5
-    assert fleet.ledger.rows("EV-D:decided").keys() == {"teams", "pagerduty", "webhook"}
+    assert fleet.ledger.rows("EV-D:decided").keys() == {"teams", "pagerduty", "webhook", "slack"}
     assert fleet.ledger.get("EV-D:decided", "teams").status == "posted"
     # A redelivery of the rejected message (say, replayed by hand) does not ask again.
     fleet.topic.seen.clear()
