@@ -17,6 +17,12 @@ every answer it must handle:
 Then it starts the event for all its Resources, as ARM does. Faults: 429 (with
 Retry-After) or 5xx on the next calls, on demand.
 
+The list form (`POST .../providers/Microsoft.Maintenance/scheduledevents` with
+`{"value": [EventId, ...]}`, the spec's ScheduledEvents_AcknowledgeList) makes the same
+checks, then approves every listed event or none: each one that is not a Scheduled event of
+that owner is named (`target`) in the error's `details`, as the spec's
+ScheduledEventsListAcknowledgeError shapes it.
+
 It also serves Azure Resource Graph's `POST /providers/Microsoft.ResourceGraph/resources`
 for the function app's facts resolver and bulk sync (functions.identity.facts, .sync): same
 bearer-token checks, then simulator.resource_graph (the documented query limits, 1,000-row
@@ -37,6 +43,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from functions.model.envelope import SCHEDULED
 from simulator import instance
 from simulator.engine import Conflict, NotFound, Simulator
 from simulator.maintenance import scheduled_event_rows
@@ -52,6 +59,17 @@ _PATH = re.compile(
     r"/(?P<event>[^/]+)/acknowledge$",
     re.IGNORECASE,
 )
+# ScheduledEvents_AcknowledgeList (azure-rest-api-specs Microsoft.Maintenance stable/2025-11-01
+# Maintenance.json @ bb074ee7): POST to the owner's scheduledevents collection, body
+# ScheduledEventsIdList {"value": [ids]} (required); 200 ScheduledEventsApproveResponse,
+# else ScheduledEventsListAcknowledgeError {"error": {code, message, details: [{target,
+# code, message}]}}. First served in 2025-10-01-preview.
+_LIST_PATH = re.compile(
+    r"^/subscriptions/(?P<sub>[^/]+)/resourcegroups/(?P<rg>[^/]+)/providers/microsoft\.compute"
+    r"/(?P<type>[^/]+)/(?P<name>[^/]+)/providers/microsoft\.maintenance/scheduledevents$",
+    re.IGNORECASE,
+)
+LIST_API_VERSIONS = ("2025-10-01-preview", "2025-11-01")
 _TYPES = {
     "virtualmachines": "virtualMachines",
     "virtualmachinescalesets": "virtualMachineScaleSets",
@@ -138,6 +156,10 @@ class ArmService:
                 status, body, extra = self._resource_graph(
                     method, query, headers, request_body, seen
                 )
+            elif _LIST_PATH.match(path):
+                status, body, extra = self._answer_list(
+                    method, path, query, headers, request_body, seen
+                )
             else:
                 status, body, extra = self._answer(method, path, query, headers, seen)
         except _Refusal as refusal:
@@ -217,6 +239,112 @@ class ArmService:
         except NotFound as exc:
             raise _Refusal(404, "NotFound", str(exc)) from None
         return 200, {"value": "Successfully Approved"}, {}
+
+    def _answer_list(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        headers: Any,
+        body: bytes,
+        seen: dict[str, str],
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """The list form: the same checks as one acknowledge, then every id of the body must
+        be a Scheduled event of this owner, or none is approved (the error's `details`
+        name each failing id as `target`)."""
+        match = _LIST_PATH.match(path)
+        assert match is not None
+        version = _post_version(method, query)
+        if version not in LIST_API_VERSIONS:
+            raise _Refusal(
+                400,
+                "NoRegisteredProviderFound",
+                f"No registered resource provider found for API version '{version}' and type "
+                "'scheduledevents'. The supported api-versions are "
+                f"'{', '.join(LIST_API_VERSIONS)}'.",
+            )
+        claims = self._token(headers.get("Authorization"))
+        principal = seen["principal"] = str(claims.get("appid") or claims.get("oid") or "")
+        try:
+            ids = json.loads(body or b"null")["value"]
+            if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+                raise TypeError("value")
+        except (ValueError, KeyError, TypeError):
+            raise _Refusal(
+                400,
+                "InvalidRequestContent",
+                'The request body must be a ScheduledEventsIdList: {"value": [ids]}.',
+            ) from None
+        resource_type = _TYPES.get(match["type"].casefold())
+        scope = (
+            f"/subscriptions/{match['sub']}/resourcegroups/{match['rg']}/providers/"
+            f"Microsoft.Compute/{match['type']}/{match['name']}"
+        )
+        if not self._allowed(principal, scope):
+            raise _Refusal(
+                403,
+                "AuthorizationFailed",
+                f"The client '{principal}' with object id '{principal}' does not have "
+                f"authorization to perform action '{ACTION}' over scope '{scope}/providers/"
+                "Microsoft.Maintenance/scheduledevents' or the scope is invalid.",
+            )
+        if (
+            match["sub"].casefold() != instance.SUBSCRIPTION_ID
+            or match["rg"].casefold() != instance.RESOURCE_GROUP.casefold()
+            or resource_type is None
+            or not self.sim.owns(resource_type, match["name"])
+        ):
+            raise _Refusal(
+                404,
+                "ResourceNotFound",
+                f"The Resource 'Microsoft.Compute/{match['type']}/{match['name']}' under "
+                f"resource group '{match['rg']}' was not found.",
+            )
+        with self._lock:
+            fault = self.faults.pop(0) if self.faults else None
+        if fault is not None:
+            status, wait = fault
+            code = "TooManyRequests" if status == 429 else "InternalServerError"
+            headers_out = {"Retry-After": f"{wait:g}"} if status in (429, 503) else {}
+            return status, {"error": {"code": code, "message": f"Simulated {status}."}}, headers_out
+        with self.sim._lock:  # checked and approved as one: all or none
+            details = [
+                d for d in (self._list_refusal(resource_type, match["name"], i) for i in ids) if d
+            ]
+            if not details:
+                for event_id in ids:
+                    self.sim.acknowledge(resource_type, match["name"], event_id)
+        if details:
+            status = 409 if all(d["code"] == "Conflict" for d in details) else 404
+            message = f"{len(details)} of {len(ids)} scheduled events cannot be acknowledged."
+            return (
+                status,
+                {"error": {"code": "BadRequest", "message": message, "details": details}},
+                {},
+            )
+        return 200, {"value": "Successfully Approved"}, {}
+
+    def _list_refusal(self, resource_type: str, name: str, event_id: str) -> dict[str, str] | None:
+        """Why one id of a list cannot be acknowledged by `name`, as an error detail."""
+        try:
+            event = self.sim.event(event_id)
+        except NotFound:
+            return {"target": event_id, "code": "NotFound", "message": "No such scheduled event."}
+        kind, owner = self.sim.owner_of(event)
+        if kind != resource_type or owner.casefold() != name.casefold():
+            return {
+                "target": event_id,
+                "code": "NotFound",
+                "message": f"The scheduled event does not belong to {resource_type}/{name}.",
+            }
+        if not event.active or event.status != SCHEDULED:
+            return {
+                "target": event_id,
+                "code": "Conflict",
+                "message": f"The scheduled event is {self.sim.grid_status(event)}: only a "
+                "Scheduled event can be acknowledged.",
+            }
+        return None
 
     # ------------------------------------------------------------------ Resource Graph
 

@@ -6,6 +6,13 @@ function app's managed identity approves the event for every VM in its Resources
 IMDS POST a relay makes, but with no inbound path to any VM. The owner is the VM, scale set
 or availability set that opted in (Event Grid's subject, or the relay's compute metadata).
 
+`acknowledge_list` is the list form, one call for several events of one owner (`POST
+{owner}/providers/Microsoft.Maintenance/scheduledevents` with `{"value": [EventId, ...]}`:
+ScheduledEvents_AcknowledgeList in azure-rest-api-specs Microsoft.Maintenance stable
+2025-11-01 Maintenance.json @ bb074ee7, example ScheduledEvents_AcknowledgeList.json; the
+CLI's `az maintenance scheduledevents list acknowledge` is GA). Its error names each failing
+event in `details[].target`.
+
 Like the relay approver this module only speaks the protocol and classifies the answer:
 approved (2xx), refused (4xx: ARM's `error.code` and `message` are kept for the audit) or
 retry (429, 5xx, network, token trouble), with the `Retry-After` ARM sent. The retry loop,
@@ -20,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 import requests
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from functions.model.arm import ArmResource
 
@@ -45,6 +52,8 @@ class ArmAnswer(BaseModel):
     code: str = ""  # ARM's error.code
     text: str  # for the audit: what happened, with ARM's message
     retry_after: float | None = None  # seconds, from ARM's Retry-After
+    # The list form's error: EventId -> "code: message" for each event ARM named.
+    refused: dict[str, str] = Field(default_factory=dict)
 
 
 def acknowledge_url(endpoint: str, owner: ArmResource, event_id: str) -> str:
@@ -52,6 +61,14 @@ def acknowledge_url(endpoint: str, owner: ArmResource, event_id: str) -> str:
         f"{endpoint.rstrip('/')}/subscriptions/{owner.subscription_id}/resourcegroups/"
         f"{owner.resource_group}/providers/Microsoft.Compute/{owner.resource_type}/"
         f"{owner.name}/providers/Microsoft.Maintenance/scheduledevents/{event_id}/acknowledge"
+    )
+
+
+def list_acknowledge_url(endpoint: str, owner: ArmResource) -> str:
+    return (
+        f"{endpoint.rstrip('/')}/subscriptions/{owner.subscription_id}/resourcegroups/"
+        f"{owner.resource_group}/providers/Microsoft.Compute/{owner.resource_type}/"
+        f"{owner.name}/providers/Microsoft.Maintenance/scheduledevents"
     )
 
 
@@ -73,13 +90,47 @@ def acknowledge(
 ) -> ArmAnswer:
     """One acknowledge call; `remaining` bounds the request timeout by the deadline.
     Never raises: every failure is an answer the caller can record."""
+    url = acknowledge_url(endpoint, owner, event_id)
+    return _post(owner, url, None, credential, session, endpoint, api_version, remaining)
+
+
+def acknowledge_list(
+    owner: ArmResource,
+    event_ids: list[str],
+    *,
+    credential: TokenCredential,
+    session: requests.Session,
+    endpoint: str,
+    api_version: str,
+    remaining: float,
+) -> ArmAnswer:
+    """One list-acknowledge call for several events of `owner` (the spec's
+    ScheduledEvents_AcknowledgeList). Approved means all of them; on an error, `refused`
+    holds the events ARM named in `details` (the others' fate is ARM's word for the whole
+    request). Never raises."""
+    if not event_ids:
+        raise ValueError("acknowledge_list needs at least one EventId")
+    url = list_acknowledge_url(endpoint, owner)
+    body = {"value": list(event_ids)}
+    return _post(owner, url, body, credential, session, endpoint, api_version, remaining)
+
+
+def _post(
+    owner: ArmResource,
+    url: str,
+    body: dict[str, list[str]] | None,
+    credential: TokenCredential,
+    session: requests.Session,
+    endpoint: str,
+    api_version: str,
+    remaining: float,
+) -> ArmAnswer:
     try:
         token = credential.get_token(scope_for(endpoint))
     except Exception as exc:  # azure-identity raises several types; none may escape
         return ArmAnswer(
             verdict="retry", text=f"no token for {scope_for(endpoint)}: {type(exc).__name__}"
         )
-    url = acknowledge_url(endpoint, owner, event_id)
     try:
         response = session.post(
             url,
@@ -88,6 +139,7 @@ def acknowledge(
                 "Authorization": f"Bearer {token.token}",  # type: ignore[attr-defined]
                 "Accept": "application/json",
             },
+            json=body,
             timeout=max(0.1, min(REQUEST_TIMEOUT_SECONDS, remaining)),
         )
     except requests.RequestException as exc:
@@ -110,7 +162,23 @@ def acknowledge(
         status=status,
         code=code,
         text=f"ARM refused {status} {code} on {where}: {message}"[:1000],
+        refused=_details(response),
     )
+
+
+def _details(response: requests.Response) -> dict[str, str]:
+    """The list form's error details: {"error": {"details": [{"target", "code", "message"}]}}."""
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    error = data.get("error") if isinstance(data, dict) else None
+    details = error.get("details") if isinstance(error, dict) else None
+    found: dict[str, str] = {}
+    for item in details if isinstance(details, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("target"), str):
+            found[item["target"]] = f"{item.get('code') or ''}: {item.get('message') or ''}"[:300]
+    return found
 
 
 def _error(response: requests.Response) -> tuple[str, str]:
