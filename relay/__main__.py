@@ -197,6 +197,7 @@ def _start_callback(
     sending: SendLoop,
 ) -> Any:
     from relay.callback import CallbackApp, CallbackServer
+    from relay.startlog import StartLog
 
     hooks = None
     if settings.hooks:  # subprocess and tempfile only when there are hooks to run
@@ -230,6 +231,7 @@ def _start_callback(
         hooks=hooks,
         health=health,
         hook_wait=settings.hook_wait,
+        starts=StartLog(settings.state_dir),
     )
     assert settings.callback_listen
     try:

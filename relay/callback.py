@@ -21,6 +21,9 @@ naming this VM's vmId as the target. A request signed for another VM is a 403, a
 key id or a v1 signature a 401. The health answer counts which key matched, never showing
 a key.
 
+A /v1/start may carry an `AttemptId` (issue 31): a repeat of an attempt IMDS accepted is
+answered from relay.startlog, `"repeated": true`, without a second StartRequests.
+
 Answers (JSON): 200 `{"imds_status": 200, "results": {EventId: "approved"}}`; 502 with the
 same shape when IMDS refused the StartRequests; 4xx/5xx `{"error": reason}` (for /v1/start
 refusals also `"results": {EventId: verdict}`) and nothing approved. A byte-identical request
@@ -56,6 +59,7 @@ from relay.signing import (
     WrongTarget,
     verify_v2,
 )
+from relay.startlog import valid_attempt_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # hooks (and subprocess) are loaded only when hooks are configured
@@ -63,6 +67,7 @@ if TYPE_CHECKING:  # hooks (and subprocess) are loaded only when hooks are confi
 
     from relay.hooks import HookRunner
     from relay.keystore import KeyStore
+    from relay.startlog import StartLog
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENT",
@@ -149,6 +154,7 @@ class CallbackApp:
         health: Callable[[], dict[str, Any]] | None = None,
         hook_wait: float = 10.0,
         clock: Callable[[], float] = time.time,
+        starts: StartLog | None = None,
     ) -> None:
         self.keys = keys
         self.vm_id = vm_id.lower()
@@ -160,6 +166,7 @@ class CallbackApp:
         self.hook_wait = hook_wait
         self._clock = clock
         self.replays = ReplayCache()
+        self.starts = starts  # None: AttemptId is checked but nothing is remembered
 
     def health(self) -> tuple[int, dict[str, Any]]:
         report = dict(self._health())
@@ -228,6 +235,31 @@ class CallbackApp:
             expect = parse_expect(payload.get("Expect"))
         except BadExpect as exc:
             raise Refused(400, str(exc)) from None
+        attempt = payload.get("AttemptId")
+        if attempt is not None and not valid_attempt_id(attempt):
+            raise Refused(400, '"AttemptId" must be 1..128 letters, digits or ._:-')
+        if attempt is None or self.starts is None:
+            return self._start(ids, expect)
+        try:
+            first = self.starts.claim(attempt)
+        except TimeoutError:
+            raise Refused(503, "the same AttemptId is still in progress; try again") from None
+        try:
+            if first is None:
+                status, answer = self._start(ids, expect)
+                if status == 200:
+                    self.starts.remember(attempt, list(answer["results"]), answer)
+                return status, answer
+            if sorted(i.casefold() for i in first["event_ids"]) != sorted(
+                i.casefold() for i in ids
+            ):
+                raise Refused(409, "AttemptId already used for other EventIds")
+            event(log, logging.INFO, "start repeated; IMDS not asked again", attempt_id=attempt)
+            return 200, {**first["answer"], "repeated": True}
+        finally:
+            self.starts.release(attempt)
+
+    def _start(self, ids: list[str], expect: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         document = self._fresh_document()
         checks: dict[str, str] = {}
         refusal: tuple[int, str] | None = None

@@ -74,14 +74,18 @@ class FaultsMixin:
         with self._lock:
             return self._faults.take_nonce_fault(vm, nonce)
 
-    def take_faults(self, vm: str, endpoint: str) -> FaultAction:
-        """Count one valid request and say how the server must misbehave on it, if at all."""
+    def take_faults(self, vm: str, endpoint: str, post: bool = False) -> FaultAction:
+        """Count one valid request and say how the server must misbehave on it, if at all.
+        A POST to scheduledevents (StartRequests) is also counted as "startrequests",
+        whatever it is answered: what tests of at-most-once approvals count."""
         with self._lock:
             target = self.vm(vm)
             target.requests[endpoint] += 1
+            if post and endpoint == "scheduledevents":
+                target.requests["startrequests"] += 1
             if self._over_rate_limit(target):
                 return FaultAction(kind="status", status=429)
-            action = self._faults.take(target.name, endpoint)
+            action = self._faults.take(target.name, endpoint, post)
             if endpoint == "scheduledevents":
                 if target.enablement.enabled:
                     action.delay += target.enablement.remaining()

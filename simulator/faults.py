@@ -17,14 +17,16 @@ FaultKind = Literal[
 ]
 # Faults on the attested document's nonce (FaultBook.take_nonce_fault), not on the request.
 NONCE_KINDS = ("short-nonce", "other-nonce")
-Endpoint = Literal["scheduledevents", "compute", "token", "attested", "any"]
+Endpoint = Literal["scheduledevents", "startrequests", "compute", "token", "attested", "any"]
 
 
 class Fault(BaseModel):
     """A misbehaviour to inject. `vm` None: every VM. `count` None: until cleared.
 
     `endpoint` picks the IMDS path it affects: scheduledevents by default, so a relay's
-    token or compute calls do not silently use up a fault meant for its polling.
+    token or compute calls do not silently use up a fault meant for its polling;
+    "startrequests" only the POSTs of StartRequests to it (an IMDS refusing an approval
+    while its document still reads).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -42,12 +44,10 @@ class Fault(BaseModel):
     def exhausted(self) -> bool:
         return self.count is not None and self.used >= self.count
 
-    def matches(self, vm: str, endpoint: str) -> bool:
-        return (
-            not self.exhausted
-            and (self.vm is None or self.vm == vm)
-            and self.endpoint in ("any", endpoint)
-        )
+    def matches(self, vm: str, endpoint: str, post: bool = False) -> bool:
+        starts = "startrequests" if post and endpoint == "scheduledevents" else ""
+        wanted = ("any", endpoint, starts)
+        return not self.exhausted and (self.vm is None or self.vm == vm) and self.endpoint in wanted
 
 
 @dataclass
@@ -80,12 +80,14 @@ class FaultBook:
     def active(self) -> list[Fault]:
         return [f.model_copy() for f in self._faults if not f.exhausted]
 
-    def take(self, vm: str, endpoint: str) -> FaultAction:
+    def take(self, vm: str, endpoint: str, post: bool = False) -> FaultAction:
         """Use up the faults matching one request: every slow one adds its delay, the first
         status/drop/malformed one decides the answer."""
         action = FaultAction()
         for fault in self._faults:
-            if fault.kind in (*NONCE_KINDS, "first-call-delay") or not fault.matches(vm, endpoint):
+            if fault.kind in (*NONCE_KINDS, "first-call-delay"):
+                continue
+            if not fault.matches(vm, endpoint, post):
                 continue
             fault.used += 1
             if fault.kind == "slow":

@@ -300,7 +300,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, "Bad request. nonce must be 1-32 alphanumeric characters")
             return
         body = self._request_body
-        if not self._apply_faults(vm, "compute" if endpoint == "instance" else endpoint):
+        if not self._apply_faults(
+            vm, "compute" if endpoint == "instance" else endpoint, post=method == "POST"
+        ):
             return
         nonce_fault = sim.take_nonce_fault(vm, nonce) if endpoint == "attested" else None
         if nonce_fault == "short-nonce":
@@ -335,10 +337,10 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._json(200, {"compute": compute, "network": {"interface": []}})
 
-    def _apply_faults(self, vm: str, endpoint: str) -> bool:
+    def _apply_faults(self, vm: str, endpoint: str, post: bool = False) -> bool:
         """Misbehave as injected; False when the request has been dealt with."""
         owner = self.server.owner
-        action = self.server.sim.take_faults(vm, endpoint)
+        action = self.server.sim.take_faults(vm, endpoint, post)
         if action.delay > 0 and owner.stopping.wait(action.delay):
             self.close_connection = True
             return False

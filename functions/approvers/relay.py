@@ -25,10 +25,20 @@ The request also carries the view the policy decided on (`Expect`, functions/mod
 type, source, duration, NotBefore, Resources): a relay whose own IMDS shows the event
 otherwise refuses, so a set-mate's report that disagrees with the VM's own view cannot steer
 an approval.
+
+StartRequests at most once per VM and event (issue 31): each request carries an
+`AttemptId` derived from the VM's vmId and the EventId alone (`start_attempt_id`), so it is
+the same on every try, after a crash of the app and a redelivery too. A relay remembers the
+attempts whose StartRequests its IMDS accepted and answers a repeat from memory (`"repeated":
+true`) without a second StartRequests, so a crash after the relay's 200, or a lost answer,
+never approves twice; it remembers no failure, so a retry after an IMDS 5xx or a refusal
+still reaches IMDS. Nothing of the claim or the time goes in: a redelivery claims anew and
+must still be recognised. Relays before this ignore the field.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import uuid
@@ -54,6 +64,14 @@ PREVIOUS_KEY_NOTE = "signed with the relay's previous key: it has not rotated ye
 MAX_ANSWER_CHARS = 200
 DIFFERS = "view differs"  # how a "differs" answer's attempt is recorded (final_refusal)
 MAX_EXPECT_RESOURCES = 100  # 100 names of up to 64 characters: 7 KiB of a 16 KiB body
+ATTEMPT_PREFIX = "sa1-"  # the scheme of start_attempt_id, should it ever change
+
+
+def start_attempt_id(vm_id: str, event_id: str) -> str:
+    """The `AttemptId` of every /v1/start for this VM and event: stable across retries,
+    crashes and redeliveries (a hash of the two; the relay compares it as a string)."""
+    material = f"start-attempt/v1\n{vm_id.lower()}\n{event_id.casefold()}".encode()
+    return ATTEMPT_PREFIX + hashlib.sha256(material).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -118,7 +136,11 @@ def _post(
     url = f"{target.url.rstrip('/')}{START_PATH}"
     # The relay refuses a byte-identical request within a second as a replay; the nonce
     # keeps a quick retry (or two approvers at once) from looking like one.
-    request: dict[str, object] = {"EventIds": [event_id], "Nonce": uuid.uuid4().hex}
+    request: dict[str, object] = {
+        "EventIds": [event_id],
+        "Nonce": uuid.uuid4().hex,
+        "AttemptId": start_attempt_id(target.vm_id, event_id),
+    }
     if expect:
         request["Expect"] = {event_id: wire_expect(expect)}
     body = json.dumps(request).encode()

@@ -92,7 +92,12 @@ class Relay:
                 ids = sent["EventIds"]
                 with relay._lock:
                     relay.requests.append(
-                        {"path": self.path, "EventIds": ids, "Expect": sent.get("Expect")}
+                        {
+                            "path": self.path,
+                            "EventIds": ids,
+                            "Expect": sent.get("Expect"),
+                            "AttemptId": sent.get("AttemptId"),
+                        }
                     )
                     relay.targets.append(identity_harness.NAMES.get(given_target(self), "?"))
                     status, answer = relay.script.pop(0) if relay.script else relay.default
@@ -131,6 +136,10 @@ class Relay:
 
     def starts(self) -> list[str]:
         return [i for r in self.requests for i in r["EventIds"]]
+
+    def attempt_ids(self) -> list[str | None]:
+        """The `AttemptId` of every verified /v1/start, in order (issue 31)."""
+        return [r["AttemptId"] for r in self.requests if r["path"] == "/v1/start"]
 
     def close(self) -> None:
         self.server.shutdown()

@@ -5,12 +5,14 @@ event not in its document yet), within the approval budget; never again when it 
 from __future__ import annotations
 
 import pytest
+import requests
 
+from functions.approvers.relay import post_start, start_attempt_id
 from functions.identity.keys import CallbackKey, key_id_of
 from functions.pipeline.approve import approve_event
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
-from tests.functions.conftest import envelope, event, make_pipeline
+from tests.functions.conftest import envelope, event, make_pipeline, vm_id_of
 
 OLD_KEY = CallbackKey(key_id=key_id_of(b"o" * 32), secret=b"o" * 32)
 NEW_KEY = CallbackKey(key_id=key_id_of(b"n" * 32), secret=b"n" * 32)
@@ -147,3 +149,26 @@ def test_a_key_the_relay_does_not_hold_is_retried_not_final(store, clock, relay)
     relay.keys = [NEW_KEY, OLD_KEY]  # the relay has the key now
     clock.advance(60)
     assert [a.outcome for a in run_watchdog(pipeline).approvals] == ["approved"]
+
+
+def test_every_try_for_one_vm_and_event_carries_the_same_attempt_id(store, clock, relay):
+    """Issue 31: the relay dedupes StartRequests by AttemptId, so the id must be the same
+    on a retry, and again after the app crashed and the message was redelivered (a new
+    pipeline, a new claim), but differ between events and between VMs."""
+    relay.script = [(503, {"error": "IMDS unreadable"})]
+    pipeline, _ = make_pipeline(store, clock)
+    body = envelope("vm1", 1, [event("EV-9", source="User")], callback_url=relay.url)
+    assert [a.outcome for a in ingest_message(body, pipeline).approvals] == ["approved"]
+    first, second = relay.attempt_ids()
+    assert first == second == start_attempt_id(vm_id_of("vm1"), "EV-9")
+    assert first is not None and first.startswith("sa1-") and len(first) == 36
+    # After a crash (the relay's 200 lost with the app): a fresh process asks again.
+    again, _ = make_pipeline(store, clock)
+    target = again.relay_target(store.get_vm("vm1"))
+    assert target is not None
+    with requests.Session() as session:
+        assert post_start(target, "EV-9", session, 10.0)[0] == "approved"
+    assert relay.attempt_ids()[-1] == first
+    assert start_attempt_id(vm_id_of("vm1"), "ev-9") == first  # EventIds are case-blind
+    assert start_attempt_id(vm_id_of("vm1"), "EV-10") != first
+    assert start_attempt_id(vm_id_of("vm2"), "EV-9") != first
