@@ -39,17 +39,20 @@ def slim(source: str) -> str:
     The archive travels in a VM's customData, whose 64 KiB limit it shares with the unit
     and the bootstrap script, and must leave room (8 KiB: tests/relay/test_deploy.py) for
     the relay to grow. So the shipped copy drops docstrings, comments, blank lines, the
-    annotations of functions and of function-local assignments (`from __future__ import
-    annotations` makes them strings nothing reads at run time; class-level ones stay,
-    relay.record reads them), indents by one space per level and writes each bracketed
-    expression on one line. Line numbers then differ from relay/ in the repository, but a
-    traceback still shows the right source lines: they are read from the archive. Only ast
+    module-level `if TYPE_CHECKING:` blocks (imports for annotations only: the relay sets
+    TYPE_CHECKING = False) and `__all__` lists (for linters), the annotations of functions
+    and of function-local assignments (`from __future__ import annotations` makes them
+    strings nothing reads at run time; class-level ones stay, relay.record reads them),
+    indents by one space per level, writes each bracketed expression on one line and drops
+    the spaces between tokens that need none. Line numbers then differ from relay/ in the
+    repository, but a traceback still shows the right source lines: they are read from the
+    archive. Only ast
     and tokenize positions are used, the same on every Python >= 3.9, so the result does
     not depend on which Python builds it.
     """
-    text = _without_docstrings(_without_annotations(source))
+    text = _without_docstrings(_without_annotations(_without_typing_only(source)))
     text = _reindented(_without_comments(text))
-    return _joined(text)
+    return _tightened(_joined(text))
 
 
 def _without_docstrings(source: str) -> str:
@@ -70,6 +73,26 @@ def _without_docstrings(source: str) -> str:
         indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())]
         keep = "" if len(body) > 1 else f"{indent}...\n"
         lines[start:end] = [keep or "\n"] + ["\n"] * (end - start - 1)
+    return "".join(lines)
+
+
+def typing_only(node: ast.stmt) -> bool:
+    """A module-level statement nothing needs at run time: `if TYPE_CHECKING:` without an
+    else (the relay sets TYPE_CHECKING = False), or `__all__ = ...`."""
+    if isinstance(node, ast.If):
+        test = node.test
+        return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" and not node.orelse
+    return isinstance(node, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+    )
+
+
+def _without_typing_only(source: str) -> str:
+    lines = source.splitlines(keepends=True)
+    for node in ast.parse(source).body:
+        if typing_only(node):
+            start, end = node.lineno - 1, node.end_lineno or node.lineno
+            lines[start:end] = ["\n"] * (end - start)
     return "".join(lines)
 
 
@@ -197,6 +220,47 @@ def _joined(text: str) -> str:
             out.append(line)
             pending = ""
     return "".join(out) + pending
+
+
+# Tokens that run together without a space between them (`return x`, `"a" "b"`, `1 if`).
+_WORDS = {tokenize.NAME, tokenize.NUMBER, tokenize.STRING} | {
+    getattr(tokenize, name) for name in ("FSTRING_START", "FSTRING_END") if hasattr(tokenize, name)
+}
+
+
+def _tightened(text: str) -> str:
+    """Without the spaces between two tokens of one line where Python needs none (`x = a +
+    b` -> `x=a+b`): only a space between two words stays. Inside an f-string (Python 3.12+
+    tokenizes its fields) nothing changes, so every Python builds the same bytes. The
+    result must parse to the same tree, or the build stops."""
+    lines = text.splitlines(keepends=True)
+    cuts: list[tuple[int, int, int]] = []  # (row, start, end) of spaces to drop
+    previous = None
+    depth = 0  # f-strings open (3.12+)
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            previous = None
+            continue
+        if (
+            depth == 0
+            and previous is not None
+            and previous.end[0] == tok.start[0]
+            and previous.end[1] < tok.start[1]
+            and not (previous.type in _WORDS and tok.type in _WORDS)
+        ):
+            cuts.append((tok.start[0], previous.end[1], tok.start[1]))
+        name = tokenize.tok_name[tok.type]
+        depth += (name == "FSTRING_START") - (name == "FSTRING_END")
+        previous = tok
+    for row, start, end in reversed(cuts):  # right to left on each line
+        line = lines[row - 1]
+        if line[start:end].strip(" "):
+            raise ValueError(f"not only spaces between tokens on line {row}")
+        lines[row - 1] = line[:start] + line[end:]
+    tight = "".join(lines)
+    if ast.dump(ast.parse(tight)) != ast.dump(ast.parse(text)):
+        raise ValueError("tightening changed the program")
+    return tight
 
 
 def sources() -> list[tuple[str, bytes]]:
