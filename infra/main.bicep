@@ -134,7 +134,7 @@ param relaySilentAfterSeconds int = 600
 
 param approvalMarginSeconds int = 10
 
-@description('POLICY__RULES: ordered rules. Empty = Microsoft\'s reference policy (approve User events and Freeze < 9 s, drain Terminate, hold the rest).')
+@description('POLICY__RULES: ordered rules. Empty = the setting left out = Microsoft\'s reference policy (drain Terminate, approve User events and Freeze < 9 s, hold the rest), as POLICY__RULES=[] is.')
 param policyRules array = []
 
 @description('POLICY__DRY_RUN: decide, audit and announce, never approve.')
@@ -224,13 +224,20 @@ param operatorsAppRole string = ''
 @description('Custom domain the operators use, e.g. https://bridge.contoso.com. Empty: the app\'s own host name.')
 param publicBaseUrl string = ''
 
-@description('E-mail address for alerts (dead letters, function failures, watchdog not running, relay_silent, approval_failed, policy_invalid, admission rejections). Empty: alerts fire into an action group with no receiver.')
+@description('E-mail address for alerts (dead letters, function failures, watchdog not running, relay_silent, approval_failed, policy_invalid, admission rejections). Name a receiver here or in alertActionGroupId: with neither, the alerts notify nobody and the alertReceivers output says NONE.')
 param alertEmail string = ''
+
+@description('Resource id of an existing action group (your on-call routing: e-mail, SMS, Teams, PagerDuty, ...) that every alert notifies too.')
+param alertActionGroupId string = ''
 
 @description('Alert when admission rejects more than this share (percent) of relay messages in 15 minutes (at least 50 judged): the sign of a mismatch with Azure, not of one bad VM.')
 @minValue(1)
 @maxValue(100)
 param admissionRejectPercent int = 20
+
+@description('The admission-rejections alert also needs at least this many rejected messages in its 15 minutes (a small fleet never reaches a minimum of messages judged).')
+@minValue(1)
+param admissionRejectMinimum int = 3
 
 // ---------- Example VMs ----------
 @description('Deploy the example scale set (relay + Terminate notifications).')
@@ -380,7 +387,9 @@ module monitoring 'modules/monitoring.bicep' = {
       serviceBus.outputs.topicName
     ]
     alertEmail: alertEmail
+    alertActionGroupId: alertActionGroupId
     admissionRejectPercent: admissionRejectPercent
+    admissionRejectMinimum: admissionRejectMinimum
   }
 }
 
@@ -575,6 +584,8 @@ module exampleVm 'modules/vm-relay.bicep' = if (deployExampleVm) {
 
 // ---------- What you need next ----------
 output functionAppName string = functionApp.outputs.name
+// Who hears the bridge's alerts; starts with NONE when nobody does (alertEmail, alertActionGroupId).
+output alertReceivers string = monitoring.outputs.alertReceivers
 output functionAppUrl string = functionApp.outputs.url
 output serviceBusNamespace string = serviceBus.outputs.namespaceName
 output serviceBusFullyQualifiedNamespace string = serviceBus.outputs.fullyQualifiedNamespace

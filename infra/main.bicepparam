@@ -41,8 +41,16 @@ param policyWindows = []
 param policyTimezone = 'UTC'
 param policyMaxConcurrentPerSet = 1
 
-// Terminate workflow: if a drain step fails, hold and let NotBefore arrive.
+// Terminate workflow: if a drain step fails, hold and let NotBefore arrive. Without a drain
+// step (SEBRIDGE_DRAIN_HTTP_URL or SEBRIDGE_DRAIN_RELAY_HOOK) a drain decision holds until NotBefore undrained.
 param drainOnFailure = 'hold'
+param drainHttpUrl = readEnvironmentVariable('SEBRIDGE_DRAIN_HTTP_URL', '')
+param drainRelayHook = readEnvironmentVariable('SEBRIDGE_DRAIN_RELAY_HOOK', '')
+
+// Who hears the alerts when the bridge is down: an e-mail address and/or an existing action
+// group's resource id. With neither, the alertReceivers output says NONE.
+param alertEmail = readEnvironmentVariable('ALERT_EMAIL', '')
+param alertActionGroupId = readEnvironmentVariable('ALERT_ACTION_GROUP_ID', '')
 
 // Example scale set: two instances, ten minutes to drain before a deletion proceeds.
 param deployExampleScaleSet = true

@@ -7,6 +7,8 @@ a front door: at most about 400 lines, with a table of contents that matches its
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -16,7 +18,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PAGES = [README, ROOT / "infra" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    README,
+    ROOT / "infra" / "README.md",
+    ROOT / "functions" / "README.md",
+    ROOT / "relay" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
 FENCE = re.compile(r"^ *```.*?^ *```", re.M | re.S)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -201,3 +209,153 @@ def test_every_template_parameter_is_documented() -> None:
     )
     missing = [p for p in re.findall(r"^param (\w+) ", bicep, re.M) if f"`{p}`" not in rows]
     assert not missing, f"infra/README.md's parameter tables lack: {missing}"
+
+
+# ---------------------------------------------------------------- snippets that must work
+
+# A snippet that shows a mistake on purpose says so within this many characters before it.
+ERROR_MARK = "exits 2"
+PROJECT_MODULE = re.compile(r"(?<![\w/.])python3? -m (functions|simulator|tests|local)\b")
+
+
+def _snippets(page: Path) -> list[tuple[str, str, str]]:
+    """(where, snippet, the text just before it) for every inline code span and fenced
+    block of a page."""
+    text = page.read_text()
+    found = []
+    for match in re.finditer(r"^ *```[^\n]*\n(.*?)^ *```|`([^`\n]+)`", text, re.M | re.S):
+        body = match.group(1) if match.group(1) is not None else match.group(2)
+        line = text[: match.start()].count("\n") + 1
+        before = text[max(0, match.start() - 300) : match.start()]
+        found.append((f"{page.relative_to(ROOT)}:{line}", body, before))
+    return found
+
+
+def _policy_snippets() -> list[tuple[str, list[dict]]]:
+    """Every snippet that is a policy rule or a list of them (JSON with `name` and
+    `action`), unless marked as a mistake shown on purpose."""
+    out = []
+    for page in PAGES:
+        for where, body, before in _snippets(page):
+            stripped = body.strip()
+            if not stripped.startswith(("{", "[")) or '"action"' not in stripped:
+                continue
+            try:
+                data = json.loads(stripped)
+            except json.JSONDecodeError:
+                continue
+            rules = data if isinstance(data, list) else [data]
+            if not all(isinstance(r, dict) and {"name", "action"} <= set(r) for r in rules):
+                continue
+            if ERROR_MARK in before or ERROR_MARK in body:
+                continue
+            out.append((where, rules))
+    return out
+
+
+def test_the_docs_show_policy_snippets() -> None:
+    shown = {where.split(":")[0] for where, _ in _policy_snippets()}
+    assert {"README.md", "docs/policy.md"} <= shown, shown
+
+
+@pytest.mark.parametrize(("where", "rules"), _policy_snippets(), ids=lambda x: str(x)[:60])
+def test_every_policy_snippet_passes_settings_check(monkeypatch, where, rules) -> None:
+    """A rule (or a list of rules) the docs show is put where the docs tell an operator to:
+    in front of the reference rules (those it does not name itself), and the whole policy
+    must pass `settings check` as the app reads it. The README's AKS rule once made the
+    policy invalid (issue 33): the app would have failed closed fleet-wide."""
+    from functions.model.policy import default_rules
+    from functions.settings_check import check_settings
+
+    names = {r["name"] for r in rules}
+    reference = [
+        r.model_dump(mode="json", exclude_defaults=True)
+        for r in default_rules()
+        if r.name not in names
+    ]
+    for name in list(os.environ):
+        if name not in ("PATH", "HOME"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("POLICY__RULES", json.dumps([*rules, *reference]))
+    report = check_settings(for_azure=False)
+    assert report.errors() == [], f"{where}: {[str(e) for e in report.errors()]}"
+
+
+def _inline_settings() -> list[tuple[str, str, str]]:
+    """Every inline `NAME=value` of an app setting the docs show (not marked as a mistake)."""
+    from functions.settings_check import known_names, settings_models
+
+    known = {n.casefold() for n in known_names(settings_models())}
+    out = []
+    for page in PAGES:
+        for where, body, before in _snippets(page):
+            match = re.fullmatch(r"([A-Z][A-Z0-9_]*)=(\S+)", body.strip())
+            if not match or match.group(1).casefold() not in known or "$" in body:
+                continue
+            if ERROR_MARK not in before:
+                out.append((where, match.group(1), match.group(2)))
+    return out
+
+
+@pytest.mark.parametrize(("where", "name", "value"), _inline_settings(), ids=lambda x: str(x))
+def test_every_inline_setting_passes_settings_check(monkeypatch, where, name, value) -> None:
+    from functions.settings_check import check_settings
+
+    for env in list(os.environ):
+        if env not in ("PATH", "HOME"):
+            monkeypatch.delenv(env)
+    monkeypatch.setenv(name, value)
+    report = check_settings(for_azure=False)
+    assert report.errors() == [], f"{where}: {[str(e) for e in report.errors()]}"
+
+
+def test_a_policy_snippet_that_breaks_the_policy_is_caught(monkeypatch) -> None:
+    """The checker itself: the README's old AKS rule fails, as `settings check` says."""
+    old = {"name": "aks-notify-only", "match": {"scale_sets": ["aks-*"]}, "action": "hold"}
+    with pytest.raises(AssertionError, match="aks-notify-only"):
+        test_every_policy_snippet_passes_settings_check(monkeypatch, "old README", [old])
+
+
+def test_project_commands_run_as_shown() -> None:
+    """`python -m functions ...` fails outside the project's virtualenv (pydantic and the
+    Azure SDKs live in .venv): every page shows `.venv/bin/python -m ...` instead."""
+    bare = [
+        f"{where}: {body.strip()[:80]}"
+        for page in PAGES
+        for where, body, _ in _snippets(page)
+        if PROJECT_MODULE.search(body)
+    ]
+    assert not bare, bare
+
+
+def test_the_readme_says_what_make_test_installs() -> None:
+    """`make test` runs the `browser` (apt chromium) and `test-py39` (Debian's Python 3.9)
+    targets too: the README says so next to it."""
+    makefile = (ROOT / "Makefile").read_text()
+    needs = re.search(r"^test: (.*)$", makefile, re.M).group(1).split()
+    text = README.read_text()
+    try_it = text[text.index("## Try it") : text.index("## How it flows")]
+    if "browser" in needs:
+        assert "chromium" in try_it and "apt" in try_it
+    if "test-py39" in needs:
+        assert "Python 3.9" in try_it
+
+
+def test_the_deploy_section_names_the_drain_and_alert_settings() -> None:
+    """The default policy drains a scale-in; without a drain step it is held until
+    NotBefore, and without a receiver no alert reaches anyone: the README's deploy section
+    names both, with their Bicep parameters (issue 33)."""
+    text = README.read_text()
+    deploy = text[text.index("## Deploy") : text.index("## First checks")]
+    for word in (
+        "DRAIN__HTTP_URL",
+        "DRAIN__RELAY_HOOK",
+        "drainHttpUrl",
+        "drainRelayHook",
+        "alertEmail",
+        "alertActionGroupId",
+        "alertReceivers",
+        "ALERT_EMAIL",
+    ):
+        assert word in deploy, word
+    assert "6 h" in text[text.index("## First checks") : text.index("## The policy")]

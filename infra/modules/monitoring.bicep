@@ -24,8 +24,14 @@ param serviceBusNamespaceName string
 @description('Queues and topics watched for dead-lettered messages (a topic\'s count covers all its subscriptions).')
 param deadLetterEntities array
 
-@description('Where alerts are e-mailed. Empty: the action group has no receiver (add one later, e.g. a Teams or PagerDuty integration).')
+@description('Where alerts are e-mailed. Empty, with no alertActionGroupId either: the alerts notify nobody (the deployment\'s alertReceivers output says so).')
 param alertEmail string = ''
+
+@description('Resource id of an existing action group (your on-call routing) that every alert notifies too. Empty: only the bridge\'s own action group (alertEmail).')
+param alertActionGroupId string = ''
+
+// Every alert notifies these: the bridge's own group, then the operator's existing one.
+var alertActionGroups = concat([alerts.id], empty(alertActionGroupId) ? [] : [alertActionGroupId])
 
 // A log alert's windowSize takes only some durations (1, 5, 10, 15, 30, 45 minutes, 1 to 6
 // hours, 1 or 2 days), and not less than its evaluationFrequency (PT5M here):
@@ -47,13 +53,18 @@ param alertEmail string = ''
 param watchdogSilentMinutes int = 10
 var watchdogWindow = watchdogSilentMinutes < 60 ? 'PT${watchdogSilentMinutes}M' : 'PT${watchdogSilentMinutes / 60}H'
 
-@description('Alert when admission rejects more than this share (percent) of the relay messages it judged in 15 minutes, with at least 50 judged.')
+@description('Alert when admission rejects more than this share (percent) of the relay messages it judged in 15 minutes, with at least admissionRejectMinimum rejected.')
 @minValue(1)
 @maxValue(100)
 param admissionRejectPercent int = 20
 
-// The alert's query ignores a window with fewer than 50 messages judged: there the share
-// says little (one bad VM retrying). Multi-line strings take no interpolation: a constant.
+@description('The admission-rejections alert needs at least this many rejected messages in its 15 minutes, besides the share: a small fleet sends a few documents per event, so a minimum of messages judged (it was 50) was never reached there.')
+@minValue(1)
+param admissionRejectMinimum int = 3
+
+// The alert's query ignores a window with fewer than admissionRejectMinimum rejections:
+// there the share says little. Multi-line strings take no interpolation, so the query
+// names the minimum MINIMUM_REJECTED and replace() puts the parameter in.
 
 // Built-in role: Monitoring Metrics Publisher (needed for Entra-authenticated ingestion).
 var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb'
@@ -158,11 +169,9 @@ resource deadLetters 'Microsoft.Insights/metricAlerts@2018-03-01' = [
           }
         ]
       }
-      actions: [
-        {
-          actionGroupId: alerts.id
-        }
-      ]
+      actions: [for group in alertActionGroups: {
+        actionGroupId: group
+      }]
     }
   }
 ]
@@ -247,17 +256,17 @@ traces
   }
   {
     name: 'admission-rejections'
-    description: 'Admission rejected more than ${admissionRejectPercent}% of relay messages in 15 minutes: the sign of a mismatch with Azure (attested documents, their chain, Resource Graph), not of one bad VM. Read the reasons in the rejected table; ATTESTATION_MODE=report admits while it is fixed.'
+    description: 'Admission rejected more than ${admissionRejectPercent}% of relay messages in 15 minutes, at least ${admissionRejectMinimum} of them: the sign of a mismatch with Azure (attested documents, their chain, Resource Graph), not of one bad VM in a large fleet. Read the reasons in the rejected table; ATTESTATION_MODE=report admits while it is fixed.'
     severity: 1
-    query: '''
+    query: replace('''
 traces
 | where message startswith "sebridge "
 | extend d = parse_json(substring(message, 9))
 | where tostring(d.kind) == "admission"
 | summarize rejected = sum(toint(d.rejected)), judged = sum(toint(d.admitted)) + sum(toint(d.rejected))
-| where judged >= 50
+| where rejected >= MINIMUM_REJECTED
 | extend rejected_percent = 100.0 * rejected / judged
-'''
+''', 'MINIMUM_REJECTED', string(admissionRejectMinimum))
     dimensions: []
     measure: 'rejected_percent'
     operator: 'GreaterThan'
@@ -325,9 +334,7 @@ resource logAlertRules 'Microsoft.Insights/scheduledQueryRules@2023-03-15-previe
       }
       autoMitigate: true
       actions: {
-        actionGroups: [
-          alerts.id
-        ]
+        actionGroups: alertActionGroups
       }
     }
   }
@@ -434,4 +441,6 @@ resource workbook 'Microsoft.Insights/workbooks@2023-06-01' = {
 }
 
 output actionGroupId string = alerts.id
+// Who hears an alert; "NONE" said loudly when nobody does (main.bicep outputs it).
+output alertReceivers string = empty(alertEmail) && empty(alertActionGroupId) ? 'NONE: the bridge-down alerts (watchdog-not-running, function-failures, dead letters, ...) notify nobody; set alertEmail or alertActionGroupId and deploy again' : (empty(alertActionGroupId) ? 'e-mail ${alertEmail}' : (empty(alertEmail) ? 'action group ${alertActionGroupId}' : 'e-mail ${alertEmail}; action group ${alertActionGroupId}'))
 output workbookId string = workbook.id
