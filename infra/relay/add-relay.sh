@@ -5,7 +5,7 @@
 # dist/add-relay-bundled.sh: this script with the relay appended) with run-command
 # (README: "Add the relay to an existing VM or scale set"):
 #
-#   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL]
+#   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL [HOOKS]]
 #
 # The deployment output `relayBootstrapArguments` holds these seven values. The 5th is the
 # word `none` (or ""): it was the relay key's Key Vault secret URI, and stays as a placeholder
@@ -20,17 +20,24 @@
 # LIVENESS_TABLE_URL (the relays' liveness table, https://ACCOUNT.table.core.windows.net/
 # PREFIXliveness): the relay writes its signed heartbeat row there (RELAY_HEARTBEAT_TABLE),
 # not to the `heartbeats` queue (six arguments or "": the queue).
+# HOOKS (optional, after the table URL): the relay's hook scripts, NAME=/abs/path[,NAME=/abs/path]
+# (e.g. drain=/opt/drain.sh,undrain=/opt/undrain.sh; "" or none: no hooks), written to relay.env
+# as RELAY_HOOKS. Each must be an executable file already on the VM: a missing one is refused
+# here, before anything is installed (the relay would otherwise refuse to start).
+# Operator settings belong in /etc/scheduled-events-relay/relay.local.env, which the unit reads
+# after relay.env (so its values win) and this script never rewrites: relay.env is this
+# script's and is rewritten on every run (an upgrade).
 # The relay listens on 0.0.0.0:CALLBACK_PORT; the app calls the VM's private address as Azure
 # knows it, so nothing here looks the address up or advertises it.
 # Idempotent: running it again upgrades and restarts the relay (and removes what the shared-key
 # versions left: callback.key and the scheduled-events-relay-key timer).
 set -eu
 
-if [ "$#" -ne 6 ] && [ "$#" -ne 7 ]; then
-    echo "usage: $0 NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL]" >&2
+if [ "$#" -lt 6 ] || [ "$#" -gt 8 ]; then
+    echo "usage: $0 NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL [HOOKS]]" >&2
     exit 2
 fi
-NAMESPACE=$1 QUEUE=$2 CLIENT_ID=$3 PORT=$4 SECRET_URI=$5 PACKAGE_URL=$6 TABLE_URL=${7-}
+NAMESPACE=$1 QUEUE=$2 CLIENT_ID=$3 PORT=$4 SECRET_URI=$5 PACKAGE_URL=$6 TABLE_URL=${7-} HOOKS=${8-}
 case "$NAMESPACE" in *.servicebus.windows.net) ;; *)
     echo "add-relay.sh: $NAMESPACE is not NAME.servicebus.windows.net" >&2; exit 2 ;; esac
 case "$QUEUE" in "" | */* | *[[:space:]]*) echo "add-relay.sh: bad queue name" >&2; exit 2 ;; esac
@@ -68,6 +75,26 @@ if [ -n "$TABLE_URL" ]; then
     case "$table" in [!$lower$upper]* | *[!$lower$upper$digits]*) bad_table ;; esac
     [ "${#account}" -ge 3 ] && [ "${#account}" -le 24 ] && [ "${#table}" -ge 3 ] && [ "${#table}" -le 63 ] ||
         bad_table
+fi
+# HOOKS -> RELAY_HOOKS, a JSON object: {"drain": "/opt/drain.sh", ...}.
+HOOKS_JSON=
+[ "$HOOKS" = none ] && HOOKS=
+if [ -n "$HOOKS" ]; then
+    rest=$HOOKS,
+    while [ -n "$rest" ]; do
+        item=${rest%%,*} rest=${rest#*,}
+        name=${item%%=*} path=${item#*=}
+        case "$item" in *=*) ;; *) name= ;; esac
+        case "$name" in "" | *[!A-Za-z0-9_.-]*)
+            echo "add-relay.sh: hook '$item' is not NAME=/abs/path (NAME: letters, digits, - _ .)" >&2; exit 2 ;; esac
+        case "$path" in /*) ;; *) echo "add-relay.sh: hook $name: $path is not an absolute path" >&2; exit 2 ;; esac
+        case "$path" in *[!A-Za-z0-9_./-]*)
+            echo "add-relay.sh: hook $name: $path may only use letters, digits, / _ . -" >&2; exit 2 ;; esac
+        [ -f "$path" ] && [ -x "$path" ] || {
+            echo "add-relay.sh: hook $name: $path is not an executable file on this VM; install it first" >&2; exit 2; }
+        HOOKS_JSON="$HOOKS_JSON${HOOKS_JSON:+,}\"$name\":\"$path\""
+    done
+    HOOKS_JSON="{$HOOKS_JSON}"
 fi
 [ "$(id -u)" = 0 ] || { echo "add-relay.sh: run as root" >&2; exit 1; }
 
@@ -117,7 +144,8 @@ cat > "$work/unit" <<'UNIT_FILE'
 # callback. One file (scheduled-events-relay.pyz) run by the VM's own Python 3.9 or newer,
 # standard library only. Installed by relay/deploy/install.sh or infra/relay/add-relay.sh,
 # which put the absolute path of a Python >= 3.9 in ExecStart if /usr/bin/python3 is older.
-# Settings: /etc/scheduled-events-relay/relay.env (RELAY_* variables;
+# Settings: /etc/scheduled-events-relay/relay.env (RELAY_* variables; the operator's own in
+# relay.local.env, read after it;
 # RELAY_CONFIG=/etc/scheduled-events-relay/relay.json for a file).
 [Unit]
 Description=Azure Scheduled Events relay
@@ -130,6 +158,8 @@ Type=simple
 User=scheduled-events-relay
 Group=scheduled-events-relay
 EnvironmentFile=/etc/scheduled-events-relay/relay.env
+# The operator's own settings (hooks, ...): read after relay.env, so they win; never rewritten.
+EnvironmentFile=-/etc/scheduled-events-relay/relay.local.env
 Environment=PYTHONDONTWRITEBYTECODE=1
 Environment=RELAY_STATE_DIR=/var/lib/scheduled-events-relay
 ExecStart=/usr/bin/python3 -I /opt/scheduled-events-relay/scheduled-events-relay.pyz
@@ -190,8 +220,16 @@ RELAY_IDENTITY_CLIENT_ID=$CLIENT_ID
 RELAY_CALLBACK_LISTEN=0.0.0.0:$PORT
 ENV
 [ -z "$TABLE_URL" ] || echo "RELAY_HEARTBEAT_TABLE=$TABLE_URL" >> "$ETC/relay.env.new"
+[ -z "$HOOKS_JSON" ] || echo "RELAY_HOOKS='$HOOKS_JSON'" >> "$ETC/relay.env.new"
 chgrp scheduled-events-relay "$ETC/relay.env.new"
 mv "$ETC/relay.env.new" "$ETC/relay.env"
+# The operator's own settings (hooks, --hook-user, ...): read after relay.env, never rewritten.
+if [ ! -e "$ETC/relay.local.env" ]; then
+    printf '%s\n' "# Your RELAY_* settings, one NAME=value a line, e.g. RELAY_HOOKS='{\"drain\": \"/opt/drain.sh\"}'" \
+        '# Read after relay.env, so a value here wins. add-relay.sh rewrites relay.env on every' \
+        '# upgrade, never this file. Then: systemctl restart scheduled-events-relay' > "$ETC/relay.local.env"
+    chgrp scheduled-events-relay "$ETC/relay.local.env"
+fi
 
 # Left by the shared-key versions of this script: the Key Vault fetcher, its timer, the key.
 if [ -f /etc/systemd/system/scheduled-events-relay-key.timer ]; then

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
+import os
 import re
 import subprocess
 import sys
@@ -194,7 +196,7 @@ def test_cloud_init_runs_the_script_with_its_arguments_in_order() -> None:
     ]
     usage = re.search(
         r"^NAMESPACE=\$1 QUEUE=\$2 CLIENT_ID=\$3 PORT=\$4 SECRET_URI=\$5 "
-        r"PACKAGE_URL=\$6 TABLE_URL=\$\{7-\}$",
+        r"PACKAGE_URL=\$6 TABLE_URL=\$\{7-\} HOOKS=\$\{8-\}$",
         ADD_RELAY.read_text(),
         re.M,
     )
@@ -343,9 +345,9 @@ def test_the_script_refuses_a_malformed_table_url(field, bad) -> None:
     )
 
 
-@pytest.mark.parametrize("count", [0, 1, 5, 8])
-def test_the_script_wants_six_or_seven_arguments(count) -> None:
-    args = [*(ARGS[k] for k in ARG_ORDER), "extra"][:count]
+@pytest.mark.parametrize("count", [0, 1, 5, 9])
+def test_the_script_wants_six_to_eight_arguments(count) -> None:
+    args = [*(ARGS[k] for k in ARG_ORDER), "", "extra"][:count]
     proc = subprocess.run(["sh", str(ADD_RELAY), *args], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "usage:" in proc.stderr
@@ -493,3 +495,93 @@ def test_the_script_installs_the_relay_where_the_unit_runs_it() -> None:
     assert "sys.version_info < (3, 9)" in script  # any Python >= 3.9, nothing installed
     assert "sha256sum -c" in script  # a downloaded relay is checked before it is installed
     assert "pip" not in script and "venv" not in script
+
+
+def _hooks_parsed(hooks: str) -> subprocess.CompletedProcess:
+    """add-relay.sh's argument checks with HOOKS as the 8th argument, printing RELAY_HOOKS'
+    value instead of installing."""
+    text = ADD_RELAY.read_text()
+    cut = text.index('[ "$(id -u)" = 0 ]')
+    script = text[:cut] + 'printf "%s\\n" "$HOOKS_JSON"\nexit 0\n'
+    args = [ARGS[k] for k in ARG_ORDER]
+    return subprocess.run(
+        ["sh", "-c", script, "add-relay.sh", *args, hooks], capture_output=True, text=True
+    )
+
+
+def test_the_bootstrap_sets_the_relays_hooks(tmp_path) -> None:
+    """The 8th argument, NAME=/abs/path[,...], becomes RELAY_HOOKS as the relay reads it
+    (issue 33: the hook line an operator added by hand was lost on every upgrade)."""
+    from relay.settings import load_settings
+
+    drain, undrain = tmp_path / "drain.sh", tmp_path / "undrain.sh"
+    for hook in (drain, undrain):
+        hook.write_text("#!/bin/sh\nexit 0\n")
+        hook.chmod(0o755)
+    proc = _hooks_parsed(f"drain={drain},undrain={undrain}")
+    assert proc.returncode == 0, proc.stderr
+    value = proc.stdout.strip()
+    assert json.loads(value) == {"drain": str(drain), "undrain": str(undrain)}
+    # What the relay makes of it (systemd strips the single quotes the script writes).
+    line = re.search(
+        r"""^\[ -z "\$HOOKS_JSON" \] \|\| echo "RELAY_HOOKS='\$HOOKS_JSON'".*$""",
+        ADD_RELAY.read_text(),
+        re.M,
+    )
+    assert line, "add-relay.sh writes RELAY_HOOKS into relay.env"
+    env = {
+        "RELAY_HOOKS": value,
+        "RELAY_CALLBACK_LISTEN": "127.0.0.1:0",
+        "RELAY_FORWARD": f"file:{tmp_path}",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        settings = load_settings([])
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert {k: str(v) for k, v in settings.hooks.items()} == {
+        "drain": str(drain),
+        "undrain": str(undrain),
+    }
+    for empty in ("", "none"):
+        assert _hooks_parsed(empty).stdout == "\n"
+
+
+@pytest.mark.parametrize(
+    ("hooks", "says"),
+    [
+        ("drain", "is not NAME=/abs/path"),
+        ("dr ain=/bin/true", "is not NAME=/abs/path"),
+        ("=/bin/true", "is not NAME=/abs/path"),
+        ("drain=bin/true", "is not an absolute path"),
+        ("drain=/bin/tr'ue", "may only use"),
+        ("drain=/nonexistent/drain.sh", "is not an executable file on this VM"),
+        ("drain=/etc/passwd", "is not an executable file on this VM"),
+        ("drain=/etc", "is not an executable file on this VM"),
+    ],
+)
+def test_bad_hooks_are_refused_before_anything_is_installed(hooks, says) -> None:
+    proc = _hooks_parsed(hooks)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+
+
+def test_operator_settings_live_in_a_file_the_script_never_rewrites() -> None:
+    """relay.env is the script's (rewritten on every run, an upgrade); relay.local.env is
+    the operator's: the unit reads it after relay.env (its values win) and the script only
+    creates it when missing."""
+    unit = UNIT.read_text()
+    env_files = re.findall(r"^EnvironmentFile=(.*)$", unit, re.M)
+    assert env_files == [
+        "/etc/scheduled-events-relay/relay.env",
+        "-/etc/scheduled-events-relay/relay.local.env",
+    ]
+    script = ADD_RELAY.read_text()
+    assert 'if [ ! -e "$ETC/relay.local.env" ]; then' in script
+    writes = re.findall(r'>>? *"\$ETC/relay\.local\.env"', script)
+    assert len(writes) == 1  # the one guarded creation

@@ -153,12 +153,13 @@ def _install(script: str, args: list[str], root: Path) -> tuple[subprocess.Compl
     """Run `script` as the extension does (script.sh, bash -c) inside the temporary root."""
     assert len(script.encode()) < MAX_SCRIPT * 3 // 4  # still under 256 KiB once base64
     run_dir = root / "download"
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)  # a second run into the same root: an upgrade
     path = run_dir / "script.sh"
+    path.unlink(missing_ok=True)
     path.write_text(script)
     path.chmod(0o500)
     shims = root / "shims"
-    shims.mkdir()
+    shims.mkdir(exist_ok=True)
     (shims / "systemctl").write_text(SYSTEMCTL)
     (shims / "systemctl").chmod(0o755)
     command = " ".join(shlex.quote(x) for x in [str(path), *args])
@@ -316,3 +317,38 @@ def test_several_vnets_are_peered_both_ways_and_open_the_callback_port(tmp_path)
     assert _option(rule, "--source-address-prefixes") == ["10.40.1.0/24"]
     assert _option(rule, "--destination-port-ranges") == [ARGS["CALLBACK_PORT"]]
     assert _option(rule, "--direction") == ["Inbound"]
+
+
+def test_an_upgrade_keeps_the_operators_settings_and_the_bootstrap_sets_hooks(
+    tmp_path, simulator
+) -> None:
+    """Running the script again (the documented upgrade) rewrites relay.env, its own, and
+    leaves relay.local.env, the operator's, as it was: a hook line added there survives.
+    The 8th argument sets the relay's hooks from the bootstrap (issue 33)."""
+    work = tmp_path / "repo"
+    work.mkdir()
+    script = _bundle(work).read_text()
+    hook = tmp_path / "drain.sh"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    args = OUTPUTS["relayBootstrapArguments"].split()
+    root = tmp_path / "root"
+    proc, _ = _install(script, [*args, f"drain={hook}"], root)
+    assert proc.returncode == 0, proc.stderr
+    etc = root / "etc.up" / "scheduled-events-relay"
+    assert f'RELAY_HOOKS=\'{{"drain":"{hook}"}}\'' in (etc / "relay.env").read_text()
+    local = etc / "relay.local.env"
+    assert local.read_text().startswith("# Your RELAY_* settings")
+    # The operator's own line, as the docs tell them to add it.
+    mine = local.read_text() + "RELAY_HOOK_USER=nobody\nRELAY_HOOK_TIMEOUT=300\n"
+    local.write_text(mine)
+    proc, _ = _install(script, args, root)  # the upgrade, without hooks this time
+    assert proc.returncode == 0, proc.stderr
+    assert local.read_text() == mine
+    assert "RELAY_HOOKS" not in (etc / "relay.env").read_text()
+    unit = (root / "etc.up" / "systemd" / "system" / "scheduled-events-relay.service").read_text()
+    files = re.findall(r"^EnvironmentFile=(.*)$", unit, re.M)
+    assert files == [
+        "/etc/scheduled-events-relay/relay.env",
+        "-/etc/scheduled-events-relay/relay.local.env",
+    ]

@@ -303,3 +303,61 @@ def test_install_checks_the_checksum_before_installing(relay_pyz: Path, tmp_path
         pytest.skip("the checksum is checked after the root check")
     assert proc.returncode == 1, proc.stderr
     assert "checksum mismatch" in proc.stderr and "nothing installed" in proc.stderr
+
+
+def _systemd_env_files(unit_text: str, root: Path) -> dict[str, str]:
+    """The environment systemd gives the service from its EnvironmentFile= lines: files in
+    the order given, a later file's value winning (systemd.exec), a `-` file optional,
+    `#` lines comments, one pair of surrounding quotes removed."""
+    env: dict[str, str] = {}
+    for line in unit_text.splitlines():
+        if not line.startswith("EnvironmentFile="):
+            continue
+        name = line.split("=", 1)[1]
+        optional = name.startswith("-")
+        path = root / name.lstrip("-").lstrip("/")
+        if not path.exists():
+            assert optional, f"{name} is required and missing"
+            continue
+        for entry in path.read_text().splitlines():
+            if not entry.strip() or entry.lstrip().startswith("#"):
+                continue
+            key, _, value = entry.partition("=")
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            env[key.strip()] = value
+    return env
+
+
+def test_operator_settings_in_relay_local_env_win_over_the_scripts(tmp_path: Path) -> None:
+    """add-relay.sh rewrites relay.env on every upgrade; the operator's hook line lives in
+    relay.local.env, which the unit reads after relay.env (issue 33). The relay, started
+    with what systemd would give it, runs the operator's hook, not the bootstrap's."""
+    from relay.settings import load_settings
+
+    unit_text = UNIT.read_text()
+    etc = tmp_path / "etc" / "scheduled-events-relay"
+    etc.mkdir(parents=True)
+    theirs, mine = tmp_path / "bootstrap-drain.sh", tmp_path / "my-drain.sh"
+    for hook in (theirs, mine):
+        hook.write_text("#!/bin/sh\nexit 0\n")
+        hook.chmod(0o755)
+    (etc / "relay.env").write_text(
+        f"RELAY_FORWARD=file:{tmp_path}\nRELAY_CALLBACK_LISTEN=0.0.0.0:8492\n"
+        f'RELAY_HOOKS=\'{{"drain":"{theirs}"}}\'\n'
+    )
+    # Without the operator's file (optional: `-`), the script's settings alone.
+    assert _systemd_env_files(unit_text, tmp_path)["RELAY_HOOKS"] == f'{{"drain":"{theirs}"}}'
+    (etc / "relay.local.env").write_text(
+        f'# mine\nRELAY_HOOKS=\'{{"drain": "{mine}"}}\'\nRELAY_HOOK_TIMEOUT=300\n'
+    )
+    env = _systemd_env_files(unit_text, tmp_path)
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        settings = load_settings([])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert settings.hooks == {"drain": mine}
+    assert settings.hook_timeout == 300
