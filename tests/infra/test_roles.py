@@ -1,7 +1,9 @@
 """Least privilege: each role scoped to one entity, to the right identity; built-in roles,
 except the relays' heartbeat writer (storage.bicep) and the app's acknowledge role
 (eventgrid.bicep), custom roles holding only the actions needed. The one grant on a whole
-resource group is the app's Reader where the VMs live (vm-reader.bicep, contract §2).
+resource group is the app's Reader where the VMs live (vm-reader.bicep, contract §2),
+besides Azure's own Maintenance resource provider's Scheduled Events Contributor there
+(maintenance-provider.bicep, issue 32: Learn's agentless pages ask for it).
 
 IDENTITY_GRANTS is the whole picture, as data: identity -> the exact set of (role, scope),
 every assignment of every template; anything extra or missing fails."""
