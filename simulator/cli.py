@@ -15,10 +15,12 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from simulator.engine import DEFAULT_VM, Simulator, SimulatorError
 from simulator.eventgrid import EventGridPublisher, directory_sink, http_sink
+from simulator.identity import test_issuer
 from simulator.scenarios import (
     SCENARIOS,
     EventSpec,
@@ -159,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--event-grid-seed", type=int, default=None, metavar="N", help="seed for those choices"
     )
     parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
+    parser.add_argument(
+        "--write-ca-pem",
+        metavar="FILE",
+        help="write the CA that signs this simulator's attested documents (its roots, the "
+        "cross-sign and the intermediate) to FILE, for ATTESTATION_CA_PEM or `attestation "
+        "check --ca-pem` (set SIMULATOR_CA_DIR to keep the same CA across runs)",
+    )
     parser.add_argument(
         "--exit-when-done",
         action="store_true",
@@ -305,6 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sim = build_simulator(args)
     except SimulatorError as exc:
         parser.error(str(exc))
+    if args.write_ca_pem:
+        try:
+            Path(args.write_ca_pem).write_text(test_issuer().root_pem, encoding="utf-8")
+        except OSError as exc:
+            parser.error(f"--write-ca-pem {args.write_ca_pem}: {exc.strerror or exc}")
+        print(f"CA written to {args.write_ca_pem}", flush=True)
 
     changes: queue.Queue[str] = queue.Queue()
     try:

@@ -5,14 +5,19 @@ the relay's preflight `check`) with the app's own trust and rules: the shipped r
 intermediates (ATTESTATION_CA_PEM instead, if set, as the app would), the signer suffixes
 and subscription allow-list of the app settings, issuer fetching as deployed. `--ca-pem`
 adds roots and intermediates for this one check (a document signed under a chain since
-retired). Prints one JSON line and exits 0 when every check holds, or prints the failing
-check and its reason and exits 1; a usage error (unreadable file, not IMDS's JSON, a bad
-time or PEM) exits 2. Run it on a real VM's document before rolling out: a mismatch with
-Azure shows here, not as a fleet of rejected messages."""
+retired; several files, as a shell glob gives them). A document past its expiresOn (6 h
+after IMDS made it) is reported as `time` first, before any certificate is fetched: an
+expired document is refused whatever its chain, and without network the fetch would
+otherwise hide the real cause behind `unavailable`. Prints one JSON line and exits 0 when
+every check holds, or prints the failing check and its reason and exits 1; a usage error
+(unreadable file, not IMDS's JSON, a bad time or PEM) exits 2. Run it on a real VM's
+document before rolling out: a mismatch with Azure shows here, not as a fleet of rejected
+messages."""
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 from datetime import UTC, datetime
@@ -35,14 +40,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     check.add_argument("file", help='IMDS\'s answer {"encoding": "pkcs7", ...}; - for stdin')
     check.add_argument("--at", help="ISO time to verify at (default: now)")
     check.add_argument("--nonce", help="the nonce the document must carry")
-    check.add_argument("--ca-pem", help="a PEM file of extra roots and intermediates")
+    check.add_argument(
+        "--ca-pem",
+        nargs="+",
+        action="extend",
+        metavar="PEM",
+        help="PEM file(s) of extra roots and intermediates (e.g. retired/*.pem)",
+    )
     check.add_argument("--offline", action="store_true", help="never fetch a missing intermediate")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         raw = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
-        extra = Path(args.ca_pem).read_text("utf-8") if args.ca_pem else None
+        extra = "".join(Path(f).read_text("utf-8") for f in args.ca_pem or ()) or None
         at = datetime.fromisoformat(args.at) if args.at else datetime.now(UTC)
         signature = _signature(raw)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -54,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"attestation check: {exc}", file=sys.stderr)
         return 2
+    expired = _expired(signature, at)
+    if expired is not None:
+        print(json.dumps({"ok": False, "check": "time", "reason": expired}))
+        return 1
     try:
         signed = verifier.inspect(signature, at)
         attested = verifier.verify_document(
@@ -88,6 +103,29 @@ def _signature(raw: str) -> str:
     if data.get("encoding", "pkcs7") != "pkcs7":
         raise ValueError(f"encoding {str(data.get('encoding'))[:20]!r} is not pkcs7")
     return data["signature"]
+
+
+def _expired(signature: str, at: datetime) -> str | None:
+    """Why the document's own timeStamp rules it out at `at`, read before anything is
+    verified or fetched (None: within its time, or unreadable here: the full check then
+    names the problem)."""
+    from functions.identity import pkcs7
+    from functions.identity.attestation import parse_time, strict_json
+
+    try:
+        der = base64.b64decode(signature, validate=True)
+        stamp = strict_json(pkcs7.content(pkcs7.signed_data(der)))["timeStamp"]
+        created = parse_time(stamp.get("createdOn"), "createdOn")
+        expires = parse_time(stamp.get("expiresOn"), "expiresOn")
+    except Exception:  # anything unreadable is the full check's to name
+        return None
+    if expires > at:
+        return None
+    return (
+        f"attestation: expired at {expires.isoformat()} (made {created.isoformat()}; an "
+        "attested document is valid 6 h after IMDS makes it); refused whatever its "
+        f"signature, which was not checked: --at {created.isoformat()} checks the rest"
+    )
 
 
 def _verifier(extra_pem: str | None, *, offline: bool) -> AttestationVerifier:

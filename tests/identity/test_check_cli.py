@@ -106,3 +106,35 @@ def test_it_runs_as_a_module() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ok"] is True
+
+
+@pytest.mark.parametrize("sample", [s for s in SAMPLES if not s.retired], ids=lambda s: s.file)
+def test_an_expired_document_is_reported_as_time_before_anything_is_fetched(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, sample
+) -> None:
+    """Without network, an expired genuine document used to come out as `unavailable` (its
+    issuer could not be fetched): the cause an operator needs is that it expired, 6 h after
+    IMDS made it (issue 33). Fetching is allowed here and must not happen."""
+    from functions.identity import attestation
+
+    def no_fetch(*_args, **_kwargs):
+        raise AssertionError("an issuer was fetched for an expired document")
+
+    monkeypatch.setattr(attestation.AttestationVerifier, "_issuer", no_fetch)
+    code = main(["attestation", "check", str(GENUINE / sample.file)])
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (code, line["ok"], line["check"]) == (1, False, "time"), line
+    assert "expired at" in line["reason"] and "6 h" in line["reason"]
+    assert "--at " in line["reason"]
+
+
+def test_ca_pem_takes_several_files_as_a_glob_gives_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/attestation.md shows `--ca-pem tests/identity/genuine/retired/*.pem`."""
+    files = [str(p) for p in sorted(RETIRED.glob("*.pem"))]
+    assert len(files) > 1
+    code, line = check(
+        capsys, str(GENUINE / OLD.file), "--at", OLD.at.isoformat(), "--ca-pem", *files
+    )
+    assert code == 0 and line["chain"] == list(OLD.chain)

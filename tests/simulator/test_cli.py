@@ -333,3 +333,50 @@ def test_cli_logs_requests_when_asked(run: type[Running]) -> None:
     assert sim.stop() == 0
     assert sim.proc.stderr is not None
     assert "GET /metadata/scheduledevents?api-version=2020-07-01" in sim.proc.stderr.read()
+
+
+def test_the_simulators_ca_lets_the_relays_hint_run_locally(
+    run: type[Running], tmp_path: Path
+) -> None:
+    """`--write-ca-pem FILE` exports the CA that signs the simulator's attested documents,
+    so the command the relay's `check` prints (`attestation check FILE --nonce N`) verifies
+    a simulator document on this machine: with ATTESTATION_CA_PEM set from the file, as the
+    local app has it, or with `--ca-pem FILE` (issue 33)."""
+    ca = tmp_path / "sim-ca.pem"
+    sim = run("--write-ca-pem", str(ca))
+    ready = sim.ready()
+    assert f"CA written to {ca}" in sim.seen
+    assert ca.read_text().count("BEGIN CERTIFICATE") >= 2
+    nonce = "1234567890"
+    answer = requests.get(
+        f"{ready['url']}/metadata/attested/document",
+        headers=HEADERS,
+        params={"api-version": "2020-09-01", "nonce": nonce},
+        timeout=5,
+    )
+    assert answer.status_code == 200, answer.text
+    document = tmp_path / "attested-document.json"
+    document.write_text(answer.text)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ATTESTATION_")}
+    command = [sys.executable, "-m", "functions", "attestation", "check", str(document)]
+    for extra, env in (
+        (["--nonce", nonce], {**clean, "ATTESTATION_CA_PEM": ca.read_text()}),
+        (["--nonce", nonce, "--ca-pem", str(ca), "--offline"], clean),
+    ):
+        done = subprocess.run(
+            [*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert json.loads(done.stdout)["ok"] is True
+    sim.stop()
+
+
+def test_write_ca_pem_refuses_an_unwritable_file(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "simulator", "--write-ca-pem", str(tmp_path / "no" / "ca.pem")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--write-ca-pem" in proc.stderr
