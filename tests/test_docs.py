@@ -359,3 +359,44 @@ def test_the_deploy_section_names_the_drain_and_alert_settings() -> None:
     ):
         assert word in deploy, word
     assert "6 h" in text[text.index("## First checks") : text.index("## The policy")]
+
+
+def _section(page: Path, heading: str) -> str:
+    text = page.read_text()
+    start = text.index(f"## {heading}")
+    end = text.find("\n## ", start + 3)
+    return text[start : end if end != -1 else len(text)]
+
+
+RUNBOOK = "Runbook: approve by hand while the bridge is down"
+
+
+def test_every_imds_curl_bypasses_proxies() -> None:
+    """IMDS never answers through a proxy: a `curl` to 169.254.169.254 in a shell with
+    http_proxy set fails unless it says --noproxy '*'."""
+    calls = [
+        f"{where}: {line.strip()}"
+        for page in PAGES
+        for where, body, _ in _snippets(page)
+        for line in re.split(r"(?<!\\)\n", body)
+        if re.search(r"\bcurl\b", line) and ("169.254.169.254" in line or "$URL" in line)
+    ]
+    assert calls, "no IMDS curl found in the docs"
+    missing = [c for c in calls if "--noproxy '*'" not in c]
+    assert not missing, missing
+
+
+def test_the_runbook_defines_what_it_uses_and_says_what_is_too_slow() -> None:
+    """Each command block of the runbook assigns every $VARIABLE it uses, names the CLI's
+    own acknowledge, and says that Run Command is too slow for a Preempt (issue 33)."""
+    section = _section(ROOT / "docs" / "operations.md", RUNBOOK)
+    blocks = FENCE.findall(section)
+    assert blocks
+    for block in blocks:
+        used = set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)", block))
+        defined = set(re.findall(r"(?:^|\s)([A-Z_][A-Z0-9_]*)=", block))
+        assert used <= defined, f"undefined in a runbook block: {sorted(used - defined)}"
+    assert "az maintenance scheduledevents acknowledge" in section
+    assert "az vm run-command" in section and "Preempt" in section
+    readme = README.read_text()
+    assert f"docs/operations.md#{slug(RUNBOOK)}" in readme
