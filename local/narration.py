@@ -30,6 +30,8 @@ def announcement(note: Any, channels: list[str]) -> tuple[str, str, str]:
         generic = f"rule '{decision.rule}': {decision.action}"
         if decision.reason and decision.reason != generic:
             text += f": {decision.reason}"
+        if note.event is not None and note.event.event_status == "Started":
+            text += " (already Started: nothing to approve)"
         if decision.dry_run:
             text += " [dry run]"
         if decision.policy_error:

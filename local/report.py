@@ -148,6 +148,25 @@ class ReportData:
     policy_source: str = ""
     policy: str = ""  # pretty JSON of the effective policy, or the error
     payloads: list[Payload] = field(default_factory=list)
+    # Announcements handed to a channel's worker (one per announcement and channel), and
+    # how many of them the channel posted (it does not send every transition).
+    deliveries: int = 0
+    posted: int = 0
+
+
+def payload_counts(data: ReportData) -> str:
+    """Why the payloads are fewer than the deliveries the checklist counts: each
+    announcement is handed to every channel (a delivery), a channel posts only what it
+    sends (PagerDuty pages on some transitions only), and the drain hook's requests and
+    a channel's retries are payloads without a delivery of their own."""
+    hooks = sum(1 for p in data.payloads if p.channel == "drain")
+    return (
+        f"{len(data.payloads) - hooks} channel posts and {hooks} drain hook requests; "
+        f"{data.deliveries} deliveries (each announcement handed to each channel), "
+        f"{data.posted} of them posted, {data.deliveries - data.posted} not sent by their "
+        "channel (a transition it does not post, or the channel off); a retried post "
+        "counts once as a delivery and once per try as a payload"
+    )
 
 
 def short_id(event_id: str) -> str:
@@ -256,7 +275,8 @@ def render_html(
     )
     sent = (
         f"<h2>Payloads sent ({len(data.payloads)})</h2>"
-        "<p>What Teams, Slack, PagerDuty, the webhook and the drain hook received, in order.</p>"
+        "<p>What Teams, Slack, PagerDuty, the webhook and the drain hook received, in order: "
+        f"{esc(payload_counts(data))}.</p>"
         f"{payloads}"
         if data.payloads
         else ""

@@ -67,6 +67,8 @@ def collect(demo: Demo) -> ReportData:
         posted = [d for d in deliveries if d.event_id == track.event_id and d.posted]
         data.events.append(event_row(track, notes, approvals, posted))
     data.payloads = _payloads(demo)
+    data.deliveries = len(deliveries)
+    data.posted = sum(1 for d in deliveries if d.posted)
     return data
 
 

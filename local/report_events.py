@@ -4,8 +4,9 @@ who or which rule decided, the drain's start and end, the approval, who was told
 Pure functions of what the parts observed (the simulator's track of the event, the
 announcements the host published, the StartRequests IMDS received, what each channel
 posted), so a test can give them any history. Three things the raw facts would say wrong:
-an event IMDS showed already `Started` (a host failure) had nothing to approve, whatever
-the policy's default would have held; an event Azure withdrew is *cancelled*, not held;
+an event IMDS showed already `Started` (a host failure) is decided and announced like any
+other (the reference policy holds it, and a held Reboot pages) but has nothing to approve;
+an event Azure withdrew is *cancelled*, not held;
 and PagerDuty's resolve of an event that never paged is a no-op, not news.
 """
 
@@ -30,10 +31,16 @@ def final_state(track: Any, transitions: dict[str, datetime]) -> str:
     return "still scheduled when the demo ended"
 
 
+STARTED = "already Started when IMDS first showed it (host failure): nothing to approve"
+
+
 def decision_text(track: Any, notes: list[Any]) -> str:
-    if track.first_status == "Started":
-        return "nothing to decide: already Started when IMDS first showed it (host failure)"
     decided = [n for n in notes if _transition(n) == "decided" and n.decision is not None]
+    if track.first_status == "Started":
+        if not decided:
+            return f"no decision announced: {STARTED}"
+        d = decided[-1].decision
+        return f"{d.action} by rule {d.rule}: {STARTED}"
     if not decided:
         failed = [n for n in notes if _transition(n) == "policy_invalid"]
         return "policy invalid: failing closed" if failed else "no decision announced"

@@ -128,3 +128,21 @@ def test_channels_post_to_the_environment_or_to_the_local_receivers():
         local = channel_values({}, {}, {"teams": teams})
         assert local == {"teams_webhook_url": teams.url}
     assert len(LOCAL_ROUTING_KEY) == 32  # PagerDuty's receiver refuses any other length
+
+
+def test_the_docs_sample_log_is_what_the_demo_prints():
+    """docs/demo.md's sample timeline: the relay count of the demo's fleet (it said 6 of
+    7), hooks as the user who runs it (it said root), and a host failure's decision line
+    saying it had nothing to approve, as local/narration.py prints it (issue 33)."""
+    import re
+
+    from local.plan import FLEET
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "demo.md").read_text()
+    sample = page[page.index("The timeline is printed as it happens") :]
+    sample = sample[: sample.index("\n```\n", sample.index("```") + 3)]
+    relays = int(re.search(r"(\d+) relays polling", sample).group(1))
+    assert relays == sum(1 for vm in FLEET if vm.relay)
+    assert "hooks as root" not in sample
+    started = [line for line in sample.splitlines() if "already Started" in line]
+    assert started and all("nothing to approve" in line for line in started)

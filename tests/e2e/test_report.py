@@ -126,15 +126,69 @@ def _delivery(channel: str, action: str | None = None):
     return SimpleNamespace(channel=channel, action=action, event_id="EV-1", posted=True)
 
 
-def test_a_host_failure_had_nothing_to_approve_whatever_the_default_rule_says():
+def test_a_host_failure_is_decided_as_the_app_does_and_had_nothing_to_approve():
+    """The app decides and announces an event first seen Started (the reference policy
+    holds it, and a held Reboot pages), as the demo's log line says; the report used to
+    say "nothing to decide" beside that line (issue 33). Both now say what happens."""
     from local.report_events import event_row
 
     track = _track(first_status="Started", not_before=None, removed_at=30.0)
     row = event_row(track, [_note("decided", 1)], [], [])
-    assert row.decision.startswith("nothing to decide: already Started")
-    assert "hold" not in row.decision.lower()
+    assert row.decision == (
+        "hold by rule rule-hold: already Started when IMDS first showed it (host failure): "
+        "nothing to approve"
+    )
     assert row.approval == "none needed"
     assert row.final_state == "completed"
+
+
+def test_the_log_line_of_a_started_event_says_there_is_nothing_to_approve():
+    from datetime import UTC, datetime
+
+    from functions.model.event import Decision, EventSnapshot, Notification, Transition
+    from local.narration import announcement
+
+    started = EventSnapshot(
+        event_id="EV-1", event_type="Reboot", event_status="Started", resources=("w_1",)
+    )
+    note = Notification(
+        transition=Transition.DECIDED,
+        occurred_at=datetime(2026, 11, 21, 10, tzinfo=UTC),
+        event=started,
+        decision=Decision(action="hold", rule="default-hold"),
+    )
+    _, _, text = announcement(note, [])
+    assert text.startswith(
+        "decided HOLD by rule default-hold (already Started: nothing to approve)"
+    )
+    scheduled = note.model_copy(
+        update={"event": started.model_copy(update={"event_status": "Scheduled"})}
+    )
+    assert "already Started" not in announcement(scheduled, [])[2]
+
+
+def test_the_report_explains_deliveries_beside_payloads():
+    """ "147 deliveries" in the checklist beside "Payloads sent (109)": the report says
+    what each number counts."""
+    from datetime import UTC, datetime
+
+    from local.report import Payload, ReportData, payload_counts, render_html
+
+    t0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
+    data = ReportData(
+        payloads=[
+            Payload("teams", "EV-1", "card", t0, 202, "{}"),
+            Payload("drain", "EV-1", "drain request", t0, 200, "{}"),
+        ],
+        deliveries=9,
+        posted=1,
+    )
+    words = payload_counts(data)
+    assert words.startswith("1 channel posts and 1 drain hook requests; 9 deliveries")
+    assert "1 of them posted, 8 not sent by their channel" in words
+    assert "9 deliveries (each announcement handed to each channel)" in render_html(
+        "Demo", [], [], data=data
+    )
 
 
 def test_a_withdrawn_event_reads_cancelled_not_held():
