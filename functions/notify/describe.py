@@ -127,6 +127,10 @@ def _beyond_the_rule(decision: Decision) -> str:
     return "" if reason in ("", decision.action) else reason
 
 
+# How the drain workflow's drain_started detail begins when neither DRAIN__HTTP_URL nor
+# DRAIN__RELAY_HOOK is set (functions.terminate.workflow): the event is held, not drained.
+NO_DRAIN_STEP = "no drain step configured"
+
 FOLLOW_UP = {
     Transition.SCHEDULED: "scheduled",
     Transition.DECIDED: "scheduled",
@@ -167,6 +171,10 @@ def headline(note: Notification) -> str:
         and event.event_status == "Started"
     ):
         state = "already started (no notice)"  # a host failure skips Scheduled
+    if note.transition is Transition.DRAIN_STARTED and (note.detail or "").startswith(
+        NO_DRAIN_STEP
+    ):
+        state = "not drained: no drain step configured"  # the workflow holds it instead
     groups = vm_groups(event)
     where = vm_count(event)
     if len(groups) == 1:

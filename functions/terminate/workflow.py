@@ -173,8 +173,9 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         else "no VM's own view decided drain"
     )
     started = (
-        f"{' then '.join(plan) or nothing}; "
-        f"approval by {deadline.strftime('%H:%M:%S UTC')}" + (f"; {skipped}" if skipped else "")
+        f"{' then '.join(plan) or nothing}"
+        + ("" if drained_vms and not plan else f"; approval by {deadline:%H:%M:%S UTC}")
+        + (f"; {skipped}" if skipped else "")
     )
     steps.once(
         "announce:drain_started",

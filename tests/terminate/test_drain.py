@@ -198,6 +198,10 @@ def test_a_drain_with_no_drain_step_configured_holds_and_says_so(
     assert "no drain step configured" in detail and "DRAIN__HTTP_URL" in detail, detail
     assert "DRAIN__RELAY_HOOK" in detail and then in detail, detail
     assert "no drain step configured" in result.detail
+    assert "approval by" not in detail  # nothing will be approved early
+    from functions.notify.describe import headline
+
+    assert "not drained: no drain step configured" in headline(harness.published[0])
 
 
 def test_two_invocations_at_once_run_each_step_once(harness: Harness) -> None:
