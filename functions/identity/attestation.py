@@ -21,16 +21,24 @@ without its `attestation` key, so Azure's signature binds *this* body to *this* 
 
 Each refusal is an AttestationError naming its `check` (attestation_errors.CHECKS).
 
+Cheap checks first (issue 32: what one message may cost does not depend on what it
+holds). The signed JSON is plain bytes inside the PKCS#7, readable before anything is
+verified, so checks 4-6 run on it right after parsing: a document whose nonce, vmId,
+subscription or times are wrong is refused before any RSA operation or chain building
+(it would be refused anyway, genuine signature or not). Then the signature (one RSA
+verify), then the chain.
+
 Chain verification is cached per signer-certificate fingerprint (bounded LRU, still
 re-checked against the chain's validity window on every use), so the steady-state cost per
 message is one RSA verify, one digest and the JSON parses.
 
 Only the leaf is in Azure's bag. An intermediate the shipped trust lacks (Microsoft adds
-them without notice) is fetched from the leaf's AIA caIssuers URL under the rules of
-functions.identity.issuers (allowed hosts as the connection parses them, ports 80/443, one
-5 s deadline); a fetch that fails for the network raises AttestationUnavailable (retry)
-and is not tried again for FAILURE_TTL seconds. A fetched certificate is trusted for
-nothing: the chain still has to end at a root of the trust.
+them without notice) is fetched from the leaf's AIA caIssuers URLs under the rules of
+functions.identity.issuers (allowed hosts as the connection parses them, ports 80/443)
+and the budget of functions.identity.issuer_cache (at most 2 URLs a leaf, else refused;
+ONE 5 s deadline for every fetch of the message; bounded caches with a TTL); a fetch
+that fails for the network raises AttestationUnavailable (retry). A fetched certificate
+is trusted for nothing: the chain still has to end at a root of the trust.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from cryptography import x509
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtensionOID, NameOID
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store, VerificationError
 
-from functions.identity import issuers, pkcs7, trust
+from functions.identity import issuer_cache, issuers, pkcs7, trust
 from functions.identity.attestation_errors import CHECKS, AttestationError, AttestationUnavailable
 
 __all__ = [
@@ -73,7 +81,7 @@ TIME_FORMAT = "%m/%d/%y %H:%M:%S -0000"
 CLOCK_SKEW = timedelta(minutes=5)
 CHAIN_CACHE_SIZE = 64  # signer certificates: Azure has a handful per cloud at a time
 MAX_SIGNATURE_CHARS = 64 * 1024  # an IMDS signature is ~3-4 KB of base64
-FAILURE_TTL = 60.0  # seconds a failed issuer fetch is not retried
+FAILURE_TTL = issuer_cache.FAILURE_TTL  # seconds a failed issuer fetch is not retried
 _LABEL = set("abcdefghijklmnopqrstuvwxyz0123456789-")
 
 
@@ -199,7 +207,7 @@ class AttestationVerifier:
         *,
         extra_pem: str | None = None,
         intermediates_pem: str | None = None,
-        issuer_fetcher: Callable[[str], bytes] | None = None,
+        issuer_fetcher: issuer_cache.Fetcher | None = None,
         fetch_issuers: bool | None = None,
         cache_size: int = CHAIN_CACHE_SIZE,
     ) -> None:
@@ -208,7 +216,8 @@ class AttestationVerifier:
         certificates in it are roots, the others intermediates). `extra_pem` adds to the
         trust (`attestation check --ca-pem`, a chain since retired), `intermediates_pem`
         adds intermediates only. `fetch_issuers` (default: on with the shipped trust, off
-        with `roots_pem`) fetches a missing intermediate through `issuer_fetcher`."""
+        with `roots_pem`) fetches a missing intermediate through `issuer_fetcher`
+        (called as `issuer_fetcher(url, deadline=seconds)`)."""
         if roots_pem is not None:
             material = trust.from_pem(roots_pem)
             if not material.roots:
@@ -233,13 +242,19 @@ class AttestationVerifier:
             raise ValueError("no attestation signer suffix")
         self.allowed_subscriptions = frozenset(s.lower() for s in allowed_subscriptions)
         self._fetch_issuers = roots_pem is None if fetch_issuers is None else fetch_issuers
-        self._issuer_fetcher = issuer_fetcher or issuers.fetch_issuer
-        self._issuers: OrderedDict[str, list[x509.Certificate]] = OrderedDict()
-        self._failed: dict[str, tuple[float, str]] = {}  # url -> (retry after, reason)
+        self.issuers = issuer_cache.IssuerCache(issuer_fetcher, time.monotonic, cache_size)
         self._chains: OrderedDict[bytes, _Chain] = OrderedDict()  # by SHA-256 of the DER
         self._cache_size = max(1, cache_size)
         self._lock = threading.Lock()
-        self.clock: Callable[[], float] = time.monotonic
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The monotonic clock of the issuer fetches' deadline and caches (tests move it)."""
+        return self.issuers.clock
+
+    @clock.setter
+    def clock(self, value: Callable[[], float]) -> None:
+        self.issuers.clock = value
 
     # ------------------------------------------------------------------ the message
 
@@ -273,9 +288,24 @@ class AttestationVerifier:
         nonces: Iterable[str] | None = None,
         vm_id: str | None = None,
     ) -> Attested:
-        """Checks 1-6 on IMDS's `signature`; the nonce and vmId only when given."""
+        """Checks 1-6 on IMDS's `signature`; the nonce and vmId only when given. The signed
+        JSON's checks (4-6) run first, before any RSA operation or chain building."""
         now = _utc(now)
-        document = self._document(self.verify_signature(signature, now))
+        parsed = self._parse(signature)
+        document = self._document(parsed[1])
+        attested = self._check_content(document, now, nonces, vm_id)
+        self._check_signer(parsed, now)
+        return attested
+
+    def _check_content(
+        self,
+        document: dict[str, Any],
+        now: datetime,
+        nonces: Iterable[str] | None,
+        vm_id: str | None,
+    ) -> Attested:
+        """Checks 4-6 on the signed JSON (not yet known to be Azure's: a refusal here holds
+        whoever signed it, an acceptance means nothing until the signature holds)."""
         if nonces is not None and document["nonce"] not in tuple(nonces):
             raise AttestationError("nonce does not match this message", check="nonce")
         signed_vm = document["vmId"]
@@ -319,6 +349,13 @@ class AttestationVerifier:
     def inspect(self, signature: str, now: datetime) -> Signed:
         """Checks 1-3, with what they found (the operator's `attestation check` prints it)."""
         now = _utc(now)
+        parsed = self._parse(signature)
+        known = self._check_signer(parsed, now)
+        return Signed(parsed[1], known.names, known.path)
+
+    @staticmethod
+    def _parse(signature: str) -> tuple[Any, bytes, Any, Any]:
+        """Check 1: (SignerInfo, content, signer certificate, other bag certificates)."""
         if len(signature) > MAX_SIGNATURE_CHARS:
             raise AttestationError("signature too large")
         try:
@@ -329,10 +366,18 @@ class AttestationVerifier:
             data = pkcs7.signed_data(der)
             content = pkcs7.content(data)
             info, signer, others = pkcs7.signer(data)
-            signer_der = signer.dump()
         except AttestationError:
             raise
         except Exception:  # asn1crypto parses lazily: garbage fails wherever it is read
+            raise AttestationError("signature is not well-formed PKCS#7 SignedData") from None
+        return info, content, signer, others
+
+    def _check_signer(self, parsed: tuple[Any, bytes, Any, Any], now: datetime) -> _Chain:
+        """Checks 2-3: the signature holds and the signer chains to the trust."""
+        info, content, signer, others = parsed
+        try:
+            signer_der = signer.dump()
+        except Exception:
             raise AttestationError("signature is not well-formed PKCS#7 SignedData") from None
         fingerprint = hashlib.sha256(signer_der).digest()
         with self._lock:
@@ -349,7 +394,10 @@ class AttestationVerifier:
             key = known.key
         pkcs7.check_signature(info, key, content)
         if known is None:
-            bag = [x509.load_der_x509_certificate(c.dump()) for c in others]
+            try:
+                bag = [x509.load_der_x509_certificate(c.dump()) for c in others]
+            except ValueError:
+                raise AttestationError("a bag certificate does not parse", "signature") from None
             known = self._verify_chain(leaf, bag, now, key)
             self._remember(fingerprint, known)
         elif not known.not_before <= now < known.not_after:
@@ -358,7 +406,7 @@ class AttestationVerifier:
                 f"{known.not_before.isoformat()} to {known.not_after.isoformat()})",
                 check="time",
             )
-        return Signed(content, known.names, known.path)
+        return known
 
     # ------------------------------------------------------------------ chain
 
@@ -396,13 +444,11 @@ class AttestationVerifier:
         try:
             chain = verifier.verify(leaf, intermediates)
         except VerificationError as first:
-            fetched = self._fetched_issuers(leaf) if self._fetch_issuers else []
-            if not fetched:
+            if not self._fetch_issuers:
                 raise self._chain_error(first, leaf, now) from None
-            try:
-                chain = verifier.verify(leaf, [*intermediates, *fetched])
-            except VerificationError as second:
-                raise self._chain_error(second, leaf, now) from None
+            chain = self._chain_with_fetched(
+                leaf, lambda extra: verifier.verify(leaf, [*intermediates, *extra]), first, now
+            )
         return _Chain(
             max(c.not_valid_before_utc for c in chain),
             min(c.not_valid_after_utc for c in chain),
@@ -428,70 +474,59 @@ class AttestationVerifier:
             )
         return AttestationError(f"signer does not chain to a trusted root ({detail})", "chain")
 
-    def _fetched_issuers(self, leaf: x509.Certificate) -> list[x509.Certificate]:
-        """The leaf's caIssuers certificates from allowed URLs, cached per URL. Raises
-        AttestationUnavailable when an allowed URL could not be fetched (now or in the
-        last FAILURE_TTL seconds) and no other one answered."""
-        try:
-            aia = leaf.extensions.get_extension_for_oid(
-                ExtensionOID.AUTHORITY_INFORMATION_ACCESS
-            ).value
-        except (x509.ExtensionNotFound, ValueError):
-            return []
-        found: list[x509.Certificate] = []
+    def _chain_with_fetched(
+        self,
+        leaf: x509.Certificate,
+        build: Callable[[list[x509.Certificate]], list[x509.Certificate]],
+        first: VerificationError,
+        now: datetime,
+    ) -> list[x509.Certificate]:
+        """The chain built with the leaf's caIssuers certificates, within the message's
+        budget (functions.identity.issuer_cache): more than MAX_ISSUER_URLS URLs is a
+        refusal; the URLs are tried in order under one deadline and the first that lets
+        the chain build ends the search. Raises AttestationUnavailable when an allowed URL
+        could not be fetched (now or in the last FAILURE_TTL seconds) and none helped."""
+        urls = _ca_issuer_urls(leaf)
+        if len(urls) > issuer_cache.MAX_ISSUER_URLS:
+            raise AttestationError(
+                f"signer certificate names {len(urls)} caIssuers URLs; at most "
+                f"{issuer_cache.MAX_ISSUER_URLS} are fetched, and its chain does not build "
+                "without them",
+                check="chain",
+            )
+        end = self.clock() + issuer_cache.MESSAGE_DEADLINE
         unavailable: list[str] = []
-        for desc in aia:
-            if desc.access_method != AuthorityInformationAccessOID.CA_ISSUERS:
-                continue
-            if not isinstance(desc.access_location, x509.UniformResourceIdentifier):
-                continue
-            url = desc.access_location.value
+        last = first
+        for url in urls:
             try:
-                certs = self._issuer(url)
+                certs = self.issuers.get(url, end - self.clock())
             except issuers.IssuerRefused as exc:
                 log.info("attestation: issuer %s not used: %s", url[:200], exc)
                 continue
             except issuers.IssuerUnavailable as exc:
                 unavailable.append(str(exc)[:160])
                 continue
-            found.extend(certs)
-        if not found and unavailable:
+            try:
+                return build(certs)
+            except VerificationError as exc:
+                last = exc
+        if unavailable:
             raise AttestationUnavailable(
                 f"attestation: the signer's issuer could not be fetched ({unavailable[0]}); "
                 "retry later"
             )
-        return found
-
-    def _issuer(self, url: str) -> list[x509.Certificate]:
-        issuers.checked_url(url)  # refuse before any cache or network use
-        with self._lock:
-            cached = self._issuers.get(url)
-            failed = self._failed.get(url)
-        if cached is not None:
-            return cached
-        if failed is not None and self.clock() < failed[0]:
-            raise issuers.IssuerUnavailable(f"{failed[1]} (cached failure)")
-        try:
-            data = self._issuer_fetcher(url)
-        except issuers.IssuerUnavailable as exc:
-            with self._lock:
-                self._failed[url] = (self.clock() + FAILURE_TTL, str(exc)[:160])
-            log.warning("attestation: issuer %s not fetched: %s", url[:200], exc)
-            raise
-        try:
-            certs = trust_load_any(data)
-        except ValueError:
-            raise issuers.IssuerRefused("the answer is not a certificate") from None
-        with self._lock:
-            self._failed.pop(url, None)
-            self._issuers[url] = certs
-            while len(self._issuers) > self._cache_size:
-                self._issuers.popitem(last=False)
-        return certs
+        raise self._chain_error(last, leaf, now) from None
 
 
-def trust_load_any(data: bytes) -> list[x509.Certificate]:
-    """A caIssuers answer: DER certificate, PEM, or a PKCS#7 bag of certificates."""
-    from functions.identity.trust.refresh import load_certificates
-
-    return load_certificates(data)
+def _ca_issuer_urls(leaf: x509.Certificate) -> list[str]:
+    """The leaf's caIssuers URLs, in order (none: no AIA extension)."""
+    try:
+        aia = leaf.extensions.get_extension_for_oid(ExtensionOID.AUTHORITY_INFORMATION_ACCESS)
+    except (x509.ExtensionNotFound, ValueError):
+        return []
+    return [
+        desc.access_location.value
+        for desc in aia.value
+        if desc.access_method == AuthorityInformationAccessOID.CA_ISSUERS
+        and isinstance(desc.access_location, x509.UniformResourceIdentifier)
+    ]

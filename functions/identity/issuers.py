@@ -57,6 +57,13 @@ class IssuerUnavailable(RuntimeError):
     """The fetch failed now (network, timeout, 5xx): try again later."""
 
 
+class HostUnavailable(IssuerUnavailable):
+    """The host itself did not answer (DNS, connect, a timeout): every URL on it would
+    fail the same way, so the caller stops asking that host for a while (a forged leaf can
+    name any number of paths on an allowed host; a host that does not answer costs one
+    deadline a minute, not one per path)."""
+
+
 def checked_url(
     url: str, hosts: Iterable[str] = ISSUER_HOSTS, ports: Iterable[int] = ISSUER_PORTS
 ) -> tuple[str, str, int, str]:
@@ -109,16 +116,16 @@ def fetch_issuer(
     def left() -> float:
         remaining = end - time.monotonic()
         if remaining <= 0:
-            raise IssuerUnavailable(f"{host}: no answer within {deadline:g} s")
+            raise HostUnavailable(f"{host}: no answer within {deadline:g} s")
         return remaining
 
     address = _resolve(host, port, left())
     try:
         sock = socket.create_connection(address, timeout=left())
     except TimeoutError:
-        raise IssuerUnavailable(f"{host}: no answer within {deadline:g} s") from None
+        raise HostUnavailable(f"{host}: no answer within {deadline:g} s") from None
     except OSError as exc:
-        raise IssuerUnavailable(f"{host}:{port}: {exc}") from None
+        raise HostUnavailable(f"{host}:{port}: {exc}") from None
     try:
         if scheme == "https":
             sock.settimeout(left())
@@ -139,9 +146,9 @@ def fetch_issuer(
             if len(received) > max_bytes + 16384:
                 raise IssuerRefused(f"{host}: answer larger than {max_bytes} bytes")
     except TimeoutError:
-        raise IssuerUnavailable(f"{host}: no answer within {deadline:g} s") from None
+        raise HostUnavailable(f"{host}: no answer within {deadline:g} s") from None
     except (OSError, ssl.SSLError) as exc:
-        raise IssuerUnavailable(f"{host}:{port}: {exc}") from None
+        raise HostUnavailable(f"{host}:{port}: {exc}") from None
     finally:
         sock.close()
     return _body(bytes(received), host, max_bytes)
@@ -170,16 +177,16 @@ def _resolve(host: str, port: int, timeout: float) -> tuple[str, int]:
     worker.start()
     worker.join(timeout)
     if not answer:
-        raise IssuerUnavailable(f"{host}: no DNS answer within the deadline")
+        raise HostUnavailable(f"{host}: no DNS answer within the deadline")
     if isinstance(answer[0], OSError):
-        raise IssuerUnavailable(f"{host}: {answer[0]}")
+        raise HostUnavailable(f"{host}: {answer[0]}")
     infos = answer[0]
     assert isinstance(infos, list)
     for _family, _type, _proto, _name, sockaddr in infos:
         if not ipaddress.ip_address(sockaddr[0]).is_global:
             raise IssuerRefused(f"{host} resolves to {sockaddr[0]}, not a public address")
     if not infos:
-        raise IssuerUnavailable(f"{host}: no address")
+        raise HostUnavailable(f"{host}: no address")
     return infos[0][4][0], port
 
 

@@ -181,9 +181,14 @@ def test_microsofts_page_example_has_azures_signer_info_and_is_refused_for_its_n
     key = x509.load_der_x509_certificate(leaf.dump()).public_key()
     pkcs7.check_signature(info, key, pkcs7.content(data))  # holds
     at = dt.datetime(2018, 11, 20, 22, 8, tzinfo=dt.UTC)
+    verifier = AttestationVerifier(fetch_issuers=False)
     with pytest.raises(AttestationError, match="no subjectAltName") as refused:
-        AttestationVerifier(fetch_issuers=False).verify_document(signature["signature"], at)
+        verifier.inspect(signature["signature"], at)
     assert refused.value.check == "signer_name"
+    # The whole document is refused sooner, by the cheap check of its signed JSON (the
+    # 2018 example predates subscriptionId).
+    with pytest.raises(AttestationError, match="no subscriptionId"):
+        verifier.verify_document(signature["signature"], at)
 
 
 # ---------------------------------------------------------------------- tampered copies

@@ -207,7 +207,7 @@ def test_an_unfetchable_intermediate_makes_the_message_retry_then_it_verifies(
     issuer = sim_identity.issuer_for("g1")
     calls: list[str] = []
 
-    def fetcher(url: str) -> bytes:
+    def fetcher(url: str, deadline: float = 5.0) -> bytes:
         assert url.startswith("http://www.microsoft.com/pkiops/certs/")
         calls.append(url)
         return fetch_local(server, "/" + url.rsplit("/", 1)[1])
@@ -256,7 +256,7 @@ def test_a_definitive_answer_rejects_instead_of_retrying(server: ThreadingHTTPSe
     verifier = AttestationVerifier(
         roots_pem=issuer.anchor_pem,
         fetch_issuers=True,
-        issuer_fetcher=lambda url: fetch_local(server),
+        issuer_fetcher=lambda url, deadline: fetch_local(server),
     )
     content = sim_identity.attested_content("vm-1", "sub", "n")
     signature = sim_identity.sign(content, forger.leaf, forger.leaf_key)
