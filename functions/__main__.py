@@ -79,8 +79,9 @@ def _warn_not_enforcing() -> None:
     if mode != "enforce":
         print(
             f"warning: ATTESTATION_MODE={mode}: the bridge is NOT ENFORCING attestation; a "
-            "message whose attested document fails is admitted as the VM it claims "
-            "(set ATTESTATION_MODE=enforce once the fleet page counts none)",
+            "message whose attested document fails is admitted if it carries its VM's "
+            "callback key from an earlier attested message (set ATTESTATION_MODE=enforce "
+            "once the fleet page counts none)",
             file=sys.stderr,
         )
 

@@ -172,9 +172,10 @@ class Settings(BaseSettings):
     # US Gov, China); no wildcard is required.
     attestation_signer_suffixes: str = "metadata.azure.com,metadata.azure.us,metadata.azure.cn"
     # enforce (default): a message whose attested document fails is rejected. report: it is
-    # admitted as the vmId it claims (facts still from Resource Graph, key still its own),
-    # logged with the failed check and counted (fleet page, `admission` log line): for a
-    # rollout, or while a mismatch with Azure is fixed. Every other check stays enforced.
+    # logged ("would reject", the failed check) and counted (fleet page, `admission` log
+    # line), and admitted only if it carries its VM's current callback key, enrolled by an
+    # earlier attested message (only that VM's relay holds it); otherwise rejected as in
+    # enforce. It never enrols a key, never asks Resource Graph, never waits (issue 32).
     attestation_mode: Literal["enforce", "report"] = "enforce"
     # Subscriptions whose VMs may send (comma-separated ids). Empty: any subscription the
     # app's identity can read in Resource Graph (its Reader scopes are the allow-list then).

@@ -131,8 +131,8 @@ def manual_approval(event_id: str, by: str, outcome: str, detail: str) -> dict[s
 def admission(admitted: int, rejected: int, unverified: int, checks: dict[str, int]) -> dict:
     """What admission judged since this process's last line (at most one a minute,
     functions.pipeline.admission_tally): the rejection-rate alert sums these. `unverified`
-    counts messages admitted although their attestation failed (ATTESTATION_MODE=report),
-    `checks` those by the check that failed."""
+    counts messages whose attestation failed in ATTESTATION_MODE=report (admitted by their
+    VM's enrolled key, or rejected), `checks` those by the check that failed."""
     return emit(
         "admission",
         {

@@ -14,6 +14,7 @@ function instances never lose each other's key.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import itertools
 import json
 import logging
@@ -70,6 +71,12 @@ class Identity(BaseModel):
     # "YYYY-MM-DD:N": keys new to a row that held others, presented that UTC day (issue 27:
     # each asks Resource Graph again; CachedResolver bounds them per VM-day).
     new_keys: str = ""
+    # Ids of the keys an attested message brought (issue 32). Only attested messages
+    # enrol keys now, but a row an older release wrote in ATTESTATION_MODE=report may hold
+    # a key an unverified message planted: such a key is never proof of the VM (report
+    # mode's admission by key, functions.pipeline.admission) until an attested message
+    # presents it again.
+    attested: tuple[str, ...] = ()
 
     def new_keys_on(self, day: str) -> int:
         when, _, count = self.new_keys.partition(":")
@@ -86,13 +93,35 @@ class Identity(BaseModel):
     def key(self, key_id: str) -> CallbackKey | None:
         return next((k for k in self.keys if k.key_id == key_id), None)
 
+    def attested_key(self, key: CallbackKey) -> bool:
+        """Whether `key` (id and secret) is this VM's CURRENT key and came with an attested
+        message: what only the VM's own relay can show (its key file is made on the VM)."""
+        current = self.current_key
+        return (
+            current is not None
+            and current.key_id == key.key_id
+            and hmac.compare_digest(current.secret, key.secret)
+            and key.key_id in self.attested
+        )
+
     def with_key(self, key: CallbackKey) -> Identity:
-        """`key` as current: a new id becomes current and the old current becomes previous.
-        A key already current, or the previous one presented again (an older message
-        delivered late), changes nothing: a superseded key is never made current again."""
+        """`key` as current, brought by an attested message (the only kind that enrols
+        keys): a new id becomes current and the old current becomes previous. A key already
+        current, or the previous one presented again (an older message delivered late),
+        changes nothing but its attested mark: a superseded key is never made current
+        again."""
         if self.key(key.key_id) is not None:
-            return self
-        return self.model_copy(update={"keys": (key, *self.keys)[:MAX_KEYS]})
+            if key.key_id in self.attested:
+                return self
+            marked = {*self.attested, key.key_id}
+            return self.model_copy(
+                update={"attested": tuple(k.key_id for k in self.keys if k.key_id in marked)}
+            )
+        keys = (key, *self.keys)[:MAX_KEYS]
+        marked = {*self.attested, key.key_id}
+        return self.model_copy(
+            update={"keys": keys, "attested": tuple(k.key_id for k in keys if k.key_id in marked)}
+        )
 
 
 def partition_of(vm_id: str) -> str:
@@ -143,6 +172,7 @@ class IdentityStore:
             "key_id": keys[0]["id"] if keys else "",
             "fetched_at": facts.fetched_at,
             "new_keys": identity.new_keys,
+            "attested": ",".join(identity.attested),
         }
 
     def _load(self, entity: Any) -> Identity:
@@ -168,6 +198,7 @@ class IdentityStore:
             keys=tuple(keys),
             etag=entity.metadata.get("etag"),
             new_keys=str(entity.get("new_keys") or "")[:32],
+            attested=tuple(i for i in str(entity.get("attested") or "").split(",")[:MAX_KEYS] if i),
         )
         return identity, stale
 
@@ -325,13 +356,15 @@ class CachedResolver:
         with self._lock:
             recent = self._recent.get(normalise_vm_id(vm_id))
             waiting = self._refresh_after.get(normalise_vm_id(vm_id))
-        usable = recent is not None and recent.key(key.key_id)
+        usable = recent is not None and key.key_id in recent.attested
         if usable and (self._fresh(recent) or (waiting and self.clock() < waiting)):
             return recent  # the steady case (or a refresh put off): no Table request
         identity = self.store.get(vm_id)
         if identity is not None and self._fresh(identity):
-            if identity.key(key.key_id):
+            if key.key_id in identity.attested:
                 return self._remember(identity)  # one Table read, no Resource Graph query
+            if identity.key(key.key_id):  # held, not marked yet (an older release's row)
+                return self._remember(self.store.remember_key(vm_id, key))
             if not identity.keys:
                 # Facts the bulk sync stored (functions.identity.sync) and no key yet: the
                 # VM's first message. Its facts are fresh Azure facts, so its key is stored
@@ -363,7 +396,9 @@ class CachedResolver:
                 exc,
                 identity.facts.fetched_at.isoformat(),
             )
-            kept = identity if identity.key(key.key_id) else self.store.remember_key(vm_id, key)
+            kept = identity
+            if key.key_id not in identity.attested:
+                kept = self.store.remember_key(vm_id, key)
             wait = timedelta(seconds=exc.retry_after or REFRESH_RETRY_SECONDS)
             with self._lock:
                 self._refresh_after[kept.vm_id] = self.clock() + wait

@@ -16,13 +16,31 @@ The message's VM reference is then replaced by one built from those facts, so ev
 after this step (lifecycle, capacity, approval) sees Azure's view of the VM, and the VM can
 speak only for itself.
 
-ATTESTATION_MODE=report (a rollout, or a mismatch with Azure found in production) admits a
-message whose attested document fails *only* the attestation check as the vmId it claims:
-its facts still come from Resource Graph (a vmId Azure does not know is still refused), its
-key is still that VM's own, and every such message is logged (WARNING, naming the check)
-and counted (functions.pipeline.admission_tally: the fleet page, the `admission` log line).
-An attestation that cannot be checked *now* (AttestationUnavailable) is retried in both
-modes, never rejected.
+ATTESTATION_MODE=report (a rollout, or a mismatch with Azure found in production) only
+reports (issue 32): a message whose attested document fails is logged (WARNING "would
+reject", naming the check) and counted (functions.pipeline.admission_tally: the fleet
+page, the `admission` log line) in both modes, and it gains no power over any VM but the
+one that holds the key it carries:
+
+- it is admitted only as the vmId it claims AND only if it carries that VM's current
+  callback key (id and secret), enrolled earlier by an attested message. Only that VM's
+  relay holds the key (made on the VM, 0600), so such a message speaks for its own VM,
+  as an attested one would: a VM enrolled before a mismatch keeps working through it;
+- anything else (a VM never enrolled, another key, a key an older release let an
+  unverified message plant) is rejected with the reason, as enforce would: it never
+  enrols or replaces a key, never counts as any VM's view (no event, drain or approval),
+  and costs one Table read, no Resource Graph query and no wait.
+
+An attestation that cannot be checked *now* (AttestationUnavailable: an issuer fetch
+failed, within the message's one deadline) is retried in both modes, never rejected.
+
+What one message may cost before it is admitted or rejected (tests/security/
+test_message_budget.py measures it for every hostile kind): the attestation check (parse,
+the signed JSON's checks, one RSA verify, chain building bounded by the verifier's
+signature budget, at most 2 issuer fetches under one 5 s deadline); then, only once
+attested, at most one Resource Graph query (a VM's facts missing or stale, or a key new
+to it, at most MAX_NEW_KEYS_PER_VM_DAY a day) and at most one identities write; a
+rejection costs one `rejected` row.
 """
 
 from __future__ import annotations
@@ -182,7 +200,7 @@ class Admission:
         try:
             identity = self._admit(body, envelope, now, patient, unverified)
         except NotAdmitted:
-            self.tally.count("rejected", now)
+            self.tally.count("rejected", now, unverified[0] if unverified else None)
             raise
         self.tally.count("admitted", now, unverified[0] if unverified else None)
         return identity
@@ -204,14 +222,16 @@ class Admission:
             raise NotAdmitted("attestation: vm.vm_id is missing")
         if envelope.callback_key is None:
             raise NotAdmitted("callback_key is missing: the app could not call this relay")
-        attested = self._attest(body, envelope, now, unverified)
-        vm_id = attested.vm_id if attested else envelope.vm.vm_id.lower()
         try:
             key = parse_callback_key(envelope.callback_key.model_dump())
         except InvalidCallbackKey as exc:
             raise NotAdmitted(f"callback_key: {exc}") from None
+        attested = self._attest(body, envelope, now, unverified)
+        if attested is None:  # report mode, the document failed: only its own VM's key
+            return self._by_own_key(envelope, key, unverified[0])
+        vm_id = attested.vm_id
         try:
-            identity = self._enroll(vm_id, key, verified=attested is not None)
+            identity = self.identities.enroll(vm_id, key)
         except TooManyKeys as exc:
             raise NotAdmitted(str(exc)) from None
         except ResourceGraphRefused as exc:
@@ -243,9 +263,7 @@ class Admission:
                 self.sleep(UNKNOWN_VM_WAIT_SECONDS)
             raise FactsUnavailable(f"Resource Graph does not know vmId yet: {exc}") from None
         facts = identity.facts
-        if attested is not None and (
-            facts.subscription_id.casefold() != attested.subscription_id.casefold()
-        ):
+        if facts.subscription_id.casefold() != attested.subscription_id.casefold():
             raise NotAdmitted(
                 f"attestation: subscription {attested.subscription_id} does not match "
                 f"Resource Graph's {facts.subscription_id} for vmId {attested.vm_id}"
@@ -253,23 +271,31 @@ class Admission:
         self._note_claims(envelope, facts)
         return identity
 
-    def _enroll(self, vm_id: str, key: CallbackKey, *, verified: bool) -> Identity:
-        """Azure's facts for the VM, its relay's key remembered. A message whose attestation
-        failed (report mode) never replaces a key: a VM whose relay already gave one is
-        admitted with the keys it has, so a VM claiming another's vmId cannot take over the
-        callbacks meant for it; a VM not enrolled yet is enrolled from it (the rollout)."""
-        if not verified:
-            known = self.registry.get(vm_id)
-            if known is not None and known.keys and known.key(key.key_id) is None:
-                log.warning(
-                    "vmId %s: a message that failed attestation brings callback key %s; "
-                    "not stored (the VM keeps key %s until an attested message brings one)",
-                    vm_id,
-                    key.key_id,
-                    known.keys[0].key_id,
-                )
-                return known
-        return self.identities.enroll(vm_id, key)
+    def _by_own_key(self, envelope: Envelope, key: CallbackKey, failed: Unverified) -> Identity:
+        """Report mode, a document that failed: the VM it claims, if the message carries
+        that VM's current key from an attested message; else NotAdmitted. One Table read;
+        no Resource Graph query, no wait, no write."""
+        known = self.registry.get(failed.vm_id)
+        if known is not None and known.attested_key(key):
+            log.warning(
+                "ATTESTATION_MODE=report: vmId %s admitted by its enrolled callback key %s "
+                "although its attested document failed check %r (enforce would reject it)",
+                failed.vm_id,
+                key.key_id,
+                failed.check,
+            )
+            self._note_claims(envelope, known.facts)
+            return known
+        if known is None or known.current_key is None:
+            why = "this vmId has no callback key from an attested message"
+        elif known.current_key.key_id != key.key_id:
+            why = f"the message carries key {key.key_id}, not the VM's key"
+        else:
+            why = "the VM's key did not come with an attested message"
+        raise NotAdmitted(
+            f"{failed.reason} (ATTESTATION_MODE=report admits such a message only with its "
+            f"VM's enrolled callback key: {why})"
+        )
 
     def _attest(
         self, body: bytes | str, envelope: Envelope, now: datetime, unverified: list[Unverified]
@@ -286,8 +312,7 @@ class Admission:
             check = getattr(exc, "check", "format")
             vm_id = str(envelope.vm.vm_id).lower()
             log.warning(
-                "ATTESTATION NOT ENFORCED (ATTESTATION_MODE=report): vmId %s admitted as it "
-                "claims although check %r failed: %s",
+                "ATTESTATION_MODE=report: would reject a message claiming vmId %s (check %r): %s",
                 vm_id,
                 check,
                 exc,

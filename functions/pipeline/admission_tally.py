@@ -7,8 +7,9 @@ Two readers need these numbers, and neither can afford one write per message:
   of a mismatch with Azure (its documents, its chain, Resource Graph), not of one bad VM.
   Each process writes one `sebridge {"kind":"admission",...}` line (functions.telemetry)
   at most once a minute with its counts since the last line;
-- with ATTESTATION_MODE=report, the fleet page shows how many admitted messages failed the
-  attestation check, by check, and the last one. Those counts are added to one row of the
+- with ATTESTATION_MODE=report, the fleet page shows how many messages failed the
+  attestation check (admitted by their VM's enrolled key, or rejected), by check, and the
+  last one. Those counts are added to one row of the
   events table (PartitionKey `%attest`, RowKey `report`) at most once a minute per process,
   under its ETag, and only when there is something to add: enforce mode writes nothing.
 
@@ -42,7 +43,8 @@ REASON_LIMIT = 1000
 
 @dataclass
 class Unverified:
-    """One admitted message whose attestation failed (report mode)."""
+    """One message whose attestation failed in report mode (admitted by its VM's enrolled
+    key, or rejected: "would reject" either way in enforce)."""
 
     vm_id: str
     check: str
@@ -65,8 +67,8 @@ class AdmissionTally:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, outcome: str, now: datetime, unverified: Unverified | None = None) -> None:
-        """One message judged: "admitted" or "rejected" (with `unverified` when it was
-        admitted although its attestation failed). Flushes when a minute has passed."""
+        """One message judged: "admitted" or "rejected" (with `unverified` when its
+        attestation failed in report mode). Flushes when a minute has passed."""
         with self._lock:
             if outcome == "rejected":
                 self.rejected += 1

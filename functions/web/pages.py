@@ -338,7 +338,8 @@ def attestation_warning(state: dict | None) -> str:
     )
     return (
         '<p class="warn">Attestation NOT ENFORCED (ATTESTATION_MODE='
-        f"{esc(state['mode'])}): a message whose attested document fails is admitted as the "
-        f"VM it claims. {seen['total']} such message(s) admitted ({esc(checks)}).{esc(detail)} "
+        f"{esc(state['mode'])}): a message whose attested document fails is admitted only "
+        "with its VM's callback key from an earlier attested message, else rejected. "
+        f"{seen['total']} such message(s) failed ({esc(checks)}).{esc(detail)} "
         "Set ATTESTATION_MODE=enforce once this count stays at zero.</p>"
     )

@@ -59,10 +59,16 @@ def test_enforce_is_the_default_and_rejects_a_self_signed_document(store, clock)
     assert attestation_state(pipeline) is None  # nothing to warn about
 
 
-def test_report_admits_it_as_the_claimed_vm_logs_the_check_and_counts_it(store, clock, caplog):
+def test_report_admits_an_enrolled_vm_by_its_key_logs_the_check_and_counts_it(store, clock, caplog):
+    """A mismatch with Azure after a VM enrolled (a chain not shipped, say): the VM's
+    messages fail the check but carry the key its attested message gave, so report mode
+    admits them as that VM, says so and counts them."""
     caplog.set_level(logging.INFO)
     pipeline, _ = reporting(store, clock)
-    body = self_signed(envelope("vm-forged", 1, [event("EV-F", resources=("vm-forged",))]))
+    assert ingest_message(envelope("vm-forged", 1, [], observed_at=T0), pipeline).outcome != (
+        "rejected"
+    )
+    body = self_signed(envelope("vm-forged", 2, [event("EV-F", resources=("vm-forged",))]))
     result = ingest_message(body, pipeline)
     assert result.outcome != "rejected", result.reason
     record = store.get_event("EV-F")
@@ -70,19 +76,21 @@ def test_report_admits_it_as_the_claimed_vm_logs_the_check_and_counts_it(store, 
     # Admitted as Azure's facts for the vmId it claims (Resource Graph's name, its key).
     identity = pipeline.admission.registry.get(identity_harness.vm_id("vm-forged"))
     assert identity is not None and identity.facts.name == "vm-forged"
-    warning = next(r for r in caplog.records if "ATTESTATION NOT ENFORCED" in r.getMessage())
+    warning = next(r for r in caplog.records if "would reject" in r.getMessage())
     assert warning.levelno == logging.WARNING
     assert "'chain'" in warning.getMessage()
     assert "does not chain to a trusted root" in warning.getMessage()
-    # Counted: the `admission` log line and the row the fleet page reads.
+    assert any("admitted by its enrolled callback key" in r.getMessage() for r in caplog.records)
+    # Counted: the `admission` log lines and the row the fleet page reads.
+    clock.advance(61)
+    pipeline.admission.tally.flush(clock.now())
     lines = [
         json.loads(r.getMessage()[len(telemetry.PREFIX) :])
         for r in caplog.records
         if r.getMessage().startswith(telemetry.PREFIX + '{"kind":"admission"')
     ]
-    assert lines == [
-        {"kind": "admission", "admitted": 1, "rejected": 0, "unverified": 1, "checks": {"chain": 1}}
-    ]
+    assert sum(x["admitted"] for x in lines) == 2 and sum(x["unverified"] for x in lines) == 1
+    assert {k: v for x in lines for k, v in x["checks"].items()} == {"chain": 1}
     report = read_report(store.events)
     assert report["total"] == 1 and report["by_check"] == {"chain": 1}
     assert report["last"]["check"] == "chain"
@@ -91,27 +99,50 @@ def test_report_admits_it_as_the_claimed_vm_logs_the_check_and_counts_it(store, 
     assert state["mode"] == "report" and state["unverified"]["total"] == 1
 
 
+def test_report_rejects_a_failed_document_of_a_vm_never_enrolled_and_counts_it(
+    store, clock, caplog
+):
+    caplog.set_level(logging.INFO)
+    pipeline, _ = reporting(store, clock)
+    body = self_signed(envelope("vm-first", 1, [event("EV-N", resources=("vm-first",))]))
+    result = ingest_message(body, pipeline)
+    assert result.outcome == "rejected"
+    assert "does not chain to a trusted root" in result.reason
+    assert "no callback key from an attested message" in result.reason
+    assert store.get_event("EV-N") is None
+    assert pipeline.admission.registry.get(identity_harness.vm_id("vm-first")) is None
+    assert any("would reject" in r.getMessage() for r in caplog.records)
+    assert read_report(store.events)["by_check"] == {"chain": 1}
+
+
 def test_report_counts_add_up_across_flushes_and_hosts(store, clock):
     first, _ = reporting(store, clock)
     second, _ = reporting(store, clock)
     for n, pipeline in enumerate((first, second, first)):
         clock.advance(61)
         body = self_signed(envelope(f"vm-r{n}", 1, [], observed_at=clock.now()))
-        assert ingest_message(body, pipeline).outcome != "rejected"
+        assert ingest_message(body, pipeline).outcome == "rejected"  # never enrolled
     assert read_report(store.events)["by_check"] == {"chain": 3}
 
 
-def test_report_still_refuses_a_vm_resource_graph_does_not_know(store, clock):
+def test_report_spends_no_query_and_no_wait_on_a_vm_resource_graph_does_not_know(store, clock):
+    """Issue 32: a claimed vmId (random, or one Resource Graph does not show yet) whose
+    document failed is rejected at once: no Resource Graph query, no 15 s wait."""
     pipeline, _ = reporting(store, clock)
-    pipeline.admission.sleep = lambda _: None
-    body = self_signed(envelope("vm-ghost", 1, [], observed_at=T0))
-    identity_harness.RESOLVER._facts.pop(identity_harness.vm_id("vm-ghost"), None)
-    with pytest.raises(FactsUnavailable):  # waited for, as any unknown VM
-        ingest_message(body, pipeline)
-    clock.advance(timedelta(minutes=16).total_seconds())
-    result = ingest_message(body, pipeline)
+    waits: list[float] = []
+    pipeline.admission.sleep = waits.append
+    asked: list[str] = []
+    upstream = pipeline.admission.identities.upstream
+    original = upstream.resolve
+    upstream.resolve = lambda vm_id: asked.append(vm_id) or original(vm_id)
+    try:
+        body = self_signed(envelope("vm-ghost", 1, [], observed_at=T0))
+        identity_harness.RESOLVER._facts.pop(identity_harness.vm_id("vm-ghost"), None)
+        result = ingest_message(body, pipeline)
+    finally:
+        upstream.resolve = original
     assert result.outcome == "rejected"
-    assert "not in Resource Graph" in result.reason
+    assert waits == [] and asked == []
     assert pipeline.admission.registry.get(identity_harness.vm_id("vm-ghost")) is None
 
 
@@ -172,7 +203,7 @@ def test_the_fleet_page_and_policy_check_warn_that_the_bridge_is_not_enforcing(
     assert "0 such message(s)" in attestation_warning(attestation_state(pipeline))
     ingest_message(self_signed(envelope("vm-page", 1, [])), pipeline)
     shown = attestation_warning(attestation_state(pipeline))
-    assert "1 such message(s) admitted (chain: 1)" in shown and "check chain" in shown
+    assert "1 such message(s) failed (chain: 1)" in shown and "check chain" in shown
     enforcing, _ = make_pipeline(store, clock)
     assert attestation_warning(attestation_state(enforcing)) == ""
 
@@ -194,18 +225,19 @@ def test_report_never_lets_an_unverified_message_replace_an_enrolled_vms_key(sto
     before = pipeline.admission.registry.get(vm_id).keys
     thief = identity_harness.callback_key("vm-victim", "http://10.9.9.9:8492")
     forged = self_signed(envelope("vm-victim", 2, [], observed_at=T0, key=thief))
-    assert ingest_message(forged, pipeline).outcome != "rejected"  # report: admitted
+    result = ingest_message(forged, pipeline)
+    assert result.outcome == "rejected" and "not the VM's key" in result.reason
     after = pipeline.admission.registry.get(vm_id).keys
     assert after == before and thief.key_id not in {k.key_id for k in after}
 
 
-def test_report_enrols_a_vm_first_seen_unverified(store, clock):
+def test_report_never_enrols_a_vm_first_seen_unverified(store, clock):
+    """Issue 32: a key an unverified message brings is never stored, so no VM can plant
+    its key for a VM that has not sent yet."""
     pipeline, _ = reporting(store, clock)
     body = self_signed(envelope("vm-newcomer", 1, [], observed_at=T0))
-    assert ingest_message(body, pipeline).outcome != "rejected"
-    identity = pipeline.admission.registry.get(identity_harness.vm_id("vm-newcomer"))
-    sent = json.loads(body)["callback_key"]["id"]
-    assert identity is not None and identity.keys[0].key_id == sent
+    assert ingest_message(body, pipeline).outcome == "rejected"
+    assert pipeline.admission.registry.get(identity_harness.vm_id("vm-newcomer")) is None
 
 
 def test_the_watchdog_sends_the_counts_of_a_quiet_minute(store, clock, caplog):
