@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -150,6 +151,15 @@ def _settings(port: int, **overrides: Any) -> Settings:
 
 @pytest.fixture
 def fleet(azurite: str, tmp_path: Path) -> Iterator[Fleet]:
+    with open_fleet(azurite, tmp_path) as made:
+        yield made
+
+
+@contextmanager
+def open_fleet(azurite: str, tmp_path: Path) -> Iterator[Fleet]:
+    """The fleet on Azurite at `azurite` (a connection string), its VMs' state in
+    `tmp_path`: the `fleet` fixture, and the bench's hostile-message cost
+    (tests/security/hostile.py)."""
     sim = Simulator(time_scale=1.0)
     sim.add_availability_set("as1", ["victim", "attacker"])
     server = SimulatorServer(sim).start()
