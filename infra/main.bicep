@@ -175,7 +175,7 @@ param vmScopes array = [
 @description('ALLOWED_SUBSCRIPTIONS: subscription ids whose VMs may send (their attested documents name it). Empty (the default): the subscriptions of vmScopes (by default, this deployment\'s).')
 param allowedSubscriptions array = []
 
-@description('ATTESTATION_MODE: enforce (the default) rejects a message whose IMDS attested document fails the check; report admits it as the VM it claims (facts still from Resource Graph), logging and counting each failure: deploy with report first, switch to enforce once the fleet page counts none.')
+@description('ATTESTATION_MODE: enforce (the default) rejects a message whose IMDS attested document fails the check; report only reports: each failure is logged and counted, and such a message is admitted only with the callback key of its VM from an earlier attested message (never enrols a key, never asks Resource Graph). Switch to enforce once the fleet page counts none.')
 @allowed([
   'enforce'
   'report'

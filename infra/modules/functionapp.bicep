@@ -85,7 +85,7 @@ param pagerdutyEventsUrl string = 'https://events.pagerduty.com/v2/enqueue'
 param relayCallbackPort int = 8492
 @description('Subscription ids whose VMs may send. Empty: the app accepts any subscription its identity can read in Resource Graph (its Reader scopes).')
 param allowedSubscriptions array = []
-@description('ATTESTATION_MODE: enforce rejects a message whose attested document fails; report admits it as the VM it claims, logs and counts it (a rollout).')
+@description('ATTESTATION_MODE: enforce rejects a message whose attested document fails; report logs and counts it (would reject) and admits it only with the callback key of its VM from an earlier attested message (a rollout).')
 @allowed([
   'enforce'
   'report'

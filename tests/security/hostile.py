@@ -422,5 +422,4 @@ def worst_message_cost_ms(connection_string: str) -> dict[str, Any]:
         "worst_message_cost_ms": round(max(c.seconds for c in costs) * 1000, 1),
         "message_costs_ms": {c.kind: round(c.seconds * 1000, 1) for c in costs},
         "message_costs_over_budget": {c.kind: c.over() for c in costs if c.over()},
-        "message_costs": [c.__dict__ for c in costs],
     }
