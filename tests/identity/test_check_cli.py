@@ -115,12 +115,12 @@ def test_an_expired_document_is_reported_as_time_before_anything_is_fetched(
     """Without network, an expired genuine document used to come out as `unavailable` (its
     issuer could not be fetched): the cause an operator needs is that it expired, 6 h after
     IMDS made it (issue 33). Fetching is allowed here and must not happen."""
-    from functions.identity import attestation
+    from functions.identity import issuer_cache
 
     def no_fetch(*_args, **_kwargs):
         raise AssertionError("an issuer was fetched for an expired document")
 
-    monkeypatch.setattr(attestation.AttestationVerifier, "_issuer", no_fetch)
+    monkeypatch.setattr(issuer_cache.IssuerCache, "get", no_fetch)
     code = main(["attestation", "check", str(GENUINE / sample.file)])
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (code, line["ok"], line["check"]) == (1, False, "time"), line
