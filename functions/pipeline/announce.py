@@ -87,8 +87,11 @@ def publish_claimed(
     transitions: Iterable[Transition],
     now: datetime,
     details: dict[Transition, str] | None = None,
+    *,
+    mark: bool = True,
 ) -> list[Notification]:
-    """Publish transitions this caller claimed in `record.announced`, then mark them done."""
+    """Publish transitions this caller claimed in `record.announced`, then mark them done
+    (`mark` False: the caller marks them done in a write it makes anyway)."""
     sent = []
     pending = list(transitions)
     if pending and not record.past_reporters:
@@ -105,10 +108,11 @@ def publish_claimed(
         try:
             pipeline.publisher.publish(note)
         except Exception:
+            # Given back, so the next reconcile claims and announces them at once.
             release(pipeline.store, record.event_id, pending[index:], known=record)
             raise
         sent.append(note)
-    if pending:
+    if pending and mark:
         mark_done(pipeline.store, record.event_id, pending, known=record)
     return sent
 

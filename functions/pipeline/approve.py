@@ -40,7 +40,7 @@ from functions.approvers.relay import DIFFERS, RelayTarget, final_refusal, post_
 from functions.clock import Clock
 from functions.model.event import Transition
 from functions.model.view import VmView, normalise_resources
-from functions.pipeline.announce import claim, publish_claimed
+from functions.pipeline.announce import publish_claimed
 from functions.pipeline.approve_arm import (
     ARM,
     BACKOFF_MAX_SECONDS,
@@ -50,10 +50,12 @@ from functions.pipeline.approve_arm import (
     arm_owners,
     arm_phase,
 )
+from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
 from functions.pipeline.views import own_views
 from functions.settings import Settings
 from functions.store import claims
+from functions.store.recent import copy_record
 from functions.store.records import MAX_ATTEMPTS_KEPT, Attempt, EventRecord, VmRecord
 from functions.store.state import Store
 
@@ -80,6 +82,8 @@ def approve_event(
     by: str = "policy",
     force: bool = False,
     relays: tuple[str, ...] | None = None,
+    claimed: EventRecord | None = None,
+    settle: tuple[Transition, ...] = (),
 ) -> ApprovalResult:
     """Approve one event now, through the approvers of APPROVERS in order; record and
     (optionally) announce.
@@ -91,6 +95,11 @@ def approve_event(
     - `force`: approve even if the policy is in dry run (a manual override is audited).
     - `relays`: only these named VMs' relays may be asked (the drain workflow: the VMs
       whose own view decided drain, functions.terminate.targets); None: any named VM's.
+    - `claimed`: the row as the caller wrote it with its own approval claim (ingest
+      claims it in the write that decides): no second write to claim it.
+    - `settle`: announcements the caller published and left pending: marked done in the
+      write that records the outcome (one write for both); on `skipped` the caller marks
+      them.
     Never raises for relay or ARM trouble; returns `skipped` when the event is gone,
     already started or approved, or another caller is approving it right now.
     """
@@ -99,9 +108,12 @@ def approve_event(
     policy = settings.policy.policy
     if not force and policy is not None and policy.dry_run:
         return ApprovalResult(event_id=event_id, outcome="skipped", detail="dry run")
-    record, claimed = _claim(store, event_id, now, settings)
-    if not claimed:
-        return ApprovalResult(event_id=event_id, outcome="skipped", detail=_why_not(record))
+    if claimed is not None and claimed.approval == "in_progress":
+        record: EventRecord | None = claimed
+    else:
+        record, won = _claim(store, event_id, now, settings)
+        if not won:
+            return ApprovalResult(event_id=event_id, outcome="skipped", detail=_why_not(record))
     assert record is not None
     deadline = _deadline(record, settings, now)
     stop = min(deadline, give_up_at) if give_up_at else deadline
@@ -109,7 +121,7 @@ def approve_event(
     owners = arm_owners(store, record) if "arm" in order else []
     attempts: list[Attempt] = []
     details: list[str] = []
-    later = False
+    later = vetoed = False
     result: ApprovalResult | None = None
     for index, approver in enumerate(order):
         arm_next = "arm" in order[index + 1 :] and bool(owners)
@@ -120,18 +132,20 @@ def approve_event(
         attempts += phase.attempts
         if phase.outcome == "vetoed":
             details.append(f"{approver}: {phase.detail}")
+            vetoed = True
             break  # a named VM's own view differs: nothing approves this event for it
         if phase.outcome == "approved":
             result = _finish(
-                store,
+                pipeline,
                 record,
                 "approved",
                 phase.via,
                 attempts,
                 phase.detail,
-                clock,
                 by,
                 imds_status=phase.status,
+                announce=announce,
+                settle=settle,
             )
             break
         details.append(f"{approver}: {phase.detail}")
@@ -142,24 +156,17 @@ def approve_event(
             # ARM throttled or down for now: a relay after it may approve meanwhile.
     if result is None:
         result = _finish(
-            store,
+            pipeline,
             record,
             "retry_later" if later else "failed",
             None,
             attempts,
             "; ".join(details),
-            clock,
             by,
+            announce=announce,
+            settle=settle,
+            vetoed=vetoed,
         )
-    if announce and result.outcome in ("approved", "failed"):
-        transition = (
-            Transition.APPROVED if result.outcome == "approved" else Transition.APPROVAL_FAILED
-        )
-        won = claim(store, event_id, transition, clock.now())
-        if won is not None:
-            # A person's approval names them in the announcement too, not only in the audit.
-            details = {transition: _manual_detail(by, result)} if by.startswith("manual:") else None
-            publish_claimed(pipeline, won, [transition], clock.now(), details)
     return result
 
 
@@ -249,11 +256,11 @@ def expect_for(record: EventRecord, vm_name: str) -> dict[str, object]:
     return expect
 
 
-def _manual_detail(by: str, result: ApprovalResult) -> str:
+def _manual_detail(by: str, outcome: str, vm: str | None, detail: str) -> str:
     who = by.removeprefix("manual:")
-    if result.outcome == "approved":
-        return f"approved by {who} (by hand), via {approval_path(result.vm)}"
-    return f"{who} approved by hand, but nothing could approve: {result.detail}"
+    if outcome == "approved":
+        return f"approved by {who} (by hand), via {approval_path(vm)}"
+    return f"{who} approved by hand, but nothing could approve: {detail}"
 
 
 def _why_not(record: EventRecord | None) -> str:
@@ -269,9 +276,10 @@ def _why_not(record: EventRecord | None) -> str:
 
 
 def approval_stale_after(settings: Settings) -> timedelta:
-    """An approval claim older than one invocation's budget (and a minute) was left by a
-    crash: another caller may take it over."""
-    return timedelta(seconds=settings.approval_budget_seconds + 60)
+    """An approval claim older than one invocation's budget (and 15 s) was left by a host
+    that died: the next reconcile (a redelivery, the watchdog) takes it over. Short, so
+    a crash delays an approval by about a Service Bus lock duration, not by minutes."""
+    return timedelta(seconds=settings.approval_budget_seconds + 15)
 
 
 def _claim(
@@ -412,18 +420,47 @@ def _last_texts(attempts: list[Attempt]) -> str:
 
 
 def _finish(
-    store: Store,
+    pipeline: Pipeline,
     record: EventRecord,
     outcome: Outcome,
     vm: str | None,
     attempts: list[Attempt],
     detail: str,
-    clock: Clock,
     by: str,
     imds_status: int | None = None,
+    *,
+    announce: bool = True,
+    settle: tuple[Transition, ...] = (),
+    vetoed: bool = False,
 ) -> ApprovalResult:
+    """Record the outcome in one write. An outcome worth announcing is published FIRST
+    and written as done in that same write: a crash in between leaves the claim held,
+    and whoever takes it over approves again (the relay answers a repeated AttemptId
+    from memory, ARM acknowledges once) and publishes again (the topic drops a
+    MessageId it has seen), so nothing is lost and nothing happens twice. A publish
+    that fails leaves the announcement unclaimed; reconcile announces it later."""
+    store, clock = pipeline.store, pipeline.clock
     now = clock.now()
     state = {"approved": "approved", "failed": "failed", "retry_later": "pending"}[outcome]
+    transition = {"approved": Transition.APPROVED, "failed": Transition.APPROVAL_FAILED}.get(
+        outcome
+    )
+    announced = False
+    if announce and transition is not None and transition.value not in record.announced:
+        shown = copy_record(record)
+        shown.approval = state  # type: ignore[assignment]
+        shown.approval_reason = detail[:1000]
+        shown.approved_by = vm if outcome == "approved" else shown.approved_by
+        # A person's approval names them in the announcement too, not only in the audit.
+        manual = by.startswith("manual:")
+        details = {transition: _manual_detail(by, outcome, vm, detail)} if manual else None
+        try:
+            publish_claimed(pipeline, shown, [transition], now, details, mark=False)
+            announced = True
+        except Exception:
+            log.exception(
+                "%s of %s not published; reconcile retries it", transition, record.event_id
+            )
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None:
@@ -439,9 +476,18 @@ def _finish(
             rec.approved_by = vm
         if outcome == "retry_later":
             rec.approve_after = None
+        done = [t.value for t in settle if claims.is_pending(rec.announced.get(t.value))]
+        if announced and transition is not None:
+            done.append(transition.value)
+        claims.finish(rec.announced, done)
         return rec
 
-    store.mutate_event(record.event_id, change)
+    if vetoed and holds_capacity(record):
+        # A named VM's own IMDS does not show the event as decided (a set-mate's made-up
+        # or altered view): nothing will start it, so its slot goes back now, not when
+        # its NotBefore passes (issue 32). A genuine event that could not be approved
+        # keeps its slot: Azure starts it at NotBefore anyway.
+        release_capacity(store, record)
     decision = record.decision
     store.audit(
         record.event_id,
@@ -451,7 +497,13 @@ def _finish(
         outcome=outcome if outcome != "approved" else f"approved via {approval_path(vm)}",
         detail=detail,
         by=by,
+        # Before the row's write, once per outcome: a host that dies in between leaves the
+        # claim to a takeover, which records the same outcome again (one audit row).
+        once=f"approval:{outcome}:{vm}" if outcome != "retry_later" else "",
+        anchor=record.decided_at,
+        rank=3,
     )
+    store.mutate_event(record.event_id, change, known=record)
     log.info("approval of %s: %s %s", record.event_id, outcome, detail)
     return ApprovalResult(
         event_id=record.event_id,

@@ -38,7 +38,7 @@ from functions.model.envelope import Envelope, ScheduledEvent, VmRef
 from functions.model.event import Decision, Transition
 from functions.model.policy import PolicyLoad, decide
 from functions.model.view import VmView
-from functions.pipeline.lifecycle import report
+from functions.pipeline.lifecycle import intend_approval, report
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import claim_recovery
 from functions.pipeline.views import (
@@ -67,6 +67,7 @@ class ReportPlan:
     key: str = ""
     decision: Decision | None = None  # this VM's own decision (None: the event ended)
     kept: bool = True  # the view is on the event row (False: beyond MAX_VIEWS)
+    approval_claim: str = ""  # the approval claim this write takes (functions.pipeline.reconcile)
 
 
 def decide_report(
@@ -128,7 +129,12 @@ def decide_report(
     if claims.take(target.announced, key_taken.value, now):
         claimed.append(key_taken)
         changed = True
+    taken = ""
+    if made:
+        dry_run = policy.policy is not None and policy.policy.dry_run
+        taken = intend_approval(target, dry_run, now)
     return ReportPlan(
+        approval_claim=taken,
         row=target if changed else None,
         claimed=claimed,
         made=made,

@@ -18,8 +18,6 @@ from azure.core.exceptions import HttpResponseError
 from functions.model.envelope import DocumentError, Envelope, ScheduledEvent, parse_envelope
 from functions.model.event import Transition
 from functions.pipeline.admission import NotAdmitted, trusted_ref
-from functions.pipeline.announce import publish_claimed
-from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
 from functions.pipeline.decide import (
     EventStep,
@@ -28,10 +26,11 @@ from functions.pipeline.decide import (
     decide_report,
     next_vm_row,
 )
+from functions.pipeline.reconcile import reconcile
 from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
-from functions.pipeline.transitions import after_decision, end_event
+from functions.pipeline.transitions import audit_decision, end_event
 from functions.store.records import EventRecord, VmRecord
 from functions.store.rows import RowTooLarge
 from functions.store.state import Store
@@ -168,6 +167,9 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     listed: list[ScheduledEvent] = list(document.events) if document else []
     current = [e for e in listed if e.affects(name)]
     result.ignored_events = len(listed) - len(current)
+    # Event rows written (or due a retry), kept across attempts: a write of an earlier
+    # attempt whose VM row moved still holds the claims it took.
+    touched: dict[str, Touched] = {}
     for attempt in range(20):
         # Read: the VM row (or a safe guess of it) and the event rows as remembered.
         vm, guessed = _vm_row(store, envelope, current, first=attempt == 0)
@@ -177,14 +179,17 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         plan = decide_document(
             vm, remembered, envelope, current, pipeline.settings.policy, pipeline.settings, now
         )
+        if plan.refused == "stale" and vm is not None and envelope.sequence == vm.last_sequence:
+            # The last document processed, delivered again: the host that took it may have
+            # died after saving the VM row. What its events still need is in their rows.
+            _reconcile_listed(pipeline, current, result)
         if plan.refused:
-            return IngestResult(outcome=plan.refused, vm=name, reason=plan.reason)
+            return result.model_copy(update={"outcome": plan.refused, "reason": plan.reason})
         # Write: event rows first, VM row last: if we crash in between, the redelivery is
         # not "stale" and redoes the (idempotent) event updates.
-        to_approve: list[str] = []
         late: set[str] = set()  # events this VM lists only after they ended
         for step in plan.steps:
-            _write_step(step, envelope, pipeline, now, result, to_approve, late)
+            _write_step(step, envelope, pipeline, now, result, touched, late)
         for old in plan.absent:
             _absent(old, name, pipeline, now, result)
         recovered: list[str] = []  # the silence this document ends, if announced
@@ -199,28 +204,47 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
             plan.views,
         )
         if saved:
-            # After the VM row, so this VM's callback URL is known to the approver.
-            for event_id in to_approve:
-                try:
-                    approval = approve_event(
-                        event_id,
-                        pipeline,
-                        give_up_at=now
-                        + timedelta(seconds=pipeline.settings.approval_budget_seconds),
-                    )
-                except Exception:
-                    # The VM row is saved, so a redelivery would be stale and approve
-                    # nothing: leave it to the watchdog, which retries a pending approval
-                    # (or a claim gone stale) and announces an outcome left unannounced.
-                    log.exception("approval of %s failed; the watchdog retries it", event_id)
-                    continue
-                result.approvals.append(approval)
+            # After the VM row, so this VM's callback URL is known to the approver. What
+            # each event still needs is read from the row this document left
+            # (level-triggered): a redelivery or the watchdog would find the same.
+            for record, mine, claimed in touched.values():
+                _reconcile(pipeline, record, result, mine, claimed)
             for mark in recovered:
                 _announce_recovery(pipeline, name, mark, now)
             return result
         if not guessed:
             log.info("VM row %s changed concurrently; re-reading", name)
     raise RuntimeError(f"VM row {name} kept changing; giving up this delivery")
+
+
+# An event row this document wrote: (the row, the approval claim its write took, the
+# announcements its write claimed), for reconcile.
+Touched = tuple[EventRecord, str, list[Transition]]
+
+
+def _reconcile(
+    pipeline: Pipeline,
+    record: EventRecord,
+    result: IngestResult,
+    mine: str = "",
+    claimed: list[Transition] | None = None,
+) -> None:
+    done = reconcile(pipeline, record, mine=mine, claimed=claimed or ())
+    result.transitions.extend((record.event_id, t.value) for t in done.published)
+    if done.approval is not None:
+        result.approvals.append(done.approval)  # type: ignore[arg-type]
+
+
+def _reconcile_listed(
+    pipeline: Pipeline, events: list[ScheduledEvent], result: IngestResult
+) -> None:
+    """A redelivered document: each event it lists, from its row as stored now (one read
+    each; only the last document of a VM is reconciled this way, so an old message
+    replayed costs nothing)."""
+    for event in events:
+        record = pipeline.store.get_event(event.event_id)
+        if record is not None:
+            _reconcile(pipeline, record, result)
 
 
 # How far apart in the relay's own time two documents may be for the second to start from
@@ -335,11 +359,13 @@ def _write_step(
     pipeline: Pipeline,
     now: datetime,
     result: IngestResult,
-    to_approve: list[str],
+    touched: dict[str, Touched],
     late: set[str],
 ) -> None:
     """Write what `decide_document` decided for one listed event; the event row under
-    its ETag, deciding again (`decide_report`) on fresh reads when it moved."""
+    its ETag, deciding again (`decide_report`) on fresh reads when it moved. Nothing is
+    announced or approved here: the row written holds the intent (claims), and the
+    caller reconciles it once the VM row is saved."""
     store = pipeline.store
     name = envelope.vm.name
     event, said_before, newcomer = step.event, step.said_before, step.newcomer
@@ -370,7 +396,6 @@ def _write_step(
 
     record, won = store.mutate_event(event.event_id, change)
     plan = plans[0]
-    claimed, made = plan.claimed, plan.made
     overflow = not plan.kept and not repeated and plan.decision is not None
     if record is not None and not record.ended and overflow:
         # Beyond MAX_VIEWS the event row does not keep this view: its decision stays with
@@ -387,27 +412,22 @@ def _write_step(
     if record is not None and record.ended and newcomer:
         # A late report after the event ended: remember the VM as a past reporter only.
         _late_report(event, name, said_before, store, now, late)
-    if record is None:
+    if record is None or (record.ended and not won):
         return
-    if not won:
+    if won:
+        if plan.made:
+            audit_decision(record, store)
+        _, mine, claimed = touched.get(record.event_id.casefold(), (record, "", []))
+        touched[record.event_id.casefold()] = (
+            record,
+            plan.approval_claim or mine,
+            [*claimed, *(t for t in plan.claimed if t not in claimed)],
+        )
+    elif newcomer and event.affects(name) and _may_retry(record):
         # Nothing changed in the row; a named VM whose relay was not known when the
         # approval was last tried may still approve it now.
-        if newcomer and event.affects(name) and not record.ended and _may_retry(record):
-            to_approve.append(record.event_id)
-        return
-    approve_now = False
-    if made and won:
-        record, approve_now = after_decision(record, event, pipeline, now)
-    elif Transition.DECIDED in claimed or (newcomer and event.affects(name)):
-        # A decision re-announced after a failed publish, or a named VM whose relay was
-        # not known when the approval was last tried: try (again) now.
-        approve_now = _may_retry(record)
-    announce_first = [t for t in claimed if t in (Transition.SCHEDULED, Transition.STARTED)]
-    rest = [t for t in claimed if t not in announce_first]
-    publish_claimed(pipeline, record, announce_first + rest, now)
-    result.transitions.extend((record.event_id, t.value) for t in announce_first + rest)
-    if approve_now:
-        to_approve.append(record.event_id)
+        _, mine, claimed = touched.get(record.event_id.casefold(), (record, "", []))
+        touched[record.event_id.casefold()] = (record, mine, claimed)
 
 
 def _late_report(

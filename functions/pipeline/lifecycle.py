@@ -146,3 +146,27 @@ def end(record: EventRecord, now: datetime, claimed: list[Transition]) -> None:
         now,
         claimed,
     )
+
+
+def intend_approval(record: EventRecord, dry_run: bool, now: datetime) -> str:
+    """In the same write as a decision to approve: the approval's intent (`pending`, with
+    the decision's window), and, when it may happen now, the approval claim itself, so
+    the writer goes on to approve without a second write and a host that dies after this
+    write leaves a claim whose lease runs out, never a decision with nothing after it.
+    Returns the claim taken ("" when none). Pure: the caller writes the row."""
+    decision = record.decision
+    if decision is None or decision.action != "approve" or decision.policy_error:
+        return ""
+    if decision.dry_run or dry_run or record.started or record.ended:
+        return ""
+    if record.approval not in ("", "pending"):
+        return ""
+    if not record.approval:
+        record.approval = "pending"
+        record.approve_after = decision.approve_after
+    window = record.approve_after
+    if (window is not None and window > now) or record.approval_reason == "capacity":
+        return ""
+    record.approval = "in_progress"
+    record.approval_claim = claims.pending(now)
+    return record.approval_claim

@@ -1,7 +1,5 @@
-"""What follows a decision and what ends an event: shared by ingest and the watchdog.
-
-Both reach these points from different triggers (a document, a timer), and both must
-audit, take capacity, release it and announce exactly as the other would.
+"""The decision's audit and what ends an event: shared by ingest, Event Grid and the
+watchdog, which reach these points from different triggers and must act alike.
 """
 
 from __future__ import annotations
@@ -11,16 +9,10 @@ from datetime import datetime
 from functions.model.envelope import ScheduledEvent
 from functions.model.event import Transition
 from functions.model.policy import decide
-from functions.pipeline.announce import publish_claimed
-from functions.pipeline.capacity import (
-    acquire_capacity,
-    capacity_limit,
-    holds_capacity,
-    needs_capacity,
-    release_capacity,
-)
+from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
 from functions.pipeline.lifecycle import end
+from functions.pipeline.reconcile import reconcile
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.store import claims
 from functions.store.records import EventRecord
@@ -34,56 +26,36 @@ def already_ended(store: Store, event_id: str) -> bool:
     return seen is not None and bool(seen.ended)
 
 
-def after_decision(
-    record: EventRecord, event: ScheduledEvent, pipeline: Pipeline, now: datetime
-) -> tuple[EventRecord, bool]:
-    """The winner of the decision audits it and, for `approve`, applies the capacity guard.
-    Returns the row and whether to approve now (the caller does, after announcing)."""
-    store = pipeline.store
+def audit_decision(record: EventRecord, store: Store) -> None:
+    """Audit the row's decision: one row per decision, keyed by when it was made, so a
+    redelivery or a takeover that audits it again leaves one row. What follows the
+    decision (its announcement, the approval and its capacity slot) is not done here:
+    the decision's own write holds its intent, and functions.pipeline.reconcile does it."""
     decision = record.decision
-    assert decision is not None
+    if decision is None:
+        return
     outcome = "decided"
-    approval = ""
-    reason_suffix = ""
     if decision.policy_error:
         outcome = "failed closed: policy invalid"
     elif decision.dry_run:
         outcome = f"dry run: would {decision.action}"
     elif decision.action == "approve" and record.event_status != "Started":
-        approval = "pending"
-        if decision.approve_after is not None:
-            outcome = f"waiting for the maintenance window at {decision.approve_after.isoformat()}"
-        elif needs_capacity(event) and not acquire_capacity(store, record, pipeline.policy, now):
-            reason_suffix = (
-                f"; waiting: {capacity_limit(pipeline.policy)} impactful event(s) already "
-                "approved in its scale set / availability set"
-            )
-            outcome = "waiting for capacity"
+        window = record.approve_after or decision.approve_after
+        if window is not None and record.approval != "in_progress":
+            outcome = f"waiting for the maintenance window at {window.isoformat()}"
         else:
             outcome = "approving"
+    at = record.redecided_at or record.decided_at or record.first_seen
     store.audit(
         record.event_id,
-        at=now,
+        at=at,
         rule=decision.rule,
         action=decision.action,
         outcome=outcome,
-        detail=decision.reason + reason_suffix,
+        detail=decision.reason,
+        once=f"decision:{at.isoformat()}:{decision.rule}:{decision.action}",
+        rank=1,
     )
-    if not approval:
-        return record, False
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or rec.approval:
-            return None
-        rec.approval = "pending"  # type: ignore[assignment]
-        rec.approve_after = decision.approve_after
-        if reason_suffix:
-            rec.approval_reason = "capacity"
-            rec.decision = decision.model_copy(update={"reason": decision.reason + reason_suffix})
-        return rec
-
-    updated, _ = store.mutate_event(record.event_id, change, known=record)
-    return updated or record, outcome == "approving"
 
 
 def end_event(
@@ -125,11 +97,11 @@ def finish_event(
         return []
     if holds_capacity(record):
         release_capacity(store, record)
+    # Announce the end (and anything claimed before it and still pending, such as a
+    # `started` whose host died), then leave the open index: reconcile does both, in that
+    # order, so an end never hides an announcement still due.
     details = dict.fromkeys(claimed, detail) if detail else None
-    publish_claimed(pipeline, record, claimed, now, details)
-    # After the announcement: an event whose end was not announced stays in the open
-    # index, where the watchdog finds it and announces it.
-    store.close_event(event_id, record.ended_at or now)
+    reconcile(pipeline, record, claimed=claimed, details=details)
     return list(claimed)
 
 

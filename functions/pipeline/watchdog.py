@@ -16,11 +16,12 @@ from pydantic import BaseModel, Field
 
 from functions.model.envelope import SCHEDULED, TERMINATE
 from functions.model.event import Notification, Transition
-from functions.pipeline.announce import STALE_PENDING, announce, publish_claimed, stale_pending
-from functions.pipeline.approve import ApprovalResult, approval_stale_after, approve_event
-from functions.pipeline.capacity import acquire_capacity, needs_capacity
+from functions.pipeline.announce import STALE_PENDING, announce
+from functions.pipeline.approve import ApprovalResult
 from functions.pipeline.context import Pipeline
+from functions.pipeline.lifecycle import intend_approval
 from functions.pipeline.policy_state import sync_policy_state
+from functions.pipeline.reconcile import reconcile
 from functions.pipeline.redecide import as_event, redecide, should_redecide
 from functions.pipeline.relay_recovery import (
     announce_recovery,
@@ -29,7 +30,7 @@ from functions.pipeline.relay_recovery import (
     silence_occurrence,
 )
 from functions.pipeline.sources.eventgrid_ingest import end_unheard
-from functions.pipeline.transitions import after_decision, end_event
+from functions.pipeline.transitions import audit_decision, end_event
 from functions.store import claims
 from functions.store.keys import row_key
 from functions.store.liveness import Budget, LivenessHint
@@ -290,19 +291,10 @@ def _claim_recovery(pipeline: Pipeline, name: str, now: datetime, heard: datetim
 
 
 def _close(pipeline: Pipeline, record: EventRecord, now: datetime, out: WatchdogReport) -> None:
-    """An ended event still in the open index: its end announcement failed or was cut
-    short. Announce it (once), then move it to the ended-on-day index."""
-    transition = Transition.COMPLETED if record.ended == "completed" else Transition.CANCELLED
-    stale = stale_pending(record, now)
-    if stale:
-        publish_claimed(pipeline, record, stale, now)
-        out.republished.extend(f"{record.event_id}:{t.value}" for t in stale)
-    elif transition.value not in record.announced:
-        if announce(pipeline, record.event_id, transition, now):
-            out.republished.append(f"{record.event_id}:{transition.value}")
-    elif record.announced[transition.value] != claims.DONE:
-        return  # being announced right now: close it on a later sweep
-    pipeline.store.close_event(record.event_id, record.ended_at or now)
+    """An ended event still in the open index: its end (or something claimed before it)
+    was not announced, or the host died before moving it. Reconcile announces what is
+    due, then moves it to the ended-on-day index."""
+    _reconcile(pipeline, record, out)
 
 
 def _retention(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> None:
@@ -407,23 +399,7 @@ def _page_transitions(pipeline: Pipeline) -> tuple[Transition, ...]:
 def _sweep_event(
     pipeline: Pipeline, record: EventRecord, now: datetime, silent: set[str], out: WatchdogReport
 ) -> None:
-    # 1. Announcements left pending by a crash: republish (the MessageId dedupes).
-    stale = stale_pending(record, now)
-    if stale:
-        publish_claimed(pipeline, record, stale, now)
-        out.republished.extend(f"{record.event_id}:{t.value}" for t in stale)
-    # A decision whose announcement was released after a failed publish (ingest retries
-    # it on the event's next document, but a held event may never get one): announce it.
-    unannounced = _unannounced_decision(record)
-    if unannounced is not None and announce(pipeline, record.event_id, unannounced, now):
-        out.republished.append(f"{record.event_id}:{unannounced.value}")
-        return
-    # An approval outcome whose announcement failed (the claim was released, and the
-    # document that approved it is processed): announce it now.
-    outcome = _unannounced_outcome(record)
-    if outcome is not None and announce(pipeline, record.event_id, outcome, now):
-        out.republished.append(f"{record.event_id}:{outcome.value}")
-    # 2. Every reporter silent, and the event is past its start: it ended without word.
+    # 1. Every reporter silent, and the event is past its start: it ended without word.
     past = record.started or (record.not_before is not None and now >= record.not_before)
     if (past and silent) or record.arm_resource:
         pipeline.store.load_reporters(record)  # one query, only when it can matter
@@ -438,16 +414,16 @@ def _sweep_event(
             )
         out.ended.append(record.event_id)
         return
-    # 2b. Only Event Grid reported it, and its end never came (dead-lettered): end it.
+    # 1b. Only Event Grid reported it, and its end never came (dead-lettered): end it.
     if not record.past_reporters and end_unheard(record, pipeline, now):
         out.ended.append(record.event_id)
         return
-    # 3. It failed closed on an invalid policy, and the policy here is valid: decide again.
+    # 2. It failed closed on an invalid policy, and the policy here is valid: decide again.
+    mine = ""
     if should_redecide(record, pipeline.settings.policy, now):
-        _redecide(pipeline, record, now, out)
-        return
+        record, mine = _redecide(pipeline, record, now, out) or (record, "")
+    # 3. Still Scheduled after NotBefore: Azure should have started it.
     scheduled = record.event_status == SCHEDULED and not record.started
-    # 4. Still Scheduled after NotBefore: Azure should have started it.
     if scheduled and record.not_before is not None and now > record.not_before:
         if announce(
             pipeline,
@@ -457,95 +433,55 @@ def _sweep_event(
             detail=f"still Scheduled after NotBefore {record.not_before.isoformat()}",
         ):
             out.overdue.append(record.event_id)
+            return
+        # Announced before (or by a host that died between its claim and the publish):
+        # what is pending is published again; nothing is approved past NotBefore.
+        _reconcile(pipeline, record, out, approve=False)
         return
-    # 5. Deferred approvals: a window opened, capacity freed, or retries remain.
-    result = _deferred_approval(pipeline, record, now)
-    if result is not None:
-        out.approvals.append(result)
+    # 4. Whatever else the row says is still due: announcements a crash or a failed publish
+    # left behind, a deferred approval (a window opened, capacity freed, a claim whose
+    # host died), the same reconcile ingest runs.
+    _reconcile(pipeline, record, out, mine=mine)
 
 
-def _unannounced_outcome(record: EventRecord) -> Transition | None:
-    if record.ended:
-        return None
-    outcome = {"approved": Transition.APPROVED, "failed": Transition.APPROVAL_FAILED}.get(
-        record.approval
-    )
-    return None if outcome is None or outcome.value in record.announced else outcome
+def _reconcile(
+    pipeline: Pipeline,
+    record: EventRecord,
+    out: WatchdogReport,
+    *,
+    approve: bool = True,
+    mine: str = "",
+) -> None:
+    claimed = (Transition.DECIDED,) if mine or record.event_id in out.redecided else ()
+    done = reconcile(pipeline, record, by="watchdog", approve=approve, mine=mine, claimed=claimed)
+    out.republished.extend(f"{record.event_id}:{t.value}" for t in done.published)
+    if done.approval is not None:
+        out.approvals.append(done.approval)  # type: ignore[arg-type]
 
 
-def _unannounced_decision(record: EventRecord) -> Transition | None:
-    decision = record.decision
-    if decision is None or record.ended:
-        return None
-    transition = Transition.POLICY_INVALID if decision.policy_error else Transition.DECIDED
-    return None if transition.value in record.announced else transition
-
-
-def _redecide(pipeline: Pipeline, record: EventRecord, now: datetime, out: WatchdogReport) -> None:
-    """Replace the fail-closed decision and claim its `decided` in one ETag-guarded write,
-    so a second watchdog (or ingest) racing for it finds nothing left to do; then audit,
-    announce and approve through the paths a first decision takes."""
+def _redecide(
+    pipeline: Pipeline, record: EventRecord, now: datetime, out: WatchdogReport
+) -> tuple[EventRecord, str] | None:
+    """Replace the fail-closed decision, claim its `decided` and set up the approval's
+    intent in one ETag-guarded write, so a second watchdog (or ingest) racing for it
+    finds nothing left to do; reconcile then announces and approves."""
     load = pipeline.settings.policy
+    dry_run = load.policy is not None and load.policy.dry_run
+
+    mine: list[str] = []
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or not should_redecide(rec, load, now):
             return None
         redecide(rec, as_event(rec), load, now)
         claims.take(rec.announced, Transition.DECIDED.value, now)
+        mine[:] = [intend_approval(rec, dry_run, now)]
         return rec
 
     store = pipeline.store
     updated, won = store.mutate_event(record.event_id, change, known=record)
     if not won or updated is None:
-        return
-    updated, approve_now = after_decision(updated, as_event(updated), pipeline, now)
-    publish_claimed(pipeline, updated, [Transition.DECIDED], now)
+        return None
+    audit_decision(updated, store)
     out.redecided.append(record.event_id)
-    if approve_now:
-        out.approvals.append(_approve(pipeline, record.event_id, now))
-
-
-def _deferred_approval(
-    pipeline: Pipeline, record: EventRecord, now: datetime
-) -> ApprovalResult | None:
-    if record.ended or record.started or record.decision is None:
-        return None
-    stale_claim = record.approval == "in_progress" and claims.is_stale(
-        record.approval_claim, now, approval_stale_after(pipeline.settings)
-    )
-    if record.approval != "pending" and not stale_claim:
-        return None
-    if record.approve_after is not None and record.approve_after > now:
-        return None
-    policy = pipeline.policy
-    if policy is None or policy.dry_run:
-        return None
-    if (
-        (record.approve_after is not None or record.approval_reason == "capacity")
-        and needs_capacity(record)
-        and not acquire_capacity(pipeline.store, record, policy, now)
-    ):
-        _mark_capacity_wait(pipeline, record)
-        return None
-    return _approve(pipeline, record.event_id, now)
-
-
-def _approve(pipeline: Pipeline, event_id: str, now: datetime) -> ApprovalResult:
-    """One watchdog approval: bounded by the budget of one invocation, like ingest's."""
-    return approve_event(
-        event_id,
-        pipeline,
-        by="watchdog",
-        give_up_at=now + timedelta(seconds=pipeline.settings.approval_budget_seconds),
-    )
-
-
-def _mark_capacity_wait(pipeline: Pipeline, record: EventRecord) -> None:
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or rec.approval != "pending" or rec.approval_reason == "capacity":
-            return None
-        rec.approval_reason = "capacity"
-        rec.approve_after = None
-        return rec
-
-    pipeline.store.mutate_event(record.event_id, change)
+    return updated, mine[0] if mine else ""

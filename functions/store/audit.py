@@ -3,6 +3,7 @@ and the rejected table (every message not processed, with why; PartitionKey = da
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,15 +33,28 @@ class AuditRows(Rows):
         outcome: str,
         detail: str = "",
         by: str = "policy",
+        once: str = "",
+        anchor: datetime | None = None,
+        rank: int = 5,
     ) -> None:
         """One row per decision or approval outcome, in the event's partition (so it is
-        read with the event and deleted with it)."""
-        self.audit_table.create_entity(
+        read with the event and deleted with it).
+
+        `once`: a key for an outcome that a redelivery or a takeover may record again (the
+        decision of a row, an approval's outcome): the row is then keyed by `anchor` (a
+        time stored in the event row, the same on every redo; `at` if none), `rank` (the
+        order of outcomes sharing an anchor) and `once`, and written with Insert Or
+        Replace, so doing it twice leaves one row."""
+        # Wall-clock nanoseconds break ties between rows written in one (injected) instant.
+        key = f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{time.time_ns():020d}-{uuid.uuid4().hex[:6]}"
+        if once:
+            digest = hashlib.sha256(once.encode()).hexdigest()[:20]
+            key = f"{(anchor or at).strftime('%Y%m%dT%H%M%S.%fZ')}-o{rank}-{digest}"
+        write = self.audit_table.upsert_entity if once else self.audit_table.create_entity
+        write(
             {
                 "PartitionKey": row_key(event_id),
-                # Wall-clock nanoseconds break ties between rows written in one (injected) instant.
-                "RowKey": f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{time.time_ns():020d}-"
-                f"{uuid.uuid4().hex[:6]}",
+                "RowKey": key,
                 "EventId": event_id[:1000],
                 "rule": rule[:1000],
                 "action": action[:100],

@@ -82,7 +82,7 @@ def test_capacity_guard_one_impactful_approval_per_set(store, clock, relay):
     assert relay.starts() == ["E-0", "E-F"]
     waiting = store.get_event("E-1")
     assert waiting.approval == "pending" and "waiting" in waiting.decision.reason
-    assert store.audit_rows("E-1")[0]["outcome"] == "waiting for capacity"
+    assert "waiting for capacity" in [r["outcome"] for r in store.audit_rows("E-1")]
     run_watchdog(pipeline)
     assert relay.starts() == ["E-0", "E-F"]  # still full
     ingest_message(envelope("web_0", 2, [], **ss), pipeline)  # E-0 completes

@@ -191,18 +191,21 @@ class FailsOn(LocalPublisher):
         super().publish(notification)
 
 
-def test_a_fault_after_the_vm_row_is_saved_leaves_the_approval_to_the_watchdog(store, clock, relay):
-    """A redelivery would be stale: the message completes and nothing is lost."""
+def test_a_fault_after_the_vm_row_is_saved_is_repaired_by_the_redelivery(store, clock, relay):
+    """The approval is recorded even though its announcement failed; the redelivery (stale
+    for the VM row) reconciles the event from its row and announces it; nothing twice."""
     pipeline, _ = make_pipeline(store, clock)
     pipeline.publisher = topic = FailsOn("approved")
     body = envelope("vm1", 1, [event("EV-A", source="User")], callback_url=relay.url)
     result = ingest_message(body, pipeline)
-    assert result.outcome == "processed" and result.approvals == []
+    assert result.outcome == "processed" and result.approvals[0].outcome == "approved"
     assert relay.starts() == ["EV-A"] and store.get_event("EV-A").approval == "approved"
-    assert "approved" not in store.get_event("EV-A").announced  # released
-    assert ingest_message(body, pipeline).outcome == "stale"
-    assert run_watchdog(pipeline).republished == ["EV-A:approved"]
+    assert "approved" not in store.get_event("EV-A").announced  # not published: still due
+    redelivered = ingest_message(body, pipeline)
+    assert redelivered.outcome == "stale" and ("EV-A", "approved") in redelivered.transitions
+    assert run_watchdog(pipeline).republished == []
     assert topic.transitions("EV-A") == ["scheduled", "decided", "approved"]
+    assert relay.starts() == ["EV-A"]
     assert run_watchdog(pipeline).republished == []
     assert relay.starts() == ["EV-A"]  # approved once
     nxt = ingest_message(envelope("vm1", 2, [], callback_url=relay.url), pipeline)

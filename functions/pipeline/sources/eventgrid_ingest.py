@@ -27,13 +27,13 @@ from azure.core.exceptions import ResourceNotFoundError
 from functions.model.envelope import STARTED
 from functions.model.event import Transition
 from functions.pipeline.announce import publish_claimed
-from functions.pipeline.approve import approve_event
 from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
-from functions.pipeline.lifecycle import _add, _claim
+from functions.pipeline.lifecycle import _add, _claim, intend_approval
+from functions.pipeline.reconcile import reconcile
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import COMPLETED, GridEvent, parse_message
-from functions.pipeline.transitions import after_decision, decide_once
+from functions.pipeline.transitions import audit_decision, decide_once
 from functions.store.records import EventRecord
 from functions.store.state import Store
 
@@ -147,60 +147,53 @@ def report_grid(
 
 
 def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) -> None:
-    """Write one notification to its event row; decide, announce and approve as ingest does
-    for a document (the decision code mirrors functions.pipeline.ingest._report)."""
+    """Write one notification to its event row (the decision and its intent in the same
+    write, as ingest does for a document), then reconcile it: announce, approve."""
     store, now, event = pipeline.store, pipeline.clock.now(), grid.event
-    claimed: list[Transition] = []
     made: list[bool] = []
+    mine: list[str] = []
+    claimed: list[Transition] = []
     learnt_owner: list[bool] = []
+    dry = pipeline.policy is not None and pipeline.policy.dry_run
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        claimed.clear()
         made.clear()
+        mine.clear()
         learnt_owner[:] = [rec is not None and not rec.arm_resource]
         updated, transitions = report_grid(rec, grid, now)
-        claimed.extend(transitions)
+        claimed[:] = transitions
         target = updated if updated is not None else rec
         if target is None or target.ended:
             return updated
         decided, announce = decide_once(target, event, pipeline, now)
         if decided:
             made.append(True)
+            mine.append(intend_approval(target, dry, now))
         if announce is not None:
             claimed.append(announce)
+        if announce is not None or decided:
             return target
         return updated
 
     if store.recent_event(event.event_id) is None:
         store.open_event(event.event_id, now)  # the watchdog's index (functions.store)
     record, won = store.mutate_event(event.event_id, change)
-    if not won or record is None:
+    if record is None:
         return
-    if record.ended and holds_capacity(record):
+    if not won and not (learnt_owner and learnt_owner[0]):
+        return
+    if won and record.ended and holds_capacity(record):
         release_capacity(store, record)
-    approve_now = False
-    if made:
-        record, approve_now = after_decision(record, event, pipeline, now)
-    elif Transition.DECIDED in claimed or learnt_owner[0]:
-        # A decision re-announced after a failed publish, or a relay-reported event whose
-        # owner is known now (the ARM approver can do what no relay could): try again.
-        approve_now = (
-            record.approval == "pending"
-            and record.approve_after is None
-            and record.approval_reason != "capacity"
-        )
-    first = [t for t in claimed if t in (Transition.SCHEDULED, Transition.STARTED)]
-    ordered = first + [t for t in claimed if t not in first]
-    publish_claimed(pipeline, record, ordered, now)
-    result.transitions.extend((record.event_id, t.value) for t in ordered)
-    if approve_now:
-        result.approvals.append(
-            approve_event(
-                record.event_id,
-                pipeline,
-                give_up_at=now + timedelta(seconds=pipeline.settings.approval_budget_seconds),
-            )
-        )
+    if won and made:
+        audit_decision(record, store)
+    # A relay-reported event whose owner is known now (the ARM approver can do what no
+    # relay could) is due another try, which reconcile sees in the row.
+    done = reconcile(
+        pipeline, record, mine=mine[0] if mine and won else "", claimed=claimed if won else ()
+    )
+    result.transitions.extend((record.event_id, t.value) for t in done.published)
+    if done.approval is not None:
+        result.approvals.append(done.approval)  # type: ignore[arg-type]
 
 
 def end_unheard(record: EventRecord, pipeline: Pipeline, now: datetime) -> bool:
