@@ -77,15 +77,19 @@ def decide_report(
     policy: PolicyLoad,
     now: datetime,
     repeated: bool = False,
+    newcomer: bool = False,
 ) -> ReportPlan:
     """The pure step for one event of one document (see the module docstring). `row` is
     never changed: the plan's row is a copy. `repeated`: this VM's previous document
     showed the same view (its VM row says so), so a view the row could not keep (beyond
-    MAX_VIEWS) is not counted again."""
+    MAX_VIEWS) is not counted again. `newcomer`: this VM had not listed the event before
+    (an end the other reporters made reopens for it)."""
     current = copy_record(row) if row is not None else None
     view = view_of(event, vm.name)
     key = view_key(view, vm.scale_set)
-    updated, claimed = report(current, event, vm, now, describes=_describes(current, vm, key))
+    updated, claimed = report(
+        current, event, vm, now, describes=_describes(current, vm, key), newcomer=newcomer
+    )
     target = updated if updated is not None else current
     if target is None or target.ended:
         return ReportPlan(row=updated, claimed=claimed, view=view, key=key)
@@ -401,9 +405,11 @@ def decide_document(
         recent = remembered.get(folded)
         step = EventStep(event, said, open_index=recent is None)
         plan.steps.append(step)
-        if recent is not None and recent.ended:
+        reopens = said is None and recent is not None and recent.ended_by == "reporters"
+        if recent is not None and recent.ended and not reopens:
             step.ended = True
             continue
+        step.open_index = step.open_index or reopens
         step.view = view_of(event, envelope.vm.name)
         step.key = view_key(step.view, envelope.vm.scale_set)
         plan.views[folded] = step.key
@@ -447,5 +453,5 @@ def settled(
         )
         if not final:
             return False
-    plan = decide_report(recent, event, vm, policy, now, repeated)
+    plan = decide_report(recent, event, vm, policy, now, repeated, newcomer)
     return plan.row is None and not plan.claimed

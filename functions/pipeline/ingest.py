@@ -383,14 +383,26 @@ def _write_step(
     view, seen_as, repeated = step.view, step.key, step.repeated
     if step.reporter:
         # This VM's own reporter row, with its own view, before the event row: an end
-        # decided from now on sees it (functions.pipeline.transitions.end_event).
-        store.set_reporter(event.event_id, name, event.event_status, now, view=view, key=seen_as)
+        # decided from now on sees it (functions.pipeline.transitions.end_event). A VM
+        # new to the event inserts it: a row already there says it reported it before.
+        fresh = store.set_reporter(
+            event.event_id,
+            name,
+            event.event_status,
+            now,
+            view=view,
+            key=seen_as,
+            first=newcomer,
+        )
+        newcomer = newcomer and fresh
     if step.settled:
         return
     plans: list[ReportPlan] = []
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        plan = decide_report(rec, event, envelope.vm, pipeline.settings.policy, now, repeated)
+        plan = decide_report(
+            rec, event, envelope.vm, pipeline.settings.policy, now, repeated, newcomer
+        )
         plans[:] = [plan]
         return plan.row
 

@@ -75,6 +75,7 @@ def report(
     vm: VmRef,
     now: datetime,
     describes: bool = True,
+    newcomer: bool = False,
 ) -> tuple[EventRecord | None, list[Transition]]:
     """A VM's document contains `event`. Returns the new event row (None: unchanged) and
     the transitions this write claims for announcing. The VM's own reporter row is the
@@ -99,9 +100,14 @@ def report(
     else:
         before = record.model_dump_json()
         changed = False
+    if record.ended and newcomer and record.ended_by == "reporters":
+        # The first report of a VM that had not listed it: the end other VMs made is not
+        # this VM's (its own view says the event is on). It reopens for it.
+        reopen(record)
+        changed = True
     if record.ended:
-        # A late document from a VM after the event ended fleet-wide: the caller records
-        # the VM as a past reporter; the event is not reopened (it would announce twice).
+        # A late document from a VM that reported it before, or after Azure ended it:
+        # the caller records the VM as a past reporter; the event is not reopened.
         return None, claimed
     # `Resources` from a relay is a claim about other VMs (ingest checked only that it names
     # the reporter). It decides nothing about them: every action on a named VM goes to that
@@ -140,6 +146,7 @@ def end(record: EventRecord, now: datetime, claimed: list[Transition]) -> None:
     had_started = record.started or record.approval == "approved" or passed
     record.ended = "completed" if had_started else "cancelled"
     record.ended_at = now
+    record.ended_by = "reporters"
     _claim(
         record,
         Transition.COMPLETED if had_started else Transition.CANCELLED,
@@ -170,3 +177,14 @@ def intend_approval(record: EventRecord, dry_run: bool, now: datetime) -> str:
     record.approval = "in_progress"
     record.approval_claim = claims.pending(now)
     return record.approval_claim
+
+
+def reopen(record: EventRecord) -> None:
+    """Undo an end the reporters made: open again, its end to be announced afresh (with a
+    MessageId of its own: functions.pipeline.redecide.occurrence)."""
+    for transition in (Transition.COMPLETED, Transition.CANCELLED):
+        record.announced.pop(transition.value, None)
+    record.ended = ""
+    record.ended_at = None
+    record.ended_by = ""
+    record.reopened += 1

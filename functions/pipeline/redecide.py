@@ -88,4 +88,6 @@ def occurrence(record: EventRecord, transition: Transition) -> str | None:
     Service Bus duplicate detection never drops it; the same on every republish."""
     if transition is Transition.DECIDED and record.redecided_at is not None:
         return "redecided-" + record.redecided_at.strftime("%Y%m%dT%H%M%S")
+    if transition in (Transition.COMPLETED, Transition.CANCELLED) and record.reopened:
+        return f"reopened-{record.reopened}"
     return None

@@ -72,9 +72,18 @@ def end_event(
     # Own row first, then look for anyone else: of two last reporters leaving at once,
     # the later query sees both rows, so at least one of them ends the event.
     store.set_reporter(event_id, vm, "", now)
-    if already_ended(store, event_id) or store.anyone_reports(event_id):
+    if already_ended(store, event_id) and _still_ended(store, event_id):
+        return []
+    if store.anyone_reports(event_id):
         return []
     return finish_event(event_id, pipeline, now, detail)
+
+
+def _still_ended(store: Store, event_id: str) -> bool:
+    """An end remembered here may have been undone since (another VM's first report
+    reopened it): one read says, and only for an event this worker saw end."""
+    record = store.get_event(event_id)
+    return record is None or bool(record.ended)
 
 
 def finish_event(

@@ -139,12 +139,17 @@ class EventRows(Rows):
         view: VmView | None = None,
         key: str = "",
         decision: Decision | None = None,
-    ) -> None:
+        first: bool = False,
+    ) -> bool:
         """This VM's own row in the event's partition: status "" = it no longer reports it.
         Only that VM's documents write it (one session each), so a blind upsert is safe.
         With `view` (this VM's view of the event and its key, functions.pipeline.decide)
         the row is replaced whole; without, only the status changes and the view stays.
-        `decision` is kept only for a view the event row could not keep (MAX_VIEWS)."""
+        `decision` is kept only for a view the event row could not keep (MAX_VIEWS).
+        `first`: the VM's row says it does not list the event: the row is inserted, which
+        tells at no extra request whether it ever reported it (an end the other reporters
+        made reopens only for a VM that never did). Returns False when `first` found a row.
+        """
         entity: dict[str, Any] = {
             "PartitionKey": row_key(event_id),
             "RowKey": REPORTER + row_key(vm),
@@ -152,16 +157,22 @@ class EventRows(Rows):
             "status": status,
             "at": at,
         }
-        if view is None:
-            self.events.upsert_entity(entity, mode=UpdateMode.MERGE)
-            return
-        # A view lists up to 1,000 names: split like a record's JSON (64 KiB a property).
-        chunks = _chunks(view.model_dump_json())
-        entity.update({"view" + name[4:]: part for name, part in chunks.items()})
-        entity["key"] = key
-        if decision is not None:
-            entity["decision"] = decision.model_dump_json()
-        self.events.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        if view is not None:
+            # A view lists up to 1,000 names: split like a record's JSON (64 KiB a property).
+            chunks = _chunks(view.model_dump_json())
+            entity.update({"view" + name[4:]: part for name, part in chunks.items()})
+            entity["key"] = key
+            if decision is not None:
+                entity["decision"] = decision.model_dump_json()
+        if first:
+            try:
+                self.events.create_entity(entity, **NO_ECHO)
+                return True
+            except ResourceExistsError:
+                pass  # reported it before: written below, as any later report
+        mode = UpdateMode.MERGE if view is None else UpdateMode.REPLACE
+        self.events.upsert_entity(entity, mode=mode)
+        return not first
 
     def get_reporter(self, event_id: str, vm: str) -> Reporter | None:
         """One VM's reporter row (a point read): its status, view and the key of the view;

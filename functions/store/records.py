@@ -123,6 +123,14 @@ class EventRecord(Record):
     resources_dropped: int = 0  # names beyond MAX_RESOURCES, not kept
     ended: EndState = ""
     ended_at: AwareDatetime | None = None
+    # Who ended it: "reporters" (every VM that reported it stopped listing it, or went
+    # silent) or "azure" (Event Grid said so, or never said more). An end the reporters
+    # made is theirs alone: a VM that had not reported the event and lists it afterwards
+    # reopens it for itself (issue 31), so a set-mate that listed and dropped a victim's
+    # event cannot end it for the victim. `reopened` counts those, and gives the next end
+    # announcement its own MessageId.
+    ended_by: Literal["", "reporters", "azure"] = ""
+    reopened: int = 0
     decision: Decision | None = None
     decided_at: AwareDatetime | None = None
     # When a valid policy replaced a fail-closed decision (functions.pipeline.redecide); also what

@@ -6,10 +6,11 @@ actions the drain and the undrain both use (an announcement, a relay hook call).
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import requests
@@ -82,6 +83,15 @@ class DrainResult:
     not_drained: dict[str, str] = field(default_factory=dict)
 
 
+# A running step is its runner's for LEASE past its last renewal; the runner renews it
+# every RENEW_EVERY while the step runs (a hook may take minutes). A runner that died is
+# taken over within LEASE, and the step runs again: every step is safe to repeat (the
+# relay runs a hook once per event and answers a repeat from memory, the HTTP drain hook
+# carries one webhook-id per step, announcements one MessageId, the approval one claim).
+LEASE = timedelta(seconds=20)
+RENEW_EVERY = 5.0  # seconds of real time between renewals
+
+
 class Steps:
     """Run-once bookkeeping for one event's workflow."""
 
@@ -95,14 +105,12 @@ class Steps:
         step: str,
         until: datetime,
         action: Callable[[datetime], tuple[bool, str]],
-        *,
-        rerun_if_lost: bool,
     ) -> StepRecord:
         """Run `action(until)` unless this step already ran (or runs) elsewhere.
 
-        A running step whose lease passed lost its runner: idempotent steps (announce, the
-        relay hook the relay itself runs once, approve) are taken over; the customer's HTTP
-        hook is not re-sent, it counts as timed out.
+        A running step whose lease lapsed lost its runner: it is taken over and run again
+        while its time allows, never marked failed without having run (issue 31). Only a
+        step whose time is up is marked failed, saying so.
         """
         ctx, store = self.ctx, self.ctx.store
         while True:
@@ -123,7 +131,11 @@ class Steps:
                         return self._keep(record)
                     continue
                 record = StepRecord(
-                    step=step, status="running", owner=ctx.owner, started_at=now, lease_until=until
+                    step=step,
+                    status="running",
+                    owner=ctx.owner,
+                    started_at=now,
+                    lease_until=now + LEASE,
                 )
                 if store.claim(self.event_id, record):
                     return self._run(record, until, action)
@@ -134,8 +146,8 @@ class Steps:
                 log.info("drain %s: %s is running elsewhere; waiting", self.event_id, step)
                 ctx.clock.sleep(min(WAIT_POLL_SECONDS, (current.lease_until - now).total_seconds()))
                 continue
-            if rerun_if_lost and until > now:
-                taken = store.take_over(self.event_id, current, ctx.owner, now, until)
+            if until > now:
+                taken = store.take_over(self.event_id, current, ctx.owner, now, now + LEASE)
                 if taken is not None:
                     log.warning("drain %s: taking over %s from a lost runner", self.event_id, step)
                     return self._run(taken, until, action)
@@ -144,7 +156,7 @@ class Steps:
                 update={
                     "status": "failed",
                     "finished_at": now,
-                    "detail": "timed out: its runner stopped before finishing",
+                    "detail": "its runner stopped, and no time was left to run it again",
                 }
             )
             if store.replace(self.event_id, lost):
@@ -153,11 +165,14 @@ class Steps:
     def _run(
         self, record: StepRecord, until: datetime, action: Callable[[datetime], tuple[bool, str]]
     ) -> StepRecord:
+        lease = _Renewal(self.ctx, self.event_id, record)
         try:
             ok, detail = action(until)
         except requests.RequestException as exc:  # a step's own HTTP trouble is its failure
             ok, detail = False, f"{type(exc).__name__}"
-        done = record.model_copy(
+        finally:
+            held = lease.stop()
+        done = held.model_copy(
             update={
                 "status": "succeeded" if ok else "failed",
                 "finished_at": self.ctx.clock.now(),
@@ -165,7 +180,8 @@ class Steps:
             }
         )
         if not self.ctx.store.replace(self.event_id, done):
-            # Someone declared us lost meanwhile; what is stored is the truth.
+            # Someone took it over meanwhile (this runner stalled past its lease); what is
+            # stored is the truth.
             stored = self.ctx.store.get(self.event_id, record.step)
             return self._keep(stored or done)
         log.info("drain %s: %s %s: %s", self.event_id, record.step, done.status, done.detail)
@@ -174,6 +190,36 @@ class Steps:
     def _keep(self, record: StepRecord) -> StepRecord:
         self.records[record.step] = record
         return record
+
+
+class _Renewal:
+    """Keeps a running step's lease fresh from a background thread until `stop`."""
+
+    def __init__(self, ctx: DrainContext, event_id: str, record: StepRecord) -> None:
+        self.ctx, self.event_id, self.record = ctx, event_id, record
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="drain-lease")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(RENEW_EVERY):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                fresh = self.record.model_copy(update={"lease_until": self.ctx.clock.now() + LEASE})
+                try:
+                    if not self.ctx.store.replace(self.event_id, fresh):
+                        return  # taken over: the new runner's row is the truth
+                except Exception:
+                    log.warning("drain %s: lease renewal failed", self.event_id, exc_info=True)
+                    continue
+                self.record = fresh
+
+    def stop(self) -> StepRecord:
+        with self._lock:
+            self._stop.set()
+            return self.record
 
 
 def announcer(

@@ -106,10 +106,17 @@ def http_drain(
     while (left := _remaining(now, until)) > 0.05:
         attempt += 1
         body = json.dumps(drain_request(event, until, left, action, vms, facts)).encode()
-        headers = {"Content-Type": "application/json", "X-Bridge-Event-Id": event.event_id}
+        # One id for every retry of this step and for a rerun after a crash, signed or
+        # not: a hook that may be called twice (a lost answer) dedupes by it.
+        step_id = f"{event.event_id}:{action}"
+        headers = {
+            "Content-Type": "application/json",
+            "X-Bridge-Event-Id": event.event_id,
+            "webhook-id": step_id,
+        }
         if secret:
-            # Standard Webhooks, like the webhook channel; one id for every retry of it.
-            headers.update(sign_webhook(secret, f"{event.event_id}:{action}", body))
+            # Standard Webhooks, like the webhook channel.
+            headers.update(sign_webhook(secret, step_id, body))
         try:
             response = session.post(url, data=body, headers=headers, timeout=(min(5, left), left))
         except requests.Timeout:

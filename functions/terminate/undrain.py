@@ -119,7 +119,6 @@ def run_undrain(
                     vms=http_vms or None,  # none found: every named VM (harmless)
                     scale_set_of=ctx.scale_set_of,
                 ),
-                rerun_if_lost=False,
             )
         )
     elif http_reached:
@@ -139,7 +138,7 @@ def run_undrain(
                 event_type=event.event_type,
                 event_status=status,
             )
-            return steps.once(f"undrain:hook:{vm}", until(), action, rerun_if_lost=True)
+            return steps.once(f"undrain:hook:{vm}", until(), action)
 
         workers = max(1, min(MAX_PARALLEL_HOOKS, len(vms)))
         with ThreadPoolExecutor(workers, thread_name_prefix="undrain-hook") as pool:
@@ -161,14 +160,12 @@ def run_undrain(
         f"announce:{transition.value}",
         clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
         announcer(ctx, note, transition, detail),
-        rerun_if_lost=True,
     )
     if ctx.audit is not None:
         steps.once(
             "audit:undrain",
             clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
             lambda _until: (ctx.audit(event.event_id, outcome, detail), (True, outcome))[1],
-            rerun_if_lost=True,
         )
     return DrainResult(event.event_id, outcome, False, detail, steps.records)
 

@@ -50,7 +50,7 @@ from functions.terminate.undrain import run_undrain, wants_undrain
 log = logging.getLogger(__name__)
 
 # approve_event's "skipped" reasons that mean the approval is settled without us.
-SETTLED = frozenset({"already approved", "another caller is approving it", "event already started"})
+SETTLED = frozenset({"already approved", "event already started"})
 # How long a drain waits for a named VM's own report (its relay polls IMDS every second and
 # its document reaches ingest within seconds), and how often it reads the reporters again.
 REPORT_WAIT_SECONDS = 20.0
@@ -144,7 +144,6 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
             "capacity",
             drain_until,
             lambda until: _take_capacity(capacity, event.event_id, until, clock, settings),
-            rerun_if_lost=True,
         )
         if slot.status != "succeeded":
             steps.once(
@@ -154,7 +153,6 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
                     Transition.DRAIN_FAILED,
                     f"{slot.detail}: nothing drained, {_held(event.event_type)}",
                 ),
-                rerun_if_lost=True,
             )
             return DrainResult(
                 event.event_id, "held", False, slot.detail, steps.records, targets.not_drained
@@ -181,7 +179,6 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         "announce:drain_started",
         clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
         announce(Transition.DRAIN_STARTED, started),
-        rerun_if_lost=True,
     )
 
     drain_steps: list[StepRecord] = []
@@ -202,7 +199,6 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
                     vms=drained_vms,
                     scale_set_of=ctx.scale_set_of,
                 ),
-                rerun_if_lost=False,
             )
         )
     if settings.relay_hook and drained_vms:
@@ -214,7 +210,6 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
                 f"hook:{vm}",
                 budget(clock.now(), drain_until, settings.step_timeout_seconds),
                 hook_action(ctx, hook, vm, target, event.event_id, settings.poll_seconds),
-                rerun_if_lost=True,
             )
 
         # Every VM drains at the same time: the notice is the same for all of them.
@@ -241,7 +236,6 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
             "announce:drain_failed",
             clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
             announce(Transition.DRAIN_FAILED, f"{what} — {then} (DRAIN__ON_FAILURE)"),
-            rerun_if_lost=True,
         )
         if settings.on_failure == "hold":
             return DrainResult(
@@ -254,7 +248,6 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         "approve",
         deadline,
         lambda until: _approve(ctx, event.event_id, until, drained_vms or None),
-        rerun_if_lost=True,
     )
     outcome: Outcome = "approved" if approval.status == "succeeded" else "approval_failed"
     return DrainResult(
@@ -307,12 +300,23 @@ def _held(event_type: str) -> str:
     return "holding until NotBefore"
 
 
+BUSY = "another caller is approving it"
+
+
 def _approve(
     ctx: DrainContext, event_id: str, until: datetime, relays: tuple[str, ...] | None
 ) -> tuple[bool, str]:
-    result = ctx.approve(event_id, until, relays)
-    outcome = getattr(result, "outcome", result)
-    detail = getattr(result, "detail", "") or ""
+    while True:
+        result = ctx.approve(event_id, until, relays)
+        outcome = getattr(result, "outcome", result)
+        detail = getattr(result, "detail", "") or ""
+        left = (until - ctx.clock.now()).total_seconds()
+        if outcome != "skipped" or detail != BUSY or left <= 0:
+            break
+        # Someone holds the approval's claim: perhaps this step's previous runner, which
+        # died mid-approval. Its claim lapses within the approval lease and is taken over
+        # here; a live holder finishes first and the next try finds it settled.
+        ctx.clock.sleep(min(REPORT_POLL_SECONDS, left))
     if outcome == "approved":
         return True, f"approved {detail}".strip()
     if outcome == "skipped" and detail in SETTLED:

@@ -129,10 +129,15 @@ def test_links_and_late_reporters(store, clock):
     assert links.approve_url == "https://fn.example.net/api/pages/events/EV-L"
     ingest_message(envelope("vm1", 2, []), pipeline)
     assert pub.transitions("EV-L")[-1] == "cancelled"
-    # vm2's document, delayed in the queue, still names it: remembered, not reopened.
+    # vm2's first document names it: vm1's end was vm1's, so it reopens for vm2 (issue 31)
+    # without announcing anything new, and vm2's next document ends it again.
     ingest_message(envelope("vm2", 1, [event("EV-L", resources=("vm1", "vm2"))]), pipeline)
     assert pub.transitions("EV-L") == ["scheduled", "decided", "cancelled"]
-    assert "vm2" in store.get_event("EV-L", reporters=True).past_reporters
+    reopened = store.get_event("EV-L", reporters=True)
+    assert not reopened.ended and reopened.reporters == {"vm2": "Scheduled"}
+    ingest_message(envelope("vm2", 2, []), pipeline)
+    assert pub.transitions("EV-L") == ["scheduled", "decided", "cancelled", "cancelled"]
+    assert store.get_event("EV-L").ended == "cancelled"
 
 
 def test_a_vm_deleted_by_terminate_is_not_announced_silent(store, clock):

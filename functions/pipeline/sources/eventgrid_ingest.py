@@ -130,6 +130,7 @@ def report_grid(
     if grid.ends:
         record.ended = "completed" if grid.status == COMPLETED else "cancelled"
         record.ended_at = now
+        record.ended_by = "azure"
         _claim(
             record,
             Transition.COMPLETED if grid.status == COMPLETED else Transition.CANCELLED,
@@ -220,6 +221,7 @@ def end_unheard(record: EventRecord, pipeline: Pipeline, now: datetime) -> bool:
             else "cancelled"
         )
         rec.ended_at = now
+        rec.ended_by = "azure"
         _claim(
             rec,
             Transition.COMPLETED if rec.ended == "completed" else Transition.CANCELLED,
