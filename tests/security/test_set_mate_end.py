@@ -11,23 +11,36 @@ is now theirs alone: the victim's first report reopens the event for itself.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+
 import pytest
 
 from functions.model.policy import Policy, Rule
 from functions.pipeline.ingest import ingest_message
-from tests.functions.conftest import (  # noqa: F401 (fixtures)
-    clock,
-    envelope,
-    event,
-    make_pipeline,
-    new_relay,
-    relay,
-    store,
-)
+from functions.store.state import Store
+from tests.functions.conftest import FakeClock, Relay, envelope, event, make_pipeline
 
 pytestmark = pytest.mark.azurite
 
 APPROVE_ALL = Policy(rules=(Rule(name="all", action="approve"),))
+
+
+@pytest.fixture
+def store(azurite: str) -> Store:
+    return Store.from_connection_string(azurite, "t" + uuid.uuid4().hex[:12]).ensure_tables()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def relay() -> Iterator[Relay]:
+    server = Relay()
+    yield server
+    server.close()
 
 
 def test_a_set_mate_that_lists_and_drops_the_victims_event_does_not_end_it(store, clock, relay):
