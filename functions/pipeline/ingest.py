@@ -30,7 +30,7 @@ from functions.pipeline.reconcile import reconcile
 from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
-from functions.pipeline.transitions import audit_decision, end_event
+from functions.pipeline.transitions import end_event
 from functions.store.records import EventRecord, VmRecord
 from functions.store.rows import RowTooLarge
 from functions.store.state import Store
@@ -427,8 +427,6 @@ def _write_step(
     if record is None or (record.ended and not won):
         return
     if won:
-        if plan.made:
-            audit_decision(record, store)
         _, mine, claimed = touched.get(record.event_id.casefold(), (record, "", []))
         touched[record.event_id.casefold()] = (
             record,

@@ -39,8 +39,15 @@ from functions.model.event import Transition
 from functions.model.policy import Policy
 from functions.pipeline.announce import mark_done, publish_claimed
 from functions.pipeline.approve import approval_stale_after, approve_event
-from functions.pipeline.capacity import acquire_capacity, capacity_limit, needs_capacity
+from functions.pipeline.capacity import (
+    acquire_capacity,
+    capacity_limit,
+    holds_capacity,
+    needs_capacity,
+    release_capacity,
+)
 from functions.pipeline.context import Pipeline
+from functions.pipeline.decision_audit import audit_decision
 from functions.store import claims
 from functions.store.records import EventRecord
 
@@ -200,6 +207,12 @@ def reconcile(
     go = plan.approve and approve
     # Approving next: the done-marks ride on the write that records the approval.
     defer = tuple(sending) if go else ()
+    decided = {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending)
+    if decided:
+        # The decision's audit goes with its announcement: both are due until the
+        # announcement is done, so a host that dies between the decision and its audit
+        # leaves it due (the row is keyed once per decision).
+        audit_decision(record, store)
     if sending:
         try:
             publish_claimed(pipeline, record, sending, now, details, mark=not defer)
@@ -211,6 +224,10 @@ def reconcile(
         if not defer:
             record = store.recent_event(record.event_id) or record
     if plan.close:
+        if holds_capacity(record):
+            # Its slots go back before it leaves the open index (a host that died after
+            # the end's write leaves this due; giving back twice is harmless).
+            release_capacity(store, record)
         store.close_event(record.event_id, record.ended_at or now)
         out.closed = True
         return out
@@ -282,19 +299,22 @@ def _wait_for_capacity(
             rec.decision = decision.model_copy(update={"reason": f"{decision.reason}; {reason}"})
         return rec
 
-    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
-    if won and first and updated is not None and updated.decision is not None:
+    if record.approval_reason != "capacity" and record.decision is not None:
+        # Before the row says so (once per event): a host that dies in between leaves the
+        # wait to be found again, and audited again as the same row.
         pipeline.store.audit(
             record.event_id,
-            at=updated.decided_at or now,
-            rule=updated.decision.rule,
+            at=now,
+            rule=record.decision.rule,
             action="approve",
             outcome="waiting for capacity",
             detail=reason,
             once="capacity",
+            anchor=record.decided_at,
             rank=2,
         )
-    return True
+    pipeline.store.mutate_event(record.event_id, change, known=record)
+    return bool(first)
 
 
 def _give_back_approval(pipeline: Pipeline, event_id: str, mine: str) -> None:

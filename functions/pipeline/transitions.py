@@ -9,7 +9,6 @@ from datetime import datetime
 from functions.model.envelope import ScheduledEvent
 from functions.model.event import Transition
 from functions.model.policy import decide
-from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
 from functions.pipeline.lifecycle import end
 from functions.pipeline.reconcile import reconcile
@@ -24,38 +23,6 @@ def already_ended(store: Store, event_id: str) -> bool:
     without a read: ending is final, so what was true then is true now."""
     seen = store.recent_event(event_id)
     return seen is not None and bool(seen.ended)
-
-
-def audit_decision(record: EventRecord, store: Store) -> None:
-    """Audit the row's decision: one row per decision, keyed by when it was made, so a
-    redelivery or a takeover that audits it again leaves one row. What follows the
-    decision (its announcement, the approval and its capacity slot) is not done here:
-    the decision's own write holds its intent, and functions.pipeline.reconcile does it."""
-    decision = record.decision
-    if decision is None:
-        return
-    outcome = "decided"
-    if decision.policy_error:
-        outcome = "failed closed: policy invalid"
-    elif decision.dry_run:
-        outcome = f"dry run: would {decision.action}"
-    elif decision.action == "approve" and record.event_status != "Started":
-        window = record.approve_after or decision.approve_after
-        if window is not None and record.approval != "in_progress":
-            outcome = f"waiting for the maintenance window at {window.isoformat()}"
-        else:
-            outcome = "approving"
-    at = record.redecided_at or record.decided_at or record.first_seen
-    store.audit(
-        record.event_id,
-        at=at,
-        rule=decision.rule,
-        action=decision.action,
-        outcome=outcome,
-        detail=decision.reason,
-        once=f"decision:{at.isoformat()}:{decision.rule}:{decision.action}",
-        rank=1,
-    )
 
 
 def end_event(
@@ -104,11 +71,9 @@ def finish_event(
     record, won = store.mutate_event(event_id, change)
     if not won or record is None or not claimed:
         return []
-    if holds_capacity(record):
-        release_capacity(store, record)
     # Announce the end (and anything claimed before it and still pending, such as a
-    # `started` whose host died), then leave the open index: reconcile does both, in that
-    # order, so an end never hides an announcement still due.
+    # `started` whose host died), give back its capacity, then leave the open index:
+    # reconcile does all three, in that order, so an end never hides what is still due.
     details = dict.fromkeys(claimed, detail) if detail else None
     reconcile(pipeline, record, claimed=claimed, details=details)
     return list(claimed)

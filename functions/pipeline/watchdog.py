@@ -30,7 +30,7 @@ from functions.pipeline.relay_recovery import (
     silence_occurrence,
 )
 from functions.pipeline.sources.eventgrid_ingest import end_unheard
-from functions.pipeline.transitions import audit_decision, end_event
+from functions.pipeline.transitions import end_event
 from functions.store import claims
 from functions.store.keys import row_key
 from functions.store.liveness import Budget, LivenessHint
@@ -482,6 +482,5 @@ def _redecide(
     updated, won = store.mutate_event(record.event_id, change, known=record)
     if not won or updated is None:
         return None
-    audit_decision(updated, store)
     out.redecided.append(record.event_id)
     return updated, mine[0] if mine else ""

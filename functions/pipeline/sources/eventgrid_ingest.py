@@ -33,7 +33,7 @@ from functions.pipeline.lifecycle import _add, _claim, intend_approval
 from functions.pipeline.reconcile import reconcile
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import COMPLETED, GridEvent, parse_message
-from functions.pipeline.transitions import audit_decision, decide_once
+from functions.pipeline.transitions import decide_once
 from functions.store.records import EventRecord
 from functions.store.state import Store
 
@@ -151,14 +151,12 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
     """Write one notification to its event row (the decision and its intent in the same
     write, as ingest does for a document), then reconcile it: announce, approve."""
     store, now, event = pipeline.store, pipeline.clock.now(), grid.event
-    made: list[bool] = []
     mine: list[str] = []
     claimed: list[Transition] = []
     learnt_owner: list[bool] = []
     dry = pipeline.policy is not None and pipeline.policy.dry_run
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        made.clear()
         mine.clear()
         learnt_owner[:] = [rec is not None and not rec.arm_resource]
         updated, transitions = report_grid(rec, grid, now)
@@ -168,7 +166,6 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
             return updated
         decided, announce = decide_once(target, event, pipeline, now)
         if decided:
-            made.append(True)
             mine.append(intend_approval(target, dry, now))
         if announce is not None:
             claimed.append(announce)
@@ -185,8 +182,6 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
         return
     if won and record.ended and holds_capacity(record):
         release_capacity(store, record)
-    if won and made:
-        audit_decision(record, store)
     # A relay-reported event whose owner is known now (the ARM approver can do what no
     # relay could) is due another try, which reconcile sees in the row.
     done = reconcile(
