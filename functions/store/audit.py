@@ -46,7 +46,9 @@ class AuditRows(Rows):
         order of outcomes sharing an anchor) and `once`, and written with Insert Or
         Replace, so doing it twice leaves one row."""
         # Wall-clock nanoseconds break ties between rows written in one (injected) instant.
-        key = f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{time.time_ns():020d}-{uuid.uuid4().hex[:6]}"
+        # Rows of one instant sort by `rank`, then by when they were written.
+        stamp = f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-o{rank}"
+        key = f"{stamp}-{time.time_ns():020d}-{uuid.uuid4().hex[:6]}"
         if once:
             digest = hashlib.sha256(once.encode()).hexdigest()[:20]
             key = f"{(anchor or at).strftime('%Y%m%dT%H%M%S.%fZ')}-o{rank}-{digest}"
