@@ -18,6 +18,7 @@ from functions.model.envelope import SCHEDULED, TERMINATE
 from functions.model.event import Notification, Transition
 from functions.pipeline.announce import STALE_PENDING, announce
 from functions.pipeline.approve import ApprovalResult
+from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
 from functions.pipeline.lifecycle import intend_approval
 from functions.pipeline.policy_state import sync_policy_state
@@ -422,8 +423,26 @@ def _sweep_event(
     mine = ""
     if should_redecide(record, pipeline.settings.policy, now):
         record, mine = _redecide(pipeline, record, now, out) or (record, "")
-    # 3. Still Scheduled after NotBefore: Azure should have started it.
     scheduled = record.event_status == SCHEDULED and not record.started
+    # 3a. Approved, yet still listed as Scheduled well after: Azure starts an approved event
+    # within moments, so its VM is flagged and its slot goes back (issue 32: one VM's own
+    # made-up events hold its set's capacity for APPROVED_START_GRACE at most).
+    approved_at = _approved_at(record)
+    if scheduled and approved_at is not None and now > approved_at + APPROVED_START_GRACE:
+        if holds_capacity(record):
+            release_capacity(pipeline.store, record)
+        minutes = int(APPROVED_START_GRACE.total_seconds() // 60)
+        detail = (
+            f"approved at {approved_at.isoformat()} via {record.approved_by}, yet still "
+            f"listed as Scheduled {minutes} min later: Azure starts an approved event at once, "
+            "so its VM's reports are suspect; its capacity slot is given back"
+        )
+        if announce(pipeline, record.event_id, Transition.OVERDUE, now, detail=detail):
+            out.overdue.append(record.event_id)
+            return
+        _reconcile(pipeline, record, out, approve=False)
+        return
+    # 3. Still Scheduled after NotBefore: Azure should have started it.
     if scheduled and record.not_before is not None and now > record.not_before:
         if announce(
             pipeline,
@@ -442,6 +461,17 @@ def _sweep_event(
     # left behind, a deferred approval (a window opened, capacity freed, a claim whose
     # host died), the same reconcile ingest runs.
     _reconcile(pipeline, record, out, mine=mine)
+
+
+# How long an approved event may stay Scheduled before it is flagged and its slot freed.
+APPROVED_START_GRACE = timedelta(minutes=5)
+
+
+def _approved_at(record: EventRecord) -> datetime | None:
+    if record.approval != "approved":
+        return None
+    times = [a.at for a in record.approval_attempts if a.vm == record.approved_by]
+    return max(times, default=record.decided_at)
 
 
 def _reconcile(

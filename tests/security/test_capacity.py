@@ -92,3 +92,38 @@ def test_a_slot_is_kept_while_its_event_is_within_its_time(fleet: Fleet):
     fleet.pipeline.clock = Ahead(minutes=3)
     run_watchdog(fleet.pipeline)
     assert fleet.store.get_event(second).approval == "pending"
+
+
+def test_a_made_up_event_approved_by_its_own_relay_holds_the_slot_five_minutes_at_most(
+    fleet: Fleet,
+):
+    """Issue 32: the attacker's own relay "approves" its made-up event, which then never
+    starts. On 8f0b6c2 the slot stayed its until NotBefore + duration + 30 min (here an
+    hour and a half). Now an approved event still Scheduled APPROVED_START_GRACE (5 min)
+    after its approval is flagged (`overdue`, saying why) and its slot goes back."""
+    fake_ok = json.dumps({"results": {"MADE-UP-REDEPLOY": "approved"}, "imds_status": 200})
+    liar = _replace_callback(fleet, "attacker", lambda: Listener(200, fake_ok.encode()))
+    try:
+        attacker, victim = fleet.vms["attacker"], fleet.vms["victim"]
+        fleet.deliver(victim.message([]))
+        fleet.deliver(attacker.message([made_up(datetime.now(UTC) + timedelta(hours=1))]))
+        assert fleet.store.get_event("MADE-UP-REDEPLOY").approval == "approved"  # the lie
+        event_id = fleet.sim.add_event("Redeploy", resources=["victim"], source="User")
+        fleet.deliver(victim.message(own_document(fleet, "victim")))
+        assert fleet.store.get_event(event_id).approval_reason == "capacity"
+
+        fleet.pipeline.clock = Ahead(minutes=6)
+        report = run_watchdog(fleet.pipeline)
+        assert "MADE-UP-REDEPLOY" in report.overdue
+        flagged = [
+            n
+            for n in fleet.publisher.published
+            if n.transition.value == "overdue" and n.event.event_id == "MADE-UP-REDEPLOY"
+        ]
+        assert "still listed as Scheduled" in flagged[0].detail
+        # The victim's event is approved in this sweep or, if swept first, the next.
+        approvals = report.approvals + run_watchdog(fleet.pipeline).approvals
+        approved = [a for a in approvals if a.event_id == event_id]
+        assert approved and approved[0].outcome == "approved", approvals
+    finally:
+        liar.close()
