@@ -359,6 +359,10 @@ class EventStep:
     repeated: bool = False  # the VM's previous document showed this same view
     reporter: bool = False  # write its reporter row (status or view changed)
     settled: bool = False  # the remembered row needs nothing from this report
+    # The row as remembered was ended by its reporters, and this VM's row does not list
+    # the event: if the VM never reported it, its report reopens the event for it; if it
+    # did (its reporter row says so), it is a late report as before.
+    reopens: bool = False
 
     @property
     def newcomer(self) -> bool:
@@ -410,6 +414,7 @@ def decide_document(
             step.ended = True
             continue
         step.open_index = step.open_index or reopens
+        step.reopens = reopens
         step.view = view_of(event, envelope.vm.name)
         step.key = view_key(step.view, envelope.vm.scale_set)
         plan.views[folded] = step.key

@@ -394,6 +394,11 @@ def _write_step(
             key=seen_as,
             first=newcomer,
         )
+        if step.reopens and not fresh:
+            # It reported the event before it ended: a late report, not a reopening.
+            store.set_reporter(event.event_id, name, "", now)
+            late.add(event.event_id.casefold())
+            return
         newcomer = newcomer and fresh
     if step.settled:
         return

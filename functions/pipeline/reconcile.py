@@ -223,6 +223,8 @@ def reconcile(
         out.published = sending
         if not defer:
             record = store.recent_event(record.event_id) or record
+            if record.ended:  # its end announced just now: it may leave the open index
+                plan = due(record, policy, now, approval_stale_after(settings), mine)
     if plan.close:
         if holds_capacity(record):
             # Its slots go back before it leaves the open index (a host that died after

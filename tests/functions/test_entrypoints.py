@@ -190,6 +190,7 @@ def test_handlers_from_function_app(store, clock, relay):
         "notify_teams",
         "notify_pagerduty",
         "notify_webhook",
+        "notify_slack",
         "terminate_drain",
         "ingest_event_grid",
         "page_event",
