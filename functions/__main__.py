@@ -1,4 +1,5 @@
 """Operator CLI: `python -m functions policy check`, `python -m functions policy explain FILE`,
+`python -m functions policy backtest [--policy FILE] [--since 30d]` (functions/backtest),
 `python -m functions settings check [--strict]`, `python -m functions cost --vms N` and
 `python -m functions attestation check FILE` (functions/identity/check_cli.py).
 
@@ -43,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the scale set of the document's VM (repeatable), for `scale_sets` rules: a plain "
         "IMDS document does not name it (an envelope or an Event Grid event does)",
     )
+    from functions.backtest import cli as backtest_cli
+
+    backtest_cli.add_parser(what)
     _cost_parser(sub)
     _settings_parser(sub)
     from functions.identity import check_cli
@@ -57,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         from functions.settings_cli import run_settings_check
 
         return run_settings_check(args)
+    if args.policy_command == "backtest":
+        return backtest_cli.run(args)
 
     load = load_policy()
     if load.policy is None:
