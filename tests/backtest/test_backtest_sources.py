@@ -186,7 +186,7 @@ def test_a_bare_imds_document_is_refused_with_the_reason(
 ) -> None:
     path = tmp_path / "doc.json"
     path.write_text(json.dumps(json.loads(LEARN.read_text())[1]))
-    code, result, err = run(capsys, "--documents", str(path))
+    code, result, _ = run(capsys, "--documents", str(path))
     assert code == 2
     assert result["events"] == []
     assert "no time and no VM" in result["skipped"][0]["reason"]
@@ -376,7 +376,8 @@ def test_the_table_named_by_a_settings_file(
     connection, the prefix and the POLICY__* deployed (here: a dry run)."""
     import os
 
-    values = {"StateStorage": os.environ["StateStorage"], "STATE_TABLE_PREFIX": table.prefix}
+    connection = os.environ["StateStorage"]  # noqa: SIM112 - the app's own setting name
+    values = {"StateStorage": connection, "STATE_TABLE_PREFIX": table.prefix}
     monkeypatch.delenv("StateStorage")
     monkeypatch.delenv("STATE_TABLE_PREFIX")
     monkeypatch.delenv("POLICY__DRY_RUN", raising=False)  # --settings sets it: undone after

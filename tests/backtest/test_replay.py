@@ -148,7 +148,8 @@ def test_each_policy_file_form(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         ),
         ('{"rules": [{"name": "a", "action": "hold"}], "dry_rum": true}', "dry_rum"),
         (
-            '[{"name": "all", "action": "approve"}, {"name": "t", "match": {"event_types": ["Terminate"]}, "action": "drain"}]',
+            '[{"name": "all", "action": "approve"}, '
+            '{"name": "t", "match": {"event_types": ["Terminate"]}, "action": "drain"}]',
             "drain",
         ),
         ('{"Values": {"POLICY__DRYRUN": "true"}}', "POLICY__DRYRUN"),
