@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from functions.web.timeline import Lane, render_svg
 
@@ -152,6 +152,7 @@ class ReportData:
     # how many of them the channel posted (it does not send every transition).
     deliveries: int = 0
     posted: int = 0
+    backtest: Any = None  # functions.backtest.replay.Backtest (local/demo_backtest.py)
 
 
 def payload_counts(data: ReportData) -> str:
@@ -219,6 +220,8 @@ def render_html(
     decided, the drain, the approval, who was told); then the checklist of expected
     outcomes, the policy in effect, every payload the receivers got (click to open) and
     the log."""
+    from local.demo_backtest import backtest_section
+
     esc = html.escape
     data = data or ReportData()
     rows = []
@@ -289,6 +292,7 @@ def render_html(
         f"Generated {esc(datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S UTC'))}.</p>"
         f"<table>{fact_rows}</table>"
         f"{chart}"
+        f"{backtest_section(data.backtest)}"
         "<h2>Expected outcomes</h2>"
         f'<table class="outcomes"><tr><th>result</th><th>outcome</th><th>detail</th></tr>'
         f"{''.join(results)}</table>"

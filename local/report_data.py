@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from functions.web.timeline import Lane, Mark
+from local.demo_backtest import report_backtest
 from local.report import Payload, ReportData, short_id
 from local.report_events import event_row
 
@@ -69,6 +70,7 @@ def collect(demo: Demo) -> ReportData:
     data.payloads = _payloads(demo)
     data.deliveries = len(deliveries)
     data.posted = sum(1 for d in deliveries if d.posted)
+    data.backtest = report_backtest(demo)
     return data
 
 

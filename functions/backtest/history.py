@@ -122,15 +122,22 @@ def _from_record(record: Any) -> Past:
         DurationInSeconds=record.duration_in_seconds,
     )
     decision = record.decision
-    approved = next((a for a in record.approval_attempts if a.outcome == "approved"), None)
+    # The attempt that approved it is the last one (a relay's "approved", ARM's answer text).
+    attempts = record.approval_attempts
+    approved = attempts[-1] if record.approval == "approved" and attempts else None
     started_at = approved.at if approved is not None else None
+    # IMDS gives NotBefore while an event is Scheduled: none at all means it was first
+    # seen Started (a host failure), with nothing to decide whatever the row says.
+    no_notice = record.started and (decision is None or record.not_before is None)
     if started_at is None and record.started:
-        started_at = record.not_before
+        started_at = record.first_seen if no_notice else record.not_before
     words = []
-    if decision is None:
-        words.append(
-            "not decided: first seen Started (no notice)" if record.started else "not decided"
-        )
+    if no_notice:
+        words.append("first seen Started: no notice")
+        if decision is not None:
+            words.append(f"recorded {decision.action} ({decision.rule})")
+    elif decision is None:
+        words.append("not decided")
     else:
         words.append(f"{decision.action} ({decision.rule})")
         if decision.dry_run:
@@ -140,7 +147,7 @@ def _from_record(record: Any) -> Past:
         words.append(f"approved by {record.approved_by or approved.by}{lead}")
     elif record.approval == "failed":
         words.append("approval failed: it started at NotBefore")
-    elif decision is not None and record.started:
+    elif decision is not None and record.started and not no_notice:
         words.append("started at NotBefore")
     if record.ended:
         words.append(record.ended)
@@ -150,7 +157,7 @@ def _from_record(record: Any) -> Past:
         first_seen=record.first_seen,
         scale_sets=tuple(record.scale_sets),
         availability_sets=tuple(record.availability_sets),
-        no_notice=decision is None and record.started,
+        no_notice=no_notice,
         started_at=started_at,
         ended_at=record.ended_at,
         end=record.ended,

@@ -238,8 +238,10 @@ def table(azurite: str, monkeypatch: pytest.MonkeyPatch) -> Store:
             first_seen=T + timedelta(minutes=1),
             approval="approved",
             approved_by="policy",
+            # Acknowledged through Resource Manager: the attempt's outcome is ARM's answer.
             approval_attempts=[
-                Attempt(at=T + timedelta(minutes=1), vm="web_1", outcome="approved")
+                Attempt(at=T + timedelta(minutes=1), vm="web_1", outcome="refused 409: busy"),
+                Attempt(at=T + timedelta(minutes=1), vm="arm", outcome="Successfully Approved"),
             ],
             ended="completed",
             ended_at=T + timedelta(minutes=2),
@@ -275,6 +277,17 @@ def table(azurite: str, monkeypatch: pytest.MonkeyPatch) -> Store:
             ended="completed",
             ended_at=T + timedelta(minutes=30),
         ),
+        record(  # a host failure: first seen Started, no NotBefore ever
+            "E6-FAILURE",
+            resources=["web_4"],
+            not_before=None,
+            decision=Decision(action="hold", rule="default-hold"),
+            decided_at=T + timedelta(minutes=3),
+            first_seen=T + timedelta(minutes=3),
+            started=True,
+            ended="completed",
+            ended_at=T + timedelta(minutes=8),
+        ),
         record("E4-OLD", first_seen=T - timedelta(days=40), decided_at=T - timedelta(days=40)),
     ]
     for row in rows:
@@ -289,9 +302,9 @@ def test_the_events_table_under_the_policy_in_effect(
     code, result, err = run(capsys, "--now", (T + timedelta(days=1)).isoformat())
     assert code == 0, err
     ids = [e["EventId"] for e in result["events"]]
-    assert ids == ["E1-REBOOT", "E2-FREEZE", "E5-REDEPLOY", "E3-TERMINATE"]  # E4: too old
-    assert result["source"] == "table" and result["summary"] == {
-        "events": 4,
+    assert ids == ["E1-REBOOT", "E2-FREEZE", "E5-REDEPLOY", "E3-TERMINATE", "E6-FAILURE"]
+    assert result["source"] == "table" and result["summary"] == {  # E4: before --since
+        "events": 5,
         "changed": 0,  # the reference policy decided them: the replay agrees with each
         "compared": 4,
         "holds": 2,
@@ -302,12 +315,18 @@ def test_the_events_table_under_the_policy_in_effect(
         ("E5-REDEPLOY", 1440.0),
     ]
     # Reboot 10:15-10:20 (at NotBefore, as long as it really was), Redeploy 10:25-10:30,
-    # the drained Terminate 10:02-10:03, the Freeze not impactful: one at a time.
+    # the drained Terminate 10:02-10:03, the failure 10:03-10:08, the Freeze not
+    # impactful: one at a time.
     (web,) = result["sets"]
     assert (web["name"], web["peak"], web["over"]) == ("web", 1, 0)
     text = [e["actual"]["text"] for e in result["events"]]
     assert (
         text[1] == "approve (short-freeze), approved by policy, 14 min before NotBefore, completed"
+    )
+    failure = result["events"][4]
+    assert failure["candidate"] is None and failure["changed"] is None
+    assert failure["actual"]["text"] == (
+        "first seen Started: no notice, recorded hold (default-hold), completed"
     )
 
 
@@ -345,15 +364,17 @@ def test_the_events_table_under_a_candidate(
         "E2-FREEZE": True,
         "E5-REDEPLOY": True,
         "E3-TERMINATE": False,
+        "E6-FAILURE": None,
     }
     terminate = result["events"][3]
     assert terminate["effective"] == "hold" and "no drain step" in terminate["note"]
     (hold,) = result["holds"]
     assert (hold["EventId"], hold["seconds"]) == ("E3-TERMINATE", 480.0)
-    # Approved at once: the reboot 10:00-10:05 and the redeploy 10:01-10:06 overlap.
+    # Approved at once, the reboot 10:00-10:05 and the redeploy 10:01-10:06 overlap the
+    # host failure 10:03-10:08 (no notice: it happened whatever the policy).
     (web,) = result["sets"]
-    assert (web["peak"], web["over"], web["at"]) == (2, 1, (T + timedelta(minutes=1)).isoformat())
-    assert web["EventIds"] == ["E1-REBOOT", "E5-REDEPLOY"]
+    assert (web["peak"], web["over"], web["at"]) == (3, 2, (T + timedelta(minutes=3)).isoformat())
+    assert web["EventIds"] == ["E1-REBOOT", "E5-REDEPLOY", "E6-FAILURE"]
 
 
 def test_a_wrong_table_prefix_is_named(
@@ -391,4 +412,5 @@ def test_the_table_named_by_a_settings_file(
     assert code == 0, err
     assert result["policy"] == "the POLICY__* settings"
     assert all(e["effective"] == "hold" for e in result["events"] if e["candidate"])
-    assert all(e["note"] == "dry run: nothing is approved" for e in result["events"])
+    notes = [e["note"] for e in result["events"] if e["candidate"]]
+    assert notes == ["dry run: nothing is approved"] * 4
