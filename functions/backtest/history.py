@@ -337,6 +337,13 @@ def _objects_of(file: Path) -> Iterator[tuple[str, Any]]:
         yield str(file), data
 
 
+def _event_grid(item: Any) -> bool:
+    """An Event Grid notification (either schema), or a batch of them."""
+    if isinstance(item, list):
+        return bool(item) and all(_event_grid(i) for i in item)
+    return isinstance(item, dict) and ("eventType" in item or "specversion" in item)
+
+
 @dataclass
 class _Seen:
     """One event as the envelopes show it, built up document by document."""
@@ -357,6 +364,13 @@ def from_documents(paths: Iterable[str], since: datetime) -> tuple[list[Past], l
     for where, item in envelope_objects(paths):
         if isinstance(item, HistoryError):
             skipped.append(Skipped(where, str(item)))
+            continue
+        if _event_grid(item):
+            note = (
+                "an Event Grid notification, not a relay envelope: left out (the events "
+                "table has what the bridge made of it)"
+            )
+            skipped.append(Skipped(where, note, error=False))
             continue
         if isinstance(item, dict) and "Events" in item and "kind" not in item:
             skipped.append(

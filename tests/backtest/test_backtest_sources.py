@@ -414,3 +414,30 @@ def test_the_table_named_by_a_settings_file(
     assert all(e["effective"] == "hold" for e in result["events"] if e["candidate"])
     notes = [e["note"] for e in result["events"] if e["candidate"]]
     assert notes == ["dry run: nothing is approved"] * 4
+
+
+DEMO = HERE / "samples" / "demo-envelopes.jsonl"
+
+
+def test_what_the_demos_relays_recorded(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """35 envelopes seven real relays sent during one `make demo` (JSON Lines; callback keys
+    and attestations removed), replayed under the reference policy with drains configured."""
+    monkeypatch.setenv("DRAIN__RELAY_HOOK", "drain")
+    code, result, err = run(capsys, "--documents", str(DEMO), "--now", "2026-11-28")
+    assert code == 0, err
+    events = {e["EventId"][:8]: e for e in result["events"]}
+    assert len(events) == 9
+    reboot = events["A40F117D"]  # the platform reboot of web-as: both VMs reported it
+    assert reboot["Resources"] == ["web-1", "web-2"]
+    assert reboot["availability_sets"] == ["web-as"]
+    assert reboot["candidate"]["rule"] == "default-hold"
+    assert reboot["actual"]["text"].startswith("started at NotBefore: not approved")
+    terminate = events["6D6C3437"]
+    assert (terminate["candidate"]["action"], terminate["effective"]) == ("drain", "drain")
+    assert terminate["scale_sets"] == ["workers"]
+    assert events["BE589826"]["actual"]["end"] == "cancelled"
+    failure = events["2C35E1BE"]  # the host failure: first seen Started
+    assert failure["candidate"] is None and failure["actual"]["started_at"] == failure["first_seen"]
+    assert [h["EventId"][:8] for h in result["holds"]] == ["A40F117D", "F5C9D7DE", "5C75F00E"]
