@@ -17,7 +17,6 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from local.demo_backtest import run_backtest
 from local.options import DEFAULT_REPORT, DemoAborted, DemoOptions
 from local.orchestration import Demo
 from local.plan import FLEET, PLAN, Step, check_plan
@@ -55,7 +54,6 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
                 demo.start()
                 demo.play()
                 outcomes = demo.outcomes()
-                outcomes += run_backtest(demo)  # its own history, before Azurite stops
             except KeyboardInterrupt:
                 aborted = "interrupted"
             except DemoAborted as exc:

@@ -28,6 +28,7 @@ from local.channels import (
     pagerduty_action,
     short_retries,
 )
+from local.demo_backtest import run_backtest
 from local.drain_worker import start_drain_worker
 from local.narration import announcement, receiver_news, subject
 from local.options import DemoAborted, DemoOptions
@@ -519,8 +520,9 @@ class Demo:
             return list(self.deliveries)
 
     def outcomes(self) -> list[Outcome]:
-        """What the demo promised, checked against what each part actually observed."""
-        return check_outcomes(self)
+        """What the demo promised, checked against what each part actually observed; then
+        the backtest of its own history (local/demo_backtest.py), while Azurite still runs."""
+        return check_outcomes(self) + run_backtest(self)
 
     # ------------------------------------------------------------------ shutting down
     def close(self) -> None:

@@ -172,6 +172,28 @@ def test_every_payload_was_valid_and_every_webhook_signed(played: Played):
     assert all(json.loads(r.raw)["specversion"] == "1.0" for r in webhook)
 
 
+def test_slack_got_the_same_posts_as_teams(played: Played):
+    """Slack follows Teams' rules: one message per transition Teams posts a card for, each
+    checked by the local webhook's Block Kit rules (200 "ok" only when valid)."""
+    from local.receivers import shown
+    from local.slack_receiver import SlackReceiver
+
+    slack = played.demo.receivers["slack"].accepted()
+    teams = played.demo.receivers["teams"].accepted()
+    assert len(slack) == len(teams) >= 10
+    assert all(r.status == 200 for r in slack)
+
+    def slack_title(record) -> str:
+        text = record.body["blocks"][0]["text"]["text"].replace("\u200b", "")
+        return text.removeprefix("Attention: ")
+
+    def teams_title(record) -> str:
+        return shown(record.body["attachments"][0]["content"]["body"][0]["text"])
+
+    assert sorted(map(slack_title, slack)) == sorted(map(teams_title, teams))
+    assert all(SlackReceiver.message_text(r) for r in slack)
+
+
 def test_host_failure_decision_card_and_page_say_it_already_started(played: Played):
     """The event never was Scheduled: nothing the operator reads may call it scheduled."""
     event_id = played.event_id("hardware-failure")
@@ -224,3 +246,21 @@ def test_the_report_renders_in_a_real_browser_with_a_lane_per_event(played: Play
     width, height, pixels = png_pixels(screenshot(page, tmp_path / "report.png"))
     assert (width, height) == (1280, 2400)
     assert len(set(pixels)) > 20, "the screenshot is blank"
+
+
+def test_the_backtest_of_its_own_history_gives_back_each_decision(played: Played):
+    """Replayed through the policy that made them, the events table's decisions all come
+    back; the report carries the same three tables."""
+    from local.report import render_html
+    from local.report_data import collect
+
+    result = played.demo.backtest
+    compared = [r for r in result.events if r.changed is not None]
+    assert len(compared) >= 8 and result.changed == []
+    assert {r.past.event.event_type for r in compared} >= {"Freeze", "Reboot", "Terminate"}
+    held = [h for h in result.holds if h.rule == "default-hold"]
+    assert held, "the platform reboot of web-as runs to NotBefore"
+    page = render_html(
+        "demo report", played.timeline.snapshot(), played.outcomes, {}, collect(played.demo)
+    )
+    assert '<h2 id="backtest">' in page and page.count("<td>=</td>") == len(compared)
