@@ -7,7 +7,7 @@ same flags and RELAY_* variables) it:
 1. fetches Scheduled Events from IMDS;
 2. fetches compute metadata (the vmId every message names);
 3. fetches an attested document and saves it (`--out`, default ./attested-document.json)
-   for `python -m functions attestation check FILE --nonce N` on the app's side;
+   for `.venv/bin/python -m functions attestation check FILE --nonce N` on the app's side;
 4. sends one attested `preflight` message to Service Bus, which the app admits (attestation,
    Resource Graph) and records without touching any VM or event; a refusal says which right
    is missing (401/403);
@@ -148,7 +148,7 @@ class Preflight:
         signature = json.loads(answer.body)["signature"]
         self.out.write_text(json.dumps({"encoding": "pkcs7", "signature": signature}))
         return nonce, (
-            f"saved to {self.out}; on the app's side: python -m functions attestation "
+            f"saved to {self.out}; on the app's side: .venv/bin/python -m functions attestation "
             f"check {self.out.name} --nonce {nonce}"
         )
 

@@ -92,7 +92,30 @@ def test_every_step_passes_and_the_app_admits_the_message_without_recording_it(
     # The attested document, saved as IMDS answered it, with the nonce to check it under.
     saved = json.loads((tmp_path / "doc.json").read_text())
     assert saved["encoding"] == "pkcs7" and saved["signature"]
-    assert "python -m functions attestation check doc.json --nonce " in done.stdout
+    # The command the relay prints runs as printed from the repository (issue 33), here
+    # against the simulator's CA as the local app trusts it (ATTESTATION_CA_PEM).
+    import re
+    import sys
+
+    from simulator.identity import test_issuer
+
+    hint = re.search(
+        r"on the app's side: (\.venv/bin/python -m functions attestation .*)$", done.stdout, re.M
+    )
+    assert hint and "check doc.json --nonce " in hint.group(1), done.stdout
+    argv = hint.group(1).split()
+    assert argv[0] == ".venv/bin/python"
+    root = Path(__file__).resolve().parents[2]
+    checked = subprocess.run(
+        [sys.executable, *argv[1:-3], str(tmp_path / "doc.json"), *argv[-2:], "--offline"],
+        cwd=root,
+        env={"PATH": "/usr/bin:/bin", "ATTESTATION_CA_PEM": test_issuer().root_pem},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["ok"] is True
     # One preflight message on the documents queue, attested, in the VM's session.
     vm_id = vm_id_of("pf-vm1")
     (message,) = standin.messages
