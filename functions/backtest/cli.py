@@ -34,12 +34,12 @@ from functions.backtest.history import (
     Skipped,
     from_documents,
     from_graph,
-    from_store,
     parse_since,
     read_json,
 )
 from functions.backtest.render import dumps, render_text
 from functions.backtest.replay import Backtest, replay
+from functions.backtest.table import from_store
 from functions.model.policy import (
     POLICY_FAMILY,
     Policy,

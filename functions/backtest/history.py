@@ -58,6 +58,16 @@ class Skipped:
 
 
 @dataclass(frozen=True)
+class View:
+    """One distinct view of an event (functions.store.records.ViewDecision) as the policy
+    reads it, with the scale set of the VM that first reported it (Azure's fact)."""
+
+    event: ScheduledEvent
+    scale_sets: tuple[str, ...]
+    first_vm: str
+
+
+@dataclass(frozen=True)
 class Past:
     """One past event: what a decision reads, and what really happened."""
 
@@ -74,6 +84,9 @@ class Past:
     actual_rule: str | None = None
     actual: str = ""  # in words: what was decided, or what the record shows happened
     decided_at: datetime | None = None  # when the bridge decided (table only)
+    # The events table's distinct views of the event, each as its reporters saw it: the
+    # bridge decides each and acts on the strictest, and so does the replay.
+    views: tuple[View, ...] = ()
 
     @property
     def event_id(self) -> str:
@@ -83,98 +96,6 @@ class Past:
 def scheduled_copy(event: ScheduledEvent, **changes: Any) -> ScheduledEvent:
     """`event` as it was while Scheduled (the status rules may match on)."""
     return event.model_copy(update={"event_status": SCHEDULED, **changes})
-
-
-# --------------------------------------------------------------------------- events table
-
-
-def from_store(store: Any, since: datetime) -> tuple[list[Past], list[Skipped]]:
-    """Every event row first seen at or after `since` (a scan of the event rows: the
-    command's read, never the app's)."""
-    from functions.store.rows import BadRow
-
-    pasts: list[Past] = []
-    skipped: list[Skipped] = []
-    try:
-        records = store.list_events(include_ended=True)
-    except BadRow as exc:  # pragma: no cover - list_events skips bad rows itself
-        raise HistoryError(f"events table: {exc}") from None
-    for record in records:
-        if record.first_seen < since:
-            continue
-        try:
-            pasts.append(_from_record(record))
-        except (ValidationError, ValueError) as exc:
-            skipped.append(Skipped(record.event_id, f"unreadable event row: {exc}"))
-    return pasts, skipped
-
-
-def _from_record(record: Any) -> Past:
-    event = ScheduledEvent(
-        EventId=record.event_id,
-        EventStatus=SCHEDULED,
-        EventType=record.event_type,
-        ResourceType=record.resource_type,
-        Resources=tuple(record.resources),
-        NotBefore=record.not_before,
-        Description=record.description,
-        EventSource=record.event_source,
-        DurationInSeconds=record.duration_in_seconds,
-    )
-    decision = record.decision
-    # The attempt that approved it is the last one (a relay's "approved", ARM's answer text).
-    attempts = record.approval_attempts
-    approved = attempts[-1] if record.approval == "approved" and attempts else None
-    started_at = approved.at if approved is not None else None
-    # IMDS gives NotBefore while an event is Scheduled: none at all means it was first
-    # seen Started (a host failure), with nothing to decide whatever the row says.
-    no_notice = record.started and (decision is None or record.not_before is None)
-    if started_at is None and record.started:
-        started_at = record.first_seen if no_notice else record.not_before
-    words = []
-    if no_notice:
-        words.append("first seen Started: no notice")
-        if decision is not None:
-            words.append(f"recorded {decision.action} ({decision.rule})")
-    elif decision is None:
-        words.append("not decided")
-    else:
-        words.append(f"{decision.action} ({decision.rule})")
-        if decision.dry_run:
-            words.append("dry run")
-    if record.approval == "approved" and approved is not None:
-        lead = _lead(record.not_before, approved.at)
-        words.append(f"approved by {record.approved_by or approved.by}{lead}")
-    elif record.approval == "failed":
-        words.append("approval failed: it started at NotBefore")
-    elif decision is not None and record.started and not no_notice:
-        words.append("started at NotBefore")
-    if record.ended:
-        words.append(record.ended)
-    return Past(
-        event=event,
-        source="table",
-        first_seen=record.first_seen,
-        scale_sets=tuple(record.scale_sets),
-        availability_sets=tuple(record.availability_sets),
-        no_notice=no_notice,
-        started_at=started_at,
-        ended_at=record.ended_at,
-        end=record.ended,
-        actual_action=decision.action if decision else None,
-        actual_rule=decision.rule if decision else None,
-        actual=", ".join(words),
-        decided_at=record.decided_at,
-    )
-
-
-def _lead(not_before: datetime | None, at: datetime) -> str:
-    if not_before is None:
-        return ""
-    seconds = (not_before - at).total_seconds()
-    if seconds >= 0:
-        return f", {_span(seconds)} before NotBefore"
-    return f", {_span(-seconds)} after NotBefore"
 
 
 def _span(seconds: float) -> str:

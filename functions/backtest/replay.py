@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from functions.backtest.history import Past, Skipped
 from functions.model.event import Decision
 from functions.model.policy import Policy, decide, is_impactful
+from functions.pipeline.views import strictest
 
 
 @dataclass(frozen=True)
@@ -144,13 +145,20 @@ def _replay_one(policy: Policy, past: Past, now: datetime, drain_configured: boo
             "first seen Started: no notice, nothing to decide",
         )
     at = _moment(past) or now
-    decision = decide(policy, past.event, at, past.scale_sets)
-    effective, note = decision.action, ""
+    note = ""
+    if past.views:
+        # As the bridge does: each distinct view decided on its own, the strictest acts.
+        decision = strictest([decide(policy, v.event, at, v.scale_sets) for v in past.views])
+        if len(past.views) > 1:
+            note = f"{len(past.views)} distinct views decided, the strictest acts"
+    else:
+        decision = decide(policy, past.event, at, past.scale_sets)
+    effective = decision.action
     if decision.dry_run:
-        effective, note = "hold", "dry run: nothing is approved"
+        effective, note = "hold", _join(note, "dry run: nothing is approved")
     elif decision.action == "drain" and not drain_configured:
         effective = "hold"
-        note = "drain: no drain step configured, held until NotBefore"
+        note = _join(note, "drain: no drain step configured, held until NotBefore")
     not_before = past.event.not_before
     if effective == "hold":
         start = not_before
@@ -162,6 +170,10 @@ def _replay_one(policy: Policy, past: Past, now: datetime, drain_configured: boo
     if start is not None and withdrawn is not None and start >= withdrawn:
         start = None  # Azure withdrew it first: under the candidate it never started
     return Replayed(past, at, decision, effective, start, _end(past, start), impactful, note)
+
+
+def _join(first: str, second: str) -> str:
+    return f"{first}; {second}" if first else second
 
 
 def _end(past: Past, start: datetime | None) -> datetime | None:

@@ -441,3 +441,73 @@ def test_what_the_demos_relays_recorded(
     failure = events["2C35E1BE"]  # the host failure: first seen Started
     assert failure["candidate"] is None and failure["actual"]["started_at"] == failure["first_seen"]
     assert [h["EventId"][:8] for h in result["holds"]] == ["A40F117D", "F5C9D7DE", "5C75F00E"]
+
+
+def test_each_view_of_an_event_is_decided_as_the_bridge_did(
+    azurite: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Two reporters of one EventId whose IMDS disagree (one claims a 5 s Freeze): the
+    bridge decided each view and held (the strictest). A candidate that approves reboots
+    and holds freezes still holds it: the replay decides each view, not the row's fields."""
+    from functions.model.view import VmView
+    from functions.store.records import ViewDecision
+
+    prefix = "bv" + uuid.uuid4().hex[:10]
+    store = Store.from_connection_string(azurite, prefix).ensure_tables()
+    monkeypatch.setenv("StateStorage", azurite)
+    monkeypatch.setenv("STATE_TABLE_PREFIX", prefix)
+    hold = Decision(action="hold", rule="default-hold")
+    approve = Decision(action="approve", rule="short-freeze")
+    views = [
+        ViewDecision(
+            key=f"k{i}",
+            view=VmView(
+                vm=vm,
+                event_type=kind,
+                event_source="Platform",
+                duration_s=seconds,
+                not_before=T + timedelta(minutes=15),
+                resources=("web_0", "web_1"),
+            ),
+            scale_set="web",
+            decision=choice,
+            decided_at=T,
+            first_vm=vm,
+        )
+        for i, (vm, kind, seconds, choice) in enumerate(
+            [("web_0", "Reboot", -1, hold), ("web_1", "Freeze", 5, approve)]
+        )
+    ]
+    row = record(
+        "E7-VIEWS",
+        resources=["web_0", "web_1"],
+        decision=hold,
+        decided_at=T,
+        views=views,
+        views_differ=["EventType", "DurationInSeconds"],
+    )
+    store.mutate_event(row.event_id, lambda _current: row)
+    policy = tmp_path / "candidate.json"
+    policy.write_text(
+        json.dumps(
+            [
+                {"name": "reboots-now", "match": {"event_types": ["Reboot"]}, "action": "approve"},
+                {"name": "rest", "action": "hold"},
+            ]
+        )
+    )
+    code, result, err = run(
+        capsys, "--policy", str(policy), "--now", (T + timedelta(days=1)).isoformat()
+    )
+    assert code == 0, err
+    (event,) = result["events"]
+    assert (event["candidate"]["action"], event["candidate"]["rule"]) == ("hold", "rest")
+    assert event["note"] == "2 distinct views decided, the strictest acts"
+    assert "views differ in EventType, DurationInSeconds" in event["actual"]["text"]
+    # Under the policy that decided it, the replay gives the bridge's decision back.
+    code, result, err = run(capsys, "--now", (T + timedelta(days=1)).isoformat())
+    assert code == 0, err
+    assert result["events"][0]["changed"] is False
