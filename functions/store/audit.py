@@ -4,6 +4,7 @@ and the rejected table (every message not processed, with why; PartitionKey = da
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,18 @@ from azure.data.tables import TableClient
 from functions.store.http import NO_ECHO
 from functions.store.keys import row_key
 from functions.store.rows import Rows, utf16_prefix
+
+# A relay's callback secret (`callback_key.secret`, 64 hex) travels in every message; the
+# rejected table keeps bodies for people to read, so it keeps them without it: whoever reads
+# the table could otherwise sign callbacks to that relay, and, with ATTESTATION_MODE=report,
+# speak for its VM (functions.pipeline.admission admits a failed document by that key).
+_SECRET = re.compile(r'("secret"\s*:\s*")[^"\\]*(")')
+REDACTED = "(not kept)"
+
+
+def without_secrets(text: str) -> str:
+    """`text` with every JSON `"secret": "..."` value replaced (the rest as received)."""
+    return _SECRET.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(2)}", text)
 
 
 class AuditRows(Rows):
@@ -77,6 +90,7 @@ class AuditRows(Rows):
     def reject(self, *, at: datetime, reason: str, body: bytes | str, message_id: str = "") -> None:
         """Keep an envelope that does not validate, with why, so nothing is silently lost."""
         text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        text = without_secrets(text)
         self.rejected.create_entity(
             {
                 "PartitionKey": at.strftime("%Y-%m-%d"),

@@ -107,3 +107,16 @@ def test_random_claimed_vm_ids_cost_no_query_and_no_wait(fleet: Fleet):
     assert outcomes == ["rejected"] * 5, outcomes
     assert meter.resource_graph() == 0 and waits == []
     assert time.monotonic() - began < 5.0
+
+
+def test_a_rejected_message_is_kept_without_its_relays_secret(fleet: Fleet):
+    """The rejected table keeps bodies for people; a relay's callback secret in one would
+    let its reader sign callbacks to that relay and, in report mode, speak for its VM."""
+    victim = fleet.vms["victim"]
+    far = made_up_terminate("victim")
+    far["NotBefore"] = format_datetime(datetime.now(UTC) + timedelta(days=400), usegmt=True)
+    result = fleet.deliver(victim.message([far]))
+    assert result.outcome == "rejected" and "NotBefore" in result.reason
+    bodies = [row["body"] for row in fleet.store.rejected_rows()]
+    assert bodies and all(victim.keys.current.secret.hex() not in b for b in bodies)
+    assert victim.keys.current.id in bodies[0]  # the rest as received
