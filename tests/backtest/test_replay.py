@@ -209,3 +209,14 @@ def test_an_empty_directory_of_documents(
     code = main(["policy", "backtest", "--documents", str(tmp_path)])
     _, err = capsys.readouterr()
     assert code == 2 and "no *.json files" in err
+
+
+def test_a_key_vault_reference_for_the_table_is_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `az functionapp config appsettings list` exports for StateStorage in Azure."""
+    reference = "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/state/)"
+    monkeypatch.setenv("StateStorage", reference)
+    code = main(["policy", "backtest"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "StateStorage is an unresolved Key Vault reference" in err
