@@ -511,3 +511,33 @@ def test_each_view_of_an_event_is_decided_as_the_bridge_did(
     code, result, err = run(capsys, "--now", (T + timedelta(days=1)).isoformat())
     assert code == 0, err
     assert result["events"][0]["changed"] is False
+
+
+def test_the_demos_check_and_its_report_section(table: Store, azurite: str) -> None:
+    """local/demo_backtest.py on a table: met when every decision comes back, printed as
+    the command prints it, a report section; skipped on a table with no decision."""
+    import io
+    from types import SimpleNamespace
+
+    from functions.model.policy import Policy, PolicyLoad
+    from local.demo_backtest import backtest_section, run_backtest
+    from local.report import Timeline
+
+    stream = io.StringIO()
+    demo = SimpleNamespace(
+        store=table,
+        settings=SimpleNamespace(policy=PolicyLoad(policy=Policy())),
+        policy_source="the reference policy",
+        timeline=Timeline(stream=stream, colour=False),
+    )
+    (outcome,) = run_backtest(demo)  # type: ignore[arg-type]
+    assert outcome.ok and not outcome.skipped, outcome
+    # All of the table (E4 too, undecided, so not compared): the demo's Azurite is its own.
+    assert "4 decision(s) replayed, 0 differ" in outcome.detail
+    assert "Holds that would run to NotBefore (3)" in stream.getvalue()
+    section = backtest_section(demo.backtest)
+    assert section.count("<td>=</td>") == 4 and "E1-REBOO" in section
+    empty = Store.from_connection_string(azurite, "be" + uuid.uuid4().hex[:10]).ensure_tables()
+    demo.store = empty
+    (outcome,) = run_backtest(demo)  # type: ignore[arg-type]
+    assert outcome.skipped and "no decided event" in outcome.detail
