@@ -401,7 +401,9 @@ def test_the_table_named_by_a_settings_file(
     values = {"StateStorage": connection, "STATE_TABLE_PREFIX": table.prefix}
     monkeypatch.delenv("StateStorage")
     monkeypatch.delenv("STATE_TABLE_PREFIX")
-    monkeypatch.delenv("POLICY__DRY_RUN", raising=False)  # --settings sets it: undone after
+    # --settings writes the file's settings into this process: registered here so that
+    # they are undone after (delenv of an absent name registers nothing).
+    monkeypatch.setenv("POLICY__DRY_RUN", "false")
     settings = [{"name": k, "value": v, "slotSetting": False} for k, v in values.items()]
     settings.append({"name": "POLICY__DRY_RUN", "value": "true", "slotSetting": False})
     path = tmp_path / "appsettings.json"
@@ -541,3 +543,10 @@ def test_the_demos_check_and_its_report_section(table: Store, azurite: str) -> N
     demo.store = empty
     (outcome,) = run_backtest(demo)  # type: ignore[arg-type]
     assert outcome.skipped and "no decided event" in outcome.detail
+
+
+def test_no_setting_leaks_out_of_these_tests() -> None:
+    """Runs last in this module: a POLICY__* left behind would change every later test."""
+    import os
+
+    assert not [k for k in os.environ if k.upper().startswith(("POLICY_", "DRAIN__"))]
