@@ -172,16 +172,30 @@ def main(argv: list[str] | None = None) -> int:
         forward_all_events=settings.forward_all_events,
         keys=keys,
     )
-    server = None
-    if settings.callback_listen:
-        server = _start_callback(settings, keys, hook_user, vm, watcher, sending)
-        if server is None:
-            sending.stop()
-            return 1
+    servers: list[Any] = []
+    readiness = None
+    try:
+        if settings.ready_listen:  # the load balancer's probe, relay.ready
+            from relay.ready import Readiness
+
+            readiness = Readiness(
+                settings.state_dir, lambda: watcher.started, settings.unready_while_started
+            )
+            servers.append(readiness.serve(settings.ready_listen))
+        if settings.callback_listen:
+            servers.append(
+                _start_callback(settings, keys, hook_user, vm, watcher, sending, readiness)
+            )
+    except OSError as exc:
+        event(log, logging.CRITICAL, "cannot listen", error=str(exc))
+        for server in servers:
+            server.stop()
+        sending.stop()
+        return 1
     try:
         watcher.run()
     finally:
-        if server is not None:
+        for server in servers:
             server.stop()
         sending.stop()
         event(log, logging.INFO, "relay stopped", pending=len(outbox))
@@ -195,6 +209,7 @@ def _start_callback(
     vm: VmRef,
     watcher: Watcher,
     sending: SendLoop,
+    readiness: Any,
 ) -> Any:
     from relay.callback import CallbackApp, CallbackServer
     from relay.startlog import StartLog
@@ -204,7 +219,12 @@ def _start_callback(
         from relay.hooks import HookRunner
 
         hooks = HookRunner(
-            settings.hooks, settings.state_dir, settings.hook_timeout, vm.name, user=hook_user
+            settings.hooks,
+            settings.state_dir,
+            settings.hook_timeout,
+            vm.name,
+            user=hook_user,
+            observer=readiness,
         )
 
     def health() -> dict[str, Any]:
@@ -234,22 +254,12 @@ def _start_callback(
         starts=StartLog(settings.state_dir),
     )
     assert settings.callback_listen
-    try:
-        return CallbackServer(
-            settings.callback_listen,
-            app,
-            max_concurrent=settings.callback_max_concurrent,
-            read_timeout=settings.callback_read_timeout,
-        ).start()
-    except OSError as exc:
-        event(
-            log,
-            logging.CRITICAL,
-            "cannot listen for callbacks",
-            address=settings.callback_listen,
-            error=str(exc),
-        )
-        return None
+    return CallbackServer(
+        settings.callback_listen,
+        app,
+        max_concurrent=settings.callback_max_concurrent,
+        read_timeout=settings.callback_read_timeout,
+    ).start()
 
 
 if __name__ == "__main__":

@@ -338,7 +338,9 @@ class CallbackApp:
             raise Refused(404, "unknown EventId")
         if not scheduled.affects(self.vm_name):
             raise Refused(403, "EventId does not name this VM")
-        record = self.hooks.run_once(name, scheduled, wait=self.hook_wait)
+        undoes = payload.get("Undoes")
+        undoes = undoes if isinstance(undoes, str) else None
+        record = self.hooks.run_once(name, scheduled, wait=self.hook_wait, undoes=undoes)
         return (202 if record.get("status") == RUNNING else 200), public(record)
 
     def _undoing(self, payload: dict[str, Any], event_id: str) -> Any:

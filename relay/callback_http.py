@@ -113,11 +113,12 @@ class _Handler(socketserver.BaseRequestHandler):
             return
         except (OSError, ValueError):  # too slow or gone: nobody to answer
             return
-        if method == "GET":
+        self.head = method == "HEAD"
+        if method == "GET" or self.head:
             self.do_GET()
-        elif method == "POST":
+        elif method == "POST" and not self.server.read_only:
             self.do_POST()
-        elif method in ("PUT", "DELETE", "PATCH"):
+        elif method in ("PUT", "DELETE", "PATCH", "POST"):
             self._answer(405, {"error": "method not allowed"})
         else:
             self._answer(501, {"error": "method not implemented"})
@@ -148,7 +149,7 @@ class _Handler(socketserver.BaseRequestHandler):
             self._received()
         except Refused:
             return
-        if self.path.split("?", 1)[0] != "/v1/health":
+        if self.path.split("?", 1)[0] != self.server.get_path:
             self._answer(404, {"error": "no such endpoint"})
             return
         self._answer(*self.server.app.health())
@@ -198,6 +199,8 @@ class _Handler(socketserver.BaseRequestHandler):
             "Cache-Control: no-store\r\n"
             "Connection: close\r\n\r\n"
         )
+        if getattr(self, "head", False):
+            data = b""  # HEAD: the headers of the GET answer, Content-Length included
         with contextlib.suppress(OSError):  # a client gone before its answer: nothing to do
             self.connection.sendall(head.encode("ascii") + data)
 
@@ -216,6 +219,8 @@ class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    get_path = "/v1/health"  # the one GET (and HEAD) path: app.health() answers it
+    read_only = False  # True: no POST (the readiness probe, relay.ready)
     request_queue_size = 64  # the kernel's accept queue: a burst waits there, not in threads
 
     def __init__(
@@ -355,8 +360,12 @@ class CallbackServer:
         poll_interval: float = 0.5,
         max_concurrent: int = DEFAULT_MAX_CONCURRENT,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
+        name: str = "callback",
+        get_path: str = "/v1/health",
+        read_only: bool = False,
     ) -> None:
         self._poll = poll_interval  # how fast stop() is noticed; a wake-up costs CPU
+        self.name = name
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
         server_class = CallbackHTTPServer
@@ -366,6 +375,7 @@ class CallbackServer:
             server_class = type("CallbackHTTP6Server", (CallbackHTTPServer,), {})
             server_class.address_family = socket.AF_INET6
         self.httpd = server_class((host, int(port)), app, max_concurrent, read_timeout)
+        self.httpd.get_path, self.httpd.read_only = get_path, read_only
         self.app = app
         self._thread: threading.Thread | None = None
 
@@ -382,11 +392,11 @@ class CallbackServer:
         self._thread = threading.Thread(
             target=self.httpd.serve_forever,
             kwargs={"poll_interval": self._poll},
-            name="relay-callback",
+            name=f"relay-{self.name}",
             daemon=True,
         )
         self._thread.start()
-        event(log, logging.INFO, "callback listening", address=f"{self.url}")
+        event(log, logging.INFO, f"{self.name} listening", address=f"{self.url}")
         return self
 
     def stop(self) -> None:

@@ -137,7 +137,11 @@ class HookRunner:
         timeout: float,
         vm_name: str,
         user: HookUser | None = None,
+        observer: Any = None,
     ) -> None:
+        # observer (relay.ready.Readiness): hook_started(name, EventId, undoes) before a
+        # script runs, hook_finished(name, EventId, undoes, status) once it is over.
+        self.observer = observer
         self.user = user or HookUser("(relay)", None, None)
         self.disabled = self.user.problem
         self.hooks = dict(hooks)
@@ -179,14 +183,19 @@ class HookRunner:
                 finished_at=_now(),
             )
             self._store(record)
+            if self.observer:
+                self.observer.hook_finished(name, event_id, record.get("Undoes"), FAILED)
         return record
 
     @staticmethod
     def _key(name: str, event_id: str) -> str:
         return f"{name}\0{event_id.casefold()}"
 
-    def run_once(self, name: str, scheduled: ScheduledEvent, wait: float) -> dict[str, Any]:
-        """Start the hook for this event unless it ever ran; wait up to `wait` seconds."""
+    def run_once(
+        self, name: str, scheduled: ScheduledEvent, wait: float, undoes: str | None = None
+    ) -> dict[str, Any]:
+        """Start the hook for this event unless it ever ran; wait up to `wait` seconds.
+        `undoes`: the hook this run undoes (an undrain's `Undoes`), kept in the record."""
         key = self._key(name, scheduled.event_id)
         with self._lock:
             existing = self._result_locked(name, scheduled.event_id)
@@ -202,8 +211,11 @@ class HookRunner:
                     "exit_code": None,
                     "output_tail": "",
                     "started_at": _now(),
+                    "Undoes": undoes,
                 }
                 self._store(record)  # durable before the script can have any effect
+                if self.observer:
+                    self.observer.hook_started(name, scheduled.event_id, undoes)
                 done = threading.Event()
                 self._active[key] = done
                 threading.Thread(
@@ -275,6 +287,8 @@ class HookRunner:
             except OSError as exc:
                 event(log, logging.ERROR, "cannot record hook result", error=str(exc))
             self._active.pop(self._key(name, scheduled.event_id), None)
+        if self.observer:
+            self.observer.hook_finished(name, scheduled.event_id, record["Undoes"], status)
         done.set()
         event(
             log,

@@ -181,6 +181,8 @@ _SPECS: dict[str, _Spec] = {
     "identity_client_id": _Spec(_text),
     "message_ttl": _int(ge=60),
     "callback_listen": _Spec(_text),
+    "ready_listen": _Spec(_text),
+    "unready_while_started": _Spec(_bool),
     "callback_key_file": _Spec(_path),
     "previous_key_file": _Spec(_path),
     "callback_key_max_age_days": _float(gt=0, le=3650),
@@ -254,6 +256,9 @@ class RelaySettings(Record):
     callback_url: str | None = None
     callback_max_concurrent: int = 16
     callback_read_timeout: float = 10.0
+    # The load balancer's readiness probe (relay.ready): GET /readyz on HOST:PORT; off if None.
+    ready_listen: str | None = None
+    unready_while_started: bool = False  # /readyz also 503 while an own event is Started
     log_format: str = "json"
     hooks: dict[str, Path] = Factory(dict)
     hook_user: str | None = None  # None: `nobody` (relay.hooks.DEFAULT_HOOK_USER)
@@ -339,6 +344,8 @@ class RelaySettings(Record):
             raise ValueError("must be HOST:PORT, e.g. 0.0.0.0:8787")
         return value
 
+    _check_ready_listen = _check_callback_listen
+
     @staticmethod
     def _check_callback_url(value: str) -> str:
         """Scheme, host and port only.
@@ -404,6 +411,8 @@ class RelaySettings(Record):
                 raise ValueError(f"cannot read the heartbeat table SAS file: {exc}") from None
             if "sig=" not in sas:
                 raise ValueError("the heartbeat table SAS file holds no SAS token (no sig=)")
+        if self.unready_while_started and not self.ready_listen:
+            raise ValueError("--unready-while-started needs --ready-listen")
         if self.hooks and not self.callback_listen:
             raise ValueError("--hook needs --callback-listen (hooks run on a signed callback)")
 
@@ -510,6 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--callback-url", help="callback URL to advertise: http(s)://HOST[:PORT], no path")
     add("--callback-max-concurrent", help="callback requests at once (default 16)")
     add("--callback-read-timeout", help="seconds to receive a request (10)")
+    add("--ready-listen", help="HOST:PORT of a load balancer's probe, GET /readyz")
+    add("--unready-while-started", action="store_const", const=True, help="/readyz 503 if Started")
     add("--log-format", help="json (default) or text")
     add("--hook", action="append", metavar="NAME=PATH", help="a local hook script (repeatable)")
     add(

@@ -82,6 +82,7 @@ class Watcher:
         self.last_success: float | None = None
         self.documents = 0
         self.heartbeats = 0
+        self.started: tuple[str, ...] = ()  # EventIds naming this VM that are Started
 
     @property
     def healthy(self) -> bool:
@@ -120,6 +121,9 @@ class Watcher:
             if raw != self._last_raw:
                 data, document = parse_events(raw)
                 self._note_unreadable_times(document)
+                self.started = tuple(  # for the readiness probe (relay.ready)
+                    e.event_id for e in document.events if e.is_started and e.affects(self.vm.name)
+                )
                 if self.forward_all_events:
                     key: tuple[int | None, str] = (
                         document.document_incarnation,

@@ -43,8 +43,9 @@ def slim(source: str) -> str:
     TYPE_CHECKING = False) and `__all__` lists (for linters), the annotations of functions
     and of function-local assignments (`from __future__ import annotations` makes them
     strings nothing reads at run time; class-level ones stay, relay.record reads them),
-    indents by one space per level, writes each bracketed expression on one line and drops
-    the spaces between tokens that need none. Line numbers then differ from relay/ in the
+    indents by one space per level, writes each bracketed expression on one line, drops the
+    spaces between tokens that need none and puts a block of one simple statement on its
+    header's line (`if x:return y`). Line numbers then differ from relay/ in the
     repository, but a traceback still shows the right source lines: they are read from the
     archive. Only ast
     and tokenize positions are used, the same on every Python >= 3.9, so the result does
@@ -52,7 +53,11 @@ def slim(source: str) -> str:
     """
     text = _without_docstrings(_without_annotations(_without_typing_only(source)))
     text = _reindented(_without_comments(text))
-    return _tightened(_joined(text))
+    joined = _joined(text)
+    slimmed = _one_liners(_tightened(joined))
+    if ast.dump(ast.parse(slimmed)) != ast.dump(ast.parse(joined)):
+        raise ValueError("tightening changed the program")
+    return slimmed
 
 
 def _without_docstrings(source: str) -> str:
@@ -257,10 +262,41 @@ def _tightened(text: str) -> str:
         if line[start:end].strip(" "):
             raise ValueError(f"not only spaces between tokens on line {row}")
         lines[row - 1] = line[:start] + line[end:]
-    tight = "".join(lines)
-    if ast.dump(ast.parse(tight)) != ast.dump(ast.parse(text)):
-        raise ValueError("tightening changed the program")
-    return tight
+    return "".join(lines)
+
+
+_COMPOUND = (
+    ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef,
+    ast.AsyncFunctionDef, ast.AsyncFor, ast.AsyncWith,
+)  # fmt: skip
+
+
+def _one_liners(text: str) -> str:
+    """Each block of one simple one-line statement joined to its header (`if x:`, `else:`,
+    `try:`, `except E:`, `def f():`...), the line ending in `:` just above it."""
+    lines = text.splitlines(keepends=True)
+    rows = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Module):
+            continue
+        blocks = [getattr(node, name, None) for name in ("body", "orelse", "finalbody")]
+        blocks += [handler.body for handler in getattr(node, "handlers", None) or ()]
+        for block in blocks:
+            if not isinstance(block, list) or len(block) != 1:
+                continue
+            statement = block[0]
+            row = statement.lineno
+            if (
+                not isinstance(statement, _COMPOUND)
+                and row == statement.end_lineno
+                and row > 1
+                and lines[row - 2].rstrip("\n").endswith(":")
+            ):
+                rows.add(row)
+    for row in sorted(rows, reverse=True):
+        lines[row - 2] = lines[row - 2].rstrip("\n") + lines[row - 1].lstrip(" ")
+        lines[row - 1] = ""
+    return "".join(lines)
 
 
 def sources() -> list[tuple[str, bytes]]:

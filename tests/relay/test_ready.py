@@ -1,0 +1,241 @@
+"""The load balancer's readiness probe (issue 33): `GET /readyz` on `--ready-listen`.
+
+The process tests run the real pyz (also on Debian's Python 3.9: `make test-py39`) and ask
+it with urllib, as a load balancer's prober would: 200 normally, 503 from the moment the
+drain hook starts until the undrain hook has run, across a `kill -9` and restart, and with
+`--unready-while-started` while an event of this VM is Started.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from relay.ready import FILE_NAME, Readiness
+from tests.conftest import free_port
+from tests.relay.conftest import relay_key, sign_headers, vm_id_of, wait_for
+from tests.relay.test_process import FAST
+
+
+def probe(port: int, method: str = "GET", path: str = "/readyz") -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 - loopback
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def ready(port: int) -> dict[str, Any]:
+    status, body = probe(port)
+    return {"status": status, **json.loads(body)}
+
+
+# ---------------------------------------------------------------- the state, in process
+
+
+def test_a_drain_is_503_until_its_undo_and_survives_a_restart(tmp_path: Path) -> None:
+    readiness = Readiness(tmp_path)
+    assert readiness.health() == (200, {"ready": True})
+    readiness.hook_started("drain", "EV-1", None)
+    assert readiness.health() == (503, {"ready": False, "reason": "draining", "events": ["EV-1"]})
+    again = Readiness(tmp_path)  # a restarted relay
+    assert again.health()[0] == 503
+    again.hook_finished("drain", "EV-1", None, "succeeded")  # the drain finishing: still out
+    again.hook_started("other-undo", "ev-1", "snapshot")  # an undo of something else
+    again.hook_finished("other-undo", "ev-1", "snapshot", "succeeded")
+    assert again.health()[0] == 503
+    again.hook_finished("undrain", "ev-1", "drain", "failed")  # undone, whatever its exit
+    assert again.health() == (200, {"ready": True})
+    assert Readiness(tmp_path).health() == (200, {"ready": True})
+
+
+def test_an_unreadable_state_file_is_503(tmp_path: Path, caplog: Any) -> None:
+    for content in ("{not json", '{"draining": ["EV-1"]}', '{"draining": {"ev": "x"}}'):
+        (tmp_path / FILE_NAME).write_text(content)
+        assert Readiness(tmp_path).health()[0] == 503, content
+    assert "readiness.json unreadable: answering 503" in caplog.text
+
+
+def test_started_events_count_only_when_asked(tmp_path: Path) -> None:
+    started = ("EV-2",)
+    assert Readiness(tmp_path, lambda: started).health()[0] == 200
+    assert Readiness(tmp_path, lambda: started, while_started=True).health() == (
+        503,
+        {"ready": False, "reason": "event started", "events": ["EV-2"]},
+    )
+
+
+# ---------------------------------------------------------------- the relay process
+
+
+def hook_scripts() -> tuple[Path, Path]:
+    """A drain that takes a moment (so the probe is seen 503 while it runs), an undrain."""
+    scripts = Path(tempfile.mkdtemp(prefix="relay-ready-"))
+    scripts.chmod(0o755)
+    drain, undrain = scripts / "drain.sh", scripts / "undrain.sh"
+    drain.write_text("#!/bin/sh\nsleep 1\necho drained\n")
+    undrain.write_text("#!/bin/sh\necho undrained\n")
+    for script in (drain, undrain):
+        script.chmod(0o755)
+    return drain, undrain
+
+
+def signed_hook(port: int, key: bytes, payload: dict[str, Any]) -> dict[str, Any]:
+    body = json.dumps({**payload, "Nonce": uuid.uuid4().hex}).encode()  # no replay
+    headers = sign_headers(key, "POST", "/v1/hook", body, target=vm_id_of("vm0"))
+    answer = requests.post(
+        f"http://127.0.0.1:{port}/v1/hook", data=body, headers=headers, timeout=30
+    )
+    assert answer.status_code in (200, 202), answer.text
+    return answer.json()
+
+
+def test_the_relay_process_answers_the_probe_through_a_drain_and_a_restart(
+    simulator: Any, relay_process: Any, tmp_path: Path
+) -> None:
+    sim = simulator.sim
+    sim.add_vm("vm0")
+    callback, ready_port = free_port(), free_port()
+    state = tmp_path / "state"
+    drain, undrain = hook_scripts()
+    as_root = os.geteuid() == 0
+    args = [
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={state}",
+        f"--forward=file:{tmp_path / 'forward'}",
+        f"--callback-listen=127.0.0.1:{callback}",
+        f"--ready-listen=127.0.0.1:{ready_port}",
+        f"--hook=drain={drain}",
+        f"--hook=undrain={undrain}",
+        "--hook-wait=0",
+        *([] if as_root else [f"--hook-user={getpass.getuser()}"]),
+        *FAST,
+    ]
+    relay = relay_process(*args)
+    wait_for(lambda: any(x.get("msg") == "readiness probe listening" for x in relay.logs()))
+    assert ready(ready_port) == {"status": 200, "ready": True}
+    status, body = probe(ready_port, "HEAD")
+    assert (status, body) == (200, b"")
+    assert probe(ready_port, path="/healthz")[0] == 404
+    assert probe(ready_port, path="/v1/health")[0] == 404  # the callback's, not here
+    assert probe(ready_port, "POST")[0] == 405
+    assert probe(ready_port, "DELETE")[0] == 405
+
+    event_id = sim.add_event(event_type="Reboot", resources=["vm0"], notice=3600)
+    key = relay_key(state)
+    first = signed_hook(callback, key, {"Hook": "drain", "EventId": event_id})
+    assert first["status"] == "running"  # --hook-wait=0: answered at once
+    assert ready(ready_port) == {  # 503 while the drain script still runs
+        "status": 503,
+        "ready": False,
+        "reason": "draining",
+        "events": [event_id],
+    }
+    wait_for(
+        lambda: (
+            signed_hook(callback, key, {"Hook": "drain", "EventId": event_id})["status"]
+            == "succeeded"
+        )
+    )
+    relay.kill()  # kill -9, then a fresh relay on the same state directory
+    assert probe_refused(ready_port)
+    relay = relay_process(*args)
+    wait_for(lambda: any(x.get("msg") == "readiness probe listening" for x in relay.logs()))
+    assert ready(ready_port)["status"] == 503
+
+    sim.remove_event(event_id)  # the reboot is over; the app undrains
+    undo = {
+        "Hook": "undrain",
+        "EventId": event_id,
+        "Undoes": "drain",
+        "EventType": "Reboot",
+        "EventStatus": "Completed",
+    }
+    wait_for(lambda: signed_hook(callback, key, undo)["status"] == "succeeded")
+    assert ready(ready_port) == {"status": 200, "ready": True}
+    assert json.loads((state / FILE_NAME).read_text()) == {"draining": {}}
+    messages = [x.get("msg") for x in relay.logs()]
+    assert "readiness: undrained (undrain succeeded)" in messages
+
+
+def probe_refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_unready_while_an_event_of_this_vm_is_started(
+    simulator: Any, relay_process: Any, tmp_path: Path
+) -> None:
+    sim = simulator.sim
+    sim.add_vm("vm0", availability_set="as1")
+    sim.add_vm("vm1", availability_set="as1")
+    ready_port = free_port()
+    relay = relay_process(
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={tmp_path / 'state'}",
+        f"--forward=file:{tmp_path / 'forward'}",
+        f"--ready-listen=127.0.0.1:{ready_port}",
+        "--unready-while-started",
+        *FAST,
+    )
+    wait_for(lambda: any(x.get("msg") == "readiness probe listening" for x in relay.logs()))
+    other = sim.add_event(event_type="Reboot", resources=["vm1"], notice=3600)
+    sim.start_event(other)  # a set-mate's event: not this VM's
+    own = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
+    time.sleep(0.5)  # several polls
+    assert ready(ready_port)["status"] == 200  # Scheduled is not Started
+    sim.start_event(own)
+    assert wait_for(lambda: ready(ready_port)["status"] == 503)
+    assert ready(ready_port)["events"] == [own]
+    sim.remove_event(own)
+    wait_for(lambda: ready(ready_port)["status"] == 200)
+
+
+def test_slow_senders_neither_block_the_probe_nor_the_poll_loop(
+    simulator: Any, relay_process: Any, tmp_path: Path
+) -> None:
+    """Four connections trickling from one address hold every slot; a probe from another
+    address (the load balancer's, 168.63.129.16 on Azure) still gets its answer, and IMDS
+    is still polled meanwhile."""
+    sim = simulator.sim
+    sim.add_vm("vm0")
+    ready_port = free_port()
+    relay = relay_process(
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={tmp_path / 'state'}",
+        f"--forward=file:{tmp_path / 'forward'}",
+        f"--ready-listen=127.0.0.1:{ready_port}",
+        *FAST,
+    )
+    wait_for(lambda: any(x.get("msg") == "readiness probe listening" for x in relay.logs()))
+    slow = []
+    for _ in range(4):
+        sock = socket.create_connection(
+            ("127.0.0.1", ready_port), timeout=5, source_address=("127.0.0.2", 0)
+        )
+        sock.sendall(b"GET /readyz HTTP/1.1\r\n")  # and nothing more
+        slow.append(sock)
+    try:
+        polled = sim.request_count("vm0")
+        started = time.monotonic()
+        assert ready(ready_port) == {"status": 200, "ready": True}
+        assert time.monotonic() - started < 2
+        wait_for(lambda: sim.request_count("vm0") >= polled + 5)
+    finally:
+        for sock in slow:
+            sock.close()
