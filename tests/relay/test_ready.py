@@ -124,7 +124,7 @@ def test_the_relay_process_answers_the_probe_through_a_drain_and_a_restart(
         *FAST,
     ]
     relay = relay_process(*args)
-    wait_for(lambda: any(x.get("msg") == "readiness probe listening" for x in relay.logs()))
+    listening(relay)
     assert ready(ready_port) == {"status": 200, "ready": True}
     status, body = probe(ready_port, "HEAD")
     assert (status, body) == (200, b"")
@@ -143,16 +143,12 @@ def test_the_relay_process_answers_the_probe_through_a_drain_and_a_restart(
         "reason": "draining",
         "events": [event_id],
     }
-    wait_for(
-        lambda: (
-            signed_hook(callback, key, {"Hook": "drain", "EventId": event_id})["status"]
-            == "succeeded"
-        )
-    )
+    drained = {"Hook": "drain", "EventId": event_id}
+    wait_for(lambda: signed_hook(callback, key, drained)["status"] == "succeeded", 30)
     relay.kill()  # kill -9, then a fresh relay on the same state directory
     assert probe_refused(ready_port)
     relay = relay_process(*args)
-    wait_for(lambda: any(x.get("msg") == "readiness probe listening" for x in relay.logs()))
+    listening(relay)
     assert ready(ready_port)["status"] == 503
 
     sim.remove_event(event_id)  # the reboot is over; the app undrains
@@ -163,11 +159,16 @@ def test_the_relay_process_answers_the_probe_through_a_drain_and_a_restart(
         "EventType": "Reboot",
         "EventStatus": "Completed",
     }
-    wait_for(lambda: signed_hook(callback, key, undo)["status"] == "succeeded")
+    wait_for(lambda: signed_hook(callback, key, undo)["status"] == "succeeded", 30)
     assert ready(ready_port) == {"status": 200, "ready": True}
     assert json.loads((state / FILE_NAME).read_text()) == {"draining": {}}
     messages = [x.get("msg") for x in relay.logs()]
     assert "readiness: undrained (undrain succeeded)" in messages
+
+
+def listening(relay: Any) -> None:
+    """Started: a loaded machine (CI, two cores) may take a while to start a relay."""
+    wait_for(lambda: any(x.get("msg") == "readiness probe listening" for x in relay.logs()), 30)
 
 
 def probe_refused(port: int) -> bool:
@@ -193,7 +194,7 @@ def test_unready_while_an_event_of_this_vm_is_started(
         "--unready-while-started",
         *FAST,
     )
-    wait_for(lambda: any(x.get("msg") == "readiness probe listening" for x in relay.logs()))
+    listening(relay)
     other = sim.add_event(event_type="Reboot", resources=["vm1"], notice=3600)
     sim.start_event(other)  # a set-mate's event: not this VM's
     own = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
@@ -222,7 +223,7 @@ def test_slow_senders_neither_block_the_probe_nor_the_poll_loop(
         f"--ready-listen=127.0.0.1:{ready_port}",
         *FAST,
     )
-    wait_for(lambda: any(x.get("msg") == "readiness probe listening" for x in relay.logs()))
+    listening(relay)
     slow = []
     for _ in range(4):
         sock = socket.create_connection(

@@ -213,7 +213,7 @@ def test_a_relay_restart_between_two_repeats_keeps_one_post(
         *FAST,
     ]
     relay = relay_process(*args)
-    wait_for(lambda: any(x.get("msg") == "callback listening" for x in relay.logs()))
+    wait_for(lambda: any(x.get("msg") == "callback listening" for x in relay.logs()), 30)
     secret = relay_key(state)
     target = RelayTarget(
         f"http://127.0.0.1:{port}", VM0_ID, (CallbackKey(key_id=key_id_of(secret), secret=secret),)
@@ -223,7 +223,7 @@ def test_a_relay_restart_between_two_repeats_keeps_one_post(
         assert post_start(target, event_id, session, 10.0)[0] == "approved"
         relay.kill()  # kill -9: nothing is flushed on the way out
         relay = relay_process(*args)
-        wait_for(lambda: any(x.get("msg") == "callback listening" for x in relay.logs()))
+        wait_for(lambda: any(x.get("msg") == "callback listening" for x in relay.logs()), 30)
         assert post_start(target, event_id, session, 10.0)[0] == "approved"
     assert posts(simulator) == 1
     saved = json.loads((state / FILE_NAME).read_text())
