@@ -236,15 +236,12 @@ class CallbackApp:
         except BadExpect as exc:
             raise Refused(400, str(exc)) from None
         attempt = payload.get("AttemptId")
-        if attempt is not None and not valid_attempt_id(attempt):
-            raise Refused(400, '"AttemptId" must be 1..128 letters, digits or ._:-')
+        if attempt is not None and not (isinstance(attempt, str) and valid_attempt_id(attempt)):
+            raise Refused(400, '"AttemptId" must be 1..128 letters, digits or _.:-')
         if attempt is None or self.starts is None:
             return self._start(ids, expect)
-        try:
-            first = self.starts.claim(attempt)
-        except TimeoutError:
-            raise Refused(503, "the same AttemptId is still in progress; try again") from None
-        try:
+        with self.starts.lock:  # one at a time: the same AttemptId never reaches IMDS twice
+            first = self.starts.get(attempt)
             if first is None:
                 status, answer = self._start(ids, expect)
                 if status == 200:
@@ -254,10 +251,8 @@ class CallbackApp:
                 i.casefold() for i in ids
             ):
                 raise Refused(409, "AttemptId already used for other EventIds")
-            event(log, logging.INFO, "start repeated; IMDS not asked again", attempt_id=attempt)
-            return 200, {**first["answer"], "repeated": True}
-        finally:
-            self.starts.release(attempt)
+        event(log, logging.INFO, "start repeated; IMDS not asked again", attempt_id=attempt)
+        return 200, {**first["answer"], "repeated": True}
 
     def _start(self, ids: list[str], expect: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         document = self._fresh_document()

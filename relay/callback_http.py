@@ -360,12 +360,11 @@ class CallbackServer:
         poll_interval: float = 0.5,
         max_concurrent: int = DEFAULT_MAX_CONCURRENT,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
-        name: str = "callback",
         get_path: str = "/v1/health",
-        read_only: bool = False,
+        read_only: bool = False,  # the readiness probe (relay.ready): GET and HEAD only
     ) -> None:
         self._poll = poll_interval  # how fast stop() is noticed; a wake-up costs CPU
-        self.name = name
+        self.name = "readiness probe" if read_only else "callback"
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
         server_class = CallbackHTTPServer

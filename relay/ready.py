@@ -66,7 +66,7 @@ class Readiness:
 
     def serve(self, address: str) -> CallbackServer:
         """The probe's own server: GET/HEAD on PATH only, 4 requests at once, 5 s each."""
-        server = CallbackServer(address, self, 0.5, 4, 5.0, "readiness probe", PATH, True)
+        server = CallbackServer(address, self, 0.5, 4, 5.0, PATH, read_only=True)
         return server.start()
 
     def health(self) -> tuple[int, dict[str, Any]]:

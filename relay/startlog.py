@@ -8,7 +8,8 @@ AttemptId, the answers whose StartRequests IMDS accepted (200), and answers a re
 the same result, marked `"repeated": true`, without asking IMDS again (nor reading it: the
 event may have Started since, which would otherwise be a 409 the app cannot count as an
 approval). A failure (IMDS 5xx, refused, unreadable) is not remembered, so a genuine retry
-goes through. Two requests with one AttemptId at once are handled one after the other.
+goes through. Requests with an AttemptId are handled one at a time (under `lock`), so two
+with the same one cannot both reach IMDS; approvals are rare, each bounded by IMDS timeouts.
 
 Bounded: the newest `limit` (256) ids, each forgotten a day after IMDS accepted it, in
 `STATE_DIR/start-attempts.json` (written atomically before the 200 is sent), so a relay
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -37,13 +39,8 @@ log = logging.getLogger("relay.callback")
 FILE_NAME = "start-attempts.json"
 LIMIT = 256
 TTL_SECONDS = 86400.0
-WAIT_SECONDS = 30.0  # for the same AttemptId in progress: an IMDS read and POST, timed out
-_ALLOWED = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
-
-
-def valid_attempt_id(value: Any) -> bool:
-    """1..128 characters: letters, digits and `._:-` (what appears in logs and the file)."""
-    return isinstance(value, str) and 0 < len(value) <= 128 and set(value) <= _ALLOWED
+# 1..128 letters, digits and `_.:-`: what may appear in logs and the file.
+valid_attempt_id = re.compile(r"[\w.:-]{1,128}", re.ASCII).fullmatch
 
 
 class StartLog:
@@ -56,55 +53,39 @@ class StartLog:
     ) -> None:
         self.path = state_dir / FILE_NAME
         self.limit, self.ttl, self._clock = limit, ttl, clock
-        self._cond = threading.Condition()
-        self._busy: set[str] = set()
+        self.lock = threading.Lock()  # held by a /v1/start with an AttemptId, throughout
         self._done = self._load()
 
     def _load(self) -> dict[str, dict[str, Any]]:
         try:
             data = json.loads(self.path.read_bytes())
+            return {k: v for k, v in data.items() if isinstance(v, dict) and "at" in v}
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, AttributeError) as exc:
             # Losing it can only cost a second StartRequests, which IMDS takes as a no-op.
             event(log, logging.ERROR, "start attempts unreadable; starting afresh", error=str(exc))
             return {}
-        if not isinstance(data, dict):
-            return {}
-        return {k: v for k, v in data.items() if isinstance(v, dict) and "at" in v}
 
-    def claim(self, attempt_id: str) -> dict[str, Any] | None:
-        """Take the id (waiting while another request holds it); its remembered entry,
-        `{"at", "event_ids", "answer"}`, or None. Always `release` it afterwards."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: attempt_id not in self._busy, WAIT_SECONDS):
-                raise TimeoutError(attempt_id)
-            self._busy.add(attempt_id)
-            entry = self._done.get(attempt_id)
-            if entry is not None and entry.get("at", 0) + self.ttl <= self._clock():
-                return None
-            return entry
-
-    def release(self, attempt_id: str) -> None:
-        with self._cond:
-            self._busy.discard(attempt_id)
-            self._cond.notify_all()
+    def get(self, attempt_id: str) -> dict[str, Any] | None:
+        """The remembered `{"at", "event_ids", "answer"}` of this id, unless expired."""
+        entry = self._done.get(attempt_id)
+        return entry if entry and entry.get("at", 0) + self.ttl > self._clock() else None
 
     def remember(self, attempt_id: str, event_ids: list[str], answer: dict[str, Any]) -> None:
         """IMDS accepted this attempt's StartRequests: keep it, durably if the disk allows
-        (if not, in memory: the error is logged and the approval stands)."""
+        (if not, in memory: the error is logged and the approval stands). Under `lock`."""
         now = self._clock()
-        with self._cond:
-            kept = sorted(
-                ((k, v) for k, v in self._done.items() if v.get("at", 0) + self.ttl > now),
-                key=lambda item: item[1]["at"],
-            )
-            self._done = dict(kept[max(0, len(kept) - self.limit + 1) :])
-            self._done[attempt_id] = {"at": now, "event_ids": event_ids, "answer": answer}
-            try:
-                atomic_write(self.path, json.dumps(self._done).encode(), mode=0o600)
-            except OSError as exc:
-                event(log, logging.ERROR, "cannot record a start attempt", error=str(exc))
+        kept = sorted(
+            ((k, v) for k, v in self._done.items() if v.get("at", 0) + self.ttl > now),
+            key=lambda item: item[1]["at"],
+        )
+        self._done = dict(kept[max(0, len(kept) - self.limit + 1) :])
+        self._done[attempt_id] = {"at": now, "event_ids": event_ids, "answer": answer}
+        try:
+            atomic_write(self.path, json.dumps(self._done).encode(), mode=0o600)
+        except OSError as exc:
+            event(log, logging.ERROR, "cannot record a start attempt", error=str(exc))
 
     def __len__(self) -> int:
         return len(self._done)

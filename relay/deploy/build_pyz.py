@@ -309,11 +309,59 @@ def sources() -> list[tuple[str, bytes]]:
     return sorted(files, key=lambda item: (-len(item[1]), item[0]))
 
 
+def _deflated_size(data: bytes) -> int:
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15, 9)
+    return len(packer.compress(data) + packer.flush())
+
+
+def gzip_order(files: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """The files in an order gzip packs small, for the embedded copy (stored entries).
+
+    Deflate finds repeats only within the last 32 KiB, so what comes just before a module
+    decides how much of it is already "known". Greedy first: after the largest, each next
+    file is the one that costs least given the 32 KiB before it, relative to its own
+    compressed size; then neighbours are swapped while that shrinks the whole. Measured on
+    this relay: about 550 bytes less base64 in customData than largest-first. The result
+    depends only on the files (ties go by name), so a build stays reproducible.
+    """
+    order, rest = [files[0]], list(files[1:])
+    while rest:
+        window = b"".join(data for _, data in order)[-32768:]
+        known = _deflated_size(window)
+        after = min(
+            rest,
+            key=lambda item: (
+                (_deflated_size(window + item[1]) - known) / _deflated_size(item[1]),
+                item[0],
+            ),
+        )
+        order.append(after)
+        rest.remove(after)
+
+    def size(candidate: list[tuple[str, bytes]]) -> int:
+        return _deflated_size(b"".join(data for _, data in candidate))
+
+    best = size(order)
+    for _ in range(5):  # passes of neighbour swaps; it settles in about three
+        improved = False
+        for i in range(len(order) - 1):
+            swapped = [*order[:i], order[i + 1], order[i], *order[i + 2 :]]
+            if (packed := size(swapped)) < best:
+                order, best, improved = swapped, packed, True
+        if not improved:
+            break
+    return order
+
+
 def build_bytes(compression: int = zipfile.ZIP_DEFLATED) -> bytes:
-    """The archive's bytes, computed in memory (tests compare them with committed copies)."""
+    """The archive's bytes, computed in memory (tests compare them with committed copies).
+    Stored entries (the embedded copy, gzipped as a whole) go in gzip_order."""
     inner = io.BytesIO()
+    files = sources()
+    if compression == zipfile.ZIP_STORED:
+        files = gzip_order(files)
     with zipfile.ZipFile(inner, "w") as archive:
-        for name, data in sources():
+        for name, data in files:
             info = zipfile.ZipInfo(name, date_time=FIXED_TIME)
             info.compress_type = compression
             info.external_attr = 0o644 << 16
