@@ -182,9 +182,9 @@ class HookRunner:
                 output_tail="the relay restarted while this hook was running; not rerun",
                 finished_at=_now(),
             )
-            self._store(record)
-            if self.observer:
+            if self.observer:  # before the result can be read: the probe is never behind it
                 self.observer.hook_finished(name, event_id, record.get("Undoes"), FAILED)
+            self._store(record)
         return record
 
     @staticmethod
@@ -282,13 +282,13 @@ class HookRunner:
             seconds=round(time.monotonic() - began, 3),
         )
         with self._lock:
+            if self.observer:  # before the result can be read: the probe is never behind it
+                self.observer.hook_finished(name, scheduled.event_id, record["Undoes"], status)
             try:
                 self._store(record)
             except OSError as exc:
                 event(log, logging.ERROR, "cannot record hook result", error=str(exc))
             self._active.pop(self._key(name, scheduled.event_id), None)
-        if self.observer:
-            self.observer.hook_finished(name, scheduled.event_id, record["Undoes"], status)
         done.set()
         event(
             log,

@@ -161,7 +161,9 @@ def test_the_relay_process_answers_the_probe_through_a_drain_and_a_restart(
     }
     wait_for(lambda: signed_hook(callback, key, undo)["status"] == "succeeded", 30)
     assert ready(ready_port) == {"status": 200, "ready": True}
-    assert json.loads((state / FILE_NAME).read_text()) == {"draining": {}}
+    assert json.loads((state / FILE_NAME).read_text()) == {"draining": {}}, [
+        (x.get("msg"), x.get("event_id"), x.get("error"), x.get("hook")) for x in relay.logs()
+    ]
     messages = [x.get("msg") for x in relay.logs()]
     assert "readiness: undrained (undrain succeeded)" in messages
 
