@@ -1,0 +1,194 @@
+"""The crash-point explorer: for every request of a scenario, die before it and lose its
+answer; compare each end state with the fault-free run's (docs/crash-explorer.md).
+
+`explore(connection, scenario)` returns the points tried and, for each divergent one, the
+first differing row or effect. `crash_points(connection)` is what the bench reports.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from tests.crash import runner
+from tests.crash.faults import Fault, Faults, Kind, Sent, installed
+from tests.crash.scenarios import SCENARIOS, Scenario
+from tests.crash.state import first_difference, snapshot
+from tests.crash.world import Servers, World, start_servers
+
+KINDS: tuple[Kind, ...] = ("before", "lost")
+
+
+@dataclass
+class Point:
+    fault: Fault
+    request: str  # the request the fault hit
+    difference: str  # "" when the end state is the fault-free one
+    same_as: Fault | None = None  # not run: the run of this point is the one of `same_as`
+
+
+def equivalence(sent: list[Sent]) -> dict[tuple[int, int, str], list[Fault]]:
+    """Crash points that leave the world in the same state, grouped; the first of each
+    group is run, the others take its outcome.
+
+    What a crash leaves is: the step it hit (which decides what is retried), the changes
+    applied outside the host so far (writes, callbacks, posts, topic sends, settled
+    messages), and the time (the FakeClock; the retry runs after it). Between two requests
+    the host changes nothing outside itself (everything it changes goes out as a request,
+    and the harness settles messages only between them), so two points with the same step,
+    the same number of changes and the same time are the same experiment: "answer of k
+    lost" is "crash before k+1" when k+1 follows in the same step with no time passing in
+    between, and a crash before a read is a crash before the read that came just before it.
+    """
+    classes: dict[tuple[int, int, str], list[Fault]] = {}
+    for s in sorted(sent, key=lambda s: s.index):
+        before = (s.step, s.changes_before, s.clock_before)
+        lost = (s.step, s.changes_before + int(s.write), s.clock_after)
+        classes.setdefault(before, []).append(Fault(s.index, "before"))
+        classes.setdefault(lost, []).append(Fault(s.index, "lost"))
+    return classes
+
+
+@dataclass
+class Report:
+    scenario: str
+    requests: int  # requests of the fault-free run
+    points: list[Point] = field(default_factory=list)
+    seconds: float = 0.0
+    baseline_errors: list[str] = field(default_factory=list)
+    runs: int = 0  # runs with a fault actually executed (the others are equivalent to one)
+
+    def tried(self, kind: Kind | None = None) -> int:
+        return sum(1 for p in self.points if kind in (None, p.fault.kind))
+
+    def different(self, kind: Kind | None = None) -> list[Point]:
+        return [p for p in self.points if p.difference and kind in (None, p.fault.kind)]
+
+    def table(self) -> str:
+        lines = [
+            f"## {self.scenario}: {self.requests} requests fault-free; {self.runs} distinct"
+            f" crash runs ({self.seconds:.0f} s)",
+            "| fault | tried | same | different |",
+            "|---|---|---|---|",
+        ]
+        for kind in KINDS:
+            tried, diff = self.tried(kind), len(self.different(kind))
+            lines.append(f"| {KIND_NAMES[kind]} | {tried} | {tried - diff} | {diff} |")
+        for point in self.different():
+            lines.append(
+                f"- k={point.fault.index} {point.fault.kind} `{point.request}`: {point.difference}"
+            )
+        return "\n".join(lines)
+
+
+KIND_NAMES = {"before": "crash before k", "lost": "k applied, answer lost"}
+
+
+def _classifier(connection: str, servers: Servers) -> Callable[[str, int, str, str], str]:
+    ports = {
+        servers.relay.server.server_address[1]: "relay",
+        servers.hook.server.server_address[1]: "drain-hook",
+    }
+    for name, receiver in servers.channels.items():
+        ports[receiver.server.server_address[1]] = name
+
+    def classify(host: str, port: int, method: str, url: str) -> str:
+        what = ports.get(port)
+        path = unquote(url)
+        if what is None:  # Azurite: name the table (without the run's prefix) and the keys
+            path = path.split("/", 2)[-1]
+            path = path[11:] if path[:1] == "x" else path
+            return f"table {method} {path[:70]}"
+        return f"{what} {method} {path[:60]}"
+
+    return classify
+
+
+def explore(
+    connection: str,
+    scenario: Scenario,
+    only: list[Fault] | None = None,
+    progress: Callable[[str], None] | None = None,
+    exhaustive: bool = False,
+) -> Report:
+    """Run `scenario` fault-free, then once per distinct crash point (`equivalence`; every
+    (request, fault kind) with `exhaustive`, or only the faults in `only`)."""
+    started = time.monotonic()
+    box: dict[str, World] = {}
+    servers = start_servers(
+        lambda: box["world"].delivering if "world" in box else "",
+        lambda path: box["world"].config.hook_status.get(path, 200) if "world" in box else 200,
+    )
+    try:
+        faults = Faults(_classifier(connection, servers))
+        with installed(faults):
+            config, steps = scenario.build(servers)
+
+            def once(fault: Fault | None) -> tuple[dict[str, Any], runner.Outcome, Faults]:
+                servers.clear()
+                faults.fault, faults.count, faults.log, faults.fired = fault, 0, [], ""
+                faults.dead = False
+                world = World(connection, servers, faults, config)
+                box["world"] = world
+                try:
+                    outcome = runner.run(world, steps)
+                    return snapshot(world), outcome, faults
+                finally:
+                    world.drop_tables()
+
+            baseline, outcome, _ = once(None)
+            report = Report(scenario.name, faults.count, baseline_errors=outcome.errors)
+            labels = {s.index: s.label for s in faults.sent}
+            if only is not None or exhaustive:
+                every = (
+                    only if only is not None else [Fault(k, kind) for k in labels for kind in KINDS]
+                )
+                classes = {(f.index, 0, f.kind): [f] for f in every}
+            else:
+                classes = equivalence(list(faults.sent))
+            for group in classes.values():
+                state, _, used = once(group[0])
+                report.runs += 1
+                difference = first_difference(baseline, state)
+                for fault in group:
+                    same_as = None if fault == group[0] else group[0]
+                    point = Point(fault, labels.get(fault.index, used.fired), difference, same_as)
+                    report.points.append(point)
+                if progress is not None and difference:
+                    progress(f"{scenario.name} k={group[0].index} {group[0].kind}: {difference}")
+            report.points.sort(key=lambda p: (p.fault.index, p.fault.kind))
+    finally:
+        servers.close()
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def explore_all(
+    connection: str,
+    names: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    exhaustive: bool = False,
+) -> list[Report]:
+    chosen = [s for s in SCENARIOS if names is None or s.name in names]
+    unknown = set(names or ()) - {s.name for s in SCENARIOS}
+    if unknown:
+        raise ValueError(
+            f"unknown scenario(s) {sorted(unknown)}; known: {[s.name for s in SCENARIOS]}"
+        )
+    return [
+        explore(connection, scenario, progress=progress, exhaustive=exhaustive)
+        for scenario in chosen
+    ]
+
+
+def crash_points(connection: str) -> dict[str, int]:
+    """For the bench: every scenario explored; points tried and points whose end state
+    differs from the fault-free run."""
+    reports = explore_all(connection)
+    return {
+        "crash_points_tried": sum(r.tried() for r in reports),
+        "crash_points_divergent": sum(len(r.different()) for r in reports),
+    }

@@ -1,0 +1,270 @@
+"""The scenarios of issue 31, each a script of calls of the app's public entry points.
+
+Each VM has its own name per scenario (the test identity registry is keyed by name), and
+every message is built once per scenario, so all runs of a scenario deliver the same
+bytes. Times are the FakeClock's: T0 is 10:00 UTC; a message is observed when the clock
+reaches it (`at`), and the clock is moved there first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from functions.model.policy import Match, Policy, Rule, Window
+from tests.crash.runner import (
+    Step,
+    advance,
+    deliver,
+    drain,
+    heartbeat,
+    notify,
+    settle,
+    watchdog,
+)
+from tests.crash.world import Config, Servers
+from tests.functions.conftest import T0, envelope, event
+
+# The end of every scenario: a sweep after the approval claims' staleness (budget + 60 s)
+# has passed, and one after every lease (drain steps lease at most until their deadline)
+# and NotBefore: whatever was left due must be done, or announced overdue, by then.
+FINAL = (120.0, 1200.0)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    build: Callable[[Servers], tuple[Config, list[Step]]]
+
+
+def _at(seconds: float) -> Any:
+    return T0 + timedelta(seconds=seconds)
+
+
+def doc(
+    vm: str,
+    seq: int,
+    events: list[dict[str, Any]],
+    servers: Servers,
+    at: float,
+    **where: Any,
+) -> Step:
+    """VM `vm`'s relay sends its `seq`-th message, observed `at` seconds after T0."""
+    body = envelope(vm, seq, events, callback_url=servers.relay.url, observed_at=_at(at), **where)
+    return deliver(body, f"{vm}#{seq}")
+
+
+def until(now: float, at: float) -> Step:
+    return advance(at - now)
+
+
+def approve_rule(*types: str) -> Rule:
+    return Rule(
+        name="approve-" + "-".join(types).lower(), match=Match(event_types=types), action="approve"
+    )
+
+
+def drain_rule(*types: str) -> Rule:
+    return Rule(
+        name="drain-" + "-".join(types).lower(), match=Match(event_types=types), action="drain"
+    )
+
+
+def approve_reboot(servers: Servers) -> tuple[Config, list[Step]]:
+    """A Reboot of one VM, approved by policy through its relay, then started and done."""
+    ev = event("EV-AP", "Reboot", resources=("ap1",), not_before=_at(900))
+    started = {**ev, "EventStatus": "Started", "NotBefore": ""}
+    steps = [
+        doc("ap1", 1, [ev], servers, 0),
+        drain(),
+        until(0, 300),
+        doc("ap1", 2, [started], servers, 300),
+        advance(120),
+        doc("ap1", 3, [], servers, 420),
+        drain(),
+        *settle(*FINAL),
+    ]
+    return Config(policy=Policy(rules=(approve_rule("Reboot"),))), steps
+
+
+def hold_then_window(servers: Servers) -> tuple[Config, list[Step]]:
+    """A Reboot held until the maintenance window opens at 10:05, then approved by the
+    watchdog's sweep in the window, then started and done."""
+    policy = Policy(
+        rules=(approve_rule("Reboot"),),
+        windows=(Window(days=("Sat",), start="10:05", end="12:00"),),
+    )
+    ev = event("EV-HW", "Reboot", resources=("hw1",), not_before=_at(1200))
+    started = {**ev, "EventStatus": "Started", "NotBefore": ""}
+    steps = [
+        doc("hw1", 1, [ev], servers, 0),
+        drain(),
+        until(0, 240),
+        watchdog(),
+        until(240, 330),
+        watchdog(),
+        drain(),
+        until(330, 600),
+        doc("hw1", 2, [started], servers, 600),
+        advance(60),
+        doc("hw1", 3, [], servers, 660),
+        *settle(*FINAL),
+    ]
+    return Config(policy=policy), steps
+
+
+def shared_freeze(servers: Servers) -> tuple[Config, list[Step]]:
+    """A short Freeze of an availability set, reported by its 3 VMs (the default policy
+    approves it; the capacity guard holds one slot for the set), then gone from each."""
+    names = ("as1", "as2", "as3")
+    ev = event("EV-AS", "Freeze", resources=names, not_before=_at(900), duration=5)
+    steps: list[Step] = []
+    for index, vm in enumerate(names):
+        steps.append(doc(vm, 1, [ev], servers, index, availability_set="avset"))
+    steps += [drain(), until(0, 300)]
+    for index, vm in enumerate(names):
+        steps.append(doc(vm, 2, [], servers, 300 + index, availability_set="avset"))
+    steps += [drain(), *settle(*FINAL)]
+    return Config(), steps
+
+
+def drain_terminate(servers: Servers) -> tuple[Config, list[Step]]:
+    """A scale-in Terminate of a scale-set VM: drained by the customer's HTTP drain hook,
+    then approved through its relay (the default policy's terminate-drain), then gone."""
+    ev = event("EV-TD", "Terminate", resources=("ss_0",), not_before=_at(600), source="User")
+    steps = [
+        doc("ss_0", 1, [ev], servers, 0, scale_set="ss"),
+        drain(),
+        until(0, 300),
+        doc("ss_0", 2, [], servers, 300, scale_set="ss"),
+        drain(),
+        *settle(*FINAL),
+    ]
+    return Config(), steps
+
+
+def drain_reboot(servers: Servers) -> tuple[Config, list[Step]]:
+    """A Reboot a rule drains: the capacity slot of its availability set, the HTTP drain
+    hook, the approval through its relay; once it completed, the undrain hook."""
+    ev = event("EV-DR", "Reboot", resources=("dr1",), not_before=_at(900))
+    started = {**ev, "EventStatus": "Started", "NotBefore": ""}
+    steps = [
+        doc("dr1", 1, [ev], servers, 0, availability_set="drset"),
+        drain(),
+        until(0, 300),
+        doc("dr1", 2, [started], servers, 300, availability_set="drset"),
+        advance(120),
+        doc("dr1", 3, [], servers, 420, availability_set="drset"),
+        drain(),
+        *settle(*FINAL),
+    ]
+    return Config(policy=Policy(rules=(drain_rule("Reboot"),))), steps
+
+
+def capacity(servers: Servers) -> tuple[Config, list[Step]]:
+    """Two Reboots in an availability set limited to one at a time: the first is approved
+    and holds the slot; the second waits, and is approved once the first has ended."""
+    one = event("EV-C1", "Reboot", resources=("cap1",), not_before=_at(900))
+    two = event("EV-C2", "Reboot", resources=("cap2",), not_before=_at(1500))
+    started = {**one, "EventStatus": "Started", "NotBefore": ""}
+    where = {"availability_set": "capset"}
+    steps = [
+        doc("cap1", 1, [one], servers, 0, **where),
+        doc("cap2", 1, [two], servers, 1, **where),
+        drain(),
+        until(0, 300),
+        doc("cap1", 2, [started], servers, 300, **where),
+        advance(60),
+        doc("cap1", 3, [], servers, 360, **where),
+        advance(60),
+        watchdog(),
+        drain(),
+        until(420, 900),
+        doc("cap2", 2, [], servers, 900, **where),
+        drain(),
+        *settle(*FINAL),
+    ]
+    return Config(policy=Policy(rules=(approve_rule("Reboot"),))), steps
+
+
+def preempt(servers: Servers) -> tuple[Config, list[Step]]:
+    """A Spot VM's Preempt (30 s notice) a rule drains: the HTTP drain hook within the
+    Preempt margins, the approval, then the VM is gone."""
+    ev = event("EV-PE", "Preempt", resources=("spot_0",), not_before=_at(30))
+    steps = [
+        doc("spot_0", 1, [ev], servers, 0, scale_set="spot"),
+        drain(),
+        until(0, 60),
+        doc("spot_0", 2, [], servers, 60, scale_set="spot"),
+        drain(),
+        *settle(*FINAL),
+    ]
+    return Config(policy=Policy(rules=(drain_rule("Preempt"),))), steps
+
+
+def cancel_undrain(servers: Servers) -> tuple[Config, list[Step]]:
+    """A Terminate whose HTTP drain hook refuses (403): drain_failed, held
+    (DRAIN__ON_FAILURE=hold); Azure then cancels it, and the undrain hook puts back what
+    the drain reached."""
+    ev = event("EV-CU", "Terminate", resources=("cu_0",), not_before=_at(600), source="User")
+    steps = [
+        doc("cu_0", 1, [ev], servers, 0, scale_set="cu"),
+        drain(),
+        until(0, 120),
+        doc("cu_0", 2, [], servers, 120, scale_set="cu"),
+        drain(),
+        *settle(*FINAL),
+    ]
+    return Config(hook_status={"/drain": 403}), steps
+
+
+def channels(servers: Servers) -> tuple[Config, list[Step]]:
+    """Each channel's delivery: a Redeploy (held; it pages by default) is announced
+    scheduled and decided, then cancelled; Teams, PagerDuty and the webhook deliver each
+    announcement with the deliveries ledger."""
+    ev = event("EV-CH", "Redeploy", resources=("ch1",), not_before=_at(900))
+    steps = [
+        doc("ch1", 1, [ev], servers, 0),
+        notify(),
+        until(0, 120),
+        doc("ch1", 2, [], servers, 120),
+        notify(),
+    ]
+    return Config(), steps
+
+
+def watchdog_sweep(servers: Servers) -> tuple[Config, list[Step]]:
+    """One watchdog sweep with work to do: a held Reboot past its NotBefore (overdue) on a
+    VM whose relay went silent (its liveness row is older than RELAY_SILENT_AFTER)."""
+    ev = event("EV-WD", "Reboot", resources=("wd1",), not_before=_at(300))
+    steps = [
+        doc("wd1", 1, [ev], servers, 0),
+        heartbeat("wd1"),
+        until(0, 900),
+        watchdog(),
+        drain(),
+    ]
+    return Config(), steps
+
+
+SCENARIOS: list[Scenario] = [
+    Scenario("approve", "new Reboot, one VM, approve policy", approve_reboot),
+    Scenario("hold-window", "Reboot held, then approved in a window", hold_then_window),
+    Scenario("shared", "shared Freeze, 3 VMs of an availability set", shared_freeze),
+    Scenario(
+        "drain-terminate", "Terminate drained by an HTTP hook, then approved", drain_terminate
+    ),
+    Scenario(
+        "drain-reboot", "Reboot drained (capacity, HTTP hook), approved, undrained", drain_reboot
+    ),
+    Scenario("capacity", "two Reboots in a set limited to one at a time", capacity),
+    Scenario("preempt", "Preempt drained within its 30 s notice, approved", preempt),
+    Scenario(
+        "cancel-undrain", "Terminate drain refused, held, cancelled, undrained", cancel_undrain
+    ),
+    Scenario("channels", "Teams, PagerDuty and webhook delivery of 3 announcements", channels),
+    Scenario("watchdog", "one sweep: a silent relay and an overdue event", watchdog_sweep),
+]

@@ -1,0 +1,207 @@
+"""The end state of a run, normalised so that a crash's only legitimate trace (time) is
+gone and everything that matters stays; and the first difference between two of them.
+
+Kept, exactly: every row of every table of the run (its key, its state, decision,
+approval state, who approved, which transitions were claimed and are done, how it ended,
+capacity holders, drain step statuses and details), and every outside effect.
+
+Normalisation rules, each with its reason:
+1. Table bookkeeping goes (`etag`, `Timestamp`, the odata metadata): they change with every
+   write, and a retried write is a different write.
+2. Every time value becomes "<t>" (a datetime property, and an ISO 8601 date-time inside a
+   string or a JSON document, including "pending:<time>" claims and time-based RowKeys):
+   a crash delays what follows by a lock duration or a watchdog period, so every time
+   after it legitimately moves. Whether a time is set at all (null or not) is kept.
+3. `owner` (drain steps, channel deliveries) goes: a random id per invocation.
+4. A deliveries row's `claims` count goes: it counts invocations that took the claim
+   (a crash makes one more); what was posted is checked at the receivers (effects).
+5. An event row's `approval_attempts` becomes the set of distinct (vm, outcome, by): the
+   list logs each try, and a retry after a crash may log the same try again. An extra
+   StartRequests such a retry sent is caught at the relay (effect `relay`), so nothing
+   that reached Azure hides behind this rule.
+6. Audit rows and rejected rows are compared as multisets without RowKey: their RowKeys are
+   a time and a random suffix (rule 2 and 3); their content is kept.
+7. An identities row's wrapped keys become their key ids: wrapping takes a random nonce.
+8. Who asked for an approval (`by`, in the attempts and the audit rows) is "auto" for the
+   two automatic callers, `policy` (ingest) and `watchdog`: which of them gets there first
+   after a crash is timing (a redelivery or the next sweep); a person (`manual:`) or the
+   drain (`drain`) stays as it is.
+9. Effects after the receivers' own dedupe (what a real receiver does with a repeat):
+   - topic: the set of MessageIds sent (Service Bus duplicate detection drops a repeat);
+   - relay: every verified callback as (VM, path, EventIds), counted: the relay does not
+     dedupe a StartRequests, so two is an extra approval sent to Azure;
+   - drain hook: each call as (path, EventId, action), counted, but calls carrying the same
+     `webhook-id` count once (Standard Webhooks receivers dedupe on it);
+   - teams: posts counted per announcement (Teams does not dedupe);
+   - pagerduty: the set of (announcement, event_action, dedup_key) (PagerDuty dedupes on
+     dedup_key);
+   - webhook: the set of (announcement, webhook-id) (receivers dedupe on webhook-id).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from datetime import date, datetime
+from typing import Any
+
+from azure.data.tables import TableServiceClient
+
+from tests.crash.world import World
+
+ISO = re.compile(
+    r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d:?\d\d)?|\d{8}T\d{6}(\.\d+)?Z?"
+)
+DROP = {"etag", "Timestamp", "owner", "odata.etag", "odata.metadata"}
+MULTISET_TABLES = ("audit", "rejected")
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return "<t>"
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in "{[" and text[-1:] in "}]":
+            try:
+                return _norm(json.loads(text))
+            except ValueError:
+                pass
+        return ISO.sub("<t>", value)
+    if isinstance(value, dict):
+        return {k: _norm(v) for k, v in sorted(value.items()) if k not in DROP}
+    if isinstance(value, list | tuple):
+        return [_norm(v) for v in value]
+    return value
+
+
+AUTOMATIC = ("policy", "watchdog")
+
+
+def _by(value: Any) -> Any:
+    return "auto" if value in AUTOMATIC else value
+
+
+def _entity(table: str, entity: dict[str, Any]) -> dict[str, Any]:
+    row = dict(entity)
+    if table == "audit" and "by" in row:
+        row["by"] = _by(row["by"])
+    chunks = sorted(k for k in row if re.fullmatch(r"data\d*", k))
+    if chunks:  # functions.store.rows splits a record's JSON over data, data1, ...
+        row["data"] = "".join(
+            str(row.pop(k)) for k in sorted(chunks, key=lambda k: int(k[4:] or 0))
+        )
+    out = _norm(row)
+    data = out.get("data")
+    if isinstance(data, dict) and "approval_attempts" in data:
+        attempts = {
+            (a.get("vm"), a.get("outcome"), _by(a.get("by"))) for a in data["approval_attempts"]
+        }
+        data["approval_attempts"] = sorted(attempts, key=repr)
+    if table == "deliveries":
+        out.pop("claims", None)
+    if table == "identities" and isinstance(out.get("keys"), list):
+        out["keys"] = sorted(k.get("id") for k in out["keys"] if isinstance(k, dict))
+    return out
+
+
+def snapshot(world: World) -> dict[str, Any]:
+    """Every row of the run's tables and every outside effect, normalised."""
+    state: dict[str, Any] = {}
+    with world.faults.paused():
+        service = TableServiceClient.from_connection_string(world.connection)
+        for table in sorted(t.name for t in service.list_tables()):
+            if not table.startswith(world.prefix):
+                continue
+            name = table[len(world.prefix) :]
+            rows = [_entity(name, dict(e)) for e in service.get_table_client(table).list_entities()]
+            if name in MULTISET_TABLES:
+                bag = Counter(
+                    json.dumps({k: v for k, v in r.items() if k != "RowKey"}, sort_keys=True)
+                    for r in rows
+                )
+                for text, count in sorted(bag.items()):
+                    state[f"{name} {text[:80]}"] = {"row": json.loads(text), "count": count}
+                continue
+            for row in rows:
+                state[f"{name} {row.get('PartitionKey')}/{row.get('RowKey')}"] = row
+    state.update(effects(world))
+    return state
+
+
+def effects(world: World) -> dict[str, Any]:
+    servers = world.servers
+    out: dict[str, Any] = {}
+    out["effect topic"] = sorted(world.topic.seen)
+    relay = Counter(
+        f"{vm} {r['path']} {','.join(r['EventIds'])}"
+        for vm, r in zip(servers.relay.targets, servers.relay.requests, strict=False)
+    )
+    for key, count in relay.items():
+        out[f"effect relay {key}"] = count
+    hooks: Counter[str] = Counter()
+    ids: set[str] = set()
+    for request in servers.hook.requests:
+        hook_id = {k.lower(): v for k, v in request.headers.items()}.get("webhook-id")
+        if hook_id and hook_id in ids:
+            continue
+        if hook_id:
+            ids.add(hook_id)
+        body = request.json()
+        hooks[f"{request.path} {body.get('EventId')} {body.get('action')}"] += 1
+    for key, count in hooks.items():
+        out[f"effect drain-hook {key}"] = count
+    teams: Counter[str] = Counter()
+    pagerduty: set[str] = set()
+    webhook: set[str] = set()
+    for channel, mid, request in servers.posts:
+        if channel == "teams":
+            teams[mid] += 1
+        elif channel == "pagerduty":
+            body = request.json()
+            pagerduty.add(f"{mid} {body.get('event_action')} {body.get('dedup_key')}")
+        else:
+            hook_id = {k.lower(): v for k, v in request.headers.items()}.get("webhook-id")
+            webhook.add(f"{mid} {hook_id}")
+    for key, count in teams.items():
+        out[f"effect teams {key}"] = count
+    out["effect pagerduty"] = sorted(pagerduty)
+    out["effect webhook"] = sorted(webhook)
+    return out
+
+
+def first_difference(expected: dict[str, Any], got: dict[str, Any]) -> str:
+    """A short line naming the first row or effect that differs, and how ("" if none)."""
+    for key in sorted(set(expected) | set(got), key=_order):
+        want, have = expected.get(key), got.get(key)
+        if want == have:
+            continue
+        if want is None:
+            return f"{key}: extra {_short(have)}"
+        if have is None:
+            return f"{key}: missing ({_short(want)})"
+        return f"{key}: {_field_diff(want, have)}"
+    return ""
+
+
+def _order(key: str) -> tuple[int, str]:
+    # Effects first (what reached the outside), then the event rows, then the rest.
+    rank = 0 if key.startswith("effect") else 1 if key.startswith("events") else 2
+    return rank, key
+
+
+def _field_diff(want: Any, have: Any, path: str = "") -> str:
+    if isinstance(want, dict) and isinstance(have, dict):
+        for key in sorted(set(want) | set(have)):
+            if want.get(key) != have.get(key):
+                return _field_diff(want.get(key), have.get(key), f"{path}.{key}" if path else key)
+    if isinstance(want, list) and isinstance(have, list) and len(want) == len(have):
+        for index, (a, b) in enumerate(zip(want, have, strict=True)):
+            if a != b:
+                return _field_diff(a, b, f"{path}[{index}]")
+    return f"{path or 'value'} {_short(want)} -> {_short(have)}"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 90 else text[:87] + "..."

@@ -1,0 +1,241 @@
+"""The outside world of one scenario and the hosts that run the app inside it.
+
+Reused from the project's own tests: the FakeClock, the signature-checking Relay stand-in,
+make_settings and the attested envelopes (tests.functions.conftest), the real local HTTP
+receivers for channels and drain hooks (tests.notify.receiver), the admission step as
+deployed (tests.identity_harness). Only Service Bus is a stand-in here (`Topic`), as in
+tests/notify/fakebus.py: Service Bus has no local emulator.
+
+A `Host` is one Functions host: its own Store object (so no in-memory cache of rows
+survives it), Pipeline, identity cache, drains store and deliveries ledger, all over the
+same Azurite tables (one table prefix per run). After a crash the harness builds a new one.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from functions.model.event import Notification
+from functions.model.policy import Policy, PolicyLoad
+from functions.notify.delivery import RetryPolicy, Transport
+from functions.notify.settings import ChannelSettings
+from functions.pipeline.context import Pipeline
+from functions.store.deliveries import DeliveryLedger
+from functions.store.drains import DrainStore
+from functions.store.state import Store
+from functions.terminate.settings import DrainSettings, UndrainSettings
+from tests import identity_harness
+from tests.crash.faults import Faults
+from tests.functions.conftest import VERIFIER, FakeClock, Relay, make_settings
+from tests.notify.receiver import Answer, Receiver, Recorded
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE_BUS_BICEP = ROOT / "infra" / "modules" / "servicebus.bicep"
+SUBSCRIPTIONS = ("terminate", "teams", "pagerduty", "webhook")
+CHANNELS = ("teams", "pagerduty", "webhook")
+WEBHOOK_SECRET = "crash-explorer-webhook-secret-0123456789"
+
+
+def bicep_lock_seconds(path: Path = SERVICE_BUS_BICEP) -> float:
+    """The documents queue's and the topic subscriptions' lockDuration (ISO 8601, PT1M):
+    how long Service Bus waits for a dead host before it delivers the message again."""
+    text = path.read_text()
+    found = set(re.findall(r"lockDuration:\s*'PT(?:(\d+)M)?(?:(\d+)S)?'", text))
+    if len(found) != 1:
+        raise ValueError(f"{path}: expected one lockDuration for every entity, found {found}")
+    minutes, seconds = found.pop()
+    return int(minutes or 0) * 60 + int(seconds or 0)
+
+
+def bicep_max_delivery_count(path: Path = SERVICE_BUS_BICEP) -> int:
+    match = re.search(r"param maxDeliveryCount int = (\d+)", path.read_text())
+    if match is None:
+        raise ValueError(f"{path}: no maxDeliveryCount parameter")
+    return int(match.group(1))
+
+
+class Topic:
+    """The `notifications` topic: duplicate detection on MessageId, one copy of each
+    message per subscription, peek-lock (a message stays until its handler returns)."""
+
+    def __init__(self) -> None:
+        self.messages: list[Notification] = []
+        self.seen: set[str] = set()
+        self.completed: dict[str, set[str]] = {name: set() for name in SUBSCRIPTIONS}
+        self.deliveries: Counter[tuple[str, str]] = Counter()
+
+    def send(self, note: Notification) -> None:
+        mid = note.message_id()
+        if mid in self.seen:
+            return  # requiresDuplicateDetection
+        self.seen.add(mid)
+        self.messages.append(note)
+
+    def pending(self, subscription: str) -> list[Notification]:
+        done = self.completed[subscription]
+        return [n for n in self.messages if n.message_id() not in done]
+
+    def complete(self, subscription: str, note: Notification) -> None:
+        self.completed[subscription].add(note.message_id())
+
+
+class HostPublisher:
+    """A host's topic sender: each send is an outgoing request the faults count."""
+
+    def __init__(self, topic: Topic, faults: Faults) -> None:
+        self.topic = topic
+        self.faults = faults
+
+    def publish(self, notification: Notification) -> None:
+        label = f"topic {notification.message_id()}"
+        index, lose = self.faults.request(label)
+        self.topic.send(notification)
+        if index:
+            self.faults.done(index, label, write=True)
+        if lose:
+            self.faults.die_after(label)
+
+
+@dataclass
+class Servers:
+    """The receivers of every outside effect, started once per scenario and cleared per run.
+
+    Channel posts are attributed to the announcement being delivered when they arrive
+    (`World.delivering`): the harness delivers one message at a time."""
+
+    relay: Relay
+    hook: Receiver
+    channels: dict[str, Receiver]
+    posts: list[tuple[str, str, Recorded]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.relay.requests.clear()
+        self.relay.targets.clear()
+        self.relay.seen.clear()
+        self.relay.script.clear()
+        self.relay.bad_signatures = 0
+        self.hook.requests.clear()
+        for receiver in self.channels.values():
+            receiver.requests.clear()
+        self.posts.clear()
+
+    def close(self) -> None:
+        self.relay.close()
+        self.hook.stop()
+        for receiver in self.channels.values():
+            receiver.stop()
+
+
+def start_servers(
+    delivering: Callable[[], str], hook_status: Callable[[str], int] = lambda _path: 200
+) -> Servers:
+    relay = Relay()
+    hook = Receiver(Answer(200, {"drained": True})).start()
+    hook.handler = lambda record: Answer(hook_status(record.path), {"path": record.path})
+    channels = {
+        "teams": Receiver(Answer(202)).start(),
+        "pagerduty": Receiver(Answer(202, {"status": "success"})).start(),
+        "webhook": Receiver(Answer(204)).start(),
+    }
+    servers = Servers(relay, hook, channels)
+    for name, receiver in channels.items():
+
+        def answer(record: Recorded, channel: str = name, rec: Receiver = receiver) -> Answer:
+            servers.posts.append((channel, delivering(), record))
+            return rec.default
+
+        receiver.handler = answer
+    return servers
+
+
+@dataclass
+class Config:
+    """What a scenario deploys: the policy and the app settings it differs in."""
+
+    policy: Policy | PolicyLoad | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    drain: dict[str, Any] = field(default_factory=dict)  # DrainSettings fields
+    undrain: dict[str, Any] = field(default_factory=dict)
+    # The customer's drain hook answers this status per path (default 200).
+    hook_status: dict[str, int] = field(default_factory=dict)
+
+
+class Host:
+    """One Functions host: fresh objects over the shared tables (no cache survives it)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.store = Store.from_connection_string(world.connection, world.prefix)
+        self.pipeline = Pipeline(
+            self.store,
+            world.settings,
+            HostPublisher(world.topic, world.faults),
+            requests.Session(),
+            world.clock,
+            admission=identity_harness.admission(self.store, world.clock.now),
+            liveness_verifier=VERIFIER,
+        )
+        self.drains = DrainStore.from_service(self.store.service, world.prefix)
+        self.ledger = DeliveryLedger.from_service(self.store.service, world.prefix)
+        clock = world.clock
+        self.transport = Transport(
+            requests.Session(),
+            RetryPolicy(attempts=3, backoff_seconds=1, max_wait_seconds=5),
+            sleep=clock.sleep,
+            clock=clock.now,
+        )
+
+
+class World:
+    """One run's shared state: Azurite tables under a fresh prefix, the FakeClock, the
+    topic, the servers (shared by the runs of a scenario) and the fault plan."""
+
+    def __init__(
+        self, connection: str, servers: Servers, faults: Faults, config: Config, tag: str = ""
+    ) -> None:
+        self.connection = connection
+        self.prefix = "x" + uuid.uuid4().hex[:10]
+        self.clock = FakeClock()
+        self.topic = Topic()
+        self.servers = servers
+        self.faults = faults
+        self.config = config
+        self.settings = make_settings(config.policy, **config.settings)
+        self.drain_settings = DrainSettings(
+            **{"http_url": f"{servers.hook.url}/drain", **config.drain}
+        )
+        self.undrain_settings = UndrainSettings(
+            **{"http_url": f"{servers.hook.url}/undrain", **config.undrain}
+        )
+        self.channel_settings = ChannelSettings(
+            teams_webhook_url=f"{servers.channels['teams'].url}/teams",
+            pagerduty_routing_key="R0123456789ABCDEF0123456789ABCDEF",
+            pagerduty_events_url=f"{servers.channels['pagerduty'].url}/v2/enqueue",
+            webhook_url=f"{servers.channels['webhook'].url}/hook",
+            webhook_secret=WEBHOOK_SECRET,
+        )
+        self.delivering = ""  # the MessageId a channel is delivering right now
+        faults.now = self.clock.now
+        with faults.paused():
+            store = Store.from_connection_string(connection, self.prefix).ensure_tables()
+            DeliveryLedger.from_service(store.service, self.prefix).ensure_table()
+            self.host = self.boot()
+
+    def boot(self) -> Host:
+        with self.faults.paused():
+            return Host(self)
+
+    def drop_tables(self) -> None:
+        with self.faults.paused():
+            service = Store.from_connection_string(self.connection, self.prefix).service
+            for table in list(service.list_tables()):
+                if table.name.startswith(self.prefix):
+                    service.delete_table(table.name)
