@@ -6,20 +6,35 @@ runs every crash point instead of one per group of equivalent points
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
 from local.azurite import Azurite
 from tests.crash.explore import explore_all
+from tests.crash.scenarios import SCENARIOS
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.crash",
+        description="Crash-point explorer: every request of each scenario, crash before it "
+        "or lose its answer, then compare the end state with the fault-free run.",
+    )
+    parser.add_argument(
+        "scenarios", nargs="*", metavar="scenario", help=", ".join(s.name for s in SCENARIOS)
+    )
+    parser.add_argument(
+        "--exhaustive", action="store_true", help="run every point, not one per equivalent group"
+    )
+    args = parser.parse_args(argv)
     logging.disable(logging.CRITICAL)  # the code under test logs every crash it survives
-    exhaustive = "--exhaustive" in argv
-    names = [a for a in argv if not a.startswith("--")] or None
     with Azurite() as azurite:
         total = divergent = 0
-        for report in explore_all(azurite.connection_string, names, exhaustive=exhaustive):
+        reports = explore_all(
+            azurite.connection_string, args.scenarios or None, exhaustive=args.exhaustive
+        )
+        for report in reports:
             print(report.table(), flush=True)
             print(flush=True)
             total += report.tried()

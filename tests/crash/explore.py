@@ -8,7 +8,7 @@ first differing row or effect. `crash_points(connection)` is what the bench repo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -171,23 +171,22 @@ def explore_all(
     names: list[str] | None = None,
     progress: Callable[[str], None] | None = None,
     exhaustive: bool = False,
-) -> list[Report]:
+) -> Iterator[Report]:
+    """Each scenario's report as soon as it is explored."""
     chosen = [s for s in SCENARIOS if names is None or s.name in names]
     unknown = set(names or ()) - {s.name for s in SCENARIOS}
     if unknown:
         raise ValueError(
             f"unknown scenario(s) {sorted(unknown)}; known: {[s.name for s in SCENARIOS]}"
         )
-    return [
-        explore(connection, scenario, progress=progress, exhaustive=exhaustive)
-        for scenario in chosen
-    ]
+    for scenario in chosen:
+        yield explore(connection, scenario, progress=progress, exhaustive=exhaustive)
 
 
 def crash_points(connection: str) -> dict[str, int]:
     """For the bench: every scenario explored; points tried and points whose end state
     differs from the fault-free run."""
-    reports = explore_all(connection)
+    reports = list(explore_all(connection))
     return {
         "crash_points_tried": sum(r.tried() for r in reports),
         "crash_points_divergent": sum(len(r.different()) for r in reports),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from functions.notify import dispatch
 from functions.pipeline.ingest import ingest_message
@@ -30,7 +31,7 @@ from functions.terminate.wiring import pipeline_context
 from functions.terminate.workflow import run_drain, run_undrain, wants, wants_undrain
 from tests.crash.faults import HostCrash
 from tests.crash.world import CHANNELS, WEBHOOK_SECRET, Host, World, bicep_lock_seconds
-from tests.functions.conftest import write_liveness
+from tests.functions.conftest import T0, write_liveness
 
 WATCHDOG_PERIOD_SECONDS = 60.0  # functions.triggers.core: the watchdog's timer, every minute
 LOCK_SECONDS = bicep_lock_seconds()
@@ -68,10 +69,10 @@ def advance(seconds: float) -> Step:
     return Step("advance", f"+{seconds:g}s", seconds=seconds)
 
 
-def heartbeat(vm: str) -> Step:
-    """`vm`'s relay writes its liveness row now: the relay's write, not the app's (no
-    crash point; it cannot fail with the app's host)."""
-    return Step("heartbeat", f"heartbeat {vm}", body=vm)
+def heartbeat(vm: str, at: float) -> Step:
+    """`vm`'s relay writes its liveness row, for its heartbeat `at` seconds after T0: the
+    relay's write, not the app's (no crash point; it does not die with the app's host)."""
+    return Step("heartbeat", f"heartbeat {vm}", body=vm, seconds=at)
 
 
 def settle(*gaps: float, channels: bool = False) -> list[Step]:
@@ -109,7 +110,7 @@ def _run_step(world: World, step: Step, outcome: Outcome) -> None:
         return
     if step.kind == "heartbeat":
         with world.faults.paused():
-            write_liveness(world.host.store, step.body, clock.now())
+            write_liveness(world.host.store, step.body, T0 + timedelta(seconds=step.seconds))
         return
     action = ACTIONS[step.kind]
     try:

@@ -232,6 +232,7 @@ def channels(servers: Servers) -> tuple[Config, list[Step]]:
         until(0, 120),
         doc("ch1", 2, [], servers, 120),
         notify(),
+        *settle(*FINAL, channels=True),
     ]
     return Config(), steps
 
@@ -242,7 +243,7 @@ def watchdog_sweep(servers: Servers) -> tuple[Config, list[Step]]:
     ev = event("EV-WD", "Reboot", resources=("wd1",), not_before=_at(300))
     steps = [
         doc("wd1", 1, [ev], servers, 0),
-        heartbeat("wd1"),
+        heartbeat("wd1", 0),
         until(0, 900),
         watchdog(),
         drain(),

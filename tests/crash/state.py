@@ -27,7 +27,8 @@ Normalisation rules, each with its reason:
    after a crash is timing (a redelivery or the next sweep); a person (`manual:`) or the
    drain (`drain`) stays as it is.
 9. Effects after the receivers' own dedupe (what a real receiver does with a repeat):
-   - topic: the set of MessageIds sent (Service Bus duplicate detection drops a repeat);
+   - topic: the set of MessageIds sent (Service Bus duplicate detection drops a repeat;
+     a MessageId's time, the start of a silence, is "<t>" by rule 2);
    - relay: every verified callback as (VM, path, EventIds), counted: the relay does not
      dedupe a StartRequests, so two is an extra approval sent to Azure;
    - drain hook: each call as (path, EventId, action), counted, but calls carrying the same
@@ -132,7 +133,7 @@ def snapshot(world: World) -> dict[str, Any]:
 def effects(world: World) -> dict[str, Any]:
     servers = world.servers
     out: dict[str, Any] = {}
-    out["effect topic"] = sorted(world.topic.seen)
+    out["effect topic"] = sorted(ISO.sub("<t>", mid) for mid in world.topic.seen)
     relay = Counter(
         f"{vm} {r['path']} {','.join(r['EventIds'])}"
         for vm, r in zip(servers.relay.targets, servers.relay.requests, strict=False)
@@ -155,6 +156,7 @@ def effects(world: World) -> dict[str, Any]:
     pagerduty: set[str] = set()
     webhook: set[str] = set()
     for channel, mid, request in servers.posts:
+        mid = ISO.sub("<t>", mid)
         if channel == "teams":
             teams[mid] += 1
         elif channel == "pagerduty":
@@ -162,7 +164,7 @@ def effects(world: World) -> dict[str, Any]:
             pagerduty.add(f"{mid} {body.get('event_action')} {body.get('dedup_key')}")
         else:
             hook_id = {k.lower(): v for k, v in request.headers.items()}.get("webhook-id")
-            webhook.add(f"{mid} {hook_id}")
+            webhook.add(f"{mid} {ISO.sub('<t>', hook_id or '')}")
     for key, count in teams.items():
         out[f"effect teams {key}"] = count
     out["effect pagerduty"] = sorted(pagerduty)
