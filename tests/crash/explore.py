@@ -77,11 +77,45 @@ class Report:
         for kind in KINDS:
             tried, diff = self.tried(kind), len(self.different(kind))
             lines.append(f"| {KIND_NAMES[kind]} | {tried} | {tried - diff} | {diff} |")
-        for point in self.different():
-            lines.append(
-                f"- k={point.fault.index} {point.fault.kind} `{point.request}`: {point.difference}"
-            )
+        lines += self.grouped()
         return "\n".join(lines)
+
+    def grouped(self) -> list[str]:
+        """The divergent points, consecutive ones with the same first difference as one
+        line: `k=7L..9B (5)` is from "answer of 7 lost" to "crash before 9"."""
+        lines: list[str] = []
+        run: list[Point] = []
+
+        def flush() -> None:
+            if not run:
+                return
+            first, last = run[0], run[-1]
+            span = _name(first.fault)
+            if len(run) > 1:
+                span += f"..{_name(last.fault)}"
+            lines.append(f"- k={span} ({len(run)}) `{first.request}`: {first.difference}")
+            run.clear()
+
+        for point in self.points:
+            if run and point.difference != run[-1].difference:
+                flush()
+            if point.difference:
+                run.append(point)
+            else:
+                flush()
+        flush()
+        return lines
+
+    def summary_row(self) -> str:
+        cells = []
+        for kind in KINDS:
+            tried, diff = self.tried(kind), len(self.different(kind))
+            cells.append(f"{tried} / {tried - diff} / {diff}")
+        return f"| {self.scenario} | {' | '.join(cells)} | {self.runs} |"
+
+
+def _name(fault: Fault) -> str:
+    return f"{fault.index}{'B' if fault.kind == 'before' else 'L'}"
 
 
 KIND_NAMES = {"before": "crash before k", "lost": "k applied, answer lost"}

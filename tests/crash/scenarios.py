@@ -15,6 +15,7 @@ from typing import Any
 
 from functions.model.policy import Match, Policy, Rule, Window
 from tests.crash.runner import (
+    WATCHDOG_PERIOD_SECONDS,
     Step,
     advance,
     deliver,
@@ -57,8 +58,16 @@ def doc(
     return deliver(body, f"{vm}#{seq}")
 
 
-def until(now: float, at: float) -> Step:
-    return advance(at - now)
+def until(now: float, at: float) -> list[Step]:
+    """Time passes from `now` to `at` (seconds after T0) with the watchdog's timer ticking
+    every minute, as in Azure; whatever a tick announces is drained."""
+    steps: list[Step] = []
+    while now + WATCHDOG_PERIOD_SECONDS <= at:
+        steps += [advance(WATCHDOG_PERIOD_SECONDS), watchdog(), drain()]
+        now += WATCHDOG_PERIOD_SECONDS
+    if at > now:
+        steps.append(advance(at - now))
+    return steps
 
 
 def approve_rule(*types: str) -> Rule:
@@ -80,10 +89,10 @@ def approve_reboot(servers: Servers) -> tuple[Config, list[Step]]:
     steps = [
         doc("ap1", 1, [ev], servers, 0),
         drain(),
-        until(0, 300),
-        doc("ap1", 2, [started], servers, 300),
-        advance(120),
-        doc("ap1", 3, [], servers, 420),
+        *until(0, 120),
+        doc("ap1", 2, [started], servers, 120),
+        *until(120, 180),
+        doc("ap1", 3, [], servers, 180),
         drain(),
         *settle(*FINAL),
     ]
@@ -91,26 +100,21 @@ def approve_reboot(servers: Servers) -> tuple[Config, list[Step]]:
 
 
 def hold_then_window(servers: Servers) -> tuple[Config, list[Step]]:
-    """A Reboot held until the maintenance window opens at 10:05, then approved by the
+    """A Reboot held until the maintenance window opens at 10:02, then approved by the
     watchdog's sweep in the window, then started and done."""
     policy = Policy(
         rules=(approve_rule("Reboot"),),
-        windows=(Window(days=("Sat",), start="10:05", end="12:00"),),
+        windows=(Window(days=("Sat",), start="10:02", end="12:00"),),
     )
     ev = event("EV-HW", "Reboot", resources=("hw1",), not_before=_at(1200))
     started = {**ev, "EventStatus": "Started", "NotBefore": ""}
     steps = [
         doc("hw1", 1, [ev], servers, 0),
         drain(),
-        until(0, 240),
-        watchdog(),
-        until(240, 330),
-        watchdog(),
-        drain(),
-        until(330, 600),
-        doc("hw1", 2, [started], servers, 600),
-        advance(60),
-        doc("hw1", 3, [], servers, 660),
+        *until(0, 240),
+        doc("hw1", 2, [started], servers, 240),
+        *until(240, 300),
+        doc("hw1", 3, [], servers, 300),
         *settle(*FINAL),
     ]
     return Config(policy=policy), steps
@@ -124,9 +128,9 @@ def shared_freeze(servers: Servers) -> tuple[Config, list[Step]]:
     steps: list[Step] = []
     for index, vm in enumerate(names):
         steps.append(doc(vm, 1, [ev], servers, index, availability_set="avset"))
-    steps += [drain(), until(0, 300)]
+    steps += [drain(), *until(0, 120)]
     for index, vm in enumerate(names):
-        steps.append(doc(vm, 2, [], servers, 300 + index, availability_set="avset"))
+        steps.append(doc(vm, 2, [], servers, 120 + index, availability_set="avset"))
     steps += [drain(), *settle(*FINAL)]
     return Config(), steps
 
@@ -138,8 +142,8 @@ def drain_terminate(servers: Servers) -> tuple[Config, list[Step]]:
     steps = [
         doc("ss_0", 1, [ev], servers, 0, scale_set="ss"),
         drain(),
-        until(0, 300),
-        doc("ss_0", 2, [], servers, 300, scale_set="ss"),
+        *until(0, 120),
+        doc("ss_0", 2, [], servers, 120, scale_set="ss"),
         drain(),
         *settle(*FINAL),
     ]
@@ -154,10 +158,10 @@ def drain_reboot(servers: Servers) -> tuple[Config, list[Step]]:
     steps = [
         doc("dr1", 1, [ev], servers, 0, availability_set="drset"),
         drain(),
-        until(0, 300),
-        doc("dr1", 2, [started], servers, 300, availability_set="drset"),
-        advance(120),
-        doc("dr1", 3, [], servers, 420, availability_set="drset"),
+        *until(0, 120),
+        doc("dr1", 2, [started], servers, 120, availability_set="drset"),
+        *until(120, 180),
+        doc("dr1", 3, [], servers, 180, availability_set="drset"),
         drain(),
         *settle(*FINAL),
     ]
@@ -175,15 +179,12 @@ def capacity(servers: Servers) -> tuple[Config, list[Step]]:
         doc("cap1", 1, [one], servers, 0, **where),
         doc("cap2", 1, [two], servers, 1, **where),
         drain(),
-        until(0, 300),
-        doc("cap1", 2, [started], servers, 300, **where),
-        advance(60),
-        doc("cap1", 3, [], servers, 360, **where),
-        advance(60),
-        watchdog(),
-        drain(),
-        until(420, 900),
-        doc("cap2", 2, [], servers, 900, **where),
+        *until(0, 120),
+        doc("cap1", 2, [started], servers, 120, **where),
+        *until(120, 180),
+        doc("cap1", 3, [], servers, 180, **where),
+        *until(180, 300),
+        doc("cap2", 2, [], servers, 300, **where),
         drain(),
         *settle(*FINAL),
     ]
@@ -197,7 +198,7 @@ def preempt(servers: Servers) -> tuple[Config, list[Step]]:
     steps = [
         doc("spot_0", 1, [ev], servers, 0, scale_set="spot"),
         drain(),
-        until(0, 60),
+        *until(0, 60),
         doc("spot_0", 2, [], servers, 60, scale_set="spot"),
         drain(),
         *settle(*FINAL),
@@ -213,7 +214,7 @@ def cancel_undrain(servers: Servers) -> tuple[Config, list[Step]]:
     steps = [
         doc("cu_0", 1, [ev], servers, 0, scale_set="cu"),
         drain(),
-        until(0, 120),
+        *until(0, 120),
         doc("cu_0", 2, [], servers, 120, scale_set="cu"),
         drain(),
         *settle(*FINAL),
@@ -229,7 +230,7 @@ def channels(servers: Servers) -> tuple[Config, list[Step]]:
     steps = [
         doc("ch1", 1, [ev], servers, 0),
         notify(),
-        until(0, 120),
+        *until(0, 120),
         doc("ch1", 2, [], servers, 120),
         notify(),
         *settle(*FINAL, channels=True),
@@ -244,7 +245,7 @@ def watchdog_sweep(servers: Servers) -> tuple[Config, list[Step]]:
     steps = [
         doc("wd1", 1, [ev], servers, 0),
         heartbeat("wd1", 0),
-        until(0, 900),
+        advance(900),
         watchdog(),
         drain(),
     ]
