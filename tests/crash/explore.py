@@ -7,6 +7,7 @@ first differing row or effect. `crash_points(connection)` is what the bench repo
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from tests.crash.state import first_difference, snapshot
 from tests.crash.world import Servers, World, start_servers
 
 KINDS: tuple[Kind, ...] = ("before", "lost")
+IDENTITY_HOST = "AZURE_POD_IDENTITY_AUTHORITY_HOST"
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Report:
     seconds: float = 0.0
     baseline_errors: list[str] = field(default_factory=list)
     runs: int = 0  # runs with a fault actually executed (the others are equivalent to one)
+    effects: dict[str, Any] = field(default_factory=dict)  # the fault-free run's effects
 
     def tried(self, kind: Kind | None = None) -> int:
         return sum(1 for p in self.points if kind in (None, p.fault.kind))
@@ -128,6 +131,8 @@ def _classifier(connection: str, servers: Servers) -> Callable[[str, int, str, s
     }
     for name, receiver in servers.channels.items():
         ports[receiver.server.server_address[1]] = name
+    if servers.arm is not None:
+        ports[int(servers.arm.url.rsplit(":", 1)[1].split("/")[0])] = "arm"
 
     def classify(host: str, port: int, method: str, url: str) -> str:
         what = ports.get(port)
@@ -156,6 +161,9 @@ def explore(
         lambda: box["world"].delivering if "world" in box else "",
         lambda path: box["world"].config.hook_status.get(path, 200) if "world" in box else 200,
     )
+    identity_host = os.environ.get(IDENTITY_HOST)
+    if scenario.arm:
+        servers.arm = _start_arm()
     try:
         faults = Faults(_classifier(connection, servers))
         with installed(faults):
@@ -175,6 +183,7 @@ def explore(
 
             baseline, outcome, _ = once(None)
             report = Report(scenario.name, faults.count, baseline_errors=outcome.errors)
+            report.effects = {k: v for k, v in baseline.items() if k.startswith("effect")}
             labels = {s.index: s.label for s in faults.sent}
             if only is not None or exhaustive:
                 every = (
@@ -196,8 +205,25 @@ def explore(
             report.points.sort(key=lambda p: (p.fault.index, p.fault.kind))
     finally:
         servers.close()
+        if identity_host is None:
+            os.environ.pop(IDENTITY_HOST, None)
+        else:
+            os.environ[IDENTITY_HOST] = identity_host
     report.seconds = time.monotonic() - started
     return report
+
+
+def _start_arm() -> Any:
+    """Resource Manager, Resource Graph and the managed-identity endpoint (the simulator's),
+    with the scale set the ARM scenario's event is on; azure-identity finds its identity
+    endpoint through AZURE_POD_IDENTITY_AUTHORITY_HOST (as tests/agentless do)."""
+    from simulator import Simulator, SimulatorServer
+
+    sim = Simulator(time_scale=1.0)
+    sim.add_scale_set("web", 2)
+    server = SimulatorServer(sim).start()
+    os.environ[IDENTITY_HOST] = server.url
+    return server
 
 
 def explore_all(

@@ -8,18 +8,22 @@ reaches it (`at`), and the clock is moved there first.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from functions.model.policy import Match, Policy, Rule, Window
+from tests.agentless.grid import grid_event
 from tests.crash.runner import (
     WATCHDOG_PERIOD_SECONDS,
     Step,
     advance,
     deliver,
     drain,
+    event_grid,
     heartbeat,
     notify,
     settle,
@@ -39,6 +43,10 @@ class Scenario:
     name: str
     title: str
     build: Callable[[Servers], tuple[Config, list[Step]]]
+    # What the fault-free run must show (substrings of its effects): a scenario that does
+    # not do what it says would compare nothing.
+    expects: tuple[str, ...] = ()
+    arm: bool = False  # needs Resource Manager (Servers.arm)
 
 
 def _at(seconds: float) -> Any:
@@ -238,6 +246,39 @@ def channels(servers: Servers) -> tuple[Config, list[Step]]:
     return Config(), steps
 
 
+def event_grid_arm(servers: Servers) -> tuple[Config, list[Step]]:
+    """Agentless: a User Redeploy of a scale-set VM known only from Event Grid, approved
+    by the ARM approver (acknowledge), then Completed."""
+    from simulator import instance
+
+    sim = servers.arm.sim
+    owner = (
+        f"/subscriptions/{instance.SUBSCRIPTION_ID}/resourceGroups/{instance.RESOURCE_GROUP}"
+        "/providers/Microsoft.Compute/virtualMachineScaleSets/web"
+    )
+    props = event("EV-EG", "Redeploy", resources=("web_1",), not_before=_at(900), source="User")
+    done = {**props, "EventStatus": "Completed", "NotBefore": ""}
+
+    def reset(_servers: Servers) -> None:
+        # Azure's event as it was before the run: Scheduled, not acknowledged.
+        with contextlib.suppress(Exception):
+            sim.remove_event("EV-EG")
+        sim.add_event("Redeploy", resources=["web_1"], event_id="EV-EG", source="User")
+
+    steps = [
+        event_grid(json.dumps(grid_event(props, owner=owner, grid_id="grid-1")), "grid#1"),
+        drain(),
+        *until(0, 120),
+        event_grid(
+            json.dumps(grid_event(done, owner=owner, grid_id="grid-2", at=_at(120))), "grid#2"
+        ),
+        drain(),
+        *settle(*FINAL),
+    ]
+    settings = {"approvers": "relay,arm", "arm_endpoint": servers.arm.arm_url}
+    return Config(settings=settings, arm=True, reset=reset), steps
+
+
 def watchdog_sweep(servers: Servers) -> tuple[Config, list[Step]]:
     """One watchdog sweep with work to do: a held Reboot past its NotBefore (overdue) on a
     VM whose relay went silent (its liveness row is older than RELAY_SILENT_AFTER)."""
@@ -253,20 +294,76 @@ def watchdog_sweep(servers: Servers) -> tuple[Config, list[Step]]:
 
 
 SCENARIOS: list[Scenario] = [
-    Scenario("approve", "new Reboot, one VM, approve policy", approve_reboot),
-    Scenario("hold-window", "Reboot held, then approved in a window", hold_then_window),
-    Scenario("shared", "shared Freeze, 3 VMs of an availability set", shared_freeze),
     Scenario(
-        "drain-terminate", "Terminate drained by an HTTP hook, then approved", drain_terminate
+        "approve",
+        "new Reboot, one VM, approve policy",
+        approve_reboot,
+        ("relay ap1 /v1/start EV-AP", "EV-AP:approved", "EV-AP:completed"),
     ),
     Scenario(
-        "drain-reboot", "Reboot drained (capacity, HTTP hook), approved, undrained", drain_reboot
+        "hold-window",
+        "Reboot held, then approved in a window",
+        hold_then_window,
+        ("relay hw1 /v1/start EV-HW", "EV-HW:approved", "EV-HW:completed"),
     ),
-    Scenario("capacity", "two Reboots in a set limited to one at a time", capacity),
-    Scenario("preempt", "Preempt drained within its 30 s notice, approved", preempt),
     Scenario(
-        "cancel-undrain", "Terminate drain refused, held, cancelled, undrained", cancel_undrain
+        "shared",
+        "shared Freeze, 3 VMs of an availability set",
+        shared_freeze,
+        ("/v1/start EV-AS", "EV-AS:approved", "EV-AS:completed"),
     ),
-    Scenario("channels", "Teams, PagerDuty and webhook delivery of 3 announcements", channels),
-    Scenario("watchdog", "one sweep: a silent relay and an overdue event", watchdog_sweep),
+    Scenario(
+        "drain-terminate",
+        "Terminate drained by an HTTP hook, then approved",
+        drain_terminate,
+        ("drain-hook /drain EV-TD drain", "relay ss_0 /v1/start EV-TD", "EV-TD:drain_started"),
+    ),
+    Scenario(
+        "drain-reboot",
+        "Reboot drained (capacity, HTTP hook), approved, undrained",
+        drain_reboot,
+        ("/drain EV-DR drain", "relay dr1 /v1/start EV-DR", "/undrain EV-DR", "EV-DR:undrained"),
+    ),
+    Scenario(
+        "capacity",
+        "two Reboots in a set limited to one at a time",
+        capacity,
+        ("relay cap1 /v1/start EV-C1", "relay cap2 /v1/start EV-C2", "EV-C2:approved"),
+    ),
+    Scenario(
+        "preempt",
+        "Preempt drained within its 30 s notice, approved",
+        preempt,
+        ("/drain EV-PE drain", "relay spot_0 /v1/start EV-PE", "EV-PE:approved"),
+    ),
+    Scenario(
+        "cancel-undrain",
+        "Terminate drain refused, held, cancelled, undrained",
+        cancel_undrain,
+        ("/drain EV-CU drain", "/undrain EV-CU", "EV-CU:drain_failed", "EV-CU:undrained"),
+    ),
+    Scenario(
+        "event-grid-arm",
+        "Event Grid only, approved by the ARM approver",
+        event_grid_arm,
+        ("arm acknowledge EV-EG 200", "EV-EG:approved", "EV-EG:completed"),
+        arm=True,
+    ),
+    Scenario(
+        "channels",
+        "Teams, PagerDuty and webhook delivery of 3 announcements",
+        channels,
+        (
+            "teams EV-CH:decided",
+            "EV-CH:decided trigger EV-CH",
+            "EV-CH:cancelled resolve",
+            "EV-CH:scheduled webhook",
+        ),
+    ),
+    Scenario(
+        "watchdog",
+        "one sweep: a silent relay and an overdue event",
+        watchdog_sweep,
+        ("relay_silent", "EV-WD:completed"),
+    ),
 ]

@@ -36,7 +36,8 @@ Normalisation rules, each with its reason:
    - teams: posts counted per announcement (Teams does not dedupe);
    - pagerduty: the set of (announcement, event_action, dedup_key) (PagerDuty dedupes on
      dedup_key);
-   - webhook: the set of (announcement, webhook-id) (receivers dedupe on webhook-id).
+   - webhook: the set of (announcement, webhook-id) (receivers dedupe on webhook-id);
+   - arm: each acknowledge call as (EventId, status), counted.
 """
 
 from __future__ import annotations
@@ -169,6 +170,14 @@ def effects(world: World) -> dict[str, Any]:
         out[f"effect teams {key}"] = count
     out["effect pagerduty"] = sorted(pagerduty)
     out["effect webhook"] = sorted(webhook)
+    if servers.arm is not None:
+        acks = Counter(
+            f"{call.path.rsplit('/', 2)[-2]} {call.status}"
+            for call in servers.arm.arm.calls
+            if call.path.endswith("/acknowledge")
+        )
+        for key, count in acks.items():
+            out[f"effect arm acknowledge {key}"] = count
     return out
 
 

@@ -8,6 +8,7 @@ moment a fixed scenario passes (flip it) or regresses.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -38,6 +39,8 @@ def test_no_crash_point_changes_the_end_state(azurite: str, scenario: Scenario) 
     report = explore(azurite, scenario)
     print(report.table())
     assert report.baseline_errors == [], "the fault-free run itself failed a step"
+    effects = json.dumps(report.effects)
+    assert [e for e in scenario.expects if e not in effects] == [], effects
     assert report.tried() == 2 * report.requests
     assert not report.different(), report.table()
 

@@ -115,6 +115,9 @@ class Servers:
     hook: Receiver
     channels: dict[str, Receiver]
     posts: list[tuple[str, str, Recorded]] = field(default_factory=list)
+    # Azure Resource Manager and its managed identity (simulator.SimulatorServer), for a
+    # scenario with the ARM approver; None otherwise.
+    arm: Any = None
 
     def clear(self) -> None:
         self.relay.requests.clear()
@@ -126,12 +129,16 @@ class Servers:
         for receiver in self.channels.values():
             receiver.requests.clear()
         self.posts.clear()
+        if self.arm is not None:
+            self.arm.arm.calls.clear()
 
     def close(self) -> None:
         self.relay.close()
         self.hook.stop()
         for receiver in self.channels.values():
             receiver.stop()
+        if self.arm is not None:
+            self.arm.stop()
 
 
 def start_servers(
@@ -166,6 +173,9 @@ class Config:
     undrain: dict[str, Any] = field(default_factory=dict)
     # The customer's drain hook answers this status per path (default 200).
     hook_status: dict[str, int] = field(default_factory=dict)
+    arm: bool = False  # the hosts get a managed-identity credential for the ARM approver
+    # Called before each run (outside the count): Azure's own state back to the start.
+    reset: Callable[[Servers], None] | None = None
 
 
 class Host:
@@ -183,6 +193,11 @@ class Host:
             admission=identity_harness.admission(self.store, world.clock.now),
             liveness_verifier=VERIFIER,
         )
+        if world.config.arm:
+            from azure.identity import ManagedIdentityCredential
+
+            # A fresh host fetches its token again (the simulator's identity endpoint).
+            self.pipeline.credential = ManagedIdentityCredential()
         self.drains = DrainStore.from_service(self.store.service, world.prefix)
         self.ledger = DeliveryLedger.from_service(self.store.service, world.prefix)
         clock = world.clock
@@ -225,6 +240,8 @@ class World:
         self.delivering = ""  # the MessageId a channel is delivering right now
         faults.now = self.clock.now
         with faults.paused():
+            if config.reset is not None:
+                config.reset(servers)
             store = Store.from_connection_string(connection, self.prefix).ensure_tables()
             DeliveryLedger.from_service(store.service, self.prefix).ensure_table()
             self.host = self.boot()
