@@ -8,7 +8,6 @@ reaches it (`at`), and the clock is moved there first.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -260,9 +259,11 @@ def event_grid_arm(servers: Servers) -> tuple[Config, list[Step]]:
     done = {**props, "EventStatus": "Completed", "NotBefore": ""}
 
     def reset(_servers: Servers) -> None:
-        # Azure's event as it was before the run: Scheduled, not acknowledged.
-        with contextlib.suppress(Exception):
-            sim.remove_event("EV-EG")
+        # Azure's event as it was before the run: Scheduled, not acknowledged. The simulator
+        # never reuses an EventId, so the last run's event is forgotten first.
+        with sim._lock:
+            for key in [k for k, e in sim._events.items() if e.event_id == "EV-EG"]:
+                del sim._events[key]
         sim.add_event("Redeploy", resources=["web_1"], event_id="EV-EG", source="User")
 
     steps = [
