@@ -231,8 +231,8 @@ def cancel_undrain(servers: Servers) -> tuple[Config, list[Step]]:
 
 def channels(servers: Servers) -> tuple[Config, list[Step]]:
     """Each channel's delivery: a Redeploy (held; it pages by default) is announced
-    scheduled and decided, then cancelled; Teams, PagerDuty and the webhook deliver each
-    announcement with the deliveries ledger."""
+    scheduled and decided, then cancelled; Teams, PagerDuty, the webhook and Slack deliver
+    each announcement with the deliveries ledger."""
     ev = event("EV-CH", "Redeploy", resources=("ch1",), not_before=_at(900))
     steps = [
         doc("ch1", 1, [ev], servers, 0),
@@ -352,10 +352,11 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         "channels",
-        "Teams, PagerDuty and webhook delivery of 3 announcements",
+        "Teams, PagerDuty, webhook and Slack delivery of 3 announcements",
         channels,
         (
             "teams EV-CH:decided",
+            "slack EV-CH:decided",
             "EV-CH:decided trigger EV-CH",
             "EV-CH:cancelled resolve",
             "EV-CH:scheduled webhook",

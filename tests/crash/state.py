@@ -33,7 +33,7 @@ Normalisation rules, each with its reason:
      dedupe a StartRequests, so two is an extra approval sent to Azure;
    - drain hook: each call as (path, EventId, action), counted, but calls carrying the same
      `webhook-id` count once (Standard Webhooks receivers dedupe on it);
-   - teams: posts counted per announcement (Teams does not dedupe);
+   - teams, slack: posts counted per announcement (neither dedupes);
    - pagerduty: the set of (announcement, event_action, dedup_key) (PagerDuty dedupes on
      dedup_key);
    - webhook: the set of (announcement, webhook-id) (receivers dedupe on webhook-id);
@@ -158,8 +158,8 @@ def effects(world: World) -> dict[str, Any]:
     webhook: set[str] = set()
     for channel, mid, request in servers.posts:
         mid = ISO.sub("<t>", mid)
-        if channel == "teams":
-            teams[mid] += 1
+        if channel in ("teams", "slack"):  # neither dedupes: every post counts
+            teams[f"{channel} {mid}"] += 1
         elif channel == "pagerduty":
             body = request.json()
             pagerduty.add(f"{mid} {body.get('event_action')} {body.get('dedup_key')}")
@@ -167,7 +167,7 @@ def effects(world: World) -> dict[str, Any]:
             hook_id = {k.lower(): v for k, v in request.headers.items()}.get("webhook-id")
             webhook.add(f"{mid} {ISO.sub('<t>', hook_id or '')}")
     for key, count in teams.items():
-        out[f"effect teams {key}"] = count
+        out[f"effect {key}"] = count
     out["effect pagerduty"] = sorted(pagerduty)
     out["effect webhook"] = sorted(webhook)
     if servers.arm is not None:

@@ -40,7 +40,9 @@ DIVERGES: dict[str, str] = {
 def _param(scenario: Scenario) -> Any:
     marks = []
     if scenario.name in DIVERGES:
-        marks.append(pytest.mark.xfail(strict=True, reason=DIVERGES[scenario.name]))
+        marks.append(
+            pytest.mark.xfail(strict=True, raises=AssertionError, reason=DIVERGES[scenario.name])
+        )
     return pytest.param(scenario, id=scenario.name, marks=marks)
 
 

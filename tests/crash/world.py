@@ -25,6 +25,7 @@ import requests
 
 from functions.model.event import Notification
 from functions.model.policy import Policy, PolicyLoad
+from functions.notify import dispatch
 from functions.notify.delivery import RetryPolicy, Transport
 from functions.notify.settings import ChannelSettings
 from functions.pipeline.context import Pipeline
@@ -39,8 +40,8 @@ from tests.notify.receiver import Answer, Receiver, Recorded
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_BUS_BICEP = ROOT / "infra" / "modules" / "servicebus.bicep"
-SUBSCRIPTIONS = ("terminate", "teams", "pagerduty", "webhook")
-CHANNELS = ("teams", "pagerduty", "webhook")
+CHANNELS = dispatch.CHANNELS  # every channel the app has, each on its own subscription
+SUBSCRIPTIONS = ("terminate", *CHANNELS)
 WEBHOOK_SECRET = "crash-explorer-webhook-secret-0123456789"
 
 
@@ -147,11 +148,8 @@ def start_servers(
     relay = Relay()
     hook = Receiver(Answer(200, {"drained": True})).start()
     hook.handler = lambda record: Answer(hook_status(record.path), {"path": record.path})
-    channels = {
-        "teams": Receiver(Answer(202)).start(),
-        "pagerduty": Receiver(Answer(202, {"status": "success"})).start(),
-        "webhook": Receiver(Answer(204)).start(),
-    }
+    answers = {"teams": Answer(202), "pagerduty": Answer(202, {"status": "success"})}
+    channels = {name: Receiver(answers.get(name, Answer(200))).start() for name in CHANNELS}
     servers = Servers(relay, hook, channels)
     for name, receiver in channels.items():
 
@@ -230,8 +228,14 @@ class World:
         self.undrain_settings = UndrainSettings(
             **{"http_url": f"{servers.hook.url}/undrain", **config.undrain}
         )
+        urls = {name: receiver.url for name, receiver in servers.channels.items()}
         self.channel_settings = ChannelSettings(
             teams_webhook_url=f"{servers.channels['teams'].url}/teams",
+            **(
+                {"slack_webhook_url": f"{urls['slack']}/services/T0/B0/x"}
+                if "slack" in urls
+                else {}
+            ),
             pagerduty_routing_key="R0123456789ABCDEF0123456789ABCDEF",
             pagerduty_events_url=f"{servers.channels['pagerduty'].url}/v2/enqueue",
             webhook_url=f"{servers.channels['webhook'].url}/hook",
