@@ -10,7 +10,7 @@ from local.orchestration import Demo
 from local.report import Outcome, Timeline
 
 # Settings that would point the demo at real services or change its policy: never inherited.
-_FOREIGN = ("TEAMS_", "PAGERDUTY_", "WEBHOOK_", "POLICY__", "DRAIN__", "RELAY_")
+_FOREIGN = ("TEAMS_", "SLACK_", "PAGERDUTY_", "WEBHOOK_", "POLICY__", "DRAIN__", "RELAY_")
 
 
 def clean_env(**extra: str) -> dict[str, str]:

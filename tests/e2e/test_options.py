@@ -10,7 +10,11 @@ from tests.e2e.conftest import clean_env
 
 
 def test_settings_in_the_environment_replace_the_local_receivers():
-    env = clean_env(PAGERDUTY_ROUTING_KEY="k" * 32, WEBHOOK_URL="https://example.org/hook")
+    env = clean_env(
+        PAGERDUTY_ROUTING_KEY="k" * 32,
+        WEBHOOK_URL="https://example.org/hook",
+        SLACK_WEBHOOK_URL="https://hooks.slack.com/services/T0/B0/x",
+    )
     demo = Demo(DemoOptions(report=None, env=env), Timeline(stream=None))
     try:
         demo._start_receivers()
@@ -18,6 +22,7 @@ def test_settings_in_the_environment_replace_the_local_receivers():
         assert demo.external == {
             "pagerduty": "https://events.pagerduty.com/v2/enqueue",
             "webhook": "https://example.org/hook",
+            "slack": "https://hooks.slack.com/services/T0/B0/x",
         }
     finally:
         demo.close()
