@@ -1,9 +1,9 @@
 // Example (issue 33): an internal Standard load balancer in front of relay VMs whose health
 // probe is the relay's readiness probe, `GET /readyz` on the relay's --ready-listen port
-// (RELAY_READY_LISTEN=0.0.0.0:8493 in relay.env). The relay answers 503 from the moment the
-// bridge starts draining the VM (its drain hook) until the undrain hook has run, so the load
-// balancer stops sending new flows to a VM about to be rebooted, redeployed, evicted or
-// deleted, and sends them again once it is back. Not deployed by main.bicep: deploy it into
+// (RELAY_READY_LISTEN=0.0.0.0:8493 in /etc/scheduled-events-relay/relay.local.env). The
+// relay answers 503 from the moment the bridge starts draining the VM (its drain hook)
+// until the undrain hook has run, so the load balancer stops sending new flows to a VM
+// about to be rebooted, redeployed, evicted or deleted, and sends them again once back. Not deployed by main.bicep: deploy it into
 // your VMs' resource group and put their NICs (ipConfigurations[].properties.
 // loadBalancerBackendAddressPools) or scale set (networkProfile) in `backendPoolId`.
 //
