@@ -3,9 +3,10 @@
 // (RELAY_READY_LISTEN=0.0.0.0:8493 in /etc/scheduled-events-relay/relay.local.env). The
 // relay answers 503 from the moment the bridge starts draining the VM (its drain hook)
 // until the undrain hook has run, so the load balancer stops sending new flows to a VM
-// about to be rebooted, redeployed, evicted or deleted, and sends them again once back. Not deployed by main.bicep: deploy it into
-// your VMs' resource group and put their NICs (ipConfigurations[].properties.
-// loadBalancerBackendAddressPools) or scale set (networkProfile) in `backendPoolId`.
+// about to be rebooted, redeployed, evicted or deleted, and sends them again once back.
+// Not deployed by main.bicep: deploy it into your VMs' resource group and put their NICs
+// (ipConfigurations[].properties.loadBalancerBackendAddressPools) or scale set
+// (networkProfile) in `backendPoolId`.
 //
 // Azure's probes come from 168.63.129.16 (service tag AzureLoadBalancer) to the VM's own
 // address: the relay must listen there (0.0.0.0 or the NIC's address, never 127.0.0.1), and

@@ -9,7 +9,7 @@ from relay.ready import PATH
 from tests.infra.bicep import INFRA, load
 
 RELAY_README = INFRA.parent / "relay" / "README.md"
-DOCUMENTED_PORT = 8493  # RELAY_READY_LISTEN=0.0.0.0:8493 in relay/README.md and README.md (relay.local.env)
+DOCUMENTED_PORT = 8493  # RELAY_READY_LISTEN=0.0.0.0:8493 in relay/README.md and README.md
 
 
 def test_the_probe_is_the_relays_readiness_path_and_port() -> None:
