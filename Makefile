@@ -7,7 +7,7 @@ NODE_STAMP := node_modules/.installed-stamp
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-stamp
 
-.PHONY: demo test bench bench-quick lint format install clean infra-check browser relay test-py39 actionlint
+.PHONY: demo test checks bench bench-quick lint format install clean infra-check browser relay test-py39 actionlint
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -52,8 +52,19 @@ browser:
 	  || (apt-get update -q && apt-get install -y -q chromium) \
 	  || echo "make: could not install chromium; the report's browser test will skip"
 
-test: install lint infra-check browser test-py39
-	$(BIN)/python -m pytest -q
+# `make test`: the installs and checks side by side (make -j: a fresh clone fetches the
+# venvs, node_modules and Python 3.9 at once; each target's output is printed in one piece
+# when it ends, and any failure fails the run), then the suite on TEST_WORKERS
+# pytest-xdist workers, each with its own Azurite (tests/conftest.py); a module whose
+# expensive fixture serves all its tests is one xdist_group, run by one worker. Most tests
+# wait on sockets, child processes and Azurite, so two workers per core keep the cores busy.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
+
+test:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target checks
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
+checks: install lint infra-check browser test-py39
 
 # The relay's process-level tests (marked relay_process: they run the pyz) once more with the
 # relay on Debian bullseye's Python 3.9, fetched into .cache/py39/ with a project-local apt
@@ -61,7 +72,7 @@ test: install lint infra-check browser test-py39
 test-py39: $(STAMP)
 	@py39=$$($(PYTHON) tests/relay/python39.py) || exit 1; \
 	if [ -n "$$py39" ]; then \
-		RELAY_TEST_PYTHON=$$py39 $(BIN)/python -m pytest -q -p no:cacheprovider -m relay_process tests/relay; \
+		RELAY_TEST_PYTHON=$$py39 $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m relay_process tests/relay; \
 	fi
 
 # The relay as it ships: one zipapp of relay/*.py, reproducible (same source, same bytes).

@@ -31,6 +31,10 @@ class AzuriteError(RuntimeError):
     """Azurite is not installed, Node is missing, or it did not start listening."""
 
 
+class _PortTaken(Exception):
+    """The free port was bound by another process before Azurite could listen on it."""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -71,47 +75,84 @@ class Azurite:
     def connection_string(self) -> str:
         return connection_string(self.port)
 
-    def start(self, timeout: float = 30.0) -> Azurite:
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> Azurite:
+        """Start on a free port. A port is only known free until someone binds it: when
+        another process (a parallel test worker's Azurite, say) takes it first, Azurite
+        exits and we try again on another port, up to `attempts` times."""
         if not self.binary.exists():
             raise AzuriteError(
                 f"Azurite is not installed ({self.binary} is missing): run `make install`"
             )
         if shutil.which("node") is None:
             raise AzuriteError("Node.js is needed to run Azurite")
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                if attempt == attempts:
+                    raise AzuriteError(
+                        f"Azurite did not start: {attempts} free ports were taken before it "
+                        "could listen"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> Azurite:
         self.port = free_port()
         # Azurite may still write small files in its working directory: give it a private one.
         self._workdir = tempfile.mkdtemp(prefix="azurite-")
-        self._stderr = open(Path(self._workdir) / "stderr.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(  # noqa: S603 - a fixed local binary, no shell
-            [
-                str(self.binary),
-                "--tableHost",
-                "127.0.0.1",
-                "--tablePort",
-                str(self.port),
-                "--inMemoryPersistence",
-                "--skipApiVersionCheck",
-                "--disableProductStyleUrl",
-                "--silent",
-                # No usage telemetry from tests and benches (nothing here may reach out),
-                # and its per-request bookkeeping was a fifth of Azurite's CPU.
-                "--disableTelemetry",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
-            cwd=self._workdir,
-            start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not Node's
-        )
+        workdir = Path(self._workdir)
+        self._stderr = open(workdir / "stderr.log", "wb")  # noqa: SIM115
+        with open(workdir / "stdout.log", "wb") as stdout:
+            self.proc = subprocess.Popen(  # noqa: S603 - a fixed local binary, no shell
+                [
+                    str(self.binary),
+                    "--tableHost",
+                    "127.0.0.1",
+                    "--tablePort",
+                    str(self.port),
+                    "--inMemoryPersistence",
+                    "--skipApiVersionCheck",
+                    "--disableProductStyleUrl",
+                    "--silent",
+                    # No usage telemetry from tests and benches (nothing here may reach out),
+                    # and its per-request bookkeeping was a fifth of Azurite's CPU.
+                    "--disableTelemetry",
+                ],
+                stdout=stdout,
+                stderr=self._stderr,
+                cwd=self._workdir,
+                start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not Node's
+            )
         try:
-            wait_for_port(self.port, timeout, self.proc)
-        except AzuriteError as exc:
-            err = (Path(self._workdir) / "stderr.log").read_text(errors="replace")[-500:]
-            self.stop()
-            raise AzuriteError(f"Azurite did not start: {exc}. {err}".strip()) from None
+            self._wait_started(workdir, timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _wait_started(self, workdir: Path, timeout: float) -> None:
+        """Until Azurite says it listens. Its "successfully started" line follows its
+        listen() (azurite/dist/src/table/main.js), so the port is this process's own: a
+        connection alone could reach another Azurite that took the port first."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            said = (workdir / "stdout.log").read_text(errors="replace")
+            if "successfully started" in said and self.proc.poll() is None:
+                wait_for_port(self.port, max(0.1, deadline - time.monotonic()), self.proc)
+                return
+            if self.proc.poll() is not None:
+                err = (workdir / "stderr.log").read_text(errors="replace")[-500:]
+                if "EADDRINUSE" in err:
+                    raise _PortTaken(self.port)
+                raise AzuriteError(
+                    f"Azurite did not start: it exited with code {self.proc.returncode}. "
+                    f"{err}".strip()
+                )
+            time.sleep(0.05)
+        raise AzuriteError(
+            f"Azurite did not start: not listening on 127.0.0.1:{self.port} after {timeout}s"
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -1,4 +1,8 @@
-"""Fixtures every test area shares: free loopback ports and a real Azurite Table service."""
+"""Fixtures every test area shares: free loopback ports and a real Azurite Table service.
+
+`make test` runs the suite on pytest-xdist workers: each worker is its own process with its
+own session fixtures (one Azurite each), and the lines tests leave for the run's summary
+(tests/infra/conftest.py SUMMARIES) travel from the workers to the terminal here."""
 
 from __future__ import annotations
 
@@ -52,3 +56,30 @@ def _fresh_test_fleet() -> None:
     harness = sys.modules.get("tests.identity_harness")
     if harness is not None:
         harness.URLS.clear()
+
+
+def _summaries() -> list[str]:
+    from tests.infra.conftest import SUMMARIES
+
+    return SUMMARIES
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On an xdist worker: hand this worker's summary lines to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["summaries"] = list(_summaries())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """On the xdist controller: keep what a finished worker left for the summary."""
+    mine = _summaries()
+    for line in getattr(node, "workeroutput", {}).get("summaries", []):
+        if line not in mine:  # two workers that ran the same module say the same
+            mine.append(line)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _summaries():
+        terminalreporter.write_line(line)

@@ -11,7 +11,8 @@ from local.options import DemoOptions
 from local.receivers import TeamsReceiver
 from tests.e2e.conftest import Played, clean_env, play
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+# One worker runs the whole module (make test: --dist loadgroup), so the demo plays once.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150), pytest.mark.xdist_group("demo")]
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,10 @@ SUB = "00000000-0000-0000-0000-000000000000"
 OTHER_SUB = "12345678-0000-0000-0000-000000000000"
 
 
+# One worker runs the whole module (make test: --dist loadgroup): its fixture once.
+pytestmark = pytest.mark.xdist_group("attestation")
+
+
 @pytest.fixture(scope="module")
 def issuer() -> sim_identity.Issuer:
     return sim_identity.test_issuer()

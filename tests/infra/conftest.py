@@ -1,10 +1,6 @@
-"""Print what the offline schema check covered at the end of a run that included it."""
+"""Lines the infra tests print at the end of a run that included them (the offline schema
+check's coverage); tests/conftest.py prints them, from every xdist worker."""
 
 from __future__ import annotations
 
 SUMMARIES: list[str] = []
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    for line in SUMMARIES:
-        terminalreporter.write_line(line)

@@ -21,6 +21,10 @@ from tests.infra.schemas.extract import declared_types
 MAX_NOT_CHECKED = 12
 
 
+# One worker runs the whole module (make test: --dist loadgroup): its fixture once.
+pytestmark = pytest.mark.xdist_group("schemas")
+
+
 @pytest.fixture(scope="module")
 def report() -> Report:
     found = check_all()
