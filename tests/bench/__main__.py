@@ -16,7 +16,13 @@
   heartbeats (real relays writing the liveness table, and the Service Bus path of older relays);
   from these, the per-operation counts the cost
   model reads (functions/cost/counts.json, rewritten by a full run) and the model's cost
-  per VM-month at 10,000 VMs and capacity ceiling.
+  per VM-month at 10,000 VMs and capacity ceiling;
+- enrolment (tests/bench/enrol_bench.py): 100,000 VMs through the bulk identity sync, its
+  requests counted and its time in Azure derived from them, on an Azurite of its own.
+
+Each measurement is a Phase in PHASES (its name, its progress line, a function returning
+its keys, the Azurite it uses): a new key is a new phase, or one more key in a phase's
+dict. `phase_seconds` in the JSON line says where the bench's time went.
 
 The table is for people; the last line is one JSON object, for CI and the README.
 """
@@ -33,6 +39,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -389,6 +396,137 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- phases
+
+
+class Bench:
+    """What a phase gets: the parsed flags and an Azurite by name. Each name is a fresh
+    Azurite of its own, started when a phase first asks for it and stopped after the last
+    phase that declares it (Phase.azurite): one phase's rows never slow another's."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self._azurites: dict[str, Any] = {}
+
+    def azurite(self, name: str) -> str:
+        """The connection string of the Azurite called `name`."""
+        from local.azurite import Azurite
+
+        if name not in self._azurites:
+            self._azurites[name] = Azurite().start()
+        return self._azurites[name].connection_string
+
+    def release(self, name: str) -> None:
+        server = self._azurites.pop(name, None)
+        if server is not None:
+            server.stop()
+
+    def close(self) -> None:
+        for name in list(self._azurites):
+            self.release(name)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One measurement: `run` returns the keys it adds to the results (a key starting with
+    `_` is kept out of them); `azurite` names the Azurite it uses, if any."""
+
+    name: str
+    describe: Callable[[argparse.Namespace], str]
+    run: Callable[[Bench], dict[str, Any]]
+    azurite: str | None = None
+
+
+def _relay_phase(bench: Bench) -> dict[str, Any]:
+    from tests.infra.customdata import spare_bytes
+
+    out = relay_numbers(bench.args.relay_seconds)
+    out["relay_customdata_spare_bytes"] = spare_bytes()  # issue 28: room to grow
+    return out
+
+
+def _enrol_phase(bench: Bench) -> dict[str, Any]:
+    from tests.bench import enrol_bench
+
+    enrolled = enrol_bench.run(bench.azurite("enrol"), bench.args.enrol_vms)
+    return {"enrol": enrolled.pop("_enrol"), **enrolled}
+
+
+def _hostile_phase(bench: Bench) -> dict[str, Any]:
+    from tests.security import hostile
+
+    return hostile.worst_message_cost_ms(bench.azurite("hostile"))
+
+
+PHASES: list[Phase] = [
+    Phase(
+        "relay",
+        lambda a: f"relay: {a.relay_seconds:g} s of polling beside the plain loop",
+        _relay_phase,
+    ),
+    Phase(
+        "approve_e2e",
+        lambda a: f"approve end to end: {a.approve_samples} auto-approved events",
+        lambda b: approve_e2e(b.args.approve_samples),
+    ),
+    Phase(
+        "ingest",
+        lambda a: f"ingest: {a.ingest_vms * 4} documents on Azurite",
+        lambda b: ingest_throughput(
+            b.azurite("state"), b.args.ingest_vms, b.args.ingest_processes, b.args.ingest_threads
+        ),
+        azurite="state",
+    ),
+    Phase(
+        "fanout",
+        lambda a: "fan-out: 100 VMs of one availability set report one event",
+        lambda b: notifications_per_event(b.azurite("state")),
+        azurite="state",
+    ),
+    Phase(
+        "fleet",
+        lambda a: "fleet scale: relays, heartbeats, 200 reporters, the watchdog's sweeps",
+        lambda b: fleet_scale(b.azurite("state"), b.args),
+        azurite="state",
+    ),
+    # Its own Azurite: the fleet's 10,000 VMs and 100,000 junk rows slowed the emulator
+    # (one Node process) to a third of its speed, which enrol_100k_azurite_s then showed.
+    Phase(
+        "enrol",
+        lambda a: f"enrol: {a.enrol_vms} VMs through the simulated Resource Graph",
+        _enrol_phase,
+        azurite="enrol",
+    ),
+    Phase(
+        "hostile",
+        lambda a: "one VM's hostile messages: the worst cost of one (issue 32)",
+        _hostile_phase,
+        azurite="hostile",
+    ),
+]
+
+
+def run_phases(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
+    """Every phase in order, each one's wall time in `phase_seconds`."""
+    bench = Bench(args)
+    results: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    last_use = {p.azurite: i for i, p in enumerate(phases) if p.azurite}
+    try:
+        for i, phase in enumerate(phases):
+            progress(phase.describe(args))
+            began = time.monotonic()
+            found = phase.run(bench)
+            seconds[phase.name] = round(time.monotonic() - began, 1)
+            results.update({k: v for k, v in found.items() if not k.startswith("_")})
+            if phase.azurite and last_use[phase.azurite] == i:
+                bench.release(phase.azurite)
+    finally:
+        bench.close()
+    results["phase_seconds"] = seconds
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
     # CPU time is read from /proc in 10 ms ticks; 150 s of polling keeps that under 5 %.
@@ -405,46 +543,21 @@ def main(argv: list[str] | None = None) -> int:
         help="where to write the measured counts (default: functions/cost/counts.json on a "
         "full run, nowhere with --quick); they are in the last JSON line either way",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=[p.name for p in PHASES],
+        help="run only this phase (repeatable), for a look at one measurement",
+    )
     parser.add_argument("--quick", action="store_true", help="small samples, for a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
         args.relay_seconds, args.approve_samples, args.ingest_vms = 12.0, 5, 50
         args.watchdog_vms, args.watchdog_ended = 1_000, 100
         args.enrol_vms = 10_000
-    from local.azurite import Azurite
-
+    phases = [p for p in PHASES if not args.only or p.name in args.only]
     began = time.monotonic()
-    results: dict[str, Any] = {}
-    progress(f"relay: {args.relay_seconds:g} s of polling beside the plain loop")
-    results.update(relay_numbers(args.relay_seconds))
-    from tests.infra.customdata import spare_bytes
-
-    results["relay_customdata_spare_bytes"] = spare_bytes()  # issue 28: room to grow
-    progress(f"approve end to end: {args.approve_samples} auto-approved events")
-    results.update(approve_e2e(args.approve_samples))
-    with Azurite() as azurite:
-        progress(f"ingest: {args.ingest_vms * 4} documents on Azurite")
-        results.update(
-            ingest_throughput(
-                azurite.connection_string,
-                args.ingest_vms,
-                args.ingest_processes,
-                args.ingest_threads,
-            )
-        )
-        progress("fan-out: 100 VMs of one availability set report one event")
-        results.update(notifications_per_event(azurite.connection_string))
-        results.update(fleet_scale(azurite.connection_string, args))
-        from tests.bench import enrol_bench
-
-        progress(f"enrol: {args.enrol_vms} VMs through the simulated Resource Graph")
-        enrolled = enrol_bench.run(azurite.connection_string, args.enrol_vms)
-        results["enrol"] = enrolled.pop("_enrol")
-        results.update(enrolled)
-        from tests.security import hostile
-
-        progress("one VM's hostile messages: the worst cost of one (issue 32)")
-        results.update(hostile.worst_message_cost_ms(azurite.connection_string))
+    results = run_phases(args, phases)
     results["bench_seconds"] = round(time.monotonic() - began, 1)
     print(table(results))
     print(json.dumps(results))
