@@ -117,6 +117,11 @@ class Azurite:
                     # No usage telemetry from tests and benches (nothing here may reach out),
                     # and its per-request bookkeeping was a fifth of Azurite's CPU.
                     "--disableTelemetry",
+                    # Idle kept-alive connections stay open 5 minutes, not Azurite's 5 s:
+                    # on a busy machine a client reused one just as Azurite closed it
+                    # (a connection reset mid-bench).
+                    "--tableKeepAliveTimeout",
+                    "300",
                 ],
                 stdout=stdout,
                 stderr=self._stderr,
