@@ -52,7 +52,7 @@ class Budget:
     issuer_requests: int = 2
     resource_graph_queries: int = 0  # for a message that is not attested
     table_writes: int = 1  # its rejection row
-    table_reads: int = 2  # report mode: the claimed VM's identity row
+    table_reads: int = 1  # report mode: the claimed VM's identity row
     waits: int = 0
 
 
