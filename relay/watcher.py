@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from relay import __version__
 from relay.attest import MAX_MESSAGE_BYTES
 from relay.imds import ImdsClient, ImdsError, parse_events
+from relay.ledger import Ledger
 from relay.logs import ErrorStreak, event, jitter
 from relay.models import Envelope, VmRef, content_hash, only_events_for
 from relay.outbox import Outbox, OutboxError
@@ -80,6 +81,8 @@ class Watcher:
         self._failures = 0
         self._next_heartbeat = clock() + heartbeat_interval
         self.last_success: float | None = None
+        self.ledger = Ledger()  # the impact ledger's measurements (relay/ledger.py)
+        self._listed: list[Any] = []  # the forwarded events of the last document
         self.documents = 0
         self.heartbeats = 0
         self.started: tuple[str, ...] = ()  # EventIds naming this VM that are Started
@@ -118,7 +121,10 @@ class Watcher:
             self._last_raw = self._last_key = None
         try:
             raw = self.imds.get_events_raw(timeout=timeout)
-            if raw != self._last_raw:
+            answered = (self._clock(), time.time())
+            if raw == self._last_raw:
+                self.ledger.observe(self._listed, *answered)
+            else:
                 data, document = parse_events(raw)
                 self._note_unreadable_times(document)
                 self.started = tuple(  # for the readiness probe (relay.ready)
@@ -132,6 +138,8 @@ class Watcher:
                 else:
                     data = only_events_for(data, self.vm.name)
                     key = (None, content_hash({**data, "DocumentIncarnation": None}))
+                self._listed = list(data.get("Events") or [])
+                self.ledger.observe(self._listed, *answered)
                 if key != self._last_key:
                     self._queue_document(data)
                     self._last_key = key
@@ -199,13 +207,15 @@ class Watcher:
         self._unforwardable = case
 
     def _queue_document(self, data: dict[str, Any]) -> None:
-        envelope = self._envelope("document", data)
+        ledger = self.ledger.entries()
+        envelope = self._envelope("document", data, **({"ledger": ledger} if ledger else {}))
         size = len(envelope.to_json().encode())
         if size > MAX_DOCUMENT_ENVELOPE:
             incarnation = data.get("DocumentIncarnation")
             self._queue_unforwardable(incarnation, size, "too large for a Service Bus message")
             return
         message = self.outbox.append(envelope)
+        self.ledger.queued()
         self.documents += 1
         events = data.get("Events") or []
         event(

@@ -316,6 +316,32 @@ class Unforwardable(BaseModel):
     reason: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
 
 
+MAX_LEDGER_ENTRIES = 16  # relay/ledger.py MAX_ENTRIES
+MAX_LEDGER_SECONDS = 10 * 366 * 86400.0  # the relay clips a clock set years off to this
+
+
+class LedgerEntry(BaseModel):
+    """One event as the sending VM's relay measured it (relay/ledger.py): the on-VM half
+    of the impact ledger (functions/ledger.py). Times are the guest's wall clock; fields a
+    newer relay adds are ignored, so they never grow the reporter row that keeps this."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    event_id: str = Field(min_length=1, max_length=MAX_EVENT_ID_CHARS)
+    event_type: str = Field(default="", max_length=MAX_NAME_CHARS)
+    # The last NotBefore the relay saw while the event was Scheduled, as IMDS wrote it.
+    not_before: str = Field(default="", max_length=64)
+    duration_s: int | None = Field(default=None, ge=-1, le=2**31)
+    first_seen: AwareDatetime
+    started_seen: AwareDatetime | None = None
+    left_at: AwareDatetime | None = None
+    # The longest time between two successful polls while the event was listed.
+    max_poll_gap_s: float = Field(default=0.0, ge=0, le=MAX_LEDGER_SECONDS)
+    # How far the guest's wall clock was stepped against its monotonic clock meanwhile.
+    wall_jump_s: float = Field(default=0.0, ge=-MAX_LEDGER_SECONDS, le=MAX_LEDGER_SECONDS)
+    polls: int = Field(default=0, ge=0)
+
+
 class VmRef(BaseModel):
     """Who sent an envelope and how to call its relay back."""
 
@@ -370,6 +396,14 @@ class Envelope(BaseModel):
     callback_key: CallbackKeyRef | None = None
     attestation: Attestation | None = None
     unforwardable: Unforwardable | None = None
+    # The impact ledger (issue 33): a document's relay measurements of the events it lists
+    # and of those that left since its previous document. Relays before it send none.
+    ledger: list[LedgerEntry] | None = Field(default=None, max_length=MAX_LEDGER_ENTRIES)
+
+    def ledger_for(self, event_id: str) -> LedgerEntry | None:
+        """This envelope's measurements of one event, if it carries them."""
+        wanted = event_id.casefold()
+        return next((e for e in self.ledger or () if e.event_id.casefold() == wanted), None)
 
     @field_validator("observed_at")
     @classmethod

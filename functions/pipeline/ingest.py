@@ -15,7 +15,13 @@ from datetime import datetime, timedelta
 
 from azure.core.exceptions import HttpResponseError
 
-from functions.model.envelope import DocumentError, Envelope, ScheduledEvent, parse_envelope
+from functions.model.envelope import (
+    DocumentError,
+    Envelope,
+    LedgerEntry,
+    ScheduledEvent,
+    parse_envelope,
+)
 from functions.model.event import Transition
 from functions.pipeline.admission import NotAdmitted, trusted_ref
 from functions.pipeline.context import Pipeline
@@ -191,7 +197,7 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         for step in plan.steps:
             _write_step(step, envelope, pipeline, now, result, touched, late)
         for old in plan.absent:
-            _absent(old, name, pipeline, now, result)
+            _absent(old, name, pipeline, now, result, envelope.ledger_for(old))
         recovered: list[str] = []  # the silence this document ends, if announced
         saved = _save_vm(
             store,
@@ -393,6 +399,7 @@ def _write_step(
             view=view,
             key=seen_as,
             first=newcomer,
+            ledger=envelope.ledger_for(event.event_id),
         )
         if step.reopens and not fresh:
             # It reported the event before it ended: a late report, not a reopening.
@@ -425,6 +432,7 @@ def _write_step(
             view=view,
             key=seen_as,
             decision=plan.decision,
+            ledger=envelope.ledger_for(event.event_id),
         )
     if record is not None and record.ended and newcomer:
         # A late report after the event ended: remember the VM as a past reporter only.
@@ -473,7 +481,13 @@ def _may_retry(record: EventRecord) -> bool:
 
 
 def _absent(
-    event_id: str, vm: str, pipeline: Pipeline, now: datetime, result: IngestResult
+    event_id: str,
+    vm: str,
+    pipeline: Pipeline,
+    now: datetime,
+    result: IngestResult,
+    ledger: LedgerEntry | None = None,
 ) -> None:
-    ended = end_event(event_id, vm, pipeline, now)
+    # The relay's measurements of an event that left ride on the status write it takes.
+    ended = end_event(event_id, vm, pipeline, now, ledger=ledger)
     result.transitions.extend((event_id, t.value) for t in ended)

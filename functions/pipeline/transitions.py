@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from functions.model.envelope import ScheduledEvent
+from functions.model.envelope import LedgerEntry, ScheduledEvent
 from functions.model.event import Transition
 from functions.model.policy import decide
 from functions.pipeline.context import Pipeline
@@ -31,14 +31,16 @@ def end_event(
     pipeline: Pipeline,
     now: datetime,
     detail: str = "",
+    ledger: LedgerEntry | None = None,
 ) -> list[Transition]:
     """`vm` no longer reports the event (a later document without it, or silence): its
-    reporter row says so, and if no VM reports it any more the event ends. Returns the
+    reporter row says so (with `ledger`, its relay's measurements of the event, in the
+    same write), and if no VM reports it any more the event ends. Returns the
     transitions this call claimed and announced (none if another caller did)."""
     store = pipeline.store
     # Own row first, then look for anyone else: of two last reporters leaving at once,
     # the later query sees both rows, so at least one of them ends the event.
-    store.set_reporter(event_id, vm, "", now)
+    store.set_reporter(event_id, vm, "", now, ledger=ledger)
     if already_ended(store, event_id) and _still_ended(store, event_id):
         return []
     if store.anyone_reports(event_id):

@@ -19,6 +19,7 @@ from typing import Any
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
 
+from functions.model.envelope import LedgerEntry
 from functions.model.event import Decision
 from functions.model.view import VmView
 from functions.store.http import NO_ECHO
@@ -35,6 +36,7 @@ REPORTER = "r|"  # in an event's partition: one row per reporting VM, "r|<vm key
 OPEN_EVENTS = reserved("open")  # events table: one row per event not ended yet
 CLAIMS = reserved("once")  # events table: fleet-wide "first one wins" markers
 RECENT_EVENT_ROWS = 1024  # event rows a Store remembers as the start of its next write
+LEDGER = "ledger"  # reporter row column: the VM's relay measurements (LedgerEntry JSON)
 VM_MARK = "vm|"  # in the open index: a VM with silence marks (RowKey reserved("vm|<key>"))
 
 
@@ -49,6 +51,8 @@ class Reporter:
     view: VmView | None
     key: str
     decision: Decision | None
+    # What this VM's relay measured of the event (the impact ledger), if it sent any.
+    ledger: LedgerEntry | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Reporter | None:
@@ -68,7 +72,19 @@ class Reporter:
             log.warning("events: unreadable view in reporter row %.100r", row.get("RowKey"))
             view, decision = None, None
         key = row.get("key") if isinstance(row.get("key"), str) else ""
-        return cls(vm, status or "", view, key, decision)
+        return cls(vm, status or "", view, key, decision, read_ledger(row))
+
+
+def read_ledger(row: Any) -> LedgerEntry | None:
+    """A reporter row's `ledger` column; None (and a warning) for one that cannot be read."""
+    text = row.get(LEDGER)
+    if not isinstance(text, str):
+        return None
+    try:
+        return LedgerEntry.model_validate_json(text)
+    except ValueError:
+        log.warning("events: unreadable ledger in reporter row %.100r", row.get("RowKey"))
+        return None
 
 
 def ended_partition(day: str) -> str:
@@ -107,13 +123,15 @@ class EventRows(Rows):
             self.load_reporters(record)
         return record
 
-    def load_reporters(self, record: EventRecord) -> EventRecord:
+    def load_reporters(self, record: EventRecord, *, ledger: bool = False) -> EventRecord:
         """Fill `reporters` (VM -> status, those still reporting it) and `past_reporters`
-        (every VM that ever did) from the event's reporter rows: one partition query."""
+        (every VM that ever did) from the event's reporter rows: one partition query.
+        `ledger=True` also fills `record.ledger` (VM -> its relay's measurements) from the
+        same query."""
         rows = self.events.query_entities(
             "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi",
             parameters={"pk": row_key(record.event_id), "lo": REPORTER, "hi": "r}"},
-            select=["vm", "status"],
+            select=["vm", "status", LEDGER] if ledger else ["vm", "status"],
         )
         present: dict[str, str] = {}
         everyone: list[str] = []
@@ -125,6 +143,8 @@ class EventRows(Rows):
             everyone.append(vm)
             if status:
                 present[vm] = status
+            if ledger and (entry := read_ledger(row)) is not None:
+                record.ledger[vm] = entry
         record.reporters = present
         record.past_reporters = everyone
         return record
@@ -140,6 +160,7 @@ class EventRows(Rows):
         key: str = "",
         decision: Decision | None = None,
         first: bool = False,
+        ledger: LedgerEntry | None = None,
     ) -> bool:
         """This VM's own row in the event's partition: status "" = it no longer reports it.
         Only that VM's documents write it (one session each), so a blind upsert is safe.
@@ -164,6 +185,8 @@ class EventRows(Rows):
             entity["key"] = key
             if decision is not None:
                 entity["decision"] = decision.model_dump_json()
+        if ledger is not None:
+            entity[LEDGER] = ledger.model_dump_json()  # < 1 KB: bounded fields
         if first:
             try:
                 self.events.create_entity(entity, **NO_ECHO)

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from functions.model.envelope import LedgerEntry
 from functions.model.event import Decision, EventSnapshot
 from functions.model.view import VmView
 
@@ -120,6 +121,9 @@ class EventRecord(Record):
     # Not stored either: each reporting VM's own view (case-folded name -> VmView), from
     # its reporter row, filled by the approver (functions.pipeline.views.own_views).
     reporter_views: dict[str, VmView] = Field(default_factory=dict, exclude=True)
+    # Not stored either: each reporter's relay measurements (the impact ledger, VM ->
+    # entry), from its reporter row, filled by `Store.load_reporters(ledger=True)`.
+    ledger: dict[str, LedgerEntry] = Field(default_factory=dict, exclude=True)
     resources_dropped: int = 0  # names beyond MAX_RESOURCES, not kept
     ended: EndState = ""
     ended_at: AwareDatetime | None = None

@@ -138,6 +138,34 @@ def status(req: func.HttpRequest) -> func.HttpResponse:
     return _json(fleet_status(pipeline(), include_ended))
 
 
+@bp.function_name("ledger")
+@bp.route(route="events/{event_id}/ledger", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+def ledger(req: func.HttpRequest) -> func.HttpResponse:
+    """The event's impact ledger for a support case (functions/ledger.py): JSON, or CSV
+    with `?format=csv` (the same as `python -m functions ledger EVENT_ID [--csv]`)."""
+    return ledger_export(
+        pipeline(), req.route_params.get("event_id", ""), req.params.get("format") or "json"
+    )
+
+
+def ledger_export(p: Pipeline, event_id: str, form: str) -> func.HttpResponse:
+    from functions.ledger import as_csv, as_json, read_ledger
+
+    if form not in ("json", "csv"):
+        return _json({"error": f"format must be json or csv, not {form[:20]!r}"}, 400)
+    record, lines = read_ledger(p.store, event_id)
+    if record is None:
+        return _json({"error": f"no event {event_id[:128]!r}"}, 404)
+    if form == "json":
+        return func.HttpResponse(as_json(record, lines), mimetype="application/json")
+    name = "".join(c for c in record.event_id if c.isalnum() or c == "-")[:64] or "event"
+    return func.HttpResponse(
+        as_csv(lines),
+        mimetype="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="ledger-{name}.csv"'},
+    )
+
+
 @bp.function_name("approve")
 @bp.route(route="events/{event_id}/approve", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 def approve(req: func.HttpRequest) -> func.HttpResponse:

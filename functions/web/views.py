@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from functions.identity.graph_state import graph_state
+from functions.ledger import ledger_lines
 from functions.notify import describe
 from functions.pipeline.admission_tally import read_report
 from functions.pipeline.context import Pipeline
@@ -35,6 +36,11 @@ def event_view(record: EventRecord) -> dict[str, Any]:
             {"first_vm": e.first_vm, "action": e.decision.action, "rule": e.decision.rule}
             for e in record.views
         ],
+        # The impact ledger (functions/ledger.py): per VM, advertised beside measured.
+        "ledger": [
+            line.model_dump(mode="json")
+            for line in ledger_lines(record, record.ledger, record.past_reporters)
+        ],
     }
 
 
@@ -50,8 +56,9 @@ def fleet_events(pipeline: Pipeline, include_ended: bool) -> list[EventRecord]:
     """Open events (or all), soonest NotBefore first: what needs attention next."""
     events = pipeline.store.list_events(include_ended=include_ended)
     for record in events:
-        if not record.ended:  # reporters are rows of their own: one query per open event
-            pipeline.store.load_reporters(record)
+        # Reporters are rows of their own: one query per open event (per event with
+        # `?all=true`, for the ended ones' impact ledger), their measurements included.
+        pipeline.store.load_reporters(record, ledger=True)
     events.sort(key=lambda r: (r.not_before is None, r.not_before or r.first_seen))
     return events
 

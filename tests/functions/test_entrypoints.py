@@ -186,6 +186,7 @@ def test_handlers_from_function_app(store, clock, relay):
         "heartbeats",
         "watchdog",
         "status",
+        "ledger",
         "approve",
         "notify_teams",
         "notify_pagerduty",
@@ -222,6 +223,24 @@ def test_handlers_from_function_app(store, clock, relay):
         assert [(e["EventId"], e["decision"]["action"]) for e in data["events"]] == [
             ("EV-HD", "hold")
         ]
+
+        # The impact ledger export: a line per reporting VM (vm1's test relay measured
+        # nothing), JSON or CSV; an unknown event or format is refused with the reason.
+        def ledger(event_id: str, form: str = "") -> func.HttpResponse:
+            params = {"format": form} if form else {}
+            url = f"/api/events/{event_id}/ledger"
+            request = func.HttpRequest(
+                "GET", url, body=b"", params=params, route_params={"event_id": event_id}
+            )
+            return names["ledger"](request)
+
+        exported = json.loads(ledger("EV-HD").get_body())
+        assert [(v["vm"], v["measured"]) for v in exported["vms"]] == [("vm1", False)]
+        csv_text = ledger("EV-HD", "csv").get_body().decode()
+        assert csv_text.splitlines()[0].startswith("event_id,event_type,vm,")
+        assert csv_text.splitlines()[1].startswith("EV-HD,Reboot,vm1,")
+        assert ledger("NOPE").status_code == 404
+        assert ledger("EV-HD", "xml").status_code == 400
 
         approve = names["approve"]
         missing = approve(

@@ -1,0 +1,170 @@
+"""The impact ledger (issue 33): per event and VM, what Azure advertised beside what happened.
+
+Azure's Resource Graph keeps only the advertised fields (NotBefore, DurationInSeconds);
+what a live migration really cost a VM is known only inside it. Its relay measures that
+(relay/ledger.py) and sends it with its documents (`Envelope.ledger`); ingest keeps each
+VM's latest measurements in its reporter row, in writes it makes anyway. This module puts
+them beside the event row's facts (advertised times, the approval) and derives the rest:
+- `start_delay_s`: from the approval (or NotBefore, when the event was not approved) to
+  when the VM's relay first saw it Started;
+- `started_for_s`: from then until the event left the VM's IMDS;
+- `max_poll_gap_s` and `wall_jump_s`, as the relay measured them.
+Shown on the event page, in `/api/status` and the demo report; exported as JSON or CSV
+(`python -m functions ledger EVENT_ID [--csv]`, `GET /api/events/{id}/ledger`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict
+
+from functions.model.envelope import LedgerEntry, parse_not_before
+from functions.store.records import EventRecord
+
+
+class LedgerLine(BaseModel):
+    """One VM's line of an event's ledger; None where nothing was measured or derivable."""
+
+    model_config = ConfigDict(frozen=True)
+
+    event_id: str
+    event_type: str
+    vm: str
+    # What Azure advertised (the VM's own relay saw it; else the event row).
+    not_before: AwareDatetime | None = None
+    duration_s: int | None = None
+    # What the bridge did and what the VM's relay saw (guest wall clock).
+    approved_at: AwareDatetime | None = None
+    approved_by: str | None = None
+    first_seen: AwareDatetime | None = None
+    started_seen: AwareDatetime | None = None
+    left_at: AwareDatetime | None = None
+    # Derived and measured, in seconds.
+    start_delay_s: float | None = None
+    start_delay_from: Literal["approval", "NotBefore"] | None = None
+    started_for_s: float | None = None
+    max_poll_gap_s: float | None = None
+    wall_jump_s: float | None = None
+    polls: int | None = None
+    measured: bool = False  # False: this VM's relay sent no measurements (old relay, none)
+
+
+FIELDS = tuple(LedgerLine.model_fields)
+
+
+def approval_of(record: EventRecord) -> tuple[datetime | None, str | None]:
+    """When (and by whom) the event was approved: its last attempt that succeeded."""
+    if record.approval != "approved":
+        return None, None
+    for attempt in reversed(record.approval_attempts):
+        if attempt.outcome == "approved":
+            return attempt.at, record.approved_by or attempt.by
+    return None, record.approved_by
+
+
+def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return round((later - earlier).total_seconds(), 3)
+
+
+def ledger_line(record: EventRecord, vm: str, entry: LedgerEntry | None) -> LedgerLine:
+    """One VM's line: the event row's facts, its relay's measurements, what follows."""
+    approved_at, approved_by = approval_of(record)
+    not_before = record.not_before
+    duration = record.duration_in_seconds
+    if entry is not None:
+        # One the relay could not read stays as it wrote it; the event row's is used.
+        with contextlib.suppress(ValueError):
+            not_before = parse_not_before(entry.not_before) or not_before
+        duration = entry.duration_s if entry.duration_s is not None else duration
+    started = entry.started_seen if entry else None
+    origin = approved_at or not_before
+    return LedgerLine(
+        event_id=record.event_id,
+        event_type=record.event_type,
+        vm=vm,
+        not_before=not_before,
+        duration_s=duration,
+        approved_at=approved_at,
+        approved_by=approved_by,
+        first_seen=entry.first_seen if entry else None,
+        started_seen=started,
+        left_at=entry.left_at if entry else None,
+        start_delay_s=_seconds(started, origin),
+        start_delay_from=(
+            ("approval" if approved_at else "NotBefore") if origin and started else None
+        ),
+        started_for_s=_seconds(entry.left_at if entry else None, started),
+        max_poll_gap_s=entry.max_poll_gap_s if entry else None,
+        wall_jump_s=entry.wall_jump_s if entry else None,
+        polls=entry.polls if entry else None,
+        measured=entry is not None,
+    )
+
+
+def ledger_lines(
+    record: EventRecord, entries: Mapping[str, LedgerEntry], vms: Iterable[str] = ()
+) -> list[LedgerLine]:
+    """The event's ledger: a line per VM that measured it or reported it (`vms`), by name."""
+    names = {vm.casefold(): vm for vm in [*vms, *entries]}
+    by_fold = {vm.casefold(): entry for vm, entry in entries.items()}
+    return [ledger_line(record, names[k], by_fold.get(k)) for k in sorted(names)]
+
+
+def read_ledger(store: Any, event_id: str) -> tuple[EventRecord | None, list[LedgerLine]]:
+    """The event row and its ledger: one point read and one partition query."""
+    record = store.get_event(event_id)
+    if record is None:
+        return None, []
+    reporters = store.reporter_rows(record.event_id)
+    entries = {r.vm: r.ledger for r in reporters if r.ledger is not None}
+    return record, ledger_lines(record, entries, [r.vm for r in reporters])
+
+
+def as_json(record: EventRecord, lines: list[LedgerLine]) -> str:
+    """The export for a support case: the event's advertised facts and every VM's line."""
+    return json.dumps(
+        {
+            "event_id": record.event_id,
+            "event_type": record.event_type,
+            "event_source": record.event_source,
+            "description": record.description,
+            "ended": record.ended or None,
+            "ended_at": record.ended_at.isoformat() if record.ended_at else None,
+            "vms": [line.model_dump(mode="json") for line in lines],
+        },
+        indent=2,
+    )
+
+
+def as_csv(lines: list[LedgerLine]) -> str:
+    """One row per VM, a header of the field names (times ISO 8601 UTC, seconds)."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for line in lines:
+        row = line.model_dump(mode="json")
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return out.getvalue()
+
+
+def summary(line: LedgerLine) -> str:
+    """One line in words, for the event page, the demo's log and its report."""
+    if not line.measured:
+        return f"{line.vm}: no measurements from its relay"
+    parts = [f"advertised {line.duration_s if line.duration_s is not None else '?'} s"]
+    if line.start_delay_s is not None:
+        parts.append(f"Started {line.start_delay_s:g} s after {line.start_delay_from}")
+    if line.started_for_s is not None:
+        parts.append(f"left IMDS {line.started_for_s:g} s after Started")
+    parts.append(f"longest poll gap {line.max_poll_gap_s:g} s")
+    parts.append(f"wall clock jumped {line.wall_jump_s:+g} s")
+    return f"{line.vm}: " + ", ".join(parts)
