@@ -32,6 +32,7 @@ from simulator.errors import Conflict, NotFound, SimulatorError
 from simulator.faulting import FaultsMixin
 from simulator.faults import FaultBook
 from simulator.fleet import DEFAULT_TERMINATE_TIMEOUT, DEFAULT_VM, FleetMixin
+from simulator.guest import GuestMixin
 from simulator.ownership import ArmMixin
 from simulator.records import Approval, Event, Vm
 from simulator.scenarios import (
@@ -63,11 +64,12 @@ Listener = Callable[[str, int, dict[str, Any]], None]
 EventListener = Callable[[dict[str, Any], tuple[str, str]], None]
 
 
-class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin):
+class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin, GuestMixin):
     """IMDS Scheduled Events for a set of simulated VMs. Thread-safe: one re-entrant lock.
 
     Its VMs (simulator.fleet), Resource Manager's view (simulator.ownership), faults
-    (simulator.faulting) and state reports (simulator.snapshot) are mixins over the same
+    (simulator.faulting), state reports (simulator.snapshot) and Freeze playback
+    (simulator.guest) are mixins over the same
     state; events, documents, approvals and time live here.
     """
 
@@ -111,6 +113,7 @@ class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin):
         self._advancing = False
         self._dirty = False
         self._as_of: float | None = None
+        self._paused: dict[str, list[tuple[float, float]]] = {}  # guest pauses (Freeze)
         self.errors: list[str] = []
 
     # ------------------------------------------------------------------ events
@@ -416,6 +419,7 @@ class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin):
         event.status = STARTED
         event.started_at = now
         self._dirty = True
+        self._pause_guests(event, now)
 
     def _end(self, event: Event, now: float, reason: str) -> None:
         event.ended_at = now

@@ -22,6 +22,8 @@ class FaultsMixin:
     _faults: FaultBook
     rate_limit: float | None
     vm: Callable[[str], Vm]
+    clock: Callable[[], float]
+    guest_hold: Callable[[str, float], float]
 
     def inject_fault(
         self,
@@ -86,6 +88,8 @@ class FaultsMixin:
             if self._over_rate_limit(target):
                 return FaultAction(kind="status", status=429)
             action = self._faults.take(target.name, endpoint, post)
+            # A paused guest (a Freeze playing, simulator.guest) asks nothing until it ends.
+            action.delay += self.guest_hold(target.name, self.clock())
             if endpoint == "scheduledevents":
                 if target.enablement.enabled:
                     action.delay += target.enablement.remaining()
