@@ -168,3 +168,39 @@ def summary(line: LedgerLine) -> str:
     parts.append(f"longest poll gap {line.max_poll_gap_s:g} s")
     parts.append(f"wall clock jumped {line.wall_jump_s:+g} s")
     return f"{line.vm}: " + ", ".join(parts)
+
+
+TABLE_HEADER = (
+    "VM",
+    "advertised NotBefore",
+    "advertised duration",
+    "to Started",
+    "Started to gone",
+    "longest poll gap",
+    "wall-clock jump",
+)
+
+
+def table_rows(lines: list[LedgerLine]) -> list[list[str]]:
+    """The ledger as text cells (TABLE_HEADER), for the event page and the demo report."""
+
+    def secs(value: float | None, sign: bool = False) -> str:
+        return "—" if value is None else (f"{value:+g} s" if sign else f"{value:g} s")
+
+    rows = []
+    for line in lines:
+        delay = secs(line.start_delay_s)
+        if line.start_delay_s is not None:
+            delay += f" after {line.start_delay_from}"
+        rows.append(
+            [
+                line.vm + ("" if line.measured else " (no relay measurements)"),
+                line.not_before.isoformat() if line.not_before else "—",
+                "unknown" if line.duration_s in (None, -1) else f"{line.duration_s} s",
+                delay,
+                secs(line.started_for_s),
+                secs(line.max_poll_gap_s),
+                secs(line.wall_jump_s, sign=True),
+            ]
+        )
+    return rows

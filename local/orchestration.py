@@ -29,6 +29,8 @@ from local.channels import (
     short_retries,
 )
 from local.demo_backtest import run_backtest
+from local.demo_ledger import CLOCK_DIR, ledger_outcomes
+from local.demo_ledger import LEAD as LEDGER_LEAD
 from local.drain_worker import start_drain_worker
 from local.narration import announcement, receiver_news, subject
 from local.options import DemoAborted, DemoOptions
@@ -90,6 +92,8 @@ class Demo:
         )
         self.hook_runs: list[tuple[float, str, str]] = []  # (time.time(), VM, EventId)
         self.undrain_runs: list[tuple[float, str, str]] = []  # the same, of the undrain hook
+        # Each Freeze's impact ledger, (lane label, table rows), for the report.
+        self.ledgers: list[tuple[str, list[list[str]]]] = []
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> Demo:
@@ -172,6 +176,8 @@ class Demo:
 
         o = self.options
         self.sim = Simulator(time_scale=self.options.time_scale, type_scales=o.type_scales)
+        # A Freeze pauses its VMs' guests, relays included (local.demo_ledger).
+        self.sim.play_freezes(clock_dir=self.workdir / CLOCK_DIR, lead=LEDGER_LEAD)
         scale_sets: dict[str, list[str]] = {}
         for vm in self.options.fleet:
             if vm.scale_set:
@@ -521,8 +527,9 @@ class Demo:
 
     def outcomes(self) -> list[Outcome]:
         """What the demo promised, checked against what each part actually observed; then
-        the backtest of its own history (local/demo_backtest.py), while Azurite still runs."""
-        return check_outcomes(self) + run_backtest(self)
+        the backtest of its own history (local/demo_backtest.py) and each Freeze's impact
+        ledger (local/demo_ledger.py), while Azurite still runs."""
+        return check_outcomes(self) + run_backtest(self) + ledger_outcomes(self)
 
     # ------------------------------------------------------------------ shutting down
     def close(self) -> None:

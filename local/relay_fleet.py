@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import requests
 
 from local.azurite import table_sas, table_url
+from local.demo_ledger import relay_command
 from local.options import DemoAborted
 from local.relays import (
     current_user,
@@ -62,6 +63,8 @@ def start_relays(demo: Demo) -> None:
             heartbeat_table=heartbeat_table,
             undrain_hook=undrain,
         )
+        # Under its VM's guest clock: a Freeze pauses it as it would a guest's (issue 33).
+        argv = relay_command(demo, vm.name, argv)
         log = demo.workdir / "logs" / f"relay-{vm.name}.log"
         demo.relays[vm.name] = demo.stack.process(argv, log, env=relay_env(demo.options.env))
         if not vm.callback_down:

@@ -153,6 +153,8 @@ class ReportData:
     deliveries: int = 0
     posted: int = 0
     backtest: Any = None  # functions.backtest.replay.Backtest (local/demo_backtest.py)
+    # Each Freeze's impact ledger: (lane label, rows of functions.ledger.table_rows).
+    ledgers: list[tuple[str, list[list[str]]]] = field(default_factory=list)
 
 
 def payload_counts(data: ReportData) -> str:
@@ -292,7 +294,7 @@ def render_html(
         f"Generated {esc(datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S UTC'))}.</p>"
         f"<table>{fact_rows}</table>"
         f"{chart}"
-        f"{backtest_section(data.backtest)}"
+        f"{backtest_section(data.backtest)}{ledger_html(data)}"
         "<h2>Expected outcomes</h2>"
         f'<table class="outcomes"><tr><th>result</th><th>outcome</th><th>detail</th></tr>'
         f"{''.join(results)}</table>"
@@ -301,6 +303,26 @@ def render_html(
         "<table><tr><th>t</th><th>UTC</th><th>what</th><th>subject</th><th>detail</th></tr>"
         f"{''.join(rows)}</table></body></html>\n"
     )
+
+
+def ledger_html(data: ReportData) -> str:
+    """The impact ledger of the demo's Freezes: advertised beside what the relays measured."""
+    from functions.ledger import TABLE_HEADER
+
+    if not data.ledgers:
+        return ""
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in TABLE_HEADER)
+    parts = [
+        "<h2>Impact ledger of the Freezes</h2><p>Per VM: what Azure advertised beside what its "
+        "relay measured (the simulator paused each guest for the Freeze's duration). Export "
+        "one for a support case with <code>python -m functions ledger EVENT_ID --csv</code>."
+        "</p>"
+    ]
+    for label, rows in data.ledgers:
+        body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+        parts.append(f'<h3>{esc(label)}</h3><table class="ledger"><tr>{head}</tr>{body}</table>')
+    return "".join(parts)
 
 
 def write_html(path: Path, *args: object, **kwargs: object) -> Path:

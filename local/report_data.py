@@ -71,6 +71,7 @@ def collect(demo: Demo) -> ReportData:
     data.deliveries = len(deliveries)
     data.posted = sum(1 for d in deliveries if d.posted)
     data.backtest = report_backtest(demo)
+    data.ledgers = list(getattr(demo, "ledgers", []))  # local.demo_ledger
     return data
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs, quote
 
 from functions.identity.graph_state import graph_state
+from functions.ledger import TABLE_HEADER, LedgerLine, read_ledger, table_rows
 from functions.model.event import utc_text
 from functions.notify import describe
 from functions.pipeline.approve import approval_path
@@ -156,17 +157,36 @@ def _event_body(pipeline: Pipeline, record: EventRecord, form: str) -> str:
         ]
         for row in audit
     ]
+    _, ledger = read_ledger(pipeline.store, record.event_id)
     return (
         f"<h1>{esc(describe.event_words(snap))}: {esc(describe.vm_count(snap))}</h1>"
         f"{render.facts(rows)}{form}"
-        f"<h2>Timeline</h2>{render_svg([event_lane(record)], now=now)}"
-        "<h2>Audit so far</h2>"
+        f"<h2>Timeline</h2>{render_svg([event_lane(record, ledger)], now=now)}"
+        + _ledger_section(record, ledger)
+        + "<h2>Audit so far</h2>"
         + (
             render.table(["time", "by", "rule", "action", "outcome", "detail"], audit_rows)
             if audit_rows
             else "<p class=muted>Nothing audited yet.</p>"
         )
         + f'<p><a href="{PAGES_PREFIX}/fleet">Fleet status</a></p>'
+    )
+
+
+def _ledger_section(record: EventRecord, ledger: list[LedgerLine]) -> str:
+    """The impact ledger (functions/ledger.py): advertised beside measured, per VM."""
+    export = (
+        f"Export for a support case: <code>python -m functions ledger "
+        f"{esc(record.event_id)} --csv</code> or <code>GET /api/events/"
+        f"{esc(quote(record.event_id, safe=''))}/ledger?format=csv</code> (function key)."
+    )
+    if not ledger:
+        return f"<h2>Impact ledger</h2><p class=muted>No VM has reported it yet. {export}</p>"
+    cells = [[esc(c) for c in row] for row in table_rows(ledger)]
+    return (
+        "<h2>Impact ledger</h2>"
+        + render.table(list(TABLE_HEADER), cells)
+        + f"<p class=muted>Times from each VM's relay (the guest's clock). {export}</p>"
     )
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from functions.identity.graph_state import graph_state
-from functions.ledger import ledger_lines
+from functions.ledger import LedgerLine, ledger_lines
 from functions.notify import describe
 from functions.pipeline.admission_tally import read_report
 from functions.pipeline.context import Pipeline
@@ -101,9 +102,19 @@ def lane_label(record: EventRecord) -> str:
     return f"{record.event_type} {vms or record.event_id[:8]}"
 
 
-def event_lane(record: EventRecord) -> Lane:
-    """The event's lane: what the store knows happened to it, and when."""
+def event_lane(record: EventRecord, ledger: Sequence[LedgerLine] = ()) -> Lane:
+    """The event's lane: what the store knows happened to it, and when; with its impact
+    `ledger`, when each VM's relay saw it Started and saw it leave IMDS."""
     marks = [Mark(record.first_seen, "scheduled", f"first seen {record.event_status}")]
+    for line in ledger:
+        if line.started_seen is not None:
+            marks.append(Mark(line.started_seen, "started", f"{line.vm}: its relay saw Started"))
+        if line.left_at is not None:
+            text = (
+                f"{line.vm}: left IMDS (longest poll gap {line.max_poll_gap_s:g} s, "
+                f"wall clock {line.wall_jump_s:+g} s)"
+            )
+            marks.append(Mark(line.left_at, "removed", text))
     if record.not_before is not None:
         marks.append(Mark(record.not_before, "not_before", "NotBefore"))
     if record.decision is not None and record.decided_at is not None:
