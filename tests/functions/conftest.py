@@ -274,7 +274,9 @@ def envelope(
     observed_at: datetime | None = None,
     kind: str = "document",
     key: identity_harness.CallbackKey | None = None,
+    ledger: list[dict[str, Any]] | None = None,
 ) -> str:
+    """A signed relay message; `ledger`: the relay's impact ledger entries (relay/ledger.py)."""
     document = None
     if events is not None:
         document = {"DocumentIncarnation": incarnation or sequence, "Events": events}
@@ -293,6 +295,8 @@ def envelope(
         "observed_at": at.isoformat(),
         "document": document,
     }
+    if ledger is not None:
+        message["ledger"] = ledger
     return identity_harness.signed_envelope(
         message,
         at,

@@ -1,0 +1,188 @@
+"""The impact ledger in the function app (functions/ledger.py): kept per (event, VM) in the
+reporter rows ingest writes anyway, derived against the event row, shown and exported."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from functions.__main__ import main as cli
+from functions.ledger import as_csv, ledger_lines, read_ledger, summary, table_rows
+from functions.model.envelope import DocumentError, LedgerEntry, parse_envelope
+from functions.model.policy import Policy, Rule
+from functions.pipeline.ingest import ingest_message
+from functions.store.state import Store
+from functions.web.views import fleet_status
+from tests.functions.conftest import T0, envelope, event, make_pipeline
+from tests.tablecount import TableCounter
+
+NB = T0 + timedelta(minutes=15)
+APPROVE = Policy(rules=[Rule(name="all", action="approve", ignore_windows=True)])
+
+
+def iso(seconds: float) -> str:
+    return (T0 + timedelta(seconds=seconds)).isoformat()
+
+
+def entry(event_id: str, **more: Any) -> dict[str, Any]:
+    """A relay's entry as relay/ledger.py writes it."""
+    return {
+        "event_id": event_id,
+        "event_type": "Freeze",
+        "not_before": NB.strftime("%a, %d %b %Y %H:%M:%S GMT"),
+        "duration_s": 5,
+        "first_seen": iso(1),
+        "started_seen": None,
+        "left_at": None,
+        "max_poll_gap_s": 1.0,
+        "wall_jump_s": 0.0,
+        "polls": 1,
+        **more,
+    }
+
+
+def freeze(event_id: str, vm: str, status: str = "Scheduled") -> dict[str, Any]:
+    return event(event_id, "Freeze", status=status, resources=(vm,), duration=5)
+
+
+def play(pipeline: Any, event_id: str, vm: str, *, measured: bool) -> None:
+    """Scheduled, Started, gone: the three documents of a Freeze, with or without ledger."""
+    started = entry(event_id, started_seen=iso(2), polls=2)
+    gone = entry(event_id, started_seen=iso(2), left_at=iso(9), max_poll_gap_s=7.0)
+    gone.update(wall_jump_s=6.0, polls=3)
+    steps = [
+        (1, [freeze(event_id, vm)], [entry(event_id)]),
+        (2, [freeze(event_id, vm, "Started")], [started]),
+        (3, [], [gone]),
+    ]
+    for sequence, events, ledger in steps:
+        body = envelope(vm, sequence, events, ledger=ledger if measured else None)
+        assert ingest_message(body, pipeline).outcome == "processed"
+
+
+def test_a_freeze_s_ledger_is_kept_derived_and_shown(store, clock, relay) -> None:
+    pipeline, _ = make_pipeline(store, clock, APPROVE)
+    body = envelope("vm1", 1, [freeze("EV-F", "vm1")], callback_url=relay.url, ledger=[])
+    assert ingest_message(body, pipeline).outcome == "processed"
+    assert relay.starts() == ["EV-F"]
+    approved_at = store.get_event("EV-F").approval_attempts[-1].at
+    started = entry("EV-F", started_seen=iso(4), polls=3)
+    gone = entry("EV-F", started_seen=iso(4), left_at=iso(12), max_poll_gap_s=6.5)
+    gone.update(wall_jump_s=5.25, polls=4)
+    ingest_message(
+        envelope("vm1", 2, [freeze("EV-F", "vm1", "Started")], ledger=[started]), pipeline
+    )
+    assert store.get_reporter("EV-F", "vm1").ledger.started_seen == T0 + timedelta(seconds=4)
+    # The leaving document's entry rides on the reporter row's status write.
+    ingest_message(envelope("vm1", 3, [], ledger=[gone]), pipeline)
+    record, (line,) = read_ledger(store, "EV-F")
+    assert record is not None and record.ended == "completed"
+    assert line.vm == "vm1" and line.measured and line.duration_s == 5 and line.not_before == NB
+    assert line.approved_at == approved_at and line.start_delay_from == "approval"
+    assert line.start_delay_s == round((T0 + timedelta(seconds=4) - approved_at).total_seconds(), 3)
+    assert line.started_for_s == 8.0
+    assert (line.max_poll_gap_s, line.wall_jump_s, line.polls) == (6.5, 5.25, 4)
+    assert "wall clock jumped +5.25 s" in summary(line)
+    # /api/status (with ?all=true for the ended event) carries it.
+    (shown,) = fleet_status(pipeline, include_ended=True)["events"]
+    assert shown["ledger"][0]["wall_jump_s"] == 5.25 and shown["ledger"][0]["vm"] == "vm1"
+    # The CSV export reads back as the same line.
+    (row,) = csv.DictReader(io.StringIO(as_csv([line])))
+    assert row["vm"] == "vm1" and float(row["max_poll_gap_s"]) == 6.5
+    assert row["start_delay_from"] == "approval"
+
+
+def test_not_approved_counts_from_not_before_and_an_old_relay_has_an_empty_line(store, clock):
+    pipeline, _ = make_pipeline(store, clock, Policy(rules=[Rule(name="h", action="hold")]))
+    play(pipeline, "EV-A", "vm1", measured=True)
+    play(pipeline, "EV-B", "vm2", measured=False)
+    record, (line,) = read_ledger(store, "EV-B")
+    assert record is not None and not line.measured and line.max_poll_gap_s is None
+    assert summary(line) == "vm2: no measurements from its relay"
+    assert table_rows([line])[0][0] == "vm2 (no relay measurements)"
+    record, (line,) = read_ledger(store, "EV-A")
+    assert record is not None and record.approval != "approved"
+    assert line.approved_at is None and line.start_delay_from == "NotBefore"
+    assert line.start_delay_s == round((T0 + timedelta(seconds=2) - NB).total_seconds(), 3)
+
+
+def test_a_status_write_without_measurements_keeps_those_the_row_has(store) -> None:
+    measured = LedgerEntry.model_validate(entry("EV-K", polls=7))
+    store.set_reporter("EV-K", "vm1", "Started", T0, ledger=measured)
+    store.set_reporter("EV-K", "vm1", "", T0)  # e.g. silence: the watchdog ends its report
+    assert store.get_reporter("EV-K", "vm1").ledger == measured
+
+
+def test_ledger_lines_name_every_reporter_once_whatever_the_case(store, clock) -> None:
+    pipeline, _ = make_pipeline(store, clock)
+    play(pipeline, "EV-C", "vm1", measured=True)
+    record = store.get_event("EV-C")
+    measured = LedgerEntry.model_validate(entry("EV-C"))
+    lines = ledger_lines(record, {"VM1": measured}, ["vm1", "vm2"])
+    assert [(x.vm, x.measured) for x in lines] == [("VM1", True), ("vm2", False)]
+
+
+def test_the_ledger_costs_no_table_request(azurite, clock) -> None:
+    """The same three documents, with and without the relay's entries: the same requests
+    on the wire (the entries ride on reporter row writes that happen anyway)."""
+    counts = []
+    with TableCounter(azurite) as counter:
+        store = Store.from_connection_string(counter.connection_string, "ledgr").ensure_tables()
+        pipeline, _ = make_pipeline(store, clock)
+        for name, measured in (("vm-a", False), ("vm-b", True)):
+            counter.reset()
+            play(pipeline, f"EV-{name}", name, measured=measured)
+            counts.append(dict(counter.by_kind()))
+        _, (line,) = read_ledger(store, "EV-vm-b")
+    assert counts[0] == counts[1], counts
+    assert line.measured and line.left_at is not None and line.wall_jump_s == 6.0
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"max_poll_gap_s": -1}, "max_poll_gap_s"),
+        ({"first_seen": "2026-01-01T00:00:00"}, "first_seen"),
+        ({"event_id": ""}, "event_id"),
+        ({"duration_s": 2**40}, "duration_s"),
+    ],
+)
+def test_a_malformed_ledger_is_refused_with_the_reason(change, problem) -> None:
+    message = json.loads(envelope("vm1", 1, [], ledger=[{**entry("E"), **change}]))
+    with pytest.raises(DocumentError, match=problem):
+        parse_envelope(message)
+    many = json.loads(envelope("vm1", 1, [], ledger=[entry(f"E{i}") for i in range(17)]))
+    with pytest.raises(DocumentError, match="ledger"):
+        parse_envelope(many)
+
+
+def test_fields_a_newer_relay_adds_are_ignored_not_kept() -> None:
+    kept = LedgerEntry.model_validate({**entry("E"), "something_new": "x" * 10_000})
+    assert "something_new" not in kept.model_dump_json()
+
+
+def test_the_cli_exports_json_and_csv_and_says_what_is_wrong(
+    store, clock, azurite, monkeypatch, capsys
+) -> None:
+    pipeline, _ = make_pipeline(store, clock)
+    play(pipeline, "EV-X", "vm1", measured=True)
+    monkeypatch.setenv("StateStorage", azurite)
+    monkeypatch.setenv("STATE_TABLE_PREFIX", store.prefix)
+    assert cli(["ledger", "EV-X"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["event_id"] == "EV-X" and exported["vms"][0]["wall_jump_s"] == 6.0
+    assert cli(["ledger", "EV-X", "--csv"]) == 0
+    (row,) = csv.DictReader(io.StringIO(capsys.readouterr().out))
+    assert row["vm"] == "vm1" and row["left_at"]
+    assert cli(["ledger", "NOPE"]) == 1
+    assert "no event 'NOPE'" in capsys.readouterr().err
+    assert cli(["ledger", " "]) == 2
+    monkeypatch.delenv("StateStorage")
+    monkeypatch.delenv("AzureWebJobsStorage", raising=False)
+    assert cli(["ledger", "EV-X"]) == 2
+    assert "no state storage" in capsys.readouterr().err
