@@ -60,13 +60,15 @@ FIELDS = tuple(LedgerLine.model_fields)
 
 
 def approval_of(record: EventRecord) -> tuple[datetime | None, str | None]:
-    """When (and by whom) the event was approved: its last attempt that succeeded."""
+    """When (and by whom) the event was approved: its last attempt, the one that succeeded
+    (nothing is tried after an approval; a relay's says "approved", Resource Manager's
+    its answer), as the event page's timeline marks it."""
     if record.approval != "approved":
         return None, None
-    for attempt in reversed(record.approval_attempts):
-        if attempt.outcome == "approved":
-            return attempt.at, record.approved_by or attempt.by
-    return None, record.approved_by
+    if not record.approval_attempts:
+        return None, record.approved_by
+    last = record.approval_attempts[-1]
+    return last.at, record.approved_by or last.by
 
 
 def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:

@@ -132,6 +132,7 @@ def test_the_readme_shows_the_commands_people_need() -> None:
         ("functions", "settings", "check"),
         ("functions", "cost"),
         ("functions", "attestation", "check"),
+        ("functions", "ledger"),
     ):
         assert expected in commands, expected
 

@@ -186,3 +186,28 @@ def test_the_cli_exports_json_and_csv_and_says_what_is_wrong(
     monkeypatch.delenv("AzureWebJobsStorage", raising=False)
     assert cli(["ledger", "EV-X"]) == 2
     assert "no state storage" in capsys.readouterr().err
+
+
+def test_an_approval_through_resource_manager_counts_from_its_time() -> None:
+    """ARM's attempt records its answer, not "approved" (found by `make demo`)."""
+    from functions.ledger import approval_of
+    from functions.store.records import Attempt, EventRecord
+
+    at = T0 + timedelta(seconds=3)
+    record = EventRecord(
+        event_id="EV-ARM",
+        event_type="Freeze",
+        event_status="Scheduled",
+        first_seen=T0,
+        not_before=NB,
+        approval="approved",
+        approved_by="arm:virtualMachines/batch-1",
+        approval_attempts=[
+            Attempt(at=T0 + timedelta(seconds=1), vm="vm1", outcome="error: refused"),
+            Attempt(at=at, vm="arm", outcome="200 acknowledged"),
+        ],
+    )
+    measured = LedgerEntry.model_validate(entry("EV-ARM", started_seen=iso(4)))
+    (line,) = ledger_lines(record, {"vm1": measured})
+    assert approval_of(record) == (at, "arm:virtualMachines/batch-1")
+    assert (line.start_delay_s, line.start_delay_from) == (1.0, "approval")
