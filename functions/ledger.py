@@ -2,7 +2,7 @@
 
 Azure's Resource Graph keeps only the advertised fields (NotBefore, DurationInSeconds);
 what a live migration really cost a VM is known only inside it. Its relay measures that
-(relay/ledger.py) and sends it with its documents (`Envelope.ledger`); ingest keeps each
+(relay/watcher.py Ledger) and sends it with its documents (`Envelope.ledger`); ingest keeps each
 VM's latest measurements in its reporter row, in writes it makes anyway. This module puts
 them beside the event row's facts (advertised times, the approval) and derives the rest:
 - `start_delay_s`: from the approval (or NotBefore, when the event was not approved) to

@@ -26,9 +26,8 @@ from datetime import datetime, timezone
 from relay import __version__
 from relay.attest import MAX_MESSAGE_BYTES
 from relay.imds import ImdsClient, ImdsError, parse_events
-from relay.ledger import Ledger
 from relay.logs import ErrorStreak, event, jitter
-from relay.models import Envelope, VmRef, content_hash, only_events_for
+from relay.models import Envelope, VmRef, content_hash, format_aware, only_events_for
 from relay.outbox import Outbox, OutboxError
 
 TYPE_CHECKING = False
@@ -81,7 +80,7 @@ class Watcher:
         self._failures = 0
         self._next_heartbeat = clock() + heartbeat_interval
         self.last_success: float | None = None
-        self.ledger = Ledger()  # the impact ledger's measurements (relay/ledger.py)
+        self.ledger = Ledger()  # the impact ledger's measurements (below)
         self._listed: list[Any] = []  # the forwarded events of the last document
         self.documents = 0
         self.heartbeats = 0
@@ -247,3 +246,81 @@ class Watcher:
             self.heartbeats += 1
         except OutboxError as exc:
             self._outbox_streak.error("write", f"heartbeat: {exc}", level=logging.ERROR)
+
+
+# --------------------------------------------------------------------------- impact ledger
+# The impact ledger's on-VM half (issue 33): what only the relay can see of an event.
+# Azure tells in advance what an event will cost (NotBefore, DurationInSeconds); only the
+# guest sees what it did cost. Per event this VM forwards, on every successful poll:
+# - when the relay first saw it Started and when it left IMDS (guest wall clock);
+# - the longest time between two successful polls while it was listed (a Freeze pauses
+#   the guest, so its relay sees a gap), as the larger of the monotonic and the wall-clock
+#   interval: a guest whose clocks ran during the pause shows it in both, one whose clocks
+#   stood still shows it once its wall clock is set right;
+# - the net wall-clock jump, (wall delta - monotonic delta) summed over those polls: what
+#   the guest's wall clock was stepped by across the event (time sync after a Freeze).
+# Kept in memory only (a restarted relay measures from its restart, and says so in
+# `first_seen`) and bounded; document envelopes carry it as `ledger` (docs/contract.md
+# §9). Here rather than in a module of its own: every byte of the relay is in each VM's
+# customData, and a module costs its zip entry.
+
+MAX_TRACKED = 32  # events followed at once; IMDS lists a handful
+MAX_ENTRIES = 16  # entries one envelope carries (the app's bound: functions/model/envelope.py)
+LIMIT = 10 * 366 * 86400.0  # a clock set years off is clipped, never refused
+
+
+def _iso(wall: float) -> str:
+    return format_aware(datetime.fromtimestamp(wall, timezone.utc))
+
+
+def _clip(seconds: float) -> float:
+    return round(max(-LIMIT, min(LIMIT, seconds)), 3)
+
+
+class Ledger:
+    """Per-event measurements across polls; `observe` once per successful poll."""
+
+    def __init__(self) -> None:
+        # case-folded EventId -> [entry as sent, monotonic, wall, jump] at its last poll
+        self._tracks: dict[str, list[Any]] = {}
+        self._left: list[dict[str, Any]] = []  # ended, not yet in a queued envelope
+
+    def observe(self, events: list[Any], mono: float, wall: float) -> None:
+        """One successful poll at (monotonic, wall) time that listed `events` (the raw
+        IMDS entries this relay forwards). Events absent now have left."""
+        listed = {e["EventId"].casefold(): e for e in events if isinstance(e.get("EventId"), str)}
+        for key, track in list(self._tracks.items()):
+            entry, step_mono, step_wall = track[0], mono - track[1], wall - track[2]
+            track[1:] = [mono, wall, track[3] + step_wall - step_mono]
+            gap = max(entry["max_poll_gap_s"], step_mono, step_wall)
+            entry.update(max_poll_gap_s=_clip(gap), wall_jump_s=_clip(track[3]))
+            entry["polls"] += 1
+            if key not in listed:
+                entry["left_at"] = _iso(wall)
+                self._left = [*self._left, entry][-MAX_ENTRIES:]
+                del self._tracks[key]
+        for key, item in listed.items():
+            if key not in self._tracks:
+                if len(self._tracks) >= MAX_TRACKED:
+                    continue
+                first = {"event_id": item["EventId"][:128], "not_before": "", "duration_s": None}
+                first.update(first_seen=_iso(wall), started_seen=None, left_at=None)
+                first.update(max_poll_gap_s=0.0, wall_jump_s=0.0, polls=0)
+                self._tracks[key] = [first, mono, wall, 0.0]
+            entry = self._tracks[key][0]
+            if item.get("EventStatus") == "Started":
+                entry["started_seen"] = entry["started_seen"] or _iso(wall)
+            elif item.get("NotBefore"):
+                entry["not_before"] = str(item["NotBefore"])[:64]
+            duration = item.get("DurationInSeconds")
+            if type(duration) is int and -1 <= duration <= 2**31:
+                entry["duration_s"] = duration
+
+    def entries(self) -> list[dict[str, Any]]:
+        """What the next document envelope carries: the events that left since the last
+        one was queued, then those listed now (copies, at most MAX_ENTRIES)."""
+        return [dict(e) for e in self._left + [t[0] for t in self._tracks.values()]][:MAX_ENTRIES]
+
+    def queued(self) -> None:
+        """A document envelope with `entries()` is in the outbox: the ended ones are told."""
+        self._left = []

@@ -316,12 +316,12 @@ class Unforwardable(BaseModel):
     reason: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
 
 
-MAX_LEDGER_ENTRIES = 16  # relay/ledger.py MAX_ENTRIES
+MAX_LEDGER_ENTRIES = 16  # relay/watcher.py MAX_ENTRIES
 MAX_LEDGER_SECONDS = 10 * 366 * 86400.0  # the relay clips a clock set years off to this
 
 
 class LedgerEntry(BaseModel):
-    """One event as the sending VM's relay measured it (relay/ledger.py): the on-VM half
+    """One event as the sending VM's relay measured it (relay.watcher.Ledger): the on-VM half
     of the impact ledger (functions/ledger.py). Times are the guest's wall clock; fields a
     newer relay adds are ignored, so they never grow the reporter row that keeps this."""
 

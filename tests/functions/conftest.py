@@ -276,7 +276,7 @@ def envelope(
     key: identity_harness.CallbackKey | None = None,
     ledger: list[dict[str, Any]] | None = None,
 ) -> str:
-    """A signed relay message; `ledger`: the relay's impact ledger entries (relay/ledger.py)."""
+    """A signed relay message; `ledger`: the relay's impact ledger entries."""
     document = None
     if events is not None:
         document = {"DocumentIncarnation": incarnation or sequence, "Events": events}

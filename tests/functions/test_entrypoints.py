@@ -190,6 +190,7 @@ def test_handlers_from_function_app(store, clock, relay):
         "approve",
         "notify_teams",
         "notify_pagerduty",
+        "notify_slack",
         "notify_webhook",
         "notify_slack",
         "terminate_drain",

@@ -30,7 +30,7 @@ def iso(seconds: float) -> str:
 
 
 def entry(event_id: str, **more: Any) -> dict[str, Any]:
-    """A relay's entry as relay/ledger.py writes it."""
+    """A relay's entry as relay/watcher.py Ledger writes it."""
     return {
         "event_id": event_id,
         "event_type": "Freeze",

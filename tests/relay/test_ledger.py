@@ -1,4 +1,4 @@
-"""The impact ledger's relay half (relay/ledger.py): what a relay measures of an event.
+"""The impact ledger's relay half (relay/watcher.py `Ledger`): what a relay measures of an event.
 
 The measurements come from the real relay against the IMDS simulator playing a Freeze
 (simulator/guest.py): its IMDS answers nothing while the guest is paused, and, run under
@@ -18,11 +18,10 @@ import pytest
 
 from functions.model.envelope import MAX_LEDGER_ENTRIES, parse_envelope
 from relay.imds import ImdsClient
-from relay.ledger import MAX_ENTRIES, Ledger
 from relay.models import VmRef
 from relay.outbox import Outbox
 from relay.senders import FileSender, SendLoop
-from relay.watcher import Watcher
+from relay.watcher import MAX_ENTRIES, Ledger, Watcher
 from tests.relay.conftest import ROOT, RelayProcess, json_files, wait_for
 
 SHIM = ROOT / "simulator" / "guest_clock.py"
