@@ -261,7 +261,7 @@ class Watcher:
 #   the guest's wall clock was stepped by across the event (time sync after a Freeze).
 # Kept in memory only (a restarted relay measures from its restart, and says so in
 # `first_seen`) and bounded; document envelopes carry it as `ledger` (docs/contract.md
-# §9). Here rather than in a module of its own: every byte of the relay is in each VM's
+# §10). Here rather than in a module of its own: every byte of the relay is in each VM's
 # customData, and a module costs its zip entry.
 
 MAX_TRACKED = 32  # events followed at once; IMDS lists a handful
