@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from functions.ledger import LedgerLine, read_ledger, summary, table_rows
+from functions.ledger import LedgerLine, read_ledger, summary
 from local.report import Outcome, short_id
 
 if TYPE_CHECKING:
@@ -32,7 +32,8 @@ def relay_command(demo: Demo, vm: str, argv: list[str]) -> list[str]:
 
 
 def ledger_outcomes(demo: Demo) -> list[Outcome]:
-    """Print each Freeze's ledger and check it; the lines stay on `demo.ledgers`."""
+    """Print each Freeze's ledger and check it; (lane label, its lines) stay on
+    `demo.ledgers`, for the report and for tests once the store is gone."""
     demo.ledgers = []
     if demo.watcher is None or getattr(demo, "store", None) is None:
         return []
@@ -43,7 +44,7 @@ def ledger_outcomes(demo: Demo) -> list[Outcome]:
             continue
         measured = [vm for vm in track.resources if vm in relays]
         lines = _wait_for_lines(demo, track.event_id, measured)
-        demo.ledgers.append((f"{track.what} {', '.join(track.resources)}", table_rows(lines)))
+        demo.ledgers.append((f"{track.what} {', '.join(track.resources)}", lines))
         for line in lines:
             demo.timeline.add("relay", short_id(track.event_id), f"ledger: {summary(line)}")
         for vm in measured:

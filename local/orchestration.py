@@ -92,8 +92,8 @@ class Demo:
         )
         self.hook_runs: list[tuple[float, str, str]] = []  # (time.time(), VM, EventId)
         self.undrain_runs: list[tuple[float, str, str]] = []  # the same, of the undrain hook
-        # Each Freeze's impact ledger, (lane label, table rows), for the report.
-        self.ledgers: list[tuple[str, list[list[str]]]] = []
+        # Each Freeze's impact ledger, (lane label, its LedgerLines), for the report.
+        self.ledgers: list[tuple[str, list[Any]]] = []
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> Demo:

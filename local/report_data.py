@@ -12,6 +12,7 @@ import re
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from functions.ledger import table_rows
 from functions.web.timeline import Lane, Mark
 from local.demo_backtest import report_backtest
 from local.report import Payload, ReportData, short_id
@@ -71,7 +72,8 @@ def collect(demo: Demo) -> ReportData:
     data.deliveries = len(deliveries)
     data.posted = sum(1 for d in deliveries if d.posted)
     data.backtest = report_backtest(demo)
-    data.ledgers = list(getattr(demo, "ledgers", []))  # local.demo_ledger
+    # Each Freeze's impact ledger (local.demo_ledger), as the event page shows it.
+    data.ledgers = [(label, table_rows(lines)) for label, lines in getattr(demo, "ledgers", [])]
     return data
 
 

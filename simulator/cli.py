@@ -160,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument(
         "--event-grid-seed", type=int, default=None, metavar="N", help="seed for those choices"
     )
+    parser.add_argument(
+        "--play-freezes",
+        metavar="CLOCK_DIR",
+        help="a Started Freeze pauses its VMs' guests for its DurationInSeconds (their IMDS "
+        "answers nothing meanwhile) and writes each pause to CLOCK_DIR/VM.json for a relay run "
+        "under simulator/guest_clock.py (simulator/guest.py)",
+    )
     parser.add_argument("--log-requests", action="store_true", help="log every HTTP request")
     parser.add_argument(
         "--write-ca-pem",
@@ -215,6 +222,8 @@ def build_simulator(args: argparse.Namespace) -> Simulator:
         rate_limit=args.rate_limit,
         type_scales=_type_scales(getattr(args, "type_scale", [])),
     )
+    if getattr(args, "play_freezes", None):
+        sim.play_freezes(clock_dir=args.play_freezes)
     specs = getattr(args, "vm_specs", None) or [("vm", DEFAULT_VM)]
     for kind, value in specs:
         if kind == "vm":

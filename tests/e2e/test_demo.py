@@ -265,3 +265,19 @@ def test_the_backtest_of_its_own_history_gives_back_each_decision(played: Played
         "demo report", played.timeline.snapshot(), played.outcomes, {}, collect(played.demo)
     )
     assert '<h2 id="backtest">' in page and page.count("<td>=</td>") == len(compared)
+
+
+def test_each_freeze_s_ledger_shows_the_pause_its_relay_lived_through(played: Played):
+    """Issue 33: the simulator paused each Freeze's guest; the real relays measured it,
+    the app kept it, and the demo printed and checked each Freeze's ledger."""
+    ledgers = dict(played.demo.ledgers)  # read from the store before it stopped
+    for target in ("web-1", "batch-1"):
+        (line,) = [x for x in ledgers[f"Freeze 5 s {target}"] if x.vm == target]
+        (start, end) = played.demo.sim.pauses(target)[-1]
+        assert line.measured and line.left_at is not None, played.story()
+        assert line.max_poll_gap_s >= end - start - 0.3, line
+        assert abs(line.wall_jump_s - (end - start)) <= 0.5, line
+        assert line.start_delay_from == "approval" and 0 <= line.start_delay_s < 5, line
+    checked = [o for o in played.outcomes if "its relay measured the pause" in o.name]
+    assert len(checked) == 2 and all(o.ok for o in checked), checked
+    assert "ledger: web-1:" in played.story()

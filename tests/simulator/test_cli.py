@@ -259,6 +259,23 @@ def test_flags_build_the_vms_in_order() -> None:
     assert build_simulator(build_parser().parse_args([])).vm_names == ["myVM"]
 
 
+def test_play_freezes_pauses_the_guest_and_writes_its_clock_file(tmp_path) -> None:
+    """`--play-freezes DIR` (issue 33): a Started Freeze holds the VM's IMDS requests for
+    its DurationInSeconds, one second in, and the pause is in DIR/VM.json for the shim."""
+    import json
+
+    sim = build_simulator(build_parser().parse_args(["--play-freezes", str(tmp_path / "c")]))
+    event_id = sim.add_event("Freeze", resources=["myVM"], duration=3, notice=600)
+    sim.start_event(event_id)
+    (start, end) = sim.pauses("myVM")[0]
+    assert end - start == 3.0 and sim.guest_hold("myVM", start + 1) == 2.0
+    assert sim.guest_hold("myVM", end) == 0.0 and sim.guest_hold("myVM", start - 0.1) == 0.0
+    assert json.loads((tmp_path / "c" / "myVM.json").read_text()) == {"pauses": [[start, end]]}
+    plain = build_simulator(build_parser().parse_args([]))
+    plain.start_event(plain.add_event("Freeze", resources=["myVM"], duration=3, notice=600))
+    assert plain.pauses("myVM") == []  # only when asked
+
+
 def test_scenario_targets_from_flags() -> None:
     args = build_parser().parse_args(
         [
