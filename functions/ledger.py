@@ -124,11 +124,14 @@ def ledger_lines(
 def read_ledger(store: Any, event_id: str) -> tuple[EventRecord | None, list[LedgerLine]]:
     """The event row and its ledger: one point read and one partition query."""
     record = store.get_event(event_id)
-    if record is None:
-        return None, []
+    return (record, lines_of(store, record)) if record is not None else (None, [])
+
+
+def lines_of(store: Any, record: EventRecord) -> list[LedgerLine]:
+    """The ledger of an event row already read: one partition query (its reporter rows)."""
     reporters = store.reporter_rows(record.event_id)
     entries = {r.vm: r.ledger for r in reporters if r.ledger is not None}
-    return record, ledger_lines(record, entries, [r.vm for r in reporters])
+    return ledger_lines(record, entries, [r.vm for r in reporters])
 
 
 def as_json(record: EventRecord, lines: list[LedgerLine]) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs, quote
 
 from functions.identity.graph_state import graph_state
-from functions.ledger import TABLE_HEADER, LedgerLine, read_ledger, table_rows
+from functions.ledger import TABLE_HEADER, LedgerLine, lines_of, table_rows
 from functions.model.event import utc_text
 from functions.notify import describe
 from functions.pipeline.approve import approval_path
@@ -157,7 +157,7 @@ def _event_body(pipeline: Pipeline, record: EventRecord, form: str) -> str:
         ]
         for row in audit
     ]
-    _, ledger = read_ledger(pipeline.store, record.event_id)
+    ledger = lines_of(pipeline.store, record)
     return (
         f"<h1>{esc(describe.event_words(snap))}: {esc(describe.vm_count(snap))}</h1>"
         f"{render.facts(rows)}{form}"

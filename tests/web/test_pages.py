@@ -362,3 +362,34 @@ def test_fleet_page_shows_the_status_data_and_a_timeline(held, store):
     assert "hold (default-hold)" in page.text and "Policy valid" in page.text
     assert page.text.count('<g class="lane"') == 1
     assert "open events only" in ended.text
+
+
+def test_the_event_page_shows_the_impact_ledger(store, clock, relay):
+    """Issue 33: what each VM's relay measured, beside what Azure advertised, and how to
+    export it; a VM whose relay sent nothing says so."""
+    from datetime import timedelta
+
+    pipeline, _ = make_pipeline(store, clock, **PAGES_ON)
+    scheduled = event("EV-PG", "Freeze", resources=("vm1", "vm2"), duration=5)
+    started = {**scheduled, "EventStatus": "Started", "NotBefore": ""}
+    measured = {
+        "event_id": "EV-PG",
+        "not_before": scheduled["NotBefore"],
+        "duration_s": 5,
+        "first_seen": T0.isoformat(),
+        "started_seen": (T0 + timedelta(seconds=4)).isoformat(),
+        "max_poll_gap_s": 6.25,
+        "wall_jump_s": 5.5,
+        "polls": 9,
+    }
+    ingest_message(envelope("vm1", 1, [scheduled], callback_url=relay.url), pipeline)
+    ingest_message(envelope("vm2", 1, [scheduled], callback_url=relay.url), pipeline)
+    ingest_message(envelope("vm1", 2, [started], ledger=[measured]), pipeline)
+    with serve(pipeline) as url:
+        page = get(f"{url}/api/pages/events/EV-PG", headers=principal())
+    assert page.status_code == 200, page.text
+    assert "<h2>Impact ledger</h2>" in page.text
+    assert "<td>6.25 s</td><td>+5.5 s</td>" in page.text
+    assert "vm2 (no relay measurements)" in page.text
+    assert "python -m functions ledger EV-PG --csv" in page.text
+    assert "vm1: its relay saw Started" in page.text  # its mark on the timeline
