@@ -15,7 +15,6 @@ Shown on the event page, in `/api/status` and the demo report; exported as JSON 
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
@@ -25,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from functions.model.envelope import LedgerEntry, parse_not_before
+from functions.model.envelope import LedgerEntry
 from functions.store.records import EventRecord
 
 
@@ -37,13 +36,12 @@ class LedgerLine(BaseModel):
     event_id: str
     event_type: str
     vm: str
-    # What Azure advertised (the VM's own relay saw it; else the event row).
+    # What Azure advertised (the event row: the last NotBefore before it started).
     not_before: AwareDatetime | None = None
     duration_s: int | None = None
     # What the bridge did and what the VM's relay saw (guest wall clock).
     approved_at: AwareDatetime | None = None
     approved_by: str | None = None
-    first_seen: AwareDatetime | None = None
     started_seen: AwareDatetime | None = None
     left_at: AwareDatetime | None = None
     # Derived and measured, in seconds.
@@ -52,7 +50,6 @@ class LedgerLine(BaseModel):
     started_for_s: float | None = None
     max_poll_gap_s: float | None = None
     wall_jump_s: float | None = None
-    polls: int | None = None
     measured: bool = False  # False: this VM's relay sent no measurements (old relay, none)
 
 
@@ -81,12 +78,6 @@ def ledger_line(record: EventRecord, vm: str, entry: LedgerEntry | None) -> Ledg
     """One VM's line: the event row's facts, its relay's measurements, what follows."""
     approved_at, approved_by = approval_of(record)
     not_before = record.not_before
-    duration = record.duration_in_seconds
-    if entry is not None:
-        # One the relay could not read stays as it wrote it; the event row's is used.
-        with contextlib.suppress(ValueError):
-            not_before = parse_not_before(entry.not_before) or not_before
-        duration = entry.duration_s if entry.duration_s is not None else duration
     started = entry.started_seen if entry else None
     origin = approved_at or not_before
     return LedgerLine(
@@ -94,10 +85,9 @@ def ledger_line(record: EventRecord, vm: str, entry: LedgerEntry | None) -> Ledg
         event_type=record.event_type,
         vm=vm,
         not_before=not_before,
-        duration_s=duration,
+        duration_s=record.duration_in_seconds,
         approved_at=approved_at,
         approved_by=approved_by,
-        first_seen=entry.first_seen if entry else None,
         started_seen=started,
         left_at=entry.left_at if entry else None,
         start_delay_s=_seconds(started, origin),
@@ -107,7 +97,6 @@ def ledger_line(record: EventRecord, vm: str, entry: LedgerEntry | None) -> Ledg
         started_for_s=_seconds(entry.left_at if entry else None, started),
         max_poll_gap_s=entry.max_poll_gap_s if entry else None,
         wall_jump_s=entry.wall_jump_s if entry else None,
-        polls=entry.polls if entry else None,
         measured=entry is not None,
     )
 

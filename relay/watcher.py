@@ -27,7 +27,7 @@ from relay import __version__
 from relay.attest import MAX_MESSAGE_BYTES
 from relay.imds import ImdsClient, ImdsError, parse_events
 from relay.logs import ErrorStreak, event, jitter
-from relay.models import Envelope, VmRef, content_hash, format_aware, only_events_for
+from relay.models import Envelope, VmRef, content_hash, only_events_for
 from relay.outbox import Outbox, OutboxError
 
 TYPE_CHECKING = False
@@ -120,9 +120,8 @@ class Watcher:
             self._last_raw = self._last_key = None
         try:
             raw = self.imds.get_events_raw(timeout=timeout)
-            answered = (self._clock(), time.time())
             if raw == self._last_raw:
-                self.ledger.observe(self._listed, *answered)
+                self.ledger.observe(self._listed, self._clock(), time.time())
             else:
                 data, document = parse_events(raw)
                 self._note_unreadable_times(document)
@@ -137,8 +136,8 @@ class Watcher:
                 else:
                     data = only_events_for(data, self.vm.name)
                     key = (None, content_hash({**data, "DocumentIncarnation": None}))
-                self._listed = list(data.get("Events") or [])
-                self.ledger.observe(self._listed, *answered)
+                self._listed = data.get("Events") or []
+                self.ledger.observe(self._listed, self._clock(), time.time())
                 if key != self._last_key:
                     self._queue_document(data)
                     self._last_key = key
@@ -206,8 +205,7 @@ class Watcher:
         self._unforwardable = case
 
     def _queue_document(self, data: dict[str, Any]) -> None:
-        ledger = self.ledger.entries()
-        envelope = self._envelope("document", data, **({"ledger": ledger} if ledger else {}))
+        envelope = self._envelope("document", data, ledger=self.ledger.entries())
         size = len(envelope.to_json().encode())
         if size > MAX_DOCUMENT_ENVELOPE:
             incarnation = data.get("DocumentIncarnation")
@@ -259,67 +257,48 @@ class Watcher:
 #   stood still shows it once its wall clock is set right;
 # - the net wall-clock jump, (wall delta - monotonic delta) summed over those polls: what
 #   the guest's wall clock was stepped by across the event (time sync after a Freeze).
-# Kept in memory only (a restarted relay measures from its restart, and says so in
-# `first_seen`) and bounded; document envelopes carry it as `ledger` (docs/contract.md
-# §10). Here rather than in a module of its own: every byte of the relay is in each VM's
-# customData, and a module costs its zip entry.
+# Kept in memory only (a restarted relay measures from its restart) and bounded; document
+# envelopes carry it as `ledger` (docs/contract.md §10). Here rather than in a module of
+# its own, and written small: every byte of the relay is in each VM's customData.
 
-MAX_TRACKED = 32  # events followed at once; IMDS lists a handful
 MAX_ENTRIES = 16  # entries one envelope carries (the app's bound: functions/model/envelope.py)
-LIMIT = 10 * 366 * 86400.0  # a clock set years off is clipped, never refused
-
-
-def _iso(wall: float) -> str:
-    return format_aware(datetime.fromtimestamp(wall, timezone.utc))
-
-
-def _clip(seconds: float) -> float:
-    return round(max(-LIMIT, min(LIMIT, seconds)), 3)
 
 
 class Ledger:
-    """Per-event measurements across polls; `observe` once per successful poll."""
+    """Per-event measurements across polls; `observe` once per successful poll. An entry
+    holds only what is known: the app's model has the defaults (None, 0)."""
 
     def __init__(self) -> None:
-        # case-folded EventId -> [entry as sent, monotonic, wall, jump] at its last poll
+        # EventId -> [entry as sent, monotonic, wall, jump] at its last poll
         self._tracks: dict[str, list[Any]] = {}
         self._left: list[dict[str, Any]] = []  # ended, not yet in a queued envelope
 
     def observe(self, events: list[Any], mono: float, wall: float) -> None:
-        """One successful poll at (monotonic, wall) time that listed `events` (the raw
-        IMDS entries this relay forwards). Events absent now have left."""
-        listed = {e["EventId"].casefold(): e for e in events if isinstance(e.get("EventId"), str)}
+        """One successful poll at (monotonic, wall) time that listed `events` (the IMDS
+        entries this relay forwards, checked by parse_events). Absent ones have left."""
+        listed = {e["EventId"]: e for e in events}
         for key, track in list(self._tracks.items()):
             entry, step_mono, step_wall = track[0], mono - track[1], wall - track[2]
-            track[1:] = [mono, wall, track[3] + step_wall - step_mono]
-            gap = max(entry["max_poll_gap_s"], step_mono, step_wall)
-            entry.update(max_poll_gap_s=_clip(gap), wall_jump_s=_clip(track[3]))
-            entry["polls"] += 1
+            track[1:] = mono, wall, track[3] + step_wall - step_mono
+            entry["max_poll_gap_s"] = round(max(entry["max_poll_gap_s"], step_mono, step_wall), 3)
+            entry["wall_jump_s"] = round(track[3], 3)
             if key not in listed:
-                entry["left_at"] = _iso(wall)
-                self._left = [*self._left, entry][-MAX_ENTRIES:]
+                entry["left_at"] = datetime.fromtimestamp(wall, timezone.utc).isoformat()
+                self._left.append(entry)  # each event leaves once: bounded
                 del self._tracks[key]
         for key, item in listed.items():
             if key not in self._tracks:
-                if len(self._tracks) >= MAX_TRACKED:
-                    continue
-                first = {"event_id": item["EventId"][:128], "not_before": "", "duration_s": None}
-                first.update(first_seen=_iso(wall), started_seen=None, left_at=None)
-                first.update(max_poll_gap_s=0.0, wall_jump_s=0.0, polls=0)
-                self._tracks[key] = [first, mono, wall, 0.0]
-            entry = self._tracks[key][0]
+                entry = {"event_id": key, "max_poll_gap_s": 0}
+                self._tracks[key] = [entry, mono, wall, 0]
             if item.get("EventStatus") == "Started":
-                entry["started_seen"] = entry["started_seen"] or _iso(wall)
-            elif item.get("NotBefore"):
-                entry["not_before"] = str(item["NotBefore"])[:64]
-            duration = item.get("DurationInSeconds")
-            if type(duration) is int and -1 <= duration <= 2**31:
-                entry["duration_s"] = duration
+                at = datetime.fromtimestamp(wall, timezone.utc).isoformat()
+                self._tracks[key][0].setdefault("started_seen", at)
 
     def entries(self) -> list[dict[str, Any]]:
         """What the next document envelope carries: the events that left since the last
-        one was queued, then those listed now (copies, at most MAX_ENTRIES)."""
-        return [dict(e) for e in self._left + [t[0] for t in self._tracks.values()]][:MAX_ENTRIES]
+        one was queued, then those listed now (at most MAX_ENTRIES; not copies: the outbox
+        writes an envelope out as it takes it)."""
+        return (self._left + [t[0] for t in self._tracks.values()])[:MAX_ENTRIES]
 
     def queued(self) -> None:
         """A document envelope with `entries()` is in the outbox: the ended ones are told."""
