@@ -81,7 +81,6 @@ class Watcher:
         self._next_heartbeat = clock() + heartbeat_interval
         self.last_success: float | None = None
         self.ledger = Ledger()  # the impact ledger's measurements (below)
-        self._listed: list[Any] = []  # the forwarded events of the last document
         self.documents = 0
         self.heartbeats = 0
         self.started: tuple[str, ...] = ()  # EventIds naming this VM that are Started
@@ -136,6 +135,8 @@ class Watcher:
                 else:
                     data = only_events_for(data, self.vm.name)
                     key = (None, content_hash({**data, "DocumentIncarnation": None}))
+                # The events it forwards, for the ledger of each poll until the next change
+                # (set on the first poll: _last_raw starts as None).
                 self._listed = data.get("Events") or []
                 self.ledger.observe(self._listed, self._clock(), time.time())
                 if key != self._last_key:
@@ -261,8 +262,6 @@ class Watcher:
 # envelopes carry it as `ledger` (docs/contract.md §10). Here rather than in a module of
 # its own, and written small: every byte of the relay is in each VM's customData.
 
-MAX_ENTRIES = 16  # entries one envelope carries (the app's bound: functions/model/envelope.py)
-
 
 class Ledger:
     """Per-event measurements across polls; `observe` once per successful poll. An entry
@@ -296,9 +295,10 @@ class Ledger:
 
     def entries(self) -> list[dict[str, Any]]:
         """What the next document envelope carries: the events that left since the last
-        one was queued, then those listed now (at most MAX_ENTRIES; not copies: the outbox
+        one was queued, then those listed now (at most 16; not copies: the outbox
         writes an envelope out as it takes it)."""
-        return (self._left + [t[0] for t in self._tracks.values()])[:MAX_ENTRIES]
+        # 16: the app's bound (functions/model/envelope.py MAX_LEDGER_ENTRIES)
+        return (self._left + [t[0] for t in self._tracks.values()])[:16]
 
     def queued(self) -> None:
         """A document envelope with `entries()` is in the outbox: the ended ones are told."""

@@ -316,7 +316,7 @@ class Unforwardable(BaseModel):
     reason: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
 
 
-MAX_LEDGER_ENTRIES = 16  # relay/watcher.py MAX_ENTRIES
+MAX_LEDGER_ENTRIES = 16  # relay/watcher.py Ledger.entries cuts to it
 
 
 class LedgerEntry(BaseModel):

@@ -192,7 +192,6 @@ def test_handlers_from_function_app(store, clock, relay):
         "notify_pagerduty",
         "notify_slack",
         "notify_webhook",
-        "notify_slack",
         "terminate_drain",
         "ingest_event_grid",
         "page_event",

@@ -21,7 +21,7 @@ from relay.imds import ImdsClient
 from relay.models import VmRef
 from relay.outbox import Outbox
 from relay.senders import FileSender, SendLoop
-from relay.watcher import MAX_ENTRIES, Ledger, Watcher
+from relay.watcher import Ledger, Watcher
 from tests.relay.conftest import ROOT, RelayProcess, json_files, wait_for
 
 SHIM = ROOT / "simulator" / "guest_clock.py"
@@ -68,10 +68,10 @@ def test_bounded_whatever_imds_lists() -> None:
     ledger = Ledger()
     ledger.observe([item(f"E{i}") for i in range(100)], 1.0, T0)
     entries = ledger.entries()
-    assert len(entries) == MAX_ENTRIES == MAX_LEDGER_ENTRIES
+    assert len(entries) == MAX_LEDGER_ENTRIES == 16  # the relay cuts to what the app takes
     ledger.observe([], 2.0, T0 - 20 * 366 * 86400)  # a wall clock set 20 years back
     left = ledger.entries()
-    assert len(left) == MAX_ENTRIES and all(e["left_at"] for e in left)
+    assert len(left) == MAX_LEDGER_ENTRIES and all(e["left_at"] for e in left)
     jump = -20 * 366 * 86400.0 - 1
     assert all(e["wall_jump_s"] == jump for e in left)  # what it saw, not refused
     assert LedgerEntry.model_validate(left[0]).wall_jump_s == jump
