@@ -1,9 +1,10 @@
 """The impact ledger (issue 33): per event and VM, what Azure advertised beside what happened.
 
 Azure's Resource Graph keeps only the advertised fields (NotBefore, DurationInSeconds);
-what a live migration really cost a VM is known only inside it. Its relay measures that
-(relay/watcher.py Ledger) and sends it with its documents (`Envelope.ledger`); ingest keeps each
-VM's latest measurements in its reporter row, in writes it makes anyway. This module puts
+what a live migration really cost a VM is known only inside it. Its relay measures its
+polling (relay/watcher.py `_clocks`) and each document carries it (`Envelope.polls`,
+contract §10); ingest keeps, in the reporter row writes it makes anyway, what the
+documents that show an event Started and gone say (`measured`). This module puts
 them beside the event row's facts (advertised times, the approval) and derives the rest:
 - `start_delay_s`: from the approval (or NotBefore, when the event was not approved) to
   when the VM's relay first saw it Started;
@@ -24,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from functions.model.envelope import LedgerEntry
+from functions.model.envelope import Envelope, LedgerEntry
 from functions.store.records import EventRecord
 
 
@@ -54,6 +55,46 @@ class LedgerLine(BaseModel):
 
 
 FIELDS = tuple(LedgerLine.model_fields)
+
+
+def measured(
+    envelope: Envelope,
+    event_id: str,
+    *,
+    started: bool = False,
+    left: bool = False,
+    new: bool = False,
+) -> LedgerEntry | None:
+    """What one document says of one event, for its VM's reporter row: the document that
+    shows it Started (`started_seen`) or the one without it (`left_at`), each with the
+    relay's polling since its previous document (that interval belongs to the events the
+    previous one listed; none for an event `new` to this VM). None for any other document
+    or a relay that sends no clocks (before issue 33)."""
+    polls = envelope.polls
+    if polls is None or not (started or left):
+        return None
+    return LedgerEntry(
+        event_id=event_id,
+        started_seen=envelope.observed_at if started else None,
+        left_at=envelope.observed_at if left else None,
+        max_poll_gap_s=0.0 if new else polls.max_gap_s,
+        wall_jump_s=0.0 if new else polls.wall_jump_s,
+    )
+
+
+def combined(parts: list[LedgerEntry]) -> LedgerEntry | None:
+    """The reporter row's two parts (as it Started, as it left) as one: the longest gap of
+    either period, the jumps added up."""
+    if len(parts) < 2:
+        return parts[0] if parts else None
+    start, end = parts
+    return LedgerEntry(
+        event_id=start.event_id,
+        started_seen=start.started_seen,
+        left_at=end.left_at,
+        max_poll_gap_s=max(start.max_poll_gap_s, end.max_poll_gap_s),
+        wall_jump_s=round(start.wall_jump_s + end.wall_jump_s, 3),
+    )
 
 
 def approval_of(record: EventRecord) -> tuple[datetime | None, str | None]:

@@ -80,7 +80,11 @@ class Watcher:
         self._failures = 0
         self._next_heartbeat = clock() + heartbeat_interval
         self.last_success: float | None = None
-        self.ledger = Ledger()  # the impact ledger's measurements (below)
+        # The impact ledger's on-VM half (issue 33, docs/contract.md §10): the (monotonic,
+        # wall) time of the last successful poll, and since the last document the longest
+        # time between two successful polls and the net wall-clock jump (see _clocks).
+        self._polled: tuple[float, float] | None = None
+        self._gap = self._jump = 0.0
         self.documents = 0
         self.heartbeats = 0
         self.started: tuple[str, ...] = ()  # EventIds naming this VM that are Started
@@ -119,9 +123,8 @@ class Watcher:
             self._last_raw = self._last_key = None
         try:
             raw = self.imds.get_events_raw(timeout=timeout)
-            if raw == self._last_raw:
-                self.ledger.observe(self._listed, self._clock(), time.time())
-            else:
+            self._clocks(self._clock(), time.time())
+            if raw != self._last_raw:
                 data, document = parse_events(raw)
                 self._note_unreadable_times(document)
                 self.started = tuple(  # for the readiness probe (relay.ready)
@@ -135,10 +138,6 @@ class Watcher:
                 else:
                     data = only_events_for(data, self.vm.name)
                     key = (None, content_hash({**data, "DocumentIncarnation": None}))
-                # The events it forwards, for the ledger of each poll until the next change
-                # (set on the first poll: _last_raw starts as None).
-                self._listed = data.get("Events") or []
-                self.ledger.observe(self._listed, self._clock(), time.time())
                 if key != self._last_key:
                     self._queue_document(data)
                     self._last_key = key
@@ -165,6 +164,22 @@ class Watcher:
         self.streak.ok()
         self._outbox_streak.ok()
         return self.poll_interval
+
+    def _clocks(self, mono: float, wall: float) -> None:
+        """A successful poll at (monotonic, wall) time. What only the guest sees of an
+        event: a Freeze pauses it, so its relay sees a gap between two polls, the larger of
+        the monotonic and the wall-clock interval (a guest whose clocks ran during the
+        pause shows it in both; one whose clocks stood still shows it once its wall clock
+        is set right); the wall clock's jump against the monotonic one is how far time sync
+        stepped it. The next document carries both, since the document before it, so every
+        interval belongs to the events the previous document listed (the app keeps them
+        per event and VM, functions/ledger.py). Written small: every byte of the relay is
+        in each VM's customData."""
+        if self._polled:
+            step_mono, step_wall = mono - self._polled[0], wall - self._polled[1]
+            self._gap = max(self._gap, step_mono, step_wall)
+            self._jump += step_wall - step_mono
+        self._polled = mono, wall
 
     def _note_unreadable_times(self, document: Any) -> None:
         """Log (once per event) a time Python cannot represent; the document still goes."""
@@ -206,14 +221,15 @@ class Watcher:
         self._unforwardable = case
 
     def _queue_document(self, data: dict[str, Any]) -> None:
-        envelope = self._envelope("document", data, ledger=self.ledger.entries())
+        polls = {"max_gap_s": round(self._gap, 3), "wall_jump_s": round(self._jump, 3)}
+        envelope = self._envelope("document", data, polls=polls)
         size = len(envelope.to_json().encode())
         if size > MAX_DOCUMENT_ENVELOPE:
             incarnation = data.get("DocumentIncarnation")
             self._queue_unforwardable(incarnation, size, "too large for a Service Bus message")
             return
         message = self.outbox.append(envelope)
-        self.ledger.queued()
+        self._gap = self._jump = 0.0
         self.documents += 1
         events = data.get("Events") or []
         event(
@@ -245,61 +261,3 @@ class Watcher:
             self.heartbeats += 1
         except OutboxError as exc:
             self._outbox_streak.error("write", f"heartbeat: {exc}", level=logging.ERROR)
-
-
-# --------------------------------------------------------------------------- impact ledger
-# The impact ledger's on-VM half (issue 33): what only the relay can see of an event.
-# Azure tells in advance what an event will cost (NotBefore, DurationInSeconds); only the
-# guest sees what it did cost. Per event this VM forwards, on every successful poll:
-# - when the relay first saw it Started and when it left IMDS (guest wall clock);
-# - the longest time between two successful polls while it was listed (a Freeze pauses
-#   the guest, so its relay sees a gap), as the larger of the monotonic and the wall-clock
-#   interval: a guest whose clocks ran during the pause shows it in both, one whose clocks
-#   stood still shows it once its wall clock is set right;
-# - the net wall-clock jump, (wall delta - monotonic delta) summed over those polls: what
-#   the guest's wall clock was stepped by across the event (time sync after a Freeze).
-# Kept in memory only (a restarted relay measures from its restart) and bounded; document
-# envelopes carry it as `ledger` (docs/contract.md §10). Here rather than in a module of
-# its own, and written small: every byte of the relay is in each VM's customData.
-
-
-class Ledger:
-    """Per-event measurements across polls; `observe` once per successful poll. An entry
-    holds only what is known: the app's model has the defaults (None, 0)."""
-
-    def __init__(self) -> None:
-        # EventId -> [entry as sent, monotonic, wall, jump] at its last poll
-        self._tracks: dict[str, list[Any]] = {}
-        self._left: list[dict[str, Any]] = []  # ended, not yet in a queued envelope
-
-    def observe(self, events: list[Any], mono: float, wall: float) -> None:
-        """One successful poll at (monotonic, wall) time that listed `events` (the IMDS
-        entries this relay forwards, checked by parse_events). Absent ones have left."""
-        listed = {e["EventId"]: e for e in events}
-        for key, track in list(self._tracks.items()):
-            entry, step_mono, step_wall = track[0], mono - track[1], wall - track[2]
-            track[1:] = mono, wall, track[3] + step_wall - step_mono
-            entry["max_poll_gap_s"] = round(max(entry["max_poll_gap_s"], step_mono, step_wall), 3)
-            entry["wall_jump_s"] = round(track[3], 3)
-            if key not in listed:
-                entry["left_at"] = datetime.fromtimestamp(wall, timezone.utc).isoformat()
-                self._left.append(entry)  # each event leaves once: bounded
-                del self._tracks[key]
-        for key, item in listed.items():
-            if key not in self._tracks:
-                entry = {"event_id": key, "max_poll_gap_s": 0}
-                self._tracks[key] = [entry, mono, wall, 0]
-            if item.get("EventStatus") == "Started":
-                at = datetime.fromtimestamp(wall, timezone.utc).isoformat()
-                self._tracks[key][0].setdefault("started_seen", at)
-
-    def entries(self) -> list[dict[str, Any]]:
-        """What the next document envelope carries: the events that left since the last
-        one was queued, then those listed now (at most 16; not copies: the outbox
-        writes an envelope out as it takes it)."""
-        # 16: the app's bound (functions/model/envelope.py MAX_LEDGER_ENTRIES)
-        return (self._left + [t[0] for t in self._tracks.values()])[:16]
-
-    def queued(self) -> None:
-        """A document envelope with `entries()` is in the outbox: the ended ones are told."""
-        self._left = []

@@ -4,7 +4,7 @@ On Azure a Freeze (a live migration, memory-preserving host maintenance) pauses 
 a few seconds some time after the event goes Started; inside, nothing runs, so its relay
 polls nothing, and its clocks stand still until time sync sets the wall clock right. With
 `play_freezes()` the simulator plays that, so a real relay really measures it
-(relay/watcher.py Ledger):
+(relay/watcher.py `_clocks`):
 - the pause: `lead` seconds after a Freeze starts, each VM it names is paused for the
   event's DurationInSeconds (real seconds, not scaled: a pause, like a fault delay, is
   not maintenance time; `pause` when the duration is unknown). Every IMDS request of that

@@ -8,7 +8,7 @@ pause windows (`{"pauses": [[start, end], ...]}`, epoch seconds) to CLOCK_FILE. 
 guest's clocks stand still; when it runs again time sync sets its wall clock right, but
 not its monotonic clock. This shim gives the relay process exactly that: `time.monotonic`
 minus the paused time so far, `time.time` untouched. Nothing in the relay changes, so the
-wall-clock jump and the polling gap it reports (relay/watcher.py Ledger) are its own measurements.
+wall-clock jump and the polling gap it reports (relay/watcher.py) are its own measurements.
 
 Run by path, not as `-m simulator.…`: the simulator package imports pydantic and the
 function app's models, which a relay process must not carry. Standard library only,

@@ -316,23 +316,29 @@ class Unforwardable(BaseModel):
     reason: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
 
 
-MAX_LEDGER_ENTRIES = 16  # relay/watcher.py Ledger.entries cuts to it
+class PollClocks(BaseModel):
+    """A relay's polling since its previous document (relay/watcher.py `_clocks`): the
+    longest time between two successful IMDS polls (the larger of the monotonic and the
+    wall-clock interval) and the net jump of the guest's wall clock against its monotonic
+    clock. The on-VM half of the impact ledger (functions/ledger.py)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    max_gap_s: float = Field(ge=0, allow_inf_nan=False)
+    wall_jump_s: float = Field(allow_inf_nan=False)  # a clock stepped a year is what it saw
 
 
 class LedgerEntry(BaseModel):
-    """One event as the sending VM's relay measured it (relay.watcher.Ledger): the on-VM half
-    of the impact ledger (functions/ledger.py). Times are the guest's wall clock; fields a
-    newer relay adds are ignored, so they never grow the reporter row that keeps this.
-    The jump is not bounded: a guest clock stepped back a year is what the relay saw."""
+    """One VM's measurements of one event, as its reporter row keeps them (functions/
+    ledger.py): when its relay saw it Started and gone (the documents' `observed_at`,
+    the guest's wall clock), the longest polling gap and the net wall-clock jump."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     event_id: str = Field(min_length=1, max_length=MAX_EVENT_ID_CHARS)
-    started_seen: AwareDatetime | None = None  # when the relay first saw it Started
-    left_at: AwareDatetime | None = None  # when the relay first saw it gone from IMDS
-    # The longest time between two successful polls while the event was listed.
+    started_seen: AwareDatetime | None = None
+    left_at: AwareDatetime | None = None
     max_poll_gap_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    # How far the guest's wall clock was stepped against its monotonic clock meanwhile.
     wall_jump_s: float = Field(default=0.0, allow_inf_nan=False)
 
 
@@ -390,14 +396,9 @@ class Envelope(BaseModel):
     callback_key: CallbackKeyRef | None = None
     attestation: Attestation | None = None
     unforwardable: Unforwardable | None = None
-    # The impact ledger (issue 33): a document's relay measurements of the events it lists
-    # and of those that left since its previous document. Relays before it send none.
-    ledger: list[LedgerEntry] | None = Field(default=None, max_length=MAX_LEDGER_ENTRIES)
-
-    def ledger_for(self, event_id: str) -> LedgerEntry | None:
-        """This envelope's measurements of one event, if it carries them."""
-        wanted = event_id.casefold()
-        return next((e for e in self.ledger or () if e.event_id.casefold() == wanted), None)
+    # The impact ledger (issue 33, contract §10): the relay's polling since its previous
+    # document. Relays before it send none.
+    polls: PollClocks | None = None
 
     @field_validator("observed_at")
     @classmethod

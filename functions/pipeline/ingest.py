@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from azure.core.exceptions import HttpResponseError
 
+from functions.ledger import measured
 from functions.model.envelope import (
     DocumentError,
     Envelope,
@@ -197,7 +198,7 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         for step in plan.steps:
             _write_step(step, envelope, pipeline, now, result, touched, late)
         for old in plan.absent:
-            _absent(old, name, pipeline, now, result, envelope.ledger_for(old))
+            _absent(old, name, pipeline, now, result, measured(envelope, old, left=True))
         recovered: list[str] = []  # the silence this document ends, if announced
         saved = _save_vm(
             store,
@@ -387,6 +388,9 @@ def _write_step(
         _late_report(event, name, said_before, store, now, late)
         return
     view, seen_as, repeated = step.view, step.key, step.repeated
+    # The impact ledger (functions/ledger.py): when this VM's relay saw it Started.
+    started = event.is_started and said_before != event.event_status
+    ledger = measured(envelope, event.event_id, started=started, new=said_before is None)
     if step.reporter:
         # This VM's own reporter row, with its own view, before the event row: an end
         # decided from now on sees it (functions.pipeline.transitions.end_event). A VM
@@ -399,7 +403,7 @@ def _write_step(
             view=view,
             key=seen_as,
             first=newcomer,
-            ledger=envelope.ledger_for(event.event_id),
+            ledger=ledger,
         )
         if step.reopens and not fresh:
             # It reported the event before it ended: a late report, not a reopening.
@@ -432,7 +436,7 @@ def _write_step(
             view=view,
             key=seen_as,
             decision=plan.decision,
-            ledger=envelope.ledger_for(event.event_id),
+            ledger=ledger,
         )
     if record is not None and record.ended and newcomer:
         # A late report after the event ended: remember the VM as a past reporter only.

@@ -36,7 +36,10 @@ REPORTER = "r|"  # in an event's partition: one row per reporting VM, "r|<vm key
 OPEN_EVENTS = reserved("open")  # events table: one row per event not ended yet
 CLAIMS = reserved("once")  # events table: fleet-wide "first one wins" markers
 RECENT_EVENT_ROWS = 1024  # event rows a Store remembers as the start of its next write
-LEDGER = "ledger"  # reporter row column: the VM's relay measurements (LedgerEntry JSON)
+# Reporter row columns of the impact ledger (LedgerEntry JSON, functions/ledger.py): what
+# the VM's relay measured up to the document showing the event Started, and to the one
+# without it (two columns, so the later write needs no read of the earlier).
+LEDGER, LEDGER_LEFT = "ledger", "ledger_left"
 VM_MARK = "vm|"  # in the open index: a VM with silence marks (RowKey reserved("vm|<key>"))
 
 
@@ -76,15 +79,20 @@ class Reporter:
 
 
 def read_ledger(row: Any) -> LedgerEntry | None:
-    """A reporter row's `ledger` column; None (and a warning) for one that cannot be read."""
-    text = row.get(LEDGER)
-    if not isinstance(text, str):
-        return None
-    try:
-        return LedgerEntry.model_validate_json(text)
-    except ValueError:
-        log.warning("events: unreadable ledger in reporter row %.100r", row.get("RowKey"))
-        return None
+    """A reporter row's impact ledger, its two parts as one; None (and a warning for one
+    that cannot be read) when it has none."""
+    from functions.ledger import combined
+
+    parts = []
+    for column in (LEDGER, LEDGER_LEFT):
+        text = row.get(column)
+        if not isinstance(text, str):
+            continue
+        try:
+            parts.append(LedgerEntry.model_validate_json(text))
+        except ValueError:
+            log.warning("events: unreadable %s in reporter row %.100r", column, row.get("RowKey"))
+    return combined(parts)
 
 
 def ended_partition(day: str) -> str:
@@ -131,7 +139,7 @@ class EventRows(Rows):
         rows = self.events.query_entities(
             "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi",
             parameters={"pk": row_key(record.event_id), "lo": REPORTER, "hi": "r}"},
-            select=["vm", "status", LEDGER] if ledger else ["vm", "status"],
+            select=["vm", "status", LEDGER, LEDGER_LEFT] if ledger else ["vm", "status"],
         )
         present: dict[str, str] = {}
         everyone: list[str] = []
@@ -185,8 +193,8 @@ class EventRows(Rows):
             entity["key"] = key
             if decision is not None:
                 entity["decision"] = decision.model_dump_json()
-        if ledger is not None:
-            entity[LEDGER] = ledger.model_dump_json()  # < 1 KB: bounded fields
+        if ledger is not None:  # < 1 KB: bounded fields
+            entity[LEDGER_LEFT if ledger.left_at else LEDGER] = ledger.model_dump_json()
         if first:
             try:
                 self.events.create_entity(entity, **NO_ECHO)

@@ -274,9 +274,10 @@ def envelope(
     observed_at: datetime | None = None,
     kind: str = "document",
     key: identity_harness.CallbackKey | None = None,
-    ledger: list[dict[str, Any]] | None = None,
+    polls: dict[str, float] | None = None,
 ) -> str:
-    """A signed relay message; `ledger`: the relay's impact ledger entries."""
+    """A signed relay message; `polls`: the relay's clocks since its previous document
+    (the impact ledger's `{"max_gap_s", "wall_jump_s"}`)."""
     document = None
     if events is not None:
         document = {"DocumentIncarnation": incarnation or sequence, "Events": events}
@@ -295,8 +296,8 @@ def envelope(
         "observed_at": at.isoformat(),
         "document": document,
     }
-    if ledger is not None:
-        message["ledger"] = ledger
+    if polls is not None:
+        message["polls"] = polls
     return identity_harness.signed_envelope(
         message,
         at,

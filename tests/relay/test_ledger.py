@@ -1,10 +1,12 @@
-"""The impact ledger's relay half (relay/watcher.py `Ledger`): what a relay measures of an event.
+"""The impact ledger's relay half (relay/watcher.py `_clocks`): what a relay measures.
 
-The measurements come from the real relay against the IMDS simulator playing a Freeze
+Each document carries `polls`: since the previous document, the longest time between two
+successful IMDS polls and the net jump of the wall clock against the monotonic one. The
+measurements come from the real relay against the IMDS simulator playing a Freeze
 (simulator/guest.py): its IMDS answers nothing while the guest is paused, and, run under
 the guest clock shim (simulator/guest_clock.py), the relay's monotonic clock stands still
 meanwhile, as a frozen guest's does. What the relay writes must parse with the function
-app's model (functions.model.envelope), which is what ingest keeps.
+app's model (functions.model.envelope).
 """
 
 from __future__ import annotations
@@ -16,65 +18,41 @@ from typing import Any
 
 import pytest
 
-from functions.model.envelope import MAX_LEDGER_ENTRIES, LedgerEntry, parse_envelope
+from functions.model.envelope import parse_envelope
 from relay.imds import ImdsClient
 from relay.models import VmRef
 from relay.outbox import Outbox
 from relay.senders import FileSender, SendLoop
-from relay.watcher import Ledger, Watcher
+from relay.watcher import Watcher
 from tests.relay.conftest import ROOT, RelayProcess, json_files, wait_for
 
 SHIM = ROOT / "simulator" / "guest_clock.py"
 T0 = 1_800_000_000.0  # an epoch second for the synthetic clocks
 
 
-def item(event_id: str, status: str = "Scheduled", **more: Any) -> dict[str, Any]:
-    return {"EventId": event_id, "EventStatus": status, "EventType": "Freeze", **more}
-
-
-def test_gap_jump_start_and_leave_from_the_polls_alone() -> None:
-    ledger = Ledger()
-    nb = "Mon, 11 Apr 2022 22:26:58 GMT"
-    ledger.observe([item("E1", NotBefore=nb, DurationInSeconds=5)], 100.0, T0)
-    ledger.observe([item("E1", NotBefore=nb, DurationInSeconds=5)], 101.0, T0 + 1)
-    ledger.observe([item("E1", "Started", NotBefore="", DurationInSeconds=5)], 102.0, T0 + 2)
-    ledger.observe([item("E1", "Started", NotBefore="", DurationInSeconds=5)], 102.5, T0 + 2.5)
+def test_gap_and_jump_from_the_polls_alone(tmp_path: Path) -> None:
+    watcher = Watcher(ImdsClient("http://127.0.0.1:9"), Outbox(tmp_path), VmRef(name="vm0"))
+    watcher._clocks(100.0, T0)
+    watcher._clocks(101.0, T0 + 1)
     # The guest pauses: its monotonic clock moves 0.5 s, its wall clock (set right) 6.5 s.
-    ledger.observe([], 103.0, T0 + 9)
-    (entry,) = ledger.entries()
-    assert entry == {
-        "event_id": "E1",
-        "started_seen": "2027-01-15T08:00:02+00:00",  # the first poll that showed it
-        "left_at": "2027-01-15T08:00:09+00:00",
-        "max_poll_gap_s": 6.5,  # the larger of the two clocks' intervals
-        "wall_jump_s": 6.0,  # 6.5 s of wall time against 0.5 s of its own
-    }
-    assert LedgerEntry.model_validate(entry).left_at is not None  # what the app reads
-    # Told once: after the envelope carrying it is queued, an event that left is gone.
-    ledger.queued()
-    assert ledger.entries() == []
+    watcher._clocks(101.5, T0 + 7.5)
+    watcher._clocks(102.5, T0 + 8.5)
+    assert (watcher._gap, watcher._jump) == (6.5, 6.0)  # the larger interval; the net jump
+    watcher._queue_document({"DocumentIncarnation": 1, "Events": []})
+    (message,) = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("*-document.json"))]
+    assert message["polls"] == {"max_gap_s": 6.5, "wall_jump_s": 6.0}
+    assert parse_envelope(message).polls.max_gap_s == 6.5  # what the app reads
+    # Since that document: counted afresh. A clock stepped back years is what it saw.
+    assert (watcher._gap, watcher._jump) == (0.0, 0.0)
+    watcher._clocks(103.5, T0 - 20 * 366 * 86400)
+    assert watcher._jump == -20 * 366 * 86400.0 - 8.5 - 1
 
 
-def test_a_paused_guest_whose_clocks_ran_shows_a_gap_and_no_jump() -> None:
-    ledger = Ledger()
-    ledger.observe([item("E1", "Started")], 10.0, T0)
-    ledger.observe([item("E1", "Started")], 16.5, T0 + 6.5)
-    (entry,) = ledger.entries()
-    assert entry["max_poll_gap_s"] == 6.5 and entry["wall_jump_s"] == 0.0
-    assert "left_at" not in entry and entry["started_seen"] == "2027-01-15T08:00:00+00:00"
-
-
-def test_bounded_whatever_imds_lists() -> None:
-    ledger = Ledger()
-    ledger.observe([item(f"E{i}") for i in range(100)], 1.0, T0)
-    entries = ledger.entries()
-    assert len(entries) == MAX_LEDGER_ENTRIES == 16  # the relay cuts to what the app takes
-    ledger.observe([], 2.0, T0 - 20 * 366 * 86400)  # a wall clock set 20 years back
-    left = ledger.entries()
-    assert len(left) == MAX_LEDGER_ENTRIES and all(e["left_at"] for e in left)
-    jump = -20 * 366 * 86400.0 - 1
-    assert all(e["wall_jump_s"] == jump for e in left)  # what it saw, not refused
-    assert LedgerEntry.model_validate(left[0]).wall_jump_s == jump
+def test_a_paused_guest_whose_clocks_ran_shows_a_gap_and_no_jump(tmp_path: Path) -> None:
+    watcher = Watcher(ImdsClient("http://127.0.0.1:9"), Outbox(tmp_path), VmRef(name="vm0"))
+    watcher._clocks(10.0, T0)
+    watcher._clocks(16.5, T0 + 6.5)
+    assert (watcher._gap, watcher._jump) == (6.5, 0.0)
 
 
 def _run_watcher(simulator: Any, tmp_path: Path) -> tuple[Watcher, threading.Event, SendLoop]:
@@ -99,12 +77,15 @@ def _documents(forward: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in json_files(forward)]
 
 
-def _left(forward: Path, event_id: str) -> dict[str, Any] | None:
-    """The ledger entry of `event_id` once a document says it left IMDS."""
+def _freeze(forward: Path, event_id: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The documents showing `event_id` Started and then gone, once both are there."""
+    started = None
     for envelope in _documents(forward):
-        for entry in envelope.get("ledger") or []:
-            if entry["event_id"] == event_id and entry.get("left_at"):
-                return entry
+        events = {e["EventId"]: e["EventStatus"] for e in envelope["document"]["Events"]}
+        if started is None and events.get(event_id) == "Started":
+            started = envelope
+        elif started is not None and event_id not in events:
+            return started, envelope
     return None
 
 
@@ -120,20 +101,20 @@ def test_the_relay_measures_a_freeze_played_by_the_simulator(
         wait_for(lambda: _documents(tmp_path / "forward"))
         # 1 s of notice, 4 s Started at the fixture's 60x; a 2 s pause 0.3 s into it.
         event_id = sim.add_event("Freeze", resources=["vm0"], duration=2, notice=60, impact=240)
-        entry = wait_for(lambda: _left(tmp_path / "forward", event_id), timeout=15)
+        started, gone = wait_for(lambda: _freeze(tmp_path / "forward", event_id), timeout=15)
     finally:
         stop.set()
         sending.stop()
     (start, end) = sim.pauses("vm0")[0]
     assert end - start == 2.0
-    assert 1.9 <= entry["max_poll_gap_s"] <= 3.0, entry
-    assert abs(entry["wall_jump_s"]) < 0.2, entry
-    assert entry["started_seen"] < entry["left_at"]
-    # Every document that carries a ledger is what the function app accepts.
+    # The Started period (what the document without the event says): the 2 s pause.
+    assert 1.9 <= gone["polls"]["max_gap_s"] <= 3.0, gone["polls"]
+    assert abs(gone["polls"]["wall_jump_s"]) < 0.2, gone["polls"]
+    assert started["polls"]["max_gap_s"] < 1.0, started["polls"]  # no pause while Scheduled
+    # Every document carries its clocks, as the function app reads them.
     for envelope in _documents(tmp_path / "forward"):
-        parsed = parse_envelope(envelope)
-        assert (parsed.ledger is not None) == ("ledger" in envelope)
-    assert watcher.ledger.entries() == []
+        assert parse_envelope(envelope).polls is not None
+    assert watcher.documents >= 3
 
 
 def test_a_relay_process_in_a_frozen_guest_measures_the_gap_and_the_clock_jump(
@@ -159,18 +140,14 @@ def test_a_relay_process_in_a_frozen_guest_measures_the_gap_and_the_clock_jump(
     try:
         wait_for(lambda: json_files(forward), timeout=20)
         event_id = sim.add_event("Freeze", resources=["vm0"], duration=3, notice=60, impact=180)
-        entry = wait_for(lambda: _left(forward, event_id), timeout=20)
+        _, gone = wait_for(lambda: _freeze(forward, event_id), timeout=20)
     finally:
         assert relay.stop() in (0, -15), relay.log_path.read_text()[-2000:]
     # The 3 s pause: as long a gap between successful polls, and a wall clock 3 s ahead
     # of the relay's own (monotonic) time.
-    assert 2.9 <= entry["max_poll_gap_s"] <= 4.0, entry
-    assert 2.7 <= entry["wall_jump_s"] <= 3.3, entry
-    assert entry["started_seen"] < entry["left_at"]
-    assert (
-        parse_envelope(_documents(forward)[-1]).ledger_for(event_id).wall_jump_s
-        == (entry["wall_jump_s"])
-    )
+    polls = parse_envelope(gone).polls
+    assert 2.9 <= polls.max_gap_s <= 4.0, polls
+    assert 2.7 <= polls.wall_jump_s <= 3.3, polls
 
 
 @pytest.mark.parametrize("argv", [[], ["clock.json"], ["clock.json", "-m"]])
