@@ -7,6 +7,7 @@ runs every crash point instead of one per group of equivalent points
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 
@@ -34,8 +35,13 @@ def main(argv: list[str]) -> int:
         reports = explore_all(
             azurite.connection_string, args.scenarios or None, exhaustive=args.exhaustive
         )
+        expects = {s.name: s.expects for s in SCENARIOS}
         for report in reports:
             print(report.table(), flush=True)
+            shown = json.dumps(report.effects)
+            missing = [e for e in expects[report.scenario] if e not in shown]
+            if missing:
+                print(f"- the fault-free run does not show {missing}", flush=True)
             print(flush=True)
             total += report.tried()
             divergent += len(report.different())

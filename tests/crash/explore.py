@@ -80,6 +80,8 @@ class Report:
         for kind in KINDS:
             tried, diff = self.tried(kind), len(self.different(kind))
             lines.append(f"| {KIND_NAMES[kind]} | {tried} | {tried - diff} | {diff} |")
+        if self.baseline_errors:
+            lines.append(f"- the fault-free run failed a step: {self.baseline_errors[0]}")
         lines += self.grouped()
         return "\n".join(lines)
 

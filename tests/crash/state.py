@@ -29,8 +29,11 @@ Normalisation rules, each with its reason:
 9. Effects after the receivers' own dedupe (what a real receiver does with a repeat):
    - topic: the set of MessageIds sent (Service Bus duplicate detection drops a repeat;
      a MessageId's time, the start of a silence, is "<t>" by rule 2);
-   - relay: every verified callback as (VM, path, EventIds), counted: the relay does not
-     dedupe a StartRequests, so two is an extra approval sent to Azure;
+   - relay: every verified callback as (VM, path, EventIds), counted, but repeats of one
+     `AttemptId` count once: a relay answers a repeat of an attempt IMDS accepted from
+     memory, without a second StartRequests (functions.approvers.relay); a request
+     without one (the code before issue 31) counts each time, as the relay then sent a
+     StartRequests each time;
    - drain hook: each call as (path, EventId, action), counted, but calls carrying the same
      `webhook-id` count once (Standard Webhooks receivers dedupe on it);
    - teams, slack: posts counted per announcement (neither dedupes);
@@ -135,10 +138,16 @@ def effects(world: World) -> dict[str, Any]:
     servers = world.servers
     out: dict[str, Any] = {}
     out["effect topic"] = sorted(ISO.sub("<t>", mid) for mid in world.topic.seen)
-    relay = Counter(
-        f"{vm} {r['path']} {','.join(r['EventIds'])}"
-        for vm, r in zip(servers.relay.targets, servers.relay.requests, strict=False)
-    )
+    relay: Counter[str] = Counter()
+    attempts: set[tuple[str, str]] = set()
+    for vm, request in zip(servers.relay.targets, servers.relay.requests, strict=False):
+        key = f"{vm} {request['path']} {','.join(request['EventIds'])}"
+        attempt = request.get("AttemptId")
+        if attempt and (key, attempt) in attempts:
+            continue  # the relay answers a repeat of an AttemptId from memory
+        if attempt:
+            attempts.add((key, attempt))
+        relay[key] += 1
     for key, count in relay.items():
         out[f"effect relay {key}"] = count
     hooks: Counter[str] = Counter()
