@@ -359,7 +359,7 @@ SCENARIOS: list[Scenario] = [
             "slack EV-CH:decided",
             "EV-CH:decided trigger EV-CH",
             "EV-CH:cancelled resolve",
-            "EV-CH:scheduled webhook",
+            "EV-CH:scheduled EV-CH:scheduled",
         ),
     ),
     Scenario(

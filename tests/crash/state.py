@@ -26,7 +26,11 @@ Normalisation rules, each with its reason:
    two automatic callers, `policy` (ingest) and `watchdog`: which of them gets there first
    after a crash is timing (a redelivery or the next sweep); a person (`manual:`) or the
    drain (`drain`) stays as it is.
-9. Effects after the receivers' own dedupe (what a real receiver does with a repeat):
+9. A drain's succeeded `approve` step says "approved" whether it approved the event itself
+   or found it approved already ("nothing to approve: already approved", the reconcile
+   that took over after a crash did it): either way the event was approved, and how many
+   times is checked at the relay.
+10. Effects after the receivers' own dedupe (what a real receiver does with a repeat):
    - topic: the set of MessageIds sent (Service Bus duplicate detection drops a repeat;
      a MessageId's time, the start of a silence, is "<t>" by rule 2);
    - relay: every verified callback as (VM, path, EventIds), counted, but repeats of one
@@ -105,6 +109,10 @@ def _entity(table: str, entity: dict[str, Any]) -> dict[str, Any]:
         data["approval_attempts"] = sorted(attempts, key=repr)
     if table == "deliveries":
         out.pop("claims", None)
+    if table == "drains" and out.get("RowKey") == "approve" and out.get("status") == "succeeded":
+        detail = str(out.get("detail", ""))
+        if detail.startswith(("approved", "nothing to approve: already approved")):
+            out["detail"] = "approved"
     if table == "identities" and isinstance(out.get("keys"), list):
         out["keys"] = sorted(k.get("id") for k in out["keys"] if isinstance(k, dict))
     return out
