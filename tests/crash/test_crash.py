@@ -20,9 +20,10 @@ from tests.crash.state import _entity, first_difference
 
 pytestmark = pytest.mark.azurite
 
-# Measured on main at 5875040 (the level-triggered lifecycle of 89685cd..4a5b506); docs/crash-explorer.md has
-# the tables and the first differing row or effect of each point, before (8f0b6c2: every
-# scenario diverged) and after. Remove a scenario once it passes.
+# Measured on main at 5875040 (the level-triggered lifecycle of 89685cd..4a5b506);
+# docs/crash-explorer.md has the tables and the first differing row or effect of each
+# point, before (8f0b6c2: every scenario diverged) and after. Remove a scenario once it
+# passes.
 DIVERGES: dict[str, str] = {
     "drain-reboot": "5875040: 2 of 280 points; 115L..116B: the undrain audit row written twice",
     "capacity": "5875040: 2 of 368 points; 7L..8B: no StartRequests for EV-C1",
