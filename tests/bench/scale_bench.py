@@ -47,6 +47,7 @@ from tests.bench.wire import WireCounter
 ROOT = Path(__file__).resolve().parents[2]
 
 TRACE_ROW_BYTES = 250  # columns Application Insights stores around each log line (assumed)
+JUNK_ROWS = 100_000  # issue 27: junk liveness rows beside the 10,000-VM fleet
 PLATFORM_BYTES_PER_EXECUTION = 1000  # the host's request row and its two trace lines (assumed)
 
 
@@ -405,7 +406,7 @@ def reporters(connection_string: str, vms: int, workers: int = 16) -> dict[str, 
 # --------------------------------------------------------------------------- watchdog
 
 
-def watchdog(connection_string: str, fleets: Fleets) -> dict[str, Any]:
+def watchdog(connection_string: str, fleets: Fleets, junk_rows: int = JUNK_ROWS) -> dict[str, Any]:
     """The issue's sweep: the big fleet heard recently, its ended events 40 days old
     (before a 30-day retention), 5 events held; and the sweep after it. Then steady sweeps
     of two fleets with no history (2,000 VMs and 10), for the model's base + per VM, which
@@ -420,7 +421,7 @@ def watchdog(connection_string: str, fleets: Fleets) -> dict[str, Any]:
     heartbeat = heartbeats(
         connection_string, fleets.big, fleets.vms, fleets.now + timedelta(minutes=1)
     )
-    junk = junk_sweep(connection_string, fleets.big, sweep_at)
+    junk = junk_sweep(connection_string, fleets.big, sweep_at, junk_rows)
     return {
         **junk,
         "watchdog_requests_10k": first,
@@ -533,9 +534,6 @@ def _sweeps(
             out.append((wire.total(), seconds))
     (first, first_s), steady = out[0], out[1:]
     return first, first_s, steady[0][0], min(seconds for _, seconds in steady)
-
-
-JUNK_ROWS = 100_000
 
 
 def junk_sweep(
