@@ -71,6 +71,9 @@ TARGETS: dict[str, tuple[str, float]] = {
     # Issue 32: the worst wall time one hostile message costs (tests/security/hostile.py):
     # the one 5 s issuer deadline of a message whose issuer never answers, plus CPU.
     "worst_message_cost_ms": ("<=", 6000),
+    # Issue 31: crash points (tests/crash) tried, and those whose end state differs.
+    "crash_points_tried": (">=", 500),
+    "crash_points_divergent": ("==", 0),
 }
 
 
@@ -476,6 +479,12 @@ def _hostile_phase(bench: Bench) -> dict[str, Any]:
     return hostile.worst_message_cost_ms(bench.azurite("hostile"))
 
 
+def _crash_phase(bench: Bench) -> dict[str, Any]:
+    from tests.crash.explore import crash_points
+
+    return crash_points(bench.azurite("crash"), bench.args.crash_scenarios)
+
+
 PHASES: list[Phase] = [
     Phase(
         "relay",
@@ -520,6 +529,14 @@ PHASES: list[Phase] = [
         lambda a: "one VM's hostile messages: the worst cost of one (issue 32)",
         _hostile_phase,
         azurite="hostile",
+    ),
+    # Issue 31: every request of every lifecycle scenario, crashed before and answer lost
+    # (tests/crash, docs/crash-explorer.md); its own Azurite (thousands of small tables).
+    Phase(
+        "crash",
+        lambda a: f"crash points: {', '.join(a.crash_scenarios or ['every scenario'])}",
+        _crash_phase,
+        azurite="crash",
     ),
 ]
 
@@ -573,12 +590,19 @@ def main(argv: list[str] | None = None) -> int:
         choices=[p.name for p in PHASES],
         help="run only this phase (repeatable), for a look at one measurement",
     )
+    parser.add_argument(
+        "--crash-scenario",
+        dest="crash_scenarios",
+        action="append",
+        help="explore only this crash scenario (repeatable; default: all of tests/crash)",
+    )
     parser.add_argument("--quick", action="store_true", help="small samples, for a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
         args.relay_seconds, args.approve_samples, args.ingest_vms = 12.0, 5, 50
         args.watchdog_vms, args.watchdog_ended = 1_000, 100
         args.enrol_vms, args.junk_rows = 10_000, 10_000
+        args.crash_scenarios = args.crash_scenarios or ["watchdog"]
     phases = [p for p in PHASES if not args.only or p.name in args.only]
     began = time.monotonic()
     results = run_phases(args, phases)
