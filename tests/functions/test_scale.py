@@ -14,7 +14,7 @@ from functions.model.policy import Policy, Rule
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.events import EVENT_ROW, REPORTER, ended_partition
-from functions.store.keys import row_key, vm_partition
+from functions.store.keys import row_key
 from functions.store.state import Store
 from tests.functions.conftest import (
     T0,
@@ -134,28 +134,17 @@ def test_retention_deletes_what_expired_and_nothing_else(store, clock):
 
 def _seed(store: Store, clock, vms: int, ended: int) -> None:
     """`vms` VMs heard just now and `ended` events that ended 40 days ago, written with
-    batch transactions (the watchdog must not care how many there are). Seeding is not
-    what is counted: its transactions go 8 at a time, so the client's work overlaps
-    Azurite's."""
-    names = [f"vm-{i:05d}" for i in range(vms)]
-    by_vm_partition: dict[str, list[str]] = {}
-    for name in names:
-        by_vm_partition.setdefault(vm_partition(name), []).append(name)
-    # store.heard for 100 VMs of one partition at a time: one transaction each.
-    chunks = [
-        mine[i : i + 100] for mine in by_vm_partition.values() for i in range(0, len(mine), 100)
-    ]
-    seen = clock.now()
-    batches: list[tuple[object, list]] = []
+    batch transactions (the watchdog must not care how many there are)."""
+    store.heard([(f"vm-{i:05d}", clock.now(), f"http://10.0.0.1:{i}", "t") for i in range(vms)])
     # Every relay's liveness row too, heard just now: none is stale, so none is returned.
     rows: dict[str, list[dict]] = {}
-    for name in names:
-        row = liveness_row(name, seen)
+    for i in range(vms):
+        row = liveness_row(f"vm-{i:05d}", clock.now())
         rows.setdefault(row["PartitionKey"], []).append(row)
     for partition in rows.values():
         for start in range(0, len(partition), 100):
-            batches.append(
-                (store.liveness.table, [("upsert", r) for r in partition[start : start + 100]])
+            store.liveness.table.submit_transaction(
+                [("upsert", r) for r in partition[start : start + 100]]
             )
     day = (clock.now() - timedelta(days=40)).strftime("%Y-%m-%d")
     index = []
@@ -168,33 +157,20 @@ def _seed(store: Store, clock, vms: int, ended: int) -> None:
             "first_seen": (clock.now() - timedelta(days=41)).isoformat(),
             "ended": "cancelled",
         }
-        batches.append(
-            (
-                store.events,
-                [
-                    ("upsert", {"PartitionKey": pk, "RowKey": EVENT_ROW, "data": json.dumps(data)}),
-                    (
-                        "upsert",
-                        {"PartitionKey": pk, "RowKey": REPORTER + "vm", "vm": "vm", "status": ""},
-                    ),
-                ],
-            )
+        store.events.submit_transaction(
+            [
+                ("upsert", {"PartitionKey": pk, "RowKey": EVENT_ROW, "data": json.dumps(data)}),
+                (
+                    "upsert",
+                    {"PartitionKey": pk, "RowKey": REPORTER + "vm", "vm": "vm", "status": ""},
+                ),
+            ]
         )
         index.append(
             {"PartitionKey": ended_partition(day), "RowKey": pk, "EventId": f"OLD-{i:04d}"}
         )
     for start in range(0, len(index), 100):
-        batches.append((store.events, [("upsert", e) for e in index[start : start + 100]]))
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(
-            pool.map(
-                lambda chunk: store.heard(
-                    [(n, seen, f"http://10.0.0.1:{int(n[3:])}", "t") for n in chunk]
-                ),
-                chunks,
-            )
-        )
-        list(pool.map(lambda batch: batch[0].submit_transaction(batch[1]), batches))
+        store.events.submit_transaction([("upsert", e) for e in index[start : start + 100]])
 
 
 def _sweep_requests(azurite: str, clock, vms: int, ended: int) -> tuple[int, object]:
