@@ -126,7 +126,13 @@ def approve_e2e(samples: int) -> dict[str, Any]:
             latencies.append((approval.at.timestamp() - created) * 1000)
             sim.remove_event(event_id)
             _wait(lambda e=event_id: "completed" in demo.publisher.transitions(e) or None, 15)
-        failed = [o for o in demo.outcomes() if not o.ok and not o.skipped]
+        # Each event is removed once approved, before its Freeze pauses the guest, so the
+        # demo's ledger check (did the relay measure the pause?) has no pause to measure.
+        failed = [
+            o
+            for o in demo.outcomes()
+            if not o.ok and not o.skipped and not o.name.endswith("(ledger)")
+        ]
         if failed:
             raise RuntimeError(f"the pipeline misbehaved during the bench: {failed}")
     return {
