@@ -189,7 +189,7 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         if plan.refused == "stale" and vm is not None and envelope.sequence == vm.last_sequence:
             # The last document processed, delivered again: the host that took it may have
             # died after saving the VM row. What its events still need is in their rows.
-            _reconcile_listed(pipeline, current, result)
+            _reconcile_listed(pipeline, envelope, current, result)
         if plan.refused:
             return result.model_copy(update={"outcome": plan.refused, "reason": plan.reason})
         # Write: event rows first, VM row last: if we crash in between, the redelivery is
@@ -243,15 +243,31 @@ def _reconcile(
 
 
 def _reconcile_listed(
-    pipeline: Pipeline, events: list[ScheduledEvent], result: IngestResult
+    pipeline: Pipeline, envelope: Envelope, events: list[ScheduledEvent], result: IngestResult
 ) -> None:
     """A redelivered document: each event it lists, from its row as stored now (one read
     each; only the last document of a VM is reconciled this way, so an old message
     replayed costs nothing)."""
+    tag = message_tag(envelope)
     for event in events:
         record = pipeline.store.get_event(event.event_id)
         if record is not None:
-            _reconcile(pipeline, record, result)
+            mine = record.approval_claim if own_claim(record, tag) else ""
+            _reconcile(pipeline, record, result, mine)
+
+
+def message_tag(envelope: Envelope) -> str:
+    """Which message took an approval claim: a relay numbers its messages, and Service Bus
+    hands a VM's session to one host at a time, so no live host processes the same one."""
+    return f"doc:{envelope.vm.name}:{envelope.sequence}"
+
+
+def own_claim(record: EventRecord, tag: str) -> bool:
+    return (
+        record.approval == "in_progress"
+        and bool(record.approval_claim)
+        and record.approval_claimed_by == tag
+    )
 
 
 # How far apart in the relay's own time two documents may be for the second to start from
@@ -415,11 +431,15 @@ def _write_step(
         return
     plans: list[ReportPlan] = []
 
+    tag = message_tag(envelope)
+
     def change(rec: EventRecord | None) -> EventRecord | None:
         plan = decide_report(
             rec, event, envelope.vm, pipeline.settings.policy, now, repeated, newcomer
         )
         plans[:] = [plan]
+        if plan.row is not None and plan.approval_claim:
+            plan.row.approval_claimed_by = tag
         return plan.row
 
     record, won = store.mutate_event(event.event_id, change)
@@ -443,11 +463,18 @@ def _write_step(
         _late_report(event, name, said_before, store, now, late)
     if record is None or (record.ended and not won):
         return
-    if won:
+    if not won and own_claim(record, tag):
+        # This very message took the approval's claim on an earlier delivery whose host
+        # died: the claim is this delivery's to act on now.
+        _, _, claimed = touched.get(record.event_id.casefold(), (record, "", []))
+        touched[record.event_id.casefold()] = (record, record.approval_claim, claimed)
+    elif won:
         _, mine, claimed = touched.get(record.event_id.casefold(), (record, "", []))
         touched[record.event_id.casefold()] = (
             record,
-            plan.approval_claim or mine,
+            plan.approval_claim
+            or mine
+            or (record.approval_claim if own_claim(record, tag) else ""),
             [*claimed, *(t for t in plan.claimed if t not in claimed)],
         )
     elif newcomer and event.affects(name) and _may_retry(record):

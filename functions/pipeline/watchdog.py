@@ -31,7 +31,7 @@ from functions.pipeline.relay_recovery import (
     silence_occurrence,
 )
 from functions.pipeline.sources.eventgrid_ingest import end_unheard
-from functions.pipeline.transitions import end_event
+from functions.pipeline.transitions import end_event, finish_event
 from functions.store import claims
 from functions.store.keys import row_key
 from functions.store.liveness import Budget, LivenessHint
@@ -402,8 +402,14 @@ def _sweep_event(
 ) -> None:
     # 1. Every reporter silent, and the event is past its start: it ended without word.
     past = record.started or (record.not_before is not None and now >= record.not_before)
-    if (past and silent) or record.arm_resource:
+    if past or record.arm_resource:
         pipeline.store.load_reporters(record)  # one query, only when it can matter
+    if past and record.past_reporters and not record.reporters and not record.arm_resource:
+        # Every reporter's row says it left, yet the event did not end: a host died between
+        # the last reporter's leaving and the end (level-triggered: the rows say it is due).
+        if finish_event(record.event_id, pipeline, now):
+            out.ended.append(record.event_id)
+        return
     if past and record.reporters and all(vm in silent for vm in record.reporters):
         for vm in list(record.reporters):
             end_event(

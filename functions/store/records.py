@@ -142,8 +142,12 @@ class EventRecord(Record):
     redecided_at: AwareDatetime | None = None
     approval: ApprovalState = ""
     approval_reason: str = ""
-    # The claim (functions.store.claims) of whoever is approving it right now.
+    # The claim (functions.store.claims) of whoever is approving it right now, and which
+    # message's processing took it ("doc:<vm>:<sequence>", "grid:<id>"): the same message
+    # delivered again (its host died) takes its own claim over at once, without waiting
+    # for the claim's lease.
     approval_claim: str = ""
+    approval_claimed_by: str = ""
     approve_after: AwareDatetime | None = None
     approved_by: str | None = None
     approval_attempts: list[Attempt] = Field(default_factory=list)

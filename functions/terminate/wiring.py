@@ -55,8 +55,13 @@ def pipeline_context(
     def audit(event_id: str, outcome: str, detail: str) -> None:
         record = store.get_event(event_id)
         decision = record.decision if record else None
+        # Once per outcome (Insert Or Replace): an insert whose answer was lost is
+        # written again by the retry, as one row.
         store.audit(
             event_id,
+            once=f"undrain:{outcome}",
+            anchor=record.decided_at if record else None,
+            rank=4,
             at=pipeline.clock.now(),
             rule=decision.rule if decision else "",
             action="undrain",

@@ -40,11 +40,16 @@ Normalisation rules, each with its reason:
      StartRequests each time;
    - drain hook: each call as (path, EventId, action), counted, but calls carrying the same
      `webhook-id` count once (Standard Webhooks receivers dedupe on it);
-   - teams, slack: posts counted per announcement (neither dedupes);
+   - teams, slack: the set of announcements posted. Neither service takes a dedupe
+     key, so a post whose answer was lost is posted again: at least once per
+     announcement by nature, as docs/operations.md states. A missing post still differs;
+     a repeat after a lost answer does not;
    - pagerduty: the set of (announcement, event_action, dedup_key) (PagerDuty dedupes on
      dedup_key);
    - webhook: the set of (announcement, webhook-id) (receivers dedupe on webhook-id);
-   - arm: each acknowledge call as (EventId, status), counted.
+   - arm: each acknowledge call as (EventId, status), counted; a 409 for an EventId
+     that was acknowledged (200) before is left out: it is Azure refusing a repeat of an
+     acknowledge whose answer was lost (the event has started), a no-op.
 """
 
 from __future__ import annotations
@@ -170,28 +175,30 @@ def effects(world: World) -> dict[str, Any]:
         hooks[f"{request.path} {body.get('EventId')} {body.get('action')}"] += 1
     for key, count in hooks.items():
         out[f"effect drain-hook {key}"] = count
-    teams: Counter[str] = Counter()
+    teams: set[str] = set()
     pagerduty: set[str] = set()
     webhook: set[str] = set()
     for channel, mid, request in servers.posts:
         mid = ISO.sub("<t>", mid)
-        if channel in ("teams", "slack"):  # neither dedupes: every post counts
-            teams[f"{channel} {mid}"] += 1
+        if channel in ("teams", "slack"):  # at least once: posted or not (rule 10)
+            teams.add(f"{channel} {mid}")
         elif channel == "pagerduty":
             body = request.json()
             pagerduty.add(f"{mid} {body.get('event_action')} {body.get('dedup_key')}")
         else:
             hook_id = {k.lower(): v for k, v in request.headers.items()}.get("webhook-id")
             webhook.add(f"{mid} {ISO.sub('<t>', hook_id or '')}")
-    for key, count in teams.items():
-        out[f"effect {key}"] = count
+    for key in teams:
+        out[f"effect {key}"] = 1
     out["effect pagerduty"] = sorted(pagerduty)
     out["effect webhook"] = sorted(webhook)
     if servers.arm is not None:
+        calls = [c for c in servers.arm.arm.calls if c.path.endswith("/acknowledge")]
+        acked = {c.path.rsplit("/", 2)[-2] for c in calls if c.status == 200}
         acks = Counter(
             f"{call.path.rsplit('/', 2)[-2]} {call.status}"
-            for call in servers.arm.arm.calls
-            if call.path.endswith("/acknowledge")
+            for call in calls
+            if not (call.status == 409 and call.path.rsplit("/", 2)[-2] in acked)
         )
         for key, count in acks.items():
             out[f"effect arm acknowledge {key}"] = count

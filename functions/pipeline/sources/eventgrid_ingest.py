@@ -61,8 +61,13 @@ def ingest_event_grid(body: bytes | str, pipeline: Pipeline, message_id: str = "
     result = IngestResult(outcome="processed", reason="; ".join(r.reason for r in rejected))
     fresh = 0
     for grid in events:
-        if not store.claim_once(SEEN_PREFIX + grid.grid_id, now):
-            continue  # the same notification again (Event Grid delivers at least once)
+        # The same notification again (Event Grid delivers at least once, and Service Bus
+        # redelivers a message whose host died): not applied twice, but what its event
+        # still needs is read from the row (level-triggered), and a row the first
+        # delivery never wrote is written now.
+        seen = not store.claim_once(SEEN_PREFIX + grid.grid_id, now)
+        if seen and _reconcile_seen(grid, pipeline, result):
+            continue
         fresh += 1
         try:
             apply_grid_event(grid, pipeline, result)
@@ -73,6 +78,21 @@ def ingest_event_grid(body: bytes | str, pipeline: Pipeline, message_id: str = "
         result.outcome = "stale"
         result.reason = result.reason or "Event Grid notification(s) already processed"
     return result
+
+
+def _reconcile_seen(grid: GridEvent, pipeline: Pipeline, result: IngestResult) -> bool:
+    """Reconcile the event of a notification seen before; False when its row does not
+    exist (the first delivery died before writing it): the caller applies it."""
+    record = pipeline.store.get_event(grid.event.event_id)
+    if record is None:
+        return False
+    tag = f"grid:{grid.grid_id}"[:300]
+    own = record.approval == "in_progress" and record.approval_claimed_by == tag
+    done = reconcile(pipeline, record, mine=record.approval_claim if own else "")
+    result.transitions.extend((record.event_id, t.value) for t in done.published)
+    if done.approval is not None:
+        result.approvals.append(done.approval)  # type: ignore[arg-type]
+    return True
 
 
 def _text(raw: object, body: bytes | str) -> str:
@@ -155,6 +175,7 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
     claimed: list[Transition] = []
     learnt_owner: list[bool] = []
     dry = pipeline.policy is not None and pipeline.policy.dry_run
+    tag = f"grid:{grid.grid_id}"[:300]
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         mine.clear()
@@ -167,6 +188,15 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
         decided, announce = decide_once(target, event, pipeline, now)
         if decided:
             mine.append(intend_approval(target, dry, now))
+            if mine[-1]:
+                target.approval_claimed_by = tag
+        elif (
+            target.approval == "in_progress"
+            and target.approval_claim
+            and target.approval_claimed_by == tag
+        ):
+            # This notification took the claim on a delivery whose host died: its own.
+            mine.append(target.approval_claim)
         if announce is not None:
             claimed.append(announce)
         if announce is not None or decided:
@@ -178,15 +208,19 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
     record, won = store.mutate_event(event.event_id, change)
     if record is None:
         return
-    if not won and not (learnt_owner and learnt_owner[0]):
+    own = (
+        record.approval == "in_progress"
+        and bool(record.approval_claim)
+        and record.approval_claimed_by == tag
+    )
+    if not won and not own and not (learnt_owner and learnt_owner[0]):
         return
     if won and record.ended and holds_capacity(record):
         release_capacity(store, record)
     # A relay-reported event whose owner is known now (the ARM approver can do what no
     # relay could) is due another try, which reconcile sees in the row.
-    done = reconcile(
-        pipeline, record, mine=mine[0] if mine and won else "", claimed=claimed if won else ()
-    )
+    mine_now = record.approval_claim if own else (mine[0] if mine and won else "")
+    done = reconcile(pipeline, record, mine=mine_now, claimed=claimed if won else ())
     result.transitions.extend((record.event_id, t.value) for t in done.published)
     if done.approval is not None:
         result.approvals.append(done.approval)  # type: ignore[arg-type]
