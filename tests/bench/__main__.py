@@ -71,6 +71,8 @@ TARGETS: dict[str, tuple[str, float]] = {
     # Issue 32: the worst wall time one hostile message costs (tests/security/hostile.py):
     # the one 5 s issuer deadline of a message whose issuer never answers, plus CPU.
     "worst_message_cost_ms": ("<=", 6000),
+    # Issue 31: writes of one event row per document on the common paths (at most two).
+    "event_row_writes_per_doc": ("<=", 2),
     # Issue 31: crash points (tests/crash) tried, and those whose end state differs.
     "crash_points_tried": (">=", 500),
     "crash_points_divergent": ("==", 0),
@@ -485,6 +487,14 @@ def _hostile_phase(bench: Bench) -> dict[str, Any]:
     return hostile.worst_message_cost_ms(bench.azurite("hostile"))
 
 
+def _row_writes_phase(bench: Bench) -> dict[str, Any]:
+    from tests.bench.row_writes import measure
+
+    numbers = measure(bench.azurite("state"))
+    numbers.pop("event_row_writes_per_doc_each")
+    return numbers
+
+
 def _crash_phase(bench: Bench) -> dict[str, Any]:
     from tests.crash.explore import crash_points
 
@@ -520,6 +530,12 @@ PHASES: list[Phase] = [
         "fleet",
         lambda a: "fleet scale: relays, heartbeats, 200 reporters, the watchdog's sweeps",
         lambda b: fleet_scale(b.azurite("state"), b.args),
+        azurite="state",
+    ),
+    Phase(
+        "row_writes",
+        lambda a: "event row writes per document: approve, Started, end, a shared Freeze",
+        _row_writes_phase,
         azurite="state",
     ),
     # Its own Azurite: the fleet's 10,000 VMs and 100,000 junk rows slowed the emulator
