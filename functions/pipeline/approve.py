@@ -84,6 +84,7 @@ def approve_event(
     relays: tuple[str, ...] | None = None,
     claimed: EventRecord | None = None,
     settle: tuple[Transition, ...] = (),
+    tag: str = "",
 ) -> ApprovalResult:
     """Approve one event now, through the approvers of APPROVERS in order; record and
     (optionally) announce.
@@ -100,6 +101,8 @@ def approve_event(
     - `settle`: announcements the caller published and left pending: marked done in the
       write that records the outcome (one write for both); on `skipped` the caller marks
       them.
+    - `tag`: who claims (the drain of this event: "drain:<EventId>"); a claim with the same
+      tag, left by a runner that died, is taken over at once instead of after its lease.
     Never raises for relay or ARM trouble; returns `skipped` when the event is gone,
     already started or approved, or another caller is approving it right now.
     """
@@ -111,7 +114,7 @@ def approve_event(
     if claimed is not None and claimed.approval == "in_progress":
         record: EventRecord | None = claimed
     else:
-        record, won = _claim(store, event_id, now, settings)
+        record, won = _claim(store, event_id, now, settings, tag)
         if not won:
             return ApprovalResult(event_id=event_id, outcome="skipped", detail=_why_not(record))
     assert record is not None
@@ -283,7 +286,7 @@ def approval_stale_after(settings: Settings) -> timedelta:
 
 
 def _claim(
-    store: Store, event_id: str, now: datetime, settings: Settings
+    store: Store, event_id: str, now: datetime, settings: Settings, tag: str = ""
 ) -> tuple[EventRecord | None, bool]:
     stale_after = approval_stale_after(settings)
 
@@ -291,10 +294,12 @@ def _claim(
         if rec is None or rec.ended or rec.started or rec.approval == "approved":
             return None
         busy = rec.approval == "in_progress"
-        if busy and not claims.can_claim(rec.approval_claim, now, stale_after):
+        own = bool(tag) and rec.approval_claimed_by == tag
+        if busy and not own and not claims.can_claim(rec.approval_claim, now, stale_after):
             return None
         rec.approval = "in_progress"
         rec.approval_claim = claims.pending(now)
+        rec.approval_claimed_by = tag
         return rec
 
     return store.mutate_event(event_id, change)

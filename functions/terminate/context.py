@@ -88,8 +88,8 @@ class DrainResult:
 # taken over within LEASE, and the step runs again: every step is safe to repeat (the
 # relay runs a hook once per event and answers a repeat from memory, the HTTP drain hook
 # carries one webhook-id per step, announcements one MessageId, the approval one claim).
-LEASE = timedelta(seconds=20)
-RENEW_EVERY = 5.0  # seconds of real time between renewals
+LEASE = timedelta(seconds=10)
+RENEW_EVERY = 3.0  # seconds of real time between renewals
 
 
 class Steps:

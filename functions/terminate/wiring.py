@@ -32,7 +32,16 @@ def pipeline_context(
     def approve(
         event_id: str, give_up_at: datetime, relays: tuple[str, ...] | None
     ) -> ApprovalResult:
-        return approve_event(event_id, pipeline, give_up_at=give_up_at, by=BY, relays=relays)
+        # Tagged: the drain step's next runner (its lease lapsed: this one died) takes the
+        # approval's claim over at once; the step's lease keeps two runners apart.
+        return approve_event(
+            event_id,
+            pipeline,
+            give_up_at=give_up_at,
+            by=BY,
+            relays=relays,
+            tag=f"drain:{event_id}"[:300],
+        )
 
     def relay_target(vm: str) -> RelayTarget | None:
         record = store.get_vm(vm)

@@ -97,7 +97,7 @@ resource eventQueue 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' 
     maxDeliveryCount: maxDeliveryCount
     deadLetteringOnMessageExpiration: true
     defaultMessageTimeToLive: 'P7D'
-    lockDuration: 'PT1M'
+    lockDuration: 'PT10S' // as the documents queue: a redelivery soon after a crash (issue 31)
     maxSizeInMegabytes: 1024
     enablePartitioning: false
   }

@@ -38,6 +38,13 @@ param duplicateDetectionWindow string = 'PT1H'
 @maxValue(100)
 param maxDeliveryCount int = 10
 
+// How soon a message whose host died is delivered again (issue 31). The Functions host
+// renews the lock of a message it is still processing (host.json
+// maxAutoLockRenewalDuration), so a short lock costs a few renewals, never a redelivery of
+// work in progress; it bounds recovery after a crash (docs/operations.md), and lets a
+// Preempt's 30 s notice survive one. Service Bus allows 5 s at least.
+param lockDuration string = 'PT10S'
+
 @description('How long an undelivered document is kept (ISO 8601); then it is dead-lettered, not dropped.')
 param documentTimeToLive string = 'P7D'
 
@@ -99,7 +106,7 @@ resource documents 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' =
     maxDeliveryCount: maxDeliveryCount
     deadLetteringOnMessageExpiration: true
     defaultMessageTimeToLive: documentTimeToLive
-    lockDuration: 'PT1M'
+    lockDuration: lockDuration
     maxSizeInMegabytes: 1024
     enablePartitioning: false
   }
@@ -117,7 +124,7 @@ resource heartbeats 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' 
     maxDeliveryCount: maxDeliveryCount
     deadLetteringOnMessageExpiration: false
     defaultMessageTimeToLive: heartbeatTimeToLive
-    lockDuration: 'PT1M'
+    lockDuration: lockDuration
     maxSizeInMegabytes: 1024
     enablePartitioning: false
   }
@@ -144,7 +151,7 @@ resource channelSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscripti
       deadLetteringOnMessageExpiration: true
       deadLetteringOnFilterEvaluationExceptions: true
       defaultMessageTimeToLive: notificationTimeToLive
-      lockDuration: 'PT1M'
+      lockDuration: lockDuration
     }
   }
 ]

@@ -46,10 +46,12 @@ WEBHOOK_SECRET = "crash-explorer-webhook-secret-0123456789"
 
 
 def bicep_lock_seconds(path: Path = SERVICE_BUS_BICEP) -> float:
-    """The documents queue's and the topic subscriptions' lockDuration (ISO 8601, PT1M):
-    how long Service Bus waits for a dead host before it delivers the message again."""
+    """The documents queue's and the topic subscriptions' lockDuration (ISO 8601, PT10S):
+    how long Service Bus waits for a dead host before it delivers the message again. Every
+    entity takes the module's `lockDuration` parameter (or a literal)."""
     text = path.read_text()
-    found = set(re.findall(r"lockDuration:\s*'PT(?:(\d+)M)?(?:(\d+)S)?'", text))
+    pattern = r"(?:lockDuration:\s*|param lockDuration string = )'PT(?:(\d+)M)?(?:(\d+)S)?'"
+    found = set(re.findall(pattern, text))
     if len(found) != 1:
         raise ValueError(f"{path}: expected one lockDuration for every entity, found {found}")
     minutes, seconds = found.pop()
