@@ -38,6 +38,7 @@ from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
 from functions.pipeline.transitions import end_event
+from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
 from functions.store.rows import RowTooLarge
 from functions.store.state import Store
@@ -477,6 +478,11 @@ def _write_step(
             or (record.approval_claim if own_claim(record, tag) else ""),
             [*claimed, *(t for t in plan.claimed if t not in claimed)],
         )
+    elif not won and any(claims.is_pending(m) for m in record.announced.values()):
+        # Announcements claimed and not done (a host that died on an earlier delivery of
+        # this message, or a live one mid-publish): reconcile republishes what is stale.
+        _, mine, claimed = touched.get(record.event_id.casefold(), (record, "", []))
+        touched[record.event_id.casefold()] = (record, mine, claimed)
     elif newcomer and event.affects(name) and _may_retry(record):
         # Nothing changed in the row; a named VM whose relay was not known when the
         # approval was last tried may still approve it now.

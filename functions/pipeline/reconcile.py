@@ -103,8 +103,9 @@ def window_of(record: EventRecord) -> datetime | None:
 
 # A claim this fresh is most likely being published by the live host that wrote it (200
 # reporters of one event reconcile at once): left to it. A host that died left it older
-# than this by the time anyone looks again (a redelivery comes a lock duration later).
-IN_FLIGHT = timedelta(seconds=10)
+# than this by the time anyone looks again (a redelivery comes a lock duration, 10 s,
+# later). Publishing one twice costs a send the topic drops, nothing more.
+IN_FLIGHT = timedelta(seconds=5)
 
 
 def due(
