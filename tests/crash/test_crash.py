@@ -20,18 +20,15 @@ from tests.crash.state import _entity, first_difference
 
 pytestmark = pytest.mark.azurite
 
-# Measured on main at 5875040 (the level-triggered lifecycle of 89685cd..4a5b506);
-# docs/crash-explorer.md has the tables and the first differing row or effect of each
-# point, before (8f0b6c2: every scenario diverged) and after. Remove a scenario once it
-# passes.
+# Measured on the final lifecycle of issue 31 (docs/crash-explorer.md, "After"): every
+# other scenario has no divergent point. These two keep what is left, each with why.
+# Remove a scenario once it passes.
 DIVERGES: dict[str, str] = {
-    "drain-reboot": "5875040: 2 of 280 points; 115L..116B: the undrain audit row written twice",
-    "capacity": "5875040: 2 of 368 points; 7L..8B: no StartRequests for EV-C1",
-    "preempt": "5875040: 85 of 190 points; 1B..30B: no drain (the 60 s lock outlasts the notice)",
-    "cancel-undrain": "5875040: 2 of 218 points; 84L..85B: the undrain audit row written twice",
-    "event-grid-arm": "5875040: 16 of 166 points; 1L..4B: no ARM acknowledge",
-    "channels": "5875040: 8 of 198 points; 15L..16B: a Teams post repeated after a lost answer",
-    "watchdog": "5875040: 10 of 88 points; 28L..29B: relay_silent never announced",
+    "event-grid-arm": "10 of 166 points; 17L..21B: a repeated ARM acknowledge after a lost "
+    "answer gets 409 and is announced approval_failed (ARM's acknowledge takes no dedupe key "
+    "and its 409 is not documented); 50L..51B: `completed` lost",
+    "watchdog": "6 of 88 points; 28L..31B: relay_silent lost between the VM row's silence "
+    "claim and the topic send",
 }
 
 
