@@ -177,7 +177,8 @@ class Demo:
         o = self.options
         self.sim = Simulator(time_scale=self.options.time_scale, type_scales=o.type_scales)
         # A Freeze pauses its VMs' guests, relays included (local.demo_ledger).
-        self.sim.play_freezes(clock_dir=self.workdir / CLOCK_DIR, lead=LEDGER_LEAD)
+        if o.play_freezes:
+            self.sim.play_freezes(clock_dir=self.workdir / CLOCK_DIR, lead=LEDGER_LEAD)
         scale_sets: dict[str, list[str]] = {}
         for vm in self.options.fleet:
             if vm.scale_set:
