@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from functions.model.envelope import SCHEDULED, TERMINATE
 from functions.model.event import Notification, Transition
-from functions.pipeline.announce import STALE_PENDING, announce
+from functions.pipeline.announce import announce
 from functions.pipeline.approve import ApprovalResult
 from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
@@ -327,10 +327,16 @@ def _deleted_by_terminate(pipeline: Pipeline, vm: VmRecord) -> bool:
     return False
 
 
+# A silence claim older than this was left by a sweep that died before publishing: the
+# next sweep publishes it again (the MessageId names the silence, so the topic drops a
+# repeat). Shorter than a sweep's period, so the next sweep is the one.
+SILENCE_IN_FLIGHT = timedelta(seconds=30)
+
+
 def _silence_pending(vm: VmRecord, now: datetime) -> bool:
     """This silence still needs announcing: not claimed yet, or its claim went stale."""
     return vm.silent_announced_for != _mark(vm) or claims.is_stale(
-        vm.silence_claim, now, STALE_PENDING
+        vm.silence_claim, now, SILENCE_IN_FLIGHT
     )
 
 

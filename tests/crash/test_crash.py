@@ -21,14 +21,12 @@ from tests.crash.state import _entity, first_difference
 pytestmark = pytest.mark.azurite
 
 # Measured on the final lifecycle of issue 31 (docs/crash-explorer.md, "After"): every
-# other scenario has no divergent point. These two keep what is left, each with why.
+# other scenario has no divergent point. This one keeps what is left, with why.
 # Remove a scenario once it passes.
 DIVERGES: dict[str, str] = {
     "event-grid-arm": "10 of 166 points; 17L..21B: a repeated ARM acknowledge after a lost "
     "answer gets 409 and is announced approval_failed (ARM's acknowledge takes no dedupe key "
     "and its 409 is not documented); 50L..51B: `completed` lost",
-    "watchdog": "6 of 88 points; 28L..31B: relay_silent lost between the VM row's silence "
-    "claim and the topic send",
 }
 
 
