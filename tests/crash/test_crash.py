@@ -24,9 +24,9 @@ pytestmark = pytest.mark.azurite
 # other scenario has no divergent point. This one keeps what is left, with why.
 # Remove a scenario once it passes.
 DIVERGES: dict[str, str] = {
-    "event-grid-arm": "10 of 166 points; 17L..21B: a repeated ARM acknowledge after a lost "
+    "event-grid-arm": "8 of 166 points; 17L..21B: a repeated ARM acknowledge after a lost "
     "answer gets 409 and is announced approval_failed (ARM's acknowledge takes no dedupe key "
-    "and its 409 is not documented); 50L..51B: `completed` lost",
+    "and its 409 is not documented)",
 }
 
 

@@ -34,6 +34,7 @@ from functions.pipeline.reconcile import reconcile
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import COMPLETED, GridEvent, parse_message
 from functions.pipeline.transitions import decide_once
+from functions.store import claims
 from functions.store.records import EventRecord
 from functions.store.state import Store
 
@@ -62,11 +63,12 @@ def ingest_event_grid(body: bytes | str, pipeline: Pipeline, message_id: str = "
     fresh = 0
     for grid in events:
         # The same notification again (Event Grid delivers at least once, and Service Bus
-        # redelivers a message whose host died): not applied twice, but what its event
-        # still needs is read from the row (level-triggered), and a row the first
-        # delivery never wrote is written now.
-        seen = not store.claim_once(SEEN_PREFIX + grid.grid_id, now)
-        if seen and _reconcile_seen(grid, pipeline, result):
+        # redelivers a message whose host died): applied again, which changes nothing it
+        # changed before (ended stays ended, statuses only move on) and writes what a
+        # host that died after the marker never wrote; its event is reconciled from the
+        # row (level-triggered).
+        if not store.claim_once(SEEN_PREFIX + grid.grid_id, now):
+            apply_grid_event(grid, pipeline, result)  # idempotent; reconciles what is due
             continue
         fresh += 1
         try:
@@ -78,21 +80,6 @@ def ingest_event_grid(body: bytes | str, pipeline: Pipeline, message_id: str = "
         result.outcome = "stale"
         result.reason = result.reason or "Event Grid notification(s) already processed"
     return result
-
-
-def _reconcile_seen(grid: GridEvent, pipeline: Pipeline, result: IngestResult) -> bool:
-    """Reconcile the event of a notification seen before; False when its row does not
-    exist (the first delivery died before writing it): the caller applies it."""
-    record = pipeline.store.get_event(grid.event.event_id)
-    if record is None:
-        return False
-    tag = f"grid:{grid.grid_id}"[:300]
-    own = record.approval == "in_progress" and record.approval_claimed_by == tag
-    done = reconcile(pipeline, record, mine=record.approval_claim if own else "")
-    result.transitions.extend((record.event_id, t.value) for t in done.published)
-    if done.approval is not None:
-        result.approvals.append(done.approval)  # type: ignore[arg-type]
-    return True
 
 
 def _text(raw: object, body: bytes | str) -> str:
@@ -213,7 +200,8 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
         and bool(record.approval_claim)
         and record.approval_claimed_by == tag
     )
-    if not won and not own and not (learnt_owner and learnt_owner[0]):
+    pending = any(claims.is_pending(m) for m in record.announced.values())
+    if not won and not own and not pending and not (learnt_owner and learnt_owner[0]):
         return
     if won and record.ended and holds_capacity(record):
         release_capacity(store, record)
