@@ -31,6 +31,7 @@ from local.channels import (
 from local.demo_backtest import run_backtest
 from local.demo_ledger import CLOCK_DIR, ledger_outcomes
 from local.demo_ledger import LEAD as LEDGER_LEAD
+from local.demo_ready import ready_outcomes
 from local.drain_worker import start_drain_worker
 from local.narration import announcement, receiver_news, subject
 from local.options import DemoAborted, DemoOptions
@@ -94,6 +95,7 @@ class Demo:
         self.undrain_runs: list[tuple[float, str, str]] = []  # the same, of the undrain hook
         # Each Freeze's impact ledger, (lane label, its LedgerLines), for the report.
         self.ledgers: list[tuple[str, list[Any]]] = []
+        self.ready_probes: list[Any] = []  # local.demo_ready.ProbeWatcher, one a drained VM
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> Demo:
@@ -530,7 +532,9 @@ class Demo:
         """What the demo promised, checked against what each part actually observed; then
         the backtest of its own history (local/demo_backtest.py) and each Freeze's impact
         ledger (local/demo_ledger.py), while Azurite still runs."""
-        return check_outcomes(self) + run_backtest(self) + ledger_outcomes(self)
+        return (
+            check_outcomes(self) + run_backtest(self) + ledger_outcomes(self) + ready_outcomes(self)
+        )
 
     # ------------------------------------------------------------------ shutting down
     def close(self) -> None:

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import requests
 
-from local.azurite import table_sas, table_url
+from local.azurite import free_port, table_sas, table_url
 from local.demo_ledger import relay_command
+from local.demo_ready import COMES_BACK, ProbeWatcher
 from local.options import DemoAborted
 from local.relays import (
     current_user,
@@ -46,6 +47,14 @@ def start_relays(demo: Demo) -> None:
     demo.relays = {}
     demo.callback_urls = {}
     port = demo.callback_port
+    # The VMs the demo's policy drains and that come back (a reboot: undrained once it is
+    # over) answer a load balancer's readiness probe.
+    back = {s.target for s in demo.options.plan if s.drain and s.scenario in COMES_BACK}
+    ready = {
+        vm.name: f"{simulated_address(demo.sim.vm_names.index(vm.name))}:{free_port()}"
+        for vm in demo.options.fleet
+        if vm.relay and vm.name in back and not vm.callback_down
+    }
     for vm in demo.options.fleet:
         if not vm.relay:
             continue
@@ -62,6 +71,7 @@ def start_relays(demo: Demo) -> None:
             hook=hook,
             heartbeat_table=heartbeat_table,
             undrain_hook=undrain,
+            ready_listen=ready.get(vm.name),
         )
         # Under its VM's guest clock: a Freeze pauses it as it would a guest's (issue 33).
         argv = relay_command(demo, vm.name, argv)
@@ -71,6 +81,7 @@ def start_relays(demo: Demo) -> None:
             demo.callback_urls[vm.name] = relay_callback_url(address, port)
     for vm, url in demo.callback_urls.items():
         wait_healthy(demo, vm, url)
+    demo.ready_probes = [ProbeWatcher(demo, vm, f"http://{where}") for vm, where in ready.items()]
     demo.timeline.add(
         "demo",
         "relays",

@@ -70,6 +70,7 @@ def relay_argv(
     heartbeat_table: tuple[str, Path] | None = None,
     hook_user: str | None = None,
     undrain_hook: Path | None = None,
+    ready_listen: str | None = None,
 ) -> list[str]:
     """`listen`: HOST:PORT of the relay's callback server, at the VM's address (None: no
     callback listener: the demo's callback that is down, where ARM takes over).
@@ -111,6 +112,8 @@ def relay_argv(
         ]
         if undrain_hook is not None:
             argv += ["--hook", f"undrain={undrain_hook}"]
+    if ready_listen is not None:
+        argv += ["--ready-listen", ready_listen]  # the load balancer's probe (relay/ready.py)
     if vm.availability_set:
         argv += ["--availability-set", vm.availability_set]
     if heartbeat_table is not None:

@@ -1,0 +1,70 @@
+"""The relay's readiness probe in the demo (issue 33): the VM whose reboot the demo's policy
+drains runs its relay with `--ready-listen`, and a load balancer's probe is played by a
+thread asking `/readyz` every 0.1 s, the way Azure Load Balancer asks every few seconds.
+Its answers go on the timeline, and an outcome checks the VM left rotation (503) while
+drained and came back (200) after the undrain."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING
+
+from local.report import Outcome
+
+if TYPE_CHECKING:
+    from local.orchestration import Demo
+
+PATH = "/readyz"
+EVERY = 0.1
+# Scenarios whose VM is back after the event (the undrain puts it back in rotation).
+COMES_BACK = frozenset({"platform-reboot", "user-reboot", "redeploy", "live-migration"})
+
+
+class ProbeWatcher:
+    """Asks one relay's readiness probe until stopped; keeps each change of answer."""
+
+    def __init__(self, demo: Demo, vm: str, url: str) -> None:
+        self.demo, self.vm, self.url = demo, vm, url
+        self.answers: list[tuple[float, int]] = []  # (monotonic time, status) on change
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ready-probe")
+        self._thread.start()
+
+    def _ask(self) -> int:
+        try:
+            with urllib.request.urlopen(self.url + PATH, timeout=2) as answer:  # noqa: S310
+                return answer.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return 0  # not listening (yet, or any more)
+
+    def _run(self) -> None:
+        while not self._stop.wait(EVERY):
+            status = self._ask()
+            if status and (not self.answers or self.answers[-1][1] != status):
+                self.answers.append((time.monotonic(), status))
+                what = "in rotation" if status == 200 else "out of rotation"
+                self.demo.timeline.add(
+                    "relay", self.vm, f"readiness probe {PATH}: {status} ({what})"
+                )
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=3)
+
+
+def ready_outcomes(demo: Demo) -> list[Outcome]:
+    """200, then 503 while drained, then 200 again after the undrain."""
+    watchers: list[ProbeWatcher] = getattr(demo, "ready_probes", [])
+    outcomes = []
+    for watcher in watchers:
+        watcher.stop()
+        seen = [status for _, status in watcher.answers]
+        name = f"readiness probe of {watcher.vm}: out of rotation while drained"
+        ok = seen[:1] == [200] and 503 in seen and seen[-1] == 200
+        outcomes.append(Outcome(name, ok, " -> ".join(map(str, seen)) or "never answered"))
+    return outcomes
