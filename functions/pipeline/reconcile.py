@@ -10,20 +10,21 @@ same `reconcile`, and none of them keeps a list of states it can resume from:
     reconcile(row): due -> do each part   # every effect idempotent, then marked done
 
 What is due, from the row alone:
-- every announcement whose intent is written (a claim still "pending": published again
-  at once, as the topic drops a MessageId it has seen within its duplicate-detection
-  window), and every one whose condition holds but was never claimed (a claim released
-  after a failed publish), in the order a person reads them: scheduled, started,
-  decided, approved, ... so `approved` is never announced before `decided`;
+- every announcement whose intent is written (a claim still "pending": published by
+  the caller that claimed it, or by anyone once it is older than IN_FLIGHT, as the topic
+  drops a MessageId it has seen within its duplicate-detection window), and every one
+  whose condition holds but was never claimed (a claim released after a failed publish),
+  in the order a person reads them: scheduled, started, decided, approved, ... so
+  `approved` is never announced before `decided`;
 - the approval, whenever the decision says approve and the row is not approved, failed,
   started or ended, its window (if any) has opened, and nobody holds a live claim on it:
   it follows from the decision, not from a write made after it, so a crash between the
   decision and anything after it loses nothing;
 - the capacity slot the approval needs, taken just before approving (the slot rows
   forget a holder that ended or lapsed, so a crash never leaks one for good);
-- for an ended event, its end announcement, and then its move out of the open index,
-  only once every announcement is done (a `started` claimed just before the end is still
-  published).
+- for an ended event, its end announcement, then its capacity slots given back and its
+  move out of the open index, only once every announcement is done (a `started` claimed
+  just before the end is still published).
 
 The drain workflow keeps its own level (functions.terminate: each step a row, re-run by
 the `decided` message's redelivery); the silence of relays is the watchdog's.
