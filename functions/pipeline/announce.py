@@ -10,7 +10,6 @@ MessageId makes that safe).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
@@ -23,8 +22,6 @@ from functions.store import claims
 from functions.store.records import EventRecord
 from functions.store.rows import UNREAD
 from functions.store.state import Store
-
-log = logging.getLogger(__name__)
 
 NO_PAGE = {Transition.COMPLETED, Transition.CANCELLED, Transition.APPROVED}
 STALE_PENDING = timedelta(minutes=3)  # a claim this old was left behind: publish it again
@@ -186,14 +183,3 @@ def announce(
         {transition: detail} if detail else None,
     )
     return True
-
-
-def stale_pending(record: EventRecord, now: datetime) -> list[Transition]:
-    """Claims left "pending" by a crash between claim and publish."""
-    stale = []
-    for key in claims.stale_keys(record.announced, now, STALE_PENDING):
-        try:
-            stale.append(Transition(key))
-        except ValueError:
-            log.warning("unknown announcement key %s on %s", key, record.event_id)
-    return stale

@@ -33,6 +33,7 @@ from functions.pipeline.decide import (
     decide_report,
     next_vm_row,
 )
+from functions.pipeline.lifecycle import own_claim
 from functions.pipeline.reconcile import reconcile
 from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
@@ -261,14 +262,6 @@ def message_tag(envelope: Envelope) -> str:
     """Which message took an approval claim: a relay numbers its messages, and Service Bus
     hands a VM's session to one host at a time, so no live host processes the same one."""
     return f"doc:{envelope.vm.name}:{envelope.sequence}"
-
-
-def own_claim(record: EventRecord, tag: str) -> bool:
-    return (
-        record.approval == "in_progress"
-        and bool(record.approval_claim)
-        and record.approval_claimed_by == tag
-    )
 
 
 # How far apart in the relay's own time two documents may be for the second to start from

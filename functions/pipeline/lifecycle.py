@@ -188,3 +188,13 @@ def reopen(record: EventRecord) -> None:
     record.ended_at = None
     record.ended_by = ""
     record.reopened += 1
+
+
+def own_claim(record: EventRecord, tag: str) -> bool:
+    """The approval is claimed, and by the message (or run) `tag` names: delivered again
+    after its host died, it acts on that claim at once (`approval_claimed_by`)."""
+    return (
+        record.approval == "in_progress"
+        and bool(record.approval_claim)
+        and record.approval_claimed_by == tag
+    )

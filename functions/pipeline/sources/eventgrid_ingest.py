@@ -29,7 +29,7 @@ from functions.model.event import Transition
 from functions.pipeline.announce import publish_claimed
 from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
-from functions.pipeline.lifecycle import _add, _claim, intend_approval
+from functions.pipeline.lifecycle import _add, _claim, intend_approval, own_claim
 from functions.pipeline.reconcile import reconcile
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import COMPLETED, GridEvent, parse_message
@@ -177,11 +177,7 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
             mine.append(intend_approval(target, dry, now))
             if mine[-1]:
                 target.approval_claimed_by = tag
-        elif (
-            target.approval == "in_progress"
-            and target.approval_claim
-            and target.approval_claimed_by == tag
-        ):
+        elif own_claim(target, tag):
             # This notification took the claim on a delivery whose host died: its own.
             mine.append(target.approval_claim)
         if announce is not None:
@@ -195,11 +191,7 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
     record, won = store.mutate_event(event.event_id, change)
     if record is None:
         return
-    own = (
-        record.approval == "in_progress"
-        and bool(record.approval_claim)
-        and record.approval_claimed_by == tag
-    )
+    own = own_claim(record, tag)
     pending = any(claims.is_pending(m) for m in record.announced.values())
     if not won and not own and not pending and not (learnt_owner and learnt_owner[0]):
         return
