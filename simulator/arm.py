@@ -13,15 +13,23 @@ every answer it must handle:
   endpoint issued, unexpired, for this audience (401 InvalidAuthenticationToken...);
 - that the caller holds `Microsoft.Maintenance/scheduledevents/acknowledge/action` at the
   resource or above (403 AuthorizationFailed), when grants are configured;
-- that the resource owns the event (404) and that it is still Scheduled (409 Conflict).
-Then it starts the event for all its Resources, as ARM does. Faults: 429 (with
-Retry-After) or 5xx on the next calls, on demand.
+- that the resource owns the event (404 `{"Error": {"Code": "InvalidScheduledEventId",
+  "Message": "Scheduled event not found"}}`, capitalised keys, as Azure answered in
+  azure-powershell's recorded TestApproveAzScheduledEvents) and that it is still Scheduled
+  (409 Conflict: what Azure answers there is not recorded).
+Then it starts the event for all its Resources, as ARM does, and answers as recorded:
+200 `{"value": "Successfully approved scheduled event"}`. Faults: 429 (with Retry-After) or
+5xx on the next calls, on demand.
 
 The list form (`POST .../providers/Microsoft.Maintenance/scheduledevents` with
 `{"value": [EventId, ...]}`, the spec's ScheduledEvents_AcknowledgeList) makes the same
-checks, then approves every listed event or none: each one that is not a Scheduled event of
-that owner is named (`target`) in the error's `details`, as the spec's
-ScheduledEventsListAcknowledgeError shapes it.
+checks. All listed events Scheduled on that owner: all approved, 200 `{"value":
+"Successfully approved all Scheduled Events in the list"}`. Some not found there: 207
+MultiStatus in the recorded shape (`{"error": {"code": "MultiStatusResponse", "message",
+"details": [{"target", "code", "message"}]}}`), one result per listed event in the
+request's order: the Scheduled ones approved ("OK", as azure-powershell's own unit test
+ApproveAzureRmScheduledEventListTests shows), the others "NotFound" "Scheduled event not
+found". One no longer Scheduled: 409, none approved, each failing event named (`target`).
 
 It also serves Azure Resource Graph's `POST /providers/Microsoft.ResourceGraph/resources`
 for the function app's facts resolver and bulk sync (functions.identity.facts, .sync): same
@@ -63,13 +71,21 @@ _PATH = re.compile(
 # Maintenance.json @ bb074ee7): POST to the owner's scheduledevents collection, body
 # ScheduledEventsIdList {"value": [ids]} (required); 200 ScheduledEventsApproveResponse,
 # else ScheduledEventsListAcknowledgeError {"error": {code, message, details: [{target,
-# code, message}]}}. First served in 2025-10-01-preview.
+# code, message}]}}. First served in 2025-10-01-preview. Azure's real answers (recorded by
+# azure-powershell, tests/conformance/SOURCES.md): the texts below, and 207 per event.
 _LIST_PATH = re.compile(
     r"^/subscriptions/(?P<sub>[^/]+)/resourcegroups/(?P<rg>[^/]+)/providers/microsoft\.compute"
     r"/(?P<type>[^/]+)/(?P<name>[^/]+)/providers/microsoft\.maintenance/scheduledevents$",
     re.IGNORECASE,
 )
 LIST_API_VERSIONS = ("2025-10-01-preview", "2025-11-01")
+APPROVED_ONE = "Successfully approved scheduled event"
+APPROVED_LIST = "Successfully approved all Scheduled Events in the list"
+NOT_FOUND = "Scheduled event not found"
+MULTI_STATUS_MESSAGE = (
+    "The operation returned different statuses for the Scheduled Events. "
+    "Review each event's result for details."
+)
 _TYPES = {
     "virtualmachines": "virtualMachines",
     "virtualmachinescalesets": "virtualMachineScaleSets",
@@ -165,7 +181,7 @@ class ArmService:
         except _Refusal as refusal:
             status, body, extra = refusal.answer()
         principal = seen.get("principal")
-        code = body.get("error", {}).get("code", "") if isinstance(body, dict) else ""
+        code = _code(body)
         with self._lock:
             self.calls.append(ArmCall(path=path, status=status, code=code, principal=principal))
         return status, body, extra
@@ -236,9 +252,9 @@ class ArmService:
             self.sim.acknowledge(resource_type, match["name"], match["event"])
         except Conflict as exc:
             raise _Refusal(409, "Conflict", str(exc)) from None
-        except NotFound as exc:
-            raise _Refusal(404, "NotFound", str(exc)) from None
-        return 200, {"value": "Successfully Approved"}, {}
+        except NotFound:
+            raise _Refusal(404, "InvalidScheduledEventId", NOT_FOUND, capitalised=True) from None
+        return 200, {"value": APPROVED_ONE}, {}
 
     def _answer_list(
         self,
@@ -249,9 +265,9 @@ class ArmService:
         body: bytes,
         seen: dict[str, str],
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """The list form: the same checks as one acknowledge, then every id of the body must
-        be a Scheduled event of this owner, or none is approved (the error's `details`
-        name each failing id as `target`)."""
+        """The list form: the same checks as one acknowledge, then per listed event: all
+        Scheduled on this owner, 200; one no longer Scheduled, 409 and none approved; else
+        207, the Scheduled ones approved and each event's result in `details`."""
         match = _LIST_PATH.match(path)
         assert match is not None
         version = _post_version(method, query)
@@ -307,36 +323,49 @@ class ArmService:
             code = "TooManyRequests" if status == 429 else "InternalServerError"
             headers_out = {"Retry-After": f"{wait:g}"} if status in (429, 503) else {}
             return status, {"error": {"code": code, "message": f"Simulated {status}."}}, headers_out
-        with self.sim._lock:  # checked and approved as one: all or none
-            details = [
-                d for d in (self._list_refusal(resource_type, match["name"], i) for i in ids) if d
-            ]
-            if not details:
-                for event_id in ids:
-                    self.sim.acknowledge(resource_type, match["name"], event_id)
+        with self.sim._lock:  # checked and approved as one
+            refusals = {i: self._list_refusal(resource_type, match["name"], i) for i in ids}
+            details = [d for d in refusals.values() if d]
+            if any(d["code"] == "Conflict" for d in details):
+                message = f"{len(details)} of {len(ids)} scheduled events cannot be acknowledged."
+                return (
+                    409,
+                    {"error": {"code": "Conflict", "message": message, "details": details}},
+                    {},
+                )
+            results: list[dict[str, str]] = []
+            done: set[str] = set()
+            for event_id in ids:
+                refusal = refusals[event_id]
+                if refusal is None:
+                    if event_id not in done:  # an id listed twice is approved once
+                        self.sim.acknowledge(resource_type, match["name"], event_id)
+                        done.add(event_id)
+                    refusal = {"target": event_id, "code": "OK", "message": APPROVED_ONE}
+                results.append(refusal)
         if details:
-            status = 409 if all(d["code"] == "Conflict" for d in details) else 404
-            message = f"{len(details)} of {len(ids)} scheduled events cannot be acknowledged."
             return (
-                status,
-                {"error": {"code": "BadRequest", "message": message, "details": details}},
+                207,
+                {
+                    "error": {
+                        "code": "MultiStatusResponse",
+                        "message": MULTI_STATUS_MESSAGE,
+                        "details": results,
+                    }
+                },
                 {},
             )
-        return 200, {"value": "Successfully Approved"}, {}
+        return 200, {"value": APPROVED_LIST}, {}
 
     def _list_refusal(self, resource_type: str, name: str, event_id: str) -> dict[str, str] | None:
         """Why one id of a list cannot be acknowledged by `name`, as an error detail."""
         try:
             event = self.sim.event(event_id)
         except NotFound:
-            return {"target": event_id, "code": "NotFound", "message": "No such scheduled event."}
+            return {"target": event_id, "code": "NotFound", "message": NOT_FOUND}
         kind, owner = self.sim.owner_of(event)
         if kind != resource_type or owner.casefold() != name.casefold():
-            return {
-                "target": event_id,
-                "code": "NotFound",
-                "message": f"The scheduled event does not belong to {resource_type}/{name}.",
-            }
+            return {"target": event_id, "code": "NotFound", "message": NOT_FOUND}
         if not event.active or event.status != SCHEDULED:
             return {
                 "target": event_id,
@@ -469,12 +498,27 @@ class ArmService:
         return any(target == s.casefold() or target.startswith(s.casefold() + "/") for s in held)
 
 
-class _Refusal(Exception):
-    """An ARM error answer: raised where a check fails, answered by `handle`."""
+def _code(body: object) -> str:
+    """The error code of an answer, in either case Azure spells the keys."""
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error") or body.get("Error")
+    if not isinstance(error, dict):
+        return ""
+    return str(error.get("code") or error.get("Code") or "")
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+
+class _Refusal(Exception):
+    """An ARM error answer: raised where a check fails, answered by `handle`. Resource
+    Manager answers `{"error": {"code", "message"}}`; the Maintenance provider's own 404 for
+    an unknown event has capitalised keys (`capitalised`), as recorded from Azure."""
+
+    def __init__(self, status: int, code: str, message: str, *, capitalised: bool = False) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+        self.capitalised = capitalised
 
     def answer(self) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if self.capitalised:
+            return self.status, {"Error": {"Code": self.code, "Message": self.message}}, {}
         return self.status, {"error": {"code": self.code, "message": self.message}}, {}

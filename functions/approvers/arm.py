@@ -13,8 +13,20 @@ ScheduledEvents_AcknowledgeList in azure-rest-api-specs Microsoft.Maintenance st
 CLI's `az maintenance scheduledevents list acknowledge` is GA). Its error names each failing
 event in `details[].target`.
 
+What Azure really answers (azure-powershell's recorded sessions against live Azure, copied
+in tests/conformance/samples/, SOURCES.md there): 200 `{"value": "Successfully approved
+scheduled event"}` (one) and `{"value": "Successfully approved all Scheduled Events in the
+list"}` (list); a list with events it cannot approve answers **207** MultiStatus, one
+result per event, in either of two shapes: `{"error": {"code": "MultiStatusResponse",
+"message", "details": [{"target", "code", "message"}]}}` or `{"Response": {"Code",
+"Message"}, "Details": [{"Code", "Message"}]}` (no target: the details follow the
+request's ids, as azure-powershell's ScheduledEventListApproveMethod.cs reads them); an
+unknown event on the one-event call is 404 `{"Error": {"Code": "InvalidScheduledEventId",
+"Message"}}`. Keys are therefore read case-insensitively.
+
 Like the relay approver this module only speaks the protocol and classifies the answer:
-approved (2xx), refused (4xx: ARM's `error.code` and `message` are kept for the audit) or
+approved (2xx but 207), refused (4xx: ARM's code and message are kept for the audit), a 207
+read per event (`approved` and `refused`; events it does not account for are neither), or
 retry (429, 5xx, network, token trouble), with the `Retry-After` ARM sent. The retry loop,
 its deadline and the choice of approver are functions.pipeline.approve's.
 """
@@ -24,7 +36,7 @@ from __future__ import annotations
 import email.utils
 import logging
 from datetime import UTC, datetime
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import requests
 from pydantic import BaseModel, Field
@@ -38,6 +50,8 @@ REQUEST_TIMEOUT_SECONDS = 15.0
 TOKEN_REFRESH_SECONDS = 300  # a token this close to expiry is not sent
 
 Verdict = Literal["approved", "refused", "retry"]
+MULTI_STATUS = 207  # the list form's per-event answer
+APPROVED_CODE = "ok"  # a 207 detail with this code (any case) was approved
 
 
 class TokenCredential(Protocol):
@@ -47,13 +61,21 @@ class TokenCredential(Protocol):
 
 
 class ArmAnswer(BaseModel):
+    """One ARM answer, classified. For the list form `approved` and `refused` say what
+    became of each event: a 2xx (not 207) approves them all; a 207 is "approved" only if
+    every listed event's result is OK, else "refused" with `approved` naming those it did
+    approve (they are approved: do not acknowledge them again) and `refused` those it did
+    not; an event in neither was not accounted for (its fate is unknown: ask again)."""
+
     verdict: Verdict
     status: int | None = None
-    code: str = ""  # ARM's error.code
+    code: str = ""  # ARM's error code (Error.Code / error.code / Response.Code)
     text: str  # for the audit: what happened, with ARM's message
     retry_after: float | None = None  # seconds, from ARM's Retry-After
-    # The list form's error: EventId -> "code: message" for each event ARM named.
+    # EventId -> "code: message" for each event ARM named as not approved.
     refused: dict[str, str] = Field(default_factory=dict)
+    # The EventIds ARM approved: all of them on a 2xx, those with an OK result on a 207.
+    approved: list[str] = Field(default_factory=list)
 
 
 def acknowledge_url(endpoint: str, owner: ArmResource, event_id: str) -> str:
@@ -91,7 +113,9 @@ def acknowledge(
     """One acknowledge call; `remaining` bounds the request timeout by the deadline.
     Never raises: every failure is an answer the caller can record."""
     url = acknowledge_url(endpoint, owner, event_id)
-    return _post(owner, url, None, credential, session, endpoint, api_version, remaining)
+    return _post(
+        owner, url, None, [event_id], credential, session, endpoint, api_version, remaining
+    )
 
 
 def acknowledge_list(
@@ -105,20 +129,22 @@ def acknowledge_list(
     remaining: float,
 ) -> ArmAnswer:
     """One list-acknowledge call for several events of `owner` (the spec's
-    ScheduledEvents_AcknowledgeList). Approved means all of them; on an error, `refused`
-    holds the events ARM named in `details` (the others' fate is ARM's word for the whole
-    request). Never raises."""
+    ScheduledEvents_AcknowledgeList). Approved means all of them; a 207 is read per event
+    (ArmAnswer: `approved`, `refused`); on an error, `refused` holds the events ARM named in
+    `details` (the others' fate is ARM's word for the whole request). Never raises."""
     if not event_ids:
         raise ValueError("acknowledge_list needs at least one EventId")
     url = list_acknowledge_url(endpoint, owner)
-    body = {"value": list(event_ids)}
-    return _post(owner, url, body, credential, session, endpoint, api_version, remaining)
+    ids = list(event_ids)
+    body = {"value": ids}
+    return _post(owner, url, body, ids, credential, session, endpoint, api_version, remaining)
 
 
 def _post(
     owner: ArmResource,
     url: str,
     body: dict[str, list[str]] | None,
+    ids: list[str],
     credential: TokenCredential,
     session: requests.Session,
     endpoint: str,
@@ -146,9 +172,16 @@ def _post(
         return ArmAnswer(verdict="retry", text=f"ARM unreachable: {type(exc).__name__}")
     status = response.status_code
     code, message = _error(response)
-    if 200 <= status < 300:
-        return ArmAnswer(verdict="approved", status=status, text=_value(response) or "approved")
     where = f"{owner.resource_type}/{owner.name}"
+    if status == MULTI_STATUS:
+        return _multi_status(response, ids, where, code, message)
+    if 200 <= status < 300:
+        return ArmAnswer(
+            verdict="approved",
+            status=status,
+            text=_value(response) or "approved",
+            approved=list(ids),
+        )
     if status == 429 or status >= 500 or status == 408:
         return ArmAnswer(
             verdict="retry",
@@ -166,39 +199,118 @@ def _post(
     )
 
 
-def _details(response: requests.Response) -> dict[str, str]:
-    """The list form's error details: {"error": {"details": [{"target", "code", "message"}]}}."""
+def _multi_status(
+    response: requests.Response, ids: list[str], where: str, code: str, message: str
+) -> ArmAnswer:
+    """A 207: one result per event. A result whose code is OK approved its event, any other
+    refused it; a result without a target is the event at its index in the request (how
+    azure-powershell reads Azure's `{"Response", "Details"}` shape). Approved as a whole
+    only if every listed event was; else "refused", so no caller takes the others for
+    approved."""
+    approved: list[str] = []
+    refused: dict[str, str] = {}
+    spelled = {i.casefold(): i for i in ids}
+    for index, item in enumerate(_detail_items(response)):
+        target = _get(item, "target")
+        if isinstance(target, str) and target.strip():
+            event_id = spelled.get(target.strip().casefold(), target.strip())
+        elif index < len(ids):
+            event_id = ids[index]
+        else:
+            continue  # neither named nor at a requested index: no event to give it to
+        item_code = str(_get(item, "code") or "")
+        if item_code.strip().casefold() != APPROVED_CODE:
+            refused[event_id] = f"{item_code}: {_get(item, 'message') or ''}"[:300]
+        elif event_id in spelled.values() and event_id not in approved:
+            approved.append(event_id)
+    # An event both approved and refused in one answer is taken as refused: never claim an
+    # approval ARM also denied.
+    approved = [i for i in approved if i not in refused]
+    untold = [i for i in ids if i not in approved and i not in refused]
+    code = code or "MultiStatus"
+    if not refused and not untold:
+        text = f"ARM 207 {code} on {where}: all {len(ids)} approved"
+        return ArmAnswer(verdict="approved", status=207, code=code, text=text, approved=approved)
+    text = (
+        f"ARM 207 {code} on {where}: {len(approved)} of {len(ids)} approved, "
+        f"{len(refused)} refused, {len(untold)} not accounted for: {message}"
+    )
+    return ArmAnswer(
+        verdict="refused",
+        status=207,
+        code=code,
+        text=text[:1000],
+        refused=refused,
+        approved=approved,
+    )
+
+
+def _get(data: object, key: str) -> Any:
+    """`data[key]` with the key in any case (Azure answers `error` and `Error`, `code` and
+    `Code`); None if `data` is not an object or has no such key."""
+    if not isinstance(data, dict):
+        return None
+    if key in data:
+        return data[key]
+    folded = key.casefold()
+    return next((v for k, v in data.items() if isinstance(k, str) and k.casefold() == folded), None)
+
+
+def _json(response: requests.Response) -> object:
     try:
-        data = response.json()
+        return response.json()
     except ValueError:
-        return {}
-    error = data.get("error") if isinstance(data, dict) else None
-    details = error.get("details") if isinstance(error, dict) else None
+        return None
+
+
+def _error_object(data: object) -> object:
+    """The object holding ARM's code and message: `error` (any case), else the 207's
+    `Response`, else the body itself if it carries a code."""
+    for key in ("error", "response"):
+        found = _get(data, key)
+        if isinstance(found, dict):
+            return found
+    return data if _get(data, "code") is not None else None
+
+
+def _detail_items(response: requests.Response) -> list[dict[str, Any]]:
+    """The per-event results: `error.details` or the body's own `Details` (any case)."""
+    data = _json(response)
+    details = _get(_error_object(data), "details")
+    if not isinstance(details, list):
+        details = _get(data, "details")
+    return [d for d in details if isinstance(d, dict)] if isinstance(details, list) else []
+
+
+def _details(response: requests.Response) -> dict[str, str]:
+    """An error's details naming events (`target`), keys in any case: EventId ->
+    "code: message". Details without a target are left out: outside a 207 they need not be
+    one per event, so their index says nothing."""
     found: dict[str, str] = {}
-    for item in details if isinstance(details, list) else []:
-        if isinstance(item, dict) and isinstance(item.get("target"), str):
-            found[item["target"]] = f"{item.get('code') or ''}: {item.get('message') or ''}"[:300]
+    for item in _detail_items(response):
+        target = _get(item, "target")
+        if isinstance(target, str) and target.strip():
+            code, message = _get(item, "code") or "", _get(item, "message") or ""
+            found[target.strip()] = f"{code}: {message}"[:300]
     return found
 
 
 def _error(response: requests.Response) -> tuple[str, str]:
-    """ARM's error body: {"error": {"code": ..., "message": ...}}."""
-    try:
-        data = response.json()
-    except ValueError:
+    """ARM's code and message, keys in any case: `{"error": {"code", "message"}}`,
+    `{"Error": {"Code", "Message"}}` (the Maintenance provider's 404) or the 207's
+    `{"Response": {"Code", "Message"}}`."""
+    data = _json(response)
+    if data is None:
         return "", response.text[:300]
-    error = data.get("error") if isinstance(data, dict) else None
+    error = _error_object(data)
     if isinstance(error, dict):
-        return str(error.get("code") or ""), str(error.get("message") or "")[:600]
+        code, message = _get(error, "code"), _get(error, "message")
+        return str(code or ""), str(message or "")[:600]
     return "", ""
 
 
 def _value(response: requests.Response) -> str:
-    try:
-        data = response.json()
-    except ValueError:
-        return ""
-    return str(data.get("value") or "") if isinstance(data, dict) else ""
+    return str(_get(_json(response), "value") or "")
 
 
 def retry_after(response: requests.Response) -> float | None:

@@ -127,7 +127,16 @@ def test_404_unknown_event(store, clock, arm):
     pipeline, pub = agentless(store, clock, arm)
     grid(pipeline, event("EV-GONE", "Redeploy", resources=("web_1",), source="User"))
     record = store.get_event("EV-GONE")
-    assert record.approval == "failed" and "ARM refused 404 NotFound" in record.approval_reason
+    # Azure's answer as recorded (tests/conformance/samples/ScheduledEvents_Acknowledge.
+    # recorded-404.json): capitalised keys, read case-insensitively.
+    assert (
+        record.approval == "failed"
+        and (
+            "ARM refused 404 InvalidScheduledEventId on virtualMachineScaleSets/web: "
+            "Scheduled event not found"
+        )
+        in record.approval_reason
+    )
     assert pub.transitions("EV-GONE")[-1] == "approval_failed"
 
 
@@ -150,7 +159,7 @@ def test_429_retried_honouring_retry_after(store, clock, arm):
     assert [a.outcome.split(":")[0] for a in store.get_event("EV-429").approval_attempts] == [
         "ARM 429 TooManyRequests",
         "ARM 429 TooManyRequests",
-        "Successfully Approved",
+        "Successfully approved scheduled event",
     ]
 
 

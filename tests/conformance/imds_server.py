@@ -28,14 +28,16 @@ class Seen:
 
 @dataclass
 class Answers:
-    """path -> (status, JSON body); everything asked is in `seen`."""
+    """path -> (status, JSON body) or (status, body, headers): a `bytes` body is served
+    byte for byte (a recorded answer), with those extra headers; everything asked is in
+    `seen`."""
 
-    routes: dict[str, tuple[int, Any]]
+    routes: dict[str, tuple[Any, ...]]
     seen: list[Seen] = field(default_factory=list)
 
 
 @contextmanager
-def serve(routes: dict[str, tuple[int, Any]]) -> Iterator[tuple[str, Answers]]:
+def serve(routes: dict[str, tuple[Any, ...]]) -> Iterator[tuple[str, Answers]]:
     answers = Answers(routes)
 
     class Handler(BaseHTTPRequestHandler):
@@ -54,10 +56,13 @@ def serve(routes: dict[str, tuple[int, Any]]) -> Iterator[tuple[str, Answers]]:
                     self.rfile.read(length) if length else b"",
                 )
             )
-            status, body = answers.routes.get(parts.path, (404, {"error": "not_found"}))
-            data = json.dumps(body).encode()
+            status, body, *extra = answers.routes.get(parts.path, (404, {"error": "not_found"}))
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            headers = {"Content-Type": "application/json", **(extra[0] if extra else {})}
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            for name, value in headers.items():
+                if name.casefold() != "content-length":
+                    self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

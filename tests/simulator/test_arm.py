@@ -1,11 +1,13 @@
 """The simulator's Resource Manager `acknowledge`: every check ARM makes, over real HTTP,
-in ARM's error shape; the control API that sets grants and faults."""
+in ARM's error shape, and the answers Azure was recorded giving (the texts, the 404 of an
+unknown event, the list form's 207); the control API that sets grants and faults."""
 
 from __future__ import annotations
 
 import base64
 import json
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -14,6 +16,16 @@ from simulator import Simulator, SimulatorServer, instance
 
 SUB, RG = instance.SUBSCRIPTION_ID, instance.RESOURCE_GROUP
 V = {"api-version": "2025-11-01"}
+# Azure's answers recorded by azure-powershell (tests/conformance/SOURCES.md).
+RECORDED = Path(__file__).resolve().parents[1] / "conformance" / "samples"
+
+
+def recorded(name: str) -> dict:
+    return json.loads((RECORDED / name).read_text())
+
+
+def recorded_body(name: str) -> object:
+    return json.loads(recorded(name)["ResponseBody"])
 
 
 @pytest.fixture
@@ -61,7 +73,9 @@ def error(response) -> tuple[int, str]:
 def test_acknowledge_starts_the_event_for_all_its_resources(server):
     event_id = server.sim.add_event("Reboot", resources=["web_0", "web_1"])
     answer = post(ack_url(server, "virtualMachineScaleSets", "web", event_id), token(server))
-    assert answer.status_code == 200 and answer.json() == {"value": "Successfully Approved"}
+    assert answer.status_code == 200 and answer.json() == recorded_body(
+        "ScheduledEvents_Acknowledge.recorded-200.json"
+    )
     described = server.sim.describe_event(event_id)
     assert described["EventStatus"] == "Started"
     assert described["approved_by"] == ["web_0", "web_1"]
@@ -115,11 +129,72 @@ def test_an_expired_token_is_refused(server):
 
 
 def test_the_resource_must_own_the_event(server):
+    """An event the resource does not have is answered as Azure answered one it did not
+    know: 404 with the Maintenance provider's capitalised keys, as recorded."""
+    entry = recorded("ScheduledEvents_Acknowledge.recorded-404.json")
     on_set = server.sim.add_event("Reboot", resources=["web_1"])
     answer = post(ack_url(server, "virtualMachines", "solo", on_set), token(server))
-    assert error(answer) == (404, "NotFound")
-    unknown = post(ack_url(server, "virtualMachines", "solo", "NOPE"), token(server))
-    assert error(unknown) == (404, "NotFound")
+    assert answer.status_code == 404 == entry["StatusCode"]
+    assert answer.json() == json.loads(entry["ResponseBody"])
+    unknown_id = entry["RequestUri"].split("/")[-2]  # the recorded GUID, unknown here too
+    unknown = post(ack_url(server, "virtualMachines", "solo", unknown_id), token(server))
+    assert unknown.status_code == 404 and unknown.json() == json.loads(entry["ResponseBody"])
+    assert [c.code for c in server.arm.calls][-2:] == ["InvalidScheduledEventId"] * 2
+
+
+def list_url(server, kind, name) -> str:
+    return (
+        f"{server.arm_url}/subscriptions/{SUB}/resourcegroups/{RG}/providers/Microsoft.Compute/"
+        f"{kind}/{name}/providers/Microsoft.Maintenance/scheduledevents"
+    )
+
+
+def post_list(server, ids) -> requests.Response:
+    return requests.post(
+        list_url(server, "virtualMachineScaleSets", "web"),
+        params=V,
+        headers={"Authorization": f"Bearer {token(server)}"},
+        json={"value": ids},
+        timeout=5,
+    )
+
+
+def test_the_list_form_answers_as_azure_was_recorded(server):
+    ok = [server.sim.add_event("Reboot", resources=[f"web_{i}"]) for i in (0, 1)]
+    answer = post_list(server, ok)
+    assert answer.status_code == 200
+    assert answer.json() == recorded_body("ScheduledEvents_AcknowledgeList.recorded-200.json")
+    entry = recorded("ScheduledEvents_AcknowledgeList.recorded-207.json")
+    unknown = json.loads(entry["RequestBody"])["value"]  # the recorded GUIDs, unknown here
+    answer = post_list(server, unknown)
+    assert answer.status_code == 207 == entry["StatusCode"]
+    assert answer.json() == json.loads(entry["ResponseBody"])
+
+
+def test_a_list_with_unknown_events_approves_the_scheduled_ones_in_a_207(server):
+    good = server.sim.add_event("Reboot", resources=["web_0"])
+    answer = post_list(server, ["NOPE", good])
+    assert answer.status_code == 207
+    error = answer.json()["error"]
+    assert error["code"] == "MultiStatusResponse"
+    assert error["details"] == [
+        {"target": "NOPE", "code": "NotFound", "message": "Scheduled event not found"},
+        {"target": good, "code": "OK", "message": "Successfully approved scheduled event"},
+    ]
+    assert server.sim.describe_event(good)["EventStatus"] == "Started"
+
+
+def test_a_list_with_an_event_no_longer_scheduled_approves_none(server):
+    good = server.sim.add_event("Reboot", resources=["web_0"])
+    started = server.sim.add_event("Reboot", resources=["web_1"])
+    server.sim.start_event(started)
+    answer = post_list(server, [good, started, "NOPE"])
+    assert error(answer) == (409, "Conflict")
+    assert [(d["target"], d["code"]) for d in answer.json()["error"]["details"]] == [
+        (started, "Conflict"),
+        ("NOPE", "NotFound"),
+    ]
+    assert server.sim.describe_event(good)["EventStatus"] == "Scheduled"
 
 
 def test_grants_and_faults_through_the_control_api(server):
