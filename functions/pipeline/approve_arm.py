@@ -6,7 +6,17 @@ so a relay's report is never enough (issue 27): the event must be Event Grid's o
 relay reported it), or Resource Graph's row for it (functions.approvers.azure_events) must
 agree with the decided view field by field; then Azure's owner of the event is the one
 acknowledged. 429/5xx/network are retried honouring Retry-After until `stop`; a 404 tries
-the next candidate owner; any other 4xx is final for this event.
+the next candidate owner; any other 4xx is final for this event, but one:
+
+ARM's acknowledge takes no dedupe key, so a repeat of one that landed while its answer was
+lost (the host died, or the connection dropped) is refused: the event is no longer
+Scheduled. The approver therefore writes `arm_sent_at` before its first acknowledge, and
+a 409 (or a 404, Azure's recorded answer for an EventId it does not hold) after a call
+that may have landed (an unanswered one in this run, or any earlier run's:
+`arm_sent_at` was set) is checked against Azure's own view (Resource Graph): an
+event Azure reports Started or Completed was acknowledged by that earlier call, and the
+approval is recorded as the approval it was; one still Scheduled there (Resource Graph
+lags ARM) is asked again until `stop`. What ARM means by the 409 is never relied on.
 """
 
 from __future__ import annotations
@@ -28,6 +38,17 @@ ARM = "arm"  # `approved_by` and the attempts' `vm` when ARM acknowledged it
 BACKOFF_START_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 20.0
 RELAYS_PER_ATTEMPT = 8
+# Azure's EventStatus once an event waits for no approval (Resource Graph and Event Grid
+# also report Completed and Canceled; a Canceled event was never started by anyone).
+NOT_WAITING = frozenset({"started", "completed"})
+# How an attempt starts when ARM refused a repeat of an acknowledge that had landed (the
+# crash explorer's rule 11 reads it): the outcome the dead or disconnected call never saw.
+LANDED = "acknowledged by an earlier call whose answer was lost"
+# What a repeat of an acknowledge that landed may get: the stand-in answers 409 Conflict
+# (not Scheduled any more); Azure's answer to a repeat is not recorded anywhere public,
+# and its answer for an event it no longer holds as Scheduled is recorded as 404
+# InvalidScheduledEventId "Scheduled event not found" (docs/conformance.md).
+REPEAT = frozenset({404, 409})
 # The decided view's `Expect` entry for a VM ("" for Azure): functions.pipeline.approve.
 ExpectFor = Callable[[EventRecord, str], dict[str, object]]
 
@@ -82,7 +103,7 @@ def arm_phase(
         )
     if pipeline.credential is None:
         pipeline.credential = default_credential()
-    confirmed = _azure_reports(pipeline, record, owners, stop, deadline, expect_for)
+    confirmed = _azure_reports(pipeline, record, owners, by, stop, deadline, expect_for)
     if isinstance(confirmed, Phase):
         return confirmed
     return _acknowledge_each(pipeline, record, confirmed, by, stop, deadline)
@@ -113,7 +134,7 @@ def arm_phase_many(
                 pipeline, record, owners, by, stop, deadline, expect_for
             )
             continue
-        confirmed = _azure_reports(pipeline, record, owners, stop, deadline, expect_for)
+        confirmed = _azure_reports(pipeline, record, owners, by, stop, deadline, expect_for)
         if isinstance(confirmed, Phase):
             phases[record.event_id] = confirmed
             continue
@@ -199,11 +220,15 @@ def _acknowledge_each(
     stop: datetime,
     deadline: datetime,
 ) -> Phase:
-    """The one-event call on each confirmed owner in turn (a 404 tries the next)."""
+    """The one-event call on each confirmed owner in turn (a 404 tries the next); a 404 or
+    409 to a call that may repeat one that landed is settled by Azure's view (module doc)."""
     settings, clock = pipeline.settings, pipeline.clock
     attempts: list[Attempt] = []
     delay = BACKOFF_START_SECONDS
     queue = list(confirmed)
+    may_have_landed = record.arm_sent_at is not None
+    if not may_have_landed:
+        _mark_sent(pipeline, record)
     while queue:
         owner = queue[0]
         remaining = (stop - clock.now()).total_seconds()
@@ -227,11 +252,31 @@ def _acknowledge_each(
                 attempts=attempts,
                 status=answer.status,
             )
-        if answer.verdict == "refused":
+        waiting = False  # Azure reports the event still Scheduled
+        if answer.verdict == "refused" and answer.status in REPEAT and may_have_landed:
+            azure = _ask_azure(pipeline, record, stop, deadline)
+            if isinstance(azure, Phase):
+                azure.attempts = attempts
+                return azure
+            status = str(azure.properties.get("EventStatus") or "") if azure else ""
+            if status.casefold() in NOT_WAITING:
+                attempts[-1].outcome = f"{LANDED} (Azure reports it {status}): {answer.text}"
+                return Phase(
+                    outcome="approved",
+                    via=ARM,
+                    detail=f"acknowledged through ARM on {owner.id}",
+                    attempts=attempts,
+                )
+            waiting = azure is not None and status.casefold() == "scheduled"
+        if answer.verdict == "refused" and answer.status == 409 and waiting:
+            pass  # Resource Graph may lag ARM: acknowledge and ask again until `stop`
+        elif answer.verdict == "refused":
             queue.pop(0)
             if answer.status == 404 and queue:
                 continue  # another owner may hold it (e.g. the set, not the VM)
             return Phase(outcome="exhausted", detail=answer.text, attempts=attempts)
+        elif answer.status != 429:
+            may_have_landed = True  # unanswered, or a 5xx: ARM may have acted on it
         wait = answer.retry_after if answer.retry_after is not None else delay
         if clock.now() + timedelta(seconds=wait) >= stop:
             break
@@ -251,6 +296,7 @@ def _azure_reports(
     pipeline: Pipeline,
     record: EventRecord,
     owners: list[ArmResource],
+    by: str,
     stop: datetime,
     deadline: datetime,
     expect_for: ExpectFor,
@@ -260,30 +306,33 @@ def _azure_reports(
     decided view (then its owner is the one acknowledged). A Phase says why not."""
     if record.arm_resource and not pipeline.store.load_reporters(record).past_reporters:
         return owners  # Event Grid's own view: no relay's word in the decision
-    clock = pipeline.clock
-    delay = BACKOFF_START_SECONDS
-    while True:  # Resource Graph throttled or down: asked again, honouring Retry-After
-        try:
-            azure = azure_events.lookup(
-                record.event_id,
-                credential=pipeline.credential,  # type: ignore[arg-type]
-                session=pipeline.session,
-                endpoint=pipeline.settings.arm_endpoint,
-                remaining=max(0.1, (stop - clock.now()).total_seconds()),
-            )
-            break
-        except azure_events.AzureUnavailable as exc:
-            wait = exc.retry_after if exc.retry_after is not None else delay
-            if clock.now() + timedelta(seconds=wait) >= stop:
-                outcome = "later" if stop < deadline else "exhausted"
-                return Phase(outcome=outcome, detail=f"cannot ask Azure about the event: {exc}")
-            clock.sleep(wait)
-            delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+    azure = _ask_azure(pipeline, record, stop, deadline)
+    if isinstance(azure, Phase):
+        return azure
     if azure is None:
         return Phase(
             outcome="exhausted",
             detail="Azure does not report this event (Resource Graph): ARM does not "
             "acknowledge on a relay's report alone",
+        )
+    status = str(azure.properties.get("EventStatus") or "")
+    if record.arm_sent_at is not None and status.casefold() in NOT_WAITING:
+        try:  # an earlier run's acknowledge landed and its host died before recording it
+            where = parse_event_id(azure.id)[0].id
+        except ArmError:
+            where = "its owner"
+        return Phase(
+            outcome="approved",
+            via=ARM,
+            detail=f"acknowledged through ARM on {where}",
+            attempts=[
+                Attempt(
+                    at=pipeline.clock.now(),
+                    vm=ARM,
+                    outcome=f"{LANDED} (Azure reports it {status})",
+                    by=by,
+                )
+            ],
         )
     differing = azure_events.differences(expect_for(record, ""), azure.properties)
     if differing:
@@ -295,3 +344,47 @@ def _azure_reports(
         return [parse_event_id(azure.id)[0]]
     except ArmError as exc:
         return Phase(outcome="exhausted", detail=f"Azure's event id is unusable: {exc}")
+
+
+def _ask_azure(
+    pipeline: Pipeline, record: EventRecord, stop: datetime, deadline: datetime
+) -> azure_events.AzureEvent | Phase | None:
+    """Resource Graph's row for the event (None: Azure does not report it); throttled or
+    down, asked again honouring Retry-After until `stop`, then a Phase saying why not."""
+    clock = pipeline.clock
+    delay = BACKOFF_START_SECONDS
+    while True:
+        try:
+            return azure_events.lookup(
+                record.event_id,
+                credential=pipeline.credential,  # type: ignore[arg-type]
+                session=pipeline.session,
+                endpoint=pipeline.settings.arm_endpoint,
+                remaining=max(0.1, (stop - clock.now()).total_seconds()),
+            )
+        except azure_events.AzureUnavailable as exc:
+            wait = exc.retry_after if exc.retry_after is not None else delay
+            if clock.now() + timedelta(seconds=wait) >= stop:
+                outcome = "later" if stop < deadline else "exhausted"
+                return Phase(outcome=outcome, detail=f"cannot ask Azure about the event: {exc}")
+            clock.sleep(wait)
+            delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+
+
+def _mark_sent(pipeline: Pipeline, record: EventRecord) -> None:
+    """Write `arm_sent_at` before the first acknowledge (one write, only on the ARM path),
+    so a takeover after a crash knows a 409 may answer a call that landed. The row's new
+    ETag goes back into `record`, whose outcome write follows."""
+    now = pipeline.clock.now()
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.arm_sent_at is not None:
+            return None
+        rec.arm_sent_at = now
+        return rec
+
+    written, won = pipeline.store.mutate_event(record.event_id, change, known=record)
+    if written is not None:
+        record.arm_sent_at = written.arm_sent_at
+        if won:
+            record.etag = written.etag

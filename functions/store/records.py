@@ -153,6 +153,10 @@ class EventRecord(Record):
     approval_attempts: list[Attempt] = Field(default_factory=list)
     # transition key -> "pending:<iso time>" while being published, "done" after.
     announced: dict[str, str] = Field(default_factory=dict)
+    # When the ARM approver first sent an acknowledge (written before the call): ARM's
+    # acknowledge takes no dedupe key, so a takeover whose repeat gets 409 asks Azure
+    # whether that earlier acknowledge landed (functions.pipeline.approve_arm).
+    arm_sent_at: AwareDatetime | None = None
     # ARM id of the VM / scale set / availability set that owns the event, as Event Grid
     # named it (functions.pipeline.sources): where the ARM approver acknowledges it.
     arm_resource: str | None = None

@@ -50,6 +50,12 @@ Normalisation rules, each with its reason:
    - arm: each acknowledge call as (EventId, status), counted; a 409 for an EventId
      that was acknowledged (200) before is left out: it is Azure refusing a repeat of an
      acknowledge whose answer was lost (the event has started), a no-op.
+11. An event approved through ARM logs its acknowledge as `acknowledged` in the attempts
+   (rule 5), whether the attempt saw ARM's 200 (its text, e.g. "Successfully Approved")
+   or a takeover found that an earlier call had landed: ARM refused the repeat and Azure
+   reports the event Started (the outcome starts with approve_arm.LANDED). The host that
+   saw the 200 died before it could write it; which host logged the acknowledge is a
+   crash's trace, and the ARM effect (rule 10) still counts every call that reached ARM.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from typing import Any
 
 from azure.data.tables import TableServiceClient
 
+from functions.pipeline.approve_arm import ARM, LANDED
 from tests.crash.world import World
 
 ISO = re.compile(
@@ -96,6 +103,14 @@ def _by(value: Any) -> Any:
     return "auto" if value in AUTOMATIC else value
 
 
+def _acknowledged(attempt: dict[str, Any]) -> Any:
+    """Rule 11: an ARM attempt that acknowledged (ARM's 200 text, or LANDED) is one thing."""
+    outcome = str(attempt.get("outcome", ""))
+    if attempt.get("vm") == ARM and not outcome.startswith(("ARM ", "no token")):
+        return "acknowledged" if outcome.startswith(LANDED) or outcome else outcome
+    return attempt.get("outcome")
+
+
 def _entity(table: str, entity: dict[str, Any]) -> dict[str, Any]:
     row = dict(entity)
     if table == "audit" and "by" in row:
@@ -108,8 +123,10 @@ def _entity(table: str, entity: dict[str, Any]) -> dict[str, Any]:
     out = _norm(row)
     data = out.get("data")
     if isinstance(data, dict) and "approval_attempts" in data:
+        arm = data.get("approved_by") == ARM
         attempts = {
-            (a.get("vm"), a.get("outcome"), _by(a.get("by"))) for a in data["approval_attempts"]
+            (a.get("vm"), _acknowledged(a) if arm else a.get("outcome"), _by(a.get("by")))
+            for a in data["approval_attempts"]
         }
         data["approval_attempts"] = sorted(attempts, key=repr)
     if table == "deliveries":

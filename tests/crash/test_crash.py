@@ -20,14 +20,10 @@ from tests.crash.state import _entity, first_difference
 
 pytestmark = pytest.mark.azurite
 
-# Measured on the final lifecycle of issue 31 (docs/crash-explorer.md, "After"): every
-# other scenario has no divergent point. This one keeps what is left, with why.
-# Remove a scenario once it passes.
-DIVERGES: dict[str, str] = {
-    "event-grid-arm": "8 of 166 points; 17L..21B: a repeated ARM acknowledge after a lost "
-    "answer gets 409 and is announced approval_failed (ARM's acknowledge takes no dedupe key "
-    "and its 409 is not documented)",
-}
+# Scenarios that still diverge, each with the numbers measured and why (xfail, strict).
+# None since issue 31 (docs/crash-explorer.md, "Final"): a lifecycle change that makes a
+# scenario diverge is fixed, or lands here with its reason for all to see.
+DIVERGES: dict[str, str] = {}
 
 
 def _param(scenario: Scenario) -> Any:

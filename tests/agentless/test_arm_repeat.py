@@ -1,0 +1,102 @@
+"""ARM's acknowledge takes no dedupe key: a repeat of one that landed while its answer was
+lost is refused. The approver must then ask Azure (Resource Graph) rather than announce a
+failure for an event its own earlier call approved (functions.pipeline.approve_arm).
+
+Against the simulator's ARM and Resource Graph (a real local HTTP server); the lost answer
+is a real request that reaches the server, whose answer the session then drops."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import requests
+
+from functions.approvers import azure_events
+from functions.approvers.arm import ArmAnswer
+from functions.pipeline import approve_arm
+from functions.pipeline.approve_arm import LANDED
+from tests.agentless.test_arm_approver import acknowledges, agentless, arm, grid, user_event
+from tests.functions.conftest import T0
+
+__all__ = ["arm"]  # the fixture, used by name
+
+
+class LoseFirstAnswer:
+    """The session's first acknowledge reaches ARM, then its answer is lost (a dropped
+    connection); the row is read as the call leaves, to see what was written before it."""
+
+    def __init__(self, session: requests.Session, store: Any, event_id: str) -> None:
+        self.send, self.store, self.event_id = session.send, store, event_id
+        self.lost = 0
+        self.sent_at_first_call: datetime | None = None
+        session.send = self  # type: ignore[method-assign]
+
+    def __call__(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+        response = self.send(request, **kwargs)
+        if str(request.url).split("?")[0].endswith("/acknowledge") and not self.lost:
+            self.lost += 1
+            self.sent_at_first_call = self.store.get_event(self.event_id).arm_sent_at
+            raise requests.ConnectionError("connection reset after the request was sent")
+        return response
+
+
+def test_a_repeat_refused_after_a_lost_answer_is_the_approval_it_was(store, clock, arm):
+    pipeline, pub = agentless(store, clock, arm)
+    lose = LoseFirstAnswer(pipeline.session, store, "EV-LOST")
+    grid(pipeline, user_event(arm.sim, "EV-LOST", ["web_1"]))
+    assert lose.lost == 1 and lose.sent_at_first_call is not None  # intent before the call
+    assert [c.status for c in acknowledges(arm)] == [200, 409]
+    assert arm.sim.describe_event("EV-LOST")["EventStatus"] == "Started"
+    record = store.get_event("EV-LOST")
+    assert record.approval == "approved" and record.approved_by == "arm"
+    assert record.approval_reason.startswith("acknowledged through ARM on /subscriptions")
+    outcomes = [a.outcome for a in record.approval_attempts]
+    assert outcomes[0].startswith("ARM unreachable")
+    assert outcomes[1].startswith(f"{LANDED} (Azure reports it Started): ARM refused 409")
+    assert pub.transitions("EV-LOST") == ["scheduled", "decided", "approved"]
+
+
+def test_a_409_to_a_first_call_is_final_and_azure_is_not_asked(store, clock, arm):
+    """Azure started the event before the app's only call: that call approved nothing."""
+    pipeline, pub = agentless(store, clock, arm)
+    props = user_event(arm.sim, "EV-FIRST", ["web_1"])
+    arm.sim.start_event("EV-FIRST")
+    grid(pipeline, props)
+    record = store.get_event("EV-FIRST")
+    assert record.approval == "failed" and "ARM refused 409" in record.approval_reason
+    assert record.arm_sent_at is not None
+    assert [c.path for c in arm.arm.calls if "ResourceGraph" in c.path] == []
+    assert pub.transitions("EV-FIRST")[-1] == "approval_failed"
+
+
+def test_a_repeat_refused_while_azure_still_reports_scheduled_is_never_approved(
+    store, clock, arm, monkeypatch
+):
+    """ARM refuses, Resource Graph (which may lag ARM) still shows the event waiting: the
+    approver asks again until its stop, and never calls it approved on a guess."""
+    pipeline, _pub = agentless(store, clock, arm)
+    answers = iter(
+        [ArmAnswer(verdict="retry", text="ARM unreachable: ConnectionError")]
+        + [ArmAnswer(verdict="refused", status=409, code="Conflict", text="ARM refused 409")] * 99
+    )
+    monkeypatch.setattr(approve_arm, "acknowledge", lambda *a, **k: next(answers))
+    asked: list[str] = []
+
+    def scheduled(event_id: str, **kwargs: Any) -> azure_events.AzureEvent:
+        asked.append(event_id)
+        owner = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/v"
+        return azure_events.AzureEvent(
+            id=f"{owner}/providers/microsoft.maintenance/scheduledevents/{event_id}",
+            event_id=event_id,
+            properties={"EventStatus": "Scheduled"},
+        )
+
+    monkeypatch.setattr(azure_events, "lookup", scheduled)
+    props = user_event(arm.sim, "EV-LAG", ["web_1"])
+    props["NotBefore"] = (T0 + timedelta(minutes=5)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    grid(pipeline, props)
+    record = store.get_event("EV-LAG")
+    assert record.approval != "approved", record.approval_reason
+    assert len(asked) >= 2  # asked again, not once
+    assert not any(a.outcome.startswith(LANDED) for a in record.approval_attempts)
