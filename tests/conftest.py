@@ -14,7 +14,10 @@ import pytest
 # re-exported because test modules import them from here.
 from local.azurite import Azurite, AzuriteError, free_port, wait_for_port
 
-__all__ = ["free_port", "wait_for_port"]
+# xdist_group under pytest 9 (tests/xdist_groups.py): a hook found here by its name.
+from tests.xdist_groups import pytest_collection_modifyitems
+
+__all__ = ["free_port", "pytest_collection_modifyitems", "wait_for_port"]
 
 
 @pytest.fixture(scope="session")
