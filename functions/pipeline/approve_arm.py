@@ -194,11 +194,22 @@ def _acknowledge_list(
                 for i in ids
             }
         if answer.verdict == "refused":
-            return {
+            settled = {
                 i: Phase(outcome="exhausted", detail=text, attempts=attempts)
                 for i, text in answer.refused.items()
                 if i in ids
             }
+            for i in answer.approved:  # a 207's OK results: approved, not to be sent again
+                if i in ids and i not in settled:
+                    settled[i] = Phase(
+                        outcome="approved",
+                        via=ARM,
+                        detail=f"acknowledged through ARM on {owner.id} in a list call "
+                        f"(207: {len(answer.approved)} of {len(ids)} approved)",
+                        attempts=attempts,
+                        status=answer.status,
+                    )
+            return settled
         wait = answer.retry_after if answer.retry_after is not None else delay
         if clock.now() + timedelta(seconds=wait) >= stop:
             break

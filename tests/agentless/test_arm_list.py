@@ -18,7 +18,6 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
-import pytest
 import requests
 from azure.identity import ManagedIdentityCredential
 
@@ -209,11 +208,6 @@ def test_events_a_list_refuses_by_name_are_final_and_the_others_go_one_by_one(
     assert [c.status for c in acknowledges(arm)] == [200]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="functions/pipeline/approve_arm.py _acknowledge_list must settle the events a 207 "
-    "approved (ArmAnswer.approved) as approved; the lead's change, then drop this mark",
-)
 def test_events_a_207_approved_are_approved_and_not_acknowledged_again(store, clock, arm) -> None:
     pipeline, _pub = make_pipeline(
         store, clock, Policy(dry_run=True), approvers="arm", arm_endpoint=arm.arm_url
