@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -251,8 +252,13 @@ def crash_points(connection: str, names: list[str] | None = None) -> dict[str, i
     whose end state differs from the fault-free run. The code under test logs every crash
     it survives, so logging is off meanwhile."""
     logging.disable(logging.CRITICAL)
+    reports = []
     try:
-        reports = list(explore_all(connection, names))
+        for report in explore_all(connection, names):
+            # Each scenario's table on stderr, as `python -m tests.crash` prints it: the
+            # bench's log then holds the numbers its last line only sums.
+            print(report.table(), file=sys.stderr, flush=True)
+            reports.append(report)
     finally:
         logging.disable(logging.NOTSET)
     return {
