@@ -38,20 +38,24 @@ def _string_bytes(entity: dict) -> list[int]:
     return [len(v) * 2 for v in entity.values() if isinstance(v, str)]
 
 
-def test_a_1000_vm_set_reporting_one_event_is_decided_announced_and_approved_once(
+def test_a_1000_vm_event_reported_by_300_of_its_vms_is_decided_announced_and_approved_once(
     store, clock, relay
 ):
+    """An event naming 1,000 VMs (the most a document may list), reported by 300 of them
+    16 at once: as many concurrent writers as 1,000 would be, at a third of the suite's
+    time (make bench's fan-out and fleet phases measure the larger sets)."""
     approve_all = Policy(rules=[Rule(name="all", action="approve", ignore_windows=True)])
     pipeline, publisher = make_pipeline(store, clock, approve_all, approval_budget_seconds=5)
-    vms = [name64(i) for i in range(1000)]
-    ev = event("EV-BIG", resources=tuple(vms), not_before=T0 + timedelta(minutes=15))
+    named = [name64(i) for i in range(1000)]
+    vms = named[:300]
+    ev = event("EV-BIG", resources=tuple(named), not_before=T0 + timedelta(minutes=15))
     ev["Description"] = "d" * 100_000  # far over the property limit: kept bounded at parse
     bodies = [
         envelope(vm, 1, [ev], availability_set="as-big", callback_url=relay.url) for vm in vms
     ]
     with ThreadPoolExecutor(max_workers=16) as pool:
         outcomes = list(pool.map(lambda b: ingest_message(b, pipeline).outcome, bodies))
-    assert outcomes == ["processed"] * 1000
+    assert outcomes == ["processed"] * len(vms)
     assert publisher.transitions("EV-BIG") == ["scheduled", "decided", "approved"]
     assert publisher.duplicates == []
     assert relay.starts() == ["EV-BIG"]
@@ -60,7 +64,7 @@ def test_a_1000_vm_set_reporting_one_event_is_decided_announced_and_approved_onc
     assert len([o for o in outcomes if o.startswith("approved via")]) == 1
     record = store.get_event("EV-BIG", reporters=True)
     assert record.approval == "approved" and len(record.resources) == 1000
-    assert len(record.reporters) == 1000 and len(record.description) < 2100
+    assert len(record.reporters) == len(vms) and len(record.description) < 2100
     # No property near the 64 KiB limit: the row is split, each reporter is its own row.
     row = store.events.get_entity(row_key("EV-BIG"), EVENT_ROW)
     assert max(_string_bytes(row)) < STRING_LIMIT and "data1" in row
