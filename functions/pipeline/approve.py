@@ -15,9 +15,10 @@ named VM's relay may be. With APPROVERS="relay,arm" (the default) ARM takes over
 relay can approve: none reported, all refused, or none approved within
 ARM_FALLBACK_AFTER_SECONDS of the first relay attempt; an event no relay reports (Event
 Grid only) goes to ARM at once. ARM's 429/5xx are retried honouring Retry-After, its 4xx
-are final. When nothing can approve, the event will start at NotBefore anyway; that is
-announced as `approval_failed`. The audit and the announcement say which path approved
-it (`relay:<vm>` or `arm`).
+are final, unless they refuse a repeat of an acknowledge that landed (its answer lost:
+functions.pipeline.approve_arm asks Azure). When nothing can approve, the event will
+start at NotBefore anyway; that is announced as `approval_failed`. The audit and the
+announcement say which path approved it (`relay:<vm>` or `arm`).
 
 One VM's view never reaches another VM or Azure unchecked (issue 27): each relay is sent
 the view the decision rests on (`view_for`, `Expect`) and approves only if its own IMDS
