@@ -4,6 +4,8 @@ announcing `policy_invalid`), and what is valid passes."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -109,16 +111,46 @@ STOPS = {
 
 
 def run_check(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """`python -m functions settings check ARGS` with only `env` (and PATH, HOME) in the
+    environment: in this process (a child per call cost the suite a minute of Python
+    start-ups), its exit code, stdout and stderr as a child's would be.
+    test_the_module_runs_as_a_program runs the real command once."""
+    from functions.__main__ import main
+
     clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
-    return subprocess.run(
-        [sys.executable, "-m", "functions", "settings", "check", *args],
-        cwd=ROOT,
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    saved = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.clear()
+    os.environ.update({**clean, **env})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(["settings", "check", *args])
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(
+        ["settings", "check", *args], code, out.getvalue(), err.getvalue()
     )
+
+
+def test_the_module_runs_as_a_program():
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
+    for env, code in ((BASE, 0), ({**BASE, "POLICY__DRYRUN": "true"}, 2)):
+        done = subprocess.run(
+            [sys.executable, "-m", "functions", "settings", "check"],
+            cwd=ROOT,
+            env={**clean, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == code, done.stderr
+        assert done.returncode == run_check(env).returncode
+    assert "did you mean POLICY__DRY_RUN" in done.stderr
 
 
 @pytest.fixture
