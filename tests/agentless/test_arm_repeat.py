@@ -10,14 +10,25 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 import requests
 
 from functions.approvers import azure_events
 from functions.approvers.arm import ArmAnswer
 from functions.pipeline import approve_arm
+from functions.pipeline.approve import approval_stale_after, approve_event
 from functions.pipeline.approve_arm import LANDED
-from tests.agentless.test_arm_approver import acknowledges, agentless, arm, grid, user_event
-from tests.functions.conftest import T0
+from tests.agentless.queues import deliver
+from tests.agentless.test_arm_approver import (
+    acknowledges,
+    agentless,
+    arm,
+    grid,
+    owner,
+    user_event,
+    with_compute,
+)
+from tests.functions.conftest import T0, envelope
 
 __all__ = ["arm"]  # the fixture, used by name
 
@@ -100,3 +111,43 @@ def test_a_repeat_refused_while_azure_still_reports_scheduled_is_never_approved(
     assert record.approval != "approved", record.approval_reason
     assert len(asked) >= 2  # asked again, not once
     assert not any(a.outcome.startswith(LANDED) for a in record.approval_attempts)
+
+
+class HostDied(BaseException):
+    """The Functions host dies (a BaseException: no `except Exception` swallows it)."""
+
+
+def test_a_takeover_after_the_host_died_past_its_acknowledge_asks_azure_not_arm(
+    store, clock, arm, relay
+):
+    """A relay-reported event (the relay refuses, ARM takes over): the host dies once its
+    acknowledge reached ARM. The watchdog's takeover finds `arm_sent_at` and Azure's event
+    Started, records the approval through ARM and sends no second acknowledge."""
+    pipeline, pub = agentless(store, clock, arm, approvers="relay,arm")
+    relay.default = (400, {"error": "refused"})
+    send = pipeline.session.send
+
+    def dies_after_acknowledge(request: requests.PreparedRequest, **kwargs: Any) -> Any:
+        response = send(request, **kwargs)
+        if str(request.url).split("?")[0].endswith("/acknowledge"):
+            raise HostDied
+        return response
+
+    pipeline.session.send = dies_after_acknowledge  # type: ignore[method-assign]
+    props = user_event(arm.sim, "EV-DIED", ["web_1"])
+    body = envelope("web_1", 1, [props], callback_url=relay.url, scale_set="web")
+    body = with_compute(body, f"{owner('virtualMachineScaleSets', 'web')}/virtualMachines/1")
+    with pytest.raises(HostDied):
+        deliver(body, pipeline)
+    assert arm.sim.describe_event("EV-DIED")["EventStatus"] == "Started"
+    record = store.get_event("EV-DIED")
+    assert record.approval == "in_progress" and record.arm_sent_at is not None
+    pipeline.session.send = send  # type: ignore[method-assign]
+    clock.advance(approval_stale_after(pipeline.settings).total_seconds() + 1)
+    result = approve_event("EV-DIED", pipeline, by="watchdog")
+    assert result.outcome == "approved" and result.vm == "arm", result.detail
+    assert [c.status for c in acknowledges(arm)] == [200]  # none sent again
+    record = store.get_event("EV-DIED")
+    assert record.approval == "approved" and record.approved_by == "arm"
+    assert record.approval_attempts[-1].outcome.startswith(LANDED)
+    assert pub.transitions("EV-DIED")[-1] == "approved"
