@@ -87,6 +87,7 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes: no delayed-ACK wait
 
             def do_POST(self) -> None:
                 receiver._handle(self)
