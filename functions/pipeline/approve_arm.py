@@ -46,8 +46,8 @@ NOT_WAITING = frozenset({"started", "completed"})
 LANDED = "acknowledged by an earlier call whose answer was lost"
 # What a repeat of an acknowledge that landed may get: the stand-in answers 409 Conflict
 # (not Scheduled any more); Azure's answer to a repeat is not recorded anywhere public,
-# and its answer for an event it no longer holds as Scheduled is recorded as 404
-# InvalidScheduledEventId "Scheduled event not found" (docs/conformance.md).
+# and its recorded answer for an EventId it does not hold is 404 InvalidScheduledEventId
+# "Scheduled event not found" (docs/conformance.md).
 REPEAT = frozenset({404, 409})
 # The decided view's `Expect` entry for a VM ("" for Azure): functions.pipeline.approve.
 ExpectFor = Callable[[EventRecord, str], dict[str, object]]
@@ -270,7 +270,7 @@ def _acknowledge_each(
                 azure.attempts = attempts
                 return azure
             status = str(azure.properties.get("EventStatus") or "") if azure else ""
-            if status.casefold() in NOT_WAITING:
+            if status.casefold() in NOT_WAITING and _before_not_before(record, clock.now()):
                 attempts[-1].outcome = f"{LANDED} (Azure reports it {status}): {answer.text}"
                 return Phase(
                     outcome="approved",
@@ -327,7 +327,14 @@ def _azure_reports(
             "acknowledge on a relay's report alone",
         )
     status = str(azure.properties.get("EventStatus") or "")
+    now = pipeline.clock.now()
     if record.arm_sent_at is not None and status.casefold() in NOT_WAITING:
+        if not _before_not_before(record, now):
+            return Phase(
+                outcome="exhausted",
+                detail=f"Azure reports the event {status}, and its NotBefore has passed: "
+                "Azure started it then, or an earlier acknowledge did (its answer was lost)",
+            )
         try:  # an earlier run's acknowledge landed and its host died before recording it
             where = parse_event_id(azure.id)[0].id
         except ArmError:
@@ -380,6 +387,12 @@ def _ask_azure(
                 return Phase(outcome=outcome, detail=f"cannot ask Azure about the event: {exc}")
             clock.sleep(wait)
             delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+
+
+def _before_not_before(record: EventRecord, now: datetime) -> bool:
+    """Whether Azure cannot have started the event on its own yet: only then is an event
+    it reports Started the work of an earlier acknowledge of ours."""
+    return record.not_before is None or now < record.not_before
 
 
 def _mark_sent(pipeline: Pipeline, record: EventRecord) -> None:

@@ -117,12 +117,9 @@ class HostDied(BaseException):
     """The Functions host dies (a BaseException: no `except Exception` swallows it)."""
 
 
-def test_a_takeover_after_the_host_died_past_its_acknowledge_asks_azure_not_arm(
-    store, clock, arm, relay
-):
-    """A relay-reported event (the relay refuses, ARM takes over): the host dies once its
-    acknowledge reached ARM. The watchdog's takeover finds `arm_sent_at` and Azure's event
-    Started, records the approval through ARM and sends no second acknowledge."""
+def _died_past_acknowledge(store, clock, arm, relay, event_id: str):
+    """A relay-reported event (the relay refuses, ARM takes over) whose host dies once its
+    acknowledge reached ARM: the claim held, `arm_sent_at` set, Azure's event Started."""
     pipeline, pub = agentless(store, clock, arm, approvers="relay,arm")
     relay.default = (400, {"error": "refused"})
     send = pipeline.session.send
@@ -134,15 +131,24 @@ def test_a_takeover_after_the_host_died_past_its_acknowledge_asks_azure_not_arm(
         return response
 
     pipeline.session.send = dies_after_acknowledge  # type: ignore[method-assign]
-    props = user_event(arm.sim, "EV-DIED", ["web_1"])
+    props = user_event(arm.sim, event_id, ["web_1"])
     body = envelope("web_1", 1, [props], callback_url=relay.url, scale_set="web")
     body = with_compute(body, f"{owner('virtualMachineScaleSets', 'web')}/virtualMachines/1")
     with pytest.raises(HostDied):
         deliver(body, pipeline)
-    assert arm.sim.describe_event("EV-DIED")["EventStatus"] == "Started"
-    record = store.get_event("EV-DIED")
+    assert arm.sim.describe_event(event_id)["EventStatus"] == "Started"
+    record = store.get_event(event_id)
     assert record.approval == "in_progress" and record.arm_sent_at is not None
     pipeline.session.send = send  # type: ignore[method-assign]
+    return pipeline, pub, record
+
+
+def test_a_takeover_after_the_host_died_past_its_acknowledge_asks_azure_not_arm(
+    store, clock, arm, relay
+):
+    """The watchdog's takeover finds `arm_sent_at` and Azure's event Started: it records
+    the approval through ARM and sends no second acknowledge."""
+    pipeline, pub, _ = _died_past_acknowledge(store, clock, arm, relay, "EV-DIED")
     clock.advance(approval_stale_after(pipeline.settings).total_seconds() + 1)
     result = approve_event("EV-DIED", pipeline, by="watchdog")
     assert result.outcome == "approved" and result.vm == "arm", result.detail
@@ -151,3 +157,17 @@ def test_a_takeover_after_the_host_died_past_its_acknowledge_asks_azure_not_arm(
     assert record.approval == "approved" and record.approved_by == "arm"
     assert record.approval_attempts[-1].outcome.startswith(LANDED)
     assert pub.transitions("EV-DIED")[-1] == "approved"
+
+
+def test_after_not_before_a_started_event_is_not_claimed_as_the_apps_approval(
+    store, clock, arm, relay
+):
+    """Once NotBefore has passed, Azure may have started the event on its own: the
+    takeover does not call it the app's approval, and acknowledges nothing."""
+    pipeline, pub, record = _died_past_acknowledge(store, clock, arm, relay, "EV-LATE")
+    clock.advance((record.not_before - clock.now()).total_seconds() + 1)
+    result = approve_event("EV-LATE", pipeline, by="watchdog")
+    assert result.outcome != "approved", result.detail
+    assert "NotBefore has passed" in result.detail
+    assert [c.status for c in acknowledges(arm)] == [200]
+    assert "approved" not in pub.transitions("EV-LATE")
