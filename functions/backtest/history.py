@@ -98,7 +98,8 @@ def scheduled_copy(event: ScheduledEvent, **changes: Any) -> ScheduledEvent:
     return event.model_copy(update={"event_status": SCHEDULED, **changes})
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
+    """A duration as an operator reads it (s, min or h), in the history and the report."""
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
@@ -363,7 +364,7 @@ def _from_seen(track: _Seen, sets: dict[str, tuple[str | None, str | None]]) -> 
     elif track.started_at is not None and not_before is not None:
         early = (not_before - track.started_at).total_seconds()
         if early > 1:
-            actual = f"started {_span(early)} before NotBefore: approved"
+            actual = f"started {span(early)} before NotBefore: approved"
         else:
             actual = "started at NotBefore: not approved (held, or nobody acted)"
     elif end == "cancelled":
@@ -371,7 +372,7 @@ def _from_seen(track: _Seen, sets: dict[str, tuple[str | None, str | None]]) -> 
     else:
         actual = "still Scheduled at the end of the record"
     if end and track.started_at is not None:
-        actual += f", over {_span((ended_at - track.started_at).total_seconds())} later"  # type: ignore[operator]
+        actual += f", over {span((ended_at - track.started_at).total_seconds())} later"  # type: ignore[operator]
     return Past(
         event=scheduled_copy(event) if track.scheduled is None else event,
         source="documents",

@@ -6,6 +6,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from functions.backtest.history import span
 from functions.backtest.replay import Backtest, Replayed
 
 SOURCE_WORDS = {
@@ -17,14 +18,6 @@ SOURCE_WORDS = {
 
 def _t(moment: datetime | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else "—"
-
-
-def _span(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def what(r: Replayed) -> str:
@@ -142,7 +135,7 @@ def render_text(result: Backtest) -> str:
                 _names(h.resources),
                 _t(h.held_from),
                 _t(h.not_before),
-                _span(h.seconds),
+                span(h.seconds),
                 h.why,
             ]
             for h in result.holds

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from functions.backtest.history import HistoryError, Past, Skipped, View, _span
+from functions.backtest.history import HistoryError, Past, Skipped, View, span
 from functions.model.envelope import SCHEDULED, ScheduledEvent
 
 
@@ -146,5 +146,5 @@ def _lead(not_before: datetime | None, at: datetime) -> str:
         return ""
     seconds = (not_before - at).total_seconds()
     if seconds >= 0:
-        return f", {_span(seconds)} before NotBefore"
-    return f", {_span(-seconds)} after NotBefore"
+        return f", {span(seconds)} before NotBefore"
+    return f", {span(-seconds)} after NotBefore"
