@@ -141,12 +141,17 @@ def test_404_unknown_event(store, clock, arm):
 
 
 def test_409_event_no_longer_scheduled(store, clock, arm):
-    pipeline, _pub = agentless(store, clock, arm)
+    """Azure started the event before the app's only call: that call approved nothing, so
+    its 409 is final and Azure is not asked (tests/agentless/test_arm_repeat.py: repeats)."""
+    pipeline, pub = agentless(store, clock, arm)
     props = user_event(arm.sim, "EV-409", ["web_1"])
     arm.sim.start_event("EV-409")
     grid(pipeline, props)
     record = store.get_event("EV-409")
     assert record.approval == "failed" and "ARM refused 409 Conflict" in record.approval_reason
+    assert record.arm_sent_at is not None
+    assert [c.path for c in arm.arm.calls if "ResourceGraph" in c.path] == []
+    assert pub.transitions("EV-409")[-1] == "approval_failed"
 
 
 def test_429_retried_honouring_retry_after(store, clock, arm):

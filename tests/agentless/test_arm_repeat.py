@@ -68,19 +68,6 @@ def test_a_repeat_refused_after_a_lost_answer_is_the_approval_it_was(store, cloc
     assert pub.transitions("EV-LOST") == ["scheduled", "decided", "approved"]
 
 
-def test_a_409_to_a_first_call_is_final_and_azure_is_not_asked(store, clock, arm):
-    """Azure started the event before the app's only call: that call approved nothing."""
-    pipeline, pub = agentless(store, clock, arm)
-    props = user_event(arm.sim, "EV-FIRST", ["web_1"])
-    arm.sim.start_event("EV-FIRST")
-    grid(pipeline, props)
-    record = store.get_event("EV-FIRST")
-    assert record.approval == "failed" and "ARM refused 409" in record.approval_reason
-    assert record.arm_sent_at is not None
-    assert [c.path for c in arm.arm.calls if "ResourceGraph" in c.path] == []
-    assert pub.transitions("EV-FIRST")[-1] == "approval_failed"
-
-
 def test_a_repeat_refused_while_azure_still_reports_scheduled_is_never_approved(
     store, clock, arm, monkeypatch
 ):
