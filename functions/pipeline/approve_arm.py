@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from functions.approvers import azure_events
 from functions.approvers.arm import acknowledge, acknowledge_list, default_credential
+from functions.clock import Clock
 from functions.model.arm import ArmError, ArmResource, owner_of_vm, parse_event_id
 from functions.pipeline.context import Pipeline
 from functions.store.records import Attempt, EventRecord
@@ -210,11 +211,10 @@ def _acknowledge_list(
                         status=answer.status,
                     )
             return settled
-        wait = answer.retry_after if answer.retry_after is not None else delay
-        if clock.now() + timedelta(seconds=wait) >= stop:
+        next_delay = _back_off(clock, answer.retry_after, delay, stop)
+        if next_delay is None:
             break
-        clock.sleep(wait)
-        delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+        delay = next_delay
     text = attempts[-1].outcome if attempts else "no time left"
     outcome: Literal["later", "exhausted"] = "later" if stop < deadline else "exhausted"
     return {
@@ -288,11 +288,10 @@ def _acknowledge_each(
             return Phase(outcome="exhausted", detail=answer.text, attempts=attempts)
         elif answer.status != 429:
             may_have_landed = True  # unanswered, or a 5xx: ARM may have acted on it
-        wait = answer.retry_after if answer.retry_after is not None else delay
-        if clock.now() + timedelta(seconds=wait) >= stop:
+        next_delay = _back_off(clock, answer.retry_after, delay, stop)
+        if next_delay is None:
             break
-        clock.sleep(wait)
-        delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+        delay = next_delay
     text = attempts[-1].outcome if attempts else "no time left"
     if stop < deadline:
         return Phase(outcome="later", detail=f"ARM not answering yet: {text}", attempts=attempts)
@@ -381,12 +380,23 @@ def _ask_azure(
                 remaining=max(0.1, (stop - clock.now()).total_seconds()),
             )
         except azure_events.AzureUnavailable as exc:
-            wait = exc.retry_after if exc.retry_after is not None else delay
-            if clock.now() + timedelta(seconds=wait) >= stop:
+            next_delay = _back_off(clock, exc.retry_after, delay, stop)
+            if next_delay is None:
                 outcome = "later" if stop < deadline else "exhausted"
                 return Phase(outcome=outcome, detail=f"cannot ask Azure about the event: {exc}")
-            clock.sleep(wait)
-            delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+            delay = next_delay
+
+
+def _back_off(
+    clock: Clock, retry_after: float | None, delay: float, stop: datetime
+) -> float | None:
+    """Wait as ARM or Resource Graph asked (Retry-After), else `delay`; the next delay
+    (doubled, at most BACKOFF_MAX_SECONDS), or None when that wait would pass `stop`."""
+    wait = retry_after if retry_after is not None else delay
+    if clock.now() + timedelta(seconds=wait) >= stop:
+        return None
+    clock.sleep(wait)
+    return min(delay * 2, BACKOFF_MAX_SECONDS)
 
 
 def _before_not_before(record: EventRecord, now: datetime) -> bool:
