@@ -344,7 +344,7 @@ def _azure_reports(
             detail=f"acknowledged through ARM on {where}",
             attempts=[
                 Attempt(
-                    at=pipeline.clock.now(),
+                    at=now,
                     vm=ARM,
                     outcome=f"{LANDED} (Azure reports it {status})",
                     by=by,

@@ -68,7 +68,7 @@ from typing import Any
 
 from azure.data.tables import TableServiceClient
 
-from functions.pipeline.approve_arm import ARM, LANDED
+from functions.pipeline.approve_arm import ARM
 from tests.crash.world import World
 
 ISO = re.compile(
@@ -106,8 +106,9 @@ def _by(value: Any) -> Any:
 def _acknowledged(attempt: dict[str, Any]) -> Any:
     """Rule 11: an ARM attempt that acknowledged (ARM's 200 text, or LANDED) is one thing."""
     outcome = str(attempt.get("outcome", ""))
-    if attempt.get("vm") == ARM and not outcome.startswith(("ARM ", "no token")):
-        return "acknowledged" if outcome.startswith(LANDED) or outcome else outcome
+    failed = outcome.startswith(("ARM ", "no token"))  # functions.approvers.arm's texts
+    if attempt.get("vm") == ARM and outcome and not failed:
+        return "acknowledged"  # ARM's 200 text, or one that starts with LANDED
     return attempt.get("outcome")
 
 
