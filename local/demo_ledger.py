@@ -17,21 +17,21 @@ from functions.ledger import LedgerLine, read_ledger, summary
 from local.report import Outcome, short_id
 
 if TYPE_CHECKING:
-    from local.orchestration import Demo
+    from local.demo_state import DemoState
 
 CLOCK_DIR = "guest-clocks"  # under the demo's working directory: one clock file per VM
 LEAD = 1.0  # seconds from Started to the pause, so the relay sees Started first
 WAIT = 10.0  # seconds to wait for the documents that say the Freeze left IMDS
 
 
-def relay_command(demo: Demo, vm: str, argv: list[str]) -> list[str]:
+def relay_command(demo: DemoState, vm: str, argv: list[str]) -> list[str]:
     """A relay's command line run under the guest clock shim of its VM."""
     from simulator import guest_clock
 
     return [argv[0], guest_clock.__file__, str(demo.workdir / CLOCK_DIR / f"{vm}.json"), *argv[1:]]
 
 
-def ledger_outcomes(demo: Demo) -> list[Outcome]:
+def ledger_outcomes(demo: DemoState) -> list[Outcome]:
     """Print each Freeze's ledger and check it; (lane label, its lines) stay on
     `demo.ledgers`, for the report and for tests once the store is gone."""
     demo.ledgers = []
@@ -52,7 +52,7 @@ def ledger_outcomes(demo: Demo) -> list[Outcome]:
     return outcomes
 
 
-def _wait_for_lines(demo: Demo, event_id: str, vms: list[str]) -> list[LedgerLine]:
+def _wait_for_lines(demo: DemoState, event_id: str, vms: list[str]) -> list[LedgerLine]:
     """The ledger once every relay's line says the event left (or after WAIT seconds)."""
     deadline = time.monotonic() + WAIT
     while True:
@@ -63,7 +63,7 @@ def _wait_for_lines(demo: Demo, event_id: str, vms: list[str]) -> list[LedgerLin
         time.sleep(0.2)
 
 
-def _check(demo: Demo, event_id: str, vm: str, lines: list[LedgerLine]) -> Outcome:
+def _check(demo: DemoState, event_id: str, vm: str, lines: list[LedgerLine]) -> Outcome:
     """The relay's line shows the pause the simulator played: as long a polling gap, and
     a wall-clock jump of about as much (its monotonic clock stood still meanwhile)."""
     name = f"Freeze {short_id(event_id)} on {vm}: its relay measured the pause (ledger)"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from local.report import Outcome
 
 if TYPE_CHECKING:
-    from local.orchestration import Demo
+    from local.demo_state import DemoState
 
 PATH = "/readyz"
 EVERY = 0.1
@@ -26,7 +26,7 @@ COMES_BACK = frozenset({"platform-reboot", "user-reboot", "redeploy", "live-migr
 class ProbeWatcher:
     """Asks one relay's readiness probe until stopped; keeps each change of answer."""
 
-    def __init__(self, demo: Demo, vm: str, url: str) -> None:
+    def __init__(self, demo: DemoState, vm: str, url: str) -> None:
         self.demo, self.vm, self.url = demo, vm, url
         self.answers: list[tuple[float, int]] = []  # (monotonic time, status) on change
         self._stop = threading.Event()
@@ -57,7 +57,7 @@ class ProbeWatcher:
         self._thread.join(timeout=3)
 
 
-def ready_outcomes(demo: Demo) -> list[Outcome]:
+def ready_outcomes(demo: DemoState) -> list[Outcome]:
     """200, then 503 while drained, then 200 again after the undrain."""
     watchers: list[ProbeWatcher] = getattr(demo, "ready_probes", [])
     outcomes = []

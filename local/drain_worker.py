@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 if TYPE_CHECKING:
-    from local.orchestration import Demo
+    from local.demo_state import DemoState
 
 
-def start_drain_worker(demo: Demo) -> None:
+def start_drain_worker(demo: DemoState) -> None:
     """The `terminate` subscription: drain, then approve; undrain when the VM is back.
 
     In Azure it is its own function, invoked once per message and many at once, so a drain

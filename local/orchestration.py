@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import os
 import secrets
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import requests
@@ -32,9 +30,10 @@ from local.demo_backtest import run_backtest
 from local.demo_ledger import CLOCK_DIR, ledger_outcomes
 from local.demo_ledger import LEAD as LEDGER_LEAD
 from local.demo_ready import ready_outcomes
+from local.demo_state import DemoState
 from local.drain_worker import start_drain_worker
 from local.narration import announcement, receiver_news, subject
-from local.options import DemoAborted, DemoOptions
+from local.options import DemoOptions
 from local.outcomes import check_outcomes
 from local.plan import DEMO_RULES, Step, demo_policy
 from local.receivers import (
@@ -46,56 +45,18 @@ from local.receivers import (
     WebhookReceiver,
 )
 from local.relay_fleet import start_relays
-from local.relays import parse_hook_line
-from local.report import Outcome, Timeline, short_id
+from local.report import Outcome, Timeline
 from local.slack_receiver import SlackReceiver
-from local.stack import Stack
 from local.subscription import Subscription
 from local.watcher import EventTrack, FleetWatcher
 
 
-class Demo:
+class Demo(DemoState):
     """Starts everything, plays the plan, checks the outcomes, stops everything."""
 
     def __init__(self, options: DemoOptions | None = None, timeline: Timeline | None = None):
-        self.options = options or DemoOptions()
-        self.timeline = timeline or Timeline()
-        self.stack = Stack()
-        self.missing: dict[str, str] = {}  # part -> why it is not running
-        self.receivers: dict[str, Receiver] = {}
-        self.external: dict[str, str] = {}  # channel -> where it posts instead
-        self.sim: Any = None
-        self.server: Any = None
-        self.watcher: FleetWatcher | None = None
-        self.step_events: dict[Step, str] = {}  # which EventId each step produced
-        self.played: list[Step] = []
-        self.workdir = Path(tempfile.mkdtemp(prefix="sebridge-demo-"))
-        if not self.options.keep:
-            self.stack.callback(_remove_tree, self.workdir)
-        self._started = time.monotonic()
+        super().__init__(options, timeline)
         self._pending_steps: list[Step] = []
-        self._lock = threading.Lock()
-        self.deliveries: list[Delivery] = []
-        self.drain_results: list[Any] = []
-        self.publisher: Any = None
-        self.channels: list[str] = []
-        self.subscriptions: list[Subscription] = []
-        self.inbox: Path | None = None
-        self.event_grid: Any = None  # the Event Grid stand-in (agentless mode), if any VM opted in
-        self.credential: Any = None  # the function app's identity for Resource Manager
-        # The functions read POLICY__* from the process environment, so that is what counts.
-        self.play_errors: list[Outcome] = []
-        self.custom_policy = any(k.upper().startswith("POLICY__") for k in os.environ)
-        self.policy_source = (
-            "your POLICY__* settings"
-            if self.custom_policy
-            else "the demo's policy: Microsoft's reference policy with two drain rules in front"
-        )
-        self.hook_runs: list[tuple[float, str, str]] = []  # (time.time(), VM, EventId)
-        self.undrain_runs: list[tuple[float, str, str]] = []  # the same, of the undrain hook
-        # Each Freeze's impact ledger, (lane label, its LedgerLines), for the report.
-        self.ledgers: list[tuple[str, list[Any]]] = []
-        self.ready_probes: list[Any] = []  # local.demo_ready.ProbeWatcher, one a drained VM
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> Demo:
@@ -427,26 +388,6 @@ class Demo:
             or track.not_before <= horizon
         ]
 
-    def hook_script_runs(self) -> None:
-        """The drain and undrain scripts write one line per run; show each as it happens."""
-        for name, log, runs in (
-            ("drain", getattr(self, "hook_log", None), self.hook_runs),
-            ("undrain", getattr(self, "undrain_log", None), self.undrain_runs),
-        ):
-            if log is None or not log.exists():
-                continue
-            for line in log.read_text().splitlines()[len(runs) :]:
-                run = parse_hook_line(line)
-                runs.append(run)
-                at, vm, event_id = run
-                # Read from its log a moment later: say when it ran, so the line is not
-                # mistaken for coming after what the timeline printed meanwhile.
-                lag = time.time() - at
-                when = f" ({lag:.2f} s ago)" if lag >= 0.05 else ""
-                self.timeline.add(
-                    "drain", short_id(event_id), f"relay of {vm} ran its hook script '{name}'{when}"
-                )
-
     def _all_seen(self) -> bool:
         return all(step in self.step_events for step in self.played)
 
@@ -491,10 +432,6 @@ class Demo:
             self.step_events.setdefault(step, track.event_id)
             track.step = step
 
-    def check_deadline(self) -> None:
-        if time.monotonic() - self._started > self.options.time_limit:
-            raise DemoAborted(f"the hard time limit of {self.options.time_limit:.0f} s passed")
-
     # ------------------------------------------------------------------ observing
     def _told(self, record: Received) -> None:
         """Receivers speak up only for what the timeline would not show otherwise."""
@@ -523,11 +460,6 @@ class Demo:
             )
 
     # ------------------------------------------------------------------ outcomes
-    def recorded_deliveries(self) -> list[Delivery]:
-        """The deliveries so far, copied: the channels' workers keep appending."""
-        with self._lock:
-            return list(self.deliveries)
-
     def outcomes(self) -> list[Outcome]:
         """What the demo promised, checked against what each part actually observed; then
         the backtest of its own history (local/demo_backtest.py) and each Freeze's impact
@@ -574,9 +506,3 @@ def _event_id(result: Any) -> str | None:
     if isinstance(result, list | tuple) and result:
         return _event_id(result[0])
     return None
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

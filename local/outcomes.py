@@ -16,10 +16,10 @@ from local.report import Outcome
 from local.watcher import EventTrack
 
 if TYPE_CHECKING:
-    from local.orchestration import Demo
+    from local.demo_state import DemoState
 
 
-def check_outcomes(demo: Demo) -> list[Outcome]:
+def check_outcomes(demo: DemoState) -> list[Outcome]:
     """What the demo promised, checked against what each part actually observed."""
     results: list[Outcome] = list(demo.play_errors)
     events = demo.watcher.snapshot() if demo.watcher else {}
@@ -50,7 +50,7 @@ def check_outcomes(demo: Demo) -> list[Outcome]:
     return results
 
 
-def policy_difference(demo: Demo, name: str, track: EventTrack) -> Outcome:
+def policy_difference(demo: DemoState, name: str, track: EventTrack) -> Outcome:
     """What your policy did with this event next to what the demo's policy (Microsoft's
     reference rules with local.plan.DEMO_RULES in front) would have done, and why they
     differ (informative: never a failure)."""
@@ -104,7 +104,7 @@ def _imds_outcomes(name: str, step: Step, track: EventTrack) -> list[Outcome]:
     return [Outcome(f"{name}: went Scheduled → Started → removed", ok)]
 
 
-def _pipeline_outcomes(demo: Demo, name: str, step: Step, track: EventTrack) -> list[Outcome]:
+def _pipeline_outcomes(demo: DemoState, name: str, step: Step, track: EventTrack) -> list[Outcome]:
     event_id = track.event_id
     notes = [n for n in demo.publisher.published if n.event and n.event.event_id == event_id]
     transitions = [n.transition.value for n in notes]
@@ -191,7 +191,7 @@ def _pipeline_outcomes(demo: Demo, name: str, step: Step, track: EventTrack) -> 
 
 
 def _approved_through_arm(
-    demo: Demo, name: str, step: Step, approval: Any, notes: list[Any]
+    demo: DemoState, name: str, step: Step, approval: Any, notes: list[Any]
 ) -> list[Outcome]:
     """Agentless mode: Resource Manager's acknowledge started it (the simulator recorded
     who), and the announcement says so; an event of a VM without a relay came only through
@@ -219,7 +219,7 @@ def _approved_through_arm(
     return out
 
 
-def _announced_once(demo: Demo, name: str, track: EventTrack) -> Outcome:
+def _announced_once(demo: DemoState, name: str, track: EventTrack) -> Outcome:
     """N VMs reported it; Teams got one decision card, and each transition at most once."""
     label = f"{name}: reported by {len(track.reported_by)} VMs, announced once"
     teams = [
@@ -243,7 +243,7 @@ def _announced_once(demo: Demo, name: str, track: EventTrack) -> Outcome:
     return Outcome(label, ok, detail)
 
 
-def _paged(demo: Demo, name: str, event_id: str) -> Outcome:
+def _paged(demo: DemoState, name: str, event_id: str) -> Outcome:
     label = f"{name}: paged on-call once (PagerDuty trigger, dedup_key = EventId)"
     receiver = demo.receivers.get("pagerduty")
     if receiver is not None:
@@ -264,7 +264,7 @@ def _paged(demo: Demo, name: str, event_id: str) -> Outcome:
     return Outcome(label, ok, f"{len(sent)} trigger(s) sent to {demo.external['pagerduty']}")
 
 
-def _hook_calls(demo: Demo, event_id: str, action: str) -> list[Any]:
+def _hook_calls(demo: DemoState, event_id: str, action: str) -> list[Any]:
     """The customer's HTTP hook calls for this event: its drains or its undrains."""
     return [
         r
@@ -275,7 +275,7 @@ def _hook_calls(demo: Demo, event_id: str, action: str) -> list[Any]:
     ]
 
 
-def _drained_before_approval(demo: Demo, name: str, event_id: str, approval: Any) -> Outcome:
+def _drained_before_approval(demo: DemoState, name: str, event_id: str, approval: Any) -> Outcome:
     label = f"{name}: drained (HTTP hook and relay hook script) before approval"
     http = _hook_calls(demo, event_id, "drain")
     demo.hook_script_runs()
@@ -290,7 +290,7 @@ def _drained_before_approval(demo: Demo, name: str, event_id: str, approval: Any
     return Outcome(label, lead >= 0 and len(script) == 1, detail)
 
 
-def _undrained(demo: Demo, name: str, track: EventTrack, transitions: list[str]) -> Outcome:
+def _undrained(demo: DemoState, name: str, track: EventTrack, transitions: list[str]) -> Outcome:
     """Its VM is back after the event: put back in service once (HTTP undrain hook, the
     relay's undrain script), after IMDS dropped the event, and announced once."""
     label = f"{name}: undrained once it was over (HTTP hook and relay hook script)"
@@ -317,7 +317,7 @@ def _delivery_counts(deliveries: list) -> str:
     )
 
 
-def _fleet_outcomes(demo: Demo) -> list[Outcome]:
+def _fleet_outcomes(demo: DemoState) -> list[Outcome]:
     out = []
     errors = [d for d in demo.recorded_deliveries() if d.error]
     # A payload the service would refuse (not an injected outage) is a failure.
@@ -358,7 +358,7 @@ def _fleet_outcomes(demo: Demo) -> list[Outcome]:
     return out
 
 
-def _all_admitted(demo: Demo) -> Outcome:
+def _all_admitted(demo: DemoState) -> Outcome:
     """Per-VM identity: every relay message came with an attested document of its own VM
     (the simulator's IMDS, trusted through ATTESTATION_CA_PEM) and a vmId Resource Graph
     knows. A refused message is completed into the rejected table, so "processed" above

@@ -27,10 +27,10 @@ from local.relays import (
 )
 
 if TYPE_CHECKING:
-    from local.orchestration import Demo
+    from local.demo_state import DemoState
 
 
-def start_relays(demo: Demo) -> None:
+def start_relays(demo: DemoState) -> None:
     """One real relay process per VM, forwarding into the shared inbox, its callback
     listener where Azure says the VM is (its simulator address, the one shared port)."""
     from simulator.arm import simulated_address
@@ -92,7 +92,7 @@ def start_relays(demo: Demo) -> None:
     )
 
 
-def wait_healthy(demo: Demo, vm: str, url: str, timeout: float = 20.0) -> None:
+def wait_healthy(demo: DemoState, vm: str, url: str, timeout: float = 20.0) -> None:
     """Until the relay answers its health check; its log's tail if it exited instead."""
     deadline = time.monotonic() + timeout
     proc = demo.relays[vm]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from functions.web.timeline import Lane, render_svg
+from local.report_backtest import backtest_section
 
 # What each kind of line is about; the label is what the terminal shows.
 KINDS: dict[str, str] = {
@@ -222,8 +223,6 @@ def render_html(
     decided, the drain, the approval, who was told); then the checklist of expected
     outcomes, the policy in effect, every payload the receivers got (click to open) and
     the log."""
-    from local.demo_backtest import backtest_section
-
     esc = html.escape
     data = data or ReportData()
     rows = []

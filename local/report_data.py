@@ -19,7 +19,7 @@ from local.report import Payload, ReportData, short_id
 from local.report_events import event_row
 
 if TYPE_CHECKING:
-    from local.orchestration import Demo
+    from local.demo_state import DemoState
 
 # The drain's steps on an event's lane: when it started and how it ended.
 DRAIN_MARKS = {
@@ -30,7 +30,7 @@ DRAIN_MARKS = {
 }
 
 
-def collect(demo: Demo) -> ReportData:
+def collect(demo: DemoState) -> ReportData:
     data = ReportData()
     _policy(demo, data)
     if demo.watcher is None:
@@ -77,7 +77,7 @@ def collect(demo: Demo) -> ReportData:
     return data
 
 
-def _policy(demo: Demo, data: ReportData) -> None:
+def _policy(demo: DemoState, data: ReportData) -> None:
     settings = getattr(demo, "settings", None)
     data.policy_source = getattr(demo, "policy_source", "")
     if settings is None:
@@ -90,7 +90,7 @@ def _policy(demo: Demo, data: ReportData) -> None:
     data.policy = json.dumps(load.policy.model_dump(mode="json"), indent=2)
 
 
-def _payloads(demo: Demo) -> list[Payload]:
+def _payloads(demo: DemoState) -> list[Payload]:
     out = []
     for channel, receiver in demo.receivers.items():
         for record in receiver.received:

@@ -1,9 +1,14 @@
-"""functions/ has no import cycle, counting imports inside functions too (issue 22).
+"""functions/ and local/ have no import cycle, counting imports inside functions and under
+TYPE_CHECKING too (issues 22 and 37).
 
 Ingest and the Event Grid source once imported each other (one through a function-level
 import); each now depends only on the stages below it (functions.pipeline.results). A cycle
 that closes only inside a function still couples the modules, so those imports count.
 relay/ has its own test (tests/relay/test_imports.py).
+
+local/ had a 10-module cycle: each part (relay_fleet, drain_worker, outcomes, the ledger...)
+imported `Demo` back from local.orchestration to type its argument. The parts now take
+local.demo_state.DemoState, which imports none of them.
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+PACKAGES = ("functions", "local")
+
+
 def modules() -> dict[str, Path]:
     found = {}
-    for path in (ROOT / "functions").rglob("*.py"):
+    for path in (p for package in PACKAGES for p in (ROOT / package).rglob("*.py")):
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         found[name.removesuffix(".__init__")] = path
     return found
@@ -70,8 +78,19 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_functions_has_no_import_cycle():
+def test_functions_and_local_have_no_import_cycle():
     assert cycles(import_graph()) == []
+
+
+def test_local_is_in_the_graph():
+    """The orchestration imports its parts; no part imports it back."""
+    graph = import_graph()
+    assert "local.relay_fleet" in graph["local.orchestration"]
+    assert not [
+        name
+        for name, targets in graph.items()
+        if "local.orchestration" in targets and name not in ("local.cli", "local.demo")
+    ]
 
 
 def test_the_sources_do_not_import_each_other():

@@ -522,8 +522,9 @@ def test_the_demos_check_and_its_report_section(table: Store, azurite: str) -> N
     from types import SimpleNamespace
 
     from functions.model.policy import Policy, PolicyLoad
-    from local.demo_backtest import backtest_section, run_backtest
+    from local.demo_backtest import run_backtest
     from local.report import Timeline
+    from local.report_backtest import backtest_section
 
     stream = io.StringIO()
     demo = SimpleNamespace(
