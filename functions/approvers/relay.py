@@ -49,6 +49,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from functions.deadline import exchange
 from functions.identity.keys import CallbackKey
 from functions.signing import sign_headers_v2
 
@@ -146,12 +147,15 @@ def _post(
     body = json.dumps(request).encode()
     headers = target.signed(key, START_PATH, body)
     try:
-        response = session.post(
+        # The whole exchange within its time (functions.deadline): a relay that answers one
+        # byte a second costs its own event this attempt, nobody else's.
+        response = exchange(
+            "POST",
             url,
+            seconds=min(REQUEST_TIMEOUT_SECONDS, remaining),
+            session=session,
             data=body,
             headers=headers,
-            timeout=min(REQUEST_TIMEOUT_SECONDS, remaining),
-            allow_redirects=False,
         )
     except requests.RequestException as exc:
         return "retry", None, f"error: {type(exc).__name__}"

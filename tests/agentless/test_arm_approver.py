@@ -41,7 +41,9 @@ def arm(monkeypatch):
 
 
 def agentless(store, clock, arm, **settings):
-    settings = {"approvers": "relay,arm", **settings}
+    # The simulated Azure runs on the wall clock (its tokens must be current for
+    # azure-identity), the app on the tests' FakeClock at T0: NotBefore may be days "ahead".
+    settings = {"approvers": "relay,arm", "max_not_before_days": 365, **settings}
     pipeline, pub = make_pipeline(store, clock, arm_endpoint=arm.arm_url, **settings)
     pipeline.credential = ManagedIdentityCredential()
     return pipeline, pub
