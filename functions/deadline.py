@@ -17,6 +17,7 @@ again later" need nothing new) says which deadline passed.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from typing import Any
@@ -55,10 +56,8 @@ class _Sockets:
 
 
 def _shut(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):  # closed already
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # closed already
 
 
 def _adapter(sockets: _Sockets) -> HTTPAdapter:
@@ -121,7 +120,7 @@ def exchange(
                 body = response.raw.read(max_bytes, decode_content=True)
             finally:
                 response.close()
-            response._content = body  # noqa: SLF001 - what requests keeps a read body in
+            response._content = body  # where requests keeps a body it read
         except requests.RequestException as exc:
             if sockets.expired:
                 raise DeadlineExceeded(
@@ -146,4 +145,5 @@ def _where(url: str) -> str:
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}{parts.path}"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}{parts.path}"

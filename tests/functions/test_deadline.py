@@ -16,7 +16,9 @@ import requests
 
 from functions.deadline import DeadlineExceeded, exchange
 
-ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok":true}'
+ANSWER = (
+    b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok":true}'
+)
 
 
 @pytest.fixture
@@ -79,7 +81,7 @@ def test_a_dripping_or_silent_peer_costs_the_deadline_and_no_more(peer, how):
     url, mode = peer
     mode["how"] = how
     started = time.monotonic()
-    with pytest.raises(DeadlineExceeded, match="no whole answer within 1.0 s"):
+    with pytest.raises(DeadlineExceeded, match=r"no whole answer within 1\.0 s"):
         exchange("POST", url, seconds=1.0, data=b"{}")
     assert time.monotonic() - started < 2.0
     assert issubclass(DeadlineExceeded, requests.Timeout)  # callers retry it as a timeout
