@@ -271,11 +271,15 @@ def check_settings(
     *,
     for_azure: bool = True,
     drain_configured: bool | None = None,
+    alert_receivers: bool | None = None,
+    channels_configured: bool | None = None,
 ) -> SettingsReport:
     """Check the process environment (the models read os.environ; `environ` is only for
     the name checks, and defaults to it). `for_azure=False` leaves out the connections
     the local host supplies itself; `drain_configured` overrides what DRAIN__* says (the
-    demo configures its drain steps in code)."""
+    demo configures its drain steps in code); `alert_receivers` what ALERT_EMAIL and
+    ALERT_ACTION_GROUP_ID say (a parameter file names them as alertEmail, ...), and
+    `channels_configured` whether a channel is on (the demo's receivers are not settings)."""
     env = os.environ if environ is None else environ
     models = settings_models()
     findings = unknown_names(env, models)
@@ -293,32 +297,68 @@ def check_settings(
     for model in models:
         if model not in (Settings, PolicySettings):
             findings += model_findings(model)
-    findings += _channel_findings()
+    findings += _channel_findings(env, True if channels_configured else alert_receivers)
     names = tuple(f"{m.__module__}.{m.__qualname__}" for m in models)
     return SettingsReport(tuple(findings), policy, names)
 
 
-def _channel_findings() -> list[Finding]:
+CHANNELS = ("teams", "pagerduty", "webhook", "slack")
+# Who hears the bridge's alerts: the names main.bicepparam reads for alertEmail and
+# alertActionGroupId (infra/README.md), so the deploy shell's check sees them.
+ALERT_RECEIVERS = ("ALERT_EMAIL", "ALERT_ACTION_GROUP_ID")
+
+
+def _channel_findings(environ: Mapping[str, str], alert_receivers: bool | None) -> list[Finding]:
+    """A half-configured or unusable channel, a URL or key that is probably wrong, and a
+    deployment that tells nobody anything."""
     from functions.notify.settings import ChannelSettings
 
     try:
         channels = ChannelSettings()
     except ValidationError:
         return []  # model_findings named it
-    return [
+    findings = [
         Finding("warning", channel, channels.off_reason(channel) or "")
-        for channel in ("teams", "pagerduty", "webhook", "slack")
+        for channel in CHANNELS
         if channels.misconfigured(channel)
     ]
+    findings += [
+        Finding("warning", channel, warning)
+        for channel in CHANNELS
+        for warning in channels.endpoint_warnings(channel)
+    ]
+    if alert_receivers is None:
+        folded = {k.upper(): v for k, v in environ.items()}
+        alert_receivers = any(folded.get(name, "").strip() for name in ALERT_RECEIVERS)
+    if not alert_receivers and all(channels.off_reason(c) is not None for c in CHANNELS):
+        findings.append(
+            Finding(
+                "warning",
+                "channels",
+                "no channel is on (TEAMS_WEBHOOK_URL, SLACK_WEBHOOK_URL, PAGERDUTY_ROUTING_KEY, "
+                "WEBHOOK_URL) and no alert receiver is named (ALERT_EMAIL or "
+                "ALERT_ACTION_GROUP_ID, Bicep alertEmail / alertActionGroupId): nobody will "
+                "hear of an event, nor of the bridge failing",
+            )
+        )
+    return findings
 
 
 def checked_settings(
-    settings: Settings, *, for_azure: bool = False, drain_configured: bool | None = None
+    settings: Settings,
+    *,
+    for_azure: bool = False,
+    drain_configured: bool | None = None,
+    channels_configured: bool | None = None,
 ) -> Settings:
     """`settings` with the policy the app acts on: the settings check's errors, if any,
     make it fail closed (nothing approved, `policy_invalid` announced with the messages
     `settings check` prints); warnings are logged."""
-    report = check_settings(for_azure=for_azure, drain_configured=drain_configured)
+    report = check_settings(
+        for_azure=for_azure,
+        drain_configured=drain_configured,
+        channels_configured=channels_configured,
+    )
     for warning in report.warnings():
         log.warning("settings: %s", warning)
     refusal = report.refusal()

@@ -204,7 +204,8 @@ class Demo(DemoState):
         )
         # The app's start-up check (functions.settings_check): settings it refuses make
         # the host fail closed, as in Azure; otherwise the demo's policy unless yours.
-        checked = checked_settings(self.settings, drain_configured=True)  # drain_worker's
+        # drain_worker's steps, and the channels' local receivers (or your own URLs).
+        checked = checked_settings(self.settings, drain_configured=True, channels_configured=True)
         if self.custom_policy or checked.policy.error:
             self.settings = checked
         else:

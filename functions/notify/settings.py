@@ -1,4 +1,5 @@
-"""Channel settings from app settings. A channel whose settings are missing is off."""
+"""Channel settings from app settings. A channel whose settings are missing is off, and so is
+one whose URL no request can be sent to (functions.notify.endpoints)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from functools import lru_cache
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from functions.notify.endpoints import endpoint_warnings, routing_key_problem, unusable_url
 from functions.settings import unresolved_message, unresolved_reference
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -64,6 +66,9 @@ class ChannelSettings(BaseSettings):
         unresolved = self._unresolved(channel)
         if unresolved:
             return f"{unresolved_message(unresolved)}: refusing to use it"
+        unusable = self._unusable(channel)
+        if unusable:
+            return f"{unusable}: refusing to use it"
         if channel == "teams":
             return None if _present(self.teams_webhook_url) else "TEAMS_WEBHOOK_URL is not set"
         if channel == "slack":
@@ -90,7 +95,7 @@ class ChannelSettings(BaseSettings):
         """Set up half-way (a URL without its secret, or a secret whose Key Vault reference
         did not resolve): off, but a mistake to report, unlike a channel left unset. An
         unusable WEBHOOK_SECRET_PREVIOUS too (the channel stays on, signing once)."""
-        if self._unresolved(channel):
+        if self._unresolved(channel) or self._unusable(channel):
             return True
         if channel == "webhook" and self.previous_problem() is not None:
             return True
@@ -99,6 +104,44 @@ class ChannelSettings(BaseSettings):
             and _present(self.webhook_url)
             and not _present(self.webhook_secret)
         )
+
+    def endpoint_warnings(self, channel: str) -> list[str]:
+        """What is probably wrong with an on channel's URL or key (functions.notify.endpoints):
+        reported by `settings check`, the channel stays on."""
+        if self.off_reason(channel) is not None:
+            return []
+        found = [w for name, value in self._urls(channel) for w in endpoint_warnings(name, value)]
+        if channel == "pagerduty":
+            problem = routing_key_problem(self.pagerduty_routing_key.get_secret_value())  # type: ignore[union-attr]
+            found += [problem] if problem else []
+        return found
+
+    def _urls(self, channel: str) -> list[tuple[str, str]]:
+        """(setting, value) of the channel's URLs that are set."""
+        urls = {
+            "teams": (("TEAMS_WEBHOOK_URL", self.teams_webhook_url),),
+            "slack": (("SLACK_WEBHOOK_URL", self.slack_webhook_url),),
+            # The Events API URL matters once there is a key to send.
+            "pagerduty": (
+                (("PAGERDUTY_EVENTS_URL", SecretStr(self.pagerduty_events_url)),)
+                if _present(self.pagerduty_routing_key)
+                else ()
+            ),
+            "webhook": (("WEBHOOK_URL", self.webhook_url),),
+        }
+        return [
+            (name, value.get_secret_value())
+            for name, value in urls.get(channel, ())
+            if _present(value) and not unresolved_reference(value)
+        ]
+
+    def _unusable(self, channel: str) -> str | None:
+        """The first of the channel's URLs no request can be sent to (`htps://...`)."""
+        for name, value in self._urls(channel):
+            problem = unusable_url(name, value)
+            if problem:
+                return problem
+        return None
 
     def _unresolved(self, channel: str) -> str | None:
         """The first of the channel's secret settings holding an unresolved Key Vault

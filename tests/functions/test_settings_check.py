@@ -31,6 +31,8 @@ BASE = {
     "SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0",
     "StateStorage": "UseDevelopmentStorage=true",
     "APP_SECRET": "s" * 40,
+    # Someone hears of events (without a channel or an alert receiver: a warning).
+    "PAGERDUTY_ROUTING_KEY": "0123456789abcdef0123456789abcdef",
 }
 TERMINATE_DRAIN = {
     "name": "terminate-drain",
