@@ -52,6 +52,8 @@ class LedgerLine(BaseModel):
     max_poll_gap_s: float | None = None
     wall_jump_s: float | None = None
     measured: bool = False  # False: this VM's relay sent no measurements (old relay, none)
+    # Why what its row holds cannot be read (out of bounds, or made up); None when it can.
+    unreadable: str | None = None
 
 
 FIELDS = tuple(LedgerLine.model_fields)
@@ -115,8 +117,11 @@ def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
     return round((later - earlier).total_seconds(), 3)
 
 
-def ledger_line(record: EventRecord, vm: str, entry: LedgerEntry | None) -> LedgerLine:
-    """One VM's line: the event row's facts, its relay's measurements, what follows."""
+def ledger_line(
+    record: EventRecord, vm: str, entry: LedgerEntry | None, unreadable: str | None = None
+) -> LedgerLine:
+    """One VM's line: the event row's facts, its relay's measurements (or why they cannot
+    be read), what follows."""
     approved_at, approved_by = approval_of(record)
     not_before = record.not_before
     started = entry.started_seen if entry else None
@@ -139,33 +144,47 @@ def ledger_line(record: EventRecord, vm: str, entry: LedgerEntry | None) -> Ledg
         max_poll_gap_s=entry.max_poll_gap_s if entry else None,
         wall_jump_s=entry.wall_jump_s if entry else None,
         measured=entry is not None,
+        unreadable=unreadable if entry is None else None,
     )
 
 
 def ledger_lines(
-    record: EventRecord, entries: Mapping[str, LedgerEntry], vms: Iterable[str] = ()
+    record: EventRecord,
+    entries: Mapping[str, LedgerEntry],
+    vms: Iterable[str] = (),
+    unreadable: Mapping[str, str] | None = None,
 ) -> list[LedgerLine]:
-    """The event's ledger: a line per VM that measured it or reported it (`vms`), by name."""
-    names = {vm.casefold(): vm for vm in [*vms, *entries]}
+    """The event's ledger: a line per VM that measured it or reported it (`vms`), by name;
+    a VM whose measurements cannot be read (`unreadable`: VM -> why) has a line saying so."""
+    unreadable = unreadable or {}
+    names = {vm.casefold(): vm for vm in [*vms, *entries, *unreadable]}
     by_fold = {vm.casefold(): entry for vm, entry in entries.items()}
-    return [ledger_line(record, names[k], by_fold.get(k)) for k in sorted(names)]
+    why = {vm.casefold(): text for vm, text in unreadable.items()}
+    return [ledger_line(record, names[k], by_fold.get(k), why.get(k)) for k in sorted(names)]
 
 
-def read_ledger(store: Any, event_id: str) -> tuple[EventRecord | None, list[LedgerLine]]:
-    """The event row and its ledger: one point read and one partition query."""
+def read_ledger(
+    store: Any, event_id: str, skipped: list[Any] | None = None
+) -> tuple[EventRecord | None, list[LedgerLine]]:
+    """The event row and its ledger: one point read and one partition query. An event row
+    that cannot be read raises the store's BadRow (naming it); reporter rows that cannot
+    be read are skipped and added to `skipped`."""
     record = store.get_event(event_id)
-    return (record, lines_of(store, record)) if record is not None else (None, [])
+    return (record, lines_of(store, record, skipped)) if record is not None else (None, [])
 
 
-def lines_of(store: Any, record: EventRecord) -> list[LedgerLine]:
+def lines_of(store: Any, record: EventRecord, skipped: list[Any] | None = None) -> list[LedgerLine]:
     """The ledger of an event row already read: one partition query (its reporter rows)."""
-    reporters = store.reporter_rows(record.event_id)
+    reporters = store.reporter_rows(record.event_id, skipped)
     entries = {r.vm: r.ledger for r in reporters if r.ledger is not None}
-    return ledger_lines(record, entries, [r.vm for r in reporters])
+    unreadable = {r.vm: r.ledger_unreadable for r in reporters if r.ledger_unreadable}
+    return ledger_lines(record, entries, [r.vm for r in reporters], unreadable)
 
 
-def as_json(record: EventRecord, lines: list[LedgerLine]) -> str:
-    """The export for a support case: the event's advertised facts and every VM's line."""
+def as_json(record: EventRecord, lines: list[LedgerLine], skipped: list[Any] | None = None) -> str:
+    """The export for a support case: the event's advertised facts and every VM's line,
+    and the reporter rows left out because they cannot be read (`skipped`), if any."""
+    left_out = [str(s) for s in skipped or []]
     return json.dumps(
         {
             "event_id": record.event_id,
@@ -175,24 +194,42 @@ def as_json(record: EventRecord, lines: list[LedgerLine]) -> str:
             "ended": record.ended or None,
             "ended_at": record.ended_at.isoformat() if record.ended_at else None,
             "vms": [line.model_dump(mode="json") for line in lines],
+            **({"unreadable_rows": left_out} if left_out else {}),
         },
         indent=2,
     )
 
 
+# A text cell a spreadsheet would read as a formula (OWASP "CSV Injection"): = + - @, and
+# tab and carriage return, which some spreadsheets strip before looking.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A CSV cell that opens as text: a string starting like a formula gets a leading `'`
+    (OWASP's neutralisation; the VM's name and the event type are a VM's own words).
+    Numbers stay numbers: a negative jump is a number to a spreadsheet, not a formula."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
 def as_csv(lines: list[LedgerLine]) -> str:
-    """One row per VM, a header of the field names (times ISO 8601 UTC, seconds)."""
+    """One row per VM, a header of the field names (times ISO 8601 UTC, seconds), safe to
+    open in a spreadsheet (`spreadsheet_safe`)."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")
     writer.writeheader()
     for line in lines:
         row = line.model_dump(mode="json")
-        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+        writer.writerow({k: "" if v is None else spreadsheet_safe(v) for k, v in row.items()})
     return out.getvalue()
 
 
 def summary(line: LedgerLine) -> str:
     """One line in words, for the event page, the demo's log and its report."""
+    if line.unreadable:
+        return f"{line.vm}: its relay's measurements cannot be read ({line.unreadable})"
     if not line.measured:
         return f"{line.vm}: no measurements from its relay"
     parts = [f"advertised {line.duration_s if line.duration_s is not None else '?'} s"]
@@ -229,7 +266,7 @@ def table_rows(lines: list[LedgerLine]) -> list[list[str]]:
             delay += f" after {line.start_delay_from}"
         rows.append(
             [
-                line.vm + ("" if line.measured else " (no relay measurements)"),
+                line.vm + _unmeasured(line),
                 line.not_before.isoformat() if line.not_before else "—",
                 "unknown" if line.duration_s in (None, -1) else f"{line.duration_s} s",
                 delay,
@@ -239,3 +276,9 @@ def table_rows(lines: list[LedgerLine]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def _unmeasured(line: LedgerLine) -> str:
+    if line.unreadable:
+        return " (measurements unreadable: skipped)"
+    return "" if line.measured else " (no relay measurements)"

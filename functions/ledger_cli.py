@@ -27,18 +27,23 @@ def run(args: argparse.Namespace) -> int:
 
     from functions.ledger import as_csv, as_json, read_ledger
     from functions.settings import SettingsInvalid, load_settings
+    from functions.store.rows import BadRow
     from functions.store.state import Store
 
     event_id = args.event_id.strip()
     if not event_id:
         print("ledger: EVENT_ID must not be empty", file=sys.stderr)
         return 2
+    skipped: list = []
     try:
         store = Store.from_settings(load_settings())
-        record, lines = read_ledger(store, event_id)
+        record, lines = read_ledger(store, event_id, skipped)
     except SettingsInvalid as exc:
         print(f"ledger: {exc}", file=sys.stderr)
         return 2
+    except BadRow as exc:
+        print(f"ledger: the event's row cannot be read: {exc}", file=sys.stderr)
+        return 1
     except AzureError as exc:
         first = (str(exc).splitlines() or [""])[0][:300]
         print(f"ledger: the state tables could not be read: {first}", file=sys.stderr)
@@ -46,5 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if record is None:
         print(f"ledger: no event {event_id[:128]!r} in the events table", file=sys.stderr)
         return 1
-    sys.stdout.write(as_csv(lines) if args.csv else as_json(record, lines) + "\n")
+    for row in skipped:  # left out, each named: a line unreadable says so in the export too
+        print(f"ledger: skipped a row that cannot be read: {row}", file=sys.stderr)
+    sys.stdout.write(as_csv(lines) if args.csv else as_json(record, lines, skipped) + "\n")
     return 0

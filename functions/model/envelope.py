@@ -75,6 +75,17 @@ TRUNCATED_MARK = " … [truncated: {} more characters]"
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
+# Numbers get bounds of the same kind: every one a relay sends is read, added up, shown and
+# stored, so one out of range (1.7e308 twice is inf; 10**30 seconds is no timedelta) would
+# fail every reader of a row that other VMs' events share. Counters stay within a signed
+# 64-bit integer (Table storage's Int64); a clock interval within the span of times
+# accepted above (no two readings of a clock the app believes can differ by more); an
+# advertised duration within a year (Azure's are seconds to hours), so NotBefore plus it is
+# still a time.
+MAX_COUNTER = 2**63 - 1
+MAX_CLOCK_SECONDS = (LATEST - EARLIEST).total_seconds()
+MAX_DURATION_SECONDS = 366 * 24 * 3600
+
 
 def shorten(text: str, limit: int = MAX_DESCRIPTION_CHARS) -> str:
     """Descriptive text cut to `limit` characters, saying how much was cut (never silently)."""
@@ -179,7 +190,10 @@ class ScheduledEvent(BaseModel):
     not_before: datetime | None = Field(default=None, alias="NotBefore")
     description: str | None = Field(default=None, alias="Description")
     event_source: str | None = Field(default=None, alias="EventSource", max_length=MAX_NAME_CHARS)
-    duration_in_seconds: int | None = Field(default=None, alias="DurationInSeconds")
+    # -1: unknown (Learn); a real one is seconds to hours.
+    duration_in_seconds: int | None = Field(
+        default=None, alias="DurationInSeconds", ge=-1, le=MAX_DURATION_SECONDS
+    )
 
     @field_validator("not_before", mode="before")
     @classmethod
@@ -224,7 +238,7 @@ class ScheduledEventsDocument(BaseModel):
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
 
-    document_incarnation: int = Field(alias="DocumentIncarnation", ge=0)
+    document_incarnation: int = Field(alias="DocumentIncarnation", ge=0, le=MAX_COUNTER)
     events: tuple[ScheduledEvent, ...] = Field(alias="Events", max_length=MAX_EVENTS)
 
     @field_validator("document_incarnation", mode="before")
@@ -256,10 +270,12 @@ def parse_document(data: bytes | str | dict[str, Any]) -> ScheduledEventsDocumen
     try:
         return ScheduledEventsDocument.model_validate(data)
     except ValidationError as exc:
-        raise DocumentError(f"not a Scheduled Events document: {_summarize(exc)}") from None
+        raise DocumentError(f"not a Scheduled Events document: {summarize(exc)}") from None
 
 
-def _summarize(exc: ValidationError) -> str:
+def summarize(exc: ValidationError) -> str:
+    """Each error as `field.path: message`, on one line: the reason a row or message is
+    refused, naming the field."""
     parts = []
     for error in exc.errors(include_url=False):
         where = ".".join(str(p) for p in error["loc"]) or "document"
@@ -311,8 +327,8 @@ class Unforwardable(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    incarnation: int | None = None
-    bytes: int = Field(ge=0)
+    incarnation: int | None = Field(default=None, ge=0, le=MAX_COUNTER)
+    bytes: int = Field(ge=0, le=MAX_COUNTER)
     reason: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
 
 
@@ -324,8 +340,9 @@ class PollClocks(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    max_gap_s: float = Field(ge=0, allow_inf_nan=False)
-    wall_jump_s: float = Field(allow_inf_nan=False)  # a clock stepped a year is what it saw
+    max_gap_s: float = Field(ge=0, le=MAX_CLOCK_SECONDS, allow_inf_nan=False)
+    # A clock stepped a year is what it saw; one stepped past the times the app accepts is not.
+    wall_jump_s: float = Field(ge=-MAX_CLOCK_SECONDS, le=MAX_CLOCK_SECONDS, allow_inf_nan=False)
 
 
 class LedgerEntry(BaseModel):
@@ -338,8 +355,11 @@ class LedgerEntry(BaseModel):
     event_id: str = Field(min_length=1, max_length=MAX_EVENT_ID_CHARS)
     started_seen: AwareDatetime | None = None
     left_at: AwareDatetime | None = None
-    max_poll_gap_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    wall_jump_s: float = Field(default=0.0, allow_inf_nan=False)
+    max_poll_gap_s: float = Field(default=0.0, ge=0, le=MAX_CLOCK_SECONDS, allow_inf_nan=False)
+    # Two periods' jumps added up (functions/ledger.py `combined`): twice one's bound.
+    wall_jump_s: float = Field(
+        default=0.0, ge=-2 * MAX_CLOCK_SECONDS, le=2 * MAX_CLOCK_SECONDS, allow_inf_nan=False
+    )
 
 
 class VmRef(BaseModel):
@@ -386,7 +406,7 @@ class Envelope(BaseModel):
     kind: Literal["document", "heartbeat", "unforwardable", "preflight"]
     vm: VmRef
     relay_version: str = Field(default="unknown", max_length=MAX_NAME_CHARS)
-    sequence: int = Field(ge=0)
+    sequence: int = Field(ge=0, le=MAX_COUNTER)
     observed_at: AwareDatetime
     document: dict[str, Any] | None = None
     # Contract C2: "own" when the relay kept only the events naming its VM; relays from
@@ -449,4 +469,4 @@ def parse_envelope(data: bytes | str | dict[str, Any]) -> Envelope:
             return Envelope.model_validate(data)
         return Envelope.model_validate_json(data)
     except ValidationError as exc:
-        raise DocumentError(f"not a relay envelope: {_summarize(exc)}") from None
+        raise DocumentError(f"not a relay envelope: {summarize(exc)}") from None

@@ -18,8 +18,9 @@ from typing import Any
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
+from pydantic import ValidationError
 
-from functions.model.envelope import LedgerEntry
+from functions.model.envelope import LedgerEntry, summarize
 from functions.model.event import Decision
 from functions.model.view import VmView
 from functions.store.http import NO_ECHO
@@ -27,7 +28,7 @@ from functions.store.keys import reserved, row_key
 from functions.store.liveness import Skipped
 from functions.store.recent import RecentRows
 from functions.store.records import CapacityRecord, EventRecord
-from functions.store.rows import UNREAD, BadRow, Rows, _chunks, _unchunk
+from functions.store.rows import UNREAD, BadRow, Rows, _chunks, _unchunk, _why
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +57,15 @@ class Reporter:
     decision: Decision | None
     # What this VM's relay measured of the event (the impact ledger), if it sent any.
     ledger: LedgerEntry | None = None
+    # Why the measurements this row holds cannot be read ("" when they can, or it has none).
+    ledger_unreadable: str = ""
 
     @classmethod
-    def from_row(cls, row: Any) -> Reporter | None:
+    def from_row(cls, row: Any, skipped: list[Skipped] | None = None) -> Reporter | None:
+        """The row as read; None (logged, and added to `skipped`) for one naming no VM."""
         vm, status = row.get("vm"), row.get("status")
         if not isinstance(vm, str) or not isinstance(status, str | None):
-            log.warning("events: skipped reporter row %.100r", row.get("RowKey"))
+            _skip(row, "no VM name or status", skipped)
             return None
         view: VmView | None = None
         decision: Decision | None = None
@@ -75,24 +79,46 @@ class Reporter:
             log.warning("events: unreadable view in reporter row %.100r", row.get("RowKey"))
             view, decision = None, None
         key = row.get("key") if isinstance(row.get("key"), str) else ""
-        return cls(vm, status or "", view, key, decision, read_ledger(row))
+        entry, why = read_ledger(row, skipped)
+        return cls(vm, status or "", view, key, decision, entry, why)
 
 
-def read_ledger(row: Any) -> LedgerEntry | None:
-    """A reporter row's impact ledger, its two parts as one; None (and a warning for one
-    that cannot be read) when it has none."""
+def _skip(row: Any, why: str, skipped: list[Skipped] | None) -> Skipped:
+    """Log a row (or a column of one) that cannot be read, and add it to `skipped`: the
+    pages and exports that read it count and name it instead of failing on it."""
+    what = Skipped(
+        "events",
+        str(row.get("PartitionKey", "?"))[:80],
+        str(row.get("RowKey", "?"))[:80],
+        why[:300],
+    )
+    log.warning("events: skipped %s", what)
+    if skipped is not None:
+        skipped.append(what)
+    return what
+
+
+def read_ledger(row: Any, skipped: list[Skipped] | None = None) -> tuple[LedgerEntry | None, str]:
+    """A reporter row's impact ledger, its two parts as one, and "" ; (None, why) for
+    measurements that cannot be read (out of bounds, written before the bounds, or made
+    up), logged and added to `skipped`; (None, "") when it has none."""
     from functions.ledger import combined
 
     parts = []
-    for column in (LEDGER, LEDGER_LEFT):
-        text = row.get(column)
-        if not isinstance(text, str):
-            continue
-        try:
-            parts.append(LedgerEntry.model_validate_json(text))
-        except ValueError:
-            log.warning("events: unreadable %s in reporter row %.100r", column, row.get("RowKey"))
-    return combined(parts)
+    try:
+        for column in (LEDGER, LEDGER_LEFT):
+            text = row.get(column)
+            if isinstance(text, str):
+                parts.append(LedgerEntry.model_validate_json(text))
+        return combined(parts), ""
+    except ValidationError as exc:
+        why = f"measurements unreadable: {summarize(exc)}"
+        _skip(row, why, skipped)
+        return None, why
+    except ValueError as exc:  # not JSON
+        why = f"measurements unreadable: {_why(exc)}"
+        _skip(row, why, skipped)
+        return None, why
 
 
 def ended_partition(day: str) -> str:
@@ -131,28 +157,36 @@ class EventRows(Rows):
             self.load_reporters(record)
         return record
 
-    def load_reporters(self, record: EventRecord, *, ledger: bool = False) -> EventRecord:
+    def load_reporters(
+        self, record: EventRecord, *, ledger: bool = False, skipped: list[Skipped] | None = None
+    ) -> EventRecord:
         """Fill `reporters` (VM -> status, those still reporting it) and `past_reporters`
         (every VM that ever did) from the event's reporter rows: one partition query.
-        `ledger=True` also fills `record.ledger` (VM -> its relay's measurements) from the
-        same query."""
+        `ledger=True` also fills `record.ledger` (VM -> its relay's measurements, or in
+        `record.ledger_unreadable` why they cannot be read) from the same query. Rows that
+        cannot be read are logged, skipped and added to `skipped`."""
         rows = self.events.query_entities(
             "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi",
             parameters={"pk": row_key(record.event_id), "lo": REPORTER, "hi": "r}"},
-            select=["vm", "status", LEDGER, LEDGER_LEFT] if ledger else ["vm", "status"],
+            select=["PartitionKey", "RowKey", "vm", "status"]
+            + ([LEDGER, LEDGER_LEFT] if ledger else []),
         )
         present: dict[str, str] = {}
         everyone: list[str] = []
         for row in rows:
             vm, status = row.get("vm"), row.get("status")
             if not isinstance(vm, str) or not isinstance(status, str | None):
-                log.warning("events: skipped reporter row %.100r", row.get("RowKey"))
+                _skip(row, "no VM name or status", skipped)
                 continue
             everyone.append(vm)
             if status:
                 present[vm] = status
-            if ledger and (entry := read_ledger(row)) is not None:
-                record.ledger[vm] = entry
+            if ledger:
+                entry, why = read_ledger(row, skipped)
+                if entry is not None:
+                    record.ledger[vm] = entry
+                elif why:
+                    record.ledger_unreadable[vm] = why
         record.reporters = present
         record.past_reporters = everyone
         return record
@@ -221,13 +255,14 @@ class EventRows(Rows):
         reporter = self.get_reporter(event_id, vm)
         return reporter.view if reporter is not None and reporter.status else None
 
-    def reporter_rows(self, event_id: str) -> list[Reporter]:
-        """Every reporter of the event with its view: one partition query."""
+    def reporter_rows(self, event_id: str, skipped: list[Skipped] | None = None) -> list[Reporter]:
+        """Every reporter of the event with its view: one partition query. Rows that cannot
+        be read are logged, skipped and added to `skipped`."""
         rows = self.events.query_entities(
             "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi",
             parameters={"pk": row_key(event_id), "lo": REPORTER, "hi": "r}"},
         )
-        return [r for r in (Reporter.from_row(row) for row in rows) if r is not None]
+        return [r for r in (Reporter.from_row(row, skipped) for row in rows) if r is not None]
 
     def anyone_reports(self, event_id: str) -> bool:
         """Whether any VM still reports the event: one query that stops at the first."""
@@ -362,9 +397,12 @@ class EventRows(Rows):
         self._recent_events.note(rk, record)
         return record, won
 
-    def list_events(self, include_ended: bool = False) -> list[EventRecord]:
+    def list_events(
+        self, include_ended: bool = False, skipped: list[Skipped] | None = None
+    ) -> list[EventRecord]:
         """Events not ended (the open index, then each row), or with `include_ended` every
-        event row still kept (a scan: for the status page's `?all=true` only)."""
+        event row still kept (a scan: for the status page's `?all=true` only). Rows that
+        cannot be read are logged, skipped and added to `skipped`."""
         if include_ended:
             rows = self.events.query_entities("RowKey eq @rk", parameters={"rk": EVENT_ROW})
             loaded = []
@@ -373,13 +411,17 @@ class EventRows(Rows):
                     loaded.append(self._load(EventRecord, row))
                 except BadRow as exc:
                     log.warning("events: skipped %s", exc)
+                    if skipped is not None:
+                        skipped.append(exc.skipped)
             return loaded
         found = []
-        for event_id, _ in self.open_events():
+        for event_id, _ in self.open_index(skipped.append if skipped is not None else None)[0]:
             try:
                 record = self.get_event(event_id)
             except BadRow as exc:
                 log.warning("events: skipped %s", exc)
+                if skipped is not None:
+                    skipped.append(exc.skipped)
                 continue
             if record is not None and not record.ended:
                 found.append(record)

@@ -124,6 +124,8 @@ class EventRecord(Record):
     # Not stored either: each reporter's relay measurements (the impact ledger, VM ->
     # entry), from its reporter row, filled by `Store.load_reporters(ledger=True)`.
     ledger: dict[str, LedgerEntry] = Field(default_factory=dict, exclude=True)
+    # ... and for each reporter whose measurements cannot be read, why (VM -> reason).
+    ledger_unreadable: dict[str, str] = Field(default_factory=dict, exclude=True)
     resources_dropped: int = 0  # names beyond MAX_RESOURCES, not kept
     ended: EndState = ""
     ended_at: AwareDatetime | None = None

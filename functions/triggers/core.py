@@ -150,14 +150,19 @@ def ledger(req: func.HttpRequest) -> func.HttpResponse:
 
 def ledger_export(p: Pipeline, event_id: str, form: str) -> func.HttpResponse:
     from functions.ledger import as_csv, as_json, read_ledger
+    from functions.store.rows import BadRow
 
     if form not in ("json", "csv"):
         return _json({"error": f"format must be json or csv, not {form[:20]!r}"}, 400)
-    record, lines = read_ledger(p.store, event_id)
+    skipped: list = []
+    try:
+        record, lines = read_ledger(p.store, event_id, skipped)
+    except BadRow as exc:  # named, not a stack trace
+        return _json({"error": f"the event's row cannot be read: {exc}"}, 500)
     if record is None:
         return _json({"error": f"no event {event_id[:128]!r}"}, 404)
     if form == "json":
-        return func.HttpResponse(as_json(record, lines), mimetype="application/json")
+        return func.HttpResponse(as_json(record, lines, skipped), mimetype="application/json")
     name = "".join(c for c in record.event_id if c.isalnum() or c == "-")[:64] or "event"
     return func.HttpResponse(
         as_csv(lines),

@@ -23,7 +23,9 @@ from functions.model.event import utc_text
 from functions.notify import describe
 from functions.pipeline.approve import approval_path
 from functions.pipeline.context import Pipeline
+from functions.store.liveness import Skipped
 from functions.store.records import EventRecord
+from functions.store.rows import BadRow
 from functions.web import csrf, render
 from functions.web.approval import HTTP_STATUS, Refused, approve_by_hand, operator_actor
 from functions.web.principal import Principal, PrincipalInvalid, read_principal
@@ -34,6 +36,7 @@ from functions.web.views import (
     event_lane,
     fleet_events,
     policy_state,
+    unreadable_state,
     views_text,
 )
 
@@ -157,9 +160,11 @@ def _event_body(pipeline: Pipeline, record: EventRecord, form: str) -> str:
         ]
         for row in audit
     ]
-    ledger = lines_of(pipeline.store, record)
+    skipped: list[Skipped] = []
+    ledger = lines_of(pipeline.store, record, skipped)
     return (
         f"<h1>{esc(describe.event_words(snap))}: {esc(describe.vm_count(snap))}</h1>"
+        f"{unreadable_warning(unreadable_state(skipped))}"
         f"{render.facts(rows)}{form}"
         f"<h2>Timeline</h2>{render_svg([event_lane(record, ledger)], now=now)}"
         + _ledger_section(record, ledger)
@@ -194,7 +199,17 @@ def event_page(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageR
     admitted = _admit(pipeline, request)
     if isinstance(admitted, PageResponse):
         return admitted
-    record = pipeline.store.get_event(event_id)
+    try:
+        record = pipeline.store.get_event(event_id)
+    except BadRow as exc:  # shown as such, never a failed page
+        log.warning("pages: skipped %s", exc)
+        return _page(
+            200,
+            "Unreadable event",
+            f"<h1>Event {esc(event_id[:128])}</h1>"
+            + unreadable_warning(unreadable_state([exc.skipped]))
+            + f'<p><a href="{PAGES_PREFIX}/fleet">Fleet status</a></p>',
+        )
     if record is None:
         return _message(404, "Unknown event", f"No event {event_id} is known to the bridge.")
     extra: dict[str, str] = {}
@@ -287,7 +302,8 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
         return admitted
     include_ended = (request.query.get("all") or "").lower() in ("1", "true", "yes")
     now = pipeline.clock.now()
-    events = fleet_events(pipeline, include_ended)
+    skipped: list[Skipped] = []
+    events = fleet_events(pipeline, include_ended, skipped)
     policy = policy_state(pipeline)
     if not policy["valid"]:
         state = f'<p class="warn">Policy INVALID, failing closed: {esc(policy["error"])}</p>'
@@ -297,6 +313,7 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
         state = '<p class="ok">Policy valid.</p>'
     state += attestation_warning(attestation_state(pipeline))
     state += graph_warning(graph_state(pipeline.store.events))
+    state += unreadable_warning(unreadable_state(skipped))
     rows = []
     for record in events:
         snap = record.snapshot()
@@ -331,6 +348,19 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
         + render_svg([event_lane(r) for r in events], now=now)
     )
     return _page(200, "Fleet maintenance", body)
+
+
+def unreadable_warning(state: dict | None) -> str:
+    """A page's warning for stored rows it could not read and left out ("" for none)."""
+    if state is None:
+        return ""
+    named = "".join(f"<li><code>{esc(row)}</code></li>" for row in state["rows"])
+    more = state["count"] - len(state["rows"])
+    return (
+        f'<p class="warn">{state["count"]} stored row(s) cannot be read and are not shown '
+        "(skipped; each is in the app's log):</p>"
+        f"<ul>{named}</ul>" + (f"<p class=muted>… and {more} more.</p>" if more > 0 else "")
+    )
 
 
 def graph_warning(state: dict | None) -> str:

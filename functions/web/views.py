@@ -11,8 +11,11 @@ from functions.ledger import LedgerLine, ledger_lines
 from functions.notify import describe
 from functions.pipeline.admission_tally import read_report
 from functions.pipeline.context import Pipeline
+from functions.store.liveness import Skipped
 from functions.store.records import EventRecord
 from functions.web.timeline import Lane, Mark
+
+MAX_UNREADABLE_LISTED = 20  # unreadable rows a page names (all are counted and logged)
 
 
 def event_view(record: EventRecord) -> dict[str, Any]:
@@ -40,7 +43,9 @@ def event_view(record: EventRecord) -> dict[str, Any]:
         # The impact ledger (functions/ledger.py): per VM, advertised beside measured.
         "ledger": [
             line.model_dump(mode="json")
-            for line in ledger_lines(record, record.ledger, record.past_reporters)
+            for line in ledger_lines(
+                record, record.ledger, record.past_reporters, record.ledger_unreadable
+            )
         ],
     }
 
@@ -53,15 +58,27 @@ def views_text(record: EventRecord) -> str:
     return f"views differ ({', '.join(record.views_differ)}): {each}; the stricter applies"
 
 
-def fleet_events(pipeline: Pipeline, include_ended: bool) -> list[EventRecord]:
-    """Open events (or all), soonest NotBefore first: what needs attention next."""
-    events = pipeline.store.list_events(include_ended=include_ended)
+def fleet_events(
+    pipeline: Pipeline, include_ended: bool, skipped: list[Skipped] | None = None
+) -> list[EventRecord]:
+    """Open events (or all), soonest NotBefore first: what needs attention next. Rows that
+    cannot be read are skipped and added to `skipped` (`unreadable_state` shows them)."""
+    events = pipeline.store.list_events(include_ended=include_ended, skipped=skipped)
     for record in events:
         # Reporters are rows of their own: one query per open event (per event with
         # `?all=true`, for the ended ones' impact ledger), their measurements included.
-        pipeline.store.load_reporters(record, ledger=True)
+        pipeline.store.load_reporters(record, ledger=True, skipped=skipped)
     events.sort(key=lambda r: (r.not_before is None, r.not_before or r.first_seen))
     return events
+
+
+def unreadable_state(skipped: list[Skipped]) -> dict[str, Any] | None:
+    """Stored rows a page could not read and left out: how many, and the first ones named
+    (table/partition/row: why), so one bad row is seen without costing the page (None
+    when every row was read)."""
+    if not skipped:
+        return None
+    return {"count": len(skipped), "rows": [str(s) for s in skipped[:MAX_UNREADABLE_LISTED]]}
 
 
 def policy_state(pipeline: Pipeline) -> dict[str, Any]:
@@ -87,13 +104,17 @@ def attestation_state(pipeline: Pipeline) -> dict[str, Any] | None:
 
 def fleet_status(pipeline: Pipeline, include_ended: bool) -> dict[str, Any]:
     """The status API's body."""
+    skipped: list[Skipped] = []
+    events = [event_view(r) for r in fleet_events(pipeline, include_ended, skipped)]
     return {
         "generated_at": pipeline.clock.now().isoformat(),
         "policy": policy_state(pipeline),
         "attestation": attestation_state(pipeline),
         # A Resource Graph configuration error in force (functions.identity.graph_state).
         "resource_graph": graph_state(pipeline.store.events),
-        "events": [event_view(r) for r in fleet_events(pipeline, include_ended)],
+        "events": events,
+        # Rows left out because they cannot be read (None: none).
+        "unreadable_rows": unreadable_state(skipped),
     }
 
 
