@@ -81,8 +81,9 @@ test-py39: $(STAMP)
 RELAY_PYZ := dist/scheduled-events-relay.pyz
 # dist/add-relay-bundled.sh is infra/relay/add-relay.sh with the relay appended, for
 # run-command on existing VMs and scale sets (nothing to host, nothing to download).
-relay:
-	$(PYTHON) relay/deploy/build_pyz.py $(RELAY_PYZ) --embedded infra/relay/scheduled-events-relay.pyz.gz
+# The embedded copy is deflated by Zopfli (requirements-dev.txt), hence the venv's Python.
+relay: $(STAMP)
+	$(BIN)/python relay/deploy/build_pyz.py $(RELAY_PYZ) --embedded infra/relay/scheduled-events-relay.pyz.gz
 	{ cat infra/relay/add-relay.sh; echo __RELAY_PYZ_BASE64__; base64 $(RELAY_PYZ); } > dist/add-relay-bundled.sh
 	@ls -l dist/add-relay-bundled.sh
 
