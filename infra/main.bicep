@@ -150,6 +150,9 @@ param policyTimezone string = 'UTC'
 @minValue(1)
 param policyMaxConcurrentPerSet int = 1
 
+@description('POLICY__BUDGETS: disruption budgets, e.g. [{"name": "checkout", "group_by": "tag:service", "max_unavailable": 1}]. Empty: only the default budget over sets (policyMaxConcurrentPerSet).')
+param policyBudgets array = []
+
 param drainHttpUrl string = ''
 
 param drainRelayHook string = ''
@@ -480,6 +483,7 @@ module functionApp 'modules/functionapp.bicep' = {
     policyWindows: policyWindows
     policyTimezone: policyTimezone
     policyMaxConcurrentPerSet: policyMaxConcurrentPerSet
+    policyBudgets: policyBudgets
     drainHttpUrl: drainHttpUrl
     drainRelayHook: drainRelayHook
     undrainHttpUrl: undrainHttpUrl

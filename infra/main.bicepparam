@@ -34,12 +34,14 @@ param appSecretPrevious = readEnvironmentVariable('APP_SECRET_PREVIOUS', '')
 param webhookSecretPrevious = readEnvironmentVariable('WEBHOOK_SECRET_PREVIOUS', '')
 
 // Policy: Microsoft's reference policy (empty rules), no dry run, no maintenance windows,
-// at most one impactful event approved at a time per scale set / availability set.
+// at most one impactful event approved at a time per scale set / availability set, and no
+// disruption budgets beyond that one (docs/policy.md, "Disruption budgets").
 param policyRules = []
 param policyDryRun = false
 param policyWindows = []
 param policyTimezone = 'UTC'
 param policyMaxConcurrentPerSet = 1
+param policyBudgets = []
 
 // Terminate workflow: if a drain step fails, hold and let NotBefore arrive. Without a drain
 // step (SEBRIDGE_DRAIN_HTTP_URL or SEBRIDGE_DRAIN_RELAY_HOOK) a drain decision holds until NotBefore undrained.

@@ -9,7 +9,6 @@ pipeline, which owns the store.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 from collections.abc import Iterable
@@ -17,134 +16,49 @@ from datetime import datetime, time, timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from functions.model.budgets import Budget, lint_budgets
 from functions.model.envelope import (
     FREEZE,
-    PLATFORM,
     PREEMPT,
     REBOOT,
     REDEPLOY,
-    SCHEDULED,
-    STARTED,
     TERMINATE,
     USER,
     ScheduledEvent,
 )
 from functions.model.event import Action, Decision, Severity, Transition
+from functions.model.match import (
+    EVENT_TYPES,
+    IMPACT_FREE_BELOW_SECONDS,
+    SOURCES,
+    STATUSES,
+    Match,
+    _in,
+    closed_set,
+    is_impactful,
+)
+from functions.model.match import quoted as _quoted
 from functions.model.policy_lint import lint_rules
 from functions.setting_names import env_names, error_message, suggestion
+
+__all__ = [
+    "EVENT_TYPES",
+    "IMPACT_FREE_BELOW_SECONDS",
+    "SOURCES",
+    "STATUSES",
+    "Budget",
+    "Match",
+    "closed_set",
+    "is_impactful",
+]
 
 ALL_CHANNELS: tuple[str, ...] = ("teams", "pagerduty", "webhook", "slack")
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 WEEKDAYS: tuple[str, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-
-# Azure's closed sets (Scheduled Events and its Event Grid events): a value outside them
-# can never match, so it is a typo and refused. Completed and Canceled come only from Event
-# Grid, and an ended event is never decided (policy_lint reports a rule needing them).
-EVENT_TYPES: tuple[str, ...] = (FREEZE, REBOOT, REDEPLOY, PREEMPT, TERMINATE)
-SOURCES: tuple[str, ...] = (PLATFORM, USER)
-STATUSES: tuple[str, ...] = (SCHEDULED, STARTED, "Completed", "Canceled")
-
-
-def closed_set(values: Iterable[str] | None, allowed: tuple[str, ...], what: str):
-    """`values` if each is one of `allowed` (case-insensitively, as Azure compares);
-    otherwise a ValueError naming each stranger and the closest allowed value."""
-    if values is None:
-        return values
-    folded = {a.casefold() for a in allowed}
-    bad = [
-        f"{v!r} is not {what}{_quoted(suggestion(v, allowed, cutoff=0.6))}"
-        for v in values
-        if v.casefold() not in folded
-    ]
-    if bad:
-        raise ValueError(f"{'; '.join(bad)} (Azure's: {', '.join(allowed)})")
-    return values
-
-
-def _quoted(hint: str) -> str:
-    return hint.replace("did you mean ", "did you mean '").replace("?", "'?") if hint else ""
-
-
-class Match(BaseModel):
-    """What a rule applies to. Every given criterion must hold; an empty match matches all.
-
-    Names compare case-insensitively (Azure does). `duration_at_least` is inclusive and
-    `duration_below` exclusive, so Microsoft's "0 <= DurationInSeconds < 9" is
-    `{"duration_at_least": 0, "duration_below": 9}`; an event without a duration (older API
-    versions) never matches a rule that has a duration criterion.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    event_types: tuple[str, ...] | None = None
-    sources: tuple[str, ...] | None = None
-    statuses: tuple[str, ...] | None = None
-    # IMDS sends -1 for "unknown": a negative bound would match unknown durations.
-    duration_at_least: int | None = Field(default=None, ge=0)
-    duration_below: int | None = Field(default=None, ge=0)
-    resources: tuple[str, ...] | None = None  # globs over VM names, any named VM matches
-    # Globs over the scale set names of the named VMs, as `resources` over VM names: an
-    # AKS node pool's set is `aks-<pool>-<number>-vmss`, so `aks-*` is what one writes.
-    scale_sets: tuple[str, ...] | None = None
-
-    @field_validator("event_types")
-    @classmethod
-    def _event_types(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        return closed_set(value, EVENT_TYPES, "an event type")
-
-    @field_validator("sources")
-    @classmethod
-    def _sources(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        return closed_set(value, SOURCES, "an event source")
-
-    @field_validator("statuses")
-    @classmethod
-    def _statuses(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        return closed_set(value, STATUSES, "an event status")
-
-    @model_validator(mode="after")
-    def _range(self) -> Match:
-        low, high = self.duration_at_least, self.duration_below
-        if low is not None and high is not None and high <= low:
-            raise ValueError(f"duration_below ({high}) must be above duration_at_least ({low})")
-        return self
-
-    def matches(self, event: ScheduledEvent, scale_sets: tuple[str, ...] = ()) -> bool:
-        if self.event_types is not None and not _in(event.event_type, self.event_types):
-            return False
-        if self.sources is not None and not _in(event.event_source, self.sources):
-            return False
-        if self.statuses is not None and not _in(event.event_status, self.statuses):
-            return False
-        duration = event.duration_in_seconds
-        if self.duration_at_least is not None and (
-            duration is None or duration < self.duration_at_least
-        ):
-            return False
-        if self.duration_below is not None and (
-            duration is None or duration >= self.duration_below
-        ):
-            return False
-        if self.resources is not None and not _glob_any(event.resources, self.resources):
-            return False
-        return not (self.scale_sets is not None and not _glob_any(scale_sets, self.scale_sets))
-
-
-def _glob_any(names: Iterable[str], patterns: tuple[str, ...]) -> bool:
-    """Some name matches some glob, case-insensitively (Azure's names are)."""
-    return any(
-        fnmatch.fnmatchcase(name.casefold(), pattern.casefold())
-        for name in names
-        for pattern in patterns
-    )
-
-
-def _in(value: str | None, options: tuple[str, ...]) -> bool:
-    return value is not None and value.casefold() in {o.casefold() for o in options}
 
 
 class Rule(BaseModel):
@@ -166,6 +80,18 @@ class Rule(BaseModel):
         unknown = sorted(set(value) - set(ALL_CHANNELS))
         if unknown:
             raise ValueError(f"unknown channel(s) {unknown}; known: {list(ALL_CHANNELS)}")
+        return value
+
+    @field_validator("match")
+    @classmethod
+    def _no_tags(cls, value: Match) -> Match:
+        # A rule decides on the event and its scale sets; the decision is made before any
+        # tag is known to it, so a `tags` criterion could only ever fail to match, and a
+        # later, less careful rule would decide instead. Budgets match tags.
+        if value.tags is not None:
+            raise ValueError(
+                "match.tags is for budgets (POLICY__BUDGETS): a rule cannot match tags"
+            )
         return value
 
 
@@ -277,6 +203,9 @@ class Policy(BaseModel):
     timezone: str = "UTC"
     max_concurrent_per_set: int = Field(default=1, ge=1)
     page: PagingPolicy = PagingPolicy()
+    # Disruption budgets (functions.model.budgets); max_concurrent_per_set is the default
+    # one over sets, always in force beside these.
+    budgets: tuple[Budget, ...] = ()
 
     @field_validator("timezone")
     @classmethod
@@ -339,6 +268,7 @@ class PolicySettings(BaseSettings):
     timezone: str = "UTC"
     max_concurrent_per_set: int = 1
     page: PagingPolicy = PagingPolicy()
+    budgets: tuple[Budget, ...] = ()
 
     @field_validator("rules", mode="before")
     @classmethod
@@ -401,9 +331,17 @@ def load_policy() -> PolicyLoad:
     except (SettingsError, ValueError) as exc:
         return refused([*unknown, _json_culprit() or str(exc)])
     errors, warnings = lint_rules(policy.rules)
-    if unknown or errors:
-        return refused([*unknown, *(f"POLICY__RULES: {e}" for e in errors)])
+    budget_errors, budget_warnings = lint_budgets(policy.budgets)
+    if unknown or errors or budget_errors:
+        return refused(
+            [
+                *unknown,
+                *(f"POLICY__RULES: {e}" for e in errors),
+                *(f"POLICY__BUDGETS: {e}" for e in budget_errors),
+            ]
+        )
     notes = [f"POLICY__RULES: {w}" for w in warnings]
+    notes += [f"POLICY__BUDGETS: {w}" for w in budget_warnings]
     if _empty_rules_setting():
         notes.append(
             "POLICY__RULES: an empty list: Microsoft's reference policy applies (as without "
@@ -452,7 +390,8 @@ def policy_problems(exc: ValidationError) -> list[str]:
 
 def _fields() -> set[str]:
     """Every field name a policy value may use (for "did you mean" on a misspelt one)."""
-    return {f for m in (Rule, Match, Window, PagingPolicy, Policy) for f in m.model_fields}
+    models = (Rule, Match, Window, PagingPolicy, Policy, Budget)
+    return {f for m in models for f in m.model_fields}
 
 
 def _is_model(info) -> bool:
@@ -477,21 +416,6 @@ def summarize(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in error["loc"]) or "policy"
         parts.append(f"{where}: {error['msg']}")
     return "; ".join(parts)
-
-
-IMPACT_FREE_BELOW_SECONDS = 9
-
-
-def is_impactful(event: ScheduledEvent) -> bool:
-    """Whether approving takes the VM away: all but short Freezes (the seed's "< 9 s" class).
-
-    The capacity guard counts only impactful events, so a burst of memory-preserving
-    pauses never blocks a reboot, nor the other way round.
-    """
-    if event.event_type.casefold() != FREEZE.casefold():
-        return True
-    duration = event.duration_in_seconds
-    return duration is None or not (0 <= duration < IMPACT_FREE_BELOW_SECONDS)
 
 
 def fail_closed(error: str) -> Decision:

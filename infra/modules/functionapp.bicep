@@ -104,6 +104,8 @@ param policyWindows array = []
 param policyTimezone string = 'UTC'
 @minValue(1)
 param policyMaxConcurrentPerSet int = 1
+@description('Disruption budgets (JSON array). Empty: only the default budget over sets.')
+param policyBudgets array = []
 
 // Operators' pages (approval, fleet): App Service Authentication with Microsoft Entra ID.
 @description('Client id of the Entra app registration operators sign in with. Empty: no sign-in, the pages are off and cards carry no buttons.')
@@ -172,6 +174,7 @@ var policyBaseSettings = {
   POLICY__WINDOWS: string(policyWindows)
   POLICY__TIMEZONE: policyTimezone
   POLICY__MAX_CONCURRENT_PER_SET: string(policyMaxConcurrentPerSet)
+  POLICY__BUDGETS: string(policyBudgets)
 }
 var policyRulesSettings = empty(policyRules) ? {} : { POLICY__RULES: string(policyRules) }
 

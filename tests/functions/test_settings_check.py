@@ -48,6 +48,12 @@ def rules(*match: dict, action: str = "approve") -> str:
     )
 
 
+def budgets(*changes: dict) -> str:
+    """POLICY__BUDGETS: one valid budget per `changes`, each changed by it."""
+    base = {"name": "checkout", "group_by": "tag:service", "max_unavailable": 1}
+    return json.dumps([{**base, **change} for change in changes])
+
+
 # (environment, the setting the error must name, words it must contain)
 TYPOS = [
     ({"POLICY__DRYRUN": "true"}, "POLICY__DRYRUN", "did you mean POLICY__DRY_RUN"),
@@ -88,6 +94,36 @@ TYPOS = [
         "did you mean Sat",
     ),
     ({"ATTESTATION_MODE": "reprot"}, "ATTESTATION_MODE", "did you mean report"),
+    (
+        {"POLICY__BUDGETS": budgets({"group_by": ["tag:service", "zones"]})},
+        "POLICY__BUDGETS[0].group_by",
+        "did you mean 'zone'",
+    ),
+    (
+        {"POLICY__BUDGETS": budgets({"group_by": "tags:service"})},
+        "POLICY__BUDGETS[0].group_by",
+        "did you mean 'tag:service'",
+    ),
+    (
+        {"POLICY__BUDGETS": budgets({"max_unavailble": 2})},
+        "POLICY__BUDGETS[0].max_unavailble",
+        "did you mean 'max_unavailable'",
+    ),
+    (
+        {"POLICY__BUDGETS": budgets({"max_unavailable": "10 percent"})},
+        "POLICY__BUDGETS[0].max_unavailable",
+        "a percentage like '10%'",
+    ),
+    (
+        {"POLICY__BUDGETS": budgets({"match": {"event_type": ["Reboot"]}})},
+        "POLICY__BUDGETS[0].match.event_type",
+        "did you mean 'event_types'",
+    ),
+    (
+        {"POLICY__BUDGETS": budgets({}, {})},
+        "POLICY__BUDGETS",
+        "budget names must be unique",
+    ),
     (
         {
             "POLICY__RULES": json.dumps(

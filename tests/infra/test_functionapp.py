@@ -181,11 +181,15 @@ def test_policy_settings_default_to_the_reference_policy() -> None:
     assert FN.param_default("policyTimezone") == "UTC"
     assert FN.param_default("policyMaxConcurrentPerSet") == 1
     assert FN.param_default("policyWindows") == []
+    # No budgets of one's own: only max_concurrent_per_set's, over sets.
+    converted = s["POLICY__BUDGETS"]["function"]
+    assert converted == {"type": "string", "parameters": {"value_to_convert": "policyBudgets"}}
+    assert FN.param_default("policyBudgets") == []
     # Empty rules = the app's built-in default, Microsoft's reference policy.
     assert FN.param_default("policyRules") == []
     main = load("main")
     passed = module_params(main, "functionApp")
-    for name in ("policyRules", "policyDryRun", "policyWindows", "policyTimezone"):
+    for name in ("policyRules", "policyDryRun", "policyWindows", "policyTimezone", "policyBudgets"):
         assert passed[name] == name
         assert main.param_default(name) == FN.param_default(name)
 
