@@ -443,6 +443,8 @@ class ArmService:
                     nic_id=nic,
                     address=simulated_address(index),
                     availability_set_id=availability,
+                    tags=vm["tags"] or None,
+                    zones=[vm["zone"]] if vm["zone"] else None,
                 )
             )
         rows.extend(scheduled_event_rows(self.sim))  # maintenanceresources (Azure's events)

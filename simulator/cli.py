@@ -69,6 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--spot", dest="spot", action=_AddVm, metavar="NAME", help="add a Spot VM")
     parser.add_argument(
+        "--zone",
+        action="append",
+        default=[],
+        metavar="NAME:ZONE",
+        help="place a VM or every VM of a set in an availability zone (repeatable)",
+    )
+    parser.add_argument(
+        "--tag",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE",
+        help="tag a VM or every VM of a set, as Resource Graph reports it (repeatable)",
+    )
+    parser.add_argument(
         "--terminate-timeout",
         default="PT5M",
         metavar="PT5M",
@@ -247,6 +261,17 @@ def build_simulator(args: argparse.Namespace) -> Simulator:
                     f"--scale-set {value!r}: use NAME:COUNT or NAME:COUNT:PT10M"
                 ) from None
             sim.add_scale_set(name, count, terminate_timeout=set_timeout)
+    for value in getattr(args, "zone", []):
+        target, sep, zone = value.rpartition(":")
+        if not sep or not target or not zone:
+            raise SimulatorError(f"--zone {value!r}: use NAME:ZONE")
+        sim.place(target, zone=zone)
+    for value in getattr(args, "tag", []):
+        target, sep, pair = value.partition(":")
+        key, eq, tag_value = pair.partition("=")
+        if not sep or not target or not eq or not key:
+            raise SimulatorError(f"--tag {value!r}: use NAME:KEY=VALUE")
+        sim.place(target, tags={key: tag_value})
     return sim
 
 

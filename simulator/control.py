@@ -56,6 +56,8 @@ class VmRequest(BaseModel):
     availability_set: str | None = None
     scale_set: str | None = None
     spot: bool = False
+    zone: str | None = None
+    tags: dict[str, str] | None = None
 
 
 class Urls(BaseModel):

@@ -221,7 +221,9 @@ class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin, GuestMixin):
                 return [self._raise(scenario, names[:1], follow=names[1:])]
             # A scale-in deletes instances one Terminate event each, all with the same
             # NotBefore; everything else is one event naming all affected VMs.
-            groups = [[n] for n in names] if scenario.event_type == TERMINATE else [names]
+            # A zone-wide wave is one event per VM too (each VM's own host maintenance).
+            per_vm = scenario.event_type == TERMINATE or scenario.per_vm
+            groups = [[n] for n in names] if per_vm else [names]
             outer, self._as_of = self._as_of, self._now()
             try:
                 return [self._raise(scenario, group) for group in groups]

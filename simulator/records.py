@@ -39,6 +39,9 @@ class Vm:
     availability_set: str | None = None
     scale_set: str | None = None
     spot: bool = False
+    # Where Azure places it (Resource Graph's `zones` and `tags`): what budgets group by.
+    zone: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
     incarnation: int = 1
     events: list[dict[str, Any]] = field(default_factory=list)  # newest-version rendering
     history: list[dict[str, Any]] = field(default_factory=list)

@@ -386,8 +386,11 @@ def vm_row(
     nic_id: str,
     address: str,
     availability_set_id: str = "",
+    tags: dict[str, str] | None = None,
+    zones: list[str] | None = None,
 ) -> dict[str, Any]:
-    """One VM with one NIC and one ipconfig, as the facts queries project it."""
+    """One VM with one NIC and one ipconfig, as the facts queries project it (`tags` an
+    object, `zones` an array, as Resource Graph's columns hold them; absent: null)."""
     return {
         "_table": table,
         "id": resource_id,
@@ -396,6 +399,8 @@ def vm_row(
         "vmId": vm_id,
         "scaleSetId": "",
         "availabilitySetId": availability_set_id,
+        "tags": dict(tags) if tags is not None else None,
+        "zones": list(zones) if zones is not None else None,
         "nicId": nic_id,
         "nicPrimary": "true",
         "ipConfigurations": [

@@ -70,8 +70,9 @@ class Scenario:
     summary: str
     status: str = "Scheduled"
     cancel_after: float | None = None
-    needs: Literal["spot", "scale-set", "set"] | None = None
+    needs: Literal["spot", "scale-set", "set", "zone"] | None = None
     rolling: bool = False  # one VM at a time, the next when the previous event ends
+    per_vm: bool = False  # one event per VM (each its own EventId), all at once
 
 
 # The platform's host reboot; withdrawn ("cancelled") and set-wide rolling maintenance are
@@ -199,6 +200,15 @@ SCENARIOS: dict[str, Scenario] = {
             "the previous one's ends (default target: the first set)",
             needs="set",
             rolling=True,
+        ),
+        replace(
+            PLATFORM_REBOOT,
+            name="zone-wave",
+            summary="Reboot, Platform, every VM of an availability zone at once, one event "
+            "each, across every scale set and VM there (target: zone:N, a set, VMs, or "
+            "tag:NAME=VALUE; default: the first zone)",
+            needs="zone",
+            per_vm=True,
         ),
     )
 }

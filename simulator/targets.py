@@ -1,4 +1,6 @@
-"""Which VMs a target names: VM names, set names (comma-separated) or a scenario's default.
+"""Which VMs a target names: VM names, set names, `zone:N` (every VM Azure places in that
+availability zone) or `tag:NAME=VALUE` (every VM with that tag), comma-separated, or a
+scenario's default.
 
 Pure functions over the simulator's VMs and scale sets, so the rules (a scale-in takes the
 highest instance, a Spot scenario needs a Spot VM) read in one place.
@@ -38,6 +40,11 @@ def resolve_target(
             if not sets:
                 return [root_vm()]
             target = sets[0]
+        elif needs == "zone":
+            zones = [vm.zone for vm in vms.values() if vm.zone]
+            if not zones:
+                raise SimulatorError(f"{label} needs a VM in an availability zone (--zone)")
+            target = f"zone:{zones[0]}"
         elif needs == "scale-set":
             if not scale_sets:
                 raise SimulatorError(
@@ -56,6 +63,11 @@ def resolve_target(
 
 
 def _resolve_one(vms: dict[str, Vm], target: str, needs: str | None, label: str) -> list[str]:
+    placed = _placed(vms, target)
+    if placed is not None:
+        if not placed:
+            raise NotFound(f"no VM in {target!r}")
+        return placed
     vm = vms.get(target.casefold())
     if vm is not None:
         if needs == "spot" and not vm.spot:
@@ -80,3 +92,21 @@ def _resolve_one(vms: dict[str, Vm], target: str, needs: str | None, label: str)
         if not members:
             raise SimulatorError(f"{label} needs a Spot VM; {target} has none")
     return [v.name for v in members]
+
+
+def _placed(vms: dict[str, Vm], target: str) -> list[str] | None:
+    """`zone:N` or `tag:NAME=VALUE` -> the VMs Azure places there (names compare as Azure
+    compares them: tag names case-insensitively, values exactly); None for other targets."""
+    kind, sep, rest = target.partition(":")
+    if not sep or kind.casefold() not in ("zone", "tag"):
+        return None
+    if kind.casefold() == "zone":
+        return [v.name for v in vms.values() if v.zone == rest.strip()]
+    name, eq, value = rest.partition("=")
+    if not eq or not name:
+        raise SimulatorError(f"target {target!r}: use tag:NAME=VALUE")
+    return [
+        v.name
+        for v in vms.values()
+        if {k.casefold(): t for k, t in v.tags.items()}.get(name.casefold()) == value
+    ]

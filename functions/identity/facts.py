@@ -30,12 +30,19 @@ from functions.identity.resource_graph import (
     ResourceGraph,
     ResourceGraphRefused,
 )
+from functions.model.budgets import Placement
+from functions.model.match import MAX_TAG_NAME, MAX_TAG_VALUE, MAX_TAGS
 
 log = logging.getLogger(__name__)
 
 MAX_NAME = 200  # bounds what a row holds; Azure names are at most 80 (VM) / 90 (RG)
 MAX_ID = 1024
 MAX_IP_CONFIGURATIONS = 256  # per NIC, Azure's own limit
+MAX_ZONE = 64  # Azure's zones are "1", "2", "3"
+# What the tags of one VM may take in its row (the facts' JSON is one Table property, at
+# most 32 K UTF-16 units). Azure's own limits (50 tags, names of 512 and values of 256
+# characters) can exceed it in theory; tags past it are left out, counted and logged.
+MAX_TAGS_CHARS = 20_000
 
 
 class UnknownVm(Exception):
@@ -59,6 +66,12 @@ class VmFacts(BaseModel):
     address: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)
     fetched_at: datetime
+    # What disruption budgets group by (functions.model.budgets): Azure's tags on the VM
+    # and its availability zone (None: not zonal). Rows written before these were read
+    # have neither; the next sync pass fills them in.
+    tags: dict[str, str] = Field(default_factory=dict)
+    tags_dropped: int = 0
+    zone: str | None = Field(default=None, max_length=MAX_ZONE)
 
     @field_validator("vm_id")
     @classmethod
@@ -125,8 +138,12 @@ class StaticResolver:
 # Azure/azure-rest-api-specs examples: NetworkInterfaceGet.json (network 2024-05-01 @
 # 25683164: properties.virtualMachine.id, properties.primary, ipConfigurations[].properties.
 # {primary, privateIPAddress, privateIPAddressVersion}) and VirtualMachineScaleSetVM_Get_
-# WithUserData.json (compute 2024-07-01 @ 38a91431: properties.vmId). Rows come ordered by
-# `id` so one VM's rows (one per NIC) are adjacent across pages.
+# WithUserData.json (compute 2024-07-01 @ 38a91431: properties.vmId). A VM's `tags` (an
+# object) and `zones` (an array of one zone) are top-level properties of both resources:
+# VirtualMachine_List_MaximumSet_Gen.json @ 19c6a456 and VirtualMachineScaleSetVM_List_
+# MaximumSet_Gen.json @ 49183a62 (compute 2024-07-01); Resource Graph has them as the
+# `tags` and `zones` columns of every row. Rows come ordered by `id` so one VM's rows (one
+# per NIC) are adjacent across pages.
 VM_TABLE = "resources"
 UNIFORM_TABLE = "computeresources"
 _SHAPES = {
@@ -155,7 +172,7 @@ def vm_query(table: str, vm_id: str | None = None) -> str:
 | where type =~ '{vm_type}'{where}
 | project id, vmKey = tolower(id), subscriptionId, resourceGroup,
     vmId = tostring(properties.vmId), scaleSetId = {scale_set},
-    availabilitySetId = tostring(properties.availabilitySet.id)
+    availabilitySetId = tostring(properties.availabilitySet.id), tags, zones
 | join kind=leftouter (
     {table}
     | where type =~ '{nic_type}'
@@ -165,7 +182,7 @@ def vm_query(table: str, vm_id: str | None = None) -> str:
         ipConfigurations = properties.ipConfigurations
   ) on vmKey
 | project id, subscriptionId, resourceGroup, vmId, scaleSetId, availabilitySetId,
-    nicId, nicPrimary, ipConfigurations
+    tags, zones, nicId, nicPrimary, ipConfigurations
 | order by id asc"""
 
 
@@ -224,6 +241,35 @@ def _primary_ipv4(rows: list[dict[str, Any]]) -> str | None:
     return min(candidates)[3] if candidates else None
 
 
+def read_tags(value: object) -> tuple[dict[str, str], int]:
+    """A row's `tags` column as {name: value}, within Azure's limits and MAX_TAGS_CHARS,
+    and how many tags were left out (non-string entries, or past the bound)."""
+    if not isinstance(value, dict):
+        return {}, 0
+    tags: dict[str, str] = {}
+    used = dropped = 0
+    for name in sorted(value, key=str):
+        text = value[name]
+        if not isinstance(name, str) or not isinstance(text, str | int | float | bool):
+            dropped += 1
+            continue
+        name, text = name[:MAX_TAG_NAME], str(text)[:MAX_TAG_VALUE]
+        used += len(name) + len(text) + 6
+        if used > MAX_TAGS_CHARS or len(tags) >= MAX_TAGS:
+            dropped += 1
+            continue
+        tags[name] = text
+    return tags, dropped
+
+
+def read_zone(value: object) -> str | None:
+    """A row's `zones` column: the VM's one zone, or None (not zonal, or not one zone)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | int):
+        zone = str(value[0]).strip()
+        return zone[:MAX_ZONE] or None
+    return None
+
+
 def facts_from_rows(vm_id: str, rows: list[dict[str, Any]], now: datetime) -> VmFacts:
     """Resource Graph rows (one per NIC ipconfig of the VM) -> VmFacts."""
     vm_id = normalise_vm_id(vm_id)
@@ -244,6 +290,9 @@ def facts_from_rows(vm_id: str, rows: list[dict[str, Any]], now: datetime) -> Vm
     else:
         scale_set = match["ss"]
         name = f"{scale_set}_{match['instance']}"
+    tags, dropped = read_tags(first.get("tags"))
+    if dropped:
+        log.warning("vmId %s: %d tag(s) left out of its facts (too many, too long)", vm_id, dropped)
     try:
         return VmFacts(
             vm_id=vm_id,
@@ -255,9 +304,27 @@ def facts_from_rows(vm_id: str, rows: list[dict[str, Any]], now: datetime) -> Vm
             availability_set=_last_segment(str(first.get("availabilitySetId") or "")),
             address=_primary_ipv4(mine),
             fetched_at=now,
+            tags=tags,
+            tags_dropped=dropped,
+            zone=read_zone(first.get("zones")),
         )
     except ValueError as exc:
         raise FactsUnavailable(f"Resource Graph row not usable: {str(exc)[:200]}") from None
+
+
+def placement_of(facts: VmFacts) -> Placement:
+    """Where Azure places the VM, as disruption budgets read it."""
+    return Placement(
+        name=facts.name,
+        vm_id=facts.vm_id,
+        subscription=facts.subscription_id,
+        resource_group=facts.resource_group,
+        zone=facts.zone,
+        scale_set=facts.scale_set,
+        availability_set=facts.availability_set,
+        tags=facts.tags,
+        fetched_at=facts.fetched_at,
+    )
 
 
 def rows_by_vm(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -323,5 +390,6 @@ __all__ = [
     "VmFacts",
     "facts_from_rows",
     "normalise_vm_id",
+    "placement_of",
     "vm_query",
 ]

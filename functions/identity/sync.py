@@ -21,12 +21,22 @@ The timer (function_app `identity_sync`, every 5 minutes) calls `sync_identities
   stored by admission, are never touched;
 - on a 4xx other than 429 (a configuration error: functions.identity.resource_graph)
   stops, keeps the cursor and raises ResourceGraphRefused for the handler to announce
-  (functions.identity.graph_state).
+  (functions.identity.graph_state);
+- with disruption budgets in the policy (functions.model.budgets), also writes where
+  Azure places each VM (its tags, zone, sets, subscription) as a placement row by name
+  (functions.store.placements), and counts each budget group's VMs as it goes; the counts
+  ride in the cursor row (so they advance with it, atomically) and become the groups' size
+  rows when the pass ends, which then deletes the placements it did not refresh (VMs
+  Azure no longer lists). A change to the budgets' groups starts a pass at once (from the
+  top, counting afresh): until it ends, a new group's size is unknown, and a percentage
+  budget allows 1 VM there.
 
 Cost for 100,000 VMs (measured by `make bench`, tests/bench/enrol_bench.py): 100 queries
 and about 1,600 batch requests a pass (a page of 1,000 VMs spreads over 8 partitions of
 about 125 rows, two transactions each), plus one cursor read and write a run. With a pass
-every 3 hours: 800 queries and about 13,000 Table requests a day, 0.13 per VM-day.
+every 3 hours: 800 queries and about 13,000 Table requests a day, 0.13 per VM-day. With
+budgets, the placement rows double the batches (about 3,200 a pass), plus the size rows
+(a transaction per 100 groups) and the sweep (a query per placement partition).
 """
 
 from __future__ import annotations
@@ -51,7 +61,9 @@ from functions.identity.facts import (
     TABLES,
     FactsUnavailable,
     UnknownVm,
+    VmFacts,
     facts_from_rows,
+    placement_of,
     rows_by_vm,
     vm_query,
 )
@@ -62,6 +74,9 @@ from functions.identity.resource_graph import (
     ResourceGraph,
     ResourceGraphRefused,
 )
+from functions.model.budgets import Budget, budgets_fingerprint, counted_in
+from functions.store.placements import Placements
+from functions.store.rows import CHUNK_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +85,8 @@ BATCH = 100  # an entity group transaction's limit
 WRITE_ATTEMPTS = 3
 CARRY_LIMIT = 30000  # characters of held-back rows stored in the cursor row
 DEFAULT_WAIT = 5.0  # a transient failure without Retry-After: one quota window
+MAX_GROUPS = 5000  # budget groups counted in one pass (their counts ride in the cursor row)
+TALLY_CHUNKS = 12  # the counts' JSON at most this many 30,000-unit columns (the row < 1 MiB)
 
 
 class Cursor(BaseModel):
@@ -82,6 +99,24 @@ class Cursor(BaseModel):
     pass_started: datetime | None = None
     last_pass: datetime | None = None
     etag: str | None = None
+    # Disruption budgets: the fingerprint of the groups this pass counts (None: no
+    # budgets), the counts so far (budget -> group -> VMs) and the groups past MAX_GROUPS.
+    budgets: str | None = None
+    tally: dict[str, dict[str, int]] = Field(default_factory=dict)
+    tally_dropped: int = 0
+    # The last pass wrote placements and sizes, and budgets are gone since: this pass's
+    # end deletes them.
+    clean_up: bool = False
+
+    def count(self, pairs: list[tuple[str, str]]) -> None:
+        for budget, group in pairs:
+            groups = self.tally.setdefault(budget, {})
+            if group in groups:
+                groups[group] += 1
+            elif sum(len(g) for g in self.tally.values()) < MAX_GROUPS:
+                groups[group] = 1
+            else:
+                self.tally_dropped += 1
 
 
 class SyncReport(BaseModel):
@@ -93,6 +128,10 @@ class SyncReport(BaseModel):
     pages: int = 0
     vms_written: int = 0
     unusable: int = 0  # rows facts_from_rows refused (e.g. two resources with one vmId)
+    placements_written: int = 0  # placement rows (with budgets only)
+    groups_sized: int = 0  # budget groups whose size the finished pass wrote
+    groups_dropped: int = 0  # VMs not counted: their group was past MAX_GROUPS
+    placements_swept: int | None = None  # rows deleted at the pass's end (None: no sweep)
     table_requests: int = 0
     quota_waits: int = 0
     waited_seconds: float = 0.0
@@ -114,17 +153,29 @@ def load_cursor(table: TableClient) -> Cursor:
     except ResourceNotFoundError:
         return Cursor()
     data = json.loads(row.get("cursor") or "{}")
+    tally = "".join(row.get(f"tally{n}") or "" for n in range(TALLY_CHUNKS))
+    if tally:
+        data["tally"] = json.loads(tally)
     return Cursor.model_validate({**data, "etag": row.metadata.get("etag")})
 
 
 def save_cursor(table: TableClient, cursor: Cursor) -> None:
-    """Unconditional: the timer runs as a singleton (one instance holds its lease)."""
-    text = cursor.model_dump_json(exclude={"etag"})
+    """Unconditional: the timer runs as a singleton (one instance holds its lease). The
+    budget counts go in columns of their own, in the same row, so they move with the
+    cursor: a run that dies before this write leaves both where they were."""
+    text = cursor.model_dump_json(exclude={"etag", "tally"})
     if len(text) > 60000:  # never: the carry is bounded; a pass restarts rather than fail
         text = cursor.model_copy(update={"skip_token": None, "carry": []}).model_dump_json(
-            exclude={"etag"}
+            exclude={"etag", "tally"}
         )
     entity = {"PartitionKey": CURSOR_PARTITION, "RowKey": CURSOR_ROW, "cursor": text}
+    tally = json.dumps(cursor.tally, separators=(",", ":"), sort_keys=True)
+    if not tally.isascii():  # tag values: UTF-16 units are what a column holds
+        tally = json.dumps(cursor.tally, separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+    for n in range(TALLY_CHUNKS):
+        part = tally[n * CHUNK_CHARS : (n + 1) * CHUNK_CHARS]
+        if part:
+            entity[f"tally{n}"] = part
     table.upsert_entity(entity, mode=UpdateMode.REPLACE)
 
 
@@ -134,10 +185,12 @@ def write_facts(
     now: datetime,
     report: SyncReport,
     pool: ThreadPoolExecutor | None = None,
-) -> None:
+) -> list[VmFacts]:
     """Merge the facts of every VM in `rows` into its identity row, 100 per transaction;
-    the partitions in parallel when a `pool` is given (each is its own Table partition)."""
+    the partitions in parallel when a `pool` is given (each is its own Table partition).
+    Returns the facts written."""
     by_partition: dict[str, list[dict[str, Any]]] = {}
+    written: list[VmFacts] = []
     grouped = rows_by_vm(rows)
     unnamed = len(rows) - sum(len(mine) for mine in grouped.values())
     if unnamed:  # a VM row without a usable vmId: counted and logged, never silently lost
@@ -150,6 +203,7 @@ def write_facts(
             report.unusable += 1
             log.warning("identity sync: vmId %s left out: %s", vm_id, exc)
             continue
+        written.append(facts)
         entity = {
             "PartitionKey": partition_of(vm_id),
             "RowKey": vm_id,
@@ -181,9 +235,10 @@ def write_facts(
 
     parts = list(by_partition.values())
     results = list(pool.map(write, parts)) if pool is not None else [write(p) for p in parts]
-    for made, written in results:
+    for made, count in results:
         report.table_requests += made
-        report.vms_written += written
+        report.vms_written += count
+    return written
 
 
 def _split(rows: list[dict[str, Any]], more: bool) -> tuple[list[dict[str, Any]], list[dict]]:
@@ -209,18 +264,32 @@ def sync_identities(
     sleep: Callable[[float], None] = time.sleep,
     monotonic: Callable[[], float] = time.monotonic,
     page_rows: int = PAGE_ROWS,
+    budgets: tuple[Budget, ...] = (),
 ) -> SyncReport:
     """Run (or continue) a pass within `budget_seconds`; see the module docstring.
-    Raises ResourceGraphRefused (a configuration error) after saving the cursor."""
+    `budgets`: the policy's disruption budgets (placements and group sizes are written
+    only with some). Raises ResourceGraphRefused (a configuration error) after saving the
+    cursor."""
     report = SyncReport()
     cursor = load_cursor(table)
     report.table_requests += 1
     started = now()
+    wanted = budgets_fingerprint(budgets) if budgets else None
+    placements = Placements(table)
     if cursor.pass_started is None:
-        if cursor.last_pass is not None and started - cursor.last_pass < every:
+        regrouped = wanted is not None and cursor.budgets != wanted
+        if not regrouped and cursor.last_pass is not None and started - cursor.last_pass < every:
             report.due = False
             return report
-        cursor = Cursor(pass_started=started, last_pass=cursor.last_pass)
+        gone = cursor.budgets is not None and wanted is None
+        cursor = Cursor(
+            pass_started=started, last_pass=cursor.last_pass, budgets=wanted, clean_up=gone
+        )
+    elif cursor.budgets != wanted:
+        # The budgets' groups changed in the middle of a pass: the counts so far are of
+        # other groups. Start again from the top, counting afresh.
+        log.warning("identity sync: the budgets' groups changed; the pass starts again")
+        cursor = Cursor(pass_started=started, last_pass=cursor.last_pass, budgets=wanted)
     budget = _Budget(budget_seconds, monotonic)
     queries_before = graph.requests
     retried_token = False
@@ -275,10 +344,17 @@ def sync_identities(
                         report.quota_waits += 1
                         report.waited_seconds += wait
                     pending = pager.submit(fetch, next_table, next_token, wait)
-            write_facts(table, ready, now(), report, writers)
+            written = write_facts(table, ready, now(), report, writers)
+            if budgets:
+                placed = [placement_of(facts) for facts in written]
+                report.table_requests += placements.put(placed, writers)
+                report.placements_written += len(placed)
+                for placement in placed:
+                    cursor.count(counted_in(budgets, placement))
             cursor.table, cursor.skip_token, cursor.carry = next_table, next_token, carry
             if finished:
-                cursor = Cursor(last_pass=cursor.pass_started)
+                _finish(placements, cursor, now(), report)
+                cursor = Cursor(last_pass=cursor.pass_started, budgets=wanted)
                 report.finished_pass = True
                 break
             if pending is None:
@@ -290,6 +366,27 @@ def sync_identities(
         save_cursor(table, cursor)
         report.table_requests += 1
     return report
+
+
+def _finish(placements: Placements, cursor: Cursor, now: datetime, report: SyncReport) -> None:
+    """The pass's end: the groups' sizes as counted, and the placements it did not
+    refresh (VMs Azure no longer lists, or every one once budgets are gone) deleted."""
+    if cursor.budgets is None and not cursor.clean_up:
+        return  # no budgets, now or in the pass before: nothing of theirs to keep up
+    report.table_requests += placements.write_sizes(cursor.tally, now)
+    report.groups_sized = sum(len(groups) for groups in cursor.tally.values())
+    report.groups_dropped = cursor.tally_dropped
+    if cursor.tally_dropped:
+        log.warning(
+            "identity sync: %d VM(s) in budget groups past %d left uncounted: those groups "
+            "have no size (a percentage budget allows 1 VM there)",
+            cursor.tally_dropped,
+            MAX_GROUPS,
+        )
+    assert cursor.pass_started is not None
+    requests, swept = placements.sweep(cursor.pass_started)
+    report.table_requests += requests
+    report.placements_swept = swept
 
 
 def utcnow() -> datetime:

@@ -17,6 +17,8 @@ lifecycle's (it holds them in `BudgetSlot` rows, functions.store.records).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -252,6 +254,30 @@ def why_not_covered(budget: Budget, event: ScheduledEvent, placement: Placement)
     if not budget.match.matches_vm((placement.name,), placement.scale_sets, placement.tags):
         return "its match leaves out this VM"
     return coverage_of(budget, placement)[1]
+
+
+def counted_in(budgets: Sequence[Budget], placement: Placement) -> list[tuple[str, str]]:
+    """The (budget, group) pairs whose size counts this VM: a VM is in a group when the
+    budget's match takes it as a VM (names, scale sets, tags; whatever the event) and it
+    has every dimension of the group. How the identity sync sizes groups."""
+    out = []
+    for budget in budgets:
+        if not budget.match.matches_vm((placement.name,), placement.scale_sets, placement.tags):
+            continue
+        group = group_key(budget, placement)
+        if group is not None:
+            out.append((budget.name, group))
+    return out
+
+
+def budgets_fingerprint(budgets: Sequence[Budget]) -> str:
+    """What the groups and their sizes depend on (names, group_by, match; not the limits):
+    a change means the sizes must be counted again."""
+    text = json.dumps(
+        [b.model_dump(mode="json", include={"name", "group_by", "match"}) for b in budgets],
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class Slot(NamedTuple):

@@ -35,6 +35,11 @@ def run_identity_sync(
         return SyncReport(due=False, error="no Resource Graph resolver configured")
     settings = pipeline.settings
     events = pipeline.store.events
+    # The budgets' placements and group sizes (functions.store.placements). With an
+    # invalid policy nothing is approved anyway: as without budgets, a pass writes none
+    # (and its end deletes the earlier ones); a valid policy starts a pass at once.
+    policy = pipeline.policy
+    budgets = policy.budgets if policy is not None else ()
     try:
         report = sync_identities(
             upstream.graph,
@@ -44,6 +49,7 @@ def run_identity_sync(
             budget_seconds=settings.resource_graph_sync_budget_seconds,
             sleep=sleep,
             monotonic=monotonic,
+            budgets=budgets,
         )
     except ResourceGraphRefused as exc:
         log.error("identity sync: %s", exc)

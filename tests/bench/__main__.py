@@ -18,7 +18,8 @@
   model reads (functions/cost/counts.json, rewritten by a full run) and the model's cost
   per VM-month at 10,000 VMs and capacity ceiling;
 - enrolment (tests/bench/enrol_bench.py): 100,000 VMs through the bulk identity sync, its
-  requests counted and its time in Azure derived from them, on an Azurite of its own.
+  requests counted and its time in Azure derived from them, on an Azurite of its own; and
+  again with disruption budgets (placements and group sizes written too).
 
 Each measurement is a Phase in PHASES (its name, its progress line, a function returning
 its keys, the Azurite it uses): a new key is a new phase, or one more key in a phase's
@@ -67,6 +68,8 @@ TARGETS: dict[str, tuple[str, float]] = {
     "relay_customdata_spare_bytes": (">=", 8192),
     # Issue 26: 100,000 VMs enrolled by the bulk sync (tests/bench/enrol_bench.py).
     "enrol_100k_s": ("<=", 600),
+    # Issue 39: the same with disruption budgets (placements and group sizes written too).
+    "enrol_100k_budgets_s": ("<=", 600),
     "resource_graph_queries_100k": ("<=", 110),
     # Issue 32: the worst wall time one hostile message costs (tests/security/hostile.py):
     # the one 5 s issuer deadline of a message whose issuer never answers, plus CPU.
@@ -493,6 +496,14 @@ def _enrol_phase(bench: Bench) -> dict[str, Any]:
     return {"enrol": enrolled.pop("_enrol"), **enrolled}
 
 
+def _enrol_budgets_phase(bench: Bench) -> dict[str, Any]:
+    from tests.bench import enrol_bench
+
+    vms = bench.args.enrol_vms
+    enrolled = enrol_bench.run(bench.azurite("enrol_budgets"), vms, with_budgets=True)
+    return {"enrol_budgets": enrolled.pop("_enrol_budgets"), **enrolled}
+
+
 def _hostile_phase(bench: Bench) -> dict[str, Any]:
     from tests.security import hostile
 
@@ -558,6 +569,12 @@ PHASES: list[Phase] = [
         lambda a: f"enrol: {a.enrol_vms} VMs through the simulated Resource Graph",
         _enrol_phase,
         azurite="enrol",
+    ),
+    Phase(
+        "enrol_budgets",
+        lambda a: f"enrol with budgets: {a.enrol_vms} VMs, their placements and group sizes",
+        _enrol_budgets_phase,
+        azurite="enrol_budgets",
     ),
     Phase(
         "hostile",

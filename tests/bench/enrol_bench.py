@@ -27,7 +27,15 @@ assumed latencies (AZURE, each stated there and in docs/benchmarks.md):
 Azurite's own wall time for the same pass (the emulator's CPU, mostly) is reported beside
 it as `enrol_100k_azurite_s`: it says how fast this machine's emulator is, not Azure.
 
-Run alone: `python -m tests.bench.enrol_bench [--vms N]` (prints one JSON line).
+With disruption budgets in the policy (`--budgets`; the bench's `enrol_budgets` phase,
+issue 39), the same fleet carries a service tag and a zone on every VM, and the pass also
+writes each VM's placement row (functions.store.placements), counts two budgets' groups,
+and at its end writes the groups' sizes and sweeps placements it did not refresh:
+`enrol_100k_budgets_s` is derived the same way, a page's placement transactions counted
+after its facts' (the sync writes them one after the other), the end's requests after
+the last page.
+
+Run alone: `python -m tests.bench.enrol_bench [--vms N] [--budgets]` (one JSON line).
 """
 
 from __future__ import annotations
@@ -94,7 +102,21 @@ def azure(name: str) -> float:
     return float(AZURE[name]["value"])
 
 
-def inventory(vms: int, uniform_share: float = 0.2) -> list[dict[str, Any]]:
+SERVICES = 50  # distinct service tags in the budgets' fleet
+ZONES = 3
+
+
+def budgets() -> tuple[Any, ...]:
+    """A service budget and a per-zone percentage, as docs/policy.md shows them."""
+    from functions.model.budgets import Budget
+
+    return (
+        Budget(name="service", group_by=("tag:service",), max_unavailable=1),
+        Budget(name="zone-share", group_by=("tag:service", "zone"), max_unavailable="10%"),
+    )
+
+
+def inventory(vms: int, uniform_share: float = 0.2, placed: bool = False) -> list[dict[str, Any]]:
     from simulator.resource_graph import vm_row
 
     rows = []
@@ -118,9 +140,19 @@ def inventory(vms: int, uniform_share: float = 0.2) -> list[dict[str, Any]]:
                 vm_id=vm_id,
                 nic_id=nic,
                 address=address,
+                tags={"service": f"svc{i % SERVICES:02d}"} if placed else None,
+                zones=[str(i % ZONES + 1)] if placed else None,
             )
         )
     return rows
+
+
+def vm_name(resource_id: str) -> str:
+    """Azure's name for the VM of `resource_id` (a uniform instance: `{set}_{id}`)."""
+    parts = resource_id.split("/")
+    if parts[-4].casefold() == "virtualmachinescalesets":
+        return f"{parts[-3]}_{parts[-1]}"
+    return parts[-1]
 
 
 SECRET = b"B" * 40  # the app secret that wraps stored keys (none here: facts only)
@@ -220,18 +252,22 @@ class _QuotaClock:
             self.slept += seconds
 
 
-def run(connection_string: str, vms: int = 100_000) -> dict[str, Any]:
+def run(connection_string: str, vms: int = 100_000, with_budgets: bool = False) -> dict[str, Any]:
     """Enrol `vms` VMs into a fresh identities table on `connection_string` (give it an
-    Azurite of its own: other phases' rows slow the emulator, not the design)."""
+    Azurite of its own: other phases' rows slow the emulator, not the design); with
+    budgets, their placements and group sizes too (`enrol_100k_budgets_*`)."""
     from azure.data.tables import TableServiceClient
 
     from functions.identity.facts import ResourceGraphResolver
     from functions.identity.registry import IdentityStore
     from functions.identity.sync import sync_identities
+    from functions.model.budgets import Placement
+    from functions.store.placements import Placements, placement_row
     from simulator import Simulator, SimulatorServer
     from tests.identity.test_facts import SimulatorCredential
 
-    rows = inventory(vms)
+    rows = inventory(vms, placed=with_budgets)
+    chosen = budgets() if with_budgets else ()
     server = SimulatorServer(Simulator(time_scale=60.0)).start()
     pages: list[list[str]] = []  # each answered page's vmIds, in the order served
     page_of: dict[str, int] = {}  # vmId -> the page that served it (last, if several)
@@ -247,6 +283,10 @@ def run(connection_string: str, vms: int = 100_000) -> dict[str, Any]:
             if status == 200:
                 ids = [str(r["vmId"]) for r in body["data"]]
                 page_of.update(dict.fromkeys(ids, len(pages)))
+                if with_budgets:  # the page's placement rows are its rows too
+                    for r in body["data"]:
+                        placed = Placement(name=vm_name(r["id"]), vm_id=str(r["vmId"]))
+                        page_of[placement_row(placed)] = len(pages)
                 pages.append(ids)
             return status, body, headers
 
@@ -268,6 +308,7 @@ def run(connection_string: str, vms: int = 100_000) -> dict[str, Any]:
                 budget_seconds=10**9,  # one continuous pass; the timer's runs are derived
                 sleep=quota_clock.sleep,
                 monotonic=quota_clock,
+                budgets=chosen,
             )
             elapsed = time.monotonic() - began
             by_kind = wire.by_kind()
@@ -283,18 +324,48 @@ def run(connection_string: str, vms: int = 100_000) -> dict[str, Any]:
                 ).get(row["vmId"])
                 assert identity is not None, row["id"]
                 assert identity.facts.resource_id == row["id"], row["id"]
+                if with_budgets:
+                    table = upstream.get_table_client(wire.shard_table(shard))
+                    (placed,) = Placements(table).for_name(vm_name(row["id"]))
+                    assert placed.tags == row["tags"] and placed.zone == row["zones"][0]
+            if with_budgets:  # the sizes went to the first table (no VM's row key)
+                first = upstream.get_table_client(wire.shard_table(0))
+                sized = Placements(first).sizes("zone-share")
+                assert sum(sized.values()) == vms and len(sized) == SERVICES * ZONES, sized
         throttled = sum(1 for c in server.arm.calls if c.status == 429)
     finally:
         server.stop()
     assert report.finished_pass and report.vms_written == vms, report
-    if sum(by_kind.values()) != by_kind.get("batch", 0) + 2:  # the cursor: one read, one write
-        raise RuntimeError(f"enrol: Table requests other than batches and the cursor: {by_kind}")
-    per_page = batches_per_page(pages, batches)
-    derived = derive(per_page, cursor_requests=2)
+    # Besides batches: the cursor's read and write; with budgets, at the pass's end, the
+    # size rows' listing and the sweep's query of each placement partition (one page each).
+    others = 2 + (1 + 8 if with_budgets else 0)
+    if sum(by_kind.values()) != by_kind.get("batch", 0) + others:
+        raise RuntimeError(f"enrol: Table requests other than expected: {by_kind}")
+    end = [b for b in batches if b[0].startswith("size|")]
+    placement_keys = {k: v for k, v in page_of.items() if "|" in k}
+    per_page = batches_per_page(pages, [b for b in batches if b not in end], placement_keys)
+    derived = derive(per_page, cursor_requests=2, end_requests=len(end) + others - 2)
     sizes = Counter(len(keys) for _, keys in batches)
+    name = "enrol_100k_budgets" if with_budgets else "enrol_100k"
+    out: dict[str, Any] = {
+        f"{name}_s": derived["enrol_s"],
+        f"{name}_azurite_s": round(elapsed, 1),
+    }
+    if with_budgets:
+        out["_enrol_budgets"] = {
+            "vms": vms,
+            "budgets": [b.model_dump(mode="json", exclude_defaults=True) for b in chosen],
+            "placements_written": report.placements_written,
+            "groups_sized": report.groups_sized,
+            "table_requests": sum(by_kind.values()),
+            "table_requests_by_kind": by_kind,
+            "end_of_pass_requests": len(end) + others - 2,
+            "batches_per_page_max": max(sum(len(p) for p in page.values()) for page in per_page),
+            **{k: v for k, v in derived.items() if k != "enrol_s"},
+        }
+        return out
     return {
-        "enrol_100k_s": derived["enrol_s"],
-        "enrol_100k_azurite_s": round(elapsed, 1),
+        **out,
         "resource_graph_queries_100k": report.queries,
         "_enrol": {
             "vms": vms,
@@ -315,12 +386,16 @@ def run(connection_string: str, vms: int = 100_000) -> dict[str, Any]:
 
 
 def batches_per_page(
-    pages: list[list[str]], batches: list[tuple[str, list[str]]]
+    pages: list[list[str]],
+    batches: list[tuple[str, list[str]]],
+    also: dict[str, int] | None = None,
 ) -> list[dict[str, list[int]]]:
     """For each page served, its transactions: partition -> entity counts, in the order
     sent. A batch belongs to the last page any of its rows came on (a VM a page cut in two
-    is written with the next page, as the sync holds its rows back)."""
+    is written with the next page, as the sync holds its rows back). `also`: other row
+    keys (placements) and the page each came on."""
     page_of = {vm_id: i for i, ids in enumerate(pages) for vm_id in ids}
+    page_of.update(also or {})
     out: list[dict[str, list[int]]] = [{} for _ in pages]
     for partition, keys in batches:
         unknown = [k for k in keys if k not in page_of]
@@ -331,19 +406,30 @@ def batches_per_page(
     return out
 
 
-def derive(per_page: list[dict[str, list[int]]], cursor_requests: int) -> dict[str, Any]:
+def derive(
+    per_page: list[dict[str, list[int]]], cursor_requests: int, end_requests: int = 0
+) -> dict[str, Any]:
     """The pass's duration in Azure, replaying the sync's schedule on the counted work with
     the AZURE figures (see the module docstring): page i is processed at s_i, when its
-    query is answered and page i-1 is written; the next query starts then."""
+    query is answered and page i-1 is written; the next query starts then. A page's
+    placement transactions (partitions `pl*`) follow its facts'; `end_requests` (the
+    budgets' size rows and sweep) follow the last page, one round trip each."""
     query = azure("resource_graph_query_s")
     per_window, window = azure("quota_queries_per_window"), azure("quota_window_s")
     request = azure("table_request_s")
 
-    def write_s(page: dict[str, list[int]]) -> float:
+    def phase_s(page: dict[str, list[int]]) -> float:
+        if not page:
+            return 0.0
         trip, rate = azure("table_batch_round_trip_s"), azure("partition_entities_per_s")
         partition = max(sum(trip + n / rate for n in sizes) for sizes in page.values())
         account = sum(sum(s) for s in page.values()) / azure("account_entities_per_s")
         return max(partition, account)
+
+    def write_s(page: dict[str, list[int]]) -> float:
+        facts = {k: v for k, v in page.items() if not k.startswith("pl")}
+        placements = {k: v for k, v in page.items() if k.startswith("pl")}
+        return phase_s(facts) + phase_s(placements)
 
     starts: list[float] = []  # query start times, for the quota's windows
     quota_wait = 0.0
@@ -366,6 +452,7 @@ def derive(per_page: list[dict[str, list[int]]], cursor_requests: int) -> dict[s
         answered_next = ask(ready) if i + 1 < len(writes) else ready
         ready = max(answered_next, ready + written)
     working = ready + cursor_requests / 2 * request
+    working += end_requests * azure("table_batch_round_trip_s")
     from functions.settings import Settings
 
     budget = Settings().resource_graph_sync_budget_seconds
@@ -382,11 +469,12 @@ def derive(per_page: list[dict[str, list[int]]], cursor_requests: int) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.enrol_bench")
     parser.add_argument("--vms", type=int, default=100_000)
+    parser.add_argument("--budgets", action="store_true", help="with disruption budgets")
     args = parser.parse_args(argv)
     from local.azurite import Azurite
 
     with Azurite() as azurite:
-        print(json.dumps(run(azurite.connection_string, args.vms)))
+        print(json.dumps(run(azurite.connection_string, args.vms, args.budgets)))
     return 0
 
 

@@ -25,6 +25,7 @@ from functions.identity.facts import (
     VmFacts,
     facts_from_rows,
     normalise_vm_id,
+    placement_of,
     vm_query,
 )
 from simulator import Simulator, SimulatorServer, instance
@@ -420,3 +421,32 @@ def test_static_resolver():
         resolver.resolve("ffffffff-89ab-cdef-0123-456789abcdef")
     with pytest.raises(UnknownVm):
         resolver.resolve("junk")
+
+
+# ---------------------------------------------------------------------- tags and zones
+
+
+def test_tags_and_the_zone_come_from_the_row_as_azure_shapes_them():
+    """`tags` an object and `zones` an array of one, as the VM and scale-set VM resources
+    have them (azure-rest-api-specs compute 2024-07-01 VirtualMachine_List_MaximumSet_Gen
+    @ 19c6a456, VirtualMachineScaleSetVM_List_MaximumSet_Gen @ 49183a62)."""
+    row = {**ROW, "tags": {"service": "checkout", "Tier": "web"}, "zones": ["2"]}
+    facts = facts_from_rows(VM, [row], NOW)
+    assert facts.tags == {"Tier": "web", "service": "checkout"} and facts.zone == "2"
+    assert placement_of(facts).tags == facts.tags and placement_of(facts).zone == "2"
+    bare = facts_from_rows(VM, [ROW], NOW)  # a row without the columns: no tags, no zone
+    assert bare.tags == {} and bare.zone is None
+
+
+@pytest.mark.parametrize("zones", [None, [], ["1", "2"], "1", [None], [""]])
+def test_anything_but_one_zone_is_no_zone(zones):
+    assert facts_from_rows(VM, [{**ROW, "zones": zones}], NOW).zone is None
+
+
+def test_tags_are_bounded_and_what_is_left_out_is_counted():
+    many = {f"{i:03d}" + "n" * 508: "v" * 256 for i in range(50)}
+    many["odd"] = {"not": "a string"}
+    facts = facts_from_rows(VM, [{**ROW, "tags": many}], NOW)
+    assert facts.tags_dropped > 1 and len(facts.tags) + facts.tags_dropped == 51
+    assert len(facts.model_dump_json()) < 30_000  # one Table property, as stored
+    assert facts_from_rows(VM, [{**ROW, "tags": "service=x"}], NOW).tags == {}

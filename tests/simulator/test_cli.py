@@ -241,6 +241,7 @@ def test_cli_lists_scenarios() -> None:
         "platform-redeploy",
         "predicted-failure",
         "rolling-maintenance",
+        "zone-wave",
     ]
 
 
