@@ -30,6 +30,10 @@ class StepRecord(BaseModel):
     lease_until: AwareDatetime  # a running step whose lease passed has lost its runner
     finished_at: AwareDatetime | None = None
     detail: str = ""
+    # Whether the step's receiver may have acted on it (an undo then has something to
+    # undo): True; certainly not (never delivered, refused, nothing to undo): False; None:
+    # not known (a row written before this field, a runner lost mid-step).
+    reached: bool | None = None
     etag: str | None = None
 
     @property

@@ -19,7 +19,7 @@ from functions.approvers.relay import RelayTarget
 from functions.clock import Clock, SystemClock
 from functions.model.event import Notification, Transition
 from functions.store.drains import DrainStore, StepRecord
-from functions.terminate.steps import relay_hook
+from functions.terminate.steps import StepResult, relay_hook
 from functions.terminate.targets import DrainTargets
 
 log = logging.getLogger("functions.terminate.workflow")
@@ -29,6 +29,9 @@ ANNOUNCE_LEASE_SECONDS = 60.0  # announcements go out even after the deadline
 MAX_PARALLEL_HOOKS = 16
 
 Outcome = Literal["approved", "held", "approval_failed", "skipped", "undrained", "undrain_failed"]
+# A step's action: given the time it must end by, (ok, detail) or a StepResult (with
+# `reached`, what an undrain reads).
+Action = Callable[[datetime], tuple[bool, str] | StepResult]
 
 
 # approve(event_id, give_up_at, relays) → "approved" | "failed" | "skipped" | ..., or an
@@ -104,7 +107,7 @@ class Steps:
         self,
         step: str,
         until: datetime,
-        action: Callable[[datetime], tuple[bool, str]],
+        action: Action,
     ) -> StepRecord:
         """Run `action(until)` unless this step already ran (or runs) elsewhere.
 
@@ -126,6 +129,7 @@ class Steps:
                         lease_until=now,
                         finished_at=now,
                         detail="no time left before the deadline",
+                        reached=False,
                     )
                     if store.claim(self.event_id, record):
                         return self._keep(record)
@@ -162,21 +166,20 @@ class Steps:
             if store.replace(self.event_id, lost):
                 return self._keep(lost)
 
-    def _run(
-        self, record: StepRecord, until: datetime, action: Callable[[datetime], tuple[bool, str]]
-    ) -> StepRecord:
+    def _run(self, record: StepRecord, until: datetime, action: Action) -> StepRecord:
         lease = _Renewal(self.ctx, self.event_id, record)
         try:
-            ok, detail = action(until)
+            result = StepResult(*action(until))
         except requests.RequestException as exc:  # a step's own HTTP trouble is its failure
-            ok, detail = False, f"{type(exc).__name__}"
+            result = StepResult(False, f"{type(exc).__name__}")
         finally:
             held = lease.stop()
         done = held.model_copy(
             update={
-                "status": "succeeded" if ok else "failed",
+                "status": "succeeded" if result.ok else "failed",
                 "finished_at": self.ctx.clock.now(),
-                "detail": detail[:1000],
+                "detail": result.detail[:1000],
+                "reached": result.reached,
             }
         )
         if not self.ctx.store.replace(self.event_id, done):
@@ -222,9 +225,7 @@ class _Renewal:
             return self.record
 
 
-def announcer(
-    ctx: DrainContext, note: Notification, transition: Transition, detail: str
-) -> Callable[[datetime], tuple[bool, str]]:
+def announcer(ctx: DrainContext, note: Notification, transition: Transition, detail: str) -> Action:
     decision = note.decision
 
     def send(_until: datetime) -> tuple[bool, str]:
@@ -257,10 +258,15 @@ def hook_action(
     undoes: str | None = None,
     event_type: str | None = None,
     event_status: str = "Cancelled",
-) -> Callable[[datetime], tuple[bool, str]]:
-    def act(until: datetime) -> tuple[bool, str]:
+    run_seconds: float | None = None,
+) -> Action:
+    """Run `hook` on `vm`'s relay until the step's time (`until`, the drain deadline);
+    `run_seconds`: how long the hook may run once the relay took it."""
+
+    def act(until: datetime) -> StepResult:
         if target is None:
-            return False, f"no relay known for {vm} (no attested key or no address from Azure)"
+            why = f"no relay known for {vm} (no attested key or no address from Azure)"
+            return StepResult(False, why, False)
         return relay_hook(
             ctx.session,
             target,
@@ -273,6 +279,7 @@ def hook_action(
             undoes,
             event_type,
             event_status,
+            run_seconds,
         )
 
     return act

@@ -1,8 +1,12 @@
 """The two kinds of drain step: the customer's HTTP drain hook and a relay hook script.
 
-Each gets a hard time limit (its share of the time left before NotBefore) and returns
-(ok, detail) instead of raising: a drain that fails is an outcome the policy decides on,
-not an error to redeliver.
+Each returns a StepResult instead of raising: a drain that fails is an outcome the policy
+decides on, not an error to redeliver. Two limits bound a step (issue 40): `until`, the
+drain deadline, up to which a target that cannot be reached (connection refused, 5xx, 429)
+is tried again with growing waits; and `run_seconds`, how long a target that took the
+request may take to answer (the HTTP hook's answer; a relay hook from its first 200/202).
+So a relay that is unreachable for a while is drained once it is back, if the notice still
+allows, and a hook that hangs still fails after its step timeout.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import requests
+from urllib3.exceptions import ConnectTimeoutError
 
 from functions.approvers.relay import HOOK_PATH, RelayTarget
 from functions.model.event import EventSnapshot
@@ -23,9 +28,42 @@ from functions.notify.webhook import sign as sign_webhook
 
 log = logging.getLogger(__name__)
 
-StepOutcome = tuple[bool, str]
-RETRY_WAIT_SECONDS = 1.0
+RETRY_WAIT_SECONDS = 1.0  # the first wait after a try that did not reach the target
+MAX_RETRY_WAIT_SECONDS = 15.0  # waits double up to this: a relay back is met within 15 s
 HOOK_REQUEST_SECONDS = 30.0  # the relay holds a hook request up to its hook_wait (10 s)
+# The relay's answer to an undo (`Undoes`) for an event gone from IMDS whose drain hook
+# never ran there (relay.callback): nothing was drained on that VM, so nothing to undo.
+UNKNOWN_EVENT = "unknown EventId"
+
+
+class StepResult(NamedTuple):
+    """What one step did. `reached`: whether its receiver may have acted on it (True), or
+    certainly did not (False: never delivered, a relay's refusal, which comes before it
+    acts, or an undo that found nothing to undo). An undrain undoes what was reached
+    (functions.terminate.plan.steps_to_undo)."""
+
+    ok: bool
+    detail: str
+    reached: bool | None = None
+
+
+StepOutcome = StepResult  # the name callers used
+
+
+def retry_wait(attempt: int) -> float:
+    """Seconds to wait after the `attempt`-th try that did not reach its target: 1, 2, 4,
+    8, then every 15 s until the deadline."""
+    return min(RETRY_WAIT_SECONDS * 2 ** max(attempt - 1, 0), MAX_RETRY_WAIT_SECONDS)
+
+
+def never_delivered(exc: requests.RequestException) -> bool:
+    """The request certainly never reached the receiver: no connection was made (refused,
+    no route, name not resolved, connect timeout, TLS handshake failed). A connection lost
+    after the request went out is not this: the receiver may have acted."""
+    if isinstance(exc, (requests.ConnectTimeout, requests.exceptions.SSLError)):
+        return True
+    cause = exc.args[0] if exc.args else None
+    return isinstance(getattr(cause, "reason", None), ConnectTimeoutError)
 
 
 def _remaining(now: Callable[[], datetime], until: datetime) -> float:
@@ -93,9 +131,12 @@ def http_drain(
     action: str = "drain",
     vms: tuple[str, ...] | None = None,
     scale_set_of: ScaleSetOf | None = None,
-) -> StepOutcome:
-    """POST the instances (`vms`) to the drain hook and wait for a 2xx, retrying 429/5xx
-    in time. `scale_set_of`: Azure's scale set of each VM, read once before the first try.
+    run_seconds: float | None = None,
+) -> StepResult:
+    """POST the instances (`vms`) to the drain hook and wait for a 2xx. A try that does not
+    reach the hook (no connection, 408/429/5xx) is repeated until `until`, with growing
+    waits; a hook that took the request has `run_seconds` (None: until `until`) to answer.
+    `scale_set_of`: Azure's scale set of each VM, read once before the first try.
 
     `action="undrain"` is the same request to UNDRAIN__HTTP_URL after a cancellation."""
     named = event.resources if vms is None else vms
@@ -103,9 +144,11 @@ def http_drain(
     attempt = 0
     last = "no attempt"
     what = f"{action} hook"
+    reached = False  # the hook may have acted on some try
     while (left := _remaining(now, until)) > 0.05:
         attempt += 1
-        body = json.dumps(drain_request(event, until, left, action, vms, facts)).encode()
+        answer_within = left if run_seconds is None else min(left, run_seconds)
+        body = json.dumps(drain_request(event, until, answer_within, action, vms, facts)).encode()
         # One id for every retry of this step and for a rerun after a crash, signed or
         # not: a hook that may be called twice (a lost answer) dedupes by it.
         step_id = f"{event.event_id}:{action}"
@@ -118,19 +161,32 @@ def http_drain(
             # Standard Webhooks, like the webhook channel.
             headers.update(sign_webhook(secret, step_id, body))
         try:
-            response = session.post(url, data=body, headers=headers, timeout=(min(5, left), left))
-        except requests.Timeout:
-            return False, f"{what} did not answer within {left:.0f} s"
-        except requests.ConnectionError as exc:
-            last = f"cannot connect ({type(exc).__name__})"
+            response = session.post(
+                url, data=body, headers=headers, timeout=(min(5, left), answer_within)
+            )
+        except requests.RequestException as exc:
+            if never_delivered(exc):
+                last = f"cannot connect ({type(exc).__name__})"
+            elif isinstance(exc, requests.Timeout):
+                late = f"{what} did not answer within {answer_within:.0f} s"
+                return StepResult(False, late, True)
+            elif isinstance(exc, requests.ConnectionError):
+                reached, last = True, f"connection lost ({type(exc).__name__})"
+            else:
+                raise
         else:
-            if 200 <= response.status_code < 300:
-                return True, f"{what} answered {response.status_code} (attempt {attempt})"
-            last = f"HTTP {response.status_code}: {error_text(response)}"
-            if response.status_code < 500 and response.status_code not in (408, 429):
-                return False, f"{what} refused: {last}"
-        sleep(min(RETRY_WAIT_SECONDS * attempt, max(_remaining(now, until), 0)))
-    return False, f"{what} ran out of time after {attempt} attempts: {last}"
+            # The hook had the request: what it did before any answer is the operator's
+            # code, so an undrain asks it to undo (idempotent on webhook-id), even after a
+            # refusal. Only a request never delivered is nothing to undo.
+            reached = True
+            status = response.status_code
+            if 200 <= status < 300:
+                return StepResult(True, f"{what} answered {status} (attempt {attempt})", True)
+            last = f"HTTP {status}: {error_text(response)}"
+            if status < 500 and status not in (408, 429):
+                return StepResult(False, f"{what} refused: {last}", True)
+        sleep(min(retry_wait(attempt), max(_remaining(now, until), 0)))
+    return StepResult(False, f"{what} ran out of time after {attempt} attempts: {last}", reached)
 
 
 def relay_hook(
@@ -145,8 +201,13 @@ def relay_hook(
     undoes: str | None = None,
     event_type: str | None = None,
     event_status: str = "Cancelled",
-) -> StepOutcome:
+    run_seconds: float | None = None,
+) -> StepResult:
     """Ask the VM's relay to run its configured hook for this event; poll while running.
+
+    A relay that cannot be reached (or answers 5xx/429) is asked again, with growing
+    waits, until `until`; once it took the hook (its first 200 or 202), the hook has
+    `run_seconds` more (None: until `until`).
 
     The relay runs each (hook, EventId) once and answers a repeat with the recorded result,
     so polling is the same signed request again (freshly signed: the relay refuses a
@@ -155,7 +216,8 @@ def relay_hook(
     previous key known (mid-rotation) switches to that key for the rest of this step.
     `undoes`: the drain hook this one undoes; the relay then runs it for an event gone from
     IMDS if that hook ran there, with `event_status` (how the event ended: "Cancelled", or
-    "Completed" after a Freeze, Reboot or Redeploy) as its SCHEDULED_EVENT_STATUS.
+    "Completed" after a Freeze, Reboot or Redeploy) as its SCHEDULED_EVENT_STATUS; if it
+    never ran there the relay answers 404 "unknown EventId": nothing to undo, not a failure.
     """
     url = f"{target.url.rstrip('/')}{HOOK_PATH}"
     request: dict[str, str] = {"Hook": hook, "EventId": event_id}
@@ -170,18 +232,21 @@ def relay_hook(
     body = json.dumps(request).encode()
     keys = list(target.keys)
     if not keys:
-        return False, "no callback key known for this VM"
+        return StepResult(False, "no callback key known for this VM", False)
     key = keys[0]
     last = "no attempt"
     last_signed: int | None = None
-    while (left := _remaining(now, until)) > 0.05:
+    reached = False  # the relay may have started the hook
+    limit = until  # until the relay takes the hook; then at most run_seconds more
+    misses = 0
+    while (left := _remaining(now, limit)) > 0.05:
         stamp = time.time()
         if last_signed is not None and int(stamp) == last_signed:
             sleep(1.0 - (stamp % 1) + 0.01)  # one signature per second: never a replay
             stamp = time.time()
             # That wait may have used up the step: a request now would outlive it, and
             # its timeout would replace what the relay last said with "did not answer".
-            if (left := _remaining(now, until)) <= 0.05:
+            if (left := _remaining(now, limit)) <= 0.05:
                 break
         last_signed = int(stamp)
         headers = target.signed(key, HOOK_PATH, body, now=stamp)
@@ -193,28 +258,38 @@ def relay_hook(
                 timeout=(min(5, left), min(left, HOOK_REQUEST_SECONDS)),
                 allow_redirects=False,
             )
-        except requests.Timeout:
-            # A poll sent with little of the step left may time out although the relay
-            # answered every earlier one: what the relay last said stays the news.
-            if last == "hook still running":
-                last = "hook still running (the last poll got no answer in time)"
-            elif not last.startswith("hook still running"):
-                last = "relay did not answer in time"
-        except requests.ConnectionError as exc:
-            last = f"cannot reach the relay ({type(exc).__name__})"
+        except requests.RequestException as exc:
+            if never_delivered(exc):
+                last = f"cannot reach the relay ({type(exc).__name__})"
+            elif isinstance(exc, requests.Timeout):
+                # A poll sent with little of the step left may time out although the relay
+                # answered every earlier one: what the relay last said stays the news.
+                reached = True
+                if last == "hook still running":
+                    last = "hook still running (the last poll got no answer in time)"
+                elif not last.startswith("hook still running"):
+                    last = "relay did not answer in time"
+            elif isinstance(exc, requests.ConnectionError):
+                reached, last = True, f"connection to the relay lost ({type(exc).__name__})"
+            else:
+                raise
         else:
             status = response.status_code
             answer = _json(response)
+            if status in (200, 202) and limit == until and run_seconds is not None:
+                limit = min(until, now() + timedelta(seconds=run_seconds))
             if status == 200:
                 result = answer.get("status")
                 tail = " ".join(str(answer.get("output_tail") or "").split())[-300:]
                 if result == "succeeded":
-                    return True, f"hook {hook} succeeded" + (f": {tail}" if tail else "")
+                    done = f"hook {hook} succeeded" + (f": {tail}" if tail else "")
+                    return StepResult(True, done, True)
                 code = answer.get("exit_code")
-                return False, f"hook {hook} {result} (exit {code})" + (f": {tail}" if tail else "")
+                done = f"hook {hook} {result} (exit {code})" + (f": {tail}" if tail else "")
+                return StepResult(False, done, True)
             if status == 202:
-                last = "hook still running"
-                sleep(min(poll_seconds, max(_remaining(now, until), 0)))
+                reached, last = True, "hook still running"
+                sleep(min(poll_seconds, max(_remaining(now, limit), 0)))
                 continue
             reason = answer.get("error") or error_text(response)
             if status == 401 and len(keys) > 1 and key is keys[0]:
@@ -223,15 +298,22 @@ def relay_hook(
                 )
                 key = keys[1]
                 continue
+            # The relay refuses before it runs anything (relay.callback): no effect.
+            if status == 404 and undoes and reason == UNKNOWN_EVENT:
+                nothing = f"nothing to undo: {undoes} never ran for this event on this VM"
+                return StepResult(True, nothing, False)
             if 300 <= status < 400:
-                return False, f"relay refused ({status}): redirect not followed"
+                why = f"relay refused ({status}): redirect not followed"
+                return StepResult(False, why, reached)
             if status == 404:
-                return False, f"relay refused: {reason} (hooks come only from the relay's config)"
+                why = f"relay refused: {reason} (hooks come only from the relay's config)"
+                return StepResult(False, why, reached)
             if status in (400, 401, 403):
-                return False, f"relay refused ({status}): {reason}"
+                return StepResult(False, f"relay refused ({status}): {reason}", reached)
             last = f"HTTP {status}: {reason}"
-        sleep(min(RETRY_WAIT_SECONDS, max(_remaining(now, until), 0)))
-    return False, f"hook {hook} ran out of time: {last}"
+        misses += 1
+        sleep(min(retry_wait(misses), max(_remaining(now, limit), 0)))
+    return StepResult(False, f"hook {hook} ran out of time: {last}", reached)
 
 
 def _json(response: requests.Response) -> dict[str, Any]:
@@ -240,8 +322,3 @@ def _json(response: requests.Response) -> dict[str, Any]:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def budget(now: datetime, deadline: datetime, step_timeout: float) -> datetime:
-    """When one step must stop: its own limit, or the workflow's deadline if sooner."""
-    return min(now + timedelta(seconds=step_timeout), deadline)

@@ -24,6 +24,7 @@ from functions.terminate.context import (
     announcer,
     hook_action,
 )
+from functions.terminate.plan import steps_to_undo
 from functions.terminate.settings import UndrainSettings
 from functions.terminate.steps import http_drain
 
@@ -47,14 +48,6 @@ def wants_undrain(note: Notification) -> bool:
     return note.transition is Transition.COMPLETED and event.event_type.casefold() in BACK_AFTER
 
 
-# Drain step details that mean the step never reached its receiver: nothing to undo.
-NEVER_STARTED = ("no time left before the deadline", "no relay known")
-
-
-def _reached(record: StepRecord | None) -> bool:
-    return record is not None and not record.detail.startswith(NEVER_STARTED)
-
-
 def run_undrain(
     note: Notification,
     settings: UndrainSettings,
@@ -64,12 +57,14 @@ def run_undrain(
     """Undo the drain of an event that ended with its VMs still there (wants_undrain);
     run-once per step, like the drain.
 
-    Only what the drain reached is undone: the HTTP undrain hook if the HTTP drain hook was
-    called, the relay undrain hook on each VM whose relay drain hook was called (the relay
-    runs it because its drain hook ran there for this EventId: `Undoes`). A drain step
-    that was reached but has no undrain setting is a failure to report, not to skip: the
-    VM stays out of service until someone puts it back. Announced once as
-    `undrained` or `undrain_failed`, and audited."""
+    Only what the drain may have done is undone (plan.steps_to_undo): the HTTP undrain hook
+    if the HTTP drain hook may have acted, the relay undrain hook on each VM whose relay
+    drain hook may have run (the relay runs it only if its drain hook ran there for this
+    EventId: `Undoes`; where it never ran, the relay's "unknown EventId" means nothing to
+    undo, not a failure). A drain step that was reached but has no undrain setting is a
+    failure to report, not to skip: the VM stays out of service until someone puts it
+    back. Announced once as `undrained` or `undrain_failed`, and audited; when it turns
+    out nothing was out of service, nothing is announced (no page to act on)."""
     if not wants_undrain(note):
         event_id = note.event.event_id if note.event else "-"
         return DrainResult(
@@ -77,14 +72,9 @@ def run_undrain(
         )
     assert note.event is not None and note.decision is not None
     event = note.event
-    done = _settled_drain_steps(ctx, event.event_id)
-    http_reached = _reached(done.get("http"))
-    vms = sorted(
-        name.removeprefix("hook:")
-        for name, rec in done.items()
-        if name.startswith("hook:") and _reached(rec)
-    )
-    if not http_reached and not vms:
+    undo = steps_to_undo(_settled_drain_steps(ctx, event.event_id))
+    http_reached, vms = undo.http, list(undo.hooks)
+    if undo.empty:
         return DrainResult(event.event_id, "skipped", detail="nothing was drained")
     steps = Steps(event.event_id, ctx)
     clock = ctx.clock
@@ -150,6 +140,11 @@ def run_undrain(
             f"the relay drain hook ran on {', '.join(vms)}, but UNDRAIN__RELAY_HOOK is not set"
         )
     failures += [f"{r.step}: {r.detail}" for r in records if r.status != "succeeded"]
+    if not failures and records and all(r.reached is False for r in records):
+        # Every receiver said its drain never ran: nothing was out of service.
+        detail = "nothing was drained: " + "; ".join(f"{r.step}: {r.detail}" for r in records)
+        log.info("undrain %s: %s", event.event_id, detail)
+        return DrainResult(event.event_id, "skipped", False, detail, steps.records)
     if failures:
         transition, outcome = Transition.UNDRAIN_FAILED, "undrain_failed"
         detail = "; ".join(failures) + " — put the VM back in service by hand"

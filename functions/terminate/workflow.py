@@ -42,8 +42,9 @@ from functions.terminate.context import (
     Steps,
     hook_action,
 )
+from functions.terminate.plan import drain_deadlines
 from functions.terminate.settings import DrainSettings, UndrainSettings
-from functions.terminate.steps import budget, http_drain
+from functions.terminate.steps import http_drain
 from functions.terminate.targets import DrainTargets
 from functions.terminate.undrain import run_undrain, wants_undrain
 
@@ -93,9 +94,7 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         return DrainResult(event.event_id, "skipped", detail="dry run: nothing drained or approved")
     if event.not_before is None:
         return DrainResult(event.event_id, "skipped", detail="no NotBefore: already started")
-    margin, reserve = settings.margins(event.event_type)
-    deadline = event.not_before - timedelta(seconds=margin)
-    drain_until = deadline - timedelta(seconds=reserve)
+    deadline, drain_until = drain_deadlines(event.not_before, event.event_type, settings)
     steps = Steps(event.event_id, ctx)
     clock = ctx.clock
 
@@ -187,7 +186,7 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         drain_steps.append(
             steps.once(
                 "http",
-                budget(clock.now(), drain_until, settings.step_timeout_seconds),
+                drain_until,  # an unreachable hook is tried until then (issue 40)
                 lambda until: http_drain(
                     ctx.session,
                     url,
@@ -198,6 +197,7 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
                     ctx.webhook_secret,
                     vms=drained_vms,
                     scale_set_of=ctx.scale_set_of,
+                    run_seconds=settings.step_timeout_seconds,
                 ),
             )
         )
@@ -208,8 +208,16 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
             target = ctx.relay_target(vm)  # before the step: a lookup that dies claims nothing
             return steps.once(
                 f"hook:{vm}",
-                budget(clock.now(), drain_until, settings.step_timeout_seconds),
-                hook_action(ctx, hook, vm, target, event.event_id, settings.poll_seconds),
+                drain_until,  # an unreachable relay is asked again until then (issue 40)
+                hook_action(
+                    ctx,
+                    hook,
+                    vm,
+                    target,
+                    event.event_id,
+                    settings.poll_seconds,
+                    run_seconds=settings.step_timeout_seconds,
+                ),
             )
 
         # Every VM drains at the same time: the notice is the same for all of them.

@@ -36,7 +36,7 @@ class Answer:
 
 
 class Receiver:
-    def __init__(self, default: Answer | None = None) -> None:
+    def __init__(self, default: Answer | None = None, port: int = 0) -> None:
         self.default = default or Answer(200, {"ok": True})
         self.script: list[Answer] = []
         self.handler: Callable[[Recorded], Answer] | None = None
@@ -82,7 +82,7 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
@@ -107,8 +107,9 @@ class Receiver:
 
 
 @contextmanager
-def running(default: Answer | None = None) -> Iterator[Receiver]:
-    receiver = Receiver(default).start()
+def running(default: Answer | None = None, port: int = 0) -> Iterator[Receiver]:
+    """A receiver on `port` (0: any free one) until the block ends."""
+    receiver = Receiver(default, port).start()
     try:
         yield receiver
     finally:

@@ -75,7 +75,7 @@ def test_the_drain_hook_gets_the_vm_rows_scale_set(azurite: str) -> None:
     event = _event(("app_x_5", "app_7", "app_x_y_1"), ("app", "app_x"))
     clock = SystemClock()
     with running(Answer(200)) as hook:
-        ok, detail = http_drain(
+        ok, detail, _ = http_drain(
             ctx.session,
             hook.url,
             event,

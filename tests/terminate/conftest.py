@@ -21,6 +21,7 @@ from functions.model.event import Decision, EventSnapshot, Links, Notification, 
 from functions.store.drains import DrainStore
 from functions.terminate.targets import DrainTargets
 from functions.terminate.workflow import DrainContext, DrainSettings
+from local.azurite import free_port
 from relay.callback import CallbackApp, CallbackServer
 from relay.hooks import HookRunner
 from relay.imds import ImdsClient
@@ -179,6 +180,9 @@ class Relays:
     targets: dict[str, RelayTarget]
     ran: Path  # each hook run appends "<vm> <event id>" here
     undone: Path | None = None  # each `undrain` hook run appends "<vm> <event id> <status>"
+    # Starts the callbacks of a fleet started with `listening=False` (a relay unreachable
+    # until then: connection refused at its address).
+    listen: Callable[[], None] = lambda: None
 
     def runs(self) -> list[str]:
         return self.ran.read_text().splitlines() if self.ran.exists() else []
@@ -195,7 +199,9 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
 
     started: list[Any] = []
 
-    def start(count: int = 2, hook_seconds: float = 0.0, hook_wait: float = 5.0) -> Relays:
+    def start(
+        count: int = 2, hook_seconds: float = 0.0, hook_wait: float = 5.0, listening: bool = True
+    ) -> Relays:
         ran = tmp_path / "ran.txt"
         script = tmp_path / "drain.sh"
         script.write_text(
@@ -218,6 +224,15 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
         started.append(server)
         server.sim.add_scale_set("web", count)
         targets = {}
+        later: list[Any] = []
+        lock = threading.Lock()
+
+        def listen() -> None:
+            with lock:
+                while later:
+                    address, app = later.pop(0)
+                    started.append(CallbackServer(address, app).start())
+
         for index in range(count):
             vm = f"web_{index}"
             hooks = HookRunner(
@@ -228,10 +243,15 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
             app = CallbackApp(
                 keys, vm_id, vm, ImdsClient(server.vm_url(vm)), hooks, hook_wait=hook_wait
             )
-            callback = CallbackServer("127.0.0.1:0", app).start()
-            started.append(callback)
-            targets[vm] = target_of(callback.url, vm_id, keys)
-        return Relays(server.sim, targets, ran, undone)
+            if listening:
+                callback = CallbackServer("127.0.0.1:0", app).start()
+                started.append(callback)
+                targets[vm] = target_of(callback.url, vm_id, keys)
+            else:  # its address refuses connections until listen()
+                address = f"127.0.0.1:{free_port()}"
+                later.append((address, app))
+                targets[vm] = target_of(f"http://{address}", vm_id, keys)
+        return Relays(server.sim, targets, ran, undone, listen)
 
     try:
         yield start

@@ -211,7 +211,7 @@ def test_a_last_poll_that_times_out_keeps_what_the_relay_last_said() -> None:
             keys=(CallbackKey(key_id_of(secret), secret),),
         )
         start = datetime.now(UTC)
-        ok, detail = relay_hook(
+        ok, detail, _ = relay_hook(
             requests.Session(),
             target,
             "drain",
