@@ -27,7 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     policy = sub.add_parser("policy", help="check or try the approval policy")
     what = policy.add_subparsers(dest="policy_command", required=True)
-    what.add_parser("check", help="print the effective policy, or exit 2 with the error")
+    policy_check = what.add_parser(
+        "check",
+        help="print the effective policy, or exit 2 with the error; says where it came from",
+    )
+    policy_check.add_argument(
+        "--file",
+        help="the policy of app settings (local.settings.json, `az functionapp config "
+        "appsettings list` output) or of a parameter file (infra/main.bicepparam)",
+    )
     explain = what.add_parser(
         "explain", help="decide each event of a document, an envelope or Event Grid events"
     )
@@ -70,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.policy_command == "backtest":
         return backtest_cli.run(args)
 
+    if args.policy_command == "check":
+        code = _policy_source(args.file)
+        if code:
+            return code
     load = load_policy()
     if load.policy is None:
         print(f"policy invalid: {load.error}", file=sys.stderr)
@@ -81,6 +93,23 @@ def main(argv: list[str] | None = None) -> int:
         _warn_not_enforcing()
         return 0
     return _explain(load, args.file, args.now, tuple(args.scale_set))
+
+
+def _policy_source(file: str | None) -> int:
+    """Print where the policy comes from (a file read first, with --file); 2 if unreadable."""
+    from functions.settings_cli import LoadedFile, SettingsFileError, load_file, policy_source
+
+    loaded = None
+    if file:
+        try:
+            loaded = load_file(file)
+        except SettingsFileError as exc:
+            print(f"policy: {exc}", file=sys.stderr)
+            return 2
+        for setting, why in loaded.errors:
+            print(f"note: {setting}: {why}", file=sys.stderr)
+    print(policy_source(loaded or LoadedFile(label="environment")), file=sys.stderr)
+    return 0
 
 
 def _warn_not_enforcing() -> None:

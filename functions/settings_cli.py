@@ -2,8 +2,10 @@
 
 Prints one line per finding (`error: ...`, `warning: ...`) and exits 2 when there is an
 error (with `--strict`, a warning too), 0 otherwise. `--file` reads exported app settings
-(`az functionapp config appsettings list` or local.settings.json) into this process's
-environment first, so the app's own models read them exactly as they would in Azure.
+(`az functionapp config appsettings list` or local.settings.json), or the settings a
+deployment from a `.bicepparam` would write (functions.bicepparam), into this process's
+environment first, so the app's own models read them exactly as they would in Azure. Each
+run says where the policy came from (`policy check` too).
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from functions.bicepparam import ParameterFileError, is_parameter_file, read_parameter_file
+from functions.model.policy import POLICY_FAMILY
 from functions.settings import KEY_VAULT_REFERENCE_PREFIX
 from functions.settings_check import check_settings
 
@@ -80,30 +85,110 @@ def _looks_like_settings(path: str, data: dict) -> None:
         )
 
 
+@dataclass
+class LoadedFile:
+    """A settings file put into this process's environment, and what it said on the way."""
+
+    label: str
+    notes: list[str] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (setting, why)
+    alert_receivers: bool | None = None
+    origin: dict[str, str] = field(default_factory=dict)  # setting -> where it came from
+
+
+def load_file(path: str) -> LoadedFile:
+    """Put `path`'s settings into os.environ, as the app would read them in Azure.
+
+    App settings (JSON) go on top of the environment. A `.bicepparam` is what a deployment
+    from it writes: every app setting of this shell is dropped first (the deployment writes
+    its own), after its `readEnvironmentVariable`s were read."""
+    if is_parameter_file(path):
+        return _load_parameter_file(path)
+    values = read_settings_file(path)
+    loaded = LoadedFile(label=path)
+    for name, value in values.items():
+        if value.strip().casefold().startswith(KEY_VAULT_REFERENCE_PREFIX.casefold()):
+            loaded.notes.append(
+                f"{name}: a Key Vault reference; App Service resolves it, not checked"
+            )
+            value = UNCHECKED_SECRET
+        os.environ[name] = value
+        loaded.origin[name] = path
+    return loaded
+
+
+def _load_parameter_file(path: str) -> LoadedFile:
+    from functions.settings_check import app_prefixes, known_names, settings_models
+
+    try:
+        parsed = read_parameter_file(path)
+    except ParameterFileError as exc:
+        raise SettingsFileError(str(exc)) from None
+    models = settings_models()
+    known = {n.casefold() for n in known_names(models)}
+    prefixes = tuple(app_prefixes(models))
+    for name in list(os.environ):
+        if name.casefold() in known or name.upper().startswith(prefixes):
+            del os.environ[name]
+    os.environ.update(parsed.settings)
+    return LoadedFile(
+        label=path,
+        notes=parsed.notes,
+        errors=parsed.errors,
+        alert_receivers=parsed.alert_receivers,
+        origin={s: f"{path}: {p}" for s, p in parsed.origin.items()},
+    )
+
+
+def policy_source(loaded: LoadedFile | None = None) -> str:
+    """Where the policy in this environment comes from: each POLICY__* setting and its
+    source, and whether the rules are Microsoft's reference policy."""
+    origin = loaded.origin if loaded else {}
+    names = sorted(n for n in os.environ if n.upper().startswith(POLICY_FAMILY))
+    given = [f"{n} from {origin.get(n, 'an environment variable')}" for n in names]
+    if not any(n.upper() == "POLICY__RULES" for n in names):
+        if loaded and is_parameter_file(loaded.label):
+            why = f"policyRules is empty or not set in {loaded.label}"
+        else:
+            where = f"{loaded.label} or " if loaded and loaded.label != "environment" else ""
+            why = (
+                f"no POLICY__RULES in {where}this environment; a shell variable set "
+                "without `export` is not in it"
+            )
+        given.insert(0, f"the rules are Microsoft's reference policy ({why})")
+    return "policy from: " + "; ".join(given)
+
+
 def run_settings_check(args: argparse.Namespace) -> int:
-    notes = []
+    loaded = LoadedFile(label="environment")
     if args.file:
         try:
-            values = read_settings_file(args.file)
+            loaded = load_file(args.file)
         except SettingsFileError as exc:
             print(f"settings: {exc}", file=sys.stderr)
             return 2
-        for name, value in values.items():
-            if value.strip().casefold().startswith(KEY_VAULT_REFERENCE_PREFIX.casefold()):
-                notes.append(f"{name}: a Key Vault reference; App Service resolves it, not checked")
-                value = UNCHECKED_SECRET
-            os.environ[name] = value
-    report = check_settings(for_azure=not args.local)
-    for note in notes:
+    report = check_settings(for_azure=not args.local, alert_receivers=loaded.alert_receivers)
+    for note in loaded.notes:
         print(f"note: {note}", file=sys.stderr)
+    print(f"note: {policy_source(loaded)}", file=sys.stderr)
+    for setting, why in loaded.errors:
+        print(f"error: {setting}: {why}", file=sys.stderr)
     for finding in report.findings:
+        if finding.setting == "connections" and "appSecret" in dict(loaded.errors):
+            continue  # said above, as the parameter file's
         print(f"{finding.severity}: {finding}", file=sys.stderr)
-    refused = report.errors()
+    refused = len(loaded.errors) + sum(
+        1
+        for f in report.errors()
+        if not (f.setting == "connections" and "appSecret" in dict(loaded.errors))
+    )
     warnings = report.warnings()
     if refused:
         print(
-            f"settings invalid: {len(refused)} error(s): the app refuses to act on them "
-            "(it fails closed: nothing approved, policy_invalid announced)",
+            f"settings invalid: {refused} error(s): the app refuses to act on them "
+            "(it fails closed: nothing approved, policy_invalid announced)"
+            if not loaded.errors
+            else f"settings invalid: {refused} error(s)",
             file=sys.stderr,
         )
         return 2

@@ -254,11 +254,9 @@ param relayPackageUrl string = ''
 
 param adminUsername string = 'azureuser'
 
-// Required (it used to default to empty): with an example machine on, an empty key failed the
-// deployment last, after everything else had been deployed.
-@description('SSH public key for the example VMs (password login is off), e.g. the contents of ~/.ssh/id_ed25519.pub.')
-@minLength(1)
-param adminSshPublicKey string
+// Asked for only when an example machine is deployed (module exampleSshKey below).
+@description('SSH public key for the example VMs (password login is off), e.g. the contents of ~/.ssh/id_ed25519.pub. Needed only with deployExampleScaleSet or deployExampleVm; empty otherwise.')
+param adminSshPublicKey string = ''
 
 @description('Terminate notification timeout of the example scale set (PT5M..PT15M).')
 @allowed([
@@ -553,6 +551,16 @@ var cloudInit5 = replace(cloudInit4, '{{CALLBACK_PORT}}', string(relayCallbackPo
 var cloudInit6 = replace(cloudInit5, '{{RELAY_KEY_SECRET_URI}}', relayKeyArgument)
 var cloudInit7 = replace(cloudInit6, '{{RELAY_PACKAGE_URL}}', relayPackageUrl)
 var relayCloudInit = replace(cloudInit7, '{{HEARTBEAT_TABLE_URL}}', storage.outputs.livenessTableUrl)
+
+// An example machine needs the key: with one on and an empty key, this parameter-only module
+// (nothing of its own to wait for) fails validation naming adminSshPublicKey, instead of the
+// example's own deployment failing after the rest was built.
+module exampleSshKey 'modules/example-ssh-key.bicep' = if (deployExampleScaleSet || deployExampleVm) {
+  name: 'example-ssh-key'
+  params: {
+    adminSshPublicKey: adminSshPublicKey
+  }
+}
 
 module exampleScaleSet 'modules/vmss-relay.bicep' = if (deployExampleScaleSet) {
   name: 'example-scaleset'

@@ -1,7 +1,8 @@
 // Worked example: a new VNet, the bridge, and one example scale set running the relay.
 //
 //   export APP_SECRET=$(openssl rand -hex 32)         # the app's own secret (Key Vault); relays never see it
-//   export SSH_PUBLIC_KEY="$(cat ~/.ssh/id_ed25519.pub)"
+//   export SSH_PUBLIC_KEY="$(cat ~/.ssh/id_ed25519.pub)"  # only with the example scale set
+//   .venv/bin/python -m functions settings check --file infra/main.bicepparam   # offline, first
 //   az deployment group create -g rg-sebridge -f infra/main.bicep -p infra/main.bicepparam
 //
 // Secrets come from environment variables, never from this file.
@@ -54,12 +55,15 @@ param drainRelayHook = readEnvironmentVariable('SEBRIDGE_DRAIN_RELAY_HOOK', '')
 param alertEmail = readEnvironmentVariable('ALERT_EMAIL', '')
 param alertActionGroupId = readEnvironmentVariable('ALERT_ACTION_GROUP_ID', '')
 
-// Example scale set: two instances, ten minutes to drain before a deletion proceeds.
+// Example scale set: two Standard_B2s instances running the relay (README: what a deploy
+// creates, and its cost), ten minutes to drain before a deletion proceeds. false: none, and
+// no SSH key is asked for.
 param deployExampleScaleSet = true
 param deployExampleVm = false
 param exampleInstanceCount = 2
 param terminateNotBeforeTimeout = 'PT10M'
-param adminSshPublicKey = readEnvironmentVariable('SSH_PUBLIC_KEY')
+// Asked for only while an example is on (above): `settings check --file` says so offline.
+param adminSshPublicKey = readEnvironmentVariable('SSH_PUBLIC_KEY', '')
 // Empty: cloud-init installs the relay embedded in customData (infra/relay/). Or a release
 // asset with its checksum: https://.../scheduled-events-relay.pyz#sha256=HEX
 param relayPackageUrl = readEnvironmentVariable('RELAY_PACKAGE_URL', '')

@@ -19,6 +19,7 @@ param customData string
 param adminUsername string = 'azureuser'
 
 @description('SSH public key for adminUsername; password login is disabled.')
+@minLength(1)
 param adminSshPublicKey string
 
 param vmSize string = 'Standard_B2s'

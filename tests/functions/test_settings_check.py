@@ -349,7 +349,11 @@ def test_the_function_app_start_refuses_them(bare_env, azurite):
     bare_env.setenv("POLICY__DRYRUN", "true")
     bare_env.setenv("DRAIN__ON_FAILURE", "aprove")
     printed = run_check({**BASE, "POLICY__DRYRUN": "true", "DRAIN__ON_FAILURE": "aprove"})
-    errors = [line.removeprefix("error: ") for line in printed.stderr.splitlines()]
+    errors = [
+        line.removeprefix("error: ")
+        for line in printed.stderr.splitlines()
+        if line.startswith("error: ")
+    ]
     errors = [line for line in errors if "DRYRUN" in line or "ON_FAILURE" in line]
     assert len(errors) == 2
     handlers.use_pipeline(None)
