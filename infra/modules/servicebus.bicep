@@ -45,6 +45,17 @@ param maxDeliveryCount int = 10
 // Preempt's 30 s notice survive one. Service Bus allows 5 s at least.
 param lockDuration string = 'PT10S'
 
+// The heartbeats trigger takes messages in batches (host.json minMessageBatchSize, waiting up
+// to maxBatchWaitTime, 30 s, to fill one). Learn's Service Bus host.json reference: "The
+// longest allowed wait time is 50% of the entity message lock duration", and
+// maxAutoLockRenewalDuration "only applies for functions that receive a single message at a
+// time": a batch's locks are never renewed. On the 10 s lock above, a quiet period's batch
+// lost its locks while it waited and was delivered again (then dead-lettered after
+// maxDeliveryCount). So this queue has its own lock: twice the wait. A heartbeat is a hint,
+// so the slower redelivery after a crash costs nothing.
+@description('Lock of the heartbeats queue: at least twice host.json maxBatchWaitTime (Learn: the wait may be at most 50 % of the lock; batches are never renewed).')
+param heartbeatLockDuration string = 'PT1M'
+
 @description('How long an undelivered document is kept (ISO 8601); then it is dead-lettered, not dropped.')
 param documentTimeToLive string = 'P7D'
 
@@ -124,7 +135,7 @@ resource heartbeats 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' 
     maxDeliveryCount: maxDeliveryCount
     deadLetteringOnMessageExpiration: false
     defaultMessageTimeToLive: heartbeatTimeToLive
-    lockDuration: lockDuration
+    lockDuration: heartbeatLockDuration
     maxSizeInMegabytes: 1024
     enablePartitioning: false
   }

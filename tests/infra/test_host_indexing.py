@@ -70,7 +70,7 @@ def _setting(name: str) -> list[str]:
 def service_bus_entities() -> dict[str, object]:
     sb = evaluator_for(INFRA / "modules" / "servicebus.bicep")
     eg = evaluator_for(INFRA / "modules" / "eventgrid.bicep")
-    queues = {}
+    queues, locks = {}, {}
     for evaluator in (sb, eg):
         for res in evaluator.template.tree["resources"].values():
             if res["type"] == "Microsoft.ServiceBus/namespaces/queues":
@@ -78,9 +78,10 @@ def service_bus_entities() -> dict[str, object]:
                 name = evaluator.eval(body["name"])
                 session = evaluator.eval(body.get("properties", {}).get("requiresSession", False))
                 queues[name] = session
+                locks[name] = evaluator.eval(body["properties"]["lockDuration"])
     topic = sb.eval(sb.template.tree["resources"]["notifications"]["config"]["name"])
     subs = sb.eval(sb.template.tree["variables"]["subscriptionNames"]["value"])
-    return {"queues": queues, "topic": topic, "subscriptions": set(subs)}
+    return {"queues": queues, "locks": locks, "topic": topic, "subscriptions": set(subs)}
 
 
 def test_the_host_indexes_every_function() -> None:
@@ -112,6 +113,7 @@ def test_service_bus_bindings_match_the_bicep(name: str, binding: dict) -> None:
         assert bool(binding.get("isSessionsEnabled", False)) == sessions, name
         if binding.get("cardinality", "ONE").upper() == "MANY":
             assert not sessions, f"{name}: batched receive from a session queue"
+            _batch_wait_fits_the_lock(name, entities["locks"][queue])
     else:
         (topic,) = _setting(binding["topicName"])
         assert topic == entities["topic"]
@@ -140,6 +142,21 @@ def test_host_json_service_bus_options_exist_in_the_extension() -> None:
         h, m, s = (float(x) for x in wait.split(":"))
         assert h * 3600 + m * 60 + s <= known["maxBatchWaitTimeSecondsAtMost"]
     assert options.get("minMessageBatchSize", 1) < options.get("maxMessageBatchSize", 1000)
+
+
+def _batch_wait_fits_the_lock(name: str, lock: str) -> None:
+    """Learn's Service Bus bindings page, host.json settings (MicrosoftDocs/azure-docs
+    articles/azure-functions/functions-bindings-service-bus.md): maxBatchWaitTime "The
+    longest allowed wait time is 50% of the entity message lock duration ... Otherwise, you
+    may get lock exceptions", and maxAutoLockRenewalDuration "only applies for functions
+    that receive a single message at a time": a batch waits on its first message's lock,
+    which is never renewed. The 30 s wait on the 10 s lock lost every quiet batch (issue 38)."""
+    options = json.loads((ROOT / "host.json").read_text())["extensions"]["serviceBus"]
+    h, m, s = (float(x) for x in options.get("maxBatchWaitTime", "00:00:30").split(":"))
+    wait = h * 3600 + m * 60 + s
+    assert wait <= iso_minutes(lock) * 60 / 2, (
+        f"{name}: waits {wait:g} s for a batch on a {lock} lock"
+    )
 
 
 def test_host_json_other_sections() -> None:
