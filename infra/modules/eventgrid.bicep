@@ -10,10 +10,13 @@
 // What cannot be delivered within the retry policy lands in a blob container (dead letter).
 //
 // The function app may acknowledge events only where you say (acknowledgeScopes), through
-// a custom role holding exactly Microsoft.Maintenance/scheduledevents/acknowledge/action:
-// the built-in "Scheduled Events Contributor" is meant "to read or acknowledge", more than
-// this needs. That built-in role is what Learn has the Maintenance resource provider's own
-// service principal hold (main.bicep, modules/maintenance-provider.bicep).
+// a custom role holding what Azure's built-in "Scheduled Events Contributor" holds and no
+// more: Microsoft.Maintenance/scheduledevents/acknowledge/action and read on the VMs, scale
+// sets and availability sets it is assigned on (issue 38: with acknowledge alone, a group of
+// acknowledgeScopes outside vmScopes was invisible to the app, to the acknowledge's own
+// resource read and to Resource Graph's cross-check). A custom role rather than the built-in
+// one: assignable only where you named. The built-in role is what Learn has the Maintenance
+// resource provider's own service principal hold (main.bicep, modules/maintenance-provider.bicep).
 //
 // Preview, "not recommended for production" on every published version of Learn's pages.
 // Features to register first (README): Microsoft.Compute/SendScheduledEventsPolicy and
@@ -200,10 +203,10 @@ resource scheduledEvents 'Microsoft.EventGrid/systemTopics/eventSubscriptions@20
   }
 }
 
-// Exactly the acknowledge action, assignable only in the resource groups you named and in
-// this one, where the definition is created: a role definition deployed in a resource
-// group lists that group among its assignableScopes (Microsoft's own resource-group role
-// definition module, Azure/ResourceModules modules/authorization/role-definition/
+// The acknowledge action and the built-in role's reads, assignable only in the resource
+// groups you named and in this one, where the definition is created: a role definition
+// deployed in a resource group lists that group among its assignableScopes (Microsoft's own
+// resource-group role definition module, Azure/ResourceModules modules/authorization/role-definition/
 // resource-group/main.bicep @ 9edbecb8: `array(resourceGroup().id)`).
 var namedGroups = [for scope in acknowledgeScopes: '${subscription().id}/resourceGroups/${scope.resourceGroup}']
 var acknowledgeGroups = union([resourceGroup().id], namedGroups)
@@ -214,12 +217,17 @@ resource acknowledgeRole 'Microsoft.Authorization/roleDefinitions@2022-04-01' = 
     // Role names are unique in the tenant: the group's name alone collides with a group of the
     // same name in another subscription (RoleDefinitionWithSameNameExists).
     roleName: 'Scheduled Events Acknowledge (${resourceGroup().name}, ${uniqueString(resourceGroup().id)})'
-    description: 'Approve (acknowledge) Scheduled Events, nothing else: the bridge\'s function app in agentless mode.'
+    description: 'Approve (acknowledge) Scheduled Events and read the VMs, scale sets and availability sets they name (what Scheduled Events Contributor holds): the bridge\'s function app in agentless mode.'
     type: 'CustomRole'
     permissions: [
       {
+        // Scheduled Events Contributor's actions (b67fe603-310e-4889-b9ee-8257d09d353d) as
+        // Azure returns its definition: tests/infra/schemas/scheduled-events-contributor.json.
         actions: [
           acknowledgeAction
+          'Microsoft.Compute/VirtualMachines/read'
+          'Microsoft.Compute/VirtualMachineScaleSets/read'
+          'Microsoft.Compute/AvailabilitySets/read'
         ]
         notActions: []
         dataActions: []

@@ -1,13 +1,18 @@
 """Agentless mode in Bicep: the Event Grid topic and subscription, the queue they deliver
 to, dead-lettering and retries, the opt-in on the example VMs, and least privilege for
-acknowledging (a custom role with exactly one action, only where the user names)."""
+acknowledging (a custom role with Scheduled Events Contributor's actions, only where the user
+names)."""
 
 from __future__ import annotations
+
+import json
 
 from functions.pipeline.sources.eventgrid import EVENT_TYPE, TOPIC_TYPE
 from functions.settings import Settings
 from tests.infra.bicep import (
+    BUILTIN_ROLES,
     ROLE_NAMES,
+    ROOT,
     dotted,
     load,
     module_params,
@@ -18,6 +23,7 @@ from tests.infra.bicep import (
 EG = load("eventgrid")
 ACK = load("eventgrid-acknowledge")
 ASSIGNMENT = "Microsoft.Authorization/roleAssignments"
+SCHEMAS = ROOT / "tests" / "infra" / "schemas"
 
 
 def _props(symbol: str) -> dict:
@@ -102,14 +108,25 @@ def test_the_topic_identity_may_send_to_that_queue_and_write_that_container_only
     }
 
 
-def test_custom_role_holds_exactly_the_acknowledge_action() -> None:
+def test_custom_role_holds_what_the_built_in_scheduled_events_contributor_holds() -> None:
+    """Issue 38: the custom role held the acknowledge action alone, where Azure's built-in
+    Scheduled Events Contributor (the role Learn names "to read or acknowledge") also reads
+    VMs, scale sets and availability sets; a group of acknowledgeScopes outside vmScopes
+    (no Reader there) was then invisible to the app. Held to the definition as Azure returns
+    it (schemas/scheduled-events-contributor.json, source inside): the same actions, no more."""
+    builtin = json.loads((SCHEMAS / "scheduled-events-contributor.json").read_text())
+    assert builtin["name"] == BUILTIN_ROLES["Scheduled Events Contributor"]
+    (wanted,) = builtin["properties"]["permissions"]
     role = EG.resource("acknowledgeRole")
     assert role.type == "Microsoft.Authorization/roleDefinitions"
     assert role.condition["operator"]["type"] == "not"  # only when scopes are named
     (permission,) = role.body["properties"]["permissions"]
-    (action,) = permission["actions"]
-    assert EG.variables[action] == "Microsoft.Maintenance/scheduledevents/acknowledge/action"
+    actions = [EG.variables.get(a, a) for a in permission["actions"]]
+    assert EG.variables[permission["actions"][0]] == wanted["actions"][0]
+    # Azure compares actions case-insensitively; the same set, nothing added.
+    assert sorted(a.lower() for a in actions) == sorted(a.lower() for a in wanted["actions"])
     assert permission["notActions"] == permission["dataActions"] == []
+    assert permission["notDataActions"] == wanted["notDataActions"] == []
     assert role.body["properties"]["type"] == "CustomRole"
     # Assignable only in the resource groups the user named, and in the bridge's own group
     # where the definition is created (issue 32: it was left out). The form is the one of
