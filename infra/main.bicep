@@ -130,6 +130,11 @@ param keyVaultNetworkDefaultAction string = 'Deny'
 @maxValue(1000)
 param maximumInstanceCount int = 40
 
+@description('Always-ready Flex instances for the ingest function (0: none): one keeps VMs\' sessions off instances being scaled in (Azure/azure-sdk-for-net#58170; modules/functionapp.bicep). About 5 USD a month at 512 MB.')
+@minValue(0)
+@maxValue(10)
+param ingestAlwaysReady int = 1
+
 param relaySilentAfterSeconds int = 600
 
 param approvalMarginSeconds int = 10
@@ -472,6 +477,7 @@ module functionApp 'modules/functionapp.bicep' = {
     hasAppSecretPrevious: keyVault.outputs.hasAppSecretPrevious
     hasWebhookSecretPrevious: keyVault.outputs.hasWebhookSecretPrevious
     maximumInstanceCount: maximumInstanceCount
+    ingestAlwaysReady: ingestAlwaysReady
     relayCallbackPort: relayCallbackPort
     allowedSubscriptions: effectiveAllowedSubscriptions
     relaySilentAfterSeconds: relaySilentAfterSeconds

@@ -6,9 +6,10 @@ host.json), the measured per-operation `Counts`, and the `PriceTable`. No I/O ex
 `load_deployment`, so a test can check every number by hand.
 
 Billing as the model counts it (upper bounds where Azure's rule is finer):
-- Functions, Flex Consumption on demand, always-ready off: each execution bills
-  max(minimum, measured duration) seconds at the instance memory, with no credit for
-  executions sharing an instance; plus a price per execution.
+- Functions, Flex Consumption on demand: each execution bills max(minimum, measured
+  duration) seconds at the instance memory, with no credit for executions sharing an
+  instance; plus a price per execution; plus the always-ready baseline of the Bicep's
+  always-ready instances (ingest's one: issue 38), their memory all month.
 - Service Bus Standard: the hourly base charge, and operations by monthly tier; a queue
   message is send + receive + complete, a notification is one send plus receive +
   complete on each subscription.
@@ -62,6 +63,7 @@ class Deployment(BaseModel):
 
     instance_memory_mb: int = Field(gt=0)
     max_instances: int = Field(ge=1)
+    always_ready_instances: int = Field(default=0, ge=0)  # Flex baseline, billed all month
     max_concurrent_calls: int = Field(ge=1)
     max_concurrent_sessions: int = Field(ge=1)
     session_idle_seconds: float = Field(ge=0)
@@ -186,7 +188,21 @@ def functions_lines(
     if free_grants:
         paid_gbs = max(0.0, gb_seconds - p.price("flex_free_gb_seconds"))
         paid_exec = max(0.0, executions - p.price("flex_free_executions"))
+    lines = []
+    if d.always_ready_instances:
+        count, memory = d.always_ready_instances, d.instance_memory_mb
+        baseline = count * memory / 1024 * SECONDS_PER_MONTH
+        lines.append(
+            Line(
+                part="Functions",
+                item=f"always-ready baseline, {count} x {memory} MB",
+                quantity=baseline,
+                unit="GB-s",
+                usd=baseline * p.price("flex_always_ready_baseline_gb_second"),
+            )
+        )
     return [
+        *lines,
         Line(
             part="Functions",
             item="executions",
@@ -490,6 +506,7 @@ def load_deployment(
         max_instances=_bicep_default(bicep, "maximumInstanceCount")
         if max_instances is None
         else max_instances,
+        always_ready_instances=_bicep_default(bicep, "ingestAlwaysReady"),
         max_concurrent_calls=int(bus.get("maxConcurrentCalls", 16)),
         max_concurrent_sessions=int(bus.get("maxConcurrentSessions", 8)),
         session_idle_seconds=_timespan(str(bus.get("sessionIdleTimeout", "00:01:00"))),

@@ -16,6 +16,7 @@ PRICES_FILE = Path(__file__).with_name("prices.json")
 
 REQUIRED_PRICES = (
     "flex_gb_second",
+    "flex_always_ready_baseline_gb_second",
     "flex_executions_per_million",
     "flex_min_billed_seconds",
     "flex_free_gb_seconds",

@@ -35,8 +35,13 @@ def render(e: Estimate) -> str:
             if w.heartbeats == "table"
             else "through Service Bus (relays installed before the table path)"
         ),
-        f"Deployment: Flex Consumption {d.instance_memory_mb} MB instances (always ready off), "
-        f"at most {d.max_instances}; Service Bus Standard; Table storage LRS; "
+        f"Deployment: Flex Consumption {d.instance_memory_mb} MB instances ("
+        + (
+            f"{d.always_ready_instances} always ready for ingest"
+            if d.always_ready_instances
+            else "always ready off"
+        )
+        + f"), at most {d.max_instances}; Service Bus Standard; Table storage LRS; "
         + (
             f"the template's VNet with a NAT gateway ({w.relays_behind_nat:.0%} of the "
             "relays behind it)"

@@ -68,6 +68,27 @@ param maximumInstanceCount int = 40
 ])
 param instanceMemoryMB int = 512
 
+// Flex scale-in and sessions (issue 38): an instance being scaled in stops taking messages
+// but keeps renewing the session locks it holds until the host shuts down or
+// maxAutoLockRenewalDuration (host.json, 20 min, which the drain needs) runs out, so a VM's
+// next documents wait behind it (Azure/azure-sdk-for-net issue 58170; the fix, pull request
+// 63119, closes the session processor on drain and is not released yet). An always-ready
+// instance for `ingest` is never scaled in: a fleet whose documents fit one instance (16
+// sessions at once) never has its sessions held by a draining one; burst instances still
+// can. Billed as Flex's always-ready baseline (docs/cost.md). 0 turns it off.
+@description('Always-ready instances for the ingest function (0: none). One keeps VMs\' sessions off instances being scaled in (Azure/azure-sdk-for-net#58170).')
+@minValue(0)
+@maxValue(10)
+param ingestAlwaysReady int = 1
+
+// Flex names a single function's always-ready group `function:<name>`.
+var ingestReady = [
+  {
+    name: 'function:ingest'
+    instanceCount: ingestAlwaysReady
+  }
+]
+
 // Bridge behaviour (SETTINGS.md).
 param relaySilentAfterSeconds int = 600
 @description('Days ended events, rejected envelopes and VMs not heard from are kept.')
@@ -275,6 +296,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       scaleAndConcurrency: {
         maximumInstanceCount: maximumInstanceCount
         instanceMemoryMB: instanceMemoryMB
+        alwaysReady: (ingestAlwaysReady > 0) ? ingestReady : []
       }
       runtime: {
         name: 'python'

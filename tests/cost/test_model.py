@@ -25,6 +25,7 @@ PRICES = PriceTable(
     as_of=date(2026, 11, 22),
     prices={
         "flex_gb_second": entry(0.00001),
+        "flex_always_ready_baseline_gb_second": entry(0.000002),
         "flex_executions_per_million": entry(1.0),
         "flex_min_billed_seconds": entry(1.0),
         "flex_free_gb_seconds": entry(100_000),
@@ -129,6 +130,27 @@ def test_volumes() -> None:
     assert v.notifications == 4000
     assert v.notify_executions == 16_000  # 4 subscriptions
     assert v.sweeps == 43_800  # 730 h x 60
+
+
+def test_an_always_ready_instance_bills_its_memory_all_month() -> None:
+    """Issue 38: the ingest function's always-ready instance (Flex's baseline: its memory,
+    every second of the month, no free grant) is a line of its own; none, no line."""
+    ready = DEPLOYMENT.model_copy(update={"always_ready_instances": 1})
+    lines = {line.item: line for line in estimate(WORKLOAD, ready, COUNTS, PRICES).lines}
+    baseline = lines["always-ready baseline, 1 x 1024 MB"]
+    assert baseline.quantity == 730 * 3600  # 1 GB for 730 hours
+    assert baseline.usd == pytest.approx(730 * 3600 * 0.000002)
+    plain = estimate(WORKLOAD, DEPLOYMENT, COUNTS, PRICES)
+    assert not [line for line in plain.lines if "always-ready" in line.item]
+    assert estimate(WORKLOAD, ready, COUNTS, PRICES).total_usd == pytest.approx(
+        plain.total_usd + baseline.usd
+    )
+
+
+def test_the_shipped_deployment_has_ingest_always_ready() -> None:
+    from functions.cost.model import load_deployment
+
+    assert load_deployment().always_ready_instances == 1  # infra/modules/functionapp.bicep
 
 
 def test_cost_by_part() -> None:

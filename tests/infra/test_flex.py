@@ -121,8 +121,23 @@ def test_function_app_config_within_flex_bounds() -> None:
     assert main.decorator("maximumInstanceCount", "max_value") <= 1000
     assert config["runtime"] == {"name": "python", "version": "3.11"}
     assert config["runtime"]["version"] in PYTHON_VERSIONS
-    # No always-ready instances: the queues buffer while an instance starts (a Flex cost).
-    assert "alwaysReady" not in config["scaleAndConcurrency"]
+
+
+def test_ingest_has_an_always_ready_instance() -> None:
+    """Issue 38: an instance being scaled in keeps renewing the session locks it holds
+    (Azure/azure-sdk-for-net issue 58170, fix in pull request 63119, unreleased), so a VM's
+    session could wait up to maxAutoLockRenewalDuration (20 min) behind it, longer than a
+    Preempt's 30 s. One always-ready instance for `ingest` (Flex's `function:<name>` group)
+    is never scaled in. The name is the function the host indexes."""
+    from tests.infra.test_host_indexing import indexed
+
+    chosen = SITE["properties"]["functionAppConfig"]["scaleAndConcurrency"]["alwaysReady"]
+    assert chosen["operator"]["operands"]["true_value"] == "ingestReady"
+    (ready,) = FN.variables["ingestReady"]
+    assert ready["name"] == "function:ingest" and "ingest" in indexed()
+    assert ready["instanceCount"] == "ingestAlwaysReady"
+    assert FN.param_default("ingestAlwaysReady") == 1
+    assert load("main").param_default("ingestAlwaysReady") == 1
 
 
 def test_deployment_container_with_the_user_assigned_identity() -> None:
