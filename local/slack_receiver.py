@@ -13,6 +13,8 @@ standard library only.
 from __future__ import annotations
 
 import secrets
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +38,15 @@ class SlackReceiver(Receiver):
     ) -> None:
         super().__init__(host, port, on_receive)
         self.path = f"/services/TLOCAL0001/BLOCAL0001/{secrets.token_urlsafe(18)}"
+        self._pace_lock = threading.Lock()
+        self._interval: float | None = None  # enforce_rate: least seconds between posts
+        self._retry_after = 1
+        self._last: float | None = None
+
+    def enforce_rate(self, interval: float = 1.0, retry_after: int = 1) -> None:
+        """Answer 429 `rate_limited` with Retry-After, as Slack does past "1 per second",
+        to a post that comes less than `interval` seconds after the one before it."""
+        self._interval, self._retry_after = interval, retry_after
 
     def rate_limit_next(self, count: int, retry_after: int = 1) -> None:
         """Answer the next `count` posts 429 `rate_limited` with Retry-After, as Slack does."""
@@ -65,6 +76,17 @@ class SlackReceiver(Receiver):
 
     def answer(self, body: Any) -> Any:
         return "ok"
+
+    def _take_fault(self) -> _Fault | None:
+        fault = super()._take_fault()
+        if fault is not None or self._interval is None:
+            return fault
+        with self._pace_lock:
+            now = time.monotonic()
+            if self._last is not None and now - self._last < self._interval:
+                return _Fault(1, 429, {"Retry-After": str(self._retry_after)})
+            self._last = now
+        return None
 
     def fault_reply(self, fault: _Fault) -> Any:
         return "rate_limited" if fault.status == 429 else "internal_error"

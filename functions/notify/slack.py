@@ -21,12 +21,14 @@ tests check each message with the official SDK's block models (slack_sdk).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from functions.model.event import Notification, Transition, utc_text
 from functions.notify import describe
 from functions.notify.delivery import Transport, dumps, post_json
+from functions.notify.pacing import SLACK_PACER, PacedSession, WebhookPacer
 from functions.notify.teams import ATTENTION, LINKY, SKIPPED, ZWSP
 
 log = logging.getLogger(__name__)
@@ -144,16 +146,21 @@ def build_message(note: Notification, now: datetime) -> dict[str, Any]:
     return {"text": fallback, "mrkdwn": False, "blocks": build_blocks(note, now)}
 
 
-def send(note: Notification, *, url: str, transport: Transport) -> bool:
+def send(
+    note: Notification, *, url: str, transport: Transport, pacer: WebhookPacer = SLACK_PACER
+) -> bool:
     """Post the message; False when Slack has nothing to say about this transition.
 
     Slack answers 200 "ok"; 400 `invalid_payload`, 403 `action_prohibited`, 404
     `no_service` / `channel_not_found` and 410 `channel_is_archived` cannot be fixed by a
-    retry (recorded as rejected); 429 is retried after its Retry-After (delivery.post_json).
+    retry (recorded as rejected); 429 is retried after its Retry-After (delivery.post_json),
+    and holds every other post to the webhook as long (functions.notify.pacing). Posts to
+    one webhook go out about one a second, as Slack asks.
     """
     if not wants(note):
         log.info("slack: %s is covered by the decided message", note.message_id())
         return False
-    post_json(transport, "slack", url, dumps(build_message(note, transport.clock())))
+    paced = replace(transport, session=PacedSession(transport.session, pacer, transport.sleep))
+    post_json(paced, "slack", url, dumps(build_message(note, transport.clock())))
     log.info("slack: posted %s", note.message_id())
     return True
