@@ -115,6 +115,9 @@ class Notification(BaseModel):
     vm: str | None = None  # for relay_silent/_recovered, or the VM the transition concerns
     decision: Decision | None = None
     detail: str = ""  # human text: an error, a drain outcome, a relay's last-seen time
+    # Why the event's approval waits, when it does: a disruption budget's words,
+    # "waiting for budget checkout-web (1 of 1: vm-a)" (functions.model.budgets.waiting_text).
+    waiting: str = ""
     links: Links = Links()
     # For transitions that can recur (a relay silent again later, a policy invalid again
     # after an edit, a decision made again once a fixed policy replaced a fail-closed one):

@@ -159,6 +159,8 @@ def build_event(note: Notification, routing_key: str) -> dict[str, Any] | None:
         details["decision"] = note.decision.model_dump(mode="json")
     if note.detail:
         details["detail"] = note.detail
+    if note.waiting:
+        details["waiting"] = note.waiting
     if note.vm:
         details["vm"] = note.vm
     payload: dict[str, Any] = {

@@ -116,6 +116,7 @@ def build_blocks(note: Notification, now: datetime) -> list[dict[str, Any]]:
             ("Why", event.description or "no description given"),
             ("Source", event.event_source),
             ("Decision", describe.decision_text(note.decision) if note.decision else "pending"),
+            ("Waiting", note.waiting or None),
             ("Event", event.event_id),
         ]
     else:
@@ -124,6 +125,7 @@ def build_blocks(note: Notification, now: datetime) -> list[dict[str, Any]]:
             pairs += [
                 ("VMs", describe.vms_text(event)),
                 ("When", describe.when_text(event, now)),
+                ("Waiting", note.waiting or None),
                 ("Event", event.event_id),
             ]
         if note.vm and event is None:

@@ -122,6 +122,7 @@ def build_card(note: Notification, now: datetime) -> dict[str, Any]:
                         "Decision",
                         describe.decision_text(note.decision) if note.decision else "pending",
                     ),
+                    ("Waiting", note.waiting or None),
                     ("Event", event.event_id),
                 ]
             )
@@ -132,6 +133,7 @@ def build_card(note: Notification, now: datetime) -> dict[str, Any]:
             pairs += [
                 ("VMs", describe.vms_text(event)),
                 ("When", describe.when_text(event, now)),
+                ("Waiting", note.waiting or None),
                 ("Event", event.event_id),
             ]
         if note.vm and event is None:

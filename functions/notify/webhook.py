@@ -75,6 +75,7 @@ def build_data(note: Notification) -> dict[str, Any]:
         "vm": note.vm,
         "decision": note.decision.model_dump(mode="json") if note.decision else None,
         "detail": note.detail,
+        "waiting": note.waiting,
         "links": note.links.model_dump(mode="json"),
         "occurrence": note.occurrence,
         "page": getattr(note, "page", None),

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter
 
+from functions.model.budgets import Budget
 from functions.model.policy import Rule
 from functions.settings_check import app_prefixes, check_settings, known_names, settings_models
 
@@ -93,11 +94,17 @@ JSON_RULES = [
     for where, block in blocks(("json",))
     if '"action"' in block and '"name"' in block
 ]
+JSON_BUDGETS = [
+    (where, block)
+    for where, block in blocks(("json",))
+    if '"group_by"' in block and '"name"' in block
+]
 
 
 def test_the_documentation_shows_settings():
     assert SHELL, "no shell block with app settings found in the documentation"
     assert JSON_RULES, "no policy rule found in the documentation"
+    assert JSON_BUDGETS, "no disruption budget found in the documentation"
 
 
 @pytest.mark.parametrize(("where", "block"), SHELL, ids=[w for w, _ in SHELL])
@@ -115,3 +122,9 @@ def test_each_documented_settings_block_passes(monkeypatch, where, block):
 def test_each_documented_rule_validates(where, block):
     data = json.loads(block)
     TypeAdapter(list[Rule]).validate_python(data if isinstance(data, list) else [data])
+
+
+@pytest.mark.parametrize(("where", "block"), JSON_BUDGETS, ids=[w for w, _ in JSON_BUDGETS])
+def test_each_documented_budget_validates(where, block):
+    data = json.loads(block)
+    TypeAdapter(list[Budget]).validate_python(data if isinstance(data, list) else [data])
