@@ -42,6 +42,7 @@ TEMPLATE_SETTINGS: dict[str, Mapped] = {
     "policyWindows": Mapped("POLICY__WINDOWS", "json"),
     "policyTimezone": Mapped("POLICY__TIMEZONE"),
     "policyMaxConcurrentPerSet": Mapped("POLICY__MAX_CONCURRENT_PER_SET"),
+    "policyBudgets": Mapped("POLICY__BUDGETS", "json"),
     "drainHttpUrl": Mapped("DRAIN__HTTP_URL", omitted_when_empty=True),
     "drainRelayHook": Mapped("DRAIN__RELAY_HOOK", omitted_when_empty=True),
     "undrainHttpUrl": Mapped("UNDRAIN__HTTP_URL", omitted_when_empty=True),

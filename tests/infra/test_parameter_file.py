@@ -81,3 +81,30 @@ def test_a_parameter_left_out_takes_the_apps_own_default():
             assert json.loads(rendered) == list(app_default), param
         else:
             assert rendered == _render(app_default, "text"), (param, rendered, app_default)
+
+
+def test_every_setting_the_template_writes_from_a_parameter_is_mapped():
+    """A new parameter the template turns into an app setting is checked from the file too
+    (or the file's value of it would go unchecked)."""
+    mapped = {m.setting for m in TEMPLATE_SETTINGS.values()}
+    fn = load("functionapp")
+    written = template_settings()
+    from_params = {
+        name
+        for name, node in written.items()
+        if any(p in json.dumps(node) for p in fn.params if p not in contract.SAMPLE)
+    }
+    # Settings from template-made values (names, sizes) and fixed timeouts are not the file's.
+    not_the_files = {
+        "DOCUMENTS_QUEUE",
+        "HEARTBEATS_QUEUE",
+        "NOTIFICATIONS_TOPIC",
+        "STATE_TABLE_PREFIX",
+        "EVENTGRID_QUEUE",
+        "RETENTION_DAYS",
+        "PAGERDUTY_EVENTS_URL",
+        "DRAIN__STEP_TIMEOUT_SECONDS",
+        "DRAIN__SAFETY_MARGIN_SECONDS",
+    }
+    missing = sorted(from_params - mapped - not_the_files)
+    assert not missing, f"functions.bicepparam.TEMPLATE_SETTINGS lacks {missing}"
