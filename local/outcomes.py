@@ -244,7 +244,7 @@ def _announced_once(demo: DemoState, name: str, track: EventTrack) -> Outcome:
 
 
 def _paged(demo: DemoState, name: str, event_id: str) -> Outcome:
-    label = f"{name}: paged on-call once (PagerDuty trigger, dedup_key = EventId)"
+    label = f"{name}: paged on-call once (PagerDuty trigger, dedup_key = event:EventId)"
     receiver = demo.receivers.get("pagerduty")
     if receiver is not None:
         triggers = [
@@ -252,7 +252,7 @@ def _paged(demo: DemoState, name: str, event_id: str) -> Outcome:
             for r in receiver.accepted()
             if isinstance(r.body, dict)
             and r.body.get("event_action") == "trigger"
-            and r.body.get("dedup_key") == event_id
+            and r.body.get("dedup_key") == f"event:{event_id}"
         ]
         return Outcome(label, len(triggers) == 1, f"{len(triggers)} trigger(s) received")
     sent = [

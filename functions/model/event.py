@@ -7,6 +7,7 @@ here means a channel never has to know how the lifecycle was computed.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -14,6 +15,8 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from functions.model.envelope import format_not_before
+
+MESSAGE_ID_LIMIT = 128  # Service Bus's MessageId
 
 
 class Transition(StrEnum):
@@ -125,9 +128,21 @@ class Notification(BaseModel):
     occurrence: str | None = None
 
     def message_id(self) -> str:
-        subject = self.event.event_id if self.event else (self.vm or "fleet")
+        """The announcement's id (Service Bus MessageId, the deliveries table's key, the
+        webhook's `webhook-id`), namespaced by kind: `event:<EventId>:…`, `vm:<name>:…` or
+        `fleet:…`, so no EventId or name a VM chooses can be another kind's id. Within
+        Service Bus's 128 characters; a longer one keeps its start and a hash of the
+        whole, so two announcements never share an id by being cut at the same place."""
+        if self.event is not None:
+            subject = f"event:{self.event.event_id}"
+        else:
+            subject = f"vm:{self.vm}" if self.vm else "fleet"
         suffix = f":{self.occurrence}" if self.occurrence else ""
-        return f"{subject}:{self.transition.value}{suffix}"[:128]
+        whole = f"{subject}:{self.transition.value}{suffix}"
+        if len(whole) <= MESSAGE_ID_LIMIT:
+            return whole
+        digest = hashlib.sha256(whole.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        return f"{whole[: MESSAGE_ID_LIMIT - 33]}#{digest}"
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 from pydantic import BaseModel, ConfigDict
@@ -102,6 +103,31 @@ def error_text(response: requests.Response) -> str:
     return " ".join(text.split())[:ERROR_TEXT_LIMIT] or f"HTTP {response.status_code}"
 
 
+class Marks(Protocol):
+    """Keys a channel marks to remember what it sent (PagerDuty: the keys it paged, so it
+    resolves only those). The deliveries table keeps them fleet-wide
+    (functions.store.deliveries.DeliveryLedger); `MemoryMarks`, one process's."""
+
+    def mark(self, key: str) -> None: ...
+    def marked(self, key: str) -> bool: ...
+
+
+class MemoryMarks:
+    """Marks in memory: for a sender without the deliveries table (the demo, tests)."""
+
+    def __init__(self) -> None:
+        self._keys: set[str] = set()
+        self._lock = threading.Lock()
+
+    def mark(self, key: str) -> None:
+        with self._lock:
+            self._keys.add(key)
+
+    def marked(self, key: str) -> bool:
+        with self._lock:
+            return key in self._keys
+
+
 @dataclass
 class Transport:
     """What a sender needs from the outside world; tests pass short waits and a fixed clock."""
@@ -110,6 +136,8 @@ class Transport:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    # Where senders mark what they sent when no deliveries table is given (dispatch passes it).
+    marks: Marks = field(default_factory=MemoryMarks)
 
 
 def post_json(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from datetime import datetime
 
@@ -19,6 +20,29 @@ def plain(text: str) -> str:
         " " if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch for ch in text
     )
     return " ".join(cleaned.split())
+
+
+ZWSP = "\u200b"
+# What linkifiers take for a link, in any script: a host name (a.b, the dot after any letter,
+# digit or mark: `microsoftonlin\u00e8.com` is one), an e-mail address (a@b), a scheme
+# (http:, after any letter). IDNA reads the ideographic and full-width full stops, the
+# full-width @ and : as theirs, so they count too. Colons after a digit stay (10:30 is a
+# time, not a scheme). Applied after `plain`, which has turned any zero-width character
+# already in the text into a space.
+LINKY = re.compile(r"(?<=\S)[.\u3002\uff0e\uff61@\uff20](?=\w)|(?<=[^\s\d])[:\uff1a](?=[\w/\\])")
+
+
+def unlinked(text: str) -> str:
+    """`text` with every place a linkifier would start or join a link broken by a zero-width
+    space (invisible in a card or a Slack message, and no link any more)."""
+    return LINKY.sub(lambda m: m[0] + ZWSP, text)
+
+
+def defanged(text: str) -> str:
+    """`text` on one line with the same places bracketed (`evil[.]example`, `a[@]b`,
+    `https[:]//`): the usual defanging, for a PagerDuty summary that reaches an SMS or a
+    phone call, where a zero-width space may be dropped or spoken and the link come back."""
+    return LINKY.sub(lambda m: f"[{m[0]}]", plain(text))
 
 
 def event_words(event: EventSnapshot) -> str:

@@ -30,6 +30,7 @@ from functions.model.event import Notification
 from functions.notify import pagerduty, slack, teams, webhook
 from functions.notify.delivery import (
     DeliveryError,
+    Marks,
     PermanentDeliveryError,
     RetryableDeliveryError,
     Transport,
@@ -63,8 +64,9 @@ def parse(channel: str, body: bytes | str) -> Notification:
         ) from None
 
 
-def wants(channel: str, note: Notification) -> bool:
-    """Whether this channel posts anything for this transition (no claim otherwise)."""
+def wants(channel: str, note: Notification, marks: Marks | None = None) -> bool:
+    """Whether this channel posts anything for this transition (no claim otherwise); with
+    `marks`, PagerDuty resolves only a key it paged."""
     if note.decision is not None and channel not in note.decision.channels:
         return False
     if channel == "teams":
@@ -72,6 +74,8 @@ def wants(channel: str, note: Notification) -> bool:
     if channel == "slack":
         return slack.wants(note)
     if channel == "pagerduty":
+        if marks is not None and pagerduty.never_paged(note, marks):
+            return False
         return pagerduty.action_for(note) is not None
     return True
 
@@ -111,16 +115,17 @@ def deliver(
             raise
         record_rejection(ledger, channel, message_id or "unnamed", exc.reason, transport.clock())
         return False
-    if not wants(channel, note):
+    marks = ledger if ledger is not None else transport.marks
+    if not wants(channel, note, marks):
         log.info("%s: nothing to send for %s", channel, note.message_id())
         return False
     if ledger is None:
-        return _send_logged(channel, note, settings, transport)
+        return _send_logged(channel, note, settings, transport, marks)
     claim = _claim(ledger, channel, note.message_id(), transport)
     if claim is None:
         return False
     try:
-        sent = _send_logged(channel, note, settings, transport)
+        sent = _send_logged(channel, note, settings, transport, marks)
     except PermanentDeliveryError as exc:
         _finish(ledger, claim, "rejected", exc.reason, transport)
         return False
@@ -135,10 +140,14 @@ def deliver(
 
 
 def _send_logged(
-    channel: str, note: Notification, settings: ChannelSettings, transport: Transport
+    channel: str,
+    note: Notification,
+    settings: ChannelSettings,
+    transport: Transport,
+    marks: Marks,
 ) -> bool:
     try:
-        return _send(channel, note, settings, transport)
+        return _send(channel, note, settings, transport, marks)
     except PermanentDeliveryError as exc:
         log.error("%s: %s rejected permanently: %s", channel, note.message_id(), exc.reason)
         raise
@@ -254,7 +263,11 @@ def _finish(
 
 
 def _send(
-    channel: str, note: Notification, settings: ChannelSettings, transport: Transport
+    channel: str,
+    note: Notification,
+    settings: ChannelSettings,
+    transport: Transport,
+    marks: Marks,
 ) -> bool:
     if channel == "teams":
         assert settings.teams_webhook_url is not None
@@ -273,6 +286,7 @@ def _send(
             routing_key=settings.pagerduty_routing_key.get_secret_value(),
             url=settings.pagerduty_events_url,
             transport=transport,
+            marks=marks,
         )
     assert settings.webhook_url is not None and settings.webhook_secret is not None
     return webhook.send(

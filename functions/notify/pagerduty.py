@@ -1,10 +1,20 @@
 """PagerDuty Events API v2: `trigger` for paging transitions, `resolve` when it is over.
 
-`dedup_key` is the EventId, so one event is one incident however many VMs report it and
-however often a transition is redelivered. A resolve is sent on every `completed` or
-`cancelled`: PagerDuty accepts (202) and ignores a resolve for a key with no open alert,
-which is cheaper and safer than remembering which events were paged. A silent relay is
-keyed `relay-silent:<vm>`; `relay_recovered` resolves that key the same way.
+`dedup_key` names the incident, namespaced by kind so that no string a VM chooses can
+reach another kind's key: `event:<EventId>` (one event is one incident however many VMs
+report it and however often a transition is redelivered), `relay-silent:<vm>` (resolved
+by `relay_recovered`), `policy_invalid:fleet` and `config_invalid:<what>` (resolved when
+valid again). A VM reporting an event with EventId `relay-silent:victim` pages and
+resolves `event:relay-silent:victim`, never the victim's relay incident.
+
+A resolve goes only where a trigger went: each trigger posted marks its key (`Marks`: the
+deliveries table in Azure, so fleet-wide), and a resolve for a key with no mark is not
+sent (PagerDuty would accept it, and an on-call's log would show an event "resolved" that
+never paged). The mark stays after the resolve, like the key's delivery rows: a resolve
+redelivered after a crash is sent again (PagerDuty ignores it), never left half-recorded.
+
+Every text a VM wrote that PagerDuty shows (summary, source, component, group, class) is
+on one line and defanged (`describe.defanged`: `evil[.]example`), as it may reach an SMS.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ from typing import Any, Literal
 
 from functions.model.event import Notification, Transition
 from functions.notify import describe
-from functions.notify.delivery import Transport, dumps, post_json
+from functions.notify.delivery import Marks, Transport, dumps, post_json
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +83,9 @@ def action_for(note: Notification) -> Literal["trigger", "resolve"] | None:
 
 
 def dedup_key(note: Notification) -> str:
+    """The incident's key, its kind first (see the module's docstring)."""
     if note.event is not None:
-        key = note.event.event_id
+        key = f"event:{note.event.event_id}"
     elif note.transition in (Transition.RELAY_SILENT, Transition.RELAY_RECOVERED):
         key = f"relay-silent:{note.vm or 'unknown'}"
     elif note.transition is Transition.POLICY_VALID:
@@ -131,12 +142,12 @@ def _summary(note: Notification) -> str:
         text += f" — {describe.decision_text(note.decision)}"
     if note.detail:
         text += f" — {note.detail}"
-    text = describe.plain(text)
+    text = describe.defanged(text)
     return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
 
 
 def _plain_or_none(text: str | None) -> str | None:
-    return (describe.plain(text)[:255] or None) if text else None
+    return (describe.defanged(text)[:255] or None) if text else None
 
 
 def build_event(note: Notification, routing_key: str) -> dict[str, Any] | None:
@@ -165,14 +176,14 @@ def build_event(note: Notification, routing_key: str) -> dict[str, Any] | None:
         details["vm"] = note.vm
     payload: dict[str, Any] = {
         "summary": _summary(note),
-        "source": describe.plain(_source(note))[:255] or "scheduled-events-bridge",
+        "source": describe.defanged(_source(note))[:255] or "scheduled-events-bridge",
         "severity": severity(note),
         "timestamp": note.occurred_at.isoformat(),
         "component": _plain_or_none(
             note.vm or (note.event.resources[0] if note.event and note.event.resources else None)
         ),
         "group": _plain_or_none(_group(note)),
-        "class": describe.plain(note.event.event_type if note.event else note.transition.value),
+        "class": describe.defanged(note.event.event_type if note.event else note.transition.value),
         "custom_details": details,
     }
     body["payload"] = {key: value for key, value in payload.items() if value is not None}
@@ -185,23 +196,40 @@ def build_event(note: Notification, routing_key: str) -> dict[str, Any] | None:
     return body
 
 
+def never_paged(note: Notification, marks: Marks) -> bool:
+    """A resolve for a key no trigger marked: nothing to send (see the module's docstring)."""
+    return action_for(note) == "resolve" and not marks.marked(PAGED + dedup_key(note))
+
+
+PAGED = "pagerduty-paged:"  # the mark a posted trigger leaves on its key
+
+
 def send(
     note: Notification,
     *,
     routing_key: str,
     url: str,
     transport: Transport,
+    marks: Marks | None = None,
 ) -> bool:
-    """Send the trigger or resolve; False when this transition is not PagerDuty's business.
+    """Send the trigger or resolve; False when this transition is not PagerDuty's business
+    (or, with `marks`, a resolve for a key no trigger marked).
 
     PagerDuty answers 202 on success; 429 and 5xx are retried (PagerDuty asks for backoff),
     400 means the event itself is invalid and raises PermanentDeliveryError with its text.
     """
+    marks = marks if marks is not None else transport.marks
     body = build_event(note, routing_key)
     if body is None:
         return False
+    key = body["dedup_key"]
+    if body["event_action"] == "resolve" and not marks.marked(PAGED + key):
+        log.info("pagerduty: no resolve for %s: it was never paged", key)
+        return False
+    if body["event_action"] == "trigger":
+        marks.mark(PAGED + key)  # before the post: a trigger whose answer is lost still counts
     response = post_json(transport, "pagerduty", url, dumps(body))
     if response.status_code != 202:
         log.warning("pagerduty: answered %d where 202 was expected", response.status_code)
-    log.info("pagerduty: %s %s", body["event_action"], body["dedup_key"])
+    log.info("pagerduty: %s %s", body["event_action"], key)
     return True

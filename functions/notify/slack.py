@@ -29,7 +29,7 @@ from functions.model.event import Notification, Transition, utc_text
 from functions.notify import describe
 from functions.notify.delivery import Transport, dumps, post_json
 from functions.notify.pacing import SLACK_PACER, PacedSession, WebhookPacer
-from functions.notify.teams import ATTENTION, LINKY, SKIPPED, ZWSP
+from functions.notify.teams import ATTENTION, SKIPPED
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,7 @@ def wants(note: Notification) -> bool:
 
 def inert(text: str, limit: int) -> str:
     """`text` as a `plain_text` value shows it literally: one line, no link, within `limit`."""
-    text = describe.plain(text)
-    text = LINKY.sub(lambda m: m[0] + ZWSP, text)
+    text = describe.unlinked(describe.plain(text))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -55,10 +55,7 @@ ATTENTION = {
 # emphasis, at a word's edge.
 _MARKDOWN = re.compile(r"([\\`*\[\]<>~&])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 _BLOCK_START = re.compile(r"^([#>+=-])|^(\d+)\.")  # a heading, quote, list or rule
-ZWSP = "\u200b"
-# What linkifiers take for a link: a scheme (http:, mailto:), a host name or www. (a.b),
-# an e-mail address (a@b). A zero-width space after the `:`, `.` or `@` breaks each.
-LINKY = re.compile(r"(?<=[A-Za-z]):(?=[A-Za-z0-9/])|(?<=[A-Za-z0-9])[.@](?=[A-Za-z0-9])")
+ZWSP = describe.ZWSP
 
 
 def inert(text: str) -> str:
@@ -67,7 +64,7 @@ def inert(text: str) -> str:
     text = _MARKDOWN.sub(lambda m: "\\" + m[0], describe.plain(text))
     text = _BLOCK_START.sub(lambda m: "\\" + m[1] if m[1] else m[2] + "\\.", text)
     text = text.replace("](", "]" + ZWSP + "(")  # no inline link, whatever the escapes
-    return LINKY.sub(lambda m: m[0] + ZWSP, text)
+    return describe.unlinked(text)  # in any script (describe.LINKY)
 
 
 def wants(note: Notification) -> bool:

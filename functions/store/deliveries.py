@@ -36,6 +36,7 @@ from functions.store.leased import LeasedTable
 from functions.store.rows import utf16_prefix
 
 DeliveryStatus = Literal["claimed", "posted", "rejected"]
+MARK = "mark"  # RowKey of a channel's mark on a key (PagerDuty: a key it paged)
 DETAIL_LIMIT = 4000
 
 
@@ -95,6 +96,18 @@ class DeliveryLedger(LeasedTable[DeliveryRecord]):
                 etag=record.etag,
                 match_condition=MatchConditions.IfNotModified,
             )
+
+    # Marks (functions.notify.delivery.Marks): one row each, RowKey MARK, in the key's own
+    # partition. Channel rows are named for their channel, so no announcement's row is one.
+    def mark(self, key: str) -> None:
+        self.table.upsert_entity({"PartitionKey": table_key(key), "RowKey": MARK, "key": key})
+
+    def marked(self, key: str) -> bool:
+        try:
+            self.table.get_entity(table_key(key), MARK, select=["RowKey"])
+        except ResourceNotFoundError:
+            return False
+        return True
 
     def take_over(
         self, stale: DeliveryRecord, owner: str, now: datetime, lease_until: datetime

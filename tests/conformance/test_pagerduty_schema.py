@@ -97,3 +97,19 @@ def test_both_actions_are_exercised() -> None:
         if body is not None:
             actions.add(body["event_action"])
     assert actions == {"trigger", "resolve"}
+
+
+@pytest.mark.parametrize("transition", [Transition.DECIDED, Transition.COMPLETED])
+def test_a_vm_s_hostile_words_still_make_a_valid_body(transition: Transition) -> None:
+    """Defanged text and a namespaced key (issue 38) within the schema and PagerDuty's
+    documented limits (summary 1,024 characters, dedup_key 255), for the longest EventId
+    and names the envelope admits."""
+    hostile = ("microsoftonlin\u00e8.com/approve?x=" * 10)[:128]
+    snap = event(hostile, event_type=hostile, resources=(hostile,), scale_sets=(hostile,))
+    body = pagerduty.build_event(note(transition, snap, decision(reason=hostile * 8)), KEY)
+    assert body is not None
+    jsonschema.validate(body, REQUEST, format_checker=jsonschema.FormatChecker())
+    assert len(body["dedup_key"]) <= 255 and body["dedup_key"] == f"event:{hostile}"
+    if transition is Transition.DECIDED:
+        assert len(body["payload"]["summary"]) <= 1024
+        assert "onlin\u00e8[.]com" in body["payload"]["summary"]

@@ -355,11 +355,11 @@ SCENARIOS: list[Scenario] = [
         "Teams, PagerDuty, webhook and Slack delivery of 3 announcements",
         channels,
         (
-            "teams EV-CH:decided",
-            "slack EV-CH:decided",
-            "EV-CH:decided trigger EV-CH",
-            "EV-CH:cancelled resolve",
-            "EV-CH:scheduled EV-CH:scheduled",
+            "teams event:EV-CH:decided",
+            "slack event:EV-CH:decided",
+            "event:EV-CH:decided trigger event:EV-CH",
+            "event:EV-CH:cancelled resolve",
+            "event:EV-CH:scheduled event:EV-CH:scheduled",
         ),
     ),
     Scenario(

@@ -141,7 +141,7 @@ def test_service_bus_publisher_sets_message_id_and_properties(store, clock, rela
     from functions.pipeline.ingest import ingest_message
 
     ingest_message(envelope("vm1", 1, [event("EV-SB", "Preempt")]), pipeline)
-    assert [m.message_id for m in sent] == ["EV-SB:scheduled", "EV-SB:decided"]
+    assert [m.message_id for m in sent] == ["event:EV-SB:scheduled", "event:EV-SB:decided"]
     props = sent[1].application_properties
     assert props[b"transition" if b"transition" in props else "transition"] in (
         "decided",

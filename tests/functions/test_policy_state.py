@@ -60,10 +60,10 @@ def test_invalid_then_valid_opens_and_resolves_each_incident_once(store, clock, 
         "fleet:policy_valid:20261121T100000",
     ]
     assert actions == [
-        ("trigger", "EV-F"),  # the event's fail-closed page
+        ("trigger", "event:EV-F"),  # the event's fail-closed page
         ("trigger", "policy_invalid:fleet"),
         ("resolve", "policy_invalid:fleet"),
-        ("resolve", "EV-F"),  # re-decided: approve, which does not page
+        ("resolve", "event:EV-F"),  # re-decided: approve, which does not page
     ]
     assert pub.transitions("EV-F") == ["scheduled", "policy_invalid", "decided", "approved"]
     row = store.events.get_entity("policy", "state")

@@ -62,7 +62,7 @@ def test_watchdog_redecides_a_fail_closed_event_once_and_approves_it(store, cloc
     assert "re-decided: the policy is valid again" in decided.decision.reason
     assert "rules.0.action" in decided.decision.reason
     # Its own MessageId: duplicate detection cannot take it for a first `decided`.
-    assert decided.message_id() == "EV-R:decided:redecided-20261121T100100"
+    assert decided.message_id() == "event:EV-R:decided:redecided-20261121T100100"
     assert pub.duplicates == []
     record = store.get_event("EV-R")
     assert record.redecided_at == T0 + timedelta(seconds=60)
@@ -94,7 +94,7 @@ def test_the_next_document_redecides_too(store, clock, relay):
     assert [a.outcome for a in result.approvals] == ["approved"]
     assert pub.transitions("EV-N") == ["scheduled", "policy_invalid", "decided", "approved"]
     assert pub.published[2].decision.rule == "short-freeze"
-    assert pub.published[2].message_id().startswith("EV-N:decided:redecided-")
+    assert pub.published[2].message_id().startswith("event:EV-N:decided:redecided-")
     assert run_watchdog(valid).redecided == []
     assert relay.starts() == ["EV-N"]
 
@@ -251,7 +251,7 @@ def test_a_failed_publish_of_the_new_decision_is_announced_by_the_next_sweep(sto
     assert record.decision.policy_error is None and "decided" not in record.announced
     report = run_watchdog(pipeline_for(store, clock, pub))
     assert report.republished == ["EV-F:decided"]
-    assert pub.published[-1].message_id().startswith("EV-F:decided:redecided-")
+    assert pub.published[-1].message_id().startswith("event:EV-F:decided:redecided-")
     assert store.get_event("EV-F").announced["decided"] == "done"
 
 
@@ -261,9 +261,9 @@ def test_message_id_of_a_redecided_decision_differs_from_a_first_one(store, cloc
     first = build(record, Transition.DECIDED, T0, None)
     record.redecided_at = T0
     again = build(record, Transition.DECIDED, T0, None)
-    assert first.message_id() == "EV-X:decided"
-    assert again.message_id() == "EV-X:decided:redecided-20261121T100000"
-    assert build(record, Transition.APPROVED, T0, None).message_id() == "EV-X:approved"
+    assert first.message_id() == "event:EV-X:decided"
+    assert again.message_id() == "event:EV-X:decided:redecided-20261121T100000"
+    assert build(record, Transition.APPROVED, T0, None).message_id() == "event:EV-X:approved"
 
 
 def test_started_events_are_not_redecided(store, clock, relay):

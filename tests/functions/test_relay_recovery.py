@@ -51,7 +51,7 @@ def test_announced_once_when_a_silent_relay_reports_again(store, clock):
     (recovered,) = of(pub, "relay_recovered")
     assert recovered.vm == "vm1" and recovered.event is None and recovered.page is False
     assert recovered.occurrence == silent.occurrence == "20261121T100000"
-    assert recovered.message_id() == "vm1:relay_recovered:20261121T100000"
+    assert recovered.message_id() == "vm:vm1:relay_recovered:20261121T100000"
     assert "12 min of silence" in recovered.detail
     vm = store.get_vm("vm1")
     assert vm.silent_announced_for is None and vm.recovery_pending is None
@@ -99,7 +99,7 @@ def test_a_failed_publish_is_republished_by_the_watchdog(store, clock):
     clock.advance(3 * 60)
     assert run_watchdog(pipeline).recovered == ["vm1"]
     (recovered,) = of(pub, "relay_recovered")
-    assert recovered.message_id() == "vm1:relay_recovered:20261121T100000"
+    assert recovered.message_id() == "vm:vm1:relay_recovered:20261121T100000"
     assert store.get_vm("vm1").recovery_pending is None
     assert run_watchdog(pipeline).recovered == []
 
@@ -157,5 +157,5 @@ def test_a_mark_that_is_not_a_time_is_still_announced():
     from functions.pipeline.relay_recovery import recovery_note
 
     note = recovery_note("vm1", "not a time!", T0)
-    assert note.message_id() == "vm1:relay_recovered:notatime"
+    assert note.message_id() == "vm:vm1:relay_recovered:notatime"
     assert "not a time!" in note.detail

@@ -132,11 +132,8 @@ def test_one_card_and_one_page_per_event_fleet_wide(fleet: Fleet) -> None:
     assert len(titles) == 8  # + approved, started, completed/cancelled follow-ups per event
     assert sum("approved" in title for title in titles) == 2
     assert sum("cancelled" in title for title in titles) == 1
-    assert fleet.actions() == [
-        ("trigger", "EV-A"),
-        ("resolve", "EV-A"),
-        ("resolve", "EV-B"),
-    ]
+    # EV-B never paged: PagerDuty gets no resolve for it (issue 38).
+    assert fleet.actions() == [("trigger", "event:EV-A"), ("resolve", "event:EV-A")]
     assert len(fleet.webhook.requests) == 10  # every transition, once
     # Slack by Teams' rules: the same eight posts, each once, in Block Kit.
     slack_headers = [r.body["blocks"][0]["text"]["text"] for r in fleet.slack.received]
@@ -165,8 +162,8 @@ def test_a_flaky_receiver_gets_each_message_once(fleet: Fleet) -> None:
         for body, record in zip(fleet.pagerduty.bodies(), fleet.pagerduty.requests, strict=True)
     ][5:]
     assert [(b["event_action"], b["dedup_key"]) for b in accepted] == [
-        ("trigger", "EV-C"),
-        ("resolve", "EV-C"),
+        ("trigger", "event:EV-C"),
+        ("resolve", "event:EV-C"),
     ]
     trigger = fleet.topic.subscriptions["pagerduty"].completed[1]
     assert trigger.delivery_count == 2
@@ -191,10 +188,10 @@ def test_a_pagerduty_400_is_recorded_at_once_and_others_carry_on(
     assert [
         (m.message_id, m.delivery_count)
         for m in pd.completed
-        if m.message_id in ("EV-D:decided", "EV-D:completed")
-    ] == [("EV-D:decided", 1), ("EV-D:completed", 1)]
+        if m.message_id in ("event:EV-D:decided", "event:EV-D:completed")
+    ] == [("event:EV-D:decided", 1), ("event:EV-D:completed", 1)]
     assert len(fleet.pagerduty.requests) == 2
-    for message_id in ("EV-D:decided", "EV-D:completed"):
+    for message_id in ("event:EV-D:decided", "event:EV-D:completed"):
         row = fleet.ledger.get(message_id, "pagerduty")
         assert row.status == "rejected" and reason in row.detail
         assert row.detail.startswith("HTTP 400")
@@ -202,8 +199,13 @@ def test_a_pagerduty_400_is_recorded_at_once_and_others_carry_on(
     # The other channels posted as usual, and say so in the same table.
     assert len(fleet.card_titles()) == 4
     assert len(fleet.webhook.requests) == 5
-    assert fleet.ledger.rows("EV-D:decided").keys() == {"teams", "pagerduty", "webhook", "slack"}
-    assert fleet.ledger.get("EV-D:decided", "teams").status == "posted"
+    assert fleet.ledger.rows("event:EV-D:decided").keys() == {
+        "teams",
+        "pagerduty",
+        "webhook",
+        "slack",
+    }
+    assert fleet.ledger.get("event:EV-D:decided", "teams").status == "posted"
     # A redelivery of the rejected message (say, replayed by hand) does not ask again.
     fleet.topic.seen.clear()
     fleet.publish(lifecycle("EV-D", page=True, end=Transition.COMPLETED)[1])
@@ -242,7 +244,7 @@ def test_a_channel_without_settings_is_off(fleet: Fleet, caplog: pytest.LogCaptu
         assert len(subscription.completed) == 5
     # Unset (Teams, PagerDuty) is off on purpose: nothing recorded. Half-set (a webhook URL
     # without its secret) is a mistake: each message it drops is recorded with the reason.
-    rows = fleet.ledger.rows("EV-F:decided")
+    rows = fleet.ledger.rows("event:EV-F:decided")
     assert rows.keys() == {"webhook"}
     assert rows["webhook"].status == "rejected"
     assert "WEBHOOK_SECRET is not" in rows["webhook"].detail
@@ -266,9 +268,9 @@ def test_the_azure_handlers_read_app_settings(
     finally:
         channel_settings.cache_clear()
     assert fleet.teams.requests[0].path == "/wf"
-    assert fleet.actions() == [("trigger", "EV-G")]
+    assert fleet.actions() == [("trigger", "event:EV-G")]
     assert not fleet.webhook.requests
-    assert fleet.ledger.get("EV-G:decided", "teams").status == "posted"
+    assert fleet.ledger.get("event:EV-G:decided", "teams").status == "posted"
     blueprint.notify_teams(msg)  # a redelivery: recorded as posted, not posted again
     assert len(fleet.teams.requests) == 1
     app = func.FunctionApp()
@@ -309,7 +311,11 @@ def test_with_the_announcers_own_notifications(fleet: Fleet) -> None:
     for _vm in range(2):
         fleet.publish(*(build(record, t, snapshot.first_seen, Policy()) for t in flow))
     fleet.pump()
-    assert fleet.actions() == [("trigger", "EV-P"), ("trigger", "EV-P"), ("resolve", "EV-P")]
+    assert fleet.actions() == [
+        ("trigger", "event:EV-P"),
+        ("trigger", "event:EV-P"),
+        ("resolve", "event:EV-P"),
+    ]
     assert [b["payload"]["class"] for b in fleet.pagerduty.bodies()[:2]] == ["Preempt"] * 2
     titles = fleet.card_titles()
     assert titles[0] == "Spot eviction scheduled: 2 VMs in scale set web"
@@ -325,7 +331,7 @@ def test_a_relay_silent_then_heard_again_pages_then_resolves(fleet: Fleet) -> No
         fleet.publish(silent, recovered)
     fleet.pump()
 
-    assert recovered.message_id() == "web_3:relay_recovered:20261121T094900"
+    assert recovered.message_id() == "vm:web_3:relay_recovered:20261121T094900"
     assert fleet.actions() == [("trigger", "relay-silent:web_3"), ("resolve", "relay-silent:web_3")]
     assert fleet.card_titles() == [
         "Relay on web_3 stopped reporting",

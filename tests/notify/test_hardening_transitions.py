@@ -61,9 +61,10 @@ def test_undrain_outcomes_on_every_channel(channels) -> None:
     assert cards[0]["color"] == "Default"
     assert "undraining failed" in cards[1]["text"] and cards[1]["color"] == "Attention"
     actions = [(b["event_action"], b["dedup_key"]) for b in pd.bodies()]
-    assert actions == [("resolve", "EV-T"), ("trigger", "EV-T")]
-    assert pd.bodies()[1]["payload"]["severity"] == "error"
-    assert "by hand" in pd.bodies()[1]["payload"]["summary"]
+    # No resolve for `undrained`: EV-T was never paged (issue 38).
+    assert actions == [("trigger", "event:EV-T")]
+    assert pd.bodies()[0]["payload"]["severity"] == "error"
+    assert "by hand" in pd.bodies()[0]["payload"]["summary"]
     assert [b["data"]["transition"] for b in hook.bodies()] == ["undrained", "undrain_failed"]
 
 

@@ -81,7 +81,7 @@ def test_a_crash_before_completing_does_not_post_again(receivers, ledger) -> Non
     for subscription in topic.subscriptions.values():
         assert [m.delivery_count for m in subscription.completed] == [2]
     assert len(teams.requests) == 1 and len(hook.requests) == 1
-    assert {c: r.status for c, r in ledger.rows("EV-1:decided").items()} == {
+    assert {c: r.status for c, r in ledger.rows("event:EV-1:decided").items()} == {
         "teams": "posted",
         "webhook": "posted",
     }
@@ -105,7 +105,7 @@ def test_a_crash_between_post_and_record_posts_again_only_after_the_lease(receiv
             "webhook", DECIDED.to_json(), settings=settings, transport=sender, ledger=dying
         )
     assert len(hook.requests) == 1
-    left = ledger.get("EV-1:decided", "webhook")
+    left = ledger.get("event:EV-1:decided", "webhook")
     assert left.status == "claimed"
     lease = (left.lease_until - left.claimed_at).total_seconds()
     assert lease == pytest.approx(sender.policy.longest_seconds() + dispatch.CLAIM_SLACK_SECONDS)
@@ -119,7 +119,7 @@ def test_a_crash_between_post_and_record_posts_again_only_after_the_lease(receiv
     assert (
         hook.requests[0].headers["webhook-id"] == hook.requests[1].headers["webhook-id"]
     )  # so the receiver can drop the repeat
-    row = ledger.get("EV-1:decided", "webhook")
+    row = ledger.get("event:EV-1:decided", "webhook")
     assert (row.status, row.claims) == ("posted", 2)
 
 
@@ -131,12 +131,12 @@ def test_a_retryable_failure_releases_the_claim(receivers, ledger) -> None:
         dispatch.deliver(
             "teams", DECIDED.to_json(), settings=settings, transport=sender, ledger=ledger
         )
-    assert ledger.get("EV-1:decided", "teams") is None  # free for the redelivery at once
+    assert ledger.get("event:EV-1:decided", "teams") is None  # free for the redelivery at once
     assert dispatch.deliver(
         "teams", DECIDED.to_json(), settings=settings, transport=sender, ledger=ledger
     )
     assert len(teams.requests) == 4
-    assert ledger.get("EV-1:decided", "teams").status == "posted"
+    assert ledger.get("event:EV-1:decided", "teams").status == "posted"
 
 
 def test_table_storage_down_means_no_post_and_a_redelivery(receivers) -> None:
@@ -187,7 +187,7 @@ def test_two_deliveries_at_once_post_once(receivers, ledger) -> None:
         thread.join()
     assert sorted(results) == [False, True]
     assert len(teams.requests) == 1
-    assert ledger.get("EV-1:decided", "teams").claims == 1
+    assert ledger.get("event:EV-1:decided", "teams").claims == 1
 
 
 def test_nothing_to_send_writes_nothing(receivers, ledger) -> None:
@@ -200,7 +200,7 @@ def test_nothing_to_send_writes_nothing(receivers, ledger) -> None:
         transport=transport(),
         ledger=ledger,
     )
-    assert ledger.rows("EV-2:scheduled") == {} and teams.requests == []
+    assert ledger.rows("event:EV-2:scheduled") == {} and teams.requests == []
 
 
 def test_table_requests_per_post_and_per_redelivery(receivers, ledger, mocker) -> None:

@@ -47,7 +47,7 @@ def test_a_paging_decision_triggers_with_the_event_details() -> None:
     )
     assert body is not None
     payload = assert_valid_trigger(body)
-    assert body["dedup_key"] == "EV-1"
+    assert body["dedup_key"] == "event:EV-1"
     assert payload["severity"] == "critical"
     assert payload["source"] == "web"
     assert payload["component"] == "web_0"
@@ -112,7 +112,7 @@ def test_failures_page_at_least_as_errors() -> None:
 
 def test_resolve_is_minimal_and_keyed_by_event() -> None:
     body = pagerduty.build_event(note(Transition.COMPLETED, event("EV-9"), decision()), KEY)
-    assert body == {"routing_key": KEY, "event_action": "resolve", "dedup_key": "EV-9"}
+    assert body == {"routing_key": KEY, "event_action": "resolve", "dedup_key": "event:EV-9"}
 
 
 def test_relay_silent_and_policy_invalid_page_without_an_event() -> None:

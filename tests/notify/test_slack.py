@@ -261,8 +261,8 @@ def test_one_post_per_transition_across_redeliveries(
         "Reboot approved",
         "Reboot completed",
     ]
-    assert ledger.get("EV-S:decided", "slack").status == "posted"
-    assert ledger.get("EV-S:scheduled", "slack") is None
+    assert ledger.get("event:EV-S:decided", "slack").status == "posted"
+    assert ledger.get("event:EV-S:scheduled", "slack") is None
 
 
 def test_a_rule_can_keep_an_event_off_slack(receiver: SlackReceiver) -> None:

@@ -25,7 +25,7 @@ SECRET = "whsec_" + base64.b64encode(KEY).decode()
 def test_body_is_a_cloudevent_carrying_the_transition() -> None:
     body = webhook.build_body(note(Transition.DECIDED, event(), decision()))
     assert body["specversion"] == "1.0"
-    assert body["id"] == "EV-1:decided"
+    assert body["id"] == "event:EV-1:decided"
     assert body["source"] == "/scheduled-events-bridge"
     assert body["type"] == "scheduled-events-bridge.decided"
     assert body["subject"] == "EV-1"
@@ -55,7 +55,7 @@ def _deliver(secret: bytes | str, path: str = "/hooks/bridge?tenant=a"):
 def test_a_delivered_webhook_verifies_with_the_library_and_the_readme_recipe() -> None:
     request = _deliver(SECRET)
     assert request.headers["Content-Type"] == "application/cloudevents+json"
-    assert request.headers["webhook-id"] == "EV-1:approved"
+    assert request.headers["webhook-id"] == "event:EV-1:approved"
     # What a receiver does with the Standard Webhooks library: it raises unless genuine.
     payload = Webhook(SECRET).verify(request.body, dict(request.headers))
     assert payload["type"] == "scheduled-events-bridge.approved"
@@ -68,7 +68,7 @@ def test_a_delivered_webhook_verifies_with_the_library_and_the_readme_recipe() -
         Webhook(SECRET).verify(request.body + b" ", dict(request.headers))
     assert not readme_verify(other, request.headers, request.body)
     assert not readme_verify(SECRET, request.headers, request.body + b" ")
-    tampered = {**request.headers, "webhook-id": "EV-1:decided"}
+    tampered = {**request.headers, "webhook-id": "event:EV-1:decided"}
     assert not readme_verify(SECRET, tampered, request.body)
 
 
@@ -76,7 +76,9 @@ def test_a_secret_without_the_prefix_is_its_own_bytes() -> None:
     raw = b"plain-secret-from-before-0123"
     request = _deliver(raw)
     as_spec = "whsec_" + base64.b64encode(raw).decode()
-    assert Webhook(as_spec).verify(request.body, dict(request.headers))["id"] == "EV-1:approved"
+    assert (
+        Webhook(as_spec).verify(request.body, dict(request.headers))["id"] == "event:EV-1:approved"
+    )
     assert readme_verify(as_spec, request.headers, request.body)
 
 

@@ -55,7 +55,7 @@ def test_a_webhook_during_a_rotation_verifies_with_either_secret() -> None:
     headers = dict(request.headers)
     assert len(headers["webhook-signature"].split(" ")) == 2
     for secret in (NEW, OLD):
-        assert Webhook(secret).verify(request.body, headers)["id"] == "EV-1:approved"
+        assert Webhook(secret).verify(request.body, headers)["id"] == "event:EV-1:approved"
         assert readme_verify(secret, headers, request.body)
     with pytest.raises(WebhookVerificationError):
         Webhook(OTHER).verify(request.body, headers)
