@@ -236,6 +236,7 @@ class AttestationVerifier:
                 (), tuple(load_pem_certificates(intermediates_pem))
             )
         self._store = Store(list(material.roots))
+        self._roots = list(material.roots)
         self._intermediates = list(material.intermediates)
         self.suffixes = tuple(s.strip().strip(".").lower() for s in signer_suffixes if s.strip())
         if not self.suffixes:
@@ -463,6 +464,30 @@ class AttestationVerifier:
             while len(self._chains) > self._cache_size:
                 self._chains.popitem(last=False)
 
+    def unknown_issuer(self, signature: str) -> x509.Certificate | None:
+        """For the operator's `attestation check` (the app's own reasons never carry a
+        certificate's text): the certificate of the document's chain whose issuer the app
+        has no certificate of (not shipped, configured, in the document or given with
+        `--ca-pem`), the signer's or one above it; None when every issuer up to a trusted
+        root is known, or the document does not parse."""
+        try:
+            _, _, signer, others = self._parse(signature)
+            leaf = x509.load_der_x509_certificate(signer.dump())
+            bag = [x509.load_der_x509_certificate(c.dump()) for c in others]
+        except (AttestationError, ValueError):
+            return None
+        known = {c.subject: c for c in [*bag, *self._intermediates]}
+        roots = {c.subject for c in self._roots}
+        current = leaf
+        for _ in range(8):  # longer chains than Azure's (3) are refused anyway
+            if current.issuer in roots:
+                return None
+            parent = known.get(current.issuer)
+            if parent is None or parent.subject == current.subject:
+                return current
+            current = parent
+        return None
+
     @staticmethod
     def _chain_error(
         exc: VerificationError, leaf: x509.Certificate, now: datetime
@@ -516,6 +541,24 @@ class AttestationVerifier:
                 "retry later"
             )
         raise self._chain_error(last, leaf, now) from None
+
+
+def issuer_words(cert: x509.Certificate) -> str:
+    """`cert`'s issuer named as an operator can look it up: its name, and where Azure
+    publishes its certificate (the caIssuers URL `cert` carries)."""
+    urls = _ca_issuer_urls(cert)
+    if not urls:
+        where = ", and no caIssuers URL names it"
+    else:
+        try:
+            issuers.checked_url(urls[0])
+            where = f", published at {urls[0][:200]}"
+        except issuers.IssuerRefused as exc:  # a forged leaf's own URL is no lead to follow
+            where = f"; its caIssuers URL is not one of Azure's issuer hosts ({exc})"
+    return (
+        f"its issuer {cert.issuer.rfc4514_string()[:200]!r} is not among the certificates "
+        f"the app has (shipped, ATTESTATION_CA_PEM or given){where}"
+    )
 
 
 def _ca_issuer_urls(leaf: x509.Certificate) -> list[str]:

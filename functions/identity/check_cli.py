@@ -27,6 +27,14 @@ from functions.identity.attestation import (
     AttestationError,
     AttestationUnavailable,
     AttestationVerifier,
+    issuer_words,
+)
+
+UNKNOWN_ISSUER_HINT = (
+    "attestation check: the app does not ship that intermediate. Fetch its certificate from "
+    "the Azure URL named (curl -o issuer.crt URL; openssl x509 -inform der -in issuer.crt -out "
+    "issuer.pem) and check again with --ca-pem issuer.pem; the app fetches it itself when "
+    "it can reach that URL, or takes it in ATTESTATION_CA_PEM."
 )
 
 
@@ -75,10 +83,17 @@ def run(args: argparse.Namespace) -> int:
             signature, at, nonces=(args.nonce,) if args.nonce is not None else None
         )
     except AttestationError as exc:
-        print(json.dumps({"ok": False, "check": exc.check, "reason": str(exc)}))
+        reason = str(exc)
+        if exc.check == "chain":  # which issuer, not cryptography's "candidates exhausted"
+            lead = "signer does not chain to a trusted root:"
+            reason = _unknown_issuer(verifier, signature, lead) or reason
+        print(json.dumps({"ok": False, "check": exc.check, "reason": reason}))
         return 1
     except AttestationUnavailable as exc:
-        print(json.dumps({"ok": False, "check": "unavailable", "reason": str(exc)}))
+        # Not "retry later" alone: offline, no retry helps; name what is missing.
+        fetch = str(exc).removeprefix("attestation: ").removesuffix("; retry later")
+        reason = _unknown_issuer(verifier, signature, f"{fetch}:") or str(exc)
+        print(json.dumps({"ok": False, "check": "unavailable", "reason": reason}))
         return 1
     line = {
         "ok": True,
@@ -91,6 +106,18 @@ def run(args: argparse.Namespace) -> int:
     }
     print(json.dumps(line))
     return 0
+
+
+def _unknown_issuer(verifier: AttestationVerifier, signature: str, lead: str) -> str | None:
+    """The reason naming the issuer the app does not have (and how to add it), printed
+    with a hint on stderr; None when every issuer is known (the failure is elsewhere)."""
+    unknown = verifier.unknown_issuer(signature)
+    if unknown is None:
+        return None
+    words = issuer_words(unknown)
+    if "published at" in words:
+        print(UNKNOWN_ISSUER_HINT, file=sys.stderr)
+    return f"attestation: {lead} {words}"
 
 
 def _signature(raw: str) -> str:

@@ -138,3 +138,69 @@ def test_ca_pem_takes_several_files_as_a_glob_gives_them(
         capsys, str(GENUINE / OLD.file), "--at", OLD.at.isoformat(), "--ca-pem", *files
     )
     assert code == 0 and line["chain"] == list(OLD.chain)
+
+
+def test_an_issuer_the_app_does_not_ship_is_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offline, a document whose intermediate the app does not ship said cryptography's
+    "candidates exhausted"; fetching, "retry later". Each now names the issuer, where Azure
+    publishes it, and how to add it (issue 38)."""
+    from functions.identity import issuer_cache, issuers
+
+    args = [str(GENUINE / OLD.file), "--at", OLD.at.isoformat()]
+    code, line = check(capsys, *args)  # --offline
+    assert (code, line["check"]) == (1, "chain")
+    assert "candidates exhausted" not in line["reason"]
+    assert "'CN=Microsoft RSA TLS CA 01,O=Microsoft Corporation,C=US'" in line["reason"]
+    assert "published at http://www.microsoft.com/pki/mscorp/" in line["reason"]
+
+    def no_network(*_args, **_kwargs):
+        raise issuers.IssuerUnavailable("www.microsoft.com: name resolution failed")
+
+    monkeypatch.setattr(issuer_cache.IssuerCache, "get", no_network)
+    code = main(["attestation", "check", *args])
+    out = capsys.readouterr()
+    line = json.loads(out.out.strip().splitlines()[-1])
+    assert (code, line["check"]) == (1, "unavailable")
+    assert "retry later" not in line["reason"] and "name resolution failed" in line["reason"]
+    assert "CN=Microsoft RSA TLS CA 01" in line["reason"]
+    assert "--ca-pem issuer.pem" in out.err
+
+
+def test_a_forged_leaf_s_own_url_is_not_offered() -> None:
+    """A caIssuers URL off Azure's issuer hosts is named as such, never offered as the
+    place to fetch a certificate from (a forged document chooses it)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import AuthorityInformationAccessOID, NameOID
+
+    from functions.identity.attestation import issuer_words
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Microsoft RSA TLS CA 99")])
+    url = "http://evil.example/Microsoft%20RSA%20TLS%20CA%2099.crt"
+    aia = x509.AuthorityInformationAccess(
+        [
+            x509.AccessDescription(
+                AuthorityInformationAccessOID.CA_ISSUERS, x509.UniformResourceIdentifier(url)
+            )
+        ]
+    )
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(aia, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    words = issuer_words(cert)
+    assert "published at" not in words and "not one of Azure's issuer hosts" in words
