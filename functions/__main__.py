@@ -325,26 +325,17 @@ def _print_decision(
 
 
 def _drain_plan() -> str:
-    """What the drain workflow does with this environment's DRAIN__* settings."""
+    """Which drain applies with this environment's DRAIN__* settings (plan.drain_summary)."""
     from pydantic import ValidationError
 
+    from functions.terminate.plan import drain_summary
     from functions.terminate.settings import DrainSettings
 
     try:
         drain = DrainSettings()
     except ValidationError as exc:
         return f"DRAIN__* invalid ({exc.error_count()} error(s)): see `settings check`"
-    steps = []
-    if drain.http_url:
-        steps.append("HTTP drain hook (DRAIN__HTTP_URL)")
-    if drain.relay_hook:
-        steps.append(f"relay hook {drain.relay_hook!r} (DRAIN__RELAY_HOOK)")
-    if not steps:
-        return (
-            "no drain step configured (DRAIN__HTTP_URL, DRAIN__RELAY_HOOK): nothing is "
-            "drained and the event is held until NotBefore"
-        )
-    return f"{' then '.join(steps)}, then approve"
+    return drain_summary(drain)
 
 
 def _unevaluated(load, decided_by: str, scale_sets: tuple[str, ...], known: bool) -> list[str]:

@@ -244,12 +244,17 @@ def _drain_findings(
     policy: PolicyLoad, environ: Mapping[str, str], configured: bool | None
 ) -> list[Finding]:
     """A `drain` rule with nothing configured to drain: the workflow holds those events
-    until NotBefore (nothing drained, nothing approved early)."""
+    until NotBefore (nothing drained, nothing approved early). The readiness probe drains
+    them by default (DRAIN__READINESS), so this is only when that is turned off too."""
     if policy.policy is None:
         return []
     folded = {k.upper(): v for k, v in environ.items()}
     if configured is None:
-        configured = bool(folded.get("DRAIN__HTTP_URL") or folded.get("DRAIN__RELAY_HOOK"))
+        configured = bool(
+            folded.get("DRAIN__HTTP_URL")
+            or folded.get("DRAIN__RELAY_HOOK")
+            or _readiness_on(folded.get("DRAIN__READINESS"))
+        )
     if configured:
         return []
     drains = [r.name for r in policy.policy.rules if r.action == "drain"]
@@ -260,10 +265,23 @@ def _drain_findings(
             "warning",
             "POLICY__RULES",
             f"rule(s) {', '.join(repr(n) for n in drains)} drain, but neither DRAIN__HTTP_URL "
-            "nor DRAIN__RELAY_HOOK is set: those events are held until NotBefore, nothing drained "
-            "(set one to drain them and approve early)",
+            "nor DRAIN__RELAY_HOOK is set and DRAIN__READINESS is false: those events are held "
+            "until NotBefore, nothing drained (set one to drain them and approve early)",
         )
     ]
+
+
+def _readiness_on(value: str | None) -> bool:
+    """DRAIN__READINESS as the app reads it (on unless set false); a value that is no
+    boolean is DrainSettings' error to report, and counts as on here."""
+    from pydantic import TypeAdapter, ValidationError
+
+    if value is None:
+        return True
+    try:
+        return TypeAdapter(bool).validate_python(value)
+    except ValidationError:
+        return True
 
 
 def check_settings(

@@ -215,11 +215,12 @@ def _start_callback(
     from relay.startlog import StartLog
 
     hooks = None
-    if settings.hooks:  # subprocess and tempfile only when there are hooks to run
+    names = {**settings.hooks, **(readiness.hooks if readiness else {})}
+    if names:  # subprocess and tempfile only when there are hooks to run
         from relay.hooks import HookRunner
 
         hooks = HookRunner(
-            settings.hooks,
+            names,
             settings.state_dir,
             settings.hook_timeout,
             vm.name,

@@ -13,6 +13,9 @@ cleared), which needs root or CAP_SETUID + CAP_SETGID (the systemd unit grants t
 and nothing else; `drop_ambient_capabilities` keeps them from reaching the script). A relay
 that cannot switch runs hooks as itself only when `--hook-user` names its own user
 explicitly; otherwise hook calls are refused (503) and the reason is logged at start.
+
+A hook whose path is None is built in (relay.ready's `readyz:drain`, `readyz:undrain`): it
+runs no script, needs no hook user, and is recorded and observed like any other.
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ def drop_ambient_capabilities() -> None:
 class HookRunner:
     def __init__(
         self,
-        hooks: dict[str, Path],
+        hooks: dict[str, Path | None],
         state_dir: Path,
         timeout: float,
         vm_name: str,
@@ -244,6 +247,37 @@ class HookRunner:
         }
         event(log, logging.INFO, "hook started", hook=name, event_id=scheduled.event_id)
         began = time.monotonic()
+        status, exit_code, tail = SUCCEEDED, 0, ""
+        if script is not None:  # None: a built-in hook (relay.ready's): nothing to run
+            status, exit_code, tail = self._exec(script, env)
+        record.update(
+            status=status,
+            exit_code=exit_code,
+            output_tail=tail,
+            finished_at=_now(),
+            seconds=round(time.monotonic() - began, 3),
+        )
+        with self._lock:
+            if self.observer:  # before the result can be read: the probe is never behind it
+                self.observer.hook_finished(name, scheduled.event_id, record["Undoes"], status)
+            try:
+                self._store(record)
+            except OSError as exc:
+                event(log, logging.ERROR, "cannot record hook result", error=str(exc))
+            self._active.pop(self._key(name, scheduled.event_id), None)
+        done.set()
+        event(
+            log,
+            logging.INFO if status == SUCCEEDED else logging.WARNING,
+            "hook finished",
+            hook=name,
+            event_id=scheduled.event_id,
+            status=status,
+            exit_code=exit_code,
+        )
+
+    def _exec(self, script: Path, env: dict[str, str]) -> tuple[str, int | None, str]:
+        """Run one script as the hook user: (status, exit code, the tail of its output)."""
         status, exit_code, tail = FAILED, None, ""
         switch: dict[str, Any] = {}
         if self.user.uid is not None:
@@ -274,31 +308,7 @@ class HookRunner:
                 size = output.tell()
                 output.seek(max(0, size - OUTPUT_TAIL_BYTES))
                 tail = output.read().decode("utf-8", "replace")
-        record.update(
-            status=status,
-            exit_code=exit_code,
-            output_tail=tail,
-            finished_at=_now(),
-            seconds=round(time.monotonic() - began, 3),
-        )
-        with self._lock:
-            if self.observer:  # before the result can be read: the probe is never behind it
-                self.observer.hook_finished(name, scheduled.event_id, record["Undoes"], status)
-            try:
-                self._store(record)
-            except OSError as exc:
-                event(log, logging.ERROR, "cannot record hook result", error=str(exc))
-            self._active.pop(self._key(name, scheduled.event_id), None)
-        done.set()
-        event(
-            log,
-            logging.INFO if status == SUCCEEDED else logging.WARNING,
-            "hook finished",
-            hook=name,
-            event_id=scheduled.event_id,
-            status=status,
-            exit_code=exit_code,
-        )
+        return status, exit_code, tail
 
 
 def _not_before(scheduled: ScheduledEvent) -> str:

@@ -8,14 +8,18 @@ script of the operator's touching the load balancer (webdevops'
 azure-scheduledevents-manager has the same idea as /readyz and /drainz).
 
 A drain is a hook run on a signed /v1/hook that undoes nothing (the app's
-`DRAIN__RELAY_HOOK`); it is undone when a hook run with `"Undoes": <that hook>` for the same
-EventId finishes (the app's `UNDRAIN__RELAY_HOOK`, sent when the event is Completed or
+`DRAIN__RELAY_HOOK`); it is undone when a hook run with `"Undoes": <that hook>` for the
+same EventId finishes (the app's `UNDRAIN__RELAY_HOOK`, sent when the event is Completed or
 Cancelled), whatever its exit: the event is over and a failed undrain is the app's to
-report. relay.hooks calls `hook_started` before a script can have any effect and
-`hook_finished` once it is over (or found interrupted by a crash). The draining EventIds
-are kept in `STATE_DIR/readiness.json`, written atomically before the hook runs, so a drain
-in progress is still 503 after a relay restart; an unreadable file is 503 too (a drained VM
-must not get traffic back by accident) until the file is removed.
+report. With the probe on, two built-in hooks (no script, `hooks`) let the app drain
+through it alone where no hook of the operator's applies (issue 38, `DRAIN__READINESS`):
+`readyz:drain` (503 from then), and `readyz:undrain` with `"Undoes": "readyz:drain"`. Their
+names have a `:`, which an operator's hook name cannot. relay.hooks calls `hook_started`
+before a script can have any effect and `hook_finished` once it is over (or found
+interrupted by a crash). The draining EventIds are kept in `STATE_DIR/readiness.json`,
+written atomically before the hook runs, so a drain in progress is still 503 after a relay
+restart; an unreadable file is 503 too (a drained VM must not get traffic back by accident)
+until the file is removed.
 
 The server is relay.callback_http's, bounded and in its own thread (never the poll loop's):
 GET and HEAD on the one path, 404 elsewhere, 405 for other methods. The answer reads only
@@ -45,6 +49,8 @@ FILE_NAME = "readiness.json"
 
 
 class Readiness:
+    hooks = {"readyz:drain": None, "readyz:undrain": None}  # built in: relay.hooks
+
     def __init__(
         self,
         state_dir: Path,

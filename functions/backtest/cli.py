@@ -187,15 +187,16 @@ def _store() -> Any:
 
 
 def drain_configured() -> bool:
-    """Whether a `drain` here has a step to run (DRAIN__HTTP_URL or DRAIN__RELAY_HOOK); the
-    app holds a drain until NotBefore when it has none."""
+    """Whether a `drain` here has a step to run (DRAIN__HTTP_URL, DRAIN__RELAY_HOOK, or the
+    readiness probe, DRAIN__READINESS, on by default); the app holds a drain until
+    NotBefore when it has none."""
     from functions.terminate.settings import DrainSettings
 
     try:
         drain = DrainSettings()
     except ValidationError:
         return False
-    return bool(drain.http_url or drain.relay_hook)
+    return bool(drain.http_url or drain.relay_hook or drain.readiness)
 
 
 # --------------------------------------------------------------------------- the candidate

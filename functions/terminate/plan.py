@@ -1,6 +1,8 @@
-"""What a drain may take and what an undrain must undo, as pure functions of the event and
-the drain's step rows (`functions.store.drains`): the drain deadlines a step is retried
-until, and the steps an undrain undoes. No I/O, so the lifecycle can ask them of a row.
+"""What a drain does, by when, and what an undrain must undo, as pure functions of the
+settings, the event and the drain's step rows (`functions.store.drains`): which drain runs
+on each VM's relay (relay_drain, in words drain_summary), the drain deadlines a step is
+retried until, and the steps an undrain undoes. No I/O, so the lifecycle can ask them of
+a row, and `policy explain` says what the drain will do.
 """
 
 from __future__ import annotations
@@ -8,13 +10,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from functions.store.drains import StepRecord
 from functions.terminate.settings import DrainSettings
+from functions.terminate.steps import NO_SUCH_HOOK
 
 HTTP_STEP = "http"
 HOOK_STEP = "hook:"  # + VM name: the operator's relay hook (DRAIN__RELAY_HOOK)
+READY_STEP = "ready:"  # + VM name: out of rotation through its relay's readiness probe
+READY_WAIT_STEP = "wait:readiness"  # the stated drain time after the probes turned 503
+# The relay's built-in hooks (relay.ready.Readiness.hooks; a test ties the two): the
+# probe answers 503 from `READY_DRAIN` until `READY_UNDRAIN` undoes it.
+READY_DRAIN, READY_UNDRAIN = "readyz:drain", "readyz:undrain"
+
+RelayDrain = Literal["hook", "readiness"]
 # Details of rows written before StepRecord.reached existed that mean the step never
 # reached its receiver.
 NEVER_STARTED = ("no time left before the deadline", "no relay known")
@@ -39,6 +49,51 @@ def drain_deadlines(
     return DrainDeadlines(approve_by, approve_by - timedelta(seconds=reserve))
 
 
+def relay_drain(settings: DrainSettings) -> RelayDrain | None:
+    """What each VM's relay is asked to do in a drain. The operator's own hook wins where
+    it is configured: `hook` (DRAIN__RELAY_HOOK; a VM whose relay has no such hook is
+    drained through its probe instead, if DRAIN__READINESS allows: lacks_hook). With no
+    drain step of the operator's, `readiness`: the probe answers 503, and the drain waits
+    DRAIN__READINESS_SECONDS. None: the HTTP hook alone (DRAIN__HTTP_URL wins), or nothing
+    (DRAIN__READINESS=false and no step: the event is held until NotBefore)."""
+    if settings.relay_hook:
+        return "hook"
+    if settings.readiness and not settings.http_url:
+        return "readiness"
+    return None
+
+
+def drain_summary(settings: DrainSettings) -> str:
+    """Which drain applies, in words (`policy explain`, `settings check`)."""
+    steps = []
+    if settings.http_url:
+        steps.append("HTTP drain hook (DRAIN__HTTP_URL)")
+    relay = relay_drain(settings)
+    ready = (
+        f"each VM's readiness probe 503 (its load balancer takes it out), then "
+        f"{settings.readiness_seconds:g} s to drain (DRAIN__READINESS_SECONDS)"
+    )
+    if relay == "hook":
+        hook = f"relay hook {settings.relay_hook!r} (DRAIN__RELAY_HOOK)"
+        if settings.readiness:
+            hook += f"; on a VM whose relay has no such hook, {ready}"
+        steps.append(hook)
+    elif relay == "readiness":
+        steps.append(f"no drain step of yours configured: {ready}")
+    if not steps:
+        return (
+            "no drain step configured (DRAIN__HTTP_URL, DRAIN__RELAY_HOOK; DRAIN__READINESS="
+            "false): nothing is drained and the event is held until NotBefore"
+        )
+    return f"{' then '.join(steps)}, then approve"
+
+
+def lacks_hook(record: StepRecord) -> bool:
+    """The relay answered that it has no hook of that name (404 "unknown hook"): nothing
+    ran there, and the VM is drained through its readiness probe instead."""
+    return record.status == "failed" and record.detail.startswith(NO_SUCH_HOOK)
+
+
 def reached(record: StepRecord | None) -> bool:
     """Whether a drain step may have had an effect, so an undrain has it to undo: its row
     says so (`reached`), or, for a row without that field, it got further than the two
@@ -52,15 +107,16 @@ def reached(record: StepRecord | None) -> bool:
 
 @dataclass(frozen=True)
 class UndoPlan:
-    """The drain steps an undrain undoes: the HTTP drain hook, and the VMs whose relay
-    drain hook may have run."""
+    """The drain steps an undrain undoes: the HTTP drain hook, the VMs whose relay drain
+    hook may have run (`hooks`), and the VMs taken out through their probe (`ready`)."""
 
     http: bool = False
     hooks: tuple[str, ...] = ()
+    ready: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.http or self.hooks)
+        return not (self.http or self.hooks or self.ready)
 
 
 def steps_to_undo(rows: Mapping[str, StepRecord]) -> UndoPlan:
@@ -69,13 +125,14 @@ def steps_to_undo(rows: Mapping[str, StepRecord]) -> UndoPlan:
     step that never reached its receiver (no relay known, no time left, no connection, a
     relay's refusal) is nothing to undo, so no undrain and no `undrain_failed` for it. The
     HTTP hook counts as reached once it had the request, whatever it answered."""
-    return UndoPlan(
-        http=reached(rows.get(HTTP_STEP)),
-        hooks=tuple(
+
+    def vms(prefix: str) -> tuple[str, ...]:
+        return tuple(
             sorted(
-                name.removeprefix(HOOK_STEP)
+                name.removeprefix(prefix)
                 for name, record in rows.items()
-                if name.startswith(HOOK_STEP) and reached(record)
+                if name.startswith(prefix) and reached(record)
             )
-        ),
-    )
+        )
+
+    return UndoPlan(http=reached(rows.get(HTTP_STEP)), hooks=vms(HOOK_STEP), ready=vms(READY_STEP))

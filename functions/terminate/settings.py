@@ -34,6 +34,17 @@ class DrainSettings(BaseSettings):
     # this long for the approval after the drain steps.
     preempt_safety_margin_seconds: float = Field(default=5, ge=0)
     preempt_approve_reserve_seconds: float = Field(default=2, ge=0)
+    # The drain that needs no script of the operator's (issue 38): each relay's readiness
+    # probe answers 503 (relay.ready's built-in hook), then the drain waits
+    # `readiness_seconds` and approves. It applies where no relay hook of the operator's
+    # does: with neither DRAIN__RELAY_HOOK nor DRAIN__HTTP_URL set, and on a VM whose relay
+    # lacks DRAIN__RELAY_HOOK (functions.terminate.plan.relay_drain). False: those events
+    # are held until NotBefore, as before.
+    readiness: bool = True
+    # The stated drain time: an Azure Load Balancer sends no new flows to a VM after its
+    # probe failed probeThreshold times (2 x 5 s in infra/modules/relay-ready-lb.bicep);
+    # the rest lets requests in flight finish. Never past the drain deadline.
+    readiness_seconds: float = Field(default=30, ge=0)
 
     def margins(self, event_type: str) -> tuple[float, float]:
         """(safety margin, approval reserve) in seconds for an event of this type."""

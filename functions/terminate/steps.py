@@ -34,6 +34,9 @@ HOOK_REQUEST_SECONDS = 30.0  # the relay holds a hook request up to its hook_wai
 # The relay's answer to an undo (`Undoes`) for an event gone from IMDS whose drain hook
 # never ran there (relay.callback): nothing was drained on that VM, so nothing to undo.
 UNKNOWN_EVENT = "unknown EventId"
+# How a relay hook step's detail begins when the relay has no hook of that name (its 404
+# "unknown hook"): the drain then falls back to the readiness probe (plan.lacks_hook).
+NO_SUCH_HOOK = "relay refused: unknown hook"
 
 
 class StepResult(NamedTuple):

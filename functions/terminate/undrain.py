@@ -24,7 +24,8 @@ from functions.terminate.context import (
     announcer,
     hook_action,
 )
-from functions.terminate.plan import steps_to_undo
+from functions.terminate.plan import READY_DRAIN, READY_UNDRAIN, steps_to_undo
+from functions.terminate.relays import back_in_rotation
 from functions.terminate.settings import UndrainSettings
 from functions.terminate.steps import http_drain
 
@@ -58,13 +59,15 @@ def run_undrain(
     run-once per step, like the drain.
 
     Only what the drain may have done is undone (plan.steps_to_undo): the HTTP undrain hook
-    if the HTTP drain hook may have acted, the relay undrain hook on each VM whose relay
-    drain hook may have run (the relay runs it only if its drain hook ran there for this
-    EventId: `Undoes`; where it never ran, the relay's "unknown EventId" means nothing to
-    undo, not a failure). A drain step that was reached but has no undrain setting is a
-    failure to report, not to skip: the VM stays out of service until someone puts it
-    back. Announced once as `undrained` or `undrain_failed`, and audited; when it turns
-    out nothing was out of service, nothing is announced (no page to act on)."""
+    if the HTTP drain hook may have acted, the relay's built-in `readyz:undrain` on each VM
+    taken out through its readiness probe (no setting needed: its probe answers 200 again),
+    the relay undrain hook on each VM whose relay drain hook may have run (the relay runs it
+    only if its drain hook ran there for this EventId: `Undoes`; where it never ran, the
+    relay's "unknown EventId" means nothing to undo, not a failure). A drain step that was
+    reached but has no undrain setting is a failure to report, not to skip: the VM stays out
+    of service until someone puts it back. Announced once as `undrained` or
+    `undrain_failed`, and audited; when it turns out nothing was out of service, nothing is
+    announced (no page to act on)."""
     if not wants_undrain(note):
         event_id = note.event.event_id if note.event else "-"
         return DrainResult(
@@ -89,10 +92,10 @@ def run_undrain(
     if http_reached and settings.http_url:
         url = settings.http_url
         # The VMs the drain request listed: those whose own view decided drain (as they
-        # last showed it), and any whose relay hook ran.
+        # last showed it), and any whose relay was drained.
         own = ctx.own_drains(event.event_id, True).drain
         listed = {vm.casefold() for vm in own}
-        http_vms = (*own, *(vm for vm in vms if vm.casefold() not in listed))
+        http_vms = (*own, *(vm for vm in (*vms, *undo.ready) if vm.casefold() not in listed))
         records.append(
             steps.once(
                 "undrain:http",
@@ -113,32 +116,39 @@ def run_undrain(
         )
     elif http_reached:
         failures.append("the HTTP drain hook was called, but UNDRAIN__HTTP_URL is not set")
+    # (step, VM, hook, the drain hook it undoes): the operator's undrain hook where its
+    # drain hook may have run, the built-in readyz:undrain where the probe was turned 503.
+    jobs = [(f"undrain:ready:{vm}", vm, READY_UNDRAIN, READY_DRAIN) for vm in undo.ready]
     if vms and settings.relay_hook:
-        hook = settings.relay_hook
-
-        def on_vm(vm: str) -> StepRecord:
-            action = hook_action(
-                ctx,
-                hook,
-                vm,
-                ctx.relay_target(vm),
-                event.event_id,
-                settings.poll_seconds,
-                undoes=drain_hook,
-                event_type=event.event_type,
-                event_status=status,
-            )
-            return steps.once(f"undrain:hook:{vm}", until(), action)
-
-        workers = max(1, min(MAX_PARALLEL_HOOKS, len(vms)))
-        with ThreadPoolExecutor(workers, thread_name_prefix="undrain-hook") as pool:
-            futures = [pool.submit(on_vm, vm) for vm in vms]
-            wait(futures)
-        records.extend(future.result() for future in futures)
+        jobs += [(f"undrain:hook:{vm}", vm, settings.relay_hook, drain_hook) for vm in vms]
     elif vms:
         failures.append(
             f"the relay drain hook ran on {', '.join(vms)}, but UNDRAIN__RELAY_HOOK is not set"
         )
+
+    def on_vm(job: tuple[str, str, str, str | None]) -> StepRecord:
+        step, vm, hook, undoes = job
+        action = hook_action(
+            ctx,
+            hook,
+            vm,
+            ctx.relay_target(vm),
+            event.event_id,
+            settings.poll_seconds,
+            undoes=undoes,
+            event_type=event.event_type,
+            event_status=status,
+        )
+        return steps.once(
+            step, until(), back_in_rotation(action) if hook == READY_UNDRAIN else action
+        )
+
+    if jobs:
+        workers = max(1, min(MAX_PARALLEL_HOOKS, len(jobs)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="undrain-hook") as pool:
+            futures = [pool.submit(on_vm, job) for job in jobs]
+            wait(futures)
+        records.extend(future.result() for future in futures)
     failures += [f"{r.step}: {r.detail}" for r in records if r.status != "succeeded"]
     if not failures and records and all(r.reached is False for r in records):
         # Every receiver said its drain never ran: nothing was out of service.
@@ -175,7 +185,9 @@ def _settled_drain_steps(ctx: DrainContext, event_id: str) -> dict[str, StepReco
         running = [
             r.lease_until
             for name, r in done.items()
-            if (name == "http" or name.startswith("hook:")) and not r.done and r.lease_until > now
+            if (name == "http" or name.startswith(("hook:", "ready:")))
+            and not r.done
+            and r.lease_until > now
         ]
         if not running:
             return done

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime, timedelta
 
 from functions.clock import Clock
@@ -35,14 +34,13 @@ from functions.model.event import Notification, Transition
 from functions.store.drains import StepRecord
 from functions.terminate.context import (
     ANNOUNCE_LEASE_SECONDS,
-    MAX_PARALLEL_HOOKS,
     DrainContext,
     DrainResult,
     Outcome,
     Steps,
-    hook_action,
 )
-from functions.terminate.plan import drain_deadlines
+from functions.terminate.plan import drain_deadlines, relay_drain
+from functions.terminate.relays import drain_relays
 from functions.terminate.settings import DrainSettings, UndrainSettings
 from functions.terminate.steps import http_drain
 from functions.terminate.targets import DrainTargets
@@ -161,11 +159,17 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
     plan = []
     if settings.http_url and drained_vms:
         plan.append(f"HTTP drain hook for {len(drained_vms)} VM(s)")
-    if settings.relay_hook and drained_vms:
+    relay = relay_drain(settings)
+    if relay == "hook" and drained_vms:
         plan.append(f"relay hook {settings.relay_hook!r} on {len(drained_vms)} VM(s)")
+    elif relay == "readiness" and drained_vms:
+        plan.append(
+            f"readiness probe 503 on {len(drained_vms)} VM(s) (out of their load balancer), "
+            f"then {settings.readiness_seconds:g} s to drain"
+        )
     nothing = (
-        f"no drain step configured (DRAIN__HTTP_URL, DRAIN__RELAY_HOOK): nothing drained, "
-        f"{_held(event.event_type)}"
+        f"no drain step configured (DRAIN__HTTP_URL, DRAIN__RELAY_HOOK; DRAIN__READINESS="
+        f"false): nothing drained, {_held(event.event_type)}"
         if drained_vms
         else "no VM's own view decided drain"
     )
@@ -201,35 +205,12 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
                 ),
             )
         )
-    if settings.relay_hook and drained_vms:
-        hook = settings.relay_hook
-
-        def on_vm(vm: str) -> StepRecord:
-            target = ctx.relay_target(vm)  # before the step: a lookup that dies claims nothing
-            return steps.once(
-                f"hook:{vm}",
-                drain_until,  # an unreachable relay is asked again until then (issue 40)
-                hook_action(
-                    ctx,
-                    hook,
-                    vm,
-                    target,
-                    event.event_id,
-                    settings.poll_seconds,
-                    run_seconds=settings.step_timeout_seconds,
-                ),
-            )
-
-        # Every VM drains at the same time: the notice is the same for all of them.
-        workers = max(1, min(MAX_PARALLEL_HOOKS, len(drained_vms)))
-        with ThreadPoolExecutor(workers, thread_name_prefix="drain-hook") as pool:
-            futures = [pool.submit(on_vm, vm) for vm in drained_vms]
-            wait(futures)
-        drain_steps.extend(future.result() for future in futures)  # re-raises the first error
+    # The operator's relay hook, or each relay's readiness probe (issue 38), on every VM.
+    drain_steps += drain_relays(ctx, steps, settings, event.event_id, drained_vms, drain_until)
     if not plan and drained_vms:
         # A drain with no step to run is never an approval: the VM would go undrained
         # before NotBefore. It is held (drain_started said so) and Azure starts it then.
-        log.warning("drain %s: no DRAIN__HTTP_URL or DRAIN__RELAY_HOOK; holding", event.event_id)
+        log.warning("drain %s: no drain step (DRAIN__READINESS=false); holding", event.event_id)
         return DrainResult(
             event.event_id, "held", False, nothing, steps.records, targets.not_drained
         )

@@ -331,10 +331,15 @@ def test_the_events_table_under_the_policy_in_effect(
 
 
 def test_the_events_table_under_a_candidate(
-    table: Store, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    table: Store,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Approving reboots at once puts the reboot on top of the drained Terminate in set
-    web: two at once against max_concurrent_per_set 1. Without DRAIN__* the drain holds."""
+    web: two at once against max_concurrent_per_set 1. With no drain step (no DRAIN__*
+    hook, the readiness drain turned off) the drain holds."""
+    monkeypatch.setenv("DRAIN__READINESS", "false")
     policy = tmp_path / "candidate.json"
     policy.write_text(
         json.dumps(

@@ -32,16 +32,31 @@ def _document(tmp_path, *events: dict) -> str:
     return str(path)
 
 
-def test_explain_says_a_drain_without_drain_steps_is_held(tmp_path):
+def test_explain_says_which_drain_applies(tmp_path):
+    """No drain step of the operator's: the readiness probe drains (issue 38); their hook
+    wins where configured; with the probe drain turned off too, the event is held."""
     doc = _document(tmp_path, event("T", "Terminate", source="User"))
     done = run_cli("policy", "explain", doc)
     line = json.loads(done.stdout)
     assert line["action"] == "drain"
-    assert "no drain step configured" in line["drain"] and "held until NotBefore" in line["drain"]
+    assert line["drain"] == (
+        "no drain step of yours configured: each VM's readiness probe 503 (its load balancer "
+        "takes it out), then 30 s to drain (DRAIN__READINESS_SECONDS), then approve"
+    )
     done = run_cli("policy", "explain", doc, env={"DRAIN__RELAY_HOOK": "drain"})
+    assert json.loads(done.stdout)["drain"].startswith(
+        "relay hook 'drain' (DRAIN__RELAY_HOOK); on a VM whose relay has no such hook, each "
+        "VM's readiness probe 503"
+    )
+    done = run_cli(
+        "policy", "explain", doc, env={"DRAIN__RELAY_HOOK": "drain", "DRAIN__READINESS": "false"}
+    )
     assert (
         json.loads(done.stdout)["drain"] == "relay hook 'drain' (DRAIN__RELAY_HOOK), then approve"
     )
+    done = run_cli("policy", "explain", doc, env={"DRAIN__READINESS": "false"})
+    line = json.loads(done.stdout)
+    assert "no drain step configured" in line["drain"] and "held until NotBefore" in line["drain"]
 
 
 def test_explain_names_the_scale_set_rules_a_plain_document_cannot_answer(tmp_path):

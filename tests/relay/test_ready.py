@@ -242,3 +242,76 @@ def test_slow_senders_neither_block_the_probe_nor_the_poll_loop(
     finally:
         for sock in slow:
             sock.close()
+
+
+def answering(port: int) -> None:
+    """The callback listens (a loaded machine may take a while to start a relay)."""
+
+    def up() -> bool:
+        try:
+            return requests.get(f"http://127.0.0.1:{port}/v1/health", timeout=2).status_code > 0
+        except requests.ConnectionError:
+            return False
+
+    wait_for(up, 30)
+
+
+def post_hook(port: int, key: bytes, payload: dict[str, Any]) -> requests.Response:
+    body = json.dumps({**payload, "Nonce": uuid.uuid4().hex}).encode()
+    headers = sign_headers(key, "POST", "/v1/hook", body, target=vm_id_of("vm0"))
+    return requests.post(f"http://127.0.0.1:{port}/v1/hook", data=body, headers=headers, timeout=30)
+
+
+def test_the_app_drains_through_the_probe_with_no_hook_configured(
+    simulator: Any, relay_process: Any, tmp_path: Path
+) -> None:
+    """Issue 38: a relay with the probe on and no hook script of the operator's. The app's
+    default drain asks for the built-in `readyz:drain` (503 from then, no script run) and
+    undoes it with `readyz:undrain`; an undo of a drain that never ran here is the relay's
+    404 "unknown EventId" (nothing to undo). Without the probe the built-ins are unknown."""
+    sim = simulator.sim
+    sim.add_vm("vm0")
+    callback, ready_port = free_port(), free_port()
+    state = tmp_path / "state"
+    common = [
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={state}",
+        f"--forward=file:{tmp_path / 'forward'}",
+        f"--callback-listen=127.0.0.1:{callback}",
+        *FAST,
+    ]
+    relay = relay_process(*common, f"--ready-listen=127.0.0.1:{ready_port}")
+    listening(relay)
+    answering(callback)
+    key = relay_key(state)
+    event_id = sim.add_event(event_type="Terminate", resources=["vm0"], notice=600)
+    never = sim.add_event(event_type="Reboot", resources=["vm0"], notice=600)
+    out = signed_hook(callback, key, {"Hook": "readyz:drain", "EventId": event_id})
+    assert out == {
+        "Hook": "readyz:drain",
+        "EventId": event_id,
+        "status": "succeeded",
+        "exit_code": 0,
+        "output_tail": "",
+    }
+    assert ready(ready_port) == {
+        "status": 503,
+        "ready": False,
+        "reason": "draining",
+        "events": [event_id],
+    }
+    sim.cancel_event(event_id)
+    sim.cancel_event(never)
+    undo = {"Hook": "readyz:undrain", "Undoes": "readyz:drain", "EventType": "Reboot"}
+    nothing = post_hook(callback, key, {**undo, "EventId": never})
+    assert (nothing.status_code, nothing.json()) == (404, {"error": "unknown EventId"})
+    back = signed_hook(callback, key, {**undo, "EventId": event_id})
+    assert back["status"] == "succeeded"
+    assert ready(ready_port) == {"status": 200, "ready": True}
+    relay.kill()
+
+    relay_process(*common)  # the probe off: no built-in drain to ask for
+    answering(callback)
+    other = sim.add_event(event_type="Terminate", resources=["vm0"], notice=600)
+    refused = post_hook(callback, key, {"Hook": "readyz:drain", "EventId": other})
+    assert (refused.status_code, refused.json()) == (404, {"error": "unknown hook"})

@@ -26,6 +26,7 @@ from relay.callback import CallbackApp, CallbackServer
 from relay.hooks import HookRunner
 from relay.imds import ImdsClient
 from relay.keystore import KeyStore
+from relay.ready import Readiness
 from simulator.arm import simulated_vm_id
 
 
@@ -183,6 +184,11 @@ class Relays:
     # Starts the callbacks of a fleet started with `listening=False` (a relay unreachable
     # until then: connection refused at its address).
     listen: Callable[[], None] = lambda: None
+    probes: dict[str, Readiness] = field(default_factory=dict)  # VM -> its readiness probe
+
+    def ready(self, vm: str) -> int:
+        """What the VM's probe answers a load balancer now (200 or 503)."""
+        return self.probes[vm].health()[0]
 
     def runs(self) -> list[str]:
         return self.ran.read_text().splitlines() if self.ran.exists() else []
@@ -200,8 +206,15 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
     started: list[Any] = []
 
     def start(
-        count: int = 2, hook_seconds: float = 0.0, hook_wait: float = 5.0, listening: bool = True
+        count: int = 2,
+        hook_seconds: float = 0.0,
+        hook_wait: float = 5.0,
+        listening: bool = True,
+        hooks: bool | frozenset[str] = True,
+        readiness: bool = False,
     ) -> Relays:
+        """`count` relays; `hooks`: with the operator's `drain` and `undrain` scripts (all,
+        or the VMs named); `readiness`: with the readiness probe on (relay.ready)."""
         ran = tmp_path / "ran.txt"
         script = tmp_path / "drain.sh"
         script.write_text(
@@ -224,6 +237,7 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
         started.append(server)
         server.sim.add_scale_set("web", count)
         targets = {}
+        probes: dict[str, Readiness] = {}
         later: list[Any] = []
         lock = threading.Lock()
 
@@ -235,13 +249,17 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
 
         for index in range(count):
             vm = f"web_{index}"
-            hooks = HookRunner(
-                {"drain": script, "undrain": undrain}, tmp_path / vm, timeout=10, vm_name=vm
-            )
+            probe = Readiness(tmp_path / vm) if readiness else None
+            scripts = hooks if isinstance(hooks, bool) else vm in hooks
+            names: dict[str, Path | None] = {"drain": script, "undrain": undrain} if scripts else {}
+            if probe is not None:
+                probes[vm] = probe
+                names.update(probe.hooks)
+            runner = HookRunner(names, tmp_path / vm, timeout=10, vm_name=vm, observer=probe)
             keys = KeyStore(tmp_path / vm / "keys")
             vm_id = simulated_vm_id(vm)
             app = CallbackApp(
-                keys, vm_id, vm, ImdsClient(server.vm_url(vm)), hooks, hook_wait=hook_wait
+                keys, vm_id, vm, ImdsClient(server.vm_url(vm)), runner, hook_wait=hook_wait
             )
             if listening:
                 callback = CallbackServer("127.0.0.1:0", app).start()
@@ -251,7 +269,7 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
                 address = f"127.0.0.1:{free_port()}"
                 later.append((address, app))
                 targets[vm] = target_of(f"http://{address}", vm_id, keys)
-        return Relays(server.sim, targets, ran, undone, listen)
+        return Relays(server.sim, targets, ran, undone, listen, probes)
 
     try:
         yield start

@@ -191,10 +191,10 @@ def test_an_interrupted_approval_is_taken_over(harness: Harness) -> None:
 def test_a_drain_with_no_drain_step_configured_holds_and_says_so(
     harness: Harness, event_type: str, then: str
 ) -> None:
-    """The default deployment (no DRAIN__HTTP_URL, no DRAIN__RELAY_HOOK) decides `drain`
-    for a scale-in: that must never become an immediate, undrained approval (issue 33)."""
+    """No DRAIN__HTTP_URL, no DRAIN__RELAY_HOOK and the readiness drain off: a `drain` for
+    a scale-in must never become an immediate, undrained approval (issue 33)."""
     note = terminate_note(event_type=event_type)
-    result = run_drain(note, settings(), harness.context())
+    result = run_drain(note, settings(readiness=False), harness.context())
     assert result.outcome == "held" and not result.drained
     assert harness.approvals.calls == []
     assert "approve" not in result.steps
