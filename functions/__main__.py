@@ -53,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the scale set of the document's VM (repeatable), for `scale_sets` rules: a plain "
         "IMDS document does not name it (an envelope or an Event Grid event does)",
     )
+    from functions import budget_explain
     from functions.backtest import cli as backtest_cli
 
+    budget_explain.add_arguments(explain)
     backtest_cli.add_parser(what)
     _cost_parser(sub)
     _settings_parser(sub)
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {warning}", file=sys.stderr)
         _warn_not_enforcing()
         return 0
-    return _explain(load, args.file, args.now, tuple(args.scale_set))
+    return _explain(load, args.file, args.now, tuple(args.scale_set), args)
 
 
 def _policy_source(file: str | None) -> int:
@@ -127,7 +129,13 @@ def _warn_not_enforcing() -> None:
         )
 
 
-def _explain(load, file: str, now_text: str | None, given_sets: tuple[str, ...] = ()) -> int:
+def _explain(
+    load,
+    file: str,
+    now_text: str | None,
+    given_sets: tuple[str, ...] = (),
+    args: argparse.Namespace | None = None,
+) -> int:
     try:
         raw = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
         now = datetime.fromisoformat(now_text) if now_text else datetime.now(UTC)
@@ -143,14 +151,22 @@ def _explain(load, file: str, now_text: str | None, given_sets: tuple[str, ...] 
     known = bool(given_sets)  # an envelope names the VM's set too (or that it has none)
     if now.tzinfo is None:
         now = now.replace(tzinfo=UTC)
+    try:
+        budgets = _BudgetFacts(load, args, scale_sets)
+    except ValueError as exc:
+        print(f"policy explain: {exc}", file=sys.stderr)
+        return 2
     if looks_like_event_grid(raw):
-        return _explain_event_grid(load, file, data, now)
+        return _explain_event_grid(load, file, data, now, budgets)
+    vm = getattr(args, "vm", None)
     try:
         if isinstance(data, dict) and "kind" in data and "vm" in data:
             envelope = parse_envelope(data)
             document = envelope.scheduled_events
             if envelope.vm.scale_set and not given_sets:
                 scale_sets = (envelope.vm.scale_set,)
+                budgets = _BudgetFacts(load, args, scale_sets)
+            vm = vm or envelope.vm.name
             known = True
         else:
             document = parse_document(data)
@@ -166,8 +182,30 @@ def _explain(load, file: str, now_text: str | None, given_sets: tuple[str, ...] 
             file=sys.stderr,
         )
     for event in events:
-        _print_decision(load, event, now, scale_sets, scale_set_known=known)
+        vms = (vm,) if vm else tuple(event.resources)
+        lines = budgets.lines(event, vms)
+        _print_decision(load, event, now, scale_sets, scale_set_known=known, budgets=lines)
     return 0
+
+
+class _BudgetFacts:
+    """The budget keys of an explain line (functions.budget_explain), only where budgets
+    are set or the VM's facts were given: a policy without budgets prints as before."""
+
+    def __init__(self, load, args: argparse.Namespace | None, scale_sets: tuple[str, ...]) -> None:
+        from functions import budget_explain
+
+        self.policy = load.policy
+        self.facts = budget_explain.Facts(args or argparse.Namespace(), scale_sets)
+        wanted = self.policy is not None and (self.policy.budgets or self.facts.flags)
+        self.wanted = bool(wanted)
+
+    def lines(self, event, vms: tuple[str, ...]) -> dict:
+        from functions import budget_explain
+
+        if not self.wanted or not vms:
+            return {}
+        return budget_explain.budget_lines(self.policy, event, vms, self.facts)
 
 
 def _settings_parser(sub: argparse._SubParsersAction) -> None:
@@ -274,7 +312,7 @@ def _cost(args: argparse.Namespace) -> int:
     return 0
 
 
-def _explain_event_grid(load, file: str, data: object, now: datetime) -> int:
+def _explain_event_grid(load, file: str, data: object, now: datetime, budgets=None) -> int:
     """Each notification decided as its IMDS event would be (a scale set owner counts as
     the event's scale set, as ingest records it)."""
     try:
@@ -289,12 +327,18 @@ def _explain_event_grid(load, file: str, data: object, now: datetime) -> int:
     for grid in events:
         owner = grid.owner
         sets = (owner.name,) if owner.resource_type == "virtualMachineScaleSets" else ()
-        _print_decision(load, grid.event, now, sets, scale_set_known=True)
+        lines = budgets.lines(grid.event, tuple(grid.event.resources)) if budgets else {}
+        _print_decision(load, grid.event, now, sets, scale_set_known=True, budgets=lines)
     return 2 if rejected else 0
 
 
 def _print_decision(
-    load, event, now: datetime, scale_sets: tuple[str, ...], scale_set_known: bool = False
+    load,
+    event,
+    now: datetime,
+    scale_sets: tuple[str, ...],
+    scale_set_known: bool = False,
+    budgets: dict | None = None,
 ) -> None:
     """One JSON line: the decision, what a `drain` will really do with the DRAIN__*
     settings in this environment, and the rules that could not be evaluated (a
@@ -321,6 +365,9 @@ def _print_decision(
             "VM's scale set; pass --scale-set NAME (a VM in no scale set: --scale-set '')",
             file=sys.stderr,
         )
+    line.update(budgets or {})
+    if budgets and "budgets_not_evaluated" in budgets:
+        print(f"warning: {event.event_id}: {budgets['budgets_not_evaluated']}", file=sys.stderr)
     print(json.dumps(line))
 
 
