@@ -67,11 +67,15 @@ class Facts:
 
     def storage(self) -> Any:
         """(BudgetSlots, Placements) over StateStorage, or None (and why, in `why_not`)."""
+        from functions.settings import SettingsInvalid
+
         if self._storage is None and self._storage_error is None:
             try:
                 self._storage = _open_storage()
-            except Exception as exc:
-                self._storage_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            except SettingsInvalid:
+                self._storage_error = "no StateStorage"
+            except Exception as exc:  # any reason: explain goes on without the state
+                self._storage_error = f"state storage: {type(exc).__name__}: {str(exc)[:200]}"
         return self._storage
 
     @property

@@ -10,6 +10,11 @@ SOURCE is one of:
   'microsoft.maintenance/scheduledevents'" --first 1000 > FILE`;
 - `--documents PATH...`: relay envelopes (files or directories of *.json, JSON Lines too).
 
+With disruption budgets in the candidate, they are replayed too (functions.backtest.budgets):
+where Azure places each VM comes from `--placements FILE` (an `az graph query` export of
+the VMs' tags and zones), else, replaying the events table, from the placements the
+identity sync stored beside it; a VM neither places counts only in its event's set.
+
 The candidate policy is `--policy FILE`, else the `POLICY__*` settings (of the environment,
 or of `--settings FILE`), as `policy explain` reads them. Exit 0 when every record was
 replayed, 2 on unusable input (a policy that does not validate, a file that is not what it
@@ -40,6 +45,7 @@ from functions.backtest.history import (
 from functions.backtest.render import dumps, render_text
 from functions.backtest.replay import Backtest, replay
 from functions.backtest.table import from_store
+from functions.model.budgets import effective_budgets, lint_budgets
 from functions.model.policy import (
     POLICY_FAMILY,
     Policy,
@@ -90,6 +96,13 @@ def add_parser(policy_commands: argparse._SubParsersAction) -> None:
         help="app settings (as for `settings check --file`): the events table's connection "
         "and STATE_TABLE_PREFIX, and the POLICY__* settings unless --policy is given",
     )
+    backtest.add_argument(
+        "--placements",
+        metavar="FILE",
+        help="for budgets: the VMs' tags and zones, `az graph query -q \"resources | where "
+        "type =~ 'microsoft.compute/virtualmachines' | project id, subscriptionId, tags, "
+        'zones, ..."` (docs/policy.md)',
+    )
     backtest.add_argument("--now", help="ISO time the window ends at (default: now)")
     backtest.add_argument("--json", action="store_true", help="one JSON object")
 
@@ -102,20 +115,22 @@ def run(args: argparse.Namespace) -> int:
             _load_settings_file(args.settings)
         load, policy_source = candidate(args.policy)
         pasts, skipped, source = _history(args, since)
+        assert load.policy is not None
+        result = replay(
+            load.policy,
+            pasts,
+            source=source,
+            policy_source=policy_source,
+            since=since,
+            now=now,
+            drain_configured=drain_configured(),
+            skipped=skipped,
+        )
+        if load.policy.budgets:
+            result.budgets = _budgets(load.policy, result, args.placements, source)
     except (HistoryError, CandidateError) as exc:
         print(f"backtest: {exc}", file=sys.stderr)
         return 2
-    assert load.policy is not None
-    result = replay(
-        load.policy,
-        pasts,
-        source=source,
-        policy_source=policy_source,
-        since=since,
-        now=now,
-        drain_configured=drain_configured(),
-        skipped=skipped,
-    )
     for warning in load.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(dumps(result) if args.json else render_text(result))
@@ -123,6 +138,47 @@ def run(args: argparse.Namespace) -> int:
     for bad in errors:
         print(f"backtest: not replayed: {bad.where}: {bad.reason}", file=sys.stderr)
     return 2 if errors else 0
+
+
+def _budgets(policy: Policy, result: Backtest, export: str | None, source: str) -> Any:
+    """The candidate's budgets replayed, with placements from `export`, else (the events
+    table) the identity sync's rows beside it, else none (each event's own set)."""
+    from functions.backtest.budgets import read_placements, replay_budgets, sizes_of
+
+    budgets = effective_budgets(policy.budgets, policy.max_concurrent_per_set)
+    if export:
+        found = read_placements(export)
+        everyone = [p for ps in found.values() for p in ps]
+        return replay_budgets(
+            policy.budgets,
+            policy.max_concurrent_per_set,
+            result.events,
+            lambda vm: found.get(vm.casefold()),
+            sizes_of(budgets, everyone),
+        )
+    if source == "table":
+        placements = _synced_placements()
+        cache: dict[str, Any] = {}
+
+        def placed(vm: str) -> Any:
+            if vm.casefold() not in cache:
+                cache[vm.casefold()] = placements.for_name(vm)
+            return cache[vm.casefold()]
+
+        return replay_budgets(
+            policy.budgets, policy.max_concurrent_per_set, result.events, placed, placements.size
+        )
+    return replay_budgets(
+        policy.budgets, policy.max_concurrent_per_set, result.events, lambda vm: None, {}
+    )
+
+
+def _synced_placements() -> Any:
+    from functions.identity.registry import TABLE_SUFFIX
+    from functions.store.placements import Placements
+
+    store = _store()
+    return Placements(store.service.get_table_client(f"{store.prefix}{TABLE_SUFFIX}"))
 
 
 def _now(text: str | None) -> datetime:
@@ -228,9 +284,10 @@ def candidate(path: str | None) -> tuple[PolicyLoad, str]:
     except ValidationError as exc:
         raise CandidateError(f"{path}: not a valid policy: {summarize(exc)}") from None
     errors, warnings = lint_rules(policy.rules)
-    if errors:
-        raise CandidateError(f"{path}: {'; '.join(errors)}")
-    return PolicyLoad(policy=policy, warnings=tuple(warnings)), path
+    budget_errors, budget_warnings = lint_budgets(policy.budgets)
+    if errors or budget_errors:
+        raise CandidateError(f"{path}: {'; '.join([*errors, *budget_errors])}")
+    return PolicyLoad(policy=policy, warnings=(*warnings, *budget_warnings)), path
 
 
 def _is_settings(data: Any) -> bool:
@@ -277,4 +334,18 @@ def backtest_store(
 ) -> Backtest:
     """The events table's backtest as a library call (the demo's, on its own history)."""
     pasts, skipped = from_store(store, since)
-    return replay(policy, pasts, source="table", since=since, now=now, skipped=skipped, **kw)
+    result = replay(policy, pasts, source="table", since=since, now=now, skipped=skipped, **kw)
+    if policy.budgets:
+        from functions.backtest.budgets import replay_budgets
+        from functions.identity.registry import TABLE_SUFFIX
+        from functions.store.placements import Placements
+
+        placements = Placements(store.service.get_table_client(f"{store.prefix}{TABLE_SUFFIX}"))
+        result.budgets = replay_budgets(
+            policy.budgets,
+            policy.max_concurrent_per_set,
+            result.events,
+            placements.for_name,
+            placements.size,
+        )
+    return result

@@ -143,11 +143,104 @@ def render_text(result: Backtest) -> str:
         lines += _table(["EVENT", "TYPE", "VMS", "HELD FROM", "NOTBEFORE", "WAIT", "WHY"], rows)
     else:
         lines.append("  none")
+    if result.budgets is not None:
+        lines += _budget_lines(result.budgets)
     if result.skipped:
         lines.append("")
         lines.append(f"Not replayed ({len(result.skipped)}):")
         lines += [f"  {s.where}: {s.reason}" for s in result.skipped]
     return "\n".join(lines)
+
+
+def _budget_lines(replayed: Any) -> list[str]:
+    """The budgets' groups at their worst, and the approvals that would have waited."""
+    lines = ["", "Disruption budgets: the worst concurrent impact per group (VMs out at once)"]
+    if replayed.peaks:
+        rows = [
+            [
+                p.budget,
+                p.group,
+                str(p.peak),
+                _t(p.at),
+                _names(p.vms, 3),
+                str(p.limit),
+                f"over by {p.over}: {p.peak_enforced} with the budget" if p.over else "within",
+            ]
+            for p in replayed.peaks
+        ]
+        lines += _table(["BUDGET", "GROUP", "PEAK", "AT (UTC)", "VMS", "LIMIT", ""], rows)
+    else:
+        lines.append("  no disruptive event in any budget's group")
+    lines.append("")
+    lines.append(f"Approvals that would have waited for a budget ({len(replayed.waits)})")
+    if replayed.waits:
+        rows = [
+            [
+                w.event_id[:8],
+                _names(w.vms),
+                w.budget,
+                w.group,
+                _names(w.holders) if w.holders else "—",
+                _t(w.waited_from),
+                _t(w.until),
+                span(w.seconds),
+                ("reached NotBefore: " + ("over budget" if w.over else "started then"))
+                if w.at_not_before
+                else "",
+            ]
+            for w in replayed.waits
+        ]
+        headers = ["EVENT", "VMS", "BUDGET", "GROUP", "HELD BY", "FROM", "TO", "WAIT", ""]
+        lines += _table(headers, rows)
+    else:
+        lines.append("  none")
+    if replayed.unplaced:
+        lines.append(
+            f"  {len(replayed.unplaced)} VM(s) without Azure's placement (counted only in "
+            f"their event's set): {_names(tuple(replayed.unplaced), 10)}"
+        )
+    return lines
+
+
+def budgets_json(replayed: Any) -> dict[str, Any] | None:
+    if replayed is None:
+        return None
+
+    def iso(moment: datetime | None) -> str | None:
+        return moment.isoformat() if moment else None
+
+    return {
+        "budgets": [b.model_dump(mode="json") for b in replayed.budgets],
+        "peaks": [
+            {
+                "budget": p.budget,
+                "group": p.group,
+                "limit": p.limit,
+                "peak": p.peak,
+                "at": iso(p.at),
+                "vms": list(p.vms),
+                "over": p.over,
+                "peak_with_budgets": p.peak_enforced,
+            }
+            for p in replayed.peaks
+        ],
+        "waits": [
+            {
+                "EventId": w.event_id,
+                "Resources": list(w.vms),
+                "budget": w.budget,
+                "group": w.group,
+                "held_by": list(w.holders),
+                "from": iso(w.waited_from),
+                "until": iso(w.until),
+                "seconds": w.seconds,
+                "at_not_before": w.at_not_before,
+                "over": w.over,
+            }
+            for w in replayed.waits
+        ],
+        "unplaced": list(replayed.unplaced),
+    }
 
 
 def to_json(result: Backtest) -> dict[str, Any]:
@@ -224,6 +317,7 @@ def to_json(result: Backtest) -> dict[str, Any]:
             }
             for h in result.holds
         ],
+        "budgets": budgets_json(result.budgets),
         "skipped": [{"where": s.where, "reason": s.reason} for s in result.skipped],
         "summary": {
             "events": len(result.events),
@@ -231,6 +325,14 @@ def to_json(result: Backtest) -> dict[str, Any]:
             "compared": len([r for r in result.events if r.changed is not None]),
             "holds": len(result.holds),
             "sets_over_limit": len([p for p in result.peaks if p.over]),
+            **(
+                {
+                    "budget_groups_over_limit": len([p for p in result.budgets.peaks if p.over]),
+                    "budget_waits": len(result.budgets.waits),
+                }
+                if result.budgets
+                else {}
+            ),
         },
     }
 

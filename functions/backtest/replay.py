@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from functions.backtest.history import Past, Skipped
 from functions.model.event import Decision
@@ -97,6 +98,9 @@ class Backtest:
     peaks: list[Peak] = field(default_factory=list)
     holds: list[Hold] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    # The candidate's disruption budgets replayed (functions.backtest.budgets), when it
+    # has any: each group's peak and the approvals that would have waited.
+    budgets: Any = None
 
     @property
     def changed(self) -> list[Replayed]:
