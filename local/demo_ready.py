@@ -66,5 +66,27 @@ def ready_outcomes(demo: DemoState) -> list[Outcome]:
         seen = [status for _, status in watcher.answers]
         name = f"readiness probe of {watcher.vm}: out of rotation while drained"
         ok = seen[:1] == [200] and 503 in seen and seen[-1] == 200
-        outcomes.append(Outcome(name, ok, " -> ".join(map(str, seen)) or "never answered"))
+        detail = " -> ".join(map(str, seen)) or "never answered"
+        why = _not_drained_by_your_policy(demo, watcher.vm)
+        if why is not None:  # only the demo's policy drains it: shown, not judged
+            outcomes.append(
+                Outcome(f"{name} [demo's policy]", ok, f"{detail}; {why}", skipped=True)
+            )
+            continue
+        outcomes.append(Outcome(name, ok, detail))
     return outcomes
+
+
+def _not_drained_by_your_policy(demo: DemoState, vm: str) -> str | None:
+    """With your POLICY__*: why the demo's drain of this VM is not what your policy did."""
+    if not getattr(demo, "custom_policy", False):
+        return None
+    from local.outcomes import differs_from_the_demo
+
+    for step in demo.played:
+        event_id = demo.step_events.get(step)
+        if step.target == vm and step.drain and event_id:
+            why = differs_from_the_demo(demo, event_id)
+            if why is not None:
+                return why
+    return None

@@ -17,7 +17,8 @@ carry their credential there.
 Where the hosts and the key's shape come from:
 
 - Teams: a Workflows webhook ("When a Teams webhook request is received") is a Power
-  Automate flow. Its URL is on `*.logic.azure.com` (Learn, Get-AzLogicAppTriggerCallbackUrl:
+  Automate flow. Its URL is on `*.logic.azure.com` (Learn's Get-AzLogicAppTriggerCallbackUrl
+  example, Azure/azure-powershell `src/LogicApp/LogicApp/help/` @ 2fd47137:
   `https://prod-03.westus.logic.azure.com:443/workflows/...`; `logic.azure.us` and
   `logic.azure.cn` in the national clouds) or, for flows made since 2025, on
   `*.environment.api.powerplatform.com` (`.../powerautomate/automations/direct/workflows/...`).

@@ -12,12 +12,14 @@ from tests.functions.test_settings_check import BASE, run_check
 
 NO_CHANNEL = {k: v for k, v in BASE.items() if k != "PAGERDUTY_ROUTING_KEY"}
 SIG = "sig=SECRETsignature"
-# Genuine shapes: Learn's Get-AzLogicAppTriggerCallbackUrl example (a Logic Apps / Power
-# Automate trigger), a Power Automate flow made since 2025, a Slack incoming webhook, and
-# PagerDuty's Events API with a key shaped like PagerDuty/api-schema's examples.
+# Genuine shapes: the Learn example of Get-AzLogicAppTriggerCallbackUrl (Azure/azure-powershell
+# src/LogicApp/LogicApp/help/Get-AzLogicAppTriggerCallbackUrl.md @ 2fd47137, its signature
+# made up), a Power Automate flow made since 2025, a Slack incoming webhook, and PagerDuty's
+# Events API with a key of PagerDuty/api-schema's examples (openapiv3.json @ 5cd58ff2).
 GOOD = {
     "TEAMS_WEBHOOK_URL": "https://prod-03.westus.logic.azure.com:443/workflows/c4ed9335bc864140"
-    f"a11f4508d19acea3/triggers/manual/paths/invoke?api-version=2016-06-01&sv=1.0&{SIG}",
+    "a11f4508d19acea3/triggers/manual/run?api-version=2016-06-01&sp=%2Ftriggers%2Fmanual%2Frun"
+    f"&sv=1.0&{SIG}",
     "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXX",
     "PAGERDUTY_ROUTING_KEY": "e93facc04764012d7bfb002500d5d1a6",
     "PAGERDUTY_EVENTS_URL": "https://events.eu.pagerduty.com/v2/enqueue",
