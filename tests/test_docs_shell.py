@@ -158,3 +158,24 @@ def test_each_parameter_file_example_passes_the_check(monkeypatch, tmp_path, whe
         monkeypatch.setenv(name, value)
     report = check_settings(for_azure=False)
     assert report.errors() == [], f"{where}: {[str(e) for e in report.errors()]}"
+
+
+def test_no_shell_example_sets_by_hand_what_a_deployment_writes_back():
+    """A redeploy (the README's secret rotation) writes every app setting from its
+    parameters: a dry run set with `az functionapp config appsettings set` was silently
+    switched off by it. The docs flip such switches in main.bicepparam instead."""
+    from functions.bicepparam import TEMPLATE_SETTINGS
+
+    written = {m.setting for m in TEMPLATE_SETTINGS.values()}
+    by_hand = []
+    for page in PAGES:
+        text = page.read_text()
+        for match in FENCE.finditer(text):
+            for command in re.findall(r"appsettings set[^\n]*(?:\\\n[^\n]*)*", match.group(0)):
+                names = set(re.findall(r"\b([A-Z][A-Z0-9_]*)=", command))
+                by_hand += [f"{page.relative_to(ROOT)}: {n}" for n in sorted(names & written)]
+    assert not by_hand, by_hand
+    readme = (ROOT / "README.md").read_text()
+    policy = readme[readme.index("## The policy") : readme.index("Rules are tried in order")]
+    assert "param policyDryRun = true" in policy
+    assert "settings check --file infra/main.bicepparam" in policy
