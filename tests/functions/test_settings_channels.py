@@ -50,8 +50,9 @@ def test_vendor_urls_and_keys_pass_strict():
             {**NO_CHANNEL, **GOOD, "TEAMS_WEBHOOK_URL": url},
             "--strict",
         )
-        # The reference policy's drain warning is the only one left.
-        assert done.stderr.count("warning: ") == 1 and "terminate-drain" in done.stderr
+        warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+        # Nothing about the channels (the reference policy may warn about its drain).
+        assert [w for w in warnings if "terminate-drain" not in w] == [], warnings
 
 
 @pytest.mark.parametrize(
