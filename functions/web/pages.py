@@ -28,6 +28,7 @@ from functions.store.records import EventRecord
 from functions.store.rows import BadRow
 from functions.web import csrf, render
 from functions.web.approval import HTTP_STATUS, Refused, approve_by_hand, operator_actor
+from functions.web.budgets import budget_state, budgets_section
 from functions.web.principal import Principal, PrincipalInvalid, read_principal
 from functions.web.timeline import render_svg
 from functions.web.views import (
@@ -304,6 +305,7 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
     now = pipeline.clock.now()
     skipped: list[Skipped] = []
     events = fleet_events(pipeline, include_ended, skipped)
+    budgets = budget_state(pipeline, skipped)  # before the warning, which counts its rows
     policy = policy_state(pipeline)
     if not policy["valid"]:
         state = f'<p class="warn">Policy INVALID, failing closed: {esc(policy["error"])}</p>'
@@ -344,6 +346,7 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
         + render.table(
             ["event", "what", "VMs", "status", "NotBefore", "decision", "approval"], rows
         )
+        + budgets_section(budgets, now, event_path)
         + "<h2>Timeline</h2>"
         + render_svg([event_lane(r) for r in events], now=now)
     )

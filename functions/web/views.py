@@ -13,6 +13,7 @@ from functions.pipeline.admission_tally import read_report
 from functions.pipeline.context import Pipeline
 from functions.store.liveness import Skipped
 from functions.store.records import EventRecord
+from functions.web.budgets import budget_state
 from functions.web.timeline import Lane, Mark
 
 MAX_UNREADABLE_LISTED = 20  # unreadable rows a page names (all are counted and logged)
@@ -113,6 +114,8 @@ def fleet_status(pipeline: Pipeline, include_ended: bool) -> dict[str, Any]:
         # A Resource Graph configuration error in force (functions.identity.graph_state).
         "resource_graph": graph_state(pipeline.store.events),
         "events": events,
+        # Disruption budgets: each one's groups with holders and waiting events.
+        "budgets": budget_state(pipeline, skipped),
         # Rows left out because they cannot be read (None: none).
         "unreadable_rows": unreadable_state(skipped),
     }
