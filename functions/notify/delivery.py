@@ -24,6 +24,8 @@ from typing import Any, Protocol
 import requests
 from pydantic import BaseModel, ConfigDict
 
+from functions.notify import reasons
+
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -33,11 +35,15 @@ ERROR_TEXT_LIMIT = 500
 class DeliveryError(Exception):
     """A channel could not deliver a notification. `channel` names which one."""
 
-    def __init__(self, channel: str, message: str, status: int | None = None) -> None:
+    def __init__(
+        self, channel: str, message: str, status: int | None = None, *, logged: bool = False
+    ) -> None:
         super().__init__(f"{channel}: {message}")
         self.channel = channel
         self.status = status
         self.reason = message
+        # True when `post_json` logged each attempt's failure already: not logged again.
+        self.logged = logged
 
 
 class RetryableDeliveryError(DeliveryError):
@@ -152,43 +158,49 @@ def post_json(
     """POST `body` until a success status, a permanent rejection, or the attempts run out.
 
     `headers` may be a callable so a signature is recomputed per attempt (a fresh timestamp).
-    The URL is never logged: for Teams and webhooks it is itself the secret.
+    Each failed attempt is logged once, with its reason in words (functions.notify.reasons:
+    the scheme, name resolution, a refused connection, TLS, a timeout, the HTTP status),
+    and the error raised says it was (`logged`), so no caller logs it again. The URL is
+    never logged, only its scheme, host and port: for Teams, Slack and webhooks its path
+    is itself the secret, and any answer that echoes it is redacted.
     """
     policy, session = transport.policy, transport.session
+    timeouts = (policy.connect_timeout, policy.read_timeout)
     last = "no attempt"
     for attempt in range(1, policy.attempts + 1):
         sent = dict(headers() if callable(headers) else (headers or {}))
         sent.setdefault("Content-Type", "application/json")
         retry_after: float | None = None
         try:
-            response = session.post(
-                url, data=body, headers=sent, timeout=(policy.connect_timeout, policy.read_timeout)
-            )
+            response = session.post(url, data=body, headers=sent, timeout=timeouts)
         except (requests.ConnectionError, requests.Timeout) as exc:
-            last = f"{type(exc).__name__}"
+            last = reasons.failure(exc, url, timeouts)
         except requests.RequestException as exc:  # a malformed URL: no retry can fix it
-            raise PermanentDeliveryError(channel, f"cannot send: {type(exc).__name__}") from None
+            why = reasons.failure(exc, url, timeouts)
+            _log_attempt(channel, attempt, policy.attempts, why, "not retried: no retry can fix it")
+            raise PermanentDeliveryError(channel, f"cannot send: {why}", logged=True) from None
         else:
             status = response.status_code
             if success(status):
                 return response
-            detail = error_text(response)
+            last = reasons.http_status(status, error_text(response), url)
             if status not in RETRYABLE_STATUS and not 500 <= status < 600:
-                raise PermanentDeliveryError(channel, f"HTTP {status}: {detail}", status)
-            last = f"HTTP {status}: {detail}"
+                _log_attempt(channel, attempt, policy.attempts, last, "refused: not retried")
+                raise PermanentDeliveryError(channel, last, status, logged=True)
             retry_after = retry_after_seconds(response.headers.get("Retry-After"))
         if attempt < policy.attempts:
             wait = policy.wait(attempt, retry_after)
-            log.warning(
-                "%s: attempt %d/%d failed (%s); retrying in %.1fs",
-                channel,
-                attempt,
-                policy.attempts,
-                last,
-                wait,
-            )
+            _log_attempt(channel, attempt, policy.attempts, last, f"retrying in {wait:.1f}s")
             transport.sleep(wait)
-    raise RetryableDeliveryError(channel, f"gave up after {policy.attempts} attempts: {last}")
+        else:
+            _log_attempt(channel, attempt, policy.attempts, last, "no attempt left")
+    raise RetryableDeliveryError(
+        channel, f"gave up after {policy.attempts} attempts: {last}", logged=True
+    )
+
+
+def _log_attempt(channel: str, attempt: int, attempts: int, why: str, then: str) -> None:
+    log.warning("%s: attempt %d/%d failed (%s); %s", channel, attempt, attempts, why, then)
 
 
 def dumps(payload: Any) -> bytes:

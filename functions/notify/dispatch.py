@@ -148,11 +148,10 @@ def _send_logged(
 ) -> bool:
     try:
         return _send(channel, note, settings, transport, marks)
-    except PermanentDeliveryError as exc:
-        log.error("%s: %s rejected permanently: %s", channel, note.message_id(), exc.reason)
-        raise
     except DeliveryError as exc:
-        log.warning("%s: %s not delivered yet: %s", channel, note.message_id(), exc.reason)
+        if not exc.logged:  # each attempt's failure is logged once, where it happened
+            level = logging.ERROR if isinstance(exc, PermanentDeliveryError) else logging.WARNING
+            log.log(level, "%s: %s not delivered: %s", channel, note.message_id(), exc.reason)
         raise
 
 
