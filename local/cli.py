@@ -20,7 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 from local.options import DEFAULT_REPORT, DemoAborted, DemoOptions
 from local.orchestration import Demo
 from local.plan import FLEET, PLAN, Step, check_plan
-from local.report import Outcome, Timeline, summary_lines, write_html
+from local.report import Outcome, Timeline, summary_lines, wants_colour, write_html
 from local.report_data import collect
 
 
@@ -69,7 +69,7 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
         timeline.add("demo", "demo", f"stopped early: {aborted}", ok=False)
         outcomes = outcomes or [Outcome("the demo ran to the end", False, aborted)]
     print("\nSummary")
-    for line in summary_lines(outcomes):
+    for line in summary_lines(outcomes, colour=wants_colour(sys.stdout)):
         print(line)
     if options.report is not None:
         path = write_html(

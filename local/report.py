@@ -76,8 +76,7 @@ class Timeline:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         if self.colour is None:
-            isatty = getattr(self.stream, "isatty", None)
-            self.colour = bool(isatty and isatty() and not os.environ.get("NO_COLOR"))
+            self.colour = wants_colour(self.stream)
 
     def seconds(self) -> float:
         return time.monotonic() - self.started
@@ -153,6 +152,9 @@ class ReportData:
     # how many of them the channel posted (it does not send every transition).
     deliveries: int = 0
     posted: int = 0
+    # Deliveries a channel failed: (channel, the event's short id or the subject,
+    # transition, the error), shown first in the report.
+    failed: list[tuple[str, str, str, str]] = field(default_factory=list)
     backtest: Any = None  # functions.backtest.replay.Backtest (local/demo_backtest.py)
     # Each Freeze's impact ledger: (lane label, rows of functions.ledger.table_rows).
     ledgers: list[tuple[str, list[list[str]]]] = field(default_factory=list)
@@ -178,12 +180,30 @@ def short_id(event_id: str) -> str:
     return event_id.split("-")[0][:8] if event_id else "?"
 
 
-def summary_lines(outcomes: list[Outcome]) -> list[str]:
+def unmet_first(outcomes: list[Outcome]) -> list[Outcome]:
+    """Outcomes not met first (what a reader must see), then met, then not checked; each
+    group in the demo's order."""
+    return sorted(outcomes, key=lambda o: 2 if o.skipped else (1 if o.ok else 0))
+
+
+RED, GREEN, BOLD_RED = "31", "32", "1;31"
+TOLD_FAILED = ' class="told-failed"'  # an event's "told" cell naming a failed channel
+
+
+def paint(text: str, colour: str, on: bool) -> str:
+    """`text` in an ANSI colour when `on` (a terminal that wants colour), else as it is."""
+    return f"\033[{colour}m{text}\033[0m" if on else text
+
+
+def summary_lines(outcomes: list[Outcome], colour: bool = False) -> list[str]:
+    """The checklist for the terminal, outcomes not met first, and its headline last (red
+    with anything not met, green otherwise, when `colour`)."""
     lines = []
-    for outcome in outcomes:
+    for outcome in unmet_first(outcomes):
         mark = "skip" if outcome.skipped else ("ok  " if outcome.ok else "FAIL")
         detail = f" — {outcome.detail}" if outcome.detail else ""
-        lines.append(f"  [{mark}] {outcome.name}{detail}")
+        line = f"  [{mark}] {outcome.name}{detail}"
+        lines.append(paint(line, RED, colour and not outcome.ok and not outcome.skipped))
     failed = [o for o in outcomes if not o.ok and not o.skipped]
     skipped = [o for o in outcomes if o.skipped]
     met = len(outcomes) - len(failed) - len(skipped)
@@ -192,8 +212,14 @@ def summary_lines(outcomes: list[Outcome]) -> list[str]:
         text += f", {len(skipped)} not checked"
     if failed:
         text += f"; {len(failed)} NOT met"
-    lines.append(text)
+    lines.append(paint(text, BOLD_RED if failed else GREEN, colour))
     return lines
+
+
+def wants_colour(stream: TextIO) -> bool:
+    """Colour on a terminal, unless NO_COLOR is set (no-color.org)."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty() and not os.environ.get("NO_COLOR"))
 
 
 _CSS = """
@@ -208,6 +234,8 @@ code{font:12px ui-monospace,Consolas,monospace}
 pre{font:12px ui-monospace,Consolas,monospace;background:#f7f7f7;padding:.5rem;overflow:auto;
 max-height:30rem} details{margin:.2rem 0} summary{cursor:pointer}
 svg.timeline{max-width:100%;height:auto} td.final{font-weight:600}
+p.headline{font-size:1.1rem} section.attention{border-left:4px solid #b00020;
+padding:.2rem 1rem;background:#fff4f5} td.told-failed{color:#b00020;font-weight:600}
 """
 
 
@@ -235,7 +263,7 @@ def render_html(
             f"<td><code>{esc(e.subject)}</code></td><td{cls}>{esc(mark + e.text)}</td></tr>"
         )
     results = []
-    for o in outcomes:
+    for o in unmet_first(outcomes):
         cls, word = (
             ("skip", "skipped") if o.skipped else (("ok", "met") if o.ok else ("fail", "NOT met"))
         )
@@ -250,7 +278,8 @@ def render_html(
         f"<td>{esc(r.what)}</td><td>{esc(r.vms)}</td>"
         f'<td class="final">{esc(r.final_state)}</td><td>{esc(r.decision)}</td>'
         f"<td>{esc(r.drain or '—')}</td><td>{esc(r.approval)}</td>"
-        f"<td>{esc(r.channels or 'none')}</td><td>{esc(r.story)}</td></tr>"
+        f"<td{TOLD_FAILED if r.channels.startswith('FAILED') else ''}>"
+        f"{esc(r.channels or 'none')}</td><td>{esc(r.story)}</td></tr>"
         for r in data.events
     )
     payloads = "".join(
@@ -260,6 +289,8 @@ def render_html(
         for p in data.payloads
     )
     summary = summary_lines(outcomes)[-1].strip()
+    unmet = [o for o in outcomes if not o.ok and not o.skipped]
+    headline = f'<p class="{"fail" if unmet else "ok"} headline">{esc(summary)}.</p>'
     policy = (
         f"<h2>Policy in effect</h2><p>{esc(data.policy_source)}</p>"
         f"<details><summary>the effective policy</summary><pre>{esc(data.policy)}</pre>"
@@ -288,9 +319,9 @@ def render_html(
     return (
         "<!doctype html><html lang=en><meta charset=utf-8>"
         f"<title>{esc(title)}</title><style>{_CSS}</style><body>"
-        f"<h1>{esc(title)}</h1>"
-        f"<p>{esc(summary)}. "
-        f"Generated {esc(datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S UTC'))}.</p>"
+        f"<h1>{esc(title)}</h1>{headline}"
+        f"{attention_html(unmet, data.failed)}"
+        f"<p>Generated {esc(datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S UTC'))}.</p>"
         f"<table>{fact_rows}</table>"
         f"{chart}"
         f"{backtest_section(data.backtest)}{ledger_html(data)}"
@@ -302,6 +333,24 @@ def render_html(
         "<table><tr><th>t</th><th>UTC</th><th>what</th><th>subject</th><th>detail</th></tr>"
         f"{''.join(rows)}</table></body></html>\n"
     )
+
+
+def attention_html(unmet: list[Outcome], failed: list[tuple[str, str, str, str]]) -> str:
+    """What went wrong, before anything else: the outcomes not met and the deliveries a
+    channel failed ("" when there are none)."""
+    if not unmet and not failed:
+        return ""
+    esc = html.escape
+    items = [
+        f'<li class="fail">NOT met: {esc(o.name)}{esc(f" — {o.detail}" if o.detail else "")}</li>'
+        for o in unmet
+    ]
+    items += [
+        f'<li class="fail">{esc(channel)} FAILED {esc(transition)} of <code>{esc(subject)}'
+        f"</code>: {esc(error)}</li>"
+        for channel, subject, transition, error in failed
+    ]
+    return f'<section class="attention"><h2>Needs attention</h2><ul>{"".join(items)}</ul></section>'
 
 
 def ledger_html(data: ReportData) -> str:

@@ -66,11 +66,16 @@ def collect(demo: DemoState) -> ReportData:
             marks.append(Mark(gone, "removed", "removed from the documents"))
         label = f"{track.what} {', '.join(track.resources)}"
         data.lanes.append(Lane(key=track.event_id, label=label, marks=tuple(marks)))
-        posted = [d for d in deliveries if d.event_id == track.event_id and d.posted]
-        data.events.append(event_row(track, notes, approvals, posted))
+        told = [d for d in deliveries if d.event_id == track.event_id and (d.posted or d.error)]
+        data.events.append(event_row(track, notes, approvals, told))
     data.payloads = _payloads(demo)
     data.deliveries = len(deliveries)
     data.posted = sum(1 for d in deliveries if d.posted)
+    data.failed = [
+        (d.channel, short_id(d.event_id) if d.event_id else d.message_id, d.transition, d.error)
+        for d in deliveries
+        if d.error
+    ]
     data.backtest = report_backtest(demo)
     # Each Freeze's impact ledger (local.demo_ledger), as the event page shows it.
     data.ledgers = [(label, table_rows(lines)) for label, lines in getattr(demo, "ledgers", [])]

@@ -100,15 +100,32 @@ def approval_text(track: Any, notes: list[Any], approvals: list[Any]) -> str:
 
 
 def told_text(deliveries: list[Any]) -> str:
-    """The channels that posted, counted; PagerDuty's resolves only where it had paged."""
-    paged = any(d.channel == "pagerduty" and d.action == "trigger" for d in deliveries)
+    """Who was told: a channel that failed first (it did not tell anyone, and says why),
+    then the channels that posted, counted; PagerDuty's resolves only where it had paged.
+    A delivery neither posted nor failed is a transition its channel does not send."""
+    failed = Counter(
+        (d.channel, _first_line(d.error)) for d in deliveries if getattr(d, "error", None)
+    )
+    posted = [d for d in deliveries if d.posted and not getattr(d, "error", None)]
+    paged = any(d.channel == "pagerduty" and d.action == "trigger" for d in posted)
     counts = Counter(
         f"PagerDuty {d.action}" if d.channel == "pagerduty" and d.action else d.channel
-        for d in deliveries
+        for d in posted
         if paged or not (d.channel == "pagerduty" and d.action == "resolve")
     )
     text = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(counts.items()))
-    return text + ("" if paged else ("; never paged" if text else "never paged"))
+    text += "" if paged else ("; never paged" if text else "never paged")
+    if failed:
+        named = "; ".join(
+            f"{channel}{f' x{n}' if n > 1 else ''} ({why})"
+            for (channel, why), n in sorted(failed.items())
+        )
+        text = f"FAILED: {named}; {text}"
+    return text
+
+
+def _first_line(error: str) -> str:
+    return (error.splitlines() or [""])[0][:160]
 
 
 def event_row(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
 from local.report import Outcome, Timeline, render_html, summary_lines, write_html
 
@@ -25,7 +26,8 @@ def test_timeline_lines_and_report_share_the_entries(tmp_path):
     )
     html = page.read_text()
     assert "&lt;web-1&gt;" in html and "<web-1>" not in html
-    assert html.count('class="fail"') == 2  # the failed outcome and the failed entry
+    # The failed outcome (under "Needs attention" and in the checklist) and the entry.
+    assert html.count('class="fail"') == 3
     assert "NOT met" in html and "skipped" in html
     assert render_html("t", [], []).startswith("<!doctype html>")
 
@@ -35,7 +37,7 @@ def test_summary_counts_unchecked_outcomes_apart():
         [Outcome("a", True), Outcome("b", False), Outcome("c", False, skipped=True)]
     )
     assert lines[-1] == "  1/2 expected outcomes met, 1 not checked; 1 NOT met"
-    assert lines[1].startswith("  [FAIL] b")
+    assert lines[0].startswith("  [FAIL] b")  # not met first (issue 38)
 
 
 def test_a_closed_pipe_stops_printing_but_not_recording():
@@ -288,3 +290,37 @@ def test_a_drained_events_lane_shows_the_drain():
     page = render_html("Demo", [], [], data=ReportData(lanes=[lane]))
     assert page.count("mark mark-drain") == 3  # two on the lane, one in the legend
     assert "drain started" in page and "undrained" in page
+
+
+def test_what_failed_comes_first_in_colour():
+    """Issue 38: the headline was plain text, unmet outcomes sat among the met ones, and an
+    event's "told" column left out a channel that failed. Now the terminal's checklist
+    lists what is not met first, in red (the headline bold red; green when all met), the
+    report opens with "Needs attention" (outcomes not met, channels that failed), and
+    the told column names a failed channel first."""
+    from local.report import ReportData, render_html
+    from local.report_events import told_text
+
+    outcomes = [Outcome("a", True), Outcome("b", False, "0 triggers"), Outcome("c", True)]
+    lines = summary_lines(outcomes, colour=True)
+    assert lines[0] == "\033[31m  [FAIL] b — 0 triggers\033[0m"
+    assert lines[1] == "  [ok  ] a" and lines[-1].startswith("\033[1;31m  2/3 expected")
+    assert summary_lines([Outcome("a", True)], colour=True)[-1].startswith("\033[32m")
+    assert "\033" not in "".join(summary_lines(outcomes))  # no colour unless asked
+
+    failed = SimpleNamespace(
+        channel="slack", action=None, posted=False, error="RetryableDeliveryError: HTTP 500"
+    )
+    told = told_text([_delivery("teams"), failed, _delivery("pagerduty", "trigger")])
+    assert told == "FAILED: slack (RetryableDeliveryError: HTTP 500); PagerDuty trigger, teams"
+
+    data = ReportData(failed=[("slack", "EV-1", "decided", "RetryableDeliveryError: HTTP 500")])
+    page = render_html("Demo", [], outcomes, data=data)
+    attention = page.index("Needs attention")
+    assert attention < page.index("Expected outcomes")
+    assert attention < page.index("NOT met: b") < page.index("slack FAILED decided")
+    assert '<p class="fail headline">2/3 expected outcomes met; 1 NOT met.</p>' in page
+    checklist = page[page.index("Expected outcomes") :]
+    assert checklist.index("<td>b</td>") < checklist.index("<td>a</td>")
+    clean = render_html("Demo", [], [Outcome("a", True)], data=ReportData())
+    assert "Needs attention" not in clean and 'class="ok headline"' in clean
