@@ -17,6 +17,7 @@ from __future__ import annotations
 from functions import telemetry
 from functions.pipeline.approve import ApprovalResult, approve_event
 from functions.pipeline.context import Pipeline
+from functions.store.rows import BadRow
 from functions.web.principal import Principal
 
 FUNCTION_KEY_ACTOR = "function-key"
@@ -45,7 +46,11 @@ def approve_by_hand(pipeline: Pipeline, event_id: str, who: str) -> ApprovalResu
     """Approve now for `who`; Refused if the event is unknown or the policy is in dry run."""
     store, clock = pipeline.store, pipeline.clock
     by = f"manual:{who}"
-    record = store.get_event(event_id)
+    try:
+        record = store.get_event(event_id)
+    except BadRow as exc:  # named, never a failed request: nothing can approve it
+        why = f"the event's row cannot be read, so it cannot be approved: {exc}"
+        raise Refused(409, why) from None
     if record is None:
         raise Refused(404, f"unknown event {event_id}")
     load = pipeline.settings.policy

@@ -265,7 +265,11 @@ def approve(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageResp
     except csrf.TokenInvalid as exc:
         log.warning("pages: approval form refused for %s on %s: %s", admitted.name, event_id, exc)
         return _message(403, "Form refused", str(exc))
-    if pipeline.store.get_event(event_id) is None:
+    try:
+        known = pipeline.store.get_event(event_id) is not None
+    except BadRow as exc:
+        return _message(409, "Not approved", f"This event's row cannot be read: {exc}")
+    if not known:
         return _message(404, "Unknown event", f"No event {event_id} is known to the bridge.")
     if not pipeline.store.claim_once(f"page-token:{nonce}", now):
         return _message(409, "Form already used", "This form was sent before: open the page again.")

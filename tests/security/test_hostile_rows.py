@@ -207,3 +207,13 @@ def test_the_ledger_csv_opens_as_text_in_a_spreadsheet(store, clock) -> None:
     for text in ("+1", "-1+A1", "\tx", "\r=1", "@SUM(A1)"):
         assert spreadsheet_safe(text) == "'" + text
     assert spreadsheet_safe(-3.5) == -3.5 and spreadsheet_safe("vm1") == "vm1"
+
+
+def test_approving_an_unreadable_event_is_refused_with_the_reason(store, clock) -> None:
+    from functions.web.approval import Refused, approve_by_hand
+
+    pipeline, _ = make_pipeline(store, clock)
+    plant_hostile_rows(pipeline)
+    with pytest.raises(Refused) as refused:
+        approve_by_hand(pipeline, "EV-BAD", "function-key")
+    assert refused.value.status == 409 and "row cannot be read" in str(refused.value)
