@@ -52,6 +52,9 @@ def start_drain_worker(demo: DemoState) -> None:
         preempt_safety_margin_seconds=5 / preempt_scale,
         preempt_approve_reserve_seconds=2 / preempt_scale,
         poll_seconds=0.1,
+        # A VM without the `drain` script (the scale set's, as a first deploy leaves it)
+        # is drained through its readiness probe: 503, then this long, then approved.
+        readiness_seconds=30 / scale,
     )
     # The same receiver takes the undrain (its body says "action": "undrain").
     demo.undrain_settings = UndrainSettings(

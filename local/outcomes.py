@@ -232,7 +232,7 @@ def _pipeline_outcomes(demo: DemoState, name: str, step: Step, track: EventTrack
         out.append(Outcome(f"{name}: drained, then approved", False, why, skipped=True))
     elif scenario == "terminate":
         expect_action("drain")
-        out.append(_drained_before_approval(demo, name, event_id, first_approval))
+        out.append(_drained_before_approval(demo, name, event_id, first_approval, step.target))
         expect_approved_in_time()
     elif scenario == "cancelled":
         expect_no_approval()
@@ -333,7 +333,12 @@ def _hook_calls(demo: DemoState, event_id: str, action: str) -> list[Any]:
     ]
 
 
-def _drained_before_approval(demo: DemoState, name: str, event_id: str, approval: Any) -> Outcome:
+def _drained_before_approval(
+    demo: DemoState, name: str, event_id: str, approval: Any, vm: str | None = None
+) -> Outcome:
+    spec = next((v for v in demo.options.fleet if v.name == vm), None)
+    if spec is not None and not spec.hooks:
+        return _out_of_rotation_before_approval(demo, name, event_id, approval, spec.name)
     label = f"{name}: drained (HTTP hook and relay hook script) before approval"
     http = _hook_calls(demo, event_id, "drain")
     demo.hook_script_runs()
@@ -346,6 +351,28 @@ def _drained_before_approval(demo: DemoState, name: str, event_id: str, approval
     lead = approval.at.timestamp() - drained_at
     detail = f"script ran once, approval {lead:.2f} s after the drain finished"
     return Outcome(label, lead >= 0 and len(script) == 1, detail)
+
+
+def _out_of_rotation_before_approval(
+    demo: DemoState, name: str, event_id: str, approval: Any, vm: str
+) -> Outcome:
+    """A VM with no script of the operator's (issue 38): the customer's HTTP hook, and its
+    readiness probe 503 at least the stated drain time (DRAIN__READINESS_SECONDS, less the
+    probe's 0.1 s between asks) before the one approval."""
+    from local.demo_ready import EVERY, first_out
+
+    label = f"{name}: drained (HTTP hook and readiness probe 503) before approval"
+    http = _hook_calls(demo, event_id, "drain")
+    out = first_out(demo, vm)
+    if not http or out is None:
+        probe = "never seen 503" if out is None else "seen 503"
+        return Outcome(label, False, f"HTTP hook calls {len(http)}, probe {probe}")
+    if approval is None:
+        return Outcome(label, False, "drained, but never approved")
+    drain_time = demo.drain_settings.readiness_seconds
+    lead = approval.at.timestamp() - out
+    detail = f"probe 503 {lead:.2f} s before the approval (drain time {drain_time:.2f} s)"
+    return Outcome(label, lead >= drain_time - EVERY - 0.05, detail)
 
 
 def _undrained(demo: DemoState, name: str, track: EventTrack, transitions: list[str]) -> Outcome:

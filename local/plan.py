@@ -21,6 +21,10 @@ class VmSpec(BaseModel):
     relay: bool = True  # False: no relay on it (agentless: Event Grid and ARM only)
     callback_down: bool = False  # its relay reports, but its callback URL answers nothing
     event_grid: bool = False  # opted in to Event Grid (scheduledEventsPolicy)
+    # The operator's drain and undrain scripts are on it (relay --hook). False: a VM as a
+    # first deploy sets it up, no script of the operator's, its readiness probe on: the
+    # bridge drains it through the probe (issue 38).
+    hooks: bool = True
 
     @property
     def group(self) -> str:
@@ -52,8 +56,8 @@ class Step(BaseModel):
 FLEET: tuple[VmSpec, ...] = (
     VmSpec(name="web-1", availability_set="web-as"),
     VmSpec(name="web-2", availability_set="web-as"),
-    VmSpec(name="workers_0", scale_set="workers"),
-    VmSpec(name="workers_1", scale_set="workers"),
+    VmSpec(name="workers_0", scale_set="workers", hooks=False),
+    VmSpec(name="workers_1", scale_set="workers", hooks=False),
     VmSpec(name="spot-1", spot=True),
     VmSpec(name="legacy-1", relay=False, event_grid=True),
     VmSpec(name="batch-1", callback_down=True),
@@ -101,7 +105,8 @@ PLAN: tuple[Step, ...] = (
         at=3.0,
         scenario="terminate",
         target="workers_0",
-        story="scale-in: drained first, then approved",
+        story="scale-in, no script of yours on the VM: out of its load balancer (readiness "
+        "probe 503), then approved",
     ),
     Step(
         at=4.0,

@@ -47,14 +47,17 @@ def start_relays(demo: DemoState) -> None:
     demo.relays = {}
     demo.callback_urls = {}
     port = demo.callback_port
-    # The VMs the demo's policy drains and that come back (a reboot: undrained once it is
-    # over) answer a load balancer's readiness probe.
+    # A load balancer's readiness probe: on the VMs the demo's policy drains and that come
+    # back (a reboot: undrained once it is over), and on every VM with no script of the
+    # operator's (a first deploy's: the bridge drains it through the probe, issue 38).
     back = {s.target for s in demo.options.plan if s.drain and s.scenario in COMES_BACK}
     ready = {
         vm.name: f"{simulated_address(demo.sim.vm_names.index(vm.name))}:{free_port()}"
         for vm in demo.options.fleet
-        if vm.relay and vm.name in back and not vm.callback_down
+        if vm.relay and (vm.name in back or not vm.hooks) and not vm.callback_down
     }
+    # The probes a load balancer would watch: the VMs the plan drains.
+    drained = back | {s.target for s in demo.options.plan if s.scenario == "terminate"}
     for vm in demo.options.fleet:
         if not vm.relay:
             continue
@@ -68,7 +71,7 @@ def start_relays(demo: DemoState) -> None:
             # A callback that is down: nothing listens at the VM's address, so approvals
             # through its relay fail (connection refused) and ARM takes over.
             listen=None if vm.callback_down else f"{address}:{port}",
-            hook=hook,
+            hook=hook if vm.hooks else None,
             heartbeat_table=heartbeat_table,
             undrain_hook=undrain,
             ready_listen=ready.get(vm.name),
@@ -81,7 +84,9 @@ def start_relays(demo: DemoState) -> None:
             demo.callback_urls[vm.name] = relay_callback_url(address, port)
     for vm, url in demo.callback_urls.items():
         wait_healthy(demo, vm, url)
-    demo.ready_probes = [ProbeWatcher(demo, vm, f"http://{where}") for vm, where in ready.items()]
+    demo.ready_probes = [
+        ProbeWatcher(demo, vm, f"http://{where}") for vm, where in ready.items() if vm in drained
+    ]
     demo.timeline.add(
         "demo",
         "relays",

@@ -66,7 +66,7 @@ def relay_argv(
     state_dir: Path,
     poll_interval: float,
     listen: str | None,
-    hook: Path,
+    hook: Path | None,
     heartbeat_table: tuple[str, Path] | None = None,
     hook_user: str | None = None,
     undrain_hook: Path | None = None,
@@ -77,7 +77,7 @@ def relay_argv(
     `heartbeat_table`: (liveness table URL, SAS file) where the relay writes its signed
     heartbeats, as deployed relays do (relay.liveness). `hook_user`: the user hooks run as
     (default: the one running the demo, see below). `undrain_hook`: the script that puts
-    the VM back (`undrain`)."""
+    the VM back (`undrain`). `hook` None: no script of the operator's on the VM."""
     argv = [
         sys.executable,
         "-m",
@@ -96,13 +96,13 @@ def relay_argv(
         "text",
     ]
     if listen is not None:
+        argv += ["--callback-listen", listen]
+    if listen is not None and hook is not None:
         # Hooks run on a signed callback, so only a relay that listens has them. On a VM
         # they run as `nobody`, so a hook cannot read the relay's callback key; a local
         # rehearsal runs unprivileged and cannot switch users, so it names its own user
         # explicitly (the relay never falls back to itself silently).
         argv += [
-            "--callback-listen",
-            listen,
             "--hook",
             f"drain={hook}",
             "--hook-user",

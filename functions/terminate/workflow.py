@@ -161,7 +161,14 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
         plan.append(f"HTTP drain hook for {len(drained_vms)} VM(s)")
     relay = relay_drain(settings)
     if relay == "hook" and drained_vms:
-        plan.append(f"relay hook {settings.relay_hook!r} on {len(drained_vms)} VM(s)")
+        plan.append(
+            f"relay hook {settings.relay_hook!r} on {len(drained_vms)} VM(s)"
+            + (
+                " (its readiness probe where a relay has no such hook)"
+                if settings.readiness
+                else ""
+            )
+        )
     elif relay == "readiness" and drained_vms:
         plan.append(
             f"readiness probe 503 on {len(drained_vms)} VM(s) (out of their load balancer), "

@@ -4,6 +4,7 @@ approved, and when. One run (about 35 s) serves every assertion in this module."
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
@@ -73,6 +74,11 @@ def test_spot_preempt_pages_once_and_resolves(played: Played):
 
 
 def test_scale_in_terminate_is_drained_then_approved_before_not_before(played: Played):
+    """Issue 38: the scale set's VMs have no script of the operator's, as a first deploy
+    leaves them. The scale-in goes out of its load balancer (its relay's readiness probe
+    503) for the stated drain time, then is approved, long before NotBefore."""
+    from local.demo_ready import EVERY, first_out
+
     event_id = played.event_id("terminate")
     track = played.track("terminate")
     drain_calls = [
@@ -80,14 +86,18 @@ def test_scale_in_terminate_is_drained_then_approved_before_not_before(played: P
     ]
     assert len(drain_calls) == 1
     assert drain_calls[0].body["Resources"] == ["workers_0"]
-    runs = [(at, vm) for at, vm, logged in played.demo.hook_runs if logged == event_id]
-    assert runs == [(runs[0][0], "workers_0")]  # the relay ran its own script exactly once
+    # No script ran on it: it has none; its probe took it out instead.
+    assert [vm for _, vm, logged in played.demo.hook_runs if logged == event_id] == []
+    out = first_out(played.demo, "workers_0")
+    assert out is not None, played.story()
     approvals = played.approvals("terminate")
     assert len(approvals) == 1 and approvals[0].vm == "workers_0"
-    script_at = runs[0][0]
+    drain_time = played.demo.drain_settings.readiness_seconds
+    assert approvals[0].at.timestamp() - out >= drain_time - EVERY - 0.05
     assert drain_calls[0].at <= approvals[0].at.timestamp()
-    assert script_at <= approvals[0].at.timestamp()
-    assert approvals[0].at < track.not_before
+    assert approvals[0].at < track.not_before - timedelta(seconds=2)  # early
+    (watcher,) = [w for w in played.demo.ready_probes if w.vm == "workers_0"]
+    assert [status for _, status in watcher.answers] == [200, 503]
 
 
 def _drained_then_approved(played: Played, scenario: str, target: str) -> tuple[float, float]:
