@@ -31,6 +31,7 @@ class ProbeWatcher:
     def __init__(self, demo: DemoState, vm: str, url: str) -> None:
         self.demo, self.vm, self.url = demo, vm, url
         self.answers: list[tuple[float, int]] = []  # (time.time(), status) on change
+        self.every = EVERY
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="ready-probe")
         self._thread.start()
@@ -54,6 +55,10 @@ class ProbeWatcher:
                     "relay", self.vm, f"readiness probe {PATH}: {status} ({what})"
                 )
 
+    def first_out(self) -> float | None:
+        """When it was first seen 503 (time.time()), or None."""
+        return next((at for at, status in self.answers if status == 503), None)
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=3)
@@ -63,7 +68,7 @@ def first_out(demo: DemoState, vm: str) -> float | None:
     """When the VM's probe was first seen 503 (time.time()), or None."""
     for watcher in getattr(demo, "ready_probes", []):
         if watcher.vm == vm:
-            return next((at for at, status in watcher.answers if status == 503), None)
+            return watcher.first_out()
     return None
 
 

@@ -359,11 +359,10 @@ def _out_of_rotation_before_approval(
     """A VM with no script of the operator's (issue 38): the customer's HTTP hook, and its
     readiness probe 503 at least the stated drain time (DRAIN__READINESS_SECONDS, less the
     probe's 0.1 s between asks) before the one approval."""
-    from local.demo_ready import EVERY, first_out
-
     label = f"{name}: drained (HTTP hook and readiness probe 503) before approval"
     http = _hook_calls(demo, event_id, "drain")
-    out = first_out(demo, vm)
+    watcher = next((w for w in demo.ready_probes if w.vm == vm), None)
+    out = watcher.first_out() if watcher is not None else None
     if not http or out is None:
         probe = "never seen 503" if out is None else "seen 503"
         return Outcome(label, False, f"HTTP hook calls {len(http)}, probe {probe}")
@@ -372,7 +371,8 @@ def _out_of_rotation_before_approval(
     drain_time = demo.drain_settings.readiness_seconds
     lead = approval.at.timestamp() - out
     detail = f"probe 503 {lead:.2f} s before the approval (drain time {drain_time:.2f} s)"
-    return Outcome(label, lead >= drain_time - EVERY - 0.05, detail)
+    every = watcher.every if watcher is not None else 0.0
+    return Outcome(label, lead >= drain_time - every - 0.05, detail)
 
 
 def _undrained(demo: DemoState, name: str, track: EventTrack, transitions: list[str]) -> Outcome:
