@@ -61,8 +61,9 @@ def short_retries(policy_type: Any) -> Any:
     )
 
 
-def routed(channel: str, note: Any) -> str | None:
-    """Whether a channel sends this notification, as the channel code itself decides it."""
+def routed(channel: str, note: Any, marks: Any = None) -> str | None:
+    """Whether a channel sends this notification, as the channel code itself decides it
+    (with `marks`, the channels' own: PagerDuty resolves only what it paged)."""
     from functions.notify import pagerduty, slack, teams
 
     decision = note.decision
@@ -73,6 +74,8 @@ def routed(channel: str, note: Any) -> str | None:
     if channel == "slack":
         return "Slack message" if slack.wants(note) else None
     if channel == "pagerduty":
+        if marks is not None and pagerduty.never_paged(note, marks):
+            return None
         action = pagerduty.action_for(note)
         return f"PagerDuty {action}" if action else None
     return channel

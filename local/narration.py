@@ -18,7 +18,7 @@ def subject(note: Any) -> str:
     return short_id(note.event.event_id) if note.event else (note.vm or "fleet")
 
 
-def announcement(note: Any, channels: list[str]) -> tuple[str, str, str]:
+def announcement(note: Any, channels: list[str], marks: Any = None) -> tuple[str, str, str]:
     """(kind, subject, text) for a published notification and the channels it goes to."""
     from functions.notify.describe import headline
 
@@ -44,7 +44,7 @@ def announcement(note: Any, channels: list[str]) -> tuple[str, str, str]:
         kind, text = "decide", f"announced: {headline(note)}"
     if note.detail and transition != "decided":
         text += f" ({note.detail})"
-    going = [name for channel in channels if (name := routed(channel, note))]
+    going = [name for channel in channels if (name := routed(channel, note, marks))]
     text += f" → {', '.join(going)}" if going else " → no channel sends this"
     return kind, subject(note), text
 

@@ -57,6 +57,7 @@ class Demo(DemoState):
     def __init__(self, options: DemoOptions | None = None, timeline: Timeline | None = None):
         super().__init__(options, timeline)
         self._pending_steps: list[Step] = []
+        self.transport: Any = None  # the channels' (functions.notify.delivery.Transport)
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> Demo:
@@ -313,6 +314,7 @@ class Demo(DemoState):
         self.stack.callback(session.close)
         # Short waits: at 60x a real retry schedule would outlast the event.
         transport = Transport(session=session, policy=short_retries(RetryPolicy))
+        self.transport = transport  # its marks: what PagerDuty paged, for the narration
         for channel in CHANNELS:
             off = channel_settings.off_reason(channel)
             if off:
@@ -447,7 +449,8 @@ class Demo(DemoState):
         Printed at once, so the story keeps its causal order; the channels deliver on their
         own workers and only a failed delivery adds a line of its own.
         """
-        self.timeline.add(*announcement(note, self.channels))
+        marks = self.transport.marks if self.transport is not None else None
+        self.timeline.add(*announcement(note, self.channels, marks))
 
     def _channel_done(self, channel: str, note: Any, posted: Any, error: str | None) -> None:
         """Called by each channel's subscription when it is done with a notification."""

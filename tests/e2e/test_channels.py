@@ -56,7 +56,9 @@ def test_a_failing_teams_delays_neither_pagerduty_nor_the_approval():
     triggers = [
         r
         for r in pagerduty
-        if r.accepted and r.body["event_action"] == "trigger" and r.body["dedup_key"] == preempt_id
+        if r.accepted
+        and r.body["event_action"] == "trigger"
+        and r.body["dedup_key"] == f"event:{preempt_id}"
     ]
     assert len(triggers) == 1, played.story()
     delivered = next(o for o in played.outcomes if o.name.startswith("every notification"))

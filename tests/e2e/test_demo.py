@@ -64,7 +64,7 @@ def test_platform_reboot_of_the_set_is_held_and_announced_once(played: Played):
 def test_spot_preempt_pages_once_and_resolves(played: Played):
     event_id = played.event_id("preempt")
     pagerduty = played.demo.receivers["pagerduty"].accepted()
-    mine = [r.body for r in pagerduty if r.body.get("dedup_key") == event_id]
+    mine = [r.body for r in pagerduty if r.body.get("dedup_key") == f"event:{event_id}"]
     actions = [b["event_action"] for b in mine]
     assert actions.count("trigger") == 1, played.story()
     assert actions[-1] == "resolve"
@@ -221,7 +221,8 @@ def test_host_failure_decision_card_and_page_say_it_already_started(played: Play
     triggers = [
         r.body["payload"]["summary"]
         for r in pagerduty
-        if r.body.get("dedup_key") == event_id and r.body.get("event_action") == "trigger"
+        if r.body.get("dedup_key") == f"event:{event_id}"
+        and r.body.get("event_action") == "trigger"
     ]
     assert triggers and all("already started (no notice)" in s for s in triggers), triggers
 
