@@ -3,8 +3,13 @@
 The relay only ever runs scripts named in its own configuration; a caller picks one by
 name and never sends a command. Each (hook, EventId) runs once: its result is kept in the
 state directory, so a repeated call, or a call after a relay restart, returns the first
-run's result instead of draining twice. A run a crash interrupted is reported as failed,
-not rerun: a half-drained node is for a person (or the policy) to judge.
+run's result instead of draining twice. A script runs in a session of its own, so it
+outlives a relay killed meanwhile; it writes its exit status to a file the relay opened
+for it (`{digest}.rc`, its output beside it), and the relay started again takes the run
+over: its status when it has ended, waited for while it runs (issue 40: a relay killed in
+its drain no longer reports a drain that ran as failed). A run whose end nobody can know
+(the VM rebooted, the status never written) is reported as failed, not rerun: a
+half-drained node is for a person (or the policy) to judge.
 
 Scripts run as another user (`--hook-user`, default `nobody`), so a hook (or whatever it
 runs) cannot read the relay's callback key (relay.keystore, 0600 in a 0700 directory). The
@@ -26,7 +31,6 @@ import logging
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from datetime import datetime, timezone
@@ -177,18 +181,60 @@ class HookRunner:
             return None
         except ValueError:
             record = {"Hook": name, "EventId": event_id, "status": RUNNING}
-        if record.get("status") == RUNNING and self._key(name, event_id) not in self._active:
+        key = self._key(name, event_id)
+        if record.get("status") == RUNNING and key not in self._active:
             # Started by an earlier relay process that died before it finished.
-            record.update(
-                status=FAILED,
-                exit_code=None,
-                output_tail="the relay restarted while this hook was running; not rerun",
-                finished_at=_now(),
-            )
-            if self.observer:  # before the result can be read: the probe is never behind it
-                self.observer.hook_finished(name, event_id, record.get("Undoes"), FAILED)
-            self._store(record)
+            if _exit_code(self._rc(record)) is None and _alive(record):
+                done = self._active[key] = threading.Event()
+                threading.Thread(target=self._adopt, args=(record, done), daemon=True).start()
+                return record
+            self._finish(record, None)
         return record
+
+    def _rc(self, record: dict[str, Any]) -> Path:
+        return self._path(record["Hook"], record["EventId"]).with_suffix(".rc")
+
+    def _adopt(self, record: dict[str, Any], done: threading.Event) -> None:
+        """Wait for a run an earlier relay started, then record how it ended."""
+        status = None
+        while _alive(record):
+            if time.time() - record.get("started", 0) > self.timeout:
+                _kill_group(record["pid"])
+                status = TIMEOUT
+            time.sleep(0.2)
+        with self._lock:
+            self._finish(record, status)
+            self._active.pop(self._key(record["Hook"], record["EventId"]), None)
+        done.set()
+
+    def _finish(self, record: dict[str, Any], status: str | None, code: Any = None) -> None:
+        """Record a run's end (under the lock): `status` None = from its status file."""
+        rc = self._rc(record)
+        out = rc.with_suffix(".out")
+        unknown = False
+        if status is None:
+            code = _exit_code(rc)
+            status, unknown = SUCCEEDED if code == 0 else FAILED, code is None
+        tail = record.get("output_tail") or ""
+        with contextlib.suppress(OSError), open(out, "rb") as output:
+            output.seek(0, os.SEEK_END)
+            output.seek(max(0, output.tell() - OUTPUT_TAIL_BYTES))
+            tail = output.read().decode("utf-8", "replace")
+        if unknown:
+            tail = (
+                "the relay restarted while this hook was running and its end is unknown; not rerun"
+            )
+        record.update(status=status, exit_code=code, output_tail=tail, finished_at=_now())
+        if self.observer:  # before the result can be read: the probe is never behind it
+            self.observer.hook_finished(
+                record["Hook"], record["EventId"], record.get("Undoes"), status
+            )
+        try:
+            self._store(record)
+        except OSError as exc:
+            event(log, logging.ERROR, "cannot record hook result", error=str(exc))
+        for path in (rc, out):
+            path.unlink(missing_ok=True)
 
     @staticmethod
     def _key(name: str, event_id: str) -> str:
@@ -247,46 +293,44 @@ class HookRunner:
         }
         event(log, logging.INFO, "hook started", hook=name, event_id=scheduled.event_id)
         began = time.monotonic()
-        status, exit_code, tail = SUCCEEDED, 0, ""
+        status: str | None = SUCCEEDED
+        exit_code: int | None = 0
         if script is not None:  # None: a built-in hook (relay.ready's): nothing to run
-            status, exit_code, tail = self._exec(script, env)
-        record.update(
-            status=status,
-            exit_code=exit_code,
-            output_tail=tail,
-            finished_at=_now(),
-            seconds=round(time.monotonic() - began, 3),
-        )
+            status, exit_code = self._exec(script, env, record)
         with self._lock:
-            if self.observer:  # before the result can be read: the probe is never behind it
-                self.observer.hook_finished(name, scheduled.event_id, record["Undoes"], status)
-            try:
-                self._store(record)
-            except OSError as exc:
-                event(log, logging.ERROR, "cannot record hook result", error=str(exc))
+            self._finish(record, status, exit_code)
             self._active.pop(self._key(name, scheduled.event_id), None)
+        record["seconds"] = round(time.monotonic() - began, 3)
         done.set()
         event(
             log,
-            logging.INFO if status == SUCCEEDED else logging.WARNING,
+            logging.INFO if record["status"] == SUCCEEDED else logging.WARNING,
             "hook finished",
             hook=name,
             event_id=scheduled.event_id,
-            status=status,
-            exit_code=exit_code,
+            status=record["status"],
+            exit_code=record["exit_code"],
         )
 
-    def _exec(self, script: Path, env: dict[str, str]) -> tuple[str, int | None, str]:
-        """Run one script as the hook user: (status, exit code, the tail of its output)."""
-        status, exit_code, tail = FAILED, None, ""
+    def _exec(
+        self, script: Path, env: dict[str, str], record: dict[str, Any]
+    ) -> tuple[str | None, int | None]:
+        """Run one script as the hook user; its output and exit status go to files beside
+        the record: (status, exit code), status None when its status file says."""
+        status, exit_code = None, None
         switch: dict[str, Any] = {}
         if self.user.uid is not None:
             switch = {"user": self.user.uid, "group": self.user.gid, "extra_groups": []}
-        with tempfile.TemporaryFile(dir=self.directory) as output:
+        rc_path = self._rc(record)
+        with open(rc_path.with_suffix(".out"), "wb") as output, open(rc_path, "wb") as rc:
             try:
+                # `sh` writes the script's exit status to the file the relay opened, given
+                # as sh's fd 0 (the script's stdin is /dev/null): a relay killed meanwhile
+                # learns it when it starts again (the file is the relay's; the script's user
+                # only holds the open descriptor).
                 proc = subprocess.Popen(  # noqa: S603 - only scripts from the relay's own config
-                    [str(script)],
-                    stdin=subprocess.DEVNULL,
+                    ["/bin/sh", "-c", '"$0" </dev/null; echo $? >&0', str(script)],
+                    stdin=rc,
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     env=env,
@@ -295,20 +339,19 @@ class HookRunner:
                     **switch,
                 )
             except OSError as exc:
-                tail = f"cannot start {script}: {exc.strerror or exc}"
+                status = FAILED
+                output.write(f"cannot start {script}: {exc.strerror or exc}".encode())
             else:
+                with self._lock:
+                    record.update(pid=proc.pid, boot=_boot(), started=time.time())
+                    self._store(record)
                 try:
-                    exit_code = proc.wait(timeout=self.timeout)
-                    status = SUCCEEDED if exit_code == 0 else FAILED
+                    proc.wait(timeout=self.timeout)
                 except subprocess.TimeoutExpired:
                     status = TIMEOUT
-                    _kill_group(proc)
+                    _kill_group(proc.pid)
                     exit_code = proc.wait()
-                output.seek(0, os.SEEK_END)
-                size = output.tell()
-                output.seek(max(0, size - OUTPUT_TAIL_BYTES))
-                tail = output.read().decode("utf-8", "replace")
-        return status, exit_code, tail
+        return status, exit_code
 
 
 def _not_before(scheduled: ScheduledEvent) -> str:
@@ -317,9 +360,41 @@ def _not_before(scheduled: ScheduledEvent) -> str:
     return format_not_before(moment) if moment is not None else scheduled.not_before_text
 
 
-def _kill_group(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _exit_code(rc: Path) -> int | None:
+    """The exit status a script's `sh` wrote, or None if it wrote none (yet)."""
+    try:
+        return int(rc.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _alive(record: dict[str, Any]) -> bool:
+    """Whether the run's process still runs: its pid, in this boot of the VM."""
+    pid = record.get("pid")
+    if not isinstance(pid, int) or record.get("boot") != _boot():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it runs as the hook user
+    try:  # a zombie no one has reaped yet has ended
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _now() -> str:

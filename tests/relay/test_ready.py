@@ -315,3 +315,49 @@ def test_the_app_drains_through_the_probe_with_no_hook_configured(
     other = sim.add_event(event_type="Terminate", resources=["vm0"], notice=600)
     refused = post_hook(callback, key, {"Hook": "readyz:drain", "EventId": other})
     assert (refused.status_code, refused.json()) == (404, {"error": "unknown hook"})
+
+
+def test_a_relay_killed_in_its_drain_script_reports_how_the_script_ended(
+    simulator: Any, relay_process: Any, tmp_path: Path
+) -> None:
+    """Issue 40 (the chaos suite's run): the relay is killed while its drain script runs;
+    the script, in a session of its own, goes on to its end; the relay started again
+    reports it succeeded (it said "failed: the relay restarted" on 2cd3d60, and the app
+    held the event and paged drain_failed), and the VM stays out of rotation."""
+    sim = simulator.sim
+    sim.add_vm("vm0")
+    callback, ready_port = free_port(), free_port()
+    state = tmp_path / "state"
+    scripts = Path(tempfile.mkdtemp(prefix="relay-slow-hook-"))
+    os.chmod(scripts, 0o755)  # noqa: S103 - the hook user (nobody, as root) must reach it
+    slow = scripts / "drain.sh"
+    slow.write_text('#!/bin/sh\nsleep 2\necho "drained $SCHEDULED_EVENT_ID"\n')
+    slow.chmod(0o755)
+    as_root = os.geteuid() == 0
+    args = [
+        f"--imds-url={simulator.vm_url('vm0')}",
+        f"--state-dir={state}",
+        f"--forward=file:{tmp_path / 'forward'}",
+        f"--callback-listen=127.0.0.1:{callback}",
+        f"--ready-listen=127.0.0.1:{ready_port}",
+        f"--hook=drain={slow}",
+        "--hook-wait=0",
+        *([] if as_root else [f"--hook-user={getpass.getuser()}"]),
+        *FAST,
+    ]
+    relay = relay_process(*args)
+    listening(relay)
+    event_id = sim.add_event(event_type="Reboot", resources=["vm0"], notice=3600)
+    key = relay_key(state)
+    drained = {"Hook": "drain", "EventId": event_id}
+    assert signed_hook(callback, key, drained)["status"] == "running"
+    time.sleep(0.5)
+    relay.kill()  # kill -9 in the middle of the script
+    relay = relay_process(*args)
+    listening(relay)
+    final = wait_for(
+        lambda: (r := signed_hook(callback, key, drained))["status"] != "running" and r, 30
+    )
+    assert (final["status"], final["exit_code"]) == ("succeeded", 0), final
+    assert final["output_tail"] == f"drained {event_id}\n"
+    assert ready(ready_port)["status"] == 503  # drained: out of rotation until the undrain
