@@ -179,6 +179,11 @@ class Receiver:
         with self._lock:
             self._faults.append(_Fault(count, status, dict(headers or {})))
 
+    def clear_faults(self) -> None:
+        """Answer normally again (the end of an outage fail_next began)."""
+        with self._lock:
+            self._faults.clear()
+
     # ------------------------------------------------------------------ behaviour
     def check(self, path: str, headers: dict[str, str], body: Any, raw: bytes) -> list[str]:
         """What the real service would reject about this request; [] if nothing."""

@@ -58,14 +58,47 @@ def _read(path: str) -> list[tuple[float, float]]:
         return []
 
 
+class _Step:
+    """A step of the guest's wall clock (the chaos suite's, tests/chaos): seconds in the
+    file CLOCK_FILE.step, re-read when it changes; none while there is no such file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path + ".step"
+        self.stamp: object = None
+        self.seconds = 0.0
+
+    def now(self) -> float:
+        try:
+            info = os.stat(self.path)
+            stamp: object = (info.st_mtime_ns, info.st_size)
+        except OSError:
+            stamp = None
+        if stamp != self.stamp:
+            self.stamp = stamp
+            try:
+                with open(self.path, encoding="utf-8") as handle:
+                    self.seconds = float(handle.read().strip() or 0)
+            except (OSError, ValueError):
+                self.seconds = 0.0
+        return self.seconds
+
+
 def install(path: str) -> None:
-    """Replace time.monotonic in this process (before the relay imports it)."""
+    """Replace time.monotonic in this process (before the relay imports it), and
+    time.time by the wall clock plus any step of it (CLOCK_FILE.step). `datetime.now`
+    reads the system clock in C and is not stepped: the relay's `observed_at` keeps
+    the host's time."""
     pauses = _Pauses(path)
+    step = _Step(path)
 
     def monotonic() -> float:
         return _real_monotonic() - pauses.paused_before(_real_time())
 
+    def wall() -> float:
+        return _real_time() + step.now()
+
     time.monotonic = monotonic  # type: ignore[assignment]
+    time.time = wall  # type: ignore[assignment]
 
 
 def main(argv: list[str]) -> int:

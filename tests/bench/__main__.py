@@ -19,7 +19,10 @@
   per VM-month at 10,000 VMs and capacity ceiling;
 - enrolment (tests/bench/enrol_bench.py): 100,000 VMs through the bulk identity sync, its
   requests counted and its time in Azure derived from them, on an Azurite of its own; and
-  again with disruption budgets (placements and group sizes written too).
+  again with disruption budgets (placements and group sizes written too);
+- the chaos suite (tests/chaos, issue 40): the demo's whole stack under injected faults,
+  each run compared with the fault-free run of its plan, in processes of its own beside
+  every other phase (it mostly waits: its plans play at 20x real time).
 
 Each measurement is a Phase in PHASES (its name, its progress line, a function returning
 its keys, the Azurite it uses): a new key is a new phase, or one more key in a phase's
@@ -36,6 +39,7 @@ import json
 import multiprocessing
 import os
 import random
+import subprocess
 import sys
 import time
 import uuid
@@ -79,6 +83,10 @@ TARGETS: dict[str, tuple[str, float]] = {
     # Issue 31: crash points (tests/crash) tried, and those whose end state differs.
     "crash_points_tried": (">=", 500),
     "crash_points_divergent": ("==", 0),
+    # Issue 40: the chaos suite's runs (tests/chaos) and those whose end differs from the
+    # fault-free run of their plan (allowed exceptions aside: docs/operations.md).
+    "chaos_runs": (">=", 9),
+    "chaos_divergent": ("==", 0),
 }
 
 
@@ -479,6 +487,9 @@ class Phase:
     # Run in a thread while the next phase runs: both mostly wait (the relay's polling,
     # the end-to-end approvals at real time), and neither measures the other's CPU.
     beside_next: bool = False
+    # Run in a thread from the start, beside every other phase, joined at the end: the
+    # chaos suite mostly waits (its plans play at 20x real time) in processes of its own.
+    background: bool = False
 
 
 def _relay_phase(bench: Bench) -> dict[str, Any]:
@@ -518,6 +529,22 @@ def _row_writes_phase(bench: Bench) -> dict[str, Any]:
     return numbers
 
 
+def _chaos_phase(bench: Bench) -> dict[str, Any]:
+    """The chaos suite (tests/chaos) in processes of its own; its table on stderr."""
+    argv = [sys.executable, "-m", "tests.chaos", "--json", "--jobs", str(bench.args.chaos_jobs)]
+    if bench.args.quick:
+        argv.append("--quick")
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    table_lines = [line for line in done.stdout.splitlines() if not line.startswith("{")]
+    print("\n".join(table_lines), file=sys.stderr, flush=True)
+    found = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not found:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"chaos_runs": 0, "chaos_divergent": 1, "_chaos_error": tail}
+    numbers = json.loads(found[-1])
+    return {"chaos_runs": numbers["chaos_runs"], "chaos_divergent": numbers["chaos_divergent"]}
+
+
 def _crash_phase(bench: Bench) -> dict[str, Any]:
     from tests.crash.explore import crash_points
 
@@ -525,6 +552,13 @@ def _crash_phase(bench: Bench) -> dict[str, Any]:
 
 
 PHASES: list[Phase] = [
+    # Issue 40: the demo's whole stack under injected faults (tests/chaos), beside the rest.
+    Phase(
+        "chaos",
+        lambda a: f"chaos suite: the demo's stack under faults, {a.chaos_jobs} processes",
+        _chaos_phase,
+        background=True,
+    ),
     Phase(
         "relay",
         lambda a: f"relay: {a.relay_seconds:g} s of polling beside the plain loop",
@@ -600,7 +634,8 @@ def run_phases(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     cpu: dict[str, float] = {}
-    last_use = {p.azurite: i for i, p in enumerate(phases) if p.azurite}
+    foreground = [p for p in phases if not p.background]
+    last_use = {p.azurite: i for i, p in enumerate(foreground) if p.azurite}
 
     def measured(phase: Phase) -> dict[str, Any]:
         began, used = time.monotonic(), bench.cpu_seconds()
@@ -610,11 +645,16 @@ def run_phases(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
         return found
 
     beside = ThreadPoolExecutor(max_workers=1)
+    background = ThreadPoolExecutor(max_workers=1)
+    behind = []
+    for phase in (p for p in phases if p.background):
+        progress(phase.describe(args))
+        behind.append(background.submit(measured, phase))
     pending: Any = None
     try:
-        for i, phase in enumerate(phases):
+        for i, phase in enumerate(p for p in phases if not p.background):
             progress(phase.describe(args))
-            if phase.beside_next and i + 1 < len(phases) and pending is None:
+            if phase.beside_next and i + 1 < len(foreground) and pending is None:
                 pending = beside.submit(measured, phase)
                 continue
             found = measured(phase)
@@ -624,8 +664,11 @@ def run_phases(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
             results.update({k: v for k, v in found.items() if not k.startswith("_")})
             if phase.azurite and last_use[phase.azurite] == i:
                 bench.release(phase.azurite)
+        for future in behind:
+            results.update({k: v for k, v in future.result().items() if not k.startswith("_")})
     finally:
         beside.shutdown(wait=True)
+        background.shutdown(wait=True)
         bench.close()
     results["phase_seconds"] = seconds
     results["phase_cpu_seconds"] = cpu  # user + sys, Azurite and child processes included
@@ -662,6 +705,9 @@ def main(argv: list[str] | None = None) -> int:
         dest="crash_scenarios",
         action="append",
         help="explore only this crash scenario (repeatable; default: all of tests/crash)",
+    )
+    parser.add_argument(
+        "--chaos-jobs", type=int, default=3, help="processes the chaos suite runs in"
     )
     parser.add_argument("--quick", action="store_true", help="small samples, for a smoke run")
     args = parser.parse_args(argv)

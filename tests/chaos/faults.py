@@ -1,0 +1,535 @@
+"""Faults the chaos suite injects into the demo's running stack (issue 40).
+
+Each acts on the real parts from outside, as an outage would: Azurite's process (SIGSTOP)
+or its endpoint (a proxy that refuses connections), a relay's process (SIGKILL), the
+network path to a relay's callback, the channel receivers, the local host's thread, a
+guest's wall clock. Nothing in the app or the relay knows of them.
+
+A fault's life over one run (tests/chaos/runner.py): `prepare()` before the demo starts
+(what must be in place first, e.g. the proxy), `attach(demo, t0)` just before the plan
+plays (its timer starts; `t0` is time.monotonic() then), `undo()` after the run, always,
+whatever happened. `note` says what it did, for the table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from azure.core.exceptions import ServiceRequestError
+
+from tests.chaos.proxy import RefusingProxy
+
+
+class Fault:
+    name = "none"
+    window = 0.0  # seconds of real time the fault lasts (0: an instant)
+
+    def __init__(self) -> None:
+        self.note = ""
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+
+    def prepare(self) -> None:
+        """Before the demo starts."""
+
+    def attach(self, demo: Any, t0: float) -> None:
+        """Just before the plan plays."""
+
+    def undo(self) -> None:
+        """After the run, always: every patch and every stopped process restored."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    def done_by(self) -> float:
+        """How long after t0 the fault is surely over (the run waits at least that)."""
+        return 0.0
+
+    def _later(self, delay: float, action: Callable[[], None]) -> None:
+        """Run `action` `delay` seconds from now on a thread of the fault's (skipped once
+        undone)."""
+
+        def run() -> None:
+            if not self._stop.wait(max(0.0, delay)):
+                action()
+
+        thread = threading.Thread(target=run, name=f"chaos-{self.name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+
+class NoFault(Fault):
+    """The fault-free run each run is compared with."""
+
+    name = "none"
+
+
+# ------------------------------------------------------------------ storage
+
+
+class StorageOutage(Fault):
+    """Azurite frozen (SIGSTOP: every request hangs) or refusing (its endpoint closed:
+    connections refused, open ones reset) for `window` seconds, from `start` seconds into
+    the plan. Every client reaches Azurite through a proxy (the host, the drain worker,
+    the relays' liveness and pending rows), in the fault-free run too."""
+
+    def __init__(self, kind: str, window: float, start: float = 3.0) -> None:
+        super().__init__()
+        assert kind in ("frozen", "refusing")
+        self.kind, self.window, self.start = kind, window, start
+        self.name = f"storage {kind} {window:g} s"
+        self.azurite: Any = None
+        self._stopped = False
+
+    def prepare(self) -> None:
+        install_proxied_azurite(self)
+
+    def attach(self, demo: Any, t0: float) -> None:
+        self._later(t0 + self.start - time.monotonic(), self._begin)
+        self._later(t0 + self.start + self.window - time.monotonic(), self._end)
+
+    def done_by(self) -> float:
+        return self.start + self.window
+
+    def _begin(self) -> None:
+        if self.kind == "frozen":
+            os.kill(self.azurite.real_pid, signal.SIGSTOP)
+            self._stopped = True
+        else:
+            self.azurite.proxy.refuse()
+        self.note = f"from {self.start:g} s for {self.window:g} s"
+
+    def _end(self) -> None:
+        if self._stopped:
+            os.kill(self.azurite.real_pid, signal.SIGCONT)
+            self._stopped = False
+        if self.kind == "refusing":
+            self.azurite.proxy.accept()
+
+    def undo(self) -> None:
+        super().undo()
+        with contextlib.suppress(Exception):
+            self._end()
+        uninstall_proxied_azurite()
+
+
+_REAL_AZURITE: Any = None
+
+
+def install_proxied_azurite(owner: Any = None) -> None:
+    """Make the demo's Azurite one behind a RefusingProxy (its `.port` is the proxy's);
+    `owner.azurite` is set to it once started."""
+    import local.azurite as module
+
+    global _REAL_AZURITE
+    if _REAL_AZURITE is None:
+        _REAL_AZURITE = module.Azurite
+    real = _REAL_AZURITE
+
+    class ProxiedAzurite(real):  # type: ignore[misc, valid-type]
+        def start(self, timeout: float = 30.0, attempts: int = 3) -> Any:
+            super().start(timeout, attempts)
+            self.real_pid = self.proc.pid
+            self.proxy = RefusingProxy(self.port).start()
+            self.port = self.proxy.port  # connection_string now names the proxy
+            if owner is not None:
+                owner.azurite = self
+            return self
+
+        def stop(self) -> None:
+            proxy = getattr(self, "proxy", None)
+            if proxy is not None:
+                proxy.stop()
+            with contextlib.suppress(OSError):  # never leave it stopped
+                os.kill(self.real_pid, signal.SIGCONT)
+            super().stop()
+
+    module.Azurite = ProxiedAzurite
+
+
+def uninstall_proxied_azurite() -> None:
+    import local.azurite as module
+
+    if _REAL_AZURITE is not None:
+        module.Azurite = _REAL_AZURITE
+
+
+# ------------------------------------------------------------------ relays
+
+
+class RelayKilledMidDrain(Fault):
+    """SIGKILL a VM's relay while its drain hook script runs (the plan's hook takes a
+    second), and start it again `restart_after` seconds later, with the same state
+    directory, as systemd would."""
+
+    def __init__(self, vm: str, restart_after: float = 1.0) -> None:
+        super().__init__()
+        self.vm, self.restart_after = vm, restart_after
+        self.name = f"relay of {vm} killed mid-drain"
+
+    def attach(self, demo: Any, t0: float) -> None:
+        log = demo.workdir / "logs" / f"relay-{self.vm}.log"
+
+        def watch() -> None:
+            while not self._stop.wait(0.02):
+                text = log.read_text(errors="replace") if log.exists() else ""
+                if any("hook started" in line and "drain" in line for line in text.splitlines()):
+                    self._kill_and_restart(demo, log)
+                    return
+
+        thread = threading.Thread(target=watch, name="chaos-relay-kill", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _kill_and_restart(self, demo: Any, log: Path) -> None:
+        from local.relays import relay_env
+
+        proc = demo.relays[self.vm]
+        proc.kill()
+        proc.wait(timeout=10)
+        killed = time.monotonic()
+        if self._stop.wait(self.restart_after):
+            return
+        demo.relays[self.vm] = demo.stack.process(
+            list(proc.args), log, env=relay_env(demo.options.env)
+        )
+        self.note = f"SIGKILL in its drain hook, back {time.monotonic() - killed:.1f} s later"
+
+
+class CallbackUnreachable(Fault):
+    """The app cannot reach one VM's relay callback (connections fail, as through a
+    network outage or a firewall) for `window` seconds from `start`: every request from
+    this process (the host's approvals, the drain worker's hooks) to that address fails.
+    The relay itself keeps polling and sending."""
+
+    def __init__(self, vm: str, window: float, start: float = 0.0) -> None:
+        super().__init__()
+        self.vm, self.window, self.start = vm, window, start
+        self.name = f"callback of {vm} unreachable {window:g} s"
+        self.refused = 0
+        self._real: Any = None
+
+    def attach(self, demo: Any, t0: float) -> None:
+        import requests
+
+        target = demo.callback_urls[self.vm].split("://", 1)[1].rstrip("/")
+        begin, end = t0 + self.start, t0 + self.start + self.window
+        self._real = real = requests.Session.send
+
+        def send(session: Any, request: Any, **kwargs: Any) -> Any:
+            if target in request.url and begin <= time.monotonic() < end:
+                self.refused += 1
+                self.note = f"{self.refused} requests refused over {self.window:g} s"
+                raise requests.ConnectionError(f"chaos: {target} unreachable")
+            return real(session, request, **kwargs)
+
+        requests.Session.send = send  # type: ignore[method-assign]
+
+    def done_by(self) -> float:
+        return self.start + self.window
+
+    def undo(self) -> None:
+        super().undo()
+        if self._real is not None:
+            import requests
+
+            requests.Session.send = self._real  # type: ignore[method-assign]
+
+
+class ClockStep(Fault):
+    """A VM's guest wall clock steps `seconds` ahead (time sync, a bad NTP source) for
+    `window` seconds from `start`, then back: the relay's time.time (its signatures'
+    freshness, its liveness row, its ledger) reads the stepped clock
+    (simulator/guest_clock.py, CLOCK_FILE.step)."""
+
+    def __init__(self, vm: str, seconds: float, window: float, start: float = 0.0) -> None:
+        super().__init__()
+        self.vm, self.seconds, self.window, self.start = vm, seconds, window, start
+        self.name = f"clock of {vm} {seconds:+g} s for {window:g} s"
+        self._file: Path | None = None
+
+    def attach(self, demo: Any, t0: float) -> None:
+        from local.demo_ledger import CLOCK_DIR
+
+        self._file = demo.workdir / CLOCK_DIR / f"{self.vm}.json.step"
+        self._file.parent.mkdir(parents=True, exist_ok=True)
+        self._later(t0 + self.start - time.monotonic(), self._step)
+        self._later(t0 + self.start + self.window - time.monotonic(), self._back)
+
+    def _step(self) -> None:
+        assert self._file is not None
+        self._file.write_text(f"{self.seconds}\n")
+        self.note = f"{self.seconds:+g} s for {self.window:g} s"
+
+    def _back(self) -> None:
+        if self._file is not None:
+            self._file.unlink(missing_ok=True)
+
+    def done_by(self) -> float:
+        return self.start + self.window
+
+    def undo(self) -> None:
+        super().undo()
+        self._back()
+
+
+# ------------------------------------------------------------------ channels
+
+
+class ChannelsDown(Fault):
+    """Channel endpoints answer 503 for `window` seconds from `start`: past the local
+    subscription's deliveries and each delivery's retries."""
+
+    def __init__(self, channels: tuple[str, ...], window: float, start: float = 0.0) -> None:
+        super().__init__()
+        self.channels, self.window, self.start = channels, window, start
+        self.name = f"{' and '.join(channels)} down {window:g} s"
+
+    def attach(self, demo: Any, t0: float) -> None:
+        receivers = [demo.receivers[c] for c in self.channels if c in demo.receivers]
+
+        def down() -> None:
+            for receiver in receivers:
+                receiver.fail_next(10**9, 503)
+            self.note = f"503 from {self.start:g} s for {self.window:g} s"
+
+        def up() -> None:
+            for receiver in receivers:
+                receiver.clear_faults()
+
+        self._later(t0 + self.start - time.monotonic(), down)
+        self._later(t0 + self.start + self.window - time.monotonic(), up)
+        self._up = up
+
+    def done_by(self) -> float:
+        return self.start + self.window
+
+    def undo(self) -> None:
+        super().undo()
+        with contextlib.suppress(AttributeError):
+            self._up()
+
+
+# ------------------------------------------------------------------ the host
+
+
+class HostKilled(BaseException):
+    """The host's process dies: not an Exception, so nothing in the host catches it."""
+
+
+class HostKilledMidMessage(Fault):
+    """The local host dies between two Table requests of a document (after
+    `after_requests` of them) and a new host starts on the same inbox `restart_after`
+    seconds later, as a new Functions instance takes the session once its lock lapses.
+    The document is the first `match` accepts (default: the first with an event)."""
+
+    def __init__(
+        self,
+        match: Callable[[dict[str, Any]], bool] | None = None,
+        after_requests: int = 3,
+        restart_after: float = 2.0,
+    ) -> None:
+        super().__init__()
+        self.match = match or _with_events
+        self.after_requests, self.restart_after = after_requests, restart_after
+        self.name = "host killed mid-message"
+        self.killed = threading.Event()
+        self._local = threading.local()
+        self._patched: list[tuple[Any, str, Any]] = []
+
+    def prepare(self) -> None:
+        import local.host as host
+        from functions.store.http import Urllib3Transport  # the Table clients' transport
+
+        real_ingest = host.ingest_message
+        real_send = Urllib3Transport.send
+        fault = self
+
+        def ingest(body: bytes | str, pipeline: Any, message_id: str = "") -> Any:
+            if fault.killed.is_set() or not fault._matches(body):
+                return real_ingest(body, pipeline, message_id)
+            fault._local.countdown = fault.after_requests
+            try:
+                return real_ingest(body, pipeline, message_id)
+            finally:
+                fault._local.countdown = None
+
+        def send(transport: Any, request: Any, **kwargs: Any) -> Any:
+            countdown = getattr(fault._local, "countdown", None)
+            if countdown is not None:
+                if countdown <= 0:
+                    fault._local.countdown = None
+                    fault.killed.set()
+                    raise HostKilled()
+                fault._local.countdown = countdown - 1
+            return real_send(transport, request, **kwargs)
+
+        real_hook = threading.excepthook
+
+        def excepthook(args: Any) -> None:
+            if args.exc_type is not HostKilled:  # the host's death is the fault, not news
+                real_hook(args)
+
+        self._patched = [
+            (host, "ingest_message", real_ingest),
+            (Urllib3Transport, "send", real_send),
+            (threading, "excepthook", real_hook),
+        ]
+        threading.excepthook = excepthook
+        host.ingest_message = ingest
+        Urllib3Transport.send = send  # type: ignore[method-assign]
+
+    def _matches(self, body: bytes | str) -> bool:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return False
+        return isinstance(data, dict) and self.match(data)
+
+    def attach(self, demo: Any, t0: float) -> None:
+        def restart() -> None:
+            if not self.killed.wait(120) or self._stop.is_set():
+                return
+            died = time.monotonic()
+            if self._stop.wait(self.restart_after):
+                return
+            start_host(demo)
+            self.note = (
+                f"died after {self.after_requests} Table requests of a document, a new host "
+                f"{time.monotonic() - died:.1f} s later"
+            )
+
+        thread = threading.Thread(target=restart, name="chaos-host", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def undo(self) -> None:
+        self.killed.set()
+        super().undo()
+        for owner, attribute, real in self._patched:
+            setattr(owner, attribute, real)
+        self._patched = []
+
+
+def start_host(demo: Any) -> Any:
+    """A new local host over the demo's inbox, settings, store and publisher, as
+    local.orchestration starts the first one."""
+    from local.host import LocalHost
+
+    host = LocalHost(
+        demo.inbox,
+        demo.settings,
+        demo.store,
+        demo.publisher,
+        watchdog_interval_seconds=5,
+        admission=demo.admission,
+        credential=demo.credential,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=host.run_forever,
+        args=(stop,),
+        kwargs={"poll_seconds": 0.05},
+        name="local-functions-host-2",
+        daemon=True,
+    )
+    thread.start()
+
+    def stop_host() -> None:
+        stop.set()
+        thread.join(timeout=10)
+
+    demo.stack.callback(stop_host)
+    demo.host = host
+    return host
+
+
+def _with_events(data: dict[str, Any]) -> bool:
+    return data.get("kind") == "document" and bool((data.get("document") or {}).get("Events"))
+
+
+# ------------------------------------------------------------------ one document
+
+
+class DeadLetter(Fault):
+    """Every delivery of one document fails as if Table storage were unreachable, so the
+    local host dead-letters it after its deliveries (`max_delivery_count`, as Service Bus
+    does). The document is the first `match` accepts; a copy the relay sends again
+    (`resent`, contract §11) goes through, as it would once storage is back."""
+
+    def __init__(self, match: Callable[[dict[str, Any]], bool]) -> None:
+        super().__init__()
+        self.match = match
+        self.name = "a document dead-lettered"
+        self.target = ""  # the message (file stem) chosen
+        self.hits = 0
+        self._lock = threading.Lock()
+        self._real: Any = None
+
+    def prepare(self) -> None:
+        import local.host as host
+
+        self._real = real = host.ingest_message
+
+        def faulty(body: bytes | str, pipeline: Any, message_id: str = "") -> Any:
+            if self._chosen(body, message_id):
+                raise ServiceRequestError("Table storage unreachable (chaos: dead-letter)")
+            return real(body, pipeline, message_id)
+
+        host.ingest_message = faulty
+
+    def _chosen(self, body: bytes | str, message_id: str) -> bool:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return False
+        if not isinstance(data, dict) or data.get("resent"):
+            return False
+        with self._lock:
+            if not self.target and self.match(data):
+                self.target = message_id
+            if self.target and message_id == self.target:
+                self.hits += 1
+                self.note = f"{self.hits} deliveries of {self.target} failed"
+                return True
+        return False
+
+    def undo(self) -> None:
+        super().undo()
+        if self._real is not None:
+            import local.host as host
+
+            host.ingest_message = self._real
+            self._real = None
+
+    def __enter__(self) -> DeadLetter:
+        self.prepare()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.undo()
+
+
+def end_of(vm: str) -> Callable[[dict[str, Any]], bool]:
+    """The document that says `vm`'s events are over: the first with no event after one
+    with events."""
+    seen: set[str] = set()
+
+    def match(data: dict[str, Any]) -> bool:
+        if data.get("kind") != "document" or (data.get("vm") or {}).get("name") != vm:
+            return False
+        events = (data.get("document") or {}).get("Events") or []
+        if events:
+            seen.add(vm)
+            return False
+        return vm in seen
+
+    return match

@@ -1,0 +1,101 @@
+"""A TCP proxy in front of Azurite that can refuse connections, for the chaos suite.
+
+Storage "refusing" is what a client sees when the service's endpoint is closed: a new
+connection is refused (ECONNREFUSED) and one that was open is reset. The proxy forwards
+byte for byte while `refusing` is off; turned on, it closes its listening socket and
+resets every connection it carries; turned off, it listens again on the same port. The
+clients (the local host, the drain worker, the relays' liveness writes) are configured
+with the proxy's port and never know.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+
+
+class RefusingProxy:
+    def __init__(self, target_port: int, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.target_port = target_port
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def start(self) -> RefusingProxy:
+        self._listen()
+        return self
+
+    def _listen(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self.host, self.port))
+        listener.listen(128)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed: refusing, or stopped
+            try:
+                upstream = socket.create_connection((self.host, self.target_port))
+            except OSError:
+                _reset(client)
+                continue
+            for sock in (client, upstream):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._conns.update((client, upstream))
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
+            with self._lock:
+                self._conns.discard(source)
+            with contextlib.suppress(OSError):
+                source.close()
+
+    def refuse(self) -> None:
+        """Close the endpoint: new connections refused, open ones reset."""
+        with self._lock:
+            listener, self._listener = self._listener, None
+            conns, self._conns = set(self._conns), set()
+        if listener is not None:
+            with contextlib.suppress(OSError):  # wakes the accept() blocked on it (Linux)
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for sock in conns:
+            _reset(sock)
+
+    def accept(self) -> None:
+        """Listen again on the same port."""
+        if self._listener is None and not self._stopped:
+            self._listen()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self.refuse()
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a RST (SO_LINGER 0), as a closed endpoint answers."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
