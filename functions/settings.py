@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     # The batch trigger binds %HEARTBEATS_QUEUE%; relays send heartbeats there (contract C1).
     heartbeats_queue: str = Field(default="heartbeats", min_length=1)
     notifications_topic: str = Field(default="notifications", min_length=1)
+    # The sweep's work queue: one message per due event (functions.pipeline.workqueue).
+    reconcile_queue: str = Field(default="reconcile", min_length=1)
     state_table_prefix: str = Field(default="sebridge", pattern=r"^[A-Za-z][A-Za-z0-9]{0,40}$")
     # APP_SECRET: the app's own master secret, never shared with relays (Key Vault reference
     # in production, >= 32 characters). It wraps the relays' callback keys at rest

@@ -465,6 +465,7 @@ module functionApp 'modules/functionapp.bicep' = {
     serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
     documentsQueueName: serviceBus.outputs.queueName
     heartbeatsQueueName: serviceBus.outputs.heartbeatsQueueName
+    reconcileQueueName: serviceBus.outputs.reconcileQueueName
     notificationsTopicName: serviceBus.outputs.topicName
     stateTablePrefix: storage.outputs.tablePrefix
     keyVaultUri: keyVault.outputs.vaultUri

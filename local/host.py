@@ -22,6 +22,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,6 +54,7 @@ class TriggerConfig(BaseModel):
     """What host.json tells the Functions host about delivering Service Bus messages."""
 
     max_concurrent_sessions: int = 8  # the extension's defaults, where host.json is silent
+    max_concurrent_calls: int = 16  # a non-session queue's concurrency (the work queue)
     max_message_batch_size: int = 1000
     min_message_batch_size: int = 1
     max_batch_wait_seconds: float = 30.0
@@ -63,6 +65,7 @@ class TriggerConfig(BaseModel):
         values: dict[str, Any] = {}
         for key, field in (
             ("maxConcurrentSessions", "max_concurrent_sessions"),
+            ("maxConcurrentCalls", "max_concurrent_calls"),
             ("maxMessageBatchSize", "max_message_batch_size"),
             ("minMessageBatchSize", "min_message_batch_size"),
         ):
@@ -84,6 +87,57 @@ class RunReport(BaseModel):
     dead_lettered: int = 0
     results: list[IngestResult] = Field(default_factory=list)
     heartbeat_batches: list[HeartbeatResult] = Field(default_factory=list)
+
+
+class LocalWorkQueue:
+    """The `reconcile` queue and function, locally (functions.pipeline.workqueue): each key
+    is reconciled on its own by one of `maxConcurrentCalls` workers, a key already queued
+    or in progress is not queued twice, and a work item that fails is left to the next
+    sweep (its reconcile set it due again). `results` keeps what each did, for the demo."""
+
+    def __init__(self, pipeline: Pipeline, workers: int) -> None:
+        self.pipeline = pipeline
+        self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="work")
+        self.busy: set[str] = set()
+        self.lock = threading.Lock()
+        self.done = 0
+        self.failed = 0
+
+    def enqueue(self, keys: list[str], now: Any) -> int:
+        from functions.pipeline.workqueue import item_id
+
+        queued = 0
+        for key in keys:
+            folded = key.casefold()
+            with self.lock:
+                if folded in self.busy:
+                    continue
+                self.busy.add(folded)
+            self.pool.submit(self._work, key, f"work:{item_id(key, now)}:{uuid.uuid4().hex[:8]}")
+            queued += 1
+        return queued
+
+    def _work(self, key: str, me: str) -> None:
+        from functions.pipeline.reconcile import reconcile_key
+
+        try:
+            reconcile_key(self.pipeline, key, me=me)
+            with self.lock:
+                self.done += 1
+        except Exception:
+            log.exception("work item %.200r failed; the next sweep finds it again", key)
+            with self.lock:
+                self.failed += 1
+        finally:
+            with self.lock:
+                self.busy.discard(key.casefold())
+
+    def idle(self) -> bool:
+        with self.lock:
+            return not self.busy
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=False)
 
 
 class LocalHost:
@@ -131,6 +185,8 @@ class LocalHost:
             credential=credential,
             admission=admission,
         )
+        self.work = LocalWorkQueue(self.pipeline, self.triggers.max_concurrent_calls)
+        self.pipeline.work_queue = self.work
         self.max_delivery_count = max_delivery_count
         self.watchdog_interval = watchdog_interval_seconds
         self.deliveries: dict[str, int] = defaultdict(int)
@@ -254,8 +310,14 @@ class LocalHost:
         with contextlib.suppress(FileNotFoundError):
             path.replace(folder / path.name)
 
-    def watchdog(self) -> WatchdogReport:
-        return run_watchdog(self.pipeline)
+    def watchdog(self, wait_seconds: float = 0.0) -> WatchdogReport:
+        """One sweep; its due events go to the workers. `wait_seconds`: wait that long at
+        most for the workers to finish them (a test or the demo reading what they did)."""
+        report = run_watchdog(self.pipeline)
+        deadline = time.monotonic() + wait_seconds
+        while wait_seconds and not self.work.idle() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return report
 
     # ---------------------------------------------------------------- forever
 

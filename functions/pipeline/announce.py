@@ -11,7 +11,7 @@ MessageId makes that safe).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from functions.model.event import Links, Notification, Transition
 from functions.model.policy import Policy, transition_pages
@@ -24,7 +24,6 @@ from functions.store.rows import UNREAD
 from functions.store.state import Store
 
 NO_PAGE = {Transition.COMPLETED, Transition.CANCELLED, Transition.APPROVED}
-STALE_PENDING = timedelta(minutes=3)  # a claim this old was left behind: publish it again
 
 
 def build(
@@ -150,36 +149,3 @@ def _settle(
         return rec
 
     store.mutate_event(event_id, change, known=known)
-
-
-def claim(store: Store, event_id: str, transition: Transition, now: datetime) -> EventRecord | None:
-    """Claim one transition on its own; the record if this caller won, else None."""
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or not claims.take(rec.announced, transition.value, now):
-            return None
-        return rec
-
-    record, won = store.mutate_event(event_id, change)
-    return record if won else None
-
-
-def announce(
-    pipeline: Pipeline,
-    event_id: str,
-    transition: Transition,
-    now: datetime,
-    detail: str = "",
-) -> bool:
-    """Claim and publish one transition; False if it was already announced."""
-    record = claim(pipeline.store, event_id, transition, now)
-    if record is None:
-        return False
-    publish_claimed(
-        pipeline,
-        record,
-        [transition],
-        now,
-        {transition: detail} if detail else None,
-    )
-    return True

@@ -51,8 +51,8 @@ from functions.pipeline.approve_arm import (
     arm_owners,
     arm_phase,
 )
-from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
+from functions.pipeline.lifecycle import approval_lease, note_sent
 from functions.pipeline.views import own_views
 from functions.settings import Settings
 from functions.store import claims
@@ -279,28 +279,23 @@ def _why_not(record: EventRecord | None) -> str:
     return "another caller is approving it"
 
 
-def approval_stale_after(settings: Settings) -> timedelta:
-    """An approval claim older than one invocation's budget (and 15 s) was left by a host
-    that died: the next reconcile (a redelivery, the watchdog) takes it over. Short, so
-    a crash delays an approval by about a Service Bus lock duration, not by minutes."""
-    return timedelta(seconds=settings.approval_budget_seconds + 15)
-
-
 def _claim(
     store: Store, event_id: str, now: datetime, settings: Settings, tag: str = ""
 ) -> tuple[EventRecord | None, bool]:
-    stale_after = approval_stale_after(settings)
+    """Claim the approval for `tag` (functions.store.claims: held for one attempt's budget
+    and a margin; its holder, delivered again after its host died, takes it over at once)."""
+    lease = approval_lease(settings.approval_budget_seconds)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or rec.ended or rec.started or rec.approval == "approved":
             return None
         busy = rec.approval == "in_progress"
-        own = bool(tag) and rec.approval_claimed_by == tag
-        if busy and not own and not claims.can_claim(rec.approval_claim, now, stale_after):
+        if busy and not claims.is_free(rec.approval_claim, now, tag):
             return None
         rec.approval = "in_progress"
-        rec.approval_claim = claims.pending(now)
-        rec.approval_claimed_by = tag
+        rec.approval_claim = claims.pending(now, lease, tag)
+        if "relay" in settings.approver_order:
+            note_sent(rec, now, "")
         return rec
 
     return store.mutate_event(event_id, change)
@@ -312,22 +307,38 @@ def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetim
     return record.not_before - timedelta(seconds=settings.approval_margin_seconds)
 
 
+# Named VMs that have not reported the event whose rows one attempt reads at most: the
+# event's reporters come first (one query of its reporter rows), so a `Resources` list a
+# VM made up (999 names no relay reported) costs this many point reads, not 999.
+MAX_UNREPORTED_READS = 4
+
+
+def candidates(record: EventRecord, skip: set[str | None]) -> list[str]:
+    """The named VMs an attempt may ask, in `Resources` order (first is leader): those
+    that reported the event (their own views are loaded in `record.reporter_views`), then
+    at most MAX_UNREPORTED_READS of the rest."""
+    reported = record.reporter_views
+    named = [n for n in record.resources if n not in skip]
+    first = [n for n in named if n.casefold() in reported]
+    rest = [n for n in named if n.casefold() not in reported][:MAX_UNREPORTED_READS]
+    return first + rest
+
+
 def _relays(
     pipeline: Pipeline, record: EventRecord, now: datetime, skip: set[str | None]
 ) -> list[tuple[VmRecord, RelayTarget]]:
     """Named VMs whose relays were heard recently (a message, or a verified liveness
-    hint), in `Resources` order (first is leader): at most RELAYS_PER_ATTEMPT of them, so an
-    event naming 1,000 VMs costs a few point reads, not 1,000 (the others stay "unheard": a
-    later attempt reaches them)."""
+    hint), reporters first (`candidates`): at most RELAYS_PER_ATTEMPT of them, so an event
+    naming 1,000 VMs costs a few point reads, not 1,000 (the others stay "unheard": a
+    later attempt reaches them). A VM whose approved event never started (`unstarted`)
+    is not asked: its reports are suspect until one of its events really starts."""
     fresh = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
     chosen: list[tuple[VmRecord, RelayTarget]] = []
-    for name in record.resources:
+    for name in candidates(record, skip):
         if len(chosen) >= RELAYS_PER_ATTEMPT:
             break
-        if name in skip:
-            continue
         vm = pipeline.store.get_vm(name)
-        if vm is None:
+        if vm is None or (vm.unstarted and vm.unstarted != record.event_id):
             continue
         relay = pipeline.relay_target(vm)
         if relay is None:
@@ -488,12 +499,6 @@ def _finish(
         claims.finish(rec.announced, done)
         return rec
 
-    if vetoed and holds_capacity(record):
-        # A named VM's own IMDS does not show the event as decided (a set-mate's made-up
-        # or altered view): nothing will start it, so its slot goes back now, not when
-        # its NotBefore passes (issue 32). A genuine event that could not be approved
-        # keeps its slot: Azure starts it at NotBefore anyway.
-        release_capacity(store, record)
     decision = record.decision
     store.audit(
         record.event_id,

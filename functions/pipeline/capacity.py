@@ -1,14 +1,14 @@
 """The capacity guard: at most N approved impactful events at once per scale set and per
 availability set, so a maintenance wave never takes a whole set down together.
 
-Slots are rows in the events table's capacity partition, taken all-or-nothing under ETags;
-a slot whose holder ended is freed by the next taker, so a crash never leaks one for good.
-
-A slot also lapses at the NotBefore it was taken for, plus the event's duration and
-CAPACITY_GRACE, whatever the event's reporters say afterwards (issue 27): a VM that keeps
-listing a made-up event, moving its NotBefore, cannot hold the slot its set-mates wait for.
-A real event is done by then (Azure starts it at NotBefore at the latest; the duration is
-its impact), so a genuine holder is not cut short.
+Slots are rows in the events table's capacity partition, taken all-or-nothing under ETags.
+Whether a listed holder still holds its slot is decided from the holder's own row, by one
+rule every taker applies (`holds_slot`), never by a lapse computed from what a VM reported
+(its NotBefore, up to a week out): a holder holds while its approval is in flight, for
+APPROVED_START_GRACE after it was approved, while its drain runs, and while it is Started
+(its duration and STARTED_GRACE from when it started). A vetoed, failed, pending or
+never-started approval holds nothing, so a VM that makes up an event and refuses its
+approval never keeps its set-mates waiting, and a crash never leaks a slot.
 """
 
 from __future__ import annotations
@@ -16,21 +16,53 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from functions.model.envelope import TERMINATE, ScheduledEvent
-from functions.model.event import Decision
 from functions.model.policy import Policy, is_impactful
-from functions.store.records import CapacityRecord, EventRecord
+from functions.store import claims
+from functions.store.records import MAX_WAITING, CapacityRecord, EventRecord
 from functions.store.state import Store
 
-CAPACITY_GRACE = timedelta(minutes=30)  # beyond NotBefore + duration, before a slot lapses
+# How long an approved event may stay Scheduled before its VM is suspect: Azure starts an
+# approved event within moments, so after this its slot goes back and `overdue` says why.
+APPROVED_START_GRACE = timedelta(minutes=5)
+# How long a drain holds its event's slots at most (its steps are bounded by their own
+# timeouts; a drain that outlives this has failed or is holding, and holds nothing).
+DRAIN_HOLD = timedelta(minutes=30)
+# Beyond the event's own duration, how long a Started event keeps its slots.
+STARTED_GRACE = timedelta(minutes=30)
+WAKE_AT_MOST = 20  # waiting events a released slot wakes at once (the rest: next sweep)
 
 
-def slot_until(record: EventRecord, now: datetime) -> datetime:
-    """When the slot `record` takes now lapses: its NotBefore as of now (now if none or
-    past), plus its duration when known, plus CAPACITY_GRACE."""
-    start = max(record.not_before or now, now)
-    duration = record.duration_in_seconds
-    impact = timedelta(seconds=duration) if duration is not None and duration > 0 else timedelta()
-    return start + impact + CAPACITY_GRACE
+def approved_at(record: EventRecord) -> datetime | None:
+    """When the approval that stands succeeded (its attempt's time)."""
+    if record.approval != "approved":
+        return None
+    times = [a.at for a in record.approval_attempts if a.vm == record.approved_by]
+    return max(times, default=record.decided_at)
+
+
+def holds_slot(record: EventRecord | None, now: datetime) -> bool:
+    """Whether an event listed as a slot's holder is entitled to it now (see the module
+    docstring). Every taker applies it to the holders it finds, so a slot goes back the
+    moment its holder stops being one."""
+    if record is None or record.ended:
+        return False
+    if record.started:
+        began = record.started_at
+        if began is None:
+            return True
+        impact = timedelta(seconds=max(record.duration_in_seconds or 0, 0))
+        return now < began + impact + STARTED_GRACE
+    if record.approval == "in_progress":
+        return not claims.is_expired(record.approval_claim, now)
+    if record.approval == "approved":
+        at = approved_at(record)
+        return at is not None and now < at + APPROVED_START_GRACE
+    decision = record.decision
+    if decision is not None and decision.action == "drain" and record.approval in ("", "pending"):
+        since = record.decided_at or record.first_seen
+        before = record.not_before is None or now < record.not_before
+        return before and now < since + DRAIN_HOLD
+    return False
 
 
 def needs_capacity(event: ScheduledEvent | EventRecord) -> bool:
@@ -60,12 +92,12 @@ def capacity_keys(record: EventRecord) -> list[str]:
 def acquire_capacity(
     store: Store, record: EventRecord, policy: Policy | None, now: datetime
 ) -> bool:
-    """Take a slot in each of the event's sets, or none at all."""
+    """Take a slot in each of the event's sets, or none at all. Where slots are free but
+    events with an earlier NotBefore wait for them, those go first."""
     limit = capacity_limit(policy)
     taken: list[str] = []
-    until = slot_until(record, now)
     for key in capacity_keys(record):
-        if _take(store, key, record.event_id, limit, now, until):
+        if _take(store, key, record, limit, now):
             taken.append(key)
         else:
             for done in taken:
@@ -74,25 +106,50 @@ def acquire_capacity(
     return True
 
 
-def _take(
-    store: Store, key: str, event_id: str, limit: int, now: datetime, until: datetime
-) -> bool:
-    # Holders whose slot lapsed, or whose event ended (or vanished), free their slot;
-    # checked before the write (a lapsed one costs no read).
+def wait_for_capacity(store: Store, record: EventRecord) -> None:
+    """List the event as waiting in each of its slot rows (one write each, once)."""
+    for key in capacity_keys(record):
+
+        def change(rec: CapacityRecord | None, key: str = key) -> CapacityRecord | None:
+            rec = rec or CapacityRecord(key=key)
+            if record.event_id in rec.waiting or len(rec.waiting) >= MAX_WAITING:
+                return None
+            rec.waiting[record.event_id] = record.not_before
+            return rec
+
+        store.mutate_capacity(key, change)
+
+
+def _first(record: EventRecord, waiting: dict[str, datetime | None], now: datetime) -> int:
+    """How many listed waiters go before `record`: an earlier NotBefore still ahead."""
+    mine = record.not_before or datetime.max.replace(tzinfo=now.tzinfo)
+    return sum(
+        1
+        for other, nb in waiting.items()
+        if other != record.event_id and nb is not None and now < nb < mine
+    )
+
+
+def _take(store: Store, key: str, record: EventRecord, limit: int, now: datetime) -> bool:
+    # Holders no longer entitled (`holds_slot`, from each one's row) free their slot: read
+    # only when the slot is full, one point read per holder.
+    event_id = record.event_id
     current = store.get_capacity(key)
-    holders = current.holders if current else []
-    lapsed = {h for h in holders if current and h in current.until and current.until[h] <= now}
-    dead = lapsed | {h for h in holders if h not in lapsed and not _holds(store, h)}
+    holders = [h for h in (current.holders if current else []) if h != event_id]
+    dead: set[str] = set()
+    if len(holders) >= limit:
+        dead = {h for h in holders if not holds_slot(store.get_event(h), now)}
 
     def change(rec: CapacityRecord | None) -> CapacityRecord | None:
         rec = rec or CapacityRecord(key=key)
         if event_id in rec.holders:
             return None
         kept = [h for h in rec.holders if h not in dead]
-        if len(kept) >= limit:
+        if limit - len(kept) <= _first(record, rec.waiting, now):
             raise _Full
         rec.holders = [*kept, event_id]
-        rec.until = {h: t for h, t in rec.until.items() if h in kept} | {event_id: until}
+        rec.until = {}
+        rec.waiting.pop(event_id, None)
         return rec
 
     try:
@@ -106,20 +163,25 @@ class _Full(Exception):
     pass
 
 
-def _holds(store: Store, event_id: str) -> bool:
-    record = store.get_event(event_id)
-    return record is not None and not record.ended
+def _give_back(store: Store, key: str, event_id: str) -> list[str]:
+    """Give the event's slot (and its place in the queue) back; returns the events that
+    wait for this slot, earliest NotBefore first."""
+    woken: list[str] = []
 
-
-def _give_back(store: Store, key: str, event_id: str) -> None:
     def change(rec: CapacityRecord | None) -> CapacityRecord | None:
-        if rec is None or event_id not in rec.holders:
+        woken.clear()
+        if rec is None:
+            return None
+        woken.extend(sorted(rec.waiting, key=lambda e: (rec.waiting[e] is None, rec.waiting[e])))
+        if event_id not in rec.holders and event_id not in rec.waiting:
             return None
         rec.holders = [h for h in rec.holders if h != event_id]
         rec.until.pop(event_id, None)
+        rec.waiting.pop(event_id, None)
         return rec
 
     store.mutate_capacity(key, change)
+    return [e for e in woken if e != event_id]
 
 
 def holds_capacity(record: EventRecord) -> bool:
@@ -130,13 +192,13 @@ def holds_capacity(record: EventRecord) -> bool:
     return record.decision is not None and record.decision.action in ("approve", "drain")
 
 
-def release_capacity(store: Store, record: EventRecord) -> None:
+def release_capacity(store: Store, record: EventRecord) -> list[str]:
+    """Give back the event's slots; returns the events waiting for them (to be woken:
+    earliest NotBefore first, a few more than could be admitted)."""
+    woken: list[str] = []
     for key in capacity_keys(record):
-        _give_back(store, key, record.event_id)
-
-
-def decision_for(record: EventRecord) -> Decision | None:
-    return record.decision
+        woken += _give_back(store, key, record.event_id)
+    return list(dict.fromkeys(woken))[:WAKE_AT_MOST]
 
 
 def take_capacity(store: Store, event_id: str, policy: Policy | None, now: datetime) -> bool:

@@ -7,7 +7,9 @@ recording publisher, a fake clock) without threading it through every function.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Protocol
 
 import requests
 
@@ -22,6 +24,20 @@ from functions.settings import Settings
 from functions.store.liveness import Verifier
 from functions.store.records import VmRecord
 from functions.store.state import Store
+
+
+class WorkQueue(Protocol):
+    """Where the sweep hands the keys of due events (functions.pipeline.watchdog): each
+    becomes its own unit of work, reconciled by a worker of its own (Service Bus's
+    `reconcile` queue in Azure, the local host's workers), so one slow event never holds
+    up another. Keys it already holds are not queued twice."""
+
+    def enqueue(self, keys: list[str], now: datetime) -> int: ...
+
+
+# Runs the drain workflow (functions.terminate) for an event row: ("drain" | "undrain",
+# the row) -> the workflow's outcome. Wired where the drain's settings are known.
+Drainer = Callable[[str, object], str]
 
 
 class Pipeline:
@@ -54,6 +70,12 @@ class Pipeline:
         self.liveness_verifier = liveness_verifier
         # Per-VM bounds enforced in memory, before any Table request (issue 27).
         self.heartbeat_bound = HeartbeatBound()
+        # Where the sweep hands due events; None: it reconciles them itself, in turn (the
+        # tests' single-threaded hosts).
+        self.work_queue: WorkQueue | None = None
+        # The drain workflow, for a drain or undrain due from the row; None: drains run
+        # only from the `decided` notification (a host without drain settings).
+        self.drainer: Drainer | None = None
 
     @property
     def policy(self) -> Policy | None:

@@ -15,7 +15,7 @@ ETag it was read at), the transitions that write claims, whether it made a decis
 this VM's own view and decision. No I/O and no clock: the caller writes the plan with a
 conditional write and, on a conflict (412), reads again and calls it again.
 
-Each VM's view decides for that VM (ARCHITECTURE.md, "Trust boundaries"). Azure lets any
+Each VM's view decides for that VM (docs/lifecycle.md, "Trust"). Azure lets any
 VM named in an event's `Resources` approve it for all of them, and every VM of a set sees
 its set-mates' events, so a VM's description of a shared event is an attacker's input
 about every other VM. So:
@@ -38,7 +38,13 @@ from functions.model.envelope import Envelope, ScheduledEvent, VmRef
 from functions.model.event import Decision, Transition
 from functions.model.policy import PolicyLoad, decide
 from functions.model.view import VmView
-from functions.pipeline.lifecycle import intend_approval, report
+from functions.pipeline.lifecycle import (
+    Observation,
+    approval_lease,
+    claim_announcement,
+    intend_approval,
+    observe,
+)
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import claim_recovery
 from functions.pipeline.views import (
@@ -53,6 +59,8 @@ from functions.settings import Settings
 from functions.store import claims
 from functions.store.recent import copy_record
 from functions.store.records import MAX_VIEWS, EventRecord, ViewDecision, VmRecord
+
+DEFAULT_APPROVAL_LEASE = approval_lease(Settings.model_fields["approval_budget_seconds"].default)
 
 
 @dataclass
@@ -78,18 +86,30 @@ def decide_report(
     now: datetime,
     repeated: bool = False,
     newcomer: bool = False,
+    *,
+    holder: str = "",
+    lease: timedelta = DEFAULT_APPROVAL_LEASE,
+    seen_at: datetime | None = None,
+    relays: bool = True,
 ) -> ReportPlan:
     """The pure step for one event of one document (see the module docstring). `row` is
     never changed: the plan's row is a copy. `repeated`: this VM's previous document
     showed the same view (its VM row says so), so a view the row could not keep (beyond
     MAX_VIEWS) is not counted again. `newcomer`: this VM had not listed the event before
-    (an end the other reporters made reopens for it)."""
+    (an end the other reporters made reopens for it). `holder`, `lease`: the claims this
+    write takes (functions.store.claims); `seen_at`: when the relay saw it; `relays`: the
+    relay path approves (APPROVERS), through this VM's relay first when it is named."""
     current = copy_record(row) if row is not None else None
     view = view_of(event, vm.name)
     key = view_key(view, vm.scale_set)
-    updated, claimed = report(
-        current, event, vm, now, describes=_describes(current, vm, key), newcomer=newcomer
+    seen = Observation(
+        event,
+        seen_at or now,
+        vm=vm,
+        describes=_describes(current, vm, key),
+        newcomer=newcomer,
     )
+    updated, claimed = observe(current, seen, now, holder)
     target = updated if updated is not None else current
     if target is None or target.ended:
         return ReportPlan(row=updated, claimed=claimed, view=view, key=key)
@@ -130,13 +150,14 @@ def decide_report(
         _redecide(target, event, policy, now)
         made = changed = True
     key_taken = Transition.POLICY_INVALID if _failed_closed(target) else Transition.DECIDED
-    if claims.take(target.announced, key_taken.value, now):
+    if claim_announcement(target, key_taken, now, holder):
         claimed.append(key_taken)
         changed = True
     taken = ""
     if made:
         dry_run = policy.policy is not None and policy.policy.dry_run
-        taken = intend_approval(target, dry_run, now)
+        relay_to = vm.name if relays and event.affects(vm.name) else ("" if relays else None)
+        taken = intend_approval(target, dry_run, now, lease, holder, relay_to)
     return ReportPlan(
         approval_claim=taken,
         row=target if changed else None,
@@ -339,6 +360,8 @@ def next_vm_row(
         record.event_statuses = {e.event_id.casefold(): e.event_status for e in events}
         record.late_event_ids = sorted(late)
         record.event_views = dict(views)
+        if any(e.is_started for e in events):
+            record.unstarted = None  # one of its events really started: believed again
     return record, mark
 
 
@@ -460,3 +483,25 @@ def settled(
             return False
     plan = decide_report(recent, event, vm, policy, now, repeated, newcomer)
     return plan.row is None and not plan.claimed
+
+
+def decide_grid(
+    target: EventRecord,
+    event: ScheduledEvent,
+    policy: PolicyLoad,
+    now: datetime,
+    holder: str = "",
+) -> tuple[bool, Transition | None]:
+    """Decide an event the first time Event Grid reports it (or once more, after it failed
+    closed on an invalid policy and this host's policy is valid), and claim the decision's
+    announcement, in place. Returns (decided now, the transition claimed or None)."""
+    decided = False
+    if target.decision is None:
+        target.decision = decide(policy, event, now, tuple(target.scale_sets))
+        target.decided_at = now
+        decided = True
+    elif should_redecide(target, policy, now):
+        redecide(target, event, policy, now)
+        decided = True
+    key = Transition.POLICY_INVALID if target.decision.policy_error else Transition.DECIDED
+    return decided, key if claim_announcement(target, key, now, holder) else None

@@ -19,11 +19,9 @@ from functions.ledger import measured
 from functions.model.envelope import (
     DocumentError,
     Envelope,
-    LedgerEntry,
     ScheduledEvent,
     parse_envelope,
 )
-from functions.model.event import Transition
 from functions.pipeline.admission import NotAdmitted, trusted_ref
 from functions.pipeline.context import Pipeline
 from functions.pipeline.decide import (
@@ -33,12 +31,12 @@ from functions.pipeline.decide import (
     decide_report,
     next_vm_row,
 )
-from functions.pipeline.lifecycle import own_claim
-from functions.pipeline.reconcile import reconcile
+from functions.pipeline.due import NOTHING_READ, Facts
+from functions.pipeline.lifecycle import approval_lease, observed, own_claim
+from functions.pipeline.reconcile import all_silent, reconcile
 from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
-from functions.pipeline.transitions import end_event
 from functions.store import claims
 from functions.store.records import EventRecord, VmRecord
 from functions.store.rows import RowTooLarge
@@ -177,8 +175,9 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     current = [e for e in listed if e.affects(name)]
     result.ignored_events = len(listed) - len(current)
     # Event rows written (or due a retry), kept across attempts: a write of an earlier
-    # attempt whose VM row moved still holds the claims it took.
-    touched: dict[str, Touched] = {}
+    # attempt whose VM row moved still holds the claims it took (claims name this message
+    # as their holder, so its reconcile acts on them at once).
+    touched: dict[str, EventRecord] = {}
     for attempt in range(20):
         # Read: the VM row (or a safe guess of it) and the event rows as remembered.
         vm, guessed = _vm_row(store, envelope, current, first=attempt == 0)
@@ -200,7 +199,7 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         for step in plan.steps:
             _write_step(step, envelope, pipeline, now, result, touched, late)
         for old in plan.absent:
-            _absent(old, name, pipeline, now, result, measured(envelope, old, left=True))
+            _absent(old, envelope, pipeline, now, result)
         recovered: list[str] = []  # the silence this document ends, if announced
         saved = _save_vm(
             store,
@@ -216,8 +215,9 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
             # After the VM row, so this VM's callback URL is known to the approver. What
             # each event still needs is read from the row this document left
             # (level-triggered): a redelivery or the watchdog would find the same.
-            for record, mine, claimed in touched.values():
-                _reconcile(pipeline, record, result, mine, claimed)
+            tag = message_tag(envelope)
+            for record in touched.values():
+                _reconcile(pipeline, record, result, tag)
             for mark in recovered:
                 _announce_recovery(pipeline, name, mark, now)
             return result
@@ -226,19 +226,15 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     raise RuntimeError(f"VM row {name} kept changing; giving up this delivery")
 
 
-# An event row this document wrote: (the row, the approval claim its write took, the
-# announcements its write claimed), for reconcile.
-Touched = tuple[EventRecord, str, list[Transition]]
-
-
 def _reconcile(
     pipeline: Pipeline,
     record: EventRecord,
     result: IngestResult,
-    mine: str = "",
-    claimed: list[Transition] | None = None,
+    me: str,
+    facts: Facts = NOTHING_READ,
+    left_at: datetime | None = None,
 ) -> None:
-    done = reconcile(pipeline, record, mine=mine, claimed=claimed or ())
+    done = reconcile(pipeline, record, me=me, facts=facts, left_at=left_at)
     result.transitions.extend((record.event_id, t.value) for t in done.published)
     if done.approval is not None:
         result.approvals.append(done.approval)  # type: ignore[arg-type]
@@ -254,8 +250,7 @@ def _reconcile_listed(
     for event in events:
         record = pipeline.store.get_event(event.event_id)
         if record is not None:
-            mine = record.approval_claim if own_claim(record, tag) else ""
-            _reconcile(pipeline, record, result, mine)
+            _reconcile(pipeline, record, result, tag)
 
 
 def message_tag(envelope: Envelope) -> str:
@@ -376,7 +371,7 @@ def _write_step(
     pipeline: Pipeline,
     now: datetime,
     result: IngestResult,
-    touched: dict[str, Touched],
+    touched: dict[str, EventRecord],
     late: set[str],
 ) -> None:
     """Write what `decide_document` decided for one listed event; the event row under
@@ -426,14 +421,24 @@ def _write_step(
     plans: list[ReportPlan] = []
 
     tag = message_tag(envelope)
+    lease = approval_lease(pipeline.settings.approval_budget_seconds)
+    seen_at = observed(envelope.observed_at, now)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         plan = decide_report(
-            rec, event, envelope.vm, pipeline.settings.policy, now, repeated, newcomer
+            rec,
+            event,
+            envelope.vm,
+            pipeline.settings.policy,
+            now,
+            repeated,
+            newcomer,
+            holder=tag,
+            lease=lease,
+            seen_at=seen_at,
+            relays="relay" in pipeline.settings.approver_order,
         )
         plans[:] = [plan]
-        if plan.row is not None and plan.approval_claim:
-            plan.row.approval_claimed_by = tag
         return plan.row
 
     record, won = store.mutate_event(event.event_id, change)
@@ -457,30 +462,16 @@ def _write_step(
         _late_report(event, name, said_before, store, now, late)
     if record is None or (record.ended and not won):
         return
-    if not won and own_claim(record, tag):
-        # This very message took the approval's claim on an earlier delivery whose host
-        # died: the claim is this delivery's to act on now.
-        _, _, claimed = touched.get(record.event_id.casefold(), (record, "", []))
-        touched[record.event_id.casefold()] = (record, record.approval_claim, claimed)
-    elif won:
-        _, mine, claimed = touched.get(record.event_id.casefold(), (record, "", []))
-        touched[record.event_id.casefold()] = (
-            record,
-            plan.approval_claim
-            or mine
-            or (record.approval_claim if own_claim(record, tag) else ""),
-            [*claimed, *(t for t in plan.claimed if t not in claimed)],
-        )
-    elif not won and any(claims.is_pending(m) for m in record.announced.values()):
-        # Announcements claimed and not done (a host that died on an earlier delivery of
-        # this message, or a live one mid-publish): reconcile republishes what is stale.
-        _, mine, claimed = touched.get(record.event_id.casefold(), (record, "", []))
-        touched[record.event_id.casefold()] = (record, mine, claimed)
-    elif newcomer and event.affects(name) and _may_retry(record):
-        # Nothing changed in the row; a named VM whose relay was not known when the
-        # approval was last tried may still approve it now.
-        _, mine, claimed = touched.get(record.event_id.casefold(), (record, "", []))
-        touched[record.event_id.casefold()] = (record, mine, claimed)
+    pending = any(claims.is_pending(m) for m in record.announced.values())
+    if (
+        won
+        or own_claim(record, tag)  # taken by this message on a delivery whose host died
+        or pending  # claimed and not done: reconcile republishes what expired
+        or (newcomer and event.affects(name) and _may_retry(record))
+    ):
+        # A named VM whose relay was not known when the approval was last tried may
+        # still approve it now: reconciled too.
+        touched[record.event_id.casefold()] = record
 
 
 def _late_report(
@@ -512,12 +503,51 @@ def _may_retry(record: EventRecord) -> bool:
 
 def _absent(
     event_id: str,
-    vm: str,
+    envelope: Envelope,
     pipeline: Pipeline,
     now: datetime,
     result: IngestResult,
-    ledger: LedgerEntry | None = None,
 ) -> None:
-    # The relay's measurements of an event that left ride on the status write it takes.
-    ended = end_event(event_id, vm, pipeline, now, ledger=ledger)
-    result.transitions.extend((event_id, t.value) for t in ended)
+    """This VM no longer lists the event: its reporter row says so (with its relay's
+    measurements of the event, in the same write); then the event is reconciled with
+    what that leaves: nobody lists it any more (it ends, as of when this relay saw it go),
+    or others still do (their silence may end it: a unit of work of its own, which reads
+    their rows, for an event past its start)."""
+    store, vm = pipeline.store, envelope.vm.name
+    ledger = measured(envelope, event_id, left=True)
+    # Own row first, then look for anyone else: of two last reporters leaving at once,
+    # the later query sees both rows, so at least one of them ends the event.
+    store.set_reporter(event_id, vm, "", now, ledger=ledger)
+    seen = store.recent_event(event_id)
+    if seen is not None and seen.ended and _still_ended(store, event_id):
+        return  # ending is final: nothing more to do for a late leaver
+    others = store.active_reporters(event_id, SILENCE_CHECK_AT_LEAVE)
+    facts = Facts(reporting=False, reported=True)
+    if others:
+        # A few others still list it: if every one of them went silent, it ends now
+        # (many others: their documents or the sweep end it).
+        past = (
+            seen is None or seen.started or (seen.not_before is not None and now >= seen.not_before)
+        )
+        if not past or len(others) > SILENCE_CHECK_AT_LEAVE:
+            return
+        if not all_silent(pipeline, others, now):
+            return
+        facts = Facts(reporting=True, reported=True, silent=True)
+    record = seen or store.get_event(event_id)  # a remembered row: its ETag guards the end
+    if record is None or record.ended:
+        return
+    _reconcile(pipeline, record, result, message_tag(envelope), facts, envelope.observed_at)
+
+
+# Others still listing an event a VM left whose silence that VM's document checks (their
+# VM rows, stopping at the first heard): beyond this many, their own documents (or the
+# sweep, which looks at every open event at least hourly) end it.
+SILENCE_CHECK_AT_LEAVE = 8
+
+
+def _still_ended(store: Store, event_id: str) -> bool:
+    """An end remembered here may have been undone since (another VM's first report
+    reopened it): one read says, and only for an event this worker saw end."""
+    record = store.get_event(event_id)
+    return record is None or bool(record.ended)

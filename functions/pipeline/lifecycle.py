@@ -1,10 +1,14 @@
-"""One event's fleet-wide lifecycle, as pure functions over its row.
+"""One event's fleet-wide lifecycle, written once for every source, as pure functions.
 
-A VM's document says "these events exist, in these states" from that VM's point of view.
-Fleet-wide an event is `scheduled` when first seen Scheduled, `started` when any reporter
-says Started (or it is first seen Started: a host failure skips Scheduled), and it ends
-only when *every* VM that reported it has sent a later document without it (or went
-silent): `completed` if it had started, `cancelled` if it never did.
+A relay's document and an Event Grid notification are both an `Observation`: one source
+saw the event in one state at one time. `observe` applies it to the event row:
+- fleet-wide an event is `scheduled` when first seen Scheduled, `started` when any source
+  says Started (or it is first seen Started: a host failure skips Scheduled);
+- it ends when Azure says so (Event Grid's Completed / Canceled), or when every VM that
+  reported it stopped listing it (or went silent): that end is decided by the one decider
+  (functions.pipeline.due) from the reporter rows, and applied here by `end`;
+- Event Grid is no VM: it is not a reporter, but it names the event's owner in ARM, and
+  once it described the event its NotBefore is Azure's (no relay's report moves it).
 
 Who reports an event is not in its row: each reporter has its own row in the event's
 partition (functions.store.events), written by that VM's documents alone, so 200 VMs
@@ -12,16 +16,20 @@ reporting at once never contend for one row; the event row changes only when the
 does (first report, Started, a new NotBefore, the decision, approval, the end).
 
 Facts that never change back, which ingest relies on to skip reading rows it saw before:
-an ended event stays ended (a late report only adds a past reporter row), a decision once
-made stays made, and `resources` / `scale_sets` / `availability_sets` only grow.
+an ended event stays ended (a late report only adds a past reporter row; only a VM that
+never reported it reopens an end its set-mates made), a decision once made stays made,
+and `resources` / `scale_sets` / `availability_sets` only grow.
 
-These functions only compute; the caller writes the result under the row's ETag and may
-call them again on a fresh row after losing a race, so they must stay side-effect free.
+Claims taken here carry their lease and holder (functions.store.claims): announcements
+ANNOUNCE_LEASE, the approval `approval_lease`. These functions only compute; the caller
+writes the result under the row's ETag and may call them again on a fresh row after losing
+a race, so they stay side-effect free.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from functions.model.envelope import STARTED, ScheduledEvent, VmRef
 from functions.model.event import Transition
@@ -32,6 +40,56 @@ from functions.store.records import (
     MAX_SETS,
     EventRecord,
 )
+
+# An announcement's claimer publishes within this; after it anyone publishes it again (the
+# topic drops a MessageId it has seen). Short: 200 reporters of one event reconcile at
+# once, and a host that died is found by the next look (a redelivery, 10 s later).
+ANNOUNCE_LEASE = timedelta(seconds=5)
+# Beyond the approval's own budget, how long its claim is held.
+APPROVAL_LEASE_MARGIN = timedelta(seconds=15)
+
+
+# How far back an observer's time is believed: a document can wait this long behind an
+# outage (storage, the function app) and still say when its relay saw what it says; an
+# older claim is taken as this old (the documents queue keeps a message for 7 days, but
+# nothing a day late decides anything on time anyway).
+MAX_OBSERVER_LAG = timedelta(days=1)
+
+
+def observed(at: datetime, now: datetime) -> datetime:
+    """When a source saw something, bounded by the app's clock: never later than now, never
+    earlier than MAX_OBSERVER_LAG ago (issue 40: decide by when it happened, not by when
+    the app got round to it)."""
+    return max(min(at, now), now - MAX_OBSERVER_LAG)
+
+
+def approval_lease(budget_seconds: float) -> timedelta:
+    """An approval claim is held for one attempt's budget (and a margin): longer means its
+    holder died, and the next reconcile takes it over."""
+    return timedelta(seconds=budget_seconds) + APPROVAL_LEASE_MARGIN
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The event's owner in ARM, as Event Grid names it."""
+
+    id: str
+    resource_type: str  # virtualMachines | virtualMachineScaleSets | availabilitySets
+    name: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One source's report of one event. `seen_at`: when the source saw it (a relay's
+    observation time, Event Grid's event time), never later than the app's clock."""
+
+    event: ScheduledEvent
+    seen_at: datetime
+    vm: VmRef | None = None  # the reporting VM (a relay); None for Event Grid
+    owner: Owner | None = None  # Event Grid: the owner in ARM
+    ends: str = ""  # Event Grid: "completed" or "cancelled"
+    describes: bool = True  # may move the row's NotBefore and duration (see observe)
+    newcomer: bool = False  # a VM's first report of it: an end by reporters reopens
 
 
 def _union(
@@ -57,38 +115,41 @@ def _union(
     return dropped
 
 
-def _add(items: list[str], value: str | None) -> None:
-    """Add one name (case-insensitively new) within the caps (Event Grid's path uses it)."""
-    _union(items, [value], MAX_RESOURCES)
+def claim_announcement(
+    record: EventRecord, transition: Transition, now: datetime, holder: str = ""
+) -> bool:
+    """Claim one announcement in the row (in place) if nobody has: ANNOUNCE_LEASE."""
+    return claims.take(record.announced, transition.value, now, ANNOUNCE_LEASE, holder)
 
 
 def _claim(
-    record: EventRecord, transition: Transition, now: datetime, out: list[Transition]
+    record: EventRecord,
+    transition: Transition,
+    now: datetime,
+    out: list[Transition],
+    holder: str = "",
 ) -> None:
-    if claims.take(record.announced, transition.value, now):
+    if claim_announcement(record, transition, now, holder):
         out.append(transition)
 
 
-def report(
-    record: EventRecord | None,
-    event: ScheduledEvent,
-    vm: VmRef,
-    now: datetime,
-    describes: bool = True,
-    newcomer: bool = False,
+def observe(
+    record: EventRecord | None, seen: Observation, now: datetime, holder: str = ""
 ) -> tuple[EventRecord | None, list[Transition]]:
-    """A VM's document contains `event`. Returns the new event row (None: unchanged) and
-    the transitions this write claims for announcing. The VM's own reporter row is the
-    caller's (functions.pipeline.ingest). `describes`: this report may move the row's
-    description (NotBefore, DurationInSeconds, Description), which the approval deadline,
-    the watchdog and the end read; only the VM whose view the row shows may (its own
-    event was rescheduled), so no other VM's report moves them for everyone."""
+    """Apply one observation. Returns the new event row (None: unchanged) and the
+    announcements this write claims. A relay's own reporter row is the caller's
+    (functions.pipeline.ingest). `describes`: this report may move the row's description
+    (NotBefore, DurationInSeconds), which the approval deadline and the end read; only the
+    VM whose view the row shows may (its own event was rescheduled), so no other VM's
+    report moves them for everyone."""
     claimed: list[Transition] = []
+    event = seen.event
+    grid = seen.vm is None
     if record is None:
         record = EventRecord(
             event_id=event.event_id,
             event_type=event.event_type,
-            event_status=event.event_status,
+            event_status=STARTED if event.event_status == STARTED else event.event_status,
             event_source=event.event_source,
             resource_type=event.resource_type,
             not_before=event.not_before,
@@ -96,71 +157,102 @@ def report(
             duration_in_seconds=event.duration_in_seconds,
             first_seen=now,
         )
-        changed = True
+        if grid:
+            record.event_status = STARTED if event.event_status == STARTED else "Scheduled"
+        before = ""
     else:
         before = record.model_dump_json()
-        changed = False
-    if record.ended and newcomer and record.ended_by == "reporters":
+    if record.ended and seen.newcomer and not grid and record.ended_by == "reporters":
         # The first report of a VM that had not listed it: the end other VMs made is not
         # this VM's (its own view says the event is on). It reopens for it.
         reopen(record)
-        changed = True
     if record.ended:
-        # A late document from a VM that reported it before, or after Azure ended it:
-        # the caller records the VM as a past reporter; the event is not reopened.
+        # A late report (the caller records a relay as a past reporter only), or a late or
+        # reordered notification: ending is final.
         return None, claimed
-    # `Resources` from a relay is a claim about other VMs (ingest checked only that it names
-    # the reporter). It decides nothing about them: every action on a named VM goes to that
-    # VM's own relay, which acts only for an event its own IMDS shows naming it (and, to
-    # approve, of the type and source decided on). Kept as the union, as genuine reports
-    # agree, so a report that adds nothing writes nothing. The sets are Azure's facts.
+    # `Resources` is a claim about other VMs (ingest checked only that it names the
+    # reporter). It decides nothing about them: every action on a named VM goes to that
+    # VM's own relay, which acts only for an event its own IMDS shows naming it. Kept as
+    # the union, as genuine reports agree, so a report that adds nothing writes nothing.
     dropped = _union(record.resources, event.resources, MAX_RESOURCES)
     record.resources_dropped = max(record.resources_dropped, dropped)
-    _union(record.scale_sets, [vm.scale_set], MAX_SETS)
-    _union(record.availability_sets, [vm.availability_set], MAX_SETS)
-    moves = describes and not record.started and not record.arm_resource
+    if seen.vm is not None:  # Azure's facts about the reporting VM
+        _union(record.scale_sets, [seen.vm.scale_set], MAX_SETS)
+        _union(record.availability_sets, [seen.vm.availability_set], MAX_SETS)
+    if seen.owner is not None:
+        record.arm_resource = record.arm_resource or seen.owner.id
+        if seen.owner.resource_type == "virtualMachineScaleSets":
+            _union(record.scale_sets, [seen.owner.name], MAX_SETS)
+        elif seen.owner.resource_type == "availabilitySets":
+            _union(record.availability_sets, [seen.owner.name], MAX_SETS)
+    # Once Event Grid described the event its NotBefore is Azure's, and a relay's report
+    # (perhaps a set-mate's, perhaps hostile) does not move it.
+    moves = not record.started and (grid or (seen.describes and not record.arm_resource))
     if event.not_before is not None and moves:
-        # Once Event Grid described the event, its NotBefore is Azure's and a relay's
-        # report (perhaps a set-mate's, perhaps hostile) does not move it.
         record.not_before = event.not_before
     if event.description and not record.description:
         record.description = event.description
-    if event.duration_in_seconds is not None and describes:
+    if event.duration_in_seconds is not None and (grid or seen.describes):
         record.duration_in_seconds = event.duration_in_seconds
-    if event.event_status == STARTED and not record.started:
-        record.started = True
-        record.event_status = STARTED
-    if record.started:
-        _claim(record, Transition.STARTED, now, claimed)
+    if seen.ends:
+        at = observed(seen.seen_at, now)
+        end(record, at, claimed, how=seen.ends, by="azure", now=now, holder=holder)
     else:
-        _claim(record, Transition.SCHEDULED, now, claimed)
-    if changed or claimed or record.model_dump_json() != before:
+        if event.event_status == STARTED and not record.started:
+            record.started = True
+            record.event_status = STARTED
+            record.started_at = observed(seen.seen_at, now)
+        _claim(
+            record,
+            Transition.STARTED if record.started else Transition.SCHEDULED,
+            now,
+            claimed,
+            holder,
+        )
+    if claimed or record.model_dump_json() != before:
         return record, claimed
     return None, claimed
 
 
-def end(record: EventRecord, now: datetime, claimed: list[Transition]) -> None:
-    """No VM reports it any more. It "had started" if a VM said Started, we approved it,
-    or NotBefore passed (a 1 s poll can miss a short Started phase)."""
-    passed = record.not_before is not None and now >= record.not_before
-    had_started = record.started or record.approval == "approved" or passed
-    record.ended = "completed" if had_started else "cancelled"
-    record.ended_at = now
-    record.ended_by = "reporters"
-    _claim(
-        record,
-        Transition.COMPLETED if had_started else Transition.CANCELLED,
-        now,
-        claimed,
-    )
+def end(
+    record: EventRecord,
+    at: datetime,
+    claimed: list[Transition],
+    *,
+    how: str = "",
+    by: str = "reporters",
+    now: datetime | None = None,
+    holder: str = "",
+) -> None:
+    """End the event (in place) as seen at `at` (when the source saw it end: a relay's
+    observation, Event Grid's event time, never when the app got round to it). Without
+    `how`, it "had started" if a VM said Started, the app approved it, or NotBefore had
+    passed by `at` (a 1 s poll can miss a short Started phase): completed, else cancelled."""
+    if not how:
+        passed = record.not_before is not None and at >= record.not_before
+        how = "completed" if record.started or record.approval == "approved" or passed else ""
+        how = how or "cancelled"
+    record.ended = "completed" if how == "completed" else "cancelled"
+    record.ended_at = at
+    record.ended_by = "azure" if by == "azure" else "reporters"
+    transition = Transition.COMPLETED if record.ended == "completed" else Transition.CANCELLED
+    _claim(record, transition, now or at, claimed, holder)
 
 
-def intend_approval(record: EventRecord, dry_run: bool, now: datetime) -> str:
+def intend_approval(
+    record: EventRecord,
+    dry_run: bool,
+    now: datetime,
+    lease: timedelta,
+    holder: str = "",
+    relay_to: str | None = None,
+) -> str:
     """In the same write as a decision to approve: the approval's intent (`pending`, with
     the decision's window), and, when it may happen now, the approval claim itself, so
     the writer goes on to approve without a second write and a host that dies after this
-    write leaves a claim whose lease runs out, never a decision with nothing after it.
-    Returns the claim taken ("" when none). Pure: the caller writes the row."""
+    write leaves a claim that expires, never a decision with nothing after it.
+    `relay_to`: the relay the approval will call first (the claim records it as sent:
+    `note_sent`). Returns the claim taken ("" when none). Pure: the caller writes the row."""
     decision = record.decision
     if decision is None or decision.action != "approve" or decision.policy_error:
         return ""
@@ -175,8 +267,21 @@ def intend_approval(record: EventRecord, dry_run: bool, now: datetime) -> str:
     if (window is not None and window > now) or record.approval_reason == "capacity":
         return ""
     record.approval = "in_progress"
-    record.approval_claim = claims.pending(now)
+    record.approval_claim = claims.pending(now, lease, holder)
+    if relay_to is not None:
+        note_sent(record, now, relay_to)
     return record.approval_claim
+
+
+def note_sent(record: EventRecord, now: datetime, relay_to: str) -> None:
+    """In the claim's own write, before any call (as `arm_sent_at` before ARM's): the
+    relay path is about to send StartRequests. A host that dies after the relay's IMDS
+    took it, and before the approval is recorded, leaves a claim that the one decider
+    settles as approved once the VM reports Started before NotBefore."""
+    if record.relay_sent_at is None:
+        record.relay_sent_at = now
+    if relay_to and not record.relay_sent_to:
+        record.relay_sent_to = relay_to
 
 
 def reopen(record: EventRecord) -> None:
@@ -190,11 +295,11 @@ def reopen(record: EventRecord) -> None:
     record.reopened += 1
 
 
-def own_claim(record: EventRecord, tag: str) -> bool:
-    """The approval is claimed, and by the message (or run) `tag` names: delivered again
-    after its host died, it acts on that claim at once (`approval_claimed_by`)."""
+def own_claim(record: EventRecord, holder: str) -> bool:
+    """The approval is claimed, and by `holder` (a message or work item): delivered again
+    after its host died, it acts on that claim at once."""
     return (
         record.approval == "in_progress"
-        and bool(record.approval_claim)
-        and record.approval_claimed_by == tag
+        and bool(holder)
+        and claims.holder(record.approval_claim) == holder
     )

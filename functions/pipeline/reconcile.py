@@ -1,175 +1,68 @@
-"""Level-triggered: what an event still needs is read from its stored row, every time.
+"""Reconcile one event by its key: read its rows, decide what is due, do it, record when
+it is next due (docs/lifecycle.md).
 
-The host can die between any two requests and a write can land while its answer is lost;
-Service Bus then delivers the message again, to a host with no memory. So no effect may be
-reachable only from "the write that made it due" (ARCHITECTURE.md, "Level-triggered").
-Ingest (a first delivery or a redelivery), Event Grid and the watchdog all end with the
-same `reconcile`, and none of them keeps a list of states it can resume from:
+Every entry point records what it saw and then calls `reconcile` on the row it wrote:
+ingest (a relay's document), Event Grid, and the sweep's workers (`reconcile_key`, one
+event per unit of work). What is due is decided by functions.pipeline.due alone; this
+module only carries it out, each effect idempotent and marked done in the row:
 
-    due(row, policy, now) -> Due          # pure: what is due and not marked done
-    reconcile(row): due -> do each part   # every effect idempotent, then marked done
-
-What is due, from the row alone:
-- every announcement whose intent is written (a claim still "pending": published by
-  the caller that claimed it, or by anyone once it is older than IN_FLIGHT, as the topic
-  drops a MessageId it has seen within its duplicate-detection window), and every one
-  whose condition holds but was never claimed (a claim released after a failed publish),
-  in the order a person reads them: scheduled, started, decided, approved, ... so
-  `approved` is never announced before `decided`;
-- the approval, whenever the decision says approve and the row is not approved, failed,
-  started or ended, its window (if any) has opened, and nobody holds a live claim on it:
-  it follows from the decision, not from a write made after it, so a crash between the
-  decision and anything after it loses nothing;
-- the capacity slot the approval needs, taken just before approving (the slot rows
-  forget a holder that ended or lapsed, so a crash never leaks one for good);
-- for an ended event, its end announcement, then its capacity slots given back and its
-  move out of the open index, only once every announcement is done (a `started` claimed
-  just before the end is still published).
-
-The drain workflow keeps its own level (functions.terminate: each step a row, re-run by
-the `decided` message's redelivery); the silence of relays is the watchdog's.
+1. changes of state first, each followed by a fresh decision on the row it wrote: the end
+   (its announcement claimed in the same write), a fail-closed decision decided again, an
+   approval that reached Azure but was never recorded;
+2. announcements, in the order a person reads them (claimed, published, marked done);
+3. slots the row no longer entitles the event to, given back;
+4. closing: out of the open index (after the undrain of a drained event);
+5. the drain of a `drain` decision, from the row;
+6. the approval (its capacity slots first), within its own budget;
+7. when the event is next due, in the open index, so the sweep finds it then.
+Raises when the topic or storage fails (the message is redelivered, or the next sweep
+finds the event again); approval trouble is an outcome, never raised.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
+from functions.model.envelope import PREEMPT, TERMINATE
 from functions.model.event import Transition
-from functions.model.policy import Policy
 from functions.pipeline.announce import mark_done, publish_claimed
-from functions.pipeline.approve import approval_stale_after, approve_event
+from functions.pipeline.approve import approve_event
 from functions.pipeline.capacity import (
     acquire_capacity,
     capacity_limit,
     holds_capacity,
-    needs_capacity,
     release_capacity,
+    wait_for_capacity,
 )
 from functions.pipeline.context import Pipeline
 from functions.pipeline.decision_audit import audit_decision
+from functions.pipeline.due import ENDS, NOTHING_READ, ORDER, Due, Facts, due
+from functions.pipeline.lifecycle import approval_lease, claim_announcement, end, observed
+from functions.pipeline.redecide import as_event, redecide
 from functions.store import claims
-from functions.store.records import EventRecord
+from functions.store.records import EventRecord, VmRecord
+from functions.store.rows import BadRow
 
 log = logging.getLogger(__name__)
 
-# The order announcements are published in when several are due at once.
-ORDER = (
-    Transition.SCHEDULED,
-    Transition.STARTED,
-    Transition.POLICY_INVALID,
-    Transition.DECIDED,
-    Transition.APPROVED,
-    Transition.APPROVAL_FAILED,
-    Transition.OVERDUE,
-    Transition.COMPLETED,
-    Transition.CANCELLED,
-)
-
-
-@dataclass(frozen=True)
-class Due:
-    """What one event row still needs (`due`); empty when nothing."""
-
-    publish: tuple[Transition, ...] = ()  # claimed (intent written), not marked done
-    announce: tuple[Transition, ...] = ()  # due, never claimed (or released): claim first
-    approve: bool = False
-    capacity: bool = False  # the approval takes a slot in its sets first
-    close: bool = False  # ended, every announcement done: leave the open index
-
-    def __bool__(self) -> bool:
-        return bool(self.publish or self.announce or self.approve or self.close)
-
-
-def approvable(record: EventRecord, policy: Policy | None) -> bool:
-    """The decision asks for an approval, and the row does not have one yet."""
-    decision = record.decision
-    if decision is None or decision.action != "approve" or decision.policy_error:
-        return False
-    if decision.dry_run or (policy is not None and policy.dry_run):
-        return False
-    if record.ended or record.started:
-        return False
-    return record.approval in ("", "pending", "in_progress")
-
-
-def window_of(record: EventRecord) -> datetime | None:
-    """When the approval may happen: the row's own time once the approval was set up (a
-    retry later clears it), else the decision's maintenance window."""
-    if record.approval:
-        return record.approve_after
-    return record.decision.approve_after if record.decision else None
-
-
-# A claim this fresh is most likely being published by the live host that wrote it (200
-# reporters of one event reconcile at once): left to it. A host that died left it older
-# than this by the time anyone looks again (a redelivery comes a lock duration, 10 s,
-# later). Publishing one twice costs a send the topic drops, nothing more.
-IN_FLIGHT = timedelta(seconds=5)
-
-
-def due(
-    record: EventRecord,
-    policy: Policy | None,
-    now: datetime,
-    lease: timedelta,
-    mine: str = "",
-    claimed: frozenset[Transition] = frozenset(),
-) -> Due:
-    """Everything `record` still needs, from the row alone (pure). `mine`: the approval
-    claim this caller wrote itself (it may act on it without waiting for its lease);
-    `claimed`: the announcements it claimed itself (published without waiting)."""
-
-    def owed(key: str, mark: str) -> bool:
-        if not claims.is_pending(mark):
-            return False
-        return key in claimed or claims.is_stale(mark, now, IN_FLIGHT)
-
-    pending = [t for t in ORDER if owed(t.value, record.announced.get(t.value, ""))]
-    known = {t.value for t in ORDER}
-    pending += [
-        Transition(key)
-        for key, mark in record.announced.items()
-        if key not in known and key in Transition._value2member_map_ and owed(key, mark)
-    ]
-    missing = [t for t in _conditions(record) if t.value not in record.announced]
-    approve = approvable(record, policy)
-    if approve and record.approval == "in_progress":
-        held = record.approval_claim
-        approve = held == mine or claims.is_stale(held, now, lease) or not claims.is_pending(held)
-    window = window_of(record) if approve else None
-    if window is not None and window > now:
-        approve = False
-    capacity = approve and needs_capacity(record)
-    unsent = [m for m in record.announced.values() if claims.is_pending(m)]
-    close = bool(record.ended) and not unsent and not missing
-    return Due(
-        publish=tuple(pending),
-        announce=tuple(missing),
-        approve=approve,
-        capacity=capacity,
-        close=close,
-    )
-
-
-def _conditions(record: EventRecord) -> list[Transition]:
-    """The announcements the row's facts call for (claimed or not), in ORDER."""
-    out: list[Transition] = [Transition.STARTED if record.started else Transition.SCHEDULED]
-    decision = record.decision
-    if decision is not None:
-        out.append(Transition.POLICY_INVALID if decision.policy_error else Transition.DECIDED)
-    if record.approval == "approved":
-        out.append(Transition.APPROVED)
-    elif record.approval == "failed":
-        out.append(Transition.APPROVAL_FAILED)
-    if record.ended:
-        out.append(Transition.COMPLETED if record.ended == "completed" else Transition.CANCELLED)
-    if record.ended:
-        # Only the end and what was claimed before it: a decision never announced for an
-        # event that is over is not news any more.
-        return [t for t in out if t in (Transition.COMPLETED, Transition.CANCELLED)]
-    return out
+# Reporters whose VM rows a reconcile reads to tell whether all went silent: an event with
+# more is ended by their documents (or Azure), never by reading a thousand rows.
+MAX_SILENCE_READS = 100
+UNLISTED_AFTER = timedelta(minutes=10)  # an index row with no event row this old: dropped
+# The drain workflow's outcomes: once one is recorded, the drain ran to its end (its steps'
+# rows say what it did), and is not due from the row any more.
+DRAIN_SETTLED = frozenset({"approved", "approval_failed", "held", "skipped"})
+# Types after which the VM is gone (evicted, deleted): never flagged for not starting.
+GONE_AFTER = frozenset(t.casefold() for t in (PREEMPT, TERMINATE))
+END_DETAILS = {
+    "silent": "every VM that reported it went silent",
+    "unheard": "no Event Grid notification of its end within {limit} s",
+}
 
 
 @dataclass
@@ -177,104 +70,397 @@ class Reconciled:
     """What one reconcile did (for logs, results and tests)."""
 
     event_id: str
-    published: list[Transition]
+    published: list[Transition] = field(default_factory=list)
     approval: object | None = None  # functions.pipeline.approve.ApprovalResult
     waiting_for_capacity: bool = False
+    ended: str = ""  # why it ended in this reconcile ("" if it did not)
+    redecided: bool = False
+    settled: str = ""  # the path of an approval recorded after its answer was lost
     closed: bool = False
+    next_at: datetime | None = None
 
 
 def reconcile(
     pipeline: Pipeline,
     record: EventRecord,
     *,
+    me: str = "",
+    facts: Facts = NOTHING_READ,
     by: str = "policy",
-    mine: str = "",
-    claimed: tuple[Transition, ...] | list[Transition] = (),
-    approve: bool = True,
-    details: dict[Transition, str] | None = None,
+    worker: bool = False,
+    left_at: datetime | None = None,
 ) -> Reconciled:
     """Do what `due` says `record` still needs. `record` is the row as last read or
-    written (its ETag guards every write, so a stale copy costs a re-read, never a wrong
-    write). Raises when the topic or storage fails (the message is redelivered, or the
-    next sweep runs it again); approval trouble is an outcome, never raised."""
-    store, now = pipeline.store, pipeline.clock.now()
-    settings, policy = pipeline.settings, pipeline.policy
-    plan = due(record, policy, now, approval_stale_after(settings), mine, frozenset(claimed))
-    out = Reconciled(record.event_id, [])
+    written (its ETag guards every write: a stale copy costs a re-read, never a wrong
+    write). `me`: the holder name of the caller's claims. `facts`: what the caller read
+    beside the row. `worker`: the caller is a unit of work of its own (the sweep's), which
+    may run the drain workflow. `left_at`: when the last reporter saw the event gone."""
+    out = Reconciled(record.event_id)
+    try:
+        return _reconcile(pipeline, record, out, me, facts, by, worker, left_at)
+    except Exception as exc:
+        exc.reconciled = out  # type: ignore[attr-defined]  # what it did before it failed
+        with contextlib.suppress(Exception):  # storage may be what failed
+            # Due again at once: the next sweep finds what this one could not finish
+            # (a redelivery of the message may come first; either way, nothing is lost).
+            pipeline.store.set_due(record.event_id, pipeline.clock.now())
+        raise
+
+
+def _reconcile(
+    pipeline: Pipeline,
+    record: EventRecord,
+    out: Reconciled,
+    me: str,
+    facts: Facts,
+    by: str,
+    worker: bool,
+    left_at: datetime | None,
+) -> Reconciled:
+    store, settings = pipeline.store, pipeline.settings
+    now = pipeline.clock.now()
+    grid_end = timedelta(seconds=settings.eventgrid_end_after_seconds)
+    plan = Due()
+    for _ in range(4):  # each change of state, then a fresh decision on the row it wrote
+        plan = _due(pipeline, record, facts, me, now, grid_end)
+        if plan.end:
+            ended = _end(pipeline, record, plan.end, left_at or now, now, me, facts)
+            out.ended = plan.end if ended is not None and ended.ended else out.ended
+            record, facts = ended or store.get_event(record.event_id) or record, Facts()
+            continue
+        if plan.redecide:
+            redone = _redecide(pipeline, record, now, me)
+            out.redecided = out.redecided or redone is not None
+            record = redone or store.get_event(record.event_id) or record
+            continue
+        if plan.settle:
+            settled = _settle(pipeline, record, plan.settle, now)
+            out.settled = plan.settle if settled is not None else out.settled
+            record = settled or store.get_event(record.event_id) or record
+            continue
+        break
     if plan.announce:
-        record = _claim(pipeline, record, plan.announce, now) or record
-    sending = [t for t in ORDER if t in plan.publish or t in plan.announce]
-    sending += [t for t in plan.publish if t not in ORDER]
-    sending = [t for t in sending if claims.is_pending(record.announced.get(t.value))]
-    go = plan.approve and approve
-    # Approving next: the done-marks ride on the write that records the approval.
-    defer = tuple(sending) if go else ()
-    decided = {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending)
-    if decided:
+        record = _claim(pipeline, record, plan.announce, now, me) or record
+    sending = [
+        t
+        for t in (*ORDER, *plan.publish)
+        if (t in plan.publish or t in plan.announce)
+        and claims.is_pending(record.announced.get(t.value))
+        and claims.is_free(record.announced.get(t.value), now, me)
+    ]
+    sending = list(dict.fromkeys(sending))
+    go = plan.approve and not plan.release
+    defer = tuple(sending) if go else ()  # marked done in the write recording the approval
+    if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
         # The decision's audit goes with its announcement: both are due until the
-        # announcement is done, so a host that dies between the decision and its audit
-        # leaves it due (the row is keyed once per decision).
+        # announcement is done, so a host that dies between the two leaves it due.
         audit_decision(record, store)
     if sending:
+        details = _details(record, plan)
+        if Transition.OVERDUE in sending:
+            # Before the announcement: a crash in between leaves its claim, whose next
+            # publish flags again (the flag is idempotent).
+            _flag_unstarted(pipeline, record)
         try:
             publish_claimed(pipeline, record, sending, now, details, mark=not defer)
         except Exception:
-            if go and mine and record.approval_claim == mine:
-                _give_back_approval(pipeline, record.event_id, mine)
+            if go and record.approval == "in_progress" and _mine(record, me):
+                _give_back_approval(pipeline, record.event_id, me)
             raise
         out.published = sending
         if not defer:
             record = store.recent_event(record.event_id) or record
-            if record.ended:  # its end announced just now: it may leave the open index
-                plan = due(record, policy, now, approval_stale_after(settings), mine)
+            plan = _due(pipeline, record, Facts(), me, now, grid_end)
+    if (plan.release or plan.close) and holds_capacity(record):
+        # Given back the moment the row stops entitling it (every taker also checks each
+        # holder's row, so a slot left behind by a crash is never held for good); the
+        # events waiting for it are woken, earliest NotBefore first.
+        _release(pipeline, record, now)
     if plan.close:
-        if holds_capacity(record):
-            # Its slots go back before it leaves the open index (a host that died after
-            # the end's write leaves this due; giving back twice is harmless).
-            release_capacity(store, record)
+        if plan.undrain and not _drain(pipeline, record, "undrain", worker):
+            pipeline.store.set_due(record.event_id, now)  # the sweep's worker undrains it
+            out.next_at = now
+            return out
         store.close_event(record.event_id, record.ended_at or now)
         out.closed = True
         return out
-    if not go:
-        return out
-    if plan.capacity and not acquire_capacity(store, record, policy, now):
-        out.waiting_for_capacity = _wait_for_capacity(pipeline, record, now, defer)
-        return out
-    result = approve_event(
-        record.event_id,
-        pipeline,
-        by=by,
-        give_up_at=now + timedelta(seconds=settings.approval_budget_seconds),
-        claimed=record if mine and record.approval_claim == mine else None,
-        settle=defer,
-    )
-    if result.outcome == "skipped" and defer:
-        mark_done(store, record.event_id, defer)
-    out.approval = result
+    if plan.drain and worker and pipeline.drainer is not None:
+        outcome = _drain(pipeline, record, "drain", worker)
+        record = store.recent_event(record.event_id) or record
+        if isinstance(outcome, str) and outcome:
+            record = _note_drain(pipeline, record, outcome) or record
+    if go:
+        record = _approve(pipeline, record, plan, me, by, now, defer, out) or record
+    final = store.recent_event(record.event_id) or record
+    if not final.ended or not out.closed:
+        later = _due(pipeline, final, Facts(), me, pipeline.clock.now(), grid_end)
+        out.next_at = _schedule(pipeline, final, later.next_at, now)
     return out
 
 
+def _due(
+    pipeline: Pipeline,
+    record: EventRecord,
+    facts: Facts,
+    me: str,
+    now: datetime,
+    grid_end: timedelta,
+) -> Due:
+    drained = record.drain_outcome in DRAIN_SETTLED if record.drain_outcome else None
+    if pipeline.drainer is None:
+        drained = True  # no drain workflow here: nothing is due of it from the row
+    return due(
+        record,
+        pipeline.settings.policy,
+        now,
+        facts=facts,
+        me=me,
+        grid_end_after=grid_end,
+        drain_settled=drained,
+    )
+
+
+def _mine(record: EventRecord, me: str) -> bool:
+    return bool(me) and claims.holder(record.approval_claim) == me
+
+
+def _details(record: EventRecord, plan: Due) -> dict[Transition, str]:
+    details: dict[Transition, str] = {}
+    if plan.overdue:
+        details[Transition.OVERDUE] = plan.overdue
+    if record.ended and record.end_detail:
+        for transition in ENDS:
+            details[transition] = record.end_detail
+    return details
+
+
+# ------------------------------------------------------------------ changes of state
+
+
+def _end(
+    pipeline: Pipeline,
+    record: EventRecord,
+    why: str,
+    seen_at: datetime,
+    now: datetime,
+    me: str,
+    facts: Facts,
+) -> EventRecord | None:
+    """End the event (once: an ETag-guarded write that claims its end announcement)."""
+    # A silent reporter's own row keeps what it last said (it said nothing since): the end
+    # is the event row's alone, one write, so a crash leaves nothing half done.
+    store = pipeline.store
+    limit = pipeline.settings.eventgrid_end_after_seconds
+    detail = END_DETAILS.get(why, "").format(limit=limit)
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.ended:
+            return None
+        taken: list[Transition] = []
+        if why == "unheard":
+            how = "completed" if rec.started or rec.approval == "approved" or rec.not_before else ""
+            end(rec, now, taken, how=how or "cancelled", by="azure", now=now, holder=me)
+        else:
+            end(rec, observed(seen_at, now), taken, now=now, holder=me)
+        rec.end_detail = detail
+        return rec
+
+    updated, won = store.mutate_event(record.event_id, change, known=record)
+    return updated if won else None
+
+
+def _redecide(
+    pipeline: Pipeline, record: EventRecord, now: datetime, me: str
+) -> EventRecord | None:
+    """Replace the fail-closed decision, claim its `decided` and set up the approval's
+    intent in one ETag-guarded write, so a second reconcile racing for it finds nothing
+    left to do."""
+    from functions.pipeline.lifecycle import intend_approval
+    from functions.pipeline.redecide import should_redecide
+
+    load = pipeline.settings.policy
+    dry_run = load.policy is not None and load.policy.dry_run
+    lease = approval_lease(pipeline.settings.approval_budget_seconds)
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or not should_redecide(rec, load, now):
+            return None
+        redecide(rec, as_event(rec), load, now)
+        claim_announcement(rec, Transition.DECIDED, now, me)
+        intend_approval(rec, dry_run, now, lease, me)
+        return rec
+
+    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
+    return updated if won else None
+
+
+def _settle(
+    pipeline: Pipeline, record: EventRecord, path: str, now: datetime
+) -> EventRecord | None:
+    """An approval whose call reached Azure and whose host died before recording it: the
+    VM reports the event Started before NotBefore (or Azure reports it completed), so it
+    was this approval. Recorded as approved through the path the attempt took, audited;
+    its `approved` is then due like any other announcement."""
+    from functions.pipeline.approve import approval_path
+    from functions.store.records import MAX_ATTEMPTS_KEPT, Attempt
+
+    vm = "arm" if path == "arm" else path.removeprefix("relay:")
+    detail = (
+        "the call reached Azure before its answer was lost: the event "
+        + ("started" if record.started else "completed")
+        + " before NotBefore"
+    )
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.approval != "in_progress":
+            return None
+        rec.approval = "approved"
+        rec.approval_claim = claims.DONE
+        rec.approved_by = vm
+        rec.approval_reason = detail
+        at = rec.relay_sent_at if path != "arm" else rec.arm_sent_at
+        attempt = Attempt(at=at or now, vm=vm, outcome=f"approved ({detail})", by="reconcile")
+        rec.approval_attempts = [*rec.approval_attempts, attempt][-MAX_ATTEMPTS_KEPT:]
+        return rec
+
+    decision = record.decision
+    pipeline.store.audit(
+        record.event_id,
+        at=now,
+        rule=decision.rule if decision else "",
+        action="approve",
+        outcome=f"approved via {approval_path(vm)}",
+        detail=detail,
+        by="reconcile",
+        once=f"approval:approved:{vm}",
+        anchor=record.decided_at,
+        rank=3,
+    )
+    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
+    return updated if won else None
+
+
+# ------------------------------------------------------------------ announcements
+
+
 def _claim(
-    pipeline: Pipeline, record: EventRecord, transitions: tuple[Transition, ...], now: datetime
+    pipeline: Pipeline,
+    record: EventRecord,
+    transitions: tuple[Transition, ...],
+    now: datetime,
+    me: str,
 ) -> EventRecord | None:
     """Claim announcements that are due and not claimed, in one write."""
+    from functions.pipeline.due import conditions
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None:
             return None
-        wanted = set(_conditions(rec))
-        took = [t for t in transitions if t in wanted and claims.take(rec.announced, t.value, now)]
+        wanted = set(conditions(rec, now))
+        took = [t for t in transitions if t in wanted and claim_announcement(rec, t, now, me)]
         return rec if took else None
 
     updated, _ = pipeline.store.mutate_event(record.event_id, change, known=record)
     return updated
 
 
+def _flag_unstarted(pipeline: Pipeline, record: EventRecord) -> None:
+    """An event approved through a VM's relay that Azure never started: that VM's reports
+    are suspect, so it takes no slot until one of its events really starts (ingest clears
+    the flag on its first document that lists an event Started)."""
+    vm = record.approved_by
+    if record.approval != "approved" or not vm or vm == "arm" or record.started:
+        return
+    if record.event_type.casefold() in GONE_AFTER:
+        return  # its VM is evicted or deleted: no Started may ever be seen, and no lie
+
+    def change(rec: VmRecord | None) -> VmRecord | None:
+        if rec is None or rec.unstarted == record.event_id:
+            return None
+        rec.unstarted = record.event_id
+        return rec
+
+    pipeline.store.mutate_vm(vm, change)
+
+
+# ------------------------------------------------------------------ drain, approval
+
+
+def _drain(pipeline: Pipeline, record: EventRecord, what: str, worker: bool) -> str | bool:
+    """The drain workflow (functions.terminate) for this event, from the row. The
+    undrain returns whether the event may close; the drain, its outcome."""
+    if pipeline.drainer is None:
+        return what == "undrain"  # no drain workflow here: nothing to put back from the row
+    if not worker:
+        # In a document's or a notification's processing: the sweep's unit of work
+        # undrains, then closes the event (level-triggered: the end's notification may
+        # never reach the drain's handler, which also undrains: each step runs once).
+        return False
+    try:
+        outcome = pipeline.drainer(what, record)
+    except Exception:
+        log.exception("%s of %s failed; the next sweep tries again", what, record.event_id)
+        return False
+    return True if what == "undrain" else outcome
+
+
+def _note_drain(pipeline: Pipeline, record: EventRecord, outcome: str) -> EventRecord | None:
+    if outcome not in DRAIN_SETTLED or record.drain_outcome == outcome:
+        return None
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.drain_outcome == outcome:
+            return None
+        rec.drain_outcome = outcome
+        return rec
+
+    updated, _ = pipeline.store.mutate_event(record.event_id, change, known=record)
+    return updated
+
+
+def _approve(
+    pipeline: Pipeline,
+    record: EventRecord,
+    plan: Due,
+    me: str,
+    by: str,
+    now: datetime,
+    defer: tuple[Transition, ...],
+    out: Reconciled,
+) -> EventRecord | None:
+    store, settings = pipeline.store, pipeline.settings
+    if plan.capacity and not acquire_capacity(store, record, pipeline.policy, now):
+        out.waiting_for_capacity = _wait_for_capacity(pipeline, record, now, defer)
+        return None
+    result = approve_event(
+        record.event_id,
+        pipeline,
+        by=by,
+        give_up_at=now + timedelta(seconds=settings.approval_budget_seconds),
+        claimed=record if _mine(record, me) and record.approval == "in_progress" else None,
+        settle=defer,
+        tag=me,
+    )
+    if result.outcome == "skipped" and defer:
+        mark_done(store, record.event_id, defer)
+    if result.outcome in ("failed", "retry_later") and plan.capacity:
+        # Nothing approved it (yet): its slots go back now, not when a lapse runs out.
+        _release(pipeline, record, now)
+    out.approval = result
+    return store.recent_event(record.event_id)
+
+
+def _release(pipeline: Pipeline, record: EventRecord, now: datetime) -> None:
+    woken = release_capacity(pipeline.store, record)
+    if woken:
+        enqueue(pipeline, [e for e in woken if e != record.event_id], now)
+
+
 def _wait_for_capacity(
     pipeline: Pipeline, record: EventRecord, now: datetime, settle: tuple[Transition, ...]
 ) -> bool:
     """The set has no free slot: the approval waits (the row says why, once; its claim,
-    if this caller held it, is given back), and the watchdog tries again each sweep."""
+    if this caller held it, is given back), and is due again at the next sweep."""
     limit = capacity_limit(pipeline.policy)
     reason = (
         f"waiting: {limit} impactful event(s) already approved in its scale set / availability set"
@@ -317,20 +503,129 @@ def _wait_for_capacity(
             anchor=record.decided_at,
             rank=2,
         )
+    wait_for_capacity(pipeline.store, record)
     pipeline.store.mutate_event(record.event_id, change, known=record)
     return bool(first)
 
 
-def _give_back_approval(pipeline: Pipeline, event_id: str, mine: str) -> None:
+def _give_back_approval(pipeline: Pipeline, event_id: str, me: str) -> None:
     """The topic failed before the approval this caller claimed could follow its
-    announcements: the claim goes back, so the redelivery approves at once instead of
-    waiting for the claim's lease."""
+    announcements: the claim goes back, so the redelivery approves at once."""
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or rec.approval != "in_progress" or rec.approval_claim != mine:
+        if rec is None or rec.approval != "in_progress" or not _mine(rec, me):
             return None
         rec.approval = "pending"
         rec.approval_claim = ""
         return rec
 
     pipeline.store.mutate_event(event_id, change)
+
+
+# ------------------------------------------------------------------ when next due
+
+
+def _schedule(
+    pipeline: Pipeline, record: EventRecord, at: datetime | None, now: datetime
+) -> datetime | None:
+    """Tell the open index when the event is next due, only when that changed in a way
+    that matters: sooner than the index says, or the index says "now" and it is not (what
+    this Store last wrote there; unknown: written). An index that says "sooner than
+    needed" is left: the sweep finds it, and its reconcile puts it right."""
+    if record.ended:
+        return at
+    known, current = pipeline.store.due_written(record.event_id)
+    if known:
+        if at is None:
+            stale = current is not None and current <= now
+        elif current is None:
+            stale = True
+        else:
+            stale = at < current or current <= now
+        if not stale:
+            return at
+    pipeline.store.set_due(record.event_id, at)
+    return at
+
+
+# ------------------------------------------------------------------ by key
+
+
+def reconcile_key(pipeline: Pipeline, event_id: str, me: str = "") -> Reconciled:
+    """One unit of work of the sweep: the event's rows read afresh (its row, its reporter
+    rows, and the VM rows of its reporters when their silence can end it), then
+    `reconcile`. `me`: the work item's name, so its redelivery takes over its own claims."""
+    store, now = pipeline.store, pipeline.clock.now()
+    record = store.get_event(event_id)
+    if record is None:
+        listed = store.listed_at(event_id)
+        if listed is None or now - listed > UNLISTED_AFTER:
+            store.drop_open(event_id)  # its first write never happened
+        else:
+            store.set_due(event_id, listed + UNLISTED_AFTER)
+        return Reconciled(event_id)
+    facts = load_facts(pipeline, record, now)
+    return reconcile(pipeline, record, me=me, facts=facts, by="watchdog", worker=True)
+
+
+def load_facts(pipeline: Pipeline, record: EventRecord, now: datetime) -> Facts:
+    """Once the event is past its start (or Event Grid reported it): who reports it (one
+    partition query) and whether every VM that still lists it went silent (their VM rows,
+    up to MAX_SILENCE_READS, stopping at the first that was heard)."""
+    if record.ended:
+        return Facts()
+    past = record.started or (record.not_before is not None and now >= record.not_before)
+    if not past and not record.arm_resource:
+        # Before its start only its reporters' documents end it (each leaving document
+        # reconciles with what it leaves): nothing to read here.
+        return Facts()
+    store = pipeline.store
+    store.load_reporters(record)
+    reporting = bool(record.reporters)
+    silent: bool | None = None
+    if past and reporting:
+        silent = all_silent(pipeline, list(record.reporters), now)
+    return Facts(reporting=reporting, reported=bool(record.past_reporters), silent=silent)
+
+
+def all_silent(pipeline: Pipeline, names: list[str], now: datetime) -> bool:
+    """Every one of these VMs' relays was last heard (a message, a Service Bus heartbeat,
+    its verified liveness row) longer than RELAY_SILENT_AFTER_SECONDS ago; False at the
+    first that was heard since, or past MAX_SILENCE_READS VMs."""
+    if not names or len(names) > MAX_SILENCE_READS:
+        return False
+    quiet = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
+    for name in names:
+        vm = pipeline.store.get_vm(name)
+        if vm is None:
+            continue  # its row is gone (forgotten): nothing will be heard from it
+        heard = pipeline.last_heard(vm)
+        if heard is not None and now - heard <= quiet:
+            return False
+    return True
+
+
+def enqueue(pipeline: Pipeline, keys: list[str], now: datetime, me: str = "") -> list[Any]:
+    """Hand `keys` to the pipeline's work queue; without one, reconcile each in turn here
+    (returns their results: the single-threaded tests read them)."""
+    keys = list(dict.fromkeys(keys))
+    if not keys:
+        return []
+    if pipeline.work_queue is not None:
+        pipeline.work_queue.enqueue(keys, now)
+        return []
+    done: list[Any] = []
+    for key in keys:
+        try:
+            # Each its own holder: two sweeps reconciling the same key here at once are two
+            # units of work, never one (only a redelivery is the same one).
+            done.append(reconcile_key(pipeline, key, me=me or f"inline:{uuid.uuid4().hex}"))
+        except BadRow as exc:
+            log.warning("reconcile of %.200r: skipped %s", key, exc)
+            done.append(exc)
+        except Exception as exc:
+            log.exception("reconcile of %.200r failed; the next sweep finds it again", key)
+            partial = getattr(exc, "reconciled", None)  # what it did before it failed
+            if partial is not None:
+                done.append(partial)
+    return done

@@ -14,16 +14,18 @@ Teams posts a short follow-up, the webhook gets it like any transition.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from functions.model.event import Notification, Transition
-from functions.pipeline.announce import STALE_PENDING
 from functions.pipeline.publish import Publisher
 from functions.store import claims
 from functions.store.records import VmRecord
 from functions.store.state import Store
 
 log = logging.getLogger(__name__)
+
+# Its announcer publishes within this; after it the sweep publishes it again.
+RECOVERY_LEASE = timedelta(minutes=3)
 
 
 def silence_occurrence(last_seen: datetime) -> str:
@@ -38,7 +40,7 @@ def claim_recovery(record: VmRecord, now: datetime) -> str | None:
     if mark is None:
         return None
     record.recovery_pending = mark
-    record.recovery_claim = claims.pending(now)
+    record.recovery_claim = claims.pending(now, RECOVERY_LEASE)
     record.silent_announced_for = None
     record.silence_claim = ""
     return mark
@@ -86,6 +88,6 @@ def left_behind(record: VmRecord, now: datetime) -> str | None:
     """A recovery claimed long enough ago that its announcer must have failed."""
     if record.recovery_pending is None:
         return None
-    if record.recovery_claim and not claims.is_stale(record.recovery_claim, now, STALE_PENDING):
+    if record.recovery_claim and not claims.is_free(record.recovery_claim, now):
         return None
     return record.recovery_pending

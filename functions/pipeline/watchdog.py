@@ -1,10 +1,17 @@
-"""The every-minute sweep: silent relays (from the relays' liveness hints,
-functions.store.liveness), overdue events, deferred approvals, loose ends,
-events that failed closed on a policy that is valid now (functions.pipeline.redecide), and
-`relay_recovered` announcements a crash or a topic failure left unpublished.
+"""The every-minute sweep: it finds, it never does (docs/lifecycle.md).
 
-Everything here is "at most once" through the same ETag claims as ingest, so two
-overlapping runs (a slow run and the next tick) announce and approve nothing twice.
+- Fleet-wide: the policy's state (policy_invalid / policy_valid), retention.
+- Per VM: silent relays (from the relays' liveness hints, functions.store.liveness)
+  announced once per silence, their recovery, and VMs not heard for RETENTION_DAYS.
+- Per event: nothing here. The events due now are found in the open index (one filtered
+  query: each reconcile wrote when its event is next due), together with the events of VMs
+  that went silent in this sweep, and their keys go to the work queue
+  (functions.pipeline.workqueue), where each is reconciled on its own, with its own
+  deadline (functions.pipeline.reconcile.reconcile_key). So a sweep's time does not depend
+  on any relay, and its Table requests grow with what is due, not with the fleet.
+
+Everything here is "at most once" through the same claims as ingest, so two overlapping
+runs (a slow run and the next tick) announce nothing twice.
 """
 
 from __future__ import annotations
@@ -14,40 +21,39 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
-from functions.model.envelope import SCHEDULED, TERMINATE
+from functions.model.envelope import TERMINATE
 from functions.model.event import Notification, Transition
-from functions.pipeline.announce import announce
 from functions.pipeline.approve import ApprovalResult
-from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
-from functions.pipeline.lifecycle import intend_approval
 from functions.pipeline.policy_state import sync_policy_state
-from functions.pipeline.reconcile import reconcile
-from functions.pipeline.redecide import as_event, redecide, should_redecide
+from functions.pipeline.reconcile import enqueue
 from functions.pipeline.relay_recovery import (
     announce_recovery,
     claim_recovery,
     left_behind,
     silence_occurrence,
 )
-from functions.pipeline.sources.eventgrid_ingest import end_unheard
-from functions.pipeline.transitions import end_event, finish_event
 from functions.store import claims
 from functions.store.keys import row_key
 from functions.store.liveness import Budget, LivenessHint
-from functions.store.records import EventRecord, VmRecord
+from functions.store.records import VmRecord
 from functions.store.rows import BadRow
 
 log = logging.getLogger(__name__)
 
 
-UNLISTED_AFTER = timedelta(minutes=10)  # an open-index row with no event row this old: drop
 MAX_MARK_CHECKS = 100  # VMs with silence marks but no stale hint looked at per sweep
 MAX_SKIPPED_LISTED = 20  # skipped rows named in the report (all are counted and logged)
+# Due events one sweep hands over at most (earliest first; the rest are found next minute).
+MAX_DUE_PER_SWEEP = 20_000
+# Once an hour the whole open index is listed, to find rows written before it said when
+# they are due (or whose due time a lost write never raised).
+FULL_LISTING_EVERY = timedelta(hours=1)
 
 
 class WatchdogReport(BaseModel):
     silent: list[str] = Field(default_factory=list)
+    due: int = 0  # events found due and handed over
     overdue: list[str] = Field(default_factory=list)
     approvals: list[ApprovalResult] = Field(default_factory=list)
     ended: list[str] = Field(default_factory=list)
@@ -74,10 +80,12 @@ class WatchdogReport(BaseModel):
 
 def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
     """One sweep. Its Table requests do not grow with the fleet or its history: one query
-    per liveness partition returns only silent VMs, one query of the open index lists the
-    open events and the VMs with silence marks, one range query each finds what retention
-    expires; then point reads of those rows only. A row that is malformed, hostile or not
-    verified is skipped and reported (`skipped_rows`), never stops the sweep."""
+    per liveness partition returns only silent VMs, one query lists the VMs with silence
+    marks, one filtered query the events due now, one range query each finds what
+    retention expires; then point reads of those rows only. A row that is malformed,
+    hostile or not verified is skipped and reported (`skipped_rows`), never stops the
+    sweep. Due events go to the work queue; without one (single-threaded tests) they are
+    reconciled here in turn and the report says what that did."""
     now = pipeline.clock.now()
     out = WatchdogReport()
     try:
@@ -85,32 +93,29 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
         out.policy = changed.value if changed else None
     except Exception:  # retried next minute; never stops the sweep
         log.exception("watchdog: policy state")
+    keys: list[str] = []
+    full = _full_listing_due(pipeline, now)
     try:
-        open_events, marks = pipeline.store.open_index(out.skip)
+        if full:
+            listed, marks = pipeline.store.open_index(out.skip)
+            keys += [event_id for event_id, _ in listed]
+        else:
+            marks = pipeline.store.vm_marks(out.skip)
     except Exception:
         log.exception("watchdog: open index")
-        open_events, marks = [], []
-    silent: set[str] = set()
+        marks = []
     try:
-        silent = _sweep_vms(pipeline, now, out, marks)
+        keys += _sweep_vms(pipeline, now, out, marks)
     except Exception:
         log.exception("watchdog: silent relays")
-    for event_id, listed_at in open_events:
-        try:
-            record = pipeline.store.get_event(event_id)
-            if record is None:
-                if listed_at is None or now - listed_at > UNLISTED_AFTER:
-                    pipeline.store.drop_open(event_id)  # its first write never happened
-                continue
-            if record.ended:
-                _close(pipeline, record, now, out)
-                continue
-            _sweep_event(pipeline, record, now, silent, out)
-        except BadRow as exc:  # one bad row must not stop the sweep of the others
-            log.warning("watchdog: skipped %s", exc)
-            out.skip(exc.skipped)
-        except Exception:
-            log.exception("watchdog: event %.200r", event_id)
+    try:
+        keys += [event_id for event_id, _ in pipeline.store.due_events(now, MAX_DUE_PER_SWEEP)]
+    except Exception:
+        log.exception("watchdog: due events")
+    keys = list(dict.fromkeys(keys))
+    out.due = len(keys)
+    for done in enqueue(pipeline, keys, now, me=""):
+        _tell(out, done)
     try:
         _retention(pipeline, now, out)
     except Exception:
@@ -118,18 +123,51 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
     return out
 
 
+_last_full: dict[int, datetime] = {}
+
+
+def _full_listing_due(pipeline: Pipeline, now: datetime) -> bool:
+    """The whole open index, once per FULL_LISTING_EVERY per host (and at its first sweep)."""
+    last = _last_full.get(id(pipeline.store))
+    if last is not None and now - last < FULL_LISTING_EVERY and now >= last:
+        return False
+    _last_full[id(pipeline.store)] = now
+    return True
+
+
+def _tell(out: WatchdogReport, done: object) -> None:
+    """What a reconcile run here did, in the report (the tests read it)."""
+    if isinstance(done, BadRow):
+        out.skip(done.skipped)
+        return
+    event_id = getattr(done, "event_id", "")
+    published = getattr(done, "published", [])
+    out.republished.extend(f"{event_id}:{t.value}" for t in published)
+    if Transition.OVERDUE in published:
+        out.overdue.append(event_id)
+    if getattr(done, "ended", ""):
+        out.ended.append(event_id)
+    if getattr(done, "redecided", False):
+        out.redecided.append(event_id)
+    approval = getattr(done, "approval", None)
+    if approval is not None:
+        out.approvals.append(approval)
+
+
 def _sweep_vms(
     pipeline: Pipeline, now: datetime, out: WatchdogReport, marks: list[dict[str, str]]
-) -> set[str]:
+) -> list[str]:
     """Silence from the relays' verified liveness hints, recovery of VMs with silence
     marks, recoveries left unpublished, and VMs not heard for RETENTION_DAYS; returns the
-    names of the silent VMs. The marks themselves stay in the app's VM rows; the open
-    index only lists which VMs have them."""
+    open events of the VMs found silent in this sweep (their silence may end them: each is
+    reconciled as a unit of work). The marks themselves stay in the app's VM rows; the
+    open index only lists which VMs have them."""
     store = pipeline.store
     silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
     forget_before = now - timedelta(days=pipeline.settings.retention_days)
     marked = {row_key(m["vm"]): m for m in marks}
     silent: set[str] = set()
+    keys: list[str] = []
     verify = pipeline.liveness_verifier
     if verify is None:
         log.warning("watchdog: no liveness verifier: no relay is watched for silence")
@@ -139,7 +177,7 @@ def _sweep_vms(
             try:
                 if not hint.current and _superseded(pipeline, hint, now - silent_after, out):
                     continue
-                _silent_hint(pipeline, hint, now, out, marked, silent, forget_before)
+                keys += _silent_hint(pipeline, hint, now, out, marked, silent, forget_before)
             except BadRow as exc:
                 log.warning("watchdog: skipped %s", exc)
                 out.skip(exc.skipped)
@@ -157,7 +195,7 @@ def _sweep_vms(
             out.skip(exc.skipped)
         except Exception:
             log.exception("watchdog: VM %.200r", key)
-    return silent
+    return keys
 
 
 def _mark_time(mark: dict[str, str]) -> datetime | None:
@@ -175,9 +213,10 @@ def _silent_hint(
     marked: dict[str, dict[str, str]],
     silent: set[str],
     forget_before: datetime,
-) -> None:
+) -> list[str]:
     """A verified hint not seen since the cutoff: forget it, skip it (this silence is
-    announced already: no read at all), or look at the VM row and announce the silence."""
+    announced already: no read at all), or look at the VM row and announce the silence.
+    Returns the VM's open events when its silence is new (or a scale-in deleted it)."""
     store = pipeline.store
     mark = marked.get(row_key(hint.name))
     if hint.seen < forget_before:
@@ -188,20 +227,23 @@ def _silent_hint(
             store.unmark_vm(hint.name)
             out.retention_requests += 3
             out.forgotten_vms.append(hint.name)
-            return
+            return []
     announced = _mark_time(mark) if mark and mark.get("done") else None
     if announced is not None and hint.seen <= announced:
         silent.add(hint.name)  # announced for this silence (published): no read at all
-        return
+        return []
     vm = store.get_vm(hint.name, strict=True)
     if vm is None:
-        return  # enrolled but no document yet: nothing to watch
+        return []  # enrolled but no document yet: nothing to watch
     heard = max(hint.seen, vm.last_seen) if vm.last_seen else hint.seen
     if now - heard <= timedelta(seconds=pipeline.settings.relay_silent_after_seconds):
-        return  # heard otherwise since (a document, a Service Bus heartbeat)
+        return []  # heard otherwise since (a document, a Service Bus heartbeat)
     vm.last_seen = heard
     silent.add(vm.name)
-    if not _silence_pending(vm, now) or _deleted_by_terminate(pipeline, vm):
+    deleted = _deleted_by_terminate(pipeline, vm)
+    if deleted:
+        return deleted  # a scale-in deleted it (expected): its Terminate may end now
+    if not _silence_pending(vm, now):
         listed = (
             mark is not None and mark.get("done") and mark.get("mark") == vm.silent_announced_for
         )
@@ -209,9 +251,11 @@ def _silent_hint(
             # Published, but the listing lacks it (written by an older version, or lost):
             # list it as done, so the next sweeps skip this silence without a read.
             store.mark_vm(vm.name, hint.vm_id, vm.silent_announced_for, done=True)
-        return  # announced already, or a scale-in deleted it (expected)
+        return []  # announced already
     if _announce_silence(pipeline, vm, now, hint.vm_id):
         out.silent.append(vm.name)
+        return list(vm.event_ids)
+    return []
 
 
 def _superseded(
@@ -291,13 +335,6 @@ def _claim_recovery(pipeline: Pipeline, name: str, now: datetime, heard: datetim
     return True
 
 
-def _close(pipeline: Pipeline, record: EventRecord, now: datetime, out: WatchdogReport) -> None:
-    """An ended event still in the open index: its end (or something claimed before it)
-    was not announced, or the host died before moving it. Reconcile announces what is
-    due, then moves it to the ended-on-day index."""
-    _reconcile(pipeline, record, out)
-
-
 def _retention(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> None:
     """Delete what ended (events, with reporter and audit rows) or was rejected more than
     RETENTION_DAYS ago: found by range queries over day-named partitions, so the work is
@@ -314,30 +351,32 @@ def _retention(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> None:
         out.expired_rejects = len(rejects)
 
 
-def _deleted_by_terminate(pipeline: Pipeline, vm: VmRecord) -> bool:
-    """Its last document held a Terminate naming it, so the VM was (being) deleted."""
+def _deleted_by_terminate(pipeline: Pipeline, vm: VmRecord) -> list[str]:
+    """Its last document held a Terminate naming it, still open: the VM was (being)
+    deleted, so its silence is expected (not announced) and ends that event. Returns the
+    EventIds of those open Terminates (none: not deleted)."""
+    found: list[str] = []
     for event_id in vm.event_ids:
         record = pipeline.store.get_event(event_id)
         if (
             record is not None
+            and not record.ended
             and record.event_type.casefold() == TERMINATE.casefold()
             and any(name.casefold() == vm.name.casefold() for name in record.resources)
         ):
-            return True
-    return False
+            found.append(event_id)
+    return found
 
 
-# A silence claim older than this was left by a sweep that died before publishing: the
-# next sweep publishes it again (the MessageId names the silence, so the topic drops a
-# repeat). Shorter than a sweep's period, so the next sweep is the one.
-SILENCE_IN_FLIGHT = timedelta(seconds=30)
+# A silence's announcer publishes within this; after it the next sweep publishes it again
+# (the MessageId names the silence, so the topic drops a repeat). Shorter than a sweep's
+# period, so the next sweep is the one.
+SILENCE_LEASE = timedelta(seconds=30)
 
 
 def _silence_pending(vm: VmRecord, now: datetime) -> bool:
     """This silence still needs announcing: not claimed yet, or its claim went stale."""
-    return vm.silent_announced_for != _mark(vm) or claims.is_stale(
-        vm.silence_claim, now, SILENCE_IN_FLIGHT
-    )
+    return vm.silent_announced_for != _mark(vm) or claims.is_expired(vm.silence_claim, now)
 
 
 def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime, vm_id: str) -> bool:
@@ -357,7 +396,7 @@ def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime, vm_id: st
             return None
         rec.last_seen = heard
         rec.silent_announced_for = mark
-        rec.silence_claim = claims.pending(now)
+        rec.silence_claim = claims.pending(now, SILENCE_LEASE)
         return rec
 
     _, won = pipeline.store.mutate_vm(vm.name, change)
@@ -401,128 +440,3 @@ def _page_transitions(pipeline: Pipeline) -> tuple[Transition, ...]:
 
     policy = pipeline.policy
     return policy.page.transitions if policy else PagingPolicy().transitions
-
-
-def _sweep_event(
-    pipeline: Pipeline, record: EventRecord, now: datetime, silent: set[str], out: WatchdogReport
-) -> None:
-    # 1. Every reporter silent, and the event is past its start: it ended without word.
-    past = record.started or (record.not_before is not None and now >= record.not_before)
-    if past or record.arm_resource:
-        pipeline.store.load_reporters(record)  # one query, only when it can matter
-    if past and record.past_reporters and not record.reporters and not record.arm_resource:
-        # Every reporter's row says it left, yet the event did not end: a host died between
-        # the last reporter's leaving and the end (level-triggered: the rows say it is due).
-        if finish_event(record.event_id, pipeline, now):
-            out.ended.append(record.event_id)
-        return
-    if past and record.reporters and all(vm in silent for vm in record.reporters):
-        for vm in list(record.reporters):
-            end_event(
-                record.event_id,
-                vm,
-                pipeline,
-                now,
-                detail="every VM that reported it went silent",
-            )
-        out.ended.append(record.event_id)
-        return
-    # 1b. Only Event Grid reported it, and its end never came (dead-lettered): end it.
-    if not record.past_reporters and end_unheard(record, pipeline, now):
-        out.ended.append(record.event_id)
-        return
-    # 2. It failed closed on an invalid policy, and the policy here is valid: decide again.
-    mine = ""
-    if should_redecide(record, pipeline.settings.policy, now):
-        record, mine = _redecide(pipeline, record, now, out) or (record, "")
-    scheduled = record.event_status == SCHEDULED and not record.started
-    # 3a. Approved, yet still listed as Scheduled well after: Azure starts an approved event
-    # within moments, so its VM is flagged and its slot goes back (issue 32: one VM's own
-    # made-up events hold its set's capacity for APPROVED_START_GRACE at most).
-    approved_at = _approved_at(record)
-    if scheduled and approved_at is not None and now > approved_at + APPROVED_START_GRACE:
-        if holds_capacity(record):
-            release_capacity(pipeline.store, record)
-        minutes = int(APPROVED_START_GRACE.total_seconds() // 60)
-        detail = (
-            f"approved at {approved_at.isoformat()} via {record.approved_by}, yet still "
-            f"listed as Scheduled {minutes} min later: Azure starts an approved event at once, "
-            "so its VM's reports are suspect; its capacity slot is given back"
-        )
-        if announce(pipeline, record.event_id, Transition.OVERDUE, now, detail=detail):
-            out.overdue.append(record.event_id)
-            return
-        _reconcile(pipeline, record, out, approve=False)
-        return
-    # 3. Still Scheduled after NotBefore: Azure should have started it.
-    if scheduled and record.not_before is not None and now > record.not_before:
-        if announce(
-            pipeline,
-            record.event_id,
-            Transition.OVERDUE,
-            now,
-            detail=f"still Scheduled after NotBefore {record.not_before.isoformat()}",
-        ):
-            out.overdue.append(record.event_id)
-            return
-        # Announced before (or by a host that died between its claim and the publish):
-        # what is pending is published again; nothing is approved past NotBefore.
-        _reconcile(pipeline, record, out, approve=False)
-        return
-    # 4. Whatever else the row says is still due: announcements a crash or a failed publish
-    # left behind, a deferred approval (a window opened, capacity freed, a claim whose
-    # host died), the same reconcile ingest runs.
-    _reconcile(pipeline, record, out, mine=mine)
-
-
-# How long an approved event may stay Scheduled before it is flagged and its slot freed.
-APPROVED_START_GRACE = timedelta(minutes=5)
-
-
-def _approved_at(record: EventRecord) -> datetime | None:
-    if record.approval != "approved":
-        return None
-    times = [a.at for a in record.approval_attempts if a.vm == record.approved_by]
-    return max(times, default=record.decided_at)
-
-
-def _reconcile(
-    pipeline: Pipeline,
-    record: EventRecord,
-    out: WatchdogReport,
-    *,
-    approve: bool = True,
-    mine: str = "",
-) -> None:
-    claimed = (Transition.DECIDED,) if mine or record.event_id in out.redecided else ()
-    done = reconcile(pipeline, record, by="watchdog", approve=approve, mine=mine, claimed=claimed)
-    out.republished.extend(f"{record.event_id}:{t.value}" for t in done.published)
-    if done.approval is not None:
-        out.approvals.append(done.approval)  # type: ignore[arg-type]
-
-
-def _redecide(
-    pipeline: Pipeline, record: EventRecord, now: datetime, out: WatchdogReport
-) -> tuple[EventRecord, str] | None:
-    """Replace the fail-closed decision, claim its `decided` and set up the approval's
-    intent in one ETag-guarded write, so a second watchdog (or ingest) racing for it
-    finds nothing left to do; reconcile then announces and approves."""
-    load = pipeline.settings.policy
-    dry_run = load.policy is not None and load.policy.dry_run
-
-    mine: list[str] = []
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or not should_redecide(rec, load, now):
-            return None
-        redecide(rec, as_event(rec), load, now)
-        claims.take(rec.announced, Transition.DECIDED.value, now)
-        mine[:] = [intend_approval(rec, dry_run, now)]
-        return rec
-
-    store = pipeline.store
-    updated, won = store.mutate_event(record.event_id, change, known=record)
-    if not won or updated is None:
-        return None
-    out.redecided.append(record.event_id)
-    return updated, mine[0] if mine else ""

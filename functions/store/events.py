@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
@@ -121,6 +123,17 @@ def read_ledger(row: Any, skipped: list[Skipped] | None = None) -> tuple[LedgerE
         return None, why
 
 
+DUE = "due"  # the open index's column: when the event is next due (`due_text`)
+NEVER = "9999-12-31T23:59:59Z"  # due only when something is observed
+
+
+def due_text(at: datetime | None) -> str:
+    """A due time as the index keeps it: UTC to the second, so text order is time order."""
+    if at is None:
+        return NEVER
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def ended_partition(day: str) -> str:
     """Events table: the events that ended on `day` (YYYY-MM-DD), for retention."""
     return reserved(f"ended|{day}")
@@ -136,6 +149,8 @@ class EventRows(Rows):
     events: TableClient
     audit_table: TableClient
     _recent_events: RecentRows[EventRecord]
+    _due_written: OrderedDict[str, datetime | None]
+    _due_lock: threading.Lock
 
     @staticmethod
     def _event_columns(r: EventRecord) -> dict[str, Any]:
@@ -264,6 +279,23 @@ class EventRows(Rows):
         )
         return [r for r in (Reporter.from_row(row, skipped) for row in rows) if r is not None]
 
+    def active_reporters(self, event_id: str, limit: int) -> list[str]:
+        """The VMs that still list the event, at most `limit` + 1 of them (so a caller
+        can tell "a few" from "more than `limit`"): one query, one page."""
+        rows = self.events.query_entities(
+            "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi and status ne ''",
+            parameters={"pk": row_key(event_id), "lo": REPORTER, "hi": "r}"},
+            select=["vm"],
+            results_per_page=limit + 1,
+        )
+        names: list[str] = []
+        for row in rows:
+            if isinstance(row.get("vm"), str):
+                names.append(row["vm"])
+            if len(names) > limit:
+                break
+        return names
+
     def anyone_reports(self, event_id: str) -> bool:
         """Whether any VM still reports the event: one query that stops at the first."""
         rows = self.events.query_entities(
@@ -275,16 +307,73 @@ class EventRows(Rows):
         return next(iter(rows), None) is not None
 
     def open_event(self, event_id: str, now: datetime) -> None:
-        """List the event in the open index (before its row exists: never a row unlisted)."""
+        """List the event in the open index (before its row exists: never a row unlisted),
+        due at once: the next sweep looks at it, and its reconcile says when it is next due."""
         self.events.upsert_entity(
             {
                 "PartitionKey": OPEN_EVENTS,
                 "RowKey": row_key(event_id),
                 "EventId": event_id,
                 "at": now,
+                DUE: due_text(now),
             },
             mode=UpdateMode.REPLACE,
         )
+
+    def due_written(self, event_id: str) -> tuple[bool, datetime | None]:
+        """(known, the due time) this Store last wrote for the event in the open index."""
+        with self._due_lock:
+            key = row_key(event_id)
+            if key not in self._due_written:
+                return False, None
+            self._due_written.move_to_end(key)
+            return True, self._due_written[key]
+
+    def set_due(self, event_id: str, at: datetime | None) -> None:
+        """When the event is next due (None: only when something is observed): the sweep
+        finds it then with one filtered query (`due_events`), never by reading every open
+        event. A merge: an index row that a close removed meanwhile comes back, is found
+        due, and its reconcile removes it again."""
+        self.events.upsert_entity(
+            {
+                "PartitionKey": OPEN_EVENTS,
+                "RowKey": row_key(event_id),
+                "EventId": event_id,
+                DUE: due_text(at),
+            },
+            mode=UpdateMode.MERGE,
+        )
+        with self._due_lock:
+            self._due_written[row_key(event_id)] = at
+            while len(self._due_written) > RECENT_EVENT_ROWS:
+                self._due_written.popitem(last=False)
+
+    def listed_at(self, event_id: str) -> datetime | None:
+        """When the event was listed in the open index (None: not listed)."""
+        try:
+            row = self.events.get_entity(OPEN_EVENTS, row_key(event_id), select=["at"])
+        except ResourceNotFoundError:
+            return None
+        at = row.get("at")
+        return at if isinstance(at, datetime) else None
+
+    def due_events(self, now: datetime, limit: int) -> list[tuple[str, str]]:
+        """Open events due by `now` (EventId, the due time as the index says it), at most
+        `limit`, earliest first: one query of the open index, filtered by the service."""
+        rows = self.events.query_entities(
+            f"PartitionKey eq @pk and {DUE} le @now",
+            parameters={"pk": OPEN_EVENTS, "now": due_text(now)},
+            select=["RowKey", "EventId", DUE],
+        )
+        found: list[tuple[str, str]] = []
+        for row in rows:
+            event_id, due = row.get("EventId"), row.get(DUE)
+            if isinstance(event_id, str) and event_id and isinstance(due, str):
+                found.append((event_id, due))
+            if len(found) >= limit * 4:
+                break
+        found.sort(key=lambda item: item[1])
+        return found[:limit]
 
     def close_event(self, event_id: str, ended_at: datetime) -> None:
         """Move an ended event from the open index to the day it ended (for retention)."""
@@ -332,6 +421,28 @@ class EventRows(Rows):
             if skipped is not None:
                 skipped(skip)
         return events, marks
+
+    def vm_marks(self, skipped: Callable[[Skipped], None] | None = None) -> list[dict[str, str]]:
+        """The VMs listed with silence marks ({"vm", "vm_id", "mark", "done"}): one range
+        query of the open index, none of its event rows."""
+        low = reserved(VM_MARK)
+        rows = self.events.query_entities(
+            "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+            parameters={"pk": OPEN_EVENTS, "lo": low, "hi": low[:-1] + chr(ord(low[-1]) + 1)},
+            select=["RowKey", "vm", "vm_id", "mark", "done"],
+        )
+        marks: list[dict[str, str]] = []
+        for row in rows:
+            if not isinstance(row.get("vm"), str):
+                rk = str(row.get("RowKey"))[:80]
+                skip = Skipped(self.events.table_name, OPEN_EVENTS, rk, "not a VM mark")
+                log.warning("open index: skipped %s", skip)
+                if skipped is not None:
+                    skipped(skip)
+                continue
+            mark = {k: row[k] for k in ("vm", "vm_id", "mark") if isinstance(row.get(k), str)}
+            marks.append({**mark, "done": "yes" if row.get("done") is True else ""})
+        return marks
 
     def mark_vm(self, name: str, vm_id: str, mark: str, *, done: bool = False) -> None:
         """List a VM in the open index as having silence marks (before the VM row gets

@@ -65,6 +65,10 @@ class VmRecord(Record):
     window_start: AwareDatetime | None = None
     window_messages: int = 0
     window_new_events: int = 0
+    # The EventId of an event approved through this VM's relay that never started (Azure
+    # starts an approved event at once): its reports are suspect, so its later events are
+    # not approved early (and take no slot) until one of its events really starts.
+    unstarted: str | None = None
     # EventId (case-folded) -> the key of this VM's view of it (functions.pipeline.decide),
     # so a document that repeats the same view writes no reporter row again.
     event_views: dict[str, str] = Field(default_factory=dict)
@@ -136,6 +140,7 @@ class EventRecord(Record):
     # event cannot end it for the victim. `reopened` counts those, and gives the next end
     # announcement its own MessageId.
     ended_by: Literal["", "reporters", "azure"] = ""
+    end_detail: str = ""  # why, when it ended without a word from Azure or a relay
     reopened: int = 0
     decision: Decision | None = None
     decided_at: AwareDatetime | None = None
@@ -144,12 +149,11 @@ class EventRecord(Record):
     redecided_at: AwareDatetime | None = None
     approval: ApprovalState = ""
     approval_reason: str = ""
-    # The claim (functions.store.claims) of whoever is approving it right now, and which
-    # message's processing took it ("doc:<vm>:<sequence>", "grid:<id>"): the same message
-    # delivered again (its host died) takes its own claim over at once, without waiting
-    # for the claim's lease.
+    # The claim (functions.store.claims) of whoever is approving it right now: its holder
+    # names the message or work item that took it ("doc:<vm>:<sequence>", "grid:<id>"),
+    # so the same one delivered again (its host died) takes it over at once, and its
+    # expiry says when anyone else may.
     approval_claim: str = ""
-    approval_claimed_by: str = ""
     approve_after: AwareDatetime | None = None
     approved_by: str | None = None
     approval_attempts: list[Attempt] = Field(default_factory=list)
@@ -159,6 +163,18 @@ class EventRecord(Record):
     # acknowledge takes no dedupe key, so a takeover whose repeat gets 409 asks Azure
     # whether that earlier acknowledge landed (functions.pipeline.approve_arm).
     arm_sent_at: AwareDatetime | None = None
+    # The same for the relay path: when the first StartRequests call went to which VM's
+    # relay (written before the call). A claim left in progress by a host that died after
+    # the relay's IMDS took it is settled from these once the VM reports Started before
+    # NotBefore (functions.pipeline.due.settled_path).
+    relay_sent_at: AwareDatetime | None = None
+    relay_sent_to: str | None = None
+    # When a reporter (its relay's observation, bounded by the app's clock) or Azure first
+    # said Started: how long a Started event keeps its capacity slots.
+    started_at: AwareDatetime | None = None
+    # What the drain workflow last returned for it from a reconcile ("approved",
+    # "approval_failed", "held", "skipped"): the drain is due from the row until then.
+    drain_outcome: str = ""
     # ARM id of the VM / scale set / availability set that owns the event, as Event Grid
     # named it (functions.pipeline.sources): where the ARM approver acknowledges it.
     arm_resource: str | None = None
@@ -199,9 +215,15 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+MAX_WAITING = 500  # events one slot row lists as waiting (the rest wait unlisted)
+
+
 class CapacityRecord(Record):
     key: str
     holders: list[str] = Field(default_factory=list)
-    # Holder -> when its slot lapses whatever its event's reporters say (issue 27): the
-    # NotBefore it was taken for, plus its duration and a grace (functions.pipeline.capacity).
+    # Written by older versions (a lapse per holder); whether a holder still holds is now
+    # read from its own row (functions.pipeline.capacity.holds_slot).
     until: dict[str, AwareDatetime] = Field(default_factory=dict)
+    # EventId -> its NotBefore, for events waiting for a slot here: admitted earliest
+    # NotBefore first, and woken when a slot is given back.
+    waiting: dict[str, AwareDatetime | None] = Field(default_factory=dict)

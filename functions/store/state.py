@@ -4,6 +4,9 @@ tables (each in its own module) and the relays' liveness table."""
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections import OrderedDict
+from datetime import datetime
 from typing import Any
 
 from azure.core.exceptions import ResourceExistsError
@@ -45,6 +48,11 @@ class Store(VmRows, EventRows, AuditRows):
         self.liveness = Liveness(service, prefix)
         self._recent_events: RecentRows[EventRecord] = RecentRows(RECENT_EVENT_ROWS)
         self._recent_vms: RecentRows[VmRecord] = RecentRows(RECENT_VM_ROWS)
+        # What this Store last wrote as each event's due time in the open index (a memo:
+        # a reconcile rewrites the index only when that changes; another process's write
+        # unknown here costs one more index write, never a wrong one).
+        self._due_written: OrderedDict[str, datetime | None] = OrderedDict()
+        self._due_lock = threading.Lock()
 
     @classmethod
     def from_connection_string(cls, connection_string: str, prefix: str = "sebridge") -> Store:

@@ -7,6 +7,7 @@ what the deployed app drains.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from functions.approvers.relay import RelayTarget
@@ -17,7 +18,9 @@ from functions.pipeline.capacity import take_capacity
 from functions.pipeline.context import Pipeline
 from functions.store.drains import DrainStore
 from functions.terminate.context import DrainContext
+from functions.terminate.settings import DrainSettings, UndrainSettings
 from functions.terminate.targets import DrainTargets, drain_targets
+from functions.terminate.undrain import run_undrain
 
 BY = "drain"  # who approvals and undrain audit rows say asked
 
@@ -93,3 +96,34 @@ def pipeline_context(
         capacity=capacity,
         scale_set_of=scale_set_of,
     )
+
+
+def row_drainer(
+    pipeline: Pipeline,
+    context: Callable[[], DrainContext],
+    drain_settings: Callable[[], DrainSettings],
+    undrain_settings: Callable[[], UndrainSettings],
+) -> Callable[[str, object], str]:
+    """The drain workflow for an event row, as the one decider asks for it
+    (functions.pipeline.reconcile): "drain" runs run_drain on the event's `decided`
+    notification rebuilt from the row, "undrain" runs run_undrain on its end's; both are
+    run-once per step (functions.store.drains), so running them again after the
+    `terminate` subscription did, or a crash, repeats nothing. Returns the outcome."""
+
+    def drain(what: str, row: object) -> str:
+        from functions.pipeline.announce import build
+        from functions.store.records import EventRecord
+        from functions.terminate.workflow import run_drain
+
+        assert isinstance(row, EventRecord)
+        now = pipeline.clock.now()
+        policy, settings = pipeline.policy, pipeline.settings
+        if what == "undrain":
+            end = Transition.COMPLETED if row.ended == "completed" else Transition.CANCELLED
+            note = build(row, end, now, policy, settings)
+            hook = drain_settings().relay_hook
+            return run_undrain(note, undrain_settings(), context(), drain_hook=hook).outcome
+        note = build(row, Transition.DECIDED, now, policy, settings)
+        return run_drain(note, drain_settings(), context()).outcome
+
+    return drain

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 import azure.functions as func
 import requests
@@ -25,9 +26,12 @@ from functions.pipeline.context import Pipeline
 from functions.pipeline.heartbeats import ingest_heartbeats
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import ServiceBusPublisher
+from functions.pipeline.reconcile import reconcile_key
 from functions.pipeline.watchdog import run_watchdog
+from functions.pipeline.workqueue import ServiceBusWorkQueue
 from functions.settings import check_for_azure, load_settings
 from functions.settings_check import checked_settings
+from functions.store.rows import BadRow
 from functions.store.state import Store
 from functions.web.approval import FUNCTION_KEY_ACTOR, HTTP_STATUS, Refused, approve_by_hand
 from functions.web.views import fleet_status
@@ -40,6 +44,12 @@ _lock = threading.Lock()
 _pipeline: Pipeline | None = None
 # Body fields a caller might use to name who approved: never believed (approve below).
 IDENTITY_FIELDS = frozenset({"by", "approved_by", "approver", "who", "user", "actor", "name"})
+
+
+# Called with the pipeline once it is built: other blueprints add what they own to it
+# (functions.triggers.terminate: the drain workflow, which the one decider runs from an
+# event row), without this module importing them.
+WIRING: list[Callable[[Pipeline], None]] = []
 
 
 def use_pipeline(pipeline: Pipeline | None) -> None:
@@ -75,6 +85,11 @@ def pipeline() -> Pipeline:
                 credential=credential,
                 admission=Admission.from_settings(settings, store, session, credential),
             )
+            # The sweep hands due events to the `reconcile` queue (its own function below);
+            # the one decider runs the drain from the row (functions.triggers.terminate).
+            _pipeline.work_queue = ServiceBusWorkQueue.from_settings(settings)
+            for wire in WIRING:
+                wire(_pipeline)
         return _pipeline
 
 
@@ -111,6 +126,30 @@ def heartbeats(msgs: list[func.ServiceBusMessage]) -> None:
         [m.get_body() for m in msgs], pipeline(), [m.message_id or "" for m in msgs]
     )
     log.info("heartbeats: %s", result.model_dump_json())
+
+
+@bp.function_name("reconcile")
+@bp.service_bus_queue_trigger(
+    arg_name="msg",
+    queue_name="%RECONCILE_QUEUE%",
+    connection="ServiceBusConnection",
+)
+def reconcile(msg: func.ServiceBusMessage) -> None:
+    """One due event, found by the sweep: reconciled on its own (with its own deadline),
+    as one of `maxConcurrentCalls` at once per instance. Returning completes it; raising
+    abandons it for redelivery, which takes over the claims this delivery held (their
+    holder is the MessageId). A row that is not a record is permanent: logged, completed."""
+    key = msg.get_body().decode("utf-8", "replace")[:1024]
+    try:
+        done = reconcile_key(pipeline(), key, me=f"work:{msg.message_id or key}")
+    except BadRow as exc:
+        log.warning("reconcile %.200r: skipped %s", key, exc)
+        return
+    log.info(
+        "reconcile %.200r: %s",
+        key,
+        " ".join(t.value for t in done.published) or "nothing published",
+    )
 
 
 @bp.function_name("watchdog")

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from functions.model.event import Notification, Transition
 from functions.notify.dispatch import record_rejection
 from functions.notify.settings import channel_settings
+from functions.pipeline.context import Pipeline
 from functions.store.drains import DrainStore
 from functions.terminate.workflow import (
     DrainContext,
@@ -34,6 +35,7 @@ from functions.terminate.workflow import (
     wants,
     wants_undrain,
 )
+from functions.triggers import core as core_trigger
 from functions.triggers import notify as notify_trigger
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,8 @@ def undrain_settings() -> UndrainSettings:
 def build_context() -> DrainContext:
     """The drain's context over the core's shared pipeline (functions.terminate.wiring)."""
     from functions.terminate.wiring import pipeline_context
-    from functions.triggers.core import pipeline
+
+    pipeline = core_trigger.pipeline
 
     core = pipeline()
     secrets = channel_settings().webhook_secrets()
@@ -123,7 +126,7 @@ def announce_invalid_settings(
     transition: Transition = Transition.DRAIN_FAILED,
     prefix: str = "DRAIN__",
 ) -> None:
-    from functions.triggers.core import pipeline
+    pipeline = core_trigger.pipeline
 
     problems = "; ".join(
         f"{prefix}{'.'.join(str(p) for p in error['loc']).upper()}: {error['msg']}"
@@ -144,3 +147,14 @@ def announce_invalid_settings(
             links=note.links,
         )
     )
+
+
+def wire_drainer(core: Pipeline) -> None:
+    """The drain workflow as the one decider runs it from an event row (the sweep's
+    workers: a drain whose `decided` notification never came, an undrain before close)."""
+    from functions.terminate.wiring import row_drainer
+
+    core.drainer = row_drainer(core, build_context, drain_settings, undrain_settings)
+
+
+core_trigger.WIRING.append(wire_drainer)

@@ -34,6 +34,9 @@ param documentsQueueName string = 'documents'
 
 param heartbeatsQueueName string = 'heartbeats'
 
+@description('The sweep\'s work queue of due events (functions.pipeline.workqueue).')
+param reconcileQueueName string = 'reconcile'
+
 param notificationsTopicName string = 'notifications'
 
 param stateTablePrefix string = 'sebridge'
@@ -175,6 +178,7 @@ var connectionSettings = {
 var bridgeSettings = {
   DOCUMENTS_QUEUE: documentsQueueName
   HEARTBEATS_QUEUE: heartbeatsQueueName
+  RECONCILE_QUEUE: reconcileQueueName
   RETENTION_DAYS: string(retentionDays)
   NOTIFICATIONS_TOPIC: notificationsTopicName
   STATE_TABLE_PREFIX: stateTablePrefix

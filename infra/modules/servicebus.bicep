@@ -65,6 +65,12 @@ param heartbeatTimeToLive string = 'PT15M'
 @description('How long an undelivered notification is kept (ISO 8601); then it is dead-lettered.')
 param notificationTimeToLive string = 'P1D'
 
+@description('Time to live of a work item on the reconcile queue (the sweep finds the event again after it).')
+param reconcileTimeToLive string = 'PT1H'
+
+@description('Name of the work queue of due events (functions.pipeline.workqueue).')
+param reconcileQueueName string = 'reconcile'
+
 @description('Principal (object) id of the relays\' managed identity: may send to `documents`, nothing else.')
 param relayPrincipalId string
 
@@ -141,6 +147,27 @@ resource heartbeats 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' 
   }
 }
 
+// The sweep's work queue (functions.pipeline.workqueue): one message per due event, each
+// reconciled on its own by the `reconcile` function, so one slow relay never holds up
+// another event. No sessions (events are independent); duplicate detection on the MessageId
+// (the event's key and the minute it was found due), so two sweeps queue it once; an
+// expired item is not dead-lettered (the next sweep finds the event again from the index).
+resource reconcileQueue 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' = {
+  parent: namespace
+  name: reconcileQueueName
+  properties: {
+    requiresSession: false
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+    maxDeliveryCount: maxDeliveryCount
+    deadLetteringOnMessageExpiration: false
+    defaultMessageTimeToLive: reconcileTimeToLive
+    lockDuration: lockDuration
+    maxSizeInMegabytes: 1024
+    enablePartitioning: false
+  }
+}
+
 resource notifications 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = {
   parent: namespace
   name: topicName
@@ -212,6 +239,27 @@ resource functionReceivesDocuments 'Microsoft.Authorization/roleAssignments@2022
   }
 }
 
+// ... hands due events to its own work queue and takes them from it ...
+resource functionSendsWork 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: reconcileQueue
+  name: guid(reconcileQueue.id, functionPrincipalId, serviceBusDataSender)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource functionReceivesWork 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: reconcileQueue
+  name: guid(reconcileQueue.id, functionPrincipalId, serviceBusDataReceiver)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 // ... publishes notifications ...
 resource functionSendsNotifications 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: notifications
@@ -247,5 +295,6 @@ output namespaceName string = namespace.name
 output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
 output queueName string = documents.name
 output heartbeatsQueueName string = heartbeats.name
+output reconcileQueueName string = reconcileQueue.name
 output topicName string = notifications.name
 output subscriptionNames array = subscriptionNames

@@ -16,8 +16,9 @@ import requests
 from functions.approvers import azure_events
 from functions.approvers.arm import ArmAnswer
 from functions.pipeline import approve_arm
-from functions.pipeline.approve import approval_stale_after, approve_event
+from functions.pipeline.approve import approve_event
 from functions.pipeline.approve_arm import LANDED
+from functions.pipeline.lifecycle import approval_lease
 from tests.agentless.queues import deliver
 from tests.agentless.test_arm_approver import (
     acknowledges,
@@ -136,7 +137,7 @@ def test_a_takeover_after_the_host_died_past_its_acknowledge_asks_azure_not_arm(
     """The watchdog's takeover finds `arm_sent_at` and Azure's event Started: it records
     the approval through ARM and sends no second acknowledge."""
     pipeline, pub, _ = _died_past_acknowledge(store, clock, arm, relay, "EV-DIED")
-    clock.advance(approval_stale_after(pipeline.settings).total_seconds() + 1)
+    clock.advance(approval_lease(pipeline.settings.approval_budget_seconds).total_seconds() + 1)
     result = approve_event("EV-DIED", pipeline, by="watchdog")
     assert result.outcome == "approved" and result.vm == "arm", result.detail
     assert [c.status for c in acknowledges(arm)] == [200]  # none sent again

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-from tests.crash import runner
+from tests.crash import invariants, runner
 from tests.crash.faults import Fault, Faults, Kind, Sent, installed
+from tests.crash.invariants import INVARIANTS
 from tests.crash.scenarios import SCENARIOS, Scenario
 from tests.crash.state import first_difference, snapshot
 from tests.crash.world import Servers, World, start_servers
@@ -32,6 +33,7 @@ class Point:
     request: str  # the request the fault hit
     difference: str  # "" when the end state is the fault-free one
     same_as: Fault | None = None  # not run: the run of this point is the one of `same_as`
+    broken: list[str] = field(default_factory=list)  # invariants that do not hold (invariants)
 
 
 def equivalence(sent: list[Sent]) -> dict[tuple[int, int, str], list[Fault]]:
@@ -65,6 +67,14 @@ class Report:
     baseline_errors: list[str] = field(default_factory=list)
     runs: int = 0  # runs with a fault actually executed (the others are equivalent to one)
     effects: dict[str, Any] = field(default_factory=dict)  # the fault-free run's effects
+    baseline_broken: list[str] = field(default_factory=list)  # invariants, fault-free run
+
+    def violations(self) -> list[str]:
+        """Every invariant broken, in the fault-free run or at any point."""
+        seen = list(self.baseline_broken)
+        for point in self.points:
+            seen += [f"k={_name(point.fault)}: {b}" for b in point.broken]
+        return seen
 
     def tried(self, kind: Kind | None = None) -> int:
         return sum(1 for p in self.points if kind in (None, p.fault.kind))
@@ -84,6 +94,12 @@ class Report:
             lines.append(f"| {KIND_NAMES[kind]} | {tried} | {tried - diff} | {diff} |")
         if self.baseline_errors:
             lines.append(f"- the fault-free run failed a step: {self.baseline_errors[0]}")
+        broken = self.violations()
+        lines.append(
+            f"- invariants ({', '.join(INVARIANTS)}): checked after {self.runs + 1} runs, "
+            f"{len(broken)} broken"
+        )
+        lines += [f"  - {b}" for b in broken[:10]]
         lines += self.grouped()
         return "\n".join(lines)
 
@@ -173,20 +189,24 @@ def explore(
         with installed(faults):
             config, steps = scenario.build(servers)
 
+            broken: list[str] = []
+
             def once(fault: Fault | None) -> tuple[dict[str, Any], runner.Outcome, Faults]:
                 servers.clear()
                 faults.fault, faults.count, faults.log, faults.fired = fault, 0, [], ""
-                faults.dead = False
+                faults.dead, faults.twice, faults._again = False, scenario.twice, None
                 world = World(connection, servers, faults, config)
                 box["world"] = world
                 try:
                     outcome = runner.run(world, steps)
+                    broken[:] = invariants.check(world)
                     return snapshot(world), outcome, faults
                 finally:
                     world.drop_tables()
 
             baseline, outcome, _ = once(None)
             report = Report(scenario.name, faults.count, baseline_errors=outcome.errors)
+            report.baseline_broken = list(broken)
             report.effects = {k: v for k, v in baseline.items() if k.startswith("effect")}
             labels = {s.index: s.label for s in faults.sent}
             if only is not None or exhaustive:
@@ -203,6 +223,7 @@ def explore(
                 for fault in group:
                     same_as = None if fault == group[0] else group[0]
                     point = Point(fault, labels.get(fault.index, used.fired), difference, same_as)
+                    point.broken = list(broken) if same_as is None else []
                     report.points.append(point)
                 if progress is not None and difference:
                     progress(f"{scenario.name} k={group[0].index} {group[0].kind}: {difference}")
@@ -264,4 +285,6 @@ def crash_points(connection: str, names: list[str] | None = None) -> dict[str, i
     return {
         "crash_points_tried": sum(r.tried() for r in reports),
         "crash_points_divergent": sum(len(r.different()) for r in reports),
+        "crash_invariant_runs": sum(r.runs + 1 for r in reports),
+        "crash_invariants_broken": sum(len(r.violations()) for r in reports),
     }

@@ -71,6 +71,10 @@ class Faults:
     count: int = 0
     log: list[str] = field(default_factory=list)  # label of every request, in order
     fired: str = ""  # the label of the request the fault hit
+    # Double faults (issue 37): the host that takes over dies too, at the same request of
+    # the retried step (the same label, the first time it comes again), the same way.
+    twice: bool = False
+    _again: tuple[str, str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _open: dict[int, tuple[int, str]] = field(default_factory=dict)
 
@@ -86,9 +90,14 @@ class Faults:
             self.log.append(label)
             self._open[self.count] = (self.changes, str(self.now()))
             fault = self.fault
-            if fault is None or fault.index != self.count:
+            if self._again is not None and self._again[0] == label:
+                fault = Fault(self.count, self._again[1])  # type: ignore[arg-type]
+                self._again = None
+            elif fault is None or fault.index != self.count:
                 return self.count, False
-            self.fired = label
+            elif self.twice:
+                self._again = (label, fault.kind)
+            self.fired = self.fired or label
             if fault.kind == "before":
                 self.dead = True
                 raise HostCrash(f"crash before request {self.count}: {label}")

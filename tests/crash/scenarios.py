@@ -20,6 +20,7 @@ from tests.crash.runner import (
     WATCHDOG_PERIOD_SECONDS,
     Step,
     advance,
+    dead_letter,
     deliver,
     drain,
     event_grid,
@@ -46,6 +47,7 @@ class Scenario:
     # not do what it says would compare nothing.
     expects: tuple[str, ...] = ()
     arm: bool = False  # needs Resource Manager (Servers.arm)
+    twice: bool = False  # every crash point also kills the host that takes over (faults)
 
 
 def _at(seconds: float) -> Any:
@@ -294,6 +296,70 @@ def watchdog_sweep(servers: Servers) -> tuple[Config, list[Step]]:
     return Config(), steps
 
 
+def lost_answer_started(servers: Servers) -> tuple[Config, list[Step]]:
+    """Issue 37: a Reboot approved by a sweep when its window opens; a host that dies after
+    the relay's IMDS took StartRequests (its answer lost) leaves the claim in progress, and
+    the VM reports Started before anything takes the claim over: that approval is recorded,
+    announced and audited from the row (the attempt was recorded as sent)."""
+    policy = Policy(
+        rules=(approve_rule("Reboot"),),
+        windows=(Window(days=("Sat",), start="10:02", end="12:00"),),
+    )
+    ev = event("EV-LS", "Reboot", resources=("ls1",), not_before=_at(1200))
+    started = {**ev, "EventStatus": "Started", "NotBefore": ""}
+    steps = [
+        doc("ls1", 1, [ev], servers, 0),
+        drain(),
+        *until(0, 120),
+        doc("ls1", 2, [started], servers, 121),
+        *until(121, 300),
+        doc("ls1", 3, [], servers, 300),
+        *settle(*FINAL),
+    ]
+    return Config(policy=policy), steps
+
+
+def grid_completed_in_flight(servers: Servers) -> tuple[Config, list[Step]]:
+    """Issue 37: a relay-reported Redeploy that Event Grid also describes: the approval
+    through the relay, and Azure's Completed while a host that died holds the claim."""
+    from simulator import instance
+
+    owner = (
+        f"/subscriptions/{instance.SUBSCRIPTION_ID}/resourceGroups/{instance.RESOURCE_GROUP}"
+        "/providers/Microsoft.Compute/virtualMachineScaleSets/gc"
+    )
+    ev = event("EV-GC", "Redeploy", resources=("gc_0",), not_before=_at(900), source="User")
+    done = {**ev, "EventStatus": "Completed", "NotBefore": ""}
+    steps = [
+        doc("gc_0", 1, [ev], servers, 0, scale_set="gc"),
+        event_grid(json.dumps(grid_event(done, owner=owner, grid_id="gc-2", at=_at(30))), "grid"),
+        drain(),
+        *until(0, 120),
+        doc("gc_0", 2, [], servers, 120, scale_set="gc"),
+        *settle(*FINAL),
+    ]
+    return Config(settings={"approvers": "relay"}), steps
+
+
+def decided_lost(servers: Servers) -> tuple[Config, list[Step]]:
+    """Issue 37: a Reboot a rule drains, whose `decided` notification is dead-lettered on
+    the drain's subscription: the drain is due from the row, and the sweep's reconcile runs
+    it (drain hook, approval through the relay); then the undrain once it completed."""
+    ev = event("EV-DL", "Reboot", resources=("dl1",), not_before=_at(900))
+    started = {**ev, "EventStatus": "Started", "NotBefore": ""}
+    steps = [
+        doc("dl1", 1, [ev], servers, 0, availability_set="dlset"),
+        dead_letter("terminate", "decided"),
+        *until(0, 240),
+        doc("dl1", 2, [started], servers, 240, availability_set="dlset"),
+        *until(240, 300),
+        doc("dl1", 3, [], servers, 300, availability_set="dlset"),
+        dead_letter("terminate", "completed"),
+        *settle(*FINAL),
+    ]
+    return Config(policy=Policy(rules=(drain_rule("Reboot"),))), steps
+
+
 SCENARIOS: list[Scenario] = [
     Scenario(
         "approve",
@@ -367,5 +433,37 @@ SCENARIOS: list[Scenario] = [
         "one sweep: a silent relay and an overdue event",
         watchdog_sweep,
         ("relay_silent", "EV-WD:completed"),
+    ),
+    Scenario(
+        "lost-answer-started",
+        "approval's answer lost, the VM reports Started before any takeover",
+        lost_answer_started,
+        ("relay ls1 /v1/start EV-LS", "EV-LS:approved", "EV-LS:completed"),
+    ),
+    Scenario(
+        "grid-completed-in-flight",
+        "Event Grid's Completed while an approval is in flight",
+        grid_completed_in_flight,
+        ("relay gc_0 /v1/start EV-GC", "EV-GC:approved", "EV-GC:completed"),
+    ),
+    Scenario(
+        "decided-lost",
+        "a drain's `decided` dead-lettered: drained from the row, undrained",
+        decided_lost,
+        ("/drain EV-DL drain", "relay dl1 /v1/start EV-DL", "/undrain EV-DL", "EV-DL:undrained"),
+    ),
+    Scenario(
+        "approve-twice",
+        "new Reboot approved; the host that takes over dies too",
+        approve_reboot,
+        ("relay ap1 /v1/start EV-AP", "EV-AP:approved", "EV-AP:completed"),
+        twice=True,
+    ),
+    Scenario(
+        "drain-twice",
+        "Reboot drained and undrained; the host that takes over dies too",
+        drain_reboot,
+        ("/drain EV-DR drain", "relay dr1 /v1/start EV-DR", "/undrain EV-DR", "EV-DR:undrained"),
+        twice=True,
     ),
 ]

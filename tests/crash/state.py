@@ -50,6 +50,10 @@ Normalisation rules, each with its reason:
    - arm: each acknowledge call as (EventId, status), counted; a 409 for an EventId
      that was acknowledged (200) before is left out: it is Azure refusing a repeat of an
      acknowledge whose answer was lost (the event has started), a no-op.
+12. An event row's `drain_outcome` goes: it only tells the one decider that the drain
+   workflow ran to its end from the row (so it is not run again); whether a sweep got to
+   run it before the event started is timing. What the drain did is in the drains rows and
+   at the drain hook, both kept.
 11. An event approved through ARM logs its acknowledge as `acknowledged` in the attempts
    (rule 5), whether the attempt saw ARM's 200 (its text, e.g. "Successfully Approved")
    or a takeover found that an earlier call had landed: ARM refused the repeat and Azure
@@ -123,6 +127,8 @@ def _entity(table: str, entity: dict[str, Any]) -> dict[str, Any]:
         )
     out = _norm(row)
     data = out.get("data")
+    if isinstance(data, dict):
+        data.pop("drain_outcome", None)  # rule 12
     if isinstance(data, dict) and "approval_attempts" in data:
         arm = data.get("approved_by") == ARM
         attempts = {

@@ -46,6 +46,7 @@ def test_no_crash_point_changes_the_end_state(azurite: str, scenario: Scenario) 
     assert [e for e in scenario.expects if e not in effects] == [], effects
     assert report.tried() == 2 * report.requests
     assert not report.different(), report.table()
+    assert report.violations() == [], report.table()
 
 
 def test_a_crash_cannot_be_swallowed_and_the_dead_host_stays_dead() -> None:

@@ -33,6 +33,7 @@ from functions.store.deliveries import DeliveryLedger
 from functions.store.drains import DrainStore
 from functions.store.state import Store
 from functions.terminate.settings import DrainSettings, UndrainSettings
+from functions.terminate.wiring import pipeline_context, row_drainer
 from tests import identity_harness
 from tests.crash.faults import Faults
 from tests.functions.conftest import VERIFIER, FakeClock, Relay, make_settings
@@ -199,6 +200,14 @@ class Host:
             # A fresh host fetches its token again (the simulator's identity endpoint).
             self.pipeline.credential = ManagedIdentityCredential()
         self.drains = DrainStore.from_service(self.store.service, world.prefix)
+        # As in Azure (functions.triggers.core): the one decider runs the drain from the
+        # row when the `decided` notification's handler never did.
+        self.pipeline.drainer = row_drainer(
+            self.pipeline,
+            lambda: pipeline_context(self.pipeline, self.drains, (WEBHOOK_SECRET.encode(),)),
+            lambda: world.drain_settings,
+            lambda: world.undrain_settings,
+        )
         self.ledger = DeliveryLedger.from_service(self.store.service, world.prefix)
         clock = world.clock
         self.transport = Transport(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -91,16 +92,21 @@ class Relay:
                 sent = json.loads(body)
                 ids = sent["EventIds"]
                 with relay._lock:
+                    status, answer = relay.script.pop(0) if relay.script else relay.default
                     relay.requests.append(
                         {
                             "path": self.path,
                             "EventIds": ids,
                             "Expect": sent.get("Expect"),
                             "AttemptId": sent.get("AttemptId"),
+                            # What it answered (the crash explorer's invariants: a 200 with
+                            # IMDS's 200 is a StartRequests that reached Azure).
+                            "status": status,
+                            "imds_status": answer.get("imds_status"),
+                            "at": time.monotonic(),  # when it arrived (the bench's wave)
                         }
                     )
                     relay.targets.append(identity_harness.NAMES.get(given_target(self), "?"))
-                    status, answer = relay.script.pop(0) if relay.script else relay.default
                 if status == 200 and "results" not in answer:
                     answer = {**answer, "results": dict.fromkeys(ids, "approved")}
                 self._answer(status, answer)

@@ -177,6 +177,10 @@ def test_function_bindings():
     assert ingest["queueName"] == "%DOCUMENTS_QUEUE%"
     assert ingest["connection"] == "ServiceBusConnection"
     assert FUNCTIONS["watchdog"].get_bindings()[0].get_dict_repr()["schedule"] == "0 * * * * *"
+    # The sweep's work queue (issue 37): one due event per message, no sessions.
+    work = FUNCTIONS["reconcile"].get_bindings()[0].get_dict_repr()
+    assert work["type"] == "serviceBusTrigger" and not work.get("isSessionsEnabled")
+    assert work["queueName"] == "%RECONCILE_QUEUE%"
 
 
 def test_handlers_from_function_app(store, clock, relay):
@@ -185,6 +189,7 @@ def test_handlers_from_function_app(store, clock, relay):
         "ingest",
         "heartbeats",
         "watchdog",
+        "reconcile",
         "status",
         "ledger",
         "approve",

@@ -115,7 +115,8 @@ def test_a_relay_that_restarted_its_sequence_is_still_heard(store, clock):
     ingest_message(envelope("vm1", 50, []), pipeline)
     later = T0 + timedelta(hours=1)
     clock.advance(3600)
-    result = ingest_message(envelope("vm1", 0, [event("EV-N")], observed_at=later), pipeline)
+    ev = event("EV-N", not_before=later + timedelta(minutes=15))
+    result = ingest_message(envelope("vm1", 0, [ev], observed_at=later), pipeline)
     assert result.outcome == "processed"
     assert pub.transitions("EV-N") == ["scheduled", "decided"]
 

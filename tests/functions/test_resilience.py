@@ -12,8 +12,10 @@ from functions.model.event import Notification
 from functions.model.policy import Policy, Rule
 from functions.pipeline.context import Pipeline
 from functions.pipeline.ingest import ingest_message
+from functions.pipeline.lifecycle import ANNOUNCE_LEASE
 from functions.pipeline.publish import LocalPublisher
 from functions.pipeline.watchdog import run_watchdog
+from functions.store import claims
 from functions.store.state import Store
 from tests import identity_harness
 from tests.functions.conftest import (
@@ -59,7 +61,7 @@ def test_claim_left_pending_by_a_crash_is_republished_by_the_watchdog(store, clo
     ingest_message(envelope("vm1", 1, [event("EV-P")]), pipeline)
 
     def crash(rec):  # as if the process died between claiming `started` and publishing
-        rec.announced["started"] = f"pending:{clock.now().isoformat()}"
+        rec.announced["started"] = claims.pending(clock.now(), ANNOUNCE_LEASE)
         return rec
 
     store.mutate_event("EV-P", crash)

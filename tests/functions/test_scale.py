@@ -105,8 +105,11 @@ def test_retention_deletes_what_expired_and_nothing_else(store, clock):
     assert len(store.audit_rows("EV-OLD")) == 1
     # EV-NEW ends 20 days later; EV-OLD's day is then 31 days back when we sweep.
     clock.advance(20 * 86400)
-    ingest_message(envelope("vm-new", 3, [event("EV-NEW2", resources=("vm-new",))]), pipeline)
-    ingest_message(envelope("vm-new", 4, []), pipeline)
+    # Seen by the relay just now (its observation time: when the event ended, issue 40).
+    now = clock.now()
+    ev = event("EV-NEW2", resources=("vm-new",))
+    ingest_message(envelope("vm-new", 3, [ev], observed_at=now), pipeline)
+    ingest_message(envelope("vm-new", 4, [], observed_at=now), pipeline)
     write_liveness(store, "vm-new", clock.now())
     ingest_message(envelope("vm-open", 2, [event("EV-OPEN", resources=("vm-open",))]), pipeline)
     store.reject(at=clock.now(), reason="recent", body="y")
@@ -187,9 +190,22 @@ def _sweep_requests(azurite: str, clock, vms: int, ended: int) -> tuple[int, obj
             vm = f"vm-{i:05d}"
             ingest_message(envelope(vm, 1, [event(f"ACT-{i}", resources=(vm,))]), pipeline)
         counter.reset()
+        pipeline.work_queue = queue = Handed()  # the sweep finds; workers reconcile
         report = run_watchdog(pipeline)
         print(f"watchdog sweep at {vms} VMs: {counter.total()} requests {counter.by_kind()}")
+        assert sorted(queue.keys) == [f"ACT-{i}" for i in range(5)]  # due: listed just now
         return counter.total(), report
+
+
+class Handed:
+    """A work queue that keeps the keys handed to it (functions.pipeline.workqueue)."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def enqueue(self, keys: list[str], now) -> int:
+        self.keys += keys
+        return len(keys)
 
 
 @pytest.mark.timeout(300)
@@ -204,7 +220,8 @@ def test_the_watchdog_costs_the_same_few_requests_at_10_and_at_2500_vms(azurite,
     large, large_report = _sweep_requests(azurite, clock, 2_500, ended=200)
     assert small == large <= 30
     # It did its work: retention started on the expired events (a bounded share per
-    # sweep), no VM is silent, the 5 active events were looked at and left alone.
+    # sweep), no VM is silent, the 5 active events (due: listed just now) were handed to
+    # the work queue, not reconciled by the sweep.
     assert len(small_report.expired) == len(large_report.expired) == per_sweep
     assert large_report.silent == [] and large_report.ended == []
 

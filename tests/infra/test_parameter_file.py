@@ -98,6 +98,7 @@ def test_every_setting_the_template_writes_from_a_parameter_is_mapped():
     not_the_files = {
         "DOCUMENTS_QUEUE",
         "HEARTBEATS_QUEUE",
+        "RECONCILE_QUEUE",
         "NOTIFICATIONS_TOPIC",
         "STATE_TABLE_PREFIX",
         "EVENTGRID_QUEUE",

@@ -89,6 +89,10 @@ IDENTITY_GRANTS: dict[str, set[tuple[str, str]]] = {
     "function app": {
         (SB_RECEIVER, "servicebus: queues documents"),
         (SB_RECEIVER, "servicebus: queues heartbeats"),
+        # Its own work queue of due events (functions.pipeline.workqueue): the sweep sends,
+        # the `reconcile` function receives; no relay can send there.
+        (SB_SENDER, "servicebus: queues reconcileQueue"),
+        (SB_RECEIVER, "servicebus: queues reconcileQueue"),
         (SB_SENDER, "servicebus: topics notifications"),
         # On each channel subscription (Functions: a topic trigger's role must have effective
         # scope over the subscription; servicebus.bicep has the sources).

@@ -56,7 +56,7 @@ def test_documents_queue_dead_letters_instead_of_dropping() -> None:
 
 def test_heartbeats_queue_is_sessionless_and_poison_goes_to_the_dead_letter_queue() -> None:
     queues = _queues()
-    assert sorted(queues) == ["documents", "heartbeats"]
+    assert sorted(queues) == ["documents", "heartbeats", "reconcileQueueName"]
     props = queues["heartbeats"].body["properties"]
     # No sessions: a session per VM is what capped the documents queue (issue 11).
     assert props["requiresSession"] is False
@@ -115,3 +115,20 @@ def test_sku_standard_by_default_premium_allowed() -> None:
     assert set(SB.decorator("sku", "allowed")) == {"Standard", "Premium"}
     main = load("main")
     assert main.param_default("serviceBusSku") == "Standard"
+
+
+def test_the_work_queue_takes_each_due_event_once_a_minute_and_never_loses_one() -> None:
+    """Issue 37: the sweep hands each due event to the `reconcile` queue; two sweeps in a
+    minute queue it once (duplicate detection on the MessageId: key and minute), a work
+    item that expires is found again by the next sweep (not dead-lettered), a dead host's
+    item comes back after the lock (the same lock as every entity)."""
+    props = _queues()["reconcileQueueName"].body["properties"]
+    assert props["requiresSession"] is False
+    assert props["requiresDuplicateDetection"] is True
+    assert props["deadLetteringOnMessageExpiration"] is False
+    assert props["lockDuration"] == "lockDuration"
+    roles = SB.resources("Microsoft.Authorization/roleAssignments")
+    scopes = {r.symbol: r.body["scope"] for r in roles}
+    symbol = _queues()["reconcileQueueName"].symbol
+    assert scopes["functionSendsWork"] == scopes["functionReceivesWork"] == symbol
+    assert not any(s.startswith("relay") and scopes[s] == symbol for s in scopes)

@@ -20,20 +20,24 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from azure.core.exceptions import ResourceNotFoundError
 
-from functions.model.envelope import STARTED
-from functions.model.event import Transition
-from functions.pipeline.announce import publish_claimed
-from functions.pipeline.capacity import holds_capacity, release_capacity
 from functions.pipeline.context import Pipeline
-from functions.pipeline.lifecycle import _add, _claim, intend_approval, own_claim
+from functions.pipeline.decide import decide_grid
+from functions.pipeline.lifecycle import (
+    Observation,
+    Owner,
+    approval_lease,
+    intend_approval,
+    observe,
+    observed,
+    own_claim,
+)
 from functions.pipeline.reconcile import reconcile
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import COMPLETED, GridEvent, parse_message
-from functions.pipeline.transitions import decide_once
 from functions.store import claims
 from functions.store.records import EventRecord
 from functions.store.state import Store
@@ -95,99 +99,43 @@ def _forget(store: Store, grid_id: str) -> None:
         store.forget_once(SEEN_PREFIX + grid_id)
 
 
-def report_grid(
-    record: EventRecord | None, grid: GridEvent, now: datetime
-) -> tuple[EventRecord | None, list[Transition]]:
-    """The pure step, like lifecycle.report: the new row (None: unchanged) and the
-    transitions this write claims."""
-    claimed: list[Transition] = []
-    event = grid.event
-    if record is None:
-        record = EventRecord(
-            event_id=event.event_id,
-            event_type=event.event_type,
-            event_status=STARTED if event.event_status == STARTED else "Scheduled",
-            event_source=event.event_source,
-            resource_type=event.resource_type,
-            resources=list(event.resources),
-            not_before=event.not_before,
-            description=event.description,
-            duration_in_seconds=event.duration_in_seconds,
-            first_seen=now,
-        )
-        before = ""
-    else:
-        before = record.model_dump_json()
-    if record.ended:
-        return None, claimed  # ended stays ended: a late or reordered notification
-    if not record.arm_resource:
-        record.arm_resource = grid.owner.id
-    for name in event.resources:
-        _add(record.resources, name)
-    if grid.owner.resource_type == "virtualMachineScaleSets":
-        _add(record.scale_sets, grid.owner.name)
-    elif grid.owner.resource_type == "availabilitySets":
-        _add(record.availability_sets, grid.owner.name)
-    if event.not_before is not None and not record.started:
-        record.not_before = event.not_before
-    if event.description and not record.description:
-        record.description = event.description
-    if event.duration_in_seconds is not None:
-        record.duration_in_seconds = event.duration_in_seconds
+def observation(grid: GridEvent, now: datetime) -> Observation:
+    """The notification as an observation, the same shape a relay's document gives
+    (functions.pipeline.lifecycle): seen when Event Grid says it happened, bounded by the
+    app's clock."""
+    seen_at = observed(grid.time, now) if grid.time is not None else now
+    owner = Owner(grid.owner.id, grid.owner.resource_type, grid.owner.name)
+    ends = ""
     if grid.ends:
-        record.ended = "completed" if grid.status == COMPLETED else "cancelled"
-        record.ended_at = now
-        record.ended_by = "azure"
-        _claim(
-            record,
-            Transition.COMPLETED if grid.status == COMPLETED else Transition.CANCELLED,
-            now,
-            claimed,
-        )
-    else:
-        if event.event_status == STARTED and not record.started:
-            record.started = True
-            record.event_status = STARTED
-        _claim(record, Transition.STARTED if record.started else Transition.SCHEDULED, now, claimed)
-    if claimed or record.model_dump_json() != before:
-        return record, claimed
-    return None, claimed
+        ends = "completed" if grid.status == COMPLETED else "cancelled"
+    return Observation(grid.event, seen_at, owner=owner, ends=ends)
 
 
 def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) -> None:
     """Write one notification to its event row (the decision and its intent in the same
     write, as ingest does for a document), then reconcile it: announce, approve."""
     store, now, event = pipeline.store, pipeline.clock.now(), grid.event
-    mine: list[str] = []
-    claimed: list[Transition] = []
-    learnt_owner: list[bool] = []
     dry = pipeline.policy is not None and pipeline.policy.dry_run
     tag = f"grid:{grid.grid_id}"[:300]
+    lease = approval_lease(pipeline.settings.approval_budget_seconds)
+    seen = observation(grid, now)
+    learnt_owner: list[bool] = []
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        mine.clear()
         learnt_owner[:] = [rec is not None and not rec.arm_resource]
-        updated, transitions = report_grid(rec, grid, now)
-        claimed[:] = transitions
+        updated, _ = observe(rec, seen, now, tag)
         target = updated if updated is not None else rec
         if target is None or target.ended:
             return updated
-        decided, announce = decide_once(target, event, pipeline, now)
+        decided, announce = decide_grid(target, event, pipeline.settings.policy, now, tag)
         if decided:
-            mine.append(intend_approval(target, dry, now))
-            if mine[-1]:
-                target.approval_claimed_by = tag
-        elif own_claim(target, tag):
-            # This notification took the claim on a delivery whose host died: its own.
-            mine.append(target.approval_claim)
-        if announce is not None:
-            claimed.append(announce)
+            intend_approval(target, dry, now, lease, tag)
         if announce is not None or decided:
             return target
         return updated
 
     if store.recent_event(event.event_id) is None:
-        store.open_event(event.event_id, now)  # the watchdog's index (functions.store)
+        store.open_event(event.event_id, now)  # the sweep's index (functions.store)
     record, won = store.mutate_event(event.event_id, change)
     if record is None:
         return
@@ -195,55 +143,9 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
     pending = any(claims.is_pending(m) for m in record.announced.values())
     if not won and not own and not pending and not (learnt_owner and learnt_owner[0]):
         return
-    if won and record.ended and holds_capacity(record):
-        release_capacity(store, record)
     # A relay-reported event whose owner is known now (the ARM approver can do what no
     # relay could) is due another try, which reconcile sees in the row.
-    mine_now = record.approval_claim if own else (mine[0] if mine and won else "")
-    done = reconcile(pipeline, record, mine=mine_now, claimed=claimed if won else ())
+    done = reconcile(pipeline, record, me=tag)
     result.transitions.extend((record.event_id, t.value) for t in done.published)
     if done.approval is not None:
         result.approvals.append(done.approval)  # type: ignore[arg-type]
-
-
-def end_unheard(record: EventRecord, pipeline: Pipeline, now: datetime) -> bool:
-    """The watchdog's step for events only Event Grid reported: no relay's silence can end
-    them, so if their `Completed`/`Canceled` never arrives (dead-lettered, a subscription
-    deleted) they would stay open and keep a capacity slot forever. Past
-    EVENTGRID_END_AFTER_SECONDS beyond NotBefore (or first sight, for one that came
-    Started), the event is ended: completed, announced with why. True if this call ended it."""
-    if record.ended or record.past_reporters or not record.arm_resource:
-        return False
-    since = record.not_before or record.first_seen
-    limit = timedelta(seconds=pipeline.settings.eventgrid_end_after_seconds)
-    if now - since < limit:
-        return False
-    claimed: list[Transition] = []
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        claimed.clear()
-        if rec is None or rec.ended or rec.past_reporters:
-            return None
-        rec.ended = (
-            "completed"
-            if rec.started or rec.approval == "approved" or rec.not_before
-            else "cancelled"
-        )
-        rec.ended_at = now
-        rec.ended_by = "azure"
-        _claim(
-            rec,
-            Transition.COMPLETED if rec.ended == "completed" else Transition.CANCELLED,
-            now,
-            claimed,
-        )
-        return rec
-
-    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
-    if not won or updated is None or not claimed:
-        return False
-    if holds_capacity(updated):
-        release_capacity(pipeline.store, updated)
-    detail = f"no Event Grid notification of its end within {int(limit.total_seconds())} s"
-    publish_claimed(pipeline, updated, claimed, now, dict.fromkeys(claimed, detail))
-    return True

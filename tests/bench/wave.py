@@ -1,0 +1,146 @@
+"""The wave (issue 37): a fleet-wide maintenance wave approved on time, whatever one relay
+does. `make bench` phase `wave`:
+
+- WAVE_VMS VMs (2,000), each with a disruptive event (a Redeploy) that the policy holds
+  for a maintenance window opening a minute after they were reported;
+- the window opens (the app's clock moves on a minute; everything else is real time);
+- 1 % of the VMs' relays drip their answer one byte a second, or hang;
+- the sweep runs every SWEEP_EVERY seconds, as the timer would, and hands every due event
+  to the work queue: the local host's workers (host.json `maxConcurrentCalls`), each event
+  its own unit of work, on Azurite behind a counting proxy.
+
+Keys: `wave_events`; `wave_approve_p99_s`, `wave_approve_max_s` (honest VMs: from the
+window opening to StartRequests received by their relay); `wave_sweep_s_max` (one sweep's
+own wall time); `wave_table_requests_per_event` (every Table request from the window's
+opening to the last honest approval, per event: what Azure would bill).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from functions.model.policy import Policy, Rule, Window
+from functions.pipeline.ingest import ingest_message
+from functions.pipeline.watchdog import run_watchdog
+from functions.store.state import Store
+from local.host import LocalWorkQueue, TriggerConfig
+from tests.tablecount import TableCounter
+
+WAVE_VMS = 2_000
+SLOW_SHARE = 0.01  # relays that drip or hang
+SWEEP_EVERY = 2.0  # seconds between sweeps (the timer: every minute in Azure)
+GIVE_UP = 240.0  # seconds: a wave not approved by then is reported as such
+
+
+@contextmanager
+def slow_relays() -> Iterator[str]:
+    """A callback that answers one byte a second (odd connections) or never (even ones)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(256)
+    stop = threading.Event()
+    count = [0]
+
+    def answer(conn: socket.socket, drip: bool) -> None:
+        try:
+            conn.recv(65536)
+            if drip:
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100:
+                    if stop.wait(1.0):
+                        return
+                    conn.send(bytes([byte]))
+            stop.wait(600)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            count[0] += 1
+            threading.Thread(target=answer, args=(conn, count[0] % 2 == 1), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        server.close()
+
+
+def run(connection_string: str, vms: int = WAVE_VMS) -> dict[str, Any]:
+    from tests.functions.conftest import T0, FakeClock, Relay, envelope, event, make_pipeline
+
+    relay = Relay()
+    clock = FakeClock()
+    names = [f"wave-{i:05d}" for i in range(vms)]
+    slow = set(names[:: int(1 / SLOW_SHARE)])
+    policy = Policy(
+        rules=(Rule(name="all", action="approve"),),
+        # T0 is Saturday 10:00 UTC: the window opens a minute after every VM reported.
+        windows=(Window(days=("Sat",), start="10:01", end="23:00"),),
+        timezone="UTC",
+        max_concurrent_per_set=vms,
+    )
+    try:
+        with slow_relays() as drip, TableCounter(connection_string) as counter:
+            store = Store.from_connection_string(
+                counter.connection_string, "wave" + uuid.uuid4().hex[:8]
+            ).ensure_tables()
+            pipeline, _ = make_pipeline(store, clock, policy, approval_budget_seconds=5)
+            not_before = T0 + timedelta(hours=2)
+
+            def report(name: str) -> None:
+                ev = event(f"WAVE-{name}", "Redeploy", resources=(name,), not_before=not_before)
+                url = drip if name in slow else relay.url
+                ingest_message(envelope(name, 1, [ev], callback_url=url), pipeline)
+
+            with ThreadPoolExecutor(max_workers=16) as pool:
+                list(pool.map(report, names))
+            assert relay.requests == [], "the window holds every event"
+            clock.advance(61)  # the window opens
+            triggers = TriggerConfig.from_host_json()
+            work = LocalWorkQueue(pipeline, triggers.max_concurrent_calls)
+            pipeline.work_queue = work
+            counter.reset()
+            opened = time.monotonic()
+            sweeps: list[float] = []
+            honest = vms - len(slow)
+            try:
+                while len(relay.requests) < honest and time.monotonic() - opened < GIVE_UP:
+                    started = time.monotonic()
+                    run_watchdog(pipeline)
+                    sweeps.append(time.monotonic() - started)
+                    wait_until = started + SWEEP_EVERY
+                    while time.monotonic() < wait_until and len(relay.requests) < honest:
+                        time.sleep(0.05)
+                requests = counter.total()
+            finally:
+                work.pool.shutdown(wait=False, cancel_futures=True)
+            times = sorted(r["at"] - opened for r in relay.requests if "at" in r)
+    finally:
+        relay.close()
+    approved = len({i for r in relay.requests for i in r["EventIds"]})
+    p99 = times[min(len(times) - 1, int(len(times) * 0.99))] if times else None
+    return {
+        "wave_events": vms,
+        "wave_slow_relays": len(slow),
+        "wave_honest_approved": approved,
+        "wave_approve_p99_s": round(p99, 1) if p99 is not None else None,
+        "wave_approve_max_s": round(times[-1], 1) if times else None,
+        "wave_sweep_s_max": round(max(sweeps), 2) if sweeps else None,
+        "wave_sweeps": len(sweeps),
+        "wave_table_requests_per_event": round(requests / vms, 2),
+    }
