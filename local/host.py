@@ -42,6 +42,7 @@ from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid
 from functions.pipeline.watchdog import WatchdogReport, run_watchdog
 from functions.settings import Settings
 from functions.store.state import Store
+from functions.triggers.later import MAX_RETRIES, delay, is_outage
 from simulator.eventgrid import EVENT_GRID_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class RunReport(BaseModel):
     stale: int = 0
     rejected: int = 0
     failed: int = 0  # will be retried
+    later: int = 0  # failed on an outage: a copy scheduled for later (functions.triggers.later)
     dead_lettered: int = 0
     results: list[IngestResult] = Field(default_factory=list)
     heartbeat_batches: list[HeartbeatResult] = Field(default_factory=list)
@@ -157,6 +159,7 @@ class LocalHost:
         triggers: TriggerConfig | None = None,
         admission: Admission | None = None,
         credential: Any = None,
+        later_scale: float = 1.0,
     ) -> None:
         """`admission`: who sent each relay message (functions.pipeline.admission); without
         it every relay message is refused, as the app refuses them without its identity
@@ -187,6 +190,7 @@ class LocalHost:
         )
         self.work = LocalWorkQueue(self.pipeline, self.triggers.max_concurrent_calls)
         self.pipeline.work_queue = self.work
+        self.later_scale = later_scale  # the delays of copies for later, scaled
         self.max_delivery_count = max_delivery_count
         self.watchdog_interval = watchdog_interval_seconds
         self.deliveries: dict[str, int] = defaultdict(int)
@@ -206,18 +210,22 @@ class LocalHost:
         `maxConcurrentSessions` VMs at once, then the heartbeats that make up a batch
         (all of them with `wait_for_batches=False`)."""
         report = RunReport()
-        sessions: dict[str, list[tuple[Path, bytes]]] = defaultdict(list)
+        sessions: dict[str, list[tuple[Path, bytes, int]]] = defaultdict(list)
+        now = time.time()
         for path in self.pending():
             try:
                 raw = path.read_bytes()
             except FileNotFoundError:
                 continue
+            at, retry = scheduled(raw)
+            if at is not None and at > now:
+                continue  # a copy scheduled for later: invisible until then, as in Service Bus
             body = unwrap(raw)
-            sessions[session_of(body)].append((path, body))
+            sessions[session_of(body)].append((path, body, retry))
 
-        def run_session(messages: list[tuple[Path, bytes]]) -> None:
-            for path, body in messages:
-                if not self._deliver(path, body, report):
+        def run_session(messages: list[tuple[Path, bytes, int]]) -> None:
+            for path, body, retry in messages:
+                if not self._deliver(path, body, report, retry):
                     break  # keep this VM's order: later messages wait for this one
 
         workers = max(1, min(self.triggers.max_concurrent_sessions, len(sessions)))
@@ -273,7 +281,7 @@ class LocalHost:
                 self.deliveries.pop(path.name, None)
             report.heartbeat_batches.append(result)
 
-    def _deliver(self, path: Path, body: bytes, report: RunReport) -> bool:
+    def _deliver(self, path: Path, body: bytes, report: RunReport, retry: int = 0) -> bool:
         with self._report_lock:
             self.deliveries[path.name] += 1
             count = self.deliveries[path.name]
@@ -284,6 +292,13 @@ class LocalHost:
             result = source(body, self.pipeline, message_id=path.stem)
         except Exception as exc:
             log.warning("delivery %d of %s failed: %s", count, path.name, exc)
+            if is_outage(exc) and retry < MAX_RETRIES:
+                # As functions.triggers.later does on Service Bus: a copy for later, the
+                # original completed; an outage burns no deliveries.
+                self._later(path, body, retry + 1)
+                with self._report_lock:
+                    report.later += 1
+                return True
             with self._report_lock:
                 if count >= self.max_delivery_count:
                     self._move(path, self.deadletter_dir)
@@ -304,6 +319,23 @@ class LocalHost:
             else:
                 report.rejected += 1
         return True
+
+    def _later(self, path: Path, body: bytes, retry: int) -> None:
+        """Write the `retry`-th copy of a message, visible after functions.triggers.later's
+        delay (times `later_scale`: the demo's time runs faster), and complete the
+        original."""
+        name = path.name
+        suffix = EVENT_GRID_SUFFIX if name.endswith(EVENT_GRID_SUFFIX) else ".json"
+        base = name[: -len(suffix)].split("~r", 1)[0]
+        at = time.time() + delay(retry).total_seconds() * self.later_scale
+        copy = {"body": body.decode("utf-8", "replace"), "scheduled_at": at, "retry": retry}
+        target = self.inbox / f"{base}~r{retry}{suffix}"
+        temporary = self.inbox / f".{target.name}.tmp"
+        temporary.write_text(json.dumps(copy))
+        temporary.replace(target)
+        self._move(path, self.processed_dir)
+        with self._report_lock:
+            self.deliveries.pop(path.name, None)
 
     @staticmethod
     def _move(path: Path, folder: Path) -> None:
@@ -346,6 +378,24 @@ def unwrap(raw: bytes) -> bytes:
         inner = data["body"]
         return inner.encode() if isinstance(inner, str) else json.dumps(inner).encode()
     return raw
+
+
+def scheduled(raw: bytes) -> tuple[float | None, int]:
+    """(when a copy scheduled for later becomes visible, its retry number); (None, 0) for a
+    message as its sender wrote it."""
+    if b"scheduled_at" not in raw:
+        return None, 0
+    try:
+        data: Any = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None, 0
+    if not isinstance(data, dict) or "kind" in data:
+        return None, 0
+    at = data.get("scheduled_at")
+    retry = data.get("retry", 0)
+    return (float(at) if isinstance(at, int | float) else None), (
+        int(retry) if isinstance(retry, int) else 0
+    )
 
 
 def session_of(body: bytes) -> str:

@@ -237,6 +237,8 @@ class Demo(DemoState):
             watchdog_interval_seconds=5,
             admission=self.admission,
             credential=self.credential,
+            # A copy for later after an outage waits as long in the demo's time as in Azure.
+            later_scale=1.0 / self.options.time_scale,
         )
         stop = threading.Event()
         thread = threading.Thread(

@@ -59,6 +59,7 @@ def build(
         links=links,
         occurrence=occurrence(record, transition),
         page=page,
+        waiting=record.waiting_for if record.approval == "pending" else "",
     )
 
 

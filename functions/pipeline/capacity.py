@@ -208,3 +208,149 @@ def take_capacity(store: Store, event_id: str, policy: Policy | None, now: datet
     if record is None or not needs_capacity(record):
         return True
     return acquire_capacity(store, record, policy, now)
+
+
+# ------------------------------------------------------------------ disruption budgets
+
+MAX_BUDGET_VMS = 8  # reporters of one event whose budgets an approval takes slots for
+
+
+def budget_slots(
+    store: Store,
+    record: EventRecord,
+    policy: Policy | None,
+    now: datetime,
+    *,
+    every_reporter: bool = False,
+) -> list:
+    """The budget slots (functions.model.budgets.Slot, VM) the event's disruptive approval
+    needs: for each VM that reported it (its own view; one query of its reporter rows, at
+    most MAX_BUDGET_VMS), the groups of every operator budget that covers it, from Azure's
+    placements (the identity sync's rows: a VM cannot move itself). The default budget
+    over sets stays the set rows above (`acquire_capacity`). `every_reporter`: also VMs
+    that no longer list it (giving back what they took)."""
+    if policy is None or not policy.budgets:
+        return []
+    from functions.model.budgets import slots_for
+    from functions.pipeline.redecide import as_event
+    from functions.store.placements import Placements
+
+    placements = Placements(store.service.get_table_client(f"{store.prefix}identities"))
+    rows = store.reporter_rows(record.event_id)
+    reporters = [r.vm for r in rows if r.status or every_reporter]
+    event = as_event(record)
+    found: list = []
+    for vm in reporters[:MAX_BUDGET_VMS]:
+        where = placements.for_name(vm, now, MAX_PLACEMENT_AGE)
+        found += [(slot, vm) for slot in slots_for(policy.budgets, event, where, placements.size)]
+    return found
+
+
+MAX_PLACEMENT_AGE = timedelta(hours=12)  # two sync passes missed: the VM is gone
+
+
+def acquire_budgets(
+    store: Store, record: EventRecord, slots: list, now: datetime, *, over: bool = False
+) -> str:
+    """Take every slot in `slots` (all or none); "" when taken, else the text of the first
+    full one ("waiting for budget checkout-web (1 of 1: vm-a)"), with the event listed as
+    waiting there (oldest NotBefore first). `over`: Azure started it: counted even over
+    the limit, and shown so."""
+    from functions.store.budget_slots import BudgetHolder, BudgetSlots, BudgetWaiter
+
+    rows = BudgetSlots(store.events)
+    taken: list = []
+    for slot, vm in slots:
+        current = rows.get_budget_slot(slot.budget, slot.group)
+        held = [h for h in (current.holders if current else []) if h.event_id != record.event_id]
+        dead: set[str] = set()
+        if len(held) >= slot.limit:
+            dead = {h.event_id for h in held if not holds_slot(store.get_event(h.event_id), now)}
+        full: list[str] = []
+
+        def change(rec, slot=slot, vm=vm, dead=dead, full=full):
+            full.clear()
+            from functions.store.budget_slots import BudgetSlot
+
+            rec = rec or BudgetSlot(budget=slot.budget, group=slot.group, limit=slot.limit)
+            rec.limit = slot.limit
+            mine = [h for h in rec.holders if h.event_id == record.event_id and h.vm == vm]
+            kept = [h for h in rec.holders if h.event_id not in dead]
+            waiters = {w.event_id: w for w in rec.waiting}
+            if mine:
+                return None
+            ahead = sum(
+                1
+                for w in rec.waiting
+                if w.event_id != record.event_id
+                and w.not_before is not None
+                and now < w.not_before
+                and (record.not_before is None or w.not_before < record.not_before)
+            )
+            others = [h for h in kept if h.event_id != record.event_id]
+            if not over and slot.limit - len(others) <= ahead:
+                full.append(rec.text())
+                if record.event_id not in waiters:
+                    rec.waiting.append(
+                        BudgetWaiter(
+                            vm=vm, event_id=record.event_id, not_before=record.not_before, since=now
+                        )
+                    )
+                    rec.holders = kept
+                    return rec
+                if kept == rec.holders:
+                    return None
+                rec.holders = kept
+                return rec
+            rec.holders = [
+                *kept,
+                BudgetHolder(
+                    vm=vm,
+                    event_id=record.event_id,
+                    since=now,
+                    over=len(others) >= slot.limit,
+                ),
+            ]
+            rec.waiting = [w for w in rec.waiting if w.event_id != record.event_id]
+            return rec
+
+        rows.mutate_budget_slot(slot.budget, slot.group, change)
+        if full:
+            release_budgets(store, record, taken, keep_waiting=True)
+            return full[0]
+        taken.append((slot, vm))
+    return ""
+
+
+def release_budgets(
+    store: Store, record: EventRecord, slots: list, *, keep_waiting: bool = False
+) -> list[str]:
+    """Give back the event's budget slots (and its places in their queues, unless
+    `keep_waiting`); returns the events waiting there, earliest NotBefore first."""
+    from functions.store.budget_slots import BudgetSlots
+
+    rows = BudgetSlots(store.events)
+    woken: list[str] = []
+    for slot, _vm in slots:
+        waiting: list[str] = []
+
+        def change(rec, waiting=waiting):
+            waiting.clear()
+            if rec is None:
+                return None
+            served = sorted(rec.waiting, key=lambda w: (w.not_before is None, w.not_before))
+            waiting.extend(w.event_id for w in served if w.event_id != record.event_id)
+            holders = [h for h in rec.holders if h.event_id != record.event_id]
+            queue = (
+                rec.waiting
+                if keep_waiting
+                else [w for w in rec.waiting if w.event_id != record.event_id]
+            )
+            if holders == rec.holders and queue == rec.waiting:
+                return None
+            rec.holders, rec.waiting = holders, queue
+            return rec
+
+        rows.mutate_budget_slot(slot.budget, slot.group, change)
+        woken += waiting
+    return list(dict.fromkeys(woken))[:WAKE_AT_MOST]

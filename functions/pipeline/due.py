@@ -95,6 +95,7 @@ class Due:
     approve: bool = False
     capacity: bool = False  # the approval takes its slots first
     drain: bool = False  # the drain workflow (functions.terminate) has work left
+    count: bool = False  # Started: counted in its disruption budgets (over if need be)
     undrain: bool = False  # ended, drained: put back what the drain reached
     close: bool = False  # ended, every announcement done: leave the open index
     next_at: datetime | None = None  # when to look again if nothing else happens
@@ -110,6 +111,7 @@ class Due:
             or self.release
             or self.approve
             or self.drain
+            or self.count
             or self.undrain
             or self.close
         )
@@ -167,7 +169,10 @@ def overdue_detail(record: EventRecord, now: datetime) -> str:
             "VM's reports are suspect; its capacity slot is given back"
         )
     if record.not_before is not None and now > record.not_before:
-        return f"still Scheduled after NotBefore {record.not_before.isoformat()}"
+        waited = f": it waited for {record.waiting_for.removeprefix('waiting for ')}"
+        return f"still Scheduled after NotBefore {record.not_before.isoformat()}" + (
+            waited if record.waiting_for and record.approval == "pending" else ""
+        )
     return ""
 
 
@@ -269,6 +274,13 @@ def due(
         and now < record.not_before
         and drain_settled is not True
     )
+    count = (
+        bool(valid and valid.budgets)
+        and record.started
+        and not record.ended
+        and not record.budget_counted
+        and needs_capacity(record)
+    )
     unsent = [m for m in record.announced.values() if claims.is_pending(m)]
     close = bool(record.ended) and not unsent and not announce
     undrain = close and decision is not None and decision.action == "drain"
@@ -280,6 +292,7 @@ def due(
         approve=approve,
         capacity=approve and needs_capacity(record),
         drain=drain,
+        count=count,
         undrain=undrain,
         close=close,
         next_at=next_at(record, now, window, approve),

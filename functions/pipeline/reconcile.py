@@ -33,9 +33,12 @@ from functions.model.event import Transition
 from functions.pipeline.announce import mark_done, publish_claimed
 from functions.pipeline.approve import approve_event
 from functions.pipeline.capacity import (
+    acquire_budgets,
     acquire_capacity,
+    budget_slots,
     capacity_limit,
     holds_capacity,
+    release_budgets,
     release_capacity,
     wait_for_capacity,
 )
@@ -150,6 +153,11 @@ def _reconcile(
     ]
     sending = list(dict.fromkeys(sending))
     go = plan.approve and not plan.release
+    if go and plan.capacity and not _take_slots(pipeline, record, now, out):
+        # Waiting for a slot (its set's, or a budget's): the row says for what before the
+        # announcements go out, so the `decided` card says "waiting for budget ...".
+        go = False
+        record = store.recent_event(record.event_id) or record
     defer = tuple(sending) if go else ()  # marked done in the write recording the approval
     if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
         # The decision's audit goes with its announcement: both are due until the
@@ -171,7 +179,7 @@ def _reconcile(
         if not defer:
             record = store.recent_event(record.event_id) or record
             plan = _due(pipeline, record, Facts(), me, now, grid_end)
-    if (plan.release or plan.close) and holds_capacity(record):
+    if (plan.release or plan.close) and (holds_capacity(record) or record.budget_counted):
         # Given back the moment the row stops entitling it (every taker also checks each
         # holder's row, so a slot left behind by a crash is never held for good); the
         # events waiting for it are woken, earliest NotBefore first.
@@ -184,6 +192,8 @@ def _reconcile(
         store.close_event(record.event_id, record.ended_at or now)
         out.closed = True
         return out
+    if plan.count:
+        record = _count_started(pipeline, record, now) or record
     if plan.drain and worker and pipeline.drainer is not None:
         outcome = _drain(pipeline, record, "drain", worker)
         record = store.recent_event(record.event_id) or record
@@ -429,9 +439,6 @@ def _approve(
     out: Reconciled,
 ) -> EventRecord | None:
     store, settings = pipeline.store, pipeline.settings
-    if plan.capacity and not acquire_capacity(store, record, pipeline.policy, now):
-        out.waiting_for_capacity = _wait_for_capacity(pipeline, record, now, defer)
-        return None
     result = approve_event(
         record.event_id,
         pipeline,
@@ -450,19 +457,44 @@ def _approve(
     return store.recent_event(record.event_id)
 
 
+def _take_slots(pipeline: Pipeline, record: EventRecord, now: datetime, out: Reconciled) -> bool:
+    """The slots the approval needs, all or none: its sets' (the capacity guard), then
+    every disruption budget's group that covers its VMs. False: it waits (the row says for
+    what, oldest NotBefore first), and is woken when a slot is given back."""
+    store = pipeline.store
+    if not acquire_capacity(store, record, pipeline.policy, now):
+        out.waiting_for_capacity = _wait_for_capacity(pipeline, record, now, ())
+        return False
+    slots = budget_slots(store, record, pipeline.policy, now)
+    waiting = acquire_budgets(store, record, slots, now) if slots else ""
+    if waiting:
+        release_capacity(store, record)
+        out.waiting_for_capacity = _wait_for_capacity(pipeline, record, now, (), waiting)
+        return False
+    return True
+
+
 def _release(pipeline: Pipeline, record: EventRecord, now: datetime) -> None:
     woken = release_capacity(pipeline.store, record)
+    slots = budget_slots(pipeline.store, record, pipeline.policy, now, every_reporter=True)
+    if slots:
+        woken += release_budgets(pipeline.store, record, slots)
     if woken:
         enqueue(pipeline, [e for e in woken if e != record.event_id], now)
 
 
 def _wait_for_capacity(
-    pipeline: Pipeline, record: EventRecord, now: datetime, settle: tuple[Transition, ...]
+    pipeline: Pipeline,
+    record: EventRecord,
+    now: datetime,
+    settle: tuple[Transition, ...],
+    budget: str = "",
 ) -> bool:
-    """The set has no free slot: the approval waits (the row says why, once; its claim,
-    if this caller held it, is given back), and is due again at the next sweep."""
+    """The set (or a disruption budget's group: `budget`, its waiting text) has no free
+    slot: the approval waits (the row says why, once; its claim, if this caller held it,
+    is given back), and is due again at the next sweep, or when a slot is given back."""
     limit = capacity_limit(pipeline.policy)
-    reason = (
+    reason = budget or (
         f"waiting: {limit} impactful event(s) already approved in its scale set / availability set"
     )
     first: list[bool] = []
@@ -476,7 +508,9 @@ def _wait_for_capacity(
             [t.value for t in settle if claims.is_pending(rec.announced.get(t.value))],
         )
         if rec.approval not in ("", "pending", "in_progress") or (
-            rec.approval == "pending" and rec.approval_reason == "capacity"
+            rec.approval == "pending"
+            and rec.approval_reason == "capacity"
+            and rec.waiting_for == reason
         ):
             return rec if marked else None
         first.append(True)
@@ -484,8 +518,9 @@ def _wait_for_capacity(
         rec.approval_claim = ""
         rec.approval_reason = "capacity"
         rec.approve_after = None
+        rec.waiting_for = reason
         decision = rec.decision
-        if decision is not None and "waiting:" not in decision.reason:
+        if decision is not None and "waiting" not in decision.reason:
             rec.decision = decision.model_copy(update={"reason": f"{decision.reason}; {reason}"})
         return rec
 
@@ -506,6 +541,25 @@ def _wait_for_capacity(
     wait_for_capacity(pipeline.store, record)
     pipeline.store.mutate_event(record.event_id, change, known=record)
     return bool(first)
+
+
+def _count_started(pipeline: Pipeline, record: EventRecord, now: datetime) -> EventRecord | None:
+    """Azure started it (approved or at NotBefore): it counts in its disruption budgets'
+    groups until it ends, over the limit if they are full (a budget delays an approval,
+    never Azure), and shown so; marked in the row, once."""
+    slots = budget_slots(pipeline.store, record, pipeline.policy, now)
+    if slots:
+        acquire_budgets(pipeline.store, record, slots, now, over=True)
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.budget_counted:
+            return None
+        rec.budget_counted = True
+        rec.waiting_for = ""
+        return rec
+
+    updated, _ = pipeline.store.mutate_event(record.event_id, change, known=record)
+    return updated
 
 
 def _give_back_approval(pipeline: Pipeline, event_id: str, me: str) -> None:

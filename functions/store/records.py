@@ -175,6 +175,12 @@ class EventRecord(Record):
     # What the drain workflow last returned for it from a reconcile ("approved",
     # "approval_failed", "held", "skipped"): the drain is due from the row until then.
     drain_outcome: str = ""
+    # What the approval waits for ("waiting for budget checkout-web (1 of 1: vm-a)"), shown
+    # on the cards and the pages; "" when it waits for nothing.
+    waiting_for: str = ""
+    # Azure started it: counted in its disruption budgets' groups (over the limit if full,
+    # and shown so), once.
+    budget_counted: bool = False
     # ARM id of the VM / scale set / availability set that owns the event, as Event Grid
     # named it (functions.pipeline.sources): where the ARM approver acknowledges it.
     arm_resource: str | None = None

@@ -33,6 +33,7 @@ from functions.settings import check_for_azure, load_settings
 from functions.settings_check import checked_settings
 from functions.store.rows import BadRow
 from functions.store.state import Store
+from functions.triggers.later import MAX_RETRIES, ServiceBusLater, is_outage, retry_of
 from functions.web.approval import FUNCTION_KEY_ACTOR, HTTP_STATUS, Refused, approve_by_hand
 from functions.web.views import fleet_status
 
@@ -101,8 +102,16 @@ def pipeline() -> Pipeline:
     is_sessions_enabled=True,
 )
 def ingest(msg: func.ServiceBusMessage) -> None:
-    """Returning completes the message; raising abandons it for redelivery (then DLQ)."""
-    result = ingest_message(msg.get_body(), pipeline(), message_id=msg.message_id or "")
+    """Returning completes the message; raising abandons it for redelivery (then DLQ). A
+    failure on an outage (storage, the topic) schedules a copy later instead
+    (functions.triggers.later), so an outage burns no deliveries."""
+    current = pipeline()
+    try:
+        result = ingest_message(msg.get_body(), current, message_id=msg.message_id or "")
+    except Exception as exc:
+        if not later_instead(msg, exc, current, current.settings.documents_queue):
+            raise
+        return
     log.info(
         "ingest %s from %s: %s %s",
         msg.message_id,
@@ -110,6 +119,43 @@ def ingest(msg: func.ServiceBusMessage) -> None:
         result.outcome,
         " ".join(f"{e}:{t}" for e, t in result.transitions),
     )
+
+
+_later: dict[str, ServiceBusLater] = {}
+
+
+def later_instead(
+    msg: func.ServiceBusMessage, exc: BaseException, current: Pipeline, queue: str
+) -> bool:
+    """On an outage: a copy of `msg` scheduled on `queue` for later (True: the original
+    may be completed); anything else, or the last retry, is the caller's to raise."""
+    retry = retry_of(msg.application_properties) + 1
+    if not is_outage(exc) or retry > MAX_RETRIES:
+        return False
+    with _lock:
+        sender = _later.get(queue) or ServiceBusLater.for_queue(current.settings, queue)
+        _later[queue] = sender
+    try:
+        at = sender.schedule(
+            msg.get_body(),
+            session_id=msg.session_id,
+            message_id=msg.message_id or "unnamed",
+            retry=retry,
+            now=current.clock.now(),
+        )
+    except Exception:
+        log.exception("could not schedule %s for later; abandoned instead", msg.message_id)
+        return False
+    log.warning(
+        "%s: %s on an outage (%s); copy %d of %d scheduled for %s",
+        queue,
+        msg.message_id,
+        type(exc).__name__,
+        retry,
+        MAX_RETRIES,
+        at.isoformat(),
+    )
+    return True
 
 
 @bp.function_name("heartbeats")

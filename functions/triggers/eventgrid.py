@@ -13,7 +13,7 @@ import logging
 import azure.functions as func
 
 from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid as ingest_grid
-from functions.triggers.core import pipeline
+from functions.triggers.core import later_instead, pipeline
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,14 @@ bp = func.Blueprint()
     arg_name="msg", queue_name="%EVENTGRID_QUEUE%", connection="ServiceBusConnection"
 )
 def ingest_event_grid(msg: func.ServiceBusMessage) -> None:
-    result = ingest_grid(msg.get_body(), pipeline(), message_id=msg.message_id or "")
+    current = pipeline()
+    try:
+        result = ingest_grid(msg.get_body(), current, message_id=msg.message_id or "")
+    except Exception as exc:
+        # An outage: tried again later, not ten times in seconds (functions.triggers.later).
+        if not later_instead(msg, exc, current, current.settings.eventgrid_queue):
+            raise
+        return
     log.info(
         "event grid %s: %s %s",
         msg.message_id,

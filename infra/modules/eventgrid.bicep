@@ -124,6 +124,18 @@ resource functionReceivesEvents 'Microsoft.Authorization/roleAssignments@2022-04
   }
 }
 
+// The function app sends a notification back to this queue, scheduled for later, when
+// processing it failed on an outage (functions.triggers.later); no relay can send here.
+resource functionSendsEventsLater 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: eventQueue
+  name: guid(eventQueue.id, functionPrincipalId, serviceBusDataSender)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 resource systemTopic 'Microsoft.EventGrid/systemTopics@2025-02-15' = if (enableEventGrid) {
   name: systemTopicName
   location: 'global'

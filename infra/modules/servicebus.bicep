@@ -239,6 +239,18 @@ resource functionReceivesDocuments 'Microsoft.Authorization/roleAssignments@2022
   }
 }
 
+// ... sends a document back to its own queue, scheduled for later, when processing it failed
+// on an outage (functions.triggers.later: an outage burns no deliveries) ...
+resource functionSendsDocumentsLater 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: documents
+  name: guid(documents.id, functionPrincipalId, serviceBusDataSender)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    principalId: functionPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 // ... hands due events to its own work queue and takes them from it ...
 resource functionSendsWork 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: reconcileQueue

@@ -360,6 +360,50 @@ def decided_lost(servers: Servers) -> tuple[Config, list[Step]]:
     return Config(policy=Policy(rules=(drain_rule("Reboot"),))), steps
 
 
+def budget(servers: Servers) -> tuple[Config, list[Step]]:
+    """Issue 39: a checkout service of two VMs in different scale sets, one disruption
+    budget over its `service` tag allowing one out at a time: the first Reboot approved,
+    the second waits (named in the budget's row), and is approved once the first ends."""
+    from functions.model.budgets import Budget, Placement
+    from functions.store.placements import Placements
+
+    def seed(store: Any) -> None:
+        rows = [
+            Placement(
+                name=vm,
+                vm_id=f"vmid-{vm}",
+                zone=zone,
+                scale_set=f"ss{zone}",
+                tags={"service": "checkout"},
+                fetched_at=_at(0),
+            )
+            for vm, zone in (("bu1", "1"), ("bu2", "2"))
+        ]
+        Placements(store.service.get_table_client(f"{store.prefix}identities")).put(rows)
+
+    one = event("EV-B1", "Reboot", resources=("bu1",), not_before=_at(900))
+    two = event("EV-B2", "Reboot", resources=("bu2",), not_before=_at(1500))
+    started = {**one, "EventStatus": "Started", "NotBefore": ""}
+    steps = [
+        doc("bu1", 1, [one], servers, 0),
+        doc("bu2", 1, [two], servers, 1),
+        drain(),
+        *until(0, 120),
+        doc("bu1", 2, [started], servers, 120),
+        *until(120, 180),
+        doc("bu1", 3, [], servers, 180),
+        *until(180, 300),
+        doc("bu2", 2, [], servers, 300),
+        drain(),
+        *settle(*FINAL),
+    ]
+    policy = Policy(
+        rules=(approve_rule("Reboot"),),
+        budgets=(Budget(name="checkout", group_by=("tag:service",), max_unavailable=1),),
+    )
+    return Config(policy=policy, seed=seed), steps
+
+
 SCENARIOS: list[Scenario] = [
     Scenario(
         "approve",
@@ -451,6 +495,12 @@ SCENARIOS: list[Scenario] = [
         "a drain's `decided` dead-lettered: drained from the row, undrained",
         decided_lost,
         ("/drain EV-DL drain", "relay dl1 /v1/start EV-DL", "/undrain EV-DL", "EV-DL:undrained"),
+    ),
+    Scenario(
+        "budget",
+        "a disruption budget over a service tag: the second VM waits for the first",
+        budget,
+        ("relay bu1 /v1/start EV-B1", "relay bu2 /v1/start EV-B2", "EV-B2:approved"),
     ),
     Scenario(
         "approve-twice",

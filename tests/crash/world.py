@@ -177,6 +177,9 @@ class Config:
     arm: bool = False  # the hosts get a managed-identity credential for the ARM approver
     # Called before each run (outside the count): Azure's own state back to the start.
     reset: Callable[[Servers], None] | None = None
+    # Called with the run's Store once its tables exist (outside the count): rows only
+    # the identity sync writes (placements for budgets), as Azure's facts before the run.
+    seed: Callable[[Store], None] | None = None
 
 
 class Host:
@@ -259,6 +262,8 @@ class World:
                 config.reset(servers)
             store = Store.from_connection_string(connection, self.prefix).ensure_tables()
             DeliveryLedger.from_service(store.service, self.prefix).ensure_table()
+            if config.seed is not None:
+                config.seed(store)
             self.host = self.boot()
 
     def boot(self) -> Host:

@@ -88,6 +88,9 @@ IDENTITY_GRANTS: dict[str, set[tuple[str, str]]] = {
     },
     "function app": {
         (SB_RECEIVER, "servicebus: queues documents"),
+        # A document whose processing failed on an outage goes back to its queue,
+        # scheduled for later (functions.triggers.later); the same for Event Grid's.
+        (SB_SENDER, "servicebus: queues documents"),
         (SB_RECEIVER, "servicebus: queues heartbeats"),
         # Its own work queue of due events (functions.pipeline.workqueue): the sweep sends,
         # the `reconcile` function receives; no relay can send there.
@@ -98,6 +101,7 @@ IDENTITY_GRANTS: dict[str, set[tuple[str, str]]] = {
         # scope over the subscription; servicebus.bicep has the sources).
         (SB_RECEIVER, "servicebus: subscriptions channelSubscriptions"),
         (SB_RECEIVER, "eventgrid: queues eventQueue"),
+        (SB_SENDER, "eventgrid: queues eventQueue"),
         # Host storage and the deployment container: the documented host role, on the
         # account (storage.bicep has the source).
         ("Storage Blob Data Owner", "storage: storageAccounts account"),
