@@ -8,13 +8,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from functions.notify.kept import MAX_DELIVERY_COUNT
+
 
 class Subscription:
     """One topic subscription: its own queue and worker, so a slow or failing channel
     delays nobody else (not the other channels, not ingest, not an approval).
 
     Like Service Bus: a handler that raises gets the message again (up to
-    `max_delivery_count`), then it is dead-lettered for this subscription only.
+    `max_delivery_count`, the channel subscriptions' maxDeliveryCount as deployed: a test
+    ties them), then it is dead-lettered for this subscription only.
     """
 
     def __init__(
@@ -22,7 +25,7 @@ class Subscription:
         name: str,
         handler: Callable[[Any], Any],
         on_done: Callable[[str, Any, Any, str | None], None] | None = None,
-        max_delivery_count: int = 3,
+        max_delivery_count: int = MAX_DELIVERY_COUNT,
     ) -> None:
         self.name = name
         self.handler = handler
