@@ -26,9 +26,13 @@ class Subscription:
         handler: Callable[[Any], Any],
         on_done: Callable[[str, Any, Any, str | None], None] | None = None,
         max_delivery_count: int = MAX_DELIVERY_COUNT,
+        counted: bool = False,
     ) -> None:
+        """`counted`: the handler takes the delivery's number too (Service Bus's
+        DeliveryCount, 1 first), as the app's channels do to keep a post on the last."""
         self.name = name
         self.handler = handler
+        self.counted = counted
         self.on_done = on_done
         self.max_delivery_count = max_delivery_count
         self.dead_letters: list[tuple[Any, str]] = []
@@ -50,9 +54,9 @@ class Subscription:
         while (note := self._queue.get()) is not _STOP:
             result: Any = None
             error: str | None = None
-            for _ in range(self.max_delivery_count):
+            for delivery in range(1, self.max_delivery_count + 1):
                 try:
-                    result = self.handler(note)
+                    result = self.handler(note, delivery) if self.counted else self.handler(note)
                     error = None
                     break
                 except Exception as exc:
