@@ -76,7 +76,7 @@ def ready_outcomes(demo: DemoState) -> list[Outcome]:
     """200, then 503 while drained, then 200 again after the undrain; a scale-in's VM is
     deleted, so its probe stays 503."""
     watchers: list[ProbeWatcher] = getattr(demo, "ready_probes", [])
-    deleted = {s.target for s in demo.options.plan if s.scenario == "terminate"}
+    deleted = {s.target for s in demo.played if s.scenario == "terminate"}
     outcomes = []
     for watcher in watchers:
         watcher.stop()

@@ -32,6 +32,7 @@ from local.demo_ledger import LEAD as LEDGER_LEAD
 from local.demo_ready import ready_outcomes
 from local.demo_state import DemoState
 from local.drain_worker import start_drain_worker
+from local.kept_worker import EVERY_SECONDS, KEPT, KeptWorker, kept_by
 from local.narration import announcement, receiver_news, subject
 from local.options import DemoOptions
 from local.outcomes import check_outcomes
@@ -58,6 +59,8 @@ class Demo(DemoState):
         super().__init__(options, timeline)
         self._pending_steps: list[Step] = []
         self.transport: Any = None  # the channels' (functions.notify.delivery.Transport)
+        # What PagerDuty paged (the deliveries table's marks), for the narration.
+        self.channel_marks: Any = None
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> Demo:
@@ -309,6 +312,7 @@ class Demo(DemoState):
         from functions.notify.delivery import RetryPolicy, Transport
         from functions.notify.dispatch import CHANNELS, deliver
         from functions.notify.settings import ChannelSettings
+        from functions.store.deliveries import DeliveryLedger
 
         local = channel_values(self.options.env, self.external, self.receivers)
         channel_settings = ChannelSettings(**local)
@@ -316,19 +320,43 @@ class Demo(DemoState):
         self.stack.callback(session.close)
         # Short waits: at 60x a real retry schedule would outlast the event.
         transport = Transport(session=session, policy=short_retries(RetryPolicy))
-        self.transport = transport  # its marks: what PagerDuty paged, for the narration
+        # Posted once per channel, and kept past the last delivery, as in Azure: the
+        # deliveries table (Azurite) and the notify_kept timer (local/kept_worker.py).
+        ledger = DeliveryLedger.from_connection_string(
+            self.connection_string, self.settings.state_table_prefix
+        ).ensure_table()
+        self.kept = KeptWorker(
+            self,
+            ledger,
+            channel_settings,
+            transport,
+            EVERY_SECONDS / self.options.time_scale,
+            self._record_delivery,
+        ).start()
+        self.stack.callback(self.kept.stop)
+        self.transport = transport
+        self.channel_marks = ledger  # the channels mark what PagerDuty paged here
         for channel in CHANNELS:
             off = channel_settings.off_reason(channel)
             if off:
                 self.timeline.add("demo", channel, f"channel off: {off}")
                 continue
 
-            def handler(note: Any, channel: str = channel) -> bool:
-                return deliver(
-                    channel, note.to_json(), settings=channel_settings, transport=transport
+            def handler(note: Any, delivery: int, channel: str = channel) -> bool | str:
+                posted = deliver(
+                    channel,
+                    note.to_json(),
+                    settings=channel_settings,
+                    transport=transport,
+                    ledger=ledger,
+                    delivery_count=delivery,
                 )
+                return KEPT if not posted and kept_by(ledger, channel, note) else posted
 
-            subscription = Subscription(channel, handler, on_done=self._channel_done).start()
+            self.kept.channels.append(channel)
+            subscription = Subscription(
+                channel, handler, on_done=self._channel_done, counted=True
+            ).start()
             self.subscriptions.append(subscription)
             self.stack.callback(subscription.stop)
             self.channels.append(channel)
@@ -451,11 +479,21 @@ class Demo(DemoState):
         Printed at once, so the story keeps its causal order; the channels deliver on their
         own workers and only a failed delivery adds a line of its own.
         """
-        marks = self.transport.marks if self.transport is not None else None
+        marks = self.channel_marks
         self.timeline.add(*announcement(note, self.channels, marks))
 
     def _channel_done(self, channel: str, note: Any, posted: Any, error: str | None) -> None:
-        """Called by each channel's subscription when it is done with a notification."""
+        """Called by each channel's subscription when it is done with a notification; a
+        kept post is recorded once it is sent (local/kept_worker.py)."""
+        if posted == KEPT:
+            self.timeline.add(
+                "notify",
+                subject(note),
+                f"{channel} kept '{note.transition.value}' after its last delivery: sent "
+                "once it is back",
+                ok=False,
+            )
+            return
         self._record_delivery(channel, note, bool(posted) and error is None, error)
         if error:
             self.timeline.add(

@@ -414,10 +414,14 @@ def _fleet_outcomes(demo: DemoState) -> list[Outcome]:
     dead = len(demo.publisher.dead_letters) + sum(
         len(sub.dead_letters) for sub in demo.subscriptions
     )
+    kept = getattr(demo, "kept", None)  # local/kept_worker.py: posts not sent yet
+    pending = kept.pending() if kept is not None else 0
+    if pending:
+        detail = "; ".join(filter(None, [detail, f"{pending} post(s) still kept, not sent"]))
     out.append(
         Outcome(
             "every notification was accepted by its channel",
-            not errors and not rejected and not dead,
+            not errors and not rejected and not dead and not pending,
             detail or _delivery_counts(demo.recorded_deliveries()),
         )
     )

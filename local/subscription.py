@@ -8,13 +8,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from functions.notify.kept import MAX_DELIVERY_COUNT
+
 
 class Subscription:
     """One topic subscription: its own queue and worker, so a slow or failing channel
     delays nobody else (not the other channels, not ingest, not an approval).
 
     Like Service Bus: a handler that raises gets the message again (up to
-    `max_delivery_count`), then it is dead-lettered for this subscription only.
+    `max_delivery_count`, the channel subscriptions' maxDeliveryCount as deployed: a test
+    ties them), then it is dead-lettered for this subscription only.
     """
 
     def __init__(
@@ -22,10 +25,14 @@ class Subscription:
         name: str,
         handler: Callable[[Any], Any],
         on_done: Callable[[str, Any, Any, str | None], None] | None = None,
-        max_delivery_count: int = 3,
+        max_delivery_count: int = MAX_DELIVERY_COUNT,
+        counted: bool = False,
     ) -> None:
+        """`counted`: the handler takes the delivery's number too (Service Bus's
+        DeliveryCount, 1 first), as the app's channels do to keep a post on the last."""
         self.name = name
         self.handler = handler
+        self.counted = counted
         self.on_done = on_done
         self.max_delivery_count = max_delivery_count
         self.dead_letters: list[tuple[Any, str]] = []
@@ -47,9 +54,9 @@ class Subscription:
         while (note := self._queue.get()) is not _STOP:
             result: Any = None
             error: str | None = None
-            for _ in range(self.max_delivery_count):
+            for delivery in range(1, self.max_delivery_count + 1):
                 try:
-                    result = self.handler(note)
+                    result = self.handler(note, delivery) if self.counted else self.handler(note)
                     error = None
                     break
                 except Exception as exc:

@@ -121,6 +121,10 @@ class Notification(BaseModel):
     # Why the event's approval waits, when it does: a disruption budget's words,
     # "waiting for budget checkout-web (1 of 1: vm-a)" (functions.model.budgets.waiting_text).
     waiting: str = ""
+    # A post its channel could not deliver while it was down, kept and sent once it was
+    # back (functions.notify.kept): how late, and why, e.g. "sent 2 h 5 min after it
+    # happened: the channel could not be reached (HTTP 503)". Set only on that late send.
+    late: str = ""
     links: Links = Links()
     # For transitions that can recur (a relay silent again later, a policy invalid again
     # after an edit, a decision made again once a fixed policy replaced a fail-closed one):

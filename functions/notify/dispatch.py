@@ -15,6 +15,11 @@ azure-functions ServiceBusMessage binding cannot dead-letter (settling needs the
 SDK-type binding package), and redelivering cannot help. Without a ledger a permanent
 failure raises PermanentDeliveryError (the old behaviour: dead-lettered after
 maxDeliveryCount).
+
+A post that still cannot be delivered on the message's last delivery (`delivery_count` at
+the subscription's maxDeliveryCount) is kept in the ledger instead of dead-lettered, and
+`resend_kept` sends it once the channel is back, while it still matters
+(functions.notify.kept).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from datetime import datetime, timedelta
 from pydantic import ValidationError
 
 from functions.model.event import Notification
-from functions.notify import pagerduty, slack, teams, webhook
+from functions.notify import kept, pagerduty, slack, teams, webhook
 from functions.notify.delivery import (
     DeliveryError,
     Marks,
@@ -36,7 +41,7 @@ from functions.notify.delivery import (
     Transport,
 )
 from functions.notify.settings import ChannelSettings
-from functions.store.deliveries import DeliveryLedger, DeliveryRecord
+from functions.store.deliveries import DeliveryLedger, DeliveryRecord, KeptPost
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +93,14 @@ def deliver(
     transport: Transport,
     ledger: DeliveryLedger | None = None,
     message_id: str = "",
+    delivery_count: int | None = None,
 ) -> bool:
     """Send one topic message on one channel. True when this call posted something.
 
     `message_id`: the Service Bus MessageId, naming the record of a body that is not a
-    notification (a notification is recorded under its own id)."""
+    notification (a notification is recorded under its own id). `delivery_count`: Service
+    Bus's DeliveryCount of this delivery; on the last one (kept.MAX_DELIVERY_COUNT) a post
+    the receiver could not take is kept for later instead of dead-lettered."""
     off = settings.off_reason(channel)
     if off is not None:
         if settings.misconfigured(channel) and ledger is not None:
@@ -124,19 +132,70 @@ def deliver(
     claim = _claim(ledger, channel, note.message_id(), transport)
     if claim is None:
         return False
+    if kept.waits_behind(channel, note, ledger):
+        why = "behind an earlier post of this incident, kept while the channel was down"
+        if kept.keep(ledger, kept.kept_post(channel, note, why, transport.clock())):
+            _finish(ledger, claim, "kept", why, transport)
+            return False
     try:
         sent = _send_logged(channel, note, settings, transport, marks)
     except PermanentDeliveryError as exc:
         _finish(ledger, claim, "rejected", exc.reason, transport)
         return False
+    except RetryableDeliveryError as exc:
+        last = delivery_count is not None and delivery_count >= kept.MAX_DELIVERY_COUNT
+        post = kept.kept_post(channel, note, exc.reason, transport.clock())
+        if last and _keep_or_release(ledger, claim, post, transport):
+            return False
+        if not last:
+            _release(ledger, claim)
+        raise
     except BaseException:
-        try:
-            ledger.release(claim)
-        except Exception:  # the claim goes stale after its lease instead
-            log.exception("%s: could not release the claim on %s", channel, claim.message_id)
+        _release(ledger, claim)
         raise
     _finish(ledger, claim, "posted", "", transport)
     return sent
+
+
+def _keep_or_release(
+    ledger: DeliveryLedger, claim: DeliveryRecord, post: KeptPost, transport: Transport
+) -> bool:
+    """Keep the post (then the message is completed); False, with the claim released, when
+    it cannot be kept (the message then dead-letters as before, and its alert fires)."""
+    try:
+        if kept.keep(ledger, post):
+            _finish(ledger, claim, "kept", post.reason, transport)
+            return True
+        log.error("%s: %s cannot be kept (too large); dead-lettered", post.channel, post.message_id)
+    except Exception:
+        log.exception("%s: %s could not be kept", post.channel, post.message_id)
+    _release(ledger, claim)
+    return False
+
+
+def _release(ledger: DeliveryLedger, claim: DeliveryRecord) -> None:
+    try:
+        ledger.release(claim)
+    except Exception:  # the claim goes stale after its lease instead
+        log.exception("%s: could not release the claim on %s", claim.channel, claim.message_id)
+
+
+def resend_kept(
+    channel: str,
+    *,
+    settings: ChannelSettings,
+    transport: Transport,
+    ledger: DeliveryLedger,
+) -> kept.ResendReport:
+    """Send `channel`'s kept posts now that it may be back (the `notify_kept` timer)."""
+    if settings.off_reason(channel) is not None:
+        return kept.ResendReport()
+    marks = ledger
+
+    def send(note: Notification) -> bool:
+        return _send_logged(channel, note, settings, transport, marks)
+
+    return kept.resend(channel, ledger, send, transport.clock)
 
 
 def _send_logged(

@@ -172,6 +172,8 @@ def build_event(note: Notification, routing_key: str) -> dict[str, Any] | None:
         details["detail"] = note.detail
     if note.waiting:
         details["waiting"] = note.waiting
+    if note.late:
+        details["late"] = note.late
     if note.vm:
         details["vm"] = note.vm
     payload: dict[str, Any] = {

@@ -105,6 +105,8 @@ def build_blocks(note: Notification, now: datetime) -> list[dict[str, Any]]:
     if note.transition in ATTENTION:
         headline = "Attention: " + headline
     blocks: list[dict[str, Any]] = [{"type": "header", "text": _plain(headline, HEADER_MAX)}]
+    if note.late:  # kept through the channel's outage: its age first, before any fact
+        blocks.append({"type": "context", "elements": [_plain(f"Late: {note.late}", CONTEXT_MAX)]})
     event = note.event
     pairs: list[tuple[str, str | None]]
     if note.transition is Transition.DECIDED and event is not None:

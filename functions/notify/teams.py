@@ -105,6 +105,8 @@ def build_card(note: Notification, now: datetime) -> dict[str, Any]:
     body: list[dict[str, Any]] = [
         _text(describe.headline(note), size="Medium", weight="Bolder", color=title_color)
     ]
+    if note.late:  # kept through the channel's outage: its age first, before any fact
+        body.append(_text(f"Late: {note.late}", color="Warning", weight="Bolder"))
     event = note.event
     if note.transition is Transition.DECIDED and event is not None:
         body.append(

@@ -76,6 +76,7 @@ def build_data(note: Notification) -> dict[str, Any]:
         "decision": note.decision.model_dump(mode="json") if note.decision else None,
         "detail": note.detail,
         "waiting": note.waiting,
+        "late": note.late,
         "links": note.links.model_dump(mode="json"),
         "occurrence": note.occurrence,
         "page": getattr(note, "page", None),

@@ -16,6 +16,12 @@ again. The window is one HTTP answer plus one Table write; webhook receivers can
 `webhook-id`, PagerDuty on its `dedup_key`.
 
 PartitionKey = the announcement's MessageId (escaped), RowKey = channel.
+
+A post a channel could not deliver within its Service Bus deliveries (the channel was down
+for longer) is `kept` (issue 40): its delivery row says so, and the notification itself is
+a row of the channel's kept partition (`kept:<channel>`, RowKey = when it happened, when
+it was kept, its MessageId: one query reads them oldest first), until functions.notify.kept sends it
+or finds it no longer worth sending.
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ from azure.core.exceptions import (
     ResourceModifiedError,
     ResourceNotFoundError,
 )
+from azure.data.tables import UpdateMode
 from pydantic import AwareDatetime, BaseModel
 
 from functions.store.keys import table_key
 from functions.store.leased import LeasedTable
 from functions.store.rows import utf16_prefix
 
-DeliveryStatus = Literal["claimed", "posted", "rejected"]
+DeliveryStatus = Literal["claimed", "posted", "rejected", "kept"]
 MARK = "mark"  # RowKey of a channel's mark on a key (PagerDuty: a key it paged)
 DETAIL_LIMIT = 4000
 
@@ -55,6 +62,34 @@ class DeliveryRecord(BaseModel):
     @property
     def final(self) -> bool:
         return self.status != "claimed"
+
+
+KEPT = "kept:"  # + channel: the partition of the posts a channel keeps (no MessageId is one)
+# A body must fit one string property (64 KiB, UTF-16): a notification is a few KiB.
+KEPT_BODY_LIMIT = 32_000
+
+
+class KeptPost(BaseModel):
+    """A notification a channel keeps to send when it is back (functions.notify.kept)."""
+
+    channel: str
+    message_id: str
+    occurred_at: AwareDatetime
+    kept_at: AwareDatetime
+    body: str  # the notification's JSON
+    reason: str = ""  # why the last delivery failed
+    key: str = ""  # PagerDuty: the incident's dedup_key (a trigger and its resolve)
+    ends: bool = False  # an end (completed, cancelled, recovered, ...): last among equals
+
+    @property
+    def row_key(self) -> str:
+        """Oldest first: when it happened (an end after anything else stamped alike, so a
+        resolve never goes before its trigger), when it was kept, then its id."""
+        stamp = "%Y-%m-%dT%H:%M:%S.%fZ"
+        return (
+            f"{self.occurred_at.strftime(stamp)}|{int(self.ends)}|"
+            f"{self.kept_at.strftime(stamp)}|{self.message_id}"
+        )
 
 
 class DeliveryLedger(LeasedTable[DeliveryRecord]):
@@ -96,6 +131,40 @@ class DeliveryLedger(LeasedTable[DeliveryRecord]):
                 etag=record.etag,
                 match_condition=MatchConditions.IfNotModified,
             )
+
+    def keep(self, post: KeptPost) -> bool:
+        """Keep a post for later (Insert Or Replace: a retry writes the same row); False
+        when its body is too large for a row (then it cannot be kept)."""
+        if len(post.body) > KEPT_BODY_LIMIT:
+            return False
+        entity = {
+            "PartitionKey": table_key(KEPT + post.channel),
+            "RowKey": table_key(post.row_key),
+            **post.model_dump(mode="json"),
+            "reason": utf16_prefix(post.reason, DETAIL_LIMIT),
+        }
+        self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        return True
+
+    def kept(self, channel: str) -> list[KeptPost]:
+        """The channel's kept posts, oldest first (one partition query)."""
+        entities = self.table.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": table_key(KEPT + channel)}
+        )
+        posts = [
+            KeptPost.model_validate({k: v for k, v in e.items() if k in KeptPost.model_fields})
+            for e in entities
+        ]
+        return sorted(posts, key=lambda post: post.row_key)
+
+    def drop_kept(self, post: KeptPost) -> None:
+        """Forget a kept post (sent, or no longer worth sending); gone already is fine."""
+        with contextlib.suppress(ResourceNotFoundError):
+            self.table.delete_entity(table_key(KEPT + post.channel), table_key(post.row_key))
+
+    def unmark(self, key: str) -> None:
+        with contextlib.suppress(ResourceNotFoundError):
+            self.table.delete_entity(table_key(key), MARK)
 
     # Marks (functions.notify.delivery.Marks): one row each, RowKey MARK, in the key's own
     # partition. Channel rows are named for their channel, so no announcement's row is one.

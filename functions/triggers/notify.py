@@ -1,8 +1,10 @@
 """Azure handlers: one Service Bus topic trigger per channel, each on its own subscription.
 
 Thin on purpose: read the body, call `dispatch.deliver` with the deliveries ledger (the
-`{prefix}deliveries` table, next to the core's state), let an exception abandon the
-message. See dispatch.py for what is retried and what is recorded and completed.
+`{prefix}deliveries` table, next to the core's state) and the message's DeliveryCount, let
+an exception abandon the message. See dispatch.py for what is retried and what is recorded
+and completed. `notify_kept`, a timer every two minutes, sends each channel's posts kept
+through an outage once it is back (functions.notify.kept).
 Register with `app.register_functions(functions.triggers.notify.bp)`.
 """
 
@@ -14,8 +16,8 @@ from functools import lru_cache
 import azure.functions as func
 import requests
 
-from functions.notify.delivery import Transport
-from functions.notify.dispatch import deliver
+from functions.notify.delivery import RetryPolicy, Transport
+from functions.notify.dispatch import CHANNELS, deliver, resend_kept
 from functions.notify.settings import channel_settings
 from functions.store.deliveries import DeliveryLedger
 
@@ -54,7 +56,45 @@ def _handle(channel: str, msg: func.ServiceBusMessage) -> None:
         transport=_transport(),
         ledger=ledger(),
         message_id=msg.message_id or "",
+        delivery_count=getattr(msg, "delivery_count", None),
     )
+
+
+# Kept posts are few, and only after an outage: one query per channel, oldest first; a
+# channel still down stops at its first post. Every 2 minutes: sent soon after the channel
+# is back, for 21,600 short executions a month.
+KEPT_SCHEDULE = "0 */2 * * * *"
+
+
+@lru_cache(maxsize=1)
+def _resend_transport() -> Transport:
+    """Two tries per post: a channel still down is asked again by the next timer."""
+    return Transport(
+        session=requests.Session(),
+        policy=RetryPolicy(attempts=2, backoff_seconds=2.0, max_wait_seconds=5.0),
+    )
+
+
+@bp.function_name("notify_kept")
+@bp.timer_trigger(arg_name="timer", schedule=KEPT_SCHEDULE, run_on_startup=False)
+def notify_kept(timer: func.TimerRequest) -> None:
+    settings = channel_settings()
+    for channel in CHANNELS:
+        try:
+            report = resend_kept(
+                channel, settings=settings, transport=_resend_transport(), ledger=ledger()
+            )
+        except Exception:  # Table trouble: the next timer tries again; other channels go on
+            log.exception("%s: kept posts not sent this time", channel)
+            continue
+        if report.sent or report.dropped:
+            log.info(
+                "%s: kept posts: %d sent late, %d dropped, %d still kept",
+                channel,
+                len(report.sent),
+                len(report.dropped),
+                report.waiting,
+            )
 
 
 @bp.function_name("notify_teams")

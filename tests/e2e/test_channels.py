@@ -63,3 +63,28 @@ def test_a_failing_teams_delays_neither_pagerduty_nor_the_approval():
     assert len(triggers) == 1, played.story()
     delivered = next(o for o in played.outcomes if o.name.startswith("every notification"))
     assert delivered.ok, played.story()
+
+
+def test_a_post_teams_cannot_take_within_its_deliveries_is_kept_and_sent_late():
+    """Issue 40: Teams refuses the first card through all 10 deliveries (5 tries each, as
+    the app's retry policy makes them). The demo keeps it, as the app does, instead of
+    dead-lettering it (2cd3d60's demo gave 3 deliveries, then dead-lettered it), and sends
+    it once Teams answers again, saying how late it is."""
+    with TeamsReceiver() as outside_teams:
+        outside_teams.fail_next(50, status=503)
+        options = DemoOptions(
+            report=None,
+            time_limit=80,
+            settle=6,
+            fleet=(VmSpec(name="app-1"),),
+            plan=(Step(at=0, scenario="user-reboot", target="app-1", story="approved at once"),),
+            env=clean_env(TEAMS_WEBHOOK_URL=outside_teams.url),
+        )
+        played = play(options)
+        posts = outside_teams.received
+    assert [r.status for r in posts[:50]] == [503] * 50, played.story()
+    late = [r for r in posts if r.accepted and "Late: sent" in r.raw.decode("utf-8", "replace")]
+    assert len(late) == 1, played.story()
+    assert all(not sub.dead_letters for sub in played.demo.subscriptions)
+    delivered = next(o for o in played.outcomes if o.name.startswith("every notification"))
+    assert delivered.ok, played.story()

@@ -197,6 +197,7 @@ def test_handlers_from_function_app(store, clock, relay):
         "notify_pagerduty",
         "notify_slack",
         "notify_webhook",
+        "notify_kept",
         "terminate_drain",
         "ingest_event_grid",
         "page_event",

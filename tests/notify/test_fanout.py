@@ -276,6 +276,8 @@ def test_the_azure_handlers_read_app_settings(
     app = func.FunctionApp()
     app.register_functions(blueprint.bp)
     triggers = {fn.get_function_name(): fn.get_trigger() for fn in app.get_functions()}
+    kept_timer = triggers.pop("notify_kept")  # sends posts kept through an outage
+    assert kept_timer.schedule == blueprint.KEPT_SCHEDULE == "0 */2 * * * *"
     assert set(triggers) == {"notify_teams", "notify_pagerduty", "notify_webhook", "notify_slack"}
     for name, trigger in triggers.items():
         assert trigger.topic_name == "%NOTIFICATIONS_TOPIC%"

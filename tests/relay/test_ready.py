@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from relay.ready import FILE_NAME, Readiness
@@ -361,3 +362,43 @@ def test_a_relay_killed_in_its_drain_script_reports_how_the_script_ended(
     assert (final["status"], final["exit_code"]) == ("succeeded", 0), final
     assert final["output_tail"] == f"drained {event_id}\n"
     assert ready(ready_port)["status"] == 503  # drained: out of rotation until the undrain
+
+
+def test_a_built_in_hook_runs_no_script_even_where_scripts_are_refused(
+    simulator: Any, tmp_path: Path
+) -> None:
+    """A relay whose hook user it cannot switch to refuses the operator's scripts (503),
+    but the built-in drain runs no script, so the app can still take the VM out."""
+    from relay.callback import CallbackApp
+    from relay.callback_http import Refused
+    from relay.hooks import HookRunner, HookUser
+    from relay.imds import ImdsClient
+    from relay.keystore import KeyStore
+
+    sim = simulator.sim
+    sim.add_vm("vm0")
+    event_id = sim.add_event(event_type="Terminate", resources=["vm0"], notice=600)
+    drain, _ = hook_scripts()
+    readiness = Readiness(tmp_path / "state")
+    no_user = HookUser("nobody", None, None, "hooks disabled: cannot switch to nobody")
+    runner = HookRunner(
+        {"drain": drain, **Readiness.hooks},
+        tmp_path / "state",
+        timeout=5,
+        vm_name="vm0",
+        user=no_user,
+        observer=readiness,
+    )
+    app = CallbackApp(
+        KeyStore(tmp_path / "keys"),
+        vm_id_of("vm0"),
+        "vm0",
+        ImdsClient(simulator.vm_url("vm0")),
+        runner,
+    )
+    with pytest.raises(Refused) as refused:
+        app.hook({"Hook": "drain", "EventId": event_id})
+    assert refused.value.status == 503 and "cannot switch" in refused.value.body["error"]
+    status, answer = app.hook({"Hook": "readyz:drain", "EventId": event_id})
+    assert (status, answer["status"], answer["exit_code"]) == (200, "succeeded", 0)
+    assert readiness.health()[0] == 503
