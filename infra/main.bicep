@@ -78,6 +78,11 @@ param existingVmNsgName string = ''
 @maxValue(65535)
 param relayCallbackPort int = 8492
 
+@description('Port of each relay\'s readiness probe, GET /readyz (RELAY_READY_LISTEN=0.0.0.0:PORT): cloud-init turns it on, the example scale set\'s load balancer probes it, and a drain with no step of yours takes the VM out of rotation through it (issue 38). 0: no probe (and no drain through it).')
+@minValue(0)
+@maxValue(65535)
+param relayReadyPort int = 8493
+
 // ---------- Secrets (Key Vault) ----------
 @description('The app\'s own master secret (APP_SECRET), at least 32 characters (e.g. `openssl rand -hex 32`): wraps the relays\' stored callback keys, keys the approval page tokens. Only the function app reads it.')
 @secure()
@@ -297,6 +302,7 @@ var names = {
   nsg: 'nsg-${prefix}-vms'
   natGateway: 'ng-${prefix}'
   scaleSet: 'vmss-${prefix}'
+  loadBalancer: 'lbi-${prefix}-vms'
   vm: 'vm-${prefix}'
 }
 
@@ -345,6 +351,7 @@ module network 'modules/network.bicep' = {
     functionSubnetName: functionSubnetName
     functionSubnetPrefix: functionSubnetPrefix
     callbackPort: relayCallbackPort
+    readyPort: relayReadyPort
     nsgName: names.nsg
     existingNsgName: existingVmNsgName
   }
@@ -531,12 +538,14 @@ module maintenanceProvider 'modules/maintenance-provider.bicep' = [
 // ---------- Relay bootstrap (cloud-init) ----------
 // Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment: the relay
 // itself (infra/relay/scheduled-events-relay.pyz.gz, `make relay`: the zipapp gzipped whole;
-// a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its seven
-// arguments. Filled in, it stays under customData's 65535 bytes (tests/infra).
+// a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its nine
+// arguments (the 8th `none`: hook scripts are yours, on your VMs; the 9th the readiness port). Filled in, it stays under customData's 65535 bytes (tests/infra).
 // The 5th argument was the relay key's Key Vault secret URI: there is no shared key any more,
 // and the position is kept with the word `none` (relayKeyArgument) so that the 6th and 7th
 // stay where add-relay.sh reads them.
 var relayKeyArgument = 'none'
+// add-relay.sh's 9th argument: the readiness port, or `off`.
+var relayReadyArgument = (relayReadyPort > 0) ? string(relayReadyPort) : 'off'
 var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz.gz')
 var addRelayScriptB64 = loadFileAsBase64('relay/add-relay.sh.gz') // add-relay.sh gzipped (make relay)
 // relay/cloud-init.yaml installs and starts the relay on first boot (any image whose python3
@@ -557,7 +566,9 @@ var cloudInit4 = replace(cloudInit3, '{{IDENTITY_CLIENT_ID}}', relayIdentity.pro
 var cloudInit5 = replace(cloudInit4, '{{CALLBACK_PORT}}', string(relayCallbackPort))
 var cloudInit6 = replace(cloudInit5, '{{RELAY_KEY_SECRET_URI}}', relayKeyArgument)
 var cloudInit7 = replace(cloudInit6, '{{RELAY_PACKAGE_URL}}', relayPackageUrl)
-var relayCloudInit = replace(cloudInit7, '{{HEARTBEAT_TABLE_URL}}', storage.outputs.livenessTableUrl)
+var cloudInit8 = replace(cloudInit7, '{{HEARTBEAT_TABLE_URL}}', storage.outputs.livenessTableUrl)
+var cloudInit9 = replace(cloudInit8, '{{RELAY_HOOKS}}', 'none')
+var relayCloudInit = replace(cloudInit9, '{{READY_PORT}}', relayReadyArgument)
 
 // An example machine needs the key: with one on and an empty key, this parameter-only module
 // (nothing of its own to wait for) fails validation naming adminSshPublicKey, instead of the
@@ -566,6 +577,22 @@ module exampleSshKey 'modules/example-ssh-key.bicep' = if (deployExampleScaleSet
   name: 'example-ssh-key'
   params: {
     adminSshPublicKey: adminSshPublicKey
+  }
+}
+
+// The example scale set sits behind an internal load balancer whose health probe is each
+// relay's /readyz (issue 38): a drain turns the probe 503 and the load balancer stops sending
+// the instance new flows before Azure deletes it, with no script of yours.
+var exampleBehindLoadBalancer = deployExampleScaleSet && relayReadyPort > 0
+
+module exampleLoadBalancer 'modules/relay-ready-lb.bicep' = if (exampleBehindLoadBalancer) {
+  name: 'example-load-balancer'
+  params: {
+    name: names.loadBalancer
+    location: location
+    tags: tags
+    subnetId: network.outputs.vmSubnetId
+    readyPort: relayReadyPort
   }
 }
 
@@ -583,6 +610,7 @@ module exampleScaleSet 'modules/vmss-relay.bicep' = if (deployExampleScaleSet) {
     instanceCount: exampleInstanceCount
     terminateNotBeforeTimeout: terminateNotBeforeTimeout
     eventGridOptIn: exampleEventGridOptIn
+    loadBalancerBackendPoolId: exampleBehindLoadBalancer ? exampleLoadBalancer.outputs.backendPoolId : ''
   }
 }
 
@@ -601,10 +629,24 @@ module exampleVm 'modules/vm-relay.bicep' = if (deployExampleVm) {
   }
 }
 
+// Which drain a `drain` decision runs (functions/terminate/plan.py): the HTTP hook wins where
+// set; otherwise the relays' hook, and each relay's readiness probe where a relay lacks that
+// hook; with no step of yours, the probe alone (issue 38): /readyz answers 503, the load
+// balancer takes the VM out, the drain waits DRAIN__READINESS_SECONDS, then approves.
+var readinessDrain = 'readiness (the default): the /readyz probe of each relay (port ${relayReadyPort}) answers 503, its load balancer takes the VM out, the drain waits DRAIN__READINESS_SECONDS, then approves'
+var hookDrain = 'relay hook ${drainRelayHook} on each VM${(relayReadyPort > 0) ? '; the readiness probe where a relay lacks it' : ''}'
+var httpDrain = 'HTTP hook DRAIN__HTTP_URL${empty(drainRelayHook) ? '' : ', then the relay hook ${drainRelayHook}'}'
+var noDrain = 'NONE: no drain step and no readiness probe (relayReadyPort 0): a drain decision is held until NotBefore, and Azure then goes ahead undrained'
+var drainSummary = !empty(drainHttpUrl) ? httpDrain : (!empty(drainRelayHook) ? hookDrain : ((relayReadyPort > 0) ? readinessDrain : noDrain))
+
 // ---------- What you need next ----------
 output functionAppName string = functionApp.outputs.name
 // Who hears the bridge's alerts; starts with NONE when nobody does (alertEmail, alertActionGroupId).
 output alertReceivers string = monitoring.outputs.alertReceivers
+// Which drain applies to a `drain` decision (readiness by default: no script of yours needed).
+output drain string = drainSummary
+// The relays' readiness probe: its port, and what probes it (the example scale set's load balancer).
+output readinessProbe string = (relayReadyPort > 0) ? 'GET /readyz on port ${relayReadyPort} of each relay (add-relay.sh and cloud-init turn it on)${exampleBehindLoadBalancer ? '; the example scale set\'s load balancer ${names.loadBalancer} probes it' : ''}' : 'off (relayReadyPort 0)'
 output functionAppUrl string = functionApp.outputs.url
 output serviceBusNamespace string = serviceBus.outputs.namespaceName
 output serviceBusFullyQualifiedNamespace string = serviceBus.outputs.fullyQualifiedNamespace

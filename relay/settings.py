@@ -344,7 +344,11 @@ class RelaySettings(Record):
             raise ValueError("must be HOST:PORT, e.g. 0.0.0.0:8787")
         return value
 
-    _check_ready_listen = _check_callback_listen
+    @staticmethod
+    def _check_ready_listen(value: str) -> str | None:
+        """HOST:PORT, or empty for no probe: add-relay.sh turns it on, and
+        `RELAY_READY_LISTEN=` in relay.local.env turns it off (issue 38)."""
+        return RelaySettings._check_callback_listen(value) if value else None
 
     @staticmethod
     def _check_callback_url(value: str) -> str:
@@ -519,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--callback-url", help="callback URL to advertise: http(s)://HOST[:PORT], no path")
     add("--callback-max-concurrent", help="callback requests at once (default 16)")
     add("--callback-read-timeout", help="seconds to receive a request (10)")
-    add("--ready-listen", help="HOST:PORT of a load balancer's probe, GET /readyz")
+    add("--ready-listen", help="HOST:PORT of a load balancer's probe, GET /readyz ('': none)")
     add("--unready-while-started", action="store_const", const=True, help="/readyz 503 if Started")
     add("--log-format", help="json (default) or text")
     add("--hook", action="append", metavar="NAME=PATH", help="a local hook script (repeatable)")

@@ -41,6 +41,11 @@ param functionSubnetPrefix string = '10.40.1.0/24'
 @maxValue(65535)
 param callbackPort int = 8492
 
+@description('The relays\' readiness probe port (GET /readyz; 0: none): in the NSG this template creates, open to Azure Load Balancer\'s probes and closed to every other source.')
+@minValue(0)
+@maxValue(65535)
+param readyPort int = 0
+
 @description('Name of the NSG this template creates for the VM subnet (when existingNsgName is empty).')
 param nsgName string
 
@@ -80,6 +85,41 @@ var callbackRules = [
   }
 ]
 
+// The readiness probe (issue 38): Azure Load Balancer probes from 168.63.129.16, the service
+// tag AzureLoadBalancer, to the VM's own address; nothing else needs /readyz. Only in the NSG
+// this template creates: in yours, AllowAzureLoadBalancerInBound (65001) already lets the
+// probe in, and an Application Gateway's probes would come from its own subnet instead.
+var readyRules = [
+  {
+    name: 'allow-relay-readyz-from-load-balancer'
+    properties: {
+      description: 'Relay readiness probe: Azure Load Balancer probes only'
+      priority: 220
+      direction: 'Inbound'
+      access: 'Allow'
+      protocol: 'Tcp'
+      sourceAddressPrefix: 'AzureLoadBalancer'
+      sourcePortRange: '*'
+      destinationAddressPrefix: 'VirtualNetwork'
+      destinationPortRange: string(readyPort)
+    }
+  }
+  {
+    name: 'deny-relay-readyz-from-others'
+    properties: {
+      description: 'Relay readiness probe: closed to every other source'
+      priority: 230
+      direction: 'Inbound'
+      access: 'Deny'
+      protocol: '*'
+      sourceAddressPrefix: '*'
+      sourcePortRange: '*'
+      destinationAddressPrefix: '*'
+      destinationPortRange: string(readyPort)
+    }
+  }
+]
+
 // The NSG the VM subnet uses: ours, or yours with our two rules added.
 var nsgId = empty(existingNsgName) ? nsg.id : existingNsg.id
 
@@ -103,7 +143,7 @@ resource nsg 'Microsoft.Network/networkSecurityGroups@2024-01-01' = if (empty(ex
   location: location
   tags: tags
   properties: {
-    securityRules: callbackRules
+    securityRules: (readyPort > 0) ? concat(callbackRules, readyRules) : callbackRules
   }
 }
 

@@ -1,11 +1,12 @@
 // Example (issue 33): an internal Standard load balancer in front of relay VMs whose health
 // probe is the relay's readiness probe, `GET /readyz` on the relay's --ready-listen port
-// (RELAY_READY_LISTEN=0.0.0.0:8493 in /etc/scheduled-events-relay/relay.local.env). The
+// (RELAY_READY_LISTEN=0.0.0.0:8493, which add-relay.sh and cloud-init set by default). The
 // relay answers 503 from the moment the bridge starts draining the VM (its drain hook)
 // until the undrain hook has run, so the load balancer stops sending new flows to a VM
 // about to be rebooted, redeployed, evicted or deleted, and sends them again once back.
-// Not deployed by main.bicep: deploy it into your VMs' resource group and put their NICs
-// (ipConfigurations[].properties.loadBalancerBackendAddressPools) or scale set
+// main.bicep deploys it in front of the example scale set (deployExampleScaleSet, with
+// relayReadyPort on); for your own VMs, deploy it into their resource group and put their
+// NICs (ipConfigurations[].properties.loadBalancerBackendAddressPools) or scale set
 // (networkProfile) in `backendPoolId`.
 //
 // Azure's probes come from 168.63.129.16 (service tag AzureLoadBalancer) to the VM's own

@@ -1,5 +1,6 @@
 // Example: a Linux scale set whose instances run the relay (installed by cloud-init) and get
-// Terminate notifications, so the bridge can drain an instance before it is deleted.
+// Terminate notifications, so the bridge can drain an instance before it is deleted; behind an
+// internal load balancer whose probe is each relay's /readyz (main.bicep, relay-ready-lb.bicep).
 
 param name string
 
@@ -44,8 +45,17 @@ param instanceCount int = 2
 ])
 param terminateNotBeforeTimeout string = 'PT10M'
 
+@description('A load balancer backend pool (relay-ready-lb.bicep) whose probe is the relays\' /readyz; empty: none.')
+param loadBalancerBackendPoolId string = ''
+
 @description('Publish this scale set\'s Scheduled Events to Event Grid and Resource Graph (agentless mode, preview: register Microsoft.Compute/SendScheduledEventsPolicy).')
 param eventGridOptIn bool = false
+
+var backendPool = [
+  {
+    id: loadBalancerBackendPoolId
+  }
+]
 
 var eventGridPolicy = {
   scheduledEventsAdditionalPublishingTargets: {
@@ -132,6 +142,7 @@ resource scaleSet 'Microsoft.Compute/virtualMachineScaleSets@2025-04-01' = {
                     subnet: {
                       id: subnetId
                     }
+                    loadBalancerBackendAddressPools: empty(loadBalancerBackendPoolId) ? [] : backendPool
                   }
                 }
               ]

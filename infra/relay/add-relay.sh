@@ -5,7 +5,7 @@
 # dist/add-relay-bundled.sh: this script with the relay appended) with run-command
 # (README: "Add the relay to an existing VM or scale set"):
 #
-#   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL [HOOKS]]
+#   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL [HOOKS [READY]]]
 #
 # The deployment output `relayBootstrapArguments` holds these seven values. The 5th is the
 # word `none` (or ""): it was the relay key's Key Vault secret URI, and stays as a placeholder
@@ -24,6 +24,11 @@
 # (e.g. drain=/opt/drain.sh,undrain=/opt/undrain.sh; "" or none: no hooks), written to relay.env
 # as RELAY_HOOKS. Each must be an executable file already on the VM: a missing one is refused
 # here, before anything is installed (the relay would otherwise refuse to start).
+# READY (optional, after HOOKS): the port of the relay's readiness probe for a load balancer,
+# GET /readyz on 0.0.0.0:READY (RELAY_READY_LISTEN): on by default, port 8493 ("" too), so the
+# bridge can take the VM out of its load balancer before Azure reboots, redeploys, evicts or
+# deletes it with no script of yours (issue 38); `off` (or 0): no probe. Also off later with
+# `RELAY_READY_LISTEN=` in relay.local.env.
 # Operator settings belong in /etc/scheduled-events-relay/relay.local.env, which the unit reads
 # after relay.env (so its values win) and this script never rewrites: relay.env is this
 # script's and is rewritten on every run (an upgrade).
@@ -33,16 +38,20 @@
 # versions left: callback.key and the scheduled-events-relay-key timer).
 set -eu
 
-if [ "$#" -lt 6 ] || [ "$#" -gt 8 ]; then
-    echo "usage: $0 NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL [HOOKS]]" >&2
+if [ "$#" -lt 6 ] || [ "$#" -gt 9 ]; then
+    echo "usage: $0 NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL [HOOKS [READY]]]" >&2
     exit 2
 fi
 NAMESPACE=$1 QUEUE=$2 CLIENT_ID=$3 PORT=$4 SECRET_URI=$5 PACKAGE_URL=$6 TABLE_URL=${7-} HOOKS=${8-}
+READY=${9-}
 case "$NAMESPACE" in *.servicebus.windows.net) ;; *)
     echo "add-relay.sh: $NAMESPACE is not NAME.servicebus.windows.net" >&2; exit 2 ;; esac
 case "$QUEUE" in "" | */* | *[[:space:]]*) echo "add-relay.sh: bad queue name" >&2; exit 2 ;; esac
 case "$CLIENT_ID" in *[!0-9a-fA-F-]* | "") echo "add-relay.sh: bad client id" >&2; exit 2 ;; esac
 case "$PORT" in *[!0-9]* | "") echo "add-relay.sh: bad port $PORT" >&2; exit 2 ;; esac
+case "$READY" in off | 0) READY= ;; "") READY=8493 ;; *[!0-9]*) READY=x ;; esac
+[ -z "$READY" ] || { [ "$READY" -le 65535 ] && [ "$READY" != "$PORT" ]; } 2>/dev/null || {
+    echo "add-relay.sh: readiness port ${9}: a port (1-65535, not the callback port) or off" >&2; exit 2; }
 # The 5th argument is a placeholder now: `none` or "" (an older caller's Key Vault secret URI
 # is ignored with a warning: the relay makes its own key; no key is read from Key Vault).
 case "$SECRET_URI" in
@@ -221,6 +230,7 @@ RELAY_CALLBACK_LISTEN=0.0.0.0:$PORT
 ENV
 [ -z "$TABLE_URL" ] || echo "RELAY_HEARTBEAT_TABLE=$TABLE_URL" >> "$ETC/relay.env.new"
 [ -z "$HOOKS_JSON" ] || echo "RELAY_HOOKS='$HOOKS_JSON'" >> "$ETC/relay.env.new"
+[ -z "$READY" ] || echo "RELAY_READY_LISTEN=0.0.0.0:$READY" >> "$ETC/relay.env.new"
 chgrp scheduled-events-relay "$ETC/relay.env.new"
 mv "$ETC/relay.env.new" "$ETC/relay.env"
 # The operator's own settings (hooks, --hook-user, ...): read after relay.env, never rewritten.
@@ -242,5 +252,5 @@ rm -f /etc/systemd/system/scheduled-events-relay-key.timer \
 systemctl daemon-reload
 systemctl enable scheduled-events-relay.service
 systemctl restart scheduled-events-relay.service
-echo "add-relay.sh: relay running on $PY, callback on port $PORT; logs: journalctl -u scheduled-events-relay"
+echo "add-relay.sh: relay running on $PY, callback on port $PORT, readiness ${READY:-off}; logs: journalctl -u scheduled-events-relay"
 exit 0

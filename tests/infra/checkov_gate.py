@@ -35,6 +35,8 @@ SAMPLE = {
     "RELAY_KEY_SECRET_URI": "https://kv-x.vault.azure.net/secrets/relay-key",
     "RELAY_PACKAGE_URL": "",  # the relay embedded in customData
     "HEARTBEAT_TABLE_URL": "https://stsebridgeabc.table.core.windows.net/sebridgeliveness",
+    "RELAY_HOOKS": "none",  # hook scripts are the operator's, on their own VMs
+    "READY_PORT": "8493",  # the readiness probe (relayReadyPort; `off` when 0)
 }
 
 

@@ -1,7 +1,7 @@
 """How much of customData the relay's cloud-init leaves spare (bench and tests).
 
 Azure decodes a VM's customData to at most 65,535 bytes. main.bicep fills
-infra/relay/cloud-init.yaml with the embedded relay, add-relay.sh and seven arguments; the
+infra/relay/cloud-init.yaml with the embedded relay, add-relay.sh and nine arguments; the
 longest values those arguments can take are used here (a 24-character storage account, a
 63-character table name, the longest Service Bus namespace), so the spare is a floor for
 any deployment. Issue 28 asks for at least 8 KiB, room for the relay to grow.
@@ -27,6 +27,8 @@ LONGEST = {
     "RELAY_KEY_SECRET_URI": "none",
     "RELAY_PACKAGE_URL": "embedded",
     "HEARTBEAT_TABLE_URL": "https://" + "s" * 24 + ".table.core.windows.net/" + "t" * 63,
+    "RELAY_HOOKS": "none",
+    "READY_PORT": "65535",
 }
 
 

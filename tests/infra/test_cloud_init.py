@@ -196,7 +196,7 @@ def test_cloud_init_runs_the_script_with_its_arguments_in_order() -> None:
     ]
     usage = re.search(
         r"^NAMESPACE=\$1 QUEUE=\$2 CLIENT_ID=\$3 PORT=\$4 SECRET_URI=\$5 "
-        r"PACKAGE_URL=\$6 TABLE_URL=\$\{7-\} HOOKS=\$\{8-\}$",
+        r"PACKAGE_URL=\$6 TABLE_URL=\$\{7-\} HOOKS=\$\{8-\}\nREADY=\$\{9-\}$",
         ADD_RELAY.read_text(),
         re.M,
     )
@@ -345,8 +345,8 @@ def test_the_script_refuses_a_malformed_table_url(field, bad) -> None:
     )
 
 
-@pytest.mark.parametrize("count", [0, 1, 5, 9])
-def test_the_script_wants_six_to_eight_arguments(count) -> None:
+@pytest.mark.parametrize("count", [0, 1, 5, 10])
+def test_the_script_wants_six_to_nine_arguments(count) -> None:
     args = [*(ARGS[k] for k in ARG_ORDER), "", "extra"][:count]
     proc = subprocess.run(["sh", str(ADD_RELAY), *args], capture_output=True, text=True)
     assert proc.returncode == 2
@@ -503,7 +503,7 @@ def _hooks_parsed(hooks: str) -> subprocess.CompletedProcess:
     text = ADD_RELAY.read_text()
     cut = text.index('[ "$(id -u)" = 0 ]')
     script = text[:cut] + 'printf "%s\\n" "$HOOKS_JSON"\nexit 0\n'
-    args = [ARGS[k] for k in ARG_ORDER]
+    args = [ARGS[k] for k in ARG_ORDER][: ARG_ORDER.index("RELAY_HOOKS")]
     return subprocess.run(
         ["sh", "-c", script, "add-relay.sh", *args, hooks], capture_output=True, text=True
     )
@@ -585,3 +585,76 @@ def test_operator_settings_live_in_a_file_the_script_never_rewrites() -> None:
     assert 'if [ ! -e "$ETC/relay.local.env" ]; then' in script
     writes = re.findall(r'>>? *"\$ETC/relay\.local\.env"', script)
     assert len(writes) == 1  # the one guarded creation
+
+
+def _ready_parsed(*ready: str) -> subprocess.CompletedProcess:
+    """add-relay.sh's argument checks with READY as the 9th argument (or none given),
+    printing the relay.env line it would write instead of installing."""
+    text = ADD_RELAY.read_text()
+    cut = text.index('[ "$(id -u)" = 0 ]')
+    line = re.search(r'^\[ -z "\$READY" \] \|\| echo "RELAY_READY_LISTEN=.*$', text, re.M)
+    assert line, "add-relay.sh writes RELAY_READY_LISTEN into relay.env"
+    script = text[:cut] + line.group(0).replace('>> "$ETC/relay.env.new"', "") + "\nexit 0\n"
+    args = [ARGS[k] for k in ARG_ORDER][: ARG_ORDER.index("READY_PORT")]
+    return subprocess.run(
+        ["sh", "-c", script, "add-relay.sh", *args, *ready], capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("ready", "line"),
+    [
+        ((), "RELAY_READY_LISTEN=0.0.0.0:8493\n"),  # eight arguments, as before: on
+        (("",), "RELAY_READY_LISTEN=0.0.0.0:8493\n"),
+        (("9000",), "RELAY_READY_LISTEN=0.0.0.0:9000\n"),
+        (("off",), ""),
+        (("0",), ""),
+    ],
+)
+def test_the_readiness_probe_is_on_unless_turned_off(ready, line) -> None:
+    """Issue 38: /readyz was off unless an operator edited relay.local.env on every VM. Now
+    add-relay.sh turns it on (port 8493) for every install, old callers' eight arguments
+    included; its 9th argument, `off`, turns it off."""
+    proc = _ready_parsed(*ready)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, line, "")
+
+
+@pytest.mark.parametrize("bad", ["65536", "8492", "abc", "-1", "9" * 30])
+def test_a_bad_readiness_port_is_refused_before_anything_is_installed(bad) -> None:
+    proc = _ready_parsed(bad)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (
+        f"add-relay.sh: readiness port {bad}: a port (1-65535, not the callback port) or off\n"
+    )
+
+
+def test_cloud_init_turns_the_probe_on_and_main_bicep_can_turn_it_off() -> None:
+    """The example VMs get the probe from cloud-init's 9th argument: relayReadyPort (8493),
+    or `off` when it is 0; the 8th is `none` (hook scripts are the operator's)."""
+    main = load("main")
+    assert main.param_default("relayReadyPort") == 8493
+    assert _replacements()["READY_PORT"] == "relayReadyArgument"
+    assert _replacements()["RELAY_HOOKS"] == "none"
+    ternary = main.variables["relayReadyArgument"]["operator"]["operands"]
+    assert ternary["false_value"] == "off"
+    assert ternary["condition"]["operator"]["type"] == "greater_than"
+    assert ternary["condition"]["operator"]["operands"]["operand_1"] == "relayReadyPort"
+
+
+def test_the_relay_reads_the_line_and_an_empty_value_turns_the_probe_off(tmp_path) -> None:
+    """What add-relay.sh writes is a setting the relay takes; `RELAY_READY_LISTEN=` in
+    relay.local.env (read after relay.env) turns the probe off on one VM."""
+    from relay.settings import load_settings
+
+    for value, expected in (("0.0.0.0:8493", "0.0.0.0:8493"), ("", None)):
+        env = {"RELAY_READY_LISTEN": value, "RELAY_FORWARD": f"file:{tmp_path}"}
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            assert load_settings([]).ready_listen == expected
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v

@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
+from tests.conftest import free_port
 from tests.infra.test_cloud_init import ADD_RELAY, ARG_ORDER, ARGS
 from tests.relay.conftest import build_pyz, json_files, relay_env
 
@@ -44,7 +46,8 @@ OUTPUTS = {
     "rg-sebridge/providers/Microsoft.ManagedIdentity/userAssignedIdentities/id-sebridge-relay",
     # main.bicep's output: the seven arguments, PACKAGE_URL written `embedded`
     "relayBootstrapArguments": " ".join(
-        "embedded" if k == "RELAY_PACKAGE_URL" else ARGS[k] for k in ARG_ORDER
+        "embedded" if k == "RELAY_PACKAGE_URL" else ARGS[k]
+        for k in ARG_ORDER[: ARG_ORDER.index("HEARTBEAT_TABLE_URL") + 1]
     ),
     "functionSubnetId": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/"
     "rg-sebridge/providers/Microsoft.Network/virtualNetworks/vnet-sebridge/subnets/snet-functions",
@@ -196,16 +199,21 @@ def _check_installed(root: Path, simulator, tmp: Path) -> None:
         "RELAY_IDENTITY_CLIENT_ID": ARGS["IDENTITY_CLIENT_ID"],
         "RELAY_CALLBACK_LISTEN": f"0.0.0.0:{ARGS['CALLBACK_PORT']}",
         "RELAY_HEARTBEAT_TABLE": ARGS["HEARTBEAT_TABLE_URL"],
+        # Issue 38: the load balancer's readiness probe, on by default.
+        "RELAY_READY_LISTEN": "0.0.0.0:8493",
     }
     # The installed relay, as the unit starts it, with its outputs pointed at this machine:
-    # IMDS is the simulator, documents go to a directory, no Azure endpoint is called.
+    # IMDS is the simulator, documents go to a directory, no Azure endpoint is called; the
+    # probe on a free loopback port instead of the VM's 8493.
     outbox = tmp / "forwarded"
+    ready_port = free_port()
     env = {
         **relay_env(),
         **settings,
         "RELAY_FORWARD": f"file:{outbox}",
         "RELAY_IMDS_URL": simulator.vm_url("myVM"),
         "RELAY_STATE_DIR": str(tmp / "state"),
+        "RELAY_READY_LISTEN": f"127.0.0.1:{ready_port}",
     }
     for name in ("RELAY_IDENTITY_CLIENT_ID", "RELAY_CALLBACK_LISTEN", "RELAY_HEARTBEAT_TABLE"):
         del env[name]  # Azure's identity and table; the callback port is the real VM's
@@ -222,6 +230,8 @@ def _check_installed(root: Path, simulator, tmp: Path) -> None:
             pytest.fail(f"the installed relay forwarded no document: {out}")
         envelope = json.loads(json_files(outbox)[0].read_text())
         assert envelope["vm"]["name"] == "myVM"
+        answer = requests.get(f"http://127.0.0.1:{ready_port}/readyz", timeout=5)
+        assert (answer.status_code, answer.json()) == (200, {"ready": True})
     finally:
         relay.terminate()
         out = relay.communicate(timeout=10)[0]

@@ -50,7 +50,13 @@ def test_callback_port_default_is_8492_everywhere() -> None:
 
 def test_new_nsg_carries_the_rules_and_sits_on_the_vm_subnet() -> None:
     nsg = NET.resource("nsg")
-    assert nsg.body["properties"]["securityRules"] == "callbackRules"
+    rules = nsg.body["properties"]["securityRules"]["operator"]["operands"]
+    assert rules["false_value"] == "callbackRules"  # no readiness probe: the callback's two
+    assert rules["true_value"]["function"]["parameters"] == {
+        "arg_1": "callbackRules",
+        "arg_2": "readyRules",
+    }
+    assert rules["condition"]["operator"]["operands"]["operand_1"] == "readyPort"
     vnet = NET.resource("vnet")
     vm_subnet, fn_subnet = vnet.body["properties"]["subnets"]
     assert vm_subnet["name"] == "vmSubnetName"
@@ -102,3 +108,25 @@ def test_new_subnets_get_explicit_outbound_through_a_nat_gateway() -> None:
     assert dotted(ref["true_value"]["id"]) == "natGateway.id"
     assert NET.param_default("createNatGateway") is True
     assert load("main").param_default("createNatGateway") is True
+
+
+def test_the_readiness_port_is_open_to_the_load_balancers_probes_only() -> None:
+    """Issue 38: every relay now serves /readyz (port 8493 by default, relayReadyPort). In
+    the NSG the template creates, Azure Load Balancer's probes (service tag
+    AzureLoadBalancer, 168.63.129.16) may reach it; every other source is denied, before
+    AllowVnetInBound, so nothing else in the VNet polls a VM's drain state."""
+    allow, deny = NET.variables["readyRules"]
+    for rule in (allow, deny):
+        assert rule["properties"]["destinationPortRange"]["function"]["parameters"] == {
+            "value_to_convert": "readyPort"
+        }
+        assert rule["properties"]["direction"] == "Inbound"
+    assert allow["properties"]["access"] == "Allow"
+    assert allow["properties"]["sourceAddressPrefix"] == "AzureLoadBalancer"
+    assert (
+        deny["properties"]["access"] == "Deny" and deny["properties"]["sourceAddressPrefix"] == "*"
+    )
+    callback = max(r["properties"]["priority"] for r in _rules())
+    assert callback < allow["properties"]["priority"] < deny["properties"]["priority"]
+    assert deny["properties"]["priority"] < DEFAULT_ALLOW_VNET_PRIORITY
+    assert module_params(load("main"), "network")["readyPort"] == "relayReadyPort"

@@ -29,3 +29,31 @@ def test_outputs_are_not_marked_or_typed_as_secrets() -> None:
     for name, output in load("main").outputs.items():
         assert output["type"] in {"string", "int"}, name
         assert not any(d["type"] == "secure" for d in output["decorators"]), name
+
+
+def _drain_output(**params: object) -> object:
+    from tests.infra.bicep import INFRA, Template
+    from tests.infra.schema_check import Evaluator
+
+    main = Template.load(INFRA / "main.bicep")
+    defaults = {"drainHttpUrl": "", "drainRelayHook": "", "relayReadyPort": 8493}
+    return Evaluator(main, {**defaults, **params}).eval(main.outputs["drain"]["value"])
+
+
+def test_the_drain_output_says_which_drain_applies() -> None:
+    """Issue 38: the deploy says which drain a `drain` decision runs. With the README's
+    exports (no drain step set), the relays' readiness probe; a step of the operator's wins
+    where it applies (functions/terminate/plan.py); with the probe off too, nothing, said so."""
+    default = _drain_output()
+    assert str(default).startswith(
+        "readiness (the default): the /readyz probe of each relay (port 8493)"
+    )
+    hook = str(_drain_output(drainRelayHook="drain"))
+    assert hook == "relay hook drain on each VM; the readiness probe where a relay lacks it"
+    http = str(_drain_output(drainHttpUrl="https://x/drain", drainRelayHook="drain"))
+    assert http == "HTTP hook DRAIN__HTTP_URL, then the relay hook drain"
+    assert str(_drain_output(relayReadyPort=0)).startswith("NONE: no drain step")
+    assert str(_drain_output(relayReadyPort=0, drainRelayHook="d")) == "relay hook d on each VM"
+    outputs = load("main").outputs
+    assert outputs["drain"]["value"] == "drainSummary"
+    assert "readinessProbe" in outputs
