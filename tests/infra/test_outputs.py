@@ -57,3 +57,22 @@ def test_the_drain_output_says_which_drain_applies() -> None:
     outputs = load("main").outputs
     assert outputs["drain"]["value"] == "drainSummary"
     assert "readinessProbe" in outputs
+
+
+def test_the_app_drains_through_the_probe_only_where_relays_serve_it() -> None:
+    """DRAIN__READINESS follows relayReadyPort: with the probe off on the relays, the app
+    must not plan a drain through it (it would fail on every VM), and the drain output says
+    NONE instead."""
+    from tests.infra.bicep import module_params
+
+    main = load("main")
+    given = module_params(main, "functionApp")["drainReadiness"]["operator"]
+    assert given["type"] == "greater_than"
+    assert given["operands"] == {"operand_1": "relayReadyPort", "operand_2": 0}
+    settings = load("functionapp").variables["drainBaseSettings"]["DRAIN__READINESS"]
+    ternary = settings["operator"]["operands"]
+    assert (ternary["condition"], ternary["true_value"], ternary["false_value"]) == (
+        "drainReadiness",
+        "true",
+        "false",
+    )
