@@ -88,7 +88,7 @@ relay: $(STAMP)
 	@ls -l dist/add-relay-bundled.sh
 
 demo: install
-	$(BIN)/python -m local.demo
+	$(BIN)/python -m local.demo $(if $(SERVE),--serve)
 
 bench: install
 	$(BIN)/python -m tests.bench $(if $(QUICK),--quick)

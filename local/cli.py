@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from local.demo_pages import SERVE_HINT, serve
 from local.options import DEFAULT_REPORT, DemoAborted, DemoOptions
 from local.orchestration import Demo
 from local.plan import FLEET, PLAN, Step, check_plan
@@ -48,14 +49,20 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
     backstop.start()
     outcomes: list[Outcome] = []
     aborted: str | None = None
+    reported = False
     try:
         with _signals_stop_the_demo():
             try:
                 demo.start()
                 demo.play()
                 outcomes = demo.outcomes()
+                if options.serve and getattr(demo, "host", None) is not None:
+                    backstop.cancel()  # served until Ctrl-C: no time limit any more
+                    _report(options, timeline, outcomes, demo)
+                    reported = True
+                    serve(demo, list(demo.step_events.values()))
             except KeyboardInterrupt:
-                aborted = "interrupted"
+                aborted = None if reported else "interrupted"  # Ctrl-C ends serving
             except DemoAborted as exc:
                 aborted = str(exc)
             finally:
@@ -68,6 +75,16 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
     if aborted:
         timeline.add("demo", "demo", f"stopped early: {aborted}", ok=False)
         outcomes = outcomes or [Outcome("the demo ran to the end", False, aborted)]
+    if not reported:
+        _report(options, timeline, outcomes, demo)
+    failed = [o for o in outcomes if not o.ok and not o.skipped]
+    if aborted == "interrupted":
+        return 130
+    return 1 if failed or aborted else 0
+
+
+def _report(options: DemoOptions, timeline: Timeline, outcomes: list[Outcome], demo: Demo) -> None:
+    """The summary on stdout, the HTML report, and where the operators' pages are."""
     print("\nSummary")
     for line in summary_lines(outcomes, colour=wants_colour(sys.stdout)):
         print(line)
@@ -83,10 +100,8 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
         print(f"  report: {path}")
     if options.keep:
         print(f"  working directory (relay logs, inbox): {demo.workdir}")
-    failed = [o for o in outcomes if not o.ok and not o.skipped]
-    if aborted == "interrupted":
-        return 130
-    return 1 if failed or aborted else 0
+    if not options.serve:
+        print(f"  {SERVE_HINT}")
 
 
 def _stop_patiently(demo: Demo, limit: float = 30.0) -> None:
@@ -135,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the working directory (relay logs, inbox, processed messages) and say where",
     )
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="after the outcomes, keep everything up and serve the operators' pages on "
+        "127.0.0.1 (a local stand-in operator, no Entra ID) until Ctrl-C",
+    )
     args = parser.parse_args(argv)
     plan = PLAN
     if args.plan is not None:
@@ -151,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         time_limit=args.time_limit,
         report=None if args.no_report else args.report,
         keep=args.keep,
+        serve=args.serve,
     )
     try:
         return run(options)

@@ -31,6 +31,8 @@ class DemoOptions(BaseModel):
     type_scales: dict[str, float] = Field(default_factory=lambda: {"Preempt": 6.0})
     poll_interval: float = Field(default=0.25, gt=0)  # relays' IMDS polling (1 s in Azure)
     keep: bool = False  # keep the working directory (relay logs, inbox, processed messages)
+    # Keep the stack up after the outcomes and serve the operators' pages (local.demo_pages).
+    serve: bool = False
     # A Freeze pauses its VMs' guests, relays included, for the impact ledger
     # (local.demo_ledger); the bench's latency samples turn it off (a pause would delay
     # the next sample's detection, not measure the pipeline).

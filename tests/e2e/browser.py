@@ -85,3 +85,99 @@ def png_pixels(data: bytes) -> tuple[int, int, bytes]:
             idat += chunk
         pos += 12 + length
     return width, height, zlib.decompress(idat)
+
+
+class Browser:
+    """Headless chromium driven over the DevTools protocol on a pipe
+    (`--remote-debugging-pipe`: JSON messages ending in NUL on fds 3 and 4), standard
+    library only: open a page, run JavaScript in it (click a button), read what it shows."""
+
+    def __init__(self, timeout: float = 30) -> None:
+        self.timeout = timeout
+        self._profile = tempfile.TemporaryDirectory(prefix="pages-browser-")
+        to_chrome, self._out = os.pipe()
+        self._in, from_chrome = os.pipe()
+
+        def fds() -> None:  # in the child: fd 3 reads our commands, fd 4 writes answers
+            os.dup2(to_chrome, 3)
+            os.dup2(from_chrome, 4)
+
+        self._proc = subprocess.Popen(
+            [
+                chromium(),
+                *FLAGS,
+                "--remote-debugging-pipe",
+                f"--user-data-dir={self._profile.name}",
+                "about:blank",
+            ],
+            preexec_fn=fds,  # runs before the child closes the rest: 3 and 4 are kept
+            pass_fds=(3, 4),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        os.close(to_chrome)
+        os.close(from_chrome)
+        self._buffer, self._next_id, self._session = b"", 0, ""
+
+    def __enter__(self) -> Browser:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.kill()
+        self._proc.wait(timeout=10)
+        os.close(self._out)
+        os.close(self._in)
+        self._profile.cleanup()
+
+    def _call(self, method: str, **params: object) -> dict:
+        import json
+        import select
+        import time
+
+        self._next_id += 1
+        message = {"id": self._next_id, "method": method, "params": params}
+        if self._session and not method.startswith("Target."):
+            message["sessionId"] = self._session
+        os.write(self._out, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + self.timeout
+        while True:
+            while b"\0" in self._buffer:
+                raw, _, self._buffer = self._buffer.partition(b"\0")
+                answer = json.loads(raw)
+                if answer.get("id") == self._next_id:
+                    assert "error" not in answer, answer["error"]
+                    return answer["result"]
+            left = deadline - time.monotonic()
+            assert left > 0, f"the browser did not answer {method} in {self.timeout} s"
+            ready, _, _ = select.select([self._in], [], [], left)
+            if ready:
+                chunk = os.read(self._in, 65536)
+                assert chunk, "the browser closed its pipe"
+                self._buffer += chunk
+
+    def open(self, url: str) -> None:
+        target = self._call("Target.createTarget", url=url)["targetId"]
+        self._session = self._call("Target.attachToTarget", targetId=target, flatten=True)[
+            "sessionId"
+        ]
+        self.wait_for("document.readyState === 'complete' && location.href !== 'about:blank'")
+
+    def evaluate(self, expression: str) -> object:
+        result = self._call("Runtime.evaluate", expression=expression, returnByValue=True)
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str) -> object:
+        """Poll `expression` until it is truthy (a page loaded, a form sent)."""
+        import time
+
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            try:
+                value = self.evaluate(expression)
+            except AssertionError:  # the page is between documents
+                value = None
+            if value:
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"never true in {self.timeout} s: {expression}")
