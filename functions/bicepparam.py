@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Render = Literal["text", "json", "bool", "csv"]
+Render = Literal["text", "json", "bool", "csv", "positive"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ TEMPLATE_SETTINGS: dict[str, Mapped] = {
     "relaySilentAfterSeconds": Mapped("RELAY_SILENT_AFTER_SECONDS"),
     "approvalMarginSeconds": Mapped("APPROVAL_MARGIN_SECONDS"),
     "relayCallbackPort": Mapped("RELAY_CALLBACK_PORT"),
+    # The relays' readiness probe port: a drain goes through it only where relays serve it.
+    "relayReadyPort": Mapped("DRAIN__READINESS", "positive"),
     "publicBaseUrl": Mapped("PUBLIC_BASE_URL", omitted_when_empty=True),
     "operatorsGroupId": Mapped("OPERATORS_GROUP_ID", omitted_when_empty=True),
     "operatorsAppRole": Mapped("OPERATORS_APP_ROLE", omitted_when_empty=True),
@@ -253,6 +255,8 @@ def _render(value: Any, how: Render) -> str:
         return json.dumps(value, separators=(",", ":"))
     if isinstance(value, bool):
         return "true" if value else "false"  # else a wrong type: the app's check names it
+    if how == "positive":  # main.bicep's `relayReadyPort > 0`
+        return "true" if isinstance(value, int) and value > 0 else "false"
     if how == "csv":
         return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
     return "" if value is None else str(value)

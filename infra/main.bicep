@@ -501,7 +501,7 @@ module functionApp 'modules/functionapp.bicep' = {
     undrainHttpUrl: undrainHttpUrl
     undrainRelayHook: undrainRelayHook
     drainOnFailure: drainOnFailure
-    drainReadiness: relayReadyPort > 0
+    relayReadyPort: relayReadyPort
     eventGridQueueName: eventGrid.outputs.queueName
     approvers: effectiveApprovers
     attestationMode: attestationMode

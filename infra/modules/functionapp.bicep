@@ -157,9 +157,9 @@ param drainSafetyMarginSeconds int = 30
 ])
 param drainOnFailure string = 'hold'
 // DRAIN__READINESS: drain a VM through its relay's readiness probe where no step of yours
-// applies (issue 38). main.bicep turns it off with the probe (relayReadyPort 0): a relay
-// without /readyz cannot be drained through it.
-param drainReadiness bool = true
+// applies (issue 38); off with the probe (relayReadyPort 0): a relay without /readyz cannot
+// be drained through it.
+param relayReadyPort int = 8493
 
 // A Key Vault reference: the platform resolves it with keyVaultReferenceIdentity.
 var kvRef = '@Microsoft.KeyVault(SecretUri=${keyVaultUri}secrets/'
@@ -211,7 +211,7 @@ var drainBaseSettings = {
   DRAIN__STEP_TIMEOUT_SECONDS: string(drainStepTimeoutSeconds)
   DRAIN__SAFETY_MARGIN_SECONDS: string(drainSafetyMarginSeconds)
   DRAIN__ON_FAILURE: drainOnFailure
-  DRAIN__READINESS: drainReadiness ? 'true' : 'false'
+  DRAIN__READINESS: (relayReadyPort > 0) ? 'true' : 'false'
 }
 var drainHttpSettings = empty(drainHttpUrl) ? {} : { DRAIN__HTTP_URL: drainHttpUrl }
 var drainHookSettings = empty(drainRelayHook) ? {} : { DRAIN__RELAY_HOOK: drainRelayHook }

@@ -94,7 +94,10 @@ class Browser:
 
     def __init__(self, timeout: float = 30) -> None:
         self.timeout = timeout
-        self._profile = tempfile.TemporaryDirectory(prefix="pages-browser-")
+        # Chromium may still be writing its profile as it is killed: cleaned up best effort.
+        self._profile = tempfile.TemporaryDirectory(
+            prefix="pages-browser-", ignore_cleanup_errors=True
+        )
         to_chrome, self._out = os.pipe()
         self._in, from_chrome = os.pipe()
 

@@ -66,13 +66,11 @@ def test_the_app_drains_through_the_probe_only_where_relays_serve_it() -> None:
     from tests.infra.bicep import module_params
 
     main = load("main")
-    given = module_params(main, "functionApp")["drainReadiness"]["operator"]
-    assert given["type"] == "greater_than"
-    assert given["operands"] == {"operand_1": "relayReadyPort", "operand_2": 0}
+    assert module_params(main, "functionApp")["relayReadyPort"] == "relayReadyPort"
     settings = load("functionapp").variables["drainBaseSettings"]["DRAIN__READINESS"]
     ternary = settings["operator"]["operands"]
-    assert (ternary["condition"], ternary["true_value"], ternary["false_value"]) == (
-        "drainReadiness",
-        "true",
-        "false",
-    )
+    assert (ternary["true_value"], ternary["false_value"]) == ("true", "false")
+    assert ternary["condition"]["operator"]["operands"] == {
+        "operand_1": "relayReadyPort",
+        "operand_2": 0,
+    }

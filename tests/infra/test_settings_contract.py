@@ -46,6 +46,8 @@ SECRETS = {
 def _value(node):
     """Evaluate one setting value with parameter defaults and SAMPLE."""
     params = FN.params
+    if isinstance(node, int):
+        return node
     if isinstance(node, str):
         if node in SAMPLE:
             return SAMPLE[node]
@@ -65,6 +67,8 @@ def _value(node):
         return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
     if isinstance(node, dict) and "operator" in node:
         ops = node["operator"]["operands"]
+        if node["operator"]["type"] == "greater_than":
+            return _value(ops["operand_1"]) > _value(ops["operand_2"])
         return _value(ops["true_value"] if _value(ops["condition"]) else ops["false_value"])
     raise AssertionError(node)
 
