@@ -659,27 +659,40 @@ def all_silent(pipeline: Pipeline, names: list[str], now: datetime) -> bool:
     return True
 
 
-def enqueue(pipeline: Pipeline, keys: list[str], now: datetime, me: str = "") -> list[Any]:
-    """Hand `keys` to the pipeline's work queue; without one, reconcile each in turn here
-    (returns their results: the single-threaded tests read them)."""
+class InlineQueue:
+    """The work queue of a pipeline that has none (the single-threaded tests): each key
+    reconciled here, in turn, at once; `results` keeps what each did (or the row it could
+    not read), for the sweep's report."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.results: list[Any] = []
+
+    def enqueue(self, keys: list[str], now: datetime) -> int:
+        for key in keys:
+            try:
+                # Each its own holder: two sweeps reconciling the same key here at once
+                # are two units of work, never one (only a redelivery is the same one).
+                me = f"inline:{uuid.uuid4().hex}"
+                self.results.append(reconcile_key(self.pipeline, key, me=me))
+            except BadRow as exc:
+                log.warning("reconcile of %.200r: skipped %s", key, exc)
+                self.results.append(exc)
+            except Exception as exc:
+                log.exception("reconcile of %.200r failed; the next sweep finds it again", key)
+                partial = getattr(exc, "reconciled", None)  # what it did before it failed
+                if partial is not None:
+                    self.results.append(partial)
+        return len(keys)
+
+
+def work_queue(pipeline: Pipeline) -> Any:
+    """Where due keys go: the pipeline's work queue, or an InlineQueue."""
+    return pipeline.work_queue if pipeline.work_queue is not None else InlineQueue(pipeline)
+
+
+def enqueue(pipeline: Pipeline, keys: list[str], now: datetime) -> None:
+    """Hand `keys` to the work queue (woken waiters, a leaver's event)."""
     keys = list(dict.fromkeys(keys))
-    if not keys:
-        return []
-    if pipeline.work_queue is not None:
-        pipeline.work_queue.enqueue(keys, now)
-        return []
-    done: list[Any] = []
-    for key in keys:
-        try:
-            # Each its own holder: two sweeps reconciling the same key here at once are two
-            # units of work, never one (only a redelivery is the same one).
-            done.append(reconcile_key(pipeline, key, me=me or f"inline:{uuid.uuid4().hex}"))
-        except BadRow as exc:
-            log.warning("reconcile of %.200r: skipped %s", key, exc)
-            done.append(exc)
-        except Exception as exc:
-            log.exception("reconcile of %.200r failed; the next sweep finds it again", key)
-            partial = getattr(exc, "reconciled", None)  # what it did before it failed
-            if partial is not None:
-                done.append(partial)
-    return done
+    if keys:
+        work_queue(pipeline).enqueue(keys, now)

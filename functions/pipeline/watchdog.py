@@ -26,7 +26,7 @@ from functions.model.event import Notification, Transition
 from functions.pipeline.approve import ApprovalResult
 from functions.pipeline.context import Pipeline
 from functions.pipeline.policy_state import sync_policy_state
-from functions.pipeline.reconcile import enqueue
+from functions.pipeline.reconcile import work_queue
 from functions.pipeline.relay_recovery import (
     announce_recovery,
     claim_recovery,
@@ -114,7 +114,9 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
         log.exception("watchdog: due events")
     keys = list(dict.fromkeys(keys))
     out.due = len(keys)
-    for done in enqueue(pipeline, keys, now, me=""):
+    queue = work_queue(pipeline)
+    queue.enqueue(keys, now)
+    for done in getattr(queue, "results", ()):  # reconciled here (no work queue): told
         _tell(out, done)
     try:
         _retention(pipeline, now, out)
