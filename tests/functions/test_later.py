@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -105,17 +106,27 @@ def test_a_storage_outage_costs_no_dead_letter_and_the_document_comes_through(
     (inbox / "0001.json").write_text(envelope("vm1", 1, [event("EV-O", resources=("vm1",))]))
     pipeline, pub = make_pipeline(store, clock)
     host = LocalHost(
-        inbox, pipeline.settings, store, pub, clock=clock, admission=pipeline.admission
+        inbox,
+        pipeline.settings,
+        store,
+        pub,
+        clock=clock,
+        admission=pipeline.admission,
+        max_delivery_count=2,  # what would dead-letter it after two failed deliveries
     )
     host.later_scale = 0.0001  # the delays, in a test's time
     host.pipeline.store = _refusing_store(store)  # Table storage is down
-    passes = [host.run_once() for _ in range(12)]  # more passes than maxDeliveryCount
+    passes = []
+    for _ in range(4):  # more deliveries than maxDeliveryCount
+        passes.append(host.run_once())
+        time.sleep(0.01)  # a copy's delay (15 s and more, scaled) has passed
     assert sum(p.dead_lettered for p in passes) == 0
     assert sum(p.later for p in passes) >= 2  # each copy failed again, and went later
     copies = sorted(p.name for p in inbox.iterdir() if p.is_file())
     assert len(copies) == 1 and "~r" in copies[0], copies
     assert json.loads((inbox / copies[0]).read_text())["retry"] >= 2
     host.pipeline.store = store  # storage is back
+    time.sleep(0.1)  # the last copy's delay (at most 10 min, scaled)
     done = host.run_once()
     assert done.processed == 1 and done.dead_lettered == 0
     assert pub.transitions("EV-O")[:2] == ["scheduled", "decided"]

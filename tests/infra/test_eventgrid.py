@@ -95,6 +95,13 @@ def test_the_topic_identity_may_send_to_that_queue_and_write_that_container_only
             "eventQueue",
             "Azure Service Bus Data Receiver",
         ),
+        # The app sends a notification back, scheduled for later, when processing it
+        # failed on an outage (functions.triggers.later); no relay can send here.
+        "functionSendsEventsLater": (
+            "functionPrincipalId",
+            "eventQueue",
+            "Azure Service Bus Data Sender",
+        ),
         "topicSendsToQueue": (
             "systemTopic.identity.principalId",
             "eventQueue",
