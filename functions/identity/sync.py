@@ -46,7 +46,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from azure.core.exceptions import (
@@ -387,7 +387,3 @@ def _finish(placements: Placements, cursor: Cursor, now: datetime, report: SyncR
     requests, swept = placements.sweep(cursor.pass_started)
     report.table_requests += requests
     report.placements_swept = swept
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
