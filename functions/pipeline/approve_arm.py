@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from functions.approvers import azure_events
-from functions.approvers.arm import acknowledge, acknowledge_list, default_credential
+from functions.approvers.arm import acknowledge, default_credential
 from functions.clock import Clock
 from functions.model.arm import ArmError, ArmResource, owner_of_vm, parse_event_id
 from functions.pipeline.context import Pipeline
@@ -108,119 +108,6 @@ def arm_phase(
     if isinstance(confirmed, Phase):
         return confirmed
     return _acknowledge_each(pipeline, record, confirmed, by, stop, deadline)
-
-
-def arm_phase_many(
-    pipeline: Pipeline,
-    records: list[EventRecord],
-    by: str,
-    stop: datetime,
-    deadline: datetime,
-    expect_for: ExpectFor,
-) -> dict[str, Phase]:
-    """One decision approving several events (e.g. of one set): each is checked as in
-    `arm_phase` (Azure must report it as decided), then the events of one owner are
-    acknowledged with one list call (ScheduledEvents_AcknowledgeList) instead of one call
-    each. Events the list refuses by name are exhausted with ARM's words; the others of a
-    refused list, and an owner's single event, go through the one-event call. EventId ->
-    Phase; 429/5xx retried honouring Retry-After until `stop`."""
-    if pipeline.credential is None:
-        pipeline.credential = default_credential()
-    phases: dict[str, Phase] = {}
-    groups: list[tuple[ArmResource, list[EventRecord]]] = []
-    for record in records:
-        owners = arm_owners(pipeline.store, record)
-        if not owners:
-            phases[record.event_id] = arm_phase(
-                pipeline, record, owners, by, stop, deadline, expect_for
-            )
-            continue
-        confirmed = _azure_reports(pipeline, record, owners, by, stop, deadline, expect_for)
-        if isinstance(confirmed, Phase):
-            phases[record.event_id] = confirmed
-            continue
-        group = next((g for g in groups if g[0].same(confirmed[0])), None)
-        if group is None:
-            groups.append((confirmed[0], [record]))
-        else:
-            group[1].append(record)
-    for owner, group in groups:
-        singles = group
-        if len(group) > 1:
-            listed = _acknowledge_list(pipeline, owner, group, by, stop, deadline)
-            phases.update(listed)
-            singles = [r for r in group if r.event_id not in listed]
-        for record in singles:
-            phases[record.event_id] = _acknowledge_each(
-                pipeline, record, [owner], by, stop, deadline
-            )
-    return phases
-
-
-def _acknowledge_list(
-    pipeline: Pipeline,
-    owner: ArmResource,
-    records: list[EventRecord],
-    by: str,
-    stop: datetime,
-    deadline: datetime,
-) -> dict[str, Phase]:
-    """The list call for `records` (one owner): every Phase it settles; the events of a
-    refused list that ARM did not name are left out (the caller tries them one by one)."""
-    settings, clock = pipeline.settings, pipeline.clock
-    ids = [r.event_id for r in records]
-    attempts: list[Attempt] = []
-    delay = BACKOFF_START_SECONDS
-    while (remaining := (stop - clock.now()).total_seconds()) > 0:
-        answer = acknowledge_list(
-            owner,
-            ids,
-            credential=pipeline.credential,  # type: ignore[arg-type]
-            session=pipeline.session,
-            endpoint=settings.arm_endpoint,
-            api_version=settings.arm_api_version,
-            remaining=remaining,
-        )
-        attempts.append(Attempt(at=clock.now(), vm=ARM, outcome=answer.text[:500], by=by))
-        if answer.verdict == "approved":
-            detail = f"acknowledged through ARM on {owner.id} with {len(ids)} events in one call"
-            return {
-                i: Phase(
-                    outcome="approved",
-                    via=ARM,
-                    detail=detail,
-                    attempts=attempts,
-                    status=answer.status,
-                )
-                for i in ids
-            }
-        if answer.verdict == "refused":
-            settled = {
-                i: Phase(outcome="exhausted", detail=text, attempts=attempts)
-                for i, text in answer.refused.items()
-                if i in ids
-            }
-            for i in answer.approved:  # a 207's OK results: approved, not to be sent again
-                if i in ids and i not in settled:
-                    settled[i] = Phase(
-                        outcome="approved",
-                        via=ARM,
-                        detail=f"acknowledged through ARM on {owner.id} in a list call "
-                        f"(207: {len(answer.approved)} of {len(ids)} approved)",
-                        attempts=attempts,
-                        status=answer.status,
-                    )
-            return settled
-        next_delay = _back_off(clock, answer.retry_after, delay, stop)
-        if next_delay is None:
-            break
-        delay = next_delay
-    text = attempts[-1].outcome if attempts else "no time left"
-    outcome: Literal["later", "exhausted"] = "later" if stop < deadline else "exhausted"
-    return {
-        i: Phase(outcome=outcome, detail=f"ARM not answering yet: {text}", attempts=attempts)
-        for i in ids
-    }
 
 
 def _acknowledge_each(

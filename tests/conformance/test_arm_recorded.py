@@ -4,9 +4,11 @@ Microsoft's azure-powershell records its Maintenance scenario tests against live
 (tests/conformance/SOURCES.md: repository, path, commit, recording date). Each sample here
 is one recorded entry: the request, the status and the body exactly as recorded. A loopback
 server answers that status with those bytes, and `functions.approvers.arm` must read it as
-Azure means it: the 200 texts, the list form's 207 MultiStatus (per event, in both shapes
-Azure was seen to answer, nothing approved that Azure did not approve), the Maintenance
-provider's 404 with capitalised keys, and Resource Manager's own 404 for a missing VM.
+Azure means it: the 200 text, the Maintenance provider's 404 with capitalised keys, and
+Resource Manager's own 404 for a missing VM. The app makes only the one-event call; the
+list form's recorded answers (200, and 207 MultiStatus in both shapes Azure was seen to
+answer) stay for the simulator's list endpoint (tests/simulator/test_arm.py), and a 207
+served to the one-event call is never taken for an approval.
 """
 
 from __future__ import annotations
@@ -20,12 +22,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 
-from functions.approvers.arm import ArmAnswer, acknowledge, acknowledge_list
+from functions.approvers.arm import ArmAnswer, acknowledge
 from functions.model.arm import ArmResource
 from tests.conformance.imds_server import serve
 
 SAMPLES = Path(__file__).with_name("samples")
-NOT_FOUND = "NotFound: Scheduled event not found"
 
 
 def recorded(name: str) -> dict[str, Any]:
@@ -48,13 +49,13 @@ def owner_of(path: str) -> ArmResource:
     )
 
 
-def replay(entry: dict[str, Any], *, body: bytes | None = None) -> tuple[ArmAnswer, list[str], Any]:
+def replay(entry: dict[str, Any]) -> tuple[ArmAnswer, str, Any]:
     """Serve the recorded answer (status, exact body, recorded headers but Content-Length)
-    where it was recorded, make the app's call there, and return its answer, the ids it
-    sent and what the server saw."""
+    where it was recorded, make the app's one-event call there, and return its answer, the
+    EventId it sent and what the server saw."""
     uri = urlsplit(entry["RequestUri"])
     headers = {k: v[0] for k, v in entry["ResponseHeaders"].items() if k != "Content-Length"}
-    data = entry["ResponseBody"].encode() if body is None else body
+    data = entry["ResponseBody"].encode()
     api_version = parse_qs(uri.query)["api-version"][0]
     owner = owner_of(uri.path)
     with serve({uri.path: (entry["StatusCode"], data, headers)}) as (url, answers):
@@ -65,18 +66,12 @@ def replay(entry: dict[str, Any], *, body: bytes | None = None) -> tuple[ArmAnsw
             api_version=api_version,
             remaining=5.0,
         )
-        if entry["RequestBody"]:
-            ids = json.loads(entry["RequestBody"])["value"]
-            answer = acknowledge_list(owner, ids, **common)
-        else:
-            ids = [uri.path.split("/")[-2]]
-            answer = acknowledge(owner, ids[0], **common)
+        event_id = uri.path.split("/")[-2]
+        answer = acknowledge(owner, event_id, **common)
     (seen,) = answers.seen
     assert (seen.method, seen.path) == (entry["RequestMethod"], uri.path)
     assert seen.query == {"api-version": [api_version]}
-    if entry["RequestBody"]:
-        assert json.loads(seen.body) == json.loads(entry["RequestBody"])
-    return answer, ids, seen
+    return answer, event_id, seen
 
 
 def test_every_sample_is_a_whole_recorded_entry() -> None:
@@ -97,30 +92,12 @@ def test_every_sample_is_a_whole_recorded_entry() -> None:
 
 
 def test_the_recorded_200_of_one_acknowledge_is_approved() -> None:
-    answer, ids, seen = replay(recorded("ScheduledEvents_Acknowledge.recorded-200.json"))
+    answer, _event_id, seen = replay(recorded("ScheduledEvents_Acknowledge.recorded-200.json"))
     assert seen.body == b""
     assert (answer.verdict, answer.status, answer.text) == (
         "approved",
         200,
         "Successfully approved scheduled event",
-    )
-    assert answer.approved == ids and answer.refused == {}
-
-
-def test_the_recorded_200_of_a_list_approves_every_listed_event() -> None:
-    answer, ids, _seen = replay(recorded("ScheduledEvents_AcknowledgeList.recorded-200.json"))
-    assert (answer.verdict, answer.status, answer.text) == (
-        "approved",
-        200,
-        "Successfully approved all Scheduled Events in the list",
-    )
-    assert (
-        answer.approved
-        == ids
-        == [
-            "81eda1cf-a905-49c5-9f53-0bc3c3654cfe",
-            "ab959d03-ceda-4330-860a-d7f0a3657774",
-        ]
     )
 
 
@@ -128,56 +105,33 @@ def test_the_recorded_200_of_a_list_approves_every_listed_event() -> None:
     "sample",
     [
         "ScheduledEvents_AcknowledgeList.recorded-207.json",  # error.details[].target
-        "ScheduledEvents_AcknowledgeList.recorded-207-response-shape.json",  # by index
+        "ScheduledEvents_AcknowledgeList.recorded-207-response-shape.json",  # Response/Details
     ],
 )
-def test_a_recorded_207_approves_nothing_and_refuses_each_event_azure_named(sample) -> None:
-    """Azure approved neither event; the old code took any 2xx as all approved."""
-    answer, ids, _seen = replay(recorded(sample))
-    assert answer.verdict == "refused" and answer.status == 207
-    assert answer.code == "MultiStatusResponse"
-    assert answer.approved == []
-    assert answer.refused == {ids[0]: NOT_FOUND, ids[1]: NOT_FOUND}
-    assert "0 of 2 approved, 2 refused" in answer.text
-    assert "The operation returned different statuses for the Scheduled Events." in answer.text
-
-
-@pytest.mark.parametrize(
-    "sample",
-    [
-        "ScheduledEvents_AcknowledgeList.recorded-207.json",
-        "ScheduledEvents_AcknowledgeList.recorded-207-response-shape.json",
-    ],
-)
-def test_a_207_result_coded_ok_approves_that_event_only(sample) -> None:
-    """The recorded 207 with its first result as azure-powershell's unit test
-    ApproveAzureRmScheduledEventListTests shows an approved one (Code "OK", "Successfully
-    approved scheduled event"): derived, not recorded. The other event stays refused."""
+def test_a_207_to_the_one_event_call_is_never_an_approval(sample) -> None:
+    """The spec gives the one-event call 200 or an error, and Azure was recorded answering
+    207 only to the list form; should a 207 come anyway, it is refused (its code kept when
+    the body has one), not taken for a 2xx approval."""
     entry = recorded(sample)
-    body = json.loads(entry["ResponseBody"])
-    details = body["error"]["details"] if "error" in body else body["Details"]
-    key = "code" if "error" in body else "Code"
-    details[0][key] = "OK"
-    details[0]["message" if key == "code" else "Message"] = "Successfully approved scheduled event"
-    answer, ids, _seen = replay(entry, body=json.dumps(body).encode())
-    assert answer.verdict == "refused" and answer.status == 207
-    assert answer.approved == [ids[0]]
-    assert answer.refused == {ids[1]: NOT_FOUND}
-    # Every result OK: the whole list approved.
-    details[1][key] = "ok"
-    answer, ids, _seen = replay(entry, body=json.dumps(body).encode())
-    assert answer.verdict == "approved" and answer.approved == ids and answer.refused == {}
-    # A result for one event only: the other is neither approved nor refused.
-    del details[1]
-    answer, ids, _seen = replay(entry, body=json.dumps(body).encode())
-    assert answer.verdict == "refused"
-    assert (answer.approved, answer.refused) == ([ids[0]], {})
-    assert "1 not accounted for" in answer.text
+    (event_id, _other) = json.loads(entry["RequestBody"])["value"]
+    one = dict(
+        entry,
+        RequestUri=entry["RequestUri"].replace(
+            "/scheduledevents?", f"/scheduledevents/{event_id}/acknowledge?"
+        ),
+        RequestBody="",
+    )
+    answer, sent, seen = replay(one)
+    assert sent == event_id and seen.body == b""
+    assert (answer.verdict, answer.status) == ("refused", 207)
+    if "error" in json.loads(entry["ResponseBody"]):
+        assert answer.code == "MultiStatusResponse"
+    assert answer.text.startswith("ARM refused 207")
 
 
 def test_the_recorded_404_of_an_unknown_event_keeps_azures_code_and_message() -> None:
     """Capitalised keys: the old code read only `error.code` and recorded an empty code."""
-    answer, ids, _seen = replay(recorded("ScheduledEvents_Acknowledge.recorded-404.json"))
+    answer, event_id, _seen = replay(recorded("ScheduledEvents_Acknowledge.recorded-404.json"))
     assert (answer.verdict, answer.status, answer.code) == (
         "refused",
         404,
@@ -187,12 +141,12 @@ def test_the_recorded_404_of_an_unknown_event_keeps_azures_code_and_message() ->
         "ARM refused 404 InvalidScheduledEventId on virtualmachinescalesets/ps5611: "
         "Scheduled event not found"
     )
-    assert answer.approved == [] and ids == ["ba1f078c-0c66-483a-85f8-cef6401a3f33"]
+    assert event_id == "ba1f078c-0c66-483a-85f8-cef6401a3f33"
 
 
 def test_the_recorded_404_of_a_missing_vm_is_resource_managers() -> None:
     entry = recorded("ScheduledEvents_Acknowledge.recorded-404-resource.json")
-    answer, _ids, _seen = replay(entry)
+    answer, _event_id, _seen = replay(entry)
     assert (answer.verdict, answer.status, answer.code) == ("refused", 404, "ResourceNotFound")
     assert answer.text.startswith(
         "ARM refused 404 ResourceNotFound on virtualMachines/ps2532: The Resource "

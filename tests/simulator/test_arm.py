@@ -159,6 +159,35 @@ def post_list(server, ids) -> requests.Response:
     )
 
 
+def test_the_list_form_takes_the_specs_request_and_refuses_what_it_does_not_allow(server):
+    """Held to the spec's ScheduledEvents_AcknowledgeList (azure-rest-api-specs
+    Microsoft.Maintenance stable 2025-11-01 Maintenance.json and its example, both @
+    bb074ee7, the example copied in tests/conformance/samples/): body ScheduledEventsIdList
+    `{"value": [ids]}`, required. (The app does not make this call; the simulator plays
+    Azure's surface.)"""
+    example = json.loads((RECORDED / "ScheduledEvents_AcknowledgeList.2025-11-01.json").read_text())
+    params = example["parameters"]
+    ids = [server.sim.add_event("Reboot", resources=[f"web_{i}"]) for i in (0, 1)]
+    assert len(ids) == len(params["scheduledEventsIdList"]["value"])
+    url = list_url(server, "virtualMachineScaleSets", "web")
+    headers = {"Authorization": f"Bearer {token(server)}"}
+    version = {"api-version": params["api-version"]}
+    for body in (None, {}, {"value": []}, {"value": "EV"}, {"value": [1]}):
+        answer = requests.post(url, params=version, headers=headers, json=body, timeout=5)
+        assert error(answer) == (400, "InvalidRequestContent"), body
+    old = requests.post(
+        url,
+        params={"api-version": "2023-10-01-preview"},  # the list form came in 2025-10-01-preview
+        headers=headers,
+        json={"value": ids},
+        timeout=5,
+    )
+    assert error(old) == (400, "NoRegisteredProviderFound")
+    answer = requests.post(url, params=version, headers=headers, json={"value": ids}, timeout=5)
+    assert answer.status_code == 200
+    assert all(server.sim.describe_event(i)["EventStatus"] == "Started" for i in ids)
+
+
 def test_the_list_form_answers_as_azure_was_recorded(server):
     ok = [server.sim.add_event("Reboot", resources=[f"web_{i}"]) for i in (0, 1)]
     answer = post_list(server, ok)
