@@ -83,6 +83,9 @@ param relayCallbackPort int = 8492
 @maxValue(65535)
 param relayReadyPort int = 8493
 
+@description('Who the relays\' hook scripts run as, in a unit of their own outside the relay\'s sandbox: USER[:GROUP,...][+CAP,...], e.g. root, www-data:docker or nginx+CAP_KILL (add-relay.sh\'s 10th argument, written into one systemd drop-in). Empty: a user made for each run, no capabilities.')
+param relayHookAs string = ''
+
 // ---------- Secrets (Key Vault) ----------
 @description('The app\'s own master secret (APP_SECRET), at least 32 characters (e.g. `openssl rand -hex 32`): wraps the relays\' stored callback keys, keys the approval page tokens. Only the function app reads it.')
 @secure()
@@ -539,8 +542,9 @@ module maintenanceProvider 'modules/maintenance-provider.bicep' = [
 // ---------- Relay bootstrap (cloud-init) ----------
 // Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment: the relay
 // itself (infra/relay/scheduled-events-relay.pyz.gz, `make relay`: the zipapp gzipped whole;
-// a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its nine
-// arguments (the 8th `none`: hook scripts are yours, on your VMs; the 9th the readiness port). Filled in, it stays under customData's 65535 bytes (tests/infra).
+// a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its ten
+// arguments (the 8th `none`: hook scripts are yours, on your VMs; the 9th the readiness port;
+// the 10th who hook scripts run as). Filled in, it stays under customData's 65535 bytes (tests/infra).
 // The 5th argument was the relay key's Key Vault secret URI: there is no shared key any more,
 // and the position is kept with the word `none` (relayKeyArgument) so that the 6th and 7th
 // stay where add-relay.sh reads them.
@@ -569,7 +573,8 @@ var cloudInit6 = replace(cloudInit5, '{{RELAY_KEY_SECRET_URI}}', relayKeyArgumen
 var cloudInit7 = replace(cloudInit6, '{{RELAY_PACKAGE_URL}}', relayPackageUrl)
 var cloudInit8 = replace(cloudInit7, '{{HEARTBEAT_TABLE_URL}}', storage.outputs.livenessTableUrl)
 var cloudInit9 = replace(cloudInit8, '{{RELAY_HOOKS}}', 'none')
-var relayCloudInit = replace(cloudInit9, '{{READY_PORT}}', relayReadyArgument)
+var cloudInit10 = replace(cloudInit9, '{{READY_PORT}}', relayReadyArgument)
+var relayCloudInit = replace(cloudInit10, '{{HOOK_AS}}', relayHookAs)
 
 // An example machine needs the key: with one on and an empty key, this parameter-only module
 // (nothing of its own to wait for) fails validation naming adminSshPublicKey, instead of the

@@ -8,7 +8,10 @@ port), unless the plan says its callback is down.
 from __future__ import annotations
 
 import contextlib
+import json
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import requests
@@ -18,7 +21,9 @@ from local.demo_ledger import relay_command
 from local.demo_ready import COMES_BACK, ProbeWatcher
 from local.options import DemoAborted
 from local.relays import (
+    HOOK_TIMEOUT,
     current_user,
+    hook_socket_path,
     relay_argv,
     relay_callback_url,
     relay_env,
@@ -46,6 +51,9 @@ def start_relays(demo: DemoState) -> None:
     heartbeat_table = (table_url(demo.connection_string, liveness_table), sas_file)
     demo.relays = {}
     demo.callback_urls = {}
+    # The hook unit: on a VM systemd runs each hook script for the relay (relay/hooks.py),
+    # here local/hook_unit.py does, one for all the VMs, as whoever runs the demo.
+    hook_socket = start_hook_unit(demo, {"drain": hook, "undrain": undrain})
     port = demo.callback_port
     # A load balancer's readiness probe: on the VMs the demo's policy drains and that come
     # back (a reboot: undrained once it is over), and on every VM with no script of the
@@ -73,6 +81,7 @@ def start_relays(demo: DemoState) -> None:
             listen=None if vm.callback_down else f"{address}:{port}",
             hook=hook if vm.hooks else None,
             heartbeat_table=heartbeat_table,
+            hook_socket=hook_socket,
             undrain_hook=undrain,
             ready_listen=ready.get(vm.name),
         )
@@ -92,9 +101,34 @@ def start_relays(demo: DemoState) -> None:
         "relays",
         f"{len(demo.relays)} relays polling every "
         f"{demo.options.poll_interval:g} s, forwarding to {demo.inbox}, callbacks on port "
-        f"{port} at each VM's address, heartbeats into the {liveness_table} table, hooks "
-        f"as {current_user()} (on a VM: nobody)",
+        f"{port} at each VM's address, heartbeats into the {liveness_table} table, hook "
+        f"scripts run by the hook unit as {current_user()} (on a VM: as add-relay.sh's "
+        "HOOK_AS says)",
     )
+
+
+def start_hook_unit(demo: DemoState, hooks: dict[str, Path]) -> Path:
+    """The hook unit's stand-in (local/hook_unit.py) as a process of the stack, listening
+    once this returns: its socket."""
+    path = hook_socket_path(demo.workdir / "relays")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "local.hook_unit",
+        str(path),
+        json.dumps({k: str(v) for k, v in hooks.items()}),
+        str(HOOK_TIMEOUT),
+    ]
+    proc = demo.stack.process(
+        argv, demo.workdir / "logs" / "hook-unit.log", env=relay_env(demo.options.env)
+    )
+    deadline = time.monotonic() + 20
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise DemoAborted(f"the hook unit's stand-in did not listen at {path}")
+        time.sleep(0.05)
+    return path
 
 
 def wait_healthy(demo: DemoState, vm: str, url: str, timeout: float = 20.0) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from local.plan import VmSpec
 
+HOOK_TIMEOUT = 5  # seconds a demo hook script may run (the relays' and the hook unit's)
+
 
 def write_drain_hook(workdir: Path) -> tuple[Path, Path]:
     """The drain script the relays run, and the log it appends one line per run to."""
@@ -68,16 +70,17 @@ def relay_argv(
     listen: str | None,
     hook: Path | None,
     heartbeat_table: tuple[str, Path] | None = None,
-    hook_user: str | None = None,
+    hook_socket: Path | None = None,
     undrain_hook: Path | None = None,
     ready_listen: str | None = None,
 ) -> list[str]:
     """`listen`: HOST:PORT of the relay's callback server, at the VM's address (None: no
     callback listener: the demo's callback that is down, where ARM takes over).
     `heartbeat_table`: (liveness table URL, SAS file) where the relay writes its signed
-    heartbeats, as deployed relays do (relay.liveness). `hook_user`: the user hooks run as
-    (default: the one running the demo, see below). `undrain_hook`: the script that puts
-    the VM back (`undrain`). `hook` None: no script of the operator's on the VM."""
+    heartbeats, as deployed relays do (relay.liveness). `hook_socket`: where the hook
+    unit's stand-in listens (local/hook_unit.py; default: `hooks.sock` beside `state_dir`).
+    `undrain_hook`: the script that puts the VM back (`undrain`). `hook` None: no script of
+    the operator's on the VM."""
     argv = [
         sys.executable,
         "-m",
@@ -98,17 +101,17 @@ def relay_argv(
     if listen is not None:
         argv += ["--callback-listen", listen]
     if listen is not None and hook is not None:
-        # Hooks run on a signed callback, so only a relay that listens has them. On a VM
-        # they run as `nobody`, so a hook cannot read the relay's callback key; a local
-        # rehearsal runs unprivileged and cannot switch users, so it names its own user
-        # explicitly (the relay never falls back to itself silently).
+        # Hooks run on a signed callback, so only a relay that listens has them. The relay
+        # runs no script itself: the hook unit does (on a VM systemd's, as add-relay.sh's
+        # HOOK_AS says, never as the relay's user; here local/hook_unit.py's, as whoever
+        # runs the demo), asked over its socket.
         argv += [
             "--hook",
             f"drain={hook}",
-            "--hook-user",
-            hook_user or current_user(),
+            "--hook-socket",
+            str(hook_socket or hook_socket_path(state_dir.parent)),
             "--hook-timeout",
-            "5",
+            str(HOOK_TIMEOUT),
         ]
         if undrain_hook is not None:
             argv += ["--hook", f"undrain={undrain_hook}"]
@@ -122,12 +125,20 @@ def relay_argv(
     return argv
 
 
+def hook_socket_path(relays: Path) -> Path:
+    """Where the demo's hook unit stand-in listens, beside the relays' state directories
+    (one for all its VMs: their scripts are the same, and each run gets its VM's name from
+    that VM's relay)."""
+    return relays / "hooks.sock"
+
+
 def relay_callback_url(address: str, port: int) -> str:
     return f"http://{address}:{port}"
 
 
 def current_user() -> str:
-    """The user running the demo (`id -un`): the relays' hooks run as it (see relay_argv)."""
+    """The user running the demo (`id -un`): the hook unit's stand-in, and so the relays'
+    hook scripts, run as it (see relay_argv)."""
     return pwd.getpwuid(os.getuid()).pw_name
 
 

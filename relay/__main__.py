@@ -83,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         from relay.preflight import main as preflight
 
         return preflight(args[1:])
+    if args == ["run-hook"]:  # one hook run in the hook unit (relay.hooks.run_hook)
+        from relay.hooks import run_hook
+
+        return run_hook()
     settings = load_or_exit(argv)
     if __name__ == "__main__" or argv is None:
         forget_startup_modules()
@@ -101,31 +105,20 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         event(log, logging.CRITICAL, "cannot use the state directory", error=str(exc))
         return 1
-    for flag, value in (
-        ("--callback-key-file", settings.callback_key_file),
-        ("--previous-key-file", settings.previous_key_file),
+    no_key = "there is no shared relay key any more; the relay makes its own callback key"
+    for flag, value, why in (
+        ("--callback-key-file", settings.callback_key_file, no_key),
+        ("--previous-key-file", settings.previous_key_file, no_key),
+        # Hooks run in the hook unit (relay.hooks), as its drop-in says (add-relay.sh's HOOK_AS).
+        ("--hook-user", settings.hook_user, "hook scripts run as the hook unit's drop-in says"),
     ):
         if value is not None:
-            event(
-                log,
-                logging.WARNING,
-                f"{flag} is ignored: there is no shared relay key any more; the relay makes "
-                "its own callback key in the state directory (remove the setting)",
-                path=str(value),
-            )
+            event(log, logging.WARNING, f"{flag} is ignored: {why} (remove the setting)")
     try:
         build_sender(settings)  # every setting checked before anything is made or logged
     except (ValueError, OSError) as exc:
         print(f"relay: bad settings: {exc}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
-    hook_user = None
-    if settings.hooks:
-        from relay.hooks import drop_ambient_capabilities, resolve_hook_user
-
-        hook_user = resolve_hook_user(settings.hook_user)
-        if hook_user.problem:
-            event(log, logging.ERROR, hook_user.problem)
-        drop_ambient_capabilities()  # before any thread starts: capabilities are per thread
     try:
         keys = KeyStore(settings.state_dir, max_age=settings.callback_key_max_age_days * 86400)
     except OSError as exc:
@@ -183,9 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             servers.append(readiness.serve(settings.ready_listen))
         if settings.callback_listen:
-            servers.append(
-                _start_callback(settings, keys, hook_user, vm, watcher, sending, readiness)
-            )
+            servers.append(_start_callback(settings, keys, vm, watcher, sending, readiness))
     except OSError as exc:
         event(log, logging.CRITICAL, "cannot listen", error=str(exc))
         for server in servers:
@@ -205,7 +196,6 @@ def main(argv: list[str] | None = None) -> int:
 def _start_callback(
     settings: RelaySettings,
     keys: KeyStore,
-    hook_user: Any,
     vm: VmRef,
     watcher: Watcher,
     sending: SendLoop,
@@ -224,8 +214,8 @@ def _start_callback(
             settings.state_dir,
             settings.hook_timeout,
             vm.name,
-            user=hook_user,
-            observer=readiness,
+            settings.hook_socket,
+            readiness,
         )
 
     def health() -> dict[str, Any]:

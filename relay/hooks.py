@@ -3,33 +3,45 @@
 The relay only ever runs scripts named in its own configuration; a caller picks one by
 name and never sends a command. Each (hook, EventId) runs once: its result is kept in the
 state directory, so a repeated call, or a call after a relay restart, returns the first
-run's result instead of draining twice. A script runs in a session of its own, so it
-outlives a relay killed meanwhile; it writes its exit status to a file the relay opened
-for it (`{digest}.rc`, its output beside it), and the relay started again takes the run
-over: its status when it has ended, waited for while it runs (issue 40: a relay killed in
-its drain no longer reports a drain that ran as failed). A run whose end nobody can know
-(the VM rebooted, the status never written) is reported as failed, not rerun: a
-half-drained node is for a person (or the policy) to judge.
+run's result instead of draining twice. A run whose end nobody can know (the VM rebooted,
+no status written) is reported as failed, not rerun: a half-drained node is for a person
+(or the policy) to judge.
 
-Scripts run as another user (`--hook-user`, default `nobody`), so a hook (or whatever it
-runs) cannot read the relay's callback key (relay.keystore, 0600 in a 0700 directory). The
-relay switches user for the child only (subprocess `user=`/`group=`, supplementary groups
-cleared), which needs root or CAP_SETUID + CAP_SETGID (the systemd unit grants these two
-and nothing else; `drop_ambient_capabilities` keeps them from reaching the script). A relay
-that cannot switch runs hooks as itself only when `--hook-user` names its own user
-explicitly; otherwise hook calls are refused (503) and the reason is logged at start.
+The hook unit (issue 38): the relay runs sandboxed (ProtectSystem=strict, no capabilities,
+a user of its own), and a drain needs more (`systemctl`, `nginx -s quit`, the docker
+socket). So the relay never runs a script itself: it connects to `--hook-socket`
+(default /run/scheduled-events-relay-hooks.sock), where systemd listens
+(scheduled-events-relay-hook.socket, `Accept=yes`) and starts one
+scheduled-events-relay-hook@ instance per run, as the user, groups and capabilities its
+drop-in states (add-relay.sh writes it from HOOK_AS; install.sh installs the units), outside
+the relay's sandbox and never as the relay's user, so a hook cannot read its callback key.
+The instance is `serve_hook` (`scheduled-events-relay.pyz run-hook`). The relay only names a
+hook; the instance looks the name up in its own RELAY_HOOKS (the env files, root's) and
+passes on nothing but the SCHEDULED_EVENT_* values, so a relay that was taken over can run
+the operator's scripts by name, as before, and nothing else. Off a VM, local/hook_unit.py
+stands in for systemd.
+
+One message in, with two open files of the relay's passed along (SCM_RIGHTS): `{digest}.out`
+for the script's output and `{digest}.rc` for how it ended (its exit status, `timeout` or
+`failed`); the instance writes them, and closes the connection when it is over. The files
+are the relay's (0600 in its 0700 state directory); the instance only holds descriptors.
+The relay holds an flock on the `.rc` file's open description before it sends it, so the
+lock lasts as long as any holder of that description: a relay killed meanwhile (issue 40)
+finds the lock still held when it starts again, waits for it, and reports how the script
+ended instead of "failed".
 
 A hook whose path is None is built in (relay.ready's `readyz:drain`, `readyz:undrain`): it
-runs no script, needs no hook user, and is recorded and observed like any other.
+runs no script, needs no hook unit, and is recorded and observed like any other.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
-import signal
+import socket
 import subprocess
 import threading
 import time
@@ -49,91 +61,8 @@ log = logging.getLogger("relay.hooks")
 
 OUTPUT_TAIL_BYTES = 2048
 SUCCEEDED, FAILED, TIMEOUT, RUNNING = "succeeded", "failed", "timeout", "running"
-
-
-CAP_SETGID, CAP_SETUID = 6, 7
-DEFAULT_HOOK_USER = "nobody"
-
-
-class HookUser:
-    """Who hooks run as: `uid`/`gid` None = as the relay itself; `problem` = refuse hooks."""
-
-    def __init__(
-        self, name: str, uid: int | None, gid: int | None, problem: str | None = None
-    ) -> None:
-        self.name, self.uid, self.gid, self.problem = name, uid, gid, problem
-
-
-def _capabilities(field: str = "CapEff") -> int:
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1], 16)
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def can_switch_user() -> bool:
-    if os.geteuid() == 0:
-        return True
-    wanted = (1 << CAP_SETUID) | (1 << CAP_SETGID)
-    return _capabilities() & wanted == wanted
-
-
-def resolve_hook_user(configured: str | None) -> HookUser:
-    """The user hooks run as (`configured`, None = the default `nobody`), and whether the
-    relay can run them so."""
-    import pwd
-
-    name = configured or DEFAULT_HOOK_USER
-    me = os.geteuid()
-    try:
-        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
-    except (KeyError, ValueError):
-        return HookUser(name, None, None, f"hooks disabled: no user {name!r} (--hook-user)")
-    try:
-        own = pwd.getpwuid(me).pw_name
-    except KeyError:
-        own = str(me)
-    if entry.pw_uid == me:
-        if configured:
-            return HookUser(name, None, None)  # asked for explicitly: run as the relay
-        return HookUser(
-            name,
-            None,
-            None,
-            f"hooks disabled: the default hook user {name!r} is the relay's own user; set "
-            f"--hook-user {own} explicitly to run hooks as the relay (they could then read "
-            "its callback key), or run the relay as another user",
-        )
-    if not can_switch_user():
-        return HookUser(
-            name,
-            None,
-            None,
-            f"hooks disabled: the relay (user {own}) cannot switch to the hook user {name!r}: "
-            "run it as root or with CAP_SETUID and CAP_SETGID (the systemd unit grants "
-            f"them), or set --hook-user {own} to run hooks as the relay itself (they could "
-            "then read its callback key)",
-        )
-    return HookUser(name, entry.pw_uid, entry.pw_gid)
-
-
-def drop_ambient_capabilities() -> None:
-    """Clear this thread's ambient capabilities (systemd's AmbientCapabilities puts
-    CAP_SETUID/CAP_SETGID there), keeping them effective for the relay itself: an ambient
-    capability survives exec, so a hook script would inherit it and could switch back to
-    the relay's user. Capabilities are per thread: call this before starting any thread."""
-    if not _capabilities("CapAmb"):
-        return
-    import ctypes  # only on a relay started with ambient capabilities
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_cap_ambient, pr_cap_ambient_clear_all = 47, 4
-    if libc.prctl(pr_cap_ambient, pr_cap_ambient_clear_all, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_CAP_AMBIENT_CLEAR_ALL) failed")
+MAX_REQUEST = 64 * 1024
+ENV_PREFIX = "SCHEDULED_EVENT_"
 
 
 class HookRunner:
@@ -143,14 +72,13 @@ class HookRunner:
         state_dir: Path,
         timeout: float,
         vm_name: str,
-        user: HookUser | None = None,
+        socket: str,
         observer: Any = None,
     ) -> None:
+        self.socket = socket  # the hook unit's (above): every script runs there
         # observer (relay.ready.Readiness): hook_started(name, EventId, undoes) before a
         # script runs, hook_finished(name, EventId, undoes, status) once it is over.
         self.observer = observer
-        self.user = user or HookUser("(relay)", None, None)
-        self.disabled = self.user.problem
         self.hooks = dict(hooks)
         self.directory = state_dir / "hooks"
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -183,47 +111,49 @@ class HookRunner:
             record = {"Hook": name, "EventId": event_id, "status": RUNNING}
         key = self._key(name, event_id)
         if record.get("status") == RUNNING and key not in self._active:
-            # Started by an earlier relay process that died before it finished.
-            if _exit_code(self._rc(record)) is None and _alive(record):
+            # Started by an earlier relay process that died before it recorded the end.
+            held = _held(self._rc(record))
+            if held:  # the hook unit still runs it: wait for it (issue 40)
                 done = self._active[key] = threading.Event()
-                threading.Thread(target=self._adopt, args=(record, done), daemon=True).start()
+                threading.Thread(target=self._adopt, args=(record, held, done), daemon=True).start()
                 return record
-            self._finish(record, None)
+            self._finish(record)
         return record
 
     def _rc(self, record: dict[str, Any]) -> Path:
         return self._path(record["Hook"], record["EventId"]).with_suffix(".rc")
 
-    def _adopt(self, record: dict[str, Any], done: threading.Event) -> None:
-        """Wait for a run an earlier relay started, then record how it ended."""
-        status = None
-        while _alive(record):
-            if time.time() - record.get("started", 0) > self.timeout:
-                _kill_group(record["pid"])
-                status = TIMEOUT
-            time.sleep(0.2)
+    def _adopt(self, record: dict[str, Any], held: Any, done: threading.Event) -> None:
+        """Wait for a run an earlier relay started (its lock), then record how it ended."""
+        with held:
+            fcntl.flock(held, fcntl.LOCK_SH)
         with self._lock:
-            self._finish(record, status)
+            self._finish(record)
             self._active.pop(self._key(record["Hook"], record["EventId"]), None)
         done.set()
 
-    def _finish(self, record: dict[str, Any], status: str | None, code: Any = None) -> None:
-        """Record a run's end (under the lock): `status` None = from its status file."""
+    def _finish(self, record: dict[str, Any], status: str | None = None, code: Any = None) -> None:
+        """Record a run's end (under the lock): `status` None = as its `.rc` file says."""
         rc = self._rc(record)
         out = rc.with_suffix(".out")
         unknown = False
         if status is None:
-            code = _exit_code(rc)
-            status, unknown = SUCCEEDED if code == 0 else FAILED, code is None
+            try:
+                ended = rc.read_text().strip()
+            except OSError:
+                ended = ""
+            status = ended if ended in (TIMEOUT, FAILED) else FAILED
+            with contextlib.suppress(ValueError):
+                code = int(ended)
+                status = SUCCEEDED if code == 0 else FAILED
+            unknown = not ended
         tail = record.get("output_tail") or ""
         with contextlib.suppress(OSError), open(out, "rb") as output:
             output.seek(0, os.SEEK_END)
             output.seek(max(0, output.tell() - OUTPUT_TAIL_BYTES))
             tail = output.read().decode("utf-8", "replace")
         if unknown:
-            tail = (
-                "the relay restarted while this hook was running and its end is unknown; not rerun"
-            )
+            tail = "its end is unknown (the relay, its hook unit or the VM stopped); not rerun"
         record.update(status=status, exit_code=code, output_tail=tail, finished_at=_now())
         if self.observer:  # before the result can be read: the probe is never behind it
             self.observer.hook_finished(
@@ -279,10 +209,7 @@ class HookRunner:
     def _run(
         self, name: str, scheduled: ScheduledEvent, record: dict[str, Any], done: threading.Event
     ) -> None:
-        script = self.hooks[name]
         env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "LANG": "C.UTF-8",
             "SCHEDULED_EVENT_HOOK": name,
             "SCHEDULED_EVENT_ID": scheduled.event_id,
             "SCHEDULED_EVENT_TYPE": scheduled.event_type,
@@ -294,11 +221,11 @@ class HookRunner:
         event(log, logging.INFO, "hook started", hook=name, event_id=scheduled.event_id)
         began = time.monotonic()
         status: str | None = SUCCEEDED
-        exit_code: int | None = 0
-        if script is not None:  # None: a built-in hook (relay.ready's): nothing to run
-            status, exit_code = self._exec(script, env, record)
+        code: int | None = 0
+        if self.hooks[name] is not None:  # None: a built-in hook (relay.ready's): nothing to run
+            status, code = self._exec(name, env, record), None
         with self._lock:
-            self._finish(record, status, exit_code)
+            self._finish(record, status, code)
             self._active.pop(self._key(name, scheduled.event_id), None)
         record["seconds"] = round(time.monotonic() - began, 3)
         done.set()
@@ -312,89 +239,48 @@ class HookRunner:
             exit_code=record["exit_code"],
         )
 
-    def _exec(
-        self, script: Path, env: dict[str, str], record: dict[str, Any]
-    ) -> tuple[str | None, int | None]:
-        """Run one script as the hook user; its output and exit status go to files beside
-        the record: (status, exit code), status None when its status file says."""
-        status, exit_code = None, None
-        switch: dict[str, Any] = {}
-        if self.user.uid is not None:
-            switch = {"user": self.user.uid, "group": self.user.gid, "extra_groups": []}
-        rc_path = self._rc(record)
-        with open(rc_path.with_suffix(".out"), "wb") as output, open(rc_path, "wb") as rc:
+    def _exec(self, name: str, env: dict[str, str], record: dict[str, Any]) -> str | None:
+        """Have the hook unit run hook `name`, its output and end written to the files
+        beside the record: None (the `.rc` file says how it ended), or the status when the
+        unit could not be asked or did not answer in time."""
+        rc = self._rc(record)
+        request = json.dumps({"hook": name, "env": env}).encode() + b"\n"
+        with open(rc.with_suffix(".out"), "wb") as out, open(rc, "wb") as ended:
+            # Held by this open description, wherever it is: here, and in the hook unit
+            # until the run is over, even if this relay is killed meanwhile (_held).
+            fcntl.flock(ended, fcntl.LOCK_EX)
             try:
-                # `sh` writes the script's exit status to the file the relay opened, given
-                # as sh's fd 0 (the script's stdin is /dev/null): a relay killed meanwhile
-                # learns it when it starts again (the file is the relay's; the script's user
-                # only holds the open descriptor).
-                proc = subprocess.Popen(  # noqa: S603 - only scripts from the relay's own config
-                    ["/bin/sh", "-c", '"$0" </dev/null; echo $? >&0', str(script)],
-                    stdin=rc,
-                    stdout=output,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd="/",
-                    start_new_session=True,
-                    **switch,
-                )
+                with socket.socket(socket.AF_UNIX) as conn:
+                    conn.settimeout(self.timeout + 15)  # the unit enforces its own limit
+                    conn.connect(self.socket)
+                    socket.send_fds(conn, [request], [out.fileno(), ended.fileno()])
+                    conn.recv(1)  # the unit closes the connection once the run is over
+            except socket.timeout:
+                return TIMEOUT
             except OSError as exc:
-                status = FAILED
-                output.write(f"cannot start {script}: {exc.strerror or exc}".encode())
-            else:
-                with self._lock:
-                    record.update(pid=proc.pid, boot=_boot(), started=time.time())
-                    self._store(record)
-                try:
-                    proc.wait(timeout=self.timeout)
-                except subprocess.TimeoutExpired:
-                    status = TIMEOUT
-                    _kill_group(proc.pid)
-                    exit_code = proc.wait()
-        return status, exit_code
+                out.write(f"cannot run the hook through {self.socket}: {exc}".encode())
+                return FAILED
+        return None
+
+
+def _held(rc: Path) -> Any:
+    """The `.rc` file, opened, if a run still holds its lock (else None)."""
+    try:
+        held = open(rc, "rb")  # noqa: SIM115 - closed by the caller, or here
+    except OSError:
+        return None
+    try:
+        fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return held
+    held.close()
+    return None
 
 
 def _not_before(scheduled: ScheduledEvent) -> str:
     """RFC 1123 GMT; a time Python cannot hold is passed on as IMDS wrote it."""
     moment = scheduled.not_before
     return format_not_before(moment) if moment is not None else scheduled.not_before_text
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def _exit_code(rc: Path) -> int | None:
-    """The exit status a script's `sh` wrote, or None if it wrote none (yet)."""
-    try:
-        return int(rc.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _boot() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _alive(record: dict[str, Any]) -> bool:
-    """Whether the run's process still runs: its pid, in this boot of the VM."""
-    pid = record.get("pid")
-    if not isinstance(pid, int) or record.get("boot") != _boot():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it runs as the hook user
-    try:  # a zombie no one has reaped yet has ended
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _now() -> str:
@@ -410,3 +296,57 @@ def public(record: dict[str, Any]) -> dict[str, Any]:
         "exit_code": record.get("exit_code"),
         "output_tail": record.get("output_tail", ""),
     }
+
+
+# ---------------------------------------------------------------- in the hook unit
+
+
+def serve_hook(conn: socket.socket, hooks: dict[str, Path], timeout: float) -> int:
+    """One run, in the hook unit (`conn`: the accepted connection): the script its own
+    `hooks` names, its output and how it ended written to the two files the relay sent."""
+    data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 2)
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return 2
+    with open(fds[0], "wb") as out, open(fds[1], "w") as ended:
+        if not data.endswith(b"\n"):
+            data += conn.makefile("rb").readline(MAX_REQUEST)
+        result = FAILED
+        try:
+            request = json.loads(data)
+            script = hooks[request["hook"]]
+            env = {k: str(v) for k, v in request["env"].items() if k.startswith(ENV_PREFIX)}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            out.write(b"not a hook this VM's relay configuration names")
+        else:
+            env.update(PATH=os.environ.get("PATH", "/usr/bin:/bin"), LANG="C.UTF-8")
+            try:
+                result = str(
+                    subprocess.run(  # noqa: S603 - a script the unit's own RELAY_HOOKS names
+                        [str(script)],
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd="/",
+                        timeout=timeout,
+                    ).returncode
+                )
+            except subprocess.TimeoutExpired:
+                result = TIMEOUT
+            except (OSError, ValueError) as exc:  # ValueError: a NUL in a value
+                out.write(f"cannot start {script}: {exc}".encode())
+        ended.write(result)
+    return 0
+
+
+def run_hook() -> int:
+    """`scheduled-events-relay.pyz run-hook`: the hook unit's ExecStart (the connection
+    is its standard input)."""
+    from relay.settings import _hooks
+
+    hooks = _hooks(os.environ.get("RELAY_HOOKS") or "{}")
+    timeout = float(os.environ.get("RELAY_HOOK_TIMEOUT") or 120)
+    with socket.socket(fileno=0) as conn:
+        return serve_hook(conn, hooks, timeout)

@@ -186,7 +186,8 @@ _SPECS: dict[str, _Spec] = {
     "callback_key_file": _Spec(_path),
     "previous_key_file": _Spec(_path),
     "callback_key_max_age_days": _float(gt=0, le=3650),
-    "hook_user": _Spec(_text, length=(1, 64)),
+    "hook_user": _Spec(_text),
+    "hook_socket": _Spec(_text, length=(1, 107)),
     "callback_url": _Spec(_text),
     "callback_max_concurrent": _int(ge=1, le=256),
     "callback_read_timeout": _float(gt=0, le=120),
@@ -261,7 +262,9 @@ class RelaySettings(Record):
     unready_while_started: bool = False  # /readyz also 503 while an own event is Started
     log_format: str = "json"
     hooks: dict[str, Path] = Factory(dict)
-    hook_user: str | None = None  # None: `nobody` (relay.hooks.DEFAULT_HOOK_USER)
+    hook_user: str | None = None  # ignored (a warning): the hook unit's drop-in says who
+    # The hook unit's socket (relay.hooks): every hook script runs there, with its rights.
+    hook_socket: str = "/run/scheduled-events-relay-hooks.sock"
     hook_timeout: float = 120.0
     hook_wait: float = 10.0
     outbox_max_messages: int = 10000
@@ -527,10 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--unready-while-started", action="store_const", const=True, help="/readyz 503 if Started")
     add("--log-format", help="json (default) or text")
     add("--hook", action="append", metavar="NAME=PATH", help="a local hook script (repeatable)")
-    add(
-        "--hook-user",
-        help="user hooks run as (default nobody; the relay's own user only if named here)",
-    )
+    add("--hook-user", help="ignored (deprecated): the hook unit's drop-in says who")
+    add("--hook-socket", help="the hook unit's socket (/run/scheduled-events-relay-hooks.sock)")
     add("--hook-timeout", help="seconds a hook may run (default 120)")
     add("--hook-wait", help="seconds a hook call waits before answering 202")
     add("--outbox-max-messages", help="soft bound of the outbox (default 10000)")

@@ -5,7 +5,7 @@
 # dist/add-relay-bundled.sh: this script with the relay appended) with run-command
 # (README: "Add the relay to an existing VM or scale set"):
 #
-#   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL [HOOKS [READY]]]
+#   add-relay.sh NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL [HOOKS [READY [HOOK_AS]]]]
 #
 # The deployment output `relayBootstrapArguments` holds these seven values. The 5th is the
 # word `none` (or ""): it was the relay key's Key Vault secret URI, and stays as a placeholder
@@ -29,6 +29,11 @@
 # bridge can take the VM out of its load balancer before Azure reboots, redeploys, evicts or
 # deletes it with no script of yours (issue 38); `off` (or 0): no probe. Also off later with
 # `RELAY_READY_LISTEN=` in relay.local.env.
+# HOOK_AS (optional, after READY): who hook scripts run as, USER[:GROUP,...][+CAP,...] (e.g.
+# root, www-data:docker, nginx+CAP_KILL; default: a user made for each run, no capabilities),
+# in a unit of their own outside the relay's sandbox (scheduled-events-relay-hook.socket and
+# @.service, relay/hooks.py), stated in one drop-in written here:
+# /etc/systemd/system/scheduled-events-relay-hook@.service.d/rights.conf.
 # Operator settings belong in /etc/scheduled-events-relay/relay.local.env, which the unit reads
 # after relay.env (so its values win) and this script never rewrites: relay.env is this
 # script's and is rewritten on every run (an upgrade).
@@ -38,26 +43,26 @@
 # versions left: callback.key and the scheduled-events-relay-key timer).
 set -eu
 
-if [ "$#" -lt 6 ] || [ "$#" -gt 9 ]; then
-    echo "usage: $0 NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL [HOOKS [READY]]]" >&2
+if [ "$#" -lt 6 ] || [ "$#" -gt 10 ]; then
+    echo "usage: $0 NAMESPACE_FQDN QUEUE IDENTITY_CLIENT_ID CALLBACK_PORT none PACKAGE_URL [LIVENESS_TABLE_URL [HOOKS [READY [HOOK_AS]]]]" >&2
     exit 2
 fi
 NAMESPACE=$1 QUEUE=$2 CLIENT_ID=$3 PORT=$4 SECRET_URI=$5 PACKAGE_URL=$6 TABLE_URL=${7-} HOOKS=${8-}
-READY=${9-}
+READY=${9-} HOOK_AS=${10-}
 case "$NAMESPACE" in *.servicebus.windows.net) ;; *)
     echo "add-relay.sh: $NAMESPACE is not NAME.servicebus.windows.net" >&2; exit 2 ;; esac
 case "$QUEUE" in "" | */* | *[[:space:]]*) echo "add-relay.sh: bad queue name" >&2; exit 2 ;; esac
 case "$CLIENT_ID" in *[!0-9a-fA-F-]* | "") echo "add-relay.sh: bad client id" >&2; exit 2 ;; esac
 case "$PORT" in *[!0-9]* | "") echo "add-relay.sh: bad port $PORT" >&2; exit 2 ;; esac
 case "$READY" in off | 0) READY= ;; "") READY=8493 ;; *[!0-9]*) READY=x ;; esac
-[ -z "$READY" ] || { [ "$READY" -le 65535 ] && [ "$READY" != "$PORT" ]; } 2>/dev/null || {
-    echo "add-relay.sh: readiness port ${9}: a port (1-65535, not the callback port) or off" >&2; exit 2; }
+[ -z "$READY" ] || { [ "$READY" -le 65535 ] && [ "$READY" != "$PORT" ]; } 2>/dev/null ||
+    { echo "add-relay.sh: readiness port ${9}: 1-65535 (not $PORT) or off" >&2; exit 2; }
 # The 5th argument is a placeholder now: `none` or "" (an older caller's Key Vault secret URI
 # is ignored with a warning: the relay makes its own key; no key is read from Key Vault).
 case "$SECRET_URI" in
     "" | none) ;;
     https://*.vault.azure.net/secrets/* | https://*.vault.azure.cn/secrets/* | https://*.vault.usgovcloudapi.net/secrets/*)
-        echo "add-relay.sh: warning: ignoring the 5th argument (a Key Vault secret URI): there is no shared relay key any more, the relay makes its own" >&2 ;;
+        echo "add-relay.sh: warning: ignoring the 5th argument (a Key Vault secret URI): the relay makes its own key" >&2 ;;
     *) echo "add-relay.sh: the 5th argument must be none (was: the relay key's Key Vault secret URI)" >&2; exit 2 ;;
 esac
 SHA256=
@@ -105,6 +110,16 @@ if [ -n "$HOOKS" ]; then
     done
     HOOKS_JSON="{$HOOKS_JSON}"
 fi
+# HOOK_AS: USER[:GROUP,...][+CAP,...] -> the hook unit's User=, SupplementaryGroups=, capabilities.
+HOOK_USER=${HOOK_AS%%[:+]*} HOOK_GROUPS= HOOK_CAPS=
+case "$HOOK_AS" in *+*) HOOK_CAPS=${HOOK_AS#*+} ;; esac
+case "$HOOK_AS" in "$HOOK_USER":*) HOOK_GROUPS=${HOOK_AS#*:} HOOK_GROUPS=${HOOK_GROUPS%%+*} ;; esac
+bad_as() { echo "add-relay.sh: HOOK_AS $HOOK_AS: $1 (USER[:GROUPS][+CAPS])" >&2; exit 2; }
+[ "$HOOK_USER" != scheduled-events-relay ] || bad_as "not the relay's own user (it could read its key)"
+[ -z "$HOOK_AS" ] || getent passwd "$HOOK_USER" >/dev/null || bad_as "no user $HOOK_USER"
+for g in $(echo "$HOOK_GROUPS" | tr , ' '); do getent group "$g" >/dev/null || bad_as "no group $g"; done
+CAPS=$(echo "$HOOK_CAPS" | tr , ' ')
+for c in $CAPS; do case "$c" in *[!A-Z_]* | [!C]* | C[!A]* | CA[!P]* | CAP | CAP_) bad_as "bad capability $c" ;; esac; done
 [ "$(id -u)" = 0 ] || { echo "add-relay.sh: run as root" >&2; exit 1; }
 
 ETC=/etc/scheduled-events-relay
@@ -158,7 +173,6 @@ cat > "$work/unit" <<'UNIT_FILE'
 # RELAY_CONFIG=/etc/scheduled-events-relay/relay.json for a file).
 [Unit]
 Description=Azure Scheduled Events relay
-Documentation=https://github.com/ (see README: "The relay on a VM")
 Wants=network-online.target
 After=network-online.target
 
@@ -184,9 +198,8 @@ StateDirectory=scheduled-events-relay
 StateDirectoryMode=0700
 UMask=0027
 
-# Hardening. Hook scripts run as children under the same sandbox: a drain hook that needs
-# more (writing elsewhere, talking to a root-only socket) needs a drop-in, e.g.
-#   systemctl edit scheduled-events-relay   ->   [Service] ReadWritePaths=/run/myapp
+# Hardening. The relay runs no hook script itself: scheduled-events-relay-hook@ does, with
+# the rights its drop-in gives (relay/hooks.py).
 NoNewPrivileges=yes
 ProtectSystem=strict
 ProtectHome=yes
@@ -206,12 +219,7 @@ RestrictSUIDSGID=yes
 LockPersonality=yes
 SystemCallArchitectures=native
 SystemCallFilter=@system-service
-# Hook scripts run as another user (--hook-user, default nobody) so they cannot read the
-# callback key: switching user for the child needs exactly these two capabilities. The relay
-# clears its ambient set at start (relay.hooks.drop_ambient_capabilities), so a hook script
-# gets none of them. Without hooks, `systemctl edit` may set both lines empty again.
-CapabilityBoundingSet=CAP_SETUID CAP_SETGID
-AmbientCapabilities=CAP_SETUID CAP_SETGID
+CapabilityBoundingSet=
 # Small by design (about 15 MB resident); a leak is stopped long before it hurts the VM.
 MemoryHigh=64M
 MemoryMax=128M
@@ -233,7 +241,7 @@ ENV
 [ -z "$READY" ] || echo "RELAY_READY_LISTEN=0.0.0.0:$READY" >> "$ETC/relay.env.new"
 chgrp scheduled-events-relay "$ETC/relay.env.new"
 mv "$ETC/relay.env.new" "$ETC/relay.env"
-# The operator's own settings (hooks, --hook-user, ...): read after relay.env, never rewritten.
+# The operator's own settings (hooks, ...): read after relay.env, never rewritten.
 if [ ! -e "$ETC/relay.local.env" ]; then
     printf '%s\n' "# Your RELAY_* settings, one NAME=value a line, e.g. RELAY_HOOKS='{\"drain\": \"/opt/drain.sh\"}'" \
         '# Read after relay.env, so a value here wins. add-relay.sh rewrites relay.env on every' \
@@ -249,8 +257,60 @@ rm -f /etc/systemd/system/scheduled-events-relay-key.timer \
     /etc/systemd/system/scheduled-events-relay-key.service \
     /usr/local/sbin/scheduled-events-relay-key "$ETC/callback.key" "$ETC/callback.key.tmp"
 
+# The hook unit: relay/deploy/scheduled-events-relay-hook.socket and @.service, verbatim (a
+# test keeps them equal); its rights from HOOK_AS in one drop-in.
+S=/etc/systemd/system
+umask 022
+cat > $S/scheduled-events-relay-hook.socket <<'HOOK_SOCKET'
+# Where the relay asks for a hook run (relay/hooks.py): one scheduled-events-relay-hook@
+# instance per connection. Only root and the relay's group may connect.
+[Unit]
+Description=Azure Scheduled Events relay: hook runs on request
+
+[Socket]
+ListenStream=/run/scheduled-events-relay-hooks.sock
+SocketGroup=scheduled-events-relay
+SocketMode=0660
+Accept=yes
+MaxConnections=16
+
+[Install]
+WantedBy=sockets.target
+HOOK_SOCKET
+cat > "$work/hook-unit" <<'HOOK_UNIT'
+# One hook run (relay/hooks.py): the script its own RELAY_HOOKS names, never the relay's
+# word. Its rights: the drop-in scheduled-events-relay-hook@.service.d/rights.conf
+# (add-relay.sh's HOOK_AS); without one, a user made for the run (DynamicUser=: read-only
+# file system, no capabilities).
+[Unit]
+Description=Azure Scheduled Events relay hook run
+
+[Service]
+DynamicUser=yes
+StandardInput=socket
+StandardOutput=socket
+StandardError=journal
+EnvironmentFile=/etc/scheduled-events-relay/relay.env
+EnvironmentFile=-/etc/scheduled-events-relay/relay.local.env
+ExecStart=/usr/bin/python3 -I /opt/scheduled-events-relay/scheduled-events-relay.pyz run-hook
+# The script's own limit is RELAY_HOOK_TIMEOUT (at most 3600 s); this is the backstop.
+RuntimeMaxSec=3660
+NoNewPrivileges=yes
+HOOK_UNIT
+sed "s|^ExecStart=/usr/bin/python3 |ExecStart=$PY |" "$work/hook-unit" > $S/scheduled-events-relay-hook@.service
+install -d $S/scheduled-events-relay-hook@.service.d
+{
+    echo "[Service]"
+    [ -z "$HOOK_AS" ] || echo "DynamicUser=no
+User=$HOOK_USER
+SupplementaryGroups=$(echo "$HOOK_GROUPS" | tr , ' ')"
+    [ -z "$CAPS" ] || echo "AmbientCapabilities=$CAPS"
+    [ -z "$HOOK_AS" ] || [ "$CAPS$HOOK_USER" = root ] || echo "CapabilityBoundingSet=$CAPS" # root alone: all of root's
+} > $S/scheduled-events-relay-hook@.service.d/rights.conf
+
 systemctl daemon-reload
+systemctl enable --now scheduled-events-relay-hook.socket
 systemctl enable scheduled-events-relay.service
 systemctl restart scheduled-events-relay.service
-echo "add-relay.sh: relay running on $PY, callback on port $PORT, readiness ${READY:-off}; logs: journalctl -u scheduled-events-relay"
+echo "add-relay.sh: relay running on $PY, callback on port $PORT, readiness ${READY:-off}, hooks as ${HOOK_AS:-a user of their own}; logs: journalctl -u scheduled-events-relay"
 exit 0

@@ -11,6 +11,10 @@
 # no venv, no compiler, the same file on x86_64 and arm64. It installs:
 #   /opt/scheduled-events-relay/scheduled-events-relay.pyz   the relay
 #   /etc/systemd/system/scheduled-events-relay.service       the hardened unit
+#   /etc/systemd/system/scheduled-events-relay-hook.socket   the hook unit, which runs the
+#   /etc/systemd/system/scheduled-events-relay-hook@.service  relay's hook scripts (relay/hooks.py)
+#     as a user made for each run, no capabilities; more: systemctl edit scheduled-events-relay-hook@
+#     (or infra/relay/add-relay.sh's HOOK_AS)
 #   /etc/scheduled-events-relay/relay.env                    your RELAY_* settings (kept)
 #   /var/lib/scheduled-events-relay                          state (systemd-managed)
 set -eu
@@ -100,13 +104,16 @@ fi
 # RELAY_CALLBACK_KEY_FILE with a warning): remove it.
 rm -f "$ETC/callback.key"
 
-sed "s|^ExecStart=/usr/bin/python3 |ExecStart=$PY |" "$HERE/$UNIT" > "/etc/systemd/system/$UNIT.new"
-mv -f "/etc/systemd/system/$UNIT.new" "/etc/systemd/system/$UNIT"
+for unit in "$UNIT" scheduled-events-relay-hook.socket scheduled-events-relay-hook@.service; do
+    sed "s|^ExecStart=/usr/bin/python3 |ExecStart=$PY |" "$HERE/$unit" > "/etc/systemd/system/$unit.new"
+    mv -f "/etc/systemd/system/$unit.new" "/etc/systemd/system/$unit"
+done
 systemctl daemon-reload
-systemctl enable "$UNIT" >/dev/null
+systemctl enable scheduled-events-relay-hook.socket "$UNIT" >/dev/null
 if [ "$START" = yes ]; then
+    systemctl start scheduled-events-relay-hook.socket
     systemctl restart "$UNIT"
     echo "install.sh: $UNIT (re)started with $PY; logs: journalctl -u $UNIT"
 else
-    echo "install.sh: installed (Python: $PY); start with: systemctl start $UNIT"
+    echo "install.sh: installed (Python: $PY); start with: systemctl start scheduled-events-relay-hook.socket $UNIT"
 fi

@@ -10,7 +10,6 @@ from local.narration import receiver_news
 from local.plan import VmSpec
 from local.receivers import Received, TeamsReceiver, WebhookReceiver
 from local.relays import (
-    current_user,
     parse_hook_line,
     relay_argv,
     relay_env,
@@ -43,7 +42,7 @@ def test_relay_command_line_names_the_availability_set_only_when_there_is_one(tm
     assert alone[alone.index("--forward") + 1] == f"file:{tmp_path / 'inbox'}"
 
 
-def test_relays_listen_at_their_vms_address_with_their_own_key_and_hooks_as_this_user(
+def test_relays_listen_at_their_vms_address_with_their_own_key_and_the_hook_unit(
     tmp_path: Path,
 ):
     argv = argv_for(VmSpec(name="web-1", availability_set="web-as"), tmp_path)
@@ -52,8 +51,10 @@ def test_relays_listen_at_their_vms_address_with_their_own_key_and_hooks_as_this
     # address Azure gives the VM: no shared key, no advertised URL.
     for gone in ("--callback-key-file", "--key-file", "--previous-key-file", "--callback-url"):
         assert gone not in argv
-    # A rehearsal cannot switch users: hooks run as whoever runs the demo, named explicitly.
-    assert argv[argv.index("--hook-user") + 1] == current_user()
+    # Hook scripts run in the hook unit (its stand-in, local/hook_unit.py), never as the
+    # relay's children: the relay names its socket, and switches no user itself.
+    assert argv[argv.index("--hook-socket") + 1] == str(tmp_path / "hooks.sock")
+    assert "--hook-user" not in argv
 
 
 def test_relays_get_the_undrain_hook_beside_the_drain_hook(tmp_path: Path):

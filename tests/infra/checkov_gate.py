@@ -37,6 +37,7 @@ SAMPLE = {
     "HEARTBEAT_TABLE_URL": "https://stsebridgeabc.table.core.windows.net/sebridgeliveness",
     "RELAY_HOOKS": "none",  # hook scripts are the operator's, on their own VMs
     "READY_PORT": "8493",  # the readiness probe (relayReadyPort; `off` when 0)
+    "HOOK_AS": "",  # hook scripts' user: add-relay.sh's default (relayHookAs)
 }
 
 

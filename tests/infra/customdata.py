@@ -29,6 +29,7 @@ LONGEST = {
     "HEARTBEAT_TABLE_URL": "https://" + "s" * 24 + ".table.core.windows.net/" + "t" * 63,
     "RELAY_HOOKS": "none",
     "READY_PORT": "65535",
+    "HOOK_AS": "www-data:docker,adm+CAP_KILL,CAP_NET_ADMIN",
 }
 
 

@@ -196,7 +196,8 @@ def test_cloud_init_runs_the_script_with_its_arguments_in_order() -> None:
     ]
     usage = re.search(
         r"^NAMESPACE=\$1 QUEUE=\$2 CLIENT_ID=\$3 PORT=\$4 SECRET_URI=\$5 "
-        r"PACKAGE_URL=\$6 TABLE_URL=\$\{7-\} HOOKS=\$\{8-\}\nREADY=\$\{9-\}$",
+        r"PACKAGE_URL=\$6 TABLE_URL=\$\{7-\} HOOKS=\$\{8-\}\n"
+        r"READY=\$\{9-\} HOOK_AS=\$\{10-\}$",
         ADD_RELAY.read_text(),
         re.M,
     )
@@ -345,9 +346,9 @@ def test_the_script_refuses_a_malformed_table_url(field, bad) -> None:
     )
 
 
-@pytest.mark.parametrize("count", [0, 1, 5, 10])
-def test_the_script_wants_six_to_nine_arguments(count) -> None:
-    args = [*(ARGS[k] for k in ARG_ORDER), "", "extra"][:count]
+@pytest.mark.parametrize("count", [0, 1, 5, 11])
+def test_the_script_wants_six_to_ten_arguments(count) -> None:
+    args = [*(ARGS[k] for k in ARG_ORDER), "", "extra", "more"][:count]
     proc = subprocess.run(["sh", str(ADD_RELAY), *args], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "usage:" in proc.stderr
@@ -624,7 +625,7 @@ def test_a_bad_readiness_port_is_refused_before_anything_is_installed(bad) -> No
     proc = _ready_parsed(bad)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == (
-        f"add-relay.sh: readiness port {bad}: a port (1-65535, not the callback port) or off\n"
+        f"add-relay.sh: readiness port {bad}: 1-65535 (not {ARGS['CALLBACK_PORT']}) or off\n"
     )
 
 

@@ -185,6 +185,7 @@ def _check_installed(root: Path, simulator, tmp: Path) -> None:
     """The unit, relay.env and pyz are where the unit runs them, and that relay forwards."""
     assert (root / "systemctl.log").read_text().splitlines() == [
         "daemon-reload",
+        "enable --now scheduled-events-relay-hook.socket",
         "enable scheduled-events-relay.service",
         "restart scheduled-events-relay.service",
     ]
@@ -199,7 +200,8 @@ def _check_installed(root: Path, simulator, tmp: Path) -> None:
         "RELAY_IDENTITY_CLIENT_ID": ARGS["IDENTITY_CLIENT_ID"],
         "RELAY_CALLBACK_LISTEN": f"0.0.0.0:{ARGS['CALLBACK_PORT']}",
         "RELAY_HEARTBEAT_TABLE": ARGS["HEARTBEAT_TABLE_URL"],
-        # Issue 38: the load balancer's readiness probe, on by default.
+        # Issue 38: the load balancer's readiness probe, on by default. (Hook scripts run
+        # in the hook unit at the relay's default --hook-socket: tests/infra/test_hook_unit.py.)
         "RELAY_READY_LISTEN": "0.0.0.0:8493",
     }
     # The installed relay, as the unit starts it, with its outputs pointed at this machine:
@@ -350,7 +352,7 @@ def test_an_upgrade_keeps_the_operators_settings_and_the_bootstrap_sets_hooks(
     local = etc / "relay.local.env"
     assert local.read_text().startswith("# Your RELAY_* settings")
     # The operator's own line, as the docs tell them to add it.
-    mine = local.read_text() + "RELAY_HOOK_USER=nobody\nRELAY_HOOK_TIMEOUT=300\n"
+    mine = local.read_text() + "RELAY_HOOK_WAIT=5\nRELAY_HOOK_TIMEOUT=300\n"
     local.write_text(mine)
     proc, _ = _install(script, args, root)  # the upgrade, without hooks this time
     assert proc.returncode == 0, proc.stderr

@@ -194,6 +194,34 @@ class RelayProcess:
 
 
 @pytest.fixture
+def hook_unit(relay_pyz: Path) -> Iterator[Callable[..., str]]:
+    """A hook unit for relay processes (local/hook_unit.py's stand-in for systemd's socket
+    activation), each run the pyz under test's `run-hook` on the relay's Python:
+    `hook_unit({"drain": script}, timeout)` is the path of its socket."""
+    import tempfile
+
+    from local.hook_unit import HookUnit
+
+    units: list[HookUnit] = []
+    where = Path(tempfile.mkdtemp(prefix="hook-unit-"))  # short: a socket path has 107 bytes
+
+    def start(hooks: dict[str, Path], timeout: float = 30.0) -> str:
+        command = [RELAY_PYTHON, "-I", str(relay_pyz), "run-hook"]
+        path = where / f"{len(units)}.sock"
+        units.append(HookUnit(path, hooks, timeout, command).start())
+        return str(path)
+
+    try:
+        yield start
+    finally:
+        for unit in units:
+            unit.stop()
+        import shutil
+
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture
 def relay_process(tmp_path: Path, relay_pyz: Path) -> Iterator[Callable[..., RelayProcess]]:
     started: list[RelayProcess] = []
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import requests
 
+from local.hook_unit import HookUnit
 from relay.callback import CallbackApp, CallbackServer
 from relay.hooks import HookRunner
 from relay.imds import ImdsClient
@@ -34,13 +35,15 @@ def relay(simulator: Any, tmp_path: Path) -> Iterator[tuple[CallbackServer, Path
         )
         path.chmod(0o755)
         scripts[name] = path
-    runner = HookRunner(scripts, tmp_path / "state", timeout=5, vm_name="vm0")
+    unit = HookUnit(tmp_path / "hooks.sock", scripts, 5).start()
+    runner = HookRunner(scripts, tmp_path / "state", timeout=5, vm_name="vm0", socket=unit.path)
     app = CallbackApp(FixedKeys(), VM0_ID, "vm0", ImdsClient(simulator.vm_url("vm0")), hooks=runner)
     server = CallbackServer("127.0.0.1:0", app, poll_interval=0.05).start()
     try:
         yield server, env
     finally:
         server.stop()
+        unit.stop()
 
 
 def call(server: CallbackServer, **fields: Any) -> requests.Response:

@@ -1,8 +1,13 @@
-"""Drain hooks over the signed callback: configured scripts only, once per EventId, timed."""
+"""Drain hooks over the signed callback: configured scripts only, once per EventId, timed.
+
+Every script runs in the hook unit (relay/hooks.py), here local/hook_unit.py's stand-in for
+systemd's socket activation, never in the relay's own process tree."""
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -12,9 +17,11 @@ from typing import Any
 import pytest
 import requests
 
+from local.hook_unit import HookUnit
 from relay.callback import CallbackApp, CallbackServer
 from relay.hooks import HookRunner
 from relay.imds import ImdsClient
+from relay.models import ScheduledEvent
 from tests.relay.conftest import KEY, VM0_ID, FixedKeys, sign_headers, wait_for
 
 
@@ -41,8 +48,31 @@ def hooks_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+NAMES = ("drain", "broken", "hang", "slowish", "chatty")
+
+
 @pytest.fixture
-def start_relay(simulator: Any, hooks_dir: Path) -> Iterator[Callable[..., Any]]:
+def hook_unit(hooks_dir: Path) -> Iterator[Callable[..., str]]:
+    """Start a hook unit (the stand-in) for the hooks_dir scripts; its socket's path."""
+    units: list[HookUnit] = []
+
+    def start(timeout: float = 5.0, scripts: dict[str, str] | None = None) -> str:
+        """`scripts`: hook name -> script file name (default: each of NAMES, its NAME.sh)."""
+        scripts = scripts or {n: f"{n}.sh" for n in NAMES}
+        path = hooks_dir / f"hooks-{len(units)}.sock"
+        hooks = {name: hooks_dir / file for name, file in scripts.items()}
+        units.append(HookUnit(path, hooks, timeout).start())
+        return str(path)
+
+    yield start
+    for unit in units:
+        unit.stop()
+
+
+@pytest.fixture
+def start_relay(
+    simulator: Any, hooks_dir: Path, hook_unit: Callable[..., str]
+) -> Iterator[Callable[..., Any]]:
     sim = simulator.sim
     sim.add_vm("vm0", availability_set="as1")
     sim.add_vm("vm1", availability_set="as1")
@@ -50,10 +80,11 @@ def start_relay(simulator: Any, hooks_dir: Path) -> Iterator[Callable[..., Any]]
 
     def start(timeout: float = 5.0, wait: float = 3.0) -> CallbackServer:
         runner = HookRunner(
-            {n: hooks_dir / f"{n}.sh" for n in ("drain", "broken", "hang", "slowish", "chatty")},
+            {n: hooks_dir / f"{n}.sh" for n in NAMES},
             hooks_dir / "state",
             timeout=timeout,
             vm_name="vm0",
+            socket=hook_unit(timeout),
         )
         app = CallbackApp(
             FixedKeys(),
@@ -117,43 +148,57 @@ def test_a_restarted_relay_does_not_rerun(
     assert (hooks_dir / "runs" / "drain").read_text().split() == [event_id]
 
 
-def test_a_run_interrupted_by_a_crash_is_failed_not_rerun(simulator: Any, hooks_dir: Path) -> None:
+def test_a_run_interrupted_by_a_crash_is_failed_not_rerun(
+    simulator: Any, hooks_dir: Path, hook_unit: Callable[..., str]
+) -> None:
+    """A run the relay recorded as started but never handed to the hook unit (killed in
+    between, or the VM rebooted): its end is unknown, and it is not run again."""
     simulator.sim.add_vm("vm0")
     event_id = terminate(simulator.sim)
     state = hooks_dir / "state"
-    runner = HookRunner({"drain": hooks_dir / "drain.sh"}, state, timeout=5, vm_name="vm0")
+    unit = hook_unit()
+    runner = HookRunner({"drain": hooks_dir / "drain.sh"}, state, 5, "vm0", socket=unit)
     runner._store({"Hook": "drain", "EventId": event_id, "status": "running"})
-    after_crash = HookRunner({"drain": hooks_dir / "drain.sh"}, state, timeout=5, vm_name="vm0")
+    after_crash = HookRunner({"drain": hooks_dir / "drain.sh"}, state, 5, "vm0", socket=unit)
     record = after_crash.result("drain", event_id)
     assert record is not None and record["status"] == "failed"
-    assert "restarted" in record["output_tail"] and "unknown" in record["output_tail"]
-    assert not (hooks_dir / "runs" / "drain").exists()
+    assert "end is unknown" in record["output_tail"] and "not rerun" in record["output_tail"]
+    assert call_count(hooks_dir) == 0
 
 
-def _interrupted(hooks_dir: Path, script_name: str) -> tuple[HookRunner, str]:
-    """A run started by a relay that then died (it never records the end), and the
-    EventId: the script itself, in a session of its own, goes on."""
-    from relay.models import ScheduledEvent
+def call_count(hooks_dir: Path) -> int:
+    runs = hooks_dir / "runs" / "drain"
+    return len(runs.read_text().split()) if runs.exists() else 0
 
+
+def _interrupted(
+    hooks_dir: Path, script_name: str, unit: str
+) -> tuple[HookRunner, str, threading.Event]:
+    """A run started by a relay that then died (it never records the end), the EventId,
+    and an event set once the dead relay's own hold on the run is gone (as a killed
+    process's descriptors are closed): the script itself, in the hook unit, goes on."""
     state = hooks_dir / "state"
-    dying = HookRunner({"drain": hooks_dir / script_name}, state, timeout=5, vm_name="vm0")
-    dying._finish = lambda *args: None  # type: ignore[method-assign] # dead before it records
+    dying = HookRunner({"drain": hooks_dir / script_name}, state, 5, "vm0", socket=unit)
+    gone = threading.Event()
+    dying._finish = lambda *args: gone.set()  # type: ignore[method-assign] # dead before it records
     event_id = uuid.uuid4().hex
     scheduled = ScheduledEvent(event_id, "Scheduled", "Terminate", ("vm0",))
     assert dying.run_once("drain", scheduled, wait=0.0)["status"] == "running"
     record = dying._path("drain", event_id)
-    wait_for(lambda: "pid" in json.loads(record.read_text()))  # the script has started
-    return HookRunner({"drain": hooks_dir / script_name}, state, timeout=5, vm_name="vm0"), event_id
+    wait_for(lambda: record.with_suffix(".rc").exists())  # handed to the unit
+    restarted = HookRunner({"drain": hooks_dir / script_name}, state, 5, "vm0", socket=unit)
+    return restarted, event_id, gone
 
 
 def test_a_run_that_ended_while_the_relay_was_down_is_recorded_as_it_ended(
-    hooks_dir: Path,
+    hooks_dir: Path, hook_unit: Callable[..., str]
 ) -> None:
     """Issue 40: a relay killed in its drain script reported the drain failed when it came
     back, though the script ran to its end (the chaos suite's run)."""
-    restarted, event_id = _interrupted(hooks_dir, "drain.sh")
-    wait_for(lambda: (hooks_dir / "runs" / "drain").exists())
-    time.sleep(0.3)  # its `sh` writes the status once the script is over
+    restarted, event_id, gone = _interrupted(
+        hooks_dir, "drain.sh", hook_unit(scripts={"drain": "drain.sh"})
+    )
+    assert gone.wait(10)  # the unit wrote how it ended, and closed the connection
     record = restarted.result("drain", event_id)
     assert record is not None
     assert (record["status"], record["exit_code"]) == ("succeeded", 0)
@@ -162,8 +207,12 @@ def test_a_run_that_ended_while_the_relay_was_down_is_recorded_as_it_ended(
     assert not list((hooks_dir / "state" / "hooks").glob("*.rc"))  # nothing left behind
 
 
-def test_a_run_still_going_when_the_relay_comes_back_is_waited_for(hooks_dir: Path) -> None:
-    restarted, event_id = _interrupted(hooks_dir, "slowish.sh")
+def test_a_run_still_going_when_the_relay_comes_back_is_waited_for(
+    hooks_dir: Path, hook_unit: Callable[..., str]
+) -> None:
+    restarted, event_id, _ = _interrupted(
+        hooks_dir, "slowish.sh", hook_unit(scripts={"drain": "slowish.sh"})
+    )
     first = restarted.result("drain", event_id)
     assert first is not None and first["status"] == "running"  # taken over, not failed
     final = wait_for(
@@ -172,9 +221,13 @@ def test_a_run_still_going_when_the_relay_comes_back_is_waited_for(hooks_dir: Pa
     assert (final["status"], final["exit_code"], final["output_tail"]) == ("succeeded", 0, "done\n")
 
 
-def test_a_failing_run_that_ended_while_the_relay_was_down_is_failed(hooks_dir: Path) -> None:
-    restarted, event_id = _interrupted(hooks_dir, "broken.sh")
-    time.sleep(0.5)
+def test_a_failing_run_that_ended_while_the_relay_was_down_is_failed(
+    hooks_dir: Path, hook_unit: Callable[..., str]
+) -> None:
+    restarted, event_id, gone = _interrupted(
+        hooks_dir, "broken.sh", hook_unit(scripts={"drain": "broken.sh"})
+    )
+    assert gone.wait(10)
     record = wait_for(
         lambda: (r := restarted.result("drain", event_id)) and r["status"] != "running" and r
     )
@@ -287,3 +340,92 @@ def test_only_the_tail_of_the_output_is_kept(simulator: Any, start_relay: Any) -
     assert answer["status"] == "succeeded"
     assert len(answer["output_tail"]) <= 2048
     assert answer["output_tail"].endswith("99999\n100000\n")
+
+
+def test_a_hook_unit_that_does_not_answer_fails_the_run_with_the_reason(
+    tmp_path: Path, hooks_dir: Path
+) -> None:
+    """Issue 38: the relay runs no script itself; a hook unit that is not there (not
+    installed, its socket stopped) is a failed run saying so, never a crash, and the
+    script does not run anyway."""
+    runner = HookRunner(
+        {"drain": hooks_dir / "drain.sh"}, tmp_path / "state", 5, "vm0", str(tmp_path / "no.sock")
+    )
+    event = ScheduledEvent("EV-1", "Scheduled", "Terminate", ("vm0",), {"NotBefore": ""})
+    record = runner.run_once("drain", event, wait=5)
+    assert (record["status"], record["exit_code"]) == ("failed", None)
+    assert record["output_tail"].startswith(f"cannot run the hook through {tmp_path}/no.sock")
+    assert call_count(hooks_dir) == 0
+
+
+def test_the_unit_runs_only_what_its_own_configuration_names(
+    tmp_path: Path, hooks_dir: Path, hook_unit: Callable[..., str]
+) -> None:
+    """The relay only names a hook: a name the unit's own RELAY_HOOKS lacks is refused
+    there, whatever the relay's configuration says."""
+    unit = hook_unit(scripts={"broken": "broken.sh"})
+    runner = HookRunner({"drain": hooks_dir / "drain.sh"}, tmp_path / "state", 5, "vm0", unit)
+    event = ScheduledEvent("EV-2", "Scheduled", "Terminate", ("vm0",), {"NotBefore": ""})
+    record = runner.run_once("drain", event, wait=5)
+    assert (record["status"], record["exit_code"]) == ("failed", None)
+    assert record["output_tail"] == "not a hook this VM's relay configuration names"
+    assert call_count(hooks_dir) == 0
+
+
+def _ask(unit: str, request: bytes, files: list[Path]) -> None:
+    """Talk to the unit as a relay would (or a relay that was taken over)."""
+    opened = [open(path, "wb") for path in files]  # noqa: SIM115 - closed below
+    try:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(10)
+            conn.connect(unit)
+            socket.send_fds(conn, [request], [f.fileno() for f in opened])
+            assert conn.recv(1) == b""  # closed once the run is over
+    finally:
+        for handle in opened:
+            handle.close()
+
+
+def test_the_unit_passes_the_script_nothing_but_the_scheduled_event_values(
+    tmp_path: Path, hook_unit: Callable[..., str]
+) -> None:
+    """A relay that was taken over cannot hand the script its own environment
+    (LD_PRELOAD, PATH): the unit keeps SCHEDULED_EVENT_* alone and sets PATH itself."""
+    probe = script(tmp_path / "probe.sh", "env | sort\n")
+    unit = HookUnit(tmp_path / "probe.sock", {"probe": probe}, 5).start()
+    try:
+        env = {"SCHEDULED_EVENT_ID": "EV-3", "LD_PRELOAD": "/tmp/evil.so", "PATH": "/tmp/evil"}
+        request = json.dumps({"hook": "probe", "env": env}).encode() + b"\n"
+        out, ended = tmp_path / "probe.out", tmp_path / "probe.rc"
+        _ask(unit.path, request, [out, ended])
+    finally:
+        unit.stop()
+    assert ended.read_text() == "0"
+    seen = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    assert seen["SCHEDULED_EVENT_ID"] == "EV-3"
+    assert "LD_PRELOAD" not in seen and "/tmp/evil" not in seen["PATH"]
+
+
+def test_the_unit_runs_nothing_for_a_request_without_the_relay_s_files(
+    tmp_path: Path, hooks_dir: Path, hook_unit: Callable[..., str]
+) -> None:
+    unit = hook_unit()
+    request = json.dumps({"hook": "drain", "env": {}}).encode() + b"\n"
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(10)
+        conn.connect(unit)
+        conn.sendall(request)
+        assert conn.recv(1) == b""
+    assert call_count(hooks_dir) == 0
+
+
+def test_the_relay_reads_its_hook_socket_setting(tmp_path: Path, monkeypatch: Any) -> None:
+    from relay.settings import SettingsError, load_settings
+
+    monkeypatch.setenv("RELAY_FORWARD", f"file:{tmp_path}")
+    assert load_settings([]).hook_socket == "/run/scheduled-events-relay-hooks.sock"
+    monkeypatch.setenv("RELAY_HOOK_SOCKET", "/run/other.sock")
+    assert load_settings([]).hook_socket == "/run/other.sock"
+    monkeypatch.setenv("RELAY_HOOK_SOCKET", "")
+    with pytest.raises(SettingsError, match="--hook-socket"):
+        load_settings([])

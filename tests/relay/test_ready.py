@@ -8,9 +8,7 @@ drain hook starts until the undrain hook has run, across a `kill -9` and restart
 
 from __future__ import annotations
 
-import getpass
 import json
-import os
 import socket
 import tempfile
 import time
@@ -20,7 +18,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 
 from relay.ready import FILE_NAME, Readiness
@@ -104,14 +101,13 @@ def signed_hook(port: int, key: bytes, payload: dict[str, Any]) -> dict[str, Any
 
 
 def test_the_relay_process_answers_the_probe_through_a_drain_and_a_restart(
-    simulator: Any, relay_process: Any, tmp_path: Path
+    simulator: Any, relay_process: Any, hook_unit: Any, tmp_path: Path
 ) -> None:
     sim = simulator.sim
     sim.add_vm("vm0")
     callback, ready_port = free_port(), free_port()
     state = tmp_path / "state"
     drain, undrain = hook_scripts()
-    as_root = os.geteuid() == 0
     args = [
         f"--imds-url={simulator.vm_url('vm0')}",
         f"--state-dir={state}",
@@ -120,8 +116,8 @@ def test_the_relay_process_answers_the_probe_through_a_drain_and_a_restart(
         f"--ready-listen=127.0.0.1:{ready_port}",
         f"--hook=drain={drain}",
         f"--hook=undrain={undrain}",
+        f"--hook-socket={hook_unit({'drain': drain, 'undrain': undrain})}",
         "--hook-wait=0",
-        *([] if as_root else [f"--hook-user={getpass.getuser()}"]),
         *FAST,
     ]
     relay = relay_process(*args)
@@ -319,22 +315,20 @@ def test_the_app_drains_through_the_probe_with_no_hook_configured(
 
 
 def test_a_relay_killed_in_its_drain_script_reports_how_the_script_ended(
-    simulator: Any, relay_process: Any, tmp_path: Path
+    simulator: Any, relay_process: Any, hook_unit: Any, tmp_path: Path
 ) -> None:
     """Issue 40 (the chaos suite's run): the relay is killed while its drain script runs;
-    the script, in a session of its own, goes on to its end; the relay started again
-    reports it succeeded (it said "failed: the relay restarted" on 2cd3d60, and the app
-    held the event and paged drain_failed), and the VM stays out of rotation."""
+    the script, in the hook unit, goes on to its end; the relay started again finds the
+    run's lock still held, waits, and reports it succeeded (it said "failed: the relay
+    restarted" on 2cd3d60, and the app held the event and paged drain_failed), and the VM
+    stays out of rotation."""
     sim = simulator.sim
     sim.add_vm("vm0")
     callback, ready_port = free_port(), free_port()
     state = tmp_path / "state"
-    scripts = Path(tempfile.mkdtemp(prefix="relay-slow-hook-"))
-    os.chmod(scripts, 0o755)  # noqa: S103 - the hook user (nobody, as root) must reach it
-    slow = scripts / "drain.sh"
+    slow = tmp_path / "drain.sh"
     slow.write_text('#!/bin/sh\nsleep 2\necho "drained $SCHEDULED_EVENT_ID"\n')
     slow.chmod(0o755)
-    as_root = os.geteuid() == 0
     args = [
         f"--imds-url={simulator.vm_url('vm0')}",
         f"--state-dir={state}",
@@ -342,8 +336,8 @@ def test_a_relay_killed_in_its_drain_script_reports_how_the_script_ended(
         f"--callback-listen=127.0.0.1:{callback}",
         f"--ready-listen=127.0.0.1:{ready_port}",
         f"--hook=drain={slow}",
+        f"--hook-socket={hook_unit({'drain': slow})}",
         "--hook-wait=0",
-        *([] if as_root else [f"--hook-user={getpass.getuser()}"]),
         *FAST,
     ]
     relay = relay_process(*args)
@@ -364,14 +358,12 @@ def test_a_relay_killed_in_its_drain_script_reports_how_the_script_ended(
     assert ready(ready_port)["status"] == 503  # drained: out of rotation until the undrain
 
 
-def test_a_built_in_hook_runs_no_script_even_where_scripts_are_refused(
-    simulator: Any, tmp_path: Path
-) -> None:
-    """A relay whose hook user it cannot switch to refuses the operator's scripts (503),
-    but the built-in drain runs no script, so the app can still take the VM out."""
+def test_a_built_in_hook_needs_no_hook_unit(simulator: Any, tmp_path: Path) -> None:
+    """Where the hook unit is missing (not installed, its socket stopped), the operator's
+    scripts fail saying why, but the built-in drain runs no script, so the app can still
+    take the VM out."""
     from relay.callback import CallbackApp
-    from relay.callback_http import Refused
-    from relay.hooks import HookRunner, HookUser
+    from relay.hooks import HookRunner
     from relay.imds import ImdsClient
     from relay.keystore import KeyStore
 
@@ -380,13 +372,12 @@ def test_a_built_in_hook_runs_no_script_even_where_scripts_are_refused(
     event_id = sim.add_event(event_type="Terminate", resources=["vm0"], notice=600)
     drain, _ = hook_scripts()
     readiness = Readiness(tmp_path / "state")
-    no_user = HookUser("nobody", None, None, "hooks disabled: cannot switch to nobody")
     runner = HookRunner(
         {"drain": drain, **Readiness.hooks},
         tmp_path / "state",
         timeout=5,
         vm_name="vm0",
-        user=no_user,
+        socket=str(tmp_path / "no-hook-unit.sock"),
         observer=readiness,
     )
     app = CallbackApp(
@@ -396,9 +387,10 @@ def test_a_built_in_hook_runs_no_script_even_where_scripts_are_refused(
         ImdsClient(simulator.vm_url("vm0")),
         runner,
     )
-    with pytest.raises(Refused) as refused:
-        app.hook({"Hook": "drain", "EventId": event_id})
-    assert refused.value.status == 503 and "cannot switch" in refused.value.body["error"]
-    status, answer = app.hook({"Hook": "readyz:drain", "EventId": event_id})
+    status, answer = app.hook({"Hook": "drain", "EventId": event_id})
+    assert (status, answer["status"]) == (200, "failed")
+    assert answer["output_tail"].startswith("cannot run the hook through")
+    other = sim.add_event(event_type="Terminate", resources=["vm0"], notice=600)
+    status, answer = app.hook({"Hook": "readyz:drain", "EventId": other})
     assert (status, answer["status"], answer["exit_code"]) == (200, "succeeded", 0)
     assert readiness.health()[0] == 503

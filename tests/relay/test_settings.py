@@ -153,7 +153,7 @@ def test_callback_bounds_from_flags() -> None:
         (["--forward", "file:/x"], {"RELAY_CALLBACK_URL": "http://h:1/p"}, "no path"),
         (["--forward", "file:/x", "--callback-max-concurrent", "0"], {}, "--callback-max"),
         (["--forward", "file:/x", "--callback-read-timeout", "0"], {}, "--callback-read"),
-        (["--forward", "file:/x", "--hook-user", ""], {}, "--hook-user"),
+        (["--forward", "file:/x", "--hook-socket", ""], {}, "--hook-socket"),
         (
             ["--forward", "servicebus://ns.servicebus.windows.net/q"],
             {"RELAY_SERVICEBUS_ENDPOINT": "http://example.com"},

@@ -34,6 +34,7 @@ from functions.terminate.context import DrainResult
 from functions.terminate.settings import DrainSettings
 from functions.terminate.wiring import pipeline_context
 from functions.terminate.workflow import run_drain
+from local.hook_unit import HookUnit
 from relay.hooks import HookRunner
 from tests.notify.receiver import Answer, running
 from tests.security.conftest import Fleet
@@ -70,12 +71,13 @@ def drains(fleet: Fleet, azurite: str, tmp_path: Path) -> Iterator[Drains]:
     script = tmp_path / "drain.sh"
     script.write_text(f'#!/bin/sh\necho "$SCHEDULED_EVENT_VM_NAME $SCHEDULED_EVENT_ID" >> {ran}\n')
     script.chmod(0o755)
+    unit = HookUnit(tmp_path / "hooks.sock", {"drain": script}, 5).start()  # runs the script
     for vm in fleet.vms.values():
         # The same relays, now with a drain hook configured (set on the running callback
         # rather than rebinding its address: the port could be taken meanwhile).
         assert vm.callback is not None
         app = vm.callback.app
-        app.hooks = HookRunner({"drain": script}, vm.state / "hooks", timeout=5, vm_name=vm.name)
+        app.hooks = HookRunner({"drain": script}, vm.state / "hooks", 5, vm.name, unit.path)
         app.hook_wait = 3
     service = TableServiceClient.from_connection_string(azurite)
     prefix = f"d{uuid.uuid4().hex[:10]}"
@@ -84,6 +86,7 @@ def drains(fleet: Fleet, azurite: str, tmp_path: Path) -> Iterator[Drains]:
         yield Drains(fleet, store, ran)
     finally:
         service.delete_table(f"{prefix}drains")
+        unit.stop()
 
 
 def imds_event(fleet: Fleet, vm: str, event_id: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from functions.store.drains import DrainStore
 from functions.terminate.targets import DrainTargets
 from functions.terminate.workflow import DrainContext, DrainSettings
 from local.azurite import free_port
+from local.hook_unit import HookUnit
 from relay.callback import CallbackApp, CallbackServer
 from relay.hooks import HookRunner
 from relay.imds import ImdsClient
@@ -233,6 +234,10 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
             'echo "back in service"\n'
         )
         undrain.chmod(0o755)
+        # The hook unit that runs the scripts for every relay here (relay/hooks.py).
+        unit_path = tmp_path / f"hooks-{len(started)}.sock"
+        unit = HookUnit(unit_path, {"drain": script, "undrain": undrain}, 10).start()
+        started.append(unit)
         server = SimulatorServer(Simulator(time_scale=1.0)).start()
         started.append(server)
         server.sim.add_scale_set("web", count)
@@ -255,7 +260,7 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., Relays]]:
             if probe is not None:
                 probes[vm] = probe
                 names.update(probe.hooks)
-            runner = HookRunner(names, tmp_path / vm, timeout=10, vm_name=vm, observer=probe)
+            runner = HookRunner(names, tmp_path / vm, 10, vm, unit.path, observer=probe)
             keys = KeyStore(tmp_path / vm / "keys")
             vm_id = simulated_vm_id(vm)
             app = CallbackApp(
