@@ -137,7 +137,9 @@ def run(connection_string: str, vms: int = WAVE_VMS) -> dict[str, Any]:
                         time.sleep(0.05)
                 requests = counter.total()
             finally:
-                work.pool.shutdown(wait=False, cancel_futures=True)
+                # Items still running (the dripping relays' attempts) end within their
+                # budget; waited for here, before the counting proxy closes under them.
+                work.pool.shutdown(wait=True, cancel_futures=True)
             times = sorted(r["at"] - opened for r in relay.requests if "at" in r)
     finally:
         relay.close()
