@@ -66,6 +66,7 @@ def start_relays(demo: DemoState) -> None:
     }
     # The probes a load balancer would watch: the VMs the plan drains.
     drained = back | {s.target for s in demo.options.plan if s.scenario == "terminate"}
+    beat = max(1.0, round(300 / demo.options.time_scale, 1))  # Azure's 300 s, scaled
     for vm in demo.options.fleet:
         if not vm.relay:
             continue
@@ -84,6 +85,7 @@ def start_relays(demo: DemoState) -> None:
             hook_socket=hook_socket,
             undrain_hook=undrain,
             ready_listen=ready.get(vm.name),
+            heartbeat_interval=beat,
         )
         # Under its VM's guest clock: a Freeze pauses it as it would a guest's (issue 33).
         argv = relay_command(demo, vm.name, argv)
@@ -101,7 +103,8 @@ def start_relays(demo: DemoState) -> None:
         "relays",
         f"{len(demo.relays)} relays polling every "
         f"{demo.options.poll_interval:g} s, forwarding to {demo.inbox}, callbacks on port "
-        f"{port} at each VM's address, heartbeats into the {liveness_table} table, hook "
+        f"{port} at each VM's address, heartbeats every {beat:g} s into the "
+        f"{liveness_table} table, hook "
         f"scripts run by the hook unit as {current_user()} (on a VM: as add-relay.sh's "
         "HOOK_AS says)",
     )

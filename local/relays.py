@@ -73,6 +73,7 @@ def relay_argv(
     hook_socket: Path | None = None,
     undrain_hook: Path | None = None,
     ready_listen: str | None = None,
+    heartbeat_interval: float | None = None,
 ) -> list[str]:
     """`listen`: HOST:PORT of the relay's callback server, at the VM's address (None: no
     callback listener: the demo's callback that is down, where ARM takes over).
@@ -80,7 +81,9 @@ def relay_argv(
     heartbeats, as deployed relays do (relay.liveness). `hook_socket`: where the hook
     unit's stand-in listens (local/hook_unit.py; default: `hooks.sock` beside `state_dir`).
     `undrain_hook`: the script that puts the VM back (`undrain`). `hook` None: no script of
-    the operator's on the VM."""
+    the operator's on the VM. `heartbeat_interval`: seconds, scaled like the simulator's
+    clock (a relay probes at each heartbeat whether the app has its latest document, and
+    sends it again if not: relay/liveness.py `SplitSender`)."""
     argv = [
         sys.executable,
         "-m",
@@ -122,6 +125,8 @@ def relay_argv(
     if heartbeat_table is not None:
         url, sas_file = heartbeat_table
         argv += ["--heartbeat-table", url, "--heartbeat-table-sas-file", str(sas_file)]
+    if heartbeat_interval is not None:
+        argv += ["--heartbeat-interval", f"{heartbeat_interval:g}"]
     return argv
 
 

@@ -38,6 +38,8 @@ from relay.signing import hmac_sha256, key_id, sha256
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from relay.identity import TokenProvider
     from relay.keystore import KeyStore
 
@@ -59,6 +61,7 @@ _SLOW_STATUS = {
 
 
 ROW_KEY_LABEL = b"liveness-row/v1"
+PENDING_LABEL = b"doc-pending/v1\n"
 
 
 def liveness_keys(vm_id: str) -> tuple[str, str]:
@@ -74,6 +77,13 @@ def liveness_row_keys(secret: bytes) -> tuple[str, str]:
     neither can be computed without the key."""
     row = hmac_sha256(secret, ROW_KEY_LABEL).hex()
     return f"lv{int(row[:8], 16) % LIVENESS_BUCKETS:02d}", row
+
+
+def pending_row_keys(secret: bytes, sequence: int) -> tuple[str, str]:
+    """(PartitionKey, RowKey) of the row saying document `sequence` awaits the app
+    (contract §11): `akNN`, HMAC-SHA256(key, "doc-pending/v1\\n{sequence}")."""
+    row = hmac_sha256(secret, PENDING_LABEL + str(sequence).encode()).hex()
+    return f"ak{int(row[:8], 16) % LIVENESS_BUCKETS:02d}", row
 
 
 def liveness_signature(secret: bytes, vm_id: str, at: int, relay_version: str) -> str:
@@ -195,11 +205,27 @@ class TableLiveness(Sender):
                 self._write_once(envelope, secret)
 
     def _write_once(self, envelope: Envelope, secret: bytes) -> None:
-        import urllib.request
-
         now = self._clock()
         entity = self.entity(envelope, now, secret)
-        url = entity_url(self.table_url, entity["PartitionKey"], entity["RowKey"])
+        self._patch(entity["PartitionKey"], entity["RowKey"], entity, now)
+        self.written += 1
+
+    def pending(self, sequence: int, probe: bool = False) -> bool:
+        """Say that document `sequence` awaits the app (Insert Or Merge of its pending row),
+        or with `probe` ask whether it still does: a Merge Entity with If-Match: * of a row
+        the app deleted, once it had the document, is a 404 (contract §11)."""
+        assert self.keys is not None
+        now = self._clock()
+        keys = pending_row_keys(self.keys.current_key().secret, sequence)
+        entity = {} if probe else {"at": str(int(now)), "at@odata.type": "Edm.Int64"}
+        return self._patch(*keys, entity, now, probe) != 404
+
+    def _patch(
+        self, partition_key: str, row: str, entity: dict[str, str], now: float, probe: bool = False
+    ) -> int:
+        import urllib.request
+
+        url = entity_url(self.table_url, partition_key, row)
         headers = {
             "x-ms-version": TABLE_API_VERSION,
             "x-ms-date": http_date(now),
@@ -208,6 +234,8 @@ class TableLiveness(Sender):
             "DataServiceVersion": "3.0;NetFx",
             "MaxDataServiceVersion": "3.0;NetFx",
         }
+        if probe:
+            headers["If-Match"] = "*"  # Merge Entity: the row must exist
         if self._tokens is not None:
             headers["Authorization"] = self._tokens.authorization()
         else:
@@ -220,9 +248,8 @@ class TableLiveness(Sender):
         )
         status, text, answer = exchange(self._opener, request, self._timeout, "Table storage")
         self._learn_skew(answer, now)
-        if status in (200, 204):
-            self.written += 1
-            return
+        if status in (200, 204) or (probe and status == 404):
+            return status
         if status in (401, 403) and self._tokens is not None:
             self._tokens.invalidate()
         if status == 429 or status >= 500:
@@ -269,18 +296,88 @@ def _error_code(body: bytes) -> str:
 
 
 class SplitSender(Sender):
-    """Documents to their target (Service Bus, a directory); heartbeats to the liveness table."""
+    """Documents to their target (Service Bus, a directory); heartbeats to the liveness table.
+
+    And no document is lost for good (issue 40, contract §11). Before a document goes, a
+    pending row says it awaits the app, and the app deletes that row once the document
+    reached the lifecycle; the document names the rows (`acks`: its own sequence and those
+    of earlier documents not yet seen deleted). Service Bus answers a send with no word of
+    what became of the message, so at each heartbeat the latest document's row is probed,
+    and while it is there the document goes again 2, 4 and 8 heartbeats later, then every
+    12 (never at the first: that one may come before the app got round to it): a
+    dead-lettered or dropped document delays what it says, never loses it.
+    A resend is the same envelope (sequence, observed_at) with `resent` counting, so its
+    MessageId differs and Service Bus's duplicate detection keeps it."""
 
     def __init__(self, documents: Sender, heartbeats: Sender) -> None:
         self.documents = documents
         self.heartbeats = heartbeats
+        self.acks: list[int] = []
+        self.last: Envelope | None = None  # the latest document, until the app has it
+        self.key = ""  # the key id the pending rows are under
+        self.marked = False
+        self.ticks = self.wait = 0
 
     def describe(self) -> str:
         return f"{self.documents.describe()} (heartbeats: {self.heartbeats.describe()})"
 
     def send(self, envelope: Envelope, body: str) -> None:
-        target = self.heartbeats if envelope.kind == "heartbeat" else self.documents
-        target.send(envelope, body)
+        table = self.heartbeats
+        if envelope.kind == "heartbeat":
+            table.send(envelope, body)
+            self._check()
+            return
+        if envelope.kind != "document" or not isinstance(table, TableLiveness) or not table.keys:
+            self.documents.send(envelope, body)
+            return
+        key = table.keys.current_key().id
+        if key != self.key:  # the rows were under the old key; the app reads the new one
+            self.key, self.acks = key, []
+        sequence = envelope.sequence
+        self.acks = [*[s for s in self.acks if s != sequence][-7:], sequence]
+        envelope = envelope.replace(extra={**envelope.extra, "acks": self.acks})
+        # First, so that the app, however fast, deletes a row that exists.
+        self.marked = self._try(table.pending, sequence)
+        self.documents.send(envelope, envelope.to_json())
+        self.last, self.ticks, self.wait = envelope, 0, 2
+
+    def _check(self) -> None:
+        last, table = self.last, self.heartbeats
+        if last is None or not isinstance(table, TableLiveness):
+            return
+        if not self.marked:
+            self.marked = self._try(table.pending, last.sequence)
+            return
+        there = self._try(table.pending, last.sequence, True)
+        if there is None:
+            return
+        if not there:
+            self.last, self.acks = None, []
+            return
+        self.ticks += 1
+        if self.ticks < self.wait:
+            return
+        resent = int(last.extra.get("resent") or 0) + 1
+        again = last.replace(extra={**last.extra, "resent": resent})
+        event(
+            log,
+            logging.WARNING,
+            "the app has not acknowledged the latest document; sending it again",
+            sequence=last.sequence,
+            resent=resent,
+        )
+        if self._try(self.documents.send, again, again.to_json()) is not None:
+            self.last, self.ticks, self.wait = again, 0, min(self.wait * 2, 12)
+
+    def _try(self, call: Callable[..., Any], *args: Any) -> Any:
+        """`call`'s answer (True for none), or None when it failed (logged): the next
+        heartbeat tries again."""
+        try:
+            answer = call(*args)
+            return True if answer is None else answer
+        except SendError as exc:
+            event(log, logging.WARNING, "acknowledgement row or resend failed", error=str(exc))
+            return None
 
 
 __all__ = [
@@ -290,4 +387,5 @@ __all__ = [
     "liveness_keys",
     "liveness_row_keys",
     "liveness_signature",
+    "pending_row_keys",
 ]

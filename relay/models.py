@@ -445,13 +445,17 @@ class Envelope(Record):
         characters, the Service Bus limit): a key rotation re-sends the current document
         and must not be taken for a duplicate. Heartbeats use the observation time, not the
         sequence: a reimaged VM whose state directory was wiped restarts its sequence, and
-        its new heartbeats must not be dropped as duplicates of the old ones.
+        its new heartbeats must not be dropped as duplicates of the old ones. A document
+        sent again because the app never acknowledged it (contract §11) adds
+        `:r{sequence}.{resent}`: Service Bus must not drop it as the original's duplicate.
         """
         who = (self.vm.vm_id or self.vm.name)[:80]
         if self.kind == "document" and self.document is not None:
             incarnation = self.document.get("DocumentIncarnation")
             digest = content_hash(self.document)[:32]
-            return f"{who}:{incarnation}:{digest}:{self.key_id}"[:128]
+            resent = self.extra.get("resent")
+            again = f":r{self.sequence}.{resent}" if resent else ""
+            return f"{who}:{incarnation}:{digest}:{self.key_id}"[: 128 - len(again)] + again
         if self.kind == "unforwardable":
             detail = self.extra.get("unforwardable")
             incarnation = detail.get("incarnation") if isinstance(detail, dict) else None

@@ -16,7 +16,7 @@ import json
 import re
 from datetime import UTC, datetime
 from email.utils import format_datetime, parsedate_to_datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AwareDatetime,
@@ -419,6 +419,11 @@ class Envelope(BaseModel):
     # The impact ledger (issue 33, contract §10): the relay's polling since its previous
     # document. Relays before it send none.
     polls: PollClocks | None = None
+    # Contract §11 (issue 40): the relay's pending rows this document answers for (its own
+    # sequence, and earlier documents' not yet seen acknowledged), which the app deletes
+    # once it has the document; and how many times it was sent again for want of that.
+    acks: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=8)
+    resent: int | None = Field(default=None, ge=1)
 
     @field_validator("observed_at")
     @classmethod
@@ -449,13 +454,15 @@ class Envelope(BaseModel):
         the current document instead of being dropped) for documents (≤ 128 characters,
         the Service Bus limit). Heartbeats use the observation time, not the sequence: a
         reimaged VM whose state directory was wiped restarts its sequence, and its new
-        heartbeats must not be dropped as duplicates of the old ones.
+        heartbeats must not be dropped as duplicates of the old ones. A document sent again
+        for want of an acknowledgement (contract §11) adds `:r{sequence}.{resent}`.
         """
         who = self.vm.vm_id or self.vm.name[:80]
         if self.kind == "document" and self.document is not None:
             incarnation = self.document.get("DocumentIncarnation")
             key = f":{self.callback_key.id}" if self.callback_key else ""
-            return f"{who}:{incarnation}:{content_hash(self.document)[:32]}{key}"
+            again = f":r{self.sequence}.{self.resent}" if self.resent else ""
+            return f"{who}:{incarnation}:{content_hash(self.document)[:32]}{key}{again}"
         return f"{who}:hb:{self.observed_at.strftime('%Y%m%dT%H%M%S.%f')}"
 
     def to_json(self) -> str:

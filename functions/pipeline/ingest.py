@@ -22,6 +22,7 @@ from functions.model.envelope import (
     ScheduledEvent,
     parse_envelope,
 )
+from functions.pipeline.acknowledge import acknowledge_document
 from functions.pipeline.admission import NotAdmitted, trusted_ref
 from functions.pipeline.context import Pipeline
 from functions.pipeline.decide import (
@@ -92,24 +93,40 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
         return _reject(pipeline, body, message_id, reason, vm=name, now=now)
     problem = out_of_bounds(envelope, now, pipeline.settings.max_not_before_days)
     if problem:
-        return _reject(pipeline, body, message_id, problem, vm=name, now=now)
+        result = _reject(pipeline, body, message_id, problem, vm=name, now=now)
+    else:
+        result, over_bound = _ingest_admitted(body, envelope, pipeline, message_id, now)
+        if over_bound:
+            return result  # not acknowledged: the relay sends it again, within the bound
+    # It reached the lifecycle (or was refused for good): the relay may stop sending it.
+    acknowledge_document(pipeline, envelope)
+    return result
+
+
+def _ingest_admitted(
+    body: bytes | str, envelope: Envelope, pipeline: Pipeline, message_id: str, now: datetime
+) -> tuple[IngestResult, bool]:
+    """The result, and whether the message was refused as over a per-VM bound (it may
+    pass once the VM is within it again)."""
+    name = envelope.vm.name
     try:
         result = ingest_envelope(envelope, pipeline)
         if result.outcome == "rejected":  # over a per-VM bound: recorded with its body
             pipeline.store.reject(at=now, reason=result.reason, body=body, message_id=message_id)
             log.warning("rejected message %s: %s", message_id or "?", result.reason)
-        return result
+            return result, True
+        return result, False
     except RowTooLarge as exc:
         # Bounded pieces make this unreachable for anything IMDS sends; if it happens the
         # message is kept with the reason instead of failing until it dead-letters.
         reason = f"state would exceed a Table size limit: {exc}"
-        return _reject(pipeline, body, message_id, reason, vm=name, now=now)
+        return _reject(pipeline, body, message_id, reason, vm=name, now=now), False
     except HttpResponseError as exc:
         if exc.status_code not in REFUSED_BY_TABLES:
             raise
         code = getattr(exc, "error_code", None) or f"HTTP {exc.status_code}"
         reason = f"Table storage refused a row for this message ({code}): {_first_line(exc)}"
-        return _reject(pipeline, body, message_id, reason, vm=name, now=now)
+        return _reject(pipeline, body, message_id, reason, vm=name, now=now), False
 
 
 # A relay's clock may run a little ahead; a message from further in the future would make

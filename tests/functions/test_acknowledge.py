@@ -1,0 +1,104 @@
+"""The app's half of "a document can always come back" (issue 40, contract §11): ingest
+deletes the pending rows a document names once it reached the lifecycle, and a document
+the relay sends again (its "it is over" one, lost) still ends the event.
+
+The relay's half is tests/relay/test_acks.py; the whole loop, a real relay with its
+document dead-lettered by the local host, is tests/e2e/test_document_comes_back.py.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from azure.data.tables import UpdateMode
+
+from functions.model.envelope import parse_envelope
+from functions.pipeline.acknowledge import acknowledge_document
+from functions.pipeline.ingest import ingest_message
+from functions.store.acks import pending_row_keys
+from tests import identity_harness
+from tests.functions.conftest import T0, envelope, event, make_pipeline
+
+
+def relay_marks(store: Any, vm: str, *sequences: int) -> None:
+    """What the relay writes before each document: its pending row (Insert Or Merge)."""
+    secret = identity_harness.callback_key(vm).secret
+    for sequence in sequences:
+        pk, rk = pending_row_keys(secret, sequence)
+        entity = {"PartitionKey": pk, "RowKey": rk, "at": 1}
+        store.liveness.table.upsert_entity(entity, mode=UpdateMode.MERGE)
+
+
+def still_pending(store: Any, vm: str, sequence: int) -> bool:
+    rk = pending_row_keys(identity_harness.callback_key(vm).secret, sequence)[1]
+    return any(row["RowKey"] == rk for row in store.liveness.table.list_entities())
+
+
+def test_a_lost_end_document_sent_again_ends_the_event(store, clock):
+    pipeline, pub = make_pipeline(store, clock)
+    started = {**event("EV-F", "Freeze", status="Started", resources=("vm1",)), "NotBefore": ""}
+    relay_marks(store, "vm1", 1, 2)
+    ingest_message(envelope("vm1", 1, [started], acks=[1]), pipeline)
+    assert "started" in pub.transitions("EV-F") and not still_pending(store, "vm1", 1)
+    # "It is over" (sequence 2) is dead-lettered: the app never saw it. The row stays, so
+    # at its heartbeats the relay sends the same document again.
+    assert still_pending(store, "vm1", 2)
+    clock.sleep(600)
+    again = envelope("vm1", 2, [], acks=[2], resent=1)
+    assert ingest_message(again, pipeline).outcome == "processed"
+    assert pub.transitions("EV-F")[-1] == "completed"
+    assert store.get_event("EV-F").ended == "completed"
+    assert not still_pending(store, "vm1", 2)  # and the relay stops sending it
+
+
+def test_a_redelivery_of_what_was_processed_is_acknowledged_too(store, clock):
+    pipeline, _ = make_pipeline(store, clock)
+    body = envelope("vm1", 3, [event("EV-1", resources=("vm1",))], acks=[3])
+    ingest_message(body, pipeline)
+    relay_marks(store, "vm1", 3)  # the relay's row came after the app's delete
+    assert ingest_message(body, pipeline).outcome == "stale"
+    assert not still_pending(store, "vm1", 3)
+
+
+def test_a_document_names_the_earlier_rows_and_all_are_deleted(store, clock):
+    pipeline, _ = make_pipeline(store, clock)
+    relay_marks(store, "vm1", 4, 6)
+    ingest_message(envelope("vm1", 6, [], acks=[4, 6]), pipeline)
+    assert not still_pending(store, "vm1", 4) and not still_pending(store, "vm1", 6)
+
+
+def test_over_a_per_vm_bound_it_is_not_acknowledged_and_may_pass_later(store, clock):
+    pipeline, _ = make_pipeline(store, clock, max_new_events_per_vm_hour=5)
+    six = [event(f"EV-{n}", resources=("vm1",)) for n in range(6)]
+    relay_marks(store, "vm1", 1)
+    result = ingest_message(envelope("vm1", 1, six, acks=[1]), pipeline)
+    assert result.outcome == "rejected" and "MAX_NEW_EVENTS_PER_VM_HOUR" in result.reason
+    assert still_pending(store, "vm1", 1)  # the relay sends it again; within the bound, it passes
+
+
+def test_refused_for_good_it_is_acknowledged(store, clock):
+    pipeline, _ = make_pipeline(store, clock)
+    far = event("EV-far", resources=("vm1",), not_before=T0 + timedelta(days=30))
+    relay_marks(store, "vm1", 1)
+    result = ingest_message(envelope("vm1", 1, [far], acks=[1]), pipeline)
+    assert result.outcome == "rejected" and "MAX_NOT_BEFORE_DAYS" in result.reason
+    assert not still_pending(store, "vm1", 1)  # sending it again would be refused again
+
+
+def test_a_message_that_proves_no_identity_deletes_nothing(store, clock):
+    pipeline, _ = make_pipeline(store, clock)
+    relay_marks(store, "vm1", 1)
+    forged = json.loads(envelope("vm1", 1, [], acks=[1]))
+    forged["sequence"] = 2  # no longer the message its attestation signed
+    forged = json.dumps(forged)
+    assert ingest_message(forged, pipeline).outcome == "rejected"
+    assert still_pending(store, "vm1", 1)
+
+
+def test_a_relay_that_asks_for_no_acknowledgement_costs_no_request(store, clock):
+    pipeline, _ = make_pipeline(store, clock)
+    assert acknowledge_document(pipeline, parse_envelope(envelope("vm1", 1, []))) == 0
+    with_acks = parse_envelope(envelope("vm1", 1, [], acks=[1]))
+    assert acknowledge_document(pipeline, with_acks) == 1  # one delete, even of no row
