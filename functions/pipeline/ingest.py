@@ -93,13 +93,13 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
         return _reject(pipeline, body, message_id, reason, vm=name, now=now)
     problem = out_of_bounds(envelope, now, pipeline.settings.max_not_before_days)
     if problem:
-        result = _reject(pipeline, body, message_id, problem, vm=name, now=now)
-    else:
-        result, over_bound = _ingest_admitted(body, envelope, pipeline, message_id, now)
-        if over_bound:
-            return result  # not acknowledged: the relay sends it again, within the bound
-    # It reached the lifecycle (or was refused for good): the relay may stop sending it.
-    acknowledge_document(pipeline, envelope)
+        # Not acknowledged: time heals both bounds (a clock ahead, a NotBefore too far),
+        # and the relay sends the same document again (contract §11).
+        return _reject(pipeline, body, message_id, problem, vm=name, now=now)
+    result, over_bound = _ingest_admitted(body, envelope, pipeline, message_id, now)
+    if not over_bound:  # over a per-VM bound, it may pass when the relay sends it again
+        # It reached the lifecycle (or was refused for good): the relay may stop sending it.
+        acknowledge_document(pipeline, envelope)
     return result
 
 

@@ -78,13 +78,20 @@ def test_over_a_per_vm_bound_it_is_not_acknowledged_and_may_pass_later(store, cl
     assert still_pending(store, "vm1", 1)  # the relay sends it again; within the bound, it passes
 
 
-def test_refused_for_good_it_is_acknowledged(store, clock):
-    pipeline, _ = make_pipeline(store, clock)
-    far = event("EV-far", resources=("vm1",), not_before=T0 + timedelta(days=30))
+def test_from_a_clock_ahead_it_is_not_acknowledged_and_passes_when_sent_again(store, clock):
+    pipeline, pub = make_pipeline(store, clock)
     relay_marks(store, "vm1", 1)
-    result = ingest_message(envelope("vm1", 1, [far], acks=[1]), pipeline)
-    assert result.outcome == "rejected" and "MAX_NOT_BEFORE_DAYS" in result.reason
-    assert not still_pending(store, "vm1", 1)  # sending it again would be refused again
+    ahead = T0 + timedelta(minutes=7)  # a guest clock stepped 7 minutes ahead
+    body = envelope("vm1", 1, [event("EV-1", resources=("vm1",))], acks=[1], observed_at=ahead)
+    result = ingest_message(body, pipeline)
+    assert result.outcome == "rejected" and "ahead of the app's clock" in result.reason
+    assert still_pending(store, "vm1", 1)  # kept: the relay sends it again
+    clock.sleep(600)  # its next resends: now the time it carries is past
+    again = envelope(
+        "vm1", 1, [event("EV-1", resources=("vm1",))], acks=[1], resent=2, observed_at=ahead
+    )
+    assert ingest_message(again, pipeline).outcome == "processed"
+    assert pub.transitions("EV-1")[:1] == ["scheduled"] and not still_pending(store, "vm1", 1)
 
 
 def test_a_message_that_proves_no_identity_deletes_nothing(store, clock):
