@@ -6,7 +6,9 @@ the `{prefix}liveness` table on Azurite (contract §5: untrusted hints, never th
 table), through a counting proxy (tests.bench.wire), with a SAS of add + update on that
 table only, as the relay identity's role allows in Azure. What the model reads: Table
 requests and entities per heartbeat, counted on the wire against the heartbeats the relays
-say they wrote; no Service Bus message and no Functions execution is involved at all.
+say they wrote, once each relay's first document is acknowledged as the app does (its
+pending row deleted, contract §11); no Service Bus message and no Functions execution is
+involved at all.
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ def _written(log: Path) -> int:
     return count
 
 
+def _acknowledge(store: Any, folders: list[Path]) -> None:
+    """What ingest does for each document (functions/pipeline/acknowledge.py)."""
+    from functions.store.acks import acknowledge
+
+    for folder in folders:
+        for path in sorted(folder.glob("*-document.json")):
+            document = json.loads(path.read_text())
+            secret = bytes.fromhex(document["callback_key"]["secret"])
+            acknowledge(store.liveness.table, secret, document.get("acks") or [])
+
+
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
         if proc.poll() is None:
@@ -56,7 +69,7 @@ def run(connection_string: str, relays: int = 8, seconds: float = 8.0) -> dict[s
     from simulator import Simulator, SimulatorServer
     from tests.bench.wire import WireCounter
 
-    Store.from_connection_string(connection_string, PREFIX).ensure_tables()
+    store = Store.from_connection_string(connection_string, PREFIX).ensure_tables()
     sim = Simulator(time_scale=1.0)
     names = [f"hb-vm-{i:02d}" for i in range(relays)]
     for name in names:
@@ -98,10 +111,16 @@ def run(connection_string: str, relays: int = 8, seconds: float = 8.0) -> dict[s
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                     raise RuntimeError("relays did not write their first heartbeat")
                 time.sleep(0.1)
+            # The app's part: each relay's first document acknowledged (contract §11), so
+            # its pending row is gone and the heartbeats measured are the steady ones.
+            _acknowledge(store, [work / name / "forward" for name in names])
+            time.sleep(2.5)  # two heartbeats: each relay's last probe of its row is made
+            requests0, entities0 = wire.total(), wire.entities()
+            beats0 = sum(_written(log) for log in logs)
             time.sleep(seconds)
             _stop(procs)  # every request made is logged by now: the two counts are exact
-            requests, entities = wire.total(), wire.entities()
-            beats = sum(_written(log) for log in logs)
+            requests, entities = wire.total() - requests0, wire.entities() - entities0
+            beats = sum(_written(log) for log in logs) - beats0
     finally:
         _stop(procs)
         server.stop()
