@@ -281,12 +281,9 @@ def envelope(
     kind: str = "document",
     key: identity_harness.CallbackKey | None = None,
     polls: dict[str, float] | None = None,
-    acks: list[int] | None = None,
-    resent: int | None = None,
 ) -> str:
     """A signed relay message; `polls`: the relay's clocks since its previous document
-    (the impact ledger's `{"max_gap_s", "wall_jump_s"}`); `acks` and `resent`: the
-    pending rows it answers for and its resend count (contract §11)."""
+    (the impact ledger's `{"max_gap_s", "wall_jump_s"}`)."""
     document = None
     if events is not None:
         document = {"DocumentIncarnation": incarnation or sequence, "Events": events}
@@ -307,10 +304,6 @@ def envelope(
     }
     if polls is not None:
         message["polls"] = polls
-    if acks is not None:
-        message["acks"] = acks
-    if resent is not None:
-        message["resent"] = resent
     return identity_harness.signed_envelope(
         message,
         at,

@@ -9,7 +9,7 @@ document dead-lettered by the local host, is tests/e2e/test_document_comes_back.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from azure.data.tables import UpdateMode
@@ -19,7 +19,35 @@ from functions.pipeline.acknowledge import acknowledge_document
 from functions.pipeline.ingest import ingest_message
 from functions.store.acks import pending_row_keys
 from tests import identity_harness
-from tests.functions.conftest import T0, envelope, event, make_pipeline
+from tests.functions.conftest import T0, event, make_pipeline
+
+
+def envelope(
+    vm: str,
+    sequence: int,
+    events: list[dict[str, Any]] | None,
+    *,
+    acks: list[int] | None = None,
+    resent: int | None = None,
+    observed_at: datetime | None = None,
+) -> str:
+    """A signed relay document (as tests.functions.conftest.envelope) naming its pending
+    rows (`acks`) and, sent again, its resend count (contract §11)."""
+    at = observed_at or T0 + timedelta(seconds=sequence)
+    message: dict[str, Any] = {
+        "schema": 1,
+        "kind": "document",
+        "vm": {"name": vm, "callback_url": None, "scale_set": None, "availability_set": None},
+        "relay_version": "test",
+        "sequence": sequence,
+        "observed_at": at.isoformat(),
+        "document": None if events is None else {"DocumentIncarnation": sequence, "Events": events},
+    }
+    if acks is not None:
+        message["acks"] = acks
+    if resent is not None:
+        message["resent"] = resent
+    return identity_harness.signed_envelope(message, at)
 
 
 def relay_marks(store: Any, vm: str, *sequences: int) -> None:
