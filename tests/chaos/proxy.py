@@ -53,7 +53,13 @@ class RefusingProxy:
             for sock in (client, upstream):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
-                self._conns.update((client, upstream))
+                refusing = self._listener is not listener  # refused while we connected
+                if not refusing:
+                    self._conns.update((client, upstream))
+            if refusing:
+                _reset(client)
+                _reset(upstream)
+                continue
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
 
@@ -94,8 +100,12 @@ class RefusingProxy:
 
 
 def _reset(sock: socket.socket) -> None:
-    """Close with a RST (SO_LINGER 0), as a closed endpoint answers."""
+    """Close at once, as a closed endpoint does: shutdown first, since a close() alone
+    waits while a pump thread is blocked reading the socket (Linux), and the client would
+    wait for an answer that never comes; then close with SO_LINGER 0 (a RST)."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         sock.close()

@@ -73,6 +73,7 @@ class Run:
     fault: Callable[[], chaos.Fault]
     allowed: dict[str, str] = field(default_factory=dict)  # step key -> why it may differ
     time_scale: float = TIME_SCALE
+    settle_limit: float = SETTLE_LIMIT
 
 
 RUNS: tuple[Run, ...] = (
@@ -125,8 +126,8 @@ QUICK = ("storage refusing 5 s at 60x", "host killed mid-message at 60x")
 
 def quick_runs() -> tuple[Run, ...]:
     return (
-        Run(QUICK[0], "freeze", lambda: chaos.StorageOutage("refusing", 5, start=0.5), {}, 60),
-        Run(QUICK[1], "freeze", lambda: chaos.HostKilledMidMessage(), {}, 60),
+        Run(QUICK[0], "freeze", lambda: chaos.StorageOutage("refusing", 5, start=0.5), {}, 60, 60),
+        Run(QUICK[1], "freeze", lambda: chaos.HostKilledMidMessage(), {}, 60, 60),
     )
 
 
@@ -148,7 +149,12 @@ class Result:
         return bool(self.differences or self.error)
 
 
-def play(plan: Plan, fault: chaos.Fault, time_scale: float = TIME_SCALE) -> Result:
+def play(
+    plan: Plan,
+    fault: chaos.Fault,
+    time_scale: float = TIME_SCALE,
+    settle_limit: float = SETTLE_LIMIT,
+) -> Result:
     """One run of `plan` under `fault`: the demo's stack started, the plan played, the app
     given time to catch up, the signature taken, everything stopped."""
     from local.options import DemoOptions
@@ -160,7 +166,7 @@ def play(plan: Plan, fault: chaos.Fault, time_scale: float = TIME_SCALE) -> Resu
     options = DemoOptions(
         report=None,
         env=clean_env(),
-        time_limit=SETTLE_LIMIT + 300,
+        time_limit=settle_limit + 300,
         time_scale=time_scale,
         fleet=plan.fleet,
         plan=plan.steps,
@@ -177,7 +183,7 @@ def play(plan: Plan, fault: chaos.Fault, time_scale: float = TIME_SCALE) -> Resu
             demo.play()
             while time.monotonic() < t0 + fault.done_by():
                 time.sleep(0.2)
-            signature = settle(demo, plan)
+            signature = settle(demo, plan, settle_limit)
             dead = len(list((demo.inbox / "deadletter").glob("*.json"))) if demo.inbox else 0
     finally:
         fault.undo()
@@ -292,10 +298,10 @@ def run_all(
         plan, key = PLANS[run.plan], (run.plan, run.time_scale)
         if key not in baselines:
             progress(f"chaos: {plan.name} at {run.time_scale:g}x, fault-free")
-            baselines[key] = play(plan, chaos.NoFault(), run.time_scale)
+            baselines[key] = play(plan, chaos.NoFault(), run.time_scale, run.settle_limit)
         progress(f"chaos: {run.name}")
         try:
-            result = play(plan, run.fault(), run.time_scale)
+            result = play(plan, run.fault(), run.time_scale, run.settle_limit)
         except Exception as exc:  # a run that could not finish is a divergence, said
             result = Result("", plan.name, run.name, "", 0.0, {}, 0, error=repr(exc))
         result.run = run.name
