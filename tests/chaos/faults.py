@@ -23,8 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from azure.core.exceptions import ServiceRequestError
-
 from tests.chaos.proxy import RefusingProxy
 
 
@@ -460,10 +458,11 @@ def _with_events(data: dict[str, Any]) -> bool:
 
 
 class DeadLetter(Fault):
-    """Every delivery of one document fails as if Table storage were unreachable, so the
-    local host dead-letters it after its deliveries (`max_delivery_count`, as Service Bus
-    does). The document is the first `match` accepts; a copy the relay sends again
-    (`resent`, contract §11) goes through, as it would once storage is back."""
+    """Every delivery of one document fails, with an error that is not an outage (an
+    outage's failures are copied for later, functions/triggers/later.py), so the local
+    host dead-letters it after its deliveries (`max_delivery_count`, as Service Bus does).
+    The document is the first `match` accepts; a copy the relay sends again (`resent`,
+    contract §11) goes through, as a document that failed on something passing would."""
 
     def __init__(self, match: Callable[[dict[str, Any]], bool]) -> None:
         super().__init__()
@@ -481,7 +480,7 @@ class DeadLetter(Fault):
 
         def faulty(body: bytes | str, pipeline: Any, message_id: str = "") -> Any:
             if self._chosen(body, message_id):
-                raise ServiceRequestError("Table storage unreachable (chaos: dead-letter)")
+                raise RuntimeError("chaos: this delivery fails (dead-letter)")
             return real(body, pipeline, message_id)
 
         host.ingest_message = faulty
