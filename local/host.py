@@ -139,7 +139,7 @@ class LocalWorkQueue:
             return not self.busy
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=False)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class LocalHost:
@@ -305,6 +305,9 @@ class LocalHost:
                     reason = f"{type(exc).__name__}: {exc}\n"
                     (self.deadletter_dir / f"{path.name}.reason.txt").write_text(reason)
                     report.dead_lettered += 1
+                    # A message sent again under the same name (a relay's resend) is a
+                    # new message: its deliveries count from one, as in Service Bus.
+                    self.deliveries.pop(path.name, None)
                     return True  # dead-lettered: the session moves on, as in Service Bus
                 report.failed += 1
             return False
@@ -353,6 +356,10 @@ class LocalHost:
 
     # ---------------------------------------------------------------- forever
 
+    def close(self) -> None:
+        """Stop the work queue's workers (items running finish)."""
+        self.work.close()
+
     def run_forever(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
         """Poll the inbox until `stop` is set; run the watchdog every interval."""
         next_watchdog = time.monotonic() + self.watchdog_interval
@@ -365,6 +372,7 @@ class LocalHost:
             except Exception:  # storage down for a moment: log, keep going
                 log.exception("local host pass failed; retrying")
             stop.wait(poll_seconds)
+        self.close()  # its workers go with it (a long-lived process starts many hosts)
 
 
 def unwrap(raw: bytes) -> bytes:

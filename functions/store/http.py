@@ -42,8 +42,13 @@ from urllib3.exceptions import (
 # Insert Entity echoes the whole row back (201) unless asked not to (204). Nobody reads
 # the echo (the ETag is a header either way), and it was work on both ends of each insert.
 NO_ECHO: dict[str, Any] = {"response_preference": "return-no-content"}
-CONNECT_TIMEOUT = 300.0  # seconds: azure-core's defaults, which the SDK had before
-READ_TIMEOUT = 300.0
+# Seconds. azure-core's defaults were 300 s for both: one half-open connection (storage
+# gone mid-answer) then held a VM's session for five minutes (the chaos suite's storage
+# outage showed it). A Table answer is a row or a 1,000-row page: a connection takes well
+# under a second and an answer a few; these bound a dead peer, and the SDK's retry policy
+# tries again (an outage then schedules the message for later: functions.triggers.later).
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
 POOL_SIZE = 32  # connections kept per host: one per concurrent session is plenty
 
 
