@@ -355,7 +355,11 @@ class Demo(DemoState):
 
             self.kept.channels.append(channel)
             subscription = Subscription(
-                channel, handler, on_done=self._channel_done, counted=True
+                channel,
+                handler,
+                on_done=self._channel_done,
+                counted=True,
+                hold_scale=1.0 / self.options.time_scale,
             ).start()
             self.subscriptions.append(subscription)
             self.stack.callback(subscription.stop)

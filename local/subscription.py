@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from functions.notify.kept import MAX_DELIVERY_COUNT
+from functions.triggers.later import hold_through_outage
 
 
 class Subscription:
@@ -27,6 +28,7 @@ class Subscription:
         on_done: Callable[[str, Any, Any, str | None], None] | None = None,
         max_delivery_count: int = MAX_DELIVERY_COUNT,
         counted: bool = False,
+        hold_scale: float = 1.0,
     ) -> None:
         """`counted`: the handler takes the delivery's number too (Service Bus's
         DeliveryCount, 1 first), as the app's channels do to keep a post on the last."""
@@ -35,6 +37,7 @@ class Subscription:
         self.counted = counted
         self.on_done = on_done
         self.max_delivery_count = max_delivery_count
+        self.hold_scale = hold_scale  # an outage's hold, in the demo's faster time
         self.dead_letters: list[tuple[Any, str]] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"sub-{name}", daemon=True)
@@ -56,7 +59,15 @@ class Subscription:
             error: str | None = None
             for delivery in range(1, self.max_delivery_count + 1):
                 try:
-                    result = self.handler(note, delivery) if self.counted else self.handler(note)
+                    # Storage down: held inside the delivery as the app's channel triggers
+                    # hold it (functions.triggers.later), in the demo's time.
+                    result = hold_through_outage(
+                        lambda d=delivery: (
+                            self.handler(note, d) if self.counted else self.handler(note)
+                        ),
+                        time.sleep,
+                        scale=self.hold_scale,
+                    )
                     error = None
                     break
                 except Exception as exc:

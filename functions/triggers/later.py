@@ -113,3 +113,33 @@ class ServiceBusLater:
         )
         self.sender.schedule_messages(message, at)
         return at
+
+
+# A topic subscription's message cannot be scheduled back to that subscription alone (a
+# copy sent to the topic would reach every subscription), so a channel's delivery that
+# fails on an outage waits inside the delivery instead, while the Functions host renews its
+# lock (single-message triggers: host.json `maxAutoLockRenewalDuration`): up to
+# HOLD_SECONDS a delivery, growing delays, then the failure is raised and Service Bus
+# delivers again. Ten deliveries hold through about 40 minutes of storage outage.
+HOLD_SECONDS = 240.0
+HOLD_DELAYS = (5.0, 10.0, 20.0, 40.0, 60.0)
+
+
+def hold_through_outage(
+    call: Any, sleep: Any, budget: float = HOLD_SECONDS, scale: float = 1.0
+) -> Any:
+    """`call()`, again after growing delays while it fails on an outage, for at most
+    `budget` seconds of waiting (times `scale`: a demo's faster time); then the last
+    failure is raised."""
+    waited = 0.0
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            pause = HOLD_DELAYS[min(attempt, len(HOLD_DELAYS) - 1)] * scale
+            if not is_outage(exc) or waited + pause > budget * scale:
+                raise
+            sleep(pause)
+            waited += pause
+            attempt += 1

@@ -11,6 +11,7 @@ Register with `app.register_functions(functions.triggers.notify.bp)`.
 from __future__ import annotations
 
 import logging
+import time
 from functools import lru_cache
 
 import azure.functions as func
@@ -20,6 +21,7 @@ from functions.notify.delivery import RetryPolicy, Transport
 from functions.notify.dispatch import CHANNELS, deliver, resend_kept
 from functions.notify.settings import channel_settings
 from functions.store.deliveries import DeliveryLedger
+from functions.triggers.later import hold_through_outage
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +51,19 @@ def _handle(channel: str, msg: func.ServiceBusMessage) -> None:
     log.info(
         "%s: message %s, delivery %s", channel, msg.message_id, getattr(msg, "delivery_count", "?")
     )
-    deliver(
-        channel,
-        msg.get_body(),
-        settings=channel_settings(),
-        transport=_transport(),
-        ledger=ledger(),
-        message_id=msg.message_id or "",
-        delivery_count=getattr(msg, "delivery_count", None),
+    # Storage (the deliveries ledger) down: held inside this delivery, not burnt ten times
+    # in seconds (functions.triggers.later.hold_through_outage).
+    hold_through_outage(
+        lambda: deliver(
+            channel,
+            msg.get_body(),
+            settings=channel_settings(),
+            transport=_transport(),
+            ledger=ledger(),
+            message_id=msg.message_id or "",
+            delivery_count=getattr(msg, "delivery_count", None),
+        ),
+        time.sleep,
     )
 
 

@@ -131,3 +131,31 @@ def test_a_storage_outage_costs_no_dead_letter_and_the_document_comes_through(
     assert done.processed == 1 and done.dead_lettered == 0
     assert pub.transitions("EV-O")[:2] == ["scheduled", "decided"]
     assert not list((inbox / "deadletter").iterdir())
+
+
+def test_a_channel_delivery_holds_through_an_outage_instead_of_burning_deliveries():
+    """A topic subscription's message cannot be scheduled back to one subscription: the
+    channel's delivery waits inside itself (the host renews its lock), growing delays, up
+    to HOLD_SECONDS, then raises so Service Bus delivers it again."""
+    calls, slept = [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 4:
+            raise ServiceRequestError("storage refused")
+        return "posted"
+
+    assert later.hold_through_outage(flaky, slept.append) == "posted"
+    assert slept == [5.0, 10.0, 20.0]
+    slept.clear()
+
+    def down():
+        raise ServiceRequestError("storage refused")
+
+    with pytest.raises(ServiceRequestError):
+        later.hold_through_outage(down, slept.append)
+    assert sum(slept) <= later.HOLD_SECONDS and slept[-1] == 60.0
+    # Ten deliveries hold through at least 30 minutes of outage before a dead letter.
+    assert 10 * sum(slept) >= 30 * 60
+    with pytest.raises(ValueError, match="bug"):  # not an outage: raised at once
+        later.hold_through_outage(lambda: (_ for _ in ()).throw(ValueError("bug")), slept.append)
