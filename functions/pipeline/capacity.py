@@ -14,12 +14,17 @@ approval never keeps its set-mates waiting, and a crash never leaks a slot.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from functions.model.envelope import TERMINATE, ScheduledEvent
+from functions.model.envelope import PREEMPT, TERMINATE, ScheduledEvent
+from functions.model.event import Transition
 from functions.model.policy import Policy, is_impactful
 from functions.store import claims
-from functions.store.records import MAX_WAITING, CapacityRecord, EventRecord
+from functions.store.records import MAX_WAITING, CapacityRecord, EventRecord, VmRecord
 from functions.store.state import Store
+
+# Types after which the VM is gone (evicted, deleted): never flagged for not starting.
+GONE_AFTER = frozenset(t.casefold() for t in (PREEMPT, TERMINATE))
 
 # How long an approved event may stay Scheduled before its VM is suspect: Azure starts an
 # approved event within moments, so after this its slot goes back and `overdue` says why.
@@ -354,3 +359,105 @@ def release_budgets(
         rows.mutate_budget_slot(slot.budget, slot.group, change)
         woken += waiting
     return list(dict.fromkeys(woken))[:WAKE_AT_MOST]
+
+
+# ------------------------------------------------------------------ the event row's side
+# (what reconcile does to an event row about its slots: functions.pipeline.reconcile)
+
+
+def wait_for_slot(
+    pipeline: Any,
+    record: EventRecord,
+    now: datetime,
+    settle: tuple[Transition, ...],
+    budget: str = "",
+) -> bool:
+    """The set (or a disruption budget's group: `budget`, its waiting text) has no free
+    slot: the approval waits (the row says why, once; its claim, if this caller held it,
+    is given back), and is due again at the next sweep, or when a slot is given back."""
+    limit = capacity_limit(pipeline.policy)
+    reason = budget or (
+        f"waiting: {limit} impactful event(s) already approved in its scale set / availability set"
+    )
+    first: list[bool] = []
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        first.clear()
+        if rec is None:
+            return None
+        marked = claims.finish(
+            rec.announced,
+            [t.value for t in settle if claims.is_pending(rec.announced.get(t.value))],
+        )
+        if rec.approval not in ("", "pending", "in_progress") or (
+            rec.approval == "pending"
+            and rec.approval_reason == "capacity"
+            and rec.waiting_for == reason
+        ):
+            return rec if marked else None
+        first.append(True)
+        rec.approval = "pending"
+        rec.approval_claim = ""
+        rec.approval_reason = "capacity"
+        rec.approve_after = None
+        rec.waiting_for = reason
+        decision = rec.decision
+        if decision is not None and "waiting" not in decision.reason:
+            rec.decision = decision.model_copy(update={"reason": f"{decision.reason}; {reason}"})
+        return rec
+
+    if record.approval_reason != "capacity" and record.decision is not None:
+        # Before the row says so (once per event): a host that dies in between leaves the
+        # wait to be found again, and audited again as the same row.
+        pipeline.store.audit(
+            record.event_id,
+            at=now,
+            rule=record.decision.rule,
+            action="approve",
+            outcome="waiting for capacity",
+            detail=reason,
+            once="capacity",
+            anchor=record.decided_at,
+            rank=2,
+        )
+    wait_for_capacity(pipeline.store, record)
+    pipeline.store.mutate_event(record.event_id, change, known=record)
+    return bool(first)
+
+
+def count_started(pipeline: Any, record: EventRecord, now: datetime) -> EventRecord | None:
+    """Azure started it (approved or at NotBefore): it counts in its disruption budgets'
+    groups until it ends, over the limit if they are full (a budget delays an approval,
+    never Azure), and shown so; marked in the row, once."""
+    slots = budget_slots(pipeline.store, record, pipeline.policy, now)
+    if slots:
+        acquire_budgets(pipeline.store, record, slots, now, over=True)
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.budget_counted:
+            return None
+        rec.budget_counted = True
+        rec.waiting_for = ""
+        return rec
+
+    updated, _ = pipeline.store.mutate_event(record.event_id, change, known=record)
+    return updated
+
+
+def flag_unstarted(pipeline: Any, record: EventRecord) -> None:
+    """An event approved through a VM's relay that Azure never started: that VM's reports
+    are suspect, so it takes no slot until one of its events really starts (ingest clears
+    the flag on its first document that lists an event Started)."""
+    vm = record.approved_by
+    if record.approval != "approved" or not vm or vm == "arm" or record.started:
+        return
+    if record.event_type.casefold() in GONE_AFTER:
+        return  # its VM is evicted or deleted: no Started may ever be seen, and no lie
+
+    def change(rec: VmRecord | None) -> VmRecord | None:
+        if rec is None or rec.unstarted == record.event_id:
+            return None
+        rec.unstarted = record.event_id
+        return rec
+
+    pipeline.store.mutate_vm(vm, change)

@@ -7,8 +7,10 @@ recording publisher, a fake clock) without threading it through every function.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 import requests
@@ -17,13 +19,46 @@ from functions.approvers.relay import RelayTarget
 from functions.clock import Clock
 from functions.model.policy import Policy
 from functions.pipeline.admission import Admission, callback_url
-from functions.pipeline.bounds import HeartbeatBound
 from functions.pipeline.liveness_verifier import RegistryVerifier
 from functions.pipeline.publish import Publisher
 from functions.settings import Settings
 from functions.store.liveness import Verifier
 from functions.store.records import VmRecord
 from functions.store.state import Store
+
+# Per-VM bounds that must cost nothing to enforce (issue 27): a VM over one costs no Table
+# request at all, so flooding buys it nothing. Heartbeats: one VM's liveness is worth one
+# write a HEARTBEAT_MIN_SECONDS; more (a relay looping, or a compromised one flooding the
+# heartbeats queue) are counted and dropped in memory before any Table request. Kept per
+# worker: a VM's heartbeats arrive on its own session, so one worker sees nearly all of
+# them; at worst each worker writes one a minute.
+HEARTBEAT_MIN_SECONDS = 60  # relays heartbeat every 300 s by default
+REMEMBERED_VMS = 200_000  # bounds the memory: about 20 MB at most
+
+
+class HeartbeatBound:
+    """When each VM's heartbeat was last let through, on this worker."""
+
+    def __init__(self, min_seconds: float = HEARTBEAT_MIN_SECONDS) -> None:
+        self.interval = timedelta(seconds=min_seconds)
+        self._last: OrderedDict[str, datetime] = OrderedDict()
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def allow(self, vm: str, now: datetime) -> bool:
+        """True (and remembered) when `vm`'s last heartbeat let through is older than the
+        interval; False, counted, otherwise."""
+        key = vm.casefold()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.interval and now >= last:
+                self.dropped += 1
+                return False
+            self._last[key] = now
+            self._last.move_to_end(key)
+            while len(self._last) > REMEMBERED_VMS:
+                self._last.popitem(last=False)
+            return True
 
 
 class WorkQueue(Protocol):

@@ -37,7 +37,7 @@ class HeartbeatResult(BaseModel):
     rejected: int = 0
     unadmitted: int = 0  # from VMs Resource Graph could not describe yet (left out, logged)
     requests: int = 0  # Table transactions the liveness writes took
-    bounded: int = 0  # over the per-VM bound (functions.pipeline.bounds): not written
+    bounded: int = 0  # over the per-VM bound (context.HeartbeatBound): not written
 
 
 def ingest_heartbeats(

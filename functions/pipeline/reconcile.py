@@ -28,27 +28,26 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.model.envelope import PREEMPT, TERMINATE
 from functions.model.event import Transition
-from functions.pipeline.announce import mark_done, publish_claimed
+from functions.pipeline.announce import audit_decision, mark_done, publish_claimed
 from functions.pipeline.approve import approve_event
 from functions.pipeline.capacity import (
     acquire_budgets,
     acquire_capacity,
     budget_slots,
-    capacity_limit,
+    count_started,
+    flag_unstarted,
     holds_capacity,
     release_budgets,
     release_capacity,
-    wait_for_capacity,
+    wait_for_slot,
 )
 from functions.pipeline.context import Pipeline
-from functions.pipeline.decision_audit import audit_decision
 from functions.pipeline.due import ENDS, NOTHING_READ, ORDER, Due, Facts, due
 from functions.pipeline.lifecycle import approval_lease, claim_announcement, end, observed
 from functions.pipeline.redecide import as_event, redecide
 from functions.store import claims
-from functions.store.records import EventRecord, VmRecord
+from functions.store.records import EventRecord
 from functions.store.rows import BadRow
 
 log = logging.getLogger(__name__)
@@ -60,8 +59,6 @@ UNLISTED_AFTER = timedelta(minutes=10)  # an index row with no event row this ol
 # The drain workflow's outcomes: once one is recorded, the drain ran to its end (its steps'
 # rows say what it did), and is not due from the row any more.
 DRAIN_SETTLED = frozenset({"approved", "approval_failed", "held", "skipped"})
-# Types after which the VM is gone (evicted, deleted): never flagged for not starting.
-GONE_AFTER = frozenset(t.casefold() for t in (PREEMPT, TERMINATE))
 END_DETAILS = {
     "silent": "every VM that reported it went silent",
     "unheard": "no Event Grid notification of its end within {limit} s",
@@ -168,7 +165,7 @@ def _reconcile(
         if Transition.OVERDUE in sending:
             # Before the announcement: a crash in between leaves its claim, whose next
             # publish flags again (the flag is idempotent).
-            _flag_unstarted(pipeline, record)
+            flag_unstarted(pipeline, record)
         try:
             publish_claimed(pipeline, record, sending, now, details, mark=not defer)
         except Exception:
@@ -193,7 +190,7 @@ def _reconcile(
         out.closed = True
         return out
     if plan.count:
-        record = _count_started(pipeline, record, now) or record
+        record = count_started(pipeline, record, now) or record
     if plan.drain and worker and pipeline.drainer is not None:
         outcome = _drain(pipeline, record, "drain", worker)
         record = store.recent_event(record.event_id) or record
@@ -374,25 +371,6 @@ def _claim(
     return updated
 
 
-def _flag_unstarted(pipeline: Pipeline, record: EventRecord) -> None:
-    """An event approved through a VM's relay that Azure never started: that VM's reports
-    are suspect, so it takes no slot until one of its events really starts (ingest clears
-    the flag on its first document that lists an event Started)."""
-    vm = record.approved_by
-    if record.approval != "approved" or not vm or vm == "arm" or record.started:
-        return
-    if record.event_type.casefold() in GONE_AFTER:
-        return  # its VM is evicted or deleted: no Started may ever be seen, and no lie
-
-    def change(rec: VmRecord | None) -> VmRecord | None:
-        if rec is None or rec.unstarted == record.event_id:
-            return None
-        rec.unstarted = record.event_id
-        return rec
-
-    pipeline.store.mutate_vm(vm, change)
-
-
 # ------------------------------------------------------------------ drain, approval
 
 
@@ -463,13 +441,13 @@ def _take_slots(pipeline: Pipeline, record: EventRecord, now: datetime, out: Rec
     what, oldest NotBefore first), and is woken when a slot is given back."""
     store = pipeline.store
     if not acquire_capacity(store, record, pipeline.policy, now):
-        out.waiting_for_capacity = _wait_for_capacity(pipeline, record, now, ())
+        out.waiting_for_capacity = wait_for_slot(pipeline, record, now, ())
         return False
     slots = budget_slots(store, record, pipeline.policy, now)
     waiting = acquire_budgets(store, record, slots, now) if slots else ""
     if waiting:
         release_capacity(store, record)
-        out.waiting_for_capacity = _wait_for_capacity(pipeline, record, now, (), waiting)
+        out.waiting_for_capacity = wait_for_slot(pipeline, record, now, (), waiting)
         return False
     return True
 
@@ -481,85 +459,6 @@ def _release(pipeline: Pipeline, record: EventRecord, now: datetime) -> None:
         woken += release_budgets(pipeline.store, record, slots)
     if woken:
         enqueue(pipeline, [e for e in woken if e != record.event_id], now)
-
-
-def _wait_for_capacity(
-    pipeline: Pipeline,
-    record: EventRecord,
-    now: datetime,
-    settle: tuple[Transition, ...],
-    budget: str = "",
-) -> bool:
-    """The set (or a disruption budget's group: `budget`, its waiting text) has no free
-    slot: the approval waits (the row says why, once; its claim, if this caller held it,
-    is given back), and is due again at the next sweep, or when a slot is given back."""
-    limit = capacity_limit(pipeline.policy)
-    reason = budget or (
-        f"waiting: {limit} impactful event(s) already approved in its scale set / availability set"
-    )
-    first: list[bool] = []
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        first.clear()
-        if rec is None:
-            return None
-        marked = claims.finish(
-            rec.announced,
-            [t.value for t in settle if claims.is_pending(rec.announced.get(t.value))],
-        )
-        if rec.approval not in ("", "pending", "in_progress") or (
-            rec.approval == "pending"
-            and rec.approval_reason == "capacity"
-            and rec.waiting_for == reason
-        ):
-            return rec if marked else None
-        first.append(True)
-        rec.approval = "pending"
-        rec.approval_claim = ""
-        rec.approval_reason = "capacity"
-        rec.approve_after = None
-        rec.waiting_for = reason
-        decision = rec.decision
-        if decision is not None and "waiting" not in decision.reason:
-            rec.decision = decision.model_copy(update={"reason": f"{decision.reason}; {reason}"})
-        return rec
-
-    if record.approval_reason != "capacity" and record.decision is not None:
-        # Before the row says so (once per event): a host that dies in between leaves the
-        # wait to be found again, and audited again as the same row.
-        pipeline.store.audit(
-            record.event_id,
-            at=now,
-            rule=record.decision.rule,
-            action="approve",
-            outcome="waiting for capacity",
-            detail=reason,
-            once="capacity",
-            anchor=record.decided_at,
-            rank=2,
-        )
-    wait_for_capacity(pipeline.store, record)
-    pipeline.store.mutate_event(record.event_id, change, known=record)
-    return bool(first)
-
-
-def _count_started(pipeline: Pipeline, record: EventRecord, now: datetime) -> EventRecord | None:
-    """Azure started it (approved or at NotBefore): it counts in its disruption budgets'
-    groups until it ends, over the limit if they are full (a budget delays an approval,
-    never Azure), and shown so; marked in the row, once."""
-    slots = budget_slots(pipeline.store, record, pipeline.policy, now)
-    if slots:
-        acquire_budgets(pipeline.store, record, slots, now, over=True)
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or rec.budget_counted:
-            return None
-        rec.budget_counted = True
-        rec.waiting_for = ""
-        return rec
-
-    updated, _ = pipeline.store.mutate_event(record.event_id, change, known=record)
-    return updated
 
 
 def _give_back_approval(pipeline: Pipeline, event_id: str, me: str) -> None:
