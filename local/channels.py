@@ -61,6 +61,18 @@ def short_retries(policy_type: Any) -> Any:
     )
 
 
+def slack_pacer(external: dict[str, str], time_scale: float) -> Any:
+    """Slack's pacing in the demo: a real webhook (SLACK_WEBHOOK_URL) gets Slack's one post
+    a second; the local receiver gets it at the demo's time scale, like every real-world
+    wait here: at 60x, a second per post would leave Slack's messages a minute behind the
+    maintenance they tell of."""
+    from functions.notify.pacing import SLACK_INTERVAL_SECONDS, WebhookPacer
+
+    if "slack" in external:
+        return None  # the process's pacer: one a second
+    return WebhookPacer(SLACK_INTERVAL_SECONDS / time_scale)
+
+
 def routed(channel: str, note: Any, marks: Any = None) -> str | None:
     """Whether a channel sends this notification, as the channel code itself decides it
     (with `marks`, the channels' own: PagerDuty resolves only what it paged)."""

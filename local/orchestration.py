@@ -25,6 +25,7 @@ from local.channels import (
     channel_values,
     pagerduty_action,
     short_retries,
+    slack_pacer,
 )
 from local.demo_backtest import run_backtest
 from local.demo_ledger import CLOCK_DIR, ledger_outcomes
@@ -319,7 +320,11 @@ class Demo(DemoState):
         session = requests.Session()
         self.stack.callback(session.close)
         # Short waits: at 60x a real retry schedule would outlast the event.
-        transport = Transport(session=session, policy=short_retries(RetryPolicy))
+        transport = Transport(
+            session=session,
+            policy=short_retries(RetryPolicy),
+            pacer=slack_pacer(self.external, self.options.time_scale),
+        )
         # Posted once per channel, and kept past the last delivery, as in Azure: the
         # deliveries table (Azurite) and the notify_kept timer (local/kept_worker.py).
         ledger = DeliveryLedger.from_connection_string(

@@ -144,6 +144,9 @@ class Transport:
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     # Where senders mark what they sent when no deliveries table is given (dispatch passes it).
     marks: Marks = field(default_factory=MemoryMarks)
+    # Slack's pacing (functions.notify.pacing.WebhookPacer); None: the process's own, one
+    # post a second per webhook. The local demo paces its local receiver at its time scale.
+    pacer: Any = None
 
 
 def post_json(

@@ -150,7 +150,7 @@ def build_message(note: Notification, now: datetime) -> dict[str, Any]:
 
 
 def send(
-    note: Notification, *, url: str, transport: Transport, pacer: WebhookPacer = SLACK_PACER
+    note: Notification, *, url: str, transport: Transport, pacer: WebhookPacer | None = None
 ) -> bool:
     """Post the message; False when Slack has nothing to say about this transition.
 
@@ -158,11 +158,13 @@ def send(
     `no_service` / `channel_not_found` and 410 `channel_is_archived` cannot be fixed by a
     retry (recorded as rejected); 429 is retried after its Retry-After (delivery.post_json),
     and holds every other post to the webhook as long (functions.notify.pacing). Posts to
-    one webhook go out about one a second, as Slack asks.
+    one webhook go out about one a second, as Slack asks (`pacer`, else the transport's,
+    else the process's).
     """
     if not wants(note):
         log.info("slack: %s is covered by the decided message", note.message_id())
         return False
+    pacer = pacer or transport.pacer or SLACK_PACER
     paced = replace(transport, session=PacedSession(transport.session, pacer, transport.sleep))
     post_json(paced, "slack", url, dumps(build_message(note, transport.clock())))
     log.info("slack: posted %s", note.message_id())

@@ -89,6 +89,22 @@ def test_a_retry_after_holds_every_post_to_that_webhook(receiver: SlackReceiver)
     assert [r.status for r in received if r.at > limited[0].at] == [200, 200, 200]
 
 
+def test_a_transports_pacer_is_the_one_its_posts_wait_for(receiver: SlackReceiver) -> None:
+    """The local demo paces its local receiver at its time scale (local.channels.
+    slack_pacer): posts sent through a transport with a pacer of its own keep that pace,
+    not the process's one a second."""
+    pacer = WebhookPacer(INTERVAL)
+    transport = Transport(requests.Session(), RetryPolicy(backoff_seconds=0.05), pacer=pacer)
+    for i in range(3):
+        slack.send(
+            note(Transition.APPROVED, event(f"EV-{i}")), url=receiver.url, transport=transport
+        )
+    received = receiver.received
+    assert [r.status for r in received] == [200] * 3
+    gaps = [b.at - a.at for a, b in itertools.pairwise(received)]
+    assert min(gaps) >= INTERVAL - 0.1 and max(gaps) < 0.9, gaps
+
+
 def test_webhooks_are_paced_apart_and_a_hold_moves_the_next_slot() -> None:
     now = [100.0]
     pacer = WebhookPacer(1.0, clock=lambda: now[0])
