@@ -28,8 +28,14 @@ def announcement(note: Any, channels: list[str], marks: Any = None) -> tuple[str
         kind = "decide"
         text = f"decided {decision.action.upper()} by rule {decision.rule}"
         generic = f"rule '{decision.rule}': {decision.action}"
-        if decision.reason and decision.reason != generic:
-            text += f": {decision.reason}"
+        # A wait for a slot is said once, as the cards say it ("Waiting"), not in the reason.
+        reason = decision.reason
+        if note.waiting:
+            reason = reason.replace(f"; {note.waiting}", "")
+        if reason and reason != generic:
+            text += f": {reason}"
+        if note.waiting:
+            text += f", {note.waiting}"
         if note.event is not None and note.event.event_status == "Started":
             text += " (already Started: nothing to approve)"
         if decision.dry_run:

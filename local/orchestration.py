@@ -28,6 +28,7 @@ from local.channels import (
     slack_pacer,
 )
 from local.demo_backtest import run_backtest
+from local.demo_budget import budget_outcomes, place_fleet, sync_placements
 from local.demo_ledger import CLOCK_DIR, ledger_outcomes
 from local.demo_ledger import LEAD as LEDGER_LEAD
 from local.demo_ready import ready_outcomes
@@ -37,7 +38,7 @@ from local.kept_worker import EVERY_SECONDS, KEPT, KeptWorker, kept_by
 from local.narration import announcement, receiver_news, subject
 from local.options import DemoOptions
 from local.outcomes import check_outcomes
-from local.plan import DEMO_RULES, Step, demo_policy
+from local.plan import DEMO_BUDGETS, DEMO_RULES, Step, demo_policy
 from local.receivers import (
     DrainHookReceiver,
     PagerDutyReceiver,
@@ -79,7 +80,11 @@ class Demo(DemoState):
             )
         else:
             names = ", ".join(rule.name for rule in DEMO_RULES)
-            self.timeline.add("decide", "policy", f"{self.policy_source}: {names} first")
+            budgets = "; ".join(
+                f"budget {b.name}: {b.max_unavailable} out at a time per {', '.join(b.group_by)}"
+                for b in DEMO_BUDGETS
+            )
+            self.timeline.add("decide", "policy", f"{self.policy_source}: {names} first; {budgets}")
         self._start_receivers()
         self._start_simulator()
         if "local functions host" not in self.missing:
@@ -160,6 +165,7 @@ class Demo(DemoState):
             )
             if sorted(added) != sorted(members):
                 raise ValueError(f"scale set {name}: instances must be named {added}")
+        place_fleet(self.sim, self.options.fleet)  # zones and tags: Azure's facts
         self.server = SimulatorServer(self.sim, host="127.0.0.1", port=0).start()
         self.stack.callback(self.server.stop)
         groups = ", ".join(f"{vm.name} ({vm.group})" for vm in self.options.fleet)
@@ -244,6 +250,9 @@ class Demo(DemoState):
             # A copy for later after an outage waits as long in the demo's time as in Azure.
             later_scale=1.0 / self.options.time_scale,
         )
+        # The identity sync's pass (its timer's code), before any relay reports: the
+        # placements and group sizes the decider's disruption budgets read.
+        sync_placements(self)
         stop = threading.Event()
         thread = threading.Thread(
             target=self.host.run_forever,
@@ -516,9 +525,14 @@ class Demo(DemoState):
     def outcomes(self) -> list[Outcome]:
         """What the demo promised, checked against what each part actually observed; then
         the backtest of its own history (local/demo_backtest.py) and each Freeze's impact
-        ledger (local/demo_ledger.py), while Azurite still runs."""
+        ledger (local/demo_ledger.py), and the budget's lane (local/demo_budget.py), while
+        Azurite still runs."""
         return (
-            check_outcomes(self) + run_backtest(self) + ledger_outcomes(self) + ready_outcomes(self)
+            check_outcomes(self)
+            + budget_outcomes(self)
+            + run_backtest(self)
+            + ledger_outcomes(self)
+            + ready_outcomes(self)
         )
 
     # ------------------------------------------------------------------ shutting down

@@ -88,16 +88,21 @@ def differs_from_the_demo(demo: DemoState, event_id: str) -> str | None:
     load = getattr(getattr(demo, "settings", None), "policy", None)
     yours = getattr(load, "policy", None)
     theirs = demo_policy()
-    if yours is None or yours.model_dump(exclude={"rules"}) != theirs.model_dump(exclude={"rules"}):
-        return "your policy's dry run, windows, capacity, budgets or paging are not the demo's"
+    # Budgets are compared below, as they cover this event: the demo's one covers only
+    # the checkout VMs, and your policy without it decides the others as the demo's does.
+    mine = {"rules", "budgets"}
+    if yours is None or yours.model_dump(exclude=mine) != theirs.model_dump(exclude=mine):
+        return "your policy's dry run, windows, capacity or paging are not the demo's"
     event = ScheduledEvent.model_validate(note.event.imds_fields())
     default = decide(theirs, event, note.occurred_at, note.event.scale_sets)
+    fleet = demo.options.fleet
     aspects = {
         "action": (ours.action, default.action),
         "dry run": (ours.dry_run, default.dry_run),
         "paging": (ours.page, default.page),
         "channels": (set(ours.channels), set(default.channels)),
         "window": (ours.approve_after, default.approve_after),
+        "budgets": (covering(yours, event, fleet), covering(theirs, event, fleet)),
     }
     differ = [what for what, (a, b) in aspects.items() if a != b]
     if differ:
@@ -106,6 +111,30 @@ def differs_from_the_demo(demo: DemoState, event_id: str) -> str | None:
             f"yours: {mine} by rule {ours.rule}; the demo's: {demos} ({', '.join(differ)} differ)"
         )
     return None
+
+
+def covering(policy: Any, event: Any, fleet: tuple[Any, ...]) -> list[str]:
+    """The budgets of `policy` that cover `event`'s VMs where the fleet places them (the
+    zones, sets and tags the demo gave the simulator's Resource Manager), as JSON."""
+    from functions.model.budgets import Placement, why_not_covered
+
+    specs = {vm.name.casefold(): vm for vm in fleet}
+    found: set[str] = set()
+    for name in event.resources:
+        spec = specs.get(name.casefold())
+        if spec is None:
+            continue
+        placement = Placement(
+            name=spec.name,
+            zone=spec.zone,
+            scale_set=spec.scale_set,
+            availability_set=spec.availability_set,
+            tags=spec.tags,
+        )
+        found |= {
+            b.model_dump_json() for b in policy.budgets if not why_not_covered(b, event, placement)
+        }
+    return sorted(found)
 
 
 def policy_difference(demo: DemoState, name: str, track: EventTrack) -> Outcome:

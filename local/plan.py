@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from functions.model.budgets import Budget
 from functions.model.policy import Match, Policy, Rule, default_rules
 
 
@@ -25,13 +26,20 @@ class VmSpec(BaseModel):
     # first deploy sets it up, no script of the operator's, its readiness probe on: the
     # bridge drains it through the probe (issue 38).
     hooks: bool = True
+    # Azure's facts about it, which Resource Graph answers (budgets group by them).
+    zone: str | None = None
+    tags: dict[str, str] = {}
 
     @property
     def group(self) -> str:
+        placed = "".join(
+            [f", zone {self.zone}" if self.zone else ""]
+            + [f", {name}={value}" for name, value in sorted(self.tags.items())]
+        )
         if self.availability_set:
-            return f"availability set {self.availability_set}"
+            return f"availability set {self.availability_set}{placed}"
         if self.scale_set:
-            return f"scale set {self.scale_set}"
+            return f"scale set {self.scale_set}{placed}"
         kind = "Spot VM" if self.spot else "standalone VM"
         if not self.relay:
             kind += ", no relay, Event Grid"
@@ -49,6 +57,9 @@ class Step(BaseModel):
     scenario: str
     target: str  # a VM name, or an availability set name for set-wide events
     story: str = ""  # what the audience should expect, in words
+    # The demo policy's disruption budget that covers it: steps naming the same budget
+    # take turns, each approved only once the one before is over (local.demo_budget).
+    budget: str | None = None
     approved_via: str | None = None  # "arm": must be approved through Resource Manager
     drain: bool = False  # the demo's policy drains it: drained, approved, undrained if back
 
@@ -62,11 +73,16 @@ FLEET: tuple[VmSpec, ...] = (
     VmSpec(name="legacy-1", relay=False, event_grid=True),
     VmSpec(name="batch-1", callback_down=True),
     VmSpec(name="app-1"),
+    # One service over two zonal scale sets: the budget one-per-service lets one out at a time.
+    VmSpec(name="checkout-z1_0", scale_set="checkout-z1", zone="1", tags={"service": "checkout"}),
+    VmSpec(name="checkout-z2_0", scale_set="checkout-z2", zone="2", tags={"service": "checkout"}),
 )
 
 # The demo's policy: Microsoft's reference rules (functions.model.policy.default_rules), with
 # two rules in front that drain what operators take out of rotation first: a reboot or
-# redeploy of the app VMs, and a Spot eviction. Your POLICY__* settings replace it.
+# redeploy of the app VMs, and a Spot eviction; and a disruption budget: at most one VM of
+# each service (its `service` tag, from Resource Graph) out at a time, whatever its scale
+# set or zone. Your POLICY__* settings replace it.
 DEMO_RULES: tuple[Rule, ...] = (
     Rule(
         name="drain-app-reboots",
@@ -77,9 +93,14 @@ DEMO_RULES: tuple[Rule, ...] = (
 )
 
 
+DEMO_BUDGETS: tuple[Budget, ...] = (
+    Budget(name="one-per-service", group_by=("tag:service",), max_unavailable=1),
+)
+
+
 def demo_policy() -> Policy:
     """The policy the demo runs with when no POLICY__* setting is given."""
-    return Policy(rules=(*DEMO_RULES, *default_rules()))
+    return Policy(rules=(*DEMO_RULES, *default_rules()), budgets=DEMO_BUDGETS)
 
 
 PLAN: tuple[Step, ...] = (
@@ -96,10 +117,26 @@ PLAN: tuple[Step, ...] = (
         story="user-initiated reboot: approved at once",
     ),
     Step(
+        at=1.5,
+        scenario="user-reboot",
+        target="checkout-z1_0",
+        story="patch-run reboot of the checkout VM in zone 1: approved at once, it takes the "
+        "budget one-per-service",
+        budget="one-per-service",
+    ),
+    Step(
         at=2.0,
         scenario="platform-reboot",
         target="web-as",
         story="platform reboot of the set: held, announced once",
+    ),
+    Step(
+        at=2.5,
+        scenario="user-reboot",
+        target="checkout-z2_0",
+        story="patch-run reboot of the checkout VM in zone 2 (another scale set): waits for "
+        "the budget, approved once zone 1's VM is back",
+        budget="one-per-service",
     ),
     Step(
         at=3.0,

@@ -68,7 +68,7 @@ def test_a_signal_stops_every_relay_and_cleans_up(sig: signal.Signals, code: int
     read_until(proc, r"(\d+) relays polling")
     relays = sum(vm.relay for vm in FLEET)  # one relay per VM that has one
     # ... and the hook unit's stand-in that runs their hook scripts (local/hook_unit.py).
-    assert len(processes_mentioning(workdir)) == relays + 1 == 8
+    assert len(processes_mentioning(workdir)) == relays + 1 == 10
     assert len(processes_mentioning(f"local.hook_unit {workdir}")) == 1
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=30)

@@ -292,3 +292,27 @@ def test_each_freeze_s_ledger_shows_the_pause_its_relay_lived_through(played: Pl
     checked = [o for o in played.outcomes if "its relay measured the pause" in o.name]
     assert len(checked) == 2 and all(o.ok for o in checked), checked
     assert "ledger: web-1:" in played.story()
+
+
+def test_the_budget_holds_the_second_checkout_vm_until_the_first_is_back(played: Played):
+    """Issue 39: one service over two zonal scale sets, the demo's budget one-per-service.
+    The zone 2 VM's reboot waits (its Teams card says for what and who holds it), and IMDS
+    gets its StartRequests only after the zone 1 VM's reboot left the documents."""
+    first = played.track("user-reboot", "checkout-z1_0")
+    second = played.track("user-reboot", "checkout-z2_0")
+    (took,) = played.approvals("user-reboot", "checkout-z1_0")
+    (waited,) = played.approvals("user-reboot", "checkout-z2_0")
+    assert took.at < second.first_seen_wall, played.story()  # the first held it already
+    back = first.first_seen_wall + timedelta(seconds=first.removed_at - first.first_seen)
+    assert back <= waited.at < second.not_before, played.story()
+    assert second.started_wall >= back
+    teams = played.demo.receivers["teams"].accepted()
+    (card,) = [
+        TeamsReceiver.card_text(r)
+        for r in teams
+        if second.event_id.encode() in r.raw and '"Decision"' in r.raw.decode()
+    ]
+    assert "waiting for budget one-per-service (1 of 1: checkout-z1_0)" in card, card
+    lane = [o for o in played.outcomes if "budget one-per-service" in o.name]
+    assert len(lane) >= 3 and all(o.ok and not o.skipped for o in lane), lane
+    assert "decided APPROVE by rule user-initiated, waiting for budget" in played.story()

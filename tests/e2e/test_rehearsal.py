@@ -125,3 +125,24 @@ def test_the_readiness_probe_is_judged_only_where_your_policy_drains():
     assert held.skipped and "yours: HOLD" in held.detail
     drained = outcome(demo_policy(), Decision(action="drain", rule="drain-app-reboots"))
     assert not drained.skipped and not drained.ok  # judged: it never left rotation
+
+
+def test_your_policy_without_the_demos_budget_is_judged_where_that_budget_covers_nothing():
+    """Issue 39: the demo's budget one-per-service covers only the checkout VMs. Your
+    policy with the demo's rules and no budget decides a Spot VM's reboot as the demo's
+    does (judged), a checkout VM's not (its budget differs: shown, not judged)."""
+    from local.outcomes import differs_from_the_demo
+    from local.plan import DEMO_RULES
+
+    yours = Policy(rules=(*DEMO_RULES, *default_rules()))
+    for vm, differs in (("spot-1", False), ("checkout-z2_0", True)):
+        track, snapshot = _event(f"EV-{vm}", "Reboot", "User", vm)
+        event = ScheduledEvent.model_validate(snapshot.imds_fields())
+        demo = _demo(yours, snapshot, decide(yours, event, NOW, ()))
+        why = differs_from_the_demo(demo, track.event_id)
+        assert (why is not None) == differs, (vm, why)
+        if differs:
+            assert "budgets differ" in why
+        # With the demo's budget too, both are decided as the demo's policy decides them.
+        demo = _demo(demo_policy(), snapshot, decide(demo_policy(), event, NOW, ()))
+        assert differs_from_the_demo(demo, track.event_id) is None
