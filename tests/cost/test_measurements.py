@@ -110,3 +110,17 @@ def test_relays_heartbeat_with_one_table_request_each(azurite: str) -> None:
     assert (
         counts["table_entities_per_relay_heartbeat"] == counts["table_requests_per_relay_heartbeat"]
     )
+
+
+def test_the_budget_wave_sees_a_wave_over_its_budget_and_one_held_to_it(azurite: str) -> None:
+    """The bench's budget phase (tests/bench/budget_wave.py), small and quick: 10 VMs of
+    one service, a budget of 20 % (2 out at once). Without the budget in the policy the
+    instrument sees every VM out at once (8 over); with it, never more than 2, in rounds."""
+    from tests.bench import budget_wave
+
+    loose = budget_wave.run(azurite, 10, enforced=False, impact=0.3)
+    assert loose["budget_approved"] == 10 and loose["budget_peak_over_limit"] == 8, loose
+    held = budget_wave.run(azurite, 10, impact=0.3)
+    assert held["budget_approved"] == 10 and held["budget_limit"] == 2, held
+    assert held["budget_peak_over_limit"] == 0 and held["budget_peak_rows"] == 2, held
+    assert held["budget_wait_max_s"] >= 4 * 0.3, held  # the fifth round, after four impacts
