@@ -119,8 +119,10 @@ def relay_env() -> dict[str, str]:
     }
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    """Poll until `condition()` is truthy; return its value or fail with a clear message."""
+def wait_for(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02) -> Any:
+    """Poll until `condition()` is truthy; return its value or fail with a clear message.
+    30 s: a relay polling every 0.1 s shows a change in well under a second, but on a
+    2-core machine running the suite on every core a 10 s wait once ran out."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
