@@ -22,7 +22,9 @@
   again with disruption budgets (placements and group sizes written too);
 - the chaos suite (tests/chaos, issue 40): the demo's whole stack under injected faults,
   each run compared with the fault-free run of its plan, in processes of its own beside
-  every other phase (it mostly waits: its plans play at 20x real time).
+  every other phase but ingest (it mostly waits: its plans play at 20x real time);
+- the wave (issue 37), a wave under a disruption budget (issue 39), and the crash-point
+  explorer with its invariants (tests/crash, in a process of its own).
 
 Each measurement is a Phase in PHASES (its name, its progress line, a function returning
 its keys, the Azurite it uses): a new key is a new phase, or one more key in a phase's
@@ -499,9 +501,12 @@ class Phase:
     # Run in a thread while the next phase runs: both mostly wait (the relay's polling,
     # the end-to-end approvals at real time), and neither measures the other's CPU.
     beside_next: bool = False
-    # Run in a thread from the start, beside every other phase, joined at the end: the
-    # chaos suite mostly waits (its plans play at 20x real time) in processes of its own.
+    # Run in a thread beside every other phase, joined at the end: the chaos suite mostly
+    # waits (its plans play at 20x real time) in processes of its own.
     background: bool = False
+    # Run before any background phase starts, with nothing beside it: a throughput that
+    # wants both cores (ingest_docs_per_s).
+    alone: bool = False
 
 
 def _relay_phase(bench: Bench) -> dict[str, Any]:
@@ -570,10 +575,18 @@ def _budget_phase(bench: Bench) -> dict[str, Any]:
 
 
 def _crash_phase(bench: Bench) -> dict[str, Any]:
-    from tests.crash.explore import crash_points
-
+    """The crash-point explorer in a process of its own (it routes every urllib3 request of
+    its process through its faults, which would crash the phase beside it); its tables on
+    stderr, as `python -m tests.crash` prints them."""
     chosen = bench.args.crash_scenarios or list(CRASH_BENCH)
-    return crash_points(bench.azurite("crash"), None if chosen == ["all"] else chosen)
+    argv = [sys.executable, "-m", "tests.crash", "--json"]
+    argv += [] if chosen == ["all"] else chosen
+    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
+    found = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not found:
+        raise RuntimeError(f"crash points: exit {done.returncode}, no result line")
+    numbers: dict[str, Any] = json.loads(found[-1])
+    return numbers
 
 
 # The scenarios the bench explores by default: those of the latest lifecycle changes (issue
@@ -592,6 +605,17 @@ CRASH_BENCH = (
 
 
 PHASES: list[Phase] = [
+    # Issue 11's throughput first, with the machine to itself (the phases beside the others
+    # start after it).
+    Phase(
+        "ingest",
+        lambda a: f"ingest: {a.ingest_vms * 4} documents on Azurite",
+        lambda b: ingest_throughput(
+            b.azurite("state"), b.args.ingest_vms, b.args.ingest_processes, b.args.ingest_threads
+        ),
+        azurite="state",
+        alone=True,
+    ),
     # Issue 40: the demo's whole stack under injected faults (tests/chaos), beside the rest.
     Phase(
         "chaos",
@@ -603,20 +627,25 @@ PHASES: list[Phase] = [
         "relay",
         lambda a: f"relay: {a.relay_seconds:g} s of polling beside the plain loop",
         _relay_phase,
-        beside_next=True,  # its CPU is read per process from /proc; the next one is light
+        # Beside every other phase, as the chaos suite: it mostly waits (1 s polls), its
+        # CPU and memory are read per process from /proc, and what load adds to a change's
+        # detection is milliseconds against the 1 s poll.
+        background=True,
     ),
+    # Beside the crash points: the approvals wait on 1 s polls at real time (about 15 s of
+    # CPU in 100 s), the explorer is CPU on fixed clocks; neither measures the other.
     Phase(
         "approve_e2e",
         lambda a: f"approve end to end: {a.approve_samples} auto-approved events",
         lambda b: approve_e2e(b.args.approve_samples),
+        beside_next=True,
     ),
+    # Issue 31: every request of every lifecycle scenario, crashed before and answer lost
+    # (tests/crash, docs/crash-explorer.md), in a process and an Azurite of its own.
     Phase(
-        "ingest",
-        lambda a: f"ingest: {a.ingest_vms * 4} documents on Azurite",
-        lambda b: ingest_throughput(
-            b.azurite("state"), b.args.ingest_vms, b.args.ingest_processes, b.args.ingest_threads
-        ),
-        azurite="state",
+        "crash",
+        lambda a: f"crash points: {', '.join(a.crash_scenarios or CRASH_BENCH)}",
+        _crash_phase,
     ),
     Phase(
         "fanout",
@@ -675,14 +704,6 @@ PHASES: list[Phase] = [
         _budget_phase,
         azurite="budget",
     ),
-    # Issue 31: every request of every lifecycle scenario, crashed before and answer lost
-    # (tests/crash, docs/crash-explorer.md); its own Azurite (thousands of small tables).
-    Phase(
-        "crash",
-        lambda a: f"crash points: {', '.join(a.crash_scenarios or CRASH_BENCH)}",
-        _crash_phase,
-        azurite="crash",
-    ),
 ]
 
 
@@ -704,14 +725,19 @@ def run_phases(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
         return found
 
     beside = ThreadPoolExecutor(max_workers=1)
-    background = ThreadPoolExecutor(max_workers=1)
-    behind = []
-    for phase in (p for p in phases if p.background):
-        progress(phase.describe(args))
-        behind.append(background.submit(measured, phase))
+    background = ThreadPoolExecutor(max_workers=max(1, sum(p.background for p in phases)))
+    behind: list[Any] = []
+
+    def start_background() -> None:
+        for phase in (p for p in phases if p.background):
+            progress(phase.describe(args))
+            behind.append(background.submit(measured, phase))
+
     pending: Any = None
     try:
         for i, phase in enumerate(p for p in phases if not p.background):
+            if not phase.alone and not behind:
+                start_background()
             progress(phase.describe(args))
             if phase.beside_next and i + 1 < len(foreground) and pending is None:
                 pending = beside.submit(measured, phase)
@@ -723,6 +749,8 @@ def run_phases(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
             results.update({k: v for k, v in found.items() if not k.startswith("_")})
             if phase.azurite and last_use[phase.azurite] == i:
                 bench.release(phase.azurite)
+        if not behind:
+            start_background()
         for future in behind:
             results.update({k: v for k, v in future.result().items() if not k.startswith("_")})
     finally:

@@ -1,8 +1,10 @@
-"""`python -m tests.crash [--exhaustive] [scenario ...]`: explore every scenario (or the
-named ones) on a fresh Azurite and print a table per scenario: points tried, same,
+"""`python -m tests.crash [--exhaustive] [--json] [scenario ...]`: explore every scenario
+(or the named ones) on a fresh Azurite and print a table per scenario: points tried, same,
 different, and for each different one the first differing row or effect. `--exhaustive`
 runs every crash point instead of one per group of equivalent points
-(explore.equivalence)."""
+(explore.equivalence). `--json` (what `make bench` runs, in a process of its own: the
+explorer routes every urllib3 request of its process through its faults) prints the
+tables on stderr and one JSON line of the bench's crash keys on stdout."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import logging
 import sys
 
 from local.azurite import Azurite
-from tests.crash.explore import explore_all
+from tests.crash.explore import crash_points, explore_all
 from tests.crash.scenarios import SCENARIOS
 
 
@@ -28,7 +30,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--exhaustive", action="store_true", help="run every point, not one per equivalent group"
     )
+    parser.add_argument(
+        "--json", action="store_true", help="tables on stderr, the bench's keys as one JSON line"
+    )
     args = parser.parse_args(argv)
+    if args.json:
+        with Azurite() as azurite:
+            print(json.dumps(crash_points(azurite.connection_string, args.scenarios or None)))
+        return 0
     logging.disable(logging.CRITICAL)  # the code under test logs every crash it survives
     with Azurite() as azurite:
         total = divergent = 0
