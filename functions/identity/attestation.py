@@ -277,9 +277,8 @@ class AttestationVerifier:
         claimed = vm.get("vm_id") if isinstance(vm, dict) else None
         if not isinstance(claimed, str) or not claimed:
             raise AttestationError("envelope has no vm.vm_id")
-        return self.verify_document(
-            attestation["signature"], now, nonces=binding_nonces(envelope), vm_id=claimed
-        )
+        nonces = binding_nonces(envelope)
+        return self.verify_document(attestation["signature"], now, nonces=nonces, vm_id=claimed)
 
     def verify_document(
         self,

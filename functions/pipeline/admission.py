@@ -58,7 +58,6 @@ from functions.identity.attestation import (
     AttestationError,
     AttestationUnavailable,
     AttestationVerifier,
-    Attested,
 )
 from functions.identity.facts import (
     FactsUnavailable,
@@ -189,8 +188,10 @@ class Admission:
 
     def admit(
         self, body: bytes | str, envelope: Envelope, now: datetime, *, patient: bool = True
-    ) -> Identity:
-        """The sender's identity, its facts fresh enough and its current key remembered.
+    ) -> VmRef:
+        """The sender as Azure describes it (its facts fresh enough, its current key
+        remembered), in the shape the rest of ingest reads: the message's own VM
+        reference is replaced by this one.
 
         Raises NotAdmitted (reject the message, with the reason) or FactsUnavailable
         (Resource Graph down, throttled or not yet showing a new VM, or the attestation
@@ -203,7 +204,7 @@ class Admission:
             self.tally.count("rejected", now, unverified[0] if unverified else None)
             raise
         self.tally.count("admitted", now, unverified[0] if unverified else None)
-        return identity
+        return trusted_ref(identity.facts, self.callback_port)
 
     def _admit(
         self,
@@ -226,17 +227,38 @@ class Admission:
             key = parse_callback_key(envelope.callback_key.model_dump())
         except InvalidCallbackKey as exc:
             raise NotAdmitted(f"callback_key: {exc}") from None
-        attested = self._attest(body, envelope, now, unverified)
-        if attested is None:  # report mode, the document failed: only its own VM's key
-            return self._by_own_key(envelope, key, unverified[0])
-        vm_id = attested.vm_id
         try:
-            identity = self.identities.enroll(vm_id, key)
-        except TooManyKeys as exc:
+            attested = self.verifier.verify(body, now)
+        except AttestationUnavailable as exc:
+            raise FactsUnavailable(f"attestation cannot be checked now: {exc}") from None
+        except AttestationError as exc:
+            # Report mode, the document failed: only its own VM's key admits it.
+            failed = self._unverified(exc, envelope.vm.vm_id, now)
+            unverified.append(failed)
+            identity = self._by_own_key(key, failed)
+        else:
+            try:
+                identity = self.identities.enroll(attested.vm_id, key)
+            except (TooManyKeys, ResourceGraphRefused, UnknownVm) as exc:
+                self._not_enrolled(exc, attested.vm_id, now - envelope.observed_at, patient)
+                raise
+            facts = identity.facts
+            if facts.subscription_id.casefold() != attested.subscription_id.casefold():
+                raise NotAdmitted(
+                    f"attestation: subscription {attested.subscription_id} does not match "
+                    f"Resource Graph's {facts.subscription_id} for vmId {attested.vm_id}"
+                )
+        _note_claims(envelope.vm.name, identity.facts)
+        return identity
+
+    def _not_enrolled(self, exc: Exception, vm_id: str, age: timedelta, patient: bool) -> None:
+        """Why an attested VM could not be enrolled: NotAdmitted (reject, with the reason)
+        or FactsUnavailable (retry later); returns when `exc` itself is to be raised again.
+        `age`: the message's; `patient` waits a little first."""
+        if isinstance(exc, TooManyKeys):
             raise NotAdmitted(str(exc)) from None
-        except ResourceGraphRefused as exc:
+        if isinstance(exc, ResourceGraphRefused):
             log_refusal_once(exc)
-            age = now - envelope.observed_at
             if age > CONFIG_ERROR_PATIENCE:
                 raise NotAdmitted(
                     f"vmId {vm_id}: Resource Graph refused the app's query for "
@@ -246,32 +268,22 @@ class Admission:
                 ) from None
             if patient:
                 self.sleep(CONFIG_ERROR_WAIT_SECONDS)
-            raise
-        except UnknownVm as exc:
-            # Resource Graph lags a new VM by about a minute: retry, slowly (Service Bus
-            # redelivers at once, and 10 quick deliveries would dead-letter a VM's first
-            # document). Long after the message, the VM is not coming: rejected, saying why.
-            age = now - envelope.observed_at
-            if age > UNKNOWN_VM_PATIENCE:
-                raise NotAdmitted(
-                    f"vmId {vm_id} is not in Resource Graph "
-                    f"{int(age.total_seconds() // 60)} min after this message: is the app's "
-                    "identity Reader on the VM's resource group (vmScopes), and its "
-                    "subscription in ALLOWED_SUBSCRIPTIONS?"
-                ) from None
-            if patient:
-                self.sleep(UNKNOWN_VM_WAIT_SECONDS)
-            raise FactsUnavailable(f"Resource Graph does not know vmId yet: {exc}") from None
-        facts = identity.facts
-        if facts.subscription_id.casefold() != attested.subscription_id.casefold():
+            return
+        # UnknownVm: Resource Graph lags a new VM by about a minute: retry, slowly (Service
+        # Bus redelivers at once, and 10 quick deliveries would dead-letter a VM's first
+        # document). Long after the message, the VM is not coming: rejected, saying why.
+        if age > UNKNOWN_VM_PATIENCE:
             raise NotAdmitted(
-                f"attestation: subscription {attested.subscription_id} does not match "
-                f"Resource Graph's {facts.subscription_id} for vmId {attested.vm_id}"
-            )
-        self._note_claims(envelope, facts)
-        return identity
+                f"vmId {vm_id} is not in Resource Graph "
+                f"{int(age.total_seconds() // 60)} min after this message: is the app's "
+                "identity Reader on the VM's resource group (vmScopes), and its "
+                "subscription in ALLOWED_SUBSCRIPTIONS?"
+            ) from None
+        if patient:
+            self.sleep(UNKNOWN_VM_WAIT_SECONDS)
+        raise FactsUnavailable(f"Resource Graph does not know vmId yet: {exc}") from None
 
-    def _by_own_key(self, envelope: Envelope, key: CallbackKey, failed: Unverified) -> Identity:
+    def _by_own_key(self, key: CallbackKey, failed: Unverified) -> Identity:
         """Report mode, a document that failed: the VM it claims, if the message carries
         that VM's current key from an attested message; else NotAdmitted. One Table read;
         no Resource Graph query, no wait, no write."""
@@ -284,7 +296,6 @@ class Admission:
                 key.key_id,
                 failed.check,
             )
-            self._note_claims(envelope, known.facts)
             return known
         if known is None or known.current_key is None:
             why = "this vmId has no callback key from an attested message"
@@ -297,37 +308,28 @@ class Admission:
             f"VM's enrolled callback key: {why})"
         )
 
-    def _attest(
-        self, body: bytes | str, envelope: Envelope, now: datetime, unverified: list[Unverified]
-    ) -> Attested | None:
-        """Azure's signed word about the sender (an Attested), or, in report mode, None
-        for a document that fails the check: logged with the check, and noted to count."""
-        try:
-            return self.verifier.verify(body, now)
-        except AttestationUnavailable as exc:
-            raise FactsUnavailable(f"attestation cannot be checked now: {exc}") from None
-        except AttestationError as exc:
-            if self.mode != REPORT:
-                raise NotAdmitted(str(exc)) from None
-            check = getattr(exc, "check", "format")
-            vm_id = str(envelope.vm.vm_id).lower()
-            log.warning(
-                "ATTESTATION_MODE=report: would reject a message claiming vmId %s (check %r): %s",
-                vm_id,
-                check,
-                exc,
-            )
-            unverified.append(Unverified(vm_id, check, str(exc), now))
-            return None
+    def _unverified(self, exc: AttestationError, claimed: str | None, now: datetime) -> Unverified:
+        """A message whose attested document fails the check: NotAdmitted, or, in report
+        mode, logged with the check and noted to count."""
+        if self.mode != REPORT:
+            raise NotAdmitted(str(exc)) from None
+        check = getattr(exc, "check", "format")
+        vm_id = str(claimed).lower()
+        log.warning(
+            "ATTESTATION_MODE=report: would reject a message claiming vmId %s (check %r): %s",
+            vm_id,
+            check,
+            exc,
+        )
+        return Unverified(vm_id, check, str(exc), now)
 
-    @staticmethod
-    def _note_claims(envelope: Envelope, facts: VmFacts) -> None:
-        """A relay's own words that differ from Azure's are logged, never used."""
-        claimed = envelope.vm
-        if claimed.name.casefold() != facts.name.casefold():
-            log.warning(
-                "vmId %s says it is %r; Azure says %r (Azure's name is used)",
-                facts.vm_id,
-                claimed.name[:128],
-                facts.name,
-            )
+
+def _note_claims(claimed: str, facts: VmFacts) -> None:
+    """A relay's own words that differ from Azure's are logged, never used."""
+    if claimed.casefold() != facts.name.casefold():
+        log.warning(
+            "vmId %s says it is %r; Azure says %r (Azure's name is used)",
+            facts.vm_id,
+            claimed[:128],
+            facts.name,
+        )

@@ -24,7 +24,7 @@ from datetime import datetime
 from pydantic import BaseModel
 
 from functions.model.envelope import DocumentError, parse_envelope
-from functions.pipeline.admission import FactsUnavailable, NotAdmitted, trusted_ref
+from functions.pipeline.admission import FactsUnavailable, NotAdmitted
 from functions.pipeline.context import Pipeline
 from functions.pipeline.ingest import ingest_message
 
@@ -63,7 +63,7 @@ def ingest_heartbeats(
         try:
             if admission is None:
                 raise NotAdmitted("no identity check configured: refused")
-            identity = admission.admit(body, envelope, now, patient=False)
+            ref = admission.admit(body, envelope, now, patient=False)
         except FactsUnavailable as exc:
             # A heartbeat says nothing lasting and the next one comes in minutes: one whose
             # VM Azure cannot describe yet is left out (logged, counted), rather than holding
@@ -76,7 +76,6 @@ def ingest_heartbeats(
             pipeline.store.reject(at=now, reason=str(exc), body=body, message_id=message_id)
             result.rejected += 1
             continue
-        ref = trusted_ref(identity.facts, admission.callback_port)
         if not pipeline.heartbeat_bound.allow(ref.name, now):
             result.bounded += 1  # one write a minute is all a VM's liveness is worth
             continue

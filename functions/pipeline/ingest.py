@@ -11,6 +11,7 @@ collaborator as an argument. Its contract with the caller:
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from azure.core.exceptions import HttpResponseError
@@ -22,8 +23,7 @@ from functions.model.envelope import (
     ScheduledEvent,
     parse_envelope,
 )
-from functions.pipeline.acknowledge import acknowledge_document
-from functions.pipeline.admission import NotAdmitted, trusted_ref
+from functions.pipeline.admission import NotAdmitted
 from functions.pipeline.context import Pipeline
 from functions.pipeline.decide import (
     EventStep,
@@ -39,6 +39,7 @@ from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import looks_like_event_grid
 from functions.store import claims
+from functions.store.acks import acknowledge
 from functions.store.records import EventRecord, VmRecord
 from functions.store.rows import RowTooLarge
 from functions.store.state import Store
@@ -55,34 +56,77 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
     storage refuses outright (400/413: a property or entity too large, a value out of
     range) for a message that validated; the bounds in functions.model.envelope keep the
     latter from happening for anything a relay sends. Everything else raises (transient).
+
+    A message that reached the lifecycle (or was refused for good) is acknowledged last:
+    the relay's pending rows it names are deleted (contract §11, functions.store.acks).
+    Not one refused as over a per-VM bound, or as from a clock too far ahead or with a
+    NotBefore too far out, which time heals: the relay sends it again and it may pass
+    then. The key is the one the admitted message carries: its attestation vouches for
+    it, so a VM can only ever acknowledge its own rows.
     """
+    acks: _Acks | None = None
+    try:
+        result, acks = _ingest_message(body, pipeline, message_id)
+    except _Refused as refused:
+        result = _reject(pipeline, body, message_id, refused.reason, refused.vm, refused.now)
+        acks = refused.acks
+    if acks is not None and acks.sequences:
+        acknowledge(pipeline.store.liveness.table, bytes.fromhex(acks.secret), acks.sequences)
+    return result
+
+
+@dataclass(frozen=True)
+class _Acks:
+    """What acknowledging a document takes: the relay's callback key and the sequences."""
+
+    secret: str
+    sequences: list[int]
+
+
+class _Refused(Exception):
+    """A message refused for good: recorded with the reason (`_reject`), then completed;
+    `acks`: acknowledged too (it reached the lifecycle)."""
+
+    def __init__(
+        self,
+        reason: str,
+        vm: str | None = None,
+        now: datetime | None = None,
+        acks: _Acks | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.reason, self.vm, self.now, self.acks = reason, vm, now, acks
+
+
+def _ingest_message(
+    body: bytes | str, pipeline: Pipeline, message_id: str
+) -> tuple[IngestResult, _Acks | None]:
+    """The result, and what to acknowledge (None: nothing). Raises _Refused."""
     if looks_like_event_grid(body):
         # Only the system topic can send to EVENTGRID_QUEUE; every relay can send here. An
         # Event Grid body on this queue is a VM posing as Azure (it would end or cancel any
         # event fleet-wide), so it is refused, with the reason.
-        return _reject(pipeline, body, message_id, EVENT_GRID_HERE)
+        raise _Refused(EVENT_GRID_HERE)
     now = pipeline.clock.now()
     try:
         envelope = parse_envelope(body)
     except DocumentError as exc:
-        return _reject(pipeline, body, message_id, str(exc))
+        raise _Refused(str(exc)) from None
     if pipeline.admission is None:
-        return _reject(pipeline, body, message_id, "no identity check configured: refused")
+        raise _Refused("no identity check configured: refused")
     try:
-        identity = pipeline.admission.admit(body, envelope, now)
+        ref = pipeline.admission.admit(body, envelope, now)
     except NotAdmitted as exc:
-        return _reject(pipeline, body, message_id, str(exc))
+        raise _Refused(str(exc)) from None
     # FactsUnavailable propagates: Resource Graph may not show a new VM for a minute, so
     # the message is abandoned and redelivered, not rejected.
-    envelope = envelope.model_copy(
-        update={"vm": trusted_ref(identity.facts, pipeline.admission.callback_port)}
-    )
-    name = envelope.vm.name
+    envelope = envelope.model_copy(update={"vm": ref})
+    name = ref.name
     if envelope.kind == "preflight":
         # The relay's `check` (relay/preflight.py): admitted is all it asks; no VM or event
         # row is touched.
-        log.info("relay preflight from %s (vmId %s): admitted", name, identity.vm_id)
-        return IngestResult(outcome="preflight", vm=name, reason="relay preflight: admitted")
+        log.info("relay preflight from %s (vmId %s): admitted", name, ref.vm_id)
+        return IngestResult(outcome="preflight", vm=name, reason="relay preflight: admitted"), None
     if envelope.kind == "unforwardable":
         facts = envelope.unforwardable
         assert facts is not None
@@ -90,43 +134,33 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
             f"relay on {name} could not forward IMDS document incarnation "
             f"{facts.incarnation} ({facts.bytes} bytes): {facts.reason}"
         )
-        return _reject(pipeline, body, message_id, reason, vm=name, now=now)
+        raise _Refused(reason, vm=name, now=now)
     problem = out_of_bounds(envelope, now, pipeline.settings.max_not_before_days)
     if problem:
         # Not acknowledged: time heals both bounds (a clock ahead, a NotBefore too far),
         # and the relay sends the same document again (contract §11).
-        return _reject(pipeline, body, message_id, problem, vm=name, now=now)
-    result, over_bound = _ingest_admitted(body, envelope, pipeline, message_id, now)
-    if not over_bound:  # over a per-VM bound, it may pass when the relay sends it again
-        # It reached the lifecycle (or was refused for good): the relay may stop sending it.
-        acknowledge_document(pipeline, envelope)
-    return result
-
-
-def _ingest_admitted(
-    body: bytes | str, envelope: Envelope, pipeline: Pipeline, message_id: str, now: datetime
-) -> tuple[IngestResult, bool]:
-    """The result, and whether the message was refused as over a per-VM bound (it may
-    pass once the VM is within it again)."""
-    name = envelope.vm.name
+        raise _Refused(problem, vm=name, now=now)
+    key = envelope.callback_key
+    acks = _Acks(key.secret, list(envelope.acks)) if key is not None and envelope.acks else None
     try:
         result = ingest_envelope(envelope, pipeline)
         if result.outcome == "rejected":  # over a per-VM bound: recorded with its body
+            # Not acknowledged: it may pass once the VM is within the bound again.
             pipeline.store.reject(at=now, reason=result.reason, body=body, message_id=message_id)
             log.warning("rejected message %s: %s", message_id or "?", result.reason)
-            return result, True
-        return result, False
+            return result, None
     except RowTooLarge as exc:
         # Bounded pieces make this unreachable for anything IMDS sends; if it happens the
         # message is kept with the reason instead of failing until it dead-letters.
         reason = f"state would exceed a Table size limit: {exc}"
-        return _reject(pipeline, body, message_id, reason, vm=name, now=now), False
+        raise _Refused(reason, vm=name, now=now, acks=acks) from None
     except HttpResponseError as exc:
         if exc.status_code not in REFUSED_BY_TABLES:
             raise
         code = getattr(exc, "error_code", None) or f"HTTP {exc.status_code}"
         reason = f"Table storage refused a row for this message ({code}): {_first_line(exc)}"
-        return _reject(pipeline, body, message_id, reason, vm=name, now=now), False
+        raise _Refused(reason, vm=name, now=now, acks=acks) from None
+    return result, acks
 
 
 # A relay's clock may run a little ahead; a message from further in the future would make
