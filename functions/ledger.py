@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from functions.model.envelope import Envelope, LedgerEntry
+from functions.model.envelope import LedgerEntry, PollClocks
 from functions.store.records import EventRecord
 
 
@@ -60,8 +60,9 @@ FIELDS = tuple(LedgerLine.model_fields)
 
 
 def measured(
-    envelope: Envelope,
     event_id: str,
+    observed_at: datetime,
+    polls: PollClocks | None,
     *,
     started: bool = False,
     left: bool = False,
@@ -71,14 +72,14 @@ def measured(
     shows it Started (`started_seen`) or the one without it (`left_at`), each with the
     relay's polling since its previous document (that interval belongs to the events the
     previous one listed; none for an event `new` to this VM). None for any other document
-    or a relay that sends no clocks (before issue 33)."""
-    polls = envelope.polls
+    or a relay that sends no clocks (before issue 33). `observed_at`, `polls`: the
+    document's."""
     if polls is None or not (started or left):
         return None
     return LedgerEntry(
         event_id=event_id,
-        started_seen=envelope.observed_at if started else None,
-        left_at=envelope.observed_at if left else None,
+        started_seen=observed_at if started else None,
+        left_at=observed_at if left else None,
         max_poll_gap_s=0.0 if new else polls.max_gap_s,
         wall_jump_s=0.0 if new else polls.wall_jump_s,
     )

@@ -8,11 +8,12 @@
 functions.pipeline.ingest reads the rows, calls these, and writes what they return with
 conditional writes; on a conflict it reads again and calls them again.
 
-`decide_report(row, event, vm, policy, now)` takes the event row as read (or None), the
-event as this VM's IMDS showed it (its attested document), Azure's facts about the VM,
-the policy and the time, and returns a `ReportPlan`: the event row to write (under the
-ETag it was read at), the transitions that write claims, whether it made a decision, and
-this VM's own view and decision. No I/O and no clock: the caller writes the plan with a
+`decide_report(row, event, vm, own, policy, now)` takes the event row as read (or None),
+the event as this VM's IMDS showed it (its attested document), Azure's facts about the
+VM, its view of the event (worked out once per document), the policy and the time, and
+returns a `ReportPlan`: the event row to write (under the ETag it was read at), the
+transitions that write claims, whether it made a decision, and this VM's own view and
+decision. No I/O and no clock: the caller writes the plan with a
 conditional write and, on a conflict (412), reads again and calls it again.
 
 Each VM's view decides for that VM (docs/lifecycle.md, "Trust"). Azure lets any
@@ -49,11 +50,10 @@ from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import claim_recovery
 from functions.pipeline.views import (
     TOO_MANY_VIEWS,
+    Seen,
     differing_fields,
-    kept_view,
+    seen_by,
     stricter,
-    view_key,
-    view_of,
 )
 from functions.settings import Settings
 from functions.store import claims
@@ -82,6 +82,7 @@ def decide_report(
     row: EventRecord | None,
     event: ScheduledEvent,
     vm: VmRef,
+    own: Seen,
     policy: PolicyLoad,
     now: datetime,
     repeated: bool = False,
@@ -91,17 +92,19 @@ def decide_report(
     lease: timedelta = DEFAULT_APPROVAL_LEASE,
     seen_at: datetime | None = None,
     relays: bool = True,
+    named: bool = True,
 ) -> ReportPlan:
     """The pure step for one event of one document (see the module docstring). `row` is
-    never changed: the plan's row is a copy. `repeated`: this VM's previous document
-    showed the same view (its VM row says so), so a view the row could not keep (beyond
-    MAX_VIEWS) is not counted again. `newcomer`: this VM had not listed the event before
-    (an end the other reporters made reopens for it). `holder`, `lease`: the claims this
-    write takes (functions.store.claims); `seen_at`: when the relay saw it; `relays`: the
-    relay path approves (APPROVERS), through this VM's relay first when it is named."""
+    never changed: the plan's row is a copy. `own`: this VM's view of the event
+    (`views.seen_by`, worked out once per document). `repeated`: this VM's previous
+    document showed the same view (its VM row says so), so a view the row could not keep
+    (beyond MAX_VIEWS) is not counted again. `newcomer`: this VM had not listed the event
+    before (an end the other reporters made reopens for it). `holder`, `lease`: the claims
+    this write takes (functions.store.claims); `seen_at`: when the relay saw it; `relays`:
+    the relay path approves (APPROVERS), through this VM's relay first when it is `named`
+    (the event's Resources name it: ingest decides only such events)."""
     current = copy_record(row) if row is not None else None
-    view = view_of(event, vm.name)
-    key = view_key(view, vm.scale_set)
+    view, key = own.view, own.key
     seen = Observation(
         event,
         seen_at or now,
@@ -117,16 +120,20 @@ def decide_report(
     made = False
     entry = next((e for e in target.views if e.key == key), None)
     kept = True
-    if entry is None:
-        own = decide(policy, event, now, (vm.scale_set,) if vm.scale_set else ())
-        kept_as, digest, count = kept_view(view)
+    if entry is not None:
+        if _moved_to(target, entry, vm.name):
+            changed = True
+        if target.decision is None:  # views kept by an older row without a decision
+            made = _fold(target, entry.decision, now)
+            changed = True
+    else:
         entry = ViewDecision(
             key=key,
-            view=kept_as,
-            resources_digest=digest,
-            resources_count=count,
+            view=own.kept,
+            resources_digest=own.resources_digest,
+            resources_count=own.resources_count,
             scale_set=vm.scale_set,
-            decision=own,
+            decision=decide(policy, event, now, (vm.scale_set,) if vm.scale_set else ()),
             decided_at=now,
             first_vm=vm.name,
         )
@@ -140,14 +147,9 @@ def decide_report(
             made = _fold(target, entry.decision, now)
             if agreed and target.views_differ and not made:
                 _note_difference(target, now)
-    else:
-        if _moved_to(target, entry, vm.name):
-            changed = True
-        if target.decision is None:  # views kept by an older row without a decision
-            made = _fold(target, entry.decision, now)
-            changed = True
     if should_redecide(target, policy, now):
-        _redecide(target, event, policy, now)
+        # The policy is valid again: each kept view and then the event are decided afresh.
+        redecide(target, event, policy, now)
         made = changed = True
     key_taken = Transition.POLICY_INVALID if _failed_closed(target) else Transition.DECIDED
     if claim_announcement(target, key_taken, now, holder):
@@ -156,7 +158,7 @@ def decide_report(
     taken = ""
     if made:
         dry_run = policy.policy is not None and policy.policy.dry_run
-        relay_to = vm.name if relays and event.affects(vm.name) else ("" if relays else None)
+        relay_to = vm.name if relays and named else ("" if relays else None)
         taken = intend_approval(target, dry_run, now, lease, holder, relay_to)
     return ReportPlan(
         approval_claim=taken,
@@ -259,14 +261,6 @@ def _fold(record: EventRecord, decision: Decision, now: datetime) -> bool:
         record.approve_after = None
         record.approval_reason = f"withdrawn: reporters' views differ ({fields})"
     return True
-
-
-def _redecide(
-    record: EventRecord, event: ScheduledEvent, policy: PolicyLoad, now: datetime
-) -> None:
-    """The policy is valid again: each kept view and then the event are decided afresh
-    (functions.pipeline.redecide notes why)."""
-    redecide(record, event, policy, now)
 
 
 # ------------------------------------------------------------------ the VM's own row
@@ -377,8 +371,7 @@ class EventStep:
     late: bool = False  # the VM row says it listed this only after it ended: nothing to do
     ended: bool = False  # the row as remembered has ended (final): a late report only
     open_index: bool = False  # no row remembered: list it in the open index first
-    view: VmView | None = None  # this VM's view of it
-    key: str = ""  # the view's key (functions.pipeline.views.view_key)
+    seen: Seen | None = None  # this VM's view of it (functions.pipeline.views.seen_by)
     repeated: bool = False  # the VM's previous document showed this same view
     reporter: bool = False  # write its reporter row (status or view changed)
     settled: bool = False  # the remembered row needs nothing from this report
@@ -390,6 +383,15 @@ class EventStep:
     @property
     def newcomer(self) -> bool:
         return self.said_before is None
+
+    @property
+    def view(self) -> VmView | None:
+        return self.seen.view if self.seen is not None else None
+
+    @property
+    def key(self) -> str:
+        """The view's key (functions.pipeline.views.view_key), "" without a view."""
+        return self.seen.key if self.seen is not None else ""
 
 
 @dataclass
@@ -416,7 +418,8 @@ def decide_document(
     """The pure step for one document: from the VM row as read (`vm`), the event rows as
     this worker remembers them (`remembered`, by case-folded EventId; unverified, so an
     event row is written under its ETag and decided again by `decide_report` on a
-    conflict), the events the document lists for this VM, the policy and the time."""
+    conflict), the events the document lists for this VM (those whose Resources name it),
+    the policy and the time."""
     if is_stale(vm, envelope):
         return DocumentPlan(refused="stale", reason="sequence already processed")
     too_many = over_rate(vm, events, now, settings)
@@ -438,13 +441,12 @@ def decide_document(
             continue
         step.open_index = step.open_index or reopens
         step.reopens = reopens
-        step.view = view_of(event, envelope.vm.name)
-        step.key = view_key(step.view, envelope.vm.scale_set)
+        step.seen = seen_by(event, envelope.vm.name, envelope.vm.scale_set)
         plan.views[folded] = step.key
         step.repeated = (vm.event_views.get(folded) if vm else None) == step.key
         step.reporter = said != event.event_status or not step.repeated
         step.settled = recent is not None and settled(
-            recent, event, envelope.vm, policy, now, step.newcomer, step.repeated
+            recent, event, envelope.vm, step.seen, policy, now, step.newcomer, step.repeated
         )
     if envelope.scheduled_events is not None and vm is not None:
         listed = {e.event_id.casefold() for e in events}
@@ -459,6 +461,7 @@ def settled(
     recent: EventRecord,
     event: ScheduledEvent,
     vm: VmRef,
+    own: Seen,
     policy: PolicyLoad,
     now: datetime,
     newcomer: bool,
@@ -474,14 +477,15 @@ def settled(
         return False
     if any(mark != claims.DONE for mark in recent.announced.values()):
         return False
-    if newcomer and event.affects(vm.name):
-        # The approval may be waiting for this VM's relay: only a final state is safe.
+    if newcomer:
+        # The approval may be waiting for this VM's relay (the event names it, as every
+        # event decide_document is given does): only a final state is safe.
         final = recent.approval in ("approved", "failed") or (
             recent.approval == "" and decision.action != "approve"
         )
         if not final:
             return False
-    plan = decide_report(recent, event, vm, policy, now, repeated, newcomer)
+    plan = decide_report(recent, event, vm, own, policy, now, repeated, newcomer)
     return plan.row is None and not plan.claimed
 
 

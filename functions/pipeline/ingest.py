@@ -216,6 +216,7 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     """One admitted message: `envelope.vm` is Azure's description of its sender."""
     store, clock = pipeline.store, pipeline.clock
     name = envelope.vm.name
+    tag = message_tag(envelope)
     result = IngestResult(outcome="processed", vm=name)
     document = envelope.scheduled_events
     # At most MAX_EVENTS events (functions.model.envelope rejects more with the reason).
@@ -241,16 +242,16 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         if plan.refused == "stale" and vm is not None and envelope.sequence == vm.last_sequence:
             # The last document processed, delivered again: the host that took it may have
             # died after saving the VM row. What its events still need is in their rows.
-            _reconcile_listed(pipeline, envelope, current, result)
+            _reconcile_listed(pipeline, tag, current, result)
         if plan.refused:
             return result.model_copy(update={"outcome": plan.refused, "reason": plan.reason})
         # Write: event rows first, VM row last: if we crash in between, the redelivery is
         # not "stale" and redoes the (idempotent) event updates.
         late: set[str] = set()  # events this VM lists only after they ended
         for step in plan.steps:
-            _write_step(step, envelope, pipeline, now, result, touched, late)
+            _write_step(step, envelope, tag, pipeline, now, result, touched, late)
         for old in plan.absent:
-            _absent(old, envelope, pipeline, now, result)
+            _absent(old, envelope, tag, pipeline, now, result)
         recovered: list[str] = []  # the silence this document ends, if announced
         saved = _save_vm(
             store,
@@ -266,11 +267,16 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
             # After the VM row, so this VM's callback URL is known to the approver. What
             # each event still needs is read from the row this document left
             # (level-triggered): a redelivery or the watchdog would find the same.
-            tag = message_tag(envelope)
             for record in touched.values():
                 _reconcile(pipeline, record, result, tag)
             for mark in recovered:
-                _announce_recovery(pipeline, name, mark, now)
+                # After the document's own work: a topic failure here must not redeliver a
+                # document that is already processed (it would be stale); the watchdog
+                # publishes it later.
+                try:
+                    announce_recovery(store, pipeline.publisher, name, mark, now)
+                except Exception:
+                    log.exception("relay_recovered for %s not published; watchdog retries", name)
             return result
         if not guessed:
             log.info("VM row %s changed concurrently; re-reading", name)
@@ -292,12 +298,11 @@ def _reconcile(
 
 
 def _reconcile_listed(
-    pipeline: Pipeline, envelope: Envelope, events: list[ScheduledEvent], result: IngestResult
+    pipeline: Pipeline, tag: str, events: list[ScheduledEvent], result: IngestResult
 ) -> None:
     """A redelivered document: each event it lists, from its row as stored now (one read
     each; only the last document of a VM is reconciled this way, so an old message
     replayed costs nothing)."""
-    tag = message_tag(envelope)
     for event in events:
         record = pipeline.store.get_event(event.event_id)
         if record is not None:
@@ -403,15 +408,6 @@ def _save_vm(
     return True
 
 
-def _announce_recovery(pipeline: Pipeline, name: str, mark: str, now: datetime) -> None:
-    """After the document's own work: a topic failure here must not redeliver a document
-    that is already processed (it would be stale); the watchdog publishes it later."""
-    try:
-        announce_recovery(pipeline.store, pipeline.publisher, name, mark, now)
-    except Exception:
-        log.exception("relay_recovered for %s not published; the watchdog retries", name)
-
-
 class _Moved(Exception):
     pass
 
@@ -419,6 +415,7 @@ class _Moved(Exception):
 def _write_step(
     step: EventStep,
     envelope: Envelope,
+    tag: str,
     pipeline: Pipeline,
     now: datetime,
     result: IngestResult,
@@ -443,10 +440,14 @@ def _write_step(
     if step.ended:
         _late_report(event, name, said_before, store, now, late)
         return
-    view, seen_as, repeated = step.view, step.key, step.repeated
+    own, repeated = step.seen, step.repeated
+    assert own is not None  # decide_document saw every event it did not settle as ended
+    view, seen_as = own.view, own.key
     # The impact ledger (functions/ledger.py): when this VM's relay saw it Started.
     started = event.is_started and said_before != event.event_status
-    ledger = measured(envelope, event.event_id, started=started, new=said_before is None)
+    ledger = measured(
+        event.event_id, envelope.observed_at, envelope.polls, started=started, new=newcomer
+    )
     if step.reporter:
         # This VM's own reporter row, with its own view, before the event row: an end
         # decided from now on sees it (functions.pipeline.transitions.end_event). A VM
@@ -471,7 +472,6 @@ def _write_step(
         return
     plans: list[ReportPlan] = []
 
-    tag = message_tag(envelope)
     lease = approval_lease(pipeline.settings.approval_budget_seconds)
     seen_at = observed(envelope.observed_at, now)
 
@@ -480,6 +480,7 @@ def _write_step(
             rec,
             event,
             envelope.vm,
+            own,
             pipeline.settings.policy,
             now,
             repeated,
@@ -518,10 +519,10 @@ def _write_step(
         won
         or own_claim(record, tag)  # taken by this message on a delivery whose host died
         or pending  # claimed and not done: reconcile republishes what expired
-        or (newcomer and event.affects(name) and _may_retry(record))
+        or (newcomer and _may_retry(record))
     ):
-        # A named VM whose relay was not known when the approval was last tried may
-        # still approve it now: reconciled too.
+        # A named VM (every event ingest decides names its VM) whose relay was not known
+        # when the approval was last tried may still approve it now: reconciled too.
         touched[record.event_id.casefold()] = record
 
 
@@ -555,6 +556,7 @@ def _may_retry(record: EventRecord) -> bool:
 def _absent(
     event_id: str,
     envelope: Envelope,
+    tag: str,
     pipeline: Pipeline,
     now: datetime,
     result: IngestResult,
@@ -565,7 +567,7 @@ def _absent(
     or others still do (their silence may end it: a unit of work of its own, which reads
     their rows, for an event past its start)."""
     store, vm = pipeline.store, envelope.vm.name
-    ledger = measured(envelope, event_id, left=True)
+    ledger = measured(event_id, envelope.observed_at, envelope.polls, left=True)
     # Own row first, then look for anyone else: of two last reporters leaving at once,
     # the later query sees both rows, so at least one of them ends the event.
     store.set_reporter(event_id, vm, "", now, ledger=ledger)
@@ -588,7 +590,7 @@ def _absent(
     record = seen or store.get_event(event_id)  # a remembered row: its ETag guards the end
     if record is None or record.ended:
         return
-    _reconcile(pipeline, record, result, message_tag(envelope), facts, envelope.observed_at)
+    _reconcile(pipeline, record, result, tag, facts, envelope.observed_at)
 
 
 # Others still listing an event a VM left whose silence that VM's document checks (their

@@ -5,6 +5,7 @@ decide step (functions.pipeline.decide) and the re-decision of a fail-closed eve
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from functions.model.envelope import ScheduledEvent
@@ -53,6 +54,25 @@ def view_of(event: ScheduledEvent, vm: str) -> VmView:
         not_before=event.not_before,
         resources=normalise_resources(event.resources),
     )
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One VM's view of one event, worked out once per document: the view, its key, and
+    the form the event row keeps it in (`kept_view`)."""
+
+    view: VmView
+    key: str
+    kept: VmView
+    resources_digest: str
+    resources_count: int
+
+
+def seen_by(event: ScheduledEvent, vm: str, scale_set: str | None) -> Seen:
+    """`vm`'s view of `event` (its reporter in scale set `scale_set`, Azure's fact)."""
+    view = view_of(event, vm)
+    kept, digest, count = kept_view(view)
+    return Seen(view, view_key(view, scale_set), kept, digest, count)
 
 
 def view_key(view: VmView, scale_set: str | None) -> str:

@@ -17,6 +17,7 @@ from functions.pipeline.views import (
     VIEW_RESOURCE_CHARS,
     differing_fields,
     own_decision,
+    seen_by,
     stricter,
     strictest,
     view_key,
@@ -50,6 +51,15 @@ def vm(name: str, scale_set: str | None = None) -> VmRef:
     return VmRef(name=name, availability_set="as-1", scale_set=scale_set)
 
 
+def report(
+    row: EventRecord | None, event: ScheduledEvent, ref: VmRef, *args, **kwargs
+) -> ReportPlan:
+    """`decide_report` as ingest calls it: the VM's view worked out first (`seen_by`), and
+    whether the event names the VM (ingest decides only those; these tests also others)."""
+    own = seen_by(event, ref.name, ref.scale_set)
+    return decide_report(row, event, ref, own, *args, named=event.affects(ref.name), **kwargs)
+
+
 def written(plan: ReportPlan, before: EventRecord | None = None) -> EventRecord:
     """The row as stored after the plan (the plan's row, or the row unchanged)."""
     row = plan.row if plan.row is not None else before
@@ -59,7 +69,7 @@ def written(plan: ReportPlan, before: EventRecord | None = None) -> EventRecord:
 
 
 def test_the_first_report_decides_on_its_view_and_claims_its_announcements():
-    plan = decide_report(None, freeze(5), vm("victim"), POLICY, NOW)
+    plan = report(None, freeze(5), vm("victim"), POLICY, NOW)
     assert plan.row is not None and plan.made
     assert plan.decision is not None and plan.decision.action == "approve"
     assert plan.row.decision == plan.decision
@@ -70,16 +80,16 @@ def test_the_first_report_decides_on_its_view_and_claims_its_announcements():
 
 
 def test_the_pure_step_never_changes_the_row_it_was_given():
-    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    row = written(report(None, freeze(5), vm("victim"), POLICY, NOW))
     before = row.model_dump_json()
-    decide_report(row, freeze(30), vm("mate"), POLICY, LATER)
+    report(row, freeze(30), vm("mate"), POLICY, LATER)
     assert row.model_dump_json() == before
 
 
 def test_a_set_mate_with_the_same_view_writes_nothing_and_shares_the_decision():
-    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    row = written(report(None, freeze(5), vm("victim"), POLICY, NOW))
     row.announced = {k: "done" for k in row.announced}
-    plan = decide_report(row, freeze(5), vm("mate"), POLICY, LATER)
+    plan = report(row, freeze(5), vm("mate"), POLICY, LATER)
     assert plan.row is None and not plan.claimed and not plan.made
     assert plan.decision == row.views[0].decision
     assert own_decision(row, plan.key, None) == plan.decision
@@ -89,10 +99,10 @@ def test_a_longer_duration_reported_first_does_not_decide_for_the_victim():
     """The low finding: the attacker reports the shared Freeze first with a duration that
     the policy holds; the victim's genuine report is decided on its own view (approve).
     Views differ in DurationInSeconds, and the event's decision is the stricter (hold)."""
-    attacker = written(decide_report(None, freeze(60), vm("mate"), POLICY, NOW))
+    attacker = written(report(None, freeze(60), vm("mate"), POLICY, NOW))
     assert attacker.decision is not None and attacker.decision.action == "hold"
     attacker.announced = {k: "done" for k in attacker.announced}
-    plan = decide_report(attacker, freeze(5), vm("victim"), POLICY, LATER)
+    plan = report(attacker, freeze(5), vm("victim"), POLICY, LATER)
     assert plan.decision is not None and plan.decision.action == "approve"
     row = written(plan, attacker)
     assert row.views_differ == ["DurationInSeconds"]
@@ -106,7 +116,7 @@ def test_a_longer_duration_reported_first_does_not_decide_for_the_victim():
     assert not plan.made and Transition.DECIDED in plan.claimed
     assert "views differ (DurationInSeconds)" in row.decision.reason
     assert row.redecided_at == LATER
-    again = decide_report(row, freeze(7), vm("other"), POLICY, LATER + timedelta(seconds=1))
+    again = report(row, freeze(7), vm("other"), POLICY, LATER + timedelta(seconds=1))
     assert Transition.DECIDED not in again.claimed  # told once, not per difference
 
 
@@ -114,10 +124,10 @@ def test_a_stricter_view_after_an_approval_was_decided_makes_the_event_stricter(
     """The reverse order: the attacker's forged short duration comes first (approve), the
     victim's genuine view holds. The event's decision becomes hold, announced again as a
     re-decision, and a pending approval is withdrawn."""
-    first = written(decide_report(None, freeze(5), vm("mate"), POLICY, NOW))
+    first = written(report(None, freeze(5), vm("mate"), POLICY, NOW))
     first.announced = {k: "done" for k in first.announced}
     first.approval = "pending"
-    plan = decide_report(first, freeze(60), vm("victim"), POLICY, LATER)
+    plan = report(first, freeze(60), vm("victim"), POLICY, LATER)
     row = written(plan, first)
     assert plan.made and plan.decision is not None and plan.decision.action == "hold"
     assert row.decision is not None and row.decision.action == "hold"
@@ -127,30 +137,30 @@ def test_a_stricter_view_after_an_approval_was_decided_makes_the_event_stricter(
 
 
 def test_names_added_to_resources_are_a_difference_of_their_own():
-    row = written(decide_report(None, freeze(5, ("victim",)), vm("victim"), POLICY, NOW))
-    padded = decide_report(row, freeze(5, ("victim", "mate")), vm("mate"), POLICY, LATER)
+    row = written(report(None, freeze(5, ("victim",)), vm("victim"), POLICY, NOW))
+    padded = report(row, freeze(5, ("victim", "mate")), vm("mate"), POLICY, LATER)
     assert written(padded, row).views_differ == ["Resources"]
 
 
 def test_a_vm_whose_own_view_moves_replaces_its_entry_and_differs_from_no_one():
-    row = written(decide_report(None, freeze(5, ("victim",)), vm("victim"), POLICY, NOW))
+    row = written(report(None, freeze(5, ("victim",)), vm("victim"), POLICY, NOW))
     moved = freeze(5, ("victim",), NotBefore="Sat, 21 Nov 2026 10:30:00 GMT")
-    plan = decide_report(row, moved, vm("victim"), POLICY, LATER)
+    plan = report(row, moved, vm("victim"), POLICY, LATER)
     after = written(plan, row)
     assert len(after.views) == 1 and after.views_differ == []
     assert after.views[0].view.not_before == datetime(2026, 11, 21, 10, 30, tzinfo=UTC)
 
 
 def test_views_beyond_the_bound_are_counted_decided_alone_and_make_the_event_strict():
-    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    row = written(report(None, freeze(5), vm("victim"), POLICY, NOW))
     for n in range(MAX_VIEWS + 2):
-        plan = decide_report(row, freeze(100 + n), vm(f"forger{n}"), POLICY, LATER)
+        plan = report(row, freeze(100 + n), vm(f"forger{n}"), POLICY, LATER)
         row = written(plan, row)
     assert len(row.views) == MAX_VIEWS and row.views_dropped == 3
     assert TOO_MANY_VIEWS in row.views_differ
     assert not plan.kept and plan.decision is not None  # decided for that VM alone
     # The same VM showing the same dropped view again writes nothing more.
-    again = decide_report(
+    again = report(
         row, freeze(100 + MAX_VIEWS + 1), vm(f"forger{MAX_VIEWS + 1}"), POLICY, LATER, repeated=True
     )
     assert again.row is None and not again.kept
@@ -158,10 +168,10 @@ def test_views_beyond_the_bound_are_counted_decided_alone_and_make_the_event_str
 
 def test_long_resources_are_kept_by_digest_so_the_views_fit_the_row():
     names = tuple(f"{i:04}" + "n" * 124 for i in range(999))
-    row = written(decide_report(None, freeze(5, ("victim", *names)), vm("victim"), POLICY, NOW))
+    row = written(report(None, freeze(5, ("victim", *names)), vm("victim"), POLICY, NOW))
     entry = row.views[0]
     assert entry.view.resources == () and entry.resources_count == 1000
-    short = decide_report(row, freeze(5, ("victim",)), vm("mate"), POLICY, LATER)
+    short = report(row, freeze(5, ("victim",)), vm("mate"), POLICY, LATER)
     after = written(short, row)
     assert after.views_differ == ["Resources"]
     assert sum(len(n) for n in after.views[1].view.resources) <= VIEW_RESOURCE_CHARS
@@ -174,27 +184,27 @@ def test_the_reporters_scale_set_is_part_of_what_decides():
         {"name": "rest", "action": "hold"},
     )
     load = PolicyLoad(policy=Policy.model_validate({"rules": rules}))
-    row = written(decide_report(None, freeze(60), vm("a", "web"), load, NOW))
-    plan = decide_report(row, freeze(60), vm("b", "db"), load, LATER)
+    row = written(report(None, freeze(60), vm("a", "web"), load, NOW))
+    plan = report(row, freeze(60), vm("b", "db"), load, LATER)
     assert view_key(plan.view, "db") != row.views[0].key
     assert plan.decision is not None and plan.decision.action == "hold"
     assert row.views[0].decision.action == "approve"
 
 
 def test_an_ended_event_decides_nothing():
-    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    row = written(report(None, freeze(5), vm("victim"), POLICY, NOW))
     row.ended = "cancelled"
-    plan = decide_report(row, freeze(60), vm("mate"), POLICY, LATER)
+    plan = report(row, freeze(60), vm("mate"), POLICY, LATER)
     assert plan.row is None and plan.decision is None and not plan.claimed
 
 
 def test_a_fail_closed_event_is_decided_again_per_view_once_the_policy_is_valid():
     broken = PolicyLoad(policy=None, error="bad JSON")
-    row = written(decide_report(None, freeze(5), vm("victim"), broken, NOW))
-    row = written(decide_report(row, freeze(60), vm("mate"), broken, NOW), row)
+    row = written(report(None, freeze(5), vm("victim"), broken, NOW))
+    row = written(report(row, freeze(60), vm("mate"), broken, NOW), row)
     assert row.decision is not None and row.decision.policy_error
     row.announced = {k: "done" for k in row.announced}
-    plan = decide_report(row, freeze(5), vm("victim"), POLICY, NOW + timedelta(minutes=5))
+    plan = report(row, freeze(5), vm("victim"), POLICY, NOW + timedelta(minutes=5))
     after = written(plan, row)
     assert plan.made and Transition.DECIDED in plan.claimed
     assert {e.first_vm: e.decision.action for e in after.views} == {
@@ -239,7 +249,7 @@ def test_differing_fields_names_each_field_once_in_order():
         (freeze(5), freeze(6, EventSource="User"), freeze(5, EventType="Reboot"))
     ):
         row = written(
-            decide_report(rows[-1] if rows else None, event, vm(f"v{n}"), POLICY, NOW),
+            report(rows[-1] if rows else None, event, vm(f"v{n}"), POLICY, NOW),
             rows[-1] if rows else None,
         )
         rows.append(row)
@@ -320,19 +330,19 @@ def test_the_hourly_bounds_count_messages_and_new_event_ids():
 def test_only_the_vm_whose_view_the_row_shows_moves_its_not_before():
     """A set-mate's report cannot move the NotBefore (the approval deadline, the
     watchdog's overdue, the end's "had started") that the row shows for everyone."""
-    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    row = written(report(None, freeze(5), vm("victim"), POLICY, NOW))
     early = freeze(5, NotBefore="Sat, 21 Nov 2026 10:01:00 GMT", DurationInSeconds=3)
-    forged = written(decide_report(row, early, vm("mate"), POLICY, LATER), row)
+    forged = written(report(row, early, vm("mate"), POLICY, LATER), row)
     assert forged.not_before == row.not_before and forged.duration_in_seconds == 5
     assert forged.views_differ == ["DurationInSeconds", "NotBefore"]
 
 
 def test_a_reschedule_seen_first_by_a_set_mate_leaves_no_difference_behind():
-    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    row = written(report(None, freeze(5), vm("victim"), POLICY, NOW))
     moved = freeze(5, NotBefore="Sat, 21 Nov 2026 10:30:00 GMT")
-    row = written(decide_report(row, moved, vm("mate"), POLICY, NOW), row)
+    row = written(report(row, moved, vm("mate"), POLICY, NOW), row)
     assert row.views_differ == ["NotBefore"]
-    row = written(decide_report(row, moved, vm("victim"), POLICY, NOW), row)
+    row = written(report(row, moved, vm("victim"), POLICY, NOW), row)
     assert row.views_differ == [] and [e.first_vm for e in row.views] == ["mate"]
     assert row.not_before == datetime(2026, 11, 21, 10, 30, tzinfo=UTC)
 
@@ -357,8 +367,8 @@ def test_one_pure_step_decides_what_a_whole_document_writes():
     # The rows as written; EV-2 ended meanwhile; the next document drops EV-1 and
     # lists EV-2 and a new EV-3.
     rows = {
-        "ev-1": written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW)),
-        "ev-2": written(decide_report(None, freeze(5, EventId="EV-2"), vm("victim"), POLICY, NOW)),
+        "ev-1": written(report(None, freeze(5), vm("victim"), POLICY, NOW)),
+        "ev-2": written(report(None, freeze(5, EventId="EV-2"), vm("victim"), POLICY, NOW)),
     }
     for row in rows.values():
         row.announced = {k: "done" for k in row.announced}
@@ -401,10 +411,10 @@ def test_a_started_report_does_not_disagree_with_a_scheduled_one_about_not_befor
     """IMDS blanks NotBefore once the event Started: one VM seeing it start while its
     set-mate's last view was Scheduled is no difference (the demo's held set reboot was
     announced twice for it); two different NotBefores still are."""
-    row = written(decide_report(None, freeze(5), vm("victim"), POLICY, NOW))
+    row = written(report(None, freeze(5), vm("victim"), POLICY, NOW))
     started = freeze(5, EventStatus="Started", NotBefore="")
-    after = decide_report(row, started, vm("mate"), POLICY, NOW + timedelta(minutes=15))
+    after = report(row, started, vm("mate"), POLICY, NOW + timedelta(minutes=15))
     assert written(after, row).views_differ == []
     moved = freeze(5, NotBefore="Sat, 21 Nov 2026 10:20:00 GMT")
-    other = decide_report(row, moved, vm("mate"), POLICY, NOW)
+    other = report(row, moved, vm("mate"), POLICY, NOW)
     assert written(other, row).views_differ == ["NotBefore"]
