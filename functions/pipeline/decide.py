@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from functions.model.envelope import Envelope, ScheduledEvent, VmRef
+from functions.ledger import measured
+from functions.model.envelope import Envelope, LedgerEntry, ScheduledEvent, VmRef
 from functions.model.event import Decision, Transition
 from functions.model.policy import PolicyLoad, decide
 from functions.model.view import VmView
@@ -45,6 +46,7 @@ from functions.pipeline.lifecycle import (
     claim_announcement,
     intend_approval,
     observe,
+    observed,
 )
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import claim_recovery
@@ -372,6 +374,7 @@ class EventStep:
     ended: bool = False  # the row as remembered has ended (final): a late report only
     open_index: bool = False  # no row remembered: list it in the open index first
     seen: Seen | None = None  # this VM's view of it (functions.pipeline.views.seen_by)
+    ledger: LedgerEntry | None = None  # for its reporter row (functions.ledger.measured)
     repeated: bool = False  # the VM's previous document showed this same view
     reporter: bool = False  # write its reporter row (status or view changed)
     settled: bool = False  # the remembered row needs nothing from this report
@@ -403,7 +406,9 @@ class DocumentPlan:
     reason: str = ""
     steps: list[EventStep] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)  # EventIds this VM no longer lists
+    left: dict[str, LedgerEntry | None] = field(default_factory=dict)  # for each of those
     views: dict[str, str] = field(default_factory=dict)  # EventId (folded) -> view key
+    seen_at: datetime | None = None  # when the relay saw it, bounded by the app's clock
 
 
 def decide_document(
@@ -454,6 +459,16 @@ def decide_document(
             folded = old.casefold()
             if folded not in listed and folded not in vm.late_event_ids:
                 plan.absent.append(old)
+    plan.seen_at = observed(envelope.observed_at, now)
+    # The impact ledger (functions/ledger.py): when this VM's relay saw an event Started,
+    # or saw it go, with its polling since the previous document.
+    at, polls = envelope.observed_at, envelope.polls
+    for step in plan.steps:
+        if step.seen is not None:
+            event = step.event
+            started = event.is_started and step.said_before != event.event_status
+            step.ledger = measured(event.event_id, at, polls, started=started, new=step.newcomer)
+    plan.left = {old: measured(old, at, polls, left=True) for old in plan.absent}
     return plan
 
 

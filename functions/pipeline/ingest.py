@@ -16,11 +16,12 @@ from datetime import datetime, timedelta
 
 from azure.core.exceptions import HttpResponseError
 
-from functions.ledger import measured
 from functions.model.envelope import (
     DocumentError,
     Envelope,
+    LedgerEntry,
     ScheduledEvent,
+    VmRef,
     parse_envelope,
 )
 from functions.pipeline.admission import NotAdmitted
@@ -33,7 +34,7 @@ from functions.pipeline.decide import (
     next_vm_row,
 )
 from functions.pipeline.due import NOTHING_READ, Facts
-from functions.pipeline.lifecycle import approval_lease, observed, own_claim
+from functions.pipeline.lifecycle import approval_lease, own_claim
 from functions.pipeline.reconcile import all_silent, reconcile
 from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
@@ -68,7 +69,11 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
     try:
         result, acks = _ingest_message(body, pipeline, message_id)
     except _Refused as refused:
-        result = _reject(pipeline, body, message_id, refused.reason, refused.vm, refused.now)
+        # Recorded with its body and the reason, then completed.
+        log.warning("rejected message %s: %s", message_id or "?", refused.reason)
+        at = refused.now or pipeline.clock.now()
+        pipeline.store.reject(at=at, reason=refused.reason, body=body, message_id=message_id)
+        result = IngestResult(outcome="rejected", vm=refused.vm, reason=refused.reason)
         acks = refused.acks
     if acks is not None and acks.sequences:
         acknowledge(pipeline.store.liveness.table, bytes.fromhex(acks.secret), acks.sequences)
@@ -83,19 +88,16 @@ class _Acks:
     sequences: list[int]
 
 
+@dataclass(eq=False)
 class _Refused(Exception):
-    """A message refused for good: recorded with the reason (`_reject`), then completed;
-    `acks`: acknowledged too (it reached the lifecycle)."""
+    """A message refused for good, with the reason (`vm`: Azure's name of its sender, once
+    admitted; `now`: when it was refused, if known); `acks`: acknowledged too (it reached
+    the lifecycle)."""
 
-    def __init__(
-        self,
-        reason: str,
-        vm: str | None = None,
-        now: datetime | None = None,
-        acks: _Acks | None = None,
-    ) -> None:
-        super().__init__(reason)
-        self.reason, self.vm, self.now, self.acks = reason, vm, now, acks
+    reason: str
+    vm: str | None = None
+    now: datetime | None = None
+    acks: _Acks | None = None
 
 
 def _ingest_message(
@@ -198,20 +200,6 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).splitlines() or [""])[0][:300]
 
 
-def _reject(
-    pipeline: Pipeline,
-    body: bytes | str,
-    message_id: str,
-    reason: str,
-    vm: str | None = None,
-    now: datetime | None = None,
-) -> IngestResult:
-    log.warning("rejected message %s: %s", message_id or "?", reason)
-    at = now or pipeline.clock.now()
-    pipeline.store.reject(at=at, reason=reason, body=body, message_id=message_id)
-    return IngestResult(outcome="rejected", vm=vm, reason=reason)
-
-
 def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     """One admitted message: `envelope.vm` is Azure's description of its sender."""
     store, clock = pipeline.store, pipeline.clock
@@ -249,9 +237,9 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         # not "stale" and redoes the (idempotent) event updates.
         late: set[str] = set()  # events this VM lists only after they ended
         for step in plan.steps:
-            _write_step(step, envelope, tag, pipeline, now, result, touched, late)
+            _write_step(step, envelope.vm, tag, plan.seen_at, pipeline, now, result, touched, late)
         for old in plan.absent:
-            _absent(old, envelope, tag, pipeline, now, result)
+            _absent(old, plan.left.get(old), envelope, tag, pipeline, now, result)
         recovered: list[str] = []  # the silence this document ends, if announced
         saved = _save_vm(
             store,
@@ -414,8 +402,9 @@ class _Moved(Exception):
 
 def _write_step(
     step: EventStep,
-    envelope: Envelope,
+    ref: VmRef,
     tag: str,
+    seen_at: datetime | None,
     pipeline: Pipeline,
     now: datetime,
     result: IngestResult,
@@ -427,7 +416,7 @@ def _write_step(
     announced or approved here: the row written holds the intent (claims), and the
     caller reconciles it once the VM row is saved."""
     store = pipeline.store
-    name = envelope.vm.name
+    name = ref.name
     event, said_before, newcomer = step.event, step.said_before, step.newcomer
     if step.late:
         # Its reporter row already says past reporter, and the event stays ended.
@@ -443,11 +432,7 @@ def _write_step(
     own, repeated = step.seen, step.repeated
     assert own is not None  # decide_document saw every event it did not settle as ended
     view, seen_as = own.view, own.key
-    # The impact ledger (functions/ledger.py): when this VM's relay saw it Started.
-    started = event.is_started and said_before != event.event_status
-    ledger = measured(
-        event.event_id, envelope.observed_at, envelope.polls, started=started, new=newcomer
-    )
+    ledger = step.ledger
     if step.reporter:
         # This VM's own reporter row, with its own view, before the event row: an end
         # decided from now on sees it (functions.pipeline.transitions.end_event). A VM
@@ -473,13 +458,12 @@ def _write_step(
     plans: list[ReportPlan] = []
 
     lease = approval_lease(pipeline.settings.approval_budget_seconds)
-    seen_at = observed(envelope.observed_at, now)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         plan = decide_report(
             rec,
             event,
-            envelope.vm,
+            ref,
             own,
             pipeline.settings.policy,
             now,
@@ -555,6 +539,7 @@ def _may_retry(record: EventRecord) -> bool:
 
 def _absent(
     event_id: str,
+    ledger: LedgerEntry | None,
     envelope: Envelope,
     tag: str,
     pipeline: Pipeline,
@@ -567,7 +552,6 @@ def _absent(
     or others still do (their silence may end it: a unit of work of its own, which reads
     their rows, for an event past its start)."""
     store, vm = pipeline.store, envelope.vm.name
-    ledger = measured(event_id, envelope.observed_at, envelope.polls, left=True)
     # Own row first, then look for anyone else: of two last reporters leaving at once,
     # the later query sees both rows, so at least one of them ends the event.
     store.set_reporter(event_id, vm, "", now, ledger=ledger)
