@@ -17,9 +17,14 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from functions.model.envelope import DocumentError, parse_document, parse_envelope
+from functions.model.envelope import (
+    DocumentError,
+    looks_like_event_grid,
+    parse_document,
+    parse_envelope,
+)
 from functions.model.policy import decide, effective_policy_json, load_policy
-from functions.pipeline.sources.eventgrid import looks_like_event_grid, parse_message
+from functions.pipeline.sources.eventgrid import parse_message
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -477,3 +477,15 @@ def parse_envelope(data: bytes | str | dict[str, Any]) -> Envelope:
         return Envelope.model_validate_json(data)
     except ValidationError as exc:
         raise DocumentError(f"not a relay envelope: {summarize(exc)}") from None
+
+
+def looks_like_event_grid(body: bytes | str) -> bool:
+    """Cheap routing test for the documents queue, before any JSON parsing: relay envelopes
+    (this module) are JSON objects with a `kind`; Event Grid bodies
+    (functions.pipeline.sources.eventgrid) are arrays or carry `eventType` / `specversion`.
+    A wrong guess is harmless: the chosen parser rejects it with a reason."""
+    head = body.lstrip()[:1] if isinstance(body, bytes) else body.lstrip()[:1].encode()
+    if head == b"[":
+        return True
+    text = body if isinstance(body, bytes) else body.encode()
+    return b'"eventType"' in text or b'"specversion"' in text

@@ -22,6 +22,7 @@ from functions.model.envelope import (
     LedgerEntry,
     ScheduledEvent,
     VmRef,
+    looks_like_event_grid,
     parse_envelope,
 )
 from functions.pipeline.admission import NotAdmitted
@@ -38,7 +39,6 @@ from functions.pipeline.lifecycle import approval_lease, own_claim
 from functions.pipeline.reconcile import all_silent, reconcile
 from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
-from functions.pipeline.sources.eventgrid import looks_like_event_grid
 from functions.store import claims
 from functions.store.acks import acknowledge
 from functions.store.records import EventRecord, VmRecord

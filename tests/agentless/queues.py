@@ -8,10 +8,10 @@ deliver each where Azure would.
 
 from __future__ import annotations
 
+from functions.model.envelope import looks_like_event_grid
 from functions.pipeline.context import Pipeline
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.results import IngestResult
-from functions.pipeline.sources.eventgrid import looks_like_event_grid
 from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from functions.model.envelope import DocumentError
-from functions.pipeline.sources.eventgrid import looks_like_event_grid, parse_message
+from functions.model.envelope import DocumentError, looks_like_event_grid
+from functions.pipeline.sources.eventgrid import parse_message
 from tests.agentless.grid import SUB, event, grid_event, owner_id
 from tests.functions.conftest import envelope
 

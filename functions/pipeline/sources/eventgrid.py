@@ -74,17 +74,6 @@ class Rejected(BaseModel):
     raw: Any = None
 
 
-def looks_like_event_grid(body: bytes | str) -> bool:
-    """Cheap routing test for the documents queue, before any JSON parsing: relay envelopes
-    are JSON objects with a `kind`; Event Grid bodies are arrays or carry `eventType` /
-    `specversion`. A wrong guess is harmless: the chosen parser rejects it with a reason."""
-    head = body.lstrip()[:1] if isinstance(body, bytes) else body.lstrip()[:1].encode()
-    if head == b"[":
-        return True
-    text = body if isinstance(body, bytes) else body.encode()
-    return b'"eventType"' in text or b'"specversion"' in text
-
-
 def parse_message(
     body: bytes | str | list[Any] | dict[str, Any],
 ) -> tuple[list[GridEvent], list[Rejected]]:
