@@ -387,15 +387,6 @@ class EventStep:
     def newcomer(self) -> bool:
         return self.said_before is None
 
-    @property
-    def view(self) -> VmView | None:
-        return self.seen.view if self.seen is not None else None
-
-    @property
-    def key(self) -> str:
-        """The view's key (functions.pipeline.views.view_key), "" without a view."""
-        return self.seen.key if self.seen is not None else ""
-
 
 @dataclass
 class DocumentPlan:
@@ -446,12 +437,12 @@ def decide_document(
             continue
         step.open_index = step.open_index or reopens
         step.reopens = reopens
-        step.seen = seen_by(event, envelope.vm.name, envelope.vm.scale_set)
-        plan.views[folded] = step.key
-        step.repeated = (vm.event_views.get(folded) if vm else None) == step.key
+        step.seen = seen = seen_by(event, envelope.vm.name, envelope.vm.scale_set)
+        plan.views[folded] = seen.key
+        step.repeated = (vm.event_views.get(folded) if vm else None) == seen.key
         step.reporter = said != event.event_status or not step.repeated
         step.settled = recent is not None and settled(
-            recent, event, envelope.vm, step.seen, policy, now, step.newcomer, step.repeated
+            recent, event, envelope.vm, seen, policy, now, step.newcomer, step.repeated
         )
     if envelope.scheduled_events is not None and vm is not None:
         listed = {e.event_id.casefold() for e in events}

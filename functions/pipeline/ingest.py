@@ -65,7 +65,6 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
     then. The key is the one the admitted message carries: its attestation vouches for
     it, so a VM can only ever acknowledge its own rows.
     """
-    acks: _Acks | None = None
     try:
         result, acks = _ingest_message(body, pipeline, message_id)
     except _Refused as refused:

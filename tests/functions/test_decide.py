@@ -362,7 +362,7 @@ def test_one_pure_step_decides_what_a_whole_document_writes():
         (True, True, False, True),
         (True, True, False, True),
     ]
-    keys = {s.event.event_id.casefold(): s.key for s in plan.steps}
+    keys = {s.event.event_id.casefold(): s.seen.key for s in plan.steps if s.seen}
     assert plan.views == keys
     # The rows as written; EV-2 ended meanwhile; the next document drops EV-1 and
     # lists EV-2 and a new EV-3.
@@ -379,7 +379,7 @@ def test_one_pure_step_decides_what_a_whole_document_writes():
     soon = NOW + timedelta(seconds=30)
     plan = decide_document(vm_row, rows, message(2, second, soon), second, POLICY, settings, soon)
     ev2, ev3 = plan.steps
-    assert ev2.ended and not ev2.open_index and ev2.view is None
+    assert ev2.ended and not ev2.open_index and ev2.seen is None
     assert ev3.open_index and ev3.reporter and not ev3.ended
     assert plan.absent == ["EV-1"]
     # The same document again is stale; the same view of a settled event writes nothing.
