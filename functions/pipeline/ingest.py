@@ -58,12 +58,10 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
     range) for a message that validated; the bounds in functions.model.envelope keep the
     latter from happening for anything a relay sends. Everything else raises (transient).
 
-    A message that reached the lifecycle (or was refused for good) is acknowledged last:
-    the relay's pending rows it names are deleted (contract §11, functions.store.acks).
-    Not one refused as over a per-VM bound, or as from a clock too far ahead or with a
-    NotBefore too far out, which time heals: the relay sends it again and it may pass
-    then. The key is the one the admitted message carries: its attestation vouches for
-    it, so a VM can only ever acknowledge its own rows.
+    One that reached the lifecycle (or was refused for good) is acknowledged last
+    (contract §11, functions.store.acks), with the key it carries: its attestation vouches
+    for it, so a VM acknowledges only its own rows. Not one over a per-VM bound, from a
+    clock ahead or with a NotBefore too far out: time heals those, and the relay resends.
     """
     try:
         result, acks = _ingest_message(body, pipeline, message_id)
@@ -89,9 +87,8 @@ class _Acks:
 
 @dataclass(eq=False)
 class _Refused(Exception):
-    """A message refused for good, with the reason (`vm`: Azure's name of its sender, once
-    admitted; `now`: when it was refused, if known); `acks`: acknowledged too (it reached
-    the lifecycle)."""
+    """A message refused for good: recorded with the reason, then completed; `acks`: what
+    to acknowledge too (it reached the lifecycle)."""
 
     reason: str
     vm: str | None = None
