@@ -81,7 +81,6 @@ def approve_event(
     announce: bool = True,
     give_up_at: datetime | None = None,
     by: str = "policy",
-    force: bool = False,
     relays: tuple[str, ...] | None = None,
     claimed: EventRecord | None = None,
     settle: tuple[Transition, ...] = (),
@@ -94,7 +93,6 @@ def approve_event(
       outcome is then `retry_later` and the row stays `pending` for the watchdog.
     - `announce`: publish `approved` / `approval_failed` (once, fleet-wide).
     - `by`: who asked ("policy", "terminate", "watchdog", "manual:<name>"), for the audit.
-    - `force`: approve even if the policy is in dry run (a manual override is audited).
     - `relays`: only these named VMs' relays may be asked (the drain workflow: the VMs
       whose own view decided drain, functions.terminate.targets); None: any named VM's.
     - `claimed`: the row as the caller wrote it with its own approval claim (ingest
@@ -110,14 +108,14 @@ def approve_event(
     store, settings, clock = pipeline.store, pipeline.settings, pipeline.clock
     now = clock.now()
     policy = settings.policy.policy
-    if not force and policy is not None and policy.dry_run:
+    if policy is not None and policy.dry_run:
         return ApprovalResult(event_id=event_id, outcome="skipped", detail="dry run")
     if claimed is not None and claimed.approval == "in_progress":
         record: EventRecord | None = claimed
     else:
         record, won = _claim(store, event_id, now, settings, tag)
         if not won:
-            return ApprovalResult(event_id=event_id, outcome="skipped", detail=_why_not(record))
+            return ApprovalResult(event_id=event_id, outcome="skipped", detail=why_not(record))
     assert record is not None
     deadline = _deadline(record, settings, now)
     stop = min(deadline, give_up_at) if give_up_at else deadline
@@ -267,7 +265,8 @@ def _manual_detail(by: str, outcome: str, vm: str | None, detail: str) -> str:
     return f"{who} approved by hand, but nothing could approve: {detail}"
 
 
-def _why_not(record: EventRecord | None) -> str:
+def why_not(record: EventRecord | None) -> str:
+    """Why an approval was not attempted, in words for the audit and the caller."""
     if record is None:
         return "unknown event"
     if record.ended:

@@ -93,6 +93,7 @@ class Due:
     overdue: str = ""  # the `overdue` announcement's detail when it is due
     release: bool = False  # slots held that the row no longer entitles it to
     approve: bool = False
+    by: str = ""  # who the approval is for when a person asked for it ("manual:<who>")
     capacity: bool = False  # the approval takes its slots first
     drain: bool = False  # the drain workflow (functions.terminate) has work left
     count: bool = False  # Started: counted in its disruption budgets (over if need be)
@@ -127,6 +128,19 @@ def approvable(record: EventRecord, policy: Policy | None) -> bool:
     if record.ended or record.started:
         return False
     return record.approval in ("", "pending", "in_progress")
+
+
+def asked(record: EventRecord) -> bool:
+    """A person asked to approve it (functions.web.approval) and no attempt of theirs
+    since is recorded: approved now, whatever the decision, its window or the slots say
+    (an operator's override, audited with their name)."""
+    if not record.asked_by or record.asked_at is None:
+        return False
+    if record.ended or record.started or record.approval == "approved":
+        return False
+    return not any(
+        a.by == record.asked_by and a.at >= record.asked_at for a in record.approval_attempts
+    )
 
 
 def window_of(record: EventRecord) -> datetime | None:
@@ -254,17 +268,19 @@ def due(
         and not holds_slot(record, now)
         and (record.approval == "failed" or Transition.OVERDUE in announce)
     )
-    approve = approvable(record, valid) and not overdue
+    person = asked(record) and not (valid is not None and valid.dry_run)
+    approve = person or (approvable(record, valid) and not overdue)
     if approve and record.not_before is not None and now >= record.not_before:
         approve = False  # NotBefore is here: Azure starts it, an approval adds nothing
     if approve and record.approval == "in_progress":
         approve = claims.is_free(record.approval_claim, now, me)
-    window = window_of(record) if approve else None
+    window = window_of(record) if approve and not person else None
     if window is not None and window > now:
         approve = False
     decision = record.decision
     drain = (
-        decision is not None
+        not person
+        and decision is not None
         and decision.action == "drain"
         and not decision.dry_run
         and not decision.policy_error
@@ -290,7 +306,8 @@ def due(
         overdue=overdue if Transition.OVERDUE in announce else "",
         release=release,
         approve=approve,
-        capacity=approve and needs_capacity(record),
+        by=record.asked_by if person and approve else "",
+        capacity=approve and not person and needs_capacity(record),
         drain=drain,
         count=count,
         undrain=undrain,

@@ -197,7 +197,7 @@ def _reconcile(
         if isinstance(outcome, str) and outcome:
             record = _note_drain(pipeline, record, outcome) or record
     if go:
-        record = _approve(pipeline, record, plan, me, by, now, defer, out) or record
+        record = _approve(pipeline, record, plan, me, plan.by or by, now, defer, out) or record
     final = store.recent_event(record.event_id) or record
     if not final.ended or not out.closed:
         later = _due(pipeline, final, Facts(), me, pipeline.clock.now(), grid_end)

@@ -172,6 +172,11 @@ class EventRecord(Record):
     # When a reporter (its relay's observation, bounded by the app's clock) or Azure first
     # said Started: how long a Started event keeps its capacity slots.
     started_at: AwareDatetime | None = None
+    # A person's approval (the pages, the JSON API): who asked ("manual:<who>") and when.
+    # Recorded by the request, carried out by the decider like any approval: it is due
+    # until an attempt of that person's at or after `asked_at` is recorded.
+    asked_by: str = ""
+    asked_at: AwareDatetime | None = None
     # What the drain workflow last returned for it from a reconcile ("approved",
     # "approval_failed", "held", "skipped"): the drain is due from the row until then.
     drain_outcome: str = ""

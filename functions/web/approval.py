@@ -1,7 +1,11 @@
 """Approving by hand: the one path the JSON API and the approval page share.
 
-It goes through `approve_event` like every other approval (the claim under the row's
-ETag, the relays, the audit, the announcement), with `by="manual:<who>"`, and refuses in
+A person's approval is recorded like anything else a source sees (docs/lifecycle.md): the
+request (`asked_by="manual:<who>"`, `asked_at`) is written on the event row, the event is
+made due now, and the event is reconciled, where the one decider carries the request out
+like every other approval (the claim under the row's ETag, the relays, the audit, the
+announcement), whatever the decision, its window or the slots say. A host that dies after
+the request is written leaves it due: the sweep's next unit of work approves it. Refused in
 dry run. What the caller shows for each outcome is in `HTTP_STATUS`.
 
 `who` is never a name a caller chose (issue 22, property 7):
@@ -15,8 +19,10 @@ dry run. What the caller shows for each outcome is in `HTTP_STATUS`.
 from __future__ import annotations
 
 from functions import telemetry
-from functions.pipeline.approve import ApprovalResult, approve_event
+from functions.pipeline.approve import ApprovalResult, why_not
 from functions.pipeline.context import Pipeline
+from functions.pipeline.reconcile import load_facts, reconcile
+from functions.store.records import EventRecord
 from functions.store.rows import BadRow
 from functions.web.principal import Principal
 
@@ -64,7 +70,7 @@ def approve_by_hand(pipeline: Pipeline, event_id: str, who: str) -> ApprovalResu
             by=by,
         )
         raise Refused(409, "POLICY__DRY_RUN is on: nothing is approved")
-    result = approve_event(record.event_id, pipeline, by=by, force=True)
+    result = _ask(pipeline, record, by)
     telemetry.manual_approval(record.event_id, by, result.outcome, result.detail)
     if result.outcome == "skipped":
         store.audit(
@@ -76,3 +82,32 @@ def approve_by_hand(pipeline: Pipeline, event_id: str, who: str) -> ApprovalResu
             by=by,
         )
     return result
+
+
+def _ask(pipeline: Pipeline, record: EventRecord, by: str) -> ApprovalResult:
+    """Record the request, make the event due now, and reconcile it here (the person waits
+    for the answer); the approval's outcome, or why none was attempted."""
+    store, now = pipeline.store, pipeline.clock.now()
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.ended or rec.started or rec.approval == "approved":
+            return None
+        rec.asked_by, rec.asked_at = by, now
+        return rec
+
+    asked, _ = store.mutate_event(record.event_id, change, known=record)
+    if asked is None:
+        current = store.get_event(record.event_id)
+        return ApprovalResult(event_id=record.event_id, outcome="skipped", detail=why_not(current))
+    store.set_due(asked.event_id, now)  # found by the sweep if this host dies here
+    done = reconcile(pipeline, asked, me=by, facts=load_facts(pipeline, asked, now), by=by)
+    if done.approval is not None:
+        return done.approval
+    current = store.get_event(record.event_id)
+    if current is None or current.ended or current.started or current.approval == "approved":
+        detail = why_not(current)
+    elif current.not_before is not None and now >= current.not_before:
+        detail = "NotBefore has passed: Azure starts it now, an approval adds nothing"
+    else:
+        detail = "another caller is approving it"
+    return ApprovalResult(event_id=record.event_id, outcome="skipped", detail=detail)

@@ -601,6 +601,7 @@ CRASH_BENCH = (
     "approve-twice",
     "drain-twice",
     "budget",
+    "manual",
 )
 
 

@@ -9,6 +9,8 @@ A scenario is a list of steps, each one call of a public entry point of the app:
 - `notify()`: every channel's subscription (functions.notify.dispatch.deliver, with the
   deliveries ledger, as functions.triggers.notify does);
 - `watchdog()`: one tick of functions.pipeline.watchdog.run_watchdog;
+- `manual(event_id, who)`: a person approves on the pages (functions.web.approval.
+  approve_by_hand); a page that answered with an error (the host died) is asked again;
 - `advance(s)`: the FakeClock moves on (nothing is ever slept for real).
 
 When a step dies (HostCrash), it is retried as Azure retries it: a Service Bus message
@@ -29,6 +31,7 @@ from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid
 from functions.pipeline.watchdog import run_watchdog
 from functions.terminate.wiring import pipeline_context
 from functions.terminate.workflow import run_drain, run_undrain, wants, wants_undrain
+from functions.web.approval import approve_by_hand
 from tests.crash.faults import HostCrash
 from tests.crash.world import CHANNELS, WEBHOOK_SECRET, Host, World, bicep_lock_seconds
 from tests.functions.conftest import T0, write_liveness
@@ -39,7 +42,7 @@ LOCK_SECONDS = bicep_lock_seconds()
 
 @dataclass(frozen=True)
 class Step:
-    kind: str  # deliver | event_grid | drain | notify | watchdog | advance
+    kind: str  # deliver | event_grid | drain | notify | watchdog | manual | advance
     label: str
     body: str = ""
     seconds: float = 0.0
@@ -63,6 +66,10 @@ def notify() -> Step:
 
 def watchdog() -> Step:
     return Step("watchdog", "watchdog")
+
+
+def manual(event_id: str, who: str) -> Step:
+    return Step("manual", f"manual {who} {event_id}", body=event_id)
 
 
 def advance(seconds: float) -> Step:
@@ -199,10 +206,15 @@ def _watchdog(world: World, host: Host, step: Step) -> None:
     run_watchdog(host.pipeline)
 
 
+def _manual(world: World, host: Host, step: Step) -> None:
+    approve_by_hand(host.pipeline, step.body, step.label.split(" ")[1])
+
+
 ACTIONS: dict[str, Callable[[World, Host, Step], None]] = {
     "deliver": _deliver,
     "event_grid": _event_grid,
     "drain": _drain,
     "notify": _notify,
     "watchdog": _watchdog,
+    "manual": _manual,
 }

@@ -25,6 +25,7 @@ from tests.crash.runner import (
     drain,
     event_grid,
     heartbeat,
+    manual,
     notify,
     settle,
     watchdog,
@@ -106,6 +107,28 @@ def approve_reboot(servers: Servers) -> tuple[Config, list[Step]]:
         *settle(*FINAL),
     ]
     return Config(policy=Policy(rules=(approve_rule("Reboot"),))), steps
+
+
+def manual_approval(servers: Servers) -> tuple[Config, list[Step]]:
+    """A Reboot the policy holds, approved by a person on the pages a minute later (the
+    request recorded, carried out by the decider), then started and done."""
+    ev = event("EV-MA", "Reboot", resources=("ma1",), not_before=_at(900))
+    started = {**ev, "EventStatus": "Started", "NotBefore": ""}
+    steps = [
+        doc("ma1", 1, [ev], servers, 0),
+        drain(),
+        *until(0, 60),
+        manual("EV-MA", "alice"),
+        drain(),
+        *until(60, 120),
+        doc("ma1", 2, [started], servers, 120),
+        *until(120, 180),
+        doc("ma1", 3, [], servers, 180),
+        drain(),
+        *settle(*FINAL),
+    ]
+    hold = Rule(name="hold-reboot", match=Match(event_types=("Reboot",)), action="hold")
+    return Config(policy=Policy(rules=(hold,))), steps
 
 
 def hold_then_window(servers: Servers) -> tuple[Config, list[Step]]:
@@ -477,6 +500,12 @@ SCENARIOS: list[Scenario] = [
         "one sweep: a silent relay and an overdue event",
         watchdog_sweep,
         ("relay_silent", "EV-WD:completed"),
+    ),
+    Scenario(
+        "manual",
+        "a held Reboot approved by a person on the pages",
+        manual_approval,
+        ("relay ma1 /v1/start EV-MA", "EV-MA:approved", "EV-MA:completed"),
     ),
     Scenario(
         "lost-answer-started",

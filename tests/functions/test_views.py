@@ -152,6 +152,6 @@ def test_a_vm_whose_own_view_is_stricter_than_the_event_is_not_asked(store, cloc
     )
     result = approve_event("EV-U", pipeline)
     assert relay.requests == [] and result.outcome in ("failed", "retry_later"), result
-    manual = approve_event("EV-U", pipeline, by="manual:test", force=True)
+    manual = approve_event("EV-U", pipeline, by="manual:test")
     assert manual.outcome == "approved" and relay.starts() == ["EV-U"]
     assert relay.requests[0]["Expect"]["EV-U"]["EventSource"] == "Platform"
