@@ -211,7 +211,12 @@ class IdentityStore:
             return unwrap(self.previous, blob, key_id), True
 
     def get(self, vm_id: str) -> Identity | None:
-        vm_id = normalise_vm_id(vm_id)
+        """The VM's row, if any. `vm_id` in any case: the table's one guard (anything but
+        a UUID raises ValueError before it reaches a key)."""
+        return self._get(normalise_vm_id(vm_id))
+
+    def _get(self, vm_id: str) -> Identity | None:
+        """The row keyed `vm_id`, as normalise_vm_id gives it."""
         try:
             entity = self.table.get_entity(partition_of(vm_id), vm_id)
         except ResourceNotFoundError:
@@ -253,13 +258,14 @@ class IdentityStore:
         known: Identity | bool | None = False,
     ) -> Identity | None:
         """Read-modify-write with the ETag; `change` may run several times (compute only).
-        It returns the new identity, or None for "nothing to write". `known`: the row as
-        just read (None: absent), saving the first read; the ETag still guards the write."""
+        It returns the new identity, or None for "nothing to write". `vm_id`: as
+        normalise_vm_id gives it (CachedResolver's). `known`: the row as just read (None:
+        absent), saving the first read; the ETag still guards the write."""
         for attempt in range(WRITE_ATTEMPTS):
             if attempt == 0 and known is not False:
                 current = known if isinstance(known, Identity) else None
             else:
-                current = self.get(vm_id)
+                current = self._get(vm_id)
             updated = change(current)
             if updated is None:
                 return current
@@ -272,7 +278,8 @@ class IdentityStore:
 
     def remember_key(self, vm_id: str, key: CallbackKey) -> Identity:
         """Make `key` the VM's current key (see Identity.with_key). The VM must have a row
-        (facts first): a key is only ever stored beside Azure's facts."""
+        (facts first): a key is only ever stored beside Azure's facts. `vm_id`: as
+        normalise_vm_id gives it."""
 
         def change(current: Identity | None) -> Identity | None:
             if current is None:
@@ -345,6 +352,7 @@ class CachedResolver:
     def resolve(self, vm_id: str) -> VmFacts:
         """Facts from the table while fresh, else from upstream (stored, keys kept).
         Raises what upstream raises (FactsUnavailable, UnknownVm)."""
+        vm_id = normalise_vm_id(vm_id)
         identity = self.store.get(vm_id)
         if identity is not None and self._fresh(identity):
             return identity.facts
@@ -353,9 +361,10 @@ class CachedResolver:
     def enroll(self, vm_id: str, key: CallbackKey) -> Identity:
         """The facts and keys after an attested message from `vm_id` carrying `key`: facts
         re-resolved if stale or if the key is new to the row, and the key remembered."""
+        vm_id = normalise_vm_id(vm_id)  # once: everything below takes it as it is
         with self._lock:
-            recent = self._recent.get(normalise_vm_id(vm_id))
-            waiting = self._refresh_after.get(normalise_vm_id(vm_id))
+            recent = self._recent.get(vm_id)
+            waiting = self._refresh_after.get(vm_id)
         usable = recent is not None and key.key_id in recent.attested
         if usable and (self._fresh(recent) or (waiting and self.clock() < waiting)):
             return recent  # the steady case (or a refresh put off): no Table request
