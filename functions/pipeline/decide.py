@@ -151,7 +151,7 @@ def decide_report(
                 _note_difference(target, now)
     if should_redecide(target, policy, now):
         # The policy is valid again: each kept view and then the event are decided afresh.
-        redecide(target, event, policy, now)
+        redecide(target, policy, now)
         made = changed = True
     key_taken = Transition.POLICY_INVALID if _failed_closed(target) else Transition.DECIDED
     if claim_announcement(target, key_taken, now, holder):
@@ -511,7 +511,7 @@ def decide_grid(
         target.decided_at = now
         decided = True
     elif should_redecide(target, policy, now):
-        redecide(target, event, policy, now)
+        redecide(target, policy, now, event)
         decided = True
     key = Transition.POLICY_INVALID if target.decision.policy_error else Transition.DECIDED
     return decided, key if claim_announcement(target, key, now, holder) else None

@@ -45,7 +45,7 @@ from functions.pipeline.capacity import (
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import ENDS, NOTHING_READ, ORDER, Due, Facts, due
 from functions.pipeline.lifecycle import approval_lease, claim_announcement, end, observed
-from functions.pipeline.redecide import as_event, redecide
+from functions.pipeline.redecide import redecide
 from functions.store import claims
 from functions.store.records import EventRecord
 from functions.store.rows import BadRow
@@ -292,7 +292,7 @@ def _redecide(
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or not should_redecide(rec, load, now):
             return None
-        redecide(rec, as_event(rec), load, now)
+        redecide(rec, load, now)
         claim_announcement(rec, Transition.DECIDED, now, me)
         intend_approval(rec, dry_run, now, lease, me)
         return rec

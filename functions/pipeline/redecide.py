@@ -56,8 +56,12 @@ def as_event(record: EventRecord) -> ScheduledEvent:
     )
 
 
-def redecide(record: EventRecord, event: ScheduledEvent, load: PolicyLoad, now: datetime) -> None:
+def redecide(
+    record: EventRecord, load: PolicyLoad, now: datetime, event: ScheduledEvent | None = None
+) -> None:
     """Replace the fail-closed decision on `record` (in place; the caller writes it).
+    A row without views is decided on `event` (Event Grid's report), else on the event
+    as the row describes it (`as_event`).
 
     The `decided` claim is dropped so the caller claims it afresh: the new decision is
     announced as `decided` with its own MessageId (see `occurrence`)."""
@@ -68,7 +72,8 @@ def redecide(record: EventRecord, event: ScheduledEvent, load: PolicyLoad, now: 
         record.views = redecide_views(record, load, now)
         new = strictest([entry.decision for entry in record.views])
     else:
-        new = decide(load, event, now, tuple(record.scale_sets))
+        seen = event if event is not None else as_event(record)
+        new = decide(load, seen, now, tuple(record.scale_sets))
     error = old.policy_error
     if len(error) > ERROR_QUOTED:
         error = error[: ERROR_QUOTED - 1] + "…"
