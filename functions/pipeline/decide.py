@@ -2,6 +2,8 @@
 
 - `is_stale`, `over_rate`: whether the document is processed at all (a redelivery, or a
   VM over its hourly bounds), from the VM row as read;
+- `seen_by`: this VM's view of one event it lists (what the policy reads, its key, and
+  the form the event row keeps it in);
 - `decide_report`: one event the document lists, decided on this VM's own view;
 - `next_vm_row`: the VM row after the document (sequence, hourly counts, its events,
   statuses and view keys, the end of an announced silence).
@@ -31,6 +33,7 @@ about every other VM. So:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -39,7 +42,7 @@ from functions.ledger import measured
 from functions.model.envelope import Envelope, LedgerEntry, ScheduledEvent, VmRef
 from functions.model.event import Decision, Transition
 from functions.model.policy import PolicyLoad, decide
-from functions.model.view import VmView
+from functions.model.view import VmView, normalise_resources
 from functions.pipeline.lifecycle import (
     Observation,
     approval_lease,
@@ -50,13 +53,7 @@ from functions.pipeline.lifecycle import (
 )
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import claim_recovery
-from functions.pipeline.views import (
-    TOO_MANY_VIEWS,
-    Seen,
-    differing_fields,
-    seen_by,
-    stricter,
-)
+from functions.pipeline.views import TOO_MANY_VIEWS, differing_fields, stricter
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.recent import copy_record
@@ -98,7 +95,7 @@ def decide_report(
 ) -> ReportPlan:
     """The pure step for one event of one document (see the module docstring). `row` is
     never changed: the plan's row is a copy. `own`: this VM's view of the event
-    (`views.seen_by`, worked out once per document). `repeated`: this VM's previous
+    (`seen_by`, worked out once per document). `repeated`: this VM's previous
     document showed the same view (its VM row says so), so a view the row could not keep
     (beyond MAX_VIEWS) is not counted again. `newcomer`: this VM had not listed the event
     before (an end the other reporters made reopens for it). `holder`, `lease`: the claims
@@ -330,7 +327,7 @@ def next_vm_row(
 
     `events`: what the document lists for this VM (None for a message without a
     document); `late`: EventIds it lists only after they ended; `views`: EventId ->
-    the key of its view of each (functions.pipeline.views.view_key)."""
+    the key of its view of each (`view_key`)."""
     record = copy_record(current) if current is not None else VmRecord(name=envelope.vm.name)
     messages, added = rate_window(record, now)
     if messages == 0 and added == 0:
@@ -361,6 +358,63 @@ def next_vm_row(
     return record, mark
 
 
+# ------------------------------------------------------------------ a VM's view of an event
+
+# Resources an event row keeps with each view (their digest and count beyond).
+VIEW_RESOURCE_CHARS = 4000
+
+
+def view_of(event: ScheduledEvent, vm: str) -> VmView:
+    """`vm`'s view of `event`, as its own IMDS showed it."""
+    return VmView(
+        vm=vm,
+        event_type=event.event_type,
+        event_source=event.event_source,
+        duration_s=event.duration_in_seconds,
+        not_before=event.not_before,
+        resources=normalise_resources(event.resources),
+    )
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One VM's view of one event, worked out once per document: the view, its key, and
+    the form the event row keeps it in (`kept_view`)."""
+
+    view: VmView
+    key: str
+    kept: VmView
+    resources_digest: str
+    resources_count: int
+
+
+def seen_by(event: ScheduledEvent, vm: str, scale_set: str | None) -> Seen:
+    """`vm`'s view of `event` (its reporter in scale set `scale_set`, Azure's fact)."""
+    view = view_of(event, vm)
+    kept, digest, count = kept_view(view)
+    return Seen(view, view_key(view, scale_set), kept, digest, count)
+
+
+def view_key(view: VmView, scale_set: str | None) -> str:
+    """What makes two reports decide alike: the view's fields (not who saw it) and the
+    reporter's scale set (Azure's fact), which a policy rule may match."""
+    return view.digest() + ("|" + scale_set.casefold() if scale_set else "")
+
+
+def resources_digest(names: tuple[str, ...]) -> str:
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+
+
+def kept_view(view: VmView) -> tuple[VmView, str, int]:
+    """The view as the event row keeps it: its Resources only while they are short
+    (VIEW_RESOURCE_CHARS), so MAX_VIEWS views of 1,000 long names still fit the row;
+    their digest and count always."""
+    names = view.resources
+    short = sum(len(n) for n in names) <= VIEW_RESOURCE_CHARS
+    kept = view if short else view.model_copy(update={"resources": ()})
+    return kept, resources_digest(names), len(names)
+
+
 # ------------------------------------------------------------------ the whole document
 
 
@@ -373,7 +427,7 @@ class EventStep:
     late: bool = False  # the VM row says it listed this only after it ended: nothing to do
     ended: bool = False  # the row as remembered has ended (final): a late report only
     open_index: bool = False  # no row remembered: list it in the open index first
-    seen: Seen | None = None  # this VM's view of it (functions.pipeline.views.seen_by)
+    seen: Seen | None = None  # this VM's view of it (`seen_by`)
     ledger: LedgerEntry | None = None  # for its reporter row (functions.ledger.measured)
     repeated: bool = False  # the VM's previous document showed this same view
     reporter: bool = False  # write its reporter row (status or view changed)

@@ -1,17 +1,15 @@
-"""Views of one event and how their decisions combine: pure helpers shared by ingest's
-decide step (functions.pipeline.decide) and the re-decision of a fail-closed event
-(functions.pipeline.redecide)."""
+"""How the decisions on an event's views combine: pure helpers shared by ingest's decide
+step (functions.pipeline.decide, which works out each VM's view), the re-decision of a
+fail-closed event (functions.pipeline.redecide) and the approver."""
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from functions.model.envelope import ScheduledEvent
 from functions.model.event import Decision
 from functions.model.policy import PolicyLoad, decide
-from functions.model.view import VIEW_FIELDS, VmView, normalise_resources
+from functions.model.view import VIEW_FIELDS, VmView
 from functions.store.events import Reporter
 from functions.store.records import EventRecord, ViewDecision
 
@@ -24,7 +22,6 @@ from functions.store.records import EventRecord, ViewDecision
 ACTION_RANK = {"approve": 0, "drain": 1, "hold": 2}
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 TOO_MANY_VIEWS = "views"  # in `views_differ`: more distinct views than MAX_VIEWS
-VIEW_RESOURCE_CHARS = 4000  # Resources an event row keeps with each view (digest beyond)
 EARLIEST = datetime.min.replace(tzinfo=UTC)
 
 
@@ -44,43 +41,6 @@ def stricter(current: Decision, other: Decision) -> Decision:
     return other if strictness(other) > strictness(current) else current
 
 
-def view_of(event: ScheduledEvent, vm: str) -> VmView:
-    """`vm`'s view of `event`, as its own IMDS showed it."""
-    return VmView(
-        vm=vm,
-        event_type=event.event_type,
-        event_source=event.event_source,
-        duration_s=event.duration_in_seconds,
-        not_before=event.not_before,
-        resources=normalise_resources(event.resources),
-    )
-
-
-@dataclass(frozen=True)
-class Seen:
-    """One VM's view of one event, worked out once per document: the view, its key, and
-    the form the event row keeps it in (`kept_view`)."""
-
-    view: VmView
-    key: str
-    kept: VmView
-    resources_digest: str
-    resources_count: int
-
-
-def seen_by(event: ScheduledEvent, vm: str, scale_set: str | None) -> Seen:
-    """`vm`'s view of `event` (its reporter in scale set `scale_set`, Azure's fact)."""
-    view = view_of(event, vm)
-    kept, digest, count = kept_view(view)
-    return Seen(view, view_key(view, scale_set), kept, digest, count)
-
-
-def view_key(view: VmView, scale_set: str | None) -> str:
-    """What makes two reports decide alike: the view's fields (not who saw it) and the
-    reporter's scale set (Azure's fact), which a policy rule may match."""
-    return view.digest() + ("|" + scale_set.casefold() if scale_set else "")
-
-
 def differing_fields(entries: list[ViewDecision]) -> list[str]:
     """The policy-relevant fields (VIEW_FIELDS order) in which these views differ;
     Resources are compared by digest (an entry may keep only that)."""
@@ -97,20 +57,6 @@ def _differ(name: str, values: list[object]) -> bool:
     if name == "NotBefore":
         values = [v for v in values if v]
     return any(v != values[0] for v in values[1:])
-
-
-def resources_digest(names: tuple[str, ...]) -> str:
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
-
-
-def kept_view(view: VmView) -> tuple[VmView, str, int]:
-    """The view as the event row keeps it: its Resources only while they are short
-    (VIEW_RESOURCE_CHARS), so MAX_VIEWS views of 1,000 long names still fit the row;
-    their digest and count always."""
-    names = view.resources
-    short = sum(len(n) for n in names) <= VIEW_RESOURCE_CHARS
-    kept = view if short else view.model_copy(update={"resources": ()})
-    return kept, resources_digest(names), len(names)
 
 
 def as_scheduled(view: VmView, status: str, event_id: str) -> ScheduledEvent:

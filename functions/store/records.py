@@ -83,7 +83,7 @@ class ViewDecision(BaseModel):
     rescheduled its event) replaces the entry it made instead of adding one."""
 
     key: str
-    view: VmView  # Resources left out when long (functions.pipeline.views.kept_view)
+    view: VmView  # Resources left out when long (functions.pipeline.decide.kept_view)
     resources_digest: str = ""
     resources_count: int = 0
     scale_set: str | None = None  # Azure's scale set of `first_vm`, which rules may match

@@ -11,17 +11,20 @@ import pytest
 from functions.model.envelope import ScheduledEvent, VmRef
 from functions.model.event import Decision, Transition
 from functions.model.policy import Policy, PolicyLoad, default_rules
-from functions.pipeline.decide import ReportPlan, decide_report
-from functions.pipeline.views import (
-    TOO_MANY_VIEWS,
+from functions.pipeline.decide import (
     VIEW_RESOURCE_CHARS,
-    differing_fields,
-    own_decision,
+    ReportPlan,
+    decide_report,
     seen_by,
-    stricter,
-    strictest,
     view_key,
     view_of,
+)
+from functions.pipeline.views import (
+    TOO_MANY_VIEWS,
+    differing_fields,
+    own_decision,
+    stricter,
+    strictest,
 )
 from functions.store.records import MAX_VIEWS, EventRecord
 
