@@ -352,7 +352,7 @@ class CachedResolver:
     def resolve(self, vm_id: str) -> VmFacts:
         """Facts from the table while fresh, else from upstream (stored, keys kept).
         Raises what upstream raises (FactsUnavailable, UnknownVm)."""
-        vm_id = normalise_vm_id(vm_id)
+        vm_id = vm_id.lower()  # as rows are keyed: store.get refuses anything but a UUID
         identity = self.store.get(vm_id)
         if identity is not None and self._fresh(identity):
             return identity.facts
@@ -361,7 +361,7 @@ class CachedResolver:
     def enroll(self, vm_id: str, key: CallbackKey) -> Identity:
         """The facts and keys after an attested message from `vm_id` carrying `key`: facts
         re-resolved if stale or if the key is new to the row, and the key remembered."""
-        vm_id = normalise_vm_id(vm_id)  # once: everything below takes it as it is
+        vm_id = vm_id.lower()  # as rows are keyed: store.get refuses anything but a UUID
         with self._lock:
             recent = self._recent.get(vm_id)
             waiting = self._refresh_after.get(vm_id)

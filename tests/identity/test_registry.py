@@ -155,6 +155,29 @@ def test_cached_resolver_asks_azure_only_when_missing_stale_or_keyed_anew(store)
     assert store.get(vm_id).keys == (k2, k1)
 
 
+def test_cached_resolver_takes_a_vm_id_in_any_case_and_refuses_a_malformed_one(store):
+    """A vmId reaches the table's key as normalise_vm_id gives it, whatever its case: one
+    row, keys written beside its facts; anything but a UUID is refused (ValueError) before
+    Resource Graph is asked or anything is written."""
+    vm_id = vm()
+    upstream = CountingResolver()
+    upstream.register(facts(vm_id))
+    cache = CachedResolver(store, upstream, max_age_seconds=3600, clock=lambda: T0)
+    k1, k2 = CallbackKey.generate(), CallbackKey.generate()
+    assert cache.enroll(vm_id.upper(), k1).keys == (k1,)
+    assert cache.resolve(vm_id.upper()).vm_id == vm_id
+    store.save(Identity(facts=facts(other := vm())))  # the sync's row: facts, no key yet
+    assert cache.enroll(other.upper(), k2).keys == (k2,)
+    assert [e["RowKey"] for e in store.table.list_entities()].count(vm_id) == 1
+    calls = upstream.calls
+    for bad in ("{" + vm_id + "}", vm_id.replace("-", ""), "urn:uuid:" + vm_id, "' or 1 eq 1"):
+        with pytest.raises(ValueError, match="not a UUID"):
+            cache.enroll(bad, CallbackKey.generate())
+        with pytest.raises(ValueError, match="not a UUID"):
+            cache.resolve(bad)
+    assert upstream.calls == calls and len(list(store.table.list_entities())) == 2
+
+
 def test_cached_resolver_passes_transient_failures_through(store):
     class Down:
         def resolve(self, vm_id: str) -> VmFacts:
