@@ -35,6 +35,11 @@ DRAIN_HOLD = timedelta(minutes=30)
 # Beyond the event's own duration, how long a Started event keeps its slots.
 STARTED_GRACE = timedelta(minutes=30)
 WAKE_AT_MOST = 20  # waiting events a released slot wakes at once (the rest: next sweep)
+# A holder listed moments ago whose own row does not show it yet: the slots are taken
+# before the approval's claim is written (a Table request or two later), so a taker in
+# between must not read the new holder as not entitled and take its slot (the budget
+# bench saw three out of two). A host that dies in between leaves it listed this long.
+TAKE_GRACE = timedelta(seconds=30)
 
 
 def approved_at(record: EventRecord) -> datetime | None:
@@ -68,6 +73,11 @@ def holds_slot(record: EventRecord | None, now: datetime) -> bool:
         before = record.not_before is None or now < record.not_before
         return before and now < since + DRAIN_HOLD
     return False
+
+
+def entitled(record: EventRecord | None, taken_at: datetime | None, now: datetime) -> bool:
+    """`holds_slot`, or listed as a holder less than TAKE_GRACE ago."""
+    return holds_slot(record, now) or (taken_at is not None and now < taken_at + TAKE_GRACE)
 
 
 def needs_capacity(event: ScheduledEvent | EventRecord) -> bool:
@@ -141,9 +151,10 @@ def _take(store: Store, key: str, record: EventRecord, limit: int, now: datetime
     event_id = record.event_id
     current = store.get_capacity(key)
     holders = [h for h in (current.holders if current else []) if h != event_id]
+    taken = current.taken if current else {}
     dead: set[str] = set()
     if len(holders) >= limit:
-        dead = {h for h in holders if not holds_slot(store.get_event(h), now)}
+        dead = {h for h in holders if not entitled(store.get_event(h), taken.get(h), now)}
 
     def change(rec: CapacityRecord | None) -> CapacityRecord | None:
         rec = rec or CapacityRecord(key=key)
@@ -154,6 +165,8 @@ def _take(store: Store, key: str, record: EventRecord, limit: int, now: datetime
             raise _Full
         rec.holders = [*kept, event_id]
         rec.until = {}
+        rec.taken = {h: at for h, at in rec.taken.items() if h in rec.holders}
+        rec.taken[event_id] = now
         rec.waiting.pop(event_id, None)
         return rec
 
@@ -270,7 +283,9 @@ def acquire_budgets(
         held = [h for h in (current.holders if current else []) if h.event_id != record.event_id]
         dead: set[str] = set()
         if len(held) >= slot.limit:
-            dead = {h.event_id for h in held if not holds_slot(store.get_event(h.event_id), now)}
+            dead = {
+                h.event_id for h in held if not entitled(store.get_event(h.event_id), h.since, now)
+            }
         full: list[str] = []
 
         def change(rec, slot=slot, vm=vm, dead=dead, full=full):

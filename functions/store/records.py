@@ -235,6 +235,8 @@ class CapacityRecord(Record):
     # Written by older versions (a lapse per holder); whether a holder still holds is now
     # read from its own row (functions.pipeline.capacity.holds_slot).
     until: dict[str, AwareDatetime] = Field(default_factory=dict)
+    # EventId -> when it took its slot (functions.pipeline.capacity.TAKE_GRACE).
+    taken: dict[str, AwareDatetime] = Field(default_factory=dict)
     # EventId -> its NotBefore, for events waiting for a slot here: admitted earliest
     # NotBefore first, and woken when a slot is given back.
     waiting: dict[str, AwareDatetime | None] = Field(default_factory=dict)
