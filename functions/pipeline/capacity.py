@@ -6,7 +6,8 @@ Whether a listed holder still holds its slot is decided from the holder's own ro
 rule every taker applies (`holds_slot`), never by a lapse computed from what a VM reported
 (its NotBefore, up to a week out): a holder holds while its approval is in flight, for
 APPROVED_START_GRACE after it was approved, while its drain runs, and while it is Started
-(its duration and STARTED_GRACE from when it started). A vetoed, failed, pending or
+(its duration and STARTED_GRACE from when it started), and for TAKE_GRACE after it took
+the slot (the approval's claim is written just after). A vetoed, failed, pending or
 never-started approval holds nothing, so a VM that makes up an event and refuses its
 approval never keeps its set-mates waiting, and a crash never leaks a slot.
 """
