@@ -17,6 +17,7 @@ runs (a slow run and the next tick) announce nothing twice.
 from __future__ import annotations
 
 import logging
+import weakref
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
@@ -125,15 +126,18 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
     return out
 
 
-_last_full: dict[int, datetime] = {}
+# Keyed by the Store itself, never by id(): a Store freed and another made at the same
+# address (tests make one per test) inherited its predecessor's listing time, and its
+# first sweep then skipped the full listing (a fail-closed event never redecided).
+_last_full: weakref.WeakKeyDictionary[object, datetime] = weakref.WeakKeyDictionary()
 
 
 def _full_listing_due(pipeline: Pipeline, now: datetime) -> bool:
     """The whole open index, once per FULL_LISTING_EVERY per host (and at its first sweep)."""
-    last = _last_full.get(id(pipeline.store))
+    last = _last_full.get(pipeline.store)
     if last is not None and now - last < FULL_LISTING_EVERY and now >= last:
         return False
-    _last_full[id(pipeline.store)] = now
+    _last_full[pipeline.store] = now
     return True
 
 
