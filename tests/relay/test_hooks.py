@@ -19,7 +19,7 @@ import requests
 
 from local.hook_unit import HookUnit
 from relay.callback import CallbackApp, CallbackServer
-from relay.hooks import HookRunner
+from relay.hooks import HookRunner, _held
 from relay.imds import ImdsClient
 from relay.models import ScheduledEvent
 from tests.relay.conftest import KEY, VM0_ID, FixedKeys, sign_headers, wait_for
@@ -171,6 +171,14 @@ def call_count(hooks_dir: Path) -> int:
     return len(runs.read_text().split()) if runs.exists() else 0
 
 
+def _locked(rc: Path) -> bool:
+    held = _held(rc)
+    if held is None:
+        return False
+    held.close()
+    return True
+
+
 def _interrupted(
     hooks_dir: Path, script_name: str, unit: str
 ) -> tuple[HookRunner, str, threading.Event]:
@@ -184,8 +192,10 @@ def _interrupted(
     event_id = uuid.uuid4().hex
     scheduled = ScheduledEvent(event_id, "Scheduled", "Terminate", ("vm0",))
     assert dying.run_once("drain", scheduled, wait=0.0)["status"] == "running"
-    record = dying._path("drain", event_id)
-    wait_for(lambda: record.with_suffix(".rc").exists())  # handed to the unit
+    rc = dying._path("drain", event_id).with_suffix(".rc")
+    # Handed to the unit: the relay creates the `.rc` file and then locks it; a check
+    # between the two (a busy machine once made one) reads no run going on at all.
+    wait_for(lambda: rc.exists() and (_locked(rc) or gone.is_set()))
     restarted = HookRunner({"drain": hooks_dir / script_name}, state, 5, "vm0", socket=unit)
     return restarted, event_id, gone
 
