@@ -31,12 +31,12 @@ from typing import Any
 
 from functions.model.budgets import Budget, Placement
 from functions.model.policy import Policy, Rule, Window
-from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
 from functions.store.budget_slots import BudgetSlots
 from functions.store.placements import Placements
 from functions.store.state import Store
 from local.host import LocalWorkQueue, TriggerConfig
+from tests.bench.wave import deliver
 
 BUDGET_VMS = 60
 SETS = (("shop-a", "1"), ("shop-b", "2"), ("shop-c", "1"))  # three scale sets, two zones
@@ -83,13 +83,7 @@ def run(
 
     def report(name: str, sequence: int, listed: list[dict[str, Any]]) -> None:
         body = envelope(name, sequence, listed, callback_url=relay.url, observed_at=clock.now())
-        for attempt in range(3):  # as Service Bus redelivers one that failed
-            try:
-                ingest_message(body, pipeline)
-                return
-            except Exception:
-                if attempt == 2:
-                    raise
+        deliver(body, pipeline)
 
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:

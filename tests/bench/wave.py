@@ -40,6 +40,18 @@ SWEEP_EVERY = 2.0  # seconds between sweeps (the timer: every minute in Azure)
 GIVE_UP = 240.0  # seconds: a wave not approved by then is reported as such
 
 
+def deliver(body: str, pipeline: Any, deliveries: int = 3) -> None:
+    """One relay message through ingest, delivered again when it fails, as Service Bus
+    redelivers one (the bench's fleets report concurrently to one Azurite)."""
+    for attempt in range(deliveries):
+        try:
+            ingest_message(body, pipeline)
+            return
+        except Exception:
+            if attempt == deliveries - 1:
+                raise
+
+
 @contextmanager
 def slow_relays() -> Iterator[str]:
     """A callback that answers one byte a second (odd connections) or never (even ones)."""
@@ -105,14 +117,7 @@ def run(connection_string: str, vms: int = WAVE_VMS) -> dict[str, Any]:
             def report(name: str) -> None:
                 ev = event(f"WAVE-{name}", "Redeploy", resources=(name,), not_before=not_before)
                 url = drip if name in slow else relay.url
-                body = envelope(name, 1, [ev], callback_url=url)
-                for attempt in range(3):  # as Service Bus redelivers one that failed
-                    try:
-                        ingest_message(body, reporting)
-                        return
-                    except Exception:
-                        if attempt == 2:
-                            raise
+                deliver(envelope(name, 1, [ev], callback_url=url), reporting)
 
             with ThreadPoolExecutor(max_workers=16) as pool:
                 list(pool.map(report, names))
