@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +41,12 @@ PACKAGES = (
     "libmpdec3",
 )
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# Where a Debian release goes once it leaves the mirrors (https://www.debian.org/distrib/archive:
+# "archive.debian.org"). Bullseye's LTS ended on 2026-08-31, so the regular mirrors will drop
+# it; the archive's Release files carry an expired Valid-Until, which apt must be told to
+# accept (the packages are still checked against the archive keyring's signatures).
+ARCHIVE = "http://archive.debian.org/debian"
+ARCHIVE_SECURITY = "http://archive.debian.org/debian-security"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
 
@@ -67,6 +74,32 @@ def skip_or_fail(reason: str) -> None:
     sys.exit(0)
 
 
+def sources(base: str, security: str, signed: str) -> str:
+    """The project-local sources.list for bullseye from one archive and its security twin."""
+    return (
+        f"deb{signed} {base} {SUITE} main\n"
+        f"deb{signed} {base} {SUITE}-updates main\n"
+        f"deb{signed} {security} {SUITE}-security main\n"
+    )
+
+
+def candidates(base: str, signed: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Where to look, in order: this machine's mirror, then Debian's archive (for when the
+    mirror no longer carries bullseye). Each: (what, sources.list text, extra apt options)."""
+    security = base.rsplit("/", 1)[0] + "/debian-security"
+    return [
+        (base, sources(base, security, signed), ()),
+        (
+            ARCHIVE,
+            # -updates is left out: its packages reach main at each point release, and one
+            # suite missing from the archive would fail the whole `apt-get update`.
+            f"deb{signed} {ARCHIVE} {SUITE} main\n"
+            f"deb{signed} {ARCHIVE_SECURITY} {SUITE}-security main\n",
+            ("-oAcquire::Check-Valid-Until=false",),
+        ),
+    ]
+
+
 def apt(*args: str) -> None:
     apt_dir = CACHE / "apt"
     options = [
@@ -92,19 +125,8 @@ def fetch() -> None:
         (apt_dir / sub).mkdir(parents=True, exist_ok=True)
     (CACHE / "debs").mkdir(parents=True, exist_ok=True)
     (apt_dir / "status").touch()
-    base = mirror()
     signed = f" [signed-by={KEYRING}]" if Path(KEYRING).exists() else ""
-    security = base.rsplit("/", 1)[0] + "/debian-security"
-    (apt_dir / "sources.list").write_text(
-        f"deb{signed} {base} {SUITE} main\n"
-        f"deb{signed} {base} {SUITE}-updates main\n"
-        f"deb{signed} {security} {SUITE}-security main\n"
-    )
-    try:
-        apt("update")
-        apt("download", *PACKAGES)
-    except subprocess.CalledProcessError as exc:
-        skip_or_fail(f"apt-get failed ({exc}); is {base} reachable?")
+    download(candidates(mirror(), signed), apt, apt_dir / "sources.list")
     root = CACHE / "root"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir()
@@ -118,6 +140,28 @@ def fetch() -> None:
         f'  exec "{root}/usr/bin/python3.9" -I -S "$@"\n'
     )
     WRAPPER.chmod(0o755)
+
+
+def download(
+    where: list[tuple[str, str, tuple[str, ...]]], run: Callable[..., None], listing: Path
+) -> str:
+    """Download PACKAGES from the first place that has them all; returns that place.
+    A failed place is said on stderr before the next is tried, so a log shows the fallback."""
+    failures = []
+    for base, text, extra in where:
+        listing.write_text(text)
+        try:
+            run(*extra, "update")
+            run(*extra, "download", *PACKAGES)
+        except subprocess.CalledProcessError as exc:
+            failures.append(f"{base}: {exc}")
+            print(
+                f"python39: {base} did not serve bullseye ({exc}); trying the next", file=sys.stderr
+            )
+            continue
+        return base
+    skip_or_fail("apt-get failed everywhere: " + "; ".join(failures))
+    return ""
 
 
 def check() -> str:
