@@ -27,6 +27,7 @@ import os
 import pkgutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel, ValidationError
@@ -362,6 +363,14 @@ def _channel_findings(environ: Mapping[str, str], alert_receivers: bool | None) 
     return findings
 
 
+def trust_notice(now: datetime | None = None) -> str:
+    """The shipped trust material's expiry notice (functions.identity.trust.refresh), or ""."""
+    from functions.identity import trust
+    from functions.identity.trust.refresh import expiry_notice
+
+    return expiry_notice(trust.manifest(), now or datetime.now(UTC))
+
+
 def checked_settings(
     settings: Settings,
     *,
@@ -379,6 +388,9 @@ def checked_settings(
     )
     for warning in report.warnings():
         log.warning("settings: %s", warning)
+    notice = trust_notice()
+    if notice:
+        log.warning("trust: %s", notice)
     refusal = report.refusal()
     if refusal is not None:
         log.error("POLICY INVALID, failing closed (nothing is approved): %s", refusal)

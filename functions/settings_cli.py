@@ -20,7 +20,7 @@ from pathlib import Path
 from functions.bicepparam import ParameterFileError, is_parameter_file, read_parameter_file
 from functions.model.policy import POLICY_FAMILY
 from functions.settings import KEY_VAULT_REFERENCE_PREFIX
-from functions.settings_check import check_settings
+from functions.settings_check import check_settings, trust_notice
 
 # What an exported Key Vault reference is checked as: App Service resolves the reference,
 # this process cannot, so the value is not checked (and the output says so).
@@ -183,6 +183,9 @@ def run_settings_check(args: argparse.Namespace) -> int:
         if not (f.setting == "connections" and "appSecret" in dict(loaded.errors))
     )
     warnings = report.warnings()
+    notice = trust_notice()
+    if notice:  # Microsoft's date, not the deployment's fault: never an error under --strict
+        print(f"notice: trust: {notice}", file=sys.stderr)
     if refused:
         print(
             f"settings invalid: {refused} error(s): the app refuses to act on them "

@@ -11,7 +11,8 @@ fingerprint, validity and where it came from. The verifier reads only what the m
 lists (functions.identity.trust.shipped), so a PEM dropped here by hand is not trusted.
 
 Why a script: Microsoft adds intermediates without notice and they expire (the Azure RSA
-TLS "xsign" ones did on 2026-08-25); tests/identity/test_trust.py warns six months ahead."""
+TLS "xsign" ones did on 2026-08-25). Half a year ahead `settings check` and the app's log
+at start say so (`expiry_notice`); the procedure is in docs/attestation.md."""
 
 from __future__ import annotations
 
@@ -144,6 +145,41 @@ def expiring(
         if (not_after - now).days < within_days:
             soon.append((record["file"], not_after))
     return soon
+
+
+# How far ahead the operator is told (settings check, the app's log at start): half a year,
+# time for a release or a refresh to reach every deployment.
+NOTICE_DAYS = 183
+PROCEDURE = "docs/attestation.md, 'When shipped certificates near their end'"
+
+
+def expiry_notice(manifest: dict[str, Any], now: datetime, within_days: int = NOTICE_DAYS) -> str:
+    """One line for operators when shipped trust material expires within `within_days`
+    (or has expired): what, when, what it means, what to do. "" when nothing is near.
+
+    Why a notice and not a failing check: the date is Microsoft's, not a fault of the
+    deployment, so it must never turn a deploy gate (`settings check --strict`) or CI red;
+    but an operator has to hear of it months before attestations start being refused."""
+    soon = expiring(manifest, now, within_days)
+    if not soon:
+        return ""
+    first = min(not_after for _, not_after in soon)
+    by_date: dict[str, int] = {}
+    for _, not_after in soon:
+        day = f"{not_after:%Y-%m-%d}"
+        by_date[day] = by_date.get(day, 0) + 1
+    when = ", ".join(f"{n} on {day}" for day, n in sorted(by_date.items()))
+    days = (first - now).days
+    lead = (
+        f"{len(soon)} shipped trust certificate(s) EXPIRED ({when})"
+        if days < 0
+        else f"{len(soon)} shipped trust certificate(s) expire within {days} days ({when})"
+    )
+    return (
+        f"{lead}: attested documents chained through them are refused from then unless the "
+        "verifier's AIA fetch finds a renewed issuer; upgrade the app or refresh the trust "
+        f"({PROCEDURE})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
