@@ -61,10 +61,23 @@ def connection_string(port: int) -> str:
     )
 
 
+EXIT_WITH_PARENT = Path(__file__).resolve().parent / "exit_with_parent.cjs"
+
+
+def node(root: Path = ROOT) -> str | None:
+    """The Node.js that runs the project's Node tools: node_modules/.bin/node where
+    package.json pins one, else the machine's."""
+    pinned = root / "node_modules" / ".bin" / "node"
+    if pinned.exists():
+        return str(pinned)
+    return shutil.which("node")
+
+
 class Azurite:
     """A running Azurite Table service; a context manager that always stops it."""
 
     def __init__(self, root: Path = ROOT) -> None:
+        self.root = root
         self.binary = root / "node_modules" / ".bin" / "azurite-table"
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -83,7 +96,7 @@ class Azurite:
             raise AzuriteError(
                 f"Azurite is not installed ({self.binary} is missing): run `make install`"
             )
-        if shutil.which("node") is None:
+        if node(self.root) is None:
             raise AzuriteError("Node.js is needed to run Azurite")
         for attempt in range(1, attempts + 1):
             try:
@@ -105,6 +118,9 @@ class Azurite:
         with open(workdir / "stdout.log", "wb") as stdout:
             self.proc = subprocess.Popen(  # noqa: S603 - a fixed local binary, no shell
                 [
+                    str(node(self.root) or "node"),
+                    "--require",
+                    str(EXIT_WITH_PARENT),
                     str(self.binary),
                     "--tableHost",
                     "127.0.0.1",
@@ -123,6 +139,8 @@ class Azurite:
                     "--tableKeepAliveTimeout",
                     "300",
                 ],
+                # Azurite exits when this pipe closes: a killed test run leaves none behind.
+                stdin=subprocess.PIPE,
                 stdout=stdout,
                 stderr=self._stderr,
                 cwd=self._workdir,
@@ -167,6 +185,8 @@ class Azurite:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+        if self.proc is not None and self.proc.stdin is not None:
+            self.proc.stdin.close()
         self.proc = None
         if self._stderr is not None:
             self._stderr.close()

@@ -47,3 +47,55 @@ def test_an_azurite_that_cannot_listen_anywhere_says_so(
     with pytest.raises(azurite_module.AzuriteError, match="3 free ports were taken"):
         server.start()
     assert server.proc is None  # nothing left running
+
+
+def test_a_killed_owner_leaves_no_azurite_running() -> None:
+    """A SIGKILLed pytest worker or demo cannot run its cleanup: Azurite must still go
+    (it exits when the pipe its owner holds closes)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from local.azurite import Azurite; import sys, time; a = Azurite().start(); "
+            "print(a.proc.pid, flush=True); time.sleep(600)",
+        ],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None
+        pid = int(owner.stdout.readline())
+        os.kill(pid, 0)  # running
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 60  # a condition, with a generous bound for busy machines
+        while time.monotonic() < deadline:
+            if not _running(pid):
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"Azurite {pid} outlived its killed owner")
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit waits for whoever reaps it, maybe no one)."""
+    from pathlib import Path
+
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
