@@ -123,3 +123,18 @@ def liveness_signature(secret: bytes, vm_id: str, at: int, relay_version: str) -
 
 def liveness_ok(secret: bytes, vm_id: str, at: int, relay_version: str, sig: str) -> bool:
     return hmac.compare_digest(liveness_signature(secret, vm_id, at, relay_version), sig)
+
+
+def liveness_message_v2(
+    vm_id: str, at: int, relay_version: str, contract: int, probe_at: int, drain: str
+) -> bytes:
+    """What a contract-2 relay signs (issue 44): the v1 fields and every column it added."""
+    return f"liveness/v2\n{vm_id}\n{at}\n{relay_version}\n{contract}\n{probe_at}\n{drain}".encode()
+
+
+def liveness_signature_v2(
+    secret: bytes, vm_id: str, at: int, relay_version: str, contract: int, probe_at: int, drain: str
+) -> str:
+    """The `sig` column of a contract-2 liveness row (contract §5, liveness/v2)."""
+    message = liveness_message_v2(vm_id, at, relay_version, contract, probe_at, drain)
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()

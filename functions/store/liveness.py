@@ -8,7 +8,15 @@ Layout (v2, relays since issue 27): RowKey = hex HMAC-SHA256(K, "liveness-row/v1
 the VM's callback key K, PartitionKey `lvNN` (NN = int(RowKey[:8], 16) % 8), columns
 `vm_id`, `seen` (Edm.DateTime, the second of `at`), `at` (Edm.Int64 unix seconds),
 `relay_version` (<= 64 characters), `key_id`, `sig` = HMAC-SHA256(K,
-"liveness/v1\\n{vm_id}\\n{at}\\n{relay_version}"). A VM without K can neither find another
+"liveness/v1\\n{vm_id}\\n{at}\\n{relay_version}"). Relays of contract 2 (0.2.0+, issue 44)
+add `contract` (Edm.Int32, 2), `probe_at` (Edm.Int64 unix seconds: when Azure's load-balancer
+probe, from 168.63.129.16, last reached the VM's readiness responder; 0 = never since it
+started) and `drain` (<= 64 characters, comma-separated, from "hook", "readiness", "file":
+the drain means the relay offers), and sign them all: `sig` = HMAC-SHA256(K,
+"liveness/v2\\n{vm_id}\\n{at}\\n{relay_version}\\n{contract}\\n{probe_at}\\n{drain}"). A row
+without `contract` is contract 1 (relays 0.1.x). ACCEPTED_CONTRACTS says which this app
+reads; a row of any other contract is refused by name (UnknownContract: the app is older
+than the relay), never read as if it were one it knows. A VM without K can neither find another
 VM's row nor write one that verifies, so it cannot overwrite a dead relay's row to hide
 its silence. Within 24 h of a rotation a relay writes its previous key's row too; that row
 is "superseded" once the app knows the new key, and deleted when the watchdog finds it
@@ -45,12 +53,18 @@ from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import EdmType, EntityProperty, TableServiceClient, TableTransactionError
 
-from functions.identity.keys import key_id_of, liveness_ok
+from functions.identity.keys import key_id_of, liveness_ok, liveness_signature_v2
 
 log = logging.getLogger(__name__)
 
 LIVENESS_BUCKETS = 8
 MAX_RELAY_VERSION = 64
+MAX_DRAIN = 64
+# The relay<->app contracts this app reads (relay/README.md, "Versions"): 1 = relays 0.1.x
+# (v1 rows), 2 = relays 0.2.x (v2 rows: probe_at and drain, signed).
+ACCEPTED_CONTRACTS = frozenset({1, 2})
+UNKNOWN_CONTRACT = "relay contract"  # how an UnknownContract's reason starts
+DRAIN_MEANS = frozenset({"hook", "readiness", "file"})
 ROW_KEY_LABEL = b"liveness-row/v1"
 # Liveness requests one sweep may make: 8 first pages, the identities listing of 10,000
 # VMs (10 pages), 2 batch deletes. With the rest of a sweep (9 at 10,000 VMs) that is
@@ -72,6 +86,11 @@ MAX_FUTURE = timedelta(minutes=5)
 
 class BadHint(ValueError):
     """A liveness row that is not what the contract says; the message names what."""
+
+
+class UnknownContract(BadHint):
+    """A row of a relay contract this app does not read: a relay newer than the app (or a
+    forger). Refused by name and logged as an error, so the operator upgrades the app."""
 
 
 # What the app knows of an enrolled VM: Azure's name for it and its callback secrets,
@@ -114,6 +133,11 @@ class LivenessHint:
     partition: str = ""
     row: str = ""
     current: bool = True  # False: a previous key's row (superseded once the current is fresh)
+    contract: int = 1  # the relay<->app contract the row is written in (1: before issue 44)
+    # When Azure's load-balancer probe last reached the VM's readiness responder (None:
+    # never since it started, or a contract-1 relay, which does not say).
+    probe_at: datetime | None = None
+    drain: tuple[str, ...] = ()  # the drain means the relay offers: hook, readiness, file
 
 
 def is_keyed_row(row: Mapping[str, Any]) -> bool:
@@ -156,6 +180,30 @@ def check_row(row: Mapping[str, Any]) -> None:
         raise BadHint("`key_id` is not a key id")
     if not isinstance(sig, str) or not _SIG.match(sig):
         raise BadHint("`sig` is not a hex HMAC-SHA256")
+    contract = row_contract(row)
+    if contract == 2:
+        probe_at, drain = _int64(row.get("probe_at")), row.get("drain")
+        if isinstance(probe_at, bool) or not isinstance(probe_at, int) or not 0 <= probe_at < 2**33:
+            raise BadHint("`probe_at` is not unix seconds (or 0)")
+        if not isinstance(drain, str) or len(drain) > MAX_DRAIN:
+            raise BadHint("`drain` is not a string of at most 64 characters")
+        if drain and not set(drain.split(",")) <= DRAIN_MEANS:
+            raise BadHint("`drain` names a drain means other than hook, readiness, file")
+
+
+def row_contract(row: Mapping[str, Any]) -> int:
+    """The row's relay contract: 1 without the column; UnknownContract (loud) for any this
+    app does not read, BadHint for a column that is not a number."""
+    value = row.get("contract", 1)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadHint("`contract` is not a number")
+    if value not in ACCEPTED_CONTRACTS:
+        accepted = ", ".join(str(c) for c in sorted(ACCEPTED_CONTRACTS))
+        raise UnknownContract(
+            f"{UNKNOWN_CONTRACT} {value} is not one this app reads ({accepted}): "
+            "upgrade the function app before its relays"
+        )
+    return value
 
 
 def _int64(value: object) -> object:
@@ -170,7 +218,12 @@ def genuine(row: Mapping[str, Any], vm_id: str, secret: bytes) -> bool:
     if is_keyed_row(row) and not hmac.compare_digest(row_keys_for(secret)[1], row["RowKey"]):
         return False
     at = int(_int64(row["at"]))  # type: ignore[call-overload]
-    return liveness_ok(secret, vm_id, at, str(row["relay_version"]), str(row["sig"]))
+    version, sig = str(row["relay_version"]), str(row["sig"])
+    if row_contract(row) == 1:
+        return liveness_ok(secret, vm_id, at, version, sig)
+    probe_at = int(_int64(row["probe_at"]))  # type: ignore[call-overload]
+    expected = liveness_signature_v2(secret, vm_id, at, version, 2, probe_at, str(row["drain"]))
+    return hmac.compare_digest(expected, sig)
 
 
 def vouch(row: Mapping[str, Any], entry: Entry | None) -> LivenessHint:
@@ -183,6 +236,9 @@ def vouch(row: Mapping[str, Any], entry: Entry | None) -> LivenessHint:
     if entry is None or secret is None or not genuine(row, vm_id, secret):
         raise BadHint("not verified (vm_id not enrolled, unknown key_id, or bad RowKey or sig)")
     at = int(_int64(row["at"]))  # type: ignore[call-overload]
+    contract = row_contract(row)
+    probe_at = int(_int64(row.get("probe_at", 0)))  # type: ignore[call-overload]
+    drain = str(row.get("drain", ""))
     return LivenessHint(
         vm_id=vm_id,
         name=entry[0],
@@ -192,6 +248,9 @@ def vouch(row: Mapping[str, Any], entry: Entry | None) -> LivenessHint:
         partition=row["PartitionKey"],
         row=row["RowKey"],
         current=not is_keyed_row(row) or secret == entry[1][0],
+        contract=contract,
+        probe_at=datetime.fromtimestamp(probe_at, UTC) if probe_at else None,
+        drain=tuple(drain.split(",")) if drain else (),
     )
 
 
@@ -363,6 +422,13 @@ class Liveness:
     def _report(self, reasons: list[Skipped], skipped: Callable[[Skipped], None]) -> None:
         for reason in reasons:
             skipped(reason)
+        newer = [r for r in reasons if r.reason.startswith(UNKNOWN_CONTRACT)]
+        if newer:  # not junk to shrug at: relays this app cannot read (UnknownContract)
+            log.error(
+                "liveness: %d row(s) of a relay contract this app does not read; first: %s",
+                len(newer),
+                newer[0],
+            )
         if reasons:
             log.warning(
                 "liveness: %d row(s) not believed, deleted as the budget allows; first: %s",
@@ -414,7 +480,8 @@ class Liveness:
                 return vouch(row, entry)
             except BadHint as exc:
                 skip = Skipped(self.name, _key(pk), _key(rk), str(exc))
-                log.warning("liveness: skipped %s", skip)
+                loud = logging.ERROR if isinstance(exc, UnknownContract) else logging.WARNING
+                log.log(loud, "liveness: skipped %s", skip)
                 skipped(skip)
         return None
 
