@@ -36,6 +36,7 @@ import requests
 
 from tests.conftest import free_port
 from tests.infra.test_cloud_init import ADD_RELAY, ARG_ORDER, ARGS
+from tests.needs import missing
 from tests.relay.conftest import build_pyz, json_files, relay_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,9 +241,10 @@ def _check_installed(root: Path, simulator, tmp: Path) -> None:
     assert relay.returncode in (0, -15), out
 
 
-pytestmark = pytest.mark.skipif(
-    not _can_overlay(), reason="needs root and `unshare -m` (a private mount namespace)"
-)
+@pytest.fixture(autouse=True)
+def _needs_overlay() -> None:
+    if not _can_overlay():
+        missing("needs root and `unshare -m` (a private mount namespace)")
 
 
 def test_an_existing_vm_gets_a_working_relay_as_the_readme_says(tmp_path, simulator) -> None:

@@ -39,6 +39,7 @@ from relay.hooks import HookRunner
 from relay.models import ScheduledEvent
 from relay.settings import RelaySettings
 from tests.infra.test_enrolment import OUTPUTS, _bundle, _can_overlay, _install
+from tests.needs import missing
 from tests.relay.conftest import build_pyz
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,9 +48,11 @@ SYSTEMD = "etc.up/systemd/system"
 SOCKET_PATH = "/run/scheduled-events-relay-hooks.sock"
 CAP_KILL = 5
 
-pytestmark = pytest.mark.skipif(
-    not _can_overlay(), reason="needs root and unshare (a private mount namespace)"
-)
+
+@pytest.fixture(autouse=True)
+def _needs_overlay() -> None:
+    if not _can_overlay():
+        missing("needs root and unshare (a private mount namespace)")
 
 
 def _installed(tmp_path: Path, hook_as: str | None) -> Path:
@@ -129,7 +132,7 @@ def _verify(systemd: Path) -> None:
     parser: an unknown directive, a bad value or a missing binary is an error)."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        pytest.skip("systemd-analyze is not installed (Debian: the systemd package)")
+        missing("systemd-analyze is not installed (Debian: the systemd package)")
     units = Path(tempfile.mkdtemp(prefix="units-"))
     for item in systemd.iterdir():
         target = units / item.name
@@ -164,7 +167,7 @@ def _activated(tmp_path: Path, hook_as: str, script: str) -> Iterator[tuple[Path
     systemd-socket-activate listening, one runner per connection started with exactly the
     drop-in's user, groups and capabilities. Yields (socket, the `drain` script, rights)."""
     if shutil.which("systemd-socket-activate") is None or shutil.which("setpriv") is None:
-        pytest.skip("needs systemd-socket-activate and setpriv (Debian: systemd, util-linux)")
+        missing("needs systemd-socket-activate and setpriv (Debian: systemd, util-linux)")
     root = _installed(tmp_path, hook_as)
     rights = _rights(root)
     # World-readable: the runner and the hook run as the drop-in's user.

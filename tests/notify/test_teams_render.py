@@ -17,6 +17,7 @@ import pytest
 from functions.model.event import Transition
 from functions.notify import teams
 from tests.e2e import browser
+from tests.needs import missing
 from tests.notify.factory import NOW, decision, event, note
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +51,7 @@ document.body.setAttribute("data-rendered", String(document.querySelectorAll(".c
 
 def _page(tmp_path: Path, cards: list[dict], markdown: bool, name: str = "cards.html") -> Path:
     if not RENDERER.exists() or not MARKDOWN.exists():
-        pytest.skip("node_modules lacks adaptivecards or markdown-it: run `make install`")
+        missing("node_modules lacks adaptivecards or markdown-it: run `make install`")
     page = tmp_path / name
     page.write_text(
         PAGE.format(
