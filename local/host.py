@@ -22,7 +22,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -92,38 +91,47 @@ class RunReport(BaseModel):
 
 
 class LocalWorkQueue:
-    """The `reconcile` queue and function, locally (functions.pipeline.workqueue): each key
-    is reconciled on its own by one of `maxConcurrentCalls` workers, a key already queued
-    or in progress is not queued twice, and a work item that fails is left to the next
-    sweep (its reconcile set it due again). `results` keeps what each did, for the demo."""
+    """The `reconcile` queue and function, locally (functions.pipeline.workqueue): the
+    app's own ServiceBusWorkQueue builds each item as a real ServiceBusMessage and sends it
+    to a stand-in of the queue that checks what Service Bus checks (local/bus.py: sizes,
+    duplicate detection on the MessageId for an hour, one call on a sender at a time); each
+    accepted item is reconciled on its own by one of `maxConcurrentCalls` workers, its
+    claims held as `work:<MessageId>` as in Azure. A work item that fails is left to the
+    next sweep (its reconcile set it due again). `done` and `failed` count them."""
 
     def __init__(self, pipeline: Pipeline, workers: int) -> None:
+        from functions.pipeline.workqueue import ServiceBusWorkQueue
+        from local.bus import LocalQueue
+
         self.pipeline = pipeline
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="work")
-        self.busy: set[str] = set()
+        self.queue = LocalQueue("reconcile")
+        self.queue.on_message(self._accept)
+        self.sender = ServiceBusWorkQueue(self.queue)
         self.lock = threading.Lock()
+        self.pending = 0  # accepted and not finished
         self.done = 0
         self.failed = 0
 
-    def enqueue(self, keys: list[str], now: Any) -> int:
-        from functions.pipeline.workqueue import item_id
+    def enqueue(self, keys: list[str], now: Any, *, sweep: bool = False) -> int:
+        return self.sender.enqueue(keys, now, sweep=sweep)
 
-        queued = 0
-        for key in keys:
-            folded = key.casefold()
+    def _accept(self, message: Any) -> None:
+        from local.bus import body_of
+
+        with self.lock:
+            self.pending += 1
+        try:
+            self.pool.submit(self._work, body_of(message).decode(), str(message.message_id))
+        except RuntimeError:  # the pool was shut down: nothing runs it (as a stopped host)
             with self.lock:
-                if folded in self.busy:
-                    continue
-                self.busy.add(folded)
-            self.pool.submit(self._work, key, f"work:{item_id(key, now)}:{uuid.uuid4().hex[:8]}")
-            queued += 1
-        return queued
+                self.pending -= 1
 
-    def _work(self, key: str, me: str) -> None:
+    def _work(self, key: str, message_id: str) -> None:
         from functions.pipeline.reconcile import reconcile_key
 
         try:
-            reconcile_key(self.pipeline, key, me=me)
+            reconcile_key(self.pipeline, key, me=f"work:{message_id}")
             with self.lock:
                 self.done += 1
         except Exception:
@@ -132,11 +140,11 @@ class LocalWorkQueue:
                 self.failed += 1
         finally:
             with self.lock:
-                self.busy.discard(key.casefold())
+                self.pending -= 1
 
     def idle(self) -> bool:
         with self.lock:
-            return not self.busy
+            return self.pending == 0
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -67,7 +67,10 @@ class WorkQueue(Protocol):
     `reconcile` queue in Azure, the local host's workers), so one slow event never holds
     up another. Keys it already holds are not queued twice."""
 
-    def enqueue(self, keys: list[str], now: datetime) -> int: ...
+    def enqueue(self, keys: list[str], now: datetime, *, sweep: bool = False) -> int:
+        """Hand `keys` over; returns how many were. `sweep`: found by the sweep, so a
+        sweep's items of one minute are one (functions.pipeline.workqueue.item_id)."""
+        ...
 
 
 # Runs the drain workflow (functions.terminate) for an event row: ("drain" | "undrain",

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from functions import telemetry
 from functions.model.event import Notification
+from functions.servicebus import locked, topic_sender
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +41,12 @@ class ServiceBusPublisher:
     republish of the same announcement (after a retry or a crash between send and save)."""
 
     def __init__(self, sender: Any) -> None:
-        self.sender = sender  # azure.servicebus.ServiceBusSender for the topic
+        # azure.servicebus.ServiceBusSender for the topic, behind a lock (not thread-safe)
+        self.sender = locked(sender)
 
     @classmethod
     def from_settings(cls, settings: Any) -> ServiceBusPublisher:
-        from azure.servicebus import ServiceBusClient
-
-        kind, value = settings.service_bus()
-        if kind == "connection_string":
-            client = ServiceBusClient.from_connection_string(value)
-        else:
-            from azure.identity import DefaultAzureCredential
-
-            client = ServiceBusClient(value, credential=DefaultAzureCredential())
-        return cls(client.get_topic_sender(topic_name=settings.notifications_topic))
+        return cls(topic_sender(settings, settings.notifications_topic))
 
     def publish(self, notification: Notification) -> None:
         from azure.servicebus import ServiceBusMessage

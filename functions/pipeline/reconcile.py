@@ -567,7 +567,7 @@ class InlineQueue:
         self.pipeline = pipeline
         self.results: list[Any] = []
 
-    def enqueue(self, keys: list[str], now: datetime) -> int:
+    def enqueue(self, keys: list[str], now: datetime, *, sweep: bool = False) -> int:
         for key in keys:
             try:
                 # Each its own holder: two sweeps reconciling the same key here at once

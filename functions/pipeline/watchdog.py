@@ -54,7 +54,8 @@ FULL_LISTING_EVERY = timedelta(hours=1)
 
 class WatchdogReport(BaseModel):
     silent: list[str] = Field(default_factory=list)
-    due: int = 0  # events found due and handed over
+    due: int = 0  # events found due
+    handed: int = 0  # of those, handed to the work queue (the rest: logged, found again)
     overdue: list[str] = Field(default_factory=list)
     approvals: list[ApprovalResult] = Field(default_factory=list)
     ended: list[str] = Field(default_factory=list)
@@ -116,7 +117,12 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
     keys = list(dict.fromkeys(keys))
     out.due = len(keys)
     queue = work_queue(pipeline)
-    queue.enqueue(keys, now)
+    try:
+        # A key the queue cannot take is logged and counted there; even a queue that
+        # raises (its namespace down) never keeps retention from running.
+        out.handed = queue.enqueue(keys, now, sweep=True)
+    except Exception:
+        log.exception("watchdog: %d due events not handed to the work queue", len(keys))
     for done in getattr(queue, "results", ()):  # reconciled here (no work queue): told
         _tell(out, done)
     try:

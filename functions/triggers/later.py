@@ -30,6 +30,8 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 
+from functions.servicebus import locked, queue_sender
+
 RETRY_PROPERTY = "bridge_retry"
 DELAYS = (15, 30, 60, 120, 240, 480)  # seconds, then STEADY until MAX_RETRIES
 STEADY = 600
@@ -82,20 +84,12 @@ class ServiceBusLater:
     """Schedules copies on one queue (the documents queue, or Event Grid's)."""
 
     def __init__(self, sender: Any) -> None:
-        self.sender = sender  # azure.servicebus.ServiceBusSender for the queue
+        # azure.servicebus.ServiceBusSender for the queue, behind a lock (not thread-safe)
+        self.sender = locked(sender)
 
     @classmethod
     def for_queue(cls, settings: Any, queue: str) -> ServiceBusLater:
-        from azure.servicebus import ServiceBusClient
-
-        kind, value = settings.service_bus()
-        if kind == "connection_string":
-            client = ServiceBusClient.from_connection_string(value)
-        else:
-            from azure.identity import DefaultAzureCredential
-
-            client = ServiceBusClient(value, credential=DefaultAzureCredential())
-        return cls(client.get_queue_sender(queue_name=queue))
+        return cls(queue_sender(settings, queue))
 
     def schedule(
         self, body: bytes, *, session_id: str | None, message_id: str, retry: int, now: datetime

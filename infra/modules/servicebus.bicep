@@ -150,7 +150,8 @@ resource heartbeats 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' 
 // The sweep's work queue (functions.pipeline.workqueue): one message per due event, each
 // reconciled on its own by the `reconcile` function, so one slow relay never holds up
 // another event. No sessions (events are independent); duplicate detection on the MessageId
-// (the event's key and the minute it was found due), so two sweeps queue it once; an
+// (a hash of the event's key and the minute a sweep found it due, or the moment a waiter was
+// woken: functions.pipeline.workqueue.item_id), so two sweeps queue it once; an
 // expired item is not dead-lettered (the next sweep finds the event again from the index).
 resource reconcileQueue 'Microsoft.ServiceBus/namespaces/queues@2022-10-01-preview' = {
   parent: namespace

@@ -546,7 +546,7 @@ class Handed:
     def __init__(self) -> None:
         self.keys: list[str] = []
 
-    def enqueue(self, keys: list[str], now: datetime) -> int:
+    def enqueue(self, keys: list[str], now: datetime, *, sweep: bool = False) -> int:
         self.keys += keys
         return len(keys)
 

@@ -203,7 +203,7 @@ class Handed:
     def __init__(self) -> None:
         self.keys: list[str] = []
 
-    def enqueue(self, keys: list[str], now) -> int:
+    def enqueue(self, keys: list[str], now, *, sweep: bool = False) -> int:
         self.keys += keys
         return len(keys)
 
