@@ -198,9 +198,12 @@ def _relay_phase(
     refused = {a.vm for a in record.approval_attempts if final_refusal(a.outcome)}
     # Each VM's own view (its reporter row: one query) is what its relay must confirm; a
     # VM whose own view decided stricter than the event is not asked, except by a person.
-    record.reporter_views, stricter_own = own_views(
-        pipeline.store.reporter_rows(record.event_id), record
-    )
+    rows = pipeline.store.reporter_rows(record.event_id)
+    record.reporter_views, stricter_own = own_views(rows, record)
+    # The same rows say who reports it (what Store.load_reporters reads): the outcome's
+    # announcement names them without a second query of the partition (issue 47).
+    record.reporters = {r.vm: r.status for r in rows if r.status}
+    record.past_reporters = [r.vm for r in rows]
     not_approving = set() if by.startswith("manual:") else stricter_own
     if only is not None:
         allowed = {name.casefold() for name in only}
@@ -464,6 +467,8 @@ def _finish(
     announced = False
     if announce and transition is not None and transition.value not in record.announced:
         shown = copy_record(record)
+        # Who reports it is not stored on the row (the copy drops it): kept, not reread.
+        shown.reporters, shown.past_reporters = dict(record.reporters), list(record.past_reporters)
         shown.approval = state  # type: ignore[assignment]
         shown.approval_reason = detail[:1000]
         shown.approved_by = vm if outcome == "approved" else shown.approved_by

@@ -1,0 +1,56 @@
+"""What one approval reads (issue 47, the wave's cost): the event's reporter rows once.
+
+The approver reads them for each VM's own view; the `approved` announcement names the VMs
+that reported the event, from those same rows, not from a second query of the partition
+(on 2f59d6a publishing reloaded them for the card: 9.15 Table requests per event in the
+bench's wave, one of them this query)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from functions.model.policy import Policy, Rule, Window
+from functions.pipeline.ingest import ingest_message
+from functions.pipeline.reconcile import reconcile_key
+from tests.functions.conftest import T0, envelope, event, make_pipeline
+
+
+def count_reporter_queries(store: Any) -> list[str]:
+    """Every query of an event's reporter rows from now on (their RowKey range)."""
+    seen: list[str] = []
+    query = store.events.query_entities
+
+    def counted(query_filter: str, *args: Any, **kwargs: Any) -> Any:
+        if "RowKey gt @lo" in query_filter:
+            seen.append(query_filter)
+        return query(query_filter, *args, **kwargs)
+
+    store.events.query_entities = counted
+    return seen
+
+
+def test_an_approval_reads_the_reporter_rows_once_and_its_card_names_the_reporters(
+    store, clock, relay
+):
+    # Held for a window that opens a minute later (as in the bench's wave), then approved
+    # by the sweep's unit of work: reconcile_key.
+    policy = Policy(
+        rules=(Rule(name="all", action="approve"),),
+        windows=(Window(days=("Sat",), start="10:01", end="23:00"),),
+        timezone="UTC",
+    )
+    pipeline, publisher = make_pipeline(store, clock, policy)
+    names = ("vm-a", "vm-b")
+    ev = event("EV-R", "Redeploy", resources=names, not_before=T0 + timedelta(hours=2))
+    for name in names:
+        body = envelope(name, 1, [ev], callback_url=relay.url, availability_set="as-r")
+        assert ingest_message(body, pipeline).outcome == "processed"
+    assert relay.requests == []
+    clock.advance(61)
+    queries = count_reporter_queries(store)
+    result = reconcile_key(pipeline, "EV-R", me="test")
+    assert result.approval is not None and result.approval.outcome == "approved"
+    assert len(queries) == 1, queries
+    (card,) = [n for n in publisher.published if n.transition.value == "approved"]
+    assert card.event is not None and card.event.reported_by == names
