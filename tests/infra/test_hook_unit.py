@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.hooks import HookRunner
+from relay.hooks import HookRunner, _held
 from relay.models import ScheduledEvent
 from relay.settings import RelaySettings
 from tests.infra.test_enrolment import OUTPUTS, _bundle, _can_overlay, _install
@@ -260,7 +260,7 @@ def test_a_hook_runs_as_the_configured_user_with_its_groups_and_capabilities(
 RELAY = """
 import sys
 from pathlib import Path
-from relay.hooks import HookRunner
+from relay.hooks import HookRunner, _held
 from relay.models import ScheduledEvent
 state, sock = Path(sys.argv[1]), sys.argv[2]
 runner = HookRunner({"drain": Path("/bin/true")}, state, 30, "vm0", socket=sock)
@@ -286,10 +286,24 @@ def test_a_relay_killed_in_a_hook_run_learns_how_it_ended_through_the_real_unit(
             text=True,
         )
         rc_files = lambda: list((state / "hooks").glob("*.rc"))  # noqa: E731
-        deadline = time.monotonic() + 20
-        while not rc_files() and time.monotonic() < deadline:
+
+        def unit_has_the_run() -> bool:
+            """The unit runs the script: a process runs `hook` and the `.rc` file's lock is
+            held. The file and its lock alone are the relay's (it creates and locks the
+            file before handing the run over), so killing the relay then proves nothing."""
+            if not any(str(hook) in cmdline for cmdline in _cmdlines()):
+                return False
+            for rc in rc_files():
+                held = _held(rc)
+                if held is not None:
+                    held.close()
+                    return True
+            return False
+
+        deadline = time.monotonic() + 60
+        while not unit_has_the_run() and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.5)  # the unit has the run
+        assert unit_has_the_run(), "the hook unit never took the run"
         relay.kill()
         relay.wait(10)
         assert relay.stdout is not None and relay.stdout.read() == ""  # died before the end
@@ -333,3 +347,15 @@ def test_the_template_passes_hook_as_to_cloud_init() -> None:
 
     assert _replacements()["HOOK_AS"] == "relayHookAs"
     assert load("main").param_default("relayHookAs") == ""
+
+
+def _cmdlines() -> list[str]:
+    """Every process's command line (Linux /proc), arguments joined by spaces."""
+    lines = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                lines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue
+    return lines

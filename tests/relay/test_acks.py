@@ -9,7 +9,6 @@ On 2cd3d60 a document was sent once: nothing here existed.
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -240,7 +239,16 @@ def test_the_relay_process_sends_its_document_again_until_the_app_deletes_the_ro
         and again["document"] == document["document"]
     )
     acknowledge(table, secret, again["acks"])  # what ingest does once it has it
-    time.sleep(1)  # one heartbeat may already be probing
+
+    def last_beat() -> int:
+        """The newest heartbeat's time (its liveness row's `at`, whole seconds): heartbeats,
+        not the wall clock, say how often the relay has looked since (a busy machine slows
+        the relay; a sleep would then check nothing)."""
+        rows = table.query_entities("relay_version ne ''")
+        return max((int(getattr(row["at"], "value", row["at"])) for row in rows), default=0)
+
+    acked = last_beat()
+    wait_for(lambda: last_beat() >= acked + 2, timeout=60)  # one may already have been probing
     settled = first_document()
-    time.sleep(4)  # four heartbeats: nothing more
-    assert first_document() == settled
+    wait_for(lambda: last_beat() >= acked + 6, timeout=60)  # four more heartbeats
+    assert first_document() == settled  # nothing sent again once the row is gone

@@ -254,7 +254,9 @@ def test_trickling_connections_from_one_address_cannot_hold_off_another_address(
     thread = threading.Thread(target=trickle, daemon=True)
     thread.start()
     try:
-        time.sleep(0.5)  # all 16 slots held by 127.0.0.1, each sending a byte at a time
+        # All 16 slots held by 127.0.0.1 (each sending a byte at a time): the relay has
+        # accepted every one of them once its listening socket's accept queue is empty.
+        wait_for(lambda: not_yet_accepted(relay.port) == 0)
         body = json.dumps({"EventIds": ["E-1"], "Nonce": uuid.uuid4().hex}).encode()
         headers = sign_headers(relay_key(tmp_path / "state"), "POST", "/v1/start", body)
         started = time.monotonic()
@@ -284,3 +286,14 @@ def test_a_wildcard_listen_address_needs_no_callback_url() -> None:
 
     settings = load_settings(["--forward=file:/x", "--callback-listen=0.0.0.0:8492"])
     assert settings.advertised_callback_url is None
+
+
+def not_yet_accepted(port: int) -> int:
+    """Connections the kernel completed on 127.0.0.1:`port` that the process has not
+    accept()ed yet: the LISTEN socket's rx_queue in /proc/net/tcp (Linux)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if state == "0A" and int(local.split(":")[1], 16) == port:
+            return int(queues.split(":")[1], 16)
+    raise AssertionError(f"nothing listens on port {port}")

@@ -52,11 +52,16 @@ def test_relay_output_validates_against_the_schema_and_the_model(
             *extra,
         )
         outputs[name] = forward
-    event_id = sim.add_event(event_type="Terminate", resources=["web_1"], notice=600)
-    sim.add_event(event_type="Reboot", resources=["web_2"], notice=600)
-    sim.start_event(event_id)
+    # Both relays up and polling before anything happens (a busy machine starts them late:
+    # an event played before a relay's first poll could come and go unseen).
     for forward in outputs.values():
         wait_for(lambda f=forward: len(json_files(f / "heartbeats")) >= 1)
+    event_id = sim.add_event(event_type="Terminate", resources=["web_1"], notice=600)
+    sim.add_event(event_type="Reboot", resources=["web_2"], notice=600)
+    for forward in outputs.values():  # seen Scheduled by each relay, then started
+        wait_for(lambda f=forward: any(event_id in p.read_text() for p in json_files(f)))
+    sim.start_event(event_id)
+    for forward in outputs.values():
         wait_for(lambda f=forward: any('"Started"' in p.read_text() for p in json_files(f)))
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     validator = jsonschema.Draft202012Validator(schema)

@@ -15,7 +15,6 @@ workflow wired as the deployed app wires it (functions.terminate.wiring).
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -236,16 +235,33 @@ def test_both_vms_are_drained_when_each_ones_own_view_decides_drain(
     assert fleet.store.get_event(event_id).approved_by in ("victim", "attacker")
 
 
-def test_a_named_vm_reporting_late_is_waited_for_then_drained(fleet: Fleet, drains: Drains) -> None:
+def test_a_named_vm_reporting_late_is_waited_for_then_drained(
+    fleet: Fleet, drains: Drains, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The drain starts on the first VM's report; the second VM's relay reports a moment
-    later: the workflow waits for it (a few reads of the reporter rows) and drains both."""
+    later: the workflow waits for it (a few reads of the reporter rows) and drains both.
+    "Later" is a condition, not a sleep: the victim reports once the workflow has read the
+    reporter rows twice without it, so the test always exercises the wait."""
     known(fleet)
     event_id = fleet.sim.add_event("Terminate", resources=["victim", "attacker"], notice=900)
     fleet.deliver(fleet.vms["attacker"].message(own_document(fleet, "attacker")))
     note = decided_drain(fleet, event_id)
+    store = fleet.pipeline.store
+    read_rows, waiting = store.reporter_rows, threading.Event()
+    reads_without_victim = []
+
+    def reporter_rows(key: str) -> list:
+        rows = read_rows(key)
+        if not any(r.vm.casefold() == "victim" for r in rows):
+            reads_without_victim.append(key)
+            if len(reads_without_victim) >= 2:
+                waiting.set()
+        return rows
+
+    monkeypatch.setattr(store, "reporter_rows", reporter_rows)
 
     def late() -> None:
-        time.sleep(1.5)
+        assert waiting.wait(60), "the workflow never waited for the unheard VM"
         fleet.deliver(fleet.vms["victim"].message(own_document(fleet, "victim")))
 
     reporter = threading.Thread(target=late)
