@@ -1,8 +1,9 @@
 """Operator CLI: `python -m functions policy check`, `python -m functions policy explain FILE`,
 `python -m functions policy backtest [--policy FILE] [--since 30d]` (functions/backtest),
 `python -m functions settings check [--strict]`, `python -m functions cost --vms N`,
-`python -m functions attestation check FILE` (functions/identity/check_cli.py) and
-`python -m functions ledger EVENT_ID [--csv]` (functions/ledger_cli.py).
+`python -m functions attestation check FILE` (functions/identity/check_cli.py),
+`python -m functions ledger EVENT_ID [--csv]` (functions/ledger_cli.py) and
+`python -m functions relay versions|rollout|rollback|remove --scope ID` (functions/rollout).
 
 The policy commands read the same `POLICY__*` environment variables the function app
 reads, so a policy can be tried before it is deployed (export the app settings, then run
@@ -71,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     from functions import ledger_cli
 
     ledger_cli.add_parser(sub)
+    from functions.rollout import cli as relay_cli
+
+    relay_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "relay":
+        return relay_cli.run(args)
     if args.command == "attestation":
         return check_cli.run(args)
     if args.command == "ledger":

@@ -65,6 +65,8 @@ if argv[:3] == ["deployment", "group", "show"]:
     print(outputs[argv[argv.index("--query") + 1].split(".")[2]])
 elif argv[:4] == ["network", "vnet", "subnet", "show"]:
     print("10.40.1.0/24")
+elif argv[:3] == ["vmss", "extension", "list"]:
+    print(os.environ.get("AZ_CUSTOM_SCRIPT", ""))  # the set's own Custom Script, if any
 elif argv[:3] == ["network", "vnet", "show"]:
     print("/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg-web/"
           "providers/Microsoft.Network/virtualNetworks/vnet-web")
@@ -106,7 +108,7 @@ def _can_overlay() -> bool:
     return probe.returncode == 0
 
 
-def _run_recorded(block: str, work: Path) -> list[dict]:
+def _run_recorded(block: str, work: Path, fails: bool = False, **env: str) -> list[dict]:
     bin_dir = work / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "az").write_text(AZ)
@@ -120,12 +122,13 @@ def _run_recorded(block: str, work: Path) -> list[dict]:
             "AZ_RECORD": str(record),
             "AZ_OUTPUTS": json.dumps(OUTPUTS),
             "HOME": str(work),
+            **env,
         },
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert (proc.returncode != 0) == fails, proc.stderr
     return [json.loads(line) for line in record.read_text().splitlines()]
 
 
@@ -290,14 +293,11 @@ def test_a_scale_set_gets_a_working_relay_on_every_instance(tmp_path, simulator)
     assert order == [
         "vmss identity assign",
         "vmss update -g",
+        "vmss extension list",
         "vmss extension set",
-        "vmss update-instances -g",
     ]
     update = next(a for a in argv_of if a[:2] == ["vmss", "update"])
     assert _option(update, "--enable-terminate-notification") == ["true"]
-    assert _option(
-        next(a for a in argv_of if a[:2] == ["vmss", "update-instances"]), "--instance-ids"
-    ) == ["*"]
     proc, root = _install(script, [], tmp_path / "root")  # the extension passes no arguments
     assert proc.returncode == 0, proc.stderr
     _check_installed(root, simulator, tmp_path)
@@ -366,3 +366,24 @@ def test_an_upgrade_keeps_the_operators_settings_and_the_bootstrap_sets_hooks(
         "/etc/scheduled-events-relay/relay.env",
         "-/etc/scheduled-events-relay/relay.local.env",
     ]
+
+
+def test_a_scale_sets_own_custom_script_is_not_replaced(tmp_path) -> None:
+    """Issue 44: a VM has one Custom Script extension (Learn, custom-script-linux.md @
+    014bcff1: "You can have only one version of an extension applied to the VM"), so
+    setting ours replaced a set's own bootstrap script, silently. The block stops first,
+    and the docs say so; existing instances are brought along in batches, never with
+    `update-instances --instance-ids '*'` (every relay of the set restarted at once)."""
+    work = tmp_path / "repo"
+    work.mkdir()
+    _bundle(work)
+    block = _blocks("az vmss extension set")
+    calls = _run_recorded(block, work, fails=True, AZ_CUSTOM_SCRIPT="bootstrap")
+    assert not [c for c in calls if c["argv"][:3] == ["vmss", "extension", "set"]]
+    assert "update-instances" not in block
+    text = README.read_text()
+    assert "A VM has ONE Custom Script extension: this REPLACES the set's own" in block
+    assert "python -m functions relay rollout --scope" in text
+    readme = (ROOT / "README.md").read_text()
+    assert "which replaces the set's own: a VM has one" in readme
+    assert "[docs/rollout.md](docs/rollout.md)" in readme
