@@ -22,10 +22,15 @@ import pytest
 
 from functions.rollout import cli
 from tests.infra.test_enrolment import OVERLAY, SYSTEMCTL, _bundle, _can_overlay
+from tests.needs import missing
 
-pytestmark = pytest.mark.skipif(
-    not _can_overlay(), reason="needs root and `unshare -m` (a private mount namespace)"
-)
+
+@pytest.fixture(autouse=True)
+def _needs_overlay() -> None:
+    if not _can_overlay():
+        missing("needs root and `unshare -m` (a private mount namespace)")
+
+
 TABLE = "https://stsebridgeabc.table.core.windows.net/sebridgeliveness"
 # cloud-init's ten arguments (infra/relay/cloud-init.yaml's runcmd), hooks and HOOK_AS set.
 CLOUD_INIT_ARGS = [
