@@ -256,18 +256,19 @@ def _drain_findings(
             or folded.get("DRAIN__RELAY_HOOK")
             or _readiness_on(folded.get("DRAIN__READINESS"))
         )
-    if configured:
-        return []
     drains = [r.name for r in policy.policy.rules if r.action == "drain"]
     if not drains:
+        return []
+    if configured:
         return []
     return [
         Finding(
             "warning",
             "POLICY__RULES",
             f"rule(s) {', '.join(repr(n) for n in drains)} drain, but neither DRAIN__HTTP_URL "
-            "nor DRAIN__RELAY_HOOK is set and DRAIN__READINESS is false: those events are held "
-            "until NotBefore, nothing drained (set one to drain them and approve early)",
+            "nor DRAIN__RELAY_HOOK is set and DRAIN__READINESS is false: those events have no "
+            "drain: a Platform event is held until NotBefore, a User event approved at once "
+            "(set one to drain them and approve early)",
         )
     ]
 

@@ -155,6 +155,23 @@ def _beyond_the_rule(decision: Decision) -> str:
 # DRAIN__RELAY_HOOK is set (functions.terminate.workflow): the event is held, not drained.
 NO_DRAIN_STEP = "no drain step configured"
 
+# How the drain_started detail names VMs with no working drain (functions.model.drains).
+NO_DRAIN = "no drain on this VM"
+
+
+def _no_drain_state(detail: str, state: str) -> str:
+    """A drain_started card's state when some VM has no working drain: held (a Platform
+    event) or approved at once (a User event), never "draining" for what is not drained."""
+    if detail.startswith(NO_DRAIN_STEP):
+        return "not drained: no drain step configured"  # the workflow holds it instead
+    then = "approved at once" if f"{NO_DRAIN}: approved at once" in detail else "held"
+    if detail.startswith(NO_DRAIN):
+        return f"not drained: {NO_DRAIN}: {then}"
+    if f"; {NO_DRAIN}: " in detail:
+        return f"draining the VMs that have a drain, then {then}: {NO_DRAIN} on others"
+    return state
+
+
 FOLLOW_UP = {
     Transition.SCHEDULED: "scheduled",
     Transition.DECIDED: "scheduled",
@@ -195,10 +212,8 @@ def headline(note: Notification) -> str:
         and event.event_status == "Started"
     ):
         state = "already started (no notice)"  # a host failure skips Scheduled
-    if note.transition is Transition.DRAIN_STARTED and (note.detail or "").startswith(
-        NO_DRAIN_STEP
-    ):
-        state = "not drained: no drain step configured"  # the workflow holds it instead
+    if note.transition is Transition.DRAIN_STARTED:
+        state = _no_drain_state(note.detail or "", state)
     groups = vm_groups(event)
     where = vm_count(event)
     if len(groups) == 1:

@@ -17,6 +17,7 @@ import requests
 
 from functions.approvers.relay import RelayTarget
 from functions.clock import Clock, SystemClock
+from functions.model.drains import RelayFacts
 from functions.model.event import Notification, Transition
 from functions.store.drains import DrainStore, StepRecord
 from functions.terminate.steps import StepResult, relay_hook
@@ -72,6 +73,10 @@ class DrainContext:
     # scale_set_of(vm): Azure's scale set of a VM for the HTTP drain request (the VM row;
     # functions.terminate.steps.ScaleSetOf); None: labelled by name only.
     scale_set_of: Callable[[str], str | None] | None = None
+    # relay_facts(vm): what its relay's verified heartbeat says (contract, last load-balancer
+    # probe, drain means: functions.model.drains.RelayFacts), which decides the drain it
+    # really has; None, or None for a VM: no heartbeat known, so no readiness drain there.
+    relay_facts: Callable[[str], RelayFacts | None] | None = None
 
 
 @dataclass

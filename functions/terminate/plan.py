@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
 
+from functions.model.drains import NO_DRAIN, RelayFacts, drain_for
 from functions.store.drains import StepRecord
 from functions.terminate.settings import DrainSettings
 from functions.terminate.steps import NO_SUCH_HOOK
@@ -50,12 +51,11 @@ def drain_deadlines(
 
 
 def relay_drain(settings: DrainSettings) -> RelayDrain | None:
-    """What each VM's relay is asked to do in a drain. The operator's own hook wins where
-    it is configured: `hook` (DRAIN__RELAY_HOOK; a VM whose relay has no such hook is
-    drained through its probe instead, if DRAIN__READINESS allows: lacks_hook). With no
-    drain step of the operator's, `readiness`: the probe answers 503, and the drain waits
-    DRAIN__READINESS_SECONDS. None: the HTTP hook alone (DRAIN__HTTP_URL wins), or nothing
-    (DRAIN__READINESS=false and no step: the event is held until NotBefore)."""
+    """What a VM's relay may be asked to do in a drain, before knowing the VM: the
+    operator's hook where it is configured (DRAIN__RELAY_HOOK; a VM whose relay has no
+    such hook is drained through its probe instead where a load balancer probes it:
+    lacks_hook); with no drain step of the operator's, `readiness`. None: the HTTP hook
+    alone (DRAIN__HTTP_URL wins), or nothing. Per VM, relay_step decides."""
     if settings.relay_hook:
         return "hook"
     if settings.readiness and not settings.http_url:
@@ -63,15 +63,45 @@ def relay_drain(settings: DrainSettings) -> RelayDrain | None:
     return None
 
 
+def relay_step(
+    facts: RelayFacts | None, settings: DrainSettings, now: datetime
+) -> RelayDrain | None:
+    """The relay's step on a VM (functions.model.drains.drain_for decides its drain): its
+    hook, or its readiness probe where a load balancer probes it, including in place of a
+    configured hook its relay does not offer beside the HTTP drain (as before issue 44);
+    None: the HTTP drain speaks for it, or it has no drain."""
+    choice = drain_for(facts, settings, now)
+    if choice.kind in ("hook", "readiness"):
+        return choice.kind  # type: ignore[return-value]
+    if choice.kind == "http" and settings.relay_hook:
+        return probe_step(facts, settings, now)
+    return None
+
+
+def probe_step(
+    facts: RelayFacts | None, settings: DrainSettings, now: datetime
+) -> RelayDrain | None:
+    """ "readiness" where the VM's probe drain works (a load balancer probes its relay),
+    else None: the step in place of a hook its relay turned out not to have."""
+    bare = settings.model_copy(update={"relay_hook": None, "http_url": None})
+    return "readiness" if drain_for(facts, bare, now).kind == "readiness" else None
+
+
 def drain_summary(settings: DrainSettings) -> str:
-    """Which drain applies, in words (`policy explain`, `settings check`)."""
+    """Which drain applies, in words (`policy explain`, `settings check`): the order
+    functions.model.drains.drain_for follows per VM."""
     steps = []
     if settings.http_url:
         steps.append("HTTP drain hook (DRAIN__HTTP_URL)")
     relay = relay_drain(settings)
     ready = (
-        f"each VM's readiness probe 503 (its load balancer takes it out), then "
-        f"{settings.readiness_seconds:g} s to drain (DRAIN__READINESS_SECONDS)"
+        f"each VM's readiness probe 503 where a load balancer probed its relay in the "
+        f"{settings.probe_window_seconds():g} s before its heartbeat (it takes the VM out), "
+        f"then {settings.readiness_wait_seconds():g} s to drain ({_wait_words(settings)})"
+    )
+    none = (
+        f"{NO_DRAIN} where no load balancer probes the relay: a Platform event is held "
+        "until NotBefore, a User event approved at once"
     )
     if relay == "hook":
         hook = f"relay hook {settings.relay_hook!r} (DRAIN__RELAY_HOOK)"
@@ -83,9 +113,23 @@ def drain_summary(settings: DrainSettings) -> str:
     if not steps:
         return (
             "no drain step configured (DRAIN__HTTP_URL, DRAIN__RELAY_HOOK; DRAIN__READINESS="
-            "false): nothing is drained and the event is held until NotBefore"
+            f"false): {NO_DRAIN}: a Platform event is held until NotBefore, a User event "
+            "approved at once"
         )
-    return f"{' then '.join(steps)}, then approve"
+    probe_only = relay == "readiness" or (settings.readiness and not settings.http_url)
+    tail = f"; {none}" if probe_only else ""
+    return f"{' then '.join(steps)}, then approve{tail}"
+
+
+def _wait_words(settings: DrainSettings) -> str:
+    if settings.readiness_seconds is not None:
+        return "DRAIN__READINESS_SECONDS"
+    return (
+        f"probe {settings.probe_interval_seconds:g} s x {settings.probe_threshold} "
+        f"(DRAIN__PROBE_INTERVAL_SECONDS, DRAIN__PROBE_THRESHOLD) + "
+        f"{settings.connection_seconds:g} s for established connections "
+        "(DRAIN__CONNECTION_SECONDS)"
+    )
 
 
 def lacks_hook(record: StepRecord) -> bool:

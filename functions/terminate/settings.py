@@ -35,16 +35,37 @@ class DrainSettings(BaseSettings):
     preempt_safety_margin_seconds: float = Field(default=5, ge=0)
     preempt_approve_reserve_seconds: float = Field(default=2, ge=0)
     # The drain that needs no script of the operator's (issue 38): each relay's readiness
-    # probe answers 503 (relay.ready's built-in hook), then the drain waits
-    # `readiness_seconds` and approves. It applies where no relay hook of the operator's
-    # does: with neither DRAIN__RELAY_HOOK nor DRAIN__HTTP_URL set, and on a VM whose relay
-    # lacks DRAIN__RELAY_HOOK (functions.terminate.plan.relay_drain). False: those events
-    # are held until NotBefore, as before.
+    # probe answers 503 (relay.ready's built-in hook), then the drain waits and approves. It
+    # applies only on a VM whose relay a load balancer probed lately (issue 44:
+    # functions.model.drains.drain_for, from the heartbeat's `probe_at`) and where no drain
+    # of the operator's applies. False: never (such events have no drain: held).
     readiness: bool = True
-    # The stated drain time: an Azure Load Balancer sends no new flows to a VM after its
-    # probe failed probeThreshold times (2 x 5 s in infra/modules/relay-ready-lb.bicep);
-    # the rest lets requests in flight finish. Never past the drain deadline.
-    readiness_seconds: float = Field(default=30, ge=0)
+    # The load balancer's probe (intervalInSeconds x probeThreshold, Learn's default interval
+    # is 15 s; infra/modules/relay-ready-lb.bicep uses 5 x 2): a relay probed within two
+    # intervals before its heartbeat counts as behind a load balancer, and after the probe
+    # turned 503 the balancer sends no new flows once this many probes failed.
+    probe_interval_seconds: float = Field(default=15, ge=1, le=3600)
+    probe_threshold: int = Field(default=2, ge=1, le=100)
+    # Established TCP connections continue after a probe goes down (Learn,
+    # load-balancer-custom-probe-overview): the time given to keep-alive, HTTP/2 and
+    # WebSocket clients on the VM to finish after the balancer stopped sending new flows.
+    connection_seconds: float = Field(default=30, ge=0)
+    # The whole wait after the probe turned 503, instead of interval x threshold +
+    # connection_seconds (the setting of releases before issue 44). Never past the drain
+    # deadline.
+    readiness_seconds: float | None = Field(default=None, ge=0)
+
+    def probe_window_seconds(self) -> float:
+        """How recent a load-balancer probe must be, before the relay's heartbeat, for its
+        readiness drain to count: two probe intervals."""
+        return 2 * self.probe_interval_seconds
+
+    def readiness_wait_seconds(self) -> float:
+        """The readiness drain's wait after the probe answered 503: the probe's timing
+        (interval x threshold) plus the connection drain time, or DRAIN__READINESS_SECONDS."""
+        if self.readiness_seconds is not None:
+            return self.readiness_seconds
+        return self.probe_interval_seconds * self.probe_threshold + self.connection_seconds
 
     def margins(self, event_type: str) -> tuple[float, float]:
         """(safety margin, approval reserve) in seconds for an event of this type."""

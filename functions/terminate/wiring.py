@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from functions.approvers.relay import RelayTarget
+from functions.model.drains import RelayFacts
 from functions.model.event import Transition
 from functions.model.policy import transition_pages
 from functions.pipeline.approve import ApprovalResult, approve_event
@@ -54,6 +55,15 @@ def pipeline_context(
         record = store.get_vm(vm)
         return None if record is None else record.scale_set or ""
 
+    def relay_facts(vm: str) -> RelayFacts | None:
+        # The VM row, then its verified liveness hint: an identities read and a point read
+        # or two of the liveness table (functions.store.liveness.Liveness.get).
+        record = store.get_vm(vm)
+        verify = pipeline.liveness_verifier
+        if record is None or not record.vm_id or verify is None:
+            return None
+        return RelayFacts.of(store.liveness.get(record.vm_id, verify, lambda _: None))
+
     def own_drains(event_id: str, ended: bool) -> DrainTargets:
         # A point read and one partition query per call, whatever the number of VMs.
         return drain_targets(store.get_event(event_id), store.reporter_rows(event_id), ended=ended)
@@ -95,6 +105,7 @@ def pipeline_context(
         audit=audit,
         capacity=capacity,
         scale_set_of=scale_set_of,
+        relay_facts=relay_facts,
     )
 
 

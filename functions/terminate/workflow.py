@@ -29,7 +29,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from functions.clock import Clock
-from functions.model.envelope import PREEMPT
+from functions.model.drains import NO_DRAIN, DrainChoice, RelayFacts, drain_for
+from functions.model.envelope import PREEMPT, USER
 from functions.model.event import Notification, Transition
 from functions.store.drains import StepRecord
 from functions.terminate.context import (
@@ -39,7 +40,7 @@ from functions.terminate.context import (
     Outcome,
     Steps,
 )
-from functions.terminate.plan import drain_deadlines, relay_drain
+from functions.terminate.plan import drain_deadlines, relay_step
 from functions.terminate.relays import drain_relays
 from functions.terminate.settings import DrainSettings, UndrainSettings
 from functions.terminate.steps import http_drain
@@ -156,34 +157,46 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
             )
 
     drained_vms = targets.drain
+    # Which drain each VM really has (functions.model.drains.drain_for, from its relay's
+    # verified heartbeat): the readiness probe only where a load balancer probes it.
+    choices = _choices(ctx, settings, drained_vms)
+    now = clock.now()
+    relay_plan = {vm: (relay_step(f, settings, now), f) for vm, (f, _) in choices.items()}
+    undrained = [vm for vm, (_, choice) in choices.items() if choice.kind == "none"]
+    user = (event.event_source or "").casefold() == USER.casefold()
     plan = []
     if settings.http_url and drained_vms:
         plan.append(f"HTTP drain hook for {len(drained_vms)} VM(s)")
-    relay = relay_drain(settings)
-    if relay == "hook" and drained_vms:
+    hooks = [vm for vm, (mode, _) in relay_plan.items() if mode == "hook"]
+    ready = [vm for vm, (mode, _) in relay_plan.items() if mode == "readiness"]
+    if hooks:
         plan.append(
-            f"relay hook {settings.relay_hook!r} on {len(drained_vms)} VM(s)"
+            f"relay hook {settings.relay_hook!r} on {len(hooks)} VM(s)"
             + (
-                " (its readiness probe where a relay has no such hook)"
+                " (its readiness probe where a relay has no such hook and a load balancer "
+                "probes it)"
                 if settings.readiness
                 else ""
             )
         )
-    elif relay == "readiness" and drained_vms:
+    if ready:
         plan.append(
-            f"readiness probe 503 on {len(drained_vms)} VM(s) (out of their load balancer), "
-            f"then {settings.readiness_seconds:g} s to drain"
+            f"readiness probe 503 on {len(ready)} VM(s) a load balancer probes (out of "
+            f"their load balancer), then {settings.readiness_wait_seconds():g} s to drain "
+            "(the probe's timing and established connections)"
         )
     nothing = (
-        f"no drain step configured (DRAIN__HTTP_URL, DRAIN__RELAY_HOOK; DRAIN__READINESS="
-        f"false): nothing drained, {_held(event.event_type)}"
+        _no_drain(choices, undrained, user, event.event_type)
         if drained_vms
         else "no VM's own view decided drain"
     )
+    held = bool(undrained) and not user
     started = (
-        f"{' then '.join(plan) or nothing}"
-        + ("" if drained_vms and not plan else f"; approval by {deadline:%H:%M:%S UTC}")
-        + (f"; {skipped}" if skipped else "")
+        "; ".join(p for p in (" then ".join(plan), nothing if undrained else "") if p) or nothing
+    )
+    approving = not held and not (drained_vms and not plan and not user)
+    started += (f"; approval by {deadline:%H:%M:%S UTC}" if approving else "") + (
+        f"; {skipped}" if skipped else ""
     )
     steps.once(
         "announce:drain_started",
@@ -212,20 +225,21 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
                 ),
             )
         )
-    # The operator's relay hook, or each relay's readiness probe (issue 38), on every VM.
-    drain_steps += drain_relays(ctx, steps, settings, event.event_id, drained_vms, drain_until)
-    if not plan and drained_vms:
-        # A drain with no step to run is never an approval: the VM would go undrained
-        # before NotBefore. It is held (drain_started said so) and Azure starts it then.
-        log.warning("drain %s: no drain step (DRAIN__READINESS=false); holding", event.event_id)
+    # The operator's relay hook, or the relay's readiness probe, on each VM that has one.
+    drain_steps += drain_relays(ctx, steps, settings, event.event_id, relay_plan, drain_until)
+    if held:
+        # A VM with no working drain is never approved undrained: a Platform event is
+        # held (drain_started said so) and Azure starts it at NotBefore; the VMs that have
+        # a drain were drained meanwhile.
+        log.warning("drain %s: %s", event.event_id, nothing)
         return DrainResult(
             event.event_id, "held", False, nothing, steps.records, targets.not_drained
         )
     failures = [
         f"{record.step}: {record.detail}" for record in drain_steps if record.status != "succeeded"
     ]
-    drained = not failures
-    if not drained:
+    drained = not failures and not undrained
+    if failures:
         what = "; ".join(failures)
         then = "approving anyway" if settings.on_failure == "approve" else _held(event.event_type)
         steps.once(
@@ -287,6 +301,41 @@ def _take_capacity(
         if left <= 0:
             return False, "its set had no capacity before the drain deadline"
         clock.sleep(min(settings.poll_seconds, left))
+
+
+def _choices(
+    ctx: DrainContext, settings: DrainSettings, vms: tuple[str, ...]
+) -> dict[str, tuple[RelayFacts | None, DrainChoice]]:
+    """Each VM's relay facts (ctx.relay_facts: its verified heartbeat) and drain."""
+    now = ctx.clock.now()
+    out: dict[str, tuple[RelayFacts | None, DrainChoice]] = {}
+    for vm in vms:
+        facts = None
+        if ctx.relay_facts is not None:
+            try:
+                facts = ctx.relay_facts(vm)
+            except Exception:  # no heartbeat known is what that means for its drain
+                log.exception("drain: relay facts of %.200r", vm)
+        out[vm] = (facts, drain_for(facts, settings, now))
+    return out
+
+
+def _no_drain(
+    choices: dict[str, tuple[RelayFacts | None, DrainChoice]],
+    undrained: list[str],
+    user: bool,
+    event_type: str,
+) -> str:
+    """The announcement's words for VMs with no working drain: held (a Platform event,
+    until NotBefore) or approved at once (a User event), each VM named with why."""
+    if not undrained:
+        return "nothing to drain"
+    then = "approved at once (a User event)" if user else f"held: {_held(event_type)}"
+    named = "; ".join(
+        f"{vm}: {choices[vm][1].why.removeprefix(NO_DRAIN + ': ')}" for vm in undrained[:10]
+    )
+    more = f" (and {len(undrained) - 10} more)" if len(undrained) > 10 else ""
+    return f"{NO_DRAIN}: {then} ({named}{more})"
 
 
 def _held(event_type: str) -> str:

@@ -40,8 +40,13 @@ def test_explain_says_which_drain_applies(tmp_path):
     line = json.loads(done.stdout)
     assert line["action"] == "drain"
     assert line["drain"] == (
-        "no drain step of yours configured: each VM's readiness probe 503 (its load balancer "
-        "takes it out), then 30 s to drain (DRAIN__READINESS_SECONDS), then approve"
+        "no drain step of yours configured: each VM's readiness probe 503 where a load "
+        "balancer probed its relay in the 30 s before its heartbeat (it takes the VM out), "
+        "then 60 s to drain (probe 15 s x 2 (DRAIN__PROBE_INTERVAL_SECONDS, "
+        "DRAIN__PROBE_THRESHOLD) + 30 s for established connections "
+        "(DRAIN__CONNECTION_SECONDS)), then approve; no drain on this VM where no load "
+        "balancer probes the relay: a Platform event is held until NotBefore, a User event "
+        "approved at once"
     )
     done = run_cli("policy", "explain", doc, env={"DRAIN__RELAY_HOOK": "drain"})
     assert json.loads(done.stdout)["drain"].startswith(

@@ -16,6 +16,7 @@ from azure.data.tables import TableServiceClient
 
 from functions.approvers.relay import RelayTarget
 from functions.identity.keys import CallbackKey
+from functions.model.drains import RelayFacts
 from functions.model.envelope import parse_not_before
 from functions.model.event import Decision, EventSnapshot, Links, Notification, Transition
 from functions.store.drains import DrainStore
@@ -100,6 +101,16 @@ class Harness:
     published: list[Notification] = field(default_factory=list)
     callbacks: dict[str, RelayTarget] = field(default_factory=dict)
     resolve: Callable[[str], RelayTarget | None] | None = None
+    # VM -> its relay's facts (functions.model.drains.RelayFacts); a VM not listed has a
+    # relay a load balancer probed just now (its readiness drain works), which is what
+    # every test of the drain's steps assumes unless it says otherwise.
+    facts: dict[str, RelayFacts | None] = field(default_factory=dict)
+
+    def relay_facts(self, vm: str) -> RelayFacts | None:
+        if vm in self.facts:
+            return self.facts[vm]
+        now = datetime.now(UTC)
+        return RelayFacts(heard=now, contract=2, probe_at=now)
 
     def context(self, **overrides: Any) -> DrainContext:
         values: dict[str, Any] = {
@@ -109,6 +120,7 @@ class Harness:
             "approve": self.approvals,
             "relay_target": self.resolve or self.callbacks.get,
             "own_drains": every_named_vm_drains,
+            "relay_facts": self.relay_facts,
         }
         values.update(overrides)
         return DrainContext(**values)

@@ -206,7 +206,7 @@ def test_a_drain_with_no_drain_step_configured_holds_and_says_so(
     assert "approval by" not in detail  # nothing will be approved early
     from functions.notify.describe import headline
 
-    assert "not drained: no drain step configured" in headline(harness.published[0])
+    assert "not drained: no drain on this VM: held" in headline(harness.published[0])
 
 
 def test_two_invocations_at_once_run_each_step_once(harness: Harness) -> None:
