@@ -76,14 +76,14 @@ test-py39: $(STAMP)
 	fi
 
 # The relay as it ships: one zipapp of relay/*.py, reproducible (same source, same bytes).
-# infra/relay/scheduled-events-relay.pyz.gz is the committed copy Bicep embeds (the same
-# zipapp, gzipped as a whole to fit customData); a test checks it is not stale.
+# infra/relay/scheduled-events-relay.pyz.xz is the committed copy Bicep embeds (the same
+# zipapp, xz-compressed as a whole to fit customData); a test checks it is not stale.
 RELAY_PYZ := dist/scheduled-events-relay.pyz
 # dist/add-relay-bundled.sh is infra/relay/add-relay.sh with the relay appended, for
 # run-command on existing VMs and scale sets (nothing to host, nothing to download).
-# The embedded copy is deflated by Zopfli (requirements-dev.txt), hence the venv's Python.
+# add-relay.sh.gz is deflated by Zopfli (requirements-dev.txt), hence the venv's Python.
 relay: $(STAMP)
-	$(BIN)/python relay/deploy/build_pyz.py $(RELAY_PYZ) --embedded infra/relay/scheduled-events-relay.pyz.gz
+	$(BIN)/python relay/deploy/build_pyz.py $(RELAY_PYZ) --embedded infra/relay/scheduled-events-relay.pyz.xz
 	{ cat infra/relay/add-relay.sh; echo __RELAY_PYZ_BASE64__; base64 $(RELAY_PYZ); } > dist/add-relay-bundled.sh
 	@ls -l dist/add-relay-bundled.sh
 

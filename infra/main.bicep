@@ -83,7 +83,8 @@ param relayCallbackPort int = 8492
 @maxValue(65535)
 param relayReadyPort int = 8493
 
-@description('Who the relays\' hook scripts run as, in a unit of their own outside the relay\'s sandbox: USER[:GROUP,...][+CAP,...], e.g. root, www-data:docker or nginx+CAP_KILL (add-relay.sh\'s 10th argument, written into one systemd drop-in). Empty: a user made for each run, no capabilities.')
+@description('Who the relays\' hook scripts run as, in a unit of their own outside the relay\'s sandbox: USER[:GROUP,...][+CAP,...], e.g. root, www-data:docker or nginx+CAP_KILL (add-relay.sh\'s 10th argument, written into one systemd drop-in). Empty: a user made for each run, no capabilities. At most 64 characters: it travels in customData, whose room is measured with the longest value (tests/infra/customdata.py).')
+@maxLength(64)
 param relayHookAs string = ''
 
 // ---------- Secrets (Key Vault) ----------
@@ -262,7 +263,8 @@ param deployExampleScaleSet bool = false
 @description('Deploy the example single VM (relay).')
 param deployExampleVm bool = false
 
-@description('Empty (the default): cloud-init installs the relay embedded from infra/relay/scheduled-events-relay.pyz.gz. Or https://HOST/scheduled-events-relay.pyz#sha256=HEX (a release asset and its checksum), installed only if the checksum matches.')
+@description('Empty (the default): cloud-init installs the relay embedded from infra/relay/scheduled-events-relay.pyz.xz. Or https://HOST/scheduled-events-relay.pyz#sha256=HEX (a release asset and its checksum), installed only if the checksum matches. At most 256 characters: it travels in customData, whose room is measured with the longest value (tests/infra/customdata.py).')
+@maxLength(256)
 param relayPackageUrl string = ''
 
 param adminUsername string = 'azureuser'
@@ -541,7 +543,7 @@ module maintenanceProvider 'modules/maintenance-provider.bicep' = [
 
 // ---------- Relay bootstrap (cloud-init) ----------
 // Each {{NAME}} in infra/relay/cloud-init.yaml, filled in from this deployment: the relay
-// itself (infra/relay/scheduled-events-relay.pyz.gz, `make relay`: the zipapp gzipped whole;
+// itself (infra/relay/scheduled-events-relay.pyz.xz, `make relay`: the zipapp xz-compressed whole;
 // a test keeps it equal to a fresh build of relay/), the bootstrap script (infra/relay/add-relay.sh) and its ten
 // arguments (the 8th `none`: hook scripts are yours, on your VMs; the 9th the readiness port;
 // the 10th who hook scripts run as). Filled in, it stays under customData's 65535 bytes (tests/infra).
@@ -551,12 +553,12 @@ module maintenanceProvider 'modules/maintenance-provider.bicep' = [
 var relayKeyArgument = 'none'
 // add-relay.sh's 9th argument: the readiness port, or `off`.
 var relayReadyArgument = (relayReadyPort > 0) ? string(relayReadyPort) : 'off'
-var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz.gz')
+var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz.xz')
 var addRelayScriptB64 = loadFileAsBase64('relay/add-relay.sh.gz') // add-relay.sh gzipped (make relay)
 // relay/cloud-init.yaml installs and starts the relay on first boot (any image whose python3
 // is 3.9 or newer: Ubuntu 20.04+, Debian 11+, RHEL 9, Azure Linux) with nothing to download:
-// it carries the relay itself (relay/scheduled-events-relay.pyz.gz: the zipapp gzipped as a
-// whole, base64) and add-relay.sh (less its comments, gzipped, base64: relay/add-relay.sh.gz),
+// it carries the relay itself (relay/scheduled-events-relay.pyz.xz: the zipapp xz-compressed as
+// a whole, base64; add-relay.sh unpacks it) and add-relay.sh (less its comments, gzipped, base64: relay/add-relay.sh.gz),
 // which installs it with its unit, wired by its seven arguments: each double-braced NAME in it
 // is filled in below. The 5th is the word `none`, the 7th the relays' liveness table. Azure
 // caps customData at 65535 bytes once decoded; filled in, it leaves at least 8 KiB spare

@@ -172,11 +172,21 @@ def main(argv: list[str] | None = None) -> int:
             from relay.ready import Readiness
 
             readiness = Readiness(
-                settings.state_dir, lambda: watcher.started, settings.unready_while_started
+                settings.state_dir,
+                lambda: watcher.started,
+                settings.unready_while_started,
+                settings.probe_source,
             )
             servers.append(readiness.serve(settings.ready_listen))
         if settings.callback_listen:
             servers.append(_start_callback(settings, keys, vm, watcher, sending, readiness))
+        heartbeats = getattr(sender, "heartbeats", None)
+        if hasattr(heartbeats, "facts"):  # contract 2: probe_at and drain, relay.drainfacts
+            from relay.drainfacts import drain_facts
+
+            heartbeats.facts = drain_facts(
+                bool(settings.hooks), readiness, False, settings.ready_status
+            )
     except OSError as exc:
         event(log, logging.CRITICAL, "cannot listen", error=str(exc))
         for server in servers:

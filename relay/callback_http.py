@@ -152,7 +152,10 @@ class _Handler(socketserver.BaseRequestHandler):
         if self.path.split("?", 1)[0] != self.server.get_path:
             self._answer(404, {"error": "no such endpoint"})
             return
-        self._answer(*self.server.app.health())
+        if self.server.read_only:  # the readiness probe: who asked (relay.drainfacts)
+            self._answer(*self.server.app.health(str(self.client_address[0])))
+        else:
+            self._answer(*self.server.app.health())
 
     def do_POST(self) -> None:
         try:

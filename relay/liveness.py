@@ -12,8 +12,13 @@ anywhere in the table (Table RBAC cannot scope rows), and a row keyed by vmId co
 overwritten by any VM that knows the vmId, hiding a dead relay's silence (issue 27).
 PartitionKey `lvNN` (NN = int(RowKey[:8], 16) % 8); columns `vm_id`, `seen` (Edm.DateTime,
 the second of `at`), `at` (Edm.Int64 unix seconds), `relay_version` (<= 64 characters),
-`key_id` (the KID of the key) and `sig` = hex HMAC-SHA256(secret,
-"liveness/v1\n{vm_id}\n{at}\n{relay_version}"). The app counts a row only if the vmId is
+`key_id` (the KID of the key), and since relay contract 2 (issue 44) `contract` (Edm.Int32,
+2), `probe_at` (Edm.Int64: when Azure's load-balancer probe last reached the readiness
+responder, 0 = never) and `drain` (the drain means this relay offers, e.g. "hook,readiness");
+`sig` = hex HMAC-SHA256(secret, "liveness/v2\n{vm_id}\n{at}\n{relay_version}\n{contract}\n
+{probe_at}\n{drain}") (v1 rows, of relays before 0.2.0, signed "liveness/v1\n{vm_id}\n{at}\n
+{relay_version}" and without the three columns, are still accepted by the app). The app
+counts a row only if the vmId is
 enrolled and the KID, the RowKey and the signature match that VM's key. For 24 h after a
 key rotation the previous key's row is written too (under that key), so an app that has not
 learnt the new key yet never sees this relay fall silent; the app deletes it once stale.
@@ -30,6 +35,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
+from relay import CONTRACT
 from relay.logs import event
 from relay.models import Envelope, format_aware
 from relay.sendbase import Sender, SendError
@@ -48,6 +54,7 @@ log = logging.getLogger("relay.liveness")
 TABLE_API_VERSION = "2019-02-02"
 LIVENESS_BUCKETS = 8
 MAX_RELAY_VERSION = 64
+MAX_DRAIN = 64
 SKEW_TOLERATED = 5.0  # seconds of clock difference with Table storage left uncorrected
 
 _SLOW_STATUS = {
@@ -86,9 +93,12 @@ def pending_row_keys(secret: bytes, sequence: int) -> tuple[str, str]:
     return f"ak{int(row[:8], 16) % LIVENESS_BUCKETS:02d}", row
 
 
-def liveness_signature(secret: bytes, vm_id: str, at: int, relay_version: str) -> str:
-    message = f"liveness/v1\n{vm_id}\n{at}\n{relay_version}".encode()
-    return hmac_sha256(secret, message).hex()
+def liveness_signature(
+    secret: bytes, vm_id: str, at: int, relay_version: str, probe_at: int = 0, drain: str = ""
+) -> str:
+    """The `sig` of a contract-2 row (liveness/v2): every column the app believes."""
+    message = f"liveness/v2\n{vm_id}\n{at}\n{relay_version}\n{CONTRACT}\n{probe_at}\n{drain}"
+    return hmac_sha256(secret, message.encode()).hex()
 
 
 def entity_url(table_url: str, partition_key: str, row_key_: str) -> str:
@@ -146,6 +156,7 @@ class TableLiveness(Sender):
         timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
         keys: KeyStore | None = None,
+        facts: Callable[[], tuple[int, str]] = lambda: (0, ""),
     ) -> None:
         if (tokens is None) == (sas is None):
             raise ValueError("TableLiveness needs a token provider or a SAS, not both")
@@ -155,6 +166,7 @@ class TableLiveness(Sender):
         self._timeout = timeout
         self._clock = clock
         self.keys = keys
+        self.facts = facts  # (probe_at, drain means) at each heartbeat: relay.drainfacts
         self._opener = https_opener()
         self.skew = 0.0  # Table storage's clock minus ours, when beyond SKEW_TOLERATED
         self.written = 0
@@ -180,6 +192,8 @@ class TableLiveness(Sender):
         partition_key, row = liveness_row_keys(secret)
         at = int(now + self.skew)
         version = envelope.relay_version[:MAX_RELAY_VERSION]
+        probe_at, drain = self.facts()
+        probe_at, drain = max(0, int(probe_at)), drain[:MAX_DRAIN]
         return {
             "PartitionKey": partition_key,
             "RowKey": row,
@@ -190,7 +204,11 @@ class TableLiveness(Sender):
             "at@odata.type": "Edm.Int64",
             "relay_version": version,
             "key_id": key_id(secret),
-            "sig": liveness_signature(secret, vm_id, at, version),
+            "contract": CONTRACT,
+            "probe_at": str(probe_at),
+            "probe_at@odata.type": "Edm.Int64",
+            "drain": drain,
+            "sig": liveness_signature(secret, vm_id, at, version, probe_at, drain),
         }
 
     def write(self, envelope: Envelope) -> None:

@@ -31,10 +31,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from relay.callback_http import CallbackServer
+from relay.drainfacts import AZURE_PROBE_SOURCE
 from relay.logs import event
 from relay.outbox import atomic_write
 
@@ -56,10 +58,12 @@ class Readiness:
         state_dir: Path,
         started: Callable[[], tuple[str, ...]] = tuple,
         while_started: bool = False,
+        probe_source: str = AZURE_PROBE_SOURCE,
     ) -> None:
         self.path = state_dir / FILE_NAME
         self._started, self.while_started = started, while_started
         self._lock = threading.Lock()
+        self.probe_source, self.probe_at = probe_source, 0
         self.draining: dict[str, list[str]] = {}  # casefolded EventId -> [EventId, hook]
         try:
             saved = json.loads(self.path.read_bytes())["draining"]
@@ -75,8 +79,11 @@ class Readiness:
         server = CallbackServer(address, self, 0.5, 4, 5.0, PATH, read_only=True)
         return server.start()
 
-    def health(self) -> tuple[int, dict[str, Any]]:
-        """The probe's answer (the server's GET handler calls it)."""
+    def health(self, peer: str = "") -> tuple[int, dict[str, Any]]:
+        """The probe's answer (the server's GET handler calls it with the caller's address:
+        Azure's probe source is recorded as `probe_at`, relay.drainfacts)."""
+        if peer.rpartition(":")[2] == self.probe_source:  # ::ffff:168.63.129.16 too
+            self.probe_at = int(time.time())
         events, reason = sorted(v[0] for v in self.draining.values()), "draining"
         if not events and self.while_started:
             events, reason = list(self._started()), "event started"

@@ -183,6 +183,9 @@ _SPECS: dict[str, _Spec] = {
     "callback_listen": _Spec(_text),
     "ready_listen": _Spec(_text),
     "unready_while_started": _Spec(_bool),
+    "drain_file": _Spec(_path),
+    "ready_status": _Spec(_path),
+    "probe_source": _Spec(_text),
     "callback_key_file": _Spec(_path),
     "previous_key_file": _Spec(_path),
     "callback_key_max_age_days": _float(gt=0, le=3650),
@@ -260,6 +263,12 @@ class RelaySettings(Record):
     # The load balancer's readiness probe (relay.ready): GET /readyz on HOST:PORT; off if None.
     ready_listen: str | None = None
     unready_while_started: bool = False  # /readyz also 503 while an own event is Started
+    # The readiness responder (relay.responder, issue 44): the drain state this relay
+    # publishes for it, the status it keeps (read for heartbeats: relay.drainfacts), and
+    # the probe source that counts (Azure's; tests set their own).
+    drain_file: Path | None = None
+    ready_status: Path = Path("/run/scheduled-events-relay-ready/status.json")
+    probe_source: str = "168.63.129.16"
     log_format: str = "json"
     hooks: dict[str, Path] = Factory(dict)
     hook_user: str | None = None  # ignored (a warning): the hook unit's drop-in says who
@@ -418,8 +427,8 @@ class RelaySettings(Record):
                 raise ValueError(f"cannot read the heartbeat table SAS file: {exc}") from None
             if "sig=" not in sas:
                 raise ValueError("the heartbeat table SAS file holds no SAS token (no sig=)")
-        if self.unready_while_started and not self.ready_listen:
-            raise ValueError("--unready-while-started needs --ready-listen")
+        if self.unready_while_started and not (self.ready_listen or self.drain_file):
+            raise ValueError("--unready-while-started needs --ready-listen or --drain-file")
         if self.hooks and not self.callback_listen:
             raise ValueError("--hook needs --callback-listen (hooks run on a signed callback)")
 
@@ -528,6 +537,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--callback-read-timeout", help="seconds to receive a request (10)")
     add("--ready-listen", help="HOST:PORT of a load balancer's probe, GET /readyz ('': none)")
     add("--unready-while-started", action="store_const", const=True, help="/readyz 503 if Started")
+    add("--drain-file", help="drain state for the readiness responder (relay.responder)")
+    add("--ready-status", help="the readiness responder's status file (probe times)")
+    add("--probe-source", help=argparse.SUPPRESS)
     add("--log-format", help="json (default) or text")
     add("--hook", action="append", metavar="NAME=PATH", help="a local hook script (repeatable)")
     add("--hook-user", help="ignored (deprecated): the hook unit's drop-in says who")

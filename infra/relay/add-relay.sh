@@ -138,7 +138,7 @@ done
 [ -n "$PY" ] || { echo "add-relay.sh: the relay needs Python 3.9 or newer (on RHEL 8: dnf install python39)" >&2; exit 1; }
 
 # The relay: downloaded and checked, appended to this script (bundled form), or already
-# written by cloud-init.
+# written by cloud-init (xz-compressed: scheduled-events-relay.pyz.xz).
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 install -d -m 0755 "$PREFIX"
@@ -148,6 +148,11 @@ if [ -n "$PACKAGE_URL" ]; then
         echo "add-relay.sh: checksum mismatch for $PACKAGE_URL; nothing installed" >&2; exit 1; }
 elif grep -q '^__RELAY_PYZ_BASE64__$' "$0"; then
     sed '1,/^__RELAY_PYZ_BASE64__$/d' "$0" | base64 -d > "$work/relay.pyz"
+elif [ -f "$PYZ.xz" ]; then
+    # cloud-init's copy (infra/relay/cloud-init.yaml): xz, which cloud-init cannot unpack.
+    "$PY" -c 'import lzma,sys;sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' "$PYZ.xz" > "$work/relay.pyz" ||
+        xz -dc "$PYZ.xz" > "$work/relay.pyz" ||
+        { echo "add-relay.sh: cannot unpack $PYZ.xz (no lzma module in $PY, no xz)" >&2; exit 1; }
 elif [ -f "$PYZ" ]; then
     cp "$PYZ" "$work/relay.pyz"
 else
@@ -160,6 +165,7 @@ if ! id scheduled-events-relay >/dev/null 2>&1; then
 fi
 install -m 0644 "$work/relay.pyz" "$PYZ.new"
 mv -f "$PYZ.new" "$PYZ"
+rm -f "$PYZ.xz"
 install -d -m 0750 -g scheduled-events-relay "$ETC"
 
 # The unit: relay/deploy/scheduled-events-relay.service, verbatim (a test keeps them equal).

@@ -82,7 +82,7 @@ def check_cloud_init(errors: list[str]) -> None:
     spec.loader.exec_module(builder)
     script = builder.slim_script((INFRA / "relay" / "add-relay.sh").read_text()).encode()
     script_gz = (INFRA / "relay" / "add-relay.sh.gz").read_bytes()
-    pyz = (INFRA / "relay" / "scheduled-events-relay.pyz.gz").read_bytes()
+    pyz = (INFRA / "relay" / "scheduled-events-relay.pyz.xz").read_bytes()
     values = dict(
         SAMPLE,
         ADD_RELAY_SCRIPT_B64=base64.b64encode(script_gz).decode(),

@@ -1,10 +1,13 @@
 """How much of customData the relay's cloud-init leaves spare (bench and tests).
 
 Azure decodes a VM's customData to at most 65,535 bytes. main.bicep fills
-infra/relay/cloud-init.yaml with the embedded relay, add-relay.sh and nine arguments; the
+infra/relay/cloud-init.yaml with the embedded relay, add-relay.sh and ten arguments; the
 longest values those arguments can take are used here (a 24-character storage account, a
-63-character table name, the longest Service Bus namespace), so the spare is a floor for
-any deployment. Issue 28 asks for at least 8 KiB, room for the relay to grow.
+63-character table name, the longest Service Bus namespace, and for the two free-form
+parameters the @maxLength main.bicep gives them: a 256-character `relayPackageUrl` in the
+release-URL form with its `#sha256=` suffix, a 64-character `relayHookAs`), so the spare
+is a floor for any deployment (issue 44: it was measured with `embedded`). Issue 28 asks
+for at least 8 KiB, room for the relay to grow.
 """
 
 from __future__ import annotations
@@ -25,11 +28,16 @@ LONGEST = {
     "IDENTITY_CLIENT_ID": "00000000-0000-0000-0000-000000000000",
     "CALLBACK_PORT": "65535",
     "RELAY_KEY_SECRET_URI": "none",
-    "RELAY_PACKAGE_URL": "embedded",
+    # https://HOST/PATH/scheduled-events-relay.pyz#sha256=HEX at relayPackageUrl's @maxLength.
+    "RELAY_PACKAGE_URL": "https://"
+    + "h" * (256 - 8 - 27 - 8 - 64)
+    + "/scheduled-events-relay.pyz#sha256="
+    + "0" * 64,
     "HEARTBEAT_TABLE_URL": "https://" + "s" * 24 + ".table.core.windows.net/" + "t" * 63,
     "RELAY_HOOKS": "none",
     "READY_PORT": "65535",
-    "HOOK_AS": "www-data:docker,adm+CAP_KILL,CAP_NET_ADMIN",
+    # USER:GROUPS+CAPS at relayHookAs's @maxLength (64).
+    "HOOK_AS": "www-data:docker,adm,systemd-journal,users+CAP_KILL,CAP_NET_ADMIN,CAP_CHOWN"[:64],
 }
 
 
@@ -38,7 +46,7 @@ def custom_data(**values: str) -> str:
     relay = INFRA / "relay"
     filled = {
         **LONGEST,
-        "RELAY_PYZ_B64": _b64(relay / "scheduled-events-relay.pyz.gz"),
+        "RELAY_PYZ_B64": _b64(relay / "scheduled-events-relay.pyz.xz"),
         "ADD_RELAY_SCRIPT_B64": _b64(relay / "add-relay.sh.gz"),
         **values,
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import lzma
 import os
 import re
 import subprocess
@@ -31,7 +32,7 @@ ARGS = {**SAMPLE, "RELAY_KEY_SECRET_URI": "none"}
 CLOUD_INIT = INFRA / "relay" / "cloud-init.yaml"
 ADD_RELAY = INFRA / "relay" / "add-relay.sh"
 ADD_RELAY_GZ = INFRA / "relay" / "add-relay.sh.gz"  # what customData carries (make relay)
-PYZ_GZ = INFRA / "relay" / "scheduled-events-relay.pyz.gz"
+PYZ_XZ = INFRA / "relay" / "scheduled-events-relay.pyz.xz"
 UNIT = INFRA.parent / "relay" / "deploy" / "scheduled-events-relay.service"
 CUSTOM_DATA_LIMIT = 65535  # bytes, once Azure decodes customData's base64 (ARM reference)
 PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
@@ -60,7 +61,7 @@ def render(**overrides: str) -> str:
     values = dict(
         ARGS,
         ADD_RELAY_SCRIPT_B64=base64.b64encode(ADD_RELAY_GZ.read_bytes()).decode(),
-        RELAY_PYZ_B64=base64.b64encode(PYZ_GZ.read_bytes()).decode(),
+        RELAY_PYZ_B64=base64.b64encode(PYZ_XZ.read_bytes()).decode(),
         **overrides,
     )
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], CLOUD_INIT.read_text())
@@ -82,7 +83,7 @@ def test_the_script_and_template_are_loaded_from_their_files() -> None:
     assert _replacements()["ADD_RELAY_SCRIPT_B64"] == "addRelayScriptB64"
     pyz = main.variables["relayPyzB64"]["function"]
     assert pyz["type"] == "load_file_as_base64"
-    assert pyz["parameters"]["file_path"] == "relay/scheduled-events-relay.pyz.gz"
+    assert pyz["parameters"]["file_path"] == "relay/scheduled-events-relay.pyz.xz"
     assert _replacements()["RELAY_PYZ_B64"] == "relayPyzB64"
 
 
@@ -98,12 +99,13 @@ def _builder():
 
 def test_the_embedded_relay_is_a_fresh_build_of_relay(tmp_path) -> None:
     builder = _builder()
-    assert PYZ_GZ.read_bytes() == builder.embedded_bytes(), (
-        "infra/relay/scheduled-events-relay.pyz.gz is stale: make relay"
+    # The archive it unpacks to, not liblzma's bytes (which may differ between its versions).
+    stored = builder.build_bytes(zipfile.ZIP_STORED)
+    assert builder.embedded_archive(PYZ_XZ.read_bytes()) == stored, (
+        "infra/relay/scheduled-events-relay.pyz.xz is stale: make relay"
     )
-    pyz = tmp_path / "scheduled-events-relay.pyz"  # what cloud-init writes on the VM
-    pyz.write_bytes(gzip.decompress(PYZ_GZ.read_bytes()))
-    assert pyz.read_bytes() == builder.build_bytes(zipfile.ZIP_STORED)
+    pyz = tmp_path / "scheduled-events-relay.pyz"  # what add-relay.sh unpacks on the VM
+    pyz.write_bytes(lzma.decompress(PYZ_XZ.read_bytes()))
     with zipfile.ZipFile(pyz) as archive, zipfile.ZipFile(builder.build(tmp_path / "d.pyz")) as d:
         assert {n: archive.read(n) for n in archive.namelist()} == {
             n: d.read(n) for n in d.namelist()
@@ -125,9 +127,9 @@ def test_custom_data_fits_azures_limit() -> None:
     assert size <= CUSTOM_DATA_LIMIT, f"customData is {size} bytes, over {CUSTOM_DATA_LIMIT}"
     assert size <= CUSTOM_DATA_LIMIT - 4096, f"{size} bytes leaves under 4 KiB of headroom"
     files = {f["path"]: f for f in yaml.safe_load(text)["write_files"]}
-    pyz = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz"]
-    assert pyz["encoding"] == "gz+b64"  # a cloud-init encoding: gzip, then base64
-    assert base64.b64decode(pyz["content"]) == PYZ_GZ.read_bytes()
+    pyz = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz.xz"]
+    assert pyz["encoding"] == "b64"  # cloud-init writes the xz; add-relay.sh unpacks it
+    assert base64.b64decode(pyz["content"]) == PYZ_XZ.read_bytes()
 
 
 def test_the_embedded_script_is_add_relay_sh_gzipped_reproducibly() -> None:
@@ -169,7 +171,7 @@ def test_the_unit_in_the_script_is_the_relays_unit() -> None:
 def test_the_bundled_script_carries_the_relay(tmp_path) -> None:
     """What run-command sends: add-relay.sh, a marker, the pyz in base64 (make relay)."""
     bundle = tmp_path / "add-relay-bundled.sh"
-    release_pyz = gzip.decompress(PYZ_GZ.read_bytes())
+    release_pyz = lzma.decompress(PYZ_XZ.read_bytes())
     payload = base64.encodebytes(release_pyz).decode()
     bundle.write_text(ADD_RELAY.read_text() + "__RELAY_PYZ_BASE64__\n" + payload)
     extract = re.search(
@@ -659,3 +661,23 @@ def test_the_relay_reads_the_line_and_an_empty_value_turns_the_probe_off(tmp_pat
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+def test_add_relay_unpacks_the_xz_cloud_init_writes(tmp_path) -> None:
+    """cloud-init has no xz encoding: it writes scheduled-events-relay.pyz.xz as it came
+    (`encoding: b64`) and add-relay.sh unpacks it with the VM's Python (or `xz -d`)."""
+    text = ADD_RELAY.read_text()
+    unpack = re.search(
+        r'^    "\$PY" -c (\'[^\']*\') "\$PYZ\.xz" > "\$work/relay\.pyz" \|\|$', text, re.M
+    )
+    assert unpack, "add-relay.sh unpacks $PYZ.xz with $PY's lzma"
+    assert 'xz -dc "$PYZ.xz" > "$work/relay.pyz" ||' in text and 'rm -f "$PYZ.xz"' in text
+    (tmp_path / "relay.pyz.xz").write_bytes(PYZ_XZ.read_bytes())
+    out = subprocess.run(
+        ["sh", "-c", f'"{sys.executable}" -I -c {unpack.group(1)} relay.pyz.xz > relay.pyz'],
+        cwd=tmp_path,
+        check=True,
+    )
+    assert out.returncode == 0
+    pyz = tmp_path / "relay.pyz"
+    assert zipfile.is_zipfile(pyz) and lzma.decompress(PYZ_XZ.read_bytes()) == pyz.read_bytes()

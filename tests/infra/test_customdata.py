@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from tests.infra.customdata import LONGEST, MIN_SPARE, PLACEHOLDER, custom_data, spare_bytes
@@ -27,3 +29,21 @@ def test_the_measure_fills_every_placeholder_main_bicep_fills() -> None:
 def test_a_longer_value_is_counted() -> None:
     shorter = custom_data(DOCUMENTS_QUEUE="q")
     assert len(custom_data().encode()) - len(shorter.encode()) == 49
+
+
+def test_the_measure_uses_the_longest_value_bicep_allows() -> None:
+    """Issue 44: the spare was measured with `relayPackageUrl` = `embedded`; with the
+    release-URL form it was under the floor. Both free-form parameters have a @maxLength in
+    main.bicep, and the measure fills them to it (the release URL with its #sha256=)."""
+    from tests.infra.bicep import load
+
+    params = load("main").params
+    for param, placeholder in (
+        ("relayPackageUrl", "RELAY_PACKAGE_URL"),
+        ("relayHookAs", "HOOK_AS"),
+    ):
+        limits = [d["argument"] for d in params[param]["decorators"] if d["type"] == "max_length"]
+        assert limits == [len(LONGEST[placeholder])], param
+    url = LONGEST["RELAY_PACKAGE_URL"]
+    assert url.startswith("https://") and re.fullmatch(r"[0-9a-f]{64}", url.split("#sha256=")[1])
+    assert re.fullmatch(r"[a-z-]+(:[a-z,-]+)?(\+[A-Z_,]+)?", LONGEST["HOOK_AS"])

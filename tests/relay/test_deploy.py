@@ -226,20 +226,22 @@ def test_cloud_init_embeds_the_relay_and_the_unit_and_needs_no_package() -> None
     files = {f["path"]: f for f in doc["write_files"]}
     unit = files["/etc/systemd/system/scheduled-events-relay.service"]["content"]
     assert unit == UNIT.read_text()
-    pyz = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz"]
-    assert pyz["encoding"] == "gz+b64" and pyz["content"] == "__RELAY_PYZ_B64__"
+    pyz = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz.xz"]
+    assert pyz["encoding"] == "b64" and pyz["content"] == "__RELAY_PYZ_B64__"
     env = files["/etc/scheduled-events-relay/relay.env"]["content"]
     assert "RELAY_CALLBACK_URL" not in env and "KEY_FILE" not in env
 
 
 def test_the_filled_in_cloud_init_fits_in_custom_data(tmp_path: Path) -> None:
-    """The relay travels gzipped (cloud-init's gz+b64): the zipapp stored, gzipped as a
-    whole, as `make relay` writes infra/relay/scheduled-events-relay.pyz.gz. Base64 of the
+    """The relay travels xz-compressed (base64 in cloud-init, unpacked by its runcmd): the
+    zipapp stored, compressed as a whole, as `make relay` writes
+    infra/relay/scheduled-events-relay.pyz.xz. Base64 of the
     deflated pyz alone outgrew customData once the relay gained its own key, attestation and
     liveness modules (about 66 KB), so the embedded form is the one to measure."""
-    import gzip
+    import lzma
 
-    embedded = _builder().embedded_bytes()
+    # The committed copy (tests/infra/test_cloud_init.py checks it is a fresh build).
+    embedded = (ROOT / "infra" / "relay" / "scheduled-events-relay.pyz.xz").read_bytes()
     text = (DEPLOY / "cloud-init.yaml").read_text()
     pyz_b64 = base64.b64encode(embedded).decode()
     filled = text.replace("content: __RELAY_PYZ_B64__", f"content: {pyz_b64}")
@@ -247,10 +249,10 @@ def test_the_filled_in_cloud_init_fits_in_custom_data(tmp_path: Path) -> None:
     assert size <= 65535 - 2048, size  # Azure: customData decodes to at most 65535 bytes
     doc = yaml.safe_load(filled)
     files = {f["path"]: f for f in doc["write_files"]}
-    pyz = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz"]
-    assert pyz["encoding"] == "gz+b64"
-    written = tmp_path / "scheduled-events-relay.pyz"  # what cloud-init writes on the VM
-    written.write_bytes(gzip.decompress(base64.b64decode(pyz["content"])))
+    pyz = files["/opt/scheduled-events-relay/scheduled-events-relay.pyz.xz"]
+    assert pyz["encoding"] == "b64"
+    written = tmp_path / "scheduled-events-relay.pyz"  # what the runcmd unpacks on the VM
+    written.write_bytes(lzma.decompress(base64.b64decode(pyz["content"])))
     help_text = subprocess.run(
         [RELAY_PYTHON, "-I", "-S", str(written), "--help"],
         cwd=tmp_path,

@@ -123,7 +123,10 @@ def test_the_request_is_an_insert_or_merge_of_a_signed_row(standin: Any) -> None
     handler, url = standin
     now = 1_800_000_000.4
     handler.script = [(204, {"Date": http_date(now)})]  # clocks agree: one request
-    liveness(url, sas="?sv=1&sig=abc", clock=lambda: now).write(heartbeat(version="v" * 80))
+    facts = lambda: (1_799_999_990, "hook,readiness")  # noqa: E731
+    liveness(url, sas="?sv=1&sig=abc", clock=lambda: now, facts=facts).write(
+        heartbeat(version="v" * 80)
+    )
     [got] = handler.seen
     # The row's keys come from the callback key alone: another VM cannot find or write it.
     rk = hmac.new(KEY, b"liveness-row/v1", hashlib.sha256).hexdigest()
@@ -132,7 +135,8 @@ def test_the_request_is_an_insert_or_merge_of_a_signed_row(standin: Any) -> None
     assert got["path"] == f"/acct/{TABLE}(PartitionKey='{pk}',RowKey='{rk}')?sv=1&sig=abc"
     assert "if-match" not in got["headers"] and got["headers"]["x-ms-version"] == "2019-02-02"
     version = "v" * 64
-    message = f"liveness/v1\n{VM_ID}\n1800000000\n{version}".encode()
+    # Contract 2 (issue 44): probe_at and drain are columns, and signed with the rest.
+    message = f"liveness/v2\n{VM_ID}\n1800000000\n{version}\n2\n1799999990\nhook,readiness"
     assert got["entity"] == {
         "PartitionKey": pk,
         "RowKey": rk,
@@ -143,7 +147,11 @@ def test_the_request_is_an_insert_or_merge_of_a_signed_row(standin: Any) -> None
         "at@odata.type": "Edm.Int64",
         "relay_version": version,
         "key_id": hashlib.sha256(KEY).hexdigest()[:16],
-        "sig": hmac.new(KEY, message, hashlib.sha256).hexdigest(),
+        "contract": 2,
+        "probe_at": "1799999990",
+        "probe_at@odata.type": "Edm.Int64",
+        "drain": "hook,readiness",
+        "sig": hmac.new(KEY, message.encode(), hashlib.sha256).hexdigest(),
     }
 
 
@@ -166,7 +174,7 @@ def test_within_a_day_of_a_rotation_the_previous_keys_row_is_written_too(standin
         hashlib.sha256(KEY).hexdigest()[:16],
         hashlib.sha256(previous).hexdigest()[:16],
     ]
-    message = f"liveness/v1\n{VM_ID}\n1800000000\n9.9.9".encode()
+    message = f"liveness/v2\n{VM_ID}\n1800000000\n9.9.9\n2\n0\n".encode()
     assert rows[1]["sig"] == hmac.new(previous, message, hashlib.sha256).hexdigest()
 
 
@@ -258,8 +266,11 @@ def test_the_relay_writes_signed_heartbeats_to_the_table_and_documents_to_its_ta
         "--poll-interval=0.1",
     )
 
+    def at_value(value: Any) -> int:
+        return int(getattr(value, "value", value))
+
     def at(entity: Any) -> int:
-        return int(getattr(entity["at"], "value", entity["at"]))
+        return at_value(entity["at"])
 
     def current_secret() -> bytes | None:
         try:
@@ -279,7 +290,9 @@ def test_the_relay_writes_signed_heartbeats_to_the_table_and_documents_to_its_ta
     first = wait_for(row, timeout=20)
     secret = current_secret()
     assert secret is not None and first["vm_id"] == vm_id
-    message = f"liveness/v1\n{vm_id}\n{at(first)}\n{first['relay_version']}".encode()
+    assert (first["contract"], at_value(first["probe_at"]), first["drain"]) == (2, 0, "")
+    v2 = f"liveness/v2\n{vm_id}\n{at(first)}\n{first['relay_version']}\n2\n0\n"
+    message = v2.encode()
     assert first["sig"] == hmac.new(secret, message, hashlib.sha256).hexdigest()
     assert first["key_id"] == hashlib.sha256(secret).hexdigest()[:16]
     wait_for(lambda: at(row()) > at(first), timeout=10)

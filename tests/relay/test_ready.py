@@ -402,3 +402,18 @@ def test_a_built_in_hook_needs_no_hook_unit(simulator: Any, tmp_path: Path) -> N
     status, answer = app.hook({"Hook": "readyz:drain", "EventId": other})
     assert (status, answer["status"], answer["exit_code"]) == (200, "succeeded", 0)
     assert readiness.health()[0] == 503
+
+
+def test_only_azures_probe_source_is_recorded_as_a_probe(tmp_path: Path) -> None:
+    """Contract 2 (issue 44): `probe_at` says a load balancer probes the VM; Learn
+    (load-balancer-custom-probe-overview): probes originate from 168.63.129.16."""
+    readiness = Readiness(tmp_path)
+    assert readiness.probe_source == "168.63.129.16"
+    for peer in ("10.0.0.5", "127.0.0.1", "168.63.129.160", "::1"):
+        assert readiness.health(peer)[0] == 200
+    assert readiness.probe_at == 0
+    readiness.health("::ffff:168.63.129.16")  # an IPv4 probe on a dual-stack socket
+    assert readiness.probe_at > 0
+    readiness.probe_at = 0
+    readiness.health("168.63.129.16")
+    assert readiness.probe_at > 0

@@ -45,7 +45,7 @@ def test_release_on_a_version_tag_attaches_relay_app_and_checksums() -> None:
     [job] = release["jobs"].values()
     run = steps(job)
     assert "make relay" in run
-    assert "git diff --exit-code -- infra/relay/scheduled-events-relay.pyz.gz" in run
+    assert "git diff --exit-code -- infra/relay/scheduled-events-relay.pyz.xz" in run
     assert "functionapp.zip" in run and "sha256sum" in run
     create = run[run.index("gh release create") :]
     for asset in ("scheduled-events-relay.pyz", "add-relay-bundled.sh", "functionapp.zip"):
