@@ -98,6 +98,9 @@ class Phase:
     run: Callable[[Bench], dict[str, Any]]
     azurite: str | None = None
     targets: dict[str, Target] = field(default_factory=dict)
+    # Keys whose target is on the sample's size (points explored, runs): a quick run's
+    # smaller samples are not held to it.
+    sized: tuple[str, ...] = ()
     # Run in a thread while the next phase runs: both mostly wait (the relay's polling,
     # the end-to-end approvals at real time), and neither measures the other's CPU.
     beside_next: bool = False

@@ -32,6 +32,10 @@ class Fault:
 
     def __init__(self) -> None:
         self.note = ""
+        # What the fault did to the stack, set only when it touched something (requests
+        # held or cut, a process killed, a request refused...): a run whose fault left no
+        # trace tested nothing, and counts as divergent (issue 47).
+        self.trace = ""
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
 
@@ -86,6 +90,7 @@ class StorageOutage(Fault):
         self.name = f"storage {kind} {window:g} s"
         self.azurite: Any = None
         self._stopped = False
+        self._chunks = 0
 
     def prepare(self) -> None:
         install_proxied_azurite(self)
@@ -98,15 +103,21 @@ class StorageOutage(Fault):
         return self.start + self.window
 
     def _begin(self) -> None:
+        self._chunks = self.azurite.proxy.client_chunks
         if self.kind == "frozen":
             os.kill(self.azurite.real_pid, signal.SIGSTOP)
             self._stopped = True
         else:
-            self.azurite.proxy.refuse()
+            reset = self.azurite.proxy.refuse()
+            if reset:
+                self.trace = f"{reset} open connections reset"
         self.note = f"from {self.start:g} s for {self.window:g} s"
 
     def _end(self) -> None:
         if self._stopped:
+            held = self.azurite.proxy.client_chunks - self._chunks
+            if held:
+                self.trace = f"{held} reads of requests held while frozen"
             os.kill(self.azurite.real_pid, signal.SIGCONT)
             self._stopped = False
         if self.kind == "refusing":
@@ -194,6 +205,7 @@ class RelayKilledMidDrain(Fault):
         proc.kill()
         proc.wait(timeout=10)
         killed = time.monotonic()
+        self.trace = "killed in its drain hook"
         if self._stop.wait(self.restart_after):
             return
         demo.relays[self.vm] = demo.stack.process(
@@ -226,6 +238,7 @@ class CallbackUnreachable(Fault):
             if target in request.url and begin <= time.monotonic() < end:
                 self.refused += 1
                 self.note = f"{self.refused} requests refused over {self.window:g} s"
+                self.trace = self.note
                 raise requests.ConnectionError(f"chaos: {target} unreachable")
             return real(session, request, **kwargs)
 
@@ -253,12 +266,14 @@ class ClockStep(Fault):
         self.vm, self.seconds, self.window, self.start = vm, seconds, window, start
         self.name = f"clock of {vm} {seconds:+g} s for {window:g} s"
         self._file: Path | None = None
+        self._running = False
 
     def attach(self, demo: Any, t0: float) -> None:
         from local.demo_ledger import CLOCK_DIR
 
         self._file = demo.workdir / CLOCK_DIR / f"{self.vm}.json.step"
         self._file.parent.mkdir(parents=True, exist_ok=True)
+        self._running = self.vm in demo.relays  # a relay reads the stepped clock
         self._later(t0 + self.start - time.monotonic(), self._step)
         self._later(t0 + self.start + self.window - time.monotonic(), self._back)
 
@@ -266,6 +281,8 @@ class ClockStep(Fault):
         assert self._file is not None
         self._file.write_text(f"{self.seconds}\n")
         self.note = f"{self.seconds:+g} s for {self.window:g} s"
+        if self._running:
+            self.trace = f"the clock of {self.vm}'s running relay stepped"
 
     def _back(self) -> None:
         if self._file is not None:
@@ -300,6 +317,9 @@ class ChannelsDown(Fault):
             self.note = f"503 from {self.start:g} s for {self.window:g} s"
 
         def up() -> None:
+            answered = sum(_failed_answers(receiver) for receiver in receivers)
+            if answered:
+                self.trace = f"{answered} posts answered 503"
             for receiver in receivers:
                 receiver.clear_faults()
 
@@ -314,6 +334,12 @@ class ChannelsDown(Fault):
         super().undo()
         with contextlib.suppress(AttributeError):
             self._up()
+
+
+def _failed_answers(receiver: Any) -> int:
+    """Requests a receiver answered with the failure `fail_next(10**9, ...)` set."""
+    with receiver._lock:
+        return sum(10**9 - f.remaining for f in receiver._faults if f.remaining <= 10**9)
 
 
 # ------------------------------------------------------------------ the host
@@ -365,6 +391,7 @@ class HostKilledMidMessage(Fault):
             if countdown is not None:
                 if countdown <= 0:
                     fault._local.countdown = None
+                    fault.trace = f"died after {fault.after_requests} Table requests"
                     fault.killed.set()
                     raise HostKilled()
                 fault._local.countdown = countdown - 1
@@ -498,6 +525,7 @@ class DeadLetter(Fault):
             if self.target and message_id == self.target:
                 self.hits += 1
                 self.note = f"{self.hits} deliveries of {self.target} failed"
+                self.trace = self.note
                 return True
         return False
 

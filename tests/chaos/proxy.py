@@ -25,6 +25,7 @@ class RefusingProxy:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stopped = False
+        self.client_chunks = 0  # reads from clients forwarded (a fault's trace: traffic)
 
     def start(self) -> RefusingProxy:
         self._listen()
@@ -60,12 +61,14 @@ class RefusingProxy:
                 _reset(client)
                 _reset(upstream)
                 continue
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, client: bool = False) -> None:
         try:
             while data := source.recv(65536):
+                if client:
+                    self.client_chunks += 1
                 sink.sendall(data)
         except OSError:
             pass
@@ -77,8 +80,8 @@ class RefusingProxy:
             with contextlib.suppress(OSError):
                 source.close()
 
-    def refuse(self) -> None:
-        """Close the endpoint: new connections refused, open ones reset."""
+    def refuse(self) -> int:
+        """Close the endpoint: new connections refused, open ones reset (their number)."""
         with self._lock:
             listener, self._listener = self._listener, None
             conns, self._conns = set(self._conns), set()
@@ -88,6 +91,7 @@ class RefusingProxy:
             listener.close()
         for sock in conns:
             _reset(sock)
+        return len(conns)
 
     def accept(self) -> None:
         """Listen again on the same port."""

@@ -153,10 +153,22 @@ class Result:
     differences: list[str] = field(default_factory=list)
     excused: list[str] = field(default_factory=list)
     error: str = ""
+    trace: str = ""  # what the fault did (chaos.Fault.trace); "" when it touched nothing
+    settled: bool = True  # every planned event ended and the signature held still
+
+    @property
+    def executed(self) -> bool:
+        """The run played (a shard that died, or a run that raised, has no signature)."""
+        return bool(self.signature)
+
+    @property
+    def unfired(self) -> bool:
+        """Played, but its fault left no trace: the run tested nothing."""
+        return self.executed and not self.trace
 
     @property
     def divergent(self) -> bool:
-        return bool(self.differences or self.error)
+        return bool(self.differences or self.error or self.unfired)
 
 
 def play(
@@ -193,7 +205,7 @@ def play(
             demo.play()
             while time.monotonic() < t0 + fault.done_by():
                 time.sleep(0.2)
-            signature = settle(demo, plan, settle_limit)
+            signature, settled = settle(demo, plan, settle_limit)
             dead = len(list((demo.inbox / "deadletter").glob("*.json"))) if demo.inbox else 0
     finally:
         fault.undo()
@@ -206,6 +218,8 @@ def play(
         seconds=time.monotonic() - began,
         signature=signature,
         dead_letters=dead,
+        trace=fault.trace,
+        settled=settled,
     )
 
 
@@ -220,9 +234,12 @@ def step_key(step: Step) -> str:
     return f"{step.scenario} {step.target}"
 
 
-def settle(demo: Any, plan: Plan, limit: float = SETTLE_LIMIT) -> dict[str, dict[str, Any]]:
+def settle(
+    demo: Any, plan: Plan, limit: float = SETTLE_LIMIT
+) -> tuple[dict[str, dict[str, Any]], bool]:
     """The signature once the app has caught up: every planned event ended in its row and
-    nothing changed for QUIET seconds (or `limit` passed: whatever it is then)."""
+    nothing changed for QUIET seconds; or, `limit` passed, whatever it is then, and False
+    (not settled: a fault-free run in that state is no baseline to compare with)."""
     deadline = time.monotonic() + limit
     last: dict[str, dict[str, Any]] | None = None
     since = time.monotonic()
@@ -232,8 +249,10 @@ def settle(demo: Any, plan: Plan, limit: float = SETTLE_LIMIT) -> dict[str, dict
         if current != last:
             last, since = current, now
         ended = all(s.get("ended") for s in current.values())
-        if (ended and now - since >= QUIET) or now > deadline:
-            return current
+        if ended and now - since >= QUIET:
+            return current, True
+        if now > deadline:
+            return current, False
         time.sleep(0.5)
 
 
@@ -315,9 +334,16 @@ def run_all(
         except Exception as exc:  # a run that could not finish is a divergence, said
             result = Result("", plan.name, run.name, "", 0.0, {}, 0, error=repr(exc))
         result.run = run.name
+        baseline = baselines[key]
+        if not baseline.settled and not result.error:
+            # A baseline that did not end every event compares with nothing (issue 47).
+            result.error = (
+                f"the fault-free run of {plan.name} did not end every event within "
+                f"{run.settle_limit:g} s: {baseline.signature}"
+            )
         if not result.error:
             result.differences, result.excused = compare(
-                baselines[key].signature, result.signature, run.allowed
+                baseline.signature, result.signature, run.allowed
             )
         results.append(result)
     return results
@@ -333,6 +359,8 @@ def table(results: list[Result]) -> str:
             if r.error
             else "DIVERGENT"
             if r.differences
+            else "NOT FIRED"
+            if r.unfired
             else "allowed"
             if r.excused
             else "identical"
@@ -384,8 +412,11 @@ def run_sharded(
 
 
 def summary(results: list[Result]) -> dict[str, int]:
-    """The bench's keys."""
+    """The bench's keys: the runs that played (not the runs asked for), the divergent ones
+    (a difference, an error, a fault that left no trace, a baseline that did not settle),
+    and of those the faults that never fired."""
     return {
-        "chaos_runs": len(results),
+        "chaos_runs": sum(1 for r in results if r.executed),
         "chaos_divergent": sum(1 for r in results if r.divergent),
+        "chaos_faults_not_fired": sum(1 for r in results if r.unfired),
     }

@@ -123,4 +123,5 @@ def test_the_budget_wave_sees_a_wave_over_its_budget_and_one_held_to_it(azurite:
     held = budget_wave.run(azurite, 10, impact=0.3)
     assert held["budget_approved"] == 10 and held["budget_limit"] == 2, held
     assert held["budget_peak_over_limit"] == 0 and held["budget_peak_rows"] == 2, held
+    assert held["budget_unapproved"] == 0 and held["budget_slots_held_at_end"] == 0, held
     assert held["budget_wait_max_s"] >= 4 * 0.3, held  # the fifth round, after four impacts

@@ -14,7 +14,7 @@ import logging
 import sys
 
 from local.azurite import Azurite
-from tests.crash.explore import crash_points, explore_all
+from tests.crash.explore import crash_points, explore_all, missing
 from tests.crash.scenarios import SCENARIOS
 
 
@@ -47,10 +47,9 @@ def main(argv: list[str]) -> int:
         expects = {s.name: s.expects for s in SCENARIOS}
         for report in reports:
             print(report.table(), flush=True)
-            shown = json.dumps(report.effects)
-            missing = [e for e in expects[report.scenario] if e not in shown]
-            if missing:
-                print(f"- the fault-free run does not show {missing}", flush=True)
+            absent = missing(report, expects[report.scenario])
+            if absent:
+                print(f"- the fault-free run does not show {absent}", flush=True)
             print(flush=True)
             total += report.tried()
             divergent += len(report.different())

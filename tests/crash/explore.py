@@ -7,6 +7,7 @@ first differing row or effect. `crash_points(connection)` is what the bench repo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -282,9 +283,24 @@ def crash_points(connection: str, names: list[str] | None = None) -> dict[str, i
             reports.append(report)
     finally:
         logging.disable(logging.NOTSET)
+    expects = {s.name: s.expects for s in SCENARIOS}
     return {
+        # Points: every request twice (crash before it, its answer lost), by construction;
+        # of those, one per group of equivalent points is run (`equivalence`): the runs.
         "crash_points_tried": sum(r.tried() for r in reports),
+        "crash_runs_executed": sum(r.runs for r in reports),
         "crash_points_divergent": sum(len(r.different()) for r in reports),
+        # A fault-free run that failed a step, or did not show what its scenario is about
+        # (its `expects`), is no baseline: the scenario tested nothing (issue 47).
+        "crash_baselines_failed": sum(
+            1 for r in reports if r.baseline_errors or missing(r, expects[r.scenario])
+        ),
         "crash_invariant_runs": sum(r.runs + 1 for r in reports),
         "crash_invariants_broken": sum(len(r.violations()) for r in reports),
     }
+
+
+def missing(report: Report, expects: tuple[str, ...]) -> list[str]:
+    """What the scenario's fault-free run should show and does not."""
+    shown = json.dumps(report.effects)
+    return [e for e in expects if e not in shown]

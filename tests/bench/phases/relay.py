@@ -24,6 +24,7 @@ PHASE = Phase(
     _relay_phase,
     targets={
         "detect_p99_ms": ("<=", 1100),
+        "detect_missed": ("==", 0),  # issue 47: changes the relay never forwarded
         "relay_rss_mb": ("<=", 15),
         "relay_cpu_ratio": ("<=", 1.0),
         "relay_customdata_spare_bytes": (">=", 8192),
