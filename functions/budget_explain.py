@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from functions.model.budgets import (
+    DEFAULT_BUDGET,
     Budget,
     Placement,
     coverage_of,
@@ -146,6 +147,14 @@ def budget_lines(
                 assert group is not None
                 covered.append(_state(budget, group, vm, facts))
     out: dict[str, Any] = {"budgets": covered, "budgets_not_covering": left_out}
+    # Where an operator's budget covers a VM it replaces the per-set guard (issue 45).
+    mine = {line["vm"] for line in covered if line["budget"] != DEFAULT_BUDGET}
+    if mine and len(mine) == len(set(vms)) - len(unknown):
+        out["budgets"] = [line for line in covered if line["budget"] != DEFAULT_BUDGET]
+        out["budgets_note"] = (
+            f"max_concurrent_per_set ({policy.max_concurrent_per_set}) does not apply: "
+            "the budgets above cover every VM of the event, and replace it"
+        )
     if unknown:
         out["budgets_not_evaluated"] = (
             f"Azure's facts about {', '.join(unknown)} are not known here ({facts.why_not}; "

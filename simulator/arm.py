@@ -94,6 +94,7 @@ _TYPES = {
 
 
 RESOURCE_GRAPH_PATH = "/providers/microsoft.resourcegraph/resources"
+SIMULATED_REGION = "eastus"  # every simulated VM's `location` (Resource Graph's column)
 RESOURCE_GRAPH_API_VERSIONS = ("2021-03-01", "2022-10-01", "2024-04-01")
 FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.2")
 
@@ -445,6 +446,7 @@ class ArmService:
                     availability_set_id=availability,
                     tags=vm["tags"] or None,
                     zones=[vm["zone"]] if vm["zone"] else None,
+                    location=SIMULATED_REGION,
                 )
             )
         rows.extend(scheduled_event_rows(self.sim))  # maintenanceresources (Azure's events)

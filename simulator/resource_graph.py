@@ -388,6 +388,7 @@ def vm_row(
     availability_set_id: str = "",
     tags: dict[str, str] | None = None,
     zones: list[str] | None = None,
+    location: str | None = None,
 ) -> dict[str, Any]:
     """One VM with one NIC and one ipconfig, as the facts queries project it (`tags` an
     object, `zones` an array, as Resource Graph's columns hold them; absent: null)."""
@@ -401,6 +402,7 @@ def vm_row(
         "availabilitySetId": availability_set_id,
         "tags": dict(tags) if tags is not None else None,
         "zones": list(zones) if zones is not None else None,
+        "location": location,
         "nicId": nic_id,
         "nicPrimary": "true",
         "ipConfigurations": [

@@ -72,6 +72,10 @@ class VmFacts(BaseModel):
     tags: dict[str, str] = Field(default_factory=dict)
     tags_dropped: int = 0
     zone: str | None = Field(default=None, max_length=MAX_ZONE)
+    # Azure's region (`location`): a zone number names a datacenter only within one region
+    # of one subscription (Learn, availability-zones-overview), so budgets key zones by all
+    # three. Rows written before it was read have none; the next sync pass fills it in.
+    location: str | None = Field(default=None, max_length=MAX_ZONE)
 
     @field_validator("vm_id")
     @classmethod
@@ -172,7 +176,7 @@ def vm_query(table: str, vm_id: str | None = None) -> str:
 | where type =~ '{vm_type}'{where}
 | project id, vmKey = tolower(id), subscriptionId, resourceGroup,
     vmId = tostring(properties.vmId), scaleSetId = {scale_set},
-    availabilitySetId = tostring(properties.availabilitySet.id), tags, zones
+    availabilitySetId = tostring(properties.availabilitySet.id), tags, zones, location
 | join kind=leftouter (
     {table}
     | where type =~ '{nic_type}'
@@ -182,7 +186,7 @@ def vm_query(table: str, vm_id: str | None = None) -> str:
         ipConfigurations = properties.ipConfigurations
   ) on vmKey
 | project id, subscriptionId, resourceGroup, vmId, scaleSetId, availabilitySetId,
-    tags, zones, nicId, nicPrimary, ipConfigurations
+    tags, zones, location, nicId, nicPrimary, ipConfigurations
 | order by id asc"""
 
 
@@ -307,9 +311,19 @@ def facts_from_rows(vm_id: str, rows: list[dict[str, Any]], now: datetime) -> Vm
             tags=tags,
             tags_dropped=dropped,
             zone=read_zone(first.get("zones")),
+            location=read_location(first.get("location")),
         )
     except ValueError as exc:
         raise FactsUnavailable(f"Resource Graph row not usable: {str(exc)[:200]}") from None
+
+
+def read_location(value: Any) -> str | None:
+    """A row's `location` column: Azure's region name ("eastus"), lower-cased; None when
+    absent or not a short name."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_ZONE:
+        return None
+    text = value.strip().casefold()
+    return text if re.fullmatch(r"[a-z0-9-]+", text) else None
 
 
 def placement_of(facts: VmFacts) -> Placement:
@@ -320,6 +334,7 @@ def placement_of(facts: VmFacts) -> Placement:
         subscription=facts.subscription_id,
         resource_group=facts.resource_group,
         zone=facts.zone,
+        region=facts.location,
         scale_set=facts.scale_set,
         availability_set=facts.availability_set,
         tags=facts.tags,

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from functions.model.budgets import Budget, lint_budgets
+from functions.model.budgets import Budget, lint_budgets, per_set_notes
 from functions.model.envelope import (
     FREEZE,
     PREEMPT,
@@ -342,6 +342,8 @@ def load_policy() -> PolicyLoad:
         )
     notes = [f"POLICY__RULES: {w}" for w in warnings]
     notes += [f"POLICY__BUDGETS: {w}" for w in budget_warnings]
+    clash = per_set_notes(policy.budgets, policy.max_concurrent_per_set)
+    notes += [f"POLICY__BUDGETS: {w}" for w in clash]
     if _empty_rules_setting():
         notes.append(
             "POLICY__RULES: an empty list: Microsoft's reference policy applies (as without "

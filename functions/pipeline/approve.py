@@ -53,6 +53,7 @@ from functions.pipeline.approve_arm import (
 )
 from functions.pipeline.context import Pipeline
 from functions.pipeline.lifecycle import approval_lease, note_sent
+from functions.pipeline.slot_rules import suspect
 from functions.pipeline.views import own_views
 from functions.settings import Settings
 from functions.store import claims
@@ -332,15 +333,15 @@ def _relays(
     """Named VMs whose relays were heard recently (a message, or a verified liveness
     hint), reporters first (`candidates`): at most RELAYS_PER_ATTEMPT of them, so an event
     naming 1,000 VMs costs a few point reads, not 1,000 (the others stay "unheard": a
-    later attempt reaches them). A VM whose approved event never started (`unstarted`)
-    is not asked: its reports are suspect until one of its events really starts."""
+    later attempt reaches them). A VM whose approved event never started in its own view
+    (`unstarted`) is not asked for a while (functions.pipeline.slot_rules.suspect)."""
     fresh = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
     chosen: list[tuple[VmRecord, RelayTarget]] = []
     for name in candidates(record, skip):
         if len(chosen) >= RELAYS_PER_ATTEMPT:
             break
         vm = pipeline.store.get_vm(name)
-        if vm is None or (vm.unstarted and vm.unstarted != record.event_id):
+        if vm is None or suspect(vm, record.event_id, now):
             continue
         relay = pipeline.relay_target(vm)
         if relay is None:

@@ -1,108 +1,124 @@
-"""The capacity guard: at most N approved impactful events at once per scale set and per
-availability set, so a maintenance wave never takes a whole set down together.
+"""The slots' effects: reading and writing the capacity and budget slot rows, by the rules
+of functions.pipeline.slot_rules (pure: who holds, who is entitled, who goes next).
 
-Slots are rows in the events table's capacity partition, taken all-or-nothing under ETags.
-Whether a listed holder still holds its slot is decided from the holder's own row, by one
-rule every taker applies (`holds_slot`), never by a lapse computed from what a VM reported
-(its NotBefore, up to a week out): a holder holds while its approval is in flight, for
-APPROVED_START_GRACE after it was approved, while its drain runs, and while it is Started
-(its duration and STARTED_GRACE from when it started), and for TAKE_GRACE after it took
-the slot (the approval's claim is written just after). A vetoed, failed, pending or
-never-started approval holds nothing, so a VM that makes up an event and refuses its
-approval never keeps its set-mates waiting, and a crash never leaks a slot.
+The capacity guard allows at most N approved impactful events at once per scale set and
+per availability set (`max_concurrent_per_set`), so a maintenance wave never takes a whole
+set down together; disruption budgets do the same over any group of VMs (tags, zones,
+sets, subscriptions), and where a budget covers every VM of an event it replaces the set
+guard. Slots are rows in the events table, taken all-or-nothing under ETags; a listed
+holder keeps its slot only while its own row entitles it (`slot_rules.holds_slot`), so a
+crash never leaks one and a VM that makes up an event never keeps its set-mates waiting.
+
+The decider (functions.pipeline.reconcile) uses four entry points: `take_slots` before an
+approval, `release_slots` when the row stops entitling it, `count_started` when Azure
+started it, and `flag_unstarted` when an approved event never started.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.model.envelope import PREEMPT, TERMINATE, ScheduledEvent
 from functions.model.event import Transition
-from functions.model.policy import Policy, is_impactful
+from functions.model.policy import Policy
+from functions.pipeline.slot_rules import (
+    TAKE_GRACE,
+    WAKE_AT_MOST,
+    ahead_of,
+    capacity_keys,
+    capacity_limit,
+    entitled,
+    flags_unstarted,
+    holds_capacity,
+    holds_slot,
+    needs_capacity,
+    served_order,
+    set_guard_applies,
+    too_big,
+    unknown_until,
+    vm_still_out,
+)
 from functions.store import claims
 from functions.store.records import MAX_WAITING, CapacityRecord, EventRecord, VmRecord
 from functions.store.state import Store
 
-# Types after which the VM is gone (evicted, deleted): never flagged for not starting.
-GONE_AFTER = frozenset(t.casefold() for t in (PREEMPT, TERMINATE))
-
-# How long an approved event may stay Scheduled before its VM is suspect: Azure starts an
-# approved event within moments, so after this its slot goes back and `overdue` says why.
-APPROVED_START_GRACE = timedelta(minutes=5)
-# How long a drain holds its event's slots at most (its steps are bounded by their own
-# timeouts; a drain that outlives this has failed or is holding, and holds nothing).
-DRAIN_HOLD = timedelta(minutes=30)
-# Beyond the event's own duration, how long a Started event keeps its slots.
-STARTED_GRACE = timedelta(minutes=30)
-WAKE_AT_MOST = 20  # waiting events a released slot wakes at once (the rest: next sweep)
-# A holder listed moments ago whose own row does not show it yet: the slots are taken
-# before the approval's claim is written (a Table request or two later), so a taker in
-# between must not read the new holder as not entitled and take its slot (the budget
-# bench saw three out of two). A host that dies in between leaves it listed this long.
-TAKE_GRACE = timedelta(seconds=30)
+log = logging.getLogger(__name__)
 
 
-def approved_at(record: EventRecord) -> datetime | None:
-    """When the approval that stands succeeded (its attempt's time)."""
-    if record.approval != "approved":
-        return None
-    times = [a.at for a in record.approval_attempts if a.vm == record.approved_by]
-    return max(times, default=record.decided_at)
+# ------------------------------------------------------------------ the decider's entry points
 
 
-def holds_slot(record: EventRecord | None, now: datetime) -> bool:
-    """Whether an event listed as a slot's holder is entitled to it now (see the module
-    docstring). Every taker applies it to the holders it finds, so a slot goes back the
-    moment its holder stops being one."""
-    if record is None or record.ended:
-        return False
-    if record.started:
-        began = record.started_at
-        if began is None:
-            return True
-        impact = timedelta(seconds=max(record.duration_in_seconds or 0, 0))
-        return now < began + impact + STARTED_GRACE
-    if record.approval == "in_progress":
-        return not claims.is_expired(record.approval_claim, now)
-    if record.approval == "approved":
-        at = approved_at(record)
-        return at is not None and now < at + APPROVED_START_GRACE
+def take_slots(pipeline: Any, record: EventRecord, now: datetime) -> tuple[bool, bool]:
+    """The slots the approval needs, all or none: every disruption budget's group that
+    covers its VMs, and its sets' (the capacity guard) unless budgets cover every VM of
+    it. Returns (taken, waiting newly recorded): not taken, it waits (the row says for
+    what, oldest NotBefore first), and is woken when a slot is given back."""
+    store, policy = pipeline.store, pipeline.policy
+    slots, reporters = budget_needs(store, record, policy, now)
+    covered = {vm for _slot, vm in slots}
+    guard = set_guard_applies(reporters, covered)
+    if guard and not acquire_capacity(store, record, policy, now):
+        return False, wait_for_slot(pipeline, record, now, ())
+    # One approval starts the event on every VM it names (their relays confirm the names
+    # against their own IMDS before approving): counted, though only reporters take slots.
+    big = too_big(slots + _named_slots(store, record, policy, now, reporters)) if slots else ""
+    waiting = big or (acquire_budgets(store, record, slots, now) if slots else "")
+    if waiting:
+        if big:
+            log.warning("%s: %s", record.event_id[:128], big)
+        if guard:
+            release_capacity(store, record)
+        # Listed in its sets' queues only where their guard applies, and never when it
+        # cannot be admitted at all (it would hold back every later NotBefore there).
+        queue = guard and not big
+        return False, wait_for_slot(pipeline, record, now, (), waiting, queue=queue)
+    return True, False
+
+
+def release_slots(
+    pipeline: Any, record: EventRecord, now: datetime, *, after_attempt: bool = False
+) -> list[str]:
+    """Give back the event's slots (its sets' and its budgets'); returns the events
+    waiting for them, to be woken (earliest NotBefore first). `after_attempt`: an approval
+    that did not succeed; while its outcome is unknown (a relay's answer that never came)
+    its slots stay (`slot_rules.unknown_until`), said once in the audit."""
+    store = pipeline.store
+    if not (holds_capacity(record) or record.budget_counted):
+        return []
+    if after_attempt:
+        fresh = store.recent_event(record.event_id) or record
+        until = unknown_until(fresh)
+        if until is not None and holds_slot(fresh, now):
+            _note_unknown(store, fresh, now, until)
+            return []
+    woken = release_capacity(store, record)
+    slots = budget_slots(store, record, pipeline.policy, now, every_reporter=True)
+    if slots:
+        woken += release_budgets(store, record, slots)
+    return [e for e in dict.fromkeys(woken) if e != record.event_id][:WAKE_AT_MOST]
+
+
+def _note_unknown(store: Store, record: EventRecord, now: datetime, until: datetime) -> None:
+    """Say, once per event, that its approval's outcome is unknown and its slots stay."""
     decision = record.decision
-    if decision is not None and decision.action == "drain" and record.approval in ("", "pending"):
-        since = record.decided_at or record.first_seen
-        before = record.not_before is None or now < record.not_before
-        return before and now < since + DRAIN_HOLD
-    return False
+    store.audit(
+        record.event_id,
+        at=now,
+        rule=decision.rule if decision else "",
+        action="approve",
+        outcome="outcome unknown",
+        detail=(
+            "a relay's answer never came, so StartRequests may have reached Azure: its "
+            f"slots are kept until it is seen Started or until {until.isoformat()}"
+        ),
+        once="approval:unknown",
+        anchor=record.decided_at,
+        rank=3,
+    )
 
 
-def entitled(record: EventRecord | None, taken_at: datetime | None, now: datetime) -> bool:
-    """`holds_slot`, or listed as a holder less than TAKE_GRACE ago."""
-    return holds_slot(record, now) or (taken_at is not None and now < taken_at + TAKE_GRACE)
-
-
-def needs_capacity(event: ScheduledEvent | EventRecord) -> bool:
-    """Only impactful events count, and Terminate does not: a deletion is what the scale
-    set's owner asked for, and holding it back would only delay it to NotBefore."""
-    if event.event_type.casefold() == TERMINATE.casefold():
-        return False
-    if isinstance(event, EventRecord):
-        probe = ScheduledEvent(
-            EventId=event.event_id,
-            EventStatus=event.event_status,
-            EventType=event.event_type,
-            DurationInSeconds=event.duration_in_seconds,
-        )
-        return is_impactful(probe)
-    return is_impactful(event)
-
-
-def capacity_limit(policy: Policy | None) -> int:
-    return policy.max_concurrent_per_set if policy else 1
-
-
-def capacity_keys(record: EventRecord) -> list[str]:
-    return [f"ss:{s}" for s in record.scale_sets] + [f"as:{a}" for a in record.availability_sets]
+# ------------------------------------------------------------------ set slots
 
 
 def acquire_capacity(
@@ -136,16 +152,6 @@ def wait_for_capacity(store: Store, record: EventRecord) -> None:
         store.mutate_capacity(key, change)
 
 
-def _first(record: EventRecord, waiting: dict[str, datetime | None], now: datetime) -> int:
-    """How many listed waiters go before `record`: an earlier NotBefore still ahead."""
-    mine = record.not_before or datetime.max.replace(tzinfo=now.tzinfo)
-    return sum(
-        1
-        for other, nb in waiting.items()
-        if other != record.event_id and nb is not None and now < nb < mine
-    )
-
-
 def _take(store: Store, key: str, record: EventRecord, limit: int, now: datetime) -> bool:
     # Holders no longer entitled (`holds_slot`, from each one's row) free their slot: read
     # only when the slot is full, one point read per holder.
@@ -162,7 +168,7 @@ def _take(store: Store, key: str, record: EventRecord, limit: int, now: datetime
         if event_id in rec.holders:
             return None
         kept = [h for h in rec.holders if h not in dead]
-        if limit - len(kept) <= _first(record, rec.waiting, now):
+        if limit - len(kept) <= ahead_of(event_id, record.not_before, rec.waiting, now):
             raise _Full
         rec.holders = [*kept, event_id]
         rec.until = {}
@@ -191,7 +197,7 @@ def _give_back(store: Store, key: str, event_id: str) -> list[str]:
         woken.clear()
         if rec is None:
             return None
-        woken.extend(sorted(rec.waiting, key=lambda e: (rec.waiting[e] is None, rec.waiting[e])))
+        woken.extend(served_order(rec.waiting))
         if event_id not in rec.holders and event_id not in rec.waiting:
             return None
         rec.holders = [h for h in rec.holders if h != event_id]
@@ -201,14 +207,6 @@ def _give_back(store: Store, key: str, event_id: str) -> list[str]:
 
     store.mutate_capacity(key, change)
     return [e for e in woken if e != event_id]
-
-
-def holds_capacity(record: EventRecord) -> bool:
-    """Whether the event may hold a slot: an `approve` decision takes one (in ingest or the
-    watchdog), a `drain` one before its drain (functions.terminate.workflow), so ending a
-    held event need not read the slots. A slot left behind anyway (a crash) is freed by
-    `_take`, which drops ended holders."""
-    return record.decision is not None and record.decision.action in ("approve", "drain")
 
 
 def release_capacity(store: Store, record: EventRecord) -> list[str]:
@@ -234,6 +232,63 @@ def take_capacity(store: Store, event_id: str, policy: Policy | None, now: datet
 MAX_BUDGET_VMS = 8  # reporters of one event whose budgets an approval takes slots for
 
 
+def budget_needs(
+    store: Store,
+    record: EventRecord,
+    policy: Policy | None,
+    now: datetime,
+    *,
+    every_reporter: bool = False,
+) -> tuple[list, list[str]]:
+    """(the budget slots (functions.model.budgets.Slot, VM) the event's disruptive approval
+    needs, the VMs they were sought for): for each VM that reported it (its own view; one
+    query of its reporter rows, at most MAX_BUDGET_VMS), the groups of every operator
+    budget that covers it, from Azure's placements (the identity sync's rows: a VM cannot
+    move itself). The default budget over sets stays the set rows above
+    (`acquire_capacity`). `every_reporter`: also VMs that no longer list it (giving back
+    what they took)."""
+    if policy is None or not policy.budgets:
+        return [], []
+    from functions.model.budgets import slots_for
+    from functions.pipeline.redecide import as_event
+    from functions.store.placements import Placements
+
+    placements = Placements(store.service.get_table_client(f"{store.prefix}identities"))
+    rows = store.reporter_rows(record.event_id)
+    reporters = [r.vm for r in rows if r.status or every_reporter][:MAX_BUDGET_VMS]
+    event = as_event(record)
+    found: list = []
+    for vm in reporters:
+        where = placements.for_name(vm, now, MAX_PLACEMENT_AGE)
+        found += [(slot, vm) for slot in slots_for(policy.budgets, event, where, placements.size)]
+    return found, reporters
+
+
+def _named_slots(
+    store: Store, record: EventRecord, policy: Policy | None, now: datetime, reporters: list[str]
+) -> list:
+    """The budget slots of the VMs the event names that have not reported it (at most
+    MAX_BUDGET_VMS in all): what `slot_rules.too_big` counts beside the reporters'."""
+    if policy is None or not policy.budgets:
+        return []
+    from functions.model.budgets import slots_for
+    from functions.pipeline.redecide import as_event
+    from functions.store.placements import Placements
+
+    seen = {vm.casefold() for vm in reporters}
+    others = [n for n in record.resources if n.casefold() not in seen]
+    others = others[: max(0, MAX_BUDGET_VMS - len(reporters))]
+    if not others:
+        return []
+    placements = Placements(store.service.get_table_client(f"{store.prefix}identities"))
+    event = as_event(record)
+    found: list = []
+    for vm in others:
+        where = placements.for_name(vm, now, MAX_PLACEMENT_AGE)
+        found += [(slot, vm) for slot in slots_for(policy.budgets, event, where, placements.size)]
+    return found
+
+
 def budget_slots(
     store: Store,
     record: EventRecord,
@@ -242,30 +297,22 @@ def budget_slots(
     *,
     every_reporter: bool = False,
 ) -> list:
-    """The budget slots (functions.model.budgets.Slot, VM) the event's disruptive approval
-    needs: for each VM that reported it (its own view; one query of its reporter rows, at
-    most MAX_BUDGET_VMS), the groups of every operator budget that covers it, from Azure's
-    placements (the identity sync's rows: a VM cannot move itself). The default budget
-    over sets stays the set rows above (`acquire_capacity`). `every_reporter`: also VMs
-    that no longer list it (giving back what they took)."""
-    if policy is None or not policy.budgets:
-        return []
-    from functions.model.budgets import slots_for
-    from functions.pipeline.redecide import as_event
-    from functions.store.placements import Placements
-
-    placements = Placements(store.service.get_table_client(f"{store.prefix}identities"))
-    rows = store.reporter_rows(record.event_id)
-    reporters = [r.vm for r in rows if r.status or every_reporter]
-    event = as_event(record)
-    found: list = []
-    for vm in reporters[:MAX_BUDGET_VMS]:
-        where = placements.for_name(vm, now, MAX_PLACEMENT_AGE)
-        found += [(slot, vm) for slot in slots_for(policy.budgets, event, where, placements.size)]
-    return found
+    """The budget slots of `budget_needs` alone."""
+    return budget_needs(store, record, policy, now, every_reporter=every_reporter)[0]
 
 
 MAX_PLACEMENT_AGE = timedelta(hours=12)  # two sync passes missed: the VM is gone
+
+
+def _holds_budget(store: Store, holder: Any, now: datetime) -> bool:
+    """A budget holder keeps its slot while its event's row entitles it and its VM's own
+    document still lists the event (`slot_rules.vm_still_out`)."""
+    if not entitled(store.get_event(holder.event_id), holder.since, now):
+        return False
+    if now < holder.since + TAKE_GRACE:
+        return True
+    mine = store.get_reporter(holder.event_id, holder.vm)
+    return vm_still_out(None if mine is None else mine.status)
 
 
 def acquire_budgets(
@@ -281,12 +328,14 @@ def acquire_budgets(
     taken: list = []
     for slot, vm in slots:
         current = rows.get_budget_slot(slot.budget, slot.group)
-        held = [h for h in (current.holders if current else []) if h.event_id != record.event_id]
-        dead: set[str] = set()
+        held = [
+            h
+            for h in (current.holders if current else [])
+            if not (h.event_id == record.event_id and h.vm == vm)
+        ]
+        dead: set[tuple[str, str]] = set()
         if len(held) >= slot.limit:
-            dead = {
-                h.event_id for h in held if not entitled(store.get_event(h.event_id), h.since, now)
-            }
+            dead = {(h.event_id, h.vm) for h in held if not _holds_budget(store, h, now)}
         full: list[str] = []
 
         def change(rec, slot=slot, vm=vm, dead=dead, full=full):
@@ -296,19 +345,15 @@ def acquire_budgets(
             rec = rec or BudgetSlot(budget=slot.budget, group=slot.group, limit=slot.limit)
             rec.limit = slot.limit
             mine = [h for h in rec.holders if h.event_id == record.event_id and h.vm == vm]
-            kept = [h for h in rec.holders if h.event_id not in dead]
+            kept = [h for h in rec.holders if (h.event_id, h.vm) not in dead]
             waiters = {w.event_id: w for w in rec.waiting}
             if mine:
                 return None
-            ahead = sum(
-                1
-                for w in rec.waiting
-                if w.event_id != record.event_id
-                and w.not_before is not None
-                and now < w.not_before
-                and (record.not_before is None or w.not_before < record.not_before)
-            )
-            others = [h for h in kept if h.event_id != record.event_id]
+            queue = {w.event_id: w.not_before for w in rec.waiting}
+            ahead = ahead_of(record.event_id, record.not_before, queue, now)
+            # Every other holder counts, this event's other VMs too: one event never puts
+            # more of a group out than it allows (`slot_rules.too_big` holds it back).
+            others = kept
             if not over and slot.limit - len(others) <= ahead:
                 full.append(rec.text())
                 if record.event_id not in waiters:
@@ -359,8 +404,8 @@ def release_budgets(
             waiting.clear()
             if rec is None:
                 return None
-            served = sorted(rec.waiting, key=lambda w: (w.not_before is None, w.not_before))
-            waiting.extend(w.event_id for w in served if w.event_id != record.event_id)
+            queue = {w.event_id: w.not_before for w in rec.waiting}
+            waiting.extend(e for e in served_order(queue) if e != record.event_id)
             holders = [h for h in rec.holders if h.event_id != record.event_id]
             queue = (
                 rec.waiting
@@ -387,6 +432,8 @@ def wait_for_slot(
     now: datetime,
     settle: tuple[Transition, ...],
     budget: str = "",
+    *,
+    queue: bool = True,
 ) -> bool:
     """The set (or a disruption budget's group: `budget`, its waiting text) has no free
     slot: the approval waits (the row says why, once; its claim, if this caller held it,
@@ -436,7 +483,8 @@ def wait_for_slot(
             anchor=record.decided_at,
             rank=2,
         )
-    wait_for_capacity(pipeline.store, record)
+    if queue:
+        wait_for_capacity(pipeline.store, record)
     pipeline.store.mutate_event(record.event_id, change, known=record)
     return bool(first)
 
@@ -460,20 +508,22 @@ def count_started(pipeline: Any, record: EventRecord, now: datetime) -> EventRec
     return updated
 
 
-def flag_unstarted(pipeline: Any, record: EventRecord) -> None:
-    """An event approved through a VM's relay that Azure never started: that VM's reports
-    are suspect, so it takes no slot until one of its events really starts (ingest clears
-    the flag on its first document that lists an event Started)."""
-    vm = record.approved_by
-    if record.approval != "approved" or not vm or vm == "arm" or record.started:
+def flag_unstarted(pipeline: Any, record: EventRecord, now: datetime) -> None:
+    """An event approved through a VM's relay that Azure never started, by that VM's own
+    document (its reporter row: one point read): its relay is not asked to approve again
+    for a while (`slot_rules.suspect`)."""
+    if not record.approved_by or record.approved_by == "arm" or record.approval != "approved":
         return
-    if record.event_type.casefold() in GONE_AFTER:
-        return  # its VM is evicted or deleted: no Started may ever be seen, and no lie
+    own = pipeline.store.get_reporter(record.event_id, record.approved_by)
+    vm = flags_unstarted(record, None if own is None else own.status)
+    if not vm:
+        return
 
     def change(rec: VmRecord | None) -> VmRecord | None:
         if rec is None or rec.unstarted == record.event_id:
             return None
         rec.unstarted = record.event_id
+        rec.unstarted_at = now
         return rec
 
     pipeline.store.mutate_vm(vm, change)

@@ -353,8 +353,7 @@ def next_vm_row(
         record.event_statuses = {e.event_id.casefold(): e.event_status for e in events}
         record.late_event_ids = sorted(late)
         record.event_views = dict(views)
-        if any(e.is_started for e in events):
-            record.unstarted = None  # one of its events really started: believed again
+        # `unstarted` stays: a Started this VM lists is its own word (slot_rules.suspect).
     return record, mark
 
 

@@ -37,14 +37,15 @@ from datetime import datetime, timedelta
 from functions.model.envelope import SCHEDULED
 from functions.model.event import Transition
 from functions.model.policy import Policy, PolicyLoad
-from functions.pipeline.capacity import (
+from functions.pipeline.redecide import should_redecide
+from functions.pipeline.slot_rules import (
     APPROVED_START_GRACE,
     approved_at,
     holds_capacity,
     holds_slot,
+    last_unknown,
     needs_capacity,
 )
-from functions.pipeline.redecide import should_redecide
 from functions.store import claims
 from functions.store.records import EventRecord
 
@@ -191,16 +192,26 @@ def overdue_detail(record: EventRecord, now: datetime) -> str:
 
 
 def settled_path(record: EventRecord) -> str:
-    """An approval claim in progress whose call reached Azure, and Azure went on: the VM
+    """An approval claim in progress whose call reached Azure (or an approval given up on
+    whose last answer never came: `slot_rules.last_unknown`), and Azure went on: the VM
     reports Started before NotBefore, or Azure reports the event completed. The path the
     recorded attempt took ("" when this does not hold): the app's approval did it."""
-    if record.approval != "in_progress":
+    unknown = None
+    if record.approval in ("pending", "failed"):
+        # An attempt given up on whose answer never came (issue 45): the VM then reports
+        # Started before NotBefore, so that attempt reached Azure.
+        unknown = last_unknown(record)
+        if unknown is None:
+            return ""
+    elif record.approval != "in_progress":
         return ""
     if not (record.started or (record.ended == "completed" and record.ended_by == "azure")):
         return ""
     began = record.started_at or record.ended_at
     if record.not_before is not None and (began is None or began >= record.not_before):
         return ""  # at or after NotBefore Azure starts it on its own
+    if unknown is not None:
+        return "arm" if unknown.vm == "arm" else f"relay:{unknown.vm}"
     if record.arm_sent_at is not None:
         return "arm"
     if record.relay_sent_at is not None:

@@ -29,21 +29,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from functions.model.event import Transition
+from functions.pipeline import capacity
 from functions.pipeline.announce import audit_decision, mark_done, publish_claimed
 from functions.pipeline.approve import approve_event
-from functions.pipeline.capacity import (
-    acquire_budgets,
-    acquire_capacity,
-    budget_slots,
-    count_started,
-    flag_unstarted,
-    holds_capacity,
-    release_budgets,
-    release_capacity,
-    wait_for_slot,
-)
 from functions.pipeline.context import Pipeline
-from functions.pipeline.due import ENDS, NOTHING_READ, ORDER, Due, Facts, due
+from functions.pipeline.due import ENDS, NOTHING_READ, ORDER, Due, Facts, due, settled_path
 from functions.pipeline.lifecycle import approval_lease, claim_announcement, end, observed
 from functions.pipeline.redecide import redecide
 from functions.store import claims
@@ -150,11 +140,13 @@ def _reconcile(
     ]
     sending = list(dict.fromkeys(sending))
     go = plan.approve and not plan.release
-    if go and plan.capacity and not _take_slots(pipeline, record, now, out):
-        # Waiting for a slot (its set's, or a budget's): the row says for what before the
-        # announcements go out, so the `decided` card says "waiting for budget ...".
-        go = False
-        record = store.recent_event(record.event_id) or record
+    if go and plan.capacity:
+        taken, out.waiting_for_capacity = capacity.take_slots(pipeline, record, now)
+        if not taken:
+            # Waiting for a slot (its set's, or a budget's): the row says for what before
+            # the announcements go out, so the `decided` card says "waiting for budget".
+            go = False
+            record = store.recent_event(record.event_id) or record
     defer = tuple(sending) if go else ()  # marked done in the write recording the approval
     if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
         # The decision's audit goes with its announcement: both are due until the
@@ -165,7 +157,7 @@ def _reconcile(
         if Transition.OVERDUE in sending:
             # Before the announcement: a crash in between leaves its claim, whose next
             # publish flags again (the flag is idempotent).
-            flag_unstarted(pipeline, record)
+            capacity.flag_unstarted(pipeline, record, now)
         try:
             publish_claimed(pipeline, record, sending, now, details, mark=not defer)
         except Exception:
@@ -176,11 +168,11 @@ def _reconcile(
         if not defer:
             record = store.recent_event(record.event_id) or record
             plan = _due(pipeline, record, Facts(), me, now, grid_end)
-    if (plan.release or plan.close) and (holds_capacity(record) or record.budget_counted):
+    if plan.release or plan.close:
         # Given back the moment the row stops entitling it (every taker also checks each
         # holder's row, so a slot left behind by a crash is never held for good); the
         # events waiting for it are woken, earliest NotBefore first.
-        _release(pipeline, record, now)
+        enqueue(pipeline, capacity.release_slots(pipeline, record, now), now)
     if plan.close:
         if plan.undrain and not _drain(pipeline, record, "undrain", worker):
             pipeline.store.set_due(record.event_id, now)  # the sweep's worker undrains it
@@ -190,7 +182,7 @@ def _reconcile(
         out.closed = True
         return out
     if plan.count:
-        record = count_started(pipeline, record, now) or record
+        record = capacity.count_started(pipeline, record, now) or record
     if plan.drain and worker and pipeline.drainer is not None:
         outcome = _drain(pipeline, record, "drain", worker)
         record = store.recent_event(record.event_id) or record
@@ -319,7 +311,7 @@ def _settle(
     )
 
     def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or rec.approval != "in_progress":
+        if rec is None or settled_path(rec) != path:
             return None
         rec.approval = "approved"
         rec.approval_claim = claims.DONE
@@ -429,36 +421,12 @@ def _approve(
     if result.outcome == "skipped" and defer:
         mark_done(store, record.event_id, defer)
     if result.outcome in ("failed", "retry_later") and plan.capacity:
-        # Nothing approved it (yet): its slots go back now, not when a lapse runs out.
-        _release(pipeline, record, now)
+        # Nothing approved it (yet): its slots go back now, not when a lapse runs out,
+        # unless its outcome is unknown (a relay's answer that never came).
+        woken = capacity.release_slots(pipeline, record, now, after_attempt=True)
+        enqueue(pipeline, woken, now)
     out.approval = result
     return store.recent_event(record.event_id)
-
-
-def _take_slots(pipeline: Pipeline, record: EventRecord, now: datetime, out: Reconciled) -> bool:
-    """The slots the approval needs, all or none: its sets' (the capacity guard), then
-    every disruption budget's group that covers its VMs. False: it waits (the row says for
-    what, oldest NotBefore first), and is woken when a slot is given back."""
-    store = pipeline.store
-    if not acquire_capacity(store, record, pipeline.policy, now):
-        out.waiting_for_capacity = wait_for_slot(pipeline, record, now, ())
-        return False
-    slots = budget_slots(store, record, pipeline.policy, now)
-    waiting = acquire_budgets(store, record, slots, now) if slots else ""
-    if waiting:
-        release_capacity(store, record)
-        out.waiting_for_capacity = wait_for_slot(pipeline, record, now, (), waiting)
-        return False
-    return True
-
-
-def _release(pipeline: Pipeline, record: EventRecord, now: datetime) -> None:
-    woken = release_capacity(pipeline.store, record)
-    slots = budget_slots(pipeline.store, record, pipeline.policy, now, every_reporter=True)
-    if slots:
-        woken += release_budgets(pipeline.store, record, slots)
-    if woken:
-        enqueue(pipeline, [e for e in woken if e != record.event_id], now)
 
 
 def _give_back_approval(pipeline: Pipeline, event_id: str, me: str) -> None:

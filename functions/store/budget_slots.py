@@ -35,7 +35,7 @@ class BudgetHolder(BaseModel):
     event_id: str
     since: AwareDatetime  # when its approval took the slot (or Azure started it)
     # When the slot lapses whatever the event's reporters say, as a capacity slot does
-    # (functions.pipeline.capacity.slot_until): a VM that keeps listing a made-up event
+    # (functions.pipeline.slot_rules.holds_slot): a VM that keeps listing a made-up event
     # cannot hold its group's slot for ever.
     until: AwareDatetime | None = None
     # Counted though the group was full: Azure started the event at NotBefore anyway

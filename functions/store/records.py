@@ -65,10 +65,13 @@ class VmRecord(Record):
     window_start: AwareDatetime | None = None
     window_messages: int = 0
     window_new_events: int = 0
-    # The EventId of an event approved through this VM's relay that never started (Azure
-    # starts an approved event at once): its reports are suspect, so its later events are
-    # not approved early (and take no slot) until one of its events really starts.
+    # The EventId of an event approved through this VM's relay that its own document
+    # still listed as Scheduled after the start grace (Azure starts an approved event at
+    # once): its relay is suspect, so it is not asked to approve its later events until
+    # UNSTARTED_FOR after `unstarted_at` (functions.pipeline.slot_rules.suspect). Its own
+    # documents cannot clear it: a Started it lists may be made up as well.
     unstarted: str | None = None
+    unstarted_at: AwareDatetime | None = None
     # EventId (case-folded) -> the key of this VM's view of it (functions.pipeline.decide),
     # so a document that repeats the same view writes no reporter row again.
     event_views: dict[str, str] = Field(default_factory=dict)
@@ -233,9 +236,9 @@ class CapacityRecord(Record):
     key: str
     holders: list[str] = Field(default_factory=list)
     # Written by older versions (a lapse per holder); whether a holder still holds is now
-    # read from its own row (functions.pipeline.capacity.holds_slot).
+    # read from its own row (functions.pipeline.slot_rules.holds_slot).
     until: dict[str, AwareDatetime] = Field(default_factory=dict)
-    # EventId -> when it took its slot (functions.pipeline.capacity.TAKE_GRACE).
+    # EventId -> when it took its slot (functions.pipeline.slot_rules.TAKE_GRACE).
     taken: dict[str, AwareDatetime] = Field(default_factory=dict)
     # EventId -> its NotBefore, for events waiting for a slot here: admitted earliest
     # NotBefore first, and woken when a slot is given back.

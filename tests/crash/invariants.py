@@ -7,9 +7,12 @@ on the run's own rows and effects, as FoundationDB's workloads check theirs:
    acknowledge that did (200) is announced `approved` exactly once (one MessageId on the
    topic) and audited (an "approved via" audit row);
 3. no slot held by an event that is neither in flight nor started
-   (functions.pipeline.capacity.holds_slot, on the holder's own row);
+   (functions.pipeline.slot_rules.holds_slot, on the holder's own row);
 4. every VM a drain took out of service (a drain hook reached) is put back (its undrain
-   reached) or its event was approved.
+   reached) or its event was approved;
+5. the bridge's own approvals never put more of a budget group out at once than it allows
+   (issue 45: a StartRequests that reached Azure counts from then until its event ended,
+   answered or not).
 
 A comparison with the fault-free run catches a crash that changes the outcome; these catch
 an outcome that is wrong in every run alike.
@@ -25,12 +28,12 @@ from typing import Any
 from azure.data.tables import TableServiceClient
 
 from functions.model.event import Transition
-from functions.pipeline.capacity import holds_slot
+from functions.pipeline.slot_rules import holds_slot
 from functions.store import claims
 from functions.store.records import EventRecord
 from tests.crash.world import World
 
-INVARIANTS = ("claims", "approved", "slots", "undrained")
+INVARIANTS = ("claims", "approved", "slots", "undrained", "budget")
 
 
 def _rows(world: World, table: str) -> list[dict[str, Any]]:
@@ -115,4 +118,32 @@ def check(world: World) -> list[str]:
         rec = records.get(event_id)
         if rec is None or rec.approval != "approved":
             broken.append(f"undrained: {event_id} was drained, neither undrained nor approved")
+    broken += _budget(world, records)
+    return broken
+
+
+def _budget(world: World, records: dict[str, EventRecord]) -> list[str]:
+    """Each event of the scenario's budget group is out from its first StartRequests that
+    reached Azure until its row says it ended; at no such start may more than the limit be
+    out."""
+    group = set(world.config.budget_events)
+    if not group:
+        return []
+    first: dict[str, Any] = {}
+    for request in world.servers.relay.requests:
+        ok = request.get("status") == 200 and request.get("imds_status") == 200
+        if request["path"] == "/v1/start" and ok and request.get("when") is not None:
+            for event_id in request["EventIds"]:
+                if event_id in group:
+                    first.setdefault(event_id, request["when"])
+    limit = world.config.budget_limit
+    broken = []
+    for event_id, began in first.items():
+        out = []
+        for other, since in first.items():
+            ended = records[other].ended_at if other in records else None
+            if since <= began and (ended is None or began < ended):
+                out.append(other)
+        if len(out) > limit:
+            broken.append(f"budget: {event_id} started with {sorted(out)} out (limit {limit})")
     return broken

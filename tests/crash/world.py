@@ -128,6 +128,7 @@ class Servers:
         self.relay.targets.clear()
         self.relay.seen.clear()
         self.relay.script.clear()
+        self.relay.drop = set()
         self.relay.bad_signatures = 0
         self.hook.requests.clear()
         for receiver in self.channels.values():
@@ -180,6 +181,10 @@ class Config:
     # Called with the run's Store once its tables exist (outside the count): rows only
     # the identity sync writes (placements for budgets), as Azure's facts before the run.
     seed: Callable[[Store], None] | None = None
+    # Events of one disruption budget group that allows `budget_limit` out at once: the
+    # `budget` invariant checks the bridge's own approvals never put more out together.
+    budget_events: tuple[str, ...] = ()
+    budget_limit: int = 1
 
 
 class Host:
@@ -257,6 +262,7 @@ class World:
         )
         self.delivering = ""  # the MessageId a channel is delivering right now
         faults.now = self.clock.now
+        servers.relay.clock = self.clock.now  # each /v1/start stamped with this run's time
         with faults.paused():
             if config.reset is not None:
                 config.reset(servers)

@@ -68,6 +68,12 @@ class Relay:
         self.keys: list[identity_harness.CallbackKey] = []
         self.own = True
         self.targets: list[str] = []  # the VM names requests were signed for
+        # EventIds whose /v1/start is carried out (IMDS took StartRequests: recorded with
+        # 200/200) but whose answer never comes: the connection closes unanswered, as a
+        # relay's answer lost or too slow for the app's deadline (issue 45).
+        self.drop: set[str] = set()
+        # The app's clock, when a test gives it: each request is stamped with it ("when").
+        self.clock: Callable[[], datetime] | None = None
         self._lock = threading.Lock()
         relay = self
 
@@ -104,9 +110,16 @@ class Relay:
                             "status": status,
                             "imds_status": answer.get("imds_status"),
                             "at": time.monotonic(),  # when it arrived (the bench's wave)
+                            "when": relay.clock() if relay.clock else None,
                         }
                     )
                     relay.targets.append(identity_harness.NAMES.get(given_target(self), "?"))
+                    dropped = bool(relay.drop & set(ids))
+                    if dropped:
+                        relay.requests[-1].update(status=200, imds_status=200, dropped=True)
+                if dropped:
+                    self.close_connection = True
+                    return  # no answer at all: the client sees the connection close
                 if status == 200 and "results" not in answer:
                     answer = {**answer, "results": dict.fromkeys(ids, "approved")}
                 self._answer(status, answer)

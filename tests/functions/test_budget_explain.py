@@ -71,14 +71,32 @@ def test_offline_the_flags_are_the_vms_facts(env, tmp_path, capsys):
     flags = ("--tag", "service=checkout", "--zone", "1", "--scale-set", "checkout-a")
     code, line, err = explain(tmp_path, capsys, document(), *flags)
     assert code == 0, err
+    # Budgets cover the VM: they replace max_concurrent_per_set for it (issue 45), and say so.
     assert [(b["budget"], b["group"], b["limit"]) for b in line["budgets"]] == [
         ("checkout-web", "tag:service=checkout", 1),
         ("per-zone", "tag:service=checkout|zone=1", 1),
-        ("per-set", "set=ss:checkout-a", 1),
     ]
     assert all(b["state"].startswith("unknown (") for b in line["budgets"])
     assert line["budgets"][1]["limit_note"].startswith("the group's size is not known")
     assert line["budgets_not_covering"] == []
+    assert line["budgets_note"].startswith("max_concurrent_per_set (1) does not apply")
+
+
+def test_a_budget_allowing_more_than_the_per_set_guard_is_warned_about(env, tmp_path, capsys):
+    """Issue 45: a 20 % budget was silently cut to one VM per set. `policy check` (and so
+    `settings check`, from the same load) and `policy explain` say what applies."""
+    twenty = [{"name": "batch", "group_by": "tag:tier", "max_unavailable": "20%"}]
+    env.setenv("POLICY__BUDGETS", json.dumps(twenty))
+    assert main(["policy", "check"]) == 0
+    err = capsys.readouterr().err
+    assert "budget 'batch' (max_unavailable 20%) replaces max_concurrent_per_set (1)" in err
+    flags = ("--tag", "tier=batch", "--scale-set", "batch-a")
+    code, line, _ = explain(tmp_path, capsys, document(vm="batch-a_0"), *flags)
+    assert code == 0 and [b["budget"] for b in line["budgets"]] == ["batch"]
+    assert "does not apply" in line["budgets_note"]
+    # A VM no budget covers keeps the per-set guard.
+    code, line, _ = explain(tmp_path, capsys, document(vm="web_0"), "--scale-set", "web")
+    assert [b["budget"] for b in line["budgets"]] == ["per-set"]
 
 
 def test_a_budget_that_leaves_the_vm_out_says_why(env, tmp_path, capsys):
@@ -161,7 +179,7 @@ def test_with_storage_the_synced_facts_and_the_slots_state(env, tmp_path, capsys
     assert by_budget["checkout-web"]["waiting"] == 1
     assert by_budget["per-zone"]["size"] == 6 and by_budget["per-zone"]["limit"] == 3
     assert by_budget["per-zone"]["state"] == "free: 0 of 3 out"
-    assert by_budget["per-set"]["group"] == "set=ss:checkout-a"
+    assert "per-set" not in by_budget  # the budgets replace it for this VM
     # A VM the sync has not placed: said, not guessed.
     code, line, err = explain(tmp_path, capsys, document(vm="new-vm"))
     assert "Azure's facts about new-vm are not known here" in line["budgets_not_evaluated"]

@@ -208,7 +208,10 @@ def test_no_budgets_setting_means_only_the_default_one():
 def test_group_keys_from_azures_facts():
     web = vm()
     assert group_key(budget(group_by="tag:service"), web) == "tag:service=checkout"
-    assert group_key(budget(group_by=["tag:SERVICE", "zone"]), web) == "tag:service=checkout|zone=1"
+    assert (
+        group_key(budget(group_by=["tag:SERVICE", "zone"]), web)
+        == "tag:service=checkout|zone=1@11111111"
+    )
     assert group_key(budget(group_by="set"), web) == "set=ss:web"
     assert group_key(budget(group_by="set"), vm(scale_set=None, availability_set="DB")) == (
         "set=as:db"
@@ -221,7 +224,7 @@ def test_tag_values_are_case_sensitive_and_escaped():
     holding the key's separators cannot pose as another group."""
     assert group_key(budget(), vm(tags={"service": "Checkout"})) == "tag:service=Checkout"
     tricky = group_key(budget(group_by=["tag:service", "zone"]), vm(tags={"service": "a|zone=1"}))
-    assert tricky == "tag:service=a%7Czone%3D1|zone=1"
+    assert tricky == "tag:service=a%7Czone%3D1|zone=1@11111111"
 
 
 @pytest.mark.parametrize(
@@ -252,10 +255,10 @@ def test_the_slots_a_disruptive_approval_needs():
         ],
         max_concurrent_per_set=2,
     )
-    sizes = {("web-tier", "tag:tier=web|zone=1"): 40}
+    sizes = {("web-tier", "tag:tier=web|zone=1@11111111"): 40}
     assert slots_for(budgets, event(), vm(), sizes) == [
         Slot("checkout-web", "tag:service=checkout", 1),
-        Slot("web-tier", "tag:tier=web|zone=1", 4),
+        Slot("web-tier", "tag:tier=web|zone=1@11111111", 4),
         Slot(DEFAULT_BUDGET, "set=ss:web", 2),
     ]
     # The same from a callable (the store's point read), asked only for percentages.
@@ -266,7 +269,7 @@ def test_the_slots_a_disruptive_approval_needs():
         return sizes.get((name, group))
 
     assert slots_for(budgets, event(), vm(), size) == slots_for(budgets, event(), vm(), sizes)
-    assert asked == [("web-tier", "tag:tier=web|zone=1")]
+    assert asked == [("web-tier", "tag:tier=web|zone=1@11111111")]
 
 
 def test_a_group_not_counted_yet_allows_one():
@@ -308,7 +311,7 @@ def test_a_name_azure_gives_two_vms_counts_in_every_group_of_either():
     two = vm(zone="2", resource_group="b")
     same = vm(zone="1", resource_group="c")
     slots = slots_for([budget(group_by="zone")], event(), [one, two, same])
-    assert slots == [Slot("b", "zone=1", 1), Slot("b", "zone=2", 1)]
+    assert slots == [Slot("b", "zone=1@11111111", 1), Slot("b", "zone=2@11111111", 1)]
 
 
 def test_the_waiting_text_cards_show():
@@ -319,3 +322,23 @@ def test_the_waiting_text_cards_show():
         "waiting for budget t (8 of 8: vm-0, vm-1, vm-2, vm-3, vm-4 and 3 more)"
     )
     assert waiting_text(slot, []) == "waiting for budget checkout-web (0 of 1)"
+
+
+def test_zone_one_of_another_subscription_or_region_is_another_group():
+    """Issue 46: a zone number is logical: "1" in another subscription maps to another
+    physical zone, and in another region it is another place altogether (Learn,
+    availability-zones-overview @ e3bf58aa). Budgets key zones by all three."""
+    per_zone = Budget(name="z", group_by="zone", max_unavailable=1)
+    here = Placement(name="a", subscription="8d65815f-aaaa", region="eastus", zone="1")
+    keys = {
+        group_key(per_zone, here),
+        group_key(per_zone, here.model_copy(update={"subscription": "11111111-bbbb"})),
+        group_key(per_zone, here.model_copy(update={"region": "westeurope"})),
+    }
+    assert keys == {
+        "zone=eastus-1@8d65815f",
+        "zone=eastus-1@11111111",
+        "zone=westeurope-1@8d65815f",
+    }
+    same = here.model_copy(update={"name": "b", "region": "EastUS"})
+    assert group_key(per_zone, same) == group_key(per_zone, here)  # one place, one group

@@ -86,6 +86,7 @@ def test_a_standalone_vm_resolves_to_its_facts_and_own_address(resolver, server)
         availability_set=None,
         address="127.0.0.2",
         fetched_at=NOW,
+        location="eastus",  # the VM's region: with the subscription, what a zone means
     )
     assert resolver.credential.scopes == [f"{server.arm_url}/.default"]
 

@@ -102,10 +102,10 @@ def run(
 EXPECTED = {
     "checkout-web": {"tag:service=checkout": 8},
     "per-zone": {
-        "tag:service=checkout|zone=1": 5,
-        "tag:service=checkout|zone=2": 2,
-        "tag:service=checkout|zone=3": 1,
-        "tag:service=search|zone=1": 2,
+        "tag:service=checkout|zone=eastus-1@00000000": 5,
+        "tag:service=checkout|zone=eastus-2@00000000": 2,
+        "tag:service=checkout|zone=eastus-3@00000000": 1,
+        "tag:service=search|zone=eastus-1@00000000": 2,
     },
 }
 
@@ -129,6 +129,7 @@ def test_a_pass_places_every_vm_by_name_and_sizes_each_group(server, store):
         subscription=instance.SUBSCRIPTION_ID,
         resource_group=instance.RESOURCE_GROUP.lower(),
         zone="1",
+        region="eastus",
         scale_set="checkout-a",
         availability_set=None,
         tags={"service": "checkout", "tier": "web"},
@@ -137,8 +138,8 @@ def test_a_pass_places_every_vm_by_name_and_sizes_each_group(server, store):
     (legacy,) = placements.for_name("legacy")
     assert legacy.zone is None and legacy.tags == {}
     assert placements.for_name("nobody") == []
-    assert placements.size("per-zone", "tag:service=checkout|zone=1") == 5
-    assert placements.size("per-zone", "tag:service=checkout|zone=9") is None
+    assert placements.size("per-zone", "tag:service=checkout|zone=eastus-1@00000000") == 5
+    assert placements.size("per-zone", "tag:service=checkout|zone=eastus-9@00000000") is None
     # The interface the decider calls: a Reboot of checkout-a_1 needs these slots.
     reboot = ScheduledEvent(
         EventId="E",
@@ -149,7 +150,7 @@ def test_a_pass_places_every_vm_by_name_and_sizes_each_group(server, store):
     )
     assert [tuple(s) for s in slots_for((CHECKOUT, PER_ZONE), reboot, placed, placements.size)] == [
         ("checkout-web", "tag:service=checkout", 1),
-        ("per-zone", "tag:service=checkout|zone=1", 2),
+        ("per-zone", "tag:service=checkout|zone=eastus-1@00000000", 2),
     ]
 
 
@@ -200,7 +201,11 @@ def test_a_change_of_groups_mid_pass_starts_the_pass_again(server, store):
     while report is None or not report.finished_pass:
         clock.now += 300
         report = run(server, store, budgets=(only,), at=later, page_rows=2, seconds=6, clock=clock)
-    assert Placements(store.table).sizes("per-zone") == {"zone=1": 7, "zone=2": 2, "zone=3": 1}
+    assert Placements(store.table).sizes("per-zone") == {
+        "zone=eastus-1@00000000": 7,
+        "zone=eastus-2@00000000": 2,
+        "zone=eastus-3@00000000": 1,
+    }
     assert Placements(store.table).sizes("checkout-web") == {}  # a budget gone: its sizes too
 
 
@@ -226,9 +231,9 @@ def test_what_azure_no_longer_lists_leaves_at_the_next_pass(server, store):
     assert placements.for_name("checkout-1") == []
     assert placements.for_name("checkout-2")[0].zone == "2"
     assert placements.sizes("per-zone") == {
-        "tag:service=checkout|zone=1": 4,
-        "tag:service=checkout|zone=2": 3,
-        "tag:service=search|zone=1": 2,
+        "tag:service=checkout|zone=eastus-1@00000000": 4,
+        "tag:service=checkout|zone=eastus-2@00000000": 3,
+        "tag:service=search|zone=eastus-1@00000000": 2,
     }
     # Budgets removed: the next pass deletes their rows.
     gone = run(server, store, budgets=(), at=later + timedelta(hours=3))

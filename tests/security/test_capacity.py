@@ -16,7 +16,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from functions.pipeline import capacity
+from functions.pipeline import slot_rules
 from functions.pipeline.watchdog import run_watchdog
 from tests.security.conftest import Fleet
 from tests.security.test_one_vm import Listener, _replace_callback, own_document
@@ -53,7 +53,7 @@ def test_a_made_up_event_listed_for_ever_does_not_keep_the_victims_slot(
 ):
     # An approved event holds its slot only until Azure would have started it (issue 37:
     # never by a lapse the VM's NotBefore sets).
-    monkeypatch.setattr(capacity, "APPROVED_START_GRACE", timedelta(minutes=2))
+    monkeypatch.setattr(slot_rules, "APPROVED_START_GRACE", timedelta(minutes=2))
     fake_ok = json.dumps({"results": {"MADE-UP-REDEPLOY": "approved"}, "imds_status": 200})
     liar = _replace_callback(fleet, "attacker", lambda: Listener(200, fake_ok.encode()))
     try:
