@@ -17,9 +17,11 @@
   from these, the per-operation counts the cost
   model reads (functions/cost/counts.json, rewritten by a full run) and the model's cost
   per VM-month at 10,000 VMs and capacity ceiling;
-- enrolment (tests/bench/enrol_bench.py): 100,000 VMs through the bulk identity sync, its
-  requests counted and its time in Azure derived from them, on an Azurite of its own; and
-  again with disruption budgets (placements and group sizes written too);
+- enrolment (tests/bench/enrol_bench.py): 100,000 VMs through the bulk identity sync with
+  disruption budgets (placements and group sizes written), on an Azurite of its own, its
+  requests counted and its time in Azure derived from them, with and without the budgets'
+  writes, the assumed Resource Graph latency apart from the counted writes;
+- calibration: a fixed Python loop and Azurite's request rate, first, beside the figures;
 - the chaos suite (tests/chaos, issue 40): the demo's whole stack under injected faults,
   each run compared with the fault-free run of its plan, in processes of its own beside
   every other phase but ingest (it mostly waits: its plans play at 20x real time);

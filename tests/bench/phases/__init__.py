@@ -7,6 +7,7 @@ from __future__ import annotations
 from tests.bench.phases import (
     approve_e2e,
     budget,
+    calibration,
     chaos,
     crash,
     enrol,
@@ -21,7 +22,8 @@ from tests.bench.phases import (
 from tests.bench.runner import Phase
 
 PHASES: list[Phase] = [
-    ingest.PHASE,  # first, with the machine to itself (issue 11)
+    calibration.PHASE,  # first, alone: this machine's speed beside the figures (issue 47)
+    ingest.PHASE,  # then, still with the machine to itself (issue 11)
     chaos.PHASE,  # background: beside every phase after ingest (issue 40)
     relay.PHASE,  # background: 150 s of 1 s polls
     approve_e2e.PHASE,  # beside the crash points
@@ -29,8 +31,7 @@ PHASES: list[Phase] = [
     fanout.PHASE,
     fleet.PHASE,
     row_writes.PHASE,
-    enrol.ENROL,  # beside the budgets' pass
-    enrol.ENROL_BUDGETS,
+    enrol.PHASE,  # one pass, both enrolment figures
     hostile.PHASE,
     wave.PHASE,  # issue 37
     budget.PHASE,  # issue 39
