@@ -24,7 +24,13 @@ from functions.model.envelope import (
     parse_document,
     parse_envelope,
 )
-from functions.model.policy import decide, effective_policy_json, load_policy
+from functions.model.policy import (
+    NO_DRAIN_KIND,
+    NO_DRAIN_TEXT,
+    decide,
+    effective_policy_json,
+    load_policy,
+)
 from functions.pipeline.sources.eventgrid import parse_message
 
 
@@ -50,7 +56,21 @@ def main(argv: list[str] | None = None) -> int:
         help="an IMDS document, a relay envelope, or an Event Grid event or array of them "
         "(Event Grid schema or CloudEvents 1.0); JSON; - for stdin",
     )
+    explain.add_argument(
+        "--file",
+        dest="settings_file",
+        metavar="FILE",
+        help="the policy (and DRAIN__* settings) of a parameter file (infra/main.bicepparam) "
+        "or of app settings, instead of this shell's",
+    )
     explain.add_argument("--now", help="ISO time to decide at (default: now), for windows")
+    explain.add_argument(
+        "--drain",
+        choices=("hook", "http", "readiness", "none"),
+        help="the drain the VM really has (default: what the DRAIN__* settings give every "
+        "VM); none: no working drain, so Platform events are held to NotBefore and User "
+        "events approved at once",
+    )
     explain.add_argument(
         "--scale-set",
         action="append",
@@ -91,10 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.policy_command == "backtest":
         return backtest_cli.run(args)
 
-    if args.policy_command == "check":
-        code = _policy_source(args.file)
-        if code:
-            return code
+    if args.policy_command in ("check", "explain"):
+        source = args.file if args.policy_command == "check" else args.settings_file
+        if args.policy_command == "check" or source:
+            code = _policy_source(source)
+            if code:
+                return code
     load = load_policy()
     if load.policy is None:
         print(f"policy invalid: {load.error}", file=sys.stderr)
@@ -127,9 +149,30 @@ def _policy_source(file: str | None) -> int:
 
 def _warn_not_enforcing() -> None:
     """The policy decides only for VMs the bridge trusts: say so when it trusts on claims."""
+    from pydantic import ValidationError
+
+    from functions.setting_names import error_message
     from functions.settings import Settings
 
-    mode = Settings().attestation_mode
+    try:
+        mode = Settings().attestation_mode
+    except ValidationError as exc:
+        # The policy is fine; another setting is not (a short APP_SECRET): one line each,
+        # never the traceback (issue 45). `settings check` says everything.
+        for error in exc.errors(include_url=False):
+            name = str(error["loc"][0]).upper() if error["loc"] else "settings"
+            ctx = error.get("ctx") or {}
+            what = (
+                f"{ctx['actual_length']} characters; at least {ctx['min_length']} needed"
+                if error["type"] == "too_short" and "min_length" in ctx
+                else error_message(error)
+            )
+            print(
+                f"warning: {name}: {what}: the app would not start with this "
+                "environment (`settings check` lists every setting)",
+                file=sys.stderr,
+            )
+        return
     if mode != "enforce":
         print(
             f"warning: ATTESTATION_MODE={mode}: the bridge is NOT ENFORCING attestation; a "
@@ -195,7 +238,16 @@ def _explain(
     for event in events:
         vms = (vm,) if vm else tuple(event.resources)
         lines = budgets.lines(event, vms)
-        _print_decision(load, event, now, scale_sets, scale_set_known=known, budgets=lines)
+        _print_decision(
+            load,
+            event,
+            now,
+            scale_sets,
+            scale_set_known=known,
+            budgets=lines,
+            args=args,
+            facts=budgets.facts,
+        )
     return 0
 
 
@@ -207,6 +259,7 @@ class _BudgetFacts:
         from functions import budget_explain
 
         self.policy = load.policy
+        self.args = args
         self.facts = budget_explain.Facts(args or argparse.Namespace(), scale_sets)
         wanted = self.policy is not None and (self.policy.budgets or self.facts.flags)
         self.wanted = bool(wanted)
@@ -339,7 +392,16 @@ def _explain_event_grid(load, file: str, data: object, now: datetime, budgets=No
         owner = grid.owner
         sets = (owner.name,) if owner.resource_type == "virtualMachineScaleSets" else ()
         lines = budgets.lines(grid.event, tuple(grid.event.resources)) if budgets else {}
-        _print_decision(load, grid.event, now, sets, scale_set_known=True, budgets=lines)
+        _print_decision(
+            load,
+            grid.event,
+            now,
+            sets,
+            scale_set_known=True,
+            budgets=lines,
+            args=getattr(budgets, "args", None),
+            facts=getattr(budgets, "facts", None),
+        )
     return 2 if rejected else 0
 
 
@@ -350,11 +412,15 @@ def _print_decision(
     scale_sets: tuple[str, ...],
     scale_set_known: bool = False,
     budgets: dict | None = None,
+    args: argparse.Namespace | None = None,
+    facts=None,
 ) -> None:
     """One JSON line: the decision, what a `drain` will really do with the DRAIN__*
     settings in this environment, and the rules that could not be evaluated (a
     `scale_sets` rule against a document that does not say the VM's set)."""
-    decision = decide(load, event, now, scale_sets)
+    drain, drain_why = _vm_drain(args)
+    tags = facts.tags if facts is not None and facts.tags else None
+    decision = decide(load, event, now, scale_sets, tags=tags, drain=drain)
     line = {
         "EventId": event.event_id,
         "EventType": event.event_type,
@@ -369,13 +435,18 @@ def _print_decision(
     if decision.action == "drain":
         line["drain"] = _drain_plan()
     unknown = _unevaluated(load, decision.rule, scale_sets, scale_set_known)
+    if tags is None:
+        unknown += _untagged(load, decision.rule)
     if unknown:
         line["not_evaluated"] = unknown
         print(
-            f"warning: {event.event_id}: {'; '.join(unknown)}: the document does not name the "
-            "VM's scale set; pass --scale-set NAME (a VM in no scale set: --scale-set '')",
+            f"warning: {event.event_id}: {'; '.join(unknown)}: the document does not say the "
+            "VM's scale set or tags; pass --scale-set NAME (a VM in no scale set: --scale-set "
+            "''), --tag NAME=VALUE",
             file=sys.stderr,
         )
+    if drain == NO_DRAIN_KIND and NO_DRAIN_TEXT in decision.reason:
+        line["drain"] = f"{NO_DRAIN_TEXT}: {drain_why}"
     line.update(budgets or {})
     if budgets and "budgets_not_evaluated" in budgets:
         print(f"warning: {event.event_id}: {budgets['budgets_not_evaluated']}", file=sys.stderr)
@@ -394,6 +465,41 @@ def _drain_plan() -> str:
     except ValidationError as exc:
         return f"DRAIN__* invalid ({exc.error_count()} error(s)): see `settings check`"
     return drain_summary(drain)
+
+
+def _vm_drain(args: argparse.Namespace | None) -> tuple[str | None, str]:
+    """The drain the VM has: --drain, else "none" where the DRAIN__* settings give no VM
+    a drain step (no HTTP drain, no relay hook, the readiness drain off), else unknown
+    (None: the drain workflow finds out, VM by VM)."""
+    given = getattr(args, "drain", None)
+    if given:
+        return given, "--drain none"
+    from pydantic import ValidationError
+
+    from functions.terminate.plan import relay_drain
+    from functions.terminate.settings import DrainSettings
+
+    try:
+        settings = DrainSettings()
+    except ValidationError:
+        return None, ""
+    if settings.http_url or relay_drain(settings) is not None:
+        return None, ""
+    return NO_DRAIN_KIND, "DRAIN__HTTP_URL and DRAIN__RELAY_HOOK unset, DRAIN__READINESS=false"
+
+
+def _untagged(load, decided_by: str) -> list[str]:
+    """Rules tried before the deciding one (and it) with a `tags` criterion, when the VM's
+    tags were not given (--tag): they could not match."""
+    if load.policy is None:
+        return []
+    names = []
+    for rule in load.policy.rules:
+        if rule.match.tags is not None:
+            names.append(f"rule {rule.name!r} (tags) not evaluated")
+        if rule.name == decided_by:
+            break
+    return names
 
 
 def _unevaluated(load, decided_by: str, scale_sets: tuple[str, ...], known: bool) -> list[str]:

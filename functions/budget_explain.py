@@ -65,6 +65,7 @@ class Facts:
         self.scale_sets = scale_sets
         self._storage: Any = None
         self._storage_error: str | None = None
+        quiet_azure_identity()
 
     def storage(self) -> Any:
         """(BudgetSlots, Placements) over StateStorage, or None (and why, in `why_not`)."""
@@ -76,7 +77,7 @@ class Facts:
             except SettingsInvalid:
                 self._storage_error = "no StateStorage"
             except Exception as exc:  # any reason: explain goes on without the state
-                self._storage_error = f"state storage: {type(exc).__name__}: {str(exc)[:200]}"
+                self._storage_error = why_unreadable(exc)
         return self._storage
 
     @property
@@ -99,7 +100,46 @@ class Facts:
         storage = self.storage()
         if storage is None:
             return None
-        return storage[1].for_name(name) or None
+        try:
+            return storage[1].for_name(name) or None
+        except Exception as exc:  # any reason: explain goes on without the state
+            self.unreachable(exc)
+            return None
+
+    def unreachable(self, exc: BaseException) -> None:
+        """The storage could not be read: remember why, in one line, and read no more."""
+        self._storage = None
+        self._storage_error = why_unreadable(exc)
+
+
+NO_SIGN_IN = "no Azure sign-in: run `az login`, or pass `--tag`/`--zone`"
+
+
+def why_unreadable(exc: BaseException) -> str:
+    """Why the state storage could not be read, in one line. No Azure credential is the
+    usual reason in an operator's shell (DefaultAzureCredential then raises, and would
+    print every credential it tried): said as what to do."""
+    from azure.core.exceptions import ClientAuthenticationError
+
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    names = {type(e).__name__ for e in chain}
+    if any(isinstance(e, ClientAuthenticationError) for e in chain) or (
+        "CredentialUnavailableError" in names
+    ):
+        return NO_SIGN_IN
+    first = (str(exc).splitlines() or [""])[0][:160]
+    return f"state storage unreachable: {type(exc).__name__}: {first}"
+
+
+def quiet_azure_identity() -> None:
+    """azure-identity logs each credential it tried (a page of text) before it raises:
+    the one line above says what matters."""
+    for name in ("azure.identity", "azure.core.pipeline.policies.http_logging_policy"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _open_storage() -> tuple[Any, Any]:
@@ -174,11 +214,15 @@ def _state(budget: Budget, group: str, vm: str, facts: Facts) -> dict[str, Any]:
         line["state"] = f"unknown ({facts.why_not})"
         return line
     slots, placements = storage
-    size = placements.size(budget.name, group) if budget.percent is not None else None
+    try:
+        size = placements.size(budget.name, group) if budget.percent is not None else None
+        row = slots.get_budget_slot(budget.name, group)
+    except Exception as exc:  # any reason: explain goes on without the state
+        facts.unreachable(exc)
+        return _state(budget, group, vm, facts)
     line["limit"] = budget.limit(size)
     if budget.percent is not None:
         line["size"] = size
-    row = slots.get_budget_slot(budget.name, group)
     holders = [h.vm for h in row.holders] if row else []
     out = f"{len(holders)} of {line['limit']} out"
     named = f" ({', '.join(holders[:10])})" if holders else ""

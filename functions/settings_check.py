@@ -244,8 +244,9 @@ def _app_findings(settings: Settings, for_azure: bool) -> list[Finding]:
 def _drain_findings(
     policy: PolicyLoad, environ: Mapping[str, str], configured: bool | None
 ) -> list[Finding]:
-    """A `drain` rule with nothing configured to drain: the workflow holds those events
-    until NotBefore (nothing drained, nothing approved early). The readiness probe drains
+    """A `drain` rule with nothing configured to drain: no VM has a working drain, so the
+    policy's no-drain rule applies (functions.model.policy.no_drain): Platform events held
+    until NotBefore, User events approved at once, undrained. The readiness probe drains
     them by default (DRAIN__READINESS), so this is only when that is turned off too."""
     if policy.policy is None:
         return []
@@ -267,8 +268,8 @@ def _drain_findings(
             "POLICY__RULES",
             f"rule(s) {', '.join(repr(n) for n in drains)} drain, but neither DRAIN__HTTP_URL "
             "nor DRAIN__RELAY_HOOK is set and DRAIN__READINESS is false: those events have no "
-            "drain: a Platform event is held until NotBefore, a User event approved at once "
-            "(set one to drain them and approve early)",
+            "drain: a Platform event or a scale-in is held until NotBefore, a User Reboot or "
+            "Redeploy approved at once (set one to drain them and approve early)",
         )
     ]
 

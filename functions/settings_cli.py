@@ -142,7 +142,7 @@ def _load_parameter_file(path: str) -> LoadedFile:
 
 def policy_source(loaded: LoadedFile | None = None) -> str:
     """Where the policy in this environment comes from: each POLICY__* setting and its
-    source, and whether the rules are Microsoft's reference policy."""
+    source, and whether the rules are the default policy (drain, then approve)."""
     origin = loaded.origin if loaded else {}
     names = sorted(n for n in os.environ if n.upper().startswith(POLICY_FAMILY))
     given = [f"{n} from {origin.get(n, 'an environment variable')}" for n in names]
@@ -155,7 +155,7 @@ def policy_source(loaded: LoadedFile | None = None) -> str:
                 f"no POLICY__RULES in {where}this environment; a shell variable set "
                 "without `export` is not in it"
             )
-        given.insert(0, f"the rules are Microsoft's reference policy ({why})")
+        given.insert(0, f"the rules are the default policy, drain then approve ({why})")
     return "policy from: " + "; ".join(given)
 
 

@@ -34,9 +34,11 @@ param webhookSecret = readEnvironmentVariable('WEBHOOK_SECRET', '')
 param appSecretPrevious = readEnvironmentVariable('APP_SECRET_PREVIOUS', '')
 param webhookSecretPrevious = readEnvironmentVariable('WEBHOOK_SECRET_PREVIOUS', '')
 
-// Policy: Microsoft's reference policy (empty rules), no dry run, no maintenance windows,
-// at most one impactful event approved at a time per scale set / availability set, and no
-// disruption budgets beyond that one (docs/policy.md, "Disruption budgets").
+// Policy: the default (empty rules): drain, then approve, every disruptive event, Platform
+// or User; a short Freeze approved at once; a VM with no working drain gets Microsoft's
+// sample (Platform events held to NotBefore, User events approved at once). No dry run, no
+// maintenance windows, at most one impactful event approved at a time per scale set /
+// availability set, and no disruption budgets beyond that one (docs/policy.md).
 param policyRules = []
 param policyDryRun = false
 param policyWindows = []
@@ -44,8 +46,9 @@ param policyTimezone = 'UTC'
 param policyMaxConcurrentPerSet = 1
 param policyBudgets = []
 
-// Terminate workflow: if a drain step fails, hold and let NotBefore arrive. Without a drain
-// step (SEBRIDGE_DRAIN_HTTP_URL or SEBRIDGE_DRAIN_RELAY_HOOK) a drain decision holds until NotBefore undrained.
+// Drain workflow: if a drain step fails, hold and let NotBefore arrive. Without a drain step
+// of yours (SEBRIDGE_DRAIN_HTTP_URL or SEBRIDGE_DRAIN_RELAY_HOOK) each VM's readiness probe
+// turns 503 (its load balancer takes it out), then 30 s, then approve.
 param drainOnFailure = 'hold'
 param drainHttpUrl = readEnvironmentVariable('SEBRIDGE_DRAIN_HTTP_URL', '')
 param drainRelayHook = readEnvironmentVariable('SEBRIDGE_DRAIN_RELAY_HOOK', '')

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from functions.model.budgets import Budget
-from functions.model.policy import Match, Policy, Rule, default_rules
+from functions.model.policy import Match, Policy, Rule, sample_rules
 
 
 class VmSpec(BaseModel):
@@ -100,7 +100,7 @@ DEMO_BUDGETS: tuple[Budget, ...] = (
 
 def demo_policy() -> Policy:
     """The policy the demo runs with when no POLICY__* setting is given."""
-    return Policy(rules=(*DEMO_RULES, *default_rules()), budgets=DEMO_BUDGETS)
+    return Policy(rules=(*DEMO_RULES, *sample_rules()), budgets=DEMO_BUDGETS)
 
 
 PLAN: tuple[Step, ...] = (

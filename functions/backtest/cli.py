@@ -45,6 +45,7 @@ from functions.backtest.history import (
 from functions.backtest.render import dumps, render_text
 from functions.backtest.replay import Backtest, replay
 from functions.backtest.table import from_store
+from functions.bicepparam import ParameterFileError, is_parameter_file, read_parameter_file
 from functions.model.budgets import effective_budgets, lint_budgets
 from functions.model.policy import (
     POLICY_FAMILY,
@@ -74,6 +75,12 @@ def add_parser(policy_commands: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help='the candidate: JSON as `policy check` prints it ({"rules": [...], ...}), a '
         "list of rules, or app settings holding POLICY__* (default: the POLICY__* settings)",
+    )
+    backtest.add_argument(
+        "--file",
+        metavar="FILE",
+        help="the candidate of a parameter file (infra/main.bicepparam: its policy "
+        "parameters, as a deployment writes them); the same as --policy FILE",
     )
     backtest.add_argument(
         "--since", default="30d", help="how far back: 30d (default), 12h, 90m or an ISO date"
@@ -113,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
         since = parse_since(args.since, now)
         if args.settings:
             _load_settings_file(args.settings)
-        load, policy_source = candidate(args.policy)
+        if args.file and args.policy and args.file != args.policy:
+            raise CandidateError("give the candidate once: --file or --policy")
+        load, policy_source = candidate(args.policy or args.file)
         pasts, skipped, source = _history(args, since)
         assert load.policy is not None
         result = replay(
@@ -266,7 +275,9 @@ def candidate(path: str | None) -> tuple[PolicyLoad, str]:
         if load.policy is None:
             raise CandidateError(f"the POLICY__* settings are invalid: {load.error}")
         named = any(k.upper().startswith(POLICY_FAMILY) for k in os.environ)
-        return load, "the POLICY__* settings" if named else "the reference policy (no POLICY__*)"
+        return load, "the POLICY__* settings" if named else "the default policy (no POLICY__*)"
+    if is_parameter_file(path):
+        return _from_parameter_file(path), f"the policy parameters of {path}"
     data = read_json(path, "a policy")
     if _is_settings(data):
         return _from_settings(path), f"the POLICY__* settings in {path}"
@@ -311,6 +322,21 @@ def _from_settings(path: str) -> PolicyLoad:
         load = load_policy()
     if load.policy is None:
         raise CandidateError(f"{path}: the POLICY__* settings are invalid: {load.error}")
+    return load
+
+
+def _from_parameter_file(path: str) -> PolicyLoad:
+    """The POLICY__* settings a deployment from this parameter file writes (its
+    `policy*` parameters, functions.bicepparam), checked as the app checks them."""
+    try:
+        parsed = read_parameter_file(path)
+    except ParameterFileError as exc:
+        raise CandidateError(str(exc)) from None
+    values = {k: v for k, v in parsed.settings.items() if k.upper().startswith(POLICY_FAMILY)}
+    with _policy_environment(values):
+        load = load_policy()
+    if load.policy is None:
+        raise CandidateError(f"{path}: the policy parameters are invalid: {load.error}")
     return load
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, time, timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 from functions.model.budgets import Budget, lint_budgets, per_set_notes
+from functions.model.drains import NO_DRAIN, DrainKind
 from functions.model.envelope import (
     FREEZE,
     PREEMPT,
@@ -56,6 +57,10 @@ __all__ = [
     "is_impactful",
 ]
 
+# The drain kind of a VM with no working drain (functions.model.drains.drain_for); what
+# the policy says of it is drains.NO_DRAIN (the card, `policy explain` and the pages).
+NO_DRAIN_KIND: DrainKind = "none"
+NO_DRAIN_TEXT = NO_DRAIN
 ALL_CHANNELS: tuple[str, ...] = ("teams", "pagerduty", "webhook", "slack")
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 WEEKDAYS: tuple[str, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -80,18 +85,6 @@ class Rule(BaseModel):
         unknown = sorted(set(value) - set(ALL_CHANNELS))
         if unknown:
             raise ValueError(f"unknown channel(s) {unknown}; known: {list(ALL_CHANNELS)}")
-        return value
-
-    @field_validator("match")
-    @classmethod
-    def _no_tags(cls, value: Match) -> Match:
-        # A rule decides on the event and its scale sets; the decision is made before any
-        # tag is known to it, so a `tags` criterion could only ever fail to match, and a
-        # later, less careful rule would decide instead. Budgets match tags.
-        if value.tags is not None:
-            raise ValueError(
-                "match.tags is for budgets (POLICY__BUDGETS): a rule cannot match tags"
-            )
         return value
 
 
@@ -143,7 +136,36 @@ def _minutes(text: str) -> int:
 
 
 def default_rules() -> tuple[Rule, ...]:
-    """Microsoft's reference policy (the seed's sample), with Terminate first.
+    """Drain, then approve, every disruptive event (issue 45): a short Freeze is approved
+    at once; a Terminate, and every Reboot, Redeploy, Preempt and Freeze of 9 s or more,
+    Platform or User, is drained, then approved. A held event is started by Azure at
+    NotBefore with no drain, so the VM would go while still serving: `hold` is opt-in.
+
+    A VM with no working drain (`decide`'s `drain="none"`) gets Microsoft's sample: its
+    Platform events are held to NotBefore and its User events approved at once (`no_drain`).
+    """
+    return (
+        Rule(
+            name="short-freeze",
+            match=Match(event_types=(FREEZE,), duration_at_least=0, duration_below=9),
+            action="approve",
+            severity="info",
+            ignore_windows=True,
+        ),
+        Rule(
+            name="terminate-drain",
+            match=Match(event_types=(TERMINATE,)),
+            action="drain",
+            severity="warning",
+        ),
+        Rule(name="drain-then-approve", action="drain", severity="warning"),
+    )
+
+
+def sample_rules() -> tuple[Rule, ...]:
+    """Microsoft's sample policy (the seed's), with Terminate first: opt-in `hold`, the
+    default before issue 45. Platform events are held to NotBefore, User events approved
+    at once, a scale-in Terminate drained. docs/policy.md gives it as POLICY__RULES.
 
     Terminate comes first because a scale-in Terminate has `EventSource: User`: under
     "approve User events" it would be approved at once and the instance deleted undrained.
@@ -273,7 +295,7 @@ class PolicySettings(BaseSettings):
     @field_validator("rules", mode="before")
     @classmethod
     def _empty_is_reference(cls, value: object) -> object:
-        """`POLICY__RULES=[]` is the reference policy, as an empty `policyRules` in the
+        """`POLICY__RULES=[]` is the default policy, as an empty `policyRules` in the
         Bicep is (which leaves the setting out): "no rules of my own", never "no policy"."""
         return default_rules() if value == [] or value == () else value
 
@@ -346,8 +368,8 @@ def load_policy() -> PolicyLoad:
     notes += [f"POLICY__BUDGETS: {w}" for w in clash]
     if _empty_rules_setting():
         notes.append(
-            "POLICY__RULES: an empty list: Microsoft's reference policy applies (as without "
-            "the setting); remove it, or list your rules"
+            "POLICY__RULES: an empty list: the default policy (drain, then approve) applies "
+            "(as without the setting); remove it, or list your rules"
         )
     return PolicyLoad(policy=policy, warnings=tuple(notes))
 
@@ -436,15 +458,23 @@ def decide(
     event: ScheduledEvent,
     now: datetime,
     scale_sets: tuple[str, ...] = (),
+    tags: Mapping[str, str] | None = None,
+    drain: DrainKind | None = None,
 ) -> Decision:
-    """The policy's decision for one event at time `now` (before the capacity guard)."""
+    """The policy's decision for one event at time `now` (before the capacity guard).
+
+    `scale_sets` and `tags` are Azure's facts about the VM (the identity sync's), which
+    rules match as budgets do; unknown tags (None) never match a `tags` criterion.
+    `drain` is the drain the VM really has (functions.model.drains.drain_for's kind; None:
+    not known here, the drain workflow finds out): with "none", a `drain` decision
+    becomes Microsoft's sample (`no_drain`)."""
     if isinstance(load, PolicyLoad):
         if load.policy is None:
             return fail_closed(load.error or "unknown error")
         policy = load.policy
     else:
         policy = load
-    rule = next((r for r in policy.rules if r.match.matches(event, scale_sets)), None)
+    rule = next((r for r in policy.rules if r.match.matches(event, scale_sets, tags)), None)
     if rule is None:
         return Decision(
             action="hold",
@@ -469,6 +499,8 @@ def decide(
                     f"rule {rule.name!r}: approve, but no maintenance window opens before "
                     "NotBefore; it starts at NotBefore"
                 )
+    if action == "drain" and drain == NO_DRAIN_KIND:
+        action, reason = no_drain(rule.name, event)
     page = rule.page if rule.page is not None else _default_page(policy, event, action, now)
     return Decision(
         action=action,
@@ -480,6 +512,19 @@ def decide(
         approve_after=approve_after,
         dry_run=policy.dry_run,
     )
+
+
+def no_drain(rule: str, event: ScheduledEvent) -> tuple[Action, str]:
+    """A `drain` on a VM with no working drain (no hook, no HTTP drain, no load balancer
+    probing its readiness): Microsoft's sample. A Platform event is held to NotBefore
+    (Azure's maintenance waits as long as it may), a User Reboot or Redeploy is approved
+    at once (its owner asked for it). A scale-in Terminate is held too: deleting an
+    undrained instance at once would cut off the in-flight work its notice gives time to
+    finish (issue 33). Each says so: a card reading "no drain on this VM" is the
+    operator's cue to give the VM one."""
+    if _in(event.event_source, (USER,)) and not _in(event.event_type, (TERMINATE,)):
+        return "approve", f"rule {rule!r}: {NO_DRAIN_TEXT}: approved at once (a User event)"
+    return "hold", f"rule {rule!r}: {NO_DRAIN_TEXT}: held until NotBefore"
 
 
 def _default_page(policy: Policy, event: ScheduledEvent, action: str, now: datetime) -> bool:

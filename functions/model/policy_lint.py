@@ -17,7 +17,7 @@ What is reported (a warning; `settings check --strict` makes it an error):
   shape).
 
 The analysis is exact where the criteria are closed sets (types, sources, statuses) or
-intervals (durations), and conservative on names: two globs are said to overlap or cover
+intervals (durations), and conservative on names and tags: two globs are said to overlap or cover
 only when that is certain, so a warning is never a guess.
 
 It works on any objects with the fields of functions.model.policy's Rule and Match (that
@@ -105,6 +105,42 @@ def _names_overlap(a: Sequence[str] | None, b: Sequence[str] | None) -> bool:
     return any(_glob_covers(p, q) or _glob_covers(q, p) for p in a for q in b)
 
 
+def _tags_cover(a: Any, b: Any) -> bool:
+    """Certain that every VM `b`'s tags criterion matches also matches `a`'s: each tag
+    `a` asks for, `b` asks for too, with values all covered by `a`'s globs (values are
+    case-sensitive, so compared as written)."""
+    wanted_a, wanted_b = getattr(a, "tags", None), getattr(b, "tags", None)
+    if wanted_a is None:
+        return True
+    if wanted_b is None:
+        return False
+    folded_b = {k.casefold(): v for k, v in wanted_b.items()}
+    for name, globs in wanted_a.items():
+        theirs = folded_b.get(name.casefold())
+        if theirs is None or not all(any(_value_covers(p, q) for p in globs) for q in theirs):
+            return False
+    return True
+
+
+def _value_covers(pattern: str, value: str) -> bool:
+    if pattern == value or pattern == "*":
+        return True
+    return not any(c in value for c in "*?[") and fnmatch.fnmatchcase(value, pattern)
+
+
+def _tags_overlap(a: Any, b: Any) -> bool:
+    """Certain that some VM's tags match both (a tag only one asks for can be on it)."""
+    wanted_a, wanted_b = getattr(a, "tags", None) or {}, getattr(b, "tags", None) or {}
+    folded_b = {k.casefold(): v for k, v in wanted_b.items()}
+    for name, globs in wanted_a.items():
+        theirs = folded_b.get(name.casefold())
+        if theirs is not None and not any(
+            _value_covers(p, q) or _value_covers(q, p) for p in globs for q in theirs
+        ):
+            return False
+    return True
+
+
 CLOSED = (("event_types", EVENT_TYPES), ("sources", SOURCES), ("statuses", DECIDED_STATUSES))
 
 
@@ -115,6 +151,7 @@ def covers(a: Any, b: Any) -> bool:
         and _durations_cover(a, b)
         and _names_cover(a.resources, b.resources)
         and _names_cover(a.scale_sets, b.scale_sets)
+        and _tags_cover(a, b)
     )
 
 
@@ -125,6 +162,7 @@ def overlap(a: Any, b: Any) -> bool:
         and _durations_overlap(a, b)
         and _names_overlap(a.resources, b.resources)
         and _names_overlap(a.scale_sets, b.scale_sets)
+        and _tags_overlap(a, b)
     )
 
 

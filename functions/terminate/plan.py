@@ -100,8 +100,8 @@ def drain_summary(settings: DrainSettings) -> str:
         f"then {settings.readiness_wait_seconds():g} s to drain ({_wait_words(settings)})"
     )
     none = (
-        f"{NO_DRAIN} where no load balancer probes the relay: a Platform event is held "
-        "until NotBefore, a User event approved at once"
+        f"{NO_DRAIN} where no load balancer probes the relay: a Platform event or a scale-in "
+        "is held until NotBefore, a User Reboot or Redeploy approved at once"
     )
     if relay == "hook":
         hook = f"relay hook {settings.relay_hook!r} (DRAIN__RELAY_HOOK)"
@@ -113,8 +113,8 @@ def drain_summary(settings: DrainSettings) -> str:
     if not steps:
         return (
             "no drain step configured (DRAIN__HTTP_URL, DRAIN__RELAY_HOOK; DRAIN__READINESS="
-            f"false): {NO_DRAIN}: a Platform event is held until NotBefore, a User event "
-            "approved at once"
+            f"false): {NO_DRAIN}: a Platform event or a scale-in is held until NotBefore, a "
+            "User Reboot or Redeploy approved at once"
         )
     probe_only = relay == "readiness" or (settings.readiness and not settings.http_url)
     tail = f"; {none}" if probe_only else ""

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 
 from functions.clock import Clock
 from functions.model.drains import NO_DRAIN, DrainChoice, RelayFacts, drain_for
-from functions.model.envelope import PREEMPT, USER
+from functions.model.envelope import PREEMPT, TERMINATE, USER
 from functions.model.event import Notification, Transition
 from functions.store.drains import StepRecord
 from functions.terminate.context import (
@@ -163,7 +163,12 @@ def run_drain(note: Notification, settings: DrainSettings, ctx: DrainContext) ->
     now = clock.now()
     relay_plan = {vm: (relay_step(f, settings, now), f) for vm, (f, _) in choices.items()}
     undrained = [vm for vm, (_, choice) in choices.items() if choice.kind == "none"]
-    user = (event.event_source or "").casefold() == USER.casefold()
+    # A User Reboot or Redeploy with no drain is approved at once (its owner asked for it);
+    # a scale-in Terminate is not: deleting it undrained at once cuts the in-flight work its
+    # notice leaves time for (issue 33), as functions.model.policy.no_drain decides too.
+    user = (event.event_source or "").casefold() == USER.casefold() and (
+        event.event_type.casefold() != TERMINATE.casefold()
+    )
     plan = []
     if settings.http_url and drained_vms:
         plan.append(f"HTTP drain hook for {len(drained_vms)} VM(s)")

@@ -8,6 +8,12 @@ announcement), whatever the decision, its window or the slots say. A host that d
 the request is written leaves it due: the sweep's next unit of work approves it. Refused in
 dry run. What the caller shows for each outcome is in `HTTP_STATUS`.
 
+Approving by hand skips the drain (the VM goes while it still serves), so the page offers
+"drain, then approve" beside it (`drain_by_hand`): the person's decision replaces the
+policy's with a `drain` for every view of the event, announced as a re-decision, and the
+event is made due, so the decider runs the drain workflow from the row as it does for a
+policy's drain (docs/lifecycle.md) and approves once drained.
+
 `who` is never a name a caller chose (issue 22, property 7):
 - on the operators' pages, `operator_actor`: the Entra object id App Service Authentication
   vouches for, with the display name beside it (`oid:<object id> (<name>)`); a display name
@@ -19,6 +25,8 @@ dry run. What the caller shows for each outcome is in `HTTP_STATUS`.
 from __future__ import annotations
 
 from functions import telemetry
+from functions.model.event import Decision, Transition
+from functions.model.policy import ALL_CHANNELS
 from functions.pipeline.approve import ApprovalResult, why_not
 from functions.pipeline.context import Pipeline
 from functions.pipeline.reconcile import load_facts, reconcile
@@ -111,3 +119,58 @@ def _ask(pipeline: Pipeline, record: EventRecord, by: str) -> ApprovalResult:
     else:
         detail = "another caller is approving it"
     return ApprovalResult(event_id=record.event_id, outcome="skipped", detail=detail)
+
+
+MANUAL_DRAIN = "manual-drain"
+
+
+def drain_by_hand(pipeline: Pipeline, event_id: str, who: str) -> str:
+    """Ask the bridge to drain the event's VMs, then approve it, for `who`; what happens,
+    in words. Refused as `approve_by_hand` is (unknown, unreadable, dry run), and when
+    there is nothing left to do (ended, started, approved, or draining already)."""
+    store, now = pipeline.store, pipeline.clock.now()
+    by = f"manual:{who}"
+    try:
+        record = store.get_event(event_id)
+    except BadRow as exc:
+        raise Refused(409, f"the event's row cannot be read: {exc}") from None
+    if record is None:
+        raise Refused(404, f"unknown event {event_id}")
+    load = pipeline.settings.policy
+    if load.policy is not None and load.policy.dry_run:
+        raise Refused(409, "POLICY__DRY_RUN is on: nothing is drained or approved")
+    if record.decision is not None and record.decision.action == "drain":
+        return "the policy drains it already: it is approved once drained"
+    decision = Decision(
+        action="drain",
+        rule=MANUAL_DRAIN,
+        reason=f"drain, then approve, asked by {by}",
+        channels=record.decision.channels if record.decision else ALL_CHANNELS,
+        severity="warning",
+        page=record.decision.page if record.decision else False,
+    )
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.ended or rec.started or rec.approval == "approved":
+            return None
+        if rec.decision is not None and rec.decision.action == "drain":
+            return None
+        # A person's decision speaks for every VM the event names, as a manual approval
+        # does: each view's own decision becomes the drain (functions.terminate.targets
+        # drains a VM only on its own view's decision).
+        for entry in rec.views:
+            entry.decision = decision
+        rec.decision, rec.decided_at = decision, now
+        if rec.announced.pop(Transition.DECIDED.value, None) is not None:
+            rec.redecided_at = now  # announced again, with its own MessageId
+        if rec.approval == "pending":
+            rec.approval, rec.approve_after = "", None
+        return rec
+
+    changed, _ = store.mutate_event(record.event_id, change, known=record)
+    if changed is None:
+        return f"nothing done: {why_not(store.get_event(record.event_id))}"
+    store.audit(record.event_id, at=now, rule=MANUAL_DRAIN, action="drain", outcome="asked", by=by)
+    store.set_due(changed.event_id, now)  # the decider drains it, then approves
+    telemetry.manual_approval(record.event_id, by, "drain_asked", "drain, then approve")
+    return "drain asked: the bridge takes it out of service, then approves it"

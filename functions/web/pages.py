@@ -27,7 +27,13 @@ from functions.store.liveness import Skipped
 from functions.store.records import EventRecord
 from functions.store.rows import BadRow
 from functions.web import csrf, render
-from functions.web.approval import HTTP_STATUS, Refused, approve_by_hand, operator_actor
+from functions.web.approval import (
+    HTTP_STATUS,
+    Refused,
+    approve_by_hand,
+    drain_by_hand,
+    operator_actor,
+)
 from functions.web.budgets import budget_state, budgets_section
 from functions.web.principal import Principal, PrincipalInvalid, read_principal
 from functions.web.timeline import render_svg
@@ -228,15 +234,44 @@ def event_page(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageR
         token = csrf.issue_token(
             key, admitted.user_id, record.event_id, browser, pipeline.clock.now().timestamp()
         )
-        form = (
-            f'<form method="post" action="{esc(event_path(record.event_id))}/approve">'
-            f'<input type="hidden" name="token" value="{esc(token)}">'
-            f"<p><button type=submit>Approve now as {esc(admitted.name)}</button> "
-            '<span class="muted">IMDS starts the event for every VM it names.</span></p>'
-            "</form>"
-        )
+        form = _approve_form(record, token, admitted.name)
     body = _event_body(pipeline, record, form)
     return _page(200, f"{record.event_type} {record.event_id}", body, extra)
+
+
+SKIPS_DRAIN = (
+    "Approving by hand skips the drain: the VM is not taken out of its load balancer and no "
+    "drain hook of yours runs, so it goes while it still serves."
+)
+
+
+def _approve_form(record: EventRecord, token: str, name: str) -> str:
+    """The two ways to approve: drain, then approve (the bridge's drain workflow), or now,
+    undrained; what approving by hand skips is said above the buttons (issue 45)."""
+    decision = record.decision
+    if decision is not None and decision.action == "drain":
+        note = (
+            "The policy drains this event and approves it once drained. "
+            + SKIPS_DRAIN
+            + " Approve now only to skip the drain."
+        )
+        drain_button = ""
+    else:
+        note = SKIPS_DRAIN + " Drain, then approve, to take it out of service first."
+        drain_button = (
+            f'<button type=submit name="how" value="drain">Drain, then approve as '
+            f"{esc(name)}</button> "
+        )
+    return (
+        f'<form method="post" action="{esc(event_path(record.event_id))}/approve">'
+        f'<input type="hidden" name="token" value="{esc(token)}">'
+        f'<p class="warn">{esc(note)}</p>'
+        f"<p>{drain_button}"
+        f'<button type=submit name="how" value="now">Approve now, undrained, as '
+        f"{esc(name)}</button> "
+        '<span class="muted">IMDS starts the event for every VM it names.</span></p>'
+        "</form>"
+    )
 
 
 # ---------------------------------------------------------------------------- approve
@@ -273,6 +308,18 @@ def approve(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageResp
         return _message(404, "Unknown event", f"No event {event_id} is known to the bridge.")
     if not pipeline.store.claim_once(f"page-token:{nonce}", now):
         return _message(409, "Form already used", "This form was sent before: open the page again.")
+    if (form.get("how") or ["now"])[0] == "drain":
+        try:
+            said = drain_by_hand(pipeline, event_id, operator_actor(admitted))
+        except Refused as exc:
+            return _message(exc.status, "Not drained", str(exc))
+        log.info("pages: %s asked to drain %s: %s", operator_actor(admitted), event_id, said)
+        body = (
+            f"<h1>{esc(event_id)}</h1><p class=ok>{esc(said[:1].upper() + said[1:])}.</p>"
+            f'<p><a href="{esc(event_path(event_id))}">Back to the event</a> · '
+            f'<a href="{PAGES_PREFIX}/fleet">Fleet status</a></p>'
+        )
+        return _page(202 if said.startswith("drain asked") else 409, "Drain", body)
     try:
         result = approve_by_hand(pipeline, event_id, operator_actor(admitted))
     except Refused as exc:

@@ -32,7 +32,8 @@ def test_same_decisions_as_for_the_imds_document(tmp_path, capsys, monkeypatch, 
     for name in [k for k in os.environ if k.upper().startswith("POLICY__")]:
         monkeypatch.delenv(name)
     code, imds, _ = explain(tmp_path, capsys, {"DocumentIncarnation": 3, "Events": EVENTS})
-    assert code == 0 and [d["action"] for d in imds] == ["approve", "hold", "approve", "drain"]
+    # The default policy (issue 45): every disruptive event drained, a short Freeze approved.
+    assert code == 0 and [d["action"] for d in imds] == ["approve", "drain", "drain", "drain"]
     code, grid, _ = explain(tmp_path, capsys, [grid_event(e, schema=schema) for e in EVENTS])
     assert code == 0 and grid == imds
     code, one, _ = explain(tmp_path, capsys, grid_event(EVENTS[1], schema=schema))

@@ -38,10 +38,34 @@ def _no_app_settings(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+def sample_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Microsoft's sample (opt-in hold) as POLICY__RULES: the histories below were decided
+    under it (the default before issue 45)."""
+    from functions.model.policy import sample_rules
+
+    rules = [r.model_dump(mode="json") for r in sample_rules()]
+    monkeypatch.setenv("POLICY__RULES", json.dumps(rules))
+
+
 # --------------------------------------------------------------------------- Resource Graph
 
 
-def test_a_resource_graph_export(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_resource_graph_export(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default policy (issue 45): every disruptive event drained, a 5 s Freeze approved.
+    code, result, err = run(
+        capsys, "--graph", str(GRAPH), "--since", "2025-09-01", "--now", "2025-10-01"
+    )
+    assert code == 0, err
+    rules = {e["EventId"][:8]: e["candidate"]["rule"] for e in result["events"]}
+    assert rules == {
+        "3da1b9aa": "short-freeze",
+        "8c2e5b1d": "drain-then-approve",
+        "51f0c3e2": "drain-then-approve",
+        "0b9d7e6c": "drain-then-approve",
+    }
+    sample_policy(monkeypatch)
     code, result, err = run(
         capsys, "--graph", str(GRAPH), "--since", "2025-09-01", "--now", "2025-10-01"
     )
@@ -299,13 +323,14 @@ def test_the_events_table_under_the_policy_in_effect(
     table: Store, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DRAIN__HTTP_URL", "https://drain.example/hook")
+    sample_policy(monkeypatch)
     code, result, err = run(capsys, "--now", (T + timedelta(days=1)).isoformat())
     assert code == 0, err
     ids = [e["EventId"] for e in result["events"]]
     assert ids == ["E1-REBOOT", "E2-FREEZE", "E5-REDEPLOY", "E3-TERMINATE", "E6-FAILURE"]
     assert result["source"] == "table" and result["summary"] == {  # E4: before --since
         "events": 5,
-        "changed": 0,  # the reference policy decided them: the replay agrees with each
+        "changed": 0,  # Microsoft's sample decided them: the replay agrees with each
         "compared": 4,
         "holds": 2,
         "sets_over_limit": 0,
@@ -430,8 +455,9 @@ def test_what_the_demos_relays_recorded(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """35 envelopes seven real relays sent during one `make demo` (JSON Lines; callback keys
-    and attestations removed), replayed under the reference policy with drains configured."""
+    and attestations removed), replayed under Microsoft's sample with drains configured."""
     monkeypatch.setenv("DRAIN__RELAY_HOOK", "drain")
+    sample_policy(monkeypatch)
     code, result, err = run(capsys, "--documents", str(DEMO), "--now", "2026-11-28")
     assert code == 0, err
     events = {e["EventId"][:8]: e for e in result["events"]}
@@ -515,6 +541,7 @@ def test_each_view_of_an_event_is_decided_as_the_bridge_did(
     assert event["note"] == "2 distinct views decided, the strictest acts"
     assert "views differ in EventType, DurationInSeconds" in event["actual"]["text"]
     # Under the policy that decided it, the replay gives the bridge's decision back.
+    sample_policy(monkeypatch)
     code, result, err = run(capsys, "--now", (T + timedelta(days=1)).isoformat())
     assert code == 0, err
     assert result["events"][0]["changed"] is False
@@ -526,7 +553,7 @@ def test_the_demos_check_and_its_report_section(table: Store, azurite: str) -> N
     import io
     from types import SimpleNamespace
 
-    from functions.model.policy import Policy, PolicyLoad
+    from functions.model.policy import Policy, PolicyLoad, sample_rules
     from local.demo_backtest import run_backtest
     from local.report import Timeline
     from local.report_backtest import backtest_section
@@ -534,8 +561,8 @@ def test_the_demos_check_and_its_report_section(table: Store, azurite: str) -> N
     stream = io.StringIO()
     demo = SimpleNamespace(
         store=table,
-        settings=SimpleNamespace(policy=PolicyLoad(policy=Policy())),
-        policy_source="the reference policy",
+        settings=SimpleNamespace(policy=PolicyLoad(policy=Policy(rules=sample_rules()))),
+        policy_source="Microsoft's sample",
         timeline=Timeline(stream=stream, colour=False),
     )
     (outcome,) = run_backtest(demo)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from functions.model.envelope import ScheduledEvent
 from functions.model.event import Decision, EventSnapshot, Notification, Transition
-from functions.model.policy import Policy, PolicyLoad, Rule, decide, default_rules
+from functions.model.policy import Policy, PolicyLoad, Rule, decide, sample_rules
 from local.demo_ready import ready_outcomes
 from local.outcomes import _pipeline_outcomes, judged_under_your_policy
 from local.plan import FLEET, Step, demo_policy
@@ -80,7 +80,7 @@ def test_an_event_your_policy_decides_as_the_demo_would_is_judged():
     track, snapshot = _event("EV-ARM", "Redeploy", "User", "legacy-1")
     step = Step(at=0, scenario="user-redeploy", target="legacy-1", approved_via="arm")
     # Your own rules, deciding this event as the demo's reference rules do.
-    yours = Policy(rules=default_rules())
+    yours = Policy(rules=sample_rules())
     event = ScheduledEvent.model_validate(snapshot.imds_fields())
     approved = decide(yours, event, NOW, ())
     assert approved.action == "approve"
@@ -89,7 +89,7 @@ def test_an_event_your_policy_decides_as_the_demo_would_is_judged():
     judged = judged_under_your_policy(demo, track, pipeline)
     assert judged == pipeline and not any(o.skipped for o in judged)
     # The same decision under a dry run, other windows or capacity is not the demo's.
-    dry = Policy(rules=default_rules(), dry_run=True)
+    dry = Policy(rules=sample_rules(), dry_run=True)
     dry_demo = _demo(dry, snapshot, approved.model_copy(update={"dry_run": True}))
     assert all(o.skipped for o in judged_under_your_policy(dry_demo, track, pipeline))
 
@@ -134,7 +134,7 @@ def test_your_policy_without_the_demos_budget_is_judged_where_that_budget_covers
     from local.outcomes import differs_from_the_demo
     from local.plan import DEMO_RULES
 
-    yours = Policy(rules=(*DEMO_RULES, *default_rules()))
+    yours = Policy(rules=(*DEMO_RULES, *sample_rules()))
     for vm, differs in (("spot-1", False), ("checkout-z2_0", True)):
         track, snapshot = _event(f"EV-{vm}", "Reboot", "User", vm)
         event = ScheduledEvent.model_validate(snapshot.imds_fields())

@@ -18,7 +18,7 @@ from azure.data.tables import EdmType, EntityProperty, UpdateMode
 
 from functions.clock import Clock
 from functions.identity.keys import liveness_signature
-from functions.model.policy import Policy, PolicyLoad
+from functions.model.policy import Policy, PolicyLoad, sample_rules
 from functions.pipeline.context import Pipeline
 from functions.pipeline.publish import LocalPublisher
 from functions.settings import Settings
@@ -202,7 +202,11 @@ def make_settings(policy: Policy | PolicyLoad | None = None, **overrides: Any) -
     settings = Settings(**values)
     if isinstance(policy, Policy):
         policy = PolicyLoad(policy=policy)
-    return settings.with_policy(policy or PolicyLoad(policy=Policy()))
+    # Microsoft's sample (opt-in hold) unless a test says otherwise: these tests are about
+    # the pipeline's mechanics, written against held Platform and approved User events.
+    # The default policy (drain, then approve) has its own tests (test_policy.py,
+    # test_default_drain.py).
+    return settings.with_policy(policy or PolicyLoad(policy=Policy(rules=sample_rules())))
 
 
 # Enrolled VMs for the tests' liveness verifier: vm_id -> (name, {key_id: secret}).

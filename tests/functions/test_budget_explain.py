@@ -183,3 +183,23 @@ def test_with_storage_the_synced_facts_and_the_slots_state(env, tmp_path, capsys
     # A VM the sync has not placed: said, not guessed.
     code, line, err = explain(tmp_path, capsys, document(vm="new-vm"))
     assert "Azure's facts about new-vm are not known here" in line["budgets_not_evaluated"]
+
+
+def test_no_azure_sign_in_explains_the_policy_and_says_why_in_one_line(env, tmp_path, capsys):
+    """Issue 45: budgets set, `StateStorage__accountName` an account this shell cannot sign
+    in to. 2f59d6a printed DefaultAzureCredential's list of every credential it tried and a
+    traceback, exit 1, nothing explained. Now: the decision, and one line saying why the
+    budgets were not evaluated and what to do."""
+    env.setenv("StateStorage__accountName", "sebridgenosignin")
+    # Only the Azure CLI credential, with no `az` on PATH: unavailable at once, offline.
+    env.setenv("AZURE_TOKEN_CREDENTIALS", "AzureCliCredential")
+    env.setenv("PATH", str(tmp_path))
+    code, line, err = explain(tmp_path, capsys, document())
+    assert code == 0
+    assert line["action"] == "drain"
+    assert (
+        "no Azure sign-in: run `az login`, or pass `--tag`/`--zone`"
+        in (line["budgets_not_evaluated"])
+    )
+    assert "Traceback" not in err and "Attempted credentials" not in err
+    assert len(err.strip().splitlines()) == 1, err

@@ -147,11 +147,11 @@ def test_warnings_for_budgets_that_never_act():
     ]
 
 
-def test_a_rule_cannot_match_tags():
-    """A rule decides before any tag is known to it: a tag criterion could only fail, and a
-    later, less careful rule would decide instead. Budgets match tags."""
-    with pytest.raises(ValidationError, match=r"match\.tags is for budgets"):
-        Rule(name="r", match=Match(tags={"env": ("prod",)}), action="hold")
+def test_a_rule_matches_tags_as_a_budget_does():
+    """Issue 45: rules have the facts budgets have (tags from the identity sync); 2f59d6a
+    refused a rule's `match.tags`."""
+    rule = Rule(name="r", match=Match(tags={"env": "prod"}), action="hold")
+    assert rule.match.tags == {"env": ("prod",)}
 
 
 def test_tag_criteria_take_one_glob_or_a_list_and_valid_names():

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from functions.model.envelope import ScheduledEvent
-from functions.model.policy import Match, Rule, load_policy
+from functions.model.policy import Match, Rule, default_rules, load_policy
 from functions.model.policy_lint import lint_rules
 from tests.functions.conftest import envelope, event
 from tests.functions.test_entrypoints import run_cli
@@ -45,8 +45,8 @@ def test_explain_says_which_drain_applies(tmp_path):
         "then 60 s to drain (probe 15 s x 2 (DRAIN__PROBE_INTERVAL_SECONDS, "
         "DRAIN__PROBE_THRESHOLD) + 30 s for established connections "
         "(DRAIN__CONNECTION_SECONDS)), then approve; no drain on this VM where no load "
-        "balancer probes the relay: a Platform event is held until NotBefore, a User event "
-        "approved at once"
+        "balancer probes the relay: a Platform event or a scale-in is held until NotBefore, "
+        "a User Reboot or Redeploy approved at once"
     )
     done = run_cli("policy", "explain", doc, env={"DRAIN__RELAY_HOOK": "drain"})
     assert json.loads(done.stdout)["drain"].startswith(
@@ -61,7 +61,35 @@ def test_explain_says_which_drain_applies(tmp_path):
     )
     done = run_cli("policy", "explain", doc, env={"DRAIN__READINESS": "false"})
     line = json.loads(done.stdout)
-    assert "no drain step configured" in line["drain"] and "held until NotBefore" in line["drain"]
+    # No drain on any VM: Microsoft's sample, said (issue 45); a scale-in is held.
+    assert line["action"] == "hold" and "no drain on this VM: held" in line["reason"]
+    assert line["drain"].startswith("no drain on this VM: DRAIN__HTTP_URL")
+
+
+def test_explain_default_policy_drains_every_disruptive_event(tmp_path):
+    """Issue 45's "done when": no POLICY__* setting gives `drain` for every disruptive
+    event, `approve` for a short Freeze; a VM with no drain is held (Platform) or approved
+    (User) and explain says so. On 2f59d6a: hold, hold, hold, hold, approve, approve."""
+    doc = _document(
+        tmp_path,
+        event("PR", "Reboot"),
+        event("PD", "Redeploy"),
+        event("SP", "Preempt"),
+        event("F30", "Freeze", duration=30),
+        event("UR", "Reboot", source="User"),
+        event("UD", "Redeploy", source="User"),
+        event("T", "Terminate", source="User"),
+        event("F5", "Freeze", duration=5),
+    )
+    done = run_cli("policy", "explain", doc)
+    assert done.returncode == 0, done.stderr
+    actions = [json.loads(x)["action"] for x in done.stdout.splitlines()]
+    assert actions == ["drain"] * 7 + ["approve"]
+    done = run_cli("policy", "explain", doc, "--drain", "none")
+    lines = [json.loads(x) for x in done.stdout.splitlines()]
+    assert [x["action"] for x in lines] == ["hold"] * 4 + ["approve"] * 2 + ["hold", "approve"]
+    assert "no drain on this VM: held" in lines[0]["reason"]
+    assert "no drain on this VM" in lines[4]["drain"]
 
 
 def test_explain_names_the_scale_set_rules_a_plain_document_cannot_answer(tmp_path):
@@ -117,11 +145,11 @@ def test_settings_check_refuses_a_file_that_is_not_settings(tmp_path):
 
 def test_an_empty_rule_list_is_the_reference_policy_as_in_the_bicep(monkeypatch):
     """infra/main.bicep: an empty `policyRules` (the default) leaves POLICY__RULES out, the
-    reference policy; the same list set by hand means the same, said in a warning."""
+    default policy; the same list set by hand means the same, said in a warning."""
     monkeypatch.setenv("POLICY__RULES", "[]")
     load = load_policy()
     assert load.policy is not None, load.error
-    assert load.policy.rules[0].name == "terminate-drain"
+    assert [r.name for r in load.policy.rules] == [r.name for r in default_rules()]
     assert any("empty list" in w for w in load.warnings)
     done = run_cli("settings", "check", "--local", env={"POLICY__RULES": "[]"})
     assert done.returncode == 0, done.stderr
@@ -154,3 +182,17 @@ def test_a_scale_set_carve_out_above_a_drain_passes_the_lint():
     broad = [Rule.model_validate({**AKS_RULES[0], "match": {"scale_sets": ["aks-*"]}})]
     errors, _ = lint_rules([*broad, *rules[1:]])
     assert errors and "narrow" in errors[0]
+
+
+def test_a_short_app_secret_is_one_clear_line_in_policy_check():
+    """Issue 45: with the shell's APP_SECRET under 32 characters, 2f59d6a's `policy check`
+    printed the policy and then a traceback (exit 1)."""
+    done = run_cli("policy", "check", env={"APP_SECRET": "short"})
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    said = [x for x in done.stderr.splitlines() if "APP_SECRET" in x]
+    assert said == [
+        "warning: APP_SECRET: 5 characters; at least 32 needed: the app would not start with "
+        "this environment (`settings check` lists every setting)"
+    ]
+    assert json.loads(done.stdout)["rules"]

@@ -10,7 +10,7 @@ import pytest
 
 from functions.model.envelope import ScheduledEvent, VmRef
 from functions.model.event import Decision, Transition
-from functions.model.policy import Policy, PolicyLoad, default_rules
+from functions.model.policy import Policy, PolicyLoad, sample_rules
 from functions.pipeline.decide import (
     VIEW_RESOURCE_CHARS,
     ReportPlan,
@@ -30,7 +30,8 @@ from functions.store.records import MAX_VIEWS, EventRecord
 
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 LATER = NOW + timedelta(hours=1)
-POLICY = PolicyLoad(policy=Policy())  # the default rules: short Freeze and User approve
+# Microsoft's sample (opt-in hold): a short Freeze approved, a long one held.
+POLICY = PolicyLoad(policy=Policy(rules=sample_rules()))
 
 
 def freeze(
@@ -259,8 +260,8 @@ def test_differing_fields_names_each_field_once_in_order():
     assert differing_fields(rows[-1].views) == ["EventType", "EventSource", "DurationInSeconds"]
 
 
-def test_default_rules_are_what_these_tests_assume():
-    names = [r.name for r in default_rules()]
+def test_sample_rules_are_what_these_tests_assume():
+    names = [r.name for r in sample_rules()]
     assert names == ["terminate-drain", "user-initiated", "short-freeze", "default-hold"]
 
 

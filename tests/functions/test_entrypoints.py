@@ -42,10 +42,9 @@ def test_cli_check_prints_the_default_policy():
     assert done.returncode == 0, done.stderr
     policy = json.loads(done.stdout)
     assert [r["name"] for r in policy["rules"]] == [
-        "terminate-drain",
-        "user-initiated",
         "short-freeze",
-        "default-hold",
+        "terminate-drain",
+        "drain-then-approve",
     ]
 
 
@@ -72,14 +71,14 @@ def test_cli_explain_document_and_envelope(tmp_path):
     assert [(x["EventId"], x["action"], x["rule"]) for x in lines] == [
         ("A", "approve", "short-freeze"),
         ("B", "drain", "terminate-drain"),
-        ("C", "hold", "default-hold"),
-        ("D", "approve", "user-initiated"),
+        ("C", "drain", "drain-then-approve"),
+        ("D", "drain", "drain-then-approve"),
     ]
     env_file = tmp_path / "env.json"
     env_file.write_text(envelope("vm1", 1, [event("E", "Preempt")]))
     done = run_cli("policy", "explain", str(env_file))
     line = json.loads(done.stdout)
-    assert (line["action"], line["page"]) == ("hold", True)
+    assert (line["action"], line["page"]) == ("drain", True)
     bad = tmp_path / "bad.json"
     bad.write_text('{"Events": 1}')
     assert run_cli("policy", "explain", str(bad)).returncode == 2

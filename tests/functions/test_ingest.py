@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from functions.model.policy import Match, Policy, PolicyLoad, Rule
+from functions.model.policy import Match, Policy, PolicyLoad, Rule, sample_rules
 from functions.pipeline.ingest import ingest_message
 from tests.functions.conftest import T0, envelope, event, make_pipeline
 
@@ -144,7 +144,7 @@ def test_heartbeat_updates_the_vm_without_touching_events(store, clock, relay):
 
 
 def test_dry_run_decides_audits_announces_never_approves(store, clock, relay):
-    pipeline, pub = make_pipeline(store, clock, Policy(dry_run=True))
+    pipeline, pub = make_pipeline(store, clock, Policy(rules=sample_rules(), dry_run=True))
     ingest_message(
         envelope("vm1", 1, [event("EV-D", source="User")], callback_url=relay.url), pipeline
     )

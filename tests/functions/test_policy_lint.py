@@ -19,11 +19,26 @@ def rule(name: str, action: str = "approve", **match) -> Rule:
 def test_the_reference_policy_and_the_readme_shape_are_clean():
     assert lint_rules(default_rules()) == ([], [])
     oslo = (
-        *default_rules()[:3],
-        rule("reboots-in-window", event_types=("Reboot", "Redeploy")),
-        HOLD,
+        *default_rules()[:2],
+        rule("reboots-in-window", event_types=("Reboot", "Redeploy"), sources=("Platform",)),
+        default_rules()[2],
     )
     assert lint_rules(oslo) == ([], [])
+
+
+def test_tag_rules_are_linted_as_names_are():
+    """Issue 45: rules match tags; a tag carve-out above the catch-all drain is written on
+    purpose, a tag-wide approve above a tag-narrow drain is refused."""
+    web = rule("web-approve", tags={"tier": ("web",)})
+    assert lint_rules((web, Rule(name="all", action="drain"))) == ([], [])
+    narrow = rule("web-eu-drain", action="drain", tags={"tier": ("web",), "region": ("eu",)})
+    errors, _ = lint_rules((web, narrow))
+    assert errors and "'web-eu-drain' (drain) can never match" in errors[0]
+    other = rule("api-drain", action="drain", tags={"tier": ("api",)})
+    assert lint_rules((web, other)) == ([], [])  # no VM is both web and api
+    assert covers(Match(tags={"tier": ("web*",)}), Match(tags={"Tier": ("web-1",)}))
+    assert not covers(Match(tags={"tier": ("web",)}), Match())
+    assert overlap(Match(tags={"tier": ("web",)}), Match(tags={"zone": ("1",)}))
 
 
 def test_user_approve_above_terminate_drain_is_refused():

@@ -10,7 +10,7 @@ from datetime import timedelta
 import requests
 
 from functions.model.event import Transition
-from functions.model.policy import Policy, PolicyLoad, Rule, Window
+from functions.model.policy import Policy, PolicyLoad, Rule, Window, sample_rules
 from functions.pipeline.announce import build
 from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
@@ -119,7 +119,9 @@ def test_still_invalid_nothing_changes(store, clock, relay):
 def test_dry_run_redecides_and_approves_nothing(store, clock, relay):
     pub = LocalPublisher()
     failed_closed(store, clock, pub, relay, event("EV-D", source="User"))
-    report = run_watchdog(pipeline_for(store, clock, pub, Policy(dry_run=True)))
+    report = run_watchdog(
+        pipeline_for(store, clock, pub, Policy(rules=sample_rules(), dry_run=True))
+    )
     assert report.redecided == ["EV-D"]
     assert pub.published[-1].decision.dry_run is True
     assert relay.requests == []
@@ -201,7 +203,7 @@ def test_two_watchdogs_at_once_redecide_once(azurite, store, clock, new_relay):
             ),
             invalid,
         )
-    settings = make_settings(Policy(max_concurrent_per_set=10))
+    settings = make_settings(Policy(rules=sample_rules(), max_concurrent_per_set=10))
     barrier = threading.Barrier(2)
     reports, errors = [], []
 

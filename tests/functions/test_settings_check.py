@@ -206,11 +206,14 @@ def test_valid_settings_pass_and_strict_counts_warnings():
     done = run_check(BASE)
     assert done.returncode == 0, done.stderr
     assert "settings OK" in done.stdout
-    # The reference policy drains Terminate; with no drain step configured the readiness
-    # probe drains it (issue 38): nothing to warn about, unless that is turned off too.
-    assert "rule(s) 'terminate-drain' drain" not in done.stderr
+    # The default policy drains; with no drain step configured the readiness probe drains
+    # (issue 38): nothing to warn about, unless that is turned off too.
+    assert "drain, but neither" not in done.stderr
     off = {**BASE, "DRAIN__READINESS": "false"}
-    assert "warning: POLICY__RULES: rule(s) 'terminate-drain' drain" in run_check(off).stderr
+    assert (
+        "warning: POLICY__RULES: rule(s) 'terminate-drain', 'drain-then-approve' drain"
+        in run_check(off).stderr
+    )
     strict = run_check(off, "--strict")
     assert strict.returncode == 2 and "1 warning(s) (--strict)" in strict.stderr
     hooked = run_check({**off, "DRAIN__RELAY_HOOK": "drain"}, "--strict")

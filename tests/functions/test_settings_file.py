@@ -157,7 +157,8 @@ def policy_check(env: dict[str, str], *args: str) -> subprocess.CompletedProcess
         (
             {},
             (),
-            "the rules are Microsoft's reference policy (no POLICY__RULES in this environment",
+            "the rules are the default policy, drain then approve (no POLICY__RULES in this "
+            "environment",
         ),
         (
             {"POLICY__RULES": '[{"name":"hold-all","action":"hold"}]'},

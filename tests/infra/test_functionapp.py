@@ -185,7 +185,7 @@ def test_policy_settings_default_to_the_reference_policy() -> None:
     converted = s["POLICY__BUDGETS"]["function"]
     assert converted == {"type": "string", "parameters": {"value_to_convert": "policyBudgets"}}
     assert FN.param_default("policyBudgets") == []
-    # Empty rules = the app's built-in default, Microsoft's reference policy.
+    # Empty rules = the app's built-in default policy (drain, then approve).
     assert FN.param_default("policyRules") == []
     main = load("main")
     passed = module_params(main, "functionApp")

@@ -26,7 +26,7 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 from functions.model.event import Notification, Transition
-from functions.model.policy import Match, Policy, PolicyLoad, Rule, default_rules
+from functions.model.policy import Match, Policy, PolicyLoad, Rule, sample_rules
 from functions.pipeline.approve import approve_event
 from functions.store.drains import DrainStore
 from functions.terminate.context import DrainResult
@@ -112,7 +112,7 @@ def decided_drain(fleet: Fleet, event_id: str) -> Notification:
 
 
 def use_policy(fleet: Fleet, *rules: Rule) -> None:
-    policy = Policy(rules=(*rules, *default_rules()))
+    policy = Policy(rules=(*rules, *sample_rules()))
     fleet.pipeline.settings = fleet.pipeline.settings.with_policy(PolicyLoad(policy=policy))
 
 

@@ -70,7 +70,7 @@ def test_the_wait_is_the_probes_timing_and_the_connection_drain() -> None:
     text = drain_summary(custom)
     assert "where a load balancer probed its relay" in text
     assert "DRAIN__CONNECTION_SECONDS" in text and "then 60 s to drain" in text
-    assert "a Platform event is held until NotBefore" in text
+    assert "a Platform event or a scale-in is held until NotBefore" in text
     assert "its load balancer takes it out)" not in text
 
 

@@ -70,11 +70,20 @@ def open_page(url: str, headers: dict[str, str]) -> tuple[str, str, requests.Res
     return token, cookie.split(";")[0].split("=", 1)[1], page
 
 
-def post(url: str, headers: dict[str, str], token: str | None, cookie: str | None, **extra: Any):
+def post(
+    url: str,
+    headers: dict[str, str],
+    token: str | None,
+    cookie: str | None,
+    how: str | None = None,
+    **extra: Any,
+):
     sent = {**headers, "Origin": BASE, **extra}
     if cookie is not None:
         sent["Cookie"] = f"__Host-sebridge-approve={cookie}"
     data = {} if token is None else {"token": token}
+    if how is not None:
+        data["how"] = how
     return send(
         f"{url}/api/pages/events/EV-PG/approve", data=data, headers=sent, allow_redirects=False
     )
@@ -382,3 +391,31 @@ def test_the_event_page_shows_the_impact_ledger(store, clock, relay):
     assert "vm2 (no relay measurements)" in page.text
     assert "python -m functions ledger EV-PG --csv" in page.text
     assert "vm1: its relay saw Started" in page.text  # its mark on the timeline
+
+
+def test_the_page_says_approving_by_hand_skips_the_drain_and_offers_drain_then_approve(
+    held, relay, store
+):
+    """Issue 45: the page's one button approved a held Reboot undrained and did not say so
+    (2f59d6a). Now it says what approving by hand skips and offers "drain, then approve":
+    the person's drain replaces the hold for every view, is audited, and the event is due
+    for the decider, which drains, then approves (the relay is not asked yet)."""
+    pipeline, _ = held
+    alice = principal()
+    with serve(pipeline) as url:
+        token, cookie, page = open_page(url, alice)
+        assert "Approving by hand skips the drain" in page.text
+        assert 'name="how" value="drain"' in page.text and "Drain, then approve as" in page.text
+        assert "Approve now, undrained, as" in page.text
+        done = post(url, alice, token, cookie, how="drain")
+        assert done.status_code == 202, done.text
+        assert "Drain asked: the bridge takes it out of service, then approves it" in done.text
+        token, cookie, page = open_page(url, alice)
+        assert 'value="drain"' not in page.text  # draining now: only "approve now" is left
+        assert "The policy drains this event and approves it once drained" in page.text
+    record = store.get_event("EV-PG")
+    assert record.decision.action == "drain" and record.decision.rule == "manual-drain"
+    assert {e.decision.action for e in record.views} == {"drain"}
+    assert store.audit_rows("EV-PG")[-1]["outcome"] == "asked"
+    assert relay.starts() == []  # nothing approved before the drain
+    assert record.redecided_at is not None  # announced again as a re-decision
