@@ -107,6 +107,12 @@ def run(
                     fleet.step()
                     time.sleep(0.02)
             took = time.monotonic() - opened
+            fleet.close(finish=True)  # every report sent and ingested
+            # Then the work their ends queued (the reconciles that give slots back), for
+            # as long as a sweep would take to come round again.
+            settled = time.monotonic() + 2 * SWEEP_EVERY
+            while not work.idle() and time.monotonic() < settled:
+                time.sleep(0.05)
         finally:
             fleet.close()
             rows.close()
@@ -196,8 +202,9 @@ class _Fleet:
                 self.ended[name] = time.monotonic()  # out until now: then its slot goes back
                 self._pool.submit(self.report, name, 3, [])
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, *, finish: bool = False) -> None:
+        """Stop; `finish`: every report already due is sent first (none dropped)."""
+        self._pool.shutdown(wait=True, cancel_futures=not finish)
 
 
 class _SlotWatch:
