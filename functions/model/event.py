@@ -130,6 +130,13 @@ class Notification(BaseModel):
     # after an edit, a decision made again once a fixed policy replaced a fail-closed one):
     # what tells this occurrence apart, e.g. the relay's last-seen time.
     occurrence: str | None = None
+    # A relay_silent for the relays of several VMs found silent together in one sweep
+    # (functions.pipeline.silence_groups): their common-cause group (scale set, else
+    # subscription), in words, the VMs (up to 1,000) and how many.
+    silent_group: str | None = None
+    silent_label: str = ""
+    silent_vms: list[str] = Field(default_factory=list)
+    silent_count: int = 0
 
     def message_id(self) -> str:
         """The announcement's id (Service Bus MessageId, the deliveries table's key, the

@@ -190,6 +190,8 @@ FOLLOW_UP = {
 
 def headline(note: Notification) -> str:
     """One line naming the transition, the event and the VMs; the PagerDuty summary too."""
+    if note.transition is Transition.RELAY_SILENT and note.silent_group:
+        return f"Relays of {note.silent_count} VMs in {note.silent_label} stopped reporting"
     if note.transition is Transition.RELAY_SILENT:
         return f"Relay on {note.vm or 'a VM'} stopped reporting"
     if note.transition is Transition.RELAY_RECOVERED:

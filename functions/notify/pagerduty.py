@@ -3,7 +3,9 @@
 `dedup_key` names the incident, namespaced by kind so that no string a VM chooses can
 reach another kind's key: `event:<EventId>` (one event is one incident however many VMs
 report it and however often a transition is redelivered), `relay-silent:<vm>` (resolved
-by `relay_recovered`), `policy_invalid:fleet` and `config_invalid:<what>` (resolved when
+by `relay_recovered`), `relay-silent-group:<scale set or subscription>` (the relays of a
+group found silent together: one incident, not one per VM; functions.pipeline.
+silence_groups), `policy_invalid:fleet` and `config_invalid:<what>` (resolved when
 valid again). A VM reporting an event with EventId `relay-silent:victim` pages and
 resolves `event:relay-silent:victim`, never the victim's relay incident.
 
@@ -86,6 +88,10 @@ def dedup_key(note: Notification) -> str:
     """The incident's key, its kind first (see the module's docstring)."""
     if note.event is not None:
         key = f"event:{note.event.event_id}"
+    elif note.transition is Transition.RELAY_SILENT and note.silent_group:
+        # One incident per common-cause group (functions.pipeline.silence_groups): later
+        # sweeps' stragglers of the same group join it.
+        key = f"relay-silent-group:{note.silent_group}"
     elif note.transition in (Transition.RELAY_SILENT, Transition.RELAY_RECOVERED):
         key = f"relay-silent:{note.vm or 'unknown'}"
     elif note.transition is Transition.POLICY_VALID:
@@ -109,6 +115,8 @@ def _source(note: Notification) -> str:
     event = note.event
     if note.vm:
         return note.vm
+    if note.silent_label:
+        return note.silent_label
     if event is not None:
         if len(event.scale_sets) == 1:
             return event.scale_sets[0]
@@ -122,7 +130,7 @@ def _source(note: Notification) -> str:
 def _group(note: Notification) -> str | None:
     event = note.event
     if event is None:
-        return None
+        return note.silent_label or None
     sets = event.scale_sets + event.availability_sets
     return ",".join(sets)[:255] if sets else None
 
@@ -176,6 +184,9 @@ def build_event(note: Notification, routing_key: str) -> dict[str, Any] | None:
         details["late"] = note.late
     if note.vm:
         details["vm"] = note.vm
+    if note.silent_group:
+        details["silent_count"] = note.silent_count
+        details["silent_vms"] = list(note.silent_vms)
     payload: dict[str, Any] = {
         "summary": _summary(note),
         "source": describe.defanged(_source(note))[:255] or "scheduled-events-bridge",

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from pydantic import BaseModel, Field
 
 from functions.model.envelope import TERMINATE
-from functions.model.event import Notification, Transition
+from functions.model.event import Transition
 from functions.pipeline.approve import ApprovalResult
 from functions.pipeline.context import Pipeline
 from functions.pipeline.policy_state import sync_policy_state
@@ -32,8 +32,8 @@ from functions.pipeline.relay_recovery import (
     announce_recovery,
     claim_recovery,
     left_behind,
-    silence_occurrence,
 )
+from functions.pipeline.silence_groups import Claimed, group_of, publish_groups
 from functions.store import claims
 from functions.store.keys import row_key
 from functions.store.liveness import Budget, LivenessHint
@@ -181,6 +181,7 @@ def _sweep_vms(
     silent: set[str] = set()
     keys: list[str] = []
     verify = pipeline.liveness_verifier
+    claimed: list[Claimed] = []  # silences claimed in this sweep, announced per group below
     if verify is None:
         log.warning("watchdog: no liveness verifier: no relay is watched for silence")
     else:
@@ -189,12 +190,15 @@ def _sweep_vms(
             try:
                 if not hint.current and _superseded(pipeline, hint, now - silent_after, out):
                     continue
-                keys += _silent_hint(pipeline, hint, now, out, marked, silent, forget_before)
+                keys += _silent_hint(
+                    pipeline, hint, now, out, marked, silent, forget_before, claimed
+                )
             except BadRow as exc:
                 log.warning("watchdog: skipped %s", exc)
                 out.skip(exc.skipped)
             except Exception:
                 log.exception("watchdog: VM %.200r", hint.name)
+        keys += _announce_claimed(pipeline, claimed, now, out)
     checks = 0
     for key, mark in marked.items():
         if mark["vm"] in silent or checks >= MAX_MARK_CHECKS:
@@ -225,6 +229,7 @@ def _silent_hint(
     marked: dict[str, dict[str, str]],
     silent: set[str],
     forget_before: datetime,
+    claimed: list[Claimed],
 ) -> list[str]:
     """A verified hint not seen since the cutoff: forget it, skip it (this silence is
     announced already: no read at all), or look at the VM row and announce the silence.
@@ -264,10 +269,16 @@ def _silent_hint(
             # list it as done, so the next sweeps skip this silence without a read.
             store.mark_vm(vm.name, hint.vm_id, vm.silent_announced_for, done=True)
         return []  # announced already
-    if _announce_silence(pipeline, vm, now, hint.vm_id):
-        out.silent.append(vm.name)
-        return list(vm.event_ids)
-    return []
+    mark_claimed = _claim_silence(pipeline, vm, now, hint.vm_id)
+    if mark_claimed is not None:
+        assert vm.last_seen is not None
+        key, label = group_of(vm)
+        claimed.append(
+            Claimed(
+                vm.name, hint.vm_id, mark_claimed, vm.last_seen, key, label, tuple(vm.event_ids)
+            )
+        )
+    return []  # its open events are handed over once its silence is announced
 
 
 def _superseded(
@@ -391,11 +402,12 @@ def _silence_pending(vm: VmRecord, now: datetime) -> bool:
     return vm.silent_announced_for != _mark(vm) or claims.is_expired(vm.silence_claim, now)
 
 
-def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime, vm_id: str) -> bool:
-    """Once per silence (functions.store.claims): the claim names the last_seen it is for,
-    is marked done after the publish, released if the publish fails, redone if stale.
-    `vm.last_seen` is the latest moment heard (the hint's or the VM row's); the VM is
-    listed in the open index first, so a marked VM row is never unlisted."""
+def _claim_silence(pipeline: Pipeline, vm: VmRecord, now: datetime, vm_id: str) -> str | None:
+    """Once per silence (functions.store.claims): the claim names the last_seen it is for;
+    it is marked done after its group's announcement (_announce_claimed), released if that
+    fails, redone if stale. `vm.last_seen` is the latest moment heard (the hint's or the VM
+    row's); the VM is listed in the open index first, so a marked VM row is never unlisted.
+    Returns the silence's mark when this sweep claimed it."""
     assert vm.last_seen is not None
     mark = vm.last_seen.isoformat()
     pipeline.store.mark_vm(vm.name, vm_id, mark)
@@ -412,25 +424,29 @@ def _announce_silence(pipeline: Pipeline, vm: VmRecord, now: datetime, vm_id: st
         return rec
 
     _, won = pipeline.store.mutate_vm(vm.name, change)
-    if not won:
-        return False
-    minutes = int((now - vm.last_seen).total_seconds() // 60)
-    note = Notification(
-        transition=Transition.RELAY_SILENT,
-        occurred_at=now,
-        vm=vm.name,
-        detail=f"relay on {vm.name} silent for {minutes} min (last seen {mark})",
-        occurrence=silence_occurrence(vm.last_seen),
-        page=Transition.RELAY_SILENT in _page_transitions(pipeline),
-    )
-    try:
-        pipeline.publisher.publish(note)
-    except Exception:
-        pipeline.store.mutate_vm(vm.name, _settle(mark, done=False))
-        raise
-    pipeline.store.mutate_vm(vm.name, _settle(mark, done=True))
-    pipeline.store.mark_vm(vm.name, vm_id, mark, done=True)
-    return True
+    return mark if won else None
+
+
+def _announce_claimed(
+    pipeline: Pipeline, claimed: list[Claimed], now: datetime, out: WatchdogReport
+) -> list[str]:
+    """The silences this sweep claimed, announced once per common-cause group
+    (functions.pipeline.silence_groups: one page for a scale set's relays gone silent
+    together, not one per VM). Returns the open events of the VMs announced."""
+    if not claimed:
+        return []
+    store = pipeline.store
+
+    def settle(claim: Claimed, done: bool) -> None:
+        store.mutate_vm(claim.name, _settle(claim.mark, done=done))
+        if done:
+            store.mark_vm(claim.name, claim.vm_id, claim.mark, done=True)
+
+    page = Transition.RELAY_SILENT in _page_transitions(pipeline)
+    done, _ = publish_groups(claimed, now, page, pipeline.publisher.publish, settle)
+    announced = set(done)
+    out.silent.extend(c.name for c in claimed if c.name in announced)
+    return [e for c in claimed if c.name in announced for e in c.event_ids]
 
 
 def _settle(mark: str, *, done: bool):
