@@ -52,6 +52,7 @@ from functions.pipeline.approve_arm import (
     arm_phase,
 )
 from functions.pipeline.context import Pipeline
+from functions.pipeline.lanes import RelayLanes
 from functions.pipeline.lifecycle import approval_lease, note_sent
 from functions.pipeline.slot_rules import suspect
 from functions.pipeline.views import own_views
@@ -114,6 +115,9 @@ def approve_event(
     if claimed is not None and claimed.approval == "in_progress":
         record: EventRecord | None = claimed
     else:
+        closed = _lanes_closed(pipeline, event_id, now)
+        if closed:  # nothing claimed or written: the event is due again as it was
+            return ApprovalResult(event_id=event_id, outcome="retry_later", detail=closed)
         record, won = _claim(store, event_id, now, settings, tag)
         if not won:
             return ApprovalResult(event_id=event_id, outcome="skipped", detail=why_not(record))
@@ -171,6 +175,24 @@ def approve_event(
             vetoed=vetoed,
         )
     return result
+
+
+def _lanes_closed(pipeline: Pipeline, event_id: str, now: datetime) -> str | None:
+    """Why this approval would ask no relay now (functions.pipeline.lanes: every named
+    VM's relay silent lately or busy with another approval), from the row as this host
+    last read it, before anything is claimed. Never once the relays have been silent for
+    ARM_FALLBACK_AFTER_SECONDS with ARM next: then ARM may approve whatever they do."""
+    lanes = pipeline.relay_lanes
+    settings = pipeline.settings
+    if lanes is None or "relay" not in settings.approver_order:
+        return None
+    record = pipeline.store.recent_event(event_id)
+    if record is None or not record.resources:
+        return None
+    handover = None
+    if "arm" in settings.approver_order:
+        handover = timedelta(seconds=settings.arm_fallback_after_seconds)
+    return lanes.closed(list(record.resources[:RELAYS_PER_ATTEMPT]), now, handover)
 
 
 def _relay_phase(
@@ -232,6 +254,7 @@ def _relay_phase(
         handover,
         by,
         unheard and not arm_next,
+        pipeline.relay_lanes,
     )
 
 
@@ -364,29 +387,49 @@ def _try_relays(
     deadline: datetime,
     by: str,
     unheard: bool,
+    lanes: RelayLanes | None = None,
 ) -> Phase:
     """Round-robin over the relays with backoff between rounds; `unheard`: some named VMs
     have no usable relay yet, so "all refused" is not final while time remains.
-    `deadline`: when relays are given up (NotBefore less the margin, or ARM's turn)."""
+    `deadline`: when relays are given up (NotBefore less the margin, or ARM's turn).
+    `lanes`: each VM's share of this host's workers (functions.pipeline.lanes): a relay
+    busy with another approval, or silent lately, is not asked; when no relay was asked in
+    a round, this attempt ends at once (`later`) instead of holding its worker."""
     attempts: list[Attempt] = []
     refused: set[str] = set()
     delay = BACKOFF_START_SECONDS
+    me = object()  # this attempt, in the lanes: its own retries are never refused
     while True:
+        asked = held = False
         for vm, relay in relays:
             if vm.name in refused:
                 continue
             remaining = (stop - clock.now()).total_seconds()
             if remaining <= 0:
                 break
+            busy = lanes.enter(vm.name, me, clock.now()) if lanes is not None else None
+            if busy is not None:
+                held = True
+                attempts.append(
+                    Attempt(at=clock.now(), vm=vm.name, outcome=f"not asked: {busy}", by=by)
+                )
+                continue
             wanted = record.event_id.casefold()
-            verdict, status, text = post_start(
-                relay,
-                record.event_id,
-                session,
-                remaining,
-                reported=any(e.casefold() == wanted for e in vm.event_ids),
-                expect=expect_for(record, vm.name),
-            )
+            verdict, status, text = "retry", None, "error: the exchange raised"
+            try:
+                verdict, status, text = post_start(
+                    relay,
+                    record.event_id,
+                    session,
+                    remaining,
+                    reported=any(e.casefold() == wanted for e in vm.event_ids),
+                    expect=expect_for(record, vm.name),
+                )
+            finally:
+                if lanes is not None:  # no HTTP answer in a fair time: silent lately
+                    silent = text.startswith("error:") and remaining >= 2 * lanes.patience
+                    lanes.leave(vm.name, me, clock.now(), not silent, text)
+            asked = True
             attempts.append(Attempt(at=clock.now(), vm=vm.name, outcome=text, by=by))
             if verdict == "differs":
                 return Phase(
@@ -402,6 +445,14 @@ def _try_relays(
                 )
             if verdict == "refused":
                 refused.add(vm.name)
+        if held and not asked:
+            # Every relay left is another approval's or silent lately: its turn comes
+            # when the event is due again, and this worker goes back to the queue now.
+            return Phase(
+                outcome="later",
+                detail="relays not asked now: " + _last_texts(attempts),
+                attempts=attempts,
+            )
         if all(vm.name in refused for vm, _ in relays):
             # Named VMs whose relays are not known yet may still approve: keep it pending.
             waiting = unheard and clock.now() < deadline

@@ -19,6 +19,7 @@ from functions.approvers.relay import RelayTarget
 from functions.clock import Clock
 from functions.model.policy import Policy
 from functions.pipeline.admission import Admission, callback_url
+from functions.pipeline.lanes import RelayLanes
 from functions.pipeline.liveness_verifier import RegistryVerifier
 from functions.pipeline.publish import Publisher
 from functions.settings import Settings
@@ -114,6 +115,9 @@ class Pipeline:
         # The drain workflow, for a drain or undrain due from the row; None: drains run
         # only from the `decided` notification (a host without drain settings).
         self.drainer: Drainer | None = None
+        # Each VM's share of this host's workers for approval exchanges (issue 46); None:
+        # unbounded (only the bench's negative control turns it off).
+        self.relay_lanes: RelayLanes | None = RelayLanes()
 
     @property
     def policy(self) -> Policy | None:

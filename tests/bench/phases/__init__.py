@@ -15,6 +15,7 @@ from tests.bench.phases import (
     fleet,
     hostile,
     ingest,
+    noisy,
     relay,
     row_writes,
     wave,
@@ -35,4 +36,5 @@ PHASES: list[Phase] = [
     hostile.PHASE,
     wave.PHASE,  # issue 37
     budget.PHASE,  # issue 39
+    noisy.PHASE,  # issue 46: one VM's made-up events beside honest ones
 ]
