@@ -54,12 +54,29 @@ def take_slots(pipeline: Any, record: EventRecord, now: datetime) -> tuple[bool,
     covers its VMs, and its sets' (the capacity guard) unless budgets cover every VM of
     it. Returns (taken, waiting newly recorded): not taken, it waits (the row says for
     what, oldest NotBefore first), and is woken when a slot is given back."""
-    store, policy = pipeline.store, pipeline.policy
+    waiting, guard, big = _acquire(pipeline.store, record, pipeline.policy, now)
+    if not waiting:
+        return True, False
+    # Listed in its sets' queues only where their guard applies, and never when it cannot
+    # be admitted at all (it would hold back every later NotBefore there).
+    queue = guard and not big
+    budget = "" if waiting is _SET_FULL else waiting
+    return False, wait_for_slot(pipeline, record, now, (), budget, queue=queue)
+
+
+_SET_FULL = "its set is full"
+
+
+def _acquire(
+    store: Store, record: EventRecord, policy: Policy | None, now: datetime
+) -> tuple[str, bool, bool]:
+    """Take every slot the event needs, all or none: ("", ...) when taken, else (what it
+    waits for, whether the set guard applies, whether it can never be admitted)."""
     slots, reporters = budget_needs(store, record, policy, now)
     covered = {vm for _slot, vm in slots}
     guard = set_guard_applies(reporters, covered)
     if guard and not acquire_capacity(store, record, policy, now):
-        return False, wait_for_slot(pipeline, record, now, ())
+        return _SET_FULL, guard, False
     # One approval starts the event on every VM it names (their relays confirm the names
     # against their own IMDS before approving): counted, though only reporters take slots.
     big = too_big(slots + _named_slots(store, record, policy, now, reporters)) if slots else ""
@@ -69,11 +86,7 @@ def take_slots(pipeline: Any, record: EventRecord, now: datetime) -> tuple[bool,
             log.warning("%s: %s", record.event_id[:128], big)
         if guard:
             release_capacity(store, record)
-        # Listed in its sets' queues only where their guard applies, and never when it
-        # cannot be admitted at all (it would hold back every later NotBefore there).
-        queue = guard and not big
-        return False, wait_for_slot(pipeline, record, now, (), waiting, queue=queue)
-    return True, False
+    return waiting, guard, bool(big)
 
 
 def release_slots(
@@ -219,12 +232,14 @@ def release_capacity(store: Store, record: EventRecord) -> list[str]:
 
 
 def take_capacity(store: Store, event_id: str, policy: Policy | None, now: datetime) -> bool:
-    """The drain workflow's guard: its event's slots taken (all or none), or not needed (a
-    Terminate, an event that is not impactful, an event with no row)."""
+    """The drain workflow's guard, before it takes a VM out of service: the event's slots
+    (its sets' and its budgets', as its approval takes them: all or none), or not needed
+    (a Terminate, an event that is not impactful, an event with no row). A drained VM is
+    out: a budget counts it from its drain, not only from its approval."""
     record = store.get_event(event_id)
     if record is None or not needs_capacity(record):
         return True
-    return acquire_capacity(store, record, policy, now)
+    return not _acquire(store, record, policy, now)[0]
 
 
 # ------------------------------------------------------------------ disruption budgets

@@ -4,7 +4,7 @@ Runs for a `decided` notification whose decision is `drain`, whatever the event 
 scale-in Terminate (the default policy), or a Reboot, Redeploy, Preempt or Freeze a
 policy rule asks to drain (the `terminate` subscription, named for its first use). Steps,
 each run at most once fleet-wide (functions.store.drains):
-  capacity (a slot in each of its sets, as an approval takes; not for a Terminate) →
+  capacity (its sets' and budgets' slots, as an approval takes; not for a Terminate) →
   announce drain_started → HTTP drain hook (DRAIN__HTTP_URL) → relay hook script on each
   VM to drain, all at once (DRAIN__RELAY_HOOK) → [on failure: announce drain_failed, then approve
   or hold per DRAIN__ON_FAILURE] → approve through a relay (or ARM).
@@ -298,13 +298,13 @@ def _take_capacity(
     clock: Clock,
     settings: DrainSettings,
 ) -> tuple[bool, str]:
-    """A slot in each of the event's sets (all or none), re-tried until `until`."""
+    """A slot in each of the event's sets and budgets (all or none), re-tried until `until`."""
     while True:
         if capacity(event_id):
-            return True, "capacity taken in its sets"
+            return True, "capacity taken in its sets and budgets"
         left = (until - clock.now()).total_seconds()
         if left <= 0:
-            return False, "its set had no capacity before the drain deadline"
+            return False, "no capacity in its sets or budgets before the drain deadline"
         clock.sleep(min(settings.poll_seconds, left))
 
 

@@ -247,3 +247,24 @@ def test_a_budget_replaces_the_per_set_guard_for_the_vms_it_covers(store, clock,
         mine = event(event_id, resources=(name,), not_before=T0 + timedelta(minutes=15))
         ingest_message(envelope(name, 1, [mine], observed_at=clock.now(), **where), pipeline)
     assert sorted(relay.starts()) == ["EV-0", "EV-1"]
+
+
+def test_a_drain_takes_its_budget_slot_before_the_vm_goes_out(store, clock, relay):  # noqa: F811
+    """The default policy drains before it approves (issue 45), and a drained VM is out of
+    service: the drain workflow's guard takes the budget's slot, as the approval does.
+    Before, it took only the set's, so two VMs of one service in two sets were drained at
+    once under a budget of one."""
+    from functions.pipeline.capacity import take_capacity
+
+    _place(store, "co-a", "co-b")
+    drain = Policy(rules=(Rule(name="all", action="drain"),), budgets=(BUDGET,))
+    pipeline, _ = make_pipeline(store, clock, drain)
+    where = {"callback_url": relay.url}
+    for name, event_id in (("co-a", "EV-A"), ("co-b", "EV-B")):
+        mine = event(event_id, resources=(name,), not_before=T0 + timedelta(minutes=15))
+        ingest_message(envelope(name, 1, [mine], observed_at=clock.now(), **where), pipeline)
+    assert take_capacity(store, "EV-A", pipeline.policy, clock.now())
+    assert not take_capacity(store, "EV-B", pipeline.policy, clock.now())  # before: True
+    assert _holders(store) == ["co-a"]
+    slot = BudgetSlots(store.events).get_budget_slot("checkout", GROUP)
+    assert [w.vm for w in slot.waiting] == ["co-b"]
