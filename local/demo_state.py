@@ -38,10 +38,13 @@ class DemoState:
     hook_log: Path
     undrain_log: Path
     relays: dict[str, Any]  # VM -> its relay's Popen
+    relay_argv: dict[str, list[str]]  # VM -> its relay's command line (for a restart)
+    ready_urls: dict[str, str]  # VM -> its readiness probe's URL, where it has one
     callback_urls: dict[str, str]
     drain_settings: Any
     undrain_settings: Any
     backtest: Any = None  # functions.backtest.replay.Backtest, once run
+    upgrade_lane: Any = None  # local.demo_upgrade.UpgradeLane, while the plan plays
 
     def __init__(self, options: DemoOptions | None = None, timeline: Timeline | None = None):
         self.options = options or DemoOptions()

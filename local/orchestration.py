@@ -33,6 +33,7 @@ from local.demo_ledger import CLOCK_DIR, ledger_outcomes
 from local.demo_ledger import LEAD as LEDGER_LEAD
 from local.demo_ready import ready_outcomes
 from local.demo_state import DemoState
+from local.demo_upgrade import prepare_upgrade_lane, upgrade_outcomes
 from local.drain_worker import start_drain_worker
 from local.kept_worker import EVERY_SECONDS, KEPT, KeptWorker, kept_by
 from local.narration import announcement, receiver_news, subject
@@ -93,6 +94,7 @@ class Demo(DemoState):
             self._start_relays()
         if "local functions host" not in self.missing:
             self._start_event_grid()
+        self.upgrade_lane = prepare_upgrade_lane(self)
         self.watcher = FleetWatcher(self.sim, self.timeline, on_new=self._attach_step).start()
         self.stack.callback(self.watcher.stop)
         return self
@@ -413,6 +415,8 @@ class Demo(DemoState):
             while pending and pending[0].at <= elapsed:
                 step = pending.pop(0)
                 self._play_step(step)
+            if self.upgrade_lane is not None:
+                self.upgrade_lane.start_at(elapsed)  # while the events flow (issue 44)
             self.hook_script_runs()
             if pending:
                 quiet_since = None
@@ -533,6 +537,7 @@ class Demo(DemoState):
             + run_backtest(self)
             + ledger_outcomes(self)
             + ready_outcomes(self)
+            + upgrade_outcomes(self)
         )
 
     # ------------------------------------------------------------------ shutting down

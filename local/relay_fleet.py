@@ -50,6 +50,7 @@ def start_relays(demo: DemoState) -> None:
     sas_file.write_text(table_sas(liveness_table) + "\n", encoding="utf-8")
     heartbeat_table = (table_url(demo.connection_string, liveness_table), sas_file)
     demo.relays = {}
+    demo.relay_argv = {}
     demo.callback_urls = {}
     # The hook unit: on a VM systemd runs each hook script for the relay (relay/hooks.py),
     # here local/hook_unit.py does, one for all the VMs, as whoever runs the demo.
@@ -87,6 +88,7 @@ def start_relays(demo: DemoState) -> None:
             ready_listen=ready.get(vm.name),
             heartbeat_interval=beat,
         )
+        demo.relay_argv[vm.name] = argv  # for a restart (local/demo_upgrade.py)
         # Under its VM's guest clock: a Freeze pauses it as it would a guest's (issue 33).
         argv = relay_command(demo, vm.name, argv)
         log = demo.workdir / "logs" / f"relay-{vm.name}.log"
@@ -95,6 +97,7 @@ def start_relays(demo: DemoState) -> None:
             demo.callback_urls[vm.name] = relay_callback_url(address, port)
     for vm, url in demo.callback_urls.items():
         wait_healthy(demo, vm, url)
+    demo.ready_urls = {vm: f"http://{where}/readyz" for vm, where in ready.items()}
     demo.ready_probes = [
         ProbeWatcher(demo, vm, f"http://{where}") for vm, where in ready.items() if vm in drained
     ]

@@ -103,18 +103,16 @@ class Runner:
     def run(self, action: Action, batches: Sequence[Sequence[Target]], run_id: str) -> Outcome:
         outcome = Outcome()
         total = sum(len(b) for b in batches)
-        finished = 0
         for number, batch in enumerate(batches, 1):
             names = ", ".join(t.name for t in batch[:6]) + (" ..." if len(batch) > 6 else "")
             self.say(f"batch {number}/{len(batches)}: {len(batch)} VM(s): {names}")
             failed = self._batch(action, batch, run_id, outcome)
             outcome.batches = number
-            finished += len(batch)
             outcome.failed.update(failed)
             outcome.done.extend(t.vm_id for t in batch if t.vm_id not in failed)
             self.say(
                 f"batch {number}/{len(batches)}: {len(batch) - len(failed)} of {len(batch)} "
-                f"came back; {finished} of {total} VM(s) done"
+                f"came back; {len(outcome.done)} of {total} VM(s) done"
             )
             if failed:
                 outcome.stopped = number < len(batches)

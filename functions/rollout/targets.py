@@ -60,6 +60,7 @@ class Target:
     subscription: str
     resource_group: str
     scale_set: str = ""  # its set's name (Uniform or Flexible), "" for a standalone VM
+    availability_set: str = ""
     uniform: bool = False
     zone: str = ""
     tags: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
@@ -83,6 +84,7 @@ class Target:
             resource_group=self.resource_group,
             zone=self.zone or None,
             scale_set=self.scale_set or None,
+            availability_set=self.availability_set or None,
             tags=self.tags,
         )
 
@@ -103,7 +105,8 @@ def target_query(table: str, scope: str) -> str:
 | where key == '{scope}' or key startswith '{scope}/' or scaleSetId == '{scope}'
 | where tostring(properties.storageProfile.osDisk.osType) !~ 'Windows'
 | project id, name, location, subscriptionId, resourceGroup, tags, zones,
-    vmId = tolower(tostring(properties.vmId)), scaleSetId
+    vmId = tolower(tostring(properties.vmId)), scaleSetId,
+    availabilitySetId = tostring(properties.availabilitySet.id)
 | order by id asc"""
 
 
@@ -123,6 +126,7 @@ def _target(row: dict[str, Any]) -> Target | None:
         subscription=str(row.get("subscriptionId") or "").lower(),
         resource_group=str(row.get("resourceGroup") or ""),
         scale_set=scale_set,
+        availability_set=str(row.get("availabilitySetId") or "").rsplit("/", 1)[-1],
         uniform=bool(uniform),
         zone=str(zones[0]) if isinstance(zones, list) and zones else "",
         tags={str(k): str(v) for k, v in (tags or {}).items()},
