@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -60,10 +60,13 @@ def _shut(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
+_Connection = TypeVar("_Connection", bound=HTTPConnection)
+
+
 def _adapter(sockets: _Sockets) -> HTTPAdapter:
     """An adapter whose connections report their sockets to `sockets`."""
 
-    def tracked(base: type[HTTPConnection]) -> type[HTTPConnection]:
+    def tracked(base: type[_Connection]) -> type[_Connection]:
         class Tracked(base):  # type: ignore[valid-type, misc]
             def _new_conn(self) -> socket.socket:
                 sock = super()._new_conn()

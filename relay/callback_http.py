@@ -66,13 +66,14 @@ class _DeadlineReader(socket.SocketIO):
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         super().__init__(sock, "rb")
+        self._socket = sock
         self._deadline = deadline
 
     def readinto(self, buffer: Any) -> int | None:
         left = self._deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("request not received in time")
-        self._sock.settimeout(left)
+        self._socket.settimeout(left)
         return super().readinto(buffer)
 
 
@@ -355,6 +356,12 @@ class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         log.debug("callback connection failed", exc_info=True)
 
 
+class CallbackHTTP6Server(CallbackHTTPServer):
+    """The same on an IPv6 address (`[::1]:8492`)."""
+
+    address_family = socket.AF_INET6
+
+
 class CallbackServer:
     def __init__(
         self,
@@ -370,12 +377,7 @@ class CallbackServer:
         self.name = "readiness probe" if read_only else "callback"
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
-        server_class = CallbackHTTPServer
-        if ":" in host:
-            import socket
-
-            server_class = type("CallbackHTTP6Server", (CallbackHTTPServer,), {})
-            server_class.address_family = socket.AF_INET6
+        server_class = CallbackHTTP6Server if ":" in host else CallbackHTTPServer
         self.httpd = server_class((host, int(port)), app, max_concurrent, read_timeout)
         self.httpd.get_path, self.httpd.read_only = get_path, read_only
         self.app = app
@@ -388,7 +390,7 @@ class CallbackServer:
     @property
     def url(self) -> str:
         host = self.httpd.server_address[0]
-        return f"http://{host}:{self.port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{self.port}"
 
     def start(self) -> CallbackServer:
         self._thread = threading.Thread(

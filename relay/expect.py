@@ -96,21 +96,24 @@ def differences(expected: dict[str, Any] | None, scheduled: ScheduledEvent) -> l
     for name in EXPECTED_FIELDS:
         if name not in expected:
             continue
-        wanted = expected[name]
+        wanted: Any = expected[name]
         if name in ("EventType", "EventSource"):
-            actual = raw.get(name) if isinstance(raw.get(name), str) else ""
-            if wanted.casefold() != actual.casefold():
-                found.append(f"{name} '{wanted}' expected, IMDS says '{actual[:64]}'")
+            value = raw.get(name)
+            text = value if isinstance(value, str) else ""
+            if wanted.casefold() != text.casefold():
+                found.append(f"{name} '{wanted}' expected, IMDS says '{text[:64]}'")
         elif name == "DurationInSeconds":
             actual = raw.get(name)
             if actual != wanted or isinstance(actual, bool):
                 found.append(f"{name} {_json(wanted)} expected, IMDS says {_json(actual)}")
         elif name == "NotBefore":
             if not _same_instant(wanted, raw.get(name)):
-                shown = raw.get(name) if isinstance(raw.get(name), str) else ""
+                value = raw.get(name)
+                shown = value if isinstance(value, str) else ""
                 found.append(f"{name} '{wanted}' expected, IMDS says '{shown[:64]}'")
         else:  # Resources
-            listed = raw.get(name) if isinstance(raw.get(name), list) else []
+            value = raw.get(name)
+            listed = value if isinstance(value, list) else []
             actual_names = {str(n).casefold() for n in listed}
             wanted_names = {n.casefold() for n in wanted}
             if actual_names != wanted_names:

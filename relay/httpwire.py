@@ -16,6 +16,10 @@ import socket
 import threading
 from urllib.parse import urlencode, urlsplit
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 MAX_LINE = 65536
 MAX_HEADERS = 100
 MAX_ANSWER = 4 * 1024 * 1024  # a Scheduled Events document is a few KiB; never read more
@@ -141,7 +145,9 @@ class HttpConnection:
             # An ASCII host as bytes: a str goes through the idna codec, which loads
             # unicodedata (a megabyte) into every relay for "169.254.169.254".
             host = self.host.encode("ascii") if self.host.isascii() else self.host
-            sock = socket.create_connection((host, self.port), timeout=timeout)
+            # CPython's create_connection takes a bytes host too (typeshed names str only).
+            address: Any = (host, self.port)
+            sock = socket.create_connection(address, timeout=timeout)
             if self.scheme == "https":
                 import ssl  # only for an https IMDS URL; plain http needs no OpenSSL
 
@@ -211,7 +217,7 @@ def _read_answer(rfile: io.BufferedReader, method: str) -> tuple[HttpAnswer, boo
 
 
 def _read_chunked(rfile: io.BufferedReader) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     total = 0
     while True:
         size_line = rfile.readline(MAX_LINE + 1).split(b";", 1)[0].strip()

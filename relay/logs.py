@@ -123,7 +123,7 @@ def jitter(low: float, high: float) -> float:
     return random.uniform(low, high)  # noqa: S311 - spreading retries, not security
 
 
-def clip(exc: Exception, limit: int = 200) -> str:
+def clip(exc: BaseException, limit: int = 200) -> str:
     """An exception's text, cut short: HTTP errors can carry whole URLs and reprs."""
     text = str(exc)
     return text if len(text) < limit else text[:limit] + "..."

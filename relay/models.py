@@ -360,7 +360,7 @@ class VmRef(Record):
         known = set(cls._fields) - {"extra"}
         values = {k: _optional_str(data, k, "vm") for k in known if k != "name"}
         return cls(
-            name=data.get("name"),  # type: ignore[arg-type] - checked in __post_init__
+            name=data.get("name"),  # checked in __post_init__
             extra={k: v for k, v in data.items() if k not in known},
             **values,
         )

@@ -17,12 +17,18 @@ if TYPE_CHECKING:
 _MISSING = object()
 
 
-class Factory:
+class _Factory:
     """A default made fresh for each record; `compare=False` leaves it out of equality."""
 
     def __init__(self, make: Callable[[], Any], compare: bool = True) -> None:
         self.make = make
         self.compare = compare
+
+
+def Factory(make: Callable[[], Any], compare: bool = True) -> Any:
+    """`field: dict[str, Any] = Factory(dict)`: typed as Any so that a checker takes it as
+    the field's default (it is replaced by `make()` at construction)."""
+    return _Factory(make, compare)
 
 
 class Record:
@@ -42,7 +48,7 @@ class Record:
                 default = klass.__dict__.get(name, _MISSING)
                 if default is not _MISSING:
                     defaults[name] = default
-                if not (isinstance(default, Factory) and not default.compare):
+                if not (isinstance(default, _Factory) and not default.compare):
                     compared.append(name)
         cls._fields, cls._compared, cls._defaults = tuple(names), tuple(compared), defaults
 
@@ -59,7 +65,7 @@ class Record:
                 if name not in self._defaults:
                     raise TypeError(f"{type(self).__name__}: missing {name!r}")
                 default = self._defaults[name]
-                values[name] = default.make() if isinstance(default, Factory) else default
+                values[name] = default.make() if isinstance(default, _Factory) else default
             object.__setattr__(self, name, values[name])
         post_init = getattr(self, "__post_init__", None)
         if post_init is not None:
@@ -72,14 +78,14 @@ class Record:
         return tuple(getattr(self, name) for name in self._compared)
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
+        if not isinstance(other, Record) or type(other) is not type(self):
             return NotImplemented
-        return self._key() == other._key()  # type: ignore[attr-defined]
+        return self._key() == other._key()
 
     def __lt__(self, other: object) -> bool:
-        if type(other) is not type(self):
+        if not isinstance(other, Record) or type(other) is not type(self):
             return NotImplemented
-        return self._key() < other._key()  # type: ignore[attr-defined]
+        return self._key() < other._key()
 
     def __hash__(self) -> int:
         return hash(self._key())

@@ -64,10 +64,12 @@ def hmac_sha256(key: bytes, message: bytes) -> bytes:
 def compare_digest(a: bytes, b: bytes) -> bool:
     """Constant-time comparison (hmac.compare_digest, without importing hmac)."""
     try:
-        from _operator import _compare_digest
+        import _operator
     except ImportError:  # pragma: no cover - every CPython has it; hmac as a fallback
-        from hmac import compare_digest as _compare_digest
-    return _compare_digest(a, b)
+        import hmac
+
+        return hmac.compare_digest(a, b)
+    return _operator._compare_digest(a, b)
 
 
 def signature(key: bytes, timestamp: int | str, method: str, path: str, body: bytes) -> str:

@@ -40,7 +40,7 @@ MULTI_STATUS = 207  # the list form's answer when some event failed: never an ap
 class TokenCredential(Protocol):
     """What azure-identity's credentials offer (ManagedIdentityCredential and friends)."""
 
-    def get_token(self, *scopes: str, **kwargs: object) -> object: ...
+    def get_token(self, *scopes: str, **kwargs: Any) -> Any: ...
 
 
 class ArmAnswer(BaseModel):
@@ -91,7 +91,7 @@ def acknowledge(
             url,
             params={"api-version": api_version},
             headers={
-                "Authorization": f"Bearer {token.token}",  # type: ignore[attr-defined]
+                "Authorization": f"Bearer {token.token}",
                 "Accept": "application/json",
             },
             timeout=max(0.1, min(REQUEST_TIMEOUT_SECONDS, remaining)),

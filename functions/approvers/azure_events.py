@@ -84,7 +84,7 @@ def lookup(
             f"{endpoint.rstrip('/')}{RESOURCE_GRAPH_PATH}",
             params={"api-version": API_VERSION},
             json={"query": query, "options": {"$top": 10}},
-            headers={"Authorization": f"Bearer {token.token}"},  # type: ignore[attr-defined]
+            headers={"Authorization": f"Bearer {token.token}"},
             timeout=max(0.1, min(REQUEST_TIMEOUT_SECONDS, remaining)),
             allow_redirects=False,
         )
@@ -118,9 +118,10 @@ def differences(expected: Mapping[str, Any], properties: Mapping[str, Any]) -> l
     for name in ("EventType", "EventSource"):
         if name in expected:
             wanted = expected[name] or ""
-            actual = properties.get(name) if isinstance(properties.get(name), str) else ""
-            if wanted.casefold() != actual.casefold():
-                found.append(f"{name} '{wanted}' decided, Azure says '{actual[:64]}'")
+            value = properties.get(name)
+            text = value if isinstance(value, str) else ""
+            if wanted.casefold() != text.casefold():
+                found.append(f"{name} '{wanted}' decided, Azure says '{text[:64]}'")
     if "DurationInSeconds" in expected:
         actual = properties.get("DurationInSeconds")
         if actual != expected["DurationInSeconds"] or isinstance(actual, bool):

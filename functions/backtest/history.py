@@ -189,7 +189,8 @@ def _from_graph_row(row: dict[str, Any]) -> Past:
         raise ValueError("no `properties` object")
     status = props.get("EventStatus")
     event = ScheduledEvent.model_validate(props)
-    arm_id = row.get("id") if isinstance(row.get("id"), str) else ""
+    given = row.get("id")
+    arm_id = given if isinstance(given, str) else ""
     owner = _OWNER.search(arm_id)
     scale_sets: tuple[str, ...] = ()
     availability_sets: tuple[str, ...] = ()

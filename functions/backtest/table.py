@@ -52,14 +52,14 @@ def _views(record: Any) -> tuple[View, ...]:
 def _view(record: Any, view: Any, scale_set: str | None) -> View:
     resources = view.resources or tuple(record.resources)
     event = ScheduledEvent(
-        EventId=record.event_id,
-        EventStatus=SCHEDULED,
-        EventType=view.event_type,
-        EventSource=view.event_source,
-        DurationInSeconds=view.duration_s,
-        NotBefore=view.not_before or record.not_before,
-        Resources=resources,
-        ResourceType=record.resource_type,
+        event_id=record.event_id,
+        event_status=SCHEDULED,
+        event_type=view.event_type,
+        event_source=view.event_source,
+        duration_in_seconds=view.duration_s,
+        not_before=view.not_before or record.not_before,
+        resources=resources,
+        resource_type=record.resource_type,
     )
     return View(event, (scale_set,) if scale_set else (), view.vm)
 
@@ -81,15 +81,15 @@ def _dropped_views(store: Any, record: Any) -> tuple[View, ...]:
 
 def _from_record(record: Any, dropped: tuple[View, ...] = ()) -> Past:
     event = ScheduledEvent(
-        EventId=record.event_id,
-        EventStatus=SCHEDULED,
-        EventType=record.event_type,
-        ResourceType=record.resource_type,
-        Resources=tuple(record.resources),
-        NotBefore=record.not_before,
-        Description=record.description,
-        EventSource=record.event_source,
-        DurationInSeconds=record.duration_in_seconds,
+        event_id=record.event_id,
+        event_status=SCHEDULED,
+        event_type=record.event_type,
+        resource_type=record.resource_type,
+        resources=tuple(record.resources),
+        not_before=record.not_before,
+        description=record.description,
+        event_source=record.event_source,
+        duration_in_seconds=record.duration_in_seconds,
     )
     decision = record.decision
     # The attempt that approved it is the last one (a relay's "approved", ARM's answer text).

@@ -57,7 +57,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cryptography import x509
-from cryptography.x509.oid import AuthorityInformationAccessOID, ExtensionOID, NameOID
+from cryptography.x509.oid import AuthorityInformationAccessOID, NameOID
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store, VerificationError
 
 from functions.identity import issuer_cache, issuers, pkcs7, trust
@@ -563,7 +563,7 @@ def issuer_words(cert: x509.Certificate) -> str:
 def _ca_issuer_urls(leaf: x509.Certificate) -> list[str]:
     """The leaf's caIssuers URLs, in order (none: no AIA extension)."""
     try:
-        aia = leaf.extensions.get_extension_for_oid(ExtensionOID.AUTHORITY_INFORMATION_ACCESS)
+        aia = leaf.extensions.get_extension_for_class(x509.AuthorityInformationAccess)
     except (x509.ExtensionNotFound, ValueError):
         return []
     return [

@@ -365,8 +365,11 @@ class CachedResolver:
         with self._lock:
             recent = self._recent.get(vm_id)
             waiting = self._refresh_after.get(vm_id)
-        usable = recent is not None and key.key_id in recent.attested
-        if usable and (self._fresh(recent) or (waiting and self.clock() < waiting)):
+        if (
+            recent is not None
+            and key.key_id in recent.attested
+            and (self._fresh(recent) or (waiting and self.clock() < waiting))
+        ):
             return recent  # the steady case (or a refresh put off): no Table request
         identity = self.store.get(vm_id)
         if identity is not None and self._fresh(identity):

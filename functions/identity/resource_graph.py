@@ -112,7 +112,7 @@ class ResourceGraph:
                 params={"api-version": API_VERSION},
                 json=body,
                 headers={
-                    "Authorization": f"Bearer {token.token}",  # type: ignore[attr-defined]
+                    "Authorization": f"Bearer {token.token}",
                     "Accept": "application/json",
                 },
                 timeout=REQUEST_TIMEOUT_SECONDS,

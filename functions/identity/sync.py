@@ -211,7 +211,7 @@ def write_facts(
             "name": facts.name.casefold(),
             "fetched_at": facts.fetched_at,
         }
-        by_partition.setdefault(entity["PartitionKey"], []).append(entity)
+        by_partition.setdefault(partition_of(vm_id), []).append(entity)
 
     def write(entities: list[dict[str, Any]]) -> tuple[int, int]:
         made = 0

@@ -80,11 +80,12 @@ def _owner(match: re.Match[str], text: str) -> ArmResource:
     )
 
 
-def parse_event_id(text: str) -> tuple[ArmResource, str]:
+def parse_event_id(text: object) -> tuple[ArmResource, str]:
     """`.../Microsoft.Compute/{type}/{name}/providers/Microsoft.Maintenance/scheduledevents/{id}`
-    -> (the owner, the EventId). Raises ArmError naming what is wrong."""
+    -> (the owner, the EventId). Raises ArmError naming what is wrong (whatever `text` is:
+    it comes from an Event Grid event or a stored row)."""
     match = _OWNER.match(text.strip()) if isinstance(text, str) else None
-    if match is None:
+    if match is None or not isinstance(text, str):
         raise ArmError(f"{text!r} is not an ARM id under Microsoft.Compute")
     owner = _owner(match, text)
     suffix = _EVENT_SUFFIX.match(match["rest"])

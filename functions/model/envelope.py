@@ -16,7 +16,7 @@ import json
 import re
 from datetime import UTC, datetime
 from email.utils import format_datetime, parsedate_to_datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     AwareDatetime,
@@ -291,7 +291,7 @@ def content_hash(document: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- envelope
 
-ENVELOPE_SCHEMA = 1
+ENVELOPE_SCHEMA: Final = 1
 
 
 VM_ID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"

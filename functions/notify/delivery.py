@@ -134,11 +134,17 @@ class MemoryMarks:
             return key in self._keys
 
 
+class Poster(Protocol):
+    """The part of requests.Session a sender uses (a paced session offers the same)."""
+
+    def post(self, *args: Any, **kwargs: Any) -> requests.Response: ...
+
+
 @dataclass
 class Transport:
     """What a sender needs from the outside world; tests pass short waits and a fixed clock."""
 
-    session: requests.Session
+    session: Poster
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)

@@ -23,7 +23,7 @@ from typing import Any
 
 import requests
 
-from functions.notify.delivery import retry_after_seconds
+from functions.notify.delivery import Poster, retry_after_seconds
 
 SLACK_INTERVAL_SECONDS = 1.0
 EPSILON = 0.001  # waits shorter than a millisecond are clock noise, not a turn to wait for
@@ -73,7 +73,7 @@ class PacedSession:
     already waits that Retry-After before its next attempt."""
 
     def __init__(
-        self, session: requests.Session, pacer: WebhookPacer, sleep: Callable[[float], None]
+        self, session: Poster, pacer: WebhookPacer, sleep: Callable[[float], None]
     ) -> None:
         self.session, self.pacer, self.sleep = session, pacer, sleep
         self._retry_at: float | None = None  # when this post's own Retry-After ends

@@ -132,7 +132,7 @@ class ChannelSettings(BaseSettings):
         return [
             (name, value.get_secret_value())
             for name, value in urls.get(channel, ())
-            if _present(value) and not unresolved_reference(value)
+            if value is not None and _present(value) and not unresolved_reference(value)
         ]
 
     def _unusable(self, channel: str) -> str | None:

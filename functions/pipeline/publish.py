@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
+from uuid import UUID
 
 from functions import telemetry
 from functions.model.event import Notification
@@ -24,7 +25,9 @@ class Publisher(Protocol):
         """Deliver one announcement; raise if it could not be handed over."""
 
 
-def application_properties(notification: Notification) -> dict[str, Any]:
+def application_properties(
+    notification: Notification,
+) -> dict[str | bytes, int | float | bytes | bool | str | UUID]:
     """What a topic subscription can filter on without reading the body."""
     decision = notification.decision
     return {

@@ -62,13 +62,13 @@ def _differ(name: str, values: list[object]) -> bool:
 def as_scheduled(view: VmView, status: str, event_id: str) -> ScheduledEvent:
     """A stored view as the event the policy reads (to decide it again)."""
     return ScheduledEvent(
-        EventId=event_id,
-        EventStatus=status,
-        EventType=view.event_type,
-        EventSource=view.event_source,
-        DurationInSeconds=view.duration_s,
-        NotBefore=view.not_before,
-        Resources=view.resources,
+        event_id=event_id,
+        event_status=status,
+        event_type=view.event_type,
+        event_source=view.event_source,
+        duration_in_seconds=view.duration_s,
+        not_before=view.not_before,
+        resources=view.resources,
     )
 
 

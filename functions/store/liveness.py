@@ -454,7 +454,7 @@ class Liveness:
                     for r in rows[start : start + BATCH]
                 ]
                 try:
-                    self.table.submit_transaction(batch)  # type: ignore[arg-type]
+                    self.table.submit_transaction(batch)
                 except (TableTransactionError, HttpResponseError) as exc:
                     log.info("liveness: junk batch in %s not deleted now: %s", pk, exc)
 

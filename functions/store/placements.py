@@ -76,7 +76,7 @@ class Placements:
                 "name": placement.name.casefold(),
                 "fetched_at": placement.fetched_at,
             }
-            by_partition.setdefault(entity["PartitionKey"], []).append(entity)
+            by_partition.setdefault(placement_partition(placement.name), []).append(entity)
 
         def write(entities: list[dict[str, Any]]) -> int:
             made = 0

@@ -147,7 +147,8 @@ def _chunks(text: str) -> dict[str, str]:
     if text.isascii():
         parts = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
     else:
-        parts, current, used = [], [], 0
+        parts, used = [], 0
+        current: list[str] = []
         for ch in text:
             width = 2 if ord(ch) > 0xFFFF else 1
             if used + width > CHUNK_CHARS:

@@ -74,9 +74,9 @@ def drain_targets(
             now_decided=now_decided,
         )
     rows: dict[str, Reporter] = {}
-    for reporter in reporters:
-        if reporter.view is not None and (reporter.status or ended):
-            rows[reporter.vm.casefold()] = reporter
+    for one in reporters:
+        if one.view is not None and (one.status or ended):
+            rows[one.vm.casefold()] = one
     drain: list[str] = []
     not_drained: dict[str, str] = {}
     unheard: list[str] = []

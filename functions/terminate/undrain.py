@@ -20,6 +20,7 @@ from functions.terminate.context import (
     WAIT_POLL_SECONDS,
     DrainContext,
     DrainResult,
+    Outcome,
     Steps,
     announcer,
     hook_action,
@@ -118,7 +119,9 @@ def run_undrain(
         failures.append("the HTTP drain hook was called, but UNDRAIN__HTTP_URL is not set")
     # (step, VM, hook, the drain hook it undoes): the operator's undrain hook where its
     # drain hook may have run, the built-in readyz:undrain where the probe was turned 503.
-    jobs = [(f"undrain:ready:{vm}", vm, READY_UNDRAIN, READY_DRAIN) for vm in undo.ready]
+    jobs: list[tuple[str, str, str, str | None]] = [
+        (f"undrain:ready:{vm}", vm, READY_UNDRAIN, READY_DRAIN) for vm in undo.ready
+    ]
     if vms and settings.relay_hook:
         jobs += [(f"undrain:hook:{vm}", vm, settings.relay_hook, drain_hook) for vm in vms]
     elif vms:
@@ -155,6 +158,7 @@ def run_undrain(
         detail = "nothing was drained: " + "; ".join(f"{r.step}: {r.detail}" for r in records)
         log.info("undrain %s: %s", event.event_id, detail)
         return DrainResult(event.event_id, "skipped", False, detail, steps.records)
+    outcome: Outcome
     if failures:
         transition, outcome = Transition.UNDRAIN_FAILED, "undrain_failed"
         detail = "; ".join(failures) + " — put the VM back in service by hand"
@@ -166,11 +170,12 @@ def run_undrain(
         clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
         announcer(ctx, note, transition, detail),
     )
-    if ctx.audit is not None:
+    audit = ctx.audit
+    if audit is not None:
         steps.once(
             "audit:undrain",
             clock.now() + timedelta(seconds=ANNOUNCE_LEASE_SECONDS),
-            lambda _until: (ctx.audit(event.event_id, outcome, detail), (True, outcome))[1],
+            lambda _until: (audit(event.event_id, outcome, detail), (True, outcome))[1],
         )
     return DrainResult(event.event_id, outcome, False, detail, steps.records)
 

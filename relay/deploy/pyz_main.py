@@ -11,6 +11,10 @@ imported from the archive the ordinary way: slower to start and larger, never br
 import os
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 if sys.version_info < (3, 9):  # noqa: UP036 - this line must run on an older Python too
     sys.stderr.write("relay: needs Python 3.9 or newer (this is %s)\n" % sys.version.split()[0])  # noqa: UP031
     sys.exit(2)
@@ -75,7 +79,8 @@ class _Precompiled:
 
         package = fullname == "relay"
         name = "relay/__init__.py" if package else fullname.replace(".", "/") + ".py"
-        spec = ModuleSpec(fullname, self, origin=self.archive + "/" + name, is_package=package)
+        loader: Any = self  # a loader by protocol (create_module, exec_module), not by base
+        spec = ModuleSpec(fullname, loader, origin=self.archive + "/" + name, is_package=package)
         spec.has_location = True
         if package:
             spec.submodule_search_locations = [self.archive + "/relay"]
