@@ -23,6 +23,7 @@ from functions.model.event import utc_text
 from functions.notify import describe
 from functions.pipeline.approve import approval_path
 from functions.pipeline.context import Pipeline
+from functions.pipeline.coverage import coverage_state
 from functions.store.liveness import Skipped
 from functions.store.records import EventRecord
 from functions.store.rows import BadRow
@@ -35,6 +36,7 @@ from functions.web.approval import (
     operator_actor,
 )
 from functions.web.budgets import budget_state, budgets_section
+from functions.web.coverage import coverage_section
 from functions.web.principal import Principal, PrincipalInvalid, read_principal
 from functions.web.timeline import render_svg
 from functions.web.views import (
@@ -398,6 +400,7 @@ def fleet_page(pipeline: Pipeline, request: PageRequest) -> PageResponse:
             ["event", "what", "VMs", "status", "NotBefore", "decision", "approval"], rows
         )
         + budgets_section(budgets, now, event_path)
+        + coverage_section(coverage_state(pipeline), now)
         + "<h2>Timeline</h2>"
         + render_svg([event_lane(r) for r in events], now=now)
     )

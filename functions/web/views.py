@@ -11,6 +11,7 @@ from functions.ledger import LedgerLine, ledger_lines
 from functions.notify import describe
 from functions.pipeline.admission_tally import read_report
 from functions.pipeline.context import Pipeline
+from functions.pipeline.coverage import coverage_state
 from functions.store.liveness import Skipped
 from functions.store.records import EventRecord
 from functions.web.budgets import budget_state
@@ -116,6 +117,9 @@ def fleet_status(pipeline: Pipeline, include_ended: bool) -> dict[str, Any]:
         "events": events,
         # Disruption budgets: each one's groups with holders and waiting events.
         "budgets": budget_state(pipeline, skipped),
+        # Coverage (functions.pipeline.coverage): VMs in scope with no relay heard, relays
+        # silent, versions, contracts, the drain each VM has; None before the first pass.
+        "coverage": coverage_state(pipeline),
         # Rows left out because they cannot be read (None: none).
         "unreadable_rows": unreadable_state(skipped),
     }
