@@ -48,7 +48,9 @@ from functions.store.state import Store
 log = logging.getLogger(__name__)
 
 
-def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") -> IngestResult:
+def ingest_message(
+    body: bytes | str, pipeline: Pipeline, message_id: str = "", session_id: str | None = None
+) -> IngestResult:
     """Process one message body from the documents queue (or the local inbox).
 
     A problem with the message itself is permanent: it is recorded in the rejected table
@@ -57,6 +59,9 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
     storage refuses outright (400/413: a property or entity too large, a value out of
     range) for a message that validated; the bounds in functions.model.envelope keep the
     latter from happening for anything a relay sends. Everything else raises (transient).
+    `session_id`: the message's Service Bus SessionId (None where there is none, as in the
+    local inbox): it must name the sender's own vmId (the relay's, contract §1), or the
+    message is refused, so no VM writes into another VM's session or spreads over many.
 
     One that reached the lifecycle (or was refused for good) is acknowledged last
     (contract §11, functions.store.acks), with the key it carries: its attestation vouches
@@ -64,7 +69,7 @@ def ingest_message(body: bytes | str, pipeline: Pipeline, message_id: str = "") 
     clock ahead or with a NotBefore too far out: time heals those, and the relay resends.
     """
     try:
-        result, acks = _ingest_message(body, pipeline, message_id)
+        result, acks = _ingest_message(body, pipeline, message_id, session_id)
     except _Refused as refused:
         # Recorded with its body and the reason, then completed.
         log.warning("rejected message %s: %s", message_id or "?", refused.reason)
@@ -97,7 +102,7 @@ class _Refused(Exception):
 
 
 def _ingest_message(
-    body: bytes | str, pipeline: Pipeline, message_id: str
+    body: bytes | str, pipeline: Pipeline, message_id: str, session_id: str | None = None
 ) -> tuple[IngestResult, _Acks | None]:
     """The result, and what to acknowledge (None: nothing). Raises _Refused."""
     if looks_like_event_grid(body):
@@ -118,6 +123,15 @@ def _ingest_message(
         raise _Refused(str(exc)) from None
     # FactsUnavailable propagates: Resource Graph may not show a new VM for a minute, so
     # the message is abandoned and redelivered, not rejected.
+    if session_id is not None and session_id.casefold() not in _own_sessions(ref):
+        # Refused loudly (recorded with the reason), never left to dead-letter: a VM's
+        # messages in another VM's session would hold up that VM's documents.
+        raise _Refused(
+            f"SessionId {session_id[:128]!r} is not the sender's vmId ({ref.vm_id}): a relay "
+            "sends in its own VM's session only",
+            vm=ref.name,
+            now=now,
+        )
     envelope = envelope.model_copy(update={"vm": ref})
     name = ref.name
     if envelope.kind == "preflight":
@@ -159,6 +173,12 @@ def _ingest_message(
         reason = f"Table storage refused a row for this message ({code}): {_first_line(exc)}"
         raise _Refused(reason, vm=name, now=now, acks=acks) from None
     return result, acks
+
+
+def _own_sessions(ref: VmRef) -> set[str]:
+    """The SessionIds the sender may use: its vmId (a relay of before contract 2 without
+    one used its name, relay/models.py `session_id`)."""
+    return {value.casefold() for value in (ref.vm_id, ref.name) if value}
 
 
 # A relay's clock may run a little ahead; a message from further in the future would make

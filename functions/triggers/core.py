@@ -107,7 +107,9 @@ def ingest(msg: func.ServiceBusMessage) -> None:
     (functions.triggers.later), so an outage burns no deliveries."""
     current = pipeline()
     try:
-        result = ingest_message(msg.get_body(), current, message_id=msg.message_id or "")
+        result = ingest_message(
+            msg.get_body(), current, message_id=msg.message_id or "", session_id=msg.session_id
+        )
     except Exception as exc:
         if not later_instead(msg, exc, current, current.settings.documents_queue):
             raise

@@ -3,7 +3,8 @@
 
 - HONEST VMs (200), each with a Redeploy the policy holds for a maintenance window, and
   one VM (`liar`) with MADE_UP (100) made-up Freezes whose relay accepts every connection
-  and never answers; the liar's events sort first, so the sweep hands them over first;
+  and never answers (two hours' worth of new events at the default per-VM bound, all open
+  at once); the liar's events sort first, so the sweep hands them over first;
 - the window opens (the app's clock moves on; everything else is real time) and the sweep
   runs every SWEEP_EVERY seconds, handing every due event to the local host's work queue
   (host.json `maxConcurrentCalls` workers), on an Azurite of its own;
@@ -112,7 +113,11 @@ def wave(
     names = [f"noisy-{i:04d}" for i in range(honest)]
     store = Store.from_connection_string(connection_string, "noisy" + uuid.uuid4().hex[:8])
     store.ensure_tables()
-    pipeline, _ = make_pipeline(store, clock, policy, approval_budget_seconds=BUDGET)
+    # 100 new events of one VM are two hours' worth at the default bound (50 an hour,
+    # MAX_NEW_EVENTS_PER_VM_HOUR): the bench has them all open at once.
+    pipeline, _ = make_pipeline(
+        store, clock, policy, approval_budget_seconds=BUDGET, max_new_events_per_vm_hour=MADE_UP
+    )
     if not fair:
         pipeline.relay_lanes = None  # the negative control
     work = LocalWorkQueue(pipeline, TriggerConfig.from_host_json().max_concurrent_calls)

@@ -45,6 +45,7 @@ from tests.functions.conftest import (  # noqa: F401  (fixtures)
     new_relay,
     relay,
     store,
+    vm_id_of,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,3 +219,36 @@ def _received(queue: LocalQueue) -> list[ServiceBusMessage]:
 
 def _text(message: ServiceBusMessage) -> str:
     return body_of(message).decode()
+
+
+def test_a_message_in_another_vms_session_is_refused_with_the_reason(store, clock, relay):  # noqa: F811
+    """On 2f59d6a ingest never compared a message's SessionId with the sender: one VM could
+    write into a victim's session (holding up the victim's documents behind its own) or
+    spread its messages over every session. Now it is refused, recorded with the reason
+    and completed (never left to dead-letter), and a relay's own session is accepted."""
+    from functions.triggers import core
+
+    pipeline, _ = make_pipeline(store, clock)
+    core.use_pipeline(pipeline)
+    try:
+        body = envelope("liar", 1, [event("EV-LIAR", resources=("liar",))]).encode()
+        core.ingest(_Message(body, session_id=vm_id_of("victim"), message_id="m1"))
+        assert store.get_event("EV-LIAR") is None
+        reasons = [row["reason"] for row in store.rejected_rows()]
+        assert any("SessionId" in r and "vmId" in r for r in reasons), reasons
+        core.ingest(_Message(body, session_id=vm_id_of("liar").upper(), message_id="m2"))
+        assert store.get_event("EV-LIAR") is not None  # its own session: accepted
+    finally:
+        core.use_pipeline(None)
+
+
+class _Message:
+    """What the Functions host hands the `ingest` trigger (azure.functions cannot set a
+    SessionId on the message it builds)."""
+
+    def __init__(self, body: bytes, *, session_id: str, message_id: str) -> None:
+        self.body, self.session_id, self.message_id = body, session_id, message_id
+        self.application_properties: dict = {}
+
+    def get_body(self) -> bytes:
+        return self.body
