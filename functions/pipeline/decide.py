@@ -43,14 +43,7 @@ from functions.model.envelope import Envelope, LedgerEntry, ScheduledEvent, VmRe
 from functions.model.event import Decision, Transition
 from functions.model.policy import PolicyLoad, decide
 from functions.model.view import VmView, normalise_resources
-from functions.pipeline.lifecycle import (
-    Observation,
-    approval_lease,
-    claim_announcement,
-    intend_approval,
-    observe,
-    observed,
-)
+from functions.pipeline.lifecycle import Observation, observe, observed
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import claim_recovery
 from functions.pipeline.views import TOO_MANY_VIEWS, differing_fields, stricter
@@ -59,8 +52,6 @@ from functions.store import claims
 from functions.store.recent import copy_record
 from functions.store.records import MAX_VIEWS, EventRecord, ViewDecision, VmRecord
 
-DEFAULT_APPROVAL_LEASE = approval_lease(Settings.model_fields["approval_budget_seconds"].default)
-
 
 @dataclass
 class ReportPlan:
@@ -68,13 +59,11 @@ class ReportPlan:
     nothing to write); it carries the ETag of the row it was computed from."""
 
     row: EventRecord | None
-    claimed: list[Transition] = field(default_factory=list)
-    made: bool = False  # this write made or changed the event's decision: audit, approve
+    made: bool = False  # this write made or changed the event's decision
     view: VmView | None = None
     key: str = ""
     decision: Decision | None = None  # this VM's own decision (None: the event ended)
     kept: bool = True  # the view is on the event row (False: beyond MAX_VIEWS)
-    approval_claim: str = ""  # the approval claim this write takes (functions.pipeline.reconcile)
 
 
 def decide_report(
@@ -87,21 +76,16 @@ def decide_report(
     repeated: bool = False,
     newcomer: bool = False,
     *,
-    holder: str = "",
-    lease: timedelta = DEFAULT_APPROVAL_LEASE,
     seen_at: datetime | None = None,
-    relays: bool = True,
-    named: bool = True,
 ) -> ReportPlan:
     """The pure step for one event of one document (see the module docstring). `row` is
     never changed: the plan's row is a copy. `own`: this VM's view of the event
     (`seen_by`, worked out once per document). `repeated`: this VM's previous
     document showed the same view (its VM row says so), so a view the row could not keep
     (beyond MAX_VIEWS) is not counted again. `newcomer`: this VM had not listed the event
-    before (an end the other reporters made reopens for it). `holder`, `lease`: the claims
-    this write takes (functions.store.claims); `seen_at`: when the relay saw it; `relays`:
-    the relay path approves (APPROVERS), through this VM's relay first when it is `named`
-    (the event's Resources name it: ingest decides only such events)."""
+    before (an end the other reporters made reopens for it). `seen_at`: when the relay saw
+    it. It records and decides; it claims nothing (only the reconcile by key claims and
+    acts, functions.pipeline.reconcile)."""
     current = copy_record(row) if row is not None else None
     view, key = own.view, own.key
     seen = Observation(
@@ -111,10 +95,10 @@ def decide_report(
         describes=_describes(current, vm, key),
         newcomer=newcomer,
     )
-    updated, claimed = observe(current, seen, now, holder)
+    updated = observe(current, seen, now)
     target = updated if updated is not None else current
     if target is None or target.ended:
-        return ReportPlan(row=updated, claimed=claimed, view=view, key=key)
+        return ReportPlan(row=updated, view=view, key=key)
     changed = updated is not None
     made = False
     entry = next((e for e in target.views if e.key == key), None)
@@ -146,23 +130,8 @@ def decide_report(
             made = _fold(target, entry.decision, now)
             if agreed and target.views_differ and not made:
                 _note_difference(target, now)
-    if should_redecide(target, policy, now):
-        # The policy is valid again: each kept view and then the event are decided afresh.
-        redecide(target, policy, now)
-        made = changed = True
-    key_taken = Transition.POLICY_INVALID if _failed_closed(target) else Transition.DECIDED
-    if claim_announcement(target, key_taken, now, holder):
-        claimed.append(key_taken)
-        changed = True
-    taken = ""
-    if made:
-        dry_run = policy.policy is not None and policy.policy.dry_run
-        relay_to = vm.name if relays and named else ("" if relays else None)
-        taken = intend_approval(target, dry_run, now, lease, holder, relay_to)
     return ReportPlan(
-        approval_claim=taken,
         row=target if changed else None,
-        claimed=claimed,
         made=made,
         view=view,
         key=key,
@@ -435,6 +404,10 @@ class EventStep:
     # the event: if the VM never reported it, its report reopens the event for it; if it
     # did (its reporter row says so), it is a late report as before.
     reopens: bool = False
+    # It says Started and the row as remembered has not started: a VM's Started is its
+    # own word, and the decider derives the event's start from every reporter's view, so
+    # the event is reconciled even when the row needs no write.
+    starts: bool = False
 
     @property
     def newcomer(self) -> bool:
@@ -497,6 +470,7 @@ def decide_document(
         step.settled = recent is not None and settled(
             recent, event, envelope.vm, seen, policy, now, step.newcomer, step.repeated
         )
+        step.starts = event.is_started and recent is not None and not recent.started
     if envelope.scheduled_events is not None and vm is not None:
         listed = {e.event_id.casefold() for e in events}
         for old in vm.event_ids:
@@ -545,26 +519,20 @@ def settled(
         if not final:
             return False
     plan = decide_report(recent, event, vm, own, policy, now, repeated, newcomer)
-    return plan.row is None and not plan.claimed
+    return plan.row is None
 
 
 def decide_grid(
-    target: EventRecord,
-    event: ScheduledEvent,
-    policy: PolicyLoad,
-    now: datetime,
-    holder: str = "",
-) -> tuple[bool, Transition | None]:
+    target: EventRecord, event: ScheduledEvent, policy: PolicyLoad, now: datetime
+) -> bool:
     """Decide an event the first time Event Grid reports it (or once more, after it failed
-    closed on an invalid policy and this host's policy is valid), and claim the decision's
-    announcement, in place. Returns (decided now, the transition claimed or None)."""
-    decided = False
+    closed on an invalid policy and this host's policy is valid), in place. Returns
+    whether it decided now (its announcement is the decider's to claim)."""
     if target.decision is None:
         target.decision = decide(policy, event, now, tuple(target.scale_sets))
         target.decided_at = now
-        decided = True
-    elif should_redecide(target, policy, now):
+        return True
+    if should_redecide(target, policy, now):
         redecide(target, policy, now, event)
-        decided = True
-    key = Transition.POLICY_INVALID if target.decision.policy_error else Transition.DECIDED
-    return decided, key if claim_announcement(target, key, now, holder) else None
+        return True
+    return False

@@ -11,6 +11,13 @@ its key; `due` is the only place that knows what an event can still need:
     reconcile(key): read -> due -> do each part -> record when it is next due
 
 What is due, from the row (and the few facts reconcile read beside it, `Facts`):
+- the start: Azure said Started (Event Grid), or a reporter's own view says Started, no
+  reporter's own view still says Scheduled, and every VM the event names reported it (or
+  START_GRACE passed since: a named VM whose relay has not reported it by then has none,
+  or is silent); at NotBefore any reporter's Started (Azure starts it then anyway). A
+  VM's Started decides its own approval and drain, never another's: a set-mate that
+  reports a shared event Started first does not stop the victim's approval, drain or a
+  person's approval, and no `started` is announced on its word alone;
 - the end: every VM that reported it stopped listing it (or went silent) once it had
   started or reached NotBefore, or, for an event only Event Grid reported, its end never
   came within EVENTGRID_END_AFTER_SECONDS of NotBefore;
@@ -67,6 +74,10 @@ ENDS = (Transition.COMPLETED, Transition.CANCELLED)
 RETRY_AFTER = timedelta(seconds=60)
 # An open event is looked at again at least this often, whatever it waits for.
 LOOK_AGAIN = timedelta(hours=1)
+# How long a VM's Started waits for the other VMs the event names to report it before it
+# starts the event for everyone: relays poll IMDS about once a second, so a named VM that
+# has not reported a shared event by then has no relay, or a silent one.
+START_GRACE = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,14 @@ class Facts:
     reporting: bool | None = None  # some VM still lists the event
     reported: bool | None = None  # some VM ever listed it (Event Grid is no reporter)
     silent: bool | None = None  # every VM that lists it went silent (and some do)
+    # When the last reporter's relay saw the event go (its own clock, bounded by ours).
+    left_at: datetime | None = None
+    # When the first reporter whose own view says Started saw it (None: none says so).
+    started_seen: datetime | None = None
+    # Some reporter's own view still says Scheduled.
+    scheduled: bool = False
+    # Some VM the event names has never reported it (no reporter row).
+    unreported: bool = False
 
 
 NOTHING_READ = Facts()
@@ -87,6 +106,8 @@ class Due:
     """What one event row still needs (`due`); falsy when nothing."""
 
     end: str = ""  # "reporters" | "silent" | "unheard": the event ends now, and why
+    start: datetime | None = None  # the event started (derived), seen then
+    start_at: datetime | None = None  # when a reporter's Started starts it, if nothing changes
     redecide: bool = False
     settle: str = ""  # the path of an approval that reached Azure unrecorded ("relay:vm", "arm")
     publish: tuple[Transition, ...] = ()  # claimed, not done, free for `me`: publish
@@ -106,6 +127,7 @@ class Due:
     def __bool__(self) -> bool:
         return bool(
             self.end
+            or self.start
             or self.redecide
             or self.settle
             or self.publish
@@ -220,6 +242,30 @@ def settled_path(record: EventRecord) -> str:
     return ""
 
 
+def start_at(record: EventRecord, facts: Facts) -> datetime | None:
+    """When a reporter's Started starts the event for everyone, if nothing else changes
+    (None: not on what the reporters say now). Event Grid's Started is written by its
+    notification; a VM's is its own word, so it starts the event for everyone only once no
+    reporter's own view still says Scheduled and every VM the event names reported it (or
+    START_GRACE after it was seen), or at NotBefore (Azure starts it then). Where Azure
+    described the event (Event Grid), only NotBefore lets a VM's word start it."""
+    seen = facts.started_seen
+    if record.ended or record.started or seen is None:
+        return None
+    at_not_before = max(record.not_before, seen) if record.not_before is not None else None
+    if facts.scheduled or record.arm_resource:
+        return at_not_before
+    agreed = seen if not facts.unreported else seen + START_GRACE
+    return min(agreed, at_not_before) if at_not_before is not None else agreed
+
+
+def start_due(record: EventRecord, facts: Facts, now: datetime) -> datetime | None:
+    """When the event started, derived from the reporters' own views (None: it has not
+    for everyone, or the row says so already): `start_at`, once it is here."""
+    at = start_at(record, facts)
+    return facts.started_seen if at is not None and at <= now else None
+
+
 def end_due(record: EventRecord, facts: Facts, now: datetime, grid_end_after: timedelta) -> str:
     """Why the event ends now ("" when it does not)."""
     if record.ended:
@@ -256,6 +302,10 @@ def due(
     ended = end_due(record, facts, now, grid_end_after)
     if ended:
         return Due(end=ended, next_at=now)
+    started = start_due(record, facts, now)
+    if started is not None:
+        return Due(start=started, next_at=now)
+    starting = start_at(record, facts)
     if should_redecide(record, policy, now):
         return Due(redecide=True, next_at=now)
     settle = settled_path(record)
@@ -323,6 +373,7 @@ def due(
         count=count,
         undrain=undrain,
         close=close,
+        start_at=starting,
         next_at=next_at(record, now, window, approve),
     )
 

@@ -34,9 +34,9 @@ from functions.pipeline.decide import (
     decide_report,
     next_vm_row,
 )
-from functions.pipeline.due import NOTHING_READ, Facts
-from functions.pipeline.lifecycle import approval_lease, own_claim
-from functions.pipeline.reconcile import all_silent, reconcile
+from functions.pipeline.due import conditions
+from functions.pipeline.reconcile import enqueue, reconcile_key
+from functions.pipeline.redecide import should_redecide
 from functions.pipeline.relay_recovery import announce_recovery
 from functions.pipeline.results import IngestResult
 from functions.store import claims
@@ -255,7 +255,7 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
         for step in plan.steps:
             _write_step(step, envelope.vm, tag, plan.seen_at, pipeline, now, result, touched, late)
         for old in plan.absent:
-            _absent(old, plan.left.get(old), envelope, tag, pipeline, now, result)
+            _absent(old, plan.left.get(old), envelope, tag, pipeline, now, result, plan.seen_at)
         recovered: list[str] = []  # the silence this document ends, if announced
         saved = _save_vm(
             store,
@@ -268,11 +268,15 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
             plan.views,
         )
         if saved:
-            # After the VM row, so this VM's callback URL is known to the approver. What
-            # each event still needs is read from the row this document left
-            # (level-triggered): a redelivery or the watchdog would find the same.
-            for record in touched.values():
-                _reconcile(pipeline, record, result, tag)
+            # After the VM row, so this VM's callback URL is known to the approver. Each
+            # event written is reconciled by its key (level-triggered: a redelivery or the
+            # sweep would find the same): here while the document has one, through the
+            # work queue when it has more, so each costs its own unit of work and budget,
+            # never one approval after another in this message's time.
+            if len(touched) > INLINE_EVENTS:
+                enqueue(pipeline, [r.event_id for r in touched.values()], now)
+            for record in touched.values() if len(touched) <= INLINE_EVENTS else ():
+                _reconcile(pipeline, record.event_id, result, tag, record)
             for mark in recovered:
                 # After the document's own work: a topic failure here must not redeliver a
                 # document that is already processed (it would be stale); the watchdog
@@ -287,16 +291,22 @@ def ingest_envelope(envelope: Envelope, pipeline: Pipeline) -> IngestResult:
     raise RuntimeError(f"VM row {name} kept changing; giving up this delivery")
 
 
+# Events one document reconciles itself; a document with more hands them all to the work
+# queue (functions.pipeline.workqueue): each then costs its own unit of work, in parallel.
+INLINE_EVENTS = 1
+
+
 def _reconcile(
     pipeline: Pipeline,
-    record: EventRecord,
+    event_id: str,
     result: IngestResult,
     me: str,
-    facts: Facts = NOTHING_READ,
-    left_at: datetime | None = None,
+    row: EventRecord | None = None,
 ) -> None:
-    done = reconcile(pipeline, record, me=me, facts=facts, left_at=left_at)
-    result.transitions.extend((record.event_id, t.value) for t in done.published)
+    """Reconcile one event by its key, here (the document's processing is its unit of
+    work: its claims are held by this message, `me`)."""
+    done = reconcile_key(pipeline, event_id, me, row=row, worker=False)
+    result.transitions.extend((event_id, t.value) for t in done.published)
     if done.approval is not None:
         result.approvals.append(done.approval)  # type: ignore[arg-type]
 
@@ -304,13 +314,10 @@ def _reconcile(
 def _reconcile_listed(
     pipeline: Pipeline, tag: str, events: list[ScheduledEvent], result: IngestResult
 ) -> None:
-    """A redelivered document: each event it lists, from its row as stored now (one read
-    each; only the last document of a VM is reconciled this way, so an old message
-    replayed costs nothing)."""
+    """A redelivered document: each event it lists, by its key (only the last document of
+    a VM is reconciled this way, so an old message replayed costs nothing)."""
     for event in events:
-        record = pipeline.store.get_event(event.event_id)
-        if record is not None:
-            _reconcile(pipeline, record, result, tag)
+        _reconcile(pipeline, event.event_id, result, tag)
 
 
 def message_tag(envelope: Envelope) -> str:
@@ -462,6 +469,7 @@ def _write_step(
             key=seen_as,
             first=newcomer,
             ledger=ledger,
+            seen=seen_at,
         )
         if step.reopens and not fresh:
             # It reported the event before it ended: a late report, not a reopening.
@@ -470,25 +478,15 @@ def _write_step(
             return
         newcomer = newcomer and fresh
     if step.settled:
+        remembered = store.recent_event(event.event_id) if step.starts else None
+        if remembered is not None:
+            touched[remembered.event_id.casefold()] = remembered
         return
     plans: list[ReportPlan] = []
 
-    lease = approval_lease(pipeline.settings.approval_budget_seconds)
-
     def change(rec: EventRecord | None) -> EventRecord | None:
         plan = decide_report(
-            rec,
-            event,
-            ref,
-            own,
-            pipeline.settings.policy,
-            now,
-            repeated,
-            newcomer,
-            holder=tag,
-            lease=lease,
-            seen_at=seen_at,
-            relays="relay" in pipeline.settings.approver_order,
+            rec, event, ref, own, pipeline.settings.policy, now, repeated, newcomer, seen_at=seen_at
         )
         plans[:] = [plan]
         return plan.row
@@ -515,11 +513,14 @@ def _write_step(
     if record is None or (record.ended and not won):
         return
     pending = any(claims.is_pending(m) for m in record.announced.values())
+    unannounced = any(t.value not in record.announced for t in conditions(record, now))
     if (
         won
-        or own_claim(record, tag)  # taken by this message on a delivery whose host died
         or pending  # claimed and not done: reconcile republishes what expired
+        or unannounced  # written by a delivery whose host died before reconciling it
         or (newcomer and _may_retry(record))
+        or (event.is_started and not record.started)  # the decider derives the start
+        or should_redecide(record, pipeline.settings.policy, now)  # the policy is valid again
     ):
         # A named VM (every event ingest decides names its VM) whose relay was not known
         # when the approval was last tried may still approve it now: reconciled too.
@@ -561,36 +562,28 @@ def _absent(
     pipeline: Pipeline,
     now: datetime,
     result: IngestResult,
+    seen_at: datetime | None,
 ) -> None:
-    """This VM no longer lists the event: its reporter row says so (with its relay's
-    measurements of the event, in the same write); then the event is reconciled with
-    what that leaves: nobody lists it any more (it ends, as of when this relay saw it go),
-    or others still do (their silence may end it: a unit of work of its own, which reads
-    their rows, for an event past its start)."""
+    """This VM no longer lists the event: its reporter row says so (with when its relay
+    saw it go (`seen_at`), and its relay's measurements of the event, in the same write); then the
+    event is reconciled by its key, where the decider reads every reporter row: nobody
+    lists it any more (it ends, as of when the last relay saw it go), or the others went
+    silent. While a few others still list an event before its start, nothing can end."""
     store, vm = pipeline.store, envelope.vm.name
     # Own row first, then look for anyone else: of two last reporters leaving at once,
     # the later query sees both rows, so at least one of them ends the event.
-    store.set_reporter(event_id, vm, "", now, ledger=ledger)
+    store.set_reporter(event_id, vm, "", now, ledger=ledger, seen=seen_at or now)
     seen = store.recent_event(event_id)
     if seen is not None and seen.ended and _still_ended(store, event_id):
         return  # ending is final: nothing more to do for a late leaver
     others = store.active_reporters(event_id, SILENCE_CHECK_AT_LEAVE)
-    facts = Facts(reporting=False, reported=True)
-    if others:
-        # A few others still list it: if every one of them went silent, it ends now
-        # (many others: their documents or the sweep end it).
-        past = (
-            seen is None or seen.started or (seen.not_before is not None and now >= seen.not_before)
-        )
-        if not past or len(others) > SILENCE_CHECK_AT_LEAVE:
-            return
-        if not all_silent(pipeline, others, now):
-            return
-        facts = Facts(reporting=True, reported=True, silent=True)
+    past = seen is None or seen.started or (seen.not_before is not None and now >= seen.not_before)
+    if others and (not past or len(others) > SILENCE_CHECK_AT_LEAVE):
+        return  # others list it: their documents (or the sweep) end it
     record = seen or store.get_event(event_id)  # a remembered row: its ETag guards the end
     if record is None or record.ended:
         return
-    _reconcile(pipeline, record, result, tag, facts, envelope.observed_at)
+    _reconcile(pipeline, event_id, result, tag, record)
 
 
 # Others still listing an event a VM left whose silence that VM's document checks (their

@@ -1,29 +1,26 @@
 """One event's fleet-wide lifecycle, written once for every source, as pure functions.
 
 A relay's document and an Event Grid notification are both an `Observation`: one source
-saw the event in one state at one time. `observe` applies it to the event row:
-- fleet-wide an event is `scheduled` when first seen Scheduled, `started` when any source
-  says Started (or it is first seen Started: a host failure skips Scheduled);
-- it ends when Azure says so (Event Grid's Completed / Canceled), or when every VM that
-  reported it stopped listing it (or went silent): that end is decided by the one decider
-  (functions.pipeline.due) from the reporter rows, and applied here by `end`;
-- Event Grid is no VM: it is not a reporter, but it names the event's owner in ARM, and
-  once it described the event its NotBefore is Azure's (no relay's report moves it).
+saw the event in one state at one time. `observe` records it on the event row, and does
+nothing else: it claims nothing and decides nothing (docs/lifecycle.md: writers record,
+only `reconcile_key` claims and acts):
+- Event Grid is Azure: its Started starts the event, its Completed / Canceled ends it,
+  and once it described the event its NotBefore, type, duration and text are Azure's;
+- a relay's report is one VM's word: its status lives in its own reporter row (written by
+  ingest), and the decider (functions.pipeline.due) derives from Azure's facts and every
+  reporter's own view whether the event started or ended (applied by `end` and the
+  reconcile's start), so one VM's Started or absence never decides for another;
+- Event Grid is no VM: it is not a reporter, but it names the event's owner in ARM.
 
 Who reports an event is not in its row: each reporter has its own row in the event's
-partition (functions.store.events), written by that VM's documents alone, so 200 VMs
+partition (functions.store.reporters), written by that VM's documents alone, so 200 VMs
 reporting at once never contend for one row; the event row changes only when the event
-does (first report, Started, a new NotBefore, the decision, approval, the end).
+does (first report, a new NotBefore, the decision, approval, the start, the end).
 
 Facts that never change back, which ingest relies on to skip reading rows it saw before:
 an ended event stays ended (a late report only adds a past reporter row; only a VM that
 never reported it reopens an end its set-mates made), a decision once made stays made,
 and `resources` / `scale_sets` / `availability_sets` only grow.
-
-Claims taken here carry their lease and holder (functions.store.claims): announcements
-ANNOUNCE_LEASE, the approval `approval_lease`. These functions only compute; the caller
-writes the result under the row's ETag and may call them again on a fresh row after losing
-a race, so they stay side-effect free.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from functions.model.envelope import STARTED, ScheduledEvent, VmRef
+from functions.model.envelope import SCHEDULED, STARTED, ScheduledEvent, VmRef
 from functions.model.event import Transition
 from functions.store import claims
 from functions.store.records import (
@@ -122,43 +119,30 @@ def claim_announcement(
     return claims.take(record.announced, transition.value, now, ANNOUNCE_LEASE, holder)
 
 
-def _claim(
-    record: EventRecord,
-    transition: Transition,
-    now: datetime,
-    out: list[Transition],
-    holder: str = "",
-) -> None:
-    if claim_announcement(record, transition, now, holder):
-        out.append(transition)
-
-
-def observe(
-    record: EventRecord | None, seen: Observation, now: datetime, holder: str = ""
-) -> tuple[EventRecord | None, list[Transition]]:
-    """Apply one observation. Returns the new event row (None: unchanged) and the
-    announcements this write claims. A relay's own reporter row is the caller's
-    (functions.pipeline.ingest). `describes`: this report may move the row's description
-    (NotBefore, DurationInSeconds), which the approval deadline and the end read; only the
-    VM whose view the row shows may (its own event was rescheduled), so no other VM's
-    report moves them for everyone."""
-    claimed: list[Transition] = []
+def observe(record: EventRecord | None, seen: Observation, now: datetime) -> EventRecord | None:
+    """Record one observation. Returns the new event row (None: unchanged). A relay's own
+    reporter row is the caller's (functions.pipeline.ingest). `describes`: this report may
+    move the row's description (NotBefore, DurationInSeconds), which the approval deadline
+    and the end read; only the VM whose view the row shows may (its own event was
+    rescheduled), so no other VM's report moves them for everyone. The text operators
+    read is attributed (`described_by`): Azure's once Event Grid described the event,
+    else the VM whose report gave it (functions.store.records.EventRecord.snapshot)."""
     event = seen.event
     grid = seen.vm is None
     if record is None:
         record = EventRecord(
             event_id=event.event_id,
             event_type=event.event_type,
-            event_status=STARTED if event.event_status == STARTED else event.event_status,
+            # A VM's Started is its own (its reporter row): the decider derives the start.
+            event_status=STARTED if grid and event.event_status == STARTED else SCHEDULED,
             event_source=event.event_source,
             resource_type=event.resource_type,
             not_before=event.not_before,
             description=event.description,  # bounded by functions.model.envelope
             duration_in_seconds=event.duration_in_seconds,
             first_seen=now,
+            described_by="azure" if grid else (seen.vm.name if seen.vm else ""),
         )
-        if grid:
-            record.event_status = STARTED if event.event_status == STARTED else "Scheduled"
         before = ""
     else:
         before = record.model_dump_json()
@@ -169,7 +153,7 @@ def observe(
     if record.ended:
         # A late report (the caller records a relay as a past reporter only), or a late or
         # reordered notification: ending is final.
-        return None, claimed
+        return None
     # `Resources` is a claim about other VMs (ingest checked only that it names the
     # reporter). It decides nothing about them: every action on a named VM goes to that
     # VM's own relay, which acts only for an event its own IMDS shows naming it. Kept as
@@ -188,46 +172,36 @@ def observe(
     # Once Event Grid described the event its NotBefore is Azure's, and a relay's report
     # (perhaps a set-mate's, perhaps hostile) does not move it.
     moves = not record.started and (grid or (seen.describes and not record.arm_resource))
-    if event.not_before is not None and moves:
+    if event.not_before is not None and (moves or record.not_before is None):
+        # IMDS blanks NotBefore once an event Started, so a report that has one fills a
+        # row that has none (a set-mate's Started seen first leaves no NotBefore).
         record.not_before = event.not_before
+    if grid and record.described_by != "azure":
+        # Azure's own words replace what the first reporting VM said (Azure wins).
+        record.event_type = event.event_type
+        record.description = event.description or record.description
+        record.described_by = "azure"
     if event.description and not record.description:
         record.description = event.description
     if event.duration_in_seconds is not None and (grid or seen.describes):
         record.duration_in_seconds = event.duration_in_seconds
     if seen.ends:
-        at = observed(seen.seen_at, now)
-        end(record, at, claimed, how=seen.ends, by="azure", now=now, holder=holder)
-    else:
-        if event.event_status == STARTED and not record.started:
-            record.started = True
-            record.event_status = STARTED
-            record.started_at = observed(seen.seen_at, now)
-        _claim(
-            record,
-            Transition.STARTED if record.started else Transition.SCHEDULED,
-            now,
-            claimed,
-            holder,
-        )
-    if claimed or record.model_dump_json() != before:
-        return record, claimed
-    return None, claimed
+        end(record, observed(seen.seen_at, now), how=seen.ends, by="azure")
+    elif grid and event.event_status == STARTED and not record.started:
+        record.started = True
+        record.event_status = STARTED
+        record.started_at = observed(seen.seen_at, now)
+    if record.model_dump_json() != before:
+        return record
+    return None
 
 
-def end(
-    record: EventRecord,
-    at: datetime,
-    claimed: list[Transition],
-    *,
-    how: str = "",
-    by: str = "reporters",
-    now: datetime | None = None,
-    holder: str = "",
-) -> None:
+def end(record: EventRecord, at: datetime, *, how: str = "", by: str = "reporters") -> None:
     """End the event (in place) as seen at `at` (when the source saw it end: a relay's
     observation, Event Grid's event time, never when the app got round to it). Without
-    `how`, it "had started" if a VM said Started, the app approved it, or NotBefore had
-    passed by `at` (a 1 s poll can miss a short Started phase): completed, else cancelled."""
+    `how`, it "had started" if it started, the app approved it, or NotBefore had passed by
+    `at` (a 1 s poll can miss a short Started phase): completed, else cancelled. The one
+    rule for every end; its announcement is the decider's (functions.pipeline.due)."""
     if not how:
         passed = record.not_before is not None and at >= record.not_before
         how = "completed" if record.started or record.approval == "approved" or passed else ""
@@ -235,42 +209,6 @@ def end(
     record.ended = "completed" if how == "completed" else "cancelled"
     record.ended_at = at
     record.ended_by = "azure" if by == "azure" else "reporters"
-    transition = Transition.COMPLETED if record.ended == "completed" else Transition.CANCELLED
-    _claim(record, transition, now or at, claimed, holder)
-
-
-def intend_approval(
-    record: EventRecord,
-    dry_run: bool,
-    now: datetime,
-    lease: timedelta,
-    holder: str = "",
-    relay_to: str | None = None,
-) -> str:
-    """In the same write as a decision to approve: the approval's intent (`pending`, with
-    the decision's window), and, when it may happen now, the approval claim itself, so
-    the writer goes on to approve without a second write and a host that dies after this
-    write leaves a claim that expires, never a decision with nothing after it.
-    `relay_to`: the relay the approval will call first (the claim records it as sent:
-    `note_sent`). Returns the claim taken ("" when none). Pure: the caller writes the row."""
-    decision = record.decision
-    if decision is None or decision.action != "approve" or decision.policy_error:
-        return ""
-    if decision.dry_run or dry_run or record.started or record.ended:
-        return ""
-    if record.approval not in ("", "pending"):
-        return ""
-    if not record.approval:
-        record.approval = "pending"
-        record.approve_after = decision.approve_after
-    window = record.approve_after
-    if (window is not None and window > now) or record.approval_reason == "capacity":
-        return ""
-    record.approval = "in_progress"
-    record.approval_claim = claims.pending(now, lease, holder)
-    if relay_to is not None:
-        note_sent(record, now, relay_to)
-    return record.approval_claim
 
 
 def note_sent(record: EventRecord, now: datetime, relay_to: str) -> None:
@@ -293,13 +231,3 @@ def reopen(record: EventRecord) -> None:
     record.ended_at = None
     record.ended_by = ""
     record.reopened += 1
-
-
-def own_claim(record: EventRecord, holder: str) -> bool:
-    """The approval is claimed, and by `holder` (a message or work item): delivered again
-    after its host died, it acts on that claim at once."""
-    return (
-        record.approval == "in_progress"
-        and bool(holder)
-        and claims.holder(record.approval_claim) == holder
-    )

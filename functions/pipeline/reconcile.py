@@ -1,14 +1,17 @@
 """Reconcile one event by its key: read its rows, decide what is due, do it, record when
 it is next due (docs/lifecycle.md).
 
-Every entry point records what it saw and then calls `reconcile` on the row it wrote:
-ingest (a relay's document), Event Grid, and the sweep's workers (`reconcile_key`, one
-event per unit of work). What is due is decided by functions.pipeline.due alone; this
-module only carries it out, each effect idempotent and marked done in the row:
+Every entry point records what it saw and then reconciles the event by its key
+(`reconcile_key`): ingest (a relay's document), Event Grid and a person's approval inline
+(the caller waits), the sweep's workers and a document with many events through the work
+queue. Only here are claims taken and effects done; what is due is decided by
+functions.pipeline.due alone, from the rows this module reads itself (the event row, its
+reporter rows, its reporters' VM rows when their silence can end it). Each effect is
+idempotent and marked done in the row:
 
-1. changes of state first, each followed by a fresh decision on the row it wrote: the end
-   (its announcement claimed in the same write), a fail-closed decision decided again, an
-   approval that reached Azure but was never recorded;
+1. changes of state first, each followed by a fresh decision on the row it wrote: the end,
+   the start derived from the reporters' own views, a fail-closed decision decided again,
+   an approval that reached Azure but was never recorded;
 2. announcements, in the order a person reads them (claimed, published, marked done);
 3. slots the row no longer entitles the event to, given back;
 4. closing: out of the open index (after the undrain of a drained event);
@@ -28,13 +31,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from functions.model.envelope import STARTED
 from functions.model.event import Transition
 from functions.pipeline import capacity
 from functions.pipeline.announce import audit_decision, mark_done, publish_claimed
 from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
-from functions.pipeline.due import ENDS, NOTHING_READ, ORDER, Due, Facts, due, settled_path
-from functions.pipeline.lifecycle import approval_lease, claim_announcement, end, observed
+from functions.pipeline.due import ENDS, ORDER, Due, Facts, due, settled_path
+from functions.pipeline.lifecycle import (
+    approval_lease,
+    claim_announcement,
+    end,
+    note_sent,
+    observed,
+)
 from functions.pipeline.redecide import redecide
 from functions.store import claims
 from functions.store.records import EventRecord
@@ -70,24 +80,17 @@ class Reconciled:
     next_at: datetime | None = None
 
 
-def reconcile(
-    pipeline: Pipeline,
-    record: EventRecord,
-    *,
-    me: str = "",
-    facts: Facts = NOTHING_READ,
-    by: str = "policy",
-    worker: bool = False,
-    left_at: datetime | None = None,
+def _reconcile_row(
+    pipeline: Pipeline, record: EventRecord, me: str, facts: Facts, worker: bool
 ) -> Reconciled:
     """Do what `due` says `record` still needs. `record` is the row as last read or
     written (its ETag guards every write: a stale copy costs a re-read, never a wrong
-    write). `me`: the holder name of the caller's claims. `facts`: what the caller read
+    write). `me`: the holder name of the caller's claims. `facts`: what reconcile_key read
     beside the row. `worker`: the caller is a unit of work of its own (the sweep's), which
-    may run the drain workflow. `left_at`: when the last reporter saw the event gone."""
+    may run the drain workflow."""
     out = Reconciled(record.event_id)
     try:
-        return _reconcile(pipeline, record, out, me, facts, by, worker, left_at)
+        return _reconcile(pipeline, record, out, me, facts, worker)
     except Exception as exc:
         exc.reconciled = out  # type: ignore[attr-defined]  # what it did before it failed
         with contextlib.suppress(Exception):  # storage may be what failed
@@ -103,20 +106,27 @@ def _reconcile(
     out: Reconciled,
     me: str,
     facts: Facts,
-    by: str,
     worker: bool,
-    left_at: datetime | None,
 ) -> Reconciled:
     store, settings = pipeline.store, pipeline.settings
     now = pipeline.clock.now()
     grid_end = timedelta(seconds=settings.eventgrid_end_after_seconds)
     plan = Due()
-    for _ in range(4):  # each change of state, then a fresh decision on the row it wrote
+    starting: datetime | None = None
+    for _ in range(5):  # each change of state, then a fresh decision on the row it wrote
         plan = _due(pipeline, record, facts, me, now, grid_end)
+        starting = plan.start_at
         if plan.end:
-            ended = _end(pipeline, record, plan.end, left_at or now, now, me, facts)
+            ended = _end(pipeline, record, plan.end, facts.left_at or now, now, me)
             out.ended = plan.end if ended is not None and ended.ended else out.ended
             record, facts = ended or store.get_event(record.event_id) or record, Facts()
+            continue
+        if plan.start:
+            record = (
+                _start(pipeline, record, plan.start, now, me)
+                or store.get_event(record.event_id)
+                or record
+            )
             continue
         if plan.redecide:
             redone = _redecide(pipeline, record, now, me)
@@ -129,16 +139,6 @@ def _reconcile(
             record = settled or store.get_event(record.event_id) or record
             continue
         break
-    if plan.announce:
-        record = _claim(pipeline, record, plan.announce, now, me) or record
-    sending = [
-        t
-        for t in (*ORDER, *plan.publish)
-        if (t in plan.publish or t in plan.announce)
-        and claims.is_pending(record.announced.get(t.value))
-        and claims.is_free(record.announced.get(t.value), now, me)
-    ]
-    sending = list(dict.fromkeys(sending))
     go = plan.approve and not plan.release
     if go and plan.capacity:
         taken, out.waiting_for_capacity = capacity.take_slots(pipeline, record, now)
@@ -147,6 +147,17 @@ def _reconcile(
             # the announcements go out, so the `decided` card says "waiting for budget".
             go = False
             record = store.recent_event(record.event_id) or record
+    if plan.announce or go:
+        # The announcements due and the approval (its slots taken first) in one write.
+        record = _claim(pipeline, record, plan.announce, now, me, go) or record
+    sending = [
+        t
+        for t in (*ORDER, *plan.publish)
+        if (t in plan.publish or t in plan.announce)
+        and claims.is_pending(record.announced.get(t.value))
+        and claims.is_free(record.announced.get(t.value), now, me)
+    ]
+    sending = list(dict.fromkeys(sending))
     defer = tuple(sending) if go else ()  # marked done in the write recording the approval
     if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
         # The decision's audit goes with its announcement: both are due until the
@@ -189,11 +200,15 @@ def _reconcile(
         if isinstance(outcome, str) and outcome:
             record = _note_drain(pipeline, record, outcome) or record
     if go:
-        record = _approve(pipeline, record, plan, me, plan.by or by, now, defer, out) or record
+        by = plan.by or "policy"
+        record = _approve(pipeline, record, plan, me, by, now, defer, out) or record
     final = store.recent_event(record.event_id) or record
     if not final.ended or not out.closed:
         later = _due(pipeline, final, Facts(), me, pipeline.clock.now(), grid_end)
-        out.next_at = _schedule(pipeline, final, later.next_at, now)
+        at = later.next_at
+        if starting is not None and not final.started:  # a reporter's Started, waiting
+            at = min(at, starting) if at is not None else starting
+        out.next_at = _schedule(pipeline, final, at, now)
     return out
 
 
@@ -237,56 +252,63 @@ def _details(record: EventRecord, plan: Due) -> dict[Transition, str]:
 
 
 def _end(
-    pipeline: Pipeline,
-    record: EventRecord,
-    why: str,
-    seen_at: datetime,
-    now: datetime,
-    me: str,
-    facts: Facts,
+    pipeline: Pipeline, record: EventRecord, why: str, seen_at: datetime, now: datetime, me: str
 ) -> EventRecord | None:
-    """End the event (once: an ETag-guarded write that claims its end announcement)."""
+    """End the event (once: an ETag-guarded write that claims its end announcement), by
+    the one rule (lifecycle.end)."""
     # A silent reporter's own row keeps what it last said (it said nothing since): the end
     # is the event row's alone, one write, so a crash leaves nothing half done.
-    store = pipeline.store
     limit = pipeline.settings.eventgrid_end_after_seconds
     detail = END_DETAILS.get(why, "").format(limit=limit)
+    at = now if why != "reporters" else observed(seen_at, now)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or rec.ended:
             return None
-        taken: list[Transition] = []
-        if why == "unheard":
-            how = "completed" if rec.started or rec.approval == "approved" or rec.not_before else ""
-            end(rec, now, taken, how=how or "cancelled", by="azure", now=now, holder=me)
-        else:
-            end(rec, observed(seen_at, now), taken, now=now, holder=me)
+        end(rec, at, by="azure" if why == "unheard" else "reporters")
         rec.end_detail = detail
+        ended = Transition.COMPLETED if rec.ended == "completed" else Transition.CANCELLED
+        claim_announcement(rec, ended, now, me)
         return rec
 
-    updated, won = store.mutate_event(record.event_id, change, known=record)
+    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
+    return updated if won else None
+
+
+def _start(
+    pipeline: Pipeline, record: EventRecord, seen_at: datetime, now: datetime, me: str
+) -> EventRecord | None:
+    """The event started, as the decider derived it from the reporters' own views (its
+    `started` claimed in the same write)."""
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.ended or rec.started:
+            return None
+        rec.started = True
+        rec.event_status = STARTED
+        rec.started_at = observed(seen_at, now)
+        claim_announcement(rec, Transition.STARTED, now, me)
+        return rec
+
+    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
     return updated if won else None
 
 
 def _redecide(
     pipeline: Pipeline, record: EventRecord, now: datetime, me: str
 ) -> EventRecord | None:
-    """Replace the fail-closed decision, claim its `decided` and set up the approval's
-    intent in one ETag-guarded write, so a second reconcile racing for it finds nothing
-    left to do."""
-    from functions.pipeline.lifecycle import intend_approval
+    """Replace the fail-closed decision and claim its `decided` in one ETag-guarded write,
+    so a second reconcile racing for it finds nothing left to do; its approval is then
+    due like any other (`due`)."""
     from functions.pipeline.redecide import should_redecide
 
     load = pipeline.settings.policy
-    dry_run = load.policy is not None and load.policy.dry_run
-    lease = approval_lease(pipeline.settings.approval_budget_seconds)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or not should_redecide(rec, load, now):
             return None
         redecide(rec, load, now)
         claim_announcement(rec, Transition.DECIDED, now, me)
-        intend_approval(rec, dry_run, now, lease, me)
         return rec
 
     updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
@@ -348,15 +370,28 @@ def _claim(
     transitions: tuple[Transition, ...],
     now: datetime,
     me: str,
+    approve: bool,
 ) -> EventRecord | None:
-    """Claim announcements that are due and not claimed, in one write."""
+    """Claim announcements that are due and not claimed and, with `approve`, the approval
+    (its attempt recorded as sent: functions.pipeline.lifecycle.note_sent), in one write."""
     from functions.pipeline.due import conditions
+
+    settings = pipeline.settings
+    lease = approval_lease(settings.approval_budget_seconds)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None:
             return None
         wanted = set(conditions(rec, now))
         took = [t for t in transitions if t in wanted and claim_announcement(rec, t, now, me)]
+        free = rec.approval != "in_progress" or claims.is_free(rec.approval_claim, now, me)
+        ready = not rec.ended and not rec.started and rec.approval != "approved"
+        if approve and free and ready and not _mine(rec, me):
+            rec.approval = "in_progress"
+            rec.approval_claim = claims.pending(now, lease, me)
+            if "relay" in settings.approver_order:
+                note_sent(rec, now, "")
+            took.append(Transition.APPROVED)
         return rec if took else None
 
     updated, _ = pipeline.store.mutate_event(record.event_id, change, known=record)
@@ -472,12 +507,24 @@ def _schedule(
 # ------------------------------------------------------------------ by key
 
 
-def reconcile_key(pipeline: Pipeline, event_id: str, me: str = "") -> Reconciled:
-    """One unit of work of the sweep: the event's rows read afresh (its row, its reporter
-    rows, and the VM rows of its reporters when their silence can end it), then
-    `reconcile`. `me`: the work item's name, so its redelivery takes over its own claims."""
+def reconcile_key(
+    pipeline: Pipeline,
+    event_id: str,
+    me: str = "",
+    *,
+    row: EventRecord | None = None,
+    worker: bool = True,
+) -> Reconciled:
+    """Reconcile one event by its key: its rows read afresh (its row, its reporter rows,
+    and the VM rows of its reporters when their silence can end it), what is due decided,
+    and done. The only place that claims and acts. `me`: the holder of its claims (the
+    work item, the message, the person's request), so a redelivery takes over its own
+    claims at once. `row`: the event row as the caller just wrote it (saves a read; its
+    ETag guards every write, so a stale copy costs a re-read, never a wrong write).
+    `worker`: a unit of work of its own (not a document's processing): it may run the
+    drain workflow."""
     store, now = pipeline.store, pipeline.clock.now()
-    record = store.get_event(event_id)
+    record = row if row is not None else store.get_event(event_id)
     if record is None:
         listed = store.listed_at(event_id)
         if listed is None or now - listed > UNLISTED_AFTER:
@@ -486,27 +533,36 @@ def reconcile_key(pipeline: Pipeline, event_id: str, me: str = "") -> Reconciled
             store.set_due(event_id, listed + UNLISTED_AFTER)
         return Reconciled(event_id)
     facts = load_facts(pipeline, record, now)
-    return reconcile(pipeline, record, me=me, facts=facts, by="watchdog", worker=True)
+    return _reconcile_row(pipeline, record, me, facts, worker)
 
 
 def load_facts(pipeline: Pipeline, record: EventRecord, now: datetime) -> Facts:
-    """Once the event is past its start (or Event Grid reported it): who reports it (one
-    partition query) and whether every VM that still lists it went silent (their VM rows,
+    """What the decider reads beside an open event's row: its reporter rows (one partition
+    query: who still lists it, each one's own status and when its relay saw it) and, once
+    it is past its start, whether every VM that still lists it went silent (their VM rows,
     up to MAX_SILENCE_READS, stopping at the first that was heard)."""
     if record.ended:
-        return Facts()
-    past = record.started or (record.not_before is not None and now >= record.not_before)
-    if not past and not record.arm_resource:
-        # Before its start only its reporters' documents end it (each leaving document
-        # reconciles with what it leaves): nothing to read here.
         return Facts()
     store = pipeline.store
     store.load_reporters(record)
     reporting = bool(record.reporters)
+    seen = record.reporter_seen
+    past = record.started or (record.not_before is not None and now >= record.not_before)
     silent: bool | None = None
     if past and reporting:
         silent = all_silent(pipeline, list(record.reporters), now)
-    return Facts(reporting=reporting, reported=bool(record.past_reporters), silent=silent)
+    said_started = [seen.get(vm) or now for vm, s in record.reporters.items() if s == STARTED]
+    gone = [seen[vm] for vm in record.past_reporters if vm not in record.reporters and vm in seen]
+    known = {vm.casefold() for vm in record.past_reporters}
+    return Facts(
+        unreported=any(vm.casefold() not in known for vm in record.resources),
+        reporting=reporting,
+        reported=bool(record.past_reporters),
+        silent=silent,
+        left_at=max(gone) if gone and not reporting else None,
+        started_seen=min(said_started) if said_started else None,
+        scheduled=any(s != STARTED for s in record.reporters.values()),
+    )
 
 
 def all_silent(pipeline: Pipeline, names: list[str], now: datetime) -> bool:

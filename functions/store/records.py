@@ -125,6 +125,8 @@ class EventRecord(Record):
     # (functions.store.events), filled in by `Store.load_reporters` when needed.
     reporters: dict[str, str] = Field(default_factory=dict, exclude=True)  # VM -> status
     past_reporters: list[str] = Field(default_factory=list, exclude=True)
+    # ... and when each reporter's relay saw what its status says (its `seen`, else `at`).
+    reporter_seen: dict[str, AwareDatetime] = Field(default_factory=dict, exclude=True)
     # Not stored either: each reporting VM's own view (case-folded name -> VmView), from
     # its reporter row, filled by the approver (functions.pipeline.views.own_views).
     reporter_views: dict[str, VmView] = Field(default_factory=dict, exclude=True)
@@ -192,6 +194,11 @@ class EventRecord(Record):
     # ARM id of the VM / scale set / availability set that owns the event, as Event Grid
     # named it (functions.pipeline.sources): where the ARM approver acknowledges it.
     arm_resource: str | None = None
+    # Whose words the event's text (type, description, duration) is: "azure" once Event
+    # Grid described it, else the VM whose report created the row. Shown attributed, and
+    # where reporters' views differ, as a conflict (`snapshot`): one VM's words are never
+    # the event's text for everyone.
+    described_by: str = ""
     # The distinct views reporters gave of this event, each with the decision made on it
     # (functions.pipeline.decide). `decision` above is the strictest of them: it is what
     # an action taken for the whole event follows. `views_differ` names the fields that
@@ -206,16 +213,40 @@ class EventRecord(Record):
     def _short_reason(cls, value: str) -> str:
         return clip(value, MAX_TEXT)
 
+    def shown_text(self) -> tuple[str, str | None]:
+        """(EventType, Description) as operators read them (cards, PagerDuty, the pages).
+        Azure's words where Event Grid described the event; else, where reporters' views
+        differ in what an operator decides on (type, source, duration), the conflict, each
+        view attributed to the VM that showed it first, and the first reporter's words
+        attributed to it: one VM's words are never the event's text for everyone."""
+        kinds = {"EventType", "EventSource", "DurationInSeconds"}
+        if self.described_by == "azure" or not kinds & set(self.views_differ):
+            return self.event_type, self.description
+        types: dict[str, list[str]] = {}
+        for entry in self.views:
+            types.setdefault(entry.view.event_type, []).append(entry.first_vm)
+        shown = " / ".join(f"{kind} ({', '.join(vms)})" for kind, vms in types.items())
+        each = "; ".join(
+            f"{e.first_vm}: {e.view.event_type}, {e.view.event_source or '?'}, "
+            f"{_duration(e.view.duration_s)}"
+            for e in self.views
+        )
+        text = f"reporters' views differ ({', '.join(self.views_differ)}): {each}"
+        if self.description:
+            text += f". {self.described_by or 'the first reporter'} said: {self.description}"
+        return clip(shown, 300), clip(text, MAX_TEXT)
+
     def snapshot(self) -> EventSnapshot:
+        event_type, description = self.shown_text()
         return EventSnapshot(
             event_id=self.event_id,
-            event_type=self.event_type,
+            event_type=event_type,
             event_status=self.event_status,
             event_source=self.event_source,
             resource_type=self.resource_type,
             resources=tuple(self.resources),
             not_before=self.not_before,
-            description=self.description,
+            description=description,
             duration_in_seconds=self.duration_in_seconds,
             scale_sets=tuple(self.scale_sets),
             availability_sets=tuple(self.availability_sets),
@@ -223,6 +254,12 @@ class EventRecord(Record):
             first_seen=self.first_seen,
             views_differ=tuple(self.views_differ),
         )
+
+
+def _duration(seconds: int | None) -> str:
+    if seconds is None or seconds < 0:
+        return "duration unknown"
+    return f"{seconds} s"
 
 
 def clip(text: str, limit: int) -> str:

@@ -29,7 +29,7 @@ from functions.model.event import Decision, Transition
 from functions.model.policy import ALL_CHANNELS
 from functions.pipeline.approve import ApprovalResult, why_not
 from functions.pipeline.context import Pipeline
-from functions.pipeline.reconcile import load_facts, reconcile
+from functions.pipeline.reconcile import reconcile_key
 from functions.store.records import EventRecord
 from functions.store.rows import BadRow
 from functions.web.principal import Principal
@@ -108,7 +108,7 @@ def _ask(pipeline: Pipeline, record: EventRecord, by: str) -> ApprovalResult:
         current = store.get_event(record.event_id)
         return ApprovalResult(event_id=record.event_id, outcome="skipped", detail=why_not(current))
     store.set_due(asked.event_id, now)  # found by the sweep if this host dies here
-    done = reconcile(pipeline, asked, me=by, facts=load_facts(pipeline, asked, now), by=by)
+    done = reconcile_key(pipeline, asked.event_id, by, row=asked, worker=False)
     if done.approval is not None:
         return done.approval
     current = store.get_event(record.event_id)

@@ -131,6 +131,13 @@ def _approvable(record: EventRecord) -> str | None:
     return None
 
 
+def _why_label(record: EventRecord) -> str:
+    """Whose words the description is: Azure's only where Event Grid described it."""
+    if record.described_by == "azure":
+        return "Why (Azure)"
+    return f"Why (as {record.described_by or 'its first reporter'} reported it)"
+
+
 def _event_body(pipeline: Pipeline, record: EventRecord, form: str) -> str:
     now = pipeline.clock.now()
     snap = record.snapshot()
@@ -148,7 +155,7 @@ def _event_body(pipeline: Pipeline, record: EventRecord, form: str) -> str:
         ),
         ("Decision", esc(describe.decision_text(decision)) if decision else "not decided yet"),
         ("Views", esc(views_text(record) or "every reporter shows the same event")),
-        ("Why (Azure)", esc(record.description or "no description given")),
+        (_why_label(record), esc(snap.description or "no description given")),
         ("Source", esc(record.event_source or "?")),
         (
             "Approval",
@@ -238,7 +245,7 @@ def event_page(pipeline: Pipeline, request: PageRequest, event_id: str) -> PageR
         )
         form = _approve_form(record, token, admitted.name)
     body = _event_body(pipeline, record, form)
-    return _page(200, f"{record.event_type} {record.event_id}", body, extra)
+    return _page(200, f"{record.shown_text()[0]} {record.event_id}", body, extra)
 
 
 SKIPS_DRAIN = (

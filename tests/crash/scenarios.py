@@ -435,6 +435,59 @@ def budget(servers: Servers) -> tuple[Config, list[Step]]:
     return config, steps
 
 
+def set_mate_started(servers: Servers) -> tuple[Config, list[Step]]:
+    """Issue 46: a set-mate reports the victim's User Redeploy first, as Started, naming
+    itself too; the victim's own view says Scheduled. Its approval goes ahead (a VM's
+    Started decides only for itself), then Azure starts it and it ends."""
+    names = ("smv1", "smm1")
+    ev = event("EV-SM", "Redeploy", resources=names, not_before=_at(900), source="User")
+    started = {**ev, "EventStatus": "Started", "NotBefore": ""}
+    steps = [
+        doc("smm1", 1, [started], servers, 0, availability_set="smset"),
+        doc("smv1", 1, [ev], servers, 1, availability_set="smset"),
+        drain(),
+        *until(1, 120),
+        doc("smv1", 2, [started], servers, 120, availability_set="smset"),
+        *until(120, 180),
+        doc("smv1", 3, [], servers, 180, availability_set="smset"),
+        doc("smm1", 2, [], servers, 181, availability_set="smset"),
+        drain(),
+        *settle(*FINAL),
+    ]
+    return Config(policy=Policy(rules=(approve_rule("Redeploy"),))), steps
+
+
+def set_mate_text(servers: Servers) -> tuple[Config, list[Step]]:
+    """Issue 46: a set-mate reports the victim's Redeploy first as a 30 s Freeze with its
+    own words; the views differ, the decision is announced again showing the conflict, and
+    a person approves it by hand; then it starts and ends."""
+    names = ("stv1", "stm1")
+    ev = event("EV-ST", "Redeploy", resources=names, not_before=_at(900), duration=3600)
+    lure = {
+        **event("EV-ST", "Freeze", resources=names, not_before=_at(900), duration=30),
+        "Description": "Live migration pause 30 s",
+    }
+    started = {**ev, "EventStatus": "Started", "NotBefore": ""}
+    steps = [
+        doc("stm1", 1, [lure], servers, 0, availability_set="stset"),
+        doc("stv1", 1, [ev], servers, 1, availability_set="stset"),
+        drain(),
+        *until(1, 60),
+        manual("EV-ST", "alice"),
+        drain(),
+        *until(60, 120),
+        doc("stv1", 2, [started], servers, 120, availability_set="stset"),
+        doc("stm1", 2, [started], servers, 121, availability_set="stset"),
+        *until(121, 180),
+        doc("stv1", 3, [], servers, 180, availability_set="stset"),
+        doc("stm1", 3, [], servers, 181, availability_set="stset"),
+        drain(),
+        *settle(*FINAL),
+    ]
+    hold = Rule(name="hold-all", action="hold")
+    return Config(policy=Policy(rules=(hold,))), steps
+
+
 SCENARIOS: list[Scenario] = [
     Scenario(
         "approve",
@@ -544,6 +597,18 @@ SCENARIOS: list[Scenario] = [
             "EV-B1:approved",
             "EV-B2:approved",
         ),
+    ),
+    Scenario(
+        "set-mate-started",
+        "a set-mate reports the victim's Redeploy Started first",
+        set_mate_started,
+        ("/v1/start EV-SM", "EV-SM:approved", "EV-SM:completed"),
+    ),
+    Scenario(
+        "set-mate-text",
+        "a set-mate describes the victim's Redeploy as a Freeze; a person approves",
+        set_mate_text,
+        ("/v1/start EV-ST", "EV-ST:decided", "EV-ST:approved", "EV-ST:completed"),
     ),
     Scenario(
         "approve-twice",

@@ -55,13 +55,17 @@ def vm(name: str, scale_set: str | None = None) -> VmRef:
     return VmRef(name=name, availability_set="as-1", scale_set=scale_set)
 
 
+# What the reconcile by key leaves once it announced a first decision.
+ANNOUNCED = {"scheduled": "done", "decided": "done"}
+
+
 def report(
     row: EventRecord | None, event: ScheduledEvent, ref: VmRef, *args, **kwargs
 ) -> ReportPlan:
     """`decide_report` as ingest calls it: the VM's view worked out first (`seen_by`), and
     whether the event names the VM (ingest decides only those; these tests also others)."""
     own = seen_by(event, ref.name, ref.scale_set)
-    return decide_report(row, event, ref, own, *args, named=event.affects(ref.name), **kwargs)
+    return decide_report(row, event, ref, own, *args, **kwargs)
 
 
 def written(plan: ReportPlan, before: EventRecord | None = None) -> EventRecord:
@@ -72,14 +76,15 @@ def written(plan: ReportPlan, before: EventRecord | None = None) -> EventRecord:
     return row
 
 
-def test_the_first_report_decides_on_its_view_and_claims_its_announcements():
+def test_the_first_report_decides_on_its_view_and_claims_nothing():
+    """A writer records and decides; only the reconcile by key claims (docs/lifecycle.md)."""
     plan = report(None, freeze(5), vm("victim"), POLICY, NOW)
     assert plan.row is not None and plan.made
     assert plan.decision is not None and plan.decision.action == "approve"
     assert plan.row.decision == plan.decision
     assert [e.first_vm for e in plan.row.views] == ["victim"]
     assert plan.row.views_differ == []
-    assert plan.claimed == [Transition.SCHEDULED, Transition.DECIDED]
+    assert plan.row.announced == {} and plan.row.approval == ""
     assert plan.view == view_of(freeze(5), "victim")
 
 
@@ -92,9 +97,9 @@ def test_the_pure_step_never_changes_the_row_it_was_given():
 
 def test_a_set_mate_with_the_same_view_writes_nothing_and_shares_the_decision():
     row = written(report(None, freeze(5), vm("victim"), POLICY, NOW))
-    row.announced = {k: "done" for k in row.announced}
+    row.announced = dict(ANNOUNCED)
     plan = report(row, freeze(5), vm("mate"), POLICY, LATER)
-    assert plan.row is None and not plan.claimed and not plan.made
+    assert plan.row is None and not plan.made
     assert plan.decision == row.views[0].decision
     assert own_decision(row, plan.key, None) == plan.decision
 
@@ -105,7 +110,7 @@ def test_a_longer_duration_reported_first_does_not_decide_for_the_victim():
     Views differ in DurationInSeconds, and the event's decision is the stricter (hold)."""
     attacker = written(report(None, freeze(60), vm("mate"), POLICY, NOW))
     assert attacker.decision is not None and attacker.decision.action == "hold"
-    attacker.announced = {k: "done" for k in attacker.announced}
+    attacker.announced = dict(ANNOUNCED)
     plan = report(attacker, freeze(5), vm("victim"), POLICY, LATER)
     assert plan.decision is not None and plan.decision.action == "approve"
     row = written(plan, attacker)
@@ -117,11 +122,13 @@ def test_a_longer_duration_reported_first_does_not_decide_for_the_victim():
     }
     # The decision stands (hold was already the stricter), but that the views differ is
     # announced: once, as a re-decision saying so.
-    assert not plan.made and Transition.DECIDED in plan.claimed
+    assert not plan.made and Transition.DECIDED.value not in row.announced  # due again
     assert "views differ (DurationInSeconds)" in row.decision.reason
     assert row.redecided_at == LATER
+    row.announced[Transition.DECIDED.value] = "done"
     again = report(row, freeze(7), vm("other"), POLICY, LATER + timedelta(seconds=1))
-    assert Transition.DECIDED not in again.claimed  # told once, not per difference
+    after = written(again, row)
+    assert after.announced.get(Transition.DECIDED.value) == "done"  # told once
 
 
 def test_a_stricter_view_after_an_approval_was_decided_makes_the_event_stricter():
@@ -129,14 +136,14 @@ def test_a_stricter_view_after_an_approval_was_decided_makes_the_event_stricter(
     victim's genuine view holds. The event's decision becomes hold, announced again as a
     re-decision, and a pending approval is withdrawn."""
     first = written(report(None, freeze(5), vm("mate"), POLICY, NOW))
-    first.announced = {k: "done" for k in first.announced}
+    first.announced = dict(ANNOUNCED)
     first.approval = "pending"
     plan = report(first, freeze(60), vm("victim"), POLICY, LATER)
     row = written(plan, first)
     assert plan.made and plan.decision is not None and plan.decision.action == "hold"
     assert row.decision is not None and row.decision.action == "hold"
     assert "views differ (DurationInSeconds)" in row.decision.reason
-    assert Transition.DECIDED in plan.claimed and row.redecided_at == LATER
+    assert Transition.DECIDED.value not in row.announced and row.redecided_at == LATER
     assert row.approval == "" and "views" in row.approval_reason
 
 
@@ -199,7 +206,7 @@ def test_an_ended_event_decides_nothing():
     row = written(report(None, freeze(5), vm("victim"), POLICY, NOW))
     row.ended = "cancelled"
     plan = report(row, freeze(60), vm("mate"), POLICY, LATER)
-    assert plan.row is None and plan.decision is None and not plan.claimed
+    assert plan.row is None and plan.decision is None
 
 
 def test_a_fail_closed_event_is_decided_again_per_view_once_the_policy_is_valid():
@@ -207,10 +214,10 @@ def test_a_fail_closed_event_is_decided_again_per_view_once_the_policy_is_valid(
     row = written(report(None, freeze(5), vm("victim"), broken, NOW))
     row = written(report(row, freeze(60), vm("mate"), broken, NOW), row)
     assert row.decision is not None and row.decision.policy_error
-    row.announced = {k: "done" for k in row.announced}
+    row.announced = dict(ANNOUNCED)
     plan = report(row, freeze(5), vm("victim"), POLICY, NOW + timedelta(minutes=5))
     after = written(plan, row)
-    assert plan.made and Transition.DECIDED in plan.claimed
+    assert plan.made and Transition.DECIDED.value not in after.announced
     assert {e.first_vm: e.decision.action for e in after.views} == {
         "victim": "approve",
         "mate": "hold",
@@ -375,7 +382,7 @@ def test_one_pure_step_decides_what_a_whole_document_writes():
         "ev-2": written(report(None, freeze(5, EventId="EV-2"), vm("victim"), POLICY, NOW)),
     }
     for row in rows.values():
-        row.announced = {k: "done" for k in row.announced}
+        row.announced = dict(ANNOUNCED)
     rows["ev-2"].ended = "cancelled"
     vm_row, _ = next_vm_row(None, message(1, first_doc), first_doc, NOW, set(), plan.views)
     vm_row.etag = "W/vm"

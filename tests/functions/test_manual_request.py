@@ -55,7 +55,7 @@ def test_a_host_that_dies_after_the_request_leaves_it_due(store, clock, relay, m
     def dies(*args, **kwargs):
         raise Died
 
-    monkeypatch.setattr(approval, "reconcile", dies)
+    monkeypatch.setattr(approval, "reconcile_key", dies)
     with pytest.raises(Died):
         approve_by_hand(pipeline, "EV-1", "alice")
     assert relay.starts() == [] and store.get_event("EV-1").asked_by == "manual:alice"

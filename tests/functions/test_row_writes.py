@@ -7,6 +7,9 @@ from __future__ import annotations
 from tests.bench.row_writes import measure
 
 
-def test_one_document_writes_its_event_row_at_most_twice(azurite):
+def test_one_document_writes_its_event_row_at_most_three_times(azurite):
+    """The writer's record (the decision on its view), the reconcile's claims (the
+    announcements and the approval in one write), the outcome with every announcement
+    marked done (issue 46: writers claim nothing; it was two when ingest claimed)."""
     numbers = measure(azurite)
-    assert numbers["event_row_writes_per_doc"] <= 2, numbers
+    assert numbers["event_row_writes_per_doc"] <= 3, numbers

@@ -26,16 +26,9 @@ from azure.core.exceptions import ResourceNotFoundError
 
 from functions.pipeline.context import Pipeline
 from functions.pipeline.decide import decide_grid
-from functions.pipeline.lifecycle import (
-    Observation,
-    Owner,
-    approval_lease,
-    intend_approval,
-    observe,
-    observed,
-    own_claim,
-)
-from functions.pipeline.reconcile import reconcile
+from functions.pipeline.due import conditions
+from functions.pipeline.lifecycle import Observation, Owner, observe, observed
+from functions.pipeline.reconcile import reconcile_key
 from functions.pipeline.results import IngestResult
 from functions.pipeline.sources.eventgrid import COMPLETED, GridEvent, parse_message
 from functions.store import claims
@@ -112,25 +105,20 @@ def observation(grid: GridEvent, now: datetime) -> Observation:
 
 
 def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) -> None:
-    """Write one notification to its event row (the decision and its intent in the same
-    write, as ingest does for a document), then reconcile it: announce, approve."""
+    """Write what one notification says to its event row (Azure's facts, and the decision
+    the first time), then reconcile the event by its key: only that claims and acts."""
     store, now, event = pipeline.store, pipeline.clock.now(), grid.event
-    dry = pipeline.policy is not None and pipeline.policy.dry_run
     tag = f"grid:{grid.grid_id}"[:300]
-    lease = approval_lease(pipeline.settings.approval_budget_seconds)
     seen = observation(grid, now)
     learnt_owner: list[bool] = []
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         learnt_owner[:] = [rec is not None and not rec.arm_resource]
-        updated, _ = observe(rec, seen, now, tag)
+        updated = observe(rec, seen, now)
         target = updated if updated is not None else rec
         if target is None or target.ended:
             return updated
-        decided, announce = decide_grid(target, event, pipeline.settings.policy, now, tag)
-        if decided:
-            intend_approval(target, dry, now, lease, tag)
-        if announce is not None or decided:
+        if decide_grid(target, event, pipeline.settings.policy, now):
             return target
         return updated
 
@@ -139,13 +127,13 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
     record, won = store.mutate_event(event.event_id, change)
     if record is None:
         return
-    own = own_claim(record, tag)
     pending = any(claims.is_pending(m) for m in record.announced.values())
-    if not won and not own and not pending and not (learnt_owner and learnt_owner[0]):
+    unannounced = any(t.value not in record.announced for t in conditions(record, now))
+    if not won and not pending and not unannounced and not (learnt_owner and learnt_owner[0]):
         return
     # A relay-reported event whose owner is known now (the ARM approver can do what no
     # relay could) is due another try, which reconcile sees in the row.
-    done = reconcile(pipeline, record, me=tag)
+    done = reconcile_key(pipeline, record.event_id, tag, row=record, worker=False)
     result.transitions.extend((record.event_id, t.value) for t in done.published)
     if done.approval is not None:
         result.approvals.append(done.approval)  # type: ignore[arg-type]
