@@ -60,6 +60,7 @@ from functions.settings import Settings
 from functions.store import claims
 from functions.store.recent import copy_record
 from functions.store.records import MAX_ATTEMPTS_KEPT, Attempt, EventRecord, VmRecord
+from functions.store.reporters import Reporter
 from functions.store.state import Store
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ def approve_event(
     claimed: EventRecord | None = None,
     settle: tuple[Transition, ...] = (),
     tag: str = "",
+    reporters: list[Reporter] | None = None,
 ) -> ApprovalResult:
     """Approve one event now, through the approvers of APPROVERS in order; record and
     (optionally) announce.
@@ -104,6 +106,8 @@ def approve_event(
       them.
     - `tag`: who claims (the drain of this event: "drain:<EventId>"); a claim with the same
       tag, left by a runner that died, is taken over at once instead of after its lease.
+    - `reporters`: the event's reporter rows as the caller just read them (the reconcile
+      by key reads them for the decider): not queried again.
     Never raises for relay or ARM trouble; returns `skipped` when the event is gone,
     already started or approved, or another caller is approving it right now.
     """
@@ -133,7 +137,9 @@ def approve_event(
     for index, approver in enumerate(order):
         arm_next = "arm" in order[index + 1 :] and bool(owners)
         if approver == "relay":
-            phase = _relay_phase(pipeline, record, by, now, stop, deadline, arm_next, relays)
+            phase = _relay_phase(
+                pipeline, record, by, now, stop, deadline, arm_next, relays, reporters
+            )
         else:
             phase = arm_phase(pipeline, record, owners, by, stop, deadline, expect_for)
         attempts += phase.attempts
@@ -204,6 +210,7 @@ def _relay_phase(
     deadline: datetime,
     arm_next: bool,
     only: tuple[str, ...] | None = None,
+    reporters: list[Reporter] | None = None,
 ) -> Phase:
     """Relays of the named VMs. With ARM next, relays get ARM_FALLBACK_AFTER_SECONDS from
     their first attempt (kept in the row across invocations) and no waiting for relays
@@ -221,7 +228,7 @@ def _relay_phase(
     refused = {a.vm for a in record.approval_attempts if final_refusal(a.outcome)}
     # Each VM's own view (its reporter row: one query) is what its relay must confirm; a
     # VM whose own view decided stricter than the event is not asked, except by a person.
-    rows = pipeline.store.reporter_rows(record.event_id)
+    rows = reporters if reporters is not None else pipeline.store.reporter_rows(record.event_id)
     record.reporter_views, stricter_own = own_views(rows, record)
     # The same rows say who reports it (what Store.load_reporters reads): the outcome's
     # announcement names them without a second query of the partition (issue 47).

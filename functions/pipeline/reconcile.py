@@ -48,6 +48,7 @@ from functions.pipeline.lifecycle import (
 from functions.pipeline.redecide import redecide
 from functions.store import claims
 from functions.store.records import EventRecord
+from functions.store.reporters import Reporter
 from functions.store.rows import BadRow
 
 log = logging.getLogger(__name__)
@@ -81,16 +82,22 @@ class Reconciled:
 
 
 def _reconcile_row(
-    pipeline: Pipeline, record: EventRecord, me: str, facts: Facts, worker: bool
+    pipeline: Pipeline,
+    record: EventRecord,
+    me: str,
+    facts: Facts,
+    worker: bool,
+    rows: list[Reporter] | None,
 ) -> Reconciled:
     """Do what `due` says `record` still needs. `record` is the row as last read or
     written (its ETag guards every write: a stale copy costs a re-read, never a wrong
     write). `me`: the holder name of the caller's claims. `facts`: what reconcile_key read
     beside the row. `worker`: the caller is a unit of work of its own (the sweep's), which
-    may run the drain workflow."""
+    may run the drain workflow. `rows`: its reporter rows as read (the approver's own
+    views come from them, no second query)."""
     out = Reconciled(record.event_id)
     try:
-        return _reconcile(pipeline, record, out, me, facts, worker)
+        return _reconcile(pipeline, record, out, me, facts, worker, rows)
     except Exception as exc:
         exc.reconciled = out  # type: ignore[attr-defined]  # what it did before it failed
         with contextlib.suppress(Exception):  # storage may be what failed
@@ -107,6 +114,7 @@ def _reconcile(
     me: str,
     facts: Facts,
     worker: bool,
+    rows: list[Reporter] | None,
 ) -> Reconciled:
     store, settings = pipeline.store, pipeline.settings
     now = pipeline.clock.now()
@@ -201,7 +209,7 @@ def _reconcile(
             record = _note_drain(pipeline, record, outcome) or record
     if go:
         by = plan.by or "policy"
-        record = _approve(pipeline, record, plan, me, by, now, defer, out) or record
+        record = _approve(pipeline, record, plan, me, by, now, defer, out, rows) or record
     final = store.recent_event(record.event_id) or record
     if not final.ended or not out.closed:
         later = _due(pipeline, final, Facts(), me, pipeline.clock.now(), grid_end)
@@ -442,6 +450,7 @@ def _approve(
     now: datetime,
     defer: tuple[Transition, ...],
     out: Reconciled,
+    rows: list[Reporter] | None,
 ) -> EventRecord | None:
     store, settings = pipeline.store, pipeline.settings
     result = approve_event(
@@ -452,6 +461,7 @@ def _approve(
         claimed=record if _mine(record, me) and record.approval == "in_progress" else None,
         settle=defer,
         tag=me,
+        reporters=rows,
     )
     if result.outcome == "skipped" and defer:
         mark_done(store, record.event_id, defer)
@@ -532,37 +542,42 @@ def reconcile_key(
         else:
             store.set_due(event_id, listed + UNLISTED_AFTER)
         return Reconciled(event_id)
-    facts = load_facts(pipeline, record, now)
-    return _reconcile_row(pipeline, record, me, facts, worker)
+    facts, rows = load_facts(pipeline, record, now)
+    return _reconcile_row(pipeline, record, me, facts, worker, rows)
 
 
-def load_facts(pipeline: Pipeline, record: EventRecord, now: datetime) -> Facts:
+def load_facts(
+    pipeline: Pipeline, record: EventRecord, now: datetime
+) -> tuple[Facts, list[Reporter] | None]:
     """What the decider reads beside an open event's row: its reporter rows (one partition
-    query: who still lists it, each one's own status and when its relay saw it) and, once
-    it is past its start, whether every VM that still lists it went silent (their VM rows,
-    up to MAX_SILENCE_READS, stopping at the first that was heard)."""
+    query: who still lists it, each one's own status, view and when its relay saw it; the
+    approver uses the same rows) and, once it is past its start, whether every VM that
+    still lists it went silent (their VM rows, up to MAX_SILENCE_READS, stopping at the
+    first that was heard). The rows are None for an ended event (nothing read)."""
     if record.ended:
-        return Facts()
-    store = pipeline.store
-    store.load_reporters(record)
-    reporting = bool(record.reporters)
-    seen = record.reporter_seen
+        return Facts(), None
+    rows = pipeline.store.reporter_rows(record.event_id)
+    current = {r.vm: r for r in rows if r.status}
+    record.reporters = {vm: r.status for vm, r in current.items()}
+    record.past_reporters = [r.vm for r in rows]
+    reporting = bool(current)
     past = record.started or (record.not_before is not None and now >= record.not_before)
     silent: bool | None = None
     if past and reporting:
-        silent = all_silent(pipeline, list(record.reporters), now)
-    said_started = [seen.get(vm) or now for vm, s in record.reporters.items() if s == STARTED]
-    gone = [seen[vm] for vm in record.past_reporters if vm not in record.reporters and vm in seen]
-    known = {vm.casefold() for vm in record.past_reporters}
-    return Facts(
+        silent = all_silent(pipeline, list(current), now)
+    said_started = [r.seen or now for r in current.values() if r.status == STARTED]
+    gone = [r.seen for r in rows if not r.status and r.seen is not None]
+    known = {r.vm.casefold() for r in rows}
+    facts = Facts(
         unreported=any(vm.casefold() not in known for vm in record.resources),
         reporting=reporting,
-        reported=bool(record.past_reporters),
+        reported=bool(rows),
         silent=silent,
         left_at=max(gone) if gone and not reporting else None,
         started_seen=min(said_started) if said_started else None,
-        scheduled=any(s != STARTED for s in record.reporters.values()),
+        scheduled=any(r.status != STARTED for r in current.values()),
     )
+    return facts, rows
 
 
 def all_silent(pipeline: Pipeline, names: list[str], now: datetime) -> bool:

@@ -50,6 +50,8 @@ class Reporter:
     ledger: LedgerEntry | None = None
     # Why the measurements this row holds cannot be read ("" when they can, or it has none).
     ledger_unreadable: str = ""
+    # When its relay saw what `status` says (its `seen`; else when the row was written).
+    seen: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Any, skipped: list[Skipped] | None = None) -> Reporter | None:
@@ -71,7 +73,9 @@ class Reporter:
             view, decision = None, None
         key = row.get("key") if isinstance(row.get("key"), str) else ""
         entry, why = read_ledger(row, skipped)
-        return cls(vm, status or "", view, key, decision, entry, why)
+        at = row.get(SEEN) if isinstance(row.get(SEEN), datetime) else row.get("at")
+        seen = at if isinstance(at, datetime) else None
+        return cls(vm, status or "", view, key, decision, entry, why, seen)
 
 
 def _skip(row: Any, why: str, skipped: list[Skipped] | None) -> Skipped:

@@ -19,6 +19,8 @@ from functions.pipeline.decide import (
     view_key,
     view_of,
 )
+from functions.pipeline.due import due
+from functions.pipeline.redecide import redecide
 from functions.pipeline.views import (
     TOO_MANY_VIEWS,
     differing_fields,
@@ -26,6 +28,7 @@ from functions.pipeline.views import (
     stricter,
     strictest,
 )
+from functions.store.recent import copy_record
 from functions.store.records import MAX_VIEWS, EventRecord
 
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
@@ -215,9 +218,13 @@ def test_a_fail_closed_event_is_decided_again_per_view_once_the_policy_is_valid(
     row = written(report(row, freeze(60), vm("mate"), broken, NOW), row)
     assert row.decision is not None and row.decision.policy_error
     row.announced = dict(ANNOUNCED)
-    plan = report(row, freeze(5), vm("victim"), POLICY, NOW + timedelta(minutes=5))
-    after = written(plan, row)
-    assert plan.made and Transition.DECIDED.value not in after.announced
+    later = NOW + timedelta(minutes=5)
+    # The writer records the report; deciding again is the decider's (reconcile by key).
+    plan = report(row, freeze(5), vm("victim"), POLICY, later)
+    assert plan.row is None and not plan.made
+    assert due(row, POLICY, later).redecide
+    after = written(ReportPlan(row=copy_record(row)), row)
+    redecide(after, POLICY, later)
     assert {e.first_vm: e.decision.action for e in after.views} == {
         "victim": "approve",
         "mate": "hold",
