@@ -92,8 +92,8 @@ class Facts:
     left_at: datetime | None = None
     # When the first reporter whose own view says Started saw it (None: none says so).
     started_seen: datetime | None = None
-    # Some reporter's own view still says Scheduled.
-    scheduled: bool = False
+    # Some reporter's own view still says Scheduled (None: not read).
+    scheduled: bool | None = None
     # Some VM the event names has never reported it (no reporter row).
     unreported: bool = False
 
@@ -330,7 +330,10 @@ def due(
         and (record.approval == "failed" or Transition.OVERDUE in announce)
     )
     person = asked(record) and not (valid is not None and valid.dry_run)
-    approve = person or (approvable(record, valid) and not overdue)
+    # Every reporter's own view says Started (the event may not have started for everyone
+    # yet: `start_at`): no VM that reported it needs its approval or its drain.
+    moot = facts.started_seen is not None and facts.scheduled is False
+    approve = (person or (approvable(record, valid) and not overdue)) and not moot
     if approve and record.not_before is not None and now >= record.not_before:
         approve = False  # NotBefore is here: Azure starts it, an approval adds nothing
     if approve and record.approval == "in_progress":
@@ -350,6 +353,7 @@ def due(
         and record.not_before is not None
         and now < record.not_before
         and drain_settled is not True
+        and not moot
     )
     count = (
         bool(valid and valid.budgets)
