@@ -308,7 +308,7 @@ def _reconcile(
     done = reconcile_key(pipeline, event_id, me, row=row, worker=False)
     result.transitions.extend((event_id, t.value) for t in done.published)
     if done.approval is not None:
-        result.approvals.append(done.approval)  # type: ignore[arg-type]
+        result.approvals.append(done.approval)
 
 
 def _reconcile_listed(

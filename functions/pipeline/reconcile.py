@@ -35,7 +35,7 @@ from functions.model.envelope import STARTED
 from functions.model.event import Transition
 from functions.pipeline import capacity
 from functions.pipeline.announce import audit_decision, mark_done, publish_claimed
-from functions.pipeline.approve import approve_event
+from functions.pipeline.approve import ApprovalResult, approve_event
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import ENDS, ORDER, Due, Facts, due, settled_path
 from functions.pipeline.lifecycle import (
@@ -72,7 +72,7 @@ class Reconciled:
 
     event_id: str
     published: list[Transition] = field(default_factory=list)
-    approval: object | None = None  # functions.pipeline.approve.ApprovalResult
+    approval: ApprovalResult | None = None
     waiting_for_capacity: bool = False
     ended: str = ""  # why it ended in this reconcile ("" if it did not)
     redecided: bool = False

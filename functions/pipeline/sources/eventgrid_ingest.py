@@ -136,4 +136,4 @@ def apply_grid_event(grid: GridEvent, pipeline: Pipeline, result: IngestResult) 
     done = reconcile_key(pipeline, record.event_id, tag, row=record, worker=False)
     result.transitions.extend((record.event_id, t.value) for t in done.published)
     if done.approval is not None:
-        result.approvals.append(done.approval)  # type: ignore[arg-type]
+        result.approvals.append(done.approval)
