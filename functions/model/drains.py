@@ -151,7 +151,7 @@ def drain_for(facts: RelayFacts | None, settings: DrainSettings, now: datetime) 
 
 def count_kinds(choices: list[DrainChoice]) -> dict[str, int]:
     """How many VMs have each kind of drain (every kind listed, zeros included)."""
-    out = dict.fromkeys(DRAIN_KINDS, 0)
+    out: dict[str, int] = dict.fromkeys(DRAIN_KINDS, 0)
     for choice in choices:
         out[choice.kind] += 1
     return out

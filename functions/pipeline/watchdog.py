@@ -409,14 +409,15 @@ def _claim_silence(pipeline: Pipeline, vm: VmRecord, now: datetime, vm_id: str) 
     row's); the VM is listed in the open index first, so a marked VM row is never unlisted.
     Returns the silence's mark when this sweep claimed it."""
     assert vm.last_seen is not None
-    mark = vm.last_seen.isoformat()
+    seen = vm.last_seen
+    mark = seen.isoformat()
     pipeline.store.mark_vm(vm.name, vm_id, mark)
 
     def change(rec: VmRecord | None) -> VmRecord | None:
         if rec is None:
             return None
-        heard = max(rec.last_seen, vm.last_seen) if rec.last_seen else vm.last_seen
-        if heard != vm.last_seen or not _silence_pending(rec, now):
+        heard = max(rec.last_seen, seen) if rec.last_seen else seen
+        if heard != seen or not _silence_pending(rec, now):
             return None
         rec.last_seen = heard
         rec.silent_announced_for = mark

@@ -71,8 +71,8 @@ def relay_step(
     configured hook its relay does not offer beside the HTTP drain (as before issue 44);
     None: the HTTP drain speaks for it, or it has no drain."""
     choice = drain_for(facts, settings, now)
-    if choice.kind in ("hook", "readiness"):
-        return choice.kind  # type: ignore[return-value]
+    if choice.kind == "hook" or choice.kind == "readiness":
+        return choice.kind
     if choice.kind == "http" and settings.relay_hook:
         return probe_step(facts, settings, now)
     return None
