@@ -288,6 +288,13 @@ def _settings_parser(sub: argparse._SubParsersAction) -> None:
         "or the output of `az functionapp config appsettings list`",
     )
     check.add_argument(
+        "--deployed",
+        metavar="FILE",
+        help="with --file main.bicepparam: what runs now, to say what a redeploy from the file "
+        "would change: `az deployment group show -g RG -n NAME --query properties.parameters` "
+        "or `az functionapp config appsettings list` output",
+    )
+    check.add_argument(
         "--local",
         action="store_true",
         help="leave out the Azure connections (Service Bus, storage, APP_SECRET), as the "

@@ -160,6 +160,7 @@ def policy_source(loaded: LoadedFile | None = None) -> str:
 
 
 def run_settings_check(args: argparse.Namespace) -> int:
+    shell = dict(os.environ)  # before a parameter file replaces its app settings
     loaded = LoadedFile(label="environment")
     if args.file:
         try:
@@ -186,6 +187,10 @@ def run_settings_check(args: argparse.Namespace) -> int:
     notice = trust_notice()
     if notice:  # Microsoft's date, not the deployment's fault: never an error under --strict
         print(f"notice: trust: {notice}", file=sys.stderr)
+    changed = _redeploy_changes(args, shell)
+    if changed is None:
+        return 2
+    warnings = [*warnings, *changed]
     if refused:
         print(
             f"settings invalid: {refused} error(s): the app refuses to act on them "
@@ -204,3 +209,28 @@ def run_settings_check(args: argparse.Namespace) -> int:
         return 2
     print(f"settings OK ({len(warnings)} warning(s)); {len(report.models)} settings models read")
     return 0
+
+
+def _redeploy_changes(args: argparse.Namespace, shell: dict[str, str]) -> list[str] | None:
+    """With --deployed: each value a redeploy from the parameter file would change, printed
+    as a warning (functions.redeploy); None when --deployed cannot be used (said)."""
+    deployed = getattr(args, "deployed", None)
+    if not deployed:
+        return []
+    from functions.redeploy import DeployedError, changes, read_deployed
+
+    if not (args.file and is_parameter_file(args.file)):
+        print("settings: --deployed needs --file main.bicepparam to compare", file=sys.stderr)
+        return None
+    try:
+        kind, values = read_deployed(deployed)
+        parsed = read_parameter_file(args.file, shell)
+    except (DeployedError, ParameterFileError) as exc:
+        print(f"settings: {exc}", file=sys.stderr)
+        return None
+    found = changes(parsed, kind, values)
+    if not found:
+        print(f"note: a redeploy from {args.file} changes nothing deployed", file=sys.stderr)
+    for line in found:
+        print(f"warning: a redeploy from {args.file} changes {line}", file=sys.stderr)
+    return found

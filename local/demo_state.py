@@ -77,8 +77,8 @@ class DemoState:
         self.policy_source = (
             "your POLICY__* settings"
             if self.custom_policy
-            else "the demo's policy: Microsoft's reference policy with two drain rules in "
-            "front and a budget of one VM per service"
+            else "the demo's policy: the default (drain, then approve, every disruptive "
+            "event) with two opt-in rules in front and a budget of one VM per service"
         )
         self.hook_runs: list[tuple[float, str, str]] = []  # (time.time(), VM, EventId)
         self.undrain_runs: list[tuple[float, str, str]] = []  # the same, of the undrain hook

@@ -139,7 +139,7 @@ def covering(policy: Any, event: Any, fleet: tuple[Any, ...]) -> list[str]:
 
 def policy_difference(demo: DemoState, name: str, track: EventTrack) -> Outcome:
     """What your policy did with this event next to what the demo's policy (Microsoft's
-    reference rules with local.plan.DEMO_RULES in front) would have done, and why they
+    default rules with local.plan.DEMO_RULES in front) would have done, and why they
     differ (informative: never a failure)."""
     from functions.model.envelope import ScheduledEvent
     from functions.model.policy import decide
@@ -230,13 +230,13 @@ def _pipeline_outcomes(demo: DemoState, name: str, step: Step, track: EventTrack
 
     scenario = step.scenario
     if step.drain and "terminate workflow" not in demo.missing:
-        # The demo's policy drains it (local.plan.DEMO_RULES): whatever its type, drained
+        # The demo's policy drains it (the default rules): whatever its type, drained
         # first, approved before NotBefore, undrained if the VM is back afterwards.
         expect_action("drain")
-        out.append(_drained_before_approval(demo, name, event_id, first_approval))
+        out.append(_drained_before_approval(demo, name, event_id, first_approval, step.target))
         expect_approved_in_time()
         if track.event_type in ("Freeze", "Reboot", "Redeploy"):
-            out.append(_undrained(demo, name, track, transitions))
+            out.append(_undrained(demo, name, track, transitions, step.target))
         if scenario == "preempt":
             out.append(_paged(demo, name, event_id))
     elif scenario in ("live-migration", "user-reboot", "user-redeploy"):
@@ -388,7 +388,10 @@ def _out_of_rotation_before_approval(
     """A VM with no script of the operator's (issue 38): the customer's HTTP hook, and its
     readiness probe 503 at least the stated drain time (DRAIN__READINESS_SECONDS, less the
     probe's 0.1 s between asks) before the one approval."""
-    label = f"{name}: drained (HTTP hook and readiness probe 503) before approval"
+    label = (
+        f"{name}: drained through its load balancer probe (readiness 503) and the HTTP hook "
+        "before approval"
+    )
     http = _hook_calls(demo, event_id, "drain")
     watcher = next((w for w in demo.ready_probes if w.vm == vm), None)
     out = watcher.first_out() if watcher is not None else None
@@ -404,14 +407,22 @@ def _out_of_rotation_before_approval(
     return Outcome(label, lead >= drain_time - every - 0.05, detail)
 
 
-def _undrained(demo: DemoState, name: str, track: EventTrack, transitions: list[str]) -> Outcome:
-    """Its VM is back after the event: put back in service once (HTTP undrain hook, the
-    relay's undrain script), after IMDS dropped the event, and announced once."""
-    label = f"{name}: undrained once it was over (HTTP hook and relay hook script)"
+def _undrained(
+    demo: DemoState, name: str, track: EventTrack, transitions: list[str], vm: str = ""
+) -> Outcome:
+    """Its VM is back after the event: put back in service once (HTTP undrain hook, and the
+    relay's undrain script or, with no script, its readiness probe back to 200: checked by
+    local.demo_ready), after IMDS dropped the event, and announced once."""
+    spec = next((v for v in demo.options.fleet if v.name == vm), None)
     http = _hook_calls(demo, track.event_id, "undrain")
+    said = transitions.count("undrained")
+    if spec is not None and not spec.hooks:
+        label = f"{name}: undrained once it was over (HTTP hook and readiness probe)"
+        detail = f"HTTP undrain calls {len(http)}, announced {said}x"
+        return Outcome(label, len(http) == 1 and said == 1, detail)
+    label = f"{name}: undrained once it was over (HTTP hook and relay hook script)"
     demo.hook_script_runs()
     script = [at for at, _vm, logged in demo.undrain_runs if logged == track.event_id]
-    said = transitions.count("undrained")
     detail = f"HTTP undrain calls {len(http)}, script runs {len(script)}, announced {said}x"
     if track.removed_at is None or not script:
         return Outcome(label, False, detail)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from functions.model.budgets import Budget
-from functions.model.policy import Match, Policy, Rule, sample_rules
+from functions.model.policy import Match, Policy, Rule, default_rules
 
 
 class VmSpec(BaseModel):
@@ -72,24 +72,36 @@ FLEET: tuple[VmSpec, ...] = (
     VmSpec(name="spot-1", spot=True),
     VmSpec(name="legacy-1", relay=False, event_grid=True),
     VmSpec(name="batch-1", callback_down=True),
-    VmSpec(name="app-1"),
+    # Behind a load balancer, no script of the operator's: drained through its probe.
+    VmSpec(name="app-1", hooks=False),
     # One service over two zonal scale sets: the budget one-per-service lets one out at a time.
     VmSpec(name="checkout-z1_0", scale_set="checkout-z1", zone="1", tags={"service": "checkout"}),
     VmSpec(name="checkout-z2_0", scale_set="checkout-z2", zone="2", tags={"service": "checkout"}),
 )
 
-# The demo's policy: Microsoft's reference rules (functions.model.policy.default_rules), with
-# two rules in front that drain what operators take out of rotation first: a reboot or
-# redeploy of the app VMs, and a Spot eviction; and a disruption budget: at most one VM of
-# each service (its `service` tag, from Resource Graph) out at a time, whatever its scale
-# set or zone. Your POLICY__* settings replace it.
+# The demo's policy: the default rules (functions.model.policy.default_rules: drain, then
+# approve, every disruptive event; a short Freeze approved at once) with two opt-in rules in
+# front, for the stories the demo tells beside the drain: User reboots and redeploys approved
+# at once (Microsoft's sample; the budget and Resource Manager stories), and Platform
+# reboots of the web and workers sets held to NotBefore (an opt-in hold). The app VM's
+# Platform Reboot and the Spot eviction are the default policy's: drained, then approved.
+# And a disruption budget: at most one VM of each service (its `service` tag, from Resource
+# Graph) out at a time, whatever its scale set or zone. Your POLICY__* settings replace it.
 DEMO_RULES: tuple[Rule, ...] = (
     Rule(
-        name="drain-app-reboots",
-        match=Match(event_types=("Reboot", "Redeploy"), resources=("app-*",)),
-        action="drain",
+        name="user-initiated",
+        match=Match(event_types=("Reboot", "Redeploy"), sources=("User",)),
+        action="approve",
+        severity="info",
+        ignore_windows=True,
     ),
-    Rule(name="drain-spot-evictions", match=Match(event_types=("Preempt",)), action="drain"),
+    Rule(
+        name="hold-set-reboots",
+        match=Match(
+            event_types=("Reboot",), sources=("Platform",), resources=("web-*", "workers_*")
+        ),
+        action="hold",
+    ),
 )
 
 
@@ -100,7 +112,7 @@ DEMO_BUDGETS: tuple[Budget, ...] = (
 
 def demo_policy() -> Policy:
     """The policy the demo runs with when no POLICY__* setting is given."""
-    return Policy(rules=(*DEMO_RULES, *sample_rules()), budgets=DEMO_BUDGETS)
+    return Policy(rules=(*DEMO_RULES, *default_rules()), budgets=DEMO_BUDGETS)
 
 
 PLAN: tuple[Step, ...] = (
@@ -128,7 +140,7 @@ PLAN: tuple[Step, ...] = (
         at=2.0,
         scenario="platform-reboot",
         target="web-as",
-        story="platform reboot of the set: held, announced once",
+        story="platform reboot of the set: held (the demo's opt-in hold), announced once",
     ),
     Step(
         at=2.5,
@@ -170,8 +182,8 @@ PLAN: tuple[Step, ...] = (
         at=7.0,
         scenario="platform-reboot",
         target="app-1",
-        story="platform reboot of an app VM: drained first (rule drain-app-reboots), approved, "
-        "undrained once it is over",
+        story="platform reboot of an app VM, the default policy: out of its load balancer "
+        "(readiness probe 503) and your HTTP hook, then approved, put back once it is over",
         drain=True,
     ),
     Step(

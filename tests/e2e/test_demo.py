@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from local.demo_ready import EVERY
 from local.options import DemoOptions
 from local.receivers import TeamsReceiver
 from tests.e2e.conftest import Played, clean_env, play
@@ -77,7 +78,7 @@ def test_scale_in_terminate_is_drained_then_approved_before_not_before(played: P
     """Issue 38: the scale set's VMs have no script of the operator's, as a first deploy
     leaves them. The scale-in goes out of its load balancer (its relay's readiness probe
     503) for the stated drain time, then is approved, long before NotBefore."""
-    from local.demo_ready import EVERY, first_out
+    from local.demo_ready import first_out
 
     event_id = played.event_id("terminate")
     track = played.track("terminate")
@@ -123,14 +124,30 @@ def _drained_then_approved(played: Played, scenario: str, target: str) -> tuple[
     return runs[0], approval.at.timestamp()
 
 
-def test_an_app_vms_reboot_is_drained_approved_and_undrained_when_over(played: Played):
-    drained, approved = _drained_then_approved(played, "platform-reboot", "app-1")
-    assert drained <= approved
+def test_the_default_policy_drains_a_platform_reboot_through_the_load_balancer_probe(
+    played: Played,
+):
+    """Issue 45: the default policy (no rule of the demo's takes it) drains app-1's Platform
+    Reboot: its relay has no script of the operator's, so its readiness probe answers 503
+    (the load balancer takes it out) and the HTTP hook runs, the stated drain time before
+    the one approval; put back (probe 200, HTTP undrain) once it is over. On 2f59d6a the
+    default held every Platform Reboot to NotBefore, undrained."""
     track = played.track("platform-reboot", "app-1")
-    assert track.started_wall is not None and track.removed_at is not None
     event_id = track.event_id
-    undone = [at for at, vm, logged in played.demo.undrain_runs if logged == event_id]
-    assert len(undone) == 1 and undone[0] > approved, played.story()
+    decided = [
+        (n.decision.action, n.decision.rule)
+        for n in played.demo.publisher.published
+        if n.event and n.event.event_id == event_id and n.transition.value == "decided"
+    ]
+    assert decided == [("drain", "drain-then-approve")]
+    watcher = next(w for w in played.demo.ready_probes if w.vm == "app-1")
+    out = watcher.first_out()
+    (approval,) = played.approvals("platform-reboot", "app-1")
+    drain_time = played.demo.drain_settings.readiness_seconds
+    assert out is not None and approval.at.timestamp() - out >= drain_time - EVERY - 0.05
+    assert [status for _, status in watcher.answers] == [200, 503, 200]
+    assert not [r for r in played.demo.hook_runs if r[2] == event_id]  # no script: the probe
+    assert track.started_wall is not None and track.removed_at is not None
     http = [
         r
         for r in played.demo.receivers["drain"].accepted()
@@ -270,7 +287,7 @@ def test_the_backtest_of_its_own_history_gives_back_each_decision(played: Played
     compared = [r for r in result.events if r.changed is not None]
     assert len(compared) >= 8 and result.changed == []
     assert {r.past.event.event_type for r in compared} >= {"Freeze", "Reboot", "Terminate"}
-    held = [h for h in result.holds if h.rule == "default-hold"]
+    held = [h for h in result.holds if h.rule == "hold-set-reboots"]
     assert held, "the platform reboot of web-as runs to NotBefore"
     page = render_html(
         "demo report", played.timeline.snapshot(), played.outcomes, {}, collect(played.demo)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from functions.model.envelope import ScheduledEvent
 from functions.model.event import Decision, EventSnapshot, Notification, Transition
-from functions.model.policy import Policy, PolicyLoad, Rule, decide, sample_rules
+from functions.model.policy import Policy, PolicyLoad, Rule, decide, default_rules, sample_rules
 from local.demo_ready import ready_outcomes
 from local.outcomes import _pipeline_outcomes, judged_under_your_policy
 from local.plan import FLEET, Step, demo_policy
@@ -123,7 +123,7 @@ def test_the_readiness_probe_is_judged_only_where_your_policy_drains():
 
     held = outcome(HOLD_ALL, Decision(action="hold", rule="hold-all"))
     assert held.skipped and "yours: HOLD" in held.detail
-    drained = outcome(demo_policy(), Decision(action="drain", rule="drain-app-reboots"))
+    drained = outcome(demo_policy(), Decision(action="drain", rule="drain-then-approve"))
     assert not drained.skipped and not drained.ok  # judged: it never left rotation
 
 
@@ -134,7 +134,7 @@ def test_your_policy_without_the_demos_budget_is_judged_where_that_budget_covers
     from local.outcomes import differs_from_the_demo
     from local.plan import DEMO_RULES
 
-    yours = Policy(rules=(*DEMO_RULES, *sample_rules()))
+    yours = Policy(rules=(*DEMO_RULES, *default_rules()))
     for vm, differs in (("spot-1", False), ("checkout-z2_0", True)):
         track, snapshot = _event(f"EV-{vm}", "Reboot", "User", vm)
         event = ScheduledEvent.model_validate(snapshot.imds_fields())
