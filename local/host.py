@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from functions.clock import Clock, SystemClock
 from functions.pipeline.admission import Admission
 from functions.pipeline.context import Pipeline
+from functions.pipeline.coverage import run_coverage
 from functions.pipeline.heartbeats import HeartbeatResult, ingest_heartbeats
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher, Publisher
@@ -377,6 +378,9 @@ class LocalHost:
                 if time.monotonic() >= next_watchdog:
                     next_watchdog = time.monotonic() + self.watchdog_interval
                     self.watchdog()
+                    # The identity sync timer's coverage pass (at most every 10 minutes;
+                    # otherwise one point read): the fleet page's Coverage section.
+                    run_coverage(self.pipeline)
             except Exception:  # storage down for a moment: log, keep going
                 log.exception("local host pass failed; retrying")
             stop.wait(poll_seconds)
