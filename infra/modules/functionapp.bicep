@@ -92,6 +92,15 @@ var ingestReady = [
   }
 ]
 
+// The Python worker runs every synchronous invocation on one thread pool
+// (PYTHON_THREADPOOL_THREAD_COUNT, Learn "App settings reference for Azure Functions" and
+// "Improve throughput performance of Python apps"); left unset, Python 3.9+ takes
+// ThreadPoolExecutor's default, min(32, CPUs + 4): 5 or 6 threads on a small instance, while
+// host.json lets 16 reconcile items (maxConcurrentCalls) and 16 VMs' sessions
+// (maxConcurrentSessions) run at once, and a drain sleeps in its thread. Sized to both at
+// once (tests/infra/test_functionapp.py reads host.json), so none waits for a thread.
+var pythonThreadCount = 32
+
 // Bridge behaviour (SETTINGS.md).
 param relaySilentAfterSeconds int = 600
 @description('Days ended events, rejected envelopes and VMs not heard from are kept.')
@@ -196,6 +205,7 @@ var bridgeSettings = {
   PAGERDUTY_EVENTS_URL: pagerdutyEventsUrl
   EVENTGRID_QUEUE: eventGridQueueName
   APPROVERS: approvers
+  PYTHON_THREADPOOL_THREAD_COUNT: string(pythonThreadCount)
 }
 
 var policyBaseSettings = {

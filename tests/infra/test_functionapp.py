@@ -236,3 +236,20 @@ def test_per_vm_identity_settings() -> None:
     passed = module_params(main, "functionApp")
     assert passed["relayCallbackPort"] == "relayCallbackPort"
     assert passed["allowedSubscriptions"] == "effectiveAllowedSubscriptions"
+
+
+def test_the_worker_has_a_thread_for_every_invocation_host_json_allows_at_once() -> None:
+    """Issue 46: on 2f59d6a PYTHON_THREADPOOL_THREAD_COUNT was unset, so the worker ran
+    ThreadPoolExecutor's default (min(32, CPUs + 4) threads) while host.json allows 16
+    reconcile items and 16 sessions at once, and drains sleep in those threads."""
+    import json
+    from pathlib import Path
+
+    bus = json.loads((Path(__file__).resolve().parents[2] / "host.json").read_text())
+    bus = bus["extensions"]["serviceBus"]
+    s = settings()
+    assert s["PYTHON_THREADPOOL_THREAD_COUNT"] == {
+        "function": {"type": "string", "parameters": {"value_to_convert": "pythonThreadCount"}}
+    }
+    threads = FN.variables["pythonThreadCount"]
+    assert threads >= bus["maxConcurrentCalls"] + bus["maxConcurrentSessions"], threads
