@@ -639,12 +639,14 @@ module exampleVm 'modules/vm-relay.bicep' = if (deployExampleVm) {
 
 // Which drain a `drain` decision runs (functions/terminate/plan.py): the HTTP hook wins where
 // set; otherwise the relays' hook, and each relay's readiness probe where a relay lacks that
-// hook; with no step of yours, the probe alone (issue 38): /readyz answers 503, the load
-// balancer takes the VM out, the drain waits DRAIN__READINESS_SECONDS, then approves.
-var readinessDrain = 'readiness (the default): the /readyz probe of each relay (port ${relayReadyPort}) answers 503, its load balancer takes the VM out, the drain waits DRAIN__READINESS_SECONDS, then approves'
+// hook; with no step of yours, the probe alone (issue 38), only on a VM a load balancer
+// probes (issue 44: its relay reports Azure's probes): /readyz answers 503, the load
+// balancer takes the VM out, the drain waits the probe's timing plus
+// DRAIN__CONNECTION_SECONDS, then approves; elsewhere the VM has no drain.
+var readinessDrain = 'readiness (the default): on each VM a load balancer probes (its relay reports the Azure probes), the /readyz probe of its relay (port ${relayReadyPort}) answers 503, the load balancer takes the VM out, the drain waits the probe timing plus DRAIN__CONNECTION_SECONDS, then approves; a VM no load balancer probes has no drain (a Platform event or a scale-in held until NotBefore, a User Reboot or Redeploy approved at once)'
 var hookDrain = 'relay hook ${drainRelayHook} on each VM${(relayReadyPort > 0) ? '; the readiness probe where a relay lacks it' : ''}'
 var httpDrain = 'HTTP hook DRAIN__HTTP_URL${empty(drainRelayHook) ? '' : ', then the relay hook ${drainRelayHook}'}'
-var noDrain = 'NONE: no drain step and no readiness probe (relayReadyPort 0): a drain decision is held until NotBefore, and Azure then goes ahead undrained'
+var noDrain = 'NONE: no drain step and no readiness probe (relayReadyPort 0): a Platform event or a scale-in is held until NotBefore, and Azure then goes ahead undrained; a User Reboot or Redeploy is approved at once'
 var drainSummary = !empty(drainHttpUrl) ? httpDrain : (!empty(drainRelayHook) ? hookDrain : ((relayReadyPort > 0) ? readinessDrain : noDrain))
 
 // ---------- What you need next ----------

@@ -46,7 +46,13 @@ def test_the_drain_output_says_which_drain_applies() -> None:
     where it applies (functions/terminate/plan.py); with the probe off too, nothing, said so."""
     default = _drain_output()
     assert str(default).startswith(
-        "readiness (the default): the /readyz probe of each relay (port 8493)"
+        "readiness (the default): on each VM a load balancer probes (its relay reports the "
+        "Azure probes), the /readyz probe of its relay (port 8493) answers 503"
+    )
+    # Issue 44: only where a load balancer probes; elsewhere no drain, said so.
+    assert str(default).endswith(
+        "a VM no load balancer probes has no drain (a Platform event or a scale-in held until "
+        "NotBefore, a User Reboot or Redeploy approved at once)"
     )
     hook = str(_drain_output(drainRelayHook="drain"))
     assert hook == "relay hook drain on each VM; the readiness probe where a relay lacks it"
