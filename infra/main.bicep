@@ -144,6 +144,11 @@ param maximumInstanceCount int = 40
 @maxValue(10)
 param ingestAlwaysReady int = 1
 
+@description('Always-ready Flex instances for the reconcile function (0: none): one keeps a work item of a 30 s Preempt from waiting for a cold start (modules/functionapp.bicep). About 5 USD a month at 512 MB.')
+@minValue(0)
+@maxValue(10)
+param reconcileAlwaysReady int = 1
+
 param relaySilentAfterSeconds int = 600
 
 param approvalMarginSeconds int = 10
@@ -491,6 +496,7 @@ module functionApp 'modules/functionapp.bicep' = {
     hasWebhookSecretPrevious: keyVault.outputs.hasWebhookSecretPrevious
     maximumInstanceCount: maximumInstanceCount
     ingestAlwaysReady: ingestAlwaysReady
+    reconcileAlwaysReady: reconcileAlwaysReady
     relayCallbackPort: relayCallbackPort
     allowedSubscriptions: effectiveAllowedSubscriptions
     relaySilentAfterSeconds: relaySilentAfterSeconds

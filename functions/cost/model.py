@@ -9,7 +9,7 @@ Billing as the model counts it (upper bounds where Azure's rule is finer):
 - Functions, Flex Consumption on demand: each execution bills max(minimum, measured
   duration) seconds at the instance memory, with no credit for executions sharing an
   instance; plus a price per execution; plus the always-ready baseline of the Bicep's
-  always-ready instances (ingest's one: issue 38), their memory all month.
+  always-ready instances (ingest's and reconcile's: issues 38, 46), their memory all month.
 - Service Bus Standard: the hourly base charge, and operations by monthly tier; a queue
   message is send + receive + complete, a notification is one send plus receive +
   complete on each subscription.
@@ -506,7 +506,8 @@ def load_deployment(
         max_instances=_bicep_default(bicep, "maximumInstanceCount")
         if max_instances is None
         else max_instances,
-        always_ready_instances=_bicep_default(bicep, "ingestAlwaysReady"),
+        always_ready_instances=_bicep_default(bicep, "ingestAlwaysReady")
+        + _bicep_default(bicep, "reconcileAlwaysReady"),
         max_concurrent_calls=int(bus.get("maxConcurrentCalls", 16)),
         max_concurrent_sessions=int(bus.get("maxConcurrentSessions", 8)),
         session_idle_seconds=_timespan(str(bus.get("sessionIdleTimeout", "00:01:00"))),

@@ -37,7 +37,7 @@ def render(e: Estimate) -> str:
         ),
         f"Deployment: Flex Consumption {d.instance_memory_mb} MB instances ("
         + (
-            f"{d.always_ready_instances} always ready for ingest"
+            f"{d.always_ready_instances} always ready for ingest and reconcile"
             if d.always_ready_instances
             else "always ready off"
         )

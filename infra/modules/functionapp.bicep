@@ -84,11 +84,28 @@ param instanceMemoryMB int = 512
 @maxValue(10)
 param ingestAlwaysReady int = 1
 
+// Flex scales each non-HTTP function on its own (per-function scaling), so `reconcile`
+// has no instance while its queue is empty, and a work item then waits for the scale
+// controller to see the queue and for a cold Python host to start (issue 46). That item
+// may be a wake-up or the next try of a Preempt, which has about 30 s of notice in all
+// (docs/cost.md, "A warm reconcile"). One always-ready instance keeps it warm. Billed as
+// Flex's always-ready baseline, like ingest's. 0 turns it off.
+@description('Always-ready instances for the reconcile function (0: none). One keeps a work item of a 30 s Preempt from waiting for a cold start.')
+@minValue(0)
+@maxValue(10)
+param reconcileAlwaysReady int = 1
+
 // Flex names a single function's always-ready group `function:<name>`.
 var ingestReady = [
   {
     name: 'function:ingest'
     instanceCount: ingestAlwaysReady
+  }
+]
+var reconcileReady = [
+  {
+    name: 'function:reconcile'
+    instanceCount: reconcileAlwaysReady
   }
 ]
 
@@ -315,7 +332,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       scaleAndConcurrency: {
         maximumInstanceCount: maximumInstanceCount
         instanceMemoryMB: instanceMemoryMB
-        alwaysReady: (ingestAlwaysReady > 0) ? ingestReady : []
+        alwaysReady: concat((ingestAlwaysReady > 0) ? ingestReady : [], (reconcileAlwaysReady > 0) ? reconcileReady : [])
       }
       runtime: {
         name: 'python'

@@ -150,7 +150,7 @@ def test_an_always_ready_instance_bills_its_memory_all_month() -> None:
 def test_the_shipped_deployment_has_ingest_always_ready() -> None:
     from functions.cost.model import load_deployment
 
-    assert load_deployment().always_ready_instances == 1  # infra/modules/functionapp.bicep
+    assert load_deployment().always_ready_instances == 2  # infra/modules/functionapp.bicep
 
 
 def test_cost_by_part() -> None:

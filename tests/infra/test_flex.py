@@ -132,7 +132,8 @@ def test_ingest_has_an_always_ready_instance() -> None:
     from tests.infra.test_host_indexing import indexed
 
     chosen = SITE["properties"]["functionAppConfig"]["scaleAndConcurrency"]["alwaysReady"]
-    assert chosen["operator"]["operands"]["true_value"] == "ingestReady"
+    groups = chosen["function"]["parameters"]
+    assert groups["arg_1"]["operator"]["operands"]["true_value"] == "ingestReady"
     (ready,) = FN.variables["ingestReady"]
     assert ready["name"] == "function:ingest" and "ingest" in indexed()
     assert ready["instanceCount"] == "ingestAlwaysReady"
@@ -149,3 +150,22 @@ def test_deployment_container_with_the_user_assigned_identity() -> None:
     }
     assert SITE["identity"]["type"] == "UserAssigned"
     assert SITE["properties"]["keyVaultReferenceIdentity"] == "identityId"
+
+
+def test_reconcile_has_an_always_ready_instance() -> None:
+    """Issue 46: Flex scales each function on its own and only `ingest` was kept warm, so a
+    `reconcile` work item (a waiter woken, the next try of a Preempt with 30 s of notice)
+    waited for the scale controller and a cold start. One always-ready instance for it,
+    its cost stated in docs/cost.md and counted by functions/cost."""
+    from functions.cost.model import load_deployment
+    from tests.infra.test_host_indexing import indexed
+
+    chosen = SITE["properties"]["functionAppConfig"]["scaleAndConcurrency"]["alwaysReady"]
+    groups = chosen["function"]["parameters"]
+    assert groups["arg_2"]["operator"]["operands"]["true_value"] == "reconcileReady"
+    (ready,) = FN.variables["reconcileReady"]
+    assert ready["name"] == "function:reconcile" and "reconcile" in indexed()
+    assert ready["instanceCount"] == "reconcileAlwaysReady"
+    assert FN.param_default("reconcileAlwaysReady") == 1
+    assert load("main").param_default("reconcileAlwaysReady") == 1
+    assert load_deployment().always_ready_instances == 2  # ingest's and reconcile's
