@@ -66,7 +66,8 @@ class WorkQueue(Protocol):
     """Where the sweep hands the keys of due events (functions.pipeline.watchdog): each
     becomes its own unit of work, reconciled by a worker of its own (Service Bus's
     `reconcile` queue in Azure, the local host's workers), so one slow event never holds
-    up another. Keys it already holds are not queued twice."""
+    up another. A sweep's items of one minute are one (duplicate detection on the
+    MessageId, functions.pipeline.workqueue.item_id); any other hand-over is its own."""
 
     def enqueue(self, keys: list[str], now: datetime, *, sweep: bool = False) -> int:
         """Hand `keys` over; returns how many were. `sweep`: found by the sweep, so a
