@@ -167,16 +167,16 @@ def _reconcile(
     ]
     sending = list(dict.fromkeys(sending))
     defer = tuple(sending) if go else ()  # marked done in the write recording the approval
-    if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
-        # The decision's audit goes with its announcement: both are due until the
-        # announcement is done, so a host that dies between the two leaves it due.
-        audit_decision(record, store)
     if sending:
         details = _details(record, plan)
         if Transition.OVERDUE in sending:
             # Before the announcement: a crash in between leaves its claim, whose next
             # publish flags again (the flag is idempotent).
             capacity.flag_unstarted(pipeline, record, now)
+        if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
+            # The decision's audit goes with its announcement: both are due until the
+            # announcement is done, so a host that dies between the two leaves it due.
+            audit_decision(record, store)
         try:
             publish_claimed(pipeline, record, sending, now, details, mark=not defer)
         except Exception:
@@ -287,14 +287,15 @@ def _start(
     pipeline: Pipeline, record: EventRecord, seen_at: datetime, now: datetime, me: str
 ) -> EventRecord | None:
     """The event started, as the decider derived it from the reporters' own views (its
-    `started` claimed in the same write)."""
+    `started` claimed in the same write). `seen_at` is a reporter row's: bounded by the
+    app's clock when ingest wrote it (lifecycle.observed), or when the row was written."""
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or rec.ended or rec.started:
             return None
         rec.started = True
         rec.event_status = STARTED
-        rec.started_at = observed(seen_at, now)
+        rec.started_at = seen_at
         claim_announcement(rec, Transition.STARTED, now, me)
         return rec
 
