@@ -1,10 +1,11 @@
 """A Service Bus topic as the channels see it (Service Bus itself has no local emulator).
 
-Models exactly what the channel functions rely on, and checks what Azure checks:
-duplicate detection on MessageId (≤128 characters) within the window, one copy per
+Models exactly what the channel functions rely on, and checks what Azure checks (through
+local/bus.py, the stand-in the local host's work queue uses too): duplicate detection on
+MessageId (≤128 characters) within the window, the size limits, one copy per
 subscription, peek-lock delivery where a handler exception abandons the message and
-increments DeliveryCount, and the move to the subscription's dead-letter queue with
-reason MaxDeliveryCountExceeded once DeliveryCount reaches maxDeliveryCount.
+increments DeliveryCount, and the move to the subscription's dead-letter queue with reason
+MaxDeliveryCountExceeded once DeliveryCount reaches maxDeliveryCount.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MAX_MESSAGE_ID = 128
-MAX_BODY = 256 * 1024  # Standard tier
 
 
 @dataclass
@@ -52,21 +52,42 @@ class Subscription:
 
 
 class Topic:
+    """The topic: what is sent becomes a real `ServiceBusMessage` (the SDK refuses a
+    MessageId over 128 characters) and goes through local/bus.py's stand-in of the entity
+    (the size limits, duplicate detection within the hour's window); each accepted one is
+    copied to every subscription. `send_messages` lets the app's ServiceBusPublisher use it
+    as its sender."""
+
     def __init__(self, subscriptions: dict[str, int]) -> None:
-        self.seen: set[str] = set()
-        self.dropped: list[str] = []
+        from local.bus import LocalQueue
+
         self.subscriptions = {
             name: Subscription(name, count) for name, count in subscriptions.items()
         }
+        self.entity = LocalQueue("notifications")
+        self.entity.on_message(self._fan_out)
+
+    @property
+    def seen(self) -> dict[str, float]:
+        """MessageIds within the duplicate-detection window (clear() forgets them)."""
+        return self.entity._seen
+
+    @property
+    def dropped(self) -> list[str]:
+        return self.entity.dropped
 
     def send(self, message_id: str, body: bytes) -> None:
-        if not message_id or len(message_id) > MAX_MESSAGE_ID:
+        from azure.servicebus import ServiceBusMessage
+
+        if not message_id:
             raise ValueError(f"MessageId must be 1..{MAX_MESSAGE_ID} characters")
-        if len(body) > MAX_BODY:
-            raise ValueError("message too large for the Standard tier")
-        if message_id in self.seen:  # requiresDuplicateDetection
-            self.dropped.append(message_id)
-            return
-        self.seen.add(message_id)
+        self.entity.send_messages(ServiceBusMessage(body, message_id=message_id))
+
+    def send_messages(self, messages: object, **kwargs: object) -> None:
+        self.entity.send_messages(messages, **kwargs)
+
+    def _fan_out(self, message: object) -> None:
+        from local.bus import body_of
+
         for subscription in self.subscriptions.values():
-            subscription.active.append(Message(message_id, body))
+            subscription.active.append(Message(message.message_id, body_of(message)))  # type: ignore[attr-defined]
