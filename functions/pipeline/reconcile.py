@@ -5,8 +5,9 @@ Every entry point records what it saw and then reconciles the event by its key
 (`reconcile_key`): ingest (a relay's document), Event Grid and a person's approval inline
 (the caller waits), the sweep's workers and a document with many events through the work
 queue. Only here are claims taken and effects done; what is due is decided by
-functions.pipeline.due alone, from the rows this module reads itself (the event row, its
-reporter rows, its reporters' VM rows when their silence can end it). Each effect is
+functions.pipeline.due alone, from the rows `reconcile_key` reads itself (the event row;
+its reporter rows and its reporters' VM rows when their silence can end it, through
+functions.pipeline.facts). Each effect is
 idempotent and marked done in the row:
 
 1. changes of state first, each followed by a fresh decision on the row it wrote: the end,
@@ -38,6 +39,7 @@ from functions.pipeline.announce import audit_decision, mark_done, publish_claim
 from functions.pipeline.approve import ApprovalResult, approve_event
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import ENDS, ORDER, Due, Facts, due, settled_path
+from functions.pipeline.facts import load_facts
 from functions.pipeline.lifecycle import (
     approval_lease,
     claim_announcement,
@@ -53,9 +55,6 @@ from functions.store.rows import BadRow
 
 log = logging.getLogger(__name__)
 
-# Reporters whose VM rows a reconcile reads to tell whether all went silent: an event with
-# more is ended by their documents (or Azure), never by reading a thousand rows.
-MAX_SILENCE_READS = 100
 UNLISTED_AFTER = timedelta(minutes=10)  # an index row with no event row this old: dropped
 # The drain workflow's outcomes: once one is recorded, the drain ran to its end (its steps'
 # rows say what it did), and is not due from the row any more.
@@ -545,57 +544,6 @@ def reconcile_key(
         return Reconciled(event_id)
     facts, rows = load_facts(pipeline, record, now)
     return _reconcile_row(pipeline, record, me, facts, worker, rows)
-
-
-def load_facts(
-    pipeline: Pipeline, record: EventRecord, now: datetime
-) -> tuple[Facts, list[Reporter] | None]:
-    """What the decider reads beside an open event's row: its reporter rows (one partition
-    query: who still lists it, each one's own status, view and when its relay saw it; the
-    approver uses the same rows) and, once it is past its start, whether every VM that
-    still lists it went silent (their VM rows, up to MAX_SILENCE_READS, stopping at the
-    first that was heard). The rows are None for an ended event (nothing read)."""
-    if record.ended:
-        return Facts(), None
-    rows = pipeline.store.reporter_rows(record.event_id)
-    current = {r.vm: r for r in rows if r.status}
-    record.reporters = {vm: r.status for vm, r in current.items()}
-    record.past_reporters = [r.vm for r in rows]
-    reporting = bool(current)
-    past = record.started or (record.not_before is not None and now >= record.not_before)
-    silent: bool | None = None
-    if past and reporting:
-        silent = all_silent(pipeline, list(current), now)
-    said_started = [r.seen or now for r in current.values() if r.status == STARTED]
-    gone = [r.seen for r in rows if not r.status and r.seen is not None]
-    known = {r.vm.casefold() for r in rows}
-    facts = Facts(
-        unreported=any(vm.casefold() not in known for vm in record.resources),
-        reporting=reporting,
-        reported=bool(rows),
-        silent=silent,
-        left_at=max(gone) if gone and not reporting else None,
-        started_seen=min(said_started) if said_started else None,
-        scheduled=any(r.status != STARTED for r in current.values()),
-    )
-    return facts, rows
-
-
-def all_silent(pipeline: Pipeline, names: list[str], now: datetime) -> bool:
-    """Every one of these VMs' relays was last heard (a message, a Service Bus heartbeat,
-    its verified liveness row) longer than RELAY_SILENT_AFTER_SECONDS ago; False at the
-    first that was heard since, or past MAX_SILENCE_READS VMs."""
-    if not names or len(names) > MAX_SILENCE_READS:
-        return False
-    quiet = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
-    for name in names:
-        vm = pipeline.store.get_vm(name)
-        if vm is None:
-            continue  # its row is gone (forgotten): nothing will be heard from it
-        heard = pipeline.last_heard(vm)
-        if heard is not None and now - heard <= quiet:
-            return False
-    return True
 
 
 class InlineQueue:
