@@ -83,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         from relay.preflight import main as preflight
 
         return preflight(args[1:])
+    if args[:1] == ["ready"]:  # the readiness responder, a process of its own (issue 44)
+        from relay.responder import main as responder
+
+        return responder(args[1:])
     if args == ["run-hook"]:  # one hook run in the hook unit (relay.hooks.run_hook)
         from relay.hooks import run_hook
 
@@ -143,6 +147,20 @@ def main(argv: list[str] | None = None) -> int:
         sequence=outbox.sequence,
         key_id=keys.current_key().id,
     )
+    watching: list[Watcher] = []
+    readiness = None
+    if settings.ready_listen or settings.drain_file:  # what the probe says, relay.ready
+        from relay.ready import Readiness
+
+        readiness = Readiness(
+            settings.state_dir,
+            lambda: watching[0].started if watching else (),
+            settings.unready_while_started,
+            settings.probe_source,
+            settings.drain_file,
+            settings.drain_ttl,
+        )
+        readiness.keep_publishing(stop)  # at once: a drain outlives a restart, not a death
     vm = resolve_vm(imds, settings, stop)
     if vm is None:
         return 0
@@ -165,27 +183,20 @@ def main(argv: list[str] | None = None) -> int:
         forward_all_events=settings.forward_all_events,
         keys=keys,
     )
+    watching.append(watcher)
     servers: list[Any] = []
-    readiness = None
     try:
-        if settings.ready_listen:  # the load balancer's probe, relay.ready
-            from relay.ready import Readiness
-
-            readiness = Readiness(
-                settings.state_dir,
-                lambda: watcher.started,
-                settings.unready_while_started,
-                settings.probe_source,
-            )
+        if readiness is not None and settings.ready_listen:  # the relay serving /readyz
             servers.append(readiness.serve(settings.ready_listen))
         if settings.callback_listen:
             servers.append(_start_callback(settings, keys, vm, watcher, sending, readiness))
         heartbeats = getattr(sender, "heartbeats", None)
-        if hasattr(heartbeats, "facts"):  # contract 2: probe_at and drain, relay.drainfacts
-            from relay.drainfacts import drain_facts
+        if hasattr(heartbeats, "facts"):  # contract 2: probe_at and drain, relay.responder
+            from relay.responder import DEFAULT_STATUS, drain_facts
 
+            serving = readiness if settings.ready_listen else None
             heartbeats.facts = drain_facts(
-                bool(settings.hooks), readiness, False, settings.ready_status
+                bool(settings.hooks), serving, bool(settings.drain_file), DEFAULT_STATUS
             )
     except OSError as exc:
         event(log, logging.CRITICAL, "cannot listen", error=str(exc))
@@ -212,6 +223,7 @@ def _start_callback(
     readiness: Any,
 ) -> Any:
     from relay.callback import CallbackApp, CallbackServer
+    from relay.callback_http import inherited
     from relay.startlog import StartLog
 
     hooks = None
@@ -260,6 +272,7 @@ def _start_callback(
         app,
         max_concurrent=settings.callback_max_concurrent,
         read_timeout=settings.callback_read_timeout,
+        sock=inherited("callback"),  # the port systemd holds (issue 46), if it passed one
     ).start()
 
 

@@ -153,7 +153,7 @@ class _Handler(socketserver.BaseRequestHandler):
         if self.path.split("?", 1)[0] != self.server.get_path:
             self._answer(404, {"error": "no such endpoint"})
             return
-        if self.server.read_only:  # the readiness probe: who asked (relay.drainfacts)
+        if self.server.read_only:  # the readiness probe: who asked (relay.responder)
             self._answer(*self.server.app.health(str(self.client_address[0])))
         else:
             self._answer(*self.server.app.health())
@@ -233,6 +233,7 @@ class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         app: Any,  # relay.callback.CallbackApp: post() and health()
         max_concurrent: int = DEFAULT_MAX_CONCURRENT,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
+        sock: socket.socket | None = None,
     ) -> None:
         if max_concurrent < 1 or read_timeout <= 0:
             raise ValueError("max_concurrent must be >= 1 and read_timeout > 0")
@@ -248,7 +249,11 @@ class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.evicted = 0
         self._busy = ErrorStreak(log, "callback")  # touched by the listening thread only
         self.refused_busy = 0
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, bind_and_activate=sock is None)
+        if sock is not None:  # a listening socket systemd holds (inherited): not ours to bind
+            self.socket.close()
+            self.socket = sock
+            self.server_address = sock.getsockname()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         address = client_address[0] if isinstance(client_address, tuple) else client_address
@@ -372,13 +377,15 @@ class CallbackServer:
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         get_path: str = "/v1/health",
         read_only: bool = False,  # the readiness probe (relay.ready): GET and HEAD only
+        sock: socket.socket | None = None,  # systemd's listening socket (inherited), if any
     ) -> None:
         self._poll = poll_interval  # how fast stop() is noticed; a wake-up costs CPU
         self.name = "readiness probe" if read_only else "callback"
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
-        server_class = CallbackHTTP6Server if ":" in host else CallbackHTTPServer
-        self.httpd = server_class((host, int(port)), app, max_concurrent, read_timeout)
+        six = ":" in host or (sock is not None and sock.family == socket.AF_INET6)
+        server_class = CallbackHTTP6Server if six else CallbackHTTPServer
+        self.httpd = server_class((host, int(port)), app, max_concurrent, read_timeout, sock)
         self.httpd.get_path, self.httpd.read_only = get_path, read_only
         self.app = app
         self._thread: threading.Thread | None = None
@@ -390,7 +397,8 @@ class CallbackServer:
     @property
     def url(self) -> str:
         host = self.httpd.server_address[0]
-        return f"http://{host.decode() if isinstance(host, bytes) else host}:{self.port}"
+        text = host.decode() if isinstance(host, bytes) else host
+        return f"http://[{text}]:{self.port}" if ":" in text else f"http://{text}:{self.port}"
 
     def start(self) -> CallbackServer:
         self._thread = threading.Thread(
@@ -408,3 +416,24 @@ class CallbackServer:
         self.httpd.server_close()
         if self._thread:
             self._thread.join(5)
+
+
+def inherited(name: str) -> socket.socket | None:
+    """The listening socket systemd passed as FileDescriptorName=`name` (sd_listen_fds(3):
+    fds from 3, LISTEN_PID = this process), else None: bind the address yourself.
+
+    Why (issue 46, issue 44): a port systemd's socket unit holds is bound by root from boot
+    and stays bound across the relay's restarts, so no local user can take it while the
+    relay is down, and connections made meanwhile wait in its queue instead of being
+    refused."""
+    import os
+
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    names = os.environ.get("LISTEN_FDNAMES", "").split(":")
+    for index in range(int(os.environ.get("LISTEN_FDS") or 0)):
+        if index < len(names) and names[index] == name:
+            found = socket.socket(fileno=3 + index)
+            found.set_inheritable(False)
+            return found
+    return None

@@ -166,7 +166,7 @@ class TableLiveness(Sender):
         self._timeout = timeout
         self._clock = clock
         self.keys = keys
-        self.facts = facts  # (probe_at, drain means) at each heartbeat: relay.drainfacts
+        self.facts = facts  # (probe_at, drain means) at each heartbeat: relay.responder
         self._opener = https_opener()
         self.skew = 0.0  # Table storage's clock minus ours, when beyond SKEW_TOLERATED
         self.written = 0

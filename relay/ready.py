@@ -18,8 +18,18 @@ names have a `:`, which an operator's hook name cannot. relay.hooks calls `hook_
 before a script can have any effect and `hook_finished` once it is over (or found
 interrupted by a crash). The draining EventIds are kept in `STATE_DIR/readiness.json`,
 written atomically before the hook runs, so a drain in progress is still 503 after a relay
-restart; an unreadable file is 503 too (a drained VM must not get traffic back by accident)
-until the file is removed.
+restart. An unreadable file is logged as an error and drains nothing: the relay never
+takes serving capacity away on its own (issue 44).
+
+Who answers the probe (issue 44). Installed by add-relay.sh, cloud-init or install.sh, the
+relay does not: the readiness responder does (relay.responder, a process of its own on a
+port systemd holds), so a relay restart, upgrade, crash loop or removal never closes the
+probe's port. The relay only publishes what it wants the probe to say, in `--drain-file`
+(/run/scheduled-events-relay/drain.json, its runtime directory: gone when the relay is
+stopped, kept across restarts), with an expiry (`until`, DRAIN_TTL ahead) renewed every
+few seconds while it runs: a relay that died or hangs stops renewing, and its drain ends
+by itself. `--ready-listen` (the relay serving /readyz itself, for hosts without systemd
+and tests) remains; its port closes whenever the relay stops.
 
 The server is relay.callback_http's, bounded and in its own thread (never the poll loop's):
 GET and HEAD on the one path, 404 elsewhere, 405 for other methods. The answer reads only
@@ -36,9 +46,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from relay.callback_http import CallbackServer
-from relay.drainfacts import AZURE_PROBE_SOURCE
 from relay.logs import event
 from relay.outbox import atomic_write
+from relay.responder import AZURE_PROBE_SOURCE, PATH
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,8 +56,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("relay.ready")
 
-PATH = "/readyz"
 FILE_NAME = "readiness.json"
+DRAIN_TTL = 60.0  # seconds a published drain outlives the relay that stopped renewing it
 
 
 class Readiness:
@@ -59,10 +69,13 @@ class Readiness:
         started: Callable[[], tuple[str, ...]] = tuple,
         while_started: bool = False,
         probe_source: str = AZURE_PROBE_SOURCE,
+        publish: Path | None = None,
+        ttl: float = DRAIN_TTL,
     ) -> None:
         self.path = state_dir / FILE_NAME
+        self.publish, self.ttl = publish, ttl  # the drain file the responder reads
         self._started, self.while_started = started, while_started
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.probe_source, self.probe_at = probe_source, 0
         self.draining: dict[str, list[str]] = {}  # casefolded EventId -> [EventId, hook]
         try:
@@ -71,8 +84,7 @@ class Readiness:
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            event(log, logging.ERROR, "readiness.json unreadable: answering 503", error=str(exc))
-            self.draining = {"": ["(unreadable)", ""]}
+            event(log, logging.ERROR, "readiness.json unreadable: no drain", error=str(exc))
 
     def serve(self, address: str) -> CallbackServer:
         """The probe's own server: GET/HEAD on PATH only, 4 requests at once, 5 s each."""
@@ -81,15 +93,46 @@ class Readiness:
 
     def health(self, peer: str = "") -> tuple[int, dict[str, Any]]:
         """The probe's answer (the server's GET handler calls it with the caller's address:
-        Azure's probe source is recorded as `probe_at`, relay.drainfacts)."""
+        Azure's probe source is recorded as `probe_at`, relay.responder)."""
         if peer.rpartition(":")[2] == self.probe_source:  # ::ffff:168.63.129.16 too
             self.probe_at = int(time.time())
+        return self.answer()
+
+    def answer(self) -> tuple[int, dict[str, Any]]:
         events, reason = sorted(v[0] for v in self.draining.values()), "draining"
         if not events and self.while_started:
             events, reason = list(self._started()), "event started"
         if events:
             return 503, {"ready": False, "reason": reason, "events": events}
         return 200, {"ready": True}
+
+    def publish_now(self) -> None:
+        """Write what the probe should say, valid for `ttl` seconds, for the responder
+        (relay.responder): world-readable, it holds EventIds only."""
+        if self.publish is None:
+            return
+        with self._lock:  # one writer of the file at a time (the renewer, a change)
+            _, body = self.answer()
+            now = time.time()
+            body.update(at=int(now), until=int(now + self.ttl))
+            try:
+                atomic_write(self.publish, json.dumps(body).encode(), 0o644)
+            except OSError as exc:  # the responder then ends the drain when it expires
+                event(log, logging.ERROR, "readiness: cannot publish", error=str(exc))
+
+    def keep_publishing(self, stop: threading.Event) -> None:
+        """Renew the published state every few seconds until `stop` (a thread of its own):
+        a Started event appears, and a drain's expiry moves, without waiting for a change."""
+        if self.publish is None:
+            return
+
+        def renew() -> None:
+            while True:
+                self.publish_now()
+                if stop.wait(min(5.0, self.ttl / 3)):
+                    return
+
+        threading.Thread(target=renew, name="relay-drain-file", daemon=True).start()
 
     def hook_started(self, name: str, event_id: str, undoes: str | None) -> None:
         if undoes is None:
@@ -112,4 +155,5 @@ class Readiness:
                 atomic_write(self.path, json.dumps({"draining": draining}).encode())
             except OSError as exc:  # memory still says it; a restart may not
                 event(log, logging.ERROR, "readiness: cannot record", error=str(exc))
+            self.publish_now()
         event(log, logging.INFO, message, event_id=event_id, draining=len(draining))

@@ -184,8 +184,8 @@ _SPECS: dict[str, _Spec] = {
     "ready_listen": _Spec(_text),
     "unready_while_started": _Spec(_bool),
     "drain_file": _Spec(_path),
-    "ready_status": _Spec(_path),
     "probe_source": _Spec(_text),
+    "drain_ttl": _float(ge=1, le=3600),
     "callback_key_file": _Spec(_path),
     "previous_key_file": _Spec(_path),
     "callback_key_max_age_days": _float(gt=0, le=3650),
@@ -240,8 +240,7 @@ class RelaySettings(Record):
     heartbeat_interval: float = 300.0
     # Contract C1: heartbeats to their own (session-less) queue; "" keeps them with documents.
     heartbeat_queue: str = "heartbeats"
-    # Heartbeats into the bridge's liveness table (relay.liveness) instead of Service Bus:
-    # https://ACCOUNT.table.core.windows.net/PREFIXliveness. Unset: the heartbeat queue.
+    # Heartbeats into the liveness table (relay.liveness) instead of Service Bus, if set.
     heartbeat_table: str | None = None
     heartbeat_table_sas_file: Path | None = None  # a SAS query string, instead of the identity
     # Contract C2: by default only the events naming this VM are forwarded.
@@ -263,11 +262,10 @@ class RelaySettings(Record):
     # The load balancer's readiness probe (relay.ready): GET /readyz on HOST:PORT; off if None.
     ready_listen: str | None = None
     unready_while_started: bool = False  # /readyz also 503 while an own event is Started
-    # The readiness responder (relay.responder, issue 44): the drain state this relay
-    # publishes for it, the status it keeps (read for heartbeats: relay.drainfacts), and
-    # the probe source that counts (Azure's; tests set their own).
+    # The readiness responder (relay.responder, issue 44): the drain published for it
+    # (valid drain_ttl s) and the probe source that counts (Azure's; tests set theirs).
     drain_file: Path | None = None
-    ready_status: Path = Path("/run/scheduled-events-relay-ready/status.json")
+    drain_ttl: float = 60.0
     probe_source: str = "168.63.129.16"
     log_format: str = "json"
     hooks: dict[str, Path] = Factory(dict)
@@ -538,8 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--ready-listen", help="HOST:PORT of a load balancer's probe, GET /readyz ('': none)")
     add("--unready-while-started", action="store_const", const=True, help="/readyz 503 if Started")
     add("--drain-file", help="drain state for the readiness responder (relay.responder)")
-    add("--ready-status", help="the readiness responder's status file (probe times)")
     add("--probe-source", help=argparse.SUPPRESS)
+    add("--drain-ttl", help=argparse.SUPPRESS)
     add("--log-format", help="json (default) or text")
     add("--hook", action="append", metavar="NAME=PATH", help="a local hook script (repeatable)")
     add("--hook-user", help="ignored (deprecated): the hook unit's drop-in says who")

@@ -1,7 +1,8 @@
 // Example (issue 33): an internal Standard load balancer in front of relay VMs whose health
-// probe is the relay's readiness probe, `GET /readyz` on the relay's --ready-listen port
-// (RELAY_READY_LISTEN=0.0.0.0:8493, which add-relay.sh and cloud-init set by default). The
-// relay answers 503 from the moment the bridge starts draining the VM (its drain hook)
+// probe is the relay's readiness probe, `GET /readyz` on port 8493, which add-relay.sh and
+// cloud-init install by default: answered by the readiness responder on a port systemd
+// holds, so the relay being down, restarting or removed never fails it (docs/readiness.md,
+// issue 44). It answers 503 from the moment the bridge starts draining the VM (its drain hook)
 // until the undrain hook has run, so the load balancer stops sending new flows to a VM
 // about to be rebooted, redeployed, evicted or deleted, and sends them again once back.
 // main.bicep deploys it in front of the example scale set (deployExampleScaleSet, with
@@ -23,7 +24,7 @@ param tags object = {}
 @description('Resource id of the subnet of the VMs (the frontend address comes from it).')
 param subnetId string
 
-@description('The relays\' --ready-listen port (RELAY_READY_LISTEN=0.0.0.0:PORT).')
+@description('The relays\' readiness port (scheduled-events-relay-ready.socket, add-relay.sh\'s 9th argument).')
 @minValue(1)
 @maxValue(65535)
 param readyPort int = 8493

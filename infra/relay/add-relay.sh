@@ -24,11 +24,12 @@
 # (e.g. drain=/opt/drain.sh,undrain=/opt/undrain.sh; "" or none: no hooks), written to relay.env
 # as RELAY_HOOKS. Each must be an executable file already on the VM: a missing one is refused
 # here, before anything is installed (the relay would otherwise refuse to start).
-# READY (optional, after HOOKS): the port of the relay's readiness probe for a load balancer,
-# GET /readyz on 0.0.0.0:READY (RELAY_READY_LISTEN): on by default, port 8493 ("" too), so the
-# bridge can take the VM out of its load balancer before Azure reboots, redeploys, evicts or
-# deletes it with no script of yours (issue 38); `off` (or 0): no probe. Also off later with
-# `RELAY_READY_LISTEN=` in relay.local.env.
+# READY (optional, after HOOKS): the port of the readiness probe for a load balancer, GET
+# /readyz on READY (all addresses): on by default, port 8493 ("" too), so the bridge can
+# take the VM out of its load balancer before Azure reboots, redeploys, evicts or deletes
+# it with no script of yours (issue 38); `off` (or 0): no probe. Served by the readiness
+# responder (scheduled-events-relay-ready.socket and .service, issue 44), never by the
+# relay: a relay that is down, restarting or removed leaves it answering 200 (fail open).
 # HOOK_AS (optional, after READY): who hook scripts run as, USER[:GROUP,...][+CAP,...] (e.g.
 # root, www-data:docker, nginx+CAP_KILL; default: a user made for each run, no capabilities),
 # in a unit of their own outside the relay's sandbox (scheduled-events-relay-hook.socket and
@@ -198,6 +199,14 @@ TimeoutStopSec=20
 # Exit status 2 is a bad setting: restarting cannot fix it, and it is logged once.
 RestartPreventExitStatus=2
 
+# Its callback port, held by systemd (scheduled-events-relay-callback.socket, issue 46).
+Sockets=scheduled-events-relay-callback.socket
+# The drain it publishes for the readiness responder (RELAY_DRAIN_FILE, issue 44): kept
+# across restarts, gone when the relay is stopped (a stopped relay drains nothing).
+RuntimeDirectory=scheduled-events-relay
+RuntimeDirectoryMode=0755
+RuntimeDirectoryPreserve=restart
+
 # State (outbox, sequence, hook results) lives here and survives restarts.
 StateDirectory=scheduled-events-relay
 # 0700: the relay's own callback key (callback-key.json, 0600) lives here (issue 22).
@@ -244,7 +253,7 @@ RELAY_CALLBACK_LISTEN=0.0.0.0:$PORT
 ENV
 [ -z "$TABLE_URL" ] || echo "RELAY_HEARTBEAT_TABLE=$TABLE_URL" >> "$ETC/relay.env.new"
 [ -z "$HOOKS_JSON" ] || echo "RELAY_HOOKS='$HOOKS_JSON'" >> "$ETC/relay.env.new"
-[ -z "$READY" ] || echo "RELAY_READY_LISTEN=0.0.0.0:$READY" >> "$ETC/relay.env.new"
+[ -z "$READY" ] || echo "RELAY_DRAIN_FILE=/run/scheduled-events-relay/drain.json" >> "$ETC/relay.env.new"
 chgrp scheduled-events-relay "$ETC/relay.env.new"
 mv "$ETC/relay.env.new" "$ETC/relay.env"
 # The operator's own settings (hooks, ...): read after relay.env, never rewritten.
@@ -314,8 +323,86 @@ SupplementaryGroups=$(echo "$HOOK_GROUPS" | tr , ' ')"
     [ -z "$HOOK_AS" ] || [ "$CAPS$HOOK_USER" = root ] || echo "CapabilityBoundingSet=$CAPS" # root alone: all of root's
 } > $S/scheduled-events-relay-hook@.service.d/rights.conf
 
+# The ports, held by systemd from boot (issue 46: no local user can take them), and the
+# readiness responder that answers the probe whatever the relay does (issue 44):
+# relay/deploy/scheduled-events-relay-callback.socket, -ready.socket and -ready.service,
+# verbatim but for their ports and Python (a test keeps them equal).
+cat > "$work/callback-socket" <<'CALLBACK_SOCKET'
+# The relay's callback port (issue 46), held by systemd from boot: root binds it, so no
+# local user can take it while the relay restarts. Passed to the relay (Sockets=).
+[Unit]
+Description=Azure Scheduled Events relay: callback port
+
+[Socket]
+ListenStream=8492
+FileDescriptorName=callback
+Service=scheduled-events-relay.service
+
+[Install]
+WantedBy=sockets.target
+CALLBACK_SOCKET
+sed "s|^ListenStream=8492$|ListenStream=$PORT|" "$work/callback-socket" > $S/scheduled-events-relay-callback.socket
+if [ -n "$READY" ]; then
+    cat > "$work/ready-socket" <<'READY_SOCKET'
+# The load balancer's readiness probe port (issue 44), held by systemd from boot: root binds
+# it, no local user can take it, and it stays open while the responder or the relay
+# restarts (a probe made meanwhile waits in its queue). Passed to the responder.
+[Unit]
+Description=Azure Scheduled Events relay: readiness probe port
+
+[Socket]
+ListenStream=8493
+FileDescriptorName=ready
+Service=scheduled-events-relay-ready.service
+
+[Install]
+WantedBy=sockets.target
+READY_SOCKET
+    sed "s|^ListenStream=8493$|ListenStream=$READY|" "$work/ready-socket" > $S/scheduled-events-relay-ready.socket
+    cat > "$work/ready-unit" <<'READY_UNIT'
+# The readiness responder (relay/responder.py): GET /readyz on the socket unit's port, from
+# the drain the relay publishes (RELAY_DRAIN_FILE); 200 whenever the relay is absent (fail
+# open). Modes: RELAY_READY_APP_HEALTH, RELAY_READY_SIGNAL_FILE in relay.local.env.
+[Unit]
+Description=Azure Scheduled Events relay: readiness responder
+# Never give up restarting it: its port stays held meanwhile.
+StartLimitIntervalSec=0
+
+[Service]
+DynamicUser=yes
+Sockets=scheduled-events-relay-ready.socket
+# status.json (probe times, read by the relay), timeline.jsonl, the drain-signal file.
+RuntimeDirectory=scheduled-events-relay-ready
+RuntimeDirectoryMode=0755
+EnvironmentFile=-/etc/scheduled-events-relay/relay.env
+EnvironmentFile=-/etc/scheduled-events-relay/relay.local.env
+ExecStart=/usr/bin/python3 -I /opt/scheduled-events-relay/scheduled-events-relay.pyz ready
+Restart=always
+RestartSec=1
+NoNewPrivileges=yes
+PrivateDevices=yes
+CapabilityBoundingSet=
+MemoryMax=64M
+
+[Install]
+WantedBy=multi-user.target
+READY_UNIT
+    sed "s|^ExecStart=/usr/bin/python3 |ExecStart=$PY |" "$work/ready-unit" > $S/scheduled-events-relay-ready.service
+else
+    systemctl disable --now scheduled-events-relay-ready.socket scheduled-events-relay-ready.service >/dev/null 2>&1 || true
+    rm -f $S/scheduled-events-relay-ready.socket $S/scheduled-events-relay-ready.service
+fi
+
 systemctl daemon-reload
 systemctl enable --now scheduled-events-relay-hook.socket
+# A relay before 0.2.0 binds its ports itself: stopped first, so the sockets can take them
+# (its probe port is closed for that moment, once). Later upgrades restart it in place.
+systemctl is-active --quiet scheduled-events-relay-callback.socket || systemctl stop scheduled-events-relay.service
+systemctl enable --now scheduled-events-relay-callback.socket
+if [ -n "$READY" ]; then
+    systemctl enable --now scheduled-events-relay-ready.socket
+    systemctl try-restart scheduled-events-relay-ready.service
+fi
 systemctl enable scheduled-events-relay.service
 systemctl restart scheduled-events-relay.service
 echo "add-relay.sh: relay running on $PY, callback on port $PORT, readiness ${READY:-off}, hooks as ${HOOK_AS:-a user of their own}; logs: journalctl -u scheduled-events-relay"

@@ -15,6 +15,10 @@
 #   /etc/systemd/system/scheduled-events-relay-hook@.service  relay's hook scripts (relay/hooks.py)
 #     as a user made for each run, no capabilities; more: systemctl edit scheduled-events-relay-hook@
 #     (or infra/relay/add-relay.sh's HOOK_AS)
+#   /etc/systemd/system/scheduled-events-relay-callback.socket  the callback port (8492) and
+#   /etc/systemd/system/scheduled-events-relay-ready.socket     the probe port (8493), held by
+#     systemd (issue 46; another port: edit ListenStream= and RELAY_CALLBACK_LISTEN)
+#   /etc/systemd/system/scheduled-events-relay-ready.service    the readiness responder (issue 44)
 #   /etc/scheduled-events-relay/relay.env                    your RELAY_* settings (kept)
 #   /var/lib/scheduled-events-relay                          state (systemd-managed)
 set -eu
@@ -94,26 +98,35 @@ if [ ! -f "$ETC/relay.env" ]; then
 # RELAY_FORWARD=servicebus://NAMESPACE.servicebus.windows.net/documents
 # RELAY_CALLBACK_LISTEN=0.0.0.0:8492
 # RELAY_HEARTBEAT_TABLE=https://ACCOUNT.table.core.windows.net/PREFIXliveness
+RELAY_DRAIN_FILE=/run/scheduled-events-relay/drain.json
 # No key to give it: the relay makes its own callback key (callback-key.json in its state
 # directory, 0600) and sends it, attested, to the bridge.
 ENV
     chmod 0640 "$ETC/relay.env"
     chgrp "$SERVICE_USER" "$ETC/relay.env"
 fi
+# Relays before 0.2.0 served /readyz themselves; now they publish their drain for the
+# readiness responder (issue 44): a kept relay.env gains the line once.
+grep -q '^RELAY_DRAIN_FILE=' "$ETC/relay.env" ||
+    echo "RELAY_DRAIN_FILE=/run/scheduled-events-relay/drain.json" >> "$ETC/relay.env"
 # The shared key of earlier versions is not read any more (the relay ignores
 # RELAY_CALLBACK_KEY_FILE with a warning): remove it.
 rm -f "$ETC/callback.key"
 
-for unit in "$UNIT" scheduled-events-relay-hook.socket scheduled-events-relay-hook@.service; do
+SOCKETS="scheduled-events-relay-hook.socket scheduled-events-relay-callback.socket scheduled-events-relay-ready.socket"
+for unit in "$UNIT" $SOCKETS scheduled-events-relay-hook@.service scheduled-events-relay-ready.service; do
     sed "s|^ExecStart=/usr/bin/python3 |ExecStart=$PY |" "$HERE/$unit" > "/etc/systemd/system/$unit.new"
     mv -f "/etc/systemd/system/$unit.new" "/etc/systemd/system/$unit"
 done
 systemctl daemon-reload
-systemctl enable scheduled-events-relay-hook.socket "$UNIT" >/dev/null
+systemctl enable $SOCKETS "$UNIT" >/dev/null
 if [ "$START" = yes ]; then
-    systemctl start scheduled-events-relay-hook.socket
+    # A relay before 0.2.0 binds its ports itself: stop it so the sockets can take them.
+    systemctl is-active --quiet scheduled-events-relay-callback.socket || systemctl stop "$UNIT"
+    systemctl start $SOCKETS
+    systemctl try-restart scheduled-events-relay-ready.service
     systemctl restart "$UNIT"
     echo "install.sh: $UNIT (re)started with $PY; logs: journalctl -u $UNIT"
 else
-    echo "install.sh: installed (Python: $PY); start with: systemctl start scheduled-events-relay-hook.socket $UNIT"
+    echo "install.sh: installed (Python: $PY); start with: systemctl start $SOCKETS $UNIT"
 fi

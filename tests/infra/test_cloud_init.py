@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -33,9 +34,11 @@ CLOUD_INIT = INFRA / "relay" / "cloud-init.yaml"
 ADD_RELAY = INFRA / "relay" / "add-relay.sh"
 ADD_RELAY_GZ = INFRA / "relay" / "add-relay.sh.gz"  # what customData carries (make relay)
 PYZ_XZ = INFRA / "relay" / "scheduled-events-relay.pyz.xz"
-UNIT = INFRA.parent / "relay" / "deploy" / "scheduled-events-relay.service"
+DEPLOY_DIR = INFRA.parent / "relay" / "deploy"
+UNIT = DEPLOY_DIR / "scheduled-events-relay.service"
 CUSTOM_DATA_LIMIT = 65535  # bytes, once Azure decodes customData's base64 (ARM reference)
 PLACEHOLDER = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
+DRAIN_FILE = "RELAY_DRAIN_FILE=/run/scheduled-events-relay/drain.json\n"
 # The order add-relay.sh takes its arguments in.
 ARG_ORDER = list(ARGS)
 
@@ -595,9 +598,13 @@ def _ready_parsed(*ready: str) -> subprocess.CompletedProcess:
     printing the relay.env line it would write instead of installing."""
     text = ADD_RELAY.read_text()
     cut = text.index('[ "$(id -u)" = 0 ]')
-    line = re.search(r'^\[ -z "\$READY" \] \|\| echo "RELAY_READY_LISTEN=.*$', text, re.M)
-    assert line, "add-relay.sh writes RELAY_READY_LISTEN into relay.env"
-    script = text[:cut] + line.group(0).replace('>> "$ETC/relay.env.new"', "") + "\nexit 0\n"
+    line = re.search(r'^\[ -z "\$READY" \] \|\| echo "RELAY_DRAIN_FILE=.*$', text, re.M)
+    assert line, "add-relay.sh writes RELAY_DRAIN_FILE into relay.env when the probe is on"
+    socket = re.search(r'^    sed "s\|\^ListenStream=8493\$\|ListenStream=\$READY\|" ', text, re.M)
+    assert socket, "add-relay.sh puts READY in the readiness socket unit"
+    script = text[:cut] + line.group(0).replace('>> "$ETC/relay.env.new"', "")
+    script += '\n[ -z "$READY" ] || echo "ListenStream=$READY"\nexit 0\n'
+
     args = [ARGS[k] for k in ARG_ORDER][: ARG_ORDER.index("READY_PORT")]
     return subprocess.run(
         ["sh", "-c", script, "add-relay.sh", *args, *ready], capture_output=True, text=True
@@ -607,9 +614,9 @@ def _ready_parsed(*ready: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     ("ready", "line"),
     [
-        ((), "RELAY_READY_LISTEN=0.0.0.0:8493\n"),  # eight arguments, as before: on
-        (("",), "RELAY_READY_LISTEN=0.0.0.0:8493\n"),
-        (("9000",), "RELAY_READY_LISTEN=0.0.0.0:9000\n"),
+        ((), f"{DRAIN_FILE}ListenStream=8493\n"),  # eight arguments, as before: on
+        (("",), f"{DRAIN_FILE}ListenStream=8493\n"),
+        (("9000",), f"{DRAIN_FILE}ListenStream=9000\n"),
         (("off",), ""),
         (("0",), ""),
     ],
@@ -617,7 +624,8 @@ def _ready_parsed(*ready: str) -> subprocess.CompletedProcess:
 def test_the_readiness_probe_is_on_unless_turned_off(ready, line) -> None:
     """Issue 38: /readyz was off unless an operator edited relay.local.env on every VM. Now
     add-relay.sh turns it on (port 8493) for every install, old callers' eight arguments
-    included; its 9th argument, `off`, turns it off."""
+    included; its 9th argument, `off`, turns it off. Issue 44: the port goes to the
+    readiness responder's socket unit, and the relay publishes its drain for it."""
     proc = _ready_parsed(*ready)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, line, "")
 
@@ -644,17 +652,19 @@ def test_cloud_init_turns_the_probe_on_and_main_bicep_can_turn_it_off() -> None:
     assert ternary["condition"]["operator"]["operands"]["operand_1"] == "relayReadyPort"
 
 
-def test_the_relay_reads_the_line_and_an_empty_value_turns_the_probe_off(tmp_path) -> None:
-    """What add-relay.sh writes is a setting the relay takes; `RELAY_READY_LISTEN=` in
-    relay.local.env (read after relay.env) turns the probe off on one VM."""
+def test_the_relay_reads_the_line(tmp_path) -> None:
+    """What add-relay.sh writes is a setting the relay takes (and the responder's default)."""
+    from relay.responder import DEFAULT_DRAIN_FILE
     from relay.settings import load_settings
 
-    for value, expected in (("0.0.0.0:8493", "0.0.0.0:8493"), ("", None)):
-        env = {"RELAY_READY_LISTEN": value, "RELAY_FORWARD": f"file:{tmp_path}"}
+    value = DRAIN_FILE.strip().partition("=")[2]
+    assert Path(value) == DEFAULT_DRAIN_FILE
+    for env_value, expected in ((value, Path(value)),):
+        env = {"RELAY_DRAIN_FILE": env_value, "RELAY_FORWARD": f"file:{tmp_path}"}
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            assert load_settings([]).ready_listen == expected
+            assert load_settings([]).drain_file == expected
         finally:
             for k, v in old.items():
                 if v is None:
@@ -681,3 +691,49 @@ def test_add_relay_unpacks_the_xz_cloud_init_writes(tmp_path) -> None:
     assert out.returncode == 0
     pyz = tmp_path / "relay.pyz"
     assert zipfile.is_zipfile(pyz) and lzma.decompress(PYZ_XZ.read_bytes()) == pyz.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("heredoc", "unit", "port"),
+    [
+        ("CALLBACK_SOCKET", "scheduled-events-relay-callback.socket", "8492"),
+        ("READY_SOCKET", "scheduled-events-relay-ready.socket", "8493"),
+        ("READY_UNIT", "scheduled-events-relay-ready.service", None),
+    ],
+)
+def test_the_port_sockets_and_the_responder_are_relay_deploys_units(heredoc, unit, port) -> None:
+    """Issue 44 and 46: add-relay.sh writes the socket units that hold the callback and
+    probe ports and the readiness responder's unit, as relay/deploy has them (install.sh
+    copies those), the ports and Python filled in by sed."""
+    text = ADD_RELAY.read_text()
+    found = re.search(rf"<<'{heredoc}'\n(.*?)^{heredoc}$", text, re.S | re.M)
+    assert found and found.group(1) == (DEPLOY_DIR / unit).read_text()
+    if port:
+        assert f"s|^ListenStream={port}$|" in text and f"ListenStream={port}\n" in found.group(1)
+    service = (DEPLOY_DIR / "scheduled-events-relay.service").read_text()
+    assert "Sockets=scheduled-events-relay-callback.socket\n" in service
+    assert "RuntimeDirectoryPreserve=restart\n" in service  # a stopped relay drains nothing
+
+
+def test_the_standalone_cloud_init_and_install_sh_carry_the_same_units() -> None:
+    import yaml
+
+    doc = yaml.safe_load((DEPLOY_DIR / "cloud-init.yaml").read_text())
+    files = {f["path"]: f["content"] for f in doc["write_files"]}
+    for unit in (
+        "scheduled-events-relay.service",
+        "scheduled-events-relay-ready.socket",
+        "scheduled-events-relay-ready.service",
+        "scheduled-events-relay-callback.socket",
+    ):
+        expected = (
+            (DEPLOY_DIR / unit)
+            .read_text()
+            .replace("ListenStream=8492", "ListenStream=__RELAY_CALLBACK_PORT__")
+        )
+        assert files[f"/etc/systemd/system/{unit}"] == expected, unit
+        assert unit in (DEPLOY_DIR / "install.sh").read_text()
+    runcmd = "\n".join(doc["runcmd"])
+    assert "scheduled-events-relay-callback.socket scheduled-events-relay-ready.socket" in runcmd
+    env = files["/etc/scheduled-events-relay/relay.env"]
+    assert "RELAY_DRAIN_FILE=/run/scheduled-events-relay/drain.json" in env

@@ -190,9 +190,18 @@ def _check_installed(root: Path, simulator, tmp: Path) -> None:
     assert (root / "systemctl.log").read_text().splitlines() == [
         "daemon-reload",
         "enable --now scheduled-events-relay-hook.socket",
+        "is-active --quiet scheduled-events-relay-callback.socket",
+        "enable --now scheduled-events-relay-callback.socket",
+        # Issue 44: the probe is the responder's, on a port systemd holds.
+        "enable --now scheduled-events-relay-ready.socket",
+        "try-restart scheduled-events-relay-ready.service",
         "enable scheduled-events-relay.service",
         "restart scheduled-events-relay.service",
     ]
+    units = root / "etc.up" / "systemd" / "system"
+    callback = (units / "scheduled-events-relay-callback.socket").read_text()
+    assert f"\nListenStream={ARGS['CALLBACK_PORT']}\n" in callback
+    assert "\nListenStream=8493\n" in (units / "scheduled-events-relay-ready.socket").read_text()
     unit = (root / "etc.up" / "systemd" / "system" / "scheduled-events-relay.service").read_text()
     exec_start = shlex.split(re.search(r"^ExecStart=(.*)$", unit, re.M).group(1))
     assert exec_start[1:] == ["-I", "/opt/scheduled-events-relay/scheduled-events-relay.pyz"]
@@ -204,13 +213,14 @@ def _check_installed(root: Path, simulator, tmp: Path) -> None:
         "RELAY_IDENTITY_CLIENT_ID": ARGS["IDENTITY_CLIENT_ID"],
         "RELAY_CALLBACK_LISTEN": f"0.0.0.0:{ARGS['CALLBACK_PORT']}",
         "RELAY_HEARTBEAT_TABLE": ARGS["HEARTBEAT_TABLE_URL"],
-        # Issue 38: the load balancer's readiness probe, on by default. (Hook scripts run
-        # in the hook unit at the relay's default --hook-socket: tests/infra/test_hook_unit.py.)
-        "RELAY_READY_LISTEN": "0.0.0.0:8493",
+        # Issue 38: the load balancer's readiness probe, on by default; issue 44: the
+        # relay publishes its drain for the responder, which holds the port. (Hook scripts
+        # run in the hook unit at the relay's default --hook-socket: test_hook_unit.py.)
+        "RELAY_DRAIN_FILE": "/run/scheduled-events-relay/drain.json",
     }
-    # The installed relay, as the unit starts it, with its outputs pointed at this machine:
-    # IMDS is the simulator, documents go to a directory, no Azure endpoint is called; the
-    # probe on a free loopback port instead of the VM's 8493.
+    # The installed relay and responder, as the units start them, with their outputs
+    # pointed at this machine: IMDS is the simulator, documents go to a directory, no Azure
+    # endpoint is called; the probe on a free loopback port instead of the VM's 8493.
     outbox = tmp / "forwarded"
     ready_port = free_port()
     env = {
@@ -219,8 +229,15 @@ def _check_installed(root: Path, simulator, tmp: Path) -> None:
         "RELAY_FORWARD": f"file:{outbox}",
         "RELAY_IMDS_URL": simulator.vm_url("myVM"),
         "RELAY_STATE_DIR": str(tmp / "state"),
-        "RELAY_READY_LISTEN": f"127.0.0.1:{ready_port}",
+        "RELAY_DRAIN_FILE": str(tmp / "drain.json"),
+        "RELAY_READY_STATUS": str(tmp / "status.json"),
     }
+    responder = subprocess.Popen(
+        [exec_start[0], "-I", str(pyz), "ready", f"--listen=127.0.0.1:{ready_port}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     for name in ("RELAY_IDENTITY_CLIENT_ID", "RELAY_CALLBACK_LISTEN", "RELAY_HEARTBEAT_TABLE"):
         del env[name]  # Azure's identity and table; the callback port is the real VM's
     relay = subprocess.Popen(
@@ -236,9 +253,17 @@ def _check_installed(root: Path, simulator, tmp: Path) -> None:
             pytest.fail(f"the installed relay forwarded no document: {out}")
         envelope = json.loads(json_files(outbox)[0].read_text())
         assert envelope["vm"]["name"] == "myVM"
-        answer = requests.get(f"http://127.0.0.1:{ready_port}/readyz", timeout=5)
-        assert (answer.status_code, answer.json()) == (200, {"ready": True})
+        answer = None
+        while answer is None and time.monotonic() < deadline + 20:  # the responder is up
+            try:
+                answer = requests.get(f"http://127.0.0.1:{ready_port}/readyz", timeout=5)
+            except requests.RequestException:
+                time.sleep(0.1)
+        assert answer is not None and (answer.status_code, answer.json()) == (200, {"ready": True})
+        assert json.loads((tmp / "drain.json").read_text())["ready"] is True  # published
     finally:
+        responder.terminate()
+        responder.wait(10)
         relay.terminate()
         out = relay.communicate(timeout=10)[0]
     assert relay.returncode in (0, -15), out

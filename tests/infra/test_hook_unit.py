@@ -143,7 +143,14 @@ def _verify(systemd: Path) -> None:
             # ExecStart's Python must exist here; the pyz path is the VM's (not checked).
             text = re.sub(r"^ExecStart=\S+", f"ExecStart={sys.executable}", text, flags=re.M)
             target.write_text(text)
-    names = ["scheduled-events-relay.service", "scheduled-events-relay-hook.socket"]
+    names = [
+        "scheduled-events-relay.service",
+        "scheduled-events-relay-hook.socket",
+        # Issue 44 and 46: the ports systemd holds, and the readiness responder.
+        "scheduled-events-relay-callback.socket",
+        "scheduled-events-relay-ready.socket",
+        "scheduled-events-relay-ready.service",
+    ]
     proc = subprocess.run(
         [analyze, "verify", *names],
         env={**os.environ, "SYSTEMD_UNIT_PATH": f"{units}:"},

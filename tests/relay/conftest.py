@@ -159,15 +159,23 @@ def key_file(tmp_path: Path) -> Path:
 class RelayProcess:
     """A real `python -m relay` subprocess; stderr (the JSON log) goes to a file."""
 
-    def __init__(self, pyz: Path, args: list[str], log_path: Path) -> None:
+    def __init__(
+        self, pyz: Path, args: list[str], log_path: Path, sockets: dict[str, Any] | None = None
+    ) -> None:
+        """`sockets`: listening sockets passed as systemd's socket units pass them
+        (local.socket_units), by FileDescriptorName."""
+        from local.socket_units import command
+
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        argv, fds = command(relay_command(pyz, *args), sockets) if sockets else (None, ())
         self.proc = subprocess.Popen(
-            relay_command(pyz, *args),
+            argv or relay_command(pyz, *args),
             cwd=log_path.parent,  # not the repository: nothing may come from relay/ there
             env=relay_env(),
             stdout=subprocess.DEVNULL,
             stderr=self._log,
+            pass_fds=fds,
         )
 
     def logs(self) -> list[dict[str, Any]]:
@@ -227,8 +235,9 @@ def hook_unit(relay_pyz: Path) -> Iterator[Callable[..., str]]:
 def relay_process(tmp_path: Path, relay_pyz: Path) -> Iterator[Callable[..., RelayProcess]]:
     started: list[RelayProcess] = []
 
-    def start(*args: str) -> RelayProcess:
-        process = RelayProcess(relay_pyz, list(args), tmp_path / f"relay-{len(started)}.log")
+    def start(*args: str, sockets: dict[str, Any] | None = None) -> RelayProcess:
+        log = tmp_path / f"relay-{len(started)}.log"
+        process = RelayProcess(relay_pyz, list(args), log, sockets)
         started.append(process)
         return process
 
