@@ -23,7 +23,9 @@ if [ -f "$ETC/relay.env" ]; then
     rest=${forward#servicebus://}
     listen=$(env_value RELAY_CALLBACK_LISTEN)
     hooks=$(env_value RELAY_HOOKS | tr -d "{}'\"" | sed 's/:/=/g')
-    ready=$(env_value RELAY_READY_LISTEN)
+    ready=$(env_value RELAY_READY_LISTEN)  # relays before 0.2.0; since, the responder's socket:
+    socket=/etc/systemd/system/scheduled-events-relay-ready.socket
+    [ ! -f "$socket" ] || ready=$(sed -n 's/^ListenStream=//p' "$socket" | tail -n 1)
     hook_as=
     rights=/etc/systemd/system/scheduled-events-relay-hook@.service.d/rights.conf
     if [ -f "$rights" ] && grep -q '^User=' "$rights"; then
