@@ -156,9 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             settings.state_dir,
             lambda: watching[0].started if watching else (),
             settings.unready_while_started,
-            settings.probe_source,
-            settings.drain_file,
-            settings.drain_ttl,
+            publish=settings.drain_file,
+            ttl=settings.drain_ttl,
         )
         readiness.keep_publishing(stop)  # at once: a drain outlives a restart, not a death
     vm = resolve_vm(imds, settings, stop)

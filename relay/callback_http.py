@@ -428,12 +428,11 @@ def inherited(name: str) -> socket.socket | None:
     refused."""
     import os
 
-    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+    names = os.environ.get("LISTEN_FDNAMES", "").split(":")[
+        : int(os.environ.get("LISTEN_FDS") or 0)
+    ]
+    if os.environ.get("LISTEN_PID") != str(os.getpid()) or name not in names:
         return None
-    names = os.environ.get("LISTEN_FDNAMES", "").split(":")
-    for index in range(int(os.environ.get("LISTEN_FDS") or 0)):
-        if index < len(names) and names[index] == name:
-            found = socket.socket(fileno=3 + index)
-            found.set_inheritable(False)
-            return found
-    return None
+    found = socket.socket(fileno=3 + names.index(name))
+    found.set_inheritable(False)
+    return found

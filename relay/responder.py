@@ -22,8 +22,7 @@ Probe knowledge (relay contract 2): a probe from Azure's source, 168.63.129.16 (
 load-balancer-custom-probe-overview), is written to `--status` (`probe_at`, with the drain
 means offered), which the relay reads for its heartbeats (relay.drainfacts). Every answer
 is one line of `timeline.jsonl` beside it (time, status, who asked, why), the probe's
-history as the VM saw it, kept to about 256 KiB (one older file); a change of answer is
-also logged.
+history as the VM saw it, kept to about 256 KiB (one older file).
 
 Heartbeat facts (relay contract 2, `drain_facts` below, read by the relay, not the
 responder): What a heartbeat says about draining (relay contract 2, issue 44): `probe_at`, `drain`.
@@ -94,7 +93,7 @@ class Responder:
         self.drain_file, self.status, self.app_health = drain_file, status, app_health
         self.signal_file, self.probe_source = signal_file, probe_source
         self.timeline = status.with_name("timeline.jsonl")
-        self.probe_at, self.last = 0, 0
+        self.probe_at = 0
         self._lock = threading.Lock()
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self.means = ["readiness", "file"] if signal_file else ["readiness"]
@@ -135,8 +134,7 @@ class Responder:
 
     def _app_status(self) -> int:
         """The application's own health check's HTTP status (0: no answer in time)."""
-        assert self.app_health
-        request = urllib.request.Request(self.app_health, method="GET")  # noqa: S310
+        request = urllib.request.Request(str(self.app_health))  # noqa: S310 - an http(s) URL
         try:
             with self._opener.open(request, timeout=APP_TIMEOUT) as answer:
                 return int(answer.status)
@@ -169,9 +167,6 @@ class Responder:
         if reason:
             line["reason"] = reason
         with self._lock:
-            if status != self.last:
-                event(log, logging.INFO, f"/readyz answers {status}", why=reason)
-                self.last = status
             try:
                 if self.timeline.exists() and self.timeline.stat().st_size > TIMELINE_BYTES:
                     self.timeline.replace(self.timeline.with_name("timeline.jsonl.1"))

@@ -184,7 +184,6 @@ _SPECS: dict[str, _Spec] = {
     "ready_listen": _Spec(_text),
     "unready_while_started": _Spec(_bool),
     "drain_file": _Spec(_path),
-    "probe_source": _Spec(_text),
     "drain_ttl": _float(ge=1, le=3600),
     "callback_key_file": _Spec(_path),
     "previous_key_file": _Spec(_path),
@@ -263,10 +262,9 @@ class RelaySettings(Record):
     ready_listen: str | None = None
     unready_while_started: bool = False  # /readyz also 503 while an own event is Started
     # The readiness responder (relay.responder, issue 44): the drain published for it
-    # (valid drain_ttl s) and the probe source that counts (Azure's; tests set theirs).
+    # (valid drain_ttl s; the responder has its own settings: relay.responder.main).
     drain_file: Path | None = None
     drain_ttl: float = 60.0
-    probe_source: str = "168.63.129.16"
     log_format: str = "json"
     hooks: dict[str, Path] = Factory(dict)
     hook_user: str | None = None  # ignored (a warning): the hook unit's drop-in says who
@@ -536,7 +534,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--ready-listen", help="HOST:PORT of a load balancer's probe, GET /readyz ('': none)")
     add("--unready-while-started", action="store_const", const=True, help="/readyz 503 if Started")
     add("--drain-file", help="drain state for the readiness responder (relay.responder)")
-    add("--probe-source", help=argparse.SUPPRESS)
     add("--drain-ttl", help=argparse.SUPPRESS)
     add("--log-format", help="json (default) or text")
     add("--hook", action="append", metavar="NAME=PATH", help="a local hook script (repeatable)")
