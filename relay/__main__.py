@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             servers.append(readiness.serve(settings.ready_listen))
         if settings.callback_listen:
             servers.append(_start_callback(settings, keys, vm, watcher, sending, readiness))
-        heartbeats = getattr(sender, "heartbeats", None)
+        heartbeats: Any = getattr(sender, "heartbeats", None)
         if hasattr(heartbeats, "facts"):  # contract 2: probe_at and drain, relay.responder
             from relay.responder import DEFAULT_STATUS, drain_facts
 

@@ -181,7 +181,7 @@ class TableLiveness(Sender):
             raise SendError("liveness", "no vmId or callback key to sign the row", slow=True)
         self.write(envelope)
 
-    def entity(self, envelope: Envelope, now: float, secret: bytes | None = None) -> dict[str, str]:
+    def entity(self, envelope: Envelope, now: float, secret: bytes | None = None) -> dict[str, Any]:
         """The row under `secret` (the current key by default)."""
         assert envelope.vm.vm_id and self.keys is not None
         from datetime import datetime, timezone
@@ -239,7 +239,7 @@ class TableLiveness(Sender):
         return self._patch(*keys, entity, now, probe) != 404
 
     def _patch(
-        self, partition_key: str, row: str, entity: dict[str, str], now: float, probe: bool = False
+        self, partition_key: str, row: str, entity: dict[str, Any], now: float, probe: bool = False
     ) -> int:
         import urllib.request
 

@@ -244,7 +244,8 @@ def drain_facts(
 
     def facts() -> tuple[int, str]:
         found = read_status(status) if publishing else {}
-        offered = found.get("means") if isinstance(found.get("means"), list) else []
+        offered = found.get("means")
+        offered = offered if isinstance(offered, list) else []
         probe_at = found.get("probe_at")
         if type(probe_at) is not int or probe_at < 0:  # not a bool, not a float
             probe_at = 0
