@@ -168,9 +168,11 @@ def test_the_relay_process_answers_the_probe_through_a_drain_and_a_restart(
     assert "readiness: undrained (undrain succeeded)" in messages
 
 
-def listening(relay: Any) -> None:
-    """Started: a loaded machine (CI, two cores) may take a while to start a relay."""
-    wait_for(lambda: any(x.get("msg") == "readiness probe listening" for x in relay.logs()), 30)
+def listening(relay: Any, callback: bool = True) -> None:
+    """Started: a loaded machine (CI, two cores) may take a while to start a relay. The
+    callback listens a moment after the probe: a test that calls it waits for both."""
+    wanted = {"readiness probe listening", *(["callback listening"] if callback else [])}
+    wait_for(lambda: wanted <= {x.get("msg") for x in relay.logs()}, 30)
 
 
 def probe_refused(port: int) -> bool:
@@ -196,7 +198,7 @@ def test_unready_while_an_event_of_this_vm_is_started(
         "--unready-while-started",
         *FAST,
     )
-    listening(relay)
+    listening(relay, callback=False)
     other = sim.add_event(event_type="Reboot", resources=["vm1"], notice=3600)
     sim.start_event(other)  # a set-mate's event: not this VM's
     own = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
@@ -225,7 +227,7 @@ def test_slow_senders_neither_block_the_probe_nor_the_poll_loop(
         f"--ready-listen=127.0.0.1:{ready_port}",
         *FAST,
     )
-    listening(relay)
+    listening(relay, callback=False)
     slow = []
     for _ in range(4):
         sock = socket.create_connection(
