@@ -15,9 +15,10 @@ What is checked (`upgrade_outcomes`): the upgraded half heartbeats the new versi
 others the old one; the bad build is refused and its VM keeps its relay; the killed relay
 heartbeats again; no event of the plan is lost (every event the simulator played reached
 the app); and, from each probed VM's readiness timeline (every answer, a refused
-connection included), whether a VM left its load balancer because of its relay. That last
-one is judged only where the relay keeps its probe answering across restarts
-(`relay_fails_open`); until then it is shown, with the count, not judged.
+connection included), that no VM left its load balancer because of its relay: the probe is
+the readiness responder's (relay/responder.py, local/relay_fleet.py), which keeps
+answering while the relay restarts. A tree without the responder (`relay_fails_open`)
+shows the count on the timeline instead of judging it.
 """
 
 from __future__ import annotations
@@ -313,9 +314,11 @@ class UpgradeLane:
 
 
 def relay_fails_open() -> bool:
-    """Whether this relay keeps its readiness probe answering while it restarts (issue 44
-    item 1, the fail-open responder): not yet in this tree."""
-    return False
+    """Whether the probe is the readiness responder's, which keeps answering while the
+    relay restarts (issue 44 item 1, relay/responder.py)."""
+    import importlib.util
+
+    return importlib.util.find_spec("relay.responder") is not None
 
 
 def prepare_upgrade_lane(demo: DemoState) -> UpgradeLane | None:

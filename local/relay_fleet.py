@@ -85,7 +85,9 @@ def start_relays(demo: DemoState) -> None:
             heartbeat_table=heartbeat_table,
             hook_socket=hook_socket,
             undrain_hook=undrain,
-            ready_listen=ready.get(vm.name),
+            # The probe is the readiness responder's, a process of its own that outlives
+            # the relay (relay/responder.py, issue 44): the relay only publishes its drain.
+            drain_file=drain_file(demo, vm.name) if vm.name in ready else None,
             heartbeat_interval=beat,
         )
         demo.relay_argv[vm.name] = argv  # for a restart (local/demo_upgrade.py)
@@ -95,6 +97,8 @@ def start_relays(demo: DemoState) -> None:
         demo.relays[vm.name] = demo.stack.process(argv, log, env=relay_env(demo.options.env))
         if not vm.callback_down:
             demo.callback_urls[vm.name] = relay_callback_url(address, port)
+    for vm, where in ready.items():
+        start_responder(demo, vm, where)
     for vm, url in demo.callback_urls.items():
         wait_healthy(demo, vm, url)
     demo.ready_urls = {vm: f"http://{where}/readyz" for vm, where in ready.items()}
@@ -111,6 +115,40 @@ def start_relays(demo: DemoState) -> None:
         f"scripts run by the hook unit as {current_user()} (on a VM: as add-relay.sh's "
         "HOOK_AS says)",
     )
+
+
+def drain_file(demo: DemoState, vm: str) -> Path:
+    """Where a VM's relay publishes its drain for the responder (on a VM: /run/...)."""
+    return demo.workdir / "relays" / vm / "drain.json"
+
+
+def start_responder(demo: DemoState, vm: str, where: str) -> None:
+    """The VM's readiness responder (`relay ready`), as scheduled-events-relay-ready.service
+    runs it: `/readyz` at `where` from the drain file its relay publishes; it answers 200
+    whenever the relay is not running (it fails open), so a relay restart, upgrade or crash
+    takes no VM out of its load balancer."""
+    state = demo.workdir / "relays" / vm
+    state.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "relay",
+        "ready",
+        f"--listen={where}",
+        f"--drain-file={drain_file(demo, vm)}",
+        f"--ready-status={state / 'ready-status.json'}",
+    ]
+    log = demo.workdir / "logs" / f"responder-{vm}.log"
+    proc = demo.stack.process(argv, log, env=relay_env(demo.options.env))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DemoAborted(f"readiness responder of {vm} exited: {log.read_text()[-400:]}")
+        with contextlib.suppress(requests.RequestException):
+            requests.get(f"http://{where}/readyz", timeout=1)
+            return
+        time.sleep(0.1)
+    raise DemoAborted(f"readiness responder of {vm} did not answer at {where} in 20 s")
 
 
 def start_hook_unit(demo: DemoState, hooks: dict[str, Path]) -> Path:

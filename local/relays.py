@@ -74,6 +74,7 @@ def relay_argv(
     undrain_hook: Path | None = None,
     ready_listen: str | None = None,
     heartbeat_interval: float | None = None,
+    drain_file: Path | None = None,
 ) -> list[str]:
     """`listen`: HOST:PORT of the relay's callback server, at the VM's address (None: no
     callback listener: the demo's callback that is down, where ARM takes over).
@@ -120,6 +121,8 @@ def relay_argv(
             argv += ["--hook", f"undrain={undrain_hook}"]
     if ready_listen is not None:
         argv += ["--ready-listen", ready_listen]  # the load balancer's probe (relay/ready.py)
+    if drain_file is not None:  # the drain it publishes for the readiness responder
+        argv += ["--drain-file", str(drain_file)]
     if vm.availability_set:
         argv += ["--availability-set", vm.availability_set]
     if heartbeat_table is not None:
