@@ -422,14 +422,14 @@ def release_budgets(
             queue = {w.event_id: w.not_before for w in rec.waiting}
             waiting.extend(e for e in served_order(queue) if e != record.event_id)
             holders = [h for h in rec.holders if h.event_id != record.event_id]
-            queue = (
+            left = (
                 rec.waiting
                 if keep_waiting
                 else [w for w in rec.waiting if w.event_id != record.event_id]
             )
-            if holders == rec.holders and queue == rec.waiting:
+            if holders == rec.holders and left == rec.waiting:
                 return None
-            rec.holders, rec.waiting = holders, queue
+            rec.holders, rec.waiting = holders, left
             return rec
 
         rows.mutate_budget_slot(slot.budget, slot.group, change)

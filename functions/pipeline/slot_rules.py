@@ -208,10 +208,10 @@ def needs_capacity(event: ScheduledEvent | EventRecord) -> bool:
         return False
     if isinstance(event, EventRecord):
         probe = ScheduledEvent(
-            EventId=event.event_id,
-            EventStatus=event.event_status,
-            EventType=event.event_type,
-            DurationInSeconds=event.duration_in_seconds,
+            event_id=event.event_id,
+            event_status=event.event_status,
+            event_type=event.event_type,
+            duration_in_seconds=event.duration_in_seconds,
         )
         return is_impactful(probe)
     return is_impactful(event)

@@ -124,7 +124,7 @@ class RunCommands:
                     params={"api-version": API_VERSION, **(params or {})},
                     json=body,
                     headers={
-                        "Authorization": f"Bearer {token.token}",  # type: ignore[attr-defined]
+                        "Authorization": f"Bearer {token.token}",
                         "Accept": "application/json",
                     },
                     timeout=REQUEST_TIMEOUT_SECONDS,

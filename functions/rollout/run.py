@@ -193,14 +193,14 @@ class Runner:
                 if not (seen and seen[0] == version and seen[1] >= started - CLOCK_SKEW):
                     still.append(target)
             if len(still) != len(left) or not still:
-                heard = len(targets) - len(still)
-                self.say(f"  heartbeats from {version}: {heard} of {len(targets)} VM(s)")
+                came = len(targets) - len(still)
+                self.say(f"  heartbeats from {version}: {came} of {len(targets)} VM(s)")
             left = still
             if left and self.clock() >= deadline:
                 break
             if left:
                 self.sleep(self.poll)
-        failed = {}
+        failed: dict[str, str] = {}
         for target in left:
             seen = last.get(target.vm_id)
             heard = f"last heard {seen[0]!r}" if seen else "no heartbeat verified"
