@@ -35,6 +35,15 @@ from functions.pipeline.sources.eventgrid import parse_message
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every command; what it prints carries no terminal control (functions.terminal): a
+    VM's words (an EventType, an EventId) reach the operator's terminal."""
+    from functions.terminal import printable_output
+
+    with printable_output():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m functions")
     sub = parser.add_subparsers(dest="command", required=True)
     policy = sub.add_parser("policy", help="check or try the approval policy")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
@@ -206,11 +207,20 @@ def as_json(record: EventRecord, lines: list[LedgerLine], skipped: list[Any] | N
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
+# Where a spreadsheet may split a line into cells: `,` here, but `;` in the locales that
+# write decimals with a comma, and tab in some imports.
+SEPARATORS = re.compile(r"[,;\t]")
+
+
 def spreadsheet_safe(value: Any) -> Any:
-    """A CSV cell that opens as text: a string starting like a formula gets a leading `'`
-    (OWASP's neutralisation; the VM's name and the event type are a VM's own words).
-    Numbers stay numbers: a negative jump is a number to a spreadsheet, not a formula."""
-    if isinstance(value, str) and value.startswith(FORMULA_START):
+    """A CSV cell that opens as text: a string that starts like a formula, or any part of
+    which does after a separator some locale splits on (`Reboot;=cmd|...`), gets a leading
+    `'` (OWASP's neutralisation; the VM's name and the event type are a VM's own words),
+    and every string is quoted (`as_csv`), so no locale splits it. Numbers stay numbers:
+    a negative jump is a number to a spreadsheet, not a formula."""
+    if isinstance(value, str) and any(
+        part.lstrip(" ").startswith(FORMULA_START) for part in SEPARATORS.split(value)
+    ):
         return "'" + value
     return value
 
@@ -219,7 +229,9 @@ def as_csv(lines: list[LedgerLine]) -> str:
     """One row per VM, a header of the field names (times ISO 8601 UTC, seconds), safe to
     open in a spreadsheet (`spreadsheet_safe`)."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")
+    writer = csv.DictWriter(
+        out, fieldnames=FIELDS, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC
+    )
     writer.writeheader()
     for line in lines:
         row = line.model_dump(mode="json")
