@@ -11,13 +11,17 @@ CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-stamp
 
 install: $(STAMP) $(NODE_STAMP)
 
+# The installs print as they go: a cold `make demo` spends most of its first minutes here.
 $(STAMP): requirements.txt requirements-dev.txt
+	@echo "install: Python packages into $(VENV) (about 1-2 min on a cold cache)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar off -r requirements-dev.txt
 	touch $@
 
 $(NODE_STAMP): package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
+	@echo "install: Azurite and the browser test tools, npm ci (about 2 min on a cold cache; npm prints when done)"
+	npm ci --no-audit --no-fund --loglevel=notice
+	@echo "install: npm ci done"
 	touch $@
 
 lint: $(STAMP) actionlint

@@ -18,6 +18,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from functions.model.drains import DrainKind
 from functions.model.envelope import (
     DocumentError,
     looks_like_event_grid,
@@ -483,11 +484,11 @@ def _drain_plan() -> str:
     return drain_summary(drain)
 
 
-def _vm_drain(args: argparse.Namespace | None) -> tuple[str | None, str]:
+def _vm_drain(args: argparse.Namespace | None) -> tuple[DrainKind | None, str]:
     """The drain the VM has: --drain, else "none" where the DRAIN__* settings give no VM
     a drain step (no HTTP drain, no relay hook, the readiness drain off), else unknown
     (None: the drain workflow finds out, VM by VM)."""
-    given = getattr(args, "drain", None)
+    given: DrainKind | None = getattr(args, "drain", None)
     if given:
         return given, "--drain none"
     from pydantic import ValidationError

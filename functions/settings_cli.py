@@ -190,7 +190,7 @@ def run_settings_check(args: argparse.Namespace) -> int:
     changed = _redeploy_changes(args, shell)
     if changed is None:
         return 2
-    warnings = [*warnings, *changed]
+    warned = len(warnings) + len(changed)
     if refused:
         print(
             f"settings invalid: {refused} error(s): the app refuses to act on them "
@@ -200,14 +200,14 @@ def run_settings_check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.strict and warnings:
+    if args.strict and warned:
         print(
-            f"settings not clean: {len(warnings)} warning(s) (--strict); the app would run "
+            f"settings not clean: {warned} warning(s) (--strict); the app would run "
             "with them and log them at start",
             file=sys.stderr,
         )
         return 2
-    print(f"settings OK ({len(warnings)} warning(s)); {len(report.models)} settings models read")
+    print(f"settings OK ({warned} warning(s)); {len(report.models)} settings models read")
     return 0
 
 

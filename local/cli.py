@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from local.demo_pages import SERVE_HINT, serve
+from local.lag import LagMeter, Pace, choose_scale, load_per_core, overshoot
 from local.options import DEFAULT_REPORT, DemoAborted, DemoOptions
 from local.orchestration import Demo
 from local.plan import FLEET, PLAN, Step, check_plan
@@ -40,8 +41,11 @@ def _signals_stop_the_demo() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
+def run(options: DemoOptions, timeline: Timeline | None = None, pace: str = "") -> int:
     timeline = timeline or Timeline()
+    if pace:  # the time scale was slowed for a busy machine (local.lag): said first
+        timeline.add("demo", "pace", pace)
+    meter = LagMeter().start()
     demo = Demo(options, timeline)
     # The backstop: if stopping itself hangs, kill the children and leave.
     backstop = threading.Timer(options.time_limit + 20, _hard_exit, args=(demo,))
@@ -75,9 +79,15 @@ def run(options: DemoOptions, timeline: Timeline | None = None) -> int:
     if aborted:
         timeline.add("demo", "demo", f"stopped early: {aborted}", ok=False)
         outcomes = outcomes or [Outcome("the demo ran to the end", False, aborted)]
+    meter.stop()
+    failed = [o for o in outcomes if not o.ok and not o.skipped]
+    busy = meter.verdict(len(failed) + (1 if aborted else 0), options.time_scale)
+    if busy:
+        timeline.add("demo", "pace", busy, ok=False)
     if not reported:
         _report(options, timeline, outcomes, demo)
-    failed = [o for o in outcomes if not o.ok and not o.skipped]
+    if busy:
+        print(f"  {busy}")
     if aborted == "interrupted":
         return 130
     return 1 if failed or aborted else 0
@@ -133,8 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m local.demo",
         description="Play real maintenance through the whole bridge on this machine.",
     )
-    parser.add_argument("--time-scale", type=float, default=60.0, help="60: 15 min in 15 s")
-    parser.add_argument("--time-limit", type=float, default=170.0, help="hard stop, seconds")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        help="60 (default): 15 min in 15 s; slower by itself on a busy machine unless given",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        help="hard stop, seconds (default 170 at 60x, longer at a slower time scale)",
+    )
     parser.add_argument("--report", type=Path, default=DEFAULT_REPORT, help="HTML report path")
     parser.add_argument("--no-report", action="store_true")
     parser.add_argument(
@@ -166,16 +184,21 @@ def main(argv: list[str] | None = None) -> int:
         problem = check_plan(plan, FLEET)
         if problem:
             parser.error(f"--plan {args.plan}: {problem}")
+    pace = (
+        Pace(args.time_scale)
+        if args.time_scale
+        else choose_scale(60.0, overshoot(), load_per_core())
+    )
     options = DemoOptions(
         plan=plan,
-        time_scale=args.time_scale,
-        time_limit=args.time_limit,
+        time_scale=pace.scale,
+        time_limit=args.time_limit or 170.0 * 60.0 / min(pace.scale, 60.0),
         report=None if args.no_report else args.report,
         keep=args.keep,
         serve=args.serve,
     )
     try:
-        return run(options)
+        return run(options, pace=pace.note)
     except BrokenPipeError:  # the reader went away after everything was stopped
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
