@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -373,7 +374,33 @@ def ledger_html(data: ReportData) -> str:
     return "".join(parts)
 
 
+# The environment's channel settings: a Teams, Slack or webhook URL is itself the secret
+# (its path and query carry the signature), like a routing key or a webhook secret.
+SECRET_SETTINGS = (
+    "TEAMS_WEBHOOK_URL",
+    "SLACK_WEBHOOK_URL",
+    "WEBHOOK_URL",
+    "WEBHOOK_SECRET",
+    "PAGERDUTY_ROUTING_KEY",
+)
+
+
+def without_secrets(page: str, env: Mapping[str, str] | None = None) -> str:
+    """`page` with every secret channel setting of `env` (and each of its URL's secret
+    parts, functions.notify.reasons.redact) taken out: the report is a file people share,
+    and a demo run against a real Slack or Teams puts its URL in failure texts."""
+    from functions.notify.reasons import redact
+
+    env = os.environ if env is None else env
+    for name in SECRET_SETTINGS:
+        value = (env.get(name) or "").strip()
+        if value:
+            page = redact(page, value)
+    return page
+
+
 def write_html(path: Path, *args: object, **kwargs: object) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(*args, **kwargs), encoding="utf-8")  # type: ignore[arg-type]
+    page = render_html(*args, **kwargs)  # type: ignore[arg-type]
+    path.write_text(without_secrets(page), encoding="utf-8")
     return path

@@ -72,9 +72,20 @@ def unusable_url(setting: str, value: str) -> str | None:
     text = value.strip()
     try:
         parts = urlsplit(text)
+    except ValueError:
+        return f"{setting} is not a URL"
+    if "@" not in parts.netloc and "@" in parts.query + parts.fragment:
+        # `https://user:pa?ss@host` splits at the ?: "host" `user`, "port" `pa`. Neither
+        # is said (both are the credentials), only how to write them.
+        return (
+            f"{setting} has a ? or # before its @: a user name or password must write them "
+            "percent-encoded (%3F, %23)"
+        )
+    try:
         parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError as exc:
-        return f"{setting} is not a URL ({exc})"
+    except ValueError:
+        # Not the parser's words: they quote the "port", which can be part of a password.
+        return f"{setting} is not a URL (its port is not a number)"
     if parts.scheme.lower() not in ("http", "https"):
         shown = f"{parts.scheme}://" if parts.scheme else "no scheme"
         return f"{setting} has {shown}, not https://"

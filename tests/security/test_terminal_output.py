@@ -83,3 +83,34 @@ def test_every_command_prints_through_the_escaping_stream(
         code = exc.code
     out, err = capsys.readouterr()
     assert code == 2 and "\x1b" not in out + err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://hooks:s3cr?tpass@receiver.example/post",
+        "https://hooks:s3cr#tpass@receiver.example/post",
+        "https://hooks:12ab34@receiver.example/post",
+    ],
+)
+def test_settings_check_says_what_is_wrong_with_a_url_not_its_password(url: str) -> None:
+    """Issue 46: a WEBHOOK_URL password with ? or # was partly printed by `settings check`
+    (and logged): urlsplit read part of it as the port and quoted it."""
+    from functions.notify.endpoints import endpoint_warnings, unusable_url
+
+    said = " ".join(filter(None, [unusable_url("WEBHOOK_URL", url)]))
+    said += " ".join(endpoint_warnings("WEBHOOK_URL", url))
+    for part in ("s3cr", "tpass", "12ab34"):
+        assert part not in said, said
+
+
+def test_the_demo_report_names_no_real_channel_url() -> None:
+    """Issue 46: with a real SLACK_WEBHOOK_URL set, out/demo-report.html printed the URL
+    and its token. Whatever text of the report quotes it, the written file does not."""
+    from local.report import without_secrets
+
+    url = "https://hooks.slack.com/services/T0AAAAAAA/B0BBBBBBB/abcdefghijklmnopqrstuvwx"
+    page = f"<p>slack: HTTP 404 from {url}: no_team (token abcdefghijklmnopqrstuvwx)</p>"
+    shown = without_secrets(page, {"SLACK_WEBHOOK_URL": url, "WEBHOOK_SECRET": ""})
+    assert "abcdefghijklmnopqrstuvwx" not in shown and "B0BBBBBBB" not in shown
+    assert "[redacted]" in shown and "no_team" in shown
