@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from datetime import datetime, time, timedelta
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -213,7 +213,7 @@ class PagingPolicy(BaseModel):
     @field_validator("event_types", "held_outside_window")
     @classmethod
     def _event_types(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return closed_set(value, EVENT_TYPES, "an event type")
+        return tuple(closed_set(value, EVENT_TYPES, "an event type") or ())
 
 
 class Policy(BaseModel):
@@ -379,7 +379,7 @@ def _empty_rules_setting() -> bool:
     for key, value in os.environ.items():
         if key.upper() == "POLICY__RULES":
             try:
-                return json.loads(value) == []
+                return bool(json.loads(value) == [])
             except json.JSONDecodeError:
                 return False
     return False
@@ -418,7 +418,7 @@ def _fields() -> set[str]:
     return {f for m in models for f in m.model_fields}
 
 
-def _is_model(info) -> bool:
+def _is_model(info: Any) -> bool:
     return isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
 
 

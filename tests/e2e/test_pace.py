@@ -31,3 +31,16 @@ def test_the_meter_says_a_failure_may_be_the_machines():
     quiet = LagMeter()
     quiet.samples, quiet.loads = [0.001] * 10, [0.4]
     assert quiet.verdict(failed=2) == ""
+
+
+def test_the_installs_say_what_they_do():
+    """Issue 45: a cold `make demo` spent about 4 minutes in installs with no output (pip
+    --quiet, then `npm ci` at loglevel error). Each install now says when it starts, pip
+    prints what it collects, and npm says when it is done."""
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    start = makefile.index("$(STAMP): requirements.txt")
+    recipes = makefile[start : makefile.index("lint:", start)]
+    assert "--quiet" not in recipes and "--loglevel=error" not in recipes
+    assert recipes.count('@echo "install:') >= 2
