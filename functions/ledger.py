@@ -218,8 +218,9 @@ def spreadsheet_safe(value: Any) -> Any:
     `'` (OWASP's neutralisation; the VM's name and the event type are a VM's own words),
     and every string is quoted (`as_csv`), so no locale splits it. Numbers stay numbers:
     a negative jump is a number to a spreadsheet, not a formula."""
-    if isinstance(value, str) and any(
-        part.lstrip(" ").startswith(FORMULA_START) for part in SEPARATORS.split(value)
+    if isinstance(value, str) and (
+        value.startswith(FORMULA_START)
+        or any(part.lstrip(" ").startswith(FORMULA_START) for part in SEPARATORS.split(value))
     ):
         return "'" + value
     return value

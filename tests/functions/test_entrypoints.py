@@ -242,8 +242,8 @@ def test_handlers_from_function_app(store, clock, relay):
         exported = json.loads(ledger("EV-HD").get_body())
         assert [(v["vm"], v["measured"]) for v in exported["vms"]] == [("vm1", False)]
         csv_text = ledger("EV-HD", "csv").get_body().decode()
-        assert csv_text.splitlines()[0].startswith("event_id,event_type,vm,")
-        assert csv_text.splitlines()[1].startswith("EV-HD,Reboot,vm1,")
+        assert csv_text.splitlines()[0].startswith('"event_id","event_type","vm",')
+        assert csv_text.splitlines()[1].startswith('"EV-HD","Reboot","vm1",')
         assert ledger("NOPE").status_code == 404
         assert ledger("EV-HD", "xml").status_code == 400
 
