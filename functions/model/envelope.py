@@ -378,6 +378,10 @@ class VmRef(BaseModel):
     # The VM's vmId (IMDS compute metadata): a claim until the attested document, signed by
     # Azure, says the same. Everything else above is a claim the app never acts on.
     vm_id: str | None = Field(default=None, pattern=VM_ID_PATTERN)
+    # Azure's tags on the VM, from the identity sync's facts (functions.pipeline.admission
+    # sets them; a relay's own `tags`, if it sends any, are replaced with Azure's before
+    # ingest reads them). Policy rules match them as budgets do; None: not known.
+    tags: dict[str, str] | None = None
 
     _encodable = field_validator("name", "scale_set", "availability_set")(
         classmethod(lambda cls, value: _unicode(value))

@@ -514,6 +514,26 @@ def decide(
     )
 
 
+# A view decided while the policy was invalid keeps its VM's tags whole when they are this
+# small (JSON characters), so the re-decision once the policy is valid can match them;
+# larger tag sets are not known to the re-decision (a `tags` criterion then never matches).
+TAGS_KEPT_WHOLE = 1024
+
+
+def rule_tags(load: PolicyLoad | Policy, tags: Mapping[str, str] | None) -> dict[str, str] | None:
+    """The part of a VM's Azure tags a decision under `load` can depend on, to keep beside
+    it for a later re-decision: the tags the rules name (case-insensitively). Under an
+    invalid policy, which tags matter is not known: all of them if small, else None."""
+    if tags is None:
+        return None
+    policy = load.policy if isinstance(load, PolicyLoad) else load
+    if policy is None:
+        whole = dict(tags)
+        return whole if len(json.dumps(whole)) <= TAGS_KEPT_WHOLE else None
+    named = {n.casefold() for r in policy.rules if r.match.tags for n in r.match.tags}
+    return {k: v for k, v in tags.items() if k.casefold() in named}
+
+
 def no_drain(rule: str, event: ScheduledEvent) -> tuple[Action, str]:
     """A `drain` on a VM with no working drain (no hook, no HTTP drain, no load balancer
     probing its readiness): Microsoft's sample. A Platform event is held to NotBefore

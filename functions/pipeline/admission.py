@@ -128,6 +128,7 @@ def trusted_ref(facts: VmFacts, port: int) -> VmRef:
         resource_id=facts.resource_id,
         subscription_id=facts.subscription_id,
         resource_group=facts.resource_group,
+        tags=dict(facts.tags),
     )
 
 

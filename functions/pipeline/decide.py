@@ -41,7 +41,7 @@ from typing import Literal
 from functions.ledger import measured
 from functions.model.envelope import Envelope, LedgerEntry, ScheduledEvent, VmRef
 from functions.model.event import Decision, Transition
-from functions.model.policy import PolicyLoad, decide
+from functions.model.policy import PolicyLoad, decide, rule_tags
 from functions.model.view import VmView, normalise_resources
 from functions.pipeline.lifecycle import Observation, observe, observed
 from functions.pipeline.redecide import redecide, should_redecide
@@ -116,7 +116,10 @@ def decide_report(
             resources_digest=own.resources_digest,
             resources_count=own.resources_count,
             scale_set=vm.scale_set,
-            decision=decide(policy, event, now, (vm.scale_set,) if vm.scale_set else ()),
+            tags=rule_tags(policy, vm.tags),
+            decision=decide(
+                policy, event, now, (vm.scale_set,) if vm.scale_set else (), tags=vm.tags
+            ),
             decided_at=now,
             first_vm=vm.name,
         )

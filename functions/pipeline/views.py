@@ -91,7 +91,8 @@ def redecide_views(record: EventRecord, load: PolicyLoad, now: datetime) -> list
             view = view.model_copy(update={"resources": tuple(record.resources)})
         seen = as_scheduled(view, record.event_status, record.event_id)
         sets = (entry.scale_set,) if entry.scale_set else ()
-        fresh.append(entry.model_copy(update={"decision": decide(load, seen, now, sets)}))
+        decision = decide(load, seen, now, sets, tags=entry.tags)
+        fresh.append(entry.model_copy(update={"decision": decision}))
     return fresh
 
 

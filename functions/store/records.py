@@ -90,6 +90,9 @@ class ViewDecision(BaseModel):
     resources_digest: str = ""
     resources_count: int = 0
     scale_set: str | None = None  # Azure's scale set of `first_vm`, which rules may match
+    # The tags of `first_vm` that the policy's rules name (Azure's, functions.model.policy
+    # rule_tags: only those, so the row stays small); None: not known when it was decided.
+    tags: dict[str, str] | None = None
     decision: Decision
     decided_at: AwareDatetime
     first_vm: str
