@@ -71,7 +71,7 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
 
 test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=target checks
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q --tb=short -n $(TEST_WORKERS) --dist loadgroup
 
 checks: install lint typecheck infra-check browser test-py39
 
