@@ -38,11 +38,50 @@ def unlinked(text: str) -> str:
     return LINKY.sub(lambda m: m[0] + ZWSP, text)
 
 
+# What phones take for a number to call: digits (any script's) joined by the punctuation
+# libphonenumber reads inside one (PhoneNumberMatcher's VALID_PUNCTUATION: spaces, dashes,
+# dots, slashes, brackets, tildes, an "x", the zero-width and full-width ones), at least
+# PHONE_DIGITS of them: the shortest subscriber numbers many countries dial. Android's
+# Linkify's phone pattern reads a subset of these runs. The bridge's own times
+# (`2026-11-15 10:30:00 UTC`, `utc_text`, and ISO's `T`) are left whole, as libphonenumber
+# itself drops a date followed by a time (its TIME_STAMPS pattern).
+PHONE_DIGITS = 7
+PHONE_GROUP = 4  # digits a defanged number keeps together: short of any number to call
+_PHONE_PUNCT = (
+    "\\s\\-x\u2010-\u2015\u2212\u30fc\uff0d-\uff0f\u00ad\u200b\u2060()"
+    "\uff08\uff09\uff3b\uff3d.\\[\\]/~\u2053\u223c\uff5e"
+)
+PHONEY = re.compile(
+    r"(?P<stamp>[12]\d{3}-[01]\d-[0-3]\d[ T][0-2]\d:[0-5]\d)|\d(?:[" + _PHONE_PUNCT + r"]*\d)+"
+)
+PHONE_BREAK = "\u00b7"  # a middle dot: no punctuation of a number, for either of them
+
+
+def undialable(text: str) -> str:
+    """`text` with every run a phone would offer to call (PHONEY) broken into groups of at
+    most PHONE_GROUP digits by a visible middle dot (`+1·800·555·0199`), its punctuation
+    dropped: still readable, never one tap from a call. For titles and PagerDuty's summary,
+    which reach a phone's lock screen, an SMS or a voice call, where a VM's EventType, set
+    name or Description could otherwise carry "call +1 (800) 555-0199 to approve"."""
+    return PHONEY.sub(_phone_broken, text)
+
+
+def _phone_broken(match: re.Match[str]) -> str:
+    digits = [ch for ch in match[0] if ch.isdecimal()]
+    if match["stamp"] or len(digits) < PHONE_DIGITS:
+        return match[0]
+    groups: list[str] = []
+    for block in re.findall(r"\d+", match[0]):
+        groups += [block[i : i + PHONE_GROUP] for i in range(0, len(block), PHONE_GROUP)]
+    return PHONE_BREAK.join(groups)
+
+
 def defanged(text: str) -> str:
     """`text` on one line with the same places bracketed (`evil[.]example`, `a[@]b`,
     `https[:]//`): the usual defanging, for a PagerDuty summary that reaches an SMS or a
-    phone call, where a zero-width space may be dropped or spoken and the link come back."""
-    return LINKY.sub(lambda m: f"[{m[0]}]", plain(text))
+    phone call, where a zero-width space may be dropped or spoken and the link come back;
+    and no number to call (`undialable`)."""
+    return LINKY.sub(lambda m: f"[{m[0]}]", undialable(plain(text)))
 
 
 def event_words(event: EventSnapshot) -> str:
@@ -189,7 +228,13 @@ FOLLOW_UP = {
 
 
 def headline(note: Notification) -> str:
-    """One line naming the transition, the event and the VMs; the PagerDuty summary too."""
+    """One line naming the transition, the event and the VMs: the title of every channel's
+    post and the start of PagerDuty's summary. On one line, with no number to call in it
+    (`undialable`): a VM's EventType, set or VM name could carry one."""
+    return undialable(plain(_headline(note)))
+
+
+def _headline(note: Notification) -> str:
     if note.transition is Transition.RELAY_SILENT and note.silent_group:
         return f"Relays of {note.silent_count} VMs in {note.silent_label} stopped reporting"
     if note.transition is Transition.RELAY_SILENT:
