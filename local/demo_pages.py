@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from functions.pipeline.coverage import run_coverage
 from local.demo_state import DemoState as Demo
 from local.pages_server import LocalPages
 
@@ -76,6 +77,9 @@ def serve(demo: Demo, seen: list[str], wait: float | None = None) -> list[str]:
     Ctrl-C (KeyboardInterrupt), or `wait` seconds for tests."""
     server = start_pages(demo)
     held = hold_one_for_approval(demo)
+    # The fleet page's Coverage is the identity sync's pass (every 10 minutes in Azure):
+    # one now, so the page shows the relays the demo ran, not the fleet as it started.
+    run_coverage(demo.host.pipeline, force=True, drain=demo.drain_settings)
     lines = page_lines(server, seen, held)
     print()
     for line in lines:

@@ -42,6 +42,7 @@ from functions.pipeline.sources.eventgrid_ingest import ingest_event_grid
 from functions.pipeline.watchdog import WatchdogReport, run_watchdog
 from functions.settings import Settings
 from functions.store.state import Store
+from functions.terminate.settings import DrainSettings
 from functions.triggers.later import MAX_RETRIES, delay, is_outage
 from simulator.eventgrid import EVENT_GRID_SUFFIX
 
@@ -202,6 +203,9 @@ class LocalHost:
         self.later_scale = later_scale  # the delays of copies for later, scaled
         self.max_delivery_count = max_delivery_count
         self.watchdog_interval = watchdog_interval_seconds
+        # The drain workflow's settings where the caller gives them (the demo's, scaled):
+        # the coverage pass says which drain each VM has under them, not the process's.
+        self.drain_settings: DrainSettings | None = None
         self.deliveries: dict[str, int] = defaultdict(int)
 
     # ---------------------------------------------------------------- one pass
@@ -380,7 +384,7 @@ class LocalHost:
                     self.watchdog()
                     # The identity sync timer's coverage pass (at most every 10 minutes;
                     # otherwise one point read): the fleet page's Coverage section.
-                    run_coverage(self.pipeline)
+                    run_coverage(self.pipeline, drain=self.drain_settings)
             except Exception:  # storage down for a moment: log, keep going
                 log.exception("local host pass failed; retrying")
             stop.wait(poll_seconds)

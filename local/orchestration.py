@@ -252,6 +252,8 @@ class Demo(DemoState):
             # A copy for later after an outage waits as long in the demo's time as in Azure.
             later_scale=1.0 / self.options.time_scale,
         )
+        # The coverage pass says which drain each VM has under the demo's drain settings.
+        self.host.drain_settings = getattr(self, "drain_settings", None)
         # The identity sync's pass (its timer's code), before any relay reports: the
         # placements and group sizes the decider's disruption budgets read.
         sync_placements(self)

@@ -103,9 +103,12 @@ def due(table: Any, now: datetime) -> bool:
     return age >= COVERAGE_EVERY or age < timedelta(0)
 
 
-def run_coverage(pipeline: Pipeline, *, force: bool = False) -> Coverage | None:
+def run_coverage(
+    pipeline: Pipeline, *, force: bool = False, drain: DrainSettings | None = None
+) -> Coverage | None:
     """One pass, if due (or `force`), written to the summary row; None when not due or the
-    app has no identities table (no admission)."""
+    app has no identities table (no admission). `drain`: the drain workflow's settings
+    where they are not the process's DRAIN__* (the local stack's)."""
     admission = pipeline.admission
     if admission is None:
         return None
@@ -118,8 +121,13 @@ def run_coverage(pipeline: Pipeline, *, force: bool = False) -> Coverage | None:
     entries: dict[str, Entry] = {}
     no_relay: list[str] = []
     for page in _pages(
-        registry.table.list_entities(
-            select=["PartitionKey", "RowKey", "data", "keys"], results_per_page=PAGE
+        # Only the identity rows (id00..id07): the same table holds the budgets'
+        # placement and group-size rows, which are not VMs.
+        registry.table.query_entities(
+            "PartitionKey ge @low and PartitionKey lt @high",
+            parameters={"low": "id", "high": "ie"},
+            select=["PartitionKey", "RowKey", "data", "keys"],
+            results_per_page=PAGE,
         ),
         out,
     ):
@@ -141,7 +149,7 @@ def run_coverage(pipeline: Pipeline, *, force: bool = False) -> Coverage | None:
     out.no_relay_vms = sorted(no_relay, key=str.casefold)[:MAX_NAMED]
     refused: dict[str, tuple[str, str]] = {}
     hints = _believed(pipeline, entries, out, refused)
-    _tally(pipeline, entries, hints, now, out)
+    _tally(pipeline, entries, hints, now, out, drain)
     _refused(refused, hints, out)
     events.upsert_entity({"PartitionKey": PARTITION, "RowKey": ROW, "data": out.model_dump_json()})
     out.requests += 1
@@ -193,13 +201,16 @@ def _tally(
     hints: Mapping[str, LivenessHint],
     now: datetime,
     out: Coverage,
+    drain: DrainSettings | None = None,
 ) -> None:
     silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
-    try:
-        drain: DrainSettings | None = DrainSettings()
-    except ValidationError as exc:
-        drain = None
-        out.drain_error = f"DRAIN__* invalid ({exc.error_count()} error(s)): see `settings check`"
+    if drain is None:
+        try:
+            drain = DrainSettings()
+        except ValidationError as exc:
+            out.drain_error = (
+                f"DRAIN__* invalid ({exc.error_count()} error(s)): see `settings check`"
+            )
     versions: Counter[str] = Counter()
     contracts: Counter[str] = Counter()
     kinds: Counter[str] = Counter(dict.fromkeys(DRAIN_KINDS, 0))

@@ -14,9 +14,12 @@ from azure.data.tables import EdmType, EntityProperty
 
 from functions.identity.keys import key_id_of, liveness_signature_v2
 from functions.identity.registry import Identity
+from functions.model.budgets import Placement
 from functions.pipeline.coverage import COVERAGE_EVERY, PAGE, run_coverage
 from functions.store.liveness import row_keys_for
+from functions.store.placements import Placements
 from functions.store.state import Store
+from functions.terminate.settings import DrainSettings
 from functions.web.views import fleet_status
 from tests import identity_harness
 from tests.functions.conftest import FakeClock, make_pipeline
@@ -86,6 +89,14 @@ def test_coverage_counts_what_the_fleet_page_and_api_show(store: Store, clock: F
     enrol(pipeline, "new_0")  # a relay newer than this app: contract 3
     heartbeat(store, "new_0", now, contract=3, version="0.3.0")
     store.liveness.table.upsert_entity({"PartitionKey": "lv00", "RowKey": "junk", "x": 1})
+    # The budgets' placement and group-size rows share the identities table: not VMs.
+    placements = Placements(store.service.get_table_client(f"{store.prefix}identities"))
+    placements.put(
+        [Placement(name=f"web_{i}", tags={"service": "web"}, fetched_at=now) for i in range(4)]
+    )
+    placements.table.upsert_entity(
+        {"PartitionKey": "size|web", "RowKey": "tag:service=web", "size": 4}
+    )
 
     assert fleet_status(pipeline, False)["coverage"] is None  # before the first pass
     done = run_coverage(pipeline)
@@ -108,6 +119,12 @@ def test_coverage_counts_what_the_fleet_page_and_api_show(store: Store, clock: F
     assert run_coverage(pipeline) is None
     clock.advance(COVERAGE_EVERY.total_seconds())
     assert run_coverage(pipeline) is not None
+
+    # The drain workflow's own settings where they are not the process's DRAIN__* (the
+    # local stack's): an HTTP drain covers every VM, probed or not.
+    run_coverage(pipeline, force=True, drain=DrainSettings(http_url="https://drain.example/x"))
+    cov = fleet_status(pipeline, False)["coverage"]
+    assert cov["drains"] == {"hook": 0, "http": 7, "readiness": 0, "none": 0}
 
 
 @pytest.mark.parametrize("count", [5, 2 * PAGE + 1])
