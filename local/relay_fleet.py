@@ -33,6 +33,7 @@ from local.relays import (
 
 if TYPE_CHECKING:
     from local.demo_state import DemoState
+    from local.plan import Step, VmSpec
 
 
 def start_relays(demo: DemoState) -> None:
@@ -56,15 +57,12 @@ def start_relays(demo: DemoState) -> None:
     # here local/hook_unit.py does, one for all the VMs, as whoever runs the demo.
     hook_socket = start_hook_unit(demo, {"drain": hook, "undrain": undrain})
     port = demo.callback_port
-    # A load balancer's readiness probe: on the VMs the demo's policy drains and that come
-    # back (a reboot: undrained once it is over), and on every VM with no script of the
-    # operator's (a first deploy's: the bridge drains it through the probe, issue 38).
-    back = {s.target for s in demo.options.plan if s.drain and s.scenario in COMES_BACK}
+    # Each probed VM's readiness responder listens at its VM's address, a port of its own.
     ready = {
-        vm.name: f"{simulated_address(demo.sim.vm_names.index(vm.name))}:{free_port()}"
-        for vm in demo.options.fleet
-        if vm.relay and (vm.name in back or not vm.hooks) and not vm.callback_down
+        name: f"{simulated_address(demo.sim.vm_names.index(name))}:{free_port()}"
+        for name in probed_vms(demo.options.fleet, demo.options.plan)
     }
+    back = {s.target for s in demo.options.plan if s.drain and s.scenario in COMES_BACK}
     # The probes a load balancer would watch: the VMs the plan drains.
     drained = back | {s.target for s in demo.options.plan if s.scenario == "terminate"}
     beat = max(1.0, round(300 / demo.options.time_scale, 1))  # Azure's 300 s, scaled
@@ -115,6 +113,19 @@ def start_relays(demo: DemoState) -> None:
         f"scripts run by the hook unit as {current_user()} (on a VM: as add-relay.sh's "
         "HOOK_AS says)",
     )
+
+
+def probed_vms(fleet: tuple[VmSpec, ...], plan: tuple[Step, ...]) -> list[str]:
+    """The VMs a load balancer's readiness probe watches, each with a readiness responder
+    of its own: those the plan drains that come back (a reboot: undrained once it is over),
+    and every VM with no script of the operator's (a first deploy's: the bridge drains it
+    through the probe, issue 38); a relay and a callback listening on each."""
+    back = {s.target for s in plan if s.drain and s.scenario in COMES_BACK}
+    return [
+        vm.name
+        for vm in fleet
+        if vm.relay and (vm.name in back or not vm.hooks) and not vm.callback_down
+    ]
 
 
 def drain_file(demo: DemoState, vm: str) -> Path:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from local.plan import FLEET
+from local.plan import FLEET, PLAN
+from local.relay_fleet import probed_vms
 from tests.e2e.conftest import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +48,8 @@ def read_until(proc: subprocess.Popen[str], pattern: str, timeout: float = 30) -
     raise AssertionError(f"no line matching {pattern!r}:\n{''.join(seen)}")
 
 
-def processes_mentioning(text: str) -> list[int]:
+def processes_mentioning(text: str, *more: str) -> list[int]:
+    """The processes whose command line has `text` (and each of `more`) in it."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -56,7 +58,7 @@ def processes_mentioning(text: str) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if text in cmdline:
+        if all(t in cmdline for t in (text, *more)):
             found.append(int(entry.name))
     return found
 
@@ -67,9 +69,14 @@ def test_a_signal_stops_every_relay_and_cleans_up(sig: signal.Signals, code: int
     workdir, _ = read_until(proc, r"local host reading (\S+)/inbox")
     read_until(proc, r"(\d+) relays polling")
     relays = sum(vm.relay for vm in FLEET)  # one relay per VM that has one
+    # ... a readiness responder per VM a load balancer probes (relay/responder.py) ...
+    probed = probed_vms(FLEET, PLAN)
+    assert probed  # the built-in plan has some: their stop is checked below too
     # ... and the hook unit's stand-in that runs their hook scripts (local/hook_unit.py).
-    assert len(processes_mentioning(workdir)) == relays + 1 == 10
+    assert len(processes_mentioning(workdir)) == relays + len(probed) + 1
     assert len(processes_mentioning(f"local.hook_unit {workdir}")) == 1
+    for vm in probed:
+        assert len(processes_mentioning(f"{workdir}/relays/{vm}/", "-m relay ready ")) == 1, vm
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == code, out
