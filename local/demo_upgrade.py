@@ -322,7 +322,10 @@ def relay_fails_open() -> bool:
 
 
 def prepare_upgrade_lane(demo: DemoState) -> UpgradeLane | None:
-    """The lane with its builds made, before the plan plays; None without relays or host."""
+    """The lane with its builds made, before the plan plays; None without relays or host,
+    or when the run's options leave it out."""
+    if not demo.options.upgrade_lane:
+        return None
     if not getattr(demo, "relays", None) or getattr(demo, "host", None) is None:
         return None
     return UpgradeLane(demo)

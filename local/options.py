@@ -37,6 +37,10 @@ class DemoOptions(BaseModel):
     # (local.demo_ledger); the bench's latency samples turn it off (a pause would delay
     # the next sample's detection, not measure the pipeline).
     play_freezes: bool = True
+    # The upgrade lane (local.demo_upgrade, issue 44) restarts half the relays while the
+    # plan plays; a test of what one relay does over time turns it off (a restarted relay
+    # sends its VM's document afresh, which would hide whether the running one re-sends).
+    upgrade_lane: bool = True
     env: dict[str, str] = Field(default_factory=lambda: dict(os.environ))
 
 
