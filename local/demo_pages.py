@@ -4,9 +4,10 @@ After the plan has played and the outcomes are printed, the relays, the simulato
 and the local host keep running, and local.pages_server serves the fleet page, each event's
 page and the approval form on 127.0.0.1 as the demo's stand-in local operator. So that
 there is something to approve, the demo raises one more event its policy holds: a
-Platform Redeploy of `HELD_VM` with a day of notice, which waits for NotBefore unless an
-operator approves it from its page (the approval then goes through the VM's relay to IMDS,
-as in Azure). Ctrl-C stops everything, in order.
+Platform Reboot of `HELD_VM` with a day of notice, which the demo policy's opt-in rule
+hold-set-reboots holds to NotBefore (the default rules would drain it, then approve it at
+once: issue 45) unless an operator approves it from its page (the approval then goes
+through the VM's relay to IMDS, as in Azure). Ctrl-C stops everything, in order.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from functions.pipeline.coverage import run_coverage
 from local.demo_state import DemoState as Demo
 from local.pages_server import LocalPages
 
-HELD_VM = "web-2"  # a VM with a relay whose Redeploy the reference rules hold (default-hold)
+HELD_VM = "web-2"  # a VM with a relay whose Platform Reboot the demo policy holds
+HELD_EVENT = "Reboot"  # local.plan's hold-set-reboots: Platform Reboots of web-* held
 HELD_NOTICE = 24 * 3600.0  # simulated seconds: 24 minutes at the demo's 60x
 HELD_DESCRIPTION = "Host maintenance (held by the policy: approve it from the event's page)"
 SERVE_HINT = (
@@ -34,11 +36,14 @@ def start_pages(demo: Demo) -> LocalPages:
 
 
 def hold_one_for_approval(demo: Demo, timeout: float = 30.0) -> str | None:
-    """Raise the held Redeploy and wait until the bridge has decided it; its EventId."""
+    """Raise the held Reboot and wait until the bridge has decided it: its EventId once
+    held, None if it was not decided in time or the policy in effect (POLICY__* settings
+    replace the demo's) does not hold it, as it would then go on its own."""
     from simulator.scenarios import EventSpec
 
     spec = EventSpec(
-        event_type="Redeploy",
+        event_type=HELD_EVENT,
+        source="Platform",
         resources=[HELD_VM],
         notice=HELD_NOTICE,
         description=HELD_DESCRIPTION,
@@ -48,7 +53,7 @@ def hold_one_for_approval(demo: Demo, timeout: float = 30.0) -> str | None:
     while time.monotonic() < deadline:
         record = demo.store.get_event(event_id)
         if record is not None and record.decision is not None:
-            return event_id
+            return event_id if record.decision.action == "hold" else None
         time.sleep(0.2)
     return None
 
@@ -64,11 +69,14 @@ def page_lines(server: LocalPages, seen: list[str], held: str | None) -> list[st
         lines.append(f"  an event: {server.event_url(seen[-1])}")
     if held:
         lines.append(
-            f"  approve:  {server.event_url(held)} (a Redeploy of {HELD_VM} the policy holds "
-            "until NotBefore: press Approve there)"
+            f"  approve:  {server.event_url(held)} (a {HELD_EVENT} of {HELD_VM} the policy holds "
+            "until NotBefore: approve it there)"
         )
     else:
-        lines.append(f"  approve:  (the held Redeploy of {HELD_VM} was not decided in time)")
+        lines.append(
+            f"  approve:  (no {HELD_EVENT} of {HELD_VM} held: not decided in time, or the "
+            "policy in effect does not hold it)"
+        )
     return lines
 
 

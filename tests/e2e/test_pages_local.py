@@ -15,7 +15,7 @@ import time
 import pytest
 import requests
 
-from local.demo_pages import HELD_VM, hold_one_for_approval, start_pages
+from local.demo_pages import HELD_EVENT, HELD_VM, hold_one_for_approval, start_pages
 from local.options import DemoOptions
 from local.orchestration import Demo
 from local.pages_server import LOCAL_OPERATOR_NAME, local_principal
@@ -33,7 +33,7 @@ def served():
     with demo:
         server = start_pages(demo)
         held = hold_one_for_approval(demo)
-        assert held, "the held Redeploy was never decided"
+        assert held, f"the {HELD_EVENT} of {HELD_VM} was never held"
         yield demo, server, held
 
 
@@ -47,9 +47,12 @@ def test_a_held_event_is_approved_from_its_page_in_a_browser(served) -> None:
         browser.evaluate(f"document.querySelector('a[href*=\"{held}\"]').click()")
         browser.wait_for("document.querySelector('form button') !== null")
         page = str(browser.evaluate("document.body.innerText"))
-        assert "LOCAL" in page and "Redeploy" in page and HELD_VM in page
-        assert f"Approve now as {LOCAL_OPERATOR_NAME}" in page
-        browser.evaluate("document.querySelector('form button').click()")
+        assert "LOCAL" in page and HELD_EVENT in page and HELD_VM in page
+        # Both ways to approve a held event, and what approving by hand skips (issue 45).
+        assert f"Drain, then approve as {LOCAL_OPERATOR_NAME}" in page
+        assert f"Approve now, undrained, as {LOCAL_OPERATOR_NAME}" in page
+        assert "skips the drain" in page
+        browser.evaluate("document.querySelector('form button[value=\"now\"]').click()")
         result = str(
             browser.wait_for(
                 "document.body.innerText.includes('Approved by') && document.body.innerText"
@@ -129,7 +132,7 @@ def test_make_demo_serve_links_the_pages_and_stops_on_ctrl_c(tmp_path) -> None:
         for url in links.values():
             answer = requests.get(url, timeout=10)
             assert answer.status_code == 200 and "LOCAL" in answer.text, url
-        assert "Approve now as" in requests.get(links["approve"], timeout=10).text
+        assert "Approve now, undrained, as" in requests.get(links["approve"], timeout=10).text
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         rest = proc.communicate(timeout=60)[0]
