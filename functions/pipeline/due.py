@@ -78,6 +78,16 @@ LOOK_AGAIN = timedelta(hours=1)
 # starts the event for everyone: relays poll IMDS about once a second, so a named VM that
 # has not reported a shared event by then has no relay, or a silent one.
 START_GRACE = timedelta(seconds=60)
+# How long after NotBefore an event still Scheduled is not yet `overdue` (a PagerDuty
+# trigger). Microsoft: NotBefore is the "time after which this event can start"; the event
+# "is guaranteed to not start before this time", and it "moves to Started after it is
+# approved or NotBefore passes" (Learn, "Scheduled Events for Linux VMs": Event properties,
+# Event scheduling); no bound is given on how soon after. So an event started on time is
+# seen Started only at NotBefore plus Azure's own start, the relay's next poll (once a
+# second, as Microsoft recommends) and its document's way here: a chaos run announced one
+# `overdue` 0.5 s before Azure started it on time. A minute past NotBefore (the watchdog's
+# own period, as START_GRACE) is what an operator reads as late.
+NOT_BEFORE_GRACE = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
@@ -193,8 +203,8 @@ def conditions(record: EventRecord, now: datetime) -> list[Transition]:
 
 
 def overdue_detail(record: EventRecord, now: datetime) -> str:
-    """Why the event is overdue ("" when it is not): still Scheduled after NotBefore, or
-    approved and still Scheduled APPROVED_START_GRACE later."""
+    """Why the event is overdue ("" when it is not): still Scheduled NOT_BEFORE_GRACE after
+    NotBefore (from then on), or approved and still Scheduled APPROVED_START_GRACE later."""
     if record.ended or record.started or record.event_status != SCHEDULED:
         return ""
     at = approved_at(record)
@@ -205,7 +215,7 @@ def overdue_detail(record: EventRecord, now: datetime) -> str:
             f"Scheduled {minutes} min later: Azure starts an approved event at once, so its "
             "VM's reports are suspect; its capacity slot is given back"
         )
-    if record.not_before is not None and now > record.not_before:
+    if record.not_before is not None and now >= record.not_before + NOT_BEFORE_GRACE:
         waited = f": it waited for {record.waiting_for.removeprefix('waiting for ')}"
         return f"still Scheduled after NotBefore {record.not_before.isoformat()}" + (
             waited if record.waiting_for and record.approval == "pending" else ""
@@ -403,9 +413,10 @@ def next_at(
     record: EventRecord, now: datetime, window: datetime | None, approving: bool
 ) -> datetime | None:
     """When the event must be looked at again if nothing happens to it: the soonest of
-    its approval window, a claim's expiry, NotBefore (overdue), the approved event's
-    start grace, Event Grid's end, and a retry of a pending approval. None: only an
-    observation (a document, a notification, a silence) can change what is due."""
+    its approval window, a claim's expiry, NotBefore and NOT_BEFORE_GRACE after it
+    (overdue), the approved event's start grace, Event Grid's end, and a retry of a pending
+    approval. None: only an observation (a document, a notification, a silence) can change
+    what is due."""
     times: list[datetime] = []
     for mark in [*record.announced.values(), record.approval_claim]:
         until = claims.expires(mark) if claims.is_pending(mark) else None
@@ -420,8 +431,8 @@ def next_at(
         # capacity or a relay: looked at again at the next sweep, sooner as NotBefore
         # nears (a quarter of the time left, so it is tried several times before it).
         times.append(now + retry_after(record, now))
-    if not record.started and record.not_before is not None and record.not_before > now:
-        times.append(record.not_before)
+    if not record.started and record.not_before is not None:
+        times += [t for t in (record.not_before, record.not_before + NOT_BEFORE_GRACE) if t > now]
     at = approved_at(record)
     if at is not None and not record.started:
         times.append(at + APPROVED_START_GRACE)
