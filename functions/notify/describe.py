@@ -154,11 +154,13 @@ def listed(names: list[str]) -> str:
 
 def vms_text(event: EventSnapshot) -> str:
     parts = [f"{label}: {listed(names)}" for label, names in vm_groups(event)]
+    if event.unlisted:
+        parts.append(f"and {event.unlisted} more not listed")
     return "; ".join(parts) or "none named"
 
 
 def vm_count(event: EventSnapshot) -> str:
-    count = len(event.resources or event.reported_by)
+    count = len(event.resources or event.reported_by) + event.unlisted
     return f"{count} VM" if count == 1 else f"{count} VMs"
 
 

@@ -36,7 +36,8 @@ from pydantic import ValidationError
 from functions.model.event import Notification, Transition
 from functions.notify import pagerduty
 from functions.notify.delivery import PermanentDeliveryError, RetryableDeliveryError
-from functions.store.deliveries import DeliveryLedger, DeliveryRecord, KeptPost
+from functions.store.deliveries import KEPT_BODY_LIMIT, DeliveryLedger, DeliveryRecord, KeptPost
+from functions.store.records import clip
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,68 @@ def late_words(note: Notification, now: datetime, reason: str) -> str:
     return f"sent {duration_words(now - note.occurred_at)} after it happened{why}"
 
 
+# What a post cut to be kept lists of each list of names (Resources, ReportedBy, the sets,
+# a silent group's VMs): the rest are counted, never named ("and 898 more not listed").
+KEPT_NAMES = 100
+KEPT_NAMES_FEWER = (KEPT_NAMES, 20, 0)
+KEPT_TEXT = 200  # each text's length in the last resort, when no names are left to cut
+
+
+def body_units(body: str) -> int:
+    """The body's length as Table storage measures a string property: UTF-16 code units."""
+    return len(body.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def keepable(note: Notification) -> Notification:
+    """`note` as it can be kept (its JSON within KEPT_BODY_LIMIT): itself when it fits,
+    else with at most KEPT_NAMES names a list, then 20, then none, the event saying how
+    many VMs it no longer lists (`unlisted`), and last each text cut to KEPT_TEXT. A
+    set-mate adding 998 names to a victim's Resources made each of the victim's posts too
+    large to keep: dead-lettered during a channel outage instead of sent late."""
+    for names in (None, *KEPT_NAMES_FEWER):
+        cut = note if names is None else _cut(note, names, None)
+        if body_units(cut.to_json()) <= KEPT_BODY_LIMIT:
+            return cut
+    return _cut(note, 0, KEPT_TEXT)  # a few texts of KEPT_TEXT: well within the limit
+
+
+def _cut(note: Notification, names: int, text: int | None) -> Notification:
+    def short(value: str | None) -> str | None:
+        return value if value is None or text is None else clip(value, text)
+
+    update: dict[str, object] = {"silent_vms": note.silent_vms[:names]}
+    if text is not None:
+        update.update(
+            detail=short(note.detail),
+            waiting=short(note.waiting),
+            silent_label=short(note.silent_label),
+            occurrence=short(note.occurrence),
+            vm=short(note.vm),
+        )
+        if note.decision is not None:
+            reason, error = short(note.decision.reason), short(note.decision.policy_error)
+            update["decision"] = note.decision.model_copy(
+                update={"reason": reason, "rule": short(note.decision.rule), "policy_error": error}
+            )
+    event = note.event
+    if event is not None:
+        named = event.resources or event.reported_by
+        update["event"] = event.model_copy(
+            update={
+                "resources": event.resources[:names],
+                "reported_by": event.reported_by[:names],
+                "scale_sets": event.scale_sets[:names],
+                "availability_sets": event.availability_sets[:names],
+                "unlisted": event.unlisted + len(named) - len(named[:names]),
+                "event_id": short(event.event_id),
+                "event_type": short(event.event_type),
+                "event_source": short(event.event_source),
+                "description": short(event.description),
+            }
+        )
+    return note.model_copy(update=update)
+
+
 def kept_post(channel: str, note: Notification, reason: str, now: datetime) -> KeptPost:
     key = pagerduty.dedup_key(note) if channel == "pagerduty" else ""
     return KeptPost(
@@ -107,7 +170,7 @@ def kept_post(channel: str, note: Notification, reason: str, now: datetime) -> K
         message_id=note.message_id(),
         occurred_at=note.occurred_at,
         kept_at=now,
-        body=note.to_json(),
+        body=keepable(note).to_json(),
         reason=reason,
         key=key,
         ends=note.transition in pagerduty.RESOLVING,

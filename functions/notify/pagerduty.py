@@ -174,6 +174,8 @@ def build_event(note: Notification, routing_key: str) -> dict[str, Any] | None:
     if note.event is not None:
         details.update(note.event.imds_fields())
         details["ReportedBy"] = list(note.event.reported_by)
+        if note.event.unlisted:
+            details["ResourcesNotListed"] = note.event.unlisted
     if note.decision is not None:
         details["decision"] = note.decision.model_dump(mode="json")
     if note.detail:

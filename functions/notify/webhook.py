@@ -72,6 +72,7 @@ def build_data(note: Notification) -> dict[str, Any]:
         "event": note.event.imds_fields() if note.event else None,
         "scale_sets": list(note.event.scale_sets) if note.event else [],
         "availability_sets": list(note.event.availability_sets) if note.event else [],
+        "resources_not_listed": note.event.unlisted if note.event else 0,
         "vm": note.vm,
         "decision": note.decision.model_dump(mode="json") if note.decision else None,
         "detail": note.detail,

@@ -135,7 +135,7 @@ class DeliveryLedger(LeasedTable[DeliveryRecord]):
     def keep(self, post: KeptPost) -> bool:
         """Keep a post for later (Insert Or Replace: a retry writes the same row); False
         when its body is too large for a row (then it cannot be kept)."""
-        if len(post.body) > KEPT_BODY_LIMIT:
+        if len(post.body.encode("utf-16-le", "surrogatepass")) // 2 > KEPT_BODY_LIMIT:
             return False
         entity = {
             "PartitionKey": table_key(KEPT + post.channel),

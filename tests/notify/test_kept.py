@@ -246,7 +246,8 @@ def test_a_resolve_of_a_posted_page_is_sent_late(ledger: DeliveryLedger) -> None
     assert [b["dedup_key"] for b in bodies[-1:]] == ["event:EV-S"]
 
 
-def test_a_post_too_large_to_keep_is_dead_lettered_as_before(ledger: DeliveryLedger) -> None:
+def test_a_post_too_large_as_it_stands_is_kept_cut_to_fit(ledger: DeliveryLedger) -> None:
+    """Issue 46: a post larger than a kept row was dead-lettered; it is kept, cut to fit."""
     clock = FakeClock()
     sender = transport(clock)
     huge = note(
@@ -257,10 +258,28 @@ def test_a_post_too_large_to_keep_is_dead_lettered_as_before(ledger: DeliveryLed
         topic = Topic({"teams": kept.MAX_DELIVERY_COUNT})
         publish(topic, huge)
         pump(topic, settings, sender, ledger)
+    assert topic.subscriptions["teams"].dead_letters == []
+    (post,) = ledger.kept("teams")
+    detail = Notification.from_json(post.body).detail
+    assert detail == "x" * (kept.KEPT_TEXT - 1) + "…"
+
+
+def test_a_post_that_cannot_be_kept_is_dead_lettered_as_before(
+    ledger: DeliveryLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    sender = transport(clock)
+    started = note(Transition.STARTED, event("EV-L"), decision(), occurred_at=clock.now())
+    monkeypatch.setattr(ledger, "keep", lambda post: False)  # as a row too large would be
+    with running(Answer(503)) as teams:
+        settings = ChannelSettings(teams_webhook_url=f"{teams.url}/wf")
+        topic = Topic({"teams": kept.MAX_DELIVERY_COUNT})
+        publish(topic, started)
+        pump(topic, settings, sender, ledger)
     (dead,) = topic.subscriptions["teams"].dead_letters
     assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
     assert ledger.kept("teams") == []
-    assert ledger.get(huge.message_id(), "teams") is None  # released: no claim left behind
+    assert ledger.get(started.message_id(), "teams") is None  # released: no claim left behind
 
 
 def test_duration_words() -> None:
