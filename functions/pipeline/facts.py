@@ -20,16 +20,19 @@ MAX_SILENCE_READS = 100
 
 
 def load_facts(
-    pipeline: Pipeline, record: EventRecord, now: datetime
+    pipeline: Pipeline, record: EventRecord, now: datetime, rows: list[Reporter] | None = None
 ) -> tuple[Facts, list[Reporter] | None]:
     """What the decider reads beside an open event's row: its reporter rows (one partition
     query: who still lists it, each one's own status, view and when its relay saw it; the
     approver uses the same rows) and, once it is past its start, whether every VM that
     still lists it went silent (their VM rows, up to MAX_SILENCE_READS, stopping at the
-    first that was heard). The rows are None for an ended event (nothing read)."""
+    first that was heard). The rows are None for an ended event (nothing read). `rows`:
+    the reporter rows as the caller read them with the event row (one query for both:
+    Store.event_and_reporters), not queried again."""
     if record.ended:
         return Facts(), None
-    rows = pipeline.store.reporter_rows(record.event_id)
+    if rows is None:
+        rows = pipeline.store.reporter_rows(record.event_id)
     current = {r.vm: r for r in rows if r.status}
     record.reporters = {vm: r.status for vm, r in current.items()}
     record.past_reporters = [r.vm for r in rows]

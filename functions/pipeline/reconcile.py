@@ -534,7 +534,13 @@ def reconcile_key(
     `worker`: a unit of work of its own (not a document's processing): it may run the
     drain workflow."""
     store, now = pipeline.store, pipeline.clock.now()
-    record = row if row is not None else store.get_event(event_id)
+    rows: list[Reporter] | None = None
+    record: EventRecord | None
+    if row is not None:
+        record = row
+    else:
+        # The event row and its reporter rows in one partition query (issue 47).
+        record, rows = store.event_and_reporters(event_id)
     if record is None:
         listed = store.listed_at(event_id)
         if listed is None or now - listed > UNLISTED_AFTER:
@@ -542,7 +548,7 @@ def reconcile_key(
         else:
             store.set_due(event_id, listed + UNLISTED_AFTER)
         return Reconciled(event_id)
-    facts, rows = load_facts(pipeline, record, now)
+    facts, rows = load_facts(pipeline, record, now, rows)
     return _reconcile_row(pipeline, record, me, facts, worker, rows)
 
 

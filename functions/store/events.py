@@ -92,6 +92,33 @@ class EventRows(ReporterRows):
             self.load_reporters(record)
         return record
 
+    def event_and_reporters(
+        self, event_id: str, skipped: list[Skipped] | None = None
+    ) -> tuple[EventRecord | None, list[Reporter]]:
+        """The event row and its reporter rows with their views, in one partition query
+        (what `get_event` and `reporter_rows` read in two): the decider's read
+        (functions.pipeline.reconcile.reconcile_key). The row carries its ETag as a point
+        read's does, so it guards the writes that start from it. Reporter rows that
+        cannot be read are logged, skipped and added to `skipped`; an event row that
+        cannot be read raises BadRow, as `get_event` does."""
+        rk = row_key(event_id)
+        entities = self.events.query_entities(
+            # Spaces around each @name: the SDK substitutes whole words only.
+            "PartitionKey eq @pk and ( RowKey eq @row or ( RowKey gt @lo and RowKey lt @hi ) )",
+            parameters={"pk": rk, "row": EVENT_ROW, "lo": REPORTER, "hi": "r}"},
+        )
+        record: EventRecord | None = None
+        rows: list[Reporter] = []
+        for entity in entities:
+            if entity.get("RowKey") == EVENT_ROW:
+                record = self._load(EventRecord, entity)
+                continue
+            reporter = Reporter.from_row(entity, skipped)
+            if reporter is not None:
+                rows.append(reporter)
+        self._recent_events.note(rk, record)
+        return record, rows
+
     def open_event(self, event_id: str, now: datetime) -> None:
         """List the event in the open index (before its row exists: never a row unlisted),
         due at once: the next sweep looks at it, and its reconcile says when it is next due."""

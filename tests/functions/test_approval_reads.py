@@ -54,3 +54,38 @@ def test_an_approval_reads_the_reporter_rows_once_and_its_card_names_the_reporte
     assert len(queries) == 1, queries
     (card,) = [n for n in publisher.published if n.transition.value == "approved"]
     assert card.event is not None and card.event.reported_by == names
+
+
+def test_the_sweeps_approval_reads_the_event_and_its_reporters_in_one_query(azurite, clock, relay):
+    """The sweep's unit of work reads the event row and its reporter rows in one partition
+    query (no point read of the row before it): 7 Table requests for one relay approval
+    (read, claim, VM row, identity, audit, outcome, open index), 8 before."""
+    import uuid
+
+    from functions.store.state import Store
+    from tests.tablecount import TableCounter
+
+    policy = Policy(
+        rules=(Rule(name="all", action="approve"),),
+        windows=(Window(days=("Sat",), start="10:01", end="23:00"),),
+        timezone="UTC",
+    )
+    with TableCounter(azurite) as counter:
+        store = Store.from_connection_string(counter.connection_string, "t" + uuid.uuid4().hex[:12])
+        store.ensure_tables()
+        pipeline, _ = make_pipeline(store, clock, policy)
+        ev = event("EV-Q", "Redeploy", resources=("vm-q",), not_before=T0 + timedelta(hours=2))
+        body = envelope("vm-q", 1, [ev], callback_url=relay.url)
+        assert ingest_message(body, pipeline).outcome == "processed"
+        clock.advance(61)
+        # A worker of its own, as the sweep's: it remembers no row of the event.
+        worker = Store.from_connection_string(counter.connection_string, store.prefix)
+        pipeline.store = worker
+        counter.reset()
+        result = reconcile_key(pipeline, "EV-Q", me="work:1")
+        assert result.approval is not None and result.approval.outcome == "approved"
+        counts = counter.counts()
+    events = worker.events.table_name
+    assert ("get", events) not in counts, counts
+    assert counts[("query", events)] == 1, counts
+    assert counter.total() == 7, counts
