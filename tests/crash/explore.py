@@ -69,6 +69,17 @@ class Report:
     runs: int = 0  # runs with a fault actually executed (the others are equivalent to one)
     effects: dict[str, Any] = field(default_factory=dict)  # the fault-free run's effects
     baseline_broken: list[str] = field(default_factory=list)  # invariants, fault-free run
+    # Requests of the fault-free run that got no answer ("k label: error"), and how many
+    # requests the world left unanswered on purpose in it (the relay's `drop`).
+    unanswered: list[str] = field(default_factory=list)
+    dropped: int = 0
+
+    def unplanned(self) -> list[str]:
+        """The fault-free run's unanswered requests when they are not just the ones the
+        world leaves unanswered on purpose: a receiver here is local and answers at once,
+        so one more means a deadline passed (a busy machine) and the baseline depends on
+        timing. Each unanswered request is named; [] when they are all planned."""
+        return [] if len(self.unanswered) == self.dropped else list(self.unanswered)
 
     def violations(self) -> list[str]:
         """Every invariant broken, in the fault-free run or at any point."""
@@ -95,6 +106,12 @@ class Report:
             lines.append(f"| {KIND_NAMES[kind]} | {tried} | {tried - diff} | {diff} |")
         if self.baseline_errors:
             lines.append(f"- the fault-free run failed a step: {self.baseline_errors[0]}")
+        if self.unanswered:
+            lines.append(
+                f"- requests of the fault-free run that got no answer: {len(self.unanswered)}"
+                f" ({self.dropped} left unanswered on purpose)"
+            )
+            lines += [f"  - {u}" for u in self.unplanned()[:10]]
         broken = self.violations()
         lines.append(
             f"- invariants ({', '.join(INVARIANTS)}): checked after {self.runs + 1} runs, "
@@ -209,6 +226,12 @@ def explore(
             report = Report(scenario.name, faults.count, baseline_errors=outcome.errors)
             report.baseline_broken = list(broken)
             report.effects = {k: v for k, v in baseline.items() if k.startswith("effect")}
+            report.unanswered = [
+                f"{s.index} {s.label}: {s.error}"
+                for s in sorted(faults.sent, key=lambda s: s.index)
+                if s.error
+            ]
+            report.dropped = sum(1 for r in servers.relay.requests if r.get("dropped"))
             labels = {s.index: s.label for s in faults.sent}
             if only is not None or exhaustive:
                 every = (
@@ -293,7 +316,9 @@ def crash_points(connection: str, names: list[str] | None = None) -> dict[str, i
         # A fault-free run that failed a step, or did not show what its scenario is about
         # (its `expects`), is no baseline: the scenario tested nothing (issue 47).
         "crash_baselines_failed": sum(
-            1 for r in reports if r.baseline_errors or missing(r, expects[r.scenario])
+            1
+            for r in reports
+            if r.baseline_errors or missing(r, expects[r.scenario]) or r.unplanned()
         ),
         "crash_invariant_runs": sum(r.runs + 1 for r in reports),
         "crash_invariants_broken": sum(len(r.violations()) for r in reports),

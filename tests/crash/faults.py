@@ -10,6 +10,8 @@ the host's publisher calls `Faults.request` itself.
 For request number k of a run, a fault is either
 - `before`: the host dies just before sending k (k never reaches its receiver), or
 - `lost`: k is applied, and the host dies before it sees the answer.
+A request that gets no answer (its receiver closes the connection unanswered, as the
+scenarios' slow relay does) is a point too: it went out, and may have been applied.
 A death raises HostCrash, a BaseException, so no `except Exception` in the code under test
 can swallow it; from then on every request of the dead host raises it too (its `finally`
 blocks and worker threads cannot write), until the harness starts a fresh host.
@@ -50,6 +52,7 @@ class Sent:
     clock_before: str
     write: bool  # it changes something outside the host (a read changes nothing)
     clock_after: str
+    error: str = ""  # it got no answer: why (the receiver closed the connection, a timeout)
 
 
 @dataclass
@@ -103,15 +106,18 @@ class Faults:
                 raise HostCrash(f"crash before request {self.count}: {label}")
             return self.count, True
 
-    def done(self, index: int, label: str, write: bool) -> None:
-        """Request `index` reached its receiver (and, unless the host died, was answered)."""
+    def done(self, index: int, label: str, write: bool, error: str = "") -> None:
+        """Request `index` was sent: it reached its receiver (and, unless the host died, was
+        answered), or it failed with `error` after it went out (it may have been applied)."""
         with self._lock:
             if not self.armed:
                 return
             before, clock = self._open.pop(index, (self.changes, ""))
             if write:
                 self.changes += 1
-            self.sent.append(Sent(index, label, self.step, before, clock, write, str(self.now())))
+            self.sent.append(
+                Sent(index, label, self.step, before, clock, write, str(self.now()), error)
+            )
 
     def settled(self) -> None:
         """A Service Bus message was completed: a change that is not an app request."""
@@ -152,15 +158,25 @@ def _urlopen(pool: HTTPConnectionPool, method: str, url: str, *args: Any, **kwar
         return _ORIGINAL(pool, method, url, *args, **kwargs)
     label = faults.classify(pool.host, pool.port or 80, method, url)
     index, lose = faults.request(label)
+    # A Table read (GET) changes nothing; everything else (a Table write, a callback, a
+    # hook, a post) may change something outside the host.
+    write = not label.startswith("table GET")
     _inside.depth = 1
     try:
         response = _ORIGINAL(pool, method, url, *args, **kwargs)
+    except Exception as exc:
+        # No answer (the receiver closed the connection unanswered, a timeout): the request
+        # went out and may have been applied, so it is a crash point like any other (die
+        # before it; die instead of seeing its failure), and its failure is recorded.
+        if index:
+            faults.done(index, label, write, error=f"{type(exc).__name__}: {exc}"[:160])
+        if lose:
+            faults.die_after(label)
+        raise
     finally:
         _inside.depth = 0
     if index:
-        # A Table read (GET) changes nothing; everything else (a Table write, a callback,
-        # a hook, a post) may change something outside the host.
-        faults.done(index, label, write=not label.startswith("table GET"))
+        faults.done(index, label, write)
     if lose:
         faults.die_after(label)
     return response
