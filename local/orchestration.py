@@ -332,11 +332,13 @@ class Demo(DemoState):
         channel_settings = ChannelSettings(**local)
         session = requests.Session()
         self.stack.callback(session.close)
-        # Short waits: at 60x a real retry schedule would outlast the event.
+        # Short waits: at 60x a real retry schedule would outlast the event. A claim's lease
+        # in the demo's time, like the hold through an outage (local.subscription).
         transport = Transport(
             session=session,
             policy=short_retries(RetryPolicy),
             pacer=slack_pacer(self.external, self.options.time_scale),
+            lease_scale=1.0 / self.options.time_scale,
         )
         # Posted once per channel, and kept past the last delivery, as in Azure: the
         # deliveries table (Azurite) and the notify_kept timer (local/kept_worker.py).
@@ -360,7 +362,7 @@ class Demo(DemoState):
                 self.timeline.add("demo", channel, f"channel off: {off}")
                 continue
 
-            def handler(note: Any, delivery: int, channel: str = channel) -> bool | str:
+            def handler(note: Any, delivery: int, owner: str, channel: str = channel) -> bool | str:
                 posted = deliver(
                     channel,
                     note.to_json(),
@@ -368,6 +370,7 @@ class Demo(DemoState):
                     transport=transport,
                     ledger=ledger,
                     delivery_count=delivery,
+                    owner=owner,
                 )
                 return KEPT if not posted and kept_by(ledger, channel, note) else posted
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from functions.notify.dispatch import claimant
 from functions.notify.kept import MAX_DELIVERY_COUNT
 from functions.triggers.later import hold_through_outage
 
@@ -31,7 +32,9 @@ class Subscription:
         hold_scale: float = 1.0,
     ) -> None:
         """`counted`: the handler takes the delivery's number too (Service Bus's
-        DeliveryCount, 1 first), as the app's channels do to keep a post on the last."""
+        DeliveryCount, 1 first), as the app's channels do to keep a post on the last, and
+        the delivery's owner (functions.notify.dispatch.claimant: one per delivery, the
+        same for each of its tries through an outage, as functions.triggers.notify)."""
         self.name = name
         self.handler = handler
         self.counted = counted
@@ -58,12 +61,13 @@ class Subscription:
             result: Any = None
             error: str | None = None
             for delivery in range(1, self.max_delivery_count + 1):
+                owner = claimant()
                 try:
                     # Storage down: held inside the delivery as the app's channel triggers
                     # hold it (functions.triggers.later), in the demo's time.
                     result = hold_through_outage(
-                        lambda d=delivery: (
-                            self.handler(note, d) if self.counted else self.handler(note)
+                        lambda d=delivery, o=owner: (
+                            self.handler(note, d, o) if self.counted else self.handler(note)
                         ),
                         time.sleep,
                         scale=self.hold_scale,

@@ -153,6 +153,11 @@ class Transport:
     # Slack's pacing (functions.notify.pacing.WebhookPacer); None: the process's own, one
     # post a second per webhook. The local demo paces its local receiver at its time scale.
     pacer: Any = None
+    # A delivery claim's lease (functions.notify.dispatch), times this. The local demo plays
+    # at its time scale (1/60 at 60x), as it holds a delivery through an outage: a claim
+    # left by a delivery that lost its answer to an outage is then taken over when the
+    # outage ends, as in Azure, not an hour of the demo's time later.
+    lease_scale: float = 1.0
 
 
 def post_json(

@@ -20,6 +20,12 @@ A post that still cannot be delivered on the message's last delivery (`delivery_
 the subscription's maxDeliveryCount) is kept in the ledger instead of dead-lettered, and
 `resend_kept` sends it once the channel is back, while it still matters
 (functions.notify.kept).
+
+A claim belongs to one delivery of the message (`owner`, from `claimant()`), not to one
+call: a Table write whose answer was lost to a reset connection may have landed, and the
+SDK's retry of the insert, or the delivery's next try through an outage
+(functions.triggers.later.hold_through_outage), then finds the delivery's own claim. It is
+taken back at once, not waited out as another poster's for the claim's whole lease.
 """
 
 from __future__ import annotations
@@ -94,13 +100,15 @@ def deliver(
     ledger: DeliveryLedger | None = None,
     message_id: str = "",
     delivery_count: int | None = None,
+    owner: str | None = None,
 ) -> bool:
     """Send one topic message on one channel. True when this call posted something.
 
     `message_id`: the Service Bus MessageId, naming the record of a body that is not a
     notification (a notification is recorded under its own id). `delivery_count`: Service
     Bus's DeliveryCount of this delivery; on the last one (kept.MAX_DELIVERY_COUNT) a post
-    the receiver could not take is kept for later instead of dead-lettered."""
+    the receiver could not take is kept for later instead of dead-lettered. `owner`: this
+    delivery's `claimant()`, the same for every try of it (a fresh one if not given)."""
     off = settings.off_reason(channel)
     if off is not None:
         if settings.misconfigured(channel) and ledger is not None:
@@ -129,7 +137,7 @@ def deliver(
         return False
     if ledger is None:
         return _send_logged(channel, note, settings, transport, marks)
-    claim = _claim(ledger, channel, note.message_id(), transport)
+    claim = _claim(ledger, channel, note.message_id(), transport, owner or claimant())
     if claim is None:
         return False
     if kept.waits_behind(channel, note, ledger):
@@ -239,15 +247,21 @@ def record_rejection(
         log.info("%s: %s already recorded", channel, message_id)
 
 
+def claimant() -> str:
+    """A delivery's name on its claims: one per delivery of a message, kept by its tries."""
+    return uuid.uuid4().hex[:12]
+
+
 def _claim(
-    ledger: DeliveryLedger, channel: str, message_id: str, transport: Transport
+    ledger: DeliveryLedger, channel: str, message_id: str, transport: Transport, owner: str
 ) -> DeliveryRecord | None:
     """Our claim on (announcement, channel), or None when it is already posted or rejected.
 
     A claim another invocation holds is waited for (a redelivery after a lost lock comes
-    while the first may still be posting); once its lease passed, it is taken over."""
-    owner = uuid.uuid4().hex[:12]
-    longest = transport.policy.longest_seconds() + CLAIM_SLACK_SECONDS
+    while the first may still be posting); once its lease passed, it is taken over. A claim
+    of our own (`owner`: an earlier try of this delivery whose insert landed, its answer
+    lost) is ours at once, its lease renewed: nobody else is posting it."""
+    longest = (transport.policy.longest_seconds() + CLAIM_SLACK_SECONDS) * transport.lease_scale
     polls = math.ceil(longest / CLAIM_POLL_SECONDS) + 2
     for _ in range(polls):
         now = transport.clock()
@@ -268,6 +282,14 @@ def _claim(
         if current.final:
             log.info("%s: %s already %s; not posting again", channel, message_id, current.status)
             return None
+        if current.owner == owner:
+            renewed = current.model_copy(update={"claimed_at": now, "lease_until": lease_until})
+            if ledger.replace(renewed):
+                log.info(
+                    "%s: %s was claimed by this delivery already; posting", channel, message_id
+                )
+                return renewed
+            continue  # changed meanwhile (taken over after its lease): read it again
         if current.lease_until > now:
             log.info("%s: %s is being posted elsewhere; waiting", channel, message_id)
             wait = min(CLAIM_POLL_SECONDS, (current.lease_until - now).total_seconds())

@@ -18,7 +18,7 @@ import azure.functions as func
 import requests
 
 from functions.notify.delivery import RetryPolicy, Transport
-from functions.notify.dispatch import CHANNELS, deliver, resend_kept
+from functions.notify.dispatch import CHANNELS, claimant, deliver, resend_kept
 from functions.notify.settings import channel_settings
 from functions.store.deliveries import DeliveryLedger
 from functions.triggers.later import hold_through_outage
@@ -52,7 +52,9 @@ def _handle(channel: str, msg: func.ServiceBusMessage) -> None:
         "%s: message %s, delivery %s", channel, msg.message_id, getattr(msg, "delivery_count", "?")
     )
     # Storage (the deliveries ledger) down: held inside this delivery, not burnt ten times
-    # in seconds (functions.triggers.later.hold_through_outage).
+    # in seconds (functions.triggers.later.hold_through_outage). Its tries claim as one
+    # owner: a claim whose answer the outage cut off is this delivery's own, not a stranger's.
+    owner = claimant()
     hold_through_outage(
         lambda: deliver(
             channel,
@@ -62,6 +64,7 @@ def _handle(channel: str, msg: func.ServiceBusMessage) -> None:
             ledger=ledger(),
             message_id=msg.message_id or "",
             delivery_count=getattr(msg, "delivery_count", None),
+            owner=owner,
         ),
         time.sleep,
     )

@@ -6,16 +6,18 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 import requests
-from azure.core.exceptions import AzureError
+from azure.core.exceptions import AzureError, ServiceResponseError
 
 from functions.model.event import Transition
 from functions.notify import dispatch
 from functions.notify.delivery import RetryableDeliveryError, RetryPolicy, Transport
 from functions.notify.settings import ChannelSettings
 from functions.store.deliveries import DeliveryLedger
+from functions.triggers import later
 from tests.conftest import free_port
 from tests.functions.conftest import FakeClock
 from tests.notify.factory import NOW, decision, event, note
@@ -233,3 +235,99 @@ def test_table_requests_per_post_and_per_redelivery(receivers, ledger, mocker) -
         "delete_entity": 0,
     }
     assert len(teams.requests) == 1
+
+
+class AnswerLost(DeliveryLedger):
+    """Table storage wrote the first claim, then the connection was reset before its answer
+    came back (the chaos suite's storage outage): the caller sees an outage error."""
+
+    lost = 0
+
+    def insert(self, record):
+        written = super().insert(record)
+        if not self.lost:
+            self.lost += 1
+            raise ServiceResponseError("Connection aborted: remote end closed the connection")
+        return written
+
+
+def test_a_claim_whose_answer_was_lost_is_taken_back_by_the_same_delivery(receivers, ledger):
+    """The delivery's next try through the outage finds its own claim and posts at once; it
+    does not wait out the claim's lease as if another invocation were posting (it waited
+    the whole lease, four minutes in Azure, an hour of the demo's time at 60x)."""
+    teams, hook = receivers
+    settings, clock = settings_for(teams, hook), FakeClock(NOW)
+    sender = transport(clock)
+    flaky = AnswerLost(ledger.table)
+    owner = dispatch.claimant()  # one delivery, as functions.triggers.notify._handle
+    assert later.hold_through_outage(
+        lambda: dispatch.deliver(
+            "teams",
+            DECIDED.to_json(),
+            settings=settings,
+            transport=sender,
+            ledger=flaky,
+            owner=owner,
+        ),
+        clock.sleep,
+    )
+    assert flaky.lost == 1 and len(teams.requests) == 1
+    assert clock.now() < NOW + timedelta(seconds=sender.policy.longest_seconds())  # no lease
+    row = ledger.get("event:EV-1:decided", "teams")
+    assert (row.status, row.claims, row.owner) == ("posted", 1, owner)
+
+
+def test_another_deliverys_claim_is_still_waited_for(receivers, ledger) -> None:
+    """What the owner changes, and only that: a claim of another delivery (it may still
+    be posting) is waited for until its lease passed, then taken over."""
+    teams, hook = receivers
+    settings, clock = settings_for(teams, hook), FakeClock(NOW)
+    sender = transport(clock)
+    with pytest.raises(ServiceResponseError):
+        dispatch.deliver(
+            "teams",
+            DECIDED.to_json(),
+            settings=settings,
+            transport=sender,
+            ledger=AnswerLost(ledger.table),
+            owner="first",
+        )
+    left = ledger.get("event:EV-1:decided", "teams")
+    assert dispatch.deliver(
+        "teams",
+        DECIDED.to_json(),
+        settings=settings,
+        transport=sender,
+        ledger=ledger,
+        owner="second",
+    )
+    assert clock.now() >= left.lease_until and len(teams.requests) == 1
+    row = ledger.get("event:EV-1:decided", "teams")
+    assert (row.status, row.claims, row.owner) == ("posted", 2, "second")
+
+
+def test_a_claims_lease_follows_the_transports_time_scale(receivers, ledger) -> None:
+    """The local demo plays at 60x, and holds a delivery through an outage at that scale:
+    its claims' leases are in the same time, so a claim an outage left behind is taken
+    over once the outage ends (local.orchestration)."""
+    teams, hook = receivers
+    clock = FakeClock(NOW)
+    sender = transport(clock)
+    sender.lease_scale = 1 / 60
+
+    class DiesAfterPosting(DeliveryLedger):
+        def replace(self, record):
+            raise Crash
+
+    with pytest.raises(Crash):
+        dispatch.deliver(
+            "teams",
+            DECIDED.to_json(),
+            settings=settings_for(teams, hook),
+            transport=sender,
+            ledger=DiesAfterPosting(ledger.table),
+        )
+    left = ledger.get("event:EV-1:decided", "teams")
+    lease = (left.lease_until - left.claimed_at).total_seconds()
+    full = sender.policy.longest_seconds() + dispatch.CLAIM_SLACK_SECONDS
+    assert lease == pytest.approx(full / 60)
