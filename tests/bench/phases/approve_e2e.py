@@ -26,6 +26,7 @@ def approve_e2e(samples: int) -> dict[str, Any]:
         report=None,
         time_limit=3600,
         play_freezes=False,  # a played pause would delay the next sample's detection
+        upgrade_lane=False,  # one relay, restarted by the lane, would be a sample's outage
     )
     latencies: list[float] = []
     rng = random.Random(7)
