@@ -234,7 +234,10 @@ def test_two_watchdogs_at_once_redecide_once(azurite, store, clock, new_relay):
     assert sorted(relay.starts()) == ids
     for event_id in ids:
         assert pub.transitions(event_id).count("decided") == 1
-        assert pub.transitions(event_id)[-1] == "approved"
+        # Approved once. Which of the two racing watchdogs publishes first is not fixed:
+        # one may publish `approved` while the other is still publishing the `decided` it
+        # claimed (each announcement carries its transition; see the closing note).
+        assert pub.transitions(event_id).count("approved") == 1
         outcomes = [r["outcome"] for r in store.audit_rows(event_id)]
         assert outcomes.count("approving") == 1
     assert pub.duplicates == []
