@@ -385,21 +385,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             suffix = f" (also at {server.url})" if name == root else ""
             print(f"VM {name}: {url}{suffix}", flush=True)
         ready = {"url": server.url, "root": root, "vms": urls, "arm": server.arm_url}
-        print(f"READY {json.dumps(ready)}", flush=True)
-        return _run(sim, changes, args.exit_when_done)
+        # SIGTERM is ours before READY says so: a caller may stop us the moment it reads it.
+        stop = threading.Event()
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+        try:
+            print(f"READY {json.dumps(ready)}", flush=True)
+            return _run(sim, changes, args.exit_when_done, stop)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     finally:
         if publisher is not None:
             publisher.stop()
         server.stop()
 
 
-def _run(sim: Simulator, changes: queue.Queue[str], exit_when_done: bool) -> int:
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = signal.signal(signal.SIGTERM, on_signal)
+def _run(
+    sim: Simulator, changes: queue.Queue[str], exit_when_done: bool, stop: threading.Event
+) -> int:
+    """Print the documents' changes until SIGTERM (`stop`), Ctrl-C or, with
+    --exit-when-done, the last scenario played."""
     try:
         while not stop.is_set():
             _drain(changes)
@@ -412,7 +416,6 @@ def _run(sim: Simulator, changes: queue.Queue[str], exit_when_done: bool) -> int
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
         _drain(changes)
     print("simulator stopped", flush=True)
     return 0
