@@ -13,6 +13,7 @@ Graph through the app's resolver), ingest, approval and the watchdog, on Azurite
 
 from __future__ import annotations
 
+import errno
 import json
 import uuid
 from collections.abc import Iterator
@@ -180,16 +181,33 @@ def open_fleet(azurite: str, tmp_path: Path) -> Iterator[Fleet]:
         store, _settings(port), publisher, session, SystemClock(), admission=admission
     )
     vms: dict[str, Vm] = {}
+    apps: dict[str, CallbackApp] = {}
     try:
         for name in ("victim", "attacker"):
             imds = ImdsClient(server.vm_url(name))
             vm_id = simulated_vm_id(name)
             address = _address(resolver, vm_id)
             keys = KeyStore(tmp_path / name)
-            vm = Vm(name, vm_id, address, tmp_path / name, imds, keys)
-            app = CallbackApp(keys, vm_id, name, imds)
-            vm.callback = CallbackServer(f"{address}:{port}", app, poll_interval=0.05).start()
-            vms[name] = vm
+            vms[name] = Vm(name, vm_id, address, tmp_path / name, imds, keys)
+            apps[name] = CallbackApp(keys, vm_id, name, imds)
+        # The port was free when chosen; a parallel worker may bind it first: choose again.
+        for attempt in range(20):
+            try:
+                for name, vm in vms.items():
+                    vm.callback = CallbackServer(
+                        f"{vm.address}:{port}", apps[name], poll_interval=0.05
+                    ).start()
+                break
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or attempt == 19:
+                    raise
+                for vm in vms.values():
+                    if vm.callback is not None:
+                        vm.callback.stop()
+                        vm.callback = None
+                port = free_port()
+        pipeline.settings = _settings(port)
+        admission.callback_port = port
         yield Fleet(server, pipeline, publisher, store, vms, port)
     finally:
         for vm in vms.values():
