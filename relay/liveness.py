@@ -38,12 +38,14 @@ from collections.abc import Callable
 from relay import CONTRACT
 from relay.logs import event
 from relay.models import Envelope, format_aware
+from relay.outbox import atomic_write
 from relay.sendbase import Sender, SendError
 from relay.servicebus import exchange, https_opener, retry_after
 from relay.signing import hmac_sha256, key_id, sha256
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any
 
     from relay.identity import TokenProvider
@@ -69,6 +71,7 @@ _SLOW_STATUS = {
 
 ROW_KEY_LABEL = b"liveness-row/v1"
 PENDING_LABEL = b"doc-pending/v1\n"
+ACKS_FILE = "pending-acks.json"  # in the state directory: the rows named, across restarts
 
 
 def liveness_keys(vm_id: str) -> tuple[str, str]:
@@ -325,9 +328,17 @@ class SplitSender(Sender):
     12 (never at the first: that one may come before the app got round to it): a
     dead-lettered or dropped document delays what it says, never loses it.
     A resend is the same envelope (sequence, observed_at) with `resent` counting, so its
-    MessageId differs and Service Bus's duplicate detection keeps it."""
+    MessageId differs and Service Bus's duplicate detection keeps it.
 
-    def __init__(self, documents: Sender, heartbeats: Sender) -> None:
+    With `state` (the state directory) the rows named (`acks`, and their key's id) are kept
+    in STATE/ACKS_FILE, written before each row, so a restarted relay names the rows of
+    documents the app never had in its next document, and the app deletes them then
+    (issue 46): in memory only, such a row stayed forever. The sequences cannot be found
+    otherwise: heartbeats take sequences too, so the app cannot tell a document's row from
+    a heartbeat's number. Rows under a key rotated out meanwhile are not named (the app
+    deletes under the key a document carries)."""
+
+    def __init__(self, documents: Sender, heartbeats: Sender, state: Path | None = None) -> None:
         self.documents = documents
         self.heartbeats = heartbeats
         self.acks: list[int] = []
@@ -335,6 +346,8 @@ class SplitSender(Sender):
         self.key = ""  # the key id the pending rows are under
         self.marked = False
         self.ticks = self.wait = 0
+        self.file = state / ACKS_FILE if state is not None else None
+        self.saved: tuple[str, list[int]] | None = None  # None: not read yet
 
     def describe(self) -> str:
         return f"{self.documents.describe()} (heartbeats: {self.heartbeats.describe()})"
@@ -348,12 +361,14 @@ class SplitSender(Sender):
         if envelope.kind != "document" or not isinstance(table, TableLiveness) or not table.keys:
             self.documents.send(envelope, body)
             return
+        self._restore()
         key = table.keys.current_key().id
         if key != self.key:  # the rows were under the old key; the app reads the new one
             self.key, self.acks = key, []
         sequence = envelope.sequence
         self.acks = [*[s for s in self.acks if s != sequence][-7:], sequence]
         envelope = envelope.replace(extra={**envelope.extra, "acks": self.acks})
+        self._save()  # before the row: no row is written that a restart would not name
         # First, so that the app, however fast, deletes a row that exists.
         self.marked = self._try(table.pending, sequence)
         self.documents.send(envelope, envelope.to_json())
@@ -371,6 +386,7 @@ class SplitSender(Sender):
             return
         if not there:
             self.last, self.acks = None, []
+            self._save()
             return
         self.ticks += 1
         if self.ticks < self.wait:
@@ -386,6 +402,39 @@ class SplitSender(Sender):
         )
         if self._try(self.documents.send, again, again.to_json()) is not None:
             self.last, self.ticks, self.wait = again, 0, min(self.wait * 2, 12)
+
+    def _restore(self) -> None:
+        """Read the rows named before a restart, once (a damaged file: none, logged)."""
+        if self.saved is not None or self.file is None:
+            return
+        self.saved = ("", [])
+        try:
+            data = json.loads(self.file.read_text(encoding="utf-8"))
+            key, acks = data["key"], data["acks"]
+            if not isinstance(key, str) or not isinstance(acks, list) or len(acks) > 8:
+                raise ValueError("not a key id and at most 8 sequences")
+            if not all(type(s) is int and s >= 0 for s in acks):
+                raise ValueError("a sequence is not a whole number >= 0")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            event(log, logging.WARNING, "pending rows file unreadable; naming none", error=str(exc))
+            return
+        self.key, self.acks = key, acks
+        self.saved = (key, list(acks))
+
+    def _save(self) -> None:
+        """Keep the rows named (and their key) for a restart; a failed write is logged and
+        costs only the sweep of those rows."""
+        if self.file is None or self.saved == (self.key, self.acks):
+            return
+        text = json.dumps({"key": self.key, "acks": self.acks}, separators=(",", ":"))
+        try:
+            atomic_write(self.file, text.encode(), 0o600)
+        except OSError as exc:
+            event(log, logging.WARNING, "cannot keep the pending rows named", error=str(exc))
+            return
+        self.saved = (self.key, list(self.acks))
 
     def _try(self, call: Callable[..., Any], *args: Any) -> Any:
         """`call`'s answer (True for none), or None when it failed (logged): the next

@@ -192,7 +192,7 @@ def build_sender(settings: object, keys: Any = None, attester: Any = None) -> Se
         heartbeats = TableLiveness(
             settings.heartbeat_table, tokens=tokens, timeout=settings.send_timeout, keys=keys
         )
-    return SplitSender(documents, heartbeats)
+    return SplitSender(documents, heartbeats, state=settings.state_dir)
 
 
 def _attested(sender: Sender, keys: Any, attester: Any) -> Sender:

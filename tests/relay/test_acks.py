@@ -21,7 +21,7 @@ from functions.store.acks import acknowledge
 from functions.store.acks import pending_row_keys as app_row_keys
 from local.azurite import table_sas, table_url
 from relay.keystore import CallbackKey
-from relay.liveness import SplitSender, TableLiveness, pending_row_keys
+from relay.liveness import ACKS_FILE, SplitSender, TableLiveness, pending_row_keys
 from relay.models import Envelope, VmRef
 from relay.sendbase import Sender, SendError
 from tests.relay.conftest import KEY, FixedKeys, json_files, vm_id_of, wait_for
@@ -194,6 +194,52 @@ def test_a_rotated_key_starts_afresh(relay, table) -> None:
     relay.send(document(6), document(6).to_json())  # the watcher resends on a rotation
     assert sent(relay)[-1][0].extra["acks"] == [6]
     assert pending(table, 6, OTHER_KEY)
+
+
+def restarted(relay: SplitSender, state: Path) -> SplitSender:
+    """The relay killed and started again on its state directory: nothing in memory."""
+    return SplitSender(Recorded(), relay.heartbeats, state=state)
+
+
+def test_a_restarted_relay_names_the_rows_of_before(relay, table, tmp_path) -> None:
+    """Issue 46: a document the app never had, its relay killed, left its row for good."""
+    relay = restarted(relay, tmp_path)
+    relay.send(document(5), document(5).to_json())  # lost: the app never has it
+    relay = restarted(relay, tmp_path)
+    relay.send(document(9), document(9).to_json())
+    [(latest, body)] = sent(relay)
+    assert latest.extra["acks"] == [5, 9]
+    acknowledge(table, KEY, app_envelope(body).acks or [])
+    assert not pending(table, 5) and not pending(table, 9)
+    beat(relay)  # the row is gone: acknowledged, and so kept as nothing
+    assert json.loads((tmp_path / ACKS_FILE).read_text())["acks"] == []
+    relay = restarted(relay, tmp_path)
+    relay.send(document(12), document(12).to_json())
+    assert sent(relay)[-1][0].extra["acks"] == [12]  # the common path: its own row only
+
+
+def test_rows_kept_under_a_key_rotated_out_meanwhile_are_not_named(relay, table, tmp_path):
+    relay = restarted(relay, tmp_path)
+    relay.send(document(5), document(5).to_json())
+    relay = restarted(relay, tmp_path)
+    liveness = relay.heartbeats
+    assert isinstance(liveness, TableLiveness)
+    liveness.keys = FixedKeys(OTHER_KEY, KEY)
+    relay.send(document(6), document(6).to_json())
+    assert sent(relay)[-1][0].extra["acks"] == [6]  # 5's row is under the old key
+
+
+def test_a_damaged_or_unwritable_file_names_none_and_sends_all_the_same(
+    relay, table, tmp_path
+) -> None:
+    kept = {"key": CallbackKey(KEY, 0).id, "acks": [1, "2"]}  # not a sequence: damaged
+    (tmp_path / ACKS_FILE).write_text(json.dumps(kept))
+    relay = restarted(relay, tmp_path)
+    relay.send(document(5), document(5).to_json())
+    assert sent(relay)[-1][0].extra["acks"] == [5] and pending(table, 5)
+    relay = restarted(relay, tmp_path / "nowhere")  # a directory that is not there
+    relay.send(document(6), document(6).to_json())
+    assert sent(relay)[-1][0].extra["acks"] == [6] and pending(table, 6)
 
 
 def test_heartbeats_and_other_messages_are_unchanged(relay, table) -> None:
