@@ -24,6 +24,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from functions.clock import Clock, SystemClock
 from functions.pipeline.admission import Admission
 from functions.pipeline.context import Pipeline
 from functions.pipeline.coverage import run_coverage
+from functions.pipeline.guest_time import utc
 from functions.pipeline.heartbeats import HeartbeatResult, ingest_heartbeats
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import LocalPublisher, Publisher
@@ -207,6 +209,9 @@ class LocalHost:
         # the coverage pass says which drain each VM has under them, not the process's.
         self.drain_settings: DrainSettings | None = None
         self.deliveries: dict[str, int] = defaultdict(int)
+        # When each document file was first seen: Service Bus's EnqueuedTimeUtc here (a
+        # copy for later carries its original's), so a relay's clock is judged by it.
+        self.enqueued: dict[str, datetime] = {}
 
     # ---------------------------------------------------------------- one pass
 
@@ -223,7 +228,7 @@ class LocalHost:
         `maxConcurrentSessions` VMs at once, then the heartbeats that make up a batch
         (all of them with `wait_for_batches=False`)."""
         report = RunReport()
-        sessions: dict[str, list[tuple[Path, bytes, int]]] = defaultdict(list)
+        sessions: dict[str, list[tuple[Path, bytes, int, datetime]]] = defaultdict(list)
         now = time.time()
         for path in self.pending():
             try:
@@ -234,11 +239,15 @@ class LocalHost:
             if at is not None and at > now:
                 continue  # a copy scheduled for later: invisible until then, as in Service Bus
             body = unwrap(raw)
-            sessions[session_of(body)].append((path, body, retry))
+            with self._report_lock:
+                enqueued = self.enqueued.setdefault(
+                    path.name, enqueued_in(raw) or self.pipeline.clock.now()
+                )
+            sessions[session_of(body)].append((path, body, retry, enqueued))
 
-        def run_session(messages: list[tuple[Path, bytes, int]]) -> None:
-            for path, body, retry in messages:
-                if not self._deliver(path, body, report, retry):
+        def run_session(messages: list[tuple[Path, bytes, int, datetime]]) -> None:
+            for path, body, retry, enqueued in messages:
+                if not self._deliver(path, body, report, retry, enqueued):
                     break  # keep this VM's order: later messages wait for this one
 
         workers = max(1, min(self.triggers.max_concurrent_sessions, len(sessions)))
@@ -294,21 +303,32 @@ class LocalHost:
                 self.deliveries.pop(path.name, None)
             report.heartbeat_batches.append(result)
 
-    def _deliver(self, path: Path, body: bytes, report: RunReport, retry: int = 0) -> bool:
+    def _deliver(
+        self,
+        path: Path,
+        body: bytes,
+        report: RunReport,
+        retry: int = 0,
+        enqueued: datetime | None = None,
+    ) -> bool:
         with self._report_lock:
             self.deliveries[path.name] += 1
             count = self.deliveries[path.name]
         try:
             # The Event Grid stand-in's files play EVENTGRID_QUEUE (only the system topic
             # sends there); everything else is the documents queue, where relays send.
-            source = ingest_event_grid if path.name.endswith(EVENT_GRID_SUFFIX) else ingest_message
-            result = source(body, self.pipeline, message_id=path.stem)
+            if path.name.endswith(EVENT_GRID_SUFFIX):
+                result = ingest_event_grid(body, self.pipeline, message_id=path.stem)
+            else:
+                result = ingest_message(
+                    body, self.pipeline, message_id=path.stem, enqueued_at=enqueued
+                )
         except Exception as exc:
             log.warning("delivery %d of %s failed: %s", count, path.name, exc)
             if is_outage(exc) and retry < MAX_RETRIES:
                 # As functions.triggers.later does on Service Bus: a copy for later, the
                 # original completed; an outage burns no deliveries.
-                self._later(path, body, retry + 1)
+                self._later(path, body, retry + 1, enqueued)
                 with self._report_lock:
                     report.later += 1
                 return True
@@ -321,12 +341,14 @@ class LocalHost:
                     # A message sent again under the same name (a relay's resend) is a
                     # new message: its deliveries count from one, as in Service Bus.
                     self.deliveries.pop(path.name, None)
+                    self.enqueued.pop(path.name, None)
                     return True  # dead-lettered: the session moves on, as in Service Bus
                 report.failed += 1
             return False
         self._move(path, self.processed_dir)
         with self._report_lock:
             self.deliveries.pop(path.name, None)
+            self.enqueued.pop(path.name, None)
             report.results.append(result)
             if result.outcome == "processed":
                 report.processed += 1
@@ -336,15 +358,21 @@ class LocalHost:
                 report.rejected += 1
         return True
 
-    def _later(self, path: Path, body: bytes, retry: int) -> None:
+    def _later(self, path: Path, body: bytes, retry: int, enqueued: datetime | None = None) -> None:
         """Write the `retry`-th copy of a message, visible after functions.triggers.later's
         delay (times `later_scale`: the demo's time runs faster), and complete the
-        original."""
+        original. The copy is dated as the original was (`enqueued`)."""
         name = path.name
         suffix = EVENT_GRID_SUFFIX if name.endswith(EVENT_GRID_SUFFIX) else ".json"
         base = name[: -len(suffix)].split("~r", 1)[0]
         at = time.time() + delay(retry).total_seconds() * self.later_scale
-        copy = {"body": body.decode("utf-8", "replace"), "scheduled_at": at, "retry": retry}
+        copy: dict[str, Any] = {
+            "body": body.decode("utf-8", "replace"),
+            "scheduled_at": at,
+            "retry": retry,
+        }
+        if enqueued is not None:
+            copy["enqueued_at"] = enqueued.isoformat()
         target = self.inbox / f"{base}~r{retry}{suffix}"
         temporary = self.inbox / f".{target.name}.tmp"
         temporary.write_text(json.dumps(copy))
@@ -352,6 +380,7 @@ class LocalHost:
         self._move(path, self.processed_dir)
         with self._report_lock:
             self.deliveries.pop(path.name, None)
+            self.enqueued.pop(path.name, None)
 
     @staticmethod
     def _move(path: Path, folder: Path) -> None:
@@ -420,6 +449,19 @@ def scheduled(raw: bytes) -> tuple[float | None, int]:
     return (float(at) if isinstance(at, int | float) else None), (
         int(retry) if isinstance(retry, int) else 0
     )
+
+
+def enqueued_in(raw: bytes) -> datetime | None:
+    """When a wrapper says Service Bus first enqueued its message (a copy for later
+    carries its original's: functions.triggers.later), else None."""
+    if b"enqueued_at" not in raw:
+        return None
+    try:
+        data: Any = json.loads(raw)
+        value = data.get("enqueued_at") if isinstance(data, dict) and "kind" not in data else None
+        return utc(datetime.fromisoformat(value)) if isinstance(value, str) else None
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError):
+        return None
 
 
 def session_of(body: bytes) -> str:

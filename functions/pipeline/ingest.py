@@ -35,6 +35,7 @@ from functions.pipeline.decide import (
     next_vm_row,
 )
 from functions.pipeline.due import conditions
+from functions.pipeline.guest_time import out_of_bounds, utc, vm_time
 from functions.pipeline.reconcile import enqueue, reconcile_key
 from functions.pipeline.redecide import should_redecide
 from functions.pipeline.relay_recovery import announce_recovery
@@ -49,7 +50,11 @@ log = logging.getLogger(__name__)
 
 
 def ingest_message(
-    body: bytes | str, pipeline: Pipeline, message_id: str = "", session_id: str | None = None
+    body: bytes | str,
+    pipeline: Pipeline,
+    message_id: str = "",
+    session_id: str | None = None,
+    enqueued_at: datetime | None = None,
 ) -> IngestResult:
     """Process one message body from the documents queue (or the local inbox).
 
@@ -62,6 +67,8 @@ def ingest_message(
     `session_id`: the message's Service Bus SessionId (None where there is none, as in the
     local inbox): it must name the sender's own vmId (the relay's, contract §1), or the
     message is refused, so no VM writes into another VM's session or spreads over many.
+    `enqueued_at`: when Service Bus first enqueued it (None where unknown): the relay's
+    time is taken as never later than that (functions.pipeline.guest_time).
 
     One that reached the lifecycle (or was refused for good) is acknowledged last
     (contract §11, functions.store.acks), with the key it carries: its attestation vouches
@@ -69,7 +76,7 @@ def ingest_message(
     clock ahead or with a NotBefore too far out: time heals those, and the relay resends.
     """
     try:
-        result, acks = _ingest_message(body, pipeline, message_id, session_id)
+        result, acks = _ingest_message(body, pipeline, message_id, session_id, utc(enqueued_at))
     except _Refused as refused:
         # Recorded with its body and the reason, then completed.
         log.warning("rejected message %s: %s", message_id or "?", refused.reason)
@@ -102,7 +109,11 @@ class _Refused(Exception):
 
 
 def _ingest_message(
-    body: bytes | str, pipeline: Pipeline, message_id: str, session_id: str | None = None
+    body: bytes | str,
+    pipeline: Pipeline,
+    message_id: str,
+    session_id: str | None,
+    enqueued: datetime | None,
 ) -> tuple[IngestResult, _Acks | None]:
     """The result, and what to acknowledge (None: nothing). Raises _Refused."""
     if looks_like_event_grid(body):
@@ -147,11 +158,13 @@ def _ingest_message(
             f"{facts.incarnation} ({facts.bytes} bytes): {facts.reason}"
         )
         raise _Refused(reason, vm=name, now=now)
-    problem = out_of_bounds(envelope, now, pipeline.settings.max_not_before_days)
+    problem = out_of_bounds(envelope, now, pipeline.settings.max_not_before_days, enqueued)
     if problem:
         # Not acknowledged: time heals both bounds (a clock ahead, a NotBefore too far),
         # and the relay sends the same document again (contract §11).
         raise _Refused(problem, vm=name, now=now)
+    # From here the relay's time is Azure's where its clock runs ahead (guest_time).
+    envelope = envelope.model_copy(update={"observed_at": vm_time(envelope.observed_at, enqueued)})
     key = envelope.callback_key
     acks = _Acks(key.secret, list(envelope.acks)) if key is not None and envelope.acks else None
     try:
@@ -179,30 +192,6 @@ def _own_sessions(ref: VmRef) -> set[str]:
     """The SessionIds the sender may use: its vmId (a relay of before contract 2 without
     one used its name, relay/models.py `session_id`)."""
     return {value.casefold() for value in (ref.vm_id, ref.name) if value}
-
-
-# A relay's clock may run a little ahead; a message from further in the future would make
-# the VM's later genuine documents look stale (functions.pipeline.decide.is_stale).
-MAX_FUTURE = timedelta(minutes=5)
-
-
-def out_of_bounds(envelope: Envelope, now: datetime, not_before_days: int) -> str:
-    """Why a message is beyond what one VM may claim, or "" when it is within bounds."""
-    if envelope.observed_at > now + MAX_FUTURE:
-        return (
-            f"observed_at {envelope.observed_at.isoformat()} is more than "
-            f"{int(MAX_FUTURE.total_seconds() // 60)} min ahead of the app's clock"
-        )
-    document = envelope.scheduled_events
-    horizon = now + timedelta(days=not_before_days)
-    for event in document.events if document else ():
-        if event.not_before is not None and event.not_before > horizon:
-            return (
-                f"event {event.event_id[:128]}: NotBefore {event.not_before.isoformat()} is "
-                f"more than {not_before_days} days ahead (MAX_NOT_BEFORE_DAYS): no Azure "
-                "maintenance is announced that far ahead, and it would hold capacity"
-            )
-    return ""
 
 
 REFUSED_BY_TABLES = frozenset({400, 413})

@@ -23,6 +23,7 @@ from functions.approvers.arm import default_credential
 from functions.clock import SystemClock
 from functions.pipeline.admission import Admission
 from functions.pipeline.context import Pipeline
+from functions.pipeline.guest_time import enqueued_of
 from functions.pipeline.heartbeats import ingest_heartbeats
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import ServiceBusPublisher
@@ -108,7 +109,11 @@ def ingest(msg: func.ServiceBusMessage) -> None:
     current = pipeline()
     try:
         result = ingest_message(
-            msg.get_body(), current, message_id=msg.message_id or "", session_id=msg.session_id
+            msg.get_body(),
+            current,
+            message_id=msg.message_id or "",
+            session_id=msg.session_id,
+            enqueued_at=enqueued_of(msg.application_properties, msg.enqueued_time_utc),
         )
     except Exception as exc:
         if not later_instead(msg, exc, current, current.settings.documents_queue):
@@ -144,6 +149,7 @@ def later_instead(
             message_id=msg.message_id or "unnamed",
             retry=retry,
             now=current.clock.now(),
+            enqueued=enqueued_of(msg.application_properties, msg.enqueued_time_utc),
         )
     except Exception:
         log.exception("could not schedule %s for later; abandoned instead", msg.message_id)

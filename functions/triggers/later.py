@@ -10,9 +10,11 @@ of the message on the same queue and session (Service Bus's scheduled messages:
 `ScheduledEnqueueTimeUtc`, Learn "Message sequencing and timestamps", "Scheduled
 messages") at `delay(retry)` from now, and completes the original. The copy carries its
 retry number (`RETRY_PROPERTY`) and a MessageId of its own, so duplicate detection keeps
-it. Delays: 15 s, 30 s, 1, 2, 4, 8 min, then every 10 min, for MAX_RETRIES tries: about
-2 h 15 min of outage before the copy is left to dead-letter like any message (with the
-reason), and the relay's resend (contract §11) brings the document back even then.
+it, and when Service Bus first enqueued the original (`ENQUEUED_PROPERTY`): a copy is the
+same message, dated as it was (functions.pipeline.guest_time). Delays: 15 s, 30 s, 1, 2,
+4, 8 min, then every 10 min, for MAX_RETRIES tries: about 2 h 15 min of outage before the
+copy is left to dead-letter like any message (with the reason), and the relay's resend
+(contract §11) brings the document back even then.
 
 A message newer than a delayed copy may be processed first (the copy is invisible until
 its time): documents are whole snapshots of a VM's IMDS, and ingest refuses an older one
@@ -30,6 +32,7 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 
+from functions.pipeline.guest_time import ENQUEUED_PROPERTY
 from functions.servicebus import locked, queue_sender
 
 RETRY_PROPERTY = "bridge_retry"
@@ -92,17 +95,28 @@ class ServiceBusLater:
         return cls(queue_sender(settings, queue))
 
     def schedule(
-        self, body: bytes, *, session_id: str | None, message_id: str, retry: int, now: datetime
+        self,
+        body: bytes,
+        *,
+        session_id: str | None,
+        message_id: str,
+        retry: int,
+        now: datetime,
+        enqueued: datetime | None = None,
     ) -> datetime:
-        """Schedule the `retry`-th copy; returns when it becomes visible."""
+        """Schedule the `retry`-th copy; returns when it becomes visible. `enqueued`: when
+        Service Bus first enqueued the original (carried, so the copy is dated as it was)."""
         from azure.servicebus import ServiceBusMessage
 
         at = now + delay(retry)
+        properties: dict[str | bytes, Any] = {RETRY_PROPERTY: retry}
+        if enqueued is not None:
+            properties[ENQUEUED_PROPERTY] = enqueued.isoformat()
         message = ServiceBusMessage(
             body,
             session_id=session_id,
             message_id=copy_id(message_id, retry),
-            application_properties={RETRY_PROPERTY: retry},
+            application_properties=properties,
             content_type="application/json",
         )
         self.sender.schedule_messages(message, at)

@@ -377,12 +377,12 @@ class HostKilledMidMessage(Fault):
         real_send = Urllib3Transport.send
         fault = self
 
-        def ingest(body: bytes | str, pipeline: Any, message_id: str = "") -> Any:
+        def ingest(body: bytes | str, pipeline: Any, message_id: str = "", **more: Any) -> Any:
             if fault.killed.is_set() or not fault._matches(body):
-                return real_ingest(body, pipeline, message_id)
+                return real_ingest(body, pipeline, message_id, **more)
             fault._local.countdown = fault.after_requests
             try:
-                return real_ingest(body, pipeline, message_id)
+                return real_ingest(body, pipeline, message_id, **more)
             finally:
                 fault._local.countdown = None
 
@@ -505,10 +505,10 @@ class DeadLetter(Fault):
 
         self._real = real = host.ingest_message
 
-        def faulty(body: bytes | str, pipeline: Any, message_id: str = "") -> Any:
+        def faulty(body: bytes | str, pipeline: Any, message_id: str = "", **more: Any) -> Any:
             if self._chosen(body, message_id):
                 raise RuntimeError("chaos: this delivery fails (dead-letter)")
-            return real(body, pipeline, message_id)
+            return real(body, pipeline, message_id, **more)
 
         host.ingest_message = faulty
 

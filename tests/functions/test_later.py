@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceRequestError
 
+from functions.pipeline.guest_time import ENQUEUED_PROPERTY
 from functions.store.state import Store
 from functions.triggers import later
 from local.host import LocalHost
@@ -67,17 +68,23 @@ def test_the_trigger_schedules_a_copy_on_the_same_session(monkeypatch):
     monkeypatch.setitem(core._later, "documents", later.ServiceBusLater(sender))
     now = datetime(2026, 11, 21, 10, tzinfo=UTC)
     current = SimpleNamespace(clock=SimpleNamespace(now=lambda: now), settings=None)
+    first = now - timedelta(seconds=45)  # when Service Bus enqueued the relay's message
     msg = SimpleNamespace(
-        application_properties={later.RETRY_PROPERTY: 2},
+        application_properties={later.RETRY_PROPERTY: 2, ENQUEUED_PROPERTY: first.isoformat()},
         get_body=lambda: b'{"kind":"document"}',
         session_id="vmid-1",
         message_id="m-1|r2",
+        enqueued_time_utc=now.replace(tzinfo=None),  # this copy's own (naive, as parsed)
     )
     assert core.later_instead(msg, ServiceRequestError("refused"), current, "documents")
     ((message, at),) = sender.scheduled
     assert at == now + later.delay(3)
     assert message.session_id == "vmid-1" and message.message_id == "m-1|r3"
-    assert message.application_properties == {later.RETRY_PROPERTY: 3}
+    # The copy is dated as the relay's message was (functions.pipeline.guest_time).
+    assert message.application_properties == {
+        later.RETRY_PROPERTY: 3,
+        ENQUEUED_PROPERTY: first.isoformat(),
+    }
     # Not an outage, or the last retry: the caller raises (Service Bus redelivers).
     assert not core.later_instead(msg, ValueError("bug"), current, "documents")
     msg.application_properties = {later.RETRY_PROPERTY: later.MAX_RETRIES}
@@ -116,6 +123,7 @@ def test_a_storage_outage_costs_no_dead_letter_and_the_document_comes_through(
     )
     host.later_scale = 0.0001  # the delays, in a test's time
     host.pipeline.store = _refusing_store(store)  # Table storage is down
+    enqueued = clock.now()  # the host's stand-in for EnqueuedTimeUtc: when it found the file
     passes = []
     for _ in range(4):  # more deliveries than maxDeliveryCount
         passes.append(host.run_once())
@@ -124,7 +132,9 @@ def test_a_storage_outage_costs_no_dead_letter_and_the_document_comes_through(
     assert sum(p.later for p in passes) >= 2  # each copy failed again, and went later
     copies = sorted(p.name for p in inbox.iterdir() if p.is_file())
     assert len(copies) == 1 and "~r" in copies[0], copies
-    assert json.loads((inbox / copies[0]).read_text())["retry"] >= 2
+    copy = json.loads((inbox / copies[0]).read_text())
+    assert copy["retry"] >= 2
+    assert copy["enqueued_at"] == enqueued.isoformat()  # every copy dated as the original
     host.pipeline.store = store  # storage is back
     time.sleep(0.1)  # the last copy's delay (at most 10 min, scaled)
     done = host.run_once()

@@ -128,9 +128,12 @@ class Fleet:
     def sim(self) -> Simulator:
         return self.server.sim
 
-    def deliver(self, body: str) -> IngestResult:
-        """The documents queue: where every relay (and so an attacker) can send."""
-        return ingest_message(body, self.pipeline, message_id=uuid.uuid4().hex)
+    def deliver(self, body: str, enqueued_at: datetime | None = None) -> IngestResult:
+        """The documents queue: where every relay (and so an attacker) can send;
+        `enqueued_at`: when Service Bus stored the message (its EnqueuedTimeUtc)."""
+        return ingest_message(
+            body, self.pipeline, message_id=uuid.uuid4().hex, enqueued_at=enqueued_at
+        )
 
     def imds_events(self, vm: str) -> list[dict[str, Any]]:
         return list(self.sim.document(vm)["Events"])

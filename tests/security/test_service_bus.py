@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -249,6 +249,7 @@ class _Message:
     def __init__(self, body: bytes, *, session_id: str, message_id: str) -> None:
         self.body, self.session_id, self.message_id = body, session_id, message_id
         self.application_properties: dict = {}
+        self.enqueued_time_utc = datetime.now(UTC)  # Service Bus stamps it on arrival
 
     def get_body(self) -> bytes:
         return self.body
