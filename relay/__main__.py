@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 
 from relay import __version__, logs
 from relay.attest import Attester, AttestingSender
@@ -24,6 +25,7 @@ from relay.watcher import Watcher
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 log = logging.getLogger("relay")
@@ -188,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         if readiness is not None and settings.ready_listen:  # the relay serving /readyz
             servers.append(readiness.serve(settings.ready_listen))
         if settings.callback_listen:
-            servers.append(_start_callback(settings, keys, vm, watcher, sending, readiness))
+            clock = callback_clock(sender)
+            servers.append(_start_callback(settings, keys, vm, watcher, sending, readiness, clock))
         heartbeats: Any = getattr(sender, "heartbeats", None)
         if hasattr(heartbeats, "facts"):  # contract 2: probe_at and drain, relay.responder
             from relay.responder import DEFAULT_STATUS, drain_facts
@@ -213,6 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def callback_clock(sender: Any) -> Callable[[], float]:
+    """The clock the callback judges signatures' timestamps by: this VM's, corrected by the
+    skew the heartbeats measured against Table storage's `Date` (Azure's clock; see
+    relay.liveness.TableLiveness.storage_time) when they go to the liveness table. Without
+    one (heartbeats on Service Bus, or none written yet) it is this VM's own clock."""
+    heartbeats = getattr(sender, "heartbeats", None)
+    storage_time: Callable[[], float] | None = getattr(heartbeats, "storage_time", None)
+    return storage_time or time.time
+
+
 def _start_callback(
     settings: RelaySettings,
     keys: KeyStore,
@@ -220,6 +233,7 @@ def _start_callback(
     watcher: Watcher,
     sending: SendLoop,
     readiness: Any,
+    clock: Callable[[], float] = time.time,
 ) -> Any:
     from relay.callback import CallbackApp, CallbackServer
     from relay.callback_http import inherited
@@ -263,6 +277,7 @@ def _start_callback(
         hooks=hooks,
         health=health,
         hook_wait=settings.hook_wait,
+        clock=clock,
         starts=StartLog(settings.state_dir),
     )
     assert settings.callback_listen

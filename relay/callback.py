@@ -142,7 +142,12 @@ class ReplayCache:
 
 
 class CallbackApp:
-    """Request handling, separate from the HTTP plumbing so it reads top to bottom."""
+    """Request handling, separate from the HTTP plumbing so it reads top to bottom.
+
+    `clock` is what a signature's timestamp is judged by, and the replay cache's time (the
+    same clock, so a replay stays refused for as long as its timestamp is fresh): the relay
+    passes its clock corrected by Table storage's (relay.__main__.callback_clock), so a
+    guest clock minutes off still takes approvals (issue 46)."""
 
     def __init__(
         self,

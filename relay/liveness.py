@@ -177,6 +177,19 @@ class TableLiveness(Sender):
     def describe(self) -> str:
         return self.table_url
 
+    def storage_time(self) -> float:
+        """This VM's clock corrected by the skew measured against Table storage (its own
+        clock until one is measured): the callback judges signatures' timestamps by it
+        (relay.__main__.callback_clock, issue 46), so a guest clock minutes off does not
+        refuse every approval while its heartbeats say it is alive.
+
+        Trust: the skew comes only from the `Date` header of Table storage's answers to this
+        relay's own requests, over HTTPS to the account in the settings (plain http only to
+        a loopback stand-in): Azure's clock, which the app's (Azure Functions') follows too.
+        Neither the app nor any VM can move it, and no callback does; a callback replayed
+        after its window is refused as before, only the window is on Azure's time."""
+        return self._clock() + self.skew
+
     def send(self, envelope: Envelope, body: str) -> None:
         if envelope.kind != "heartbeat":
             raise SendError("liveness", "only heartbeats go to the liveness table", slow=True)
