@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import Any
 
 from functions.model.event import Links, Notification, Transition
 from functions.model.policy import Policy, transition_pages
@@ -19,6 +20,7 @@ from functions.pipeline.context import Pipeline
 from functions.pipeline.redecide import occurrence
 from functions.settings import Settings
 from functions.store import claims
+from functions.store.audit import AuditRows
 from functions.store.records import EventRecord
 from functions.store.rows import UNREAD
 from functions.store.state import Store
@@ -86,9 +88,11 @@ def publish_claimed(
     details: dict[Transition, str] | None = None,
     *,
     mark: bool = True,
+    with_rows: list[dict[str, Any]] | None = None,
 ) -> list[Notification]:
     """Publish transitions this caller claimed in `record.announced`, then mark them done
-    (`mark` False: the caller marks them done in a write it makes anyway)."""
+    (`mark` False: the caller marks them done in a write it makes anyway), with
+    `with_rows` (the decision's audit row) in the same transaction as that mark."""
     sent = []
     pending = list(transitions)
     if pending and not record.past_reporters:
@@ -110,7 +114,7 @@ def publish_claimed(
             raise
         sent.append(note)
     if pending and mark:
-        mark_done(pipeline.store, record.event_id, pending, known=record)
+        mark_done(pipeline.store, record.event_id, pending, known=record, with_rows=with_rows)
     return sent
 
 
@@ -129,9 +133,12 @@ def mark_done(
     event_id: str,
     transitions: Iterable[Transition],
     known: EventRecord | None = UNREAD,
+    with_rows: list[dict[str, Any]] | None = None,
 ) -> None:
-    """`known`: the row as the claim wrote it; usually nobody wrote since, saving a read."""
-    _settle(store, event_id, transitions, known, claims.finish)
+    """`known`: the row as the claim wrote it; usually nobody wrote since, saving a read.
+    `with_rows`: written in the same transaction as the mark, and only with it (whoever
+    marks them done writes them: the announcement and its audit come together)."""
+    _settle(store, event_id, transitions, known, claims.finish, with_rows)
 
 
 def _settle(
@@ -140,6 +147,7 @@ def _settle(
     transitions: Iterable[Transition],
     known: EventRecord | None,
     settle: Callable[[dict[str, str], set[str]], bool],
+    with_rows: list[dict[str, Any]] | None = None,
 ) -> None:
     """Apply `settle` to the transitions' marks; write only if it changed one."""
     keys = {t.value for t in transitions}
@@ -149,17 +157,21 @@ def _settle(
             return None
         return rec
 
-    store.mutate_event(event_id, change, known=known)
+    store.mutate_event(event_id, change, known=known, with_rows=with_rows)
 
 
-def audit_decision(record: EventRecord, store: Store) -> None:
-    """Audit the row's decision: one row per decision, keyed by when it was made, so a
-    redelivery or a takeover that audits it again leaves one row. What follows the
-    decision (its announcement, the approval and its capacity slot) is not done here:
-    the decision's own write holds its intent, and functions.pipeline.reconcile does it."""
+def decision_audit(record: EventRecord) -> dict[str, Any] | None:
+    """The audit row of the row's decision (None without one): one row per decision,
+    keyed by when it was made, so a redelivery or a takeover that audits it again leaves
+    one row. Written in the write that marks its announcement done (`mark_done`'s
+    `with_rows`, or the approval's outcome when that write carries the mark): a host that
+    dies before leaves both due, and whoever announces the decision then audits the
+    decision as it is then, never one a later view replaced. What follows the decision
+    (its announcement, the approval and its capacity slot) is not done here: the
+    decision's own write holds its intent, and functions.pipeline.reconcile does it."""
     decision = record.decision
     if decision is None:
-        return
+        return None
     outcome = "decided"
     if decision.policy_error:
         outcome = "failed closed: policy invalid"
@@ -172,13 +184,17 @@ def audit_decision(record: EventRecord, store: Store) -> None:
         else:
             outcome = "approving"
     at = record.redecided_at or record.decided_at or record.first_seen
-    store.audit(
+    # One row per announcement of a decision (its MessageId's occurrence): a re-decision
+    # made in the same instant as the first (two views in one reconcile) is a row of its
+    # own, not an overwrite of the first.
+    again = occurrence(record, Transition.DECIDED) or "first"
+    return AuditRows.audit_row(
         record.event_id,
         at=at,
         rule=decision.rule,
         action=decision.action,
         outcome=outcome,
         detail=decision.reason,
-        once=f"decision:{at.isoformat()}:{decision.rule}:{decision.action}",
+        once=f"decision:{at.isoformat()}:{decision.rule}:{decision.action}:{again}",
         rank=1,
     )

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 import requests
 from pydantic import BaseModel, Field
@@ -87,6 +87,7 @@ def approve_event(
     relays: tuple[str, ...] | None = None,
     claimed: EventRecord | None = None,
     settle: tuple[Transition, ...] = (),
+    settle_rows: list[dict[str, Any]] | None = None,
     tag: str = "",
     reporters: list[Reporter] | None = None,
 ) -> ApprovalResult:
@@ -103,7 +104,8 @@ def approve_event(
       claims it in the write that decides): no second write to claim it.
     - `settle`: announcements the caller published and left pending: marked done in the
       write that records the outcome (one write for both); on `skipped` the caller marks
-      them.
+      them. `settle_rows`: the audit rows that go with that mark (the decision's), in the
+      same transaction, and only with it.
     - `tag`: who claims (the drain of this event: "drain:<EventId>"); a claim with the same
       tag, left by a runner that died, is taken over at once instead of after its lease.
     - `reporters`: the event's reporter rows as the caller just read them (the reconcile
@@ -158,7 +160,7 @@ def approve_event(
                 by,
                 imds_status=phase.status,
                 announce=announce,
-                settle=settle,
+                settle=(settle, settle_rows or []),
             )
             break
         details.append(f"{approver}: {phase.detail}")
@@ -177,7 +179,7 @@ def approve_event(
             "; ".join(details),
             by,
             announce=announce,
-            settle=settle,
+            settle=(settle, settle_rows or []),
             vetoed=vetoed,
         )
     return result
@@ -509,7 +511,7 @@ def _finish(
     imds_status: int | None = None,
     *,
     announce: bool = True,
-    settle: tuple[Transition, ...] = (),
+    settle: tuple[tuple[Transition, ...], list[dict[str, Any]]] = ((), []),
     vetoed: bool = False,
 ) -> ApprovalResult:
     """Record the outcome in one write. An outcome worth announcing is published FIRST
@@ -520,6 +522,7 @@ def _finish(
     that fails leaves the announcement unclaimed; reconcile announces it later."""
     store, clock = pipeline.store, pipeline.clock
     now = clock.now()
+    settle_marks, settle_rows = settle
     state = {"approved": "approved", "failed": "failed", "retry_later": "pending"}[outcome]
     transition = {"approved": Transition.APPROVED, "failed": Transition.APPROVAL_FAILED}.get(
         outcome
@@ -557,14 +560,14 @@ def _finish(
             rec.approved_by = vm
         if outcome == "retry_later":
             rec.approve_after = None
-        done = [t.value for t in settle if claims.is_pending(rec.announced.get(t.value))]
+        done = [t.value for t in settle_marks if claims.is_pending(rec.announced.get(t.value))]
         if announced and transition is not None:
             done.append(transition.value)
         claims.finish(rec.announced, done)
         return rec
 
     decision = record.decision
-    store.audit(
+    audit = store.audit_row(
         record.event_id,
         at=now,
         rule=decision.rule if decision else "",
@@ -572,13 +575,20 @@ def _finish(
         outcome=outcome if outcome != "approved" else f"approved via {approval_path(vm)}",
         detail=detail,
         by=by,
-        # Before the row's write, once per outcome: a host that dies in between leaves the
-        # claim to a takeover, which records the same outcome again (one audit row).
+        # Once per outcome: an outcome kept by someone else's write meanwhile (below) is
+        # audited on its own, and a takeover that records the same outcome again leaves
+        # one audit row.
         once=f"approval:{outcome}:{vm}" if outcome != "retry_later" else "",
         anchor=record.decided_at,
         rank=3,
     )
-    store.mutate_event(record.event_id, change, known=record)
+    # The audit row in the same transaction as the outcome's write (one request; both or
+    # neither: a host that dies before it leaves the claim to a takeover, which audits).
+    _, wrote = store.mutate_event(
+        record.event_id, change, known=record, with_rows=[audit, *settle_rows]
+    )
+    if not wrote:
+        store.put_audit(audit)
     log.info("approval of %s: %s %s", record.event_id, outcome, detail)
     return ApprovalResult(
         event_id=record.event_id,

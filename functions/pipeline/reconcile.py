@@ -35,7 +35,7 @@ from typing import Any
 from functions.model.envelope import STARTED
 from functions.model.event import Transition
 from functions.pipeline import capacity
-from functions.pipeline.announce import audit_decision, mark_done, publish_claimed
+from functions.pipeline.announce import decision_audit, mark_done, publish_claimed
 from functions.pipeline.approve import ApprovalResult, approve_event
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import ENDS, ORDER, Due, Facts, due, settled_path
@@ -166,6 +166,7 @@ def _reconcile(
     ]
     sending = list(dict.fromkeys(sending))
     defer = tuple(sending) if go else ()  # marked done in the write recording the approval
+    audited: list[dict[str, Any]] = []  # audit rows written with the announcements' mark
     if sending:
         details = _details(record, plan)
         if Transition.OVERDUE in sending:
@@ -173,11 +174,14 @@ def _reconcile(
             # publish flags again (the flag is idempotent).
             capacity.flag_unstarted(pipeline, record, now)
         if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
-            # The decision's audit goes with its announcement: both are due until the
-            # announcement is done, so a host that dies between the two leaves it due.
-            audit_decision(record, store)
+            # The decision's audit goes with its announcement, in the write that marks it
+            # done: both are due until then, so a host that dies before leaves both due.
+            noted = decision_audit(record)
+            audited = [noted] if noted is not None else []
         try:
-            publish_claimed(pipeline, record, sending, now, details, mark=not defer)
+            publish_claimed(
+                pipeline, record, sending, now, details, mark=not defer, with_rows=audited
+            )
         except Exception:
             if go and record.approval == "in_progress" and _mine(record, me):
                 _give_back_approval(pipeline, record.event_id, me)
@@ -208,7 +212,9 @@ def _reconcile(
             record = _note_drain(pipeline, record, outcome) or record
     if go:
         by = plan.by or "policy"
-        record = _approve(pipeline, record, plan, me, by, now, defer, out, rows) or record
+        record = (
+            _approve(pipeline, record, plan, me, by, now, (defer, audited), out, rows) or record
+        )
     final = store.recent_event(record.event_id) or record
     if not final.ended or not out.closed:
         later = _due(pipeline, final, Facts(), me, pipeline.clock.now(), grid_end)
@@ -448,11 +454,14 @@ def _approve(
     me: str,
     by: str,
     now: datetime,
-    defer: tuple[Transition, ...],
+    deferred: tuple[tuple[Transition, ...], list[dict[str, Any]]],
     out: Reconciled,
     rows: list[Reporter] | None,
 ) -> EventRecord | None:
+    """Approve the event; `deferred`: the announcements published and left pending, and
+    the audit rows that go with marking them done, both in the outcome's write."""
     store, settings = pipeline.store, pipeline.settings
+    defer, audited = deferred
     result = approve_event(
         record.event_id,
         pipeline,
@@ -460,11 +469,12 @@ def _approve(
         give_up_at=now + timedelta(seconds=settings.approval_budget_seconds),
         claimed=record if _mine(record, me) and record.approval == "in_progress" else None,
         settle=defer,
+        settle_rows=audited,
         tag=me,
         reporters=rows,
     )
     if result.outcome == "skipped" and defer:
-        mark_done(store, record.event_id, defer)
+        mark_done(store, record.event_id, defer, with_rows=audited)
     if result.outcome in ("failed", "retry_later") and plan.capacity:
         # Nothing approved it (yet): its slots go back now, not when a lapse runs out,
         # unless its outcome is unknown (a relay's answer that never came).

@@ -1,8 +1,9 @@
-"""The audit table (one row per decision or approval outcome, in the event's partition)
-and the rejected table (every message not processed, with why; PartitionKey = day)."""
+"""Audit rows (one per decision or approval outcome, in the event's partition of the
+events table) and the rejected table (every message not processed, with why; PartitionKey = day)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import time
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 
 from functions.store.http import NO_ECHO
@@ -30,14 +32,20 @@ def without_secrets(text: str) -> str:
     return _SECRET.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(2)}", text)
 
 
-class AuditRows(Rows):
-    """Reads and writes of the audit and rejected tables."""
+AUDIT = "a|"  # in an event's partition of the events table: one audit row, "a|<time>..."
+LEGACY_AUDIT = "audit"  # the table audit rows were kept in before (read, and deleted, still)
 
+
+class AuditRows(Rows):
+    """Reads and writes of the audit rows (in each event's partition of the events table)
+    and of the rejected table."""
+
+    events: TableClient
     audit_table: TableClient
     rejected: TableClient
 
-    def audit(
-        self,
+    @staticmethod
+    def audit_row(
         event_id: str,
         *,
         at: datetime,
@@ -49,15 +57,18 @@ class AuditRows(Rows):
         once: str = "",
         anchor: datetime | None = None,
         rank: int = 5,
-    ) -> None:
-        """One row per decision or approval outcome, in the event's partition (so it is
-        read with the event and deleted with it).
+    ) -> dict[str, Any]:
+        """One audit row for a decision or an approval outcome, in the event's partition
+        of the events table: read with the event, deleted with it, and written in the same
+        transaction as the event row's write it records where there is one
+        (`EventRows.mutate_event(with_rows=...)`: an approval's outcome costs one request,
+        not two, and the two exist together or not at all).
 
         `once`: a key for an outcome that a redelivery or a takeover may record again (the
         decision of a row, an approval's outcome): the row is then keyed by `anchor` (a
         time stored in the event row, the same on every redo; `at` if none), `rank` (the
-        order of outcomes sharing an anchor) and `once`, and written with Insert Or
-        Replace, so doing it twice leaves one row."""
+        order of outcomes sharing an anchor) and `once`, so writing it twice (Insert Or
+        Replace) leaves one row."""
         # Wall-clock nanoseconds break ties between rows written in one (injected) instant.
         # Rows of one instant sort by `rank`, then by when they were written.
         stamp = f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-o{rank}"
@@ -65,27 +76,45 @@ class AuditRows(Rows):
         if once:
             digest = hashlib.sha256(once.encode()).hexdigest()[:20]
             key = f"{(anchor or at).strftime('%Y%m%dT%H%M%S.%fZ')}-o{rank}-{digest}"
-        write = self.audit_table.upsert_entity if once else self.audit_table.create_entity
-        write(
-            {
-                "PartitionKey": row_key(event_id),
-                "RowKey": key,
-                "EventId": event_id[:1000],
-                "rule": rule[:1000],
-                "action": action[:100],
-                "outcome": outcome[:1000],
-                "detail": detail[:4000],
-                "by": by[:200],
-                "time": at,
-            },
-            **NO_ECHO,
-        )
+        return {
+            "PartitionKey": row_key(event_id),
+            "RowKey": AUDIT + key,
+            "EventId": event_id[:1000],
+            "rule": rule[:1000],
+            "action": action[:100],
+            "outcome": outcome[:1000],
+            "detail": detail[:4000],
+            "by": by[:200],
+            "time": at,
+        }
+
+    def audit(self, event_id: str, **row: Any) -> None:
+        """Write one audit row on its own (`audit_row` says what it holds)."""
+        self.put_audit(self.audit_row(event_id, **row))
+
+    def put_audit(self, row: dict[str, Any]) -> None:
+        """Write an audit row built by `audit_row` (Insert Or Replace: see its `once`)."""
+        self.events.upsert_entity(row, **NO_ECHO)
 
     def audit_rows(self, event_id: str) -> list[dict[str, Any]]:
-        rows = self.audit_table.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": row_key(event_id)}
-        )
-        return sorted((dict(r) for r in rows), key=lambda r: r["RowKey"])
+        """The event's audit rows, oldest first (RowKey without its `a|`), with any kept
+        in the audit table by an earlier version: one query each."""
+        pk = row_key(event_id)
+        rows = [
+            {**row, "RowKey": row["RowKey"][len(AUDIT) :]}
+            for row in self.events.query_entities(
+                "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi",
+                parameters={"pk": pk, "lo": AUDIT, "hi": "a}"},
+            )
+        ]
+        with contextlib.suppress(ResourceNotFoundError):  # no table: no earlier rows
+            rows += [
+                dict(r)
+                for r in self.audit_table.query_entities(
+                    "PartitionKey eq @pk", parameters={"pk": pk}
+                )
+            ]
+        return sorted(rows, key=lambda r: r["RowKey"])
 
     def reject(self, *, at: datetime, reason: str, body: bytes | str, message_id: str = "") -> None:
         """Keep an envelope that does not validate, with why, so nothing is silently lost."""

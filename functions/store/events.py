@@ -305,10 +305,13 @@ class EventRows(ReporterRows):
         event_id: str,
         change: Callable[[EventRecord | None], EventRecord | None],
         known: EventRecord | None = UNREAD,
+        with_rows: list[dict[str, Any]] | None = None,
     ) -> tuple[EventRecord | None, bool]:
-        """Read-modify-write of an event row. Without `known`, the write starts from the
-        row as this Store last read or wrote it, if it still remembers it: one VM's
-        documents about an event usually come one after another through the same worker,
+        """Read-modify-write of an event row (with `with_rows`, rows of the event's
+        partition written in the same transaction: functions.store.rows `_mutate`).
+        Without `known`, the write starts from the row as this Store last read or wrote
+        it, if it still remembers it: one VM's documents about an event usually come one
+        after another through the same worker,
         and nobody else wrote the row in between. That remembered row is only the
         starting point of a conditional write (If-Match its ETag): if anyone wrote since,
         the write fails and the row is read afresh, so it is never trusted stale."""
@@ -316,7 +319,14 @@ class EventRows(ReporterRows):
         if known is UNREAD:
             known = self._recent_events.recall(rk) or UNREAD
         record, won = self._mutate(
-            self.events, EventRecord, rk, EVENT_ROW, change, self._event_columns, known=known
+            self.events,
+            EventRecord,
+            rk,
+            EVENT_ROW,
+            change,
+            self._event_columns,
+            known=known,
+            with_rows=with_rows,
         )
         self._recent_events.note(rk, record)
         return record, won
@@ -368,8 +378,9 @@ class EventRows(ReporterRows):
         return out
 
     def delete_events(self, expired: list[tuple[str, str]]) -> int:
-        """Expired events: each one's rows (event, reporters), its audit rows, and then
-        the index rows naming them (in batches). Returns the Table requests it took."""
+        """Expired events: each one's rows (event, reporters, audit), the audit rows an
+        earlier version kept in the audit table, and then the index rows naming them (in
+        batches). Returns the Table requests it took."""
         made = 0
         for _, event_id in expired:
             pk = row_key(event_id)

@@ -226,6 +226,40 @@ class Rows:
         )
         record.etag = meta.get("etag")
 
+    def _write_with(
+        self,
+        table: TableClient,
+        pk: str,
+        rk: str,
+        record: R,
+        extra: dict,
+        rows: list[dict[str, Any]],
+        *,
+        insert: bool,
+    ) -> None:
+        """The record's conditional write (an insert, or a replace If-Match its ETag) and
+        `rows` (Insert Or Replace, same partition) in one entity group transaction: one
+        request, all or nothing, so a companion row (an outcome's audit row) exists exactly
+        when the write it records does. A lost race raises as the single write would
+        (the transaction's error carries the failed operation's 409 or 412)."""
+        entity = self._entity(pk, rk, record, extra)
+        first: Any = (
+            ("create", entity)
+            if insert
+            else (
+                "update",
+                entity,
+                {
+                    "mode": UpdateMode.REPLACE,
+                    "etag": record.etag,
+                    "match_condition": MatchConditions.IfNotModified,
+                },
+            )
+        )
+        ops = [first, *(("upsert", row, {"mode": UpdateMode.REPLACE}) for row in rows)]
+        results = table.submit_transaction(ops)
+        record.etag = results[0].get("etag") if results else None
+
     def _mutate(
         self,
         table: TableClient,
@@ -237,6 +271,7 @@ class Rows:
         attempts: int = 120,
         known: R | None = UNREAD,
         load: Callable[[Any], R] | None = None,
+        with_rows: list[dict[str, Any]] | None = None,
     ) -> tuple[R | None, bool]:
         """Optimistic read-modify-write. `change` gets the current row (or None) and returns
         the new row, or None for "nothing to change". It may run several times, so it must
@@ -246,7 +281,10 @@ class Rows:
         The first attempt starts from it instead of reading again; its ETag still guards
         the write, so if the row moved since, the write fails and the loop reads afresh.
         A row is trusted only through a fresh read or a successful conditional write: a
-        "nothing to change" computed from `known` is checked against a fresh read too."""
+        "nothing to change" computed from `known` is checked against a fresh read too.
+
+        `with_rows`: rows of the same partition written in the same transaction as the
+        write (`_write_with`); not written when nothing changes (the caller then decides)."""
         if known is not None and known is not UNREAD and known.etag is None:
             known = UNREAD  # built, not read: no ETag to guard a write with
 
@@ -268,6 +306,11 @@ class Rows:
                     continue
                 return current, False
             try:
+                if with_rows:
+                    self._write_with(
+                        table, pk, rk, updated, extra(updated), with_rows, insert=current is None
+                    )
+                    return updated, True
                 if current is None:
                     if self._insert(table, pk, rk, updated, extra(updated)):
                         return updated, True
@@ -282,7 +325,9 @@ class Rows:
                     raise  # an insert found no table: not a race, a setup problem
                 # the row was deleted since we read it: start over
             except HttpResponseError as exc:
-                if exc.status_code not in (409, 412):
+                # A transaction's 404 (`_write_with`): the row was deleted since we read it.
+                gone = exc.status_code == 404 and bool(with_rows) and current is not None
+                if exc.status_code not in (409, 412) and not gone:
                     raise
             if not unverified:  # a stale `known` is no race: read again at once
                 # Lost the race: back off a little (jittered, so 100 writers spread out).

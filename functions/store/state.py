@@ -30,10 +30,11 @@ class Store(VmRows, EventRows, AuditRows):
       (`seen`, `callback_url`, `relay_version`) that a heartbeat merges without reading.
     - `{prefix}events`: each event is its own partition (PartitionKey = EventId's key):
       RowKey `event` holds the lifecycle, decision, approval and announcements; RowKey
-      `r|<vm>` is one reporter, written by that reporter alone. Index partitions: `%open`
+      `r|<vm>` is one reporter, written by that reporter alone; RowKey `a|...` one audit
+      row (written with the outcome it records where there is one). Index partitions: `%open`
       (events not ended), `%ended|<day>` (for retention), `%cap|<set>` (capacity slots),
       `%once` (fleet-wide markers).
-    - `{prefix}audit`: PartitionKey = EventId's key (deleted with its event).
+    - `{prefix}audit`: audit rows of earlier versions (read and deleted with their event).
     - `{prefix}rejected`: PartitionKey = day.
     """
 

@@ -80,7 +80,12 @@ def approve_by_hand(pipeline: Pipeline, event_id: str, who: str) -> ApprovalResu
         raise Refused(409, "POLICY__DRY_RUN is on: nothing is approved")
     result = _ask(pipeline, record, by)
     telemetry.manual_approval(record.event_id, by, result.outcome, result.detail)
-    if result.outcome == "skipped":
+    current = store.recent_event(record.event_id)  # as _ask last read it
+    # The same person asking again for an approval made at their request (their first
+    # answer lost, say to a crash) is told so (409, already approved), and not audited
+    # again: the audit has their request's outcome already.
+    again = current is not None and current.approval == "approved" and current.asked_by == by
+    if result.outcome == "skipped" and not again:
         store.audit(
             record.event_id,
             at=clock.now(),

@@ -30,6 +30,7 @@ from azure.data.tables import TableServiceClient
 from functions.model.event import Transition
 from functions.pipeline.slot_rules import holds_slot
 from functions.store import claims
+from functions.store.audit import AUDIT
 from functions.store.records import EventRecord
 from tests.crash.world import World
 
@@ -58,7 +59,9 @@ def check(world: World) -> list[str]:
         events = [r for r in _rows(world, "events") if r.get("RowKey") == "event"]
         records = {rec.event_id: rec for rec in (_record(r) for r in events) if rec}
         slots = [r for r in _rows(world, "events") if r.get("RowKey") == "slots"]
-        audit = _rows(world, "audit")
+        audit = [
+            r for r in _rows(world, "events") if str(r.get("RowKey", "")).startswith(AUDIT)
+        ] + _rows(world, "audit")
     broken: list[str] = []
     now = world.clock.now()
     for event_id, rec in sorted(records.items()):

@@ -16,7 +16,7 @@ import pytest
 from tests.crash.explore import equivalence, explore
 from tests.crash.faults import Fault, Faults, HostCrash, Sent, installed
 from tests.crash.scenarios import SCENARIOS, Scenario
-from tests.crash.state import _entity, first_difference
+from tests.crash.state import _bag, _entity, first_difference
 
 pytestmark = pytest.mark.azurite
 
@@ -136,3 +136,35 @@ def test_the_normalisation_hides_time_and_keeps_what_matters() -> None:
         want, {"events ev-1/event": _entity("events", unannounced)}
     )
     assert "extra" in first_difference({}, {"effect relay vm1 /v1/start EV-1": 1})
+
+
+def test_audit_rows_alike_in_their_opening_stay_apart_and_tries_count_as_a_set() -> None:
+    """Two audit rows that differ only after their 80th character are two entries (on
+    75de079 the second overwrote the first, so an extra `skipped` or decision row of a
+    crash run read "same"); a `retry_later` row counts once however many tries logged it
+    (rule 13), an outcome row does not."""
+
+    def audit(outcome: str, detail: str) -> dict[str, Any]:
+        return {
+            "PartitionKey": "ev-a",
+            "RowKey": f"a|{outcome}{detail}",
+            "EventId": "EV-A",
+            "action": "approve",
+            "by": "manual:alice",
+            "detail": detail,
+            "outcome": outcome,
+        }
+
+    base: dict[str, Any] = {}
+    _bag(base, "audit", [audit("approved via relay:vm1", "")])
+    crashed: dict[str, Any] = {}
+    _bag(crashed, "audit", [audit("approved via relay:vm1", ""), audit("skipped: already", "")])
+    assert "extra" in first_difference(base, crashed)
+    twice: dict[str, Any] = {}
+    _bag(twice, "audit", [audit("approved via relay:vm1", "")] * 2)
+    assert "count 1 -> 2" in first_difference(base, twice)
+    tries: dict[str, Any] = {}
+    more: dict[str, Any] = {}
+    _bag(tries, "audit", [audit("retry_later", "relay: unreachable")])
+    _bag(more, "audit", [audit("retry_later", "relay: unreachable")] * 3)
+    assert first_difference(tries, more) == ""

@@ -3,19 +3,22 @@ against running every point (`--exhaustive`), on a small scenario (issue 47: unt
 checked once, by hand).
 
 Both ways must find the same divergent points. With the code as it is, no point diverges,
-and "both find none" would hold for any grouping; so the approval's audit is broken on
-purpose (its `once` key dropped: a retried approval audits twice), which makes the points
-between the audit and the row's write diverge, and only those. Then a grouping that
+and "both find none" would hold for any grouping; so the audit is broken on purpose
+(written before the write it records instead of in its transaction, and without its `once`
+key: a retried approval audits twice), which makes the points between the audit and the
+row's write diverge, and only those. Then a grouping that
 merges points which are not equivalent (the negative control) misses some of them."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
 
 from functions.model.policy import Policy
-from functions.store.audit import AuditRows
+from functions.store.events import EventRows
+from functions.store.rows import UNREAD
 from tests.crash import explore as explorer
 from tests.crash.explore import explore
 from tests.crash.faults import Fault, Sent
@@ -42,14 +45,19 @@ def divergent(report: Any) -> dict[Fault, bool]:
 
 @pytest.fixture
 def audit_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The approval's audit without its `once` key: a retry audits it again."""
-    real = AuditRows.audit
+    """The audit rows written apart from the write they record (before it, as before
+    issue 47) and without their `once` key: a retry after a crash between the two audits
+    again."""
+    real = EventRows.mutate_event
 
-    def audit(self: Any, event_id: str, **kwargs: Any) -> None:
-        kwargs["once"] = ""
-        real(self, event_id, **kwargs)
+    def mutate(
+        self: Any, event_id: str, change: Any, known: Any = UNREAD, with_rows: Any = None
+    ) -> Any:
+        for row in with_rows or []:
+            self.events.upsert_entity({**row, "RowKey": f"{row['RowKey']}-{uuid.uuid4().hex}"})
+        return real(self, event_id, change, known=known)
 
-    monkeypatch.setattr(AuditRows, "audit", audit)
+    monkeypatch.setattr(EventRows, "mutate_event", mutate)
 
 
 @pytest.mark.timeout(600)

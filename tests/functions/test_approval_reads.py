@@ -58,8 +58,10 @@ def test_an_approval_reads_the_reporter_rows_once_and_its_card_names_the_reporte
 
 def test_the_sweeps_approval_reads_the_event_and_its_reporters_in_one_query(azurite, clock, relay):
     """The sweep's unit of work reads the event row and its reporter rows in one partition
-    query (no point read of the row before it): 7 Table requests for one relay approval
-    (read, claim, VM row, identity, audit, outcome, open index), 8 before."""
+    query (no point read of the row before it), and writes the outcome with its audit row in
+    one transaction of the event's partition: 6 Table requests for one relay approval
+    (read, claim, VM row, identity, outcome with its audit row, open index); 8 with the row
+    read on its own, 7 with the audit row in a table of its own."""
     import uuid
 
     from functions.store.state import Store
@@ -88,4 +90,8 @@ def test_the_sweeps_approval_reads_the_event_and_its_reporters_in_one_query(azur
     events = worker.events.table_name
     assert ("get", events) not in counts, counts
     assert counts[("query", events)] == 1, counts
-    assert counter.total() == 7, counts
+    assert counter.total() == 6, counts
+    assert counts[("batch", "")] == 1, counts
+    assert not [key for key in counts if key[1].endswith("audit")], counts
+    outcomes = [r["outcome"] for r in worker.audit_rows("EV-Q") if r["action"] == "approve"]
+    assert outcomes.count("approved via relay:vm-q") == 1, outcomes
