@@ -60,7 +60,9 @@ def _post_at_once(receiver: SlackReceiver, pacer: WebhookPacer, count: int) -> N
 
 def test_the_receiver_refuses_posts_faster_than_its_rate(receiver: SlackReceiver) -> None:
     """The stand-in enforces what it says (so the next test can fail): two posts at once
-    without pacing, the second is 429 rate_limited with Retry-After."""
+    without pacing, the second is 429 rate_limited with Retry-After. A minute apart, so
+    that a busy machine cannot space two sequential posts beyond it (it did: 0.2 s)."""
+    receiver.enforce_rate(60.0, retry_after=1)
     for i in range(2):
         requests.post(receiver.url, json={"text": f"hello {i}"}, timeout=5)
     assert [r.status for r in receiver.received] == [200, 429]
