@@ -77,6 +77,12 @@ class Identity(BaseModel):
     # mode's admission by key, functions.pipeline.admission) until an attested message
     # presents it again.
     attested: tuple[str, ...] = ()
+    # An event approved through this VM's relay that never started in its own view, and
+    # when that was found (functions.pipeline.slot_rules.suspect): its relay is not asked
+    # again for a while. Kept here, beside the keys the approver reads anyway, so the
+    # approver needs no VM row to honour it (issue 47).
+    unstarted: str = ""
+    unstarted_at: datetime | None = None
 
     def new_keys_on(self, day: str) -> int:
         when, _, count = self.new_keys.partition(":")
@@ -173,6 +179,11 @@ class IdentityStore:
             "fetched_at": facts.fetched_at,
             "new_keys": identity.new_keys,
             "attested": ",".join(identity.attested),
+            **(
+                {"unstarted": identity.unstarted[:200], "unstarted_at": identity.unstarted_at}
+                if identity.unstarted and identity.unstarted_at is not None
+                else {}
+            ),
         }
 
     def _load(self, entity: Any) -> Identity:
@@ -199,6 +210,8 @@ class IdentityStore:
             etag=entity.metadata.get("etag"),
             new_keys=str(entity.get("new_keys") or "")[:32],
             attested=tuple(i for i in str(entity.get("attested") or "").split(",")[:MAX_KEYS] if i),
+            unstarted=str(entity.get("unstarted") or "")[:200],
+            unstarted_at=at if isinstance(at := entity.get("unstarted_at"), datetime) else None,
         )
         return identity, stale
 

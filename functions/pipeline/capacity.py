@@ -20,6 +20,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
+from functions.identity.facts import normalise_vm_id
 from functions.model.event import Transition
 from functions.model.policy import Policy
 from functions.pipeline.slot_rules import (
@@ -541,4 +542,16 @@ def flag_unstarted(pipeline: Any, record: EventRecord, now: datetime) -> None:
         rec.unstarted_at = now
         return rec
 
-    pipeline.store.mutate_vm(vm, change)
+    flagged, _ = pipeline.store.mutate_vm(vm, change)
+    # And in its identity row, where the approver looks (it reads no VM row for a VM whose
+    # own reporter row is fresh: functions.pipeline.approve).
+    admission = getattr(pipeline, "admission", None)
+    if flagged is None or not flagged.vm_id or admission is None:
+        return
+
+    def flag(identity: Any) -> Any:
+        if identity is None or identity.unstarted == record.event_id:
+            return None
+        return identity.model_copy(update={"unstarted": record.event_id, "unstarted_at": now})
+
+    admission.registry.mutate(normalise_vm_id(flagged.vm_id), flag)

@@ -17,6 +17,7 @@ import requests
 
 from functions.approvers.relay import RelayTarget
 from functions.clock import Clock
+from functions.identity.registry import Identity
 from functions.model.policy import Policy
 from functions.pipeline.admission import Admission, callback_url
 from functions.pipeline.lanes import RelayLanes
@@ -127,15 +128,25 @@ class Pipeline:
     def relay_target(self, vm: VmRecord) -> RelayTarget | None:
         """Where and how to call this VM's relay: Azure's address for its vmId and the key
         its relay gave in an attested message. None when either is unknown."""
-        if self.admission is None or not vm.vm_id:
+        found = self.relay_identity(vm.vm_id) if vm.vm_id else None
+        return found[0] if found is not None else None
+
+    def relay_identity(self, vm_id: str) -> tuple[RelayTarget, Identity] | None:
+        """The relay of the VM `vm_id` (an attested vmId) with the identity row it came
+        from (one point read): None when Azure's address or an attested key is unknown."""
+        if self.admission is None:
             return None
-        identity = self.admission.registry.get(vm.vm_id)
+        try:
+            identity = self.admission.registry.get(vm_id)
+        except ValueError:  # not a vmId: no row can hold it
+            return None
         if identity is None or not identity.keys:
             return None
         url = callback_url(identity.facts, self.admission.callback_port)
         if url is None:
             return None
-        return RelayTarget(url=url, vm_id=identity.facts.vm_id, keys=tuple(identity.keys))
+        keys = tuple(identity.keys)
+        return RelayTarget(url=url, vm_id=identity.facts.vm_id, keys=keys), identity
 
     def last_heard(self, vm: VmRecord) -> datetime | None:
         """When this VM's relay was last heard: its last message, or its verified liveness

@@ -459,6 +459,7 @@ def _write_step(
             first=newcomer,
             ledger=ledger,
             seen=seen_at,
+            vm_id=ref.vm_id or "",
         )
         if step.reopens and not fresh:
             # It reported the event before it ended: a late report, not a reopening.
@@ -495,6 +496,7 @@ def _write_step(
             key=seen_as,
             decision=plan.decision,
             ledger=ledger,
+            vm_id=ref.vm_id or "",
         )
     if record is not None and record.ended and newcomer:
         # A late report after the event ended: remember the VM as a past reporter only.

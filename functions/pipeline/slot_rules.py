@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from functions.model.envelope import (
     FREEZE,
@@ -40,7 +40,7 @@ from functions.model.envelope import (
 )
 from functions.model.policy import Policy, is_impactful
 from functions.store import claims
-from functions.store.records import EventRecord, VmRecord
+from functions.store.records import EventRecord
 
 # Types after which the VM is gone (evicted, deleted): never flagged for not starting.
 GONE_AFTER = frozenset(t.casefold() for t in (PREEMPT, TERMINATE))
@@ -178,10 +178,21 @@ def vm_still_out(status: str | None) -> bool:
     return status is None or bool(status)
 
 
-def suspect(vm: VmRecord, event_id: str, now: datetime) -> bool:
+class Flagged(Protocol):
+    """Where a VM's `unstarted` flag is kept: its VM row, and its identity row (which the
+    approver reads for the relay's address and keys anyway: functions.pipeline.approve)."""
+
+    @property
+    def unstarted(self) -> str | None: ...
+
+    @property
+    def unstarted_at(self) -> datetime | None: ...
+
+
+def suspect(vm: Flagged, event_id: str, now: datetime) -> bool:
     """Whether this VM's relay is not asked to approve `event_id`: an event approved
-    through it stayed Scheduled in its own view (`VmRecord.unstarted`), less than
-    UNSTARTED_FOR ago. A flag of before `unstarted_at` was kept has lapsed."""
+    through it stayed Scheduled in its own view (`unstarted`), less than UNSTARTED_FOR
+    ago. A flag of before `unstarted_at` was kept has lapsed."""
     if not vm.unstarted or vm.unstarted == event_id or vm.unstarted_at is None:
         return False
     return now < vm.unstarted_at + UNSTARTED_FOR

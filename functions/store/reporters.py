@@ -33,6 +33,7 @@ REPORTER = "r|"  # in an event's partition: one row per reporting VM, "r|<vm key
 # without it (two columns, so the later write needs no read of the earlier).
 LEDGER, LEDGER_LEFT = "ledger", "ledger_left"
 SEEN = "seen"  # when the VM's relay saw what its status says (its clock, bounded by ours)
+VM_ID = "vm_id"  # the reporting VM's attested vmId
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class Reporter:
     ledger_unreadable: str = ""
     # When its relay saw what `status` says (its `seen`; else when the row was written).
     seen: datetime | None = None
+    # The VM's vmId as admission attested it when its document wrote the row ("" for rows
+    # of before issue 47): the approver finds its identity (Azure's address, its keys)
+    # from here, without reading the VM row, while the row is fresh.
+    vm_id: str = ""
 
     @classmethod
     def from_row(cls, row: Any, skipped: list[Skipped] | None = None) -> Reporter | None:
@@ -75,7 +80,8 @@ class Reporter:
         entry, why = read_ledger(row, skipped)
         at = row.get(SEEN) if isinstance(row.get(SEEN), datetime) else row.get("at")
         seen = at if isinstance(at, datetime) else None
-        return cls(vm, status or "", view, key, decision, entry, why, seen)
+        vm_id = row.get(VM_ID) if isinstance(row.get(VM_ID), str) else ""
+        return cls(vm, status or "", view, key, decision, entry, why, seen, vm_id[:64])
 
 
 def _skip(row: Any, why: str, skipped: list[Skipped] | None) -> Skipped:
@@ -173,6 +179,7 @@ class ReporterRows(Rows):
         first: bool = False,
         ledger: LedgerEntry | None = None,
         seen: datetime | None = None,
+        vm_id: str = "",
     ) -> bool:
         """This VM's own row in the event's partition: status "" = it no longer reports it.
         Only that VM's documents write it (one session each), so a blind upsert is safe.
@@ -183,7 +190,8 @@ class ReporterRows(Rows):
         tells at no extra request whether it ever reported it (an end the other reporters
         made reopens only for a VM that never did). Returns False when `first` found a row.
         `seen`: when its relay saw what `status` says (the decider's time of a start or an
-        end it derives from the reporters: functions.pipeline.due).
+        end it derives from the reporters: functions.pipeline.due). `vm_id`: the VM's
+        attested vmId (where the approver finds its relay: `Reporter.vm_id`).
         """
         entity: dict[str, Any] = {
             "PartitionKey": row_key(event_id),
@@ -194,6 +202,8 @@ class ReporterRows(Rows):
         }
         if seen is not None:
             entity[SEEN] = seen
+        if vm_id:
+            entity[VM_ID] = vm_id
         if view is not None:
             # A view lists up to 1,000 names: split like a record's JSON (64 KiB a property).
             chunks = _chunks(view.model_dump_json())

@@ -10,6 +10,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from azure.data.tables import UpdateMode
+
 from functions.model.policy import Policy, Rule, Window
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.reconcile import reconcile_key
@@ -59,9 +61,11 @@ def test_an_approval_reads_the_reporter_rows_once_and_its_card_names_the_reporte
 def test_the_sweeps_approval_reads_the_event_and_its_reporters_in_one_query(azurite, clock, relay):
     """The sweep's unit of work reads the event row and its reporter rows in one partition
     query (no point read of the row before it), and writes the outcome with its audit row in
-    one transaction of the event's partition: 6 Table requests for one relay approval
-    (read, claim, VM row, identity, outcome with its audit row, open index); 8 with the row
-    read on its own, 7 with the audit row in a table of its own."""
+    one transaction of the event's partition, and finds the relay of a VM whose own
+    reporter row is fresh from that row's attested vmId, reading no VM row: 5 Table
+    requests for one relay approval (read, claim, identity, outcome with its audit row,
+    open index); 8 with the row read on its own, 7 with the audit row in a table of its
+    own, 6 with the VM row read."""
     import uuid
 
     from functions.store.state import Store
@@ -90,8 +94,50 @@ def test_the_sweeps_approval_reads_the_event_and_its_reporters_in_one_query(azur
     events = worker.events.table_name
     assert ("get", events) not in counts, counts
     assert counts[("query", events)] == 1, counts
-    assert counter.total() == 6, counts
+    assert not [key for key in counts if key[1].endswith("vms")], counts
+    assert counter.total() == 5, counts
     assert counts[("batch", "")] == 1, counts
     assert not [key for key in counts if key[1].endswith("audit")], counts
     outcomes = [r["outcome"] for r in worker.audit_rows("EV-Q") if r["action"] == "approve"]
     assert outcomes.count("approved via relay:vm-q") == 1, outcomes
+
+
+def test_a_stale_or_unattested_reporter_row_is_found_through_its_vm_row(azurite, clock, relay):
+    """The reporter row stands in for the VM row only while it is fresh and names its
+    attested vmId: a row older than RELAY_SILENT_AFTER_SECONDS (its relay may have gone
+    quiet since) or one written before reporter rows kept the vmId goes through the VM row
+    and the liveness hint, as before, and is still approved."""
+    import uuid
+
+    from functions.store.reporters import REPORTER, VM_ID
+    from functions.store.state import Store
+    from tests.tablecount import TableCounter
+
+    policy = Policy(
+        rules=(Rule(name="all", action="approve"),),
+        windows=(Window(days=("Sat",), start="10:01", end="23:00"),),
+        timezone="UTC",
+    )
+    with TableCounter(azurite) as counter:
+        store = Store.from_connection_string(counter.connection_string, "t" + uuid.uuid4().hex[:12])
+        store.ensure_tables()
+        pipeline, _ = make_pipeline(store, clock, policy)
+        for event_id, vm in (("EV-OLD", "vm-old"), ("EV-NOID", "vm-noid")):
+            ev = event(event_id, "Redeploy", resources=(vm,), not_before=T0 + timedelta(hours=2))
+            body = envelope(vm, 1, [ev], callback_url=relay.url)
+            assert ingest_message(body, pipeline).outcome == "processed"
+        # vm-noid's row as a release before this one wrote it: no vmId.
+        row = store.events.get_entity("ev-noid", REPORTER + "vm-noid")
+        row.pop(VM_ID)
+        store.events.upsert_entity(row, mode=UpdateMode.REPLACE)
+        clock.advance(61)
+        counter.reset()
+        assert reconcile_key(pipeline, "EV-NOID", me="w").approval.outcome == "approved"
+        assert ("get", store.vms.table_name) in counter.counts(), counter.counts()
+        # vm-old heard 61 s ago by its document, then quiet past the silence threshold:
+        # its VM row (and the liveness table) decide, and both say silent.
+        clock.advance(pipeline.settings.relay_silent_after_seconds)
+        counter.reset()
+        result = reconcile_key(pipeline, "EV-OLD", me="w")
+        assert result.approval is None or result.approval.outcome != "approved", result
+        assert ("get", store.vms.table_name) in counter.counts(), counter.counts()
