@@ -142,8 +142,8 @@ def reached(record: StepRecord | None) -> bool:
     """Whether a drain step may have had an effect, so an undrain has it to undo: its row
     says so (`reached`), or, for a row without that field, it got further than the two
     failures that never call anything. A step still running (its runner lost) may have."""
-    if record is None:
-        return False
+    if record is None or lacks_hook(record):
+        return False  # a relay without that hook ran nothing (rows before issue 47 say so)
     if record.reached is not None:
         return record.reached
     return not record.detail.startswith(NEVER_STARTED)

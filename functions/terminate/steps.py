@@ -34,9 +34,10 @@ HOOK_REQUEST_SECONDS = 30.0  # the relay holds a hook request up to its hook_wai
 # The relay's answer to an undo (`Undoes`) for an event gone from IMDS whose drain hook
 # never ran there (relay.callback): nothing was drained on that VM, so nothing to undo.
 UNKNOWN_EVENT = "unknown EventId"
+UNKNOWN_HOOK = "unknown hook"  # the relay's 404 for a hook name its config lacks
 # How a relay hook step's detail begins when the relay has no hook of that name (its 404
 # "unknown hook"): the drain then falls back to the readiness probe (plan.lacks_hook).
-NO_SUCH_HOOK = "relay refused: unknown hook"
+NO_SUCH_HOOK = f"relay refused: {UNKNOWN_HOOK}"
 
 
 class StepResult(NamedTuple):
@@ -310,7 +311,12 @@ def relay_hook(
                 return StepResult(False, why, reached)
             if status == 404:
                 why = f"relay refused: {reason} (hooks come only from the relay's config)"
-                return StepResult(False, why, reached)
+                # A relay with no hook of that name ran nothing of this step, whatever
+                # became of an earlier try whose connection was lost (issue 47: carried
+                # over, `reached` had the undrain ask that relay for an `undrain` hook it
+                # never had, announced undrain_failed and paged). Its "unknown EventId"
+                # may follow a try that started the hook, so that one keeps `reached`.
+                return StepResult(False, why, reached and reason != UNKNOWN_HOOK)
             if status in (400, 401, 403):
                 return StepResult(False, f"relay refused ({status}): {reason}", reached)
             last = f"HTTP {status}: {reason}"

@@ -14,6 +14,7 @@ import pytest
 from functions.model.event import Notification, Transition
 from functions.store.drains import StepRecord
 from functions.terminate.plan import UndoPlan, drain_deadlines, reached, steps_to_undo
+from functions.terminate.steps import NO_SUCH_HOOK
 from functions.terminate.workflow import UndrainSettings, run_drain, run_undrain
 from local.azurite import free_port
 from tests.notify.receiver import Answer, Receiver
@@ -144,6 +145,9 @@ def test_steps_to_undo_reads_what_each_step_reached() -> None:
         # Rows written before `reached` existed: read from their detail, as before.
         "hook:web_3": row("hook:web_3", "failed", "no relay known for web_3"),
         "hook:web_4": row("hook:web_4", "failed", "relay did not answer in time"),
+        # A relay without that hook ran nothing, even if a row (written before issue 47)
+        # carried `reached` over from a try whose connection was lost.
+        "hook:web_6": row("hook:web_6", "failed", f"{NO_SUCH_HOOK} (hooks ...)", reached=True),
         "approve": row("approve"),
     }
     assert steps_to_undo(rows) == UndoPlan(http=False, hooks=("web_0", "web_2", "web_4"))

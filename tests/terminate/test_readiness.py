@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
+import requests
 
 from functions.model.event import Notification, Transition
 from functions.terminate.plan import (
@@ -162,3 +164,46 @@ def test_an_http_hook_alone_does_not_touch_the_probe(
         )
     assert result.outcome == "approved" and "ready:web_0" not in result.steps
     assert fleet.ready("web_0") == 200
+
+
+class LostFirstHookCall(requests.Session):
+    """The first call to a relay's hook endpoint gets no answer: its connection is lost
+    (as the chaos suite's unreachable callback, or a reset), so the relay may have acted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = 0
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+        if self.lost == 0 and (request.url or "").endswith("/v1/hook"):
+            self.lost += 1
+            raise requests.ConnectionError("connection lost before an answer")
+        return super().send(request, **kwargs)
+
+
+def test_a_relay_without_the_hook_has_nothing_to_undrain_after_a_lost_try(
+    harness: Harness, relays: Callable[..., Relays]
+) -> None:
+    """Issue 47 (chaos 'callback unreachable through the drain'): the drain's first try of
+    the `drain` hook lost its connection, the next was answered "unknown hook". A relay
+    with no such hook ran nothing, whatever became of the lost try, so the VM is drained
+    through its probe and the undrain puts the probe back: no `undrain` hook is asked for
+    (its "unknown hook" was announced undrain_failed and paged)."""
+    fleet = relays(count=1, hooks=False, readiness=True)
+    harness.callbacks.update(fleet.targets)
+    event_id = fleet.sim.add_event("Reboot", resources=["web_0"], notice=300)
+    note = terminate_note(event_id, event_type="Reboot", notice=60)
+    session = LostFirstHookCall()
+    context = harness.context(session=session)
+    drained = run_drain(note, settings(relay_hook="drain", readiness_seconds=0), context)
+    assert drained.outcome == "approved" and session.lost == 1, drained.steps
+    assert drained.steps["hook:web_0"].detail.startswith("relay refused: unknown hook")
+    assert drained.steps["hook:web_0"].reached is False
+    assert fleet.ready("web_0") == 503
+    fleet.sim.cancel_event(event_id)
+    undo = UndrainSettings(relay_hook="undrain", step_timeout_seconds=5, poll_seconds=0.2)
+    result = run_undrain(cancelled(note), undo, context, drain_hook="drain")
+    assert result.outcome == "undrained", result.detail
+    assert "undrain:hook:web_0" not in result.steps
+    assert fleet.ready("web_0") == 200
+    assert harness.transitions()[-1] == "undrained"
