@@ -31,32 +31,22 @@ Resource Graph's row for it (functions.approvers.azure_events) agreeing field by
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-import requests
 from pydantic import BaseModel, Field
 
-from functions.approvers.relay import DIFFERS, RelayTarget, final_refusal, post_start
-from functions.clock import Clock
 from functions.model.event import Transition
-from functions.model.view import VmView, normalise_resources
 from functions.pipeline.announce import publish_claimed
 from functions.pipeline.approve_arm import (
     ARM,
-    BACKOFF_MAX_SECONDS,
-    BACKOFF_START_SECONDS,
     RELAYS_PER_ATTEMPT,
-    Phase,
     arm_owners,
     arm_phase,
 )
 from functions.pipeline.context import Pipeline
-from functions.pipeline.lanes import RelayLanes
 from functions.pipeline.lifecycle import approval_lease, note_sent
-from functions.pipeline.slot_rules import suspect
-from functions.pipeline.views import own_views
+from functions.pipeline.relay_phase import expect_for, relay_phase
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.recent import copy_record
@@ -140,7 +130,7 @@ def approve_event(
     for index, approver in enumerate(order):
         arm_next = "arm" in order[index + 1 :] and bool(owners)
         if approver == "relay":
-            phase = _relay_phase(
+            phase = relay_phase(
                 pipeline, record, by, now, stop, deadline, arm_next, relays, reporters
             )
         else:
@@ -204,98 +194,6 @@ def _lanes_closed(pipeline: Pipeline, event_id: str, now: datetime) -> str | Non
     return lanes.closed(list(record.resources[:RELAYS_PER_ATTEMPT]), now, handover)
 
 
-def _relay_phase(
-    pipeline: Pipeline,
-    record: EventRecord,
-    by: str,
-    now: datetime,
-    stop: datetime,
-    deadline: datetime,
-    arm_next: bool,
-    only: tuple[str, ...] | None = None,
-    reporters: list[Reporter] | None = None,
-) -> Phase:
-    """Relays of the named VMs. With ARM next, relays get ARM_FALLBACK_AFTER_SECONDS from
-    their first attempt (kept in the row across invocations) and no waiting for relays
-    not heard yet: ARM can approve now."""
-    settings, clock = pipeline.settings, pipeline.clock
-    handover = deadline
-    if arm_next:
-        tried = [a.at for a in record.approval_attempts if a.vm and a.vm != ARM]
-        first = min(tried) if tried else now
-        handover = min(deadline, first + timedelta(seconds=settings.arm_fallback_after_seconds))
-    differs = [a for a in record.approval_attempts if a.outcome.startswith(DIFFERS)]
-    if differs:
-        return Phase(outcome="vetoed", detail=f"{differs[-1].vm}'s relay: {differs[-1].outcome}")
-    # A relay that refused for good is not asked again for this event, in this call or later.
-    refused: set[str] = {
-        a.vm for a in record.approval_attempts if a.vm is not None and final_refusal(a.outcome)
-    }
-    # Each VM's own view (its reporter row: one query) is what its relay must confirm; a
-    # VM whose own view decided stricter than the event is not asked, except by a person.
-    rows = reporters if reporters is not None else pipeline.store.reporter_rows(record.event_id)
-    record.reporter_views, stricter_own = own_views(rows, record)
-    # The same rows say who reports it (what Store.load_reporters reads): the outcome's
-    # announcement names them without a second query of the partition (issue 47).
-    record.reporters = {r.vm: r.status for r in rows if r.status}
-    record.past_reporters = [r.vm for r in rows]
-    not_approving: set[str] = set() if by.startswith("manual:") else set(stricter_own)
-    if only is not None:
-        allowed = {name.casefold() for name in only}
-        not_approving |= {name for name in record.resources if name.casefold() not in allowed}
-    skip = refused.union(not_approving)
-    relays = _relays(pipeline, record, now, skip=skip, rows=rows)
-    unheard = len({r.casefold() for r in record.resources}) > len(relays) + len(skip)
-    if not relays:
-        # The named VMs' relays may simply not have reported yet (a set-mate's document
-        # came first): wait for them while there is time, then give up.
-        waiting = unheard and not arm_next and clock.now() < deadline
-        return Phase(
-            outcome="later" if waiting else "exhausted",
-            detail="no VM named in Resources has a relay that reported recently with an "
-            "attested key and an address Azure knows"
-            + (f" (refused before: {', '.join(sorted(refused))})" if refused else ""),
-        )
-    return _try_relays(
-        record,
-        relays,
-        pipeline.session,
-        clock,
-        min(stop, handover),
-        handover,
-        by,
-        unheard and not arm_next,
-        pipeline.relay_lanes,
-    )
-
-
-def view_for(record: EventRecord, vm_name: str) -> VmView:
-    """The view of the event the decision for `vm_name` rests on, as that VM's relay must
-    see it in its own IMDS: its own view, as its reporter row keeps it (loaded into
-    `record.reporter_views` by the relay phase). A named VM that has not reported the
-    event (or ARM's "") gets the event as stored."""
-    own = record.reporter_views.get(vm_name.casefold())
-    if own is not None:
-        return own
-    return VmView(
-        vm=vm_name,
-        event_type=record.event_type,
-        event_source=record.event_source,
-        duration_s=record.duration_in_seconds,
-        not_before=record.not_before,
-        resources=normalise_resources(record.resources),
-    )
-
-
-def expect_for(record: EventRecord, vm_name: str) -> dict[str, object]:
-    """The callback's `Expect` entry: `view_for(...).expect()`, without Resources when the
-    row could not keep every name (an event naming more than MAX_RESOURCES VMs)."""
-    expect = view_for(record, vm_name).expect()
-    if record.resources_dropped:
-        expect.pop("Resources")
-    return expect
-
-
 def _manual_detail(by: str, outcome: str, vm: str | None, detail: str) -> str:
     who = by.removeprefix("manual:")
     if outcome == "approved":
@@ -344,191 +242,9 @@ def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetim
     return record.not_before - timedelta(seconds=settings.approval_margin_seconds)
 
 
-# Named VMs that have not reported the event whose rows one attempt reads at most: the
-# event's reporters come first (one query of its reporter rows), so a `Resources` list a
-# VM made up (999 names no relay reported) costs this many point reads, not 999.
-MAX_UNREPORTED_READS = 4
-
-
-def candidates(record: EventRecord, skip: set[str]) -> list[str]:
-    """The named VMs an attempt may ask, in `Resources` order (first is leader): those
-    that reported the event (their own views are loaded in `record.reporter_views`), then
-    at most MAX_UNREPORTED_READS of the rest."""
-    reported = record.reporter_views
-    named = [n for n in record.resources if n not in skip]
-    first = [n for n in named if n.casefold() in reported]
-    rest = [n for n in named if n.casefold() not in reported][:MAX_UNREPORTED_READS]
-    return first + rest
-
-
-@dataclass(frozen=True)
-class Asked:
-    """A relay an attempt may ask: its VM's name, whether that VM's latest document lists
-    the event, and where and how to call it (Azure's address, the attested keys)."""
-
-    name: str
-    reported: bool
-    target: RelayTarget
-
-
-def _relays(
-    pipeline: Pipeline,
-    record: EventRecord,
-    now: datetime,
-    skip: set[str],
-    rows: list[Reporter] | None = None,
-) -> list[Asked]:
-    """Named VMs whose relays were heard recently (a message, or a verified liveness
-    hint), reporters first (`candidates`): at most RELAYS_PER_ATTEMPT of them, so an event
-    naming 1,000 VMs costs a few point reads, not 1,000 (the others stay "unheard": a
-    later attempt reaches them). A VM whose approved event never started in its own view
-    (`unstarted`) is not asked for a while (functions.pipeline.slot_rules.suspect).
-
-    A VM whose own reporter row (`rows`, read with the event) says it lists the event,
-    lately, with its attested vmId, was heard by that document: its identity row alone
-    (address, keys, `unstarted`) is read, not its VM row too (issue 47: 6 Table requests
-    per approval, 5 with this). Others are found as before, through the VM row."""
-    fresh = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
-    own = {row.vm.casefold(): row for row in rows or ()}
-    chosen: list[Asked] = []
-    for name in candidates(record, skip):
-        if len(chosen) >= RELAYS_PER_ATTEMPT:
-            break
-        row = own.get(name.casefold())
-        if row is not None and row.status and row.vm_id and _lately(row.seen, now, fresh):
-            found = pipeline.relay_identity(row.vm_id)
-            if found is not None and not suspect(found[1], record.event_id, now):
-                chosen.append(Asked(row.vm, True, found[0]))
-            continue
-        vm = pipeline.store.get_vm(name)
-        if vm is None or suspect(vm, record.event_id, now) or not vm.vm_id:
-            continue
-        found = pipeline.relay_identity(vm.vm_id)
-        if found is None or suspect(found[1], record.event_id, now):
-            continue
-        heard = vm.last_seen
-        if heard is None or now - heard > fresh:
-            heard = pipeline.last_heard(vm)  # only then the liveness read
-        if heard is None or now - heard > fresh:
-            continue
-        wanted = record.event_id.casefold()
-        reported = any(e.casefold() == wanted for e in vm.event_ids)
-        chosen.append(Asked(vm.name, reported, found[0]))
-    return chosen
-
-
-def _lately(seen: datetime | None, now: datetime, fresh: timedelta) -> bool:
-    return seen is not None and now - seen <= fresh
-
-
-def _try_relays(
-    record: EventRecord,
-    relays: list[Asked],
-    session: requests.Session,
-    clock: Clock,
-    stop: datetime,
-    deadline: datetime,
-    by: str,
-    unheard: bool,
-    lanes: RelayLanes | None = None,
-) -> Phase:
-    """Round-robin over the relays with backoff between rounds; `unheard`: some named VMs
-    have no usable relay yet, so "all refused" is not final while time remains.
-    `deadline`: when relays are given up (NotBefore less the margin, or ARM's turn).
-    `lanes`: each VM's share of this host's workers (functions.pipeline.lanes): a relay
-    busy with another approval, or silent lately, is not asked; when no relay was asked in
-    a round, this attempt ends at once (`later`) instead of holding its worker."""
-    attempts: list[Attempt] = []
-    refused: set[str] = set()
-    delay = BACKOFF_START_SECONDS
-    me = object()  # this attempt, in the lanes: its own retries are never refused
-    while True:
-        asked = held = False
-        for relay in relays:
-            name = relay.name
-            if name in refused:
-                continue
-            remaining = (stop - clock.now()).total_seconds()
-            if remaining <= 0:
-                break
-            busy = lanes.enter(name, me, clock.now()) if lanes is not None else None
-            if busy is not None:
-                held = True
-                attempts.append(
-                    Attempt(at=clock.now(), vm=name, outcome=f"not asked: {busy}", by=by)
-                )
-                continue
-            verdict, status, text = "retry", None, "error: the exchange raised"
-            try:
-                verdict, status, text = post_start(
-                    relay.target,
-                    record.event_id,
-                    session,
-                    remaining,
-                    reported=relay.reported,
-                    expect=expect_for(record, name),
-                )
-            finally:
-                if lanes is not None:  # no HTTP answer in a fair time: silent lately
-                    silent = text.startswith("error:") and remaining >= 2 * lanes.patience
-                    lanes.leave(name, me, clock.now(), not silent, text)
-            asked = True
-            attempts.append(Attempt(at=clock.now(), vm=name, outcome=text, by=by))
-            if verdict == "differs":
-                return Phase(outcome="vetoed", detail=f"{name}'s relay: {text}", attempts=attempts)
-            if verdict == "approved":
-                return Phase(
-                    outcome="approved",
-                    via=name,
-                    detail=text,
-                    attempts=attempts,
-                    status=status,
-                )
-            if verdict == "refused":
-                refused.add(name)
-        if held and not asked:
-            # Every relay left is another approval's or silent lately: its turn comes
-            # when the event is due again, and this worker goes back to the queue now.
-            return Phase(
-                outcome="later",
-                detail="relays not asked now: " + _last_texts(attempts),
-                attempts=attempts,
-            )
-        if all(r.name in refused for r in relays):
-            # Named VMs whose relays are not known yet may still approve: keep it pending.
-            waiting = unheard and clock.now() < deadline
-            return Phase(
-                outcome="later" if waiting else "exhausted",
-                detail="every known named relay refused: " + _last_texts(attempts),
-                attempts=attempts,
-            )
-        now = clock.now()
-        if now + timedelta(seconds=delay) >= stop:
-            if stop < deadline:
-                return Phase(
-                    outcome="later",
-                    detail="relays unreachable so far: " + _last_texts(attempts),
-                    attempts=attempts,
-                )
-            return Phase(
-                outcome="exhausted",
-                detail="no relay answered before the approval deadline: " + _last_texts(attempts),
-                attempts=attempts,
-            )
-        clock.sleep(delay)
-        delay = min(delay * 2, BACKOFF_MAX_SECONDS)
-
-
 def approval_path(approved_by: str | None) -> str:
     """How an approval reached Azure, for the audit and announcements: relay:<vm> or arm."""
     return ARM if approved_by == ARM else f"relay:{approved_by}"
-
-
-def _last_texts(attempts: list[Attempt]) -> str:
-    seen: dict[str, str] = {}
-    for attempt in attempts:
-        seen[attempt.vm or "-"] = attempt.outcome
-    return "; ".join(f"{vm}: {text}" for vm, text in seen.items())[:1000]
 
 
 def _finish(

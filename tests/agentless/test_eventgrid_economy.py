@@ -25,11 +25,13 @@ def test_requests_per_notification(store, clock, mocker):
     deliver(json.dumps(first), pipeline)
     # The seen-marker, one read finding no row, the row created (decided in the same
     # write), then the reconcile by key: its announcements claimed, then marked done
-    # (issue 46: the writer claims nothing).
+    # (issue 46: the writer claims nothing), with the decision's audit row in that same
+    # transaction (issue 47).
     assert requests(calls) == {
         "events.create_entity": 2,
         "events.get_entity": 1,
-        "events.update_entity": 2,
+        "events.update_entity": 1,
+        "events.submit_transaction": 1,
     }
 
     calls.reset()

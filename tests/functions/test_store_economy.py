@@ -43,7 +43,8 @@ class Calls:
         self.spies = {
             (table, method): mocker.spy(getattr(store, table), method)
             for table in ("vms", "events")
-            for method in ("get_entity", "create_entity", "update_entity")
+            # submit_transaction: a write with its audit row (one request, issue 47)
+            for method in ("get_entity", "create_entity", "update_entity", "submit_transaction")
         }
 
     def count(self, table: str, method: str) -> int:
@@ -53,7 +54,7 @@ class Calls:
         return sum(
             spy.call_count
             for (_, method), spy in self.spies.items()
-            if method in ("create_entity", "update_entity")
+            if method in ("create_entity", "update_entity", "submit_transaction")
         )
 
     def reset(self) -> None:
