@@ -13,13 +13,15 @@ through Resource Manager is the design, not a difference.
 
 A run may be an allowed exception where its fault outlasts what Azure itself allows (a
 Preempt's 30 s notice under a 90 s outage at 20x, half an hour): its differences on that
-event are shown but not counted (docs/operations.md says which).
+event are shown but not counted (docs/operations.md says which). Where only part of what an
+event shows can differ (a Reboot's approval, when the outage came first: `MayLack`), only
+those differences are excused; any other on that event still counts.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,11 +71,55 @@ PREEMPT_OUTLASTED = (
 
 
 @dataclass(frozen=True)
+class MayLack:
+    """An allowed exception narrower than a whole event: the faulty run's event may lack
+    its approval (approved False and no StartRequests where the fault-free run had them)
+    and some of `transitions` (announced, and each channel's posts), and nothing else:
+    every other difference on it still counts."""
+
+    reason: str
+    transitions: frozenset[str] = frozenset({"approved", "started"})
+
+    def excuses(self, name: str, mine: Any, theirs: Any) -> bool:
+        if name == "approved":
+            return mine is False and theirs is True
+        if name == "start_requests":
+            return mine == 0 and isinstance(theirs, int) and theirs > 0
+        if name == "announced":
+            return self._lacks(mine or [], theirs or [])
+        if name == "posted":
+            mine, theirs = mine or {}, theirs or {}
+            return all(self._lacks(mine.get(c, []), theirs.get(c, [])) for c in {*mine, *theirs})
+        return False
+
+    def _lacks(self, mine: list[Any], theirs: list[Any]) -> bool:
+        """`mine` is `theirs` less some of `transitions`, in the same order."""
+        return list(mine) == [t for t in theirs if t in mine or t not in self.transitions]
+
+
+# The wave's drained Reboot under a 90 s outage (issue 47). Timings at 20x (docs/chaos.md):
+# it is scheduled at 1 s with NotBefore about 45 s later (15 minutes); decided at about
+# 1.3 s, its readiness drain waits 1.5 s (30 s) and approves at about 2.9 s, a tenth of a
+# second before storage goes, from 3 s to 93 s. The approval is Table writes (its claim,
+# its outcome): when the outage comes first none can be written before NotBefore, and
+# Azure starts the Reboot unapproved (drained) then, as it would in Azure. Either way its
+# start and its end (30 s later) may both fall in the outage, and an event found over is
+# announced only as over (functions.pipeline.due.conditions): its `started` may be missing.
+REBOOT_OUTLASTED = MayLack(
+    "the 90 s outage (from 3 s to 93 s) outlasts the drained Reboot's 15-minute notice (45 s "
+    "at 20x): its approval, due at about 2.9 s, needs Table storage, so when the outage "
+    "comes first Azure starts it unapproved at NotBefore; its start and end may both fall "
+    "in the outage, and an event found over is announced only as over"
+)
+
+
+@dataclass(frozen=True)
 class Run:
     name: str
     plan: str
     fault: Callable[[], chaos.Fault]
-    allowed: dict[str, str] = field(default_factory=dict)  # step key -> why it may differ
+    # step key -> why it may differ: every difference on it (a str), or only some (MayLack)
+    allowed: dict[str, str | MayLack] = field(default_factory=dict)
     time_scale: float = TIME_SCALE
     settle_limit: float = SETTLE_LIMIT
 
@@ -89,7 +135,7 @@ RUNS: tuple[Run, ...] = (
         "storage frozen 90 s",
         "wave",
         lambda: chaos.StorageOutage("frozen", 90),
-        {"preempt spot-1": PREEMPT_OUTLASTED},
+        {"preempt spot-1": PREEMPT_OUTLASTED, "platform-reboot app-1": REBOOT_OUTLASTED},
     ),
     Run(
         "storage refusing 15 s",
@@ -101,7 +147,7 @@ RUNS: tuple[Run, ...] = (
         "storage refusing 90 s",
         "wave",
         lambda: chaos.StorageOutage("refusing", 90),
-        {"preempt spot-1": PREEMPT_OUTLASTED},
+        {"preempt spot-1": PREEMPT_OUTLASTED, "platform-reboot app-1": REBOOT_OUTLASTED},
     ),
     # Past the SDK's retries of each Table request (about 11 s of refusals fail a run):
     # the drain ends only through the subscription's redelivery (issue 46, 7d).
@@ -313,17 +359,22 @@ def signature(demo: Any, plan: Plan) -> dict[str, dict[str, Any]]:
 def compare(
     baseline: dict[str, dict[str, Any]],
     result: dict[str, dict[str, Any]],
-    allowed: dict[str, str] | None = None,
+    allowed: Mapping[str, str | MayLack] | None = None,
 ) -> tuple[list[str], list[str]]:
     """(differences, excused differences): one line per field that differs."""
     differences: list[str] = []
     excused: list[str] = []
     for key in baseline:
         mine, theirs = result.get(key, {}), baseline[key]
+        excuse = (allowed or {}).get(key)
         for name in sorted(set(mine) | set(theirs)):
             if mine.get(name) != theirs.get(name):
                 line = f"{key}: {name} {mine.get(name)!r}, fault-free {theirs.get(name)!r}"
-                (excused if allowed and key in allowed else differences).append(line)
+                ok = isinstance(excuse, str) or (
+                    isinstance(excuse, MayLack)
+                    and excuse.excuses(name, mine.get(name), theirs.get(name))
+                )
+                (excused if ok else differences).append(line)
     return differences, excused
 
 

@@ -11,6 +11,7 @@ import socket
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -145,3 +146,80 @@ def test_a_fault_that_never_fires_makes_the_suite_fail():
     (result,) = run_all((run,))
     assert result.executed and result.unfired and result.divergent, table([result])
     assert summary([result])["chaos_faults_not_fired"] == 1
+
+
+# Issue 47: in `make bench` on 3c1894f both 90 s storage outages of the wave came out
+# DIVERGENT on the drained Reboot: approved False, no StartRequests, no `approved`
+# announced or posted. The outage (3 s to 93 s) outlasts the Reboot's notice (NotBefore
+# about 45 s) and its approval, due at about 2.9 s, needs Table storage: when the outage
+# comes first Azure starts it unapproved at NotBefore (docs/chaos.md). Only that, and a
+# `started` whose report and end both fell in the outage, is excused; nothing else on it.
+
+REBOOT_FAULT_FREE: dict[str, Any] = {
+    "ended": "completed",
+    "announced": [
+        "approved",
+        "completed",
+        "decided",
+        "drain_started",
+        "scheduled",
+        "started",
+        "undrained",
+    ],
+    "approved": True,
+    "start_requests": 1,
+    "drain_hook": ["drain", "undrain"],
+    "posted": {
+        "slack": ["approved", "completed", "decided", "drain_started", "started", "undrained"],
+        "webhook": [
+            "scheduled",
+            "decided",
+            "drain_started",
+            "approved",
+            "started",
+            "completed",
+            "undrained",
+        ],
+    },
+}
+
+
+def _without(seen: dict[str, Any], *transitions: str, **fields: object) -> dict[str, Any]:
+    out = {**seen, **fields}
+    out["announced"] = [t for t in seen["announced"] if t not in transitions]
+    out["posted"] = {
+        c: [t for t in posts if t not in transitions] for c, posts in seen["posted"].items()
+    }
+    return out
+
+
+@pytest.mark.parametrize("name", ["storage frozen 90 s", "storage refusing 90 s"])
+def test_a_reboot_the_long_outage_left_unapproved_is_allowed_and_nothing_else(name):
+    from tests.chaos.runner import RUNS
+
+    (run,) = [r for r in RUNS if r.name == name]
+    key = "platform-reboot app-1"
+    baseline = {key: REBOOT_FAULT_FREE}
+
+    def verdict(seen: dict[str, Any]) -> tuple[list[str], list[str]]:
+        return compare(baseline, {key: seen}, run.allowed)
+
+    # As the bench saw it: the outage came before the approval.
+    unapproved = _without(REBOOT_FAULT_FREE, "approved", approved=False, start_requests=0)
+    differences, excused = verdict(unapproved)
+    assert differences == [] and len(excused) == 4, (differences, excused)
+    # Approved before the outage, its Started report and its end both in it.
+    assert verdict(_without(REBOOT_FAULT_FREE, "started"))[0] == []
+    assert verdict(_without(REBOOT_FAULT_FREE, "approved", "started", approved=False))[0] == []
+    # Anything else on the Reboot still counts.
+    assert verdict(_without(REBOOT_FAULT_FREE, "drain_started"))[0]
+    assert verdict({**unapproved, "drain_hook": ["undrain"]})[0] == [
+        f"{key}: drain_hook ['undrain'], fault-free ['drain', 'undrain']"
+    ]
+    assert verdict({**unapproved, "ended": "cancelled"})[0]
+    assert verdict({**REBOOT_FAULT_FREE, "start_requests": 2})[0]
+    extra = {**REBOOT_FAULT_FREE, "announced": [*REBOOT_FAULT_FREE["announced"], "overdue"]}
+    assert verdict(extra)[0]
+    slack = REBOOT_FAULT_FREE["posted"]["slack"]
+    reordered = {**REBOOT_FAULT_FREE["posted"], "webhook": slack}
+    assert verdict({**REBOOT_FAULT_FREE, "posted": reordered})[0]
