@@ -559,7 +559,9 @@ module maintenanceProvider 'modules/maintenance-provider.bicep' = [
 var relayKeyArgument = 'none'
 // add-relay.sh's 9th argument: the readiness port, or `off`.
 var relayReadyArgument = (relayReadyPort > 0) ? string(relayReadyPort) : 'off'
-var relayPyzB64 = loadFileAsBase64('relay/scheduled-events-relay.pyz.xz')
+// Only when it is installed from there: with relayPackageUrl the VM installs the release
+// asset and never reads the embedded copy (add-relay.sh), so customData does not carry it.
+var relayPyzB64 = empty(relayPackageUrl) ? loadFileAsBase64('relay/scheduled-events-relay.pyz.xz') : ''
 var addRelayScriptB64 = loadFileAsBase64('relay/add-relay.sh.gz') // add-relay.sh gzipped (make relay)
 // relay/cloud-init.yaml installs and starts the relay on first boot (any image whose python3
 // is 3.9 or newer: Ubuntu 20.04+, Debian 11+, RHEL 9, Azure Linux) with nothing to download:

@@ -1,11 +1,11 @@
-"""HMAC request signing shared by the relay callback, the functions that call it, and webhooks.
-
-Two schemes. v2 (below, issue 22) is the only one the relay's callback accepts; v1 stays
-for the webhooks that use it. v1: `X-Relay-Timestamp: <unix seconds>` and
-`X-Relay-Signature: v1=<hex HMAC-SHA256(key, TIMESTAMP "\\n" METHOD "\\n" PATH "\\n" BODY)>`.
-Binding method and path stops a signature for one endpoint being replayed on another;
-the timestamp bounds how long a captured request stays usable, and the relay also refuses
-a signature it has already seen inside that window.
+"""The relay's side of request signing: it verifies scheme v2 (below, issue 22), the only
+one its callback accepts, and keeps the HMAC and SHA-256 the rest of the relay uses.
+Signing lives with the caller, functions/signing.py (the app; v1 stays there for the
+webhooks that use it): the relay never signs, and every byte of it travels in a VM's
+customData (tests/test_signing.py proves the relay verifies what the app signs).
+Binding method, path and target stops a signature for one endpoint or VM being replayed
+on another; the timestamp bounds how long a captured request stays usable, and the relay
+also refuses a signature it has already seen inside that window.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 TIMESTAMP_HEADER = "X-Relay-Timestamp"
 SIGNATURE_HEADER = "X-Relay-Signature"
-SCHEME = "v1"
 MAX_SKEW_SECONDS = 300
 
 
@@ -72,50 +71,6 @@ def compare_digest(a: bytes, b: bytes) -> bool:
     return _operator._compare_digest(a, b)
 
 
-def signature(key: bytes, timestamp: int | str, method: str, path: str, body: bytes) -> str:
-    message = f"{timestamp}\n{method.upper()}\n{path}\n".encode() + body
-    return f"{SCHEME}=" + hmac_sha256(key, message).hex()
-
-
-def sign_headers(
-    key: bytes, method: str, path: str, body: bytes, now: float | None = None
-) -> dict[str, str]:
-    """Headers that authenticate one request; `now` is injectable for tests."""
-    timestamp = int(time.time() if now is None else now)
-    return {
-        TIMESTAMP_HEADER: str(timestamp),
-        SIGNATURE_HEADER: signature(key, timestamp, method, path, body),
-    }
-
-
-def verify(
-    key: bytes,
-    headers: Mapping[str, str],
-    method: str,
-    path: str,
-    body: bytes,
-    now: float | None = None,
-    max_skew: int = MAX_SKEW_SECONDS,
-) -> str:
-    """Check a signed request; return its signature (for replay tracking) or raise."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    stamp = lowered.get(TIMESTAMP_HEADER.lower())
-    given = lowered.get(SIGNATURE_HEADER.lower())
-    if not stamp or not given:
-        raise SignatureError("missing signature headers")
-    # isdigit() alone admits superscripts and other scripts' digits, which int() refuses
-    # or reads unexpectedly (a 500 instead of a 400).
-    if not (stamp.isascii() and stamp.isdigit()) or len(stamp) > 20:
-        raise MalformedSignature("malformed timestamp")
-    current = time.time() if now is None else now
-    if abs(current - int(stamp)) > max_skew:
-        raise SignatureError("stale timestamp")
-    expected = signature(key, stamp, method, path, body)
-    if not compare_digest(expected.encode(), given.encode("utf-8", "replace")):
-        raise SignatureError("bad signature")
-    return given
-
-
 # --------------------------------------------------------------------------- v2 (issue 22)
 # Per-VM keys naming their target: `X-Relay-Timestamp`, `X-Relay-Target` (the callee's
 # vmId, lower-case), `X-Relay-Key-Id` (KID = sha256(secret).hexdigest()[:16]) and
@@ -142,26 +97,6 @@ def signature_v2(
 ) -> str:
     message = f"{timestamp}\n{method.upper()}\n{path}\n{target}\n".encode() + body
     return f"{SCHEME_V2}=" + _hmac_hex(secret, message)
-
-
-def sign_headers_v2(
-    secret: bytes,
-    key_id: str,
-    target: str,
-    method: str,
-    path: str,
-    body: bytes,
-    now: float | None = None,
-) -> dict[str, str]:
-    """Headers that authenticate one request to the VM `target` (its vmId)."""
-    timestamp = int(time.time() if now is None else now)
-    target = target.lower()
-    return {
-        TIMESTAMP_HEADER: str(timestamp),
-        TARGET_HEADER: target,
-        KEY_ID_HEADER: key_id,
-        SIGNATURE_HEADER: signature_v2(secret, timestamp, method, path, target, body),
-    }
 
 
 def verify_v2(

@@ -42,14 +42,17 @@ LONGEST = {
 
 
 def custom_data(**values: str) -> str:
-    """cloud-init.yaml as main.bicep fills it (the committed relay and script)."""
+    """cloud-init.yaml as main.bicep fills it (the committed relay and script). The relay
+    is embedded only when no `relayPackageUrl` is given (main.bicep `relayPyzB64`)."""
     relay = INFRA / "relay"
     filled = {
         **LONGEST,
-        "RELAY_PYZ_B64": _b64(relay / "scheduled-events-relay.pyz.xz"),
         "ADD_RELAY_SCRIPT_B64": _b64(relay / "add-relay.sh.gz"),
         **values,
     }
+    if "RELAY_PYZ_B64" not in values:
+        embedded = not filled["RELAY_PACKAGE_URL"]
+        filled["RELAY_PYZ_B64"] = _b64(relay / "scheduled-events-relay.pyz.xz") if embedded else ""
     text = (relay / "cloud-init.yaml").read_text()
     return PLACEHOLDER.sub(lambda m: filled[m.group(1)], text)
 
@@ -59,5 +62,8 @@ def _b64(path: Path) -> str:
 
 
 def spare_bytes() -> int:
-    """relay_customdata_spare_bytes: what a deployment's customData leaves unused."""
-    return CUSTOM_DATA_LIMIT - len(custom_data().encode())
+    """relay_customdata_spare_bytes: what a deployment's customData leaves unused, in the
+    fuller of its two forms: the relay embedded (no package URL), or a package URL of the
+    longest length main.bicep allows (no relay embedded)."""
+    forms = (custom_data(RELAY_PACKAGE_URL=""), custom_data())
+    return CUSTOM_DATA_LIMIT - max(len(form.encode()) for form in forms)

@@ -84,9 +84,15 @@ def test_the_script_and_template_are_loaded_from_their_files() -> None:
     assert script["type"] == "load_file_as_base64"
     assert script["parameters"]["file_path"] == "relay/add-relay.sh.gz"
     assert _replacements()["ADD_RELAY_SCRIPT_B64"] == "addRelayScriptB64"
-    pyz = main.variables["relayPyzB64"]["function"]
+    # Embedded only without a package URL (the VM then installs the release asset).
+    chosen = main.variables["relayPyzB64"]["operator"]
+    assert chosen["type"] == "conditional"
+    condition = chosen["operands"]["condition"]["function"]
+    assert condition == {"type": "empty", "parameters": {"item_to_test": "relayPackageUrl"}}
+    pyz = chosen["operands"]["true_value"]["function"]
     assert pyz["type"] == "load_file_as_base64"
     assert pyz["parameters"]["file_path"] == "relay/scheduled-events-relay.pyz.xz"
+    assert chosen["operands"]["false_value"] == ""
     assert _replacements()["RELAY_PYZ_B64"] == "relayPyzB64"
 
 

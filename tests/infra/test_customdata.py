@@ -47,3 +47,14 @@ def test_the_measure_uses_the_longest_value_bicep_allows() -> None:
     url = LONGEST["RELAY_PACKAGE_URL"]
     assert url.startswith("https://") and re.fullmatch(r"[0-9a-f]{64}", url.split("#sha256=")[1])
     assert re.fullmatch(r"[a-z-]+(:[a-z,-]+)?(\+[A-Z_,]+)?", LONGEST["HOOK_AS"])
+
+
+def test_a_package_url_deployment_carries_no_embedded_relay() -> None:
+    """With relayPackageUrl the VM installs the release asset and never reads the embedded
+    copy, so main.bicep embeds none (51 KB of customData freed); the spare is measured on
+    the fuller form, the embedded relay."""
+    with_url = yaml.safe_load(custom_data())
+    embedded = yaml.safe_load(custom_data(RELAY_PACKAGE_URL=""))
+    assert with_url["write_files"][0]["content"] == ""
+    assert len(embedded["write_files"][0]["content"]) > 40_000
+    assert spare_bytes() == 65535 - len(custom_data(RELAY_PACKAGE_URL="").encode())

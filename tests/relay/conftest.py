@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from functions import signing as app_signing
 from relay import signing
 from simulator.instance import vm_id as simulated_vm_id
 from tests.relay.servicebus_standin import ServiceBusStandIn
@@ -62,7 +63,9 @@ def sign_headers(
     target: str = VM0_ID,
 ) -> dict[str, str]:
     """v2 headers as the app signs them: `key` is the secret, for the VM `target`."""
-    return signing.sign_headers_v2(key, signing.key_id(key), target, method, path, body, now=now)
+    return app_signing.sign_headers_v2(
+        key, signing.key_id(key), target, method, path, body, now=now
+    )
 
 
 def relay_key(state_dir: Path) -> bytes:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import requests
 
+from functions.signing import sign_headers as v1_sign_headers
 from relay.callback import CallbackApp, CallbackServer
 from relay.imds import ImdsClient
 from relay.signing import key_id
-from relay.signing import sign_headers as v1_sign_headers
 from tests.relay.conftest import KEY, VM0_ID, FixedKeys, sign_headers, vm_id_of
 
 
