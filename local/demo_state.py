@@ -43,7 +43,6 @@ class DemoState:
     callback_urls: dict[str, str]
     drain_settings: Any
     undrain_settings: Any
-    terminate_subscription: Any  # local.bus.LocalQueue: the drain workflow's messages
     backtest: Any = None  # functions.backtest.replay.Backtest, once run
     upgrade_lane: Any = None  # local.demo_upgrade.UpgradeLane, while the plan plays
 

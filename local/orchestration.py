@@ -239,6 +239,8 @@ class Demo(DemoState):
         # The timeline first (it notes what is announced), then one subscription per channel.
         self.publisher.subscribe("timeline", self._announced)
         self._subscribe_channels()
+        if "terminate workflow" not in self.missing:
+            self._start_terminate()
         self.host = LocalHost(
             self.inbox,
             self.settings,
@@ -250,8 +252,6 @@ class Demo(DemoState):
             # A copy for later after an outage waits as long in the demo's time as in Azure.
             later_scale=1.0 / self.options.time_scale,
         )
-        if "terminate workflow" not in self.missing:
-            self._start_terminate()  # over the host's pipeline, as in the function app
         # The coverage pass says which drain each VM has under the demo's drain settings.
         self.host.drain_settings = getattr(self, "drain_settings", None)
         # The identity sync's pass (its timer's code), before any relay reports: the
