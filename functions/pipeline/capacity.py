@@ -544,7 +544,7 @@ def flag_unstarted(pipeline: Any, record: EventRecord, now: datetime) -> None:
 
     flagged, _ = pipeline.store.mutate_vm(vm, change)
     # And in its identity row, where the approver looks (it reads no VM row for a VM whose
-    # own reporter row is fresh: functions.pipeline.approve).
+    # own reporter row is fresh: functions.pipeline.relay_phase).
     admission = getattr(pipeline, "admission", None)
     if flagged is None or not flagged.vm_id or admission is None:
         return

@@ -7,6 +7,7 @@ bench's wave, one of them this query)."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +16,22 @@ from azure.data.tables import UpdateMode
 from functions.model.policy import Policy, Rule, Window
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.reconcile import reconcile_key
+from functions.store.state import Store
 from tests.functions.conftest import T0, envelope, event, make_pipeline
+from tests.tablecount import TableCounter
+
+
+def _counted(counter: TableCounter, clock: Any) -> tuple[Store, Any]:
+    """A store of fresh tables behind the counting proxy, and a pipeline whose policy
+    holds every event for a window that opens a minute later (as in the bench's wave)."""
+    store = Store.from_connection_string(counter.connection_string, "t" + uuid.uuid4().hex[:12])
+    policy = Policy(
+        rules=(Rule(name="all", action="approve"),),
+        windows=(Window(days=("Sat",), start="10:01", end="23:00"),),
+        timezone="UTC",
+    )
+    pipeline, _ = make_pipeline(store.ensure_tables(), clock, policy)
+    return store, pipeline
 
 
 def count_reporter_queries(store: Any) -> list[str]:
@@ -66,20 +82,8 @@ def test_the_sweeps_approval_reads_the_event_and_its_reporters_in_one_query(azur
     requests for one relay approval (read, claim, identity, outcome with its audit row,
     open index); 8 with the row read on its own, 7 with the audit row in a table of its
     own, 6 with the VM row read."""
-    import uuid
-
-    from functions.store.state import Store
-    from tests.tablecount import TableCounter
-
-    policy = Policy(
-        rules=(Rule(name="all", action="approve"),),
-        windows=(Window(days=("Sat",), start="10:01", end="23:00"),),
-        timezone="UTC",
-    )
     with TableCounter(azurite) as counter:
-        store = Store.from_connection_string(counter.connection_string, "t" + uuid.uuid4().hex[:12])
-        store.ensure_tables()
-        pipeline, _ = make_pipeline(store, clock, policy)
+        store, pipeline = _counted(counter, clock)
         ev = event("EV-Q", "Redeploy", resources=("vm-q",), not_before=T0 + timedelta(hours=2))
         body = envelope("vm-q", 1, [ev], callback_url=relay.url)
         assert ingest_message(body, pipeline).outcome == "processed"
@@ -107,21 +111,10 @@ def test_a_stale_or_unattested_reporter_row_is_found_through_its_vm_row(azurite,
     attested vmId: a row older than RELAY_SILENT_AFTER_SECONDS (its relay may have gone
     quiet since) or one written before reporter rows kept the vmId goes through the VM row
     and the liveness hint, as before, and is still approved."""
-    import uuid
-
     from functions.store.reporters import REPORTER, VM_ID
-    from functions.store.state import Store
-    from tests.tablecount import TableCounter
 
-    policy = Policy(
-        rules=(Rule(name="all", action="approve"),),
-        windows=(Window(days=("Sat",), start="10:01", end="23:00"),),
-        timezone="UTC",
-    )
     with TableCounter(azurite) as counter:
-        store = Store.from_connection_string(counter.connection_string, "t" + uuid.uuid4().hex[:12])
-        store.ensure_tables()
-        pipeline, _ = make_pipeline(store, clock, policy)
+        store, pipeline = _counted(counter, clock)
         for event_id, vm in (("EV-OLD", "vm-old"), ("EV-NOID", "vm-noid")):
             ev = event(event_id, "Redeploy", resources=(vm,), not_before=T0 + timedelta(hours=2))
             body = envelope(vm, 1, [ev], callback_url=relay.url)
