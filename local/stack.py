@@ -16,7 +16,10 @@ class Stack:
 
     Child processes get their own session so a Ctrl-C in the terminal reaches only the
     demo, which then stops them in order (relays before the host, Azurite last) instead
-    of everything dying at once mid-write.
+    of everything dying at once mid-write. The children (relays, their readiness
+    responders, the hook unit: all started after the host) are signalled together and
+    then waited for in order, so they stop side by side: one after another, ten of them
+    took 4 s on a quiet machine and over 30 s on a loaded CI runner.
     """
 
     def __init__(self) -> None:
@@ -48,6 +51,10 @@ class Stack:
         return proc
 
     def close(self) -> None:
+        for proc in reversed(self.processes):
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.terminate()
         self._exit.close()
 
     def kill_all(self) -> None:

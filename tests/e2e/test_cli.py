@@ -105,3 +105,34 @@ def test_a_plan_that_cannot_play_is_refused_before_anything_starts(tmp_path: Pat
     proc = start_demo("--plan", str(plan))
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 2 and "unknown scenario 'meteor'" in out
+
+
+def test_the_stack_signals_its_children_together_then_waits(tmp_path: Path):
+    """Each child, once told to stop, waits until every sibling has been told too. Told
+    one after another, the first would wait out stop_process's 5 s and be killed (-9);
+    told together, every one exits by itself (0). A condition, not a stopwatch."""
+    from local.stack import Stack
+
+    child = (
+        "import os, pathlib, signal, sys, time\n"
+        "d = pathlib.Path(sys.argv[1]); n = int(sys.argv[2]); me = sys.argv[3]\n"
+        "def stop(*_):\n"
+        "    (d / f'told-{me}').touch()\n"
+        "    while len(list(d.glob('told-*'))) < n: time.sleep(0.01)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "(d / f'up-{me}').touch()\n"
+        "while True: time.sleep(1)\n"
+    )
+    stack = Stack()
+    procs = [
+        stack.process(
+            [sys.executable, "-c", child, str(tmp_path), "3", str(i)], tmp_path / f"{i}.log"
+        )
+        for i in range(3)
+    ]
+    while len(list(tmp_path.glob("up-*"))) < 3:  # each has its handler in place
+        assert all(p.poll() is None for p in procs)
+        time.sleep(0.01)
+    stack.close()
+    assert [p.returncode for p in procs] == [0, 0, 0]
