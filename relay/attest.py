@@ -167,7 +167,7 @@ class AttestingSender(Sender):
             vm = data.get("vm") if isinstance(data.get("vm"), dict) else {}
             if not vm.get("vm_id"):  # an outbox entry from before the upgrade
                 data["vm"] = {**vm, "vm_id": self.vm.get("vm_id")}
-        data["callback_key"] = self.keys.current_key().wire()
+        data["callback_key"] = self.keys.wire()
         return data
 
     def send(self, envelope: Envelope, body: str) -> None:

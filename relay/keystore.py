@@ -25,13 +25,14 @@ from pathlib import Path
 
 from relay.logs import event
 from relay.outbox import atomic_write
-from relay.signing import key_id
+from relay.signing import hmac_sha256, key_id
 
 log = logging.getLogger("relay.keys")
 
 KEY_FILE = "callback-key.json"
 PREVIOUS_GRACE = 24 * 3600
 DEFAULT_MAX_AGE = 30 * 86400
+PROOF_LABEL = b"key-proof/v1\n"  # the app's functions.identity.keys.PROOF_LABEL
 
 
 class CallbackKey:
@@ -62,9 +63,15 @@ class CallbackKey:
             raise ValueError("the key id does not match the secret")
         return key
 
-    def wire(self) -> dict[str, str]:
-        """`callback_key` of an envelope (contract §1)."""
-        return {"id": self.id, "secret": self.secret.hex()}
+    def wire(self, previous: CallbackKey | None = None) -> dict[str, str]:
+        """`callback_key` of an envelope (contract §1). With the previous key, also its id
+        (`prev`) and its proof that this key is its successor (`proof`): what lets the app
+        tell the relay's rotation from a key any other process on the VM could send."""
+        wire = {"id": self.id, "secret": self.secret.hex()}
+        if previous:
+            proof = hmac_sha256(previous.secret, PROOF_LABEL + self.id.encode())
+            wire.update(prev=previous.id, proof=proof.hex())
+        return wire
 
 
 class KeyStore:
@@ -81,7 +88,6 @@ class KeyStore:
         self.max_age = max_age
         self._clock = clock
         self._lock = threading.Lock()
-        self._listeners: list[Callable[[CallbackKey], None]] = []
         state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(state_dir, 0o700)  # the key lives here: nobody else may even look in
         self.current, self.previous = self._load()
@@ -115,9 +121,6 @@ class KeyStore:
         data = {"current": current.to_dict(), "previous": previous and previous.to_dict()}
         atomic_write(self.path, json.dumps(data).encode(), mode=0o600)
 
-    def on_rotate(self, listener: Callable[[CallbackKey], None]) -> None:
-        self._listeners.append(listener)
-
     def rotate_if_due(self) -> bool:
         """A new current key once the current one is `max_age` old; True if it rotated."""
         now = self._clock()
@@ -132,9 +135,6 @@ class KeyStore:
             except OSError as exc:
                 event(log, logging.ERROR, "cannot rotate the callback key", error=str(exc))
                 return False
-            new = self.current
-        for listener in self._listeners:
-            listener(new)
         return True
 
     def keys(self) -> dict[str, bytes]:
@@ -150,3 +150,8 @@ class KeyStore:
     def current_key(self) -> CallbackKey:
         with self._lock:
             return self.current
+
+    def wire(self) -> dict[str, str]:
+        """The envelope's `callback_key`: the current key, proved by the previous one."""
+        with self._lock:
+            return self.current.wire(self.previous)

@@ -420,10 +420,6 @@ class Envelope(Record):
         if self.document is not None:
             parse_document(self.document)
 
-    @property
-    def scheduled_events(self) -> ScheduledEventsDocument | None:
-        return parse_document(self.document) if self.document is not None else None
-
     def with_sequence(self, sequence: int) -> Envelope:
         return self.replace(sequence=sequence)
 

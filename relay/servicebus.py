@@ -29,12 +29,9 @@ from relay.signing import hmac_sha256
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from pathlib import Path
     from typing import Any
 
     from relay.models import Envelope
-
-IDENTITY_API_VERSION = "2018-02-01"
 
 
 # ------------------------------------------------------------------ tokens
@@ -90,10 +87,6 @@ class SasTokenProvider(TokenProvider):
         self._clock = clock
         self._token: str | None = None
         self._expires = 0.0
-
-    @classmethod
-    def from_file(cls, path: Path, resource_uri: str) -> SasTokenProvider:
-        return cls(path.read_text(encoding="utf-8"), resource_uri)
 
     def authorization(self) -> str:
         now = self._clock()

@@ -25,6 +25,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from functions.signing import key_id
 
 WRAP_LABEL = b"callback-key-wrap/v1"
+# A relay's proof that the key it sends succeeds its previous one (relay.keystore's label).
+PROOF_LABEL = b"key-proof/v1\n"
 PAGE_TOKEN_LABEL = b"page-token/v1"
 NONCE_BYTES = 12
 SECRET_BYTES = 32
@@ -73,6 +75,43 @@ def parse_callback_key(value: Any) -> CallbackKey:
     if not isinstance(secret, str) or not _SECRET_HEX.match(secret):
         raise InvalidCallbackKey("callback_key.secret is not 64 lower-case hex characters")
     return CallbackKey(key_id, bytes.fromhex(secret))
+
+
+@dataclass(frozen=True)
+class KeyProof:
+    """The envelope's `callback_key.prev` and `.proof`: the relay's proof that whoever holds
+    key `previous_id` made the key it sends, HMAC-SHA256(previous secret, PROOF_LABEL + new
+    key id). Its key file is its user's alone (0600 in a 0700 directory), so no other
+    process on the VM can make one: what tells the relay's own rotation from a key any
+    local user could send with an attested document (functions.identity.registry)."""
+
+    previous_id: str
+    proof: str
+
+    def __repr__(self) -> str:
+        return f"KeyProof(previous_id={self.previous_id!r})"
+
+    def made(self, previous: CallbackKey, key_id: str) -> bool:
+        """Whether `previous` (the key named `previous_id`) made this proof for `key_id`."""
+        return hmac.compare_digest(key_proof(previous.secret, key_id), self.proof)
+
+
+def key_proof(secret: bytes, key_id: str) -> str:
+    """The proof a relay holding `secret` sends with its next key `key_id` (hex)."""
+    return hmac.new(secret, PROOF_LABEL + key_id.encode(), hashlib.sha256).hexdigest()
+
+
+def parse_key_proof(value: Any) -> KeyProof | None:
+    """The proof in the envelope's `callback_key` object, if it carries one (relays before
+    it, and a relay that never rotated, send none): `prev` 16 lower-hex, `proof` 64."""
+    if not isinstance(value, dict) or (value.get("prev") is None and value.get("proof") is None):
+        return None
+    previous_id, proof = value.get("prev"), value.get("proof")
+    if not isinstance(previous_id, str) or not _KEY_ID.match(previous_id):
+        raise InvalidCallbackKey("callback_key.prev is not 16 lower-case hex characters")
+    if not isinstance(proof, str) or not _SECRET_HEX.match(proof):
+        raise InvalidCallbackKey("callback_key.proof is not 64 lower-case hex characters")
+    return KeyProof(previous_id, proof)
 
 
 def _derive(app_secret: bytes, label: bytes) -> bytes:

@@ -5,7 +5,8 @@ Azure's word (facts from Resource Graph) or learned from an attested message (ke
 row per vmId: PartitionKey `id00`..`id07` (first 8 hex digits of the vmId mod 8, so no
 partition holds the fleet), RowKey the vmId. Columns: `data` (the facts' JSON, bounded by
 VmFacts' field limits), `keys` (JSON list of {"id", "wrapped"}, current first, at most 2),
-plus `name`, `key_id` and `fetched_at` for people browsing the table and for `by_name`.
+`anchor` (the id of the key proven to be the VM's relay's: see Identity.anchor), plus
+`name`, `key_id` and `fetched_at` for people browsing the table and for `by_name`.
 Callback secrets are stored wrapped under APP_SECRET (keys.wrap): a reader of the table
 cannot sign callbacks. Every write is conditional on the row's ETag (or an insert), so two
 function instances never lose each other's key.
@@ -36,7 +37,7 @@ from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 from pydantic import BaseModel, ConfigDict
 
 from functions.identity.facts import FactsResolver, FactsUnavailable, VmFacts, normalise_vm_id
-from functions.identity.keys import CallbackKey, InvalidCallbackKey, unwrap, wrap
+from functions.identity.keys import CallbackKey, InvalidCallbackKey, KeyProof, unwrap, wrap
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,11 @@ class TooManyKeys(ValueError):
     message is rejected with this reason, before Resource Graph is asked."""
 
 
+class ForgedProof(ValueError):
+    """A key whose proof names a key the VM's row holds and does not verify with it: its
+    message is rejected with this reason (never taken as a key without a proof)."""
+
+
 DEFAULT_MAX_NEW_KEYS_PER_DAY = 4  # Settings.max_new_keys_per_vm_day
 
 
@@ -71,6 +77,14 @@ class Identity(BaseModel):
     # "YYYY-MM-DD:N": keys new to a row that held others, presented that UTC day (issue 27:
     # each asks Resource Graph again; CachedResolver bounds them per VM-day).
     new_keys: str = ""
+    # The id of the key proven to be this VM's relay's (issue 46): the row's first key, then
+    # each key a proof by the anchor brought (the relay's rotation). Any local process can
+    # send an attested message with a key of its own, but only the relay can prove a key
+    # by the anchor: such a rotation is not counted against MAX_NEW_KEYS_PER_VM_DAY, and
+    # the anchor stays held however many unproven keys arrive (Identity.with_key), so a
+    # day of forged keys cannot lock the relay out. "" (a row written before it): the
+    # current key is taken as the anchor.
+    anchor: str = ""
     # Ids of the keys an attested message brought (issue 32). Only attested messages
     # enrol keys now, but a row an older release wrote in ATTESTATION_MODE=report may hold
     # a key an unverified message planted: such a key is never proof of the VM (report
@@ -99,6 +113,28 @@ class Identity(BaseModel):
     def key(self, key_id: str) -> CallbackKey | None:
         return next((k for k in self.keys if k.key_id == key_id), None)
 
+    @property
+    def anchor_key(self) -> CallbackKey | None:
+        """The held key proven to be the relay's (None: the row holds no such key)."""
+        return self.key(self.anchor) if self.anchor else self.current_key
+
+    def proved(self, key_id: str, proof: KeyProof | None) -> bool:
+        """Whether `proof` shows that the holder of the anchor made key `key_id`: the VM's
+        own relay rotating. A proof by a key the row does not hold, or by a held key that
+        is not the anchor (any key a local process sent is held too), proves nothing.
+        Raises ForgedProof when the proof names a held key and does not verify with it."""
+        prover = self.key(proof.previous_id) if proof is not None else None
+        if prover is None or proof is None:
+            return False
+        if not proof.made(prover, key_id):
+            raise ForgedProof(
+                f"vmId {self.vm_id}: callback_key.proof for key {key_id} does not verify "
+                f"with key {prover.key_id}, which this VM holds: rejected (a rotation is "
+                "proved only by the relay's own previous key)"
+            )
+        anchor = self.anchor_key
+        return anchor is not None and anchor.key_id == prover.key_id
+
     def attested_key(self, key: CallbackKey) -> bool:
         """Whether `key` (id and secret) is this VM's CURRENT key and came with an attested
         message: what only the VM's own relay can show (its key file is made on the VM)."""
@@ -110,12 +146,14 @@ class Identity(BaseModel):
             and key.key_id in self.attested
         )
 
-    def with_key(self, key: CallbackKey) -> Identity:
+    def with_key(self, key: CallbackKey, proof: KeyProof | None = None) -> Identity:
         """`key` as current, brought by an attested message (the only kind that enrols
-        keys): a new id becomes current and the old current becomes previous. A key already
-        current, or the previous one presented again (an older message delivered late),
-        changes nothing but its attested mark: a superseded key is never made current
-        again."""
+        keys): a new id becomes current and the anchor (else the old current) becomes
+        previous, so unproven keys replace one another, never the relay's proven key. A
+        new key proved by the anchor (`proof`, see `proved`) becomes the anchor. A key
+        already current, or the previous one presented again (an older message delivered
+        late), changes nothing but its attested mark: a superseded key is never made
+        current again."""
         if self.key(key.key_id) is not None:
             if key.key_id in self.attested:
                 return self
@@ -123,10 +161,20 @@ class Identity(BaseModel):
             return self.model_copy(
                 update={"attested": tuple(k.key_id for k in self.keys if k.key_id in marked)}
             )
-        keys = (key, *self.keys)[:MAX_KEYS]
+        anchor = self.anchor_key
+        kept = anchor or self.current_key
+        keys = (key, kept) if kept is not None else (key,)
+        if not self.keys or self.proved(key.key_id, proof):
+            anchored = key.key_id
+        else:
+            anchored = anchor.key_id if anchor is not None else self.anchor
         marked = {*self.attested, key.key_id}
         return self.model_copy(
-            update={"keys": keys, "attested": tuple(k.key_id for k in keys if k.key_id in marked)}
+            update={
+                "keys": keys,
+                "attested": tuple(k.key_id for k in keys if k.key_id in marked),
+                "anchor": anchored,
+            }
         )
 
 
@@ -179,6 +227,7 @@ class IdentityStore:
             "fetched_at": facts.fetched_at,
             "new_keys": identity.new_keys,
             "attested": ",".join(identity.attested),
+            "anchor": identity.anchor,
             **(
                 {"unstarted": identity.unstarted[:200], "unstarted_at": identity.unstarted_at}
                 if identity.unstarted and identity.unstarted_at is not None
@@ -210,6 +259,7 @@ class IdentityStore:
             etag=entity.metadata.get("etag"),
             new_keys=str(entity.get("new_keys") or "")[:32],
             attested=tuple(i for i in str(entity.get("attested") or "").split(",")[:MAX_KEYS] if i),
+            anchor=str(entity.get("anchor") or "")[:16],
             unstarted=str(entity.get("unstarted") or "")[:200],
             unstarted_at=at if isinstance(at := entity.get("unstarted_at"), datetime) else None,
         )
@@ -289,15 +339,15 @@ class IdentityStore:
                 time.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))  # noqa: S311
         raise IdentityConflict(f"identity {vm_id} kept changing")
 
-    def remember_key(self, vm_id: str, key: CallbackKey) -> Identity:
-        """Make `key` the VM's current key (see Identity.with_key). The VM must have a row
-        (facts first): a key is only ever stored beside Azure's facts. `vm_id`: as
-        normalise_vm_id gives it."""
+    def remember_key(self, vm_id: str, key: CallbackKey, proof: KeyProof | None = None) -> Identity:
+        """Make `key` the VM's current key (see Identity.with_key, `proof` its proof). The
+        VM must have a row (facts first): a key is only ever stored beside Azure's facts.
+        `vm_id`: as normalise_vm_id gives it."""
 
         def change(current: Identity | None) -> Identity | None:
             if current is None:
                 raise LookupError(f"identity {vm_id} has no facts yet")
-            updated = current.with_key(key)
+            updated = current.with_key(key, proof)
             return None if updated is current else updated
 
         result = self.mutate(vm_id, change)
@@ -371,9 +421,11 @@ class CachedResolver:
             return identity.facts
         return self._refresh(vm_id, None).facts
 
-    def enroll(self, vm_id: str, key: CallbackKey) -> Identity:
-        """The facts and keys after an attested message from `vm_id` carrying `key`: facts
-        re-resolved if stale or if the key is new to the row, and the key remembered."""
+    def enroll(self, vm_id: str, key: CallbackKey, proof: KeyProof | None = None) -> Identity:
+        """The facts and keys after an attested message from `vm_id` carrying `key` (and
+        `proof`, its proof by the relay's previous key, if any): facts re-resolved if stale
+        or if the key is new to the row and unproven, and the key remembered. Raises
+        TooManyKeys (an unproven key over the day's bound) or ForgedProof."""
         vm_id = vm_id.lower()  # as rows are keyed: store.get refuses anything but a UUID
         with self._lock:
             recent = self._recent.get(vm_id)
@@ -397,42 +449,68 @@ class CachedResolver:
                 return self._remember(self.store.remember_key(vm_id, key))
         # Missing, stale, or a key new to the row (reimage, re-creation: Azure's facts may
         # have changed with it): ask Azure, then store facts and key in one write. A VM
-        # presenting more new keys today than the bound is refused before any query.
+        # presenting more new keys today than the bound is refused before any query; a key
+        # the relay proved by its anchor is its rotation: not counted, and facts still
+        # fresh are kept (no query).
         if identity is not None and identity.keys and identity.key(key.key_id) is None:
-            today = self.clock().strftime("%Y-%m-%d")
-            if identity.new_keys_on(today) >= self.max_new_keys_per_day:
-                raise TooManyKeys(
-                    f"vmId {identity.vm_id}: more than {self.max_new_keys_per_day} new "
-                    "callback keys today (MAX_NEW_KEYS_PER_VM_DAY); the key it holds still "
-                    "works"
+            if identity.proved(key.key_id, proof):
+                log.info(
+                    "vmId %s: callback key %s proved by key %s (the relay's rotation)",
+                    vm_id,
+                    key.key_id,
+                    proof.previous_id if proof else "",
                 )
+                if self._fresh(identity):
+                    return self._remember(self.store.remember_key(vm_id, key, proof))
+            else:
+                self._within_bound(identity)
         try:
-            return self._remember(self._refresh(vm_id, key, known=identity))
+            return self._remember(self._refresh(vm_id, key, known=identity, proof=proof))
         except FactsUnavailable as exc:
             if identity is None:
                 raise  # a VM Azure has not described yet: its message waits (retried)
-            # Resource Graph throttled or down, and Azure described this vmId before: its
-            # facts (name, sets, address) seldom change, so they serve until the next
-            # message retries the refresh, rather than holding every enrolled VM's
-            # messages back (a fleet-wide wave of refreshes would otherwise dead-letter).
-            log.warning(
-                "vmId %s: facts not refreshed (%s); using those of %s",
-                vm_id,
-                exc,
-                identity.facts.fetched_at.isoformat(),
+            return self._remember(self._facts_kept(identity, key, proof, exc))
+
+    def _within_bound(self, identity: Identity) -> None:
+        """Raise TooManyKeys when `identity`'s VM brought its day's unproven new keys."""
+        today = self.clock().strftime("%Y-%m-%d")
+        if identity.new_keys_on(today) >= self.max_new_keys_per_day:
+            raise TooManyKeys(
+                f"vmId {identity.vm_id}: more than {self.max_new_keys_per_day} new "
+                "callback keys today (MAX_NEW_KEYS_PER_VM_DAY) without a proof by the "
+                "relay's previous key; the key it holds still works"
             )
-            kept = identity
-            if key.key_id not in identity.attested:
-                kept = self.store.remember_key(vm_id, key)
-            wait = timedelta(seconds=exc.retry_after or REFRESH_RETRY_SECONDS)
-            with self._lock:
-                self._refresh_after[kept.vm_id] = self.clock() + wait
-                while len(self._refresh_after) > RECENT_IDENTITIES:
-                    self._refresh_after.pop(next(iter(self._refresh_after)))
-            return self._remember(kept)
+
+    def _facts_kept(
+        self, identity: Identity, key: CallbackKey, proof: KeyProof | None, exc: FactsUnavailable
+    ) -> Identity:
+        """Resource Graph throttled or down, and Azure described this vmId before: its
+        facts (name, sets, address) seldom change, so they serve until the next message
+        retries the refresh, rather than holding every enrolled VM's messages back (a
+        fleet-wide wave of refreshes would otherwise dead-letter)."""
+        vm_id = identity.vm_id
+        log.warning(
+            "vmId %s: facts not refreshed (%s); using those of %s",
+            vm_id,
+            exc,
+            identity.facts.fetched_at.isoformat(),
+        )
+        kept = identity
+        if key.key_id not in identity.attested:
+            kept = self.store.remember_key(vm_id, key, proof)
+        wait = timedelta(seconds=exc.retry_after or REFRESH_RETRY_SECONDS)
+        with self._lock:
+            self._refresh_after[kept.vm_id] = self.clock() + wait
+            while len(self._refresh_after) > RECENT_IDENTITIES:
+                self._refresh_after.pop(next(iter(self._refresh_after)))
+        return kept
 
     def _refresh(
-        self, vm_id: str, key: CallbackKey | None, known: Identity | bool | None = False
+        self,
+        vm_id: str,
+        key: CallbackKey | None,
+        known: Identity | bool | None = False,
+        proof: KeyProof | None = None,
     ) -> Identity:
         facts = self.upstream.resolve(vm_id)
         today = self.clock().strftime("%Y-%m-%d")
@@ -440,10 +518,13 @@ class CachedResolver:
         def change(current: Identity | None) -> Identity:
             base = current or Identity(facts=facts)
             updated = base.model_copy(update={"facts": facts})
-            if key is not None and base.keys and base.key(key.key_id) is None:
+            if key is None:
+                return updated
+            new = bool(base.keys) and base.key(key.key_id) is None
+            if new and not base.proved(key.key_id, proof):  # a proved rotation: not counted
                 count = base.new_keys_on(today) + 1
                 updated = updated.model_copy(update={"new_keys": f"{today}:{count}"})
-            return updated.with_key(key) if key is not None else updated
+            return updated.with_key(key, proof)
 
         result = self.store.mutate(vm_id, change, known=known)
         assert result is not None

@@ -305,11 +305,18 @@ class CallbackKeyRef(BaseModel):
 
     id: str = Field(pattern=r"^[0-9a-f]{16}$")
     secret: str = Field(pattern=r"^[0-9a-f]{64}$", repr=False)
+    # A relay that rotated its key: the previous key's id and its proof that this key is
+    # its successor (HMAC-SHA256(previous secret, "key-proof/v1\n" + id), hex). A proved
+    # rotation is not counted against MAX_NEW_KEYS_PER_VM_DAY (functions.identity.keys).
+    prev: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$")
+    proof: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", repr=False)
 
     @model_validator(mode="after")
     def _id_names_secret(self) -> CallbackKeyRef:
         if hashlib.sha256(bytes.fromhex(self.secret)).hexdigest()[:16] != self.id:
             raise ValueError("callback_key.id is not the first 16 hex of sha256(secret)")
+        if (self.prev is None) != (self.proof is None):
+            raise ValueError("callback_key.prev and callback_key.proof come together")
         return self
 
 

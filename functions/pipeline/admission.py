@@ -39,8 +39,8 @@ test_message_budget.py measures it for every hostile kind): the attestation chec
 the signed JSON's checks, one RSA verify, chain building bounded by the verifier's
 signature budget, at most 2 issuer fetches under one 5 s deadline); then, only once
 attested, at most one Resource Graph query (a VM's facts missing or stale, or a key new
-to it, at most MAX_NEW_KEYS_PER_VM_DAY a day) and at most one identities write; a
-rejection costs one `rejected` row.
+to it and not proved by its relay's previous key, at most MAX_NEW_KEYS_PER_VM_DAY a day)
+and at most one identities write; a rejection costs one `rejected` row.
 """
 
 from __future__ import annotations
@@ -67,8 +67,19 @@ from functions.identity.facts import (
     VmFacts,
 )
 from functions.identity.graph_state import log_refusal_once
-from functions.identity.keys import CallbackKey, InvalidCallbackKey, parse_callback_key
-from functions.identity.registry import CachedResolver, Identity, IdentityStore, TooManyKeys
+from functions.identity.keys import (
+    CallbackKey,
+    InvalidCallbackKey,
+    parse_callback_key,
+    parse_key_proof,
+)
+from functions.identity.registry import (
+    CachedResolver,
+    ForgedProof,
+    Identity,
+    IdentityStore,
+    TooManyKeys,
+)
 from functions.model.envelope import Envelope, VmRef
 from functions.pipeline.admission_tally import AdmissionTally, Unverified
 from functions.settings import Settings
@@ -226,6 +237,7 @@ class Admission:
             raise NotAdmitted("callback_key is missing: the app could not call this relay")
         try:
             key = parse_callback_key(envelope.callback_key.model_dump())
+            proof = parse_key_proof(envelope.callback_key.model_dump())
         except InvalidCallbackKey as exc:
             raise NotAdmitted(f"callback_key: {exc}") from None
         try:
@@ -239,8 +251,8 @@ class Admission:
             identity = self._by_own_key(key, failed)
         else:
             try:
-                identity = self.identities.enroll(attested.vm_id, key)
-            except (TooManyKeys, ResourceGraphRefused, UnknownVm) as exc:
+                identity = self.identities.enroll(attested.vm_id, key, proof)
+            except (TooManyKeys, ForgedProof, ResourceGraphRefused, UnknownVm) as exc:
                 self._not_enrolled(exc, attested.vm_id, now - envelope.observed_at, patient)
                 raise
             facts = identity.facts
@@ -256,7 +268,7 @@ class Admission:
         """Why an attested VM could not be enrolled: NotAdmitted (reject, with the reason)
         or FactsUnavailable (retry later); returns when `exc` itself is to be raised again.
         `age`: the message's; `patient` waits a little first."""
-        if isinstance(exc, TooManyKeys):
+        if isinstance(exc, (TooManyKeys, ForgedProof)):
             raise NotAdmitted(str(exc)) from None
         if isinstance(exc, ResourceGraphRefused):
             log_refusal_once(exc)

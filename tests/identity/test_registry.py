@@ -12,9 +12,10 @@ from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
 from azure.data.tables import TableServiceClient
 
 from functions.identity.facts import FactsUnavailable, StaticResolver, UnknownVm, VmFacts
-from functions.identity.keys import CallbackKey
+from functions.identity.keys import CallbackKey, KeyProof, key_proof
 from functions.identity.registry import (
     CachedResolver,
+    ForgedProof,
     Identity,
     IdentityStore,
     partition_of,
@@ -82,19 +83,60 @@ def test_writes_are_etag_conditional(store):
     assert store.get(vm_id).facts.address == "10.0.0.5" and second.etag != first.etag
 
 
-def test_remember_key_rotates_current_to_previous_and_keeps_two(store):
+def test_remember_key_keeps_two_and_never_drops_the_anchor_for_an_unproven_key(store):
+    """Issue 46: unproven keys (a reimage, or any local process with an attested
+    document) replace one another beside the anchor, the key proven to be the relay's; a
+    key the anchor proves (the relay's rotation) becomes the anchor."""
     vm_id = vm()
     store.save(Identity(facts=facts(vm_id)))
-    k1, k2, k3 = (CallbackKey.generate() for _ in range(3))
+    k1, k2, k3, k4, k5 = (CallbackKey.generate() for _ in range(5))
     assert store.remember_key(vm_id, k1).keys == (k1,)
     assert store.remember_key(vm_id, k2).keys == (k2, k1)
     again = store.remember_key(vm_id, k2)
     assert again.keys == (k2, k1)
     # The previous key presented again (an older message delivered late): no change.
     assert store.remember_key(vm_id, k1).keys == (k2, k1)
-    assert store.remember_key(vm_id, k3).keys == (k3, k2)
+    assert store.remember_key(vm_id, k3).keys == (k3, k1)  # k1: the row's first key
+    assert store.get(vm_id).anchor == k1.key_id
+    proved = KeyProof(k1.key_id, key_proof(k1.secret, k4.key_id))
+    assert store.remember_key(vm_id, k4, proved).keys == (k4, k1)
+    assert store.remember_key(vm_id, k5).keys == (k5, k4)
     loaded = store.get(vm_id)
-    assert loaded.current_key == k3 and loaded.key(k1.key_id) is None
+    assert loaded.current_key == k5 and loaded.anchor == k4.key_id
+    assert loaded.key(k1.key_id) is None
+
+
+def test_a_proof_counts_only_by_the_anchor_and_a_bad_one_is_refused(store):
+    vm_id = vm()
+    store.save(Identity(facts=facts(vm_id)))
+    relay, other, new = (CallbackKey.generate() for _ in range(3))
+    store.remember_key(vm_id, relay)
+    identity = store.remember_key(vm_id, other)  # held, but not the anchor
+    assert not identity.proved(new.key_id, None)
+    assert not identity.proved(
+        new.key_id, KeyProof(other.key_id, key_proof(other.secret, new.key_id))
+    )
+    unheld = CallbackKey.generate()
+    assert not identity.proved(
+        new.key_id, KeyProof(unheld.key_id, key_proof(unheld.secret, new.key_id))
+    )
+    assert identity.proved(new.key_id, KeyProof(relay.key_id, key_proof(relay.secret, new.key_id)))
+    with pytest.raises(ForgedProof, match="does not verify"):
+        identity.proved(new.key_id, KeyProof(relay.key_id, key_proof(other.secret, new.key_id)))
+    with pytest.raises(ForgedProof):
+        store.remember_key(vm_id, new, KeyProof(relay.key_id, "0" * 64))
+    assert store.get(vm_id).key(new.key_id) is None
+
+
+def test_a_row_from_before_the_anchor_takes_its_current_key_as_the_anchor(store):
+    vm_id = vm()
+    old, previous, new = (CallbackKey.generate() for _ in range(3))
+    store.save(Identity(facts=facts(vm_id), keys=(old, previous), attested=(old.key_id,)))
+    identity = store.get(vm_id)
+    assert identity.anchor == "" and identity.anchor_key == old
+    proved = KeyProof(old.key_id, key_proof(old.secret, new.key_id))
+    rotated = store.remember_key(vm_id, new, proved)
+    assert rotated.keys == (new, old) and rotated.anchor == new.key_id
 
 
 def test_remember_key_needs_facts_first(store):

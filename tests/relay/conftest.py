@@ -50,6 +50,10 @@ class FixedKeys:
     def current_key(self) -> Any:
         return self._keys[0]
 
+    def wire(self) -> dict[str, str]:
+        """The envelope's `callback_key`, as KeyStore.wire makes it."""
+        return self._keys[0].wire(self._keys[1] if len(self._keys) > 1 else None)
+
     def rotate_if_due(self) -> bool:
         return False
 

@@ -147,3 +147,23 @@ def test_a_message_too_large_is_replaced_by_an_unforwardable_notice(sender: Any)
     assert data["kind"] == "unforwardable" and data["document"] is None
     assert data["unforwardable"]["incarnation"] == 2 and data["unforwardable"]["bytes"] > 30_000
     assert data["attestation"]["nonce"] == binding_nonces(data)[0]
+
+
+def test_a_rotated_relay_attests_its_keys_proof(simulator: Any) -> None:
+    """The proof (relay.keystore) travels in the attested body, as the app's model reads it."""
+    from functions.identity.keys import CallbackKey, parse_key_proof
+    from functions.model.envelope import parse_envelope as app_envelope
+
+    simulator.sim.add_vm("vm0")
+    inner, previous = Recorder(), bytes(range(32))
+    keys = FixedKeys(KEY, previous)
+    attester = Attester(ImdsClient(simulator.vm_url("vm0"), timeout=5))
+    envelope = document_envelope()
+    AttestingSender(inner, attester, keys).send(envelope, envelope.to_json())
+    [(_, body)] = inner.sent
+    sent = app_envelope(body).callback_key
+    assert sent is not None and sent.id == keys.current_key().id
+    proof = parse_key_proof(sent.model_dump())
+    old = CallbackKey(FixedKeys(previous).current_key().id, previous)
+    assert proof is not None and proof.previous_id == old.key_id
+    assert proof.made(old, sent.id)

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from functions.identity.keys import key_proof
 from relay.signing import key_id
 from simulator.instance import RESOURCE_GROUP, SUBSCRIPTION_ID
 from tests.conftest import free_port
@@ -250,6 +251,10 @@ def test_a_rotated_key_resends_the_document_and_the_previous_key_still_works(
     assert new_key != old_key
     sent = read(forward)
     assert [e["callback_key"]["id"] for e in sent] == [key_id(old_key), key_id(new_key)]
+    # The new key comes with the old one's proof that it is its successor (issue 46).
+    assert "proof" not in sent[0]["callback_key"]
+    assert sent[1]["callback_key"]["prev"] == key_id(old_key)
+    assert sent[1]["callback_key"]["proof"] == key_proof(old_key, key_id(new_key))
     assert sent[0]["document"] == sent[1]["document"] == sim.document("vm0")  # sent again
     first = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
     second = sim.add_event(event_type="Freeze", resources=["vm0"], notice=3600)
