@@ -20,7 +20,9 @@ its answer:
 Where the request goes and how it is signed comes from the app alone (RelayTarget): the
 address Azure gives the VM's NIC, the bridge's one port and path, and the key that VM's
 relay gave in an attested message, naming the VM's vmId as the target (scheme v2). On a 401
-the relay's previous key is tried once: a relay mid-rotation still approves.
+the target's next key is tried once: a relay mid-rotation still approves. Which keys, in
+which order, is functions.pipeline.anchor's: the relay's anchor alone while it heartbeats
+under it, never a key a local user enrolled (issue 46).
 The request also carries the view the policy decided on (`Expect`, functions/model/view.py:
 type, source, duration, NotBefore, Resources): a relay whose own IMDS shows the event
 otherwise refuses, so a set-mate's report that disagrees with the VM's own view cannot steer
@@ -81,7 +83,7 @@ class RelayTarget:
 
     url: str  # http://ADDRESS:PORT, from Azure's facts; never from a relay
     vm_id: str
-    keys: tuple[CallbackKey, ...]  # current first, then the previous one
+    keys: tuple[CallbackKey, ...]  # in the order to try (functions.pipeline.anchor)
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)

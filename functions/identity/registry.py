@@ -118,6 +118,28 @@ class Identity(BaseModel):
         """The held key proven to be the relay's (None: the row holds no such key)."""
         return self.key(self.anchor) if self.anchor else self.current_key
 
+    @property
+    def unproven_current(self) -> bool:
+        """Whether the current key is not the anchor: one no proof brought (a local user's,
+        or a reimaged VM's new relay's: the app cannot tell which), beside the anchor. A
+        row of before the anchor ("") is never in this state."""
+        anchor, current = self.anchor_key, self.current_key
+        return (
+            bool(self.anchor)
+            and anchor is not None
+            and current is not None
+            and anchor.key_id != current.key_id
+        )
+
+    @property
+    def anchored_keys(self) -> tuple[CallbackKey, ...]:
+        """The held keys, the anchor first: the key that speaks for the VM while its relay
+        is alive (functions.pipeline.anchor). A row of before the anchor: as stored."""
+        anchor = self.anchor_key
+        if anchor is None:
+            return self.keys
+        return (anchor, *(k for k in self.keys if k.key_id != anchor.key_id))
+
     def proved(self, key_id: str, proof: KeyProof | None) -> bool:
         """Whether `proof` shows that the holder of the anchor made key `key_id`: the VM's
         own relay rotating. A proof by a key the row does not hold, or by a held key that

@@ -20,6 +20,7 @@ from functions.clock import Clock
 from functions.identity.registry import Identity
 from functions.model.policy import Policy
 from functions.pipeline.admission import Admission, callback_url
+from functions.pipeline.anchor import callback_keys
 from functions.pipeline.lanes import RelayLanes
 from functions.pipeline.liveness_verifier import RegistryVerifier
 from functions.pipeline.publish import Publisher
@@ -133,7 +134,8 @@ class Pipeline:
 
     def relay_identity(self, vm_id: str) -> tuple[RelayTarget, Identity] | None:
         """The relay of the VM `vm_id` (an attested vmId) with the identity row it came
-        from (one point read): None when Azure's address or an attested key is unknown."""
+        from (one point read; a second, of the anchor's liveness row, only for a row that
+        holds an unproven key): None when Azure's address or an attested key is unknown."""
         if self.admission is None:
             return None
         try:
@@ -145,7 +147,9 @@ class Pipeline:
         url = callback_url(identity.facts, self.admission.callback_port)
         if url is None:
             return None
-        keys = tuple(identity.keys)
+        # The anchor alone while its relay heartbeats (functions.pipeline.anchor, issue 46).
+        silent_after = timedelta(seconds=self.settings.relay_silent_after_seconds)
+        keys = callback_keys(identity, self.store.liveness, self.clock.now(), silent_after)
         return RelayTarget(url=url, vm_id=identity.facts.vm_id, keys=keys), identity
 
     def last_heard(self, vm: VmRecord) -> datetime | None:
@@ -153,7 +157,13 @@ class Pipeline:
         hint if later (relays heartbeat into the liveness table, not the VM row)."""
         heard = vm.last_seen
         if vm.vm_id and self.liveness_verifier is not None:
-            hint = self.store.liveness.get(vm.vm_id, self.liveness_verifier, lambda _: None)
+            hint = self.store.liveness.get(
+                vm.vm_id,
+                self.liveness_verifier,
+                lambda _: None,
+                silent_after=timedelta(seconds=self.settings.relay_silent_after_seconds),
+                now=self.clock.now(),
+            )
             if hint is not None and (heard is None or hint.seen > heard):
                 heard = hint.seen
         return heard

@@ -2,7 +2,9 @@
 
 A relay's liveness row counts only when the VM it names is enrolled and the row was made
 with a callback key that VM's relay gave the app in an attested message
-(functions.identity.registry): the app's word on a VM, never the row's.
+(functions.identity.registry): the app's word on a VM, never the row's. The VM's anchor key
+comes first: a key a local user enrolled does not speak for the VM while the anchor's relay
+heartbeats.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class RegistryVerifier:
 
 
 def _entry(identity: Identity | None) -> Entry | None:
+    """The VM's name and keys, its anchor first (Identity.anchored_keys): the anchor's row
+    is the VM's own, a row of a key no proof brought is read only once the anchor's has
+    gone silent (Liveness.get), and in the watchdog's sweep it is a previous key's row,
+    superseded while the anchor's is fresh (issue 46)."""
     if identity is None or not identity.keys:
         return None
-    return identity.facts.name, tuple(key.secret for key in identity.keys)
+    return identity.facts.name, tuple(key.secret for key in identity.anchored_keys)

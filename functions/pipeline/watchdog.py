@@ -255,6 +255,11 @@ def _silent_hint(
     heard = max(hint.seen, vm.last_seen) if vm.last_seen else hint.seen
     if now - heard <= timedelta(seconds=pipeline.settings.relay_silent_after_seconds):
         return []  # heard otherwise since (a document, a Service Bus heartbeat)
+    cutoff = now - timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
+    if hint.others and _superseded(pipeline, hint, cutoff, out):
+        # The anchor's row of a reimaged VM, whose new relay heartbeats under its new key
+        # (Liveness.get reads that row once the anchor's is stale): deleted, not silent.
+        return []
     vm.last_seen = heard
     silent.add(vm.name)
     deleted = _deleted_by_terminate(pipeline, vm)
@@ -285,11 +290,17 @@ def _superseded(
     pipeline: Pipeline, hint: LivenessHint, cutoff: datetime, out: WatchdogReport
 ) -> bool:
     """A stale row of a previous key: superseded (deleted) when the VM's current key's row
-    was written since the cutoff; then the relay is alive and rotated its key."""
+    was written since the cutoff; then the relay is alive and rotated its key. Likewise a
+    stale anchor's row, when the VM's other key's row is fresh (a reimaged VM: Liveness.get
+    reads that row only once the anchor's is older than RELAY_SILENT_AFTER_SECONDS)."""
     verify = pipeline.liveness_verifier
     assert verify is not None
-    fresh = pipeline.store.liveness.get(hint.vm_id, verify, out.skip)
-    if fresh is None or not fresh.current or fresh.seen < cutoff:
+    silent_after = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
+    now = cutoff + silent_after
+    fresh = pipeline.store.liveness.get(
+        hint.vm_id, verify, out.skip, silent_after=silent_after, now=now
+    )
+    if fresh is None or not fresh.current or fresh.seen < cutoff or fresh.row == hint.row:
         return False
     pipeline.store.liveness.delete(hint)
     return True
@@ -315,7 +326,11 @@ def _marked(
         # Bus heartbeat merges it without reading, so it cannot end the silence itself).
         verify = pipeline.liveness_verifier
         vm_id = mark.get("vm_id")
-        hint = store.liveness.get(vm_id, verify, out.skip) if verify and vm_id else None
+        hint = (
+            store.liveness.get(vm_id, verify, out.skip, silent_after=silent_after, now=now)
+            if verify and vm_id
+            else None
+        )
         heard = [vm.last_seen] if vm.last_seen else []
         if hint is not None and hint.name.casefold() == vm.name.casefold():
             heard.append(hint.seen)

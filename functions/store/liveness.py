@@ -45,7 +45,7 @@ import hmac
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -78,6 +78,11 @@ _VM_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 _ROW = re.compile(r"^[0-9a-f]{64}$")
 _KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 _SIG = re.compile(r"^[0-9a-f]{64}$")
+
+# How long a VM's anchor key's row may go unwritten before a row of its other key speaks for
+# the VM (Liveness.get): RELAY_SILENT_AFTER_SECONDS' default, two heartbeats of 300 s; the
+# app passes its setting where it has it.
+ANCHOR_SILENT_AFTER = timedelta(seconds=600)
 
 # How far ahead of the app a relay's liveness row may be dated (relays correct their clock
 # from Table storage's Date header, so theirs are seconds apart).
@@ -138,6 +143,7 @@ class LivenessHint:
     # never since it started, or a contract-1 relay, which does not say).
     probe_at: datetime | None = None
     drain: tuple[str, ...] = ()  # the drain means the relay offers: hook, readiness, file
+    others: bool = False  # the verifier holds another key for the VM (Liveness.get may read it)
 
 
 def is_keyed_row(row: Mapping[str, Any]) -> bool:
@@ -251,6 +257,7 @@ def vouch(row: Mapping[str, Any], entry: Entry | None) -> LivenessHint:
         contract=contract,
         probe_at=datetime.fromtimestamp(probe_at, UTC) if probe_at else None,
         drain=tuple(drain.split(",")) if drain else (),
+        others=len(entry[1]) > 1,
     )
 
 
@@ -459,31 +466,61 @@ class Liveness:
                     log.info("liveness: junk batch in %s not deleted now: %s", pk, exc)
 
     def get(
-        self, vm_id: str, verify: Verifier, skipped: Callable[[Skipped], None]
+        self,
+        vm_id: str,
+        verify: Verifier,
+        skipped: Callable[[Skipped], None],
+        *,
+        silent_after: timedelta = ANCHOR_SILENT_AFTER,
+        now: datetime | None = None,
     ) -> LivenessHint | None:
-        """One VM's verified hint, None when absent or not believed: its current key's row
-        (a point read), else its row from before issue 27 (a second one)."""
+        """One VM's verified hint, None when absent or not believed: its first key's row (a
+        point read; the anchor, for the identities table's verifier), else its row from
+        before issue 27 (a second one). Only when the first key's row is missing or older
+        than `silent_after` (its relay silent: a reimaged VM's old key) is the row of its
+        other key read (one more): while the anchor's relay heartbeats, a row signed by a
+        key a local user enrolled never speaks for the VM (issue 46)."""
         try:
             entry = verify.lookup(vm_id)
         except Exception:
             log.exception("liveness: could not look up %s", vm_id)
             return None
-        places = [row_keys_for(entry[1][0])] if entry and entry[1] else []
-        places.append((liveness_partition(vm_id), vm_id))
-        for pk, rk in places:
-            try:
-                row = self.table.get_entity(pk, rk)
-            except ResourceNotFoundError:
-                continue
-            try:
-                check_row(row)
-                return vouch(row, entry)
-            except BadHint as exc:
-                skip = Skipped(self.name, _key(pk), _key(rk), str(exc))
-                loud = logging.ERROR if isinstance(exc, UnknownContract) else logging.WARNING
-                log.log(loud, "liveness: skipped %s", skip)
-                skipped(skip)
-        return None
+        keys = entry[1] if entry else ()
+        first = self._read_row(row_keys_for(keys[0]), entry, skipped) if keys else None
+        cutoff = (now or datetime.now(UTC)) - silent_after
+        if len(keys) > 1 and (first is None or first.seen < cutoff):
+            other = self._read_row(row_keys_for(keys[1]), entry, skipped)
+            if other is not None and (first is None or other.seen > first.seen):
+                return replace(other, current=True)  # the first key's relay is silent
+        if first is not None:
+            return first
+        return self._read_row((liveness_partition(vm_id), vm_id), entry, skipped)
+
+    def _read_row(
+        self, place: tuple[str, str], entry: Entry | None, skipped: Callable[[Skipped], None]
+    ) -> LivenessHint | None:
+        """The row at `place` as a hint `entry` vouches for; None (and `skipped`) if not."""
+        pk, rk = place
+        try:
+            row = self.table.get_entity(pk, rk)
+        except ResourceNotFoundError:
+            return None
+        try:
+            check_row(row)
+            return vouch(row, entry)
+        except BadHint as exc:
+            skip = Skipped(self.name, _key(pk), _key(rk), str(exc))
+            loud = logging.ERROR if isinstance(exc, UnknownContract) else logging.WARNING
+            log.log(loud, "liveness: skipped %s", skip)
+            skipped(skip)
+            return None
+
+    def seen_with(self, vm_id: str, secret: bytes) -> datetime | None:
+        """When the relay last heartbeated under `secret` (the row it keys, checked and
+        signed by it), None when there is no such row: one point read. What tells the app
+        that a VM's anchor key is still its relay's (functions.pipeline.anchor)."""
+        hint = self._read_row(row_keys_for(secret), ("", (secret,)), lambda _: None)
+        return hint.seen if hint is not None and hint.vm_id == vm_id else None
 
     def delete(self, hint: LivenessHint) -> None:
         with contextlib.suppress(ResourceNotFoundError):
