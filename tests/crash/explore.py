@@ -75,6 +75,7 @@ class Report:
     unanswered: list[str] = field(default_factory=list)
     dropped: int = 0
     foreign: int = 0  # requests of the process that were not the runs' (Faults.foreign)
+    grouped_points: int = 0  # points in every group of equivalent ones, all shards' too
 
     def unplanned(self) -> list[str]:
         """The fault-free run's unanswered requests when they are not just the ones the
@@ -216,9 +217,15 @@ def explore(
     only: list[Fault] | None = None,
     progress: Callable[[str], None] | None = None,
     exhaustive: bool = False,
+    shard: tuple[int, int] = (0, 1),
 ) -> Report:
     """Run `scenario` fault-free, then once per distinct crash point (`equivalence`; every
-    (request, fault kind) with `exhaustive`, or only the faults in `only`)."""
+    (request, fault kind) with `exhaustive`, or only the faults in `only`).
+
+    `shard` (i, n): only every n-th group of equivalent points from the i-th, so a long
+    scenario's runs can share workers (the suite's tail); the fault-free run is
+    deterministic, so n shards together run every group once. `Report.grouped_points`
+    counts the points of every group, run here or not."""
     started = time.monotonic()
     box: dict[str, World] = {}
     servers = start_servers(
@@ -266,7 +273,9 @@ def explore(
                 classes = {(f.index, 0, f.kind): [f] for f in every}
             else:
                 classes = equivalence(list(faults.sent))
-            for group in classes.values():
+            report.grouped_points = sum(len(group) for group in classes.values())
+            first, every_nth = shard
+            for group in list(classes.values())[first::every_nth]:
                 state, _, used = once(group[0])
                 report.runs += 1
                 difference = first_difference(baseline, state)
