@@ -15,13 +15,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 # The policy-relevant fields, in the order the relay reports a difference.
 VIEW_FIELDS = ("EventType", "EventSource", "DurationInSeconds", "NotBefore", "Resources")
+
+
+class EventFields(Protocol):
+    """The fields a view is made of, as an IMDS event (ScheduledEvent) or the event's row
+    (EventRecord) carries them."""
+
+    @property
+    def event_type(self) -> str: ...
+    @property
+    def event_source(self) -> str | None: ...
+    @property
+    def duration_in_seconds(self) -> int | None: ...
+    @property
+    def not_before(self) -> datetime | None: ...
+    @property
+    def resources(self) -> Sequence[str]: ...
 
 
 class VmView(BaseModel):
@@ -35,6 +52,19 @@ class VmView(BaseModel):
     duration_s: int | None = None  # -1 unknown, 0 no impact, None not given (old api-version)
     not_before: datetime | None = None  # aware UTC; None once Started (IMDS writes "")
     resources: tuple[str, ...] = Field(default_factory=tuple)  # sorted, casefolded
+
+    @classmethod
+    def of(cls, vm: str, event: EventFields) -> VmView:
+        """`vm`'s view made of `event`'s fields: from its own IMDS event (ingest), or from
+        the event's row for a named VM that has not reported it (the approver)."""
+        return cls(
+            vm=vm,
+            event_type=event.event_type,
+            event_source=event.event_source,
+            duration_s=event.duration_in_seconds,
+            not_before=event.not_before,
+            resources=normalise_resources(tuple(event.resources)),
+        )
 
     @property
     def names_itself(self) -> bool:

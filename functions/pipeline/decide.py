@@ -42,7 +42,7 @@ from functions.ledger import measured
 from functions.model.envelope import Envelope, LedgerEntry, ScheduledEvent, VmRef
 from functions.model.event import Decision, Transition
 from functions.model.policy import PolicyLoad, decide, rule_tags
-from functions.model.view import VmView, normalise_resources
+from functions.model.view import VmView
 from functions.pipeline.lifecycle import Observation, observe, observed
 from functions.pipeline.redecide import redecide, should_redecide
 from functions.pipeline.relay_recovery import claim_recovery
@@ -337,14 +337,7 @@ VIEW_RESOURCE_CHARS = 4000
 
 def view_of(event: ScheduledEvent, vm: str) -> VmView:
     """`vm`'s view of `event`, as its own IMDS showed it."""
-    return VmView(
-        vm=vm,
-        event_type=event.event_type,
-        event_source=event.event_source,
-        duration_s=event.duration_in_seconds,
-        not_before=event.not_before,
-        resources=normalise_resources(event.resources),
-    )
+    return VmView.of(vm, event)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import requests
 
 from functions.approvers.relay import DIFFERS, RelayTarget, final_refusal, post_start
 from functions.clock import Clock
-from functions.model.view import VmView, normalise_resources
+from functions.model.view import VmView
 from functions.pipeline.approve_arm import (
     ARM,
     BACKOFF_MAX_SECONDS,
@@ -105,14 +105,7 @@ def view_for(record: EventRecord, vm_name: str) -> VmView:
     own = record.reporter_views.get(vm_name.casefold())
     if own is not None:
         return own
-    return VmView(
-        vm=vm_name,
-        event_type=record.event_type,
-        event_source=record.event_source,
-        duration_s=record.duration_in_seconds,
-        not_before=record.not_before,
-        resources=normalise_resources(record.resources),
-    )
+    return VmView.of(vm_name, record)
 
 
 def expect_for(record: EventRecord, vm_name: str) -> dict[str, object]:
