@@ -236,6 +236,23 @@ def _claim(
     return store.mutate_event(event_id, change)
 
 
+def give_back(store: Store, event_id: str, holder: str) -> None:
+    """The topic failed before the approval `holder` claimed could follow its
+    announcements (functions.pipeline.reconcile): the claim goes back, so the redelivery
+    approves at once."""
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.approval != "in_progress" or not holder:
+            return None
+        if claims.holder(rec.approval_claim) != holder:
+            return None
+        rec.approval = "pending"
+        rec.approval_claim = ""
+        return rec
+
+    store.mutate_event(event_id, change)
+
+
 def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetime:
     if record.not_before is None:
         return now + timedelta(seconds=settings.approval_budget_seconds)

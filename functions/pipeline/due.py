@@ -30,6 +30,8 @@ What is due, from the row (and the few facts reconcile read beside it, `Facts`):
   Scheduled after NotBefore, or approved and still Scheduled APPROVED_START_GRACE later;
 - the approval, when the decision says approve, the window (if any) opened, NotBefore is
   ahead, and nobody else holds a live claim on it; the capacity slots it needs first;
+  never while an announcement a person reads before it (`decided`) is another caller's to
+  publish (`unannounced_before`), so no channel gets `approved` before its `decided`;
 - the drain of a `drain` decision (run from the row, whatever became of the `decided`
   notification), and for an ended drained event the undrain, before it closes;
 - closing: ended, every announcement done, out of the open index;
@@ -348,6 +350,10 @@ def due(
         approve = False  # NotBefore is here: Azure starts it, an approval adds nothing
     if approve and record.approval == "in_progress":
         approve = claims.is_free(record.approval_claim, now, me)
+    if approve and unannounced_before(record, now, me):
+        # Another caller is publishing its `decided`: due once that is marked done (its
+        # publisher wakes the event then; its claim's expiry is in next_at if it dies).
+        approve = False
     window = window_of(record) if approve and not person else None
     if window is not None and window > now:
         approve = False
@@ -390,6 +396,28 @@ def due(
         start_at=starting,
         next_at=next_at(record, now, window, approve),
     )
+
+
+def unannounced_before(
+    record: EventRecord, now: datetime, me: str = "", *, claimed: bool = False
+) -> tuple[Transition, ...]:
+    """The announcements a person reads before `approved` (in ORDER: `decided`, ...) that
+    the row calls for and that are neither done nor `me`'s to publish first: claimed by
+    another caller, live. The approval and its `approved` wait for them: that caller may
+    still be publishing, and a channel would read `approved` before `decided` (issue 46).
+    One left unclaimed is `me`'s to claim with the approval, in one write; `claimed`: in
+    that write, after claiming, where nobody is left to publish it first."""
+    first = ORDER.index(Transition.APPROVED)
+    waiting = []
+    for transition in conditions(record, now):
+        mark = record.announced.get(transition.value)
+        if ORDER.index(transition) >= first or mark == claims.DONE:
+            continue
+        if mark and claims.is_free(mark, now, me):
+            continue  # `me`'s own claim, or one whose holder died: published by `me` first
+        if mark or claimed:
+            waiting.append(transition)
+    return tuple(waiting)
 
 
 def _ordered(announced: dict[str, str]) -> list[Transition]:

@@ -36,7 +36,7 @@ from functions.model.envelope import STARTED
 from functions.model.event import Transition
 from functions.pipeline import capacity
 from functions.pipeline.announce import decision_audit, mark_done, publish_claimed
-from functions.pipeline.approve import ApprovalResult, approve_event
+from functions.pipeline.approve import ApprovalResult, approve_event, give_back
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import ENDS, ORDER, Due, Facts, due, settled_path
 from functions.pipeline.facts import load_facts
@@ -157,6 +157,7 @@ def _reconcile(
     if plan.announce or go:
         # The announcements due and the approval (its slots taken first) in one write.
         record = _claim(pipeline, record, plan.announce, now, me, go) or record
+        go = go and _mine(record, me) and record.approval == "in_progress"  # its claim taken
     sending = [
         t
         for t in (*ORDER, *plan.publish)
@@ -184,12 +185,14 @@ def _reconcile(
             )
         except Exception:
             if go and record.approval == "in_progress" and _mine(record, me):
-                _give_back_approval(pipeline, record.event_id, me)
+                give_back(store, record.event_id, me)
             raise
         out.published = sending
         if not defer:
             record = store.recent_event(record.event_id) or record
-            plan = _due(pipeline, record, Facts(), me, now, grid_end)
+            waited, plan = plan.approve, _due(pipeline, record, Facts(), me, now, grid_end)
+            if not waited and _due(pipeline, record, facts, me, now, grid_end).approve:
+                enqueue(pipeline, [record.event_id], now)  # due since: a waiter's wake-up
     if plan.release or plan.close:
         # Given back the moment the row stops entitling it (every taker also checks each
         # holder's row, so a slot left behind by a crash is never held for good); the
@@ -388,7 +391,7 @@ def _claim(
 ) -> EventRecord | None:
     """Claim announcements that are due and not claimed and, with `approve`, the approval
     (its attempt recorded as sent: functions.pipeline.lifecycle.note_sent), in one write."""
-    from functions.pipeline.due import conditions
+    from functions.pipeline.due import conditions, unannounced_before
 
     settings = pipeline.settings
     lease = approval_lease(settings.approval_budget_seconds)
@@ -400,6 +403,7 @@ def _claim(
         took = [t for t in transitions if t in wanted and claim_announcement(rec, t, now, me)]
         free = rec.approval != "in_progress" or claims.is_free(rec.approval_claim, now, me)
         ready = not rec.ended and not rec.started and rec.approval != "approved"
+        ready = ready and not unannounced_before(rec, now, me, claimed=True)
         if approve and free and ready and not _mine(rec, me):
             rec.approval = "in_progress"
             rec.approval_claim = claims.pending(now, lease, me)
@@ -482,20 +486,6 @@ def _approve(
         enqueue(pipeline, woken, now)
     out.approval = result
     return store.recent_event(record.event_id)
-
-
-def _give_back_approval(pipeline: Pipeline, event_id: str, me: str) -> None:
-    """The topic failed before the approval this caller claimed could follow its
-    announcements: the claim goes back, so the redelivery approves at once."""
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or rec.approval != "in_progress" or not _mine(rec, me):
-            return None
-        rec.approval = "pending"
-        rec.approval_claim = ""
-        return rec
-
-    pipeline.store.mutate_event(event_id, change)
 
 
 # ------------------------------------------------------------------ when next due

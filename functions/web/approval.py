@@ -29,6 +29,7 @@ from functions.model.event import Decision, Transition
 from functions.model.policy import ALL_CHANNELS
 from functions.pipeline.approve import ApprovalResult, why_not
 from functions.pipeline.context import Pipeline
+from functions.pipeline.due import unannounced_before
 from functions.pipeline.reconcile import reconcile_key
 from functions.store.records import EventRecord
 from functions.store.rows import BadRow
@@ -121,6 +122,10 @@ def _ask(pipeline: Pipeline, record: EventRecord, by: str) -> ApprovalResult:
         detail = why_not(current)
     elif current.not_before is not None and now >= current.not_before:
         detail = "NotBefore has passed: Azure starts it now, an approval adds nothing"
+    elif unannounced_before(current, now, by):
+        # Its `decided` is another caller's to publish first (issue 46): that caller, or
+        # the event's wake-up once it is out, approves it as asked.
+        detail = "its decision is being announced: approved for you once that is out"
     else:
         detail = "another caller is approving it"
     return ApprovalResult(event_id=record.event_id, outcome="skipped", detail=detail)

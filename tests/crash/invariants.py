@@ -12,7 +12,9 @@ on the run's own rows and effects, as FoundationDB's workloads check theirs:
    reached) or its event was approved;
 5. the bridge's own approvals never put more of a budget group out at once than it allows
    (issue 45: a StartRequests that reached Azure counts from then until its event ended,
-   answered or not).
+   answered or not);
+6. no event's `decided` is on the topic after its `approved` (each channel's subscription
+   gets the topic's order): an operator reads the decision, then its approval (issue 46).
 
 A comparison with the fault-free run catches a crash that changes the outcome; these catch
 an outcome that is wrong in every run alike.
@@ -34,7 +36,7 @@ from functions.store.audit import AUDIT
 from functions.store.records import EventRecord
 from tests.crash.world import World
 
-INVARIANTS = ("claims", "approved", "slots", "undrained", "budget")
+INVARIANTS = ("claims", "approved", "slots", "undrained", "budget", "order")
 
 
 def _rows(world: World, table: str) -> list[dict[str, Any]]:
@@ -122,6 +124,21 @@ def check(world: World) -> list[str]:
         if rec is None or rec.approval != "approved":
             broken.append(f"undrained: {event_id} was drained, neither undrained nor approved")
     broken += _budget(world, records)
+    broken += _order(world)
+    return broken
+
+
+def _order(world: World) -> list[str]:
+    """A `decided` published after its event's `approved` (the topic keeps one copy of
+    each MessageId, in the order sent)."""
+    approved: set[str] = set()
+    broken = []
+    for note in world.topic.messages:
+        event_id = note.event.event_id if note.event is not None else ""
+        if note.transition is Transition.APPROVED:
+            approved.add(event_id)
+        elif note.transition is Transition.DECIDED and event_id in approved:
+            broken.append(f"order: {event_id} announced decided after approved")
     return broken
 
 
