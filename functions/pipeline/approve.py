@@ -151,7 +151,8 @@ def approve_event(
                 by,
                 imds_status=phase.status,
                 announce=announce,
-                settle=(settle, settle_rows or []),
+                settle_marks=settle,
+                settle_rows=settle_rows,
             )
             break
         details.append(f"{approver}: {phase.detail}")
@@ -170,7 +171,8 @@ def approve_event(
             "; ".join(details),
             by,
             announce=announce,
-            settle=(settle, settle_rows or []),
+            settle_marks=settle,
+            settle_rows=settle_rows,
             vetoed=vetoed,
         )
     return result
@@ -275,7 +277,8 @@ def _finish(
     imds_status: int | None = None,
     *,
     announce: bool = True,
-    settle: tuple[tuple[Transition, ...], list[dict[str, Any]]] = ((), []),
+    settle_marks: tuple[Transition, ...] = (),
+    settle_rows: list[dict[str, Any]] | None = None,
     vetoed: bool = False,
 ) -> ApprovalResult:
     """Record the outcome in one write. An outcome worth announcing is published FIRST
@@ -286,7 +289,7 @@ def _finish(
     that fails leaves the announcement unclaimed; reconcile announces it later."""
     store, clock = pipeline.store, pipeline.clock
     now = clock.now()
-    settle_marks, settle_rows = settle
+    settle_rows = settle_rows or []
     state = {"approved": "approved", "failed": "failed", "retry_later": "pending"}[outcome]
     transition = {"approved": Transition.APPROVED, "failed": Transition.APPROVAL_FAILED}.get(
         outcome
