@@ -43,6 +43,8 @@ class Subscription:
         self.hold_scale = hold_scale  # an outage's hold, in the demo's faster time
         self.dead_letters: list[tuple[Any, str]] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._unfinished = 0  # messages put and not yet done with (queued or in delivery)
+        self._count = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"sub-{name}", daemon=True)
 
     def start(self) -> Subscription:
@@ -50,7 +52,16 @@ class Subscription:
         return self
 
     def put(self, note: Any) -> None:
+        with self._count:
+            self._unfinished += 1
         self._queue.put(note)
+
+    def idle(self) -> bool:
+        """No message queued or in its deliveries: each one put is done with (delivered,
+        kept or dead-lettered) and `on_done` has seen it. What waits for the channels to
+        catch up (the chaos runner's settle) asks this, not the clock."""
+        with self._count:
+            return self._unfinished == 0
 
     def stop(self, timeout: float = 10.0) -> None:
         self._queue.put(_STOP)
@@ -79,8 +90,12 @@ class Subscription:
                     time.sleep(0.2)
             if error:
                 self.dead_letters.append((note, error))
-            if self.on_done is not None:
-                self.on_done(self.name, note, result, error)
+            try:
+                if self.on_done is not None:
+                    self.on_done(self.name, note, result, error)
+            finally:
+                with self._count:
+                    self._unfinished -= 1
 
 
 _STOP = object()

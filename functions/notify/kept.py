@@ -207,6 +207,9 @@ class ResendReport:
     sent: list[str] = field(default_factory=list)
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (MessageId, why)
     waiting: int = 0  # still kept: the channel is still down
+    # What each post sent or dropped said, as read in this pass (the demo's kept worker
+    # records them: a post kept after its own read of the store would be unknown to it).
+    notes: dict[str, Notification] = field(default_factory=dict)
 
 
 # send(note) -> True when posted; raises RetryableDeliveryError (still down) or
@@ -229,6 +232,7 @@ def resend(
         except ValidationError:
             _settle(ledger, post, "rejected", "kept, but its body no longer reads", report, now)
             continue
+        report.notes[post.message_id] = note
         why = _not_worth_sending(channel, note, post, posts[index + 1 :], superseded, now)
         if why is not None:
             _settle(ledger, post, "rejected", why, report, now)

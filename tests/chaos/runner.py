@@ -283,23 +283,46 @@ def step_key(step: Step) -> str:
 def settle(
     demo: Any, plan: Plan, limit: float = SETTLE_LIMIT
 ) -> tuple[dict[str, dict[str, Any]], bool]:
-    """The signature once the app has caught up: every planned event ended in its row and
-    nothing changed for QUIET seconds; or, `limit` passed, whatever it is then, and False
-    (not settled: a fault-free run in that state is no baseline to compare with)."""
+    """The signature once the app has caught up: every planned event ended in its row,
+    every post done with (`posts_in_flight`: none in a channel's deliveries, none kept and
+    not yet sent late) and nothing changed for QUIET seconds; or, `limit` passed, whatever
+    it is then, and False (not settled: a fault-free run in that state is no baseline to
+    compare with).
+
+    The posts are a condition, not a time (issue 46): a post kept through a channel outage
+    is sent by the kept worker's next pass, every 6 s at 20x and later on a busy machine, so
+    QUIET alone read Teams without its late `decided` when that pass came after it."""
     deadline = time.monotonic() + limit
     last: dict[str, dict[str, Any]] | None = None
     since = time.monotonic()
     while True:
+        busy = posts_in_flight(demo)  # before the signature: what it finished is in there
         current = signature(demo, plan)
         now = time.monotonic()
         if current != last:
             last, since = current, now
         ended = all(s.get("ended") for s in current.values())
-        if ended and now - since >= QUIET:
+        if ended and busy == 0 and now - since >= QUIET:
             return current, True
         if now > deadline:
             return current, False
         time.sleep(0.5)
+
+
+def posts_in_flight(demo: Any) -> int:
+    """Posts the channels are not done with: queued or in their deliveries on a channel's
+    subscription, or kept (its deliveries spent while the channel was down) and not yet sent
+    late by the kept worker (local/kept_worker.py). A kept store that cannot be read now
+    (storage still down) counts as one: not caught up."""
+    subscriptions = getattr(demo, "subscriptions", [])
+    busy = sum(1 for s in subscriptions if not s.idle())
+    worker = getattr(demo, "kept", None)
+    if worker is not None:
+        try:
+            busy += worker.unsent()
+        except Exception:
+            busy += 1
+    return busy
 
 
 def signature(demo: Any, plan: Plan) -> dict[str, dict[str, Any]]:

@@ -11,6 +11,7 @@ import socket
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -223,3 +224,91 @@ def test_a_reboot_the_long_outage_left_unapproved_is_allowed_and_nothing_else(na
     slack = REBOOT_FAULT_FREE["posted"]["slack"]
     reordered = {**REBOOT_FAULT_FREE["posted"], "webhook": slack}
     assert verdict({**REBOOT_FAULT_FREE, "posted": reordered})[0]
+
+
+class _Clock:
+    """The runner's clock, advanced only by its own sleeps: settle's waits, no real time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _KeptWorker:
+    """Teams' `decided`, kept through the outage, sent by the worker's pass at `sent_at`."""
+
+    def __init__(self, clock: _Clock, sent_at: float) -> None:
+        self.clock, self.sent_at = clock, sent_at
+
+    def sent(self) -> bool:
+        return self.clock.now >= self.sent_at
+
+    def unsent(self) -> int:
+        return 0 if self.sent() else 1
+
+
+class _Channel:
+    def __init__(self, busy_until: float, clock: _Clock) -> None:
+        self.busy_until, self.clock = busy_until, clock
+
+    def idle(self) -> bool:
+        return self.clock.now >= self.busy_until
+
+
+def test_settle_waits_for_a_kept_post_sent_late_not_for_a_quiet_time(monkeypatch):
+    """Issue 46: 'channels down past their deliveries' read Teams without its `decided` when
+    the kept worker's pass (every 6 s at 20x, later on a busy machine) came more than QUIET
+    after the last post; the post was not lost, only read too early. Settle now waits for
+    every post to be done with: kept ones sent, none in a subscription's deliveries."""
+    from tests.chaos import runner
+
+    clock = _Clock()
+    worker = _KeptWorker(clock, sent_at=runner.QUIET * 3)  # the pass after QUIET
+    demo = SimpleNamespace(kept=worker, subscriptions=[_Channel(runner.QUIET * 2, clock)])
+    monkeypatch.setattr(runner, "time", clock)
+
+    def signature(demo: Any, plan: Any) -> dict[str, dict[str, Any]]:
+        teams = ["approved", "completed", "started"] + (["decided"] if worker.sent() else [])
+        return {"live-migration web-1": {"ended": "completed", "posted": {"teams": teams}}}
+
+    monkeypatch.setattr(runner, "signature", signature)
+    got, settled = runner.settle(demo, runner.PLANS["freeze"], limit=60)
+    assert settled
+    assert "decided" in got["live-migration web-1"]["posted"]["teams"], got
+    assert clock.now >= runner.QUIET * 3 + runner.QUIET  # quiet counted from the late post
+
+
+def test_settle_gives_up_at_its_limit_while_a_post_is_still_kept(monkeypatch):
+    """A channel that never comes back: not settled (its post still kept), at the limit."""
+    from tests.chaos import runner
+
+    clock = _Clock()
+    demo = SimpleNamespace(kept=_KeptWorker(clock, sent_at=10**6), subscriptions=[])
+    monkeypatch.setattr(runner, "time", clock)
+    monkeypatch.setattr(
+        runner, "signature", lambda demo, plan: {"live-migration web-1": {"ended": "completed"}}
+    )
+    _, settled = runner.settle(demo, runner.PLANS["freeze"], limit=30)
+    assert not settled and 30 <= clock.now <= 31
+
+
+def test_a_subscription_is_idle_only_once_done_with_each_message():
+    """What settle asks of each channel's subscription: busy from `put` until `on_done` has
+    seen the message (here a delivery held open), idle after."""
+    from local.subscription import Subscription
+
+    release, done = threading.Event(), threading.Event()
+    subscription = Subscription(
+        "teams", lambda note: release.wait(), on_done=lambda *_: done.set()
+    ).start()
+    assert subscription.idle()
+    subscription.put("a post")
+    assert not subscription.idle()  # queued or in its delivery
+    release.set()
+    subscription.stop()  # after the message: joined once it is done with
+    assert done.is_set() and subscription.idle()

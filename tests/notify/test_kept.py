@@ -9,6 +9,8 @@ import re
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import requests
@@ -17,7 +19,7 @@ from functions.model.event import Notification, Transition
 from functions.notify import dispatch, kept
 from functions.notify.delivery import RetryPolicy, Transport
 from functions.notify.settings import ChannelSettings
-from functions.store.deliveries import DeliveryLedger
+from functions.store.deliveries import DeliveryLedger, KeptPost
 from local.subscription import Subscription as LocalSubscription
 from tests.functions.conftest import FakeClock
 from tests.notify.factory import decision, event, note
@@ -291,3 +293,56 @@ def test_duration_words() -> None:
         "2 h",
         "1 d 3 h",
     ]
+
+
+class _KeptAfterARead(DeliveryLedger):
+    """The deliveries table, where `later` is kept right after the first read of Teams'
+    kept posts: its last delivery failing as the channel comes back, during a pass."""
+
+    later: KeptPost | None = None
+
+    def kept(self, channel: str) -> list[KeptPost]:
+        posts = super().kept(channel)
+        if channel == "teams" and self.later is not None:
+            later, self.later = self.later, None
+            self.keep(later)
+        return posts
+
+
+def test_the_demos_kept_worker_records_a_post_kept_during_its_pass(azurite: str) -> None:
+    """Issue 46: the demo's kept worker (local/kept_worker.py) read the kept posts, then
+    resend read them again; a post kept between the two reads was sent, then looked up in
+    the first read: a KeyError that ended the worker's thread, so that post was never
+    recorded and every later kept post never sent. It records what resend read."""
+    from local.kept_worker import KeptWorker
+    from local.report import Timeline
+
+    ledger = _KeptAfterARead.from_connection_string(
+        azurite, "k" + uuid.uuid4().hex[:12]
+    ).ensure_table()
+    clock = FakeClock()
+    sender = transport(clock)
+    decided = note(Transition.DECIDED, event("EV-R"), decision(), occurred_at=clock.now())
+    started = note(Transition.STARTED, event("EV-R"), decision(), occurred_at=clock.now())
+    kept.keep(ledger, kept.kept_post("teams", decided, "HTTP 503", clock.now()))
+    ledger.later = kept.kept_post("teams", started, "HTTP 503", clock.now())
+    recorded: list[tuple[str, str, bool]] = []
+    demo = cast(Any, SimpleNamespace(timeline=Timeline(stream=None)))
+    with running(Answer(202)) as teams:
+        settings = ChannelSettings(teams_webhook_url=f"{teams.url}/wf")
+        worker = KeptWorker(
+            demo,
+            ledger,
+            settings,
+            sender,
+            every=3600,
+            record=lambda channel, n, posted, error: recorded.append(
+                (channel, n.transition.value, posted)
+            ),
+        )
+        worker.channels.append("teams")
+        worker.pass_once()  # before: KeyError for `started`, kept during the pass
+        worker.pass_once()
+        assert worker.unsent() == 0
+    assert sorted(recorded) == [("teams", "decided", True), ("teams", "started", True)]
+    assert len(teams.requests) == 2
