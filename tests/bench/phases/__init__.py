@@ -28,9 +28,9 @@ PHASES: list[Phase] = [
     chaos.PHASE,  # background: beside every phase after ingest (issue 40)
     relay.PHASE,  # background: 150 s of 1 s polls
     approve_e2e.PHASE,  # beside the crash points
-    crash.PHASE,  # a process and an Azurite of its own (issue 31)
+    crash.PHASE,  # a process and an Azurite of its own (issue 31); the fleet's seeding beside it
     fanout.PHASE,
-    fleet.PHASE,
+    fleet.PHASE,  # its seeding (prepare) ran beside the crash points (issue 47)
     row_writes.PHASE,
     enrol.PHASE,  # one pass, both enrolment figures
     hostile.PHASE,
