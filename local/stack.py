@@ -25,6 +25,7 @@ class Stack:
     def __init__(self) -> None:
         self._exit = contextlib.ExitStack()
         self.processes: list[subprocess.Popen[bytes]] = []
+        self._told: set[int] = set()  # signalled by close(): waited for, never told twice
 
     def callback(self, fn: Callable[..., Any], *args: Any) -> None:
         self._exit.callback(fn, *args)
@@ -47,14 +48,18 @@ class Stack:
             start_new_session=True,
         )
         self.processes.append(proc)
-        self._exit.callback(stop_process, proc)
+        self._exit.callback(self._stop, proc)
         return proc
+
+    def _stop(self, proc: subprocess.Popen[bytes]) -> None:
+        stop_process(proc, told=proc.pid in self._told)
 
     def close(self) -> None:
         for proc in reversed(self.processes):
             if proc.poll() is None:
                 with contextlib.suppress(OSError):
                     proc.terminate()
+                    self._told.add(proc.pid)
         self._exit.close()
 
     def kill_all(self) -> None:
@@ -64,10 +69,16 @@ class Stack:
                 proc.kill()
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+def stop_process(
+    proc: subprocess.Popen[bytes], timeout: float = 5.0, *, told: bool = False
+) -> None:
+    """SIGTERM (unless already ``told``), wait, then SIGKILL. Never a second SIGTERM: a
+    Python child already exiting has its handlers reset to the default, so a second one
+    kills it mid-cleanup (-15), which stop 49's CI run showed."""
     if proc.poll() is not None:
         return
-    proc.terminate()
+    if not told:
+        proc.terminate()
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -110,19 +110,23 @@ def test_a_plan_that_cannot_play_is_refused_before_anything_starts(tmp_path: Pat
 def test_the_stack_signals_its_children_together_then_waits(tmp_path: Path):
     """Each child, once told to stop, waits until every sibling has been told too. Told
     one after another, the first would wait out stop_process's 5 s and be killed (-9);
-    told together, every one exits by itself (0). A condition, not a stopwatch."""
+    told together, every one exits by itself (0). A condition, not a stopwatch. Each is
+    told once: a second SIGTERM reached a child already exiting in CI (Python had reset
+    its handler, -15); here a child told twice while it lingers exits 3 or dies of it."""
     from local.stack import Stack
 
     child = (
-        "import os, pathlib, signal, sys, time\n"
+        "import pathlib, signal, sys, time\n"
         "d = pathlib.Path(sys.argv[1]); n = int(sys.argv[2]); me = sys.argv[3]\n"
+        "told = []\n"
         "def stop(*_):\n"
+        "    told.append(1)\n"
         "    (d / f'told-{me}').touch()\n"
-        "    while len(list(d.glob('told-*'))) < n: time.sleep(0.01)\n"
-        "    sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, stop)\n"
         "(d / f'up-{me}').touch()\n"
-        "while True: time.sleep(1)\n"
+        "while not told or len(list(d.glob('told-*'))) < n: time.sleep(0.01)\n"
+        "time.sleep(0.5)  # lingers, as a real child's cleanup does\n"
+        "sys.exit(3 if len(told) > 1 else 0)\n"
     )
     stack = Stack()
     procs = [
