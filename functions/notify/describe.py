@@ -269,3 +269,25 @@ def _headline(note: Notification) -> str:
         label = groups[0][0]
         where += f" in {label[0].lower()}{label[1:]}" if label != "VMs" else ""
     return f"{what} {state}: {where}"
+
+
+def other_facts(
+    note: Notification, event: EventSnapshot | None, now: datetime
+) -> list[tuple[str, str | None]]:
+    """The facts of a post that is not an event's transition (a fleet or policy note), the
+    same on every channel: which VMs and when if it names an event, else the VM, then any
+    policy error and the time it happened."""
+    pairs: list[tuple[str, str | None]] = []
+    if event is not None:
+        pairs += [
+            ("VMs", vms_text(event)),
+            ("When", when_text(event, now)),
+            ("Waiting", note.waiting or None),
+            ("Event", event.event_id),
+        ]
+    if note.vm and event is None:
+        pairs.append(("VM", note.vm))
+    if note.decision and note.decision.policy_error:
+        pairs.append(("Policy error", note.decision.policy_error))
+    pairs.append(("At", utc_text(note.occurred_at)))
+    return pairs

@@ -25,7 +25,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from functions.model.event import Notification, Transition, utc_text
+from functions.model.event import Notification, Transition
 from functions.notify import describe
 from functions.notify.delivery import Transport, dumps, post_json
 from functions.notify.pacing import SLACK_PACER, PacedSession, WebhookPacer
@@ -121,19 +121,7 @@ def build_blocks(note: Notification, now: datetime) -> list[dict[str, Any]]:
             ("Event", event.event_id),
         ]
     else:
-        pairs = []
-        if event is not None:
-            pairs += [
-                ("VMs", describe.vms_text(event)),
-                ("When", describe.when_text(event, now)),
-                ("Waiting", note.waiting or None),
-                ("Event", event.event_id),
-            ]
-        if note.vm and event is None:
-            pairs.append(("VM", note.vm))
-        if note.decision and note.decision.policy_error:
-            pairs.append(("Policy error", note.decision.policy_error))
-        pairs.append(("At", utc_text(note.occurred_at)))
+        pairs = describe.other_facts(note, event, now)
     blocks.append(_fields(pairs))
     if note.detail:
         blocks.append({"type": "context", "elements": [_plain(note.detail, CONTEXT_MAX)]})

@@ -25,7 +25,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from functions.model.event import Notification, Transition, utc_text
+from functions.model.event import Notification, Transition
 from functions.notify import describe
 from functions.notify.delivery import Transport, dumps, post_json
 
@@ -127,19 +127,7 @@ def build_card(note: Notification, now: datetime) -> dict[str, Any]:
             )
         )
     else:
-        pairs: list[tuple[str, str | None]] = []
-        if event is not None:
-            pairs += [
-                ("VMs", describe.vms_text(event)),
-                ("When", describe.when_text(event, now)),
-                ("Waiting", note.waiting or None),
-                ("Event", event.event_id),
-            ]
-        if note.vm and event is None:
-            pairs.append(("VM", note.vm))
-        if note.decision and note.decision.policy_error:
-            pairs.append(("Policy error", note.decision.policy_error))
-        pairs.append(("At", utc_text(note.occurred_at)))
+        pairs = describe.other_facts(note, event, now)
         body.append(_facts(pairs))
     if note.detail:
         body.append(_text(note.detail, isSubtle=True))
