@@ -72,9 +72,10 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
 # --tb=native: Python's own tracebacks (the assertion's message is still pytest's). pytest's
 # renderer, reading each frame's source, crashed a worker twice in fresh CI runs under load
 # (an AST recursion; a frame with no line number), which hid every failure of the run.
+# --durations: the slowest tests and groups, so a CI log says where the 8 minutes went.
 test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=target checks
-	$(BIN)/python -m pytest -q --tb=native -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q --tb=native --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 checks: install lint typecheck infra-check browser test-py39
 
