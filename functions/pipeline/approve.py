@@ -45,6 +45,7 @@ from functions.pipeline.approve_arm import (
     arm_phase,
 )
 from functions.pipeline.context import Pipeline
+from functions.pipeline.due import unannounced_before
 from functions.pipeline.lifecycle import approval_lease, note_sent
 from functions.pipeline.relay_phase import expect_for, relay_phase
 from functions.settings import Settings
@@ -57,6 +58,8 @@ from functions.store.state import Store
 log = logging.getLogger(__name__)
 
 Outcome = Literal["approved", "failed", "retry_later", "skipped"]
+# `skipped`: the announcements before `approved` (`decided`) are not out yet (`_claim`).
+ANNOUNCING = "its decision is being announced"
 
 
 class ApprovalResult(BaseModel):
@@ -102,7 +105,8 @@ def approve_event(
     - `reporters`: the event's reporter rows as the caller just read them (the reconcile
       by key reads them for the decider): not queried again.
     Never raises for relay or ARM trouble; returns `skipped` when the event is gone,
-    already started or approved, or another caller is approving it right now.
+    already started or approved, another caller is approving it right now, or its
+    `decided` is not announced yet (ANNOUNCING).
     """
     store, settings, clock = pipeline.store, pipeline.settings, pipeline.clock
     now = clock.now()
@@ -117,7 +121,8 @@ def approve_event(
             return ApprovalResult(event_id=event_id, outcome="retry_later", detail=closed)
         record, won = _claim(store, event_id, now, settings, tag)
         if not won:
-            return ApprovalResult(event_id=event_id, outcome="skipped", detail=why_not(record))
+            detail = why_not(record, now)
+            return ApprovalResult(event_id=event_id, outcome="skipped", detail=detail)
     assert record is not None
     deadline = _deadline(record, settings, now)
     stop = min(deadline, give_up_at) if give_up_at else deadline
@@ -203,8 +208,9 @@ def _manual_detail(by: str, outcome: str, vm: str | None, detail: str) -> str:
     return f"{who} approved by hand, but nothing could approve: {detail}"
 
 
-def why_not(record: EventRecord | None) -> str:
-    """Why an approval was not attempted, in words for the audit and the caller."""
+def why_not(record: EventRecord | None, now: datetime | None = None) -> str:
+    """Why an approval was not attempted, in words for the audit and the caller; with
+    `now`, ANNOUNCING when `_claim` waited for the announcements before it."""
     if record is None:
         return "unknown event"
     if record.ended:
@@ -213,6 +219,8 @@ def why_not(record: EventRecord | None) -> str:
         return "event already started"
     if record.approval == "approved":
         return "already approved"
+    if now is not None and unannounced_before(record, now, publishing=False):
+        return ANNOUNCING
     return "another caller is approving it"
 
 
@@ -220,11 +228,17 @@ def _claim(
     store: Store, event_id: str, now: datetime, settings: Settings, tag: str = ""
 ) -> tuple[EventRecord | None, bool]:
     """Claim the approval for `tag` (functions.store.claims: held for one attempt's budget
-    and a margin; its holder, delivered again after its host died, takes it over at once)."""
+    and a margin; its holder, delivered again after its host died, takes it over at once).
+    Not while an announcement a person reads before `approved` is not done (the decider's
+    rule, due.unannounced_before; this caller publishes none of them): a channel would
+    read `approved` before `decided` (issue 46). The drain workflow waits then, and has the
+    one decider publish what is due (functions.terminate.wiring)."""
     lease = approval_lease(settings.approval_budget_seconds)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or rec.ended or rec.started or rec.approval == "approved":
+            return None
+        if unannounced_before(rec, now, tag, publishing=False):
             return None
         busy = rec.approval == "in_progress"
         if busy and not claims.is_free(rec.approval_claim, now, tag):

@@ -399,23 +399,30 @@ def due(
 
 
 def unannounced_before(
-    record: EventRecord, now: datetime, me: str = "", *, claimed: bool = False
+    record: EventRecord,
+    now: datetime,
+    me: str = "",
+    *,
+    claimed: bool = False,
+    publishing: bool = True,
 ) -> tuple[Transition, ...]:
     """The announcements a person reads before `approved` (in ORDER: `decided`, ...) that
     the row calls for and that are neither done nor `me`'s to publish first: claimed by
     another caller, live. The approval and its `approved` wait for them: that caller may
     still be publishing, and a channel would read `approved` before `decided` (issue 46).
     One left unclaimed is `me`'s to claim with the approval, in one write; `claimed`: in
-    that write, after claiming, where nobody is left to publish it first."""
+    that write, after claiming, where nobody is left to publish it first. `publishing`
+    False: `me` publishes none of them (approve_event's own claim: the drain workflow), so
+    every one not done waits, a dead holder's too, until a reconcile publishes it."""
     first = ORDER.index(Transition.APPROVED)
     waiting = []
     for transition in conditions(record, now):
         mark = record.announced.get(transition.value)
         if ORDER.index(transition) >= first or mark == claims.DONE:
             continue
-        if mark and claims.is_free(mark, now, me):
+        if publishing and mark and claims.is_free(mark, now, me):
             continue  # `me`'s own claim, or one whose holder died: published by `me` first
-        if mark or claimed:
+        if mark or claimed or not publishing:
             waiting.append(transition)
     return tuple(waiting)
 

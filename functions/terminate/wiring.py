@@ -14,9 +14,10 @@ from functions.approvers.relay import RelayTarget
 from functions.model.drains import RelayFacts
 from functions.model.event import Transition
 from functions.model.policy import transition_pages
-from functions.pipeline.approve import ApprovalResult, approve_event
+from functions.pipeline.approve import ANNOUNCING, ApprovalResult, approve_event
 from functions.pipeline.capacity import take_capacity
 from functions.pipeline.context import Pipeline
+from functions.pipeline.reconcile import reconcile_key
 from functions.store.drains import DrainStore
 from functions.terminate.context import DrainContext
 from functions.terminate.settings import DrainSettings, UndrainSettings
@@ -38,14 +39,18 @@ def pipeline_context(
     ) -> ApprovalResult:
         # Tagged: the drain step's next runner (its lease lapsed: this one died) takes the
         # approval's claim over at once; the step's lease keeps two runners apart.
-        return approve_event(
-            event_id,
-            pipeline,
-            give_up_at=give_up_at,
-            by=BY,
-            relays=relays,
-            tag=f"drain:{event_id}"[:300],
-        )
+        tag = f"drain:{event_id}"[:300]
+        for _ in range(2):
+            result = approve_event(
+                event_id, pipeline, give_up_at=give_up_at, by=BY, relays=relays, tag=tag
+            )
+            if result.outcome != "skipped" or result.detail != ANNOUNCING:
+                break
+            # Its `decided` is not out (issue 46): the one decider publishes what is due
+            # (one nobody claimed, or a dead holder's once its claim lapsed), then this
+            # asks again; a live holder's is left to it, and the step asks again later.
+            reconcile_key(pipeline, event_id, tag, worker=False)
+        return result
 
     def relay_target(vm: str) -> RelayTarget | None:
         record = store.get_vm(vm)

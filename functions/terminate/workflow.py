@@ -351,6 +351,8 @@ def _held(event_type: str) -> str:
 
 
 BUSY = "another caller is approving it"
+# approve_event's wait for the event's `decided` to be out first (issue 46).
+ANNOUNCING = "its decision is being announced"
 
 
 def _approve(
@@ -361,11 +363,13 @@ def _approve(
         outcome = getattr(result, "outcome", result)
         detail = getattr(result, "detail", "") or ""
         left = (until - ctx.clock.now()).total_seconds()
-        if outcome != "skipped" or detail != BUSY or left <= 0:
+        if outcome != "skipped" or detail not in (BUSY, ANNOUNCING) or left <= 0:
             break
         # Someone holds the approval's claim: perhaps this step's previous runner, which
         # died mid-approval. Its claim lapses within the approval lease and is taken over
-        # here; a live holder finishes first and the next try finds it settled.
+        # here; a live holder finishes first and the next try finds it settled. Or the
+        # event's `decided` is not out yet: its publisher marks it done within its
+        # announcement lease, or the decider publishes it (ctx.approve) once that lapsed.
         ctx.clock.sleep(min(REPORT_POLL_SECONDS, left))
     if outcome == "approved":
         return True, f"approved {detail}".strip()
