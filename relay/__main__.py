@@ -218,12 +218,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def callback_clock(sender: Any) -> Callable[[], float]:
     """The clock the callback judges signatures' timestamps by: this VM's, corrected by the
-    skew the heartbeats measured against Table storage's `Date` (Azure's clock; see
-    relay.liveness.TableLiveness.storage_time) when they go to the liveness table. Without
-    one (heartbeats on Service Bus, or none written yet) it is this VM's own clock."""
-    heartbeats = getattr(sender, "heartbeats", None)
-    storage_time: Callable[[], float] | None = getattr(heartbeats, "storage_time", None)
-    return storage_time or time.time
+    skew measured against the `Date` of Azure's answers (relay.servicebus.AzureClock) by
+    the heartbeats' sender: the liveness table's, else Service Bus's (the one that sends
+    them, attested or not). Without one (a directory) it is this VM's own clock."""
+    sender = getattr(sender, "heartbeats", sender)
+    sender = getattr(sender, "inner", sender)
+    return getattr(sender, "azure_time", time.time)
 
 
 def _start_callback(

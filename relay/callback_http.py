@@ -27,6 +27,7 @@ import time
 
 from relay.httpwire import MAX_LINE, REASONS, HeaderError, read_headers
 from relay.logs import ErrorStreak, event
+from relay.models import http_date
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -192,12 +193,10 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
-        now = time.gmtime()
         head = (
             f"HTTP/1.0 {status} {REASONS.get(status, 'Unknown')}\r\n"
             "Server: scheduled-events-relay\r\n"
-            f"Date: {_DAYS[now.tm_wday]}, {now.tm_mday:02d} {_MONTHS[now.tm_mon - 1]} "
-            f"{now.tm_year} {now.tm_hour:02d}:{now.tm_min:02d}:{now.tm_sec:02d} GMT\r\n"
+            f"Date: {http_date(time.time())}\r\n"
             "Content-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\n"
             "Cache-Control: no-store\r\n"
@@ -207,10 +206,6 @@ class _Handler(socketserver.BaseRequestHandler):
             data = b""  # HEAD: the headers of the GET answer, Content-Length included
         with contextlib.suppress(OSError):  # a client gone before its answer: nothing to do
             self.connection.sendall(head.encode("ascii") + data)
-
-
-_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
 class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):

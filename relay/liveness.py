@@ -34,13 +34,14 @@ import logging
 import time
 import urllib.parse
 from collections.abc import Callable
+from datetime import datetime, timezone
 
 from relay import CONTRACT
 from relay.logs import event
-from relay.models import Envelope, format_aware
+from relay.models import Envelope, format_aware, http_date
 from relay.outbox import atomic_write
 from relay.sendbase import Sender, SendError
-from relay.servicebus import exchange, https_opener, retry_after
+from relay.servicebus import SKEW_TOLERATED, AzureClock, exchange, https_opener, retry_after
 from relay.signing import hmac_sha256, key_id, sha256
 
 TYPE_CHECKING = False
@@ -57,7 +58,6 @@ TABLE_API_VERSION = "2019-02-02"
 LIVENESS_BUCKETS = 8
 MAX_RELAY_VERSION = 64
 MAX_DRAIN = 64
-SKEW_TOLERATED = 5.0  # seconds of clock difference with Table storage left uncorrected
 
 _SLOW_STATUS = {
     400: "400 bad request: Table storage refused the heartbeat row (see the message)",
@@ -113,35 +113,7 @@ def entity_url(table_url: str, partition_key: str, row_key_: str) -> str:
     return f"{table_url}(PartitionKey='{literal(partition_key)}',RowKey='{literal(row_key_)}')"
 
 
-_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-
-
-def http_date(epoch: float) -> str:
-    """RFC 1123 in English whatever the locale (x-ms-date)."""
-    t = time.gmtime(epoch)
-    return (
-        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
-        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
-    )
-
-
-def parse_http_date(value: str) -> float | None:
-    """Epoch seconds of an RFC 1123 `Date` header, or None if it is not one."""
-    try:
-        _, day, month, year, clock, zone = value.split()
-        hours, minutes, seconds = (int(part) for part in clock.split(":"))
-        if zone != "GMT" or len(year) != 4:
-            return None
-        import calendar
-
-        moment = (int(year), _MONTHS.index(month) + 1, int(day), hours, minutes, seconds)
-        return float(calendar.timegm((*moment, 0, 0, 0)))
-    except (ValueError, TypeError):
-        return None
-
-
-class TableLiveness(Sender):
+class TableLiveness(AzureClock, Sender):
     """Writes heartbeat envelopes into the liveness table (Insert Or Merge: HTTP PATCH, no
     If-Match). Authenticated by a bearer token (the VM's managed identity, resource
     https://storage.azure.com/) or a SAS query string (tests, non-Azure hosts).
@@ -171,24 +143,10 @@ class TableLiveness(Sender):
         self.keys = keys
         self.facts = facts  # (probe_at, drain means) at each heartbeat: relay.responder
         self._opener = https_opener()
-        self.skew = 0.0  # Table storage's clock minus ours, when beyond SKEW_TOLERATED
         self.written = 0
 
     def describe(self) -> str:
         return self.table_url
-
-    def storage_time(self) -> float:
-        """This VM's clock corrected by the skew measured against Table storage (its own
-        clock until one is measured): the callback judges signatures' timestamps by it
-        (relay.__main__.callback_clock, issue 46), so a guest clock minutes off does not
-        refuse every approval while its heartbeats say it is alive.
-
-        Trust: the skew comes only from the `Date` header of Table storage's answers to this
-        relay's own requests, over HTTPS to the account in the settings (plain http only to
-        a loopback stand-in): Azure's clock, which the app's (Azure Functions') follows too.
-        Neither the app nor any VM can move it, and no callback does; a callback replayed
-        after its window is refused as before, only the window is on Azure's time."""
-        return self._clock() + self.skew
 
     def send(self, envelope: Envelope, body: str) -> None:
         if envelope.kind != "heartbeat":
@@ -200,8 +158,6 @@ class TableLiveness(Sender):
     def entity(self, envelope: Envelope, now: float, secret: bytes | None = None) -> dict[str, Any]:
         """The row under `secret` (the current key by default)."""
         assert envelope.vm.vm_id and self.keys is not None
-        from datetime import datetime, timezone
-
         vm_id = envelope.vm.vm_id.lower()
         if secret is None:
             secret = self.keys.current_key().secret
@@ -295,24 +251,6 @@ class TableLiveness(Sender):
         detail = _error_code(text)
         reason = _SLOW_STATUS.get(status, f"Table storage refused the heartbeat with {status}")
         raise SendError(f"http-{status}", f"{reason}: {detail}" if detail else reason, slow=True)
-
-    def _learn_skew(self, headers: dict[str, str], sent_at: float) -> None:
-        value = {k.lower(): v for k, v in headers.items()}.get("date")
-        server = parse_http_date(value) if value else None
-        if server is None:
-            return
-        # The Date is whole seconds, stamped between sending and now: compare it with the
-        # middle of that span.
-        skew = server - (sent_at + self._clock()) / 2
-        corrected = skew if abs(skew) > SKEW_TOLERATED else 0.0
-        if (corrected == 0.0) != (self.skew == 0.0):
-            event(
-                log,
-                logging.WARNING if corrected else logging.INFO,
-                "clock skew with Table storage" if corrected else "clock agrees with Table storage",
-                seconds=round(skew, 1),
-            )
-        self.skew = corrected
 
 
 def _error_code(body: bytes) -> str:

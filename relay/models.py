@@ -131,6 +131,19 @@ def format_not_before(moment: datetime | None) -> str:
     )
 
 
+def http_date(epoch: float) -> str:
+    """RFC 1123 in English whatever the locale: x-ms-date, the callback's `Date`."""
+    return format_not_before(datetime.fromtimestamp(epoch, timezone.utc))
+
+
+def parse_http_date(value: str) -> float | None:
+    """Epoch seconds of an RFC 1123 `Date` header, or None if it is not one."""
+    try:
+        return _parse_rfc1123(value).timestamp()  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OverflowError):
+        return None
+
+
 def parse_aware(value: Any, name: str) -> datetime:
     """An ISO 8601 time with an offset (what envelopes carry), on any Python >= 3.9."""
     if isinstance(value, datetime):

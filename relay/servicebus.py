@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import time
 import urllib.parse
@@ -23,7 +24,8 @@ from relay.identity import (
     ManagedIdentityTokenProvider,
     TokenProvider,
 )
-from relay.logs import clip
+from relay.logs import clip, event
+from relay.models import parse_http_date
 from relay.sendbase import Sender, SendError
 from relay.signing import hmac_sha256
 
@@ -99,6 +101,53 @@ class SasTokenProvider(TokenProvider):
         self._token = None
 
 
+# ------------------------------------------------------------------ Azure's clock
+
+SKEW_TOLERATED = 5.0  # seconds of clock difference with Azure left uncorrected
+
+
+class AzureClock:
+    """Azure's clock as the `Date` of its answers to this relay's own requests shows it
+    (Table storage's to the heartbeats, Service Bus's to every send): one estimator for
+    both senders, so a relay whose heartbeats go over Service Bus measures the skew too.
+    `skew` is Azure's clock minus ours when beyond SKEW_TOLERATED, else 0."""
+
+    skew = 0.0
+    _clock: Callable[[], float] = time.time
+
+    def azure_time(self) -> float:
+        """This VM's clock corrected by the skew measured against Azure (its own clock
+        until one is measured): the callback judges signatures' timestamps by it
+        (relay.__main__.callback_clock, issue 46), so a guest clock minutes off does not
+        refuse every approval while the relay is heard.
+
+        Trust: the skew comes only from the `Date` header of Azure's answers to this
+        relay's own requests, over HTTPS to the account or namespace in the settings
+        (plain http only to a loopback stand-in): Azure's clock, which the app's (Azure
+        Functions') follows too. Neither the app nor any VM can move it, and no callback
+        does; a callback replayed after its window is refused as before, only the window
+        is on Azure's time."""
+        return self._clock() + self.skew
+
+    def _learn_skew(self, headers: dict[str, str], sent_at: float) -> None:
+        value = {k.lower(): v for k, v in headers.items()}.get("date")
+        server = parse_http_date(value) if value else None
+        if server is None:
+            return
+        # The Date is whole seconds, stamped between sending and now: compare it with the
+        # middle of that span.
+        skew = server - (sent_at + self._clock()) / 2
+        corrected = skew if abs(skew) > SKEW_TOLERATED else 0.0
+        if (corrected == 0.0) != (self.skew == 0.0):
+            event(
+                logging.getLogger("relay.clock"),
+                logging.WARNING if corrected else logging.INFO,
+                "clock skew with Azure" if corrected else "clock agrees with Azure",
+                seconds=round(skew, 1),
+            )
+        self.skew = corrected
+
+
 # ------------------------------------------------------------------ Service Bus
 
 _SLOW_STATUS = {
@@ -110,7 +159,7 @@ _SLOW_STATUS = {
 }
 
 
-class ServiceBusSender(Sender):
+class ServiceBusSender(AzureClock, Sender):
     """POST one message per envelope to `https://NAMESPACE/QUEUE/messages`.
 
     Documents go to the session queue (SessionId = vmId keeps one VM's documents in
@@ -161,7 +210,9 @@ class ServiceBusSender(Sender):
                 "BrokerProperties": json.dumps(props, separators=(",", ":")),
             },
         )
+        now = self._clock()
         status, text, headers = exchange(self._opener, request, self._timeout, "Service Bus")
+        self._learn_skew(headers, now)
         if status == 201:
             return
         if status == 401:

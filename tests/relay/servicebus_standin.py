@@ -5,7 +5,7 @@ plays the queue: it verifies the Authorization header (a SAS token's signature, 
 key name and scope; or a Bearer token's audience and expiry), the BrokerProperties JSON
 (MessageId, SessionId, TimeToLive) and the path, answers 201/400/401/404 like Azure, can be
 told to fail (503, 429, ...) or to hang, and drops resends with a MessageId it already has,
-like duplicate detection.
+like duplicate detection. Every answer carries Azure's `Date`, on the stand-in's `clock`.
 
 It serves two queues, as main.bicep deploys them: `documents` requires sessions (every
 message must carry a SessionId) and `heartbeats` has none (contract C1: a heartbeat must
@@ -142,6 +142,10 @@ class ServiceBusStandIn:
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
+
+            def date_time_string(self, timestamp: float | None = None) -> str:
+                # Every answer's `Date` is Azure's clock: the stand-in's own (`clock`).
+                return super().date_time_string(standin.clock() if timestamp is None else timestamp)
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True

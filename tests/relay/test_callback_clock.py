@@ -1,8 +1,10 @@
 """A guest clock minutes off still takes the app's callbacks (issue 46, finding 7a).
 
-The relay judges a callback's timestamp by its clock corrected by the skew its liveness
-heartbeats measured against Table storage's `Date` (Azure's clock, the app's too). Here the
-VM's clock is 400 s fast and a loopback Table storage stand-in answers with the true time.
+The relay judges a callback's timestamp by its clock corrected by the skew its heartbeats'
+sender measured against the `Date` of Azure's answers (Azure's clock, the app's too): Table
+storage's for heartbeats in the liveness table, Service Bus's for heartbeats on its queue.
+Here the VM's clock is 400 s fast and a loopback Table storage stand-in answers with the
+true time, or Azure's clock is 400 s ahead in the Service Bus stand-in's answers.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from typing import Any
 import pytest
 
 from relay.__main__ import callback_clock
+from relay.attest import Attester
 from relay.callback import CallbackApp, Refused
 from relay.imds import ImdsClient
 from relay.liveness import SplitSender, TableLiveness, http_date
 from relay.models import Envelope, VmRef
-from relay.senders import FileSender
+from relay.senders import FileSender, build_sender
+from relay.settings import load_settings
 from tests.relay.conftest import KEY, VM0_ID, FixedKeys, sign_headers
+from tests.relay.servicebus_standin import ServiceBusStandIn
 
 TRUE_NOW = float(int(time.time()))  # Azure's time, whole seconds as in a Date header
 FAST = 400.0  # how far ahead the VM's clock runs
@@ -61,7 +66,7 @@ def fast_relay(table_url: str, tmp_path: Path) -> tuple[SplitSender, TableLivene
     return SplitSender(FileSender(tmp_path / "out"), heartbeats), heartbeats
 
 
-def heartbeat(sender: SplitSender) -> None:
+def heartbeat(sender: Any) -> None:
     envelope = Envelope(
         kind="heartbeat",
         vm=VmRef(name="vm0", vm_id=VM0_ID),
@@ -133,5 +138,53 @@ def test_without_a_measured_skew_a_fast_vm_refuses_as_before(
     assert simulator.sim.approvals == []
 
 
-def test_heartbeats_not_in_the_liveness_table_leave_the_vms_own_clock(tmp_path: Path) -> None:
+def test_heartbeats_to_a_directory_leave_the_vms_own_clock(tmp_path: Path) -> None:
     assert callback_clock(FileSender(tmp_path / "out")) is time.time
+
+
+# ------------------------------------------------------------------ heartbeats on Service Bus
+
+AHEAD = 400.0  # how far Azure's clock (the stand-in's) runs ahead of this VM's
+
+
+def servicebus_relay(standin: ServiceBusStandIn, simulator: Any, tmp_path: Path) -> Any:
+    """The sender a relay without a liveness table builds (relay.senders.build_sender):
+    documents and heartbeats attested, to the stand-in's queues, whose `Date` runs AHEAD."""
+    standin.clock = lambda: time.time() + AHEAD
+    simulator.sim.add_vm("vm0")
+    connection = tmp_path / "sas.txt"
+    connection.write_text(standin.connection_string)
+    settings = load_settings(
+        [
+            f"--forward={standin.forward}",
+            f"--sas-connection-string-file={connection}",
+            f"--servicebus-endpoint={standin.endpoint}",
+        ]
+    )
+    attester = Attester(ImdsClient(simulator.vm_url("vm0"), 5.0))
+    return build_sender(settings, keys=FixedKeys(KEY), attester=attester)
+
+
+def test_heartbeats_on_service_bus_measure_the_skew_from_its_date(
+    simulator: Any, standin: ServiceBusStandIn, tmp_path: Path
+) -> None:
+    sender = servicebus_relay(standin, simulator, tmp_path)
+    app = CallbackApp(
+        FixedKeys(),
+        VM0_ID,
+        "vm0",
+        ImdsClient(simulator.vm_url("vm0"), 1.0),
+        clock=callback_clock(sender),
+    )
+    event_id = freeze(simulator)
+    with pytest.raises(Refused) as stale:  # nothing measured yet: this VM's own clock
+        start(app, event_id, time.time() + AHEAD)
+    assert (stale.value.status, stale.value.body["error"]) == (401, "stale timestamp")
+    heartbeat(sender)
+    assert len(standin.heartbeats) == 1  # on the heartbeats queue, answered with its Date
+    status, answer = start(app, event_id, time.time() + AHEAD)  # signed on Azure's time
+    assert (status, answer["results"]) == (200, {event_id: "approved"})
+    assert [a.event_id for a in simulator.sim.approvals] == [event_id]
+    with pytest.raises(Refused) as old:  # older than the window on Azure's time
+        start(app, freeze(simulator), time.time() + AHEAD - 301)
+    assert (old.value.status, old.value.body["error"]) == (401, "stale timestamp")

@@ -24,9 +24,8 @@ from relay.liveness import (
     http_date,
     liveness_keys,
     liveness_row_keys,
-    parse_http_date,
 )
-from relay.models import Envelope, VmRef
+from relay.models import Envelope, VmRef, parse_http_date
 from relay.senders import SendError
 from relay.settings import SettingsError, load_settings
 from tests.relay.conftest import KEY, FixedKeys, json_files, vm_id_of, wait_for
