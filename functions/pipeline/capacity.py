@@ -31,7 +31,6 @@ from functions.pipeline.slot_rules import (
     capacity_limit,
     entitled,
     flags_unstarted,
-    holds_capacity,
     holds_slot,
     needs_capacity,
     served_order,
@@ -96,10 +95,9 @@ def release_slots(
     """Give back the event's slots (its sets' and its budgets'); returns the events
     waiting for them, to be woken (earliest NotBefore first). `after_attempt`: an approval
     that did not succeed; while its outcome is unknown (a relay's answer that never came)
-    its slots stay (`slot_rules.unknown_until`), said once in the audit."""
+    its slots stay (`slot_rules.unknown_until`), said once in the audit. Called only for
+    an event that may hold slots (`Due.give_back`, or an approval that took them)."""
     store = pipeline.store
-    if not (holds_capacity(record) or record.budget_counted):
-        return []
     if after_attempt:
         fresh = store.recent_event(record.event_id) or record
         until = unknown_until(fresh)
@@ -265,19 +263,9 @@ def budget_needs(
     what they took)."""
     if policy is None or not policy.budgets:
         return [], []
-    from functions.model.budgets import slots_for
-    from functions.pipeline.redecide import as_event
-    from functions.store.placements import Placements
-
-    placements = Placements(store.service.get_table_client(f"{store.prefix}identities"))
     rows = store.reporter_rows(record.event_id)
     reporters = [r.vm for r in rows if r.status or every_reporter][:MAX_BUDGET_VMS]
-    event = as_event(record)
-    found: list = []
-    for vm in reporters:
-        where = placements.for_name(vm, now, MAX_PLACEMENT_AGE)
-        found += [(slot, vm) for slot in slots_for(policy.budgets, event, where, placements.size)]
-    return found, reporters
+    return _slots_of(store, record, policy, now, reporters), reporters
 
 
 def _named_slots(
@@ -287,19 +275,26 @@ def _named_slots(
     MAX_BUDGET_VMS in all): what `slot_rules.too_big` counts beside the reporters'."""
     if policy is None or not policy.budgets:
         return []
+    seen = {vm.casefold() for vm in reporters}
+    others = [n for n in record.resources if n.casefold() not in seen]
+    others = others[: max(0, MAX_BUDGET_VMS - len(reporters))]
+    return _slots_of(store, record, policy, now, others) if others else []
+
+
+def _slots_of(
+    store: Store, record: EventRecord, policy: Policy, now: datetime, vms: list[str]
+) -> list:
+    """The budget slots (functions.model.budgets.Slot, VM) of `vms`: the groups of every
+    operator budget that covers each, from Azure's placements (one read per VM), for both
+    the reporters (`budget_needs`) and the VMs named beside them (`_named_slots`)."""
     from functions.model.budgets import slots_for
     from functions.pipeline.redecide import as_event
     from functions.store.placements import Placements
 
-    seen = {vm.casefold() for vm in reporters}
-    others = [n for n in record.resources if n.casefold() not in seen]
-    others = others[: max(0, MAX_BUDGET_VMS - len(reporters))]
-    if not others:
-        return []
-    placements = Placements(store.service.get_table_client(f"{store.prefix}identities"))
     event = as_event(record)
+    placements = Placements(store.service.get_table_client(f"{store.prefix}identities"))
     found: list = []
-    for vm in others:
+    for vm in vms:
         where = placements.for_name(vm, now, MAX_PLACEMENT_AGE)
         found += [(slot, vm) for slot in slots_for(policy.budgets, event, where, placements.size)]
     return found

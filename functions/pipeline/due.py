@@ -126,6 +126,9 @@ class Due:
     announce: tuple[Transition, ...] = ()  # due and never claimed (or released): claim first
     overdue: str = ""  # the `overdue` announcement's detail when it is due
     release: bool = False  # slots held that the row no longer entitles it to
+    # Its slots given back now (released, or closing), when it may hold any: a row that
+    # never took one needs no slot row read (functions.pipeline.capacity.release_slots).
+    give_back: bool = False
     approve: bool = False
     by: str = ""  # who the approval is for when a person asked for it ("manual:<who>")
     capacity: bool = False  # the approval takes its slots first
@@ -381,11 +384,13 @@ def due(
     unsent = [m for m in record.announced.values() if claims.is_pending(m)]
     close = bool(record.ended) and not unsent and not announce
     undrain = close and decision is not None and decision.action == "drain"
+    holds = holds_capacity(record) or record.budget_counted
     return Due(
         publish=tuple(publish),
         announce=tuple(announce),
         overdue=overdue if Transition.OVERDUE in announce else "",
         release=release,
+        give_back=(release or close) and holds,
         approve=approve,
         by=record.asked_by if person and approve else "",
         capacity=approve and not person and needs_capacity(record),

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,7 +35,7 @@ from functions.model.envelope import STARTED
 from functions.model.event import Transition
 from functions.pipeline import capacity
 from functions.pipeline.announce import decision_audit, mark_done, publish_claimed
-from functions.pipeline.approve import ApprovalResult, approve_event, give_back
+from functions.pipeline.approve import approve_event, give_back
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import ENDS, ORDER, Due, Facts, due, settled_path
 from functions.pipeline.facts import load_facts
@@ -48,6 +47,7 @@ from functions.pipeline.lifecycle import (
     observed,
 )
 from functions.pipeline.redecide import redecide
+from functions.pipeline.results import Reconciled
 from functions.store import claims
 from functions.store.records import EventRecord
 from functions.store.reporters import Reporter
@@ -63,21 +63,6 @@ END_DETAILS = {
     "silent": "every VM that reported it went silent",
     "unheard": "no Event Grid notification of its end within {limit} s",
 }
-
-
-@dataclass
-class Reconciled:
-    """What one reconcile did (for logs, results and tests)."""
-
-    event_id: str
-    published: list[Transition] = field(default_factory=list)
-    approval: ApprovalResult | None = None
-    waiting_for_capacity: bool = False
-    ended: str = ""  # why it ended in this reconcile ("" if it did not)
-    redecided: bool = False
-    settled: str = ""  # the path of an approval recorded after its answer was lost
-    closed: bool = False
-    next_at: datetime | None = None
 
 
 def _reconcile_row(
@@ -193,11 +178,13 @@ def _reconcile(
             waited, plan = plan.approve, _due(pipeline, record, Facts(), me, now, grid_end)
             if not waited and _due(pipeline, record, facts, me, now, grid_end).approve:
                 enqueue(pipeline, [record.event_id], now)  # due since: a waiter's wake-up
-    if plan.release or plan.close:
+    if plan.give_back:
         # Given back the moment the row stops entitling it (every taker also checks each
         # holder's row, so a slot left behind by a crash is never held for good); the
         # events waiting for it are woken, earliest NotBefore first.
         enqueue(pipeline, capacity.release_slots(pipeline, record, now), now)
+    if plan.count:  # never with plan.close (a Started event not ended)
+        record = capacity.count_started(pipeline, record, now) or record
     if plan.close:
         if plan.undrain and not _drain(pipeline, record, "undrain", worker):
             pipeline.store.set_due(record.event_id, now)  # the sweep's worker undrains it
@@ -206,8 +193,6 @@ def _reconcile(
         store.close_event(record.event_id, record.ended_at or now)
         out.closed = True
         return out
-    if plan.count:
-        record = capacity.count_started(pipeline, record, now) or record
     if plan.drain and worker and pipeline.drainer is not None:
         outcome = _drain(pipeline, record, "drain", worker)
         record = store.recent_event(record.event_id) or record
