@@ -15,7 +15,11 @@ of what Service Bus checks on a send (Learn, "Service Bus quotas"; "Duplicate de
   second call while one is in progress raises here, as the app must never do it
   (functions.servicebus.LockedSender);
 - scheduled messages (`schedule_messages`): invisible until their time.
-Accepted messages go to the trigger (`on_message`), as the Functions host hands them over.
+Accepted messages go to the trigger (`on_message`), as the Functions host hands them over,
+each under peek-lock: the receiver completes it (`settled`) or gives it back (`abandon`,
+what the Functions host does when the function raises), and Service Bus delivers it again
+at once with its DeliveryCount one higher (`delivery_count`), then moves it to the
+dead-letter queue (MaxDeliveryCountExceeded) after maxDeliveryCount deliveries.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusErro
 MAX_MESSAGE_BYTES = 256 * 1024  # Standard tier: a message, or a batch sent at once
 MAX_HEADER_BYTES = 64 * 1024
 DUPLICATE_WINDOW = timedelta(hours=1)  # servicebus.bicep's duplicateDetectionWindow
+MAX_DELIVERY_COUNT = 10  # servicebus.bicep's maxDeliveryCount (every queue and subscription)
 
 
 def body_of(message: ServiceBusMessage) -> bytes:
@@ -65,6 +70,7 @@ class LocalQueue:
         duplicate_detection: bool = True,
         duplicate_window: timedelta = DUPLICATE_WINDOW,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_delivery_count: int = MAX_DELIVERY_COUNT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -72,6 +78,7 @@ class LocalQueue:
         self.duplicate_detection = duplicate_detection
         self.window = duplicate_window.total_seconds()
         self.max_bytes = max_message_bytes
+        self.max_delivery_count = max_delivery_count
         self.clock = clock
         self.accepted: list[ServiceBusMessage] = []
         self.dropped: list[str] = []  # MessageIds duplicate detection dropped
@@ -81,6 +88,9 @@ class LocalQueue:
         self._handler: Callable[[ServiceBusMessage], None] | None = None
         self._sessions: dict[str, deque[ServiceBusMessage]] = defaultdict(deque)
         self._busy_sessions: set[str] = set()
+        # (message, its description) moved to the dead-letter queue
+        self.dead_letters: list[tuple[ServiceBusMessage, str]] = []
+        self._deliveries: dict[ServiceBusMessage, int] = {}  # in flight: its DeliveryCount
 
     def on_message(self, handler: Callable[[ServiceBusMessage], None]) -> None:
         self._handler = handler
@@ -154,11 +164,30 @@ class LocalQueue:
                     return  # handed over when the one in progress is settled
                 self._busy_sessions.add(session)
                 message = self._sessions[session].popleft()
-        if handler is not None:
-            handler(message)
+        self._hand_over(message, handler)
+
+    # ------------------------------------------------------------- the receiver's side
+
+    def _hand_over(
+        self, message: ServiceBusMessage, handler: Callable[[ServiceBusMessage], None] | None
+    ) -> None:
+        if handler is None:
+            return
+        with self._lock:
+            self._deliveries[message] = self._deliveries.get(message, 0) + 1
+        handler(message)
+
+    def delivery_count(self, message: ServiceBusMessage) -> int:
+        """Service Bus's DeliveryCount of a message handed over and not settled yet: 1 on
+        its first delivery."""
+        with self._lock:
+            return self._deliveries.get(message, 0)
 
     def settled(self, message: ServiceBusMessage) -> None:
-        """A session's message was completed: the session's next one is handed over."""
+        """The receiver completed the message (or it was dead-lettered): a session's next
+        one is handed over."""
+        with self._lock:
+            self._deliveries.pop(message, None)
         if not self.requires_session:
             return
         session = str(message.session_id)
@@ -169,5 +198,22 @@ class LocalQueue:
                 return
             following = queue.popleft()
             handler = self._handler
-        if handler is not None:
-            handler(following)
+        self._hand_over(following, handler)
+
+    def abandon(self, message: ServiceBusMessage, error: str = "") -> bool:
+        """The receiver gave the message back: the Functions host does when the function
+        raises (autoCompleteMessages). Service Bus delivers it again at once (an abandon
+        has no backoff; the lock duration only delays a message whose receiver died
+        without settling it), or, delivered maxDeliveryCount times, dead-letters it with
+        `error` as its description. Returns True when it was dead-lettered."""
+        with self._lock:
+            count = self._deliveries.get(message, 0)
+            dead = count >= self.max_delivery_count
+            if dead:
+                self.dead_letters.append((message, error[:4096]))
+            handler = self._handler
+        if dead:
+            self.settled(message)
+        else:
+            self._hand_over(message, handler)
+        return dead

@@ -27,11 +27,18 @@ from local.report_data import collect
 
 
 @contextlib.contextmanager
-def _signals_stop_the_demo() -> Iterator[None]:
-    """SIGTERM and SIGINT (Ctrl-C) unwind the demo, stopping everything in order."""
+def _signals_stop_the_demo(demo: Demo) -> Iterator[None]:
+    """SIGTERM and SIGINT (Ctrl-C) unwind the demo, stopping everything in order.
+
+    The handler's KeyboardInterrupt is raised wherever the main thread is, and Python
+    drops it when that is a weakref callback or a finalizer ("Exception ignored in"): a
+    SIGINT during the start-up's imports then stopped nothing, and the demo played on past
+    the CLI test's 30 s. So the signal is also noted on the demo, whose play loop raises it
+    at its next check (`DemoState.check_deadline`, every 0.1 s)."""
 
     def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+        demo.interrupted = f"signal {signum}"
+        raise KeyboardInterrupt(demo.interrupted)
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -55,7 +62,7 @@ def run(options: DemoOptions, timeline: Timeline | None = None, pace: str = "") 
     aborted: str | None = None
     reported = False
     try:
-        with _signals_stop_the_demo():
+        with _signals_stop_the_demo(demo):
             try:
                 demo.start()
                 demo.play()

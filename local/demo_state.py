@@ -21,6 +21,7 @@ from local.receivers import Receiver
 from local.relays import parse_hook_line
 from local.report import Outcome, Timeline, short_id
 from local.stack import Stack
+from local.stopping import StopSignal
 from local.subscription import Subscription
 from local.watcher import FleetWatcher
 
@@ -43,6 +44,7 @@ class DemoState:
     callback_urls: dict[str, str]
     drain_settings: Any
     undrain_settings: Any
+    terminate_subscription: Any  # local.bus.LocalQueue: the drain workflow's messages
     backtest: Any = None  # functions.backtest.replay.Backtest, once run
     upgrade_lane: Any = None  # local.demo_upgrade.UpgradeLane, while the plan plays
 
@@ -50,6 +52,10 @@ class DemoState:
         self.options = options or DemoOptions()
         self.timeline = timeline or Timeline()
         self.stack = Stack()
+        # Set first when the demo stops: the host's and the drain's waits and requests end
+        # (local/stopping.py), so stopping never waits for a drain run.
+        self.stopping = StopSignal()
+        self.interrupted: str | None = None  # a stopping signal's name, once one came
         self.missing: dict[str, str] = {}  # part -> why it is not running
         self.receivers: dict[str, Receiver] = {}
         self.external: dict[str, str] = {}  # channel -> where it posts instead
@@ -87,6 +93,8 @@ class DemoState:
         self.ready_probes: list[Any] = []  # local.demo_ready.ProbeWatcher, one a drained VM
 
     def check_deadline(self) -> None:
+        if self.interrupted:  # a signal whose KeyboardInterrupt Python dropped (local.cli)
+            raise KeyboardInterrupt(self.interrupted)
         if time.monotonic() - self._started > self.options.time_limit:
             raise DemoAborted(f"the hard time limit of {self.options.time_limit:.0f} s passed")
 

@@ -46,6 +46,7 @@ from functions.settings import Settings
 from functions.store.state import Store
 from functions.terminate.settings import DrainSettings
 from functions.triggers.later import MAX_RETRIES, delay, is_outage
+from local.stopping import Stopped
 from simulator.eventgrid import EVENT_GRID_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class LocalWorkQueue:
         self.pending = 0  # accepted and not finished
         self.done = 0
         self.failed = 0
+        self.closed = threading.Event()
 
     def enqueue(self, keys: list[str], now: Any, *, sweep: bool = False) -> int:
         return self.sender.enqueue(keys, now, sweep=sweep)
@@ -135,6 +137,8 @@ class LocalWorkQueue:
         from functions.pipeline.reconcile import reconcile_key
 
         try:
+            if self.closed.is_set():
+                return  # the host is stopping: the item is left, as a stopped host leaves it
             reconcile_key(self.pipeline, key, me=f"work:{message_id}")
             with self.lock:
                 self.done += 1
@@ -150,8 +154,12 @@ class LocalWorkQueue:
         with self.lock:
             return self.pending == 0
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, wait: bool = False) -> None:
+        """No item starts any more and those queued are dropped (the next sweep finds
+        them again); `wait`: until the items running have ended too (the demo's stop,
+        whose clock and session end them: local/stopping.py)."""
+        self.closed.set()
+        self.pool.shutdown(wait=wait, cancel_futures=True)
 
 
 class LocalHost:
@@ -398,9 +406,9 @@ class LocalHost:
 
     # ---------------------------------------------------------------- forever
 
-    def close(self) -> None:
-        """Stop the work queue's workers (items running finish)."""
-        self.work.close()
+    def close(self, wait: bool = False) -> None:
+        """Stop the work queue's workers (items running finish; `wait`: joined)."""
+        self.work.close(wait=wait)
 
     def run_forever(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
         """Poll the inbox until `stop` is set; run the watchdog every interval."""
@@ -414,6 +422,8 @@ class LocalHost:
                     # The identity sync timer's coverage pass (at most every 10 minutes;
                     # otherwise one point read): the fleet page's Coverage section.
                     run_coverage(self.pipeline, drain=self.drain_settings)
+            except Stopped:  # its clock or session said the demo is stopping
+                break
             except Exception:  # storage down for a moment: log, keep going
                 log.exception("local host pass failed; retrying")
             stop.wait(poll_seconds)

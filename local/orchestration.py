@@ -239,19 +239,24 @@ class Demo(DemoState):
         # The timeline first (it notes what is announced), then one subscription per channel.
         self.publisher.subscribe("timeline", self._announced)
         self._subscribe_channels()
-        if "terminate workflow" not in self.missing:
-            self._start_terminate()
+        host_session = self.stopping.session()
+        self.stack.callback(host_session.close)
         self.host = LocalHost(
             self.inbox,
             self.settings,
             self.store,
             self.publisher,
             watchdog_interval_seconds=5,
+            # The app's waits and calls (the drain's too) end when the demo stops.
+            session=host_session,
+            clock=self.stopping.clock(),
             admission=self.admission,
             credential=self.credential,
             # A copy for later after an outage waits as long in the demo's time as in Azure.
             later_scale=1.0 / self.options.time_scale,
         )
+        if "terminate workflow" not in self.missing:
+            self._start_terminate()  # over the host's pipeline, as in the function app
         # The coverage pass says which drain each VM has under the demo's drain settings.
         self.host.drain_settings = getattr(self, "drain_settings", None)
         # The identity sync's pass (its timer's code), before any relay reports: the
@@ -268,8 +273,10 @@ class Demo(DemoState):
         thread.start()
 
         def stop_host() -> None:
+            self.stopping.set()  # no drain from the row starts, those running end
             stop.set()
             thread.join(timeout=10)
+            self.host.close(wait=True)  # its sweep's workers, joined
 
         self.stack.callback(stop_host)
         self.timeline.add("demo", "functions", f"local host reading {self.inbox}")
@@ -547,6 +554,7 @@ class Demo(DemoState):
 
     # ------------------------------------------------------------------ shutting down
     def close(self) -> None:
+        self.stopping.set()  # before anything is stopped: no drain run outlives the demo
         self.stack.close()
 
     def __enter__(self) -> Demo:

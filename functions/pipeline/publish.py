@@ -39,6 +39,20 @@ def application_properties(
     }
 
 
+def topic_message(notification: Notification) -> Any:
+    """The `azure.servicebus.ServiceBusMessage` the topic gets for one announcement (what
+    each subscription's function receives; the local `terminate` subscription too)."""
+    from azure.servicebus import ServiceBusMessage
+
+    return ServiceBusMessage(
+        notification.to_json(),
+        message_id=notification.message_id(),
+        content_type="application/json",
+        subject=notification.transition.value,
+        application_properties=application_properties(notification),
+    )
+
+
 class ServiceBusPublisher:
     """Sends to the topic. MessageId = EventId:transition, so duplicate detection drops a
     republish of the same announcement (after a retry or a crash between send and save)."""
@@ -52,16 +66,7 @@ class ServiceBusPublisher:
         return cls(topic_sender(settings, settings.notifications_topic))
 
     def publish(self, notification: Notification) -> None:
-        from azure.servicebus import ServiceBusMessage
-
-        message = ServiceBusMessage(
-            notification.to_json(),
-            message_id=notification.message_id(),
-            content_type="application/json",
-            subject=notification.transition.value,
-            application_properties=application_properties(notification),
-        )
-        self.sender.send_messages(message)
+        self.sender.send_messages(topic_message(notification))
         telemetry.transition(notification)  # what the alerts and the workbook read
 
 

@@ -130,6 +130,46 @@ class StorageOutage(Fault):
         uninstall_proxied_azurite()
 
 
+class StorageOutageInDrain(StorageOutage):
+    """Storage refusing for `window` seconds from the moment the first drain's `decided`
+    notification reaches the `terminate` subscription, so the drain workflow's run meets
+    the outage (its Table requests refused) wherever in its run the outage lands.
+    `deliveries`: the subscription's maxDeliveryCount lowered to it, so its deliveries run
+    out within the outage (as an outage longer than Azure's ten does) and only the drain
+    due from the event's row is left."""
+
+    def __init__(self, window: float, deliveries: int | None = None) -> None:
+        super().__init__("refusing", window, start=0.0)
+        self.deliveries = deliveries
+        self.name = f"storage refusing {window:g} s from the drain"
+        if deliveries is not None:
+            self.name += f", {deliveries} deliveries"
+        self.demo: Any = None  # the run's demo, for a test to read once it is over
+
+    def attach(self, demo: Any, t0: float) -> None:
+        from functions.model.event import Transition
+
+        self.demo = demo
+        if self.deliveries is not None:
+            demo.terminate_subscription.max_delivery_count = self.deliveries
+        began = threading.Event()
+
+        def decided(note: Any) -> None:
+            drain = note.decision is not None and note.decision.action == "drain"
+            if note.transition is Transition.DECIDED and drain and not began.is_set():
+                began.set()
+                self._begin()
+                self.note = f"from the drain's start for {self.window:g} s"
+                self.trace = f"storage refused {self.note}"
+                self._later(self.window, self._end)
+
+        # After the `terminate` subscription (subscribed at start): its run has begun.
+        demo.publisher.subscribe("chaos", decided)
+
+    def done_by(self) -> float:
+        return self.window
+
+
 _REAL_AZURITE: Any = None
 
 

@@ -20,6 +20,7 @@ from functions.notify import dispatch, kept
 from functions.notify.delivery import RetryPolicy, Transport
 from functions.notify.settings import ChannelSettings
 from functions.store.deliveries import DeliveryLedger, KeptPost
+from local.bus import LocalQueue
 from local.subscription import Subscription as LocalSubscription
 from tests.functions.conftest import FakeClock
 from tests.notify.factory import decision, event, note
@@ -52,6 +53,8 @@ def test_every_delivery_count_is_azures() -> None:
     assert kept.MAX_DELIVERY_COUNT == deployed == 10
     local = LocalSubscription("teams", lambda note: None)
     assert local.max_delivery_count == deployed
+    # The demo's `terminate` subscription (local/drain_worker.py) and the work queue.
+    assert LocalQueue("terminate").max_delivery_count == deployed
 
 
 def transport(clock: FakeClock) -> Transport:

@@ -213,6 +213,28 @@ def test_the_stand_in_checks_what_service_bus_checks():
     assert handed == ["s0", "s1", "s2"]
 
 
+def test_the_stand_in_delivers_an_abandoned_message_again_then_dead_letters_it():
+    """As Service Bus under the Functions host (a function that raises abandons its
+    message): the same message at once, its DeliveryCount one higher, and after
+    maxDeliveryCount deliveries the dead-letter queue (issue 46, 7d: the demo's
+    `terminate` subscription dropped a drain run that raised)."""
+    queue = LocalQueue("terminate", duplicate_detection=False, max_delivery_count=3)
+    handed: list[tuple[str, int]] = []
+    queue.on_message(lambda m: handed.append((m.message_id, queue.delivery_count(m))))
+    queue.send_messages(ServiceBusMessage(b"{}", message_id="drain"))
+    (message,) = queue.accepted
+    assert not queue.abandon(message, "storage refused")
+    assert not queue.abandon(message, "storage refused")
+    assert handed == [("drain", 1), ("drain", 2), ("drain", 3)]
+    assert queue.abandon(message, "storage refused")  # its third delivery failed too
+    assert handed == [("drain", 1), ("drain", 2), ("drain", 3)]  # not handed over again
+    assert queue.dead_letters == [(message, "storage refused")]
+    assert queue.delivery_count(message) == 0  # settled
+    queue.send_messages(ServiceBusMessage(b"{}", message_id="undrain"))
+    queue.settled(queue.accepted[1])  # completed on its first delivery
+    assert handed[-1] == ("undrain", 1) and len(queue.dead_letters) == 1
+
+
 def _received(queue: LocalQueue) -> list[ServiceBusMessage]:
     return list(queue.accepted)
 
