@@ -39,6 +39,8 @@ def build(
 ) -> Notification:
     """The notification for one transition; pages and links follow the policy and settings."""
     decision = record.decision
+    detail = detail or _default_detail(record, transition)
+    again = occurrence(record, transition)
     if transition in NO_PAGE:
         page = False
     elif transition_pages(policy, transition):
@@ -57,9 +59,9 @@ def build(
         event=record.snapshot(),
         vm=vm,
         decision=decision,
-        detail=detail or _default_detail(record, transition),
+        detail=detail,
         links=links,
-        occurrence=occurrence(record, transition),
+        occurrence=again,
         page=page,
         waiting=record.waiting_for if record.approval == "pending" else "",
     )
@@ -126,6 +128,23 @@ def release(
 ) -> None:
     """Give back claims whose publish failed, so the next caller announces them."""
     _settle(store, event_id, transitions, known, claims.release)
+
+
+def give_back(store: Store, event_id: str, holder: str) -> None:
+    """The approval `holder` claimed with announcements whose publish failed (the topic
+    failed before the approval could follow them: functions.pipeline.reconcile): its claim
+    goes back beside theirs (`release`), so the redelivery approves at once."""
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.approval != "in_progress" or not holder:
+            return None
+        if claims.holder(rec.approval_claim) != holder:
+            return None
+        rec.approval = "pending"
+        rec.approval_claim = ""
+        return rec
+
+    store.mutate_event(event_id, change)
 
 
 def mark_done(

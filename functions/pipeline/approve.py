@@ -252,23 +252,6 @@ def _claim(
     return store.mutate_event(event_id, change)
 
 
-def give_back(store: Store, event_id: str, holder: str) -> None:
-    """The topic failed before the approval `holder` claimed could follow its
-    announcements (functions.pipeline.reconcile): the claim goes back, so the redelivery
-    approves at once."""
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or rec.approval != "in_progress" or not holder:
-            return None
-        if claims.holder(rec.approval_claim) != holder:
-            return None
-        rec.approval = "pending"
-        rec.approval_claim = ""
-        return rec
-
-    store.mutate_event(event_id, change)
-
-
 def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetime:
     if record.not_before is None:
         return now + timedelta(seconds=settings.approval_budget_seconds)
@@ -310,15 +293,15 @@ def _finish(
     )
     announced = False
     if announce and transition is not None and transition.value not in record.announced:
+        # A person's approval names them in the announcement too, not only in the audit.
+        manual = by.startswith("manual:")
+        details = {transition: _manual_detail(by, outcome, vm, detail)} if manual else None
         shown = copy_record(record)
         # Who reports it is not stored on the row (the copy drops it): kept, not reread.
         shown.reporters, shown.past_reporters = dict(record.reporters), list(record.past_reporters)
         shown.approval = state  # type: ignore[assignment]
         shown.approval_reason = detail[:1000]
         shown.approved_by = vm if outcome == "approved" else shown.approved_by
-        # A person's approval names them in the announcement too, not only in the audit.
-        manual = by.startswith("manual:")
-        details = {transition: _manual_detail(by, outcome, vm, detail)} if manual else None
         try:
             publish_claimed(pipeline, shown, [transition], now, details, mark=False)
             announced = True

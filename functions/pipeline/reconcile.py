@@ -34,8 +34,8 @@ from typing import Any
 from functions.model.envelope import STARTED
 from functions.model.event import Transition
 from functions.pipeline import capacity
-from functions.pipeline.announce import decision_audit, mark_done, publish_claimed
-from functions.pipeline.approve import approve_event, give_back
+from functions.pipeline.announce import decision_audit, give_back, mark_done, publish_claimed
+from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import ENDS, ORDER, Due, Facts, due, settled_path
 from functions.pipeline.facts import load_facts

@@ -168,25 +168,27 @@ def _relays(
         if len(chosen) >= RELAYS_PER_ATTEMPT:
             break
         row = own.get(name.casefold())
+        vm = None  # its VM row: read only when its own reporter row does not vouch for it
         if row is not None and row.status and row.vm_id and _lately(row.seen, now, fresh):
-            found = pipeline.relay_identity(row.vm_id)
-            if found is not None and not suspect(found[1], record.event_id, now):
-                chosen.append(Asked(row.vm, True, found[0]))
-            continue
-        vm = pipeline.store.get_vm(name)
-        if vm is None or suspect(vm, record.event_id, now) or not vm.vm_id:
-            continue
-        found = pipeline.relay_identity(vm.vm_id)
+            vm_id, shown = row.vm_id, row.vm
+        else:
+            vm = pipeline.store.get_vm(name)
+            if vm is None or suspect(vm, record.event_id, now) or not vm.vm_id:
+                continue
+            vm_id, shown = vm.vm_id, vm.name
+        found = pipeline.relay_identity(vm_id)
         if found is None or suspect(found[1], record.event_id, now):
             continue
-        heard = vm.last_seen
-        if heard is None or now - heard > fresh:
-            heard = pipeline.last_heard(vm)  # only then the liveness read
-        if heard is None or now - heard > fresh:
-            continue
-        wanted = record.event_id.casefold()
-        reported = any(e.casefold() == wanted for e in vm.event_ids)
-        chosen.append(Asked(vm.name, reported, found[0]))
+        reported = True  # its own reporter row lists the event
+        if vm is not None:
+            heard = vm.last_seen
+            if heard is None or now - heard > fresh:
+                heard = pipeline.last_heard(vm)  # only then the liveness read
+            if heard is None or now - heard > fresh:
+                continue
+            wanted = record.event_id.casefold()
+            reported = any(e.casefold() == wanted for e in vm.event_ids)
+        chosen.append(Asked(shown, reported, found[0]))
     return chosen
 
 
@@ -224,6 +226,7 @@ def _try_relays(
             remaining = (stop - clock.now()).total_seconds()
             if remaining <= 0:
                 break
+            expect = expect_for(record, name)  # what its relay must see in its own IMDS
             busy = lanes.enter(name, me, clock.now()) if lanes is not None else None
             if busy is not None:
                 held = True
@@ -239,7 +242,7 @@ def _try_relays(
                     session,
                     remaining,
                     reported=relay.reported,
-                    expect=expect_for(record, name),
+                    expect=expect,
                 )
             finally:
                 if lanes is not None:  # no HTTP answer in a fair time: silent lately
