@@ -9,6 +9,16 @@ simulator's Resource Graph, writing the placements and group sizes the decider r
 later one waits, its `decided` announcement says for what, and it is approved only once the
 one before it is over; at no moment are more of the group's VMs out than the budget allows
 (`budget_outcomes`, from the simulator's documents and StartRequests, and the slot row).
+
+The turns are played on conditions, not times (issue 47): a later step plays once the one
+before it is seen Started in IMDS (it holds the budget by then; on a loaded machine it may
+still be waiting for its approval at the later step's time), and the one before stays out
+(its event in IMDS) until it was out its scenario's impact in monotonic time and the later
+one's `decided` was announced. The simulator's clock is the host's wall clock: in the CI run
+of issue 47 a step of it (+9.5 s, local/host_clock.py) ended checkout-z1_0's 10 s reboot
+2.1 s after it started, before checkout-z2_0 was decided, which was then rightly approved at
+once. `TURN_WAIT` seconds past either condition, the turn comes anyway: a bridge that never
+decides fails the outcomes instead of holding the demo to its time limit.
 """
 
 from __future__ import annotations
@@ -55,6 +65,84 @@ def sync_placements(demo: DemoState) -> None:
     if not ok:
         text += f": pass not finished ({report.error or 'out of time'})"
     demo.timeline.add("decide", "budgets", text, ok=None if ok else False)
+
+
+TURN_WAIT = 30.0  # seconds past a turn's condition's time, after which it comes anyway
+HOLD_FACTOR = 10  # a holder's event plays this many times its impact: the demo ends it
+
+
+def due_steps(demo: DemoState, pending: list[Step], elapsed: float) -> list[Step]:
+    """The plan's steps to play now, `elapsed` seconds in, once the holders whose turn is
+    over are released (`release_turns`)."""
+    release_turns(demo)
+    return [s for s in pending if s.at <= elapsed and may_play(demo, s, elapsed)]
+
+
+def may_play(demo: DemoState, step: Step, elapsed: float) -> bool:
+    """Whether a step may play now, `elapsed` seconds into the plan (at or past its time):
+    one naming a budget waits until the lane's step before it is seen Started."""
+    before = _neighbour(demo, step, -1)
+    if before is None or elapsed >= step.at + TURN_WAIT:
+        return True
+    track = _track(demo, before)
+    return track is not None and track.started_at is not None
+
+
+def held_impact(demo: DemoState, step: Step) -> float | None:
+    """The impact a lane's step plays with when a later one waits for it: long enough that
+    `release_turns`, not the simulator's clock, ends it. None: the scenario's own."""
+    if _neighbour(demo, step, 1) is None:
+        return None
+    from simulator import SCENARIOS
+
+    return SCENARIOS[step.scenario].impact * HOLD_FACTOR
+
+
+def release_turns(demo: DemoState) -> None:
+    """End each holder's event once it was out its scenario's impact (timed by the demo's
+    monotonic clock) and the next step of its lane was decided, or TURN_WAIT later."""
+    from simulator import SCENARIOS
+
+    for step in list(demo.played):
+        after = _neighbour(demo, step, 1)
+        track = _track(demo, step)
+        if after is None or track is None or track.started_at is None:
+            continue
+        if track.removed_at is not None or not demo.sim.event(track.event_id).active:
+            continue
+        out = demo.timeline.seconds() - track.started_at
+        impact = SCENARIOS[step.scenario].impact / demo.sim.scale_of(track.event_type)
+        decided = _decided(demo, after)
+        if out < impact or (not decided and out < impact + TURN_WAIT):
+            continue
+        why = f"{after.target} was decided" if decided else f"{after.target} still undecided"
+        demo.timeline.add("demo", step.scenario, f"{step.target} back after {out:.1f} s ({why})")
+        demo.sim.remove_event(track.event_id)
+
+
+def _neighbour(demo: DemoState, step: Step, offset: int) -> Step | None:
+    """The step before (-1) or after (1) this one in its budget's lane, if any."""
+    if not step.budget:
+        return None
+    lane = sorted((s for s in demo.options.plan if s.budget == step.budget), key=lambda s: s.at)
+    at = lane.index(step) + offset
+    return lane[at] if 0 <= at < len(lane) else None
+
+
+def _track(demo: DemoState, step: Step) -> EventTrack | None:
+    event_id = demo.step_events.get(step)
+    if event_id is None or demo.watcher is None:
+        return None
+    return demo.watcher.snapshot().get(event_id)
+
+
+def _decided(demo: DemoState, step: Step) -> bool:
+    event_id = demo.step_events.get(step)
+    published = getattr(getattr(demo, "publisher", None), "published", ())
+    return event_id is not None and any(
+        n.event and n.event.event_id == event_id and n.transition.value == "decided"
+        for n in published
+    )
 
 
 def budget_outcomes(demo: DemoState) -> list[Outcome]:

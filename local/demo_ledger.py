@@ -5,7 +5,8 @@ under the guest clock shim (simulator/guest_clock.py), so a relay's monotonic cl
 still while its VM is paused, as a frozen guest's does. After the plan has played, the
 demo reads each Freeze's ledger from the store the way an operator would
 (functions/ledger.py), prints it, checks that the relays measured the pause the simulator
-played, and keeps it for the report.
+played, and keeps it for the report. A relay's wall clock is this host's: a step of it
+(local/host_clock.py, issue 47) is in what the relay measured too, and counted as such.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from local.report import Outcome, short_id
 
 if TYPE_CHECKING:
     from local.demo_state import DemoState
+    from local.watcher import EventTrack
 
 CLOCK_DIR = "guest-clocks"  # under the demo's working directory: one clock file per VM
 LEAD = 1.0  # seconds from Started to the pause, so the relay sees Started first
@@ -48,7 +50,7 @@ def ledger_outcomes(demo: DemoState) -> list[Outcome]:
         for line in lines:
             demo.timeline.add("relay", short_id(track.event_id), f"ledger: {summary(line)}")
         for vm in measured:
-            outcomes.append(_check(demo, track.event_id, vm, lines))
+            outcomes.append(_check(demo, track, vm, lines))
     return outcomes
 
 
@@ -63,9 +65,12 @@ def _wait_for_lines(demo: DemoState, event_id: str, vms: list[str]) -> list[Ledg
         time.sleep(0.2)
 
 
-def _check(demo: DemoState, event_id: str, vm: str, lines: list[LedgerLine]) -> Outcome:
+def _check(demo: DemoState, track: EventTrack, vm: str, lines: list[LedgerLine]) -> Outcome:
     """The relay's line shows the pause the simulator played: as long a polling gap, and
-    a wall-clock jump of about as much (its monotonic clock stood still meanwhile)."""
+    a wall-clock jump of about as much (its monotonic clock stood still meanwhile), plus
+    whatever this host's own wall clock stepped while the event was in IMDS (the relay's
+    wall clock is the host's: it measured that step too)."""
+    event_id = track.event_id
     name = f"Freeze {short_id(event_id)} on {vm}: its relay measured the pause (ledger)"
     played = demo.sim.pauses(vm)
     line = next((x for x in lines if x.vm == vm), None)
@@ -75,10 +80,12 @@ def _check(demo: DemoState, event_id: str, vm: str, lines: list[LedgerLine]) -> 
         return Outcome(name, False, "no ledger line saying the event left IMDS")
     start, end = played[-1]
     pause = end - start
+    host = demo.host_clock.stepped(track.first_seen_wall, line.left_at)
     assert line.max_poll_gap_s is not None and line.wall_jump_s is not None
-    ok = line.max_poll_gap_s >= pause - 0.3 and abs(line.wall_jump_s - pause) <= 0.5
+    ok = line.max_poll_gap_s >= pause - 0.3 and abs(line.wall_jump_s - pause - host) <= 0.5
+    stepped = f", this host's clock stepped {host:+g} s meanwhile" if host else ""
     detail = (
-        f"paused {pause:g} s; longest poll gap {line.max_poll_gap_s:g} s, "
+        f"paused {pause:g} s{stepped}; longest poll gap {line.max_poll_gap_s:g} s, "
         f"wall clock {line.wall_jump_s:+g} s, Started {line.start_delay_s} s after "
         f"{line.start_delay_from}, gone {line.started_for_s} s after Started"
     )

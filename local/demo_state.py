@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from local.channels import Delivery
+from local.host_clock import ClockStep, HostClock, describe
 from local.options import DemoAborted, DemoOptions
 from local.receivers import Receiver
 from local.relays import parse_hook_line
@@ -91,6 +92,11 @@ class DemoState:
         # Each Freeze's impact ledger, (lane label, its LedgerLines), for the report.
         self.ledgers: list[tuple[str, list[Any]]] = []
         self.ready_probes: list[Any] = []  # local.demo_ready.ProbeWatcher, one a drained VM
+        # This host's own wall-clock steps (issue 47): said, and counted in the ledger check.
+        self.host_clock = HostClock(on_step=self._host_clock_stepped)
+
+    def _host_clock_stepped(self, step: ClockStep) -> None:
+        self.timeline.add("demo", "host clock", describe(step))
 
     def check_deadline(self) -> None:
         if self.interrupted:  # a signal whose KeyboardInterrupt Python dropped (local.cli)

@@ -28,7 +28,7 @@ from local.channels import (
     slack_pacer,
 )
 from local.demo_backtest import run_backtest
-from local.demo_budget import budget_outcomes, place_fleet, sync_placements
+from local.demo_budget import budget_outcomes, due_steps, held_impact, place_fleet, sync_placements
 from local.demo_ledger import CLOCK_DIR, ledger_outcomes
 from local.demo_ledger import LEAD as LEDGER_LEAD
 from local.demo_ready import ready_outcomes
@@ -74,6 +74,7 @@ class Demo(DemoState):
             f"{len(o.fleet)} VMs, {len(o.plan)} scenarios at {o.time_scale:g}x "
             f"(15 min of notice takes {900 / o.time_scale:.0f} s)",
         )
+        self.stack.callback(self.host_clock.start().stop)  # first, so it stops last
         self._find_missing_parts()
         if self.custom_policy:
             self.timeline.add(
@@ -424,8 +425,8 @@ class Demo(DemoState):
         while True:
             self.check_deadline()
             elapsed = time.monotonic() - began
-            while pending and pending[0].at <= elapsed:
-                step = pending.pop(0)
+            for step in due_steps(self, pending, elapsed):  # a budget's turns: on conditions
+                pending.remove(step)
                 self._play_step(step)
             if self.upgrade_lane is not None:
                 self.upgrade_lane.start_at(elapsed)  # while the events flow (issue 44)
@@ -463,7 +464,7 @@ class Demo(DemoState):
         from simulator import SimulatorError
 
         try:
-            result = self.sim.play(step.scenario, target=step.target)
+            result = self.sim.play(step.scenario, step.target, held_impact(self, step))
         except SimulatorError as exc:
             self.timeline.add("demo", step.scenario, f"cannot play: {exc}", ok=False)
             self.play_errors.append(Outcome(f"{step.scenario} on {step.target}", False, str(exc)))

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -208,11 +208,16 @@ class Simulator(FleetMixin, ArmMixin, FaultsMixin, SnapshotMixin, GuestMixin):
             return min(timeouts) if timeouts else DEFAULT_TERMINATE_TIMEOUT
         return DEFAULT_NOTICE.get(event_type, FALLBACK_NOTICE)
 
-    def play(self, name: str, target: str | None = None) -> list[str]:
-        """Play a built-in scenario on a VM or a set; return the EventIds it raised."""
+    def play(self, name: str, target: str | None = None, impact: float | None = None) -> list[str]:
+        """Play a built-in scenario on a VM or a set; return the EventIds it raised.
+        `impact` (real-world seconds, scaled like the scenario's) replaces the scenario's
+        Started-until-removed: a player that ends the event itself (remove_event) on a
+        condition keeps it from ending first (the demo's budget turns, local.demo_budget)."""
         scenario = SCENARIOS.get(name)
         if scenario is None:
             raise SimulatorError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+        if impact is not None:
+            scenario = replace(scenario, impact=impact)
         with self._lock:
             self._advance()
             names = self._resolve_target(target, scenario)
