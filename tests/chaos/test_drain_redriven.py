@@ -80,14 +80,16 @@ def test_a_demo_stopped_mid_drain_stops_at_once_and_leaves_no_drain_thread():
     )
     demo = Demo(options, Timeline(stream=None))
     hook_asked, from_row, answer = threading.Event(), threading.Event(), threading.Event()
+    handlers: list[threading.Thread] = []  # the hook's handler threads, joined below
     try:
         demo.start()
         receiver = demo.receivers["drain"]
 
         def never_answers(body: object) -> object:
+            handlers.append(threading.current_thread())
             hook_asked.set()
             answer.wait(120)
-            raise SystemExit  # its caller is gone: the handler's thread ends quietly
+            return {}  # its caller is gone: an answer nobody reads
 
         receiver.answer = never_answers
         drainer = demo.host.pipeline.drainer
@@ -107,6 +109,8 @@ def test_a_demo_stopped_mid_drain_stops_at_once_and_leaves_no_drain_thread():
         demo.close()
         took = time.monotonic() - began
         answer.set()
+        for handler in handlers:  # ended here, not in a later test of this worker
+            handler.join(10)
     assert took < 10, f"the demo took {took:.1f} s to stop"
     left = [t for t in set(threading.enumerate()) - before if t.is_alive()]
     workers = [t.name for t in left if t.name.startswith(("drain-workflow", "work_"))]
