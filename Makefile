@@ -82,10 +82,12 @@ checks: install lint typecheck infra-check browser test-py39
 # The relay's process-level tests (marked relay_process: they run the pyz) once more with the
 # relay on Debian bullseye's Python 3.9, fetched into .cache/py39/ with a project-local apt
 # configuration (tests/relay/python39.py). Outside CI it skips, saying so, where apt is missing.
+# Four workers: the tests mostly wait on relays (15 s of CPU in 45 s on two), and this step is
+# the longest of `checks`, ahead of the suite.
 test-py39: $(STAMP)
 	@py39=$$($(PYTHON) tests/relay/python39.py) || exit 1; \
 	if [ -n "$$py39" ]; then \
-		RELAY_TEST_PYTHON=$$py39 $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m relay_process tests/relay; \
+		RELAY_TEST_PYTHON=$$py39 $(BIN)/python -m pytest -q -p no:cacheprovider -n 4 --dist loadgroup -m relay_process tests/relay; \
 	fi
 
 # The relay as it ships: one zipapp of relay/*.py, reproducible (same source, same bytes).
