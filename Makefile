@@ -7,7 +7,7 @@ NODE_STAMP := node_modules/.installed-stamp
 CHECKOV_VENV  := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-stamp
 
-.PHONY: demo test checks bench bench-quick lint typecheck format install clean infra-check browser relay test-py39 actionlint
+.PHONY: demo test checks suite bench bench-quick lint typecheck format install clean infra-check browser relay test-py39 actionlint
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -61,12 +61,15 @@ browser:
 	  || (apt-get update -q && apt-get install -y -q chromium) \
 	  || echo "make: could not install chromium; the report's browser test will skip"
 
-# `make test`: the installs and checks side by side (make -j: a fresh clone fetches the
-# venvs, node_modules and Python 3.9 at once; each target's output is printed in one piece
-# when it ends, and any failure fails the run), then the suite on TEST_WORKERS
-# pytest-xdist workers, each with its own Azurite (tests/conftest.py); a module whose
-# expensive fixture serves all its tests is one xdist_group, run by one worker. Most tests
-# wait on sockets, child processes and Azurite, so two workers per core keep the cores busy.
+# `make test`: the installs, the checks and the suite side by side (make -j: a fresh clone
+# fetches the venvs, node_modules and Python 3.9 at once; each target's output is printed
+# in one piece when it ends, and any failure fails the run). The suite starts once what it
+# needs is installed (the venv, Azurite, chromium), beside the checks rather than after
+# them: they mostly wait on downloads and on relays, and the suite fills the cores. It runs
+# on TEST_WORKERS pytest-xdist workers, each with its own Azurite (tests/conftest.py); a
+# module whose expensive fixture serves all its tests is one xdist_group, run by one
+# worker. Most tests wait on sockets, child processes and Azurite, so two workers per core
+# keep the cores busy.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
 
 # --tb=native: Python's own tracebacks (the assertion's message is still pytest's). pytest's
@@ -74,7 +77,9 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
 # (an AST recursion; a frame with no line number), which hid every failure of the run.
 # --durations: the slowest tests and groups, so a CI log says where the 8 minutes went.
 test:
-	@$(MAKE) --no-print-directory -j4 --output-sync=target checks
+	@$(MAKE) --no-print-directory -j5 --output-sync=target checks suite
+
+suite: install browser
 	$(BIN)/python -m pytest -q --tb=native --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 checks: install lint typecheck infra-check browser test-py39

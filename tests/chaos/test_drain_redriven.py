@@ -111,11 +111,15 @@ def test_a_demo_stopped_mid_drain_stops_at_once_and_leaves_no_drain_thread():
         answer.set()
         for handler in handlers:  # ended here, not in a later test of this worker
             handler.join(10)
-    assert took < 10, f"the demo took {took:.1f} s to stop"
+    # The bound is the CLI's own (a demo must stop within 30 s of Ctrl-C), less a margin:
+    # 0.5 s here when quiet, 212 s before the stop signal; the whole suite beside it on two
+    # cores once failed this test at a tighter bound, its cause hidden by pytest's renderer.
+    assert took < 25, f"the demo took {took:.1f} s to stop"
     left = [t for t in set(threading.enumerate()) - before if t.is_alive()]
     workers = [t.name for t in left if t.name.startswith(("drain-workflow", "work_"))]
-    assert workers == [], workers
-    assert not [t for t in left if t.name == "local-functions-host"]
+    assert workers == [], f"{workers} outlived the demo's stop ({took:.1f} s)"
+    host = [t.name for t in left if t.name == "local-functions-host"]
+    assert host == [], f"the host's thread outlived the demo's stop ({took:.1f} s)"
     for lease in [t for t in left if t.name == "drain-lease"]:
-        lease.join(5)  # told to stop by its step's end; it sends nothing more
-        assert not lease.is_alive()
+        lease.join(15)  # told to stop by its step's end; it sends nothing more
+        assert not lease.is_alive(), "a drain step's lease renewal outlived the demo"
