@@ -333,12 +333,11 @@ def acquire_budgets(
     full one ("waiting for budget checkout-web (1 of 1: vm-a)"), with the event listed as
     waiting there (oldest NotBefore first). `over`: Azure started it: counted even over
     the limit, and shown so."""
-    from functions.store.budget_slots import BudgetHolder, BudgetSlots, BudgetWaiter
+    from functions.store.budget_slots import BudgetHolder, BudgetWaiter
 
-    rows = BudgetSlots(store.events)
     taken: list = []
     for slot, vm in slots:
-        current = rows.get_budget_slot(slot.budget, slot.group)
+        current = store.get_budget_slot(slot.budget, slot.group)
         held = [
             h
             for h in (current.holders if current else [])
@@ -391,7 +390,7 @@ def acquire_budgets(
             rec.waiting = [w for w in rec.waiting if w.event_id != record.event_id]
             return rec
 
-        rows.mutate_budget_slot(slot.budget, slot.group, change)
+        store.mutate_budget_slot(slot.budget, slot.group, change)
         if full:
             release_budgets(store, record, taken, keep_waiting=True)
             return full[0]
@@ -404,9 +403,6 @@ def release_budgets(
 ) -> list[str]:
     """Give back the event's budget slots (and its places in their queues, unless
     `keep_waiting`); returns the events waiting there, earliest NotBefore first."""
-    from functions.store.budget_slots import BudgetSlots
-
-    rows = BudgetSlots(store.events)
     woken: list[str] = []
     for slot, _vm in slots:
         waiting: list[str] = []
@@ -428,7 +424,7 @@ def release_budgets(
             rec.holders, rec.waiting = holders, left
             return rec
 
-        rows.mutate_budget_slot(slot.budget, slot.group, change)
+        store.mutate_budget_slot(slot.budget, slot.group, change)
         woken += waiting
     return list(dict.fromkeys(woken))[:WAKE_AT_MOST]
 

@@ -7,7 +7,8 @@ for people browsing the table. The lifecycle writes them, under the row's ETag a
 shared row (`mutate_budget_slot`); the fleet page, `policy explain` and the cards read
 them. A holder is one VM of one event: approving an event for several VMs takes a slot
 for each, in every budget covering it, all or none. `BudgetSlots(store.events)` reads and
-writes them (kept apart from functions.store.state.Store so far; it can be mixed in).
+writes them; functions.store.state.Store mixes it in, so the slot code reads and writes them
+through the store, as it does the capacity slot rows.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableServiceClient
 
 from functions.store.audit import AuditRows
+from functions.store.budget_slots import BudgetSlots
 from functions.store.events import RECENT_EVENT_ROWS, EventRows
 from functions.store.liveness import Liveness
 from functions.store.recent import RecentRows
@@ -21,7 +22,7 @@ from functions.store.rows import transport_options
 from functions.store.vms import RECENT_VM_ROWS, VmRows
 
 
-class Store(VmRows, EventRows, AuditRows):
+class Store(VmRows, EventRows, AuditRows, BudgetSlots):
     """All state the function app keeps. Thread-safe to share; cheap to create per thread.
 
     Layout (functions/README.md, "What is stored", has the why):
@@ -33,7 +34,8 @@ class Store(VmRows, EventRows, AuditRows):
       `r|<vm>` is one reporter, written by that reporter alone; RowKey `a|...` one audit
       row (written with the outcome it records where there is one). Index partitions: `%open`
       (events not ended), `%ended|<day>` (for retention), `%cap|<set>` (capacity slots),
-      `%once` (fleet-wide markers).
+      `%once` (fleet-wide markers), `%budget|<budget>` (disruption budget slots:
+      functions.store.budget_slots).
     - `{prefix}audit`: audit rows of earlier versions (read and deleted with their event).
     - `{prefix}rejected`: PartitionKey = day.
     """
