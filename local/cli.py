@@ -171,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         + "; sets web-as, workers)",
     )
     parser.add_argument(
+        "--no-upgrade-lane",
+        action="store_true",
+        help="play the plan alone: no relays upgraded, killed or refused alongside "
+        "(the upgrade lane takes about 20 s beside any plan)",
+    )
+    parser.add_argument(
         "--keep",
         action="store_true",
         help="keep the working directory (relay logs, inbox, processed messages) and say where",
@@ -203,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         report=None if args.no_report else args.report,
         keep=args.keep,
         serve=args.serve,
+        upgrade_lane=not args.no_upgrade_lane,
     )
     try:
         return run(options, pace=pace.note)

@@ -104,8 +104,17 @@ def test_make_demo_serve_links_the_pages_and_stops_on_ctrl_c(tmp_path) -> None:
 
     plan = tmp_path / "plan.json"
     plan.write_text('[{"at": 0, "scenario": "live-migration", "target": "web-1"}]')
+    plan_args = ["--plan", str(plan)]  # the plan alone: the pages, not the upgrade lane
     proc = subprocess.Popen(
-        [sys.executable, "-m", "local.demo", "--serve", "--no-report", "--plan", str(plan)],
+        [
+            sys.executable,
+            "-m",
+            "local.demo",
+            "--serve",
+            "--no-report",
+            "--no-upgrade-lane",
+            *plan_args,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
