@@ -22,7 +22,7 @@ from tests.crash import invariants, runner
 from tests.crash.faults import Fault, Faults, Kind, Sent, installed
 from tests.crash.invariants import INVARIANTS
 from tests.crash.scenarios import SCENARIOS, Scenario
-from tests.crash.state import first_difference, snapshot
+from tests.crash.state import first_difference, snapshot, table_rows
 from tests.crash.world import Servers, World, start_servers
 
 KINDS: tuple[Kind, ...] = ("before", "lost")
@@ -250,8 +250,9 @@ def explore(
                 box["world"] = world
                 try:
                     outcome = runner.run(world, steps)
-                    broken[:] = invariants.check(world)
-                    return snapshot(world), outcome, faults
+                    tables = table_rows(world)  # read once, for both
+                    broken[:] = invariants.check(world, tables)
+                    return snapshot(world, tables), outcome, faults
                 finally:
                     world.drop_tables()
 

@@ -55,15 +55,18 @@ def _record(row: dict[str, Any]) -> EventRecord | None:
         return None
 
 
-def check(world: World) -> list[str]:
-    """Every invariant that does not hold, one line each ("" : all hold)."""
-    with world.faults.paused():
-        events = [r for r in _rows(world, "events") if r.get("RowKey") == "event"]
-        records = {rec.event_id: rec for rec in (_record(r) for r in events) if rec}
-        slots = [r for r in _rows(world, "events") if r.get("RowKey") == "slots"]
-        audit = [
-            r for r in _rows(world, "events") if str(r.get("RowKey", "")).startswith(AUDIT)
-        ] + _rows(world, "audit")
+def check(world: World, tables: dict[str, list[dict[str, Any]]] | None = None) -> list[str]:
+    """Every invariant that does not hold, one line each ("" : all hold). `tables`: the
+    run's rows as tests.crash.state.table_rows read them (else read here)."""
+    if tables is None:
+        with world.faults.paused():
+            tables = {name: _rows(world, name) for name in ("events", "audit")}
+    stored = tables.get("events", [])
+    events = [r for r in stored if r.get("RowKey") == "event"]
+    records = {rec.event_id: rec for rec in (_record(r) for r in events) if rec}
+    slots = [r for r in stored if r.get("RowKey") == "slots"]
+    audit = [r for r in stored if str(r.get("RowKey", "")).startswith(AUDIT)]
+    audit += tables.get("audit", [])
     broken: list[str] = []
     now = world.clock.now()
     for event_id, rec in sorted(records.items()):

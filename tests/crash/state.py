@@ -157,16 +157,27 @@ def _entity(table: str, entity: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def snapshot(world: World) -> dict[str, Any]:
-    """Every row of the run's tables and every outside effect, normalised."""
-    state: dict[str, Any] = {}
+def table_rows(world: World) -> dict[str, list[dict[str, Any]]]:
+    """Every row of the run's tables as stored, by table name (without the run's prefix):
+    read once after a run, for both the snapshot and the invariants."""
+    rows: dict[str, list[dict[str, Any]]] = {}
     with world.faults.paused():
         service = TableServiceClient.from_connection_string(world.connection)
         for table in sorted(t.name for t in service.list_tables()):
-            if not table.startswith(world.prefix):
-                continue
-            name = table[len(world.prefix) :]
-            entities = [dict(e) for e in service.get_table_client(table).list_entities()]
+            if table.startswith(world.prefix):
+                client = service.get_table_client(table)
+                rows[table[len(world.prefix) :]] = [dict(e) for e in client.list_entities()]
+    return rows
+
+
+def snapshot(world: World, tables: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """Every row of the run's tables (`tables`: as `table_rows` read them, else read here)
+    and every outside effect, normalised."""
+    state: dict[str, Any] = {}
+    tables = table_rows(world) if tables is None else tables
+    with world.faults.paused():
+        for name, stored in tables.items():
+            entities = list(stored)
             if name == "events":  # audit rows live in each event's partition, "a|..."
                 audit = [e for e in entities if str(e.get("RowKey", "")).startswith(AUDIT)]
                 entities = [e for e in entities if e not in audit]
