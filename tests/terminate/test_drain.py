@@ -233,7 +233,7 @@ def test_two_invocations_at_once_run_each_step_once(harness: Harness) -> None:
 
 
 def test_announcements_carry_the_policys_paging_verdict(harness: Harness) -> None:
-    with running(Answer(500)) as hook:
+    with running(Answer(403)) as hook:  # refused: the drain fails at once
         run_drain(
             terminate_note(),
             settings(http_url=hook.url, step_timeout_seconds=0.3),
