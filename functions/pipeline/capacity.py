@@ -12,38 +12,46 @@ crash never leaks one and a VM that makes up an event never keeps its set-mates 
 The decider (functions.pipeline.reconcile) uses four entry points: `take_slots` before an
 approval, `release_slots` when the row stops entitling it, `count_started` when Azure
 started it, and `flag_unstarted` when an approved event never started.
+
+Taking and giving back are decided in slot_rules (`acquire`, `give_back_slots`,
+`take_budgets`): each asks for the reads and writes it needs, one at a time, deciding
+the next from the answers (a full row's holders are read, a write that found no free slot
+gives back what was taken), and `_run` answers them from the store. So every decision is
+in one pure place, and the rows are read and written exactly as the rules need them.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from functions.identity.facts import normalise_vm_id
 from functions.model.event import Transition
 from functions.model.policy import Policy
 from functions.pipeline.slot_rules import (
-    TAKE_GRACE,
-    WAKE_AT_MOST,
-    ahead_of,
+    SET_FULL,
+    Ask,
+    SlotFull,
+    Steps,
+    acquire,
     capacity_keys,
     capacity_limit,
-    entitled,
     flags_unstarted,
+    give_back_slots,
     holds_slot,
     needs_capacity,
-    served_order,
-    set_guard_applies,
-    too_big,
+    take_budgets,
     unknown_until,
-    vm_still_out,
 )
 from functions.store import claims
 from functions.store.records import MAX_WAITING, CapacityRecord, EventRecord, VmRecord
 from functions.store.state import Store
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------ the decider's entry points
@@ -60,33 +68,63 @@ def take_slots(pipeline: Any, record: EventRecord, now: datetime) -> tuple[bool,
     # Listed in its sets' queues only where their guard applies, and never when it cannot
     # be admitted at all (it would hold back every later NotBefore there).
     queue = guard and not big
-    budget = "" if waiting is _SET_FULL else waiting
+    budget = "" if waiting == SET_FULL else waiting
     return False, wait_for_slot(pipeline, record, now, (), budget, queue=queue)
-
-
-_SET_FULL = "its set is full"
 
 
 def _acquire(
     store: Store, record: EventRecord, policy: Policy | None, now: datetime
 ) -> tuple[str, bool, bool]:
-    """Take every slot the event needs, all or none: ("", ...) when taken, else (what it
-    waits for, whether the set guard applies, whether it can never be admitted)."""
+    """Take every slot the event needs, all or none (`slot_rules.acquire`): ("", ...) when
+    taken, else (what it waits for, whether the set guard applies, whether it can never
+    be admitted)."""
     slots, reporters = budget_needs(store, record, policy, now)
-    covered = {vm for _slot, vm in slots}
-    guard = set_guard_applies(reporters, covered)
-    if guard and not acquire_capacity(store, record, policy, now):
-        return _SET_FULL, guard, False
-    # One approval starts the event on every VM it names (their relays confirm the names
-    # against their own IMDS before approving): counted, though only reporters take slots.
-    big = too_big(slots + _named_slots(store, record, policy, now, reporters)) if slots else ""
-    waiting = big or (acquire_budgets(store, record, slots, now) if slots else "")
-    if waiting:
-        if big:
-            log.warning("%s: %s", record.event_id[:128], big)
-        if guard:
-            release_capacity(store, record)
-    return waiting, guard, bool(big)
+    taken = _run(
+        store,
+        acquire(record, policy, slots, reporters, now),
+        named=lambda: _named_slots(store, record, policy, now, reporters),
+    )
+    if taken.big:
+        log.warning("%s: %s", record.event_id[:128], taken.big)
+    return taken.waiting, taken.guard, bool(taken.big)
+
+
+def _run(store: Store, steps: Steps[T], **reads: Callable[[], list]) -> T:
+    """Do the reads and writes the slot rules ask for (`slot_rules.Ask`), in their order,
+    each answer sent back to them; returns what they decided. `reads`: the answers to
+    asks of slots worked out beside the rows ("named", "slots": `budget_needs`)."""
+    answer: Any = None
+    while True:
+        try:
+            ask = steps.send(answer)
+        except StopIteration as done:
+            return done.value
+        answer = _answer(store, ask, reads)
+
+
+def _answer(store: Store, ask: Ask, reads: dict[str, Callable[[], list]]) -> Any:
+    change = ask.change
+    if ask.kind == "event":
+        return store.get_event(ask.key)
+    if ask.kind == "reporter":
+        event_id, vm = ask.key
+        return store.get_reporter(event_id, vm)
+    if ask.kind in reads:
+        return reads[ask.kind]()
+    if ask.kind == "capacity" and change is None:
+        return store.get_capacity(ask.key)
+    if ask.kind == "capacity" and change is not None:
+        try:
+            store.mutate_capacity(ask.key, change)
+        except SlotFull:
+            return False
+        return True
+    if ask.kind == "budget":
+        budget, group = ask.key
+        if change is None:
+            return store.get_budget_slot(budget, group)
+        return store.mutate_budget_slot(budget, group, change)
+    raise ValueError(f"no answer for {ask.kind}")
 
 
 def release_slots(
@@ -104,11 +142,11 @@ def release_slots(
         if until is not None and holds_slot(fresh, now):
             _note_unknown(store, fresh, now, until)
             return []
-    woken = release_capacity(store, record)
-    slots = budget_slots(store, record, pipeline.policy, now, every_reporter=True)
-    if slots:
-        woken += release_budgets(store, record, slots)
-    return [e for e in dict.fromkeys(woken) if e != record.event_id][:WAKE_AT_MOST]
+    return _run(
+        store,
+        give_back_slots(record),
+        slots=lambda: budget_slots(store, record, pipeline.policy, now, every_reporter=True),
+    )
 
 
 def _note_unknown(store: Store, record: EventRecord, now: datetime, until: datetime) -> None:
@@ -133,23 +171,6 @@ def _note_unknown(store: Store, record: EventRecord, now: datetime, until: datet
 # ------------------------------------------------------------------ set slots
 
 
-def acquire_capacity(
-    store: Store, record: EventRecord, policy: Policy | None, now: datetime
-) -> bool:
-    """Take a slot in each of the event's sets, or none at all. Where slots are free but
-    events with an earlier NotBefore wait for them, those go first."""
-    limit = capacity_limit(policy)
-    taken: list[str] = []
-    for key in capacity_keys(record):
-        if _take(store, key, record, limit, now):
-            taken.append(key)
-        else:
-            for done in taken:
-                _give_back(store, done, record.event_id)
-            return False
-    return True
-
-
 def wait_for_capacity(store: Store, record: EventRecord) -> None:
     """List the event as waiting in each of its slot rows (one write each, once)."""
     for key in capacity_keys(record):
@@ -162,72 +183,6 @@ def wait_for_capacity(store: Store, record: EventRecord) -> None:
             return rec
 
         store.mutate_capacity(key, change)
-
-
-def _take(store: Store, key: str, record: EventRecord, limit: int, now: datetime) -> bool:
-    # Holders no longer entitled (`holds_slot`, from each one's row) free their slot: read
-    # only when the slot is full, one point read per holder.
-    event_id = record.event_id
-    current = store.get_capacity(key)
-    holders = [h for h in (current.holders if current else []) if h != event_id]
-    taken = current.taken if current else {}
-    dead: set[str] = set()
-    if len(holders) >= limit:
-        dead = {h for h in holders if not entitled(store.get_event(h), taken.get(h), now)}
-
-    def change(rec: CapacityRecord | None) -> CapacityRecord | None:
-        rec = rec or CapacityRecord(key=key)
-        if event_id in rec.holders:
-            return None
-        kept = [h for h in rec.holders if h not in dead]
-        if limit - len(kept) <= ahead_of(event_id, record.not_before, rec.waiting, now):
-            raise _Full
-        rec.holders = [*kept, event_id]
-        rec.until = {}
-        rec.taken = {h: at for h, at in rec.taken.items() if h in rec.holders}
-        rec.taken[event_id] = now
-        rec.waiting.pop(event_id, None)
-        return rec
-
-    try:
-        store.mutate_capacity(key, change)
-    except _Full:
-        return False
-    return True
-
-
-class _Full(Exception):
-    pass
-
-
-def _give_back(store: Store, key: str, event_id: str) -> list[str]:
-    """Give the event's slot (and its place in the queue) back; returns the events that
-    wait for this slot, earliest NotBefore first."""
-    woken: list[str] = []
-
-    def change(rec: CapacityRecord | None) -> CapacityRecord | None:
-        woken.clear()
-        if rec is None:
-            return None
-        woken.extend(served_order(rec.waiting))
-        if event_id not in rec.holders and event_id not in rec.waiting:
-            return None
-        rec.holders = [h for h in rec.holders if h != event_id]
-        rec.until.pop(event_id, None)
-        rec.waiting.pop(event_id, None)
-        return rec
-
-    store.mutate_capacity(key, change)
-    return [e for e in woken if e != event_id]
-
-
-def release_capacity(store: Store, record: EventRecord) -> list[str]:
-    """Give back the event's slots; returns the events waiting for them (to be woken:
-    earliest NotBefore first, a few more than could be admitted)."""
-    woken: list[str] = []
-    for key in capacity_keys(record):
-        woken += _give_back(store, key, record.event_id)
-    return list(dict.fromkeys(woken))[:WAKE_AT_MOST]
 
 
 def take_capacity(store: Store, event_id: str, policy: Policy | None, now: datetime) -> bool:
@@ -315,120 +270,6 @@ def budget_slots(
 MAX_PLACEMENT_AGE = timedelta(hours=12)  # two sync passes missed: the VM is gone
 
 
-def _holds_budget(store: Store, holder: Any, now: datetime) -> bool:
-    """A budget holder keeps its slot while its event's row entitles it and its VM's own
-    document still lists the event (`slot_rules.vm_still_out`)."""
-    if not entitled(store.get_event(holder.event_id), holder.since, now):
-        return False
-    if now < holder.since + TAKE_GRACE:
-        return True
-    mine = store.get_reporter(holder.event_id, holder.vm)
-    return vm_still_out(None if mine is None else mine.status)
-
-
-def acquire_budgets(
-    store: Store, record: EventRecord, slots: list, now: datetime, *, over: bool = False
-) -> str:
-    """Take every slot in `slots` (all or none); "" when taken, else the text of the first
-    full one ("waiting for budget checkout-web (1 of 1: vm-a)"), with the event listed as
-    waiting there (oldest NotBefore first). `over`: Azure started it: counted even over
-    the limit, and shown so."""
-    from functions.store.budget_slots import BudgetHolder, BudgetWaiter
-
-    taken: list = []
-    for slot, vm in slots:
-        current = store.get_budget_slot(slot.budget, slot.group)
-        held = [
-            h
-            for h in (current.holders if current else [])
-            if not (h.event_id == record.event_id and h.vm == vm)
-        ]
-        dead: set[tuple[str, str]] = set()
-        if len(held) >= slot.limit:
-            dead = {(h.event_id, h.vm) for h in held if not _holds_budget(store, h, now)}
-        full: list[str] = []
-
-        def change(rec, slot=slot, vm=vm, dead=dead, full=full):
-            full.clear()
-            from functions.store.budget_slots import BudgetSlot
-
-            rec = rec or BudgetSlot(budget=slot.budget, group=slot.group, limit=slot.limit)
-            rec.limit = slot.limit
-            mine = [h for h in rec.holders if h.event_id == record.event_id and h.vm == vm]
-            kept = [h for h in rec.holders if (h.event_id, h.vm) not in dead]
-            waiters = {w.event_id: w for w in rec.waiting}
-            if mine:
-                return None
-            queue = {w.event_id: w.not_before for w in rec.waiting}
-            ahead = ahead_of(record.event_id, record.not_before, queue, now)
-            # Every other holder counts, this event's other VMs too: one event never puts
-            # more of a group out than it allows (`slot_rules.too_big` holds it back).
-            others = kept
-            if not over and slot.limit - len(others) <= ahead:
-                full.append(rec.text())
-                if record.event_id not in waiters:
-                    rec.waiting.append(
-                        BudgetWaiter(
-                            vm=vm, event_id=record.event_id, not_before=record.not_before, since=now
-                        )
-                    )
-                    rec.holders = kept
-                    return rec
-                if kept == rec.holders:
-                    return None
-                rec.holders = kept
-                return rec
-            rec.holders = [
-                *kept,
-                BudgetHolder(
-                    vm=vm,
-                    event_id=record.event_id,
-                    since=now,
-                    over=len(others) >= slot.limit,
-                ),
-            ]
-            rec.waiting = [w for w in rec.waiting if w.event_id != record.event_id]
-            return rec
-
-        store.mutate_budget_slot(slot.budget, slot.group, change)
-        if full:
-            release_budgets(store, record, taken, keep_waiting=True)
-            return full[0]
-        taken.append((slot, vm))
-    return ""
-
-
-def release_budgets(
-    store: Store, record: EventRecord, slots: list, *, keep_waiting: bool = False
-) -> list[str]:
-    """Give back the event's budget slots (and its places in their queues, unless
-    `keep_waiting`); returns the events waiting there, earliest NotBefore first."""
-    woken: list[str] = []
-    for slot, _vm in slots:
-        waiting: list[str] = []
-
-        def change(rec, waiting=waiting):
-            waiting.clear()
-            if rec is None:
-                return None
-            queue = {w.event_id: w.not_before for w in rec.waiting}
-            waiting.extend(e for e in served_order(queue) if e != record.event_id)
-            holders = [h for h in rec.holders if h.event_id != record.event_id]
-            left = (
-                rec.waiting
-                if keep_waiting
-                else [w for w in rec.waiting if w.event_id != record.event_id]
-            )
-            if holders == rec.holders and left == rec.waiting:
-                return None
-            rec.holders, rec.waiting = holders, left
-            return rec
-
-        store.mutate_budget_slot(slot.budget, slot.group, change)
-        woken += waiting
-    return list(dict.fromkeys(woken))[:WAKE_AT_MOST]
-
-
 # ------------------------------------------------------------------ the event row's side
 # (what reconcile does to an event row about its slots: functions.pipeline.reconcile)
 
@@ -502,7 +343,7 @@ def count_started(pipeline: Any, record: EventRecord, now: datetime) -> EventRec
     never Azure), and shown so; marked in the row, once."""
     slots = budget_slots(pipeline.store, record, pipeline.policy, now)
     if slots:
-        acquire_budgets(pipeline.store, record, slots, now, over=True)
+        _run(pipeline.store, take_budgets(record, slots, now, over=True))
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or rec.budget_counted:

@@ -1,6 +1,8 @@
 """The slot rules: who holds a capacity or budget slot, who is entitled to one, and who is
 admitted next. Pure: no I/O, no clock (functions.pipeline.capacity reads and writes the
-slot rows by these rules; functions.pipeline.due asks them what is due).
+slot rows by these rules; functions.pipeline.due asks them what is due). Taking and giving
+back slots (`acquire`, `give_back_slots`, `take_budgets`) are decided here step by step:
+each asks capacity for the read or write it needs next (`Ask`) and decides from the answer.
 
 A listed holder's entitlement is read from the holder's own row by one rule every taker
 applies (`holds_slot`), never from a lapse computed from what a VM reported (its
@@ -25,10 +27,11 @@ reporters all went silent ends (functions.pipeline.due), giving back its slots.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
+from functions.model.budgets import Slot
 from functions.model.envelope import (
     FREEZE,
     PREEMPT,
@@ -40,7 +43,8 @@ from functions.model.envelope import (
 )
 from functions.model.policy import Policy, is_impactful
 from functions.store import claims
-from functions.store.records import EventRecord
+from functions.store.budget_slots import BudgetHolder, BudgetSlot, BudgetWaiter
+from functions.store.records import CapacityRecord, EventRecord
 
 # Types after which the VM is gone (evicted, deleted): never flagged for not starting.
 GONE_AFTER = frozenset(t.casefold() for t in (PREEMPT, TERMINATE))
@@ -293,3 +297,296 @@ def too_big(slots: Sequence[tuple[Any, str]]) -> str:
 def served_order(waiting: Mapping[str, datetime | None]) -> list[str]:
     """Waiters in the order they are woken: earliest NotBefore first, none last."""
     return sorted(waiting, key=lambda e: (waiting[e] is None, waiting[e]))
+
+
+# ------------------------------------------------------------------ the slot rows' changes
+# Each only computes (the store runs it again when the row moved under its ETag).
+
+
+class SlotFull(Exception):
+    """A set's row has no slot free for the taker (`take_set`'s change)."""
+
+
+def take_set(
+    key: str,
+    record: EventRecord,
+    current: CapacityRecord | None,
+    rows: Mapping[str, EventRecord | None],
+    limit: int,
+    now: datetime,
+) -> Callable[[CapacityRecord | None], CapacityRecord | None]:
+    """The change taking `record`'s slot in a set's row, from the row as read (`current`)
+    and its listed holders' own rows (`rows`, read only when it was full): holders no
+    longer entitled free their slot; SlotFull when none is free, or events with an
+    earlier NotBefore wait for it."""
+    event_id = record.event_id
+    taken = current.taken if current else {}
+    dead = {h for h, row in rows.items() if not entitled(row, taken.get(h), now)}
+
+    def change(rec: CapacityRecord | None) -> CapacityRecord | None:
+        rec = rec or CapacityRecord(key=key)
+        if event_id in rec.holders:
+            return None
+        kept = [h for h in rec.holders if h not in dead]
+        if limit - len(kept) <= ahead_of(event_id, record.not_before, rec.waiting, now):
+            raise SlotFull
+        rec.holders = [*kept, event_id]
+        rec.until = {}
+        rec.taken = {h: at for h, at in rec.taken.items() if h in rec.holders}
+        rec.taken[event_id] = now
+        rec.waiting.pop(event_id, None)
+        return rec
+
+    return change
+
+
+def give_back_set(
+    event_id: str, woken: list[str]
+) -> Callable[[CapacityRecord | None], CapacityRecord | None]:
+    """The change giving the event's set slot (and its place in the queue) back; `woken`
+    gets the events that wait for it, earliest NotBefore first."""
+
+    def change(rec: CapacityRecord | None) -> CapacityRecord | None:
+        woken.clear()
+        if rec is None:
+            return None
+        woken.extend(served_order(rec.waiting))
+        if event_id not in rec.holders and event_id not in rec.waiting:
+            return None
+        rec.holders = [h for h in rec.holders if h != event_id]
+        rec.until.pop(event_id, None)
+        rec.waiting.pop(event_id, None)
+        return rec
+
+    return change
+
+
+def take_budget(
+    record: EventRecord,
+    slot: Slot,
+    vm: str,
+    dead: set[tuple[str, str]],
+    now: datetime,
+    over: bool,
+    full: list[str],
+) -> Callable[[BudgetSlot | None], BudgetSlot | None]:
+    """The change taking a budget group's slot for one VM of the event, dropping the
+    holders read as no longer holding (`dead`). Full (unless `over`: counted anyway):
+    `full` gets the row's text and the event is listed as waiting there."""
+
+    def change(rec: BudgetSlot | None) -> BudgetSlot | None:
+        full.clear()
+        rec = rec or BudgetSlot(budget=slot.budget, group=slot.group, limit=slot.limit)
+        rec.limit = slot.limit
+        mine = [h for h in rec.holders if h.event_id == record.event_id and h.vm == vm]
+        kept = [h for h in rec.holders if (h.event_id, h.vm) not in dead]
+        waiters = {w.event_id: w for w in rec.waiting}
+        if mine:
+            return None
+        queue = {w.event_id: w.not_before for w in rec.waiting}
+        ahead = ahead_of(record.event_id, record.not_before, queue, now)
+        # Every other holder counts, this event's other VMs too: one event never puts
+        # more of a group out than it allows (`too_big` holds it back).
+        if not over and slot.limit - len(kept) <= ahead:
+            full.append(rec.text())
+            if record.event_id not in waiters:
+                rec.waiting.append(
+                    BudgetWaiter(
+                        vm=vm, event_id=record.event_id, not_before=record.not_before, since=now
+                    )
+                )
+                rec.holders = kept
+                return rec
+            if kept == rec.holders:
+                return None
+            rec.holders = kept
+            return rec
+        rec.holders = [
+            *kept,
+            BudgetHolder(vm=vm, event_id=record.event_id, since=now, over=len(kept) >= slot.limit),
+        ]
+        rec.waiting = [w for w in rec.waiting if w.event_id != record.event_id]
+        return rec
+
+    return change
+
+
+def give_back_budget(
+    event_id: str, keep_waiting: bool, waiting: list[str]
+) -> Callable[[BudgetSlot | None], BudgetSlot | None]:
+    """The change giving the event's slots in a budget group back (and its place in the
+    queue, unless `keep_waiting`); `waiting` gets the events waiting there."""
+
+    def change(rec: BudgetSlot | None) -> BudgetSlot | None:
+        waiting.clear()
+        if rec is None:
+            return None
+        queue = {w.event_id: w.not_before for w in rec.waiting}
+        waiting.extend(e for e in served_order(queue) if e != event_id)
+        holders = [h for h in rec.holders if h.event_id != event_id]
+        left = rec.waiting if keep_waiting else [w for w in rec.waiting if w.event_id != event_id]
+        if holders == rec.holders and left == rec.waiting:
+            return None
+        rec.holders, rec.waiting = holders, left
+        return rec
+
+    return change
+
+
+# ------------------------------------------------------------------ taking and giving back
+# The slot rows' reads and writes in the order the rules need them, as asks (`Ask`) that
+# functions.pipeline.capacity answers from the store: each step decides from what the
+# previous ones read or wrote, so a read happens only where the rules need it (a full
+# row's holders, a holder's VM document) and a write's outcome decides the next. Every
+# decision is here; every effect is capacity's.
+
+
+class Ask(NamedTuple):
+    """One read or write of the store: `kind` names the row ("capacity": a set's slot
+    row, "budget": a budget group's (key: (budget, group)), "event": an event's row,
+    "reporter": a VM's reporter row (key: (event_id, vm)); "named": the budget slots of
+    the VMs the event names beside its reporters, "slots": those of its reporters).
+    `change` makes it a write (`mutate_*`: it only computes); a capacity write answers
+    whether it took effect (SlotFull: not)."""
+
+    kind: str
+    key: Any = None
+    change: Callable[[Any], Any] | None = None
+
+
+_T = TypeVar("_T")
+Steps = Generator[Ask, Any, _T]
+
+
+class Taken(NamedTuple):
+    """What `acquire` did: `waiting` "" when every slot was taken, else what the event waits
+    for (SET_FULL, or a budget's text); `guard` whether the set guard applies; `big` why it
+    can never be admitted (`too_big`), or ""."""
+
+    waiting: str
+    guard: bool
+    big: str
+
+
+SET_FULL = "its set is full"
+
+
+def acquire(
+    record: EventRecord,
+    policy: Policy | None,
+    slots: list[tuple[Slot, str]],
+    reporters: list[str],
+    now: datetime,
+) -> Steps[Taken]:
+    """The slots an approval needs, all or none: its sets' (the capacity guard) unless
+    budgets cover every VM of it (`set_guard_applies`), then every budget slot of `slots`
+    (the reporters' VMs) unless the event is too big for one of its groups (`too_big`,
+    counting the VMs it names that did not report it). What was taken goes back when one
+    is full."""
+    guard = set_guard_applies(reporters, {vm for _slot, vm in slots})
+    if guard:
+        limit, keys = capacity_limit(policy), capacity_keys(record)
+        for done, key in enumerate(keys):
+            if not (yield from _take_set(key, record, limit, now)):
+                yield from give_back_sets(record.event_id, keys[:done])
+                return Taken(SET_FULL, guard, "")
+    # One approval starts the event on every VM it names (their relays confirm the names
+    # against their own IMDS before approving): counted, though only reporters take slots.
+    big = too_big(slots + (yield Ask("named"))) if slots else ""
+    waiting = big or ((yield from take_budgets(record, slots, now)) if slots else "")
+    if waiting and guard:
+        yield from give_back_sets(record.event_id, capacity_keys(record))
+    return Taken(waiting, guard, big)
+
+
+def _take_set(key: str, record: EventRecord, limit: int, now: datetime) -> Steps[bool]:
+    # Holders no longer entitled (`entitled`, from each one's row) free their slot: read
+    # only when the slot is full, one point read per holder.
+    current = yield Ask("capacity", key)
+    holders = [h for h in (current.holders if current else []) if h != record.event_id]
+    rows: dict[str, EventRecord | None] = {}
+    if len(holders) >= limit:
+        for holder in holders:
+            rows[holder] = yield Ask("event", holder)
+    return bool((yield Ask("capacity", key, take_set(key, record, current, rows, limit, now))))
+
+
+def give_back_slots(record: EventRecord) -> Steps[list[str]]:
+    """Give back the event's slots: its sets', then its budgets' (`Ask("slots")`: those
+    of every VM that reported it); the events waiting for them, to be woken (earliest
+    NotBefore first), but itself."""
+    woken = yield from give_back_sets(record.event_id, capacity_keys(record))
+    slots = yield Ask("slots")
+    if slots:
+        woken += yield from give_back_budgets(record.event_id, slots)
+    return [e for e in dict.fromkeys(woken) if e != record.event_id][:WAKE_AT_MOST]
+
+
+def give_back_sets(event_id: str, keys: Sequence[str]) -> Steps[list[str]]:
+    """Give the event's set slots (and its places in their queues) back; the events
+    waiting for them, to be woken (earliest NotBefore first, a few more than could be
+    admitted)."""
+    woken: list[str] = []
+    for key in keys:
+        waiting: list[str] = []
+        yield Ask("capacity", key, give_back_set(event_id, waiting))
+        woken += [e for e in waiting if e != event_id]
+    return list(dict.fromkeys(woken))[:WAKE_AT_MOST]
+
+
+def take_budgets(
+    record: EventRecord, slots: list[tuple[Slot, str]], now: datetime, *, over: bool = False
+) -> Steps[str]:
+    """Take every budget slot in `slots` (all or none): "" when taken, else the text of
+    the first full one ("waiting for budget checkout-web (1 of 1: vm-a)"), with the event
+    listed as waiting there. `over`: Azure started it: counted even over the limit."""
+    taken: list[tuple[Slot, str]] = []
+    for slot, vm in slots:
+        current = yield Ask("budget", (slot.budget, slot.group))
+        held = [
+            h
+            for h in (current.holders if current else [])
+            if not (h.event_id == record.event_id and h.vm == vm)
+        ]
+        dead: set[tuple[str, str]] = set()
+        if len(held) >= slot.limit:
+            for holder in held:
+                if not (yield from _holds_budget(holder, now)):
+                    dead.add((holder.event_id, holder.vm))
+        full: list[str] = []
+        yield Ask(
+            "budget",
+            (slot.budget, slot.group),
+            take_budget(record, slot, vm, dead, now, over, full),
+        )
+        if full:
+            yield from give_back_budgets(record.event_id, taken, keep_waiting=True)
+            return full[0]
+        taken.append((slot, vm))
+    return ""
+
+
+def _holds_budget(holder: BudgetHolder, now: datetime) -> Steps[bool]:
+    """A budget holder keeps its slot while its event's row entitles it and its VM's own
+    document still lists the event (`vm_still_out`; read only past TAKE_GRACE)."""
+    if not entitled((yield Ask("event", holder.event_id)), holder.since, now):
+        return False
+    if now < holder.since + TAKE_GRACE:
+        return True
+    mine = yield Ask("reporter", (holder.event_id, holder.vm))
+    return vm_still_out(None if mine is None else mine.status)
+
+
+def give_back_budgets(
+    event_id: str, slots: Sequence[tuple[Slot, str]], *, keep_waiting: bool = False
+) -> Steps[list[str]]:
+    """Give back the event's budget slots (and its places in their queues, unless
+    `keep_waiting`); the events waiting there, earliest NotBefore first."""
+    woken: list[str] = []
+    for slot, _vm in slots:
+        waiting: list[str] = []
+        yield Ask(
+            "budget", (slot.budget, slot.group), give_back_budget(event_id, keep_waiting, waiting)
+        )
+        woken += waiting
+    return list(dict.fromkeys(woken))[:WAKE_AT_MOST]
