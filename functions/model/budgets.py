@@ -325,7 +325,8 @@ def slots_for(
     `placements` are Azure's facts for the VM's name: usually one; names repeat across
     resource groups, and then the VM is counted in every group any of them is in (the
     safe side). `size` gives a group's size as the identity sync counted it (only read for
-    percentage budgets). An event that is not disruptive needs none."""
+    percentage budgets). An event that is not disruptive needs none (`why_not_covered`
+    says so for every budget)."""
     if isinstance(placements, Placement):
         placements = (placements,)
     if isinstance(size, Mapping):
@@ -333,8 +334,6 @@ def slots_for(
         size = lambda budget, group: sizes.get((budget, group))  # noqa: E731
     slots: list[Slot] = []
     seen: set[tuple[str, str]] = set()
-    if not disruptive(event):
-        return slots
     for placement in placements:
         for budget in budgets:
             if why_not_covered(budget, event, placement):

@@ -17,7 +17,7 @@ from typing import Any
 from functions.model.event import Links, Notification, Transition
 from functions.model.policy import Policy, transition_pages
 from functions.pipeline.context import Pipeline
-from functions.pipeline.redecide import occurrence
+from functions.pipeline.due import ENDS
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.audit import AuditRows
@@ -65,6 +65,28 @@ def build(
         page=page,
         waiting=record.waiting_for if record.approval == "pending" else "",
     )
+
+
+def occurrence(record: EventRecord, transition: Transition) -> str | None:
+    """What tells a re-decided `decided` apart from a first one (MessageId suffix), so
+    Service Bus duplicate detection never drops it; the same on every republish."""
+    if transition is Transition.DECIDED and record.redecided_at is not None:
+        return "redecided-" + record.redecided_at.strftime("%Y%m%dT%H%M%S")
+    if transition in (Transition.COMPLETED, Transition.CANCELLED) and record.reopened:
+        return f"reopened-{record.reopened}"
+    return None
+
+
+def transition_details(record: EventRecord, overdue: str) -> dict[Transition, str]:
+    """The details the announcements say beyond their default: why it is overdue, and how
+    it ended (the row's `end_detail`)."""
+    details: dict[Transition, str] = {}
+    if overdue:
+        details[Transition.OVERDUE] = overdue
+    if record.ended and record.end_detail:
+        for transition in ENDS:
+            details[transition] = record.end_detail
+    return details
 
 
 def _default_detail(record: EventRecord, transition: Transition) -> str:

@@ -224,7 +224,7 @@ def note_sent(record: EventRecord, now: datetime, relay_to: str) -> None:
 
 def reopen(record: EventRecord) -> None:
     """Undo an end the reporters made: open again, its end to be announced afresh (with a
-    MessageId of its own: functions.pipeline.redecide.occurrence)."""
+    MessageId of its own: functions.pipeline.announce.occurrence)."""
     for transition in (Transition.COMPLETED, Transition.CANCELLED):
         record.announced.pop(transition.value, None)
     record.ended = ""

@@ -34,10 +34,16 @@ from typing import Any
 from functions.model.envelope import STARTED
 from functions.model.event import Transition
 from functions.pipeline import capacity
-from functions.pipeline.announce import decision_audit, give_back, mark_done, publish_claimed
+from functions.pipeline.announce import (
+    decision_audit,
+    give_back,
+    mark_done,
+    publish_claimed,
+    transition_details,
+)
 from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
-from functions.pipeline.due import ENDS, ORDER, Due, Facts, due, settled_path
+from functions.pipeline.due import ORDER, Due, Facts, due, settled_path
 from functions.pipeline.facts import load_facts
 from functions.pipeline.lifecycle import (
     approval_lease,
@@ -154,7 +160,6 @@ def _reconcile(
     defer = tuple(sending) if go else ()  # marked done in the write recording the approval
     audited: list[dict[str, Any]] = []  # audit rows written with the announcements' mark
     if sending:
-        details = _details(record, plan)
         if Transition.OVERDUE in sending:
             # Before the announcement: a crash in between leaves its claim, whose next
             # publish flags again (the flag is idempotent).
@@ -164,6 +169,7 @@ def _reconcile(
             # done: both are due until then, so a host that dies before leaves both due.
             noted = decision_audit(record)
             audited = [noted] if noted is not None else []
+        details = transition_details(record, plan.overdue)
         try:
             publish_claimed(
                 pipeline, record, sending, now, details, mark=not defer, with_rows=audited
@@ -237,16 +243,6 @@ def _due(
 
 def _mine(record: EventRecord, me: str) -> bool:
     return bool(me) and claims.holder(record.approval_claim) == me
-
-
-def _details(record: EventRecord, plan: Due) -> dict[Transition, str]:
-    details: dict[Transition, str] = {}
-    if plan.overdue:
-        details[Transition.OVERDUE] = plan.overdue
-    if record.ended and record.end_detail:
-        for transition in ENDS:
-            details[transition] = record.end_detail
-    return details
 
 
 # ------------------------------------------------------------------ changes of state

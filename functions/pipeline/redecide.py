@@ -64,7 +64,7 @@ def redecide(
     as the row describes it (`as_event`).
 
     The `decided` claim is dropped so the caller claims it afresh: the new decision is
-    announced as `decided` with its own MessageId (see `occurrence`)."""
+    announced as `decided` with its own MessageId (functions.pipeline.announce.occurrence)."""
     old = record.decision
     assert old is not None and old.policy_error is not None
     if record.views:
@@ -86,13 +86,3 @@ def redecide(
 def _noted(decision: Decision, note: str) -> Decision:
     reason = f"{decision.reason}; {note}" if decision.reason else note
     return decision.model_copy(update={"reason": reason})
-
-
-def occurrence(record: EventRecord, transition: Transition) -> str | None:
-    """What tells a re-decided `decided` apart from a first one (MessageId suffix), so
-    Service Bus duplicate detection never drops it; the same on every republish."""
-    if transition is Transition.DECIDED and record.redecided_at is not None:
-        return "redecided-" + record.redecided_at.strftime("%Y%m%dT%H%M%S")
-    if transition in (Transition.COMPLETED, Transition.CANCELLED) and record.reopened:
-        return f"reopened-{record.reopened}"
-    return None
