@@ -5,7 +5,7 @@ host's. A host that is itself a VM can be paused and resumed (its own live migra
 snapshot): its monotonic clock stands still meanwhile and time sync then steps its wall
 clock right, exactly what the demo plays for a Freeze. A relay then measures that step as a
 wall-clock jump beside any Freeze pause of its own (it cannot tell them apart, nor should
-it), and the simulator's timeline jumps ahead as far. The CI run of issue 47 (/work/ci1.log)
+it), and the simulator's timeline jumps ahead as far. A fresh CI run of 2026-12-05 (issue 47)
 had one of about +9.5 s: web-1's ledger said +14.6 s for its 5 s pause, a 10 s user
 reboot was over 2.1 s (monotonic) after it started, and the held platform reboot of web-as
 started 9.2 s before its NotBefore.
