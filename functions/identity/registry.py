@@ -92,7 +92,7 @@ class Identity(BaseModel):
     # presents it again.
     attested: tuple[str, ...] = ()
     # An event approved through this VM's relay that never started in its own view, and
-    # when that was found (functions.pipeline.slot_rules.suspect): its relay is not asked
+    # when that was found (functions.pipeline.relay_phase.suspect): its relay is not asked
     # again for a while. Kept here, beside the keys the approver reads anyway, so the
     # approver needs no VM row to honour it (issue 47).
     unstarted: str = ""

@@ -359,7 +359,7 @@ def count_started(pipeline: Any, record: EventRecord, now: datetime) -> EventRec
 def flag_unstarted(pipeline: Any, record: EventRecord, now: datetime) -> None:
     """An event approved through a VM's relay that Azure never started, by that VM's own
     document (its reporter row: one point read): its relay is not asked to approve again
-    for a while (`slot_rules.suspect`)."""
+    for a while (`relay_phase.suspect`)."""
     if not record.approved_by or record.approved_by == "arm" or record.approval != "approved":
         return
     own = pipeline.store.get_reporter(record.event_id, record.approved_by)

@@ -325,7 +325,7 @@ def next_vm_row(
         record.event_statuses = {e.event_id.casefold(): e.event_status for e in events}
         record.late_event_ids = sorted(late)
         record.event_views = dict(views)
-        # `unstarted` stays: a Started this VM lists is its own word (slot_rules.suspect).
+        # `unstarted` stays: a Started this VM lists is its own word (relay_phase.suspect).
     return record, mark
 
 

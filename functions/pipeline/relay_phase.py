@@ -5,12 +5,15 @@ Each relay is asked to confirm its own VM's view of the event (`view_for`, `Expe
 approves only if its own IMDS lists it so. A VM whose own reporter row lists the event
 lately is found from that row's attested vmId and its identity row alone (no VM row:
 issue 47); the others through their VM row and liveness hint. A VM whose approved event
-never started in its own view is not asked for a while (`slot_rules.suspect`)."""
+never started in its own view is not asked for a while (`suspect`: decided here, beside
+the reads of the VM and identity rows it judges, so choosing the relays does not call
+back into the slot rules; issue 46)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 import requests
 
@@ -26,7 +29,6 @@ from functions.pipeline.approve_arm import (
 )
 from functions.pipeline.context import Pipeline
 from functions.pipeline.lanes import RelayLanes
-from functions.pipeline.slot_rules import suspect
 from functions.pipeline.views import own_views
 from functions.store.records import Attempt, EventRecord
 from functions.store.reporters import Reporter
@@ -134,6 +136,32 @@ def candidates(record: EventRecord, skip: set[str]) -> list[str]:
     return first + rest
 
 
+# How long a VM whose approved event never started in its own view stays suspect (its
+# relay not asked to approve): its own documents cannot end it sooner (issue 46). The
+# flag is set by functions.pipeline.capacity.flag_unstarted (slot_rules.flags_unstarted).
+UNSTARTED_FOR = timedelta(hours=24)
+
+
+class Flagged(Protocol):
+    """Where a VM's `unstarted` flag is kept: its VM row, and its identity row (which the
+    approver reads for the relay's address and keys anyway: functions.pipeline.approve)."""
+
+    @property
+    def unstarted(self) -> str | None: ...
+
+    @property
+    def unstarted_at(self) -> datetime | None: ...
+
+
+def suspect(vm: Flagged, event_id: str, now: datetime) -> bool:
+    """Whether this VM's relay is not asked to approve `event_id`: an event approved
+    through it stayed Scheduled in its own view (`unstarted`), less than UNSTARTED_FOR
+    ago. A flag of before `unstarted_at` was kept has lapsed."""
+    if not vm.unstarted or vm.unstarted == event_id or vm.unstarted_at is None:
+        return False
+    return now < vm.unstarted_at + UNSTARTED_FOR
+
+
 @dataclass(frozen=True)
 class Asked:
     """A relay an attempt may ask: its VM's name, whether that VM's latest document lists
@@ -155,7 +183,7 @@ def _relays(
     hint), reporters first (`candidates`): at most RELAYS_PER_ATTEMPT of them, so an event
     naming 1,000 VMs costs a few point reads, not 1,000 (the others stay "unheard": a
     later attempt reaches them). A VM whose approved event never started in its own view
-    (`unstarted`) is not asked for a while (functions.pipeline.slot_rules.suspect).
+    (`unstarted`) is not asked for a while (`suspect`).
 
     A VM whose own reporter row (`rows`, read with the event) says it lists the event,
     lately, with its attested vmId, was heard by that document: its identity row alone

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from functions.model.budgets import Slot
 from functions.model.envelope import (
@@ -74,9 +74,6 @@ IMPACT_AT_MOST = {
     TERMINATE.casefold(): timedelta(0),
 }
 IMPACT_UNKNOWN_TYPE = timedelta(minutes=15)  # a type Azure may add later
-# How long a VM whose approved event never started in its own view stays suspect (its
-# relay not asked to approve): its own documents cannot end it sooner (issue 46).
-UNSTARTED_FOR = timedelta(hours=24)
 WAKE_AT_MOST = 20  # waiting events a released slot wakes at once (the rest: next sweep)
 # A holder listed moments ago whose own row does not show it yet: the slots are taken
 # before the approval's claim is written (a Table request or two later), so a taker in
@@ -180,26 +177,6 @@ def vm_still_out(status: str | None) -> bool:
     named that never reported it): it holds only while its own document lists the event.
     Back to normal (its document no longer lists it), it holds nothing."""
     return status is None or bool(status)
-
-
-class Flagged(Protocol):
-    """Where a VM's `unstarted` flag is kept: its VM row, and its identity row (which the
-    approver reads for the relay's address and keys anyway: functions.pipeline.approve)."""
-
-    @property
-    def unstarted(self) -> str | None: ...
-
-    @property
-    def unstarted_at(self) -> datetime | None: ...
-
-
-def suspect(vm: Flagged, event_id: str, now: datetime) -> bool:
-    """Whether this VM's relay is not asked to approve `event_id`: an event approved
-    through it stayed Scheduled in its own view (`unstarted`), less than UNSTARTED_FOR
-    ago. A flag of before `unstarted_at` was kept has lapsed."""
-    if not vm.unstarted or vm.unstarted == event_id or vm.unstarted_at is None:
-        return False
-    return now < vm.unstarted_at + UNSTARTED_FOR
 
 
 def flags_unstarted(record: EventRecord, own_status: str | None) -> str:

@@ -68,7 +68,7 @@ class VmRecord(Record):
     # The EventId of an event approved through this VM's relay that its own document
     # still listed as Scheduled after the start grace (Azure starts an approved event at
     # once): its relay is suspect, so it is not asked to approve its later events until
-    # UNSTARTED_FOR after `unstarted_at` (functions.pipeline.slot_rules.suspect). Its own
+    # UNSTARTED_FOR after `unstarted_at` (functions.pipeline.relay_phase.suspect). Its own
     # documents cannot clear it: a Started it lists may be made up as well.
     unstarted: str | None = None
     unstarted_at: AwareDatetime | None = None

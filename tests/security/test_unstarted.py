@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from functions.model.policy import Policy, Rule
-from functions.pipeline import slot_rules
+from functions.pipeline import relay_phase
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.watchdog import run_watchdog
 from tests.functions.conftest import (  # noqa: F401  (fixtures)
@@ -57,7 +57,7 @@ def test_a_vm_whose_approved_event_never_starts_is_not_asked_again(store, clock,
     assert "MADE-2" not in relay.starts()  # before: asked again, and its slot taken again
     # The flag lapses after UNSTARTED_FOR.
     third = event("MADE-3", "Redeploy", resources=("liar",), not_before=T0 + timedelta(days=2))
-    clock.advance(slot_rules.UNSTARTED_FOR.total_seconds())
+    clock.advance(relay_phase.UNSTARTED_FOR.total_seconds())
     write_liveness(store, "liar", clock.now())
     ingest_message(envelope("liar", 4, [third], observed_at=clock.now(), **where), pipeline)
     assert relay.starts()[-1] == "MADE-3"
