@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import requests
 from pydantic import BaseModel
 
 from functions.approvers.arm import TokenCredential, retry_after, scope_for
+from functions.model.arm import ArmError, ArmResource, parse_event_id
 from functions.model.envelope import parse_not_before
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ REQUEST_TIMEOUT_SECONDS = 15.0
 EVENT_TYPE = "microsoft.maintenance/scheduledevents"
 # Azure's EventIds are GUIDs; anything else never goes into a query (it came from a relay).
 _EVENT_ID = re.compile(r"^[A-Za-z0-9-]{1,128}$")
+# Azure's EventStatus once an event waits for no approval (Resource Graph and Event Grid
+# also report Completed and Canceled; a Canceled event was never started by anyone).
+NOT_WAITING = frozenset({"started", "completed"})
 
 
 class AzureUnavailable(Exception):
@@ -141,6 +145,51 @@ def differences(expected: Mapping[str, Any], properties: Mapping[str, Any]) -> l
         if actual_names != {n.casefold() for n in expected["Resources"]}:
             found.append("Resources differ from Azure's")
     return found
+
+
+class Reading(NamedTuple):
+    """What Azure's row for an event lets the ARM approver do (`read`): acknowledge it on
+    `owner`; or record it approved, an earlier acknowledge having landed on `landed`;
+    or neither, and `why_not` says why. `status`: Azure's EventStatus for the event."""
+
+    status: str
+    owner: ArmResource | None = None
+    landed: str = ""
+    why_not: str = ""
+
+
+def read(
+    azure: AzureEvent, expected: Mapping[str, Any], *, sent: bool, before_not_before: bool
+) -> Reading:
+    """Decide from Azure's row alone (pure; functions.pipeline.approve_arm does the asking
+    and the acknowledging): `expected` is the decided view (`VmView.expect()`), `sent`
+    whether an acknowledge of ours may have landed before (`arm_sent_at`), and
+    `before_not_before` whether Azure cannot have started the event on its own yet. An
+    event Azure reports Started or Completed after our acknowledge was sent is that
+    acknowledge's work, unless NotBefore has passed; else Azure's view must agree with the
+    decided one field by field, and its id names the owner to acknowledge on."""
+    status = str(azure.properties.get("EventStatus") or "")
+    differing = differences(expected, azure.properties)
+    try:
+        owner, unusable = parse_event_id(azure.id)[0], ""
+    except ArmError as exc:
+        owner, unusable = None, str(exc)
+    if sent and status.casefold() in NOT_WAITING:
+        if not before_not_before:
+            return Reading(
+                status,
+                why_not=f"Azure reports the event {status}, and its NotBefore has passed: "
+                "Azure started it then, or an earlier acknowledge did (its answer was lost)",
+            )
+        return Reading(status, landed=owner.id if owner is not None else "its owner")
+    if differing:
+        return Reading(
+            status,
+            why_not="Azure reports the event otherwise than decided: " + "; ".join(differing),
+        )
+    if owner is None:
+        return Reading(status, why_not=f"Azure's event id is unusable: {unusable}")
+    return Reading(status, owner=owner)
 
 
 def _same_instant(wanted: object, actual: object) -> bool:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from functions.approvers import azure_events
 from functions.approvers.arm import acknowledge, default_credential
 from functions.clock import Clock
-from functions.model.arm import ArmError, ArmResource, owner_of_vm, parse_event_id
+from functions.model.arm import ArmResource, owner_of_vm
 from functions.pipeline.context import Pipeline
 from functions.store.records import Attempt, EventRecord
 from functions.store.state import Store
@@ -39,9 +39,6 @@ ARM = "arm"  # `approved_by` and the attempts' `vm` when ARM acknowledged it
 BACKOFF_START_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 20.0
 RELAYS_PER_ATTEMPT = 8
-# Azure's EventStatus once an event waits for no approval (Resource Graph and Event Grid
-# also report Completed and Canceled; a Canceled event was never started by anyone).
-NOT_WAITING = frozenset({"started", "completed"})
 # How an attempt starts when ARM refused a repeat of an acknowledge that had landed (the
 # crash explorer's rule 11 reads it): the outcome the dead or disconnected call never saw.
 LANDED = "acknowledged by an earlier call whose answer was lost"
@@ -157,7 +154,9 @@ def _acknowledge_each(
                 azure.attempts = attempts
                 return azure
             status = str(azure.properties.get("EventStatus") or "") if azure else ""
-            if status.casefold() in NOT_WAITING and _before_not_before(record, clock.now()):
+            if status.casefold() in azure_events.NOT_WAITING and _before_not_before(
+                record, clock.now()
+            ):
                 attempts[-1].outcome = f"{LANDED} (Azure reports it {status}): {answer.text}"
                 return Phase(
                     outcome="approved",
@@ -200,7 +199,9 @@ def _azure_reports(
 ) -> list[ArmResource] | Phase:
     """Where ARM may acknowledge the event, if Azure itself reports it as decided: Event
     Grid's view when no relay reported it, else Resource Graph's row agreeing with the
-    decided view (then its owner is the one acknowledged). A Phase says why not."""
+    decided view (then its owner is the one acknowledged). A Phase says why not. What
+    Azure's row allows is decided by one pure function (azure_events.read), after the
+    asking: choosing the owner calls back into no module it left (issue 46)."""
     if record.arm_resource and not pipeline.store.load_reporters(record).past_reporters:
         return owners  # Event Grid's own view: no relay's word in the decision
     azure = _ask_azure(pipeline, record, stop, deadline)
@@ -212,42 +213,30 @@ def _azure_reports(
             detail="Azure does not report this event (Resource Graph): ARM does not "
             "acknowledge on a relay's report alone",
         )
-    status = str(azure.properties.get("EventStatus") or "")
     now = pipeline.clock.now()
-    if record.arm_sent_at is not None and status.casefold() in NOT_WAITING:
-        if not _before_not_before(record, now):
-            return Phase(
-                outcome="exhausted",
-                detail=f"Azure reports the event {status}, and its NotBefore has passed: "
-                "Azure started it then, or an earlier acknowledge did (its answer was lost)",
-            )
-        try:  # an earlier run's acknowledge landed and its host died before recording it
-            where = parse_event_id(azure.id)[0].id
-        except ArmError:
-            where = "its owner"
+    reading = azure_events.read(
+        azure,
+        expect_for(record, ""),
+        sent=record.arm_sent_at is not None,
+        before_not_before=_before_not_before(record, now),
+    )
+    if reading.landed:  # an earlier run's acknowledge landed, its host died before recording
         return Phase(
             outcome="approved",
             via=ARM,
-            detail=f"acknowledged through ARM on {where}",
+            detail=f"acknowledged through ARM on {reading.landed}",
             attempts=[
                 Attempt(
                     at=now,
                     vm=ARM,
-                    outcome=f"{LANDED} (Azure reports it {status})",
+                    outcome=f"{LANDED} (Azure reports it {reading.status})",
                     by=by,
                 )
             ],
         )
-    differing = azure_events.differences(expect_for(record, ""), azure.properties)
-    if differing:
-        return Phase(
-            outcome="exhausted",
-            detail="Azure reports the event otherwise than decided: " + "; ".join(differing),
-        )
-    try:
-        return [parse_event_id(azure.id)[0]]
-    except ArmError as exc:
-        return Phase(outcome="exhausted", detail=f"Azure's event id is unusable: {exc}")
+    if reading.owner is None:
+        return Phase(outcome="exhausted", detail=reading.why_not)
+    return [reading.owner]
 
 
 def _ask_azure(
