@@ -194,16 +194,23 @@ def conditions(record: EventRecord, now: datetime) -> list[Transition]:
     if record.ended:
         # Only the end: a decision never announced for an event that is over is not news.
         return [Transition.COMPLETED if record.ended == "completed" else Transition.CANCELLED]
-    out: list[Transition] = [Transition.STARTED if record.started else Transition.SCHEDULED]
-    decision = record.decision
-    if decision is not None:
-        out.append(Transition.POLICY_INVALID if decision.policy_error else Transition.DECIDED)
+    out = _before_approved(record)
     if record.approval == "approved":
         out.append(Transition.APPROVED)
     elif record.approval == "failed":
         out.append(Transition.APPROVAL_FAILED)
     if overdue_detail(record, now):
         out.append(Transition.OVERDUE)
+    return out
+
+
+def _before_approved(record: EventRecord) -> list[Transition]:
+    """The announcements a person reads before `approved` that an open event's row calls
+    for (`conditions`' first ones): Scheduled or Started, then its decision."""
+    out: list[Transition] = [Transition.STARTED if record.started else Transition.SCHEDULED]
+    decision = record.decision
+    if decision is not None:
+        out.append(Transition.POLICY_INVALID if decision.policy_error else Transition.DECIDED)
     return out
 
 
@@ -418,12 +425,15 @@ def unannounced_before(
     One left unclaimed is `me`'s to claim with the approval, in one write; `claimed`: in
     that write, after claiming, where nobody is left to publish it first. `publishing`
     False: `me` publishes none of them (approve_event's own claim: the drain workflow), so
-    every one not done waits, a dead holder's too, until a reconcile publishes it."""
-    first = ORDER.index(Transition.APPROVED)
+    every one not done waits, a dead holder's too, until a reconcile publishes it. Only
+    those are looked at (`_before_approved`), not the row's later conditions: whether it
+    is overdue is no question here (paths from reconcile_key, issue 46)."""
+    if record.ended:
+        return ()  # an event that is over calls for its end alone, announced after
     waiting = []
-    for transition in conditions(record, now):
+    for transition in _before_approved(record):
         mark = record.announced.get(transition.value)
-        if ORDER.index(transition) >= first or mark == claims.DONE:
+        if mark == claims.DONE:
             continue
         if publishing and mark and claims.is_free(mark, now, me):
             continue  # `me`'s own claim, or one whose holder died: published by `me` first
