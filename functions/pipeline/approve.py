@@ -41,6 +41,7 @@ from functions.pipeline.announce import publish_claimed
 from functions.pipeline.approve_arm import (
     ARM,
     RELAYS_PER_ATTEMPT,
+    Phase,
     arm_owners,
     arm_phase,
 )
@@ -131,7 +132,7 @@ def approve_event(
     attempts: list[Attempt] = []
     details: list[str] = []
     later = vetoed = False
-    result: ApprovalResult | None = None
+    approved: Phase | None = None
     for index, approver in enumerate(order):
         arm_next = "arm" in order[index + 1 :] and bool(owners)
         if approver == "relay":
@@ -146,19 +147,7 @@ def approve_event(
             vetoed = True
             break  # a named VM's own view differs: nothing approves this event for it
         if phase.outcome == "approved":
-            result = _finish(
-                pipeline,
-                record,
-                "approved",
-                phase.via,
-                attempts,
-                phase.detail,
-                by,
-                imds_status=phase.status,
-                announce=announce,
-                settle_marks=settle,
-                settle_rows=settle_rows,
-            )
+            approved = phase
             break
         details.append(f"{approver}: {phase.detail}")
         if phase.outcome == "later":
@@ -166,21 +155,25 @@ def approve_event(
             if approver == "relay":
                 break  # relays still have time before ARM's turn: do not hand over yet
             # ARM throttled or down for now: a relay after it may approve meanwhile.
-    if result is None:
-        result = _finish(
-            pipeline,
-            record,
-            "retry_later" if later else "failed",
-            None,
-            attempts,
-            "; ".join(details),
-            by,
-            announce=announce,
-            settle_marks=settle,
-            settle_rows=settle_rows,
-            vetoed=vetoed,
-        )
-    return result
+    # The outcome, whichever approver settled it, is recorded in one place (`_finish`).
+    outcome: Outcome = "retry_later" if later else "failed"
+    via, detail, status = None, "; ".join(details), None
+    if approved is not None:
+        outcome, via, detail, status = "approved", approved.via, approved.detail, approved.status
+    return _finish(
+        pipeline,
+        record,
+        outcome,
+        via,
+        attempts,
+        detail,
+        by,
+        imds_status=status,
+        announce=announce,
+        settle_marks=settle,
+        settle_rows=settle_rows,
+        vetoed=vetoed,
+    )
 
 
 def _lanes_closed(pipeline: Pipeline, event_id: str, now: datetime) -> str | None:
