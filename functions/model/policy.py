@@ -38,6 +38,7 @@ from functions.model.match import (
     SOURCES,
     STATUSES,
     Match,
+    _in,
     closed_set,
     is_impactful,
 )
@@ -541,17 +542,15 @@ def no_drain(rule: str, event: ScheduledEvent) -> tuple[Action, str]:
     undrained instance at once would cut off the in-flight work its notice gives time to
     finish (issue 33). Each says so: a card reading "no drain on this VM" is the
     operator's cue to give the VM one."""
-    user = (event.event_source or "").casefold() == USER.casefold()
-    if user and event.event_type.casefold() != TERMINATE.casefold():
+    if _in(event.event_source, (USER,)) and not _in(event.event_type, (TERMINATE,)):
         return "approve", f"rule {rule!r}: {NO_DRAIN_TEXT}: approved at once (a User event)"
     return "hold", f"rule {rule!r}: {NO_DRAIN_TEXT}: held until NotBefore"
 
 
 def _default_page(policy: Policy, event: ScheduledEvent, action: str, now: datetime) -> bool:
-    kind = event.event_type.casefold()
-    if kind in {t.casefold() for t in policy.page.event_types}:
+    if _in(event.event_type, policy.page.event_types):
         return True
-    if action == "hold" and kind in {t.casefold() for t in policy.page.held_outside_window}:
+    if action == "hold" and _in(event.event_type, policy.page.held_outside_window):
         moment = event.not_before or now
         return not policy.in_window(moment)
     return False
