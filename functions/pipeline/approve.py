@@ -125,7 +125,11 @@ def approve_event(
             detail = why_not(record, now)
             return ApprovalResult(event_id=event_id, outcome="skipped", detail=detail)
     assert record is not None
-    deadline = _deadline(record, settings, now)
+    # Relays and ARM get until NotBefore less the margin (no NotBefore: one attempt's budget).
+    if record.not_before is None:
+        deadline = now + timedelta(seconds=settings.approval_budget_seconds)
+    else:
+        deadline = record.not_before - timedelta(seconds=settings.approval_margin_seconds)
     stop = min(deadline, give_up_at) if give_up_at else deadline
     order = settings.approver_order
     owners = arm_owners(store, record) if "arm" in order else []
@@ -243,12 +247,6 @@ def _claim(
         return rec
 
     return store.mutate_event(event_id, change)
-
-
-def _deadline(record: EventRecord, settings: Settings, now: datetime) -> datetime:
-    if record.not_before is None:
-        return now + timedelta(seconds=settings.approval_budget_seconds)
-    return record.not_before - timedelta(seconds=settings.approval_margin_seconds)
 
 
 def approval_path(approved_by: str | None) -> str:
