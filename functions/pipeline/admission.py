@@ -82,6 +82,7 @@ from functions.identity.registry import (
 )
 from functions.model.envelope import Envelope, VmRef
 from functions.pipeline.admission_tally import AdmissionTally, Unverified
+from functions.pipeline.anchor import callback_url
 from functions.settings import Settings
 from functions.store.state import Store
 
@@ -117,15 +118,6 @@ ENFORCE, REPORT = "enforce", "report"
 
 class NotAdmitted(ValueError):
     """A message that proves no identity Azure vouches for: rejected with this reason."""
-
-
-def callback_url(facts: VmFacts, port: int) -> str | None:
-    """The VM's relay, at the address Azure gives its NIC and the one port the bridge uses:
-    never an address a VM wrote."""
-    if not facts.address:
-        return None
-    host = f"[{facts.address}]" if ":" in facts.address else facts.address
-    return f"http://{host}:{facts.port or port}"
 
 
 def trusted_ref(facts: VmFacts, port: int) -> VmRef:

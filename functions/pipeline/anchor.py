@@ -1,4 +1,6 @@
-"""Which of a VM's callback keys the app signs with (issue 46): its anchor first.
+"""How the app reaches a VM's relay: Azure's address for it (`callback_url`), and which of
+its callback keys the app signs with (issue 46): its anchor first. `relay_of` puts the two
+together for a vmId from its identity row (the approver's relays, the drain's hooks).
 
 Any process on a VM, root or not, can get attested documents from IMDS, so a local user can
 have the app store a callback key of its own making (functions.identity.registry: such a key
@@ -27,11 +29,43 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+from functions.approvers.relay import RelayTarget
+from functions.clock import Clock
+from functions.identity.facts import VmFacts
 from functions.identity.keys import CallbackKey
 from functions.identity.registry import Identity
 from functions.store.liveness import Liveness
 
 log = logging.getLogger(__name__)
+
+
+def callback_url(facts: VmFacts, port: int) -> str | None:
+    """The VM's relay, at the address Azure gives its NIC and the one port the bridge uses:
+    never an address a VM wrote."""
+    if not facts.address:
+        return None
+    host = f"[{facts.address}]" if ":" in facts.address else facts.address
+    return f"http://{host}:{facts.port or port}"
+
+
+def relay_of(
+    identity: Identity | None,
+    port: int,
+    liveness: Liveness,
+    clock: Clock,
+    silent_after: timedelta,
+) -> tuple[RelayTarget, Identity] | None:
+    """The relay of the VM whose identity row (an attested vmId's) is `identity`, with
+    that row: None when Azure's address or an attested key is unknown. A read only for a
+    row that holds an unproven key: the anchor's liveness row (`callback_keys`)."""
+    if identity is None or not identity.keys:
+        return None
+    url = callback_url(identity.facts, port)
+    if url is None:
+        return None
+    # The anchor alone while its relay heartbeats (issue 46).
+    keys = callback_keys(identity, liveness, clock.now(), silent_after)
+    return RelayTarget(url=url, vm_id=identity.facts.vm_id, keys=keys), identity
 
 
 def callback_keys(

@@ -19,8 +19,8 @@ from functions.approvers.relay import RelayTarget
 from functions.clock import Clock
 from functions.identity.registry import Identity
 from functions.model.policy import Policy
-from functions.pipeline.admission import Admission, callback_url
-from functions.pipeline.anchor import callback_keys
+from functions.pipeline.admission import Admission
+from functions.pipeline.anchor import relay_of
 from functions.pipeline.lanes import RelayLanes
 from functions.pipeline.liveness_verifier import RegistryVerifier
 from functions.pipeline.publish import Publisher
@@ -134,36 +134,25 @@ class Pipeline:
 
     def relay_identity(self, vm_id: str) -> tuple[RelayTarget, Identity] | None:
         """The relay of the VM `vm_id` (an attested vmId) with the identity row it came
-        from (one point read; a second, of the anchor's liveness row, only for a row that
-        holds an unproven key): None when Azure's address or an attested key is unknown."""
+        from (one point read; then functions.pipeline.anchor.relay_of): None when Azure's
+        address or an attested key is unknown."""
         if self.admission is None:
             return None
         try:
             identity = self.admission.registry.get(vm_id)
         except ValueError:  # not a vmId: no row can hold it
             return None
-        if identity is None or not identity.keys:
-            return None
-        url = callback_url(identity.facts, self.admission.callback_port)
-        if url is None:
-            return None
-        # The anchor alone while its relay heartbeats (functions.pipeline.anchor, issue 46).
         silent_after = timedelta(seconds=self.settings.relay_silent_after_seconds)
-        keys = callback_keys(identity, self.store.liveness, self.clock.now(), silent_after)
-        return RelayTarget(url=url, vm_id=identity.facts.vm_id, keys=keys), identity
+        port = self.admission.callback_port
+        return relay_of(identity, port, self.store.liveness, self.clock, silent_after)
 
     def last_heard(self, vm: VmRecord) -> datetime | None:
         """When this VM's relay was last heard: its last message, or its verified liveness
-        hint if later (relays heartbeat into the liveness table, not the VM row)."""
-        heard = vm.last_seen
-        if vm.vm_id and self.liveness_verifier is not None:
-            hint = self.store.liveness.get(
-                vm.vm_id,
-                self.liveness_verifier,
-                lambda _: None,
-                silent_after=timedelta(seconds=self.settings.relay_silent_after_seconds),
-                now=self.clock.now(),
-            )
-            if hint is not None and (heard is None or hint.seen > heard):
-                heard = hint.seen
-        return heard
+        hint if later (functions.store.liveness.Liveness.last_heard)."""
+        return self.store.liveness.last_heard(
+            vm.vm_id,
+            vm.last_seen,
+            self.liveness_verifier,
+            silent_after=timedelta(seconds=self.settings.relay_silent_after_seconds),
+            now=self.clock.now(),
+        )

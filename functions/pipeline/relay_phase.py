@@ -20,6 +20,7 @@ import requests
 from functions.approvers.relay import DIFFERS, RelayTarget, final_refusal, post_start
 from functions.clock import Clock
 from functions.model.view import VmView
+from functions.pipeline.anchor import relay_of
 from functions.pipeline.approve_arm import (
     ARM,
     BACKOFF_MAX_SECONDS,
@@ -191,6 +192,10 @@ def _relays(
     per approval, 5 with this). Others are found as before, through the VM row."""
     fresh = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
     own = {row.vm.casefold(): row for row in rows or ()}
+    admission, liveness = pipeline.admission, pipeline.store.liveness
+    verify = pipeline.liveness_verifier
+    registry = admission.registry if admission is not None else None  # None: no relay known
+    port = admission.callback_port if admission is not None else 0
     chosen: list[Asked] = []
     for name in candidates(record, skip):
         if len(chosen) >= RELAYS_PER_ATTEMPT:
@@ -204,14 +209,21 @@ def _relays(
             if vm is None or suspect(vm, record.event_id, now) or not vm.vm_id:
                 continue
             vm_id, shown = vm.vm_id, vm.name
-        found = pipeline.relay_identity(vm_id)
+        # Its identity row: Azure's address and the keys to sign with (anchor.relay_of).
+        try:
+            identity = registry.get(vm_id) if registry is not None else None
+        except ValueError:  # not a vmId: no row can hold it
+            identity = None
+        found = relay_of(identity, port, liveness, pipeline.clock, fresh)
         if found is None or suspect(found[1], record.event_id, now):
             continue
         reported = True  # its own reporter row lists the event
         if vm is not None:
             heard = vm.last_seen
-            if heard is None or now - heard > fresh:
-                heard = pipeline.last_heard(vm)  # only then the liveness read
+            if heard is None or now - heard > fresh:  # only then the liveness read
+                heard = liveness.last_heard(
+                    vm.vm_id, heard, verify, silent_after=fresh, now=pipeline.clock.now()
+                )
             if heard is None or now - heard > fresh:
                 continue
             wanted = record.event_id.casefold()

@@ -515,6 +515,25 @@ class Liveness:
             skipped(skip)
             return None
 
+    def last_heard(
+        self,
+        vm_id: str | None,
+        seen: datetime | None,
+        verify: Verifier | None,
+        *,
+        silent_after: timedelta,
+        now: datetime,
+    ) -> datetime | None:
+        """When a VM's relay was last heard: `seen` (its last message), or its verified
+        hint if later (relays heartbeat into this table, not the VM row). No read without
+        a vmId or a verifier: no row is believed then."""
+        if not vm_id or verify is None:
+            return seen
+        hint = self.get(vm_id, verify, lambda _: None, silent_after=silent_after, now=now)
+        if hint is not None and (seen is None or hint.seen > seen):
+            return hint.seen
+        return seen
+
     def seen_with(self, vm_id: str, secret: bytes) -> datetime | None:
         """When the relay last heartbeated under `secret` (the row it keys, checked and
         signed by it), None when there is no such row: one point read. What tells the app
