@@ -65,7 +65,7 @@ Verdict = Literal["approved", "refused", "retry", "differs"]
 PASSING_4XX = frozenset({401, 403, 408, 409, 425, 429})
 PREVIOUS_KEY_NOTE = "signed with the relay's previous key: it has not rotated yet"
 MAX_ANSWER_CHARS = 200
-DIFFERS = "view differs"  # how a "differs" answer's attempt is recorded (final_refusal)
+DIFFERS = "view differs"  # how a "differs" answer's attempt is recorded (relay_phase reads it)
 MAX_EXPECT_RESOURCES = 100  # 100 names of up to 64 characters: 7 KiB of a 16 KiB body
 ATTEMPT_PREFIX = "sa1-"  # the scheme of start_attempt_id, should it ever change
 
@@ -233,18 +233,6 @@ def clip(text: str, limit: int = MAX_ANSWER_CHARS) -> str:
     """Callee text as one printable line: it goes into audit rows and announcements."""
     printable = "".join(c if c.isprintable() else " " for c in text)
     return " ".join(printable.split())[:limit]
-
-
-def final_refusal(outcome: str) -> bool:
-    """Whether a recorded attempt means "never ask this relay again for this event".
-    Attempts recorded before the 4xx were sorted (`refused 401: ...`) count only when
-    their status is one that stays true."""
-    if outcome.startswith(DIFFERS):
-        return True
-    if not outcome.startswith("refused "):
-        return outcome.startswith("relay answered")
-    code = outcome.removeprefix("refused ").split(":", 1)[0]
-    return not (code.isdigit() and int(code) in PASSING_4XX)
 
 
 def reason(response: requests.Response) -> str:

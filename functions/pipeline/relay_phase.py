@@ -17,7 +17,7 @@ from typing import Protocol
 
 import requests
 
-from functions.approvers.relay import DIFFERS, RelayTarget, final_refusal, post_start
+from functions.approvers.relay import DIFFERS, PASSING_4XX, RelayTarget, post_start
 from functions.clock import Clock
 from functions.model.view import VmView
 from functions.pipeline.anchor import relay_of
@@ -98,6 +98,19 @@ def relay_phase(
         unheard and not arm_next,
         pipeline.relay_lanes,
     )
+
+
+def final_refusal(outcome: str) -> bool:
+    """Whether a recorded attempt means "never ask this relay again for this event", from
+    its outcome as functions.approvers.relay words it (read here, beside its one use).
+    Attempts recorded before the 4xx were sorted (`refused 401: ...`) count only when
+    their status is one that stays true."""
+    if outcome.startswith(DIFFERS):
+        return True
+    if not outcome.startswith("refused "):
+        return outcome.startswith("relay answered")
+    code = outcome.removeprefix("refused ").split(":", 1)[0]
+    return not (code.isdigit() and int(code) in PASSING_4XX)
 
 
 def view_for(record: EventRecord, vm_name: str) -> VmView:
