@@ -202,7 +202,12 @@ def _relays(
     A VM whose own reporter row (`rows`, read with the event) says it lists the event,
     lately, with its attested vmId, was heard by that document: its identity row alone
     (address, keys, `unstarted`) is read, not its VM row too (issue 47: 6 Table requests
-    per approval, 5 with this). Others are found as before, through the VM row."""
+    per approval, 5 with this). Others are found as before, through the VM row.
+
+    The reads are made here, in this order, beside the pure checks they feed (issue 46):
+    the VM row when needed, the identity row, the anchor's liveness row only for a row
+    holding an unproven key (anchor.relay_of), the VM's liveness hint only when its row
+    is stale."""
     fresh = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
     own = {row.vm.casefold(): row for row in rows or ()}
     admission, liveness = pipeline.admission, pipeline.store.liveness
