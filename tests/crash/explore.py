@@ -23,7 +23,7 @@ from tests.crash.faults import Fault, Faults, Kind, Sent, installed
 from tests.crash.invariants import INVARIANTS
 from tests.crash.scenarios import SCENARIOS, Scenario
 from tests.crash.state import first_difference, snapshot, table_rows
-from tests.crash.world import Servers, World, start_servers
+from tests.crash.world import Made, Servers, World, start_servers
 
 KINDS: tuple[Kind, ...] = ("before", "lost")
 IDENTITY_HOST = "AZURE_POD_IDENTITY_AUTHORITY_HOST"
@@ -169,7 +169,7 @@ def _name(fault: Fault) -> str:
 KIND_NAMES = {"before": "crash before k", "lost": "k applied, answer lost"}
 
 
-RUN_TABLE = re.compile(r"x[0-9a-f]{10}")  # World.prefix: a run's own tables
+RUN_TABLE = re.compile(r"x[0-9a-f]{10}")  # World.prefix: the scenario's own tables
 
 
 def _classifier(connection: str, servers: Servers) -> Callable[[str, int, str, str], str | None]:
@@ -235,6 +235,7 @@ def explore(
     identity_host = os.environ.get(IDENTITY_HOST)
     if scenario.arm:
         servers.arm = _start_arm()
+    made = Made()  # what every run deploys alike (settings, tables), made at the first
     try:
         faults = Faults(_classifier(connection, servers))
         with installed(faults):
@@ -246,15 +247,16 @@ def explore(
                 servers.clear()
                 faults.fault, faults.count, faults.log, faults.fired = fault, 0, [], ""
                 faults.dead, faults.twice, faults._again = False, scenario.twice, None
-                world = World(connection, servers, faults, config)
+                world = World(connection, servers, faults, config, made=made)
                 box["world"] = world
+                tables: dict[str, list[dict[str, Any]]] | None = None
                 try:
                     outcome = runner.run(world, steps)
-                    tables = table_rows(world)  # read once, for both
+                    tables = table_rows(world)  # read once, for both, and for the clearing
                     broken[:] = invariants.check(world, tables)
                     return snapshot(world, tables), outcome, faults
                 finally:
-                    world.drop_tables()
+                    world.clear_tables(tables)
 
             baseline, outcome, _ = once(None)
             report = Report(scenario.name, faults.count, baseline_errors=outcome.errors)
@@ -290,6 +292,7 @@ def explore(
             report.points.sort(key=lambda p: (p.fault.index, p.fault.kind))
             report.foreign = len(faults.foreign)
     finally:
+        made.drop(connection)  # the scenario's tables (the faults are uninstalled by now)
         servers.close()
         if identity_host is None:
             os.environ.pop(IDENTITY_HOST, None)

@@ -27,21 +27,18 @@ import re
 from collections import Counter
 from typing import Any
 
-from azure.data.tables import TableServiceClient
-
 from functions.model.event import Transition
 from functions.pipeline.slot_rules import holds_slot
 from functions.store import claims
 from functions.store.audit import AUDIT
 from functions.store.records import EventRecord
-from tests.crash.world import World
+from tests.crash.world import World, harness_service
 
 INVARIANTS = ("claims", "approved", "slots", "undrained", "budget", "order")
 
 
 def _rows(world: World, table: str) -> list[dict[str, Any]]:
-    service = TableServiceClient.from_connection_string(world.connection)
-    client = service.get_table_client(world.prefix + table)
+    client = harness_service(world.connection).get_table_client(world.prefix + table)
     return [dict(e) for e in client.list_entities()]
 
 

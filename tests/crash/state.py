@@ -78,11 +78,9 @@ from collections import Counter
 from datetime import date, datetime
 from typing import Any
 
-from azure.data.tables import TableServiceClient
-
 from functions.pipeline.approve_arm import ARM
 from functions.store.audit import AUDIT
-from tests.crash.world import World
+from tests.crash.world import World, harness_service, run_tables
 
 ISO = re.compile(
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d:?\d\d)?|\d{8}T\d{6}(\.\d+)?Z?"
@@ -162,11 +160,11 @@ def table_rows(world: World) -> dict[str, list[dict[str, Any]]]:
     read once after a run, for both the snapshot and the invariants."""
     rows: dict[str, list[dict[str, Any]]] = {}
     with world.faults.paused():
-        service = TableServiceClient.from_connection_string(world.connection)
-        for table in sorted(t.name for t in service.list_tables()):
-            if table.startswith(world.prefix):
-                client = service.get_table_client(table)
-                rows[table[len(world.prefix) :]] = [dict(e) for e in client.list_entities()]
+        service = harness_service(world.connection)
+        world.tables = run_tables(world.connection, world.prefix)
+        for table in world.tables:
+            client = service.get_table_client(table)
+            rows[table[len(world.prefix) :]] = [dict(e) for e in client.list_entities()]
     return rows
 
 

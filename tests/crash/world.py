@@ -8,11 +8,13 @@ tests/notify/fakebus.py: Service Bus has no local emulator.
 
 A `Host` is one Functions host: its own Store object (so no in-memory cache of rows
 survives it), Pipeline, identity cache, drains store and deliveries ledger, all over the
-same Azurite tables (one table prefix per run). After a crash the harness builds a new one.
+same Azurite tables (one table prefix per scenario, emptied after each run). After a crash
+the harness builds a new one.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from collections import Counter
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from azure.data.tables import TableServiceClient
 
 from functions.model.event import Notification
 from functions.model.policy import Policy, PolicyLoad
@@ -31,6 +34,7 @@ from functions.notify.settings import ChannelSettings
 from functions.pipeline.context import Pipeline
 from functions.store.deliveries import DeliveryLedger
 from functions.store.drains import DrainStore
+from functions.store.rows import transport_options
 from functions.store.state import Store
 from functions.terminate.settings import DrainSettings, UndrainSettings
 from functions.terminate.wiring import pipeline_context, row_drainer
@@ -226,48 +230,96 @@ class Host:
         )
 
 
+@functools.cache
+def harness_service(connection: str) -> TableServiceClient:
+    """The harness's own Table client for `connection` (Azurite), built once per process:
+    it creates, reads and drops each run's tables outside the count (`Faults.paused`), so
+    nothing of it needs to be fresh per run, unlike a Host's own Store."""
+    endpoint = TableServiceClient.from_connection_string(connection).url
+    return TableServiceClient.from_connection_string(connection, **transport_options(endpoint))
+
+
+def run_tables(connection: str, prefix: str) -> list[str]:
+    """The names of the tables under `prefix`, asked by name range (Azurite then answers
+    with the run's own tables, not with every table of every test the worker ran)."""
+    service = harness_service(connection)
+    # Table names are alphanumeric: every name starting with `prefix` sorts below prefix~.
+    found = service.query_tables(
+        "TableName ge @low and TableName lt @high",
+        parameters={"low": prefix, "high": prefix + "~"},
+    )
+    return sorted(t.name for t in found if t.name.startswith(prefix))
+
+
+@dataclass
+class Made:
+    """What every run of a scenario deploys alike, made once per scenario: the app's
+    settings (frozen), the drain, undrain and channel settings (copied per run), and the
+    tables: created by the first run, emptied after each (`World.clear_tables`), so each
+    run starts on existing empty tables as the first did, without creating and dropping
+    eight tables per run; `drop` removes them when the scenario is done."""
+
+    settings: Any = None
+    drain: DrainSettings | None = None
+    undrain: UndrainSettings | None = None
+    channels: ChannelSettings | None = None
+    prefix: str = ""  # the scenario's tables, "" until the first run creates them
+
+    def drop(self, connection: str) -> None:
+        if self.prefix:
+            service = harness_service(connection)
+            for name in run_tables(connection, self.prefix):
+                service.delete_table(name)
+            self.prefix = ""
+
+
 class World:
-    """One run's shared state: Azurite tables under a fresh prefix, the FakeClock, the
-    topic, the servers (shared by the runs of a scenario) and the fault plan."""
+    """One run's shared state: the scenario's Azurite tables (empty at the start), the
+    FakeClock, the topic, the servers (shared by the runs of a scenario), the fault plan."""
 
     def __init__(
-        self, connection: str, servers: Servers, faults: Faults, config: Config, tag: str = ""
+        self,
+        connection: str,
+        servers: Servers,
+        faults: Faults,
+        config: Config,
+        tag: str = "",
+        made: Made | None = None,
     ) -> None:
         self.connection = connection
-        self.prefix = "x" + uuid.uuid4().hex[:10]
+        made = made if made is not None else Made()
+        self.made = made
+        fresh = not made.prefix
+        self.prefix = made.prefix or "x" + uuid.uuid4().hex[:10]
+        made.prefix = self.prefix
+        self.tables: list[str] | None = None  # the run's table names, once read
         self.clock = FakeClock()
         self.topic = Topic()
         self.servers = servers
         self.faults = faults
         self.config = config
-        self.settings = make_settings(config.policy, **config.settings)
-        self.drain_settings = DrainSettings(
-            **{"http_url": f"{servers.hook.url}/drain", **config.drain}
-        )
-        self.undrain_settings = UndrainSettings(
-            **{"http_url": f"{servers.hook.url}/undrain", **config.undrain}
-        )
-        urls = {name: receiver.url for name, receiver in servers.channels.items()}
-        self.channel_settings = ChannelSettings(
-            teams_webhook_url=f"{servers.channels['teams'].url}/teams",
-            **(
-                {"slack_webhook_url": f"{urls['slack']}/services/T0/B0/x"}
-                if "slack" in urls
-                else {}
-            ),
-            pagerduty_routing_key="R0123456789ABCDEF0123456789ABCDEF",
-            pagerduty_events_url=f"{servers.channels['pagerduty'].url}/v2/enqueue",
-            webhook_url=f"{servers.channels['webhook'].url}/hook",
-            webhook_secret=WEBHOOK_SECRET,
-        )
+        if made.settings is None:
+            made.settings = make_settings(config.policy, **config.settings)
+            made.drain = DrainSettings(**{"http_url": f"{servers.hook.url}/drain", **config.drain})
+            made.undrain = UndrainSettings(
+                **{"http_url": f"{servers.hook.url}/undrain", **config.undrain}
+            )
+            made.channels = _channel_settings(servers)
+        assert made.drain is not None and made.undrain is not None and made.channels is not None
+        self.settings = made.settings  # frozen: shared by the runs
+        self.drain_settings = made.drain.model_copy(deep=True)
+        self.undrain_settings = made.undrain.model_copy(deep=True)
+        self.channel_settings = made.channels.model_copy(deep=True)
         self.delivering = ""  # the MessageId a channel is delivering right now
         faults.now = self.clock.now
         servers.relay.clock = self.clock.now  # each /v1/start stamped with this run's time
         with faults.paused():
             if config.reset is not None:
                 config.reset(servers)
-            store = Store.from_connection_string(connection, self.prefix).ensure_tables()
-            DeliveryLedger.from_service(store.service, self.prefix).ensure_table()
+            store = Store(harness_service(connection), self.prefix)
+            if fresh:
+                store.ensure_tables()
+                DeliveryLedger.from_service(store.service, self.prefix).ensure_table()
             if config.seed is not None:
                 config.seed(store)
             self.host = self.boot()
@@ -276,9 +328,43 @@ class World:
         with self.faults.paused():
             return Host(self)
 
-    def drop_tables(self) -> None:
+    def clear_tables(self, rows: dict[str, list[dict[str, Any]]] | None = None) -> None:
+        """Every row of the run's tables deleted (`rows`: as tests.crash.state.table_rows
+        read them after the run, else read here), one transaction per partition, so the
+        next run starts on the same empty tables. A row left behind would show in the next
+        run's end state as a difference: it could not pass unseen."""
         with self.faults.paused():
-            service = Store.from_connection_string(self.connection, self.prefix).service
-            for table in list(service.list_tables()):
-                if table.name.startswith(self.prefix):
-                    service.delete_table(table.name)
+            service = harness_service(self.connection)
+            if rows is None:  # the run stopped before its tables were read
+                rows = {}
+                for name in run_tables(self.connection, self.prefix):
+                    client = service.get_table_client(name)
+                    rows[name[len(self.prefix) :]] = [dict(e) for e in client.list_entities()]
+            for table, entities in rows.items():
+                partitions: dict[str, list[dict[str, Any]]] = {}
+                for entity in entities:
+                    partitions.setdefault(entity["PartitionKey"], []).append(entity)
+                client = service.get_table_client(self.prefix + table)
+                for keys in partitions.values():
+                    for i in range(0, len(keys), 100):  # at most 100 operations each
+                        client.submit_transaction(
+                            [
+                                (
+                                    "delete",
+                                    {"PartitionKey": e["PartitionKey"], "RowKey": e["RowKey"]},
+                                )
+                                for e in keys[i : i + 100]
+                            ]
+                        )
+
+
+def _channel_settings(servers: Servers) -> ChannelSettings:
+    urls = {name: receiver.url for name, receiver in servers.channels.items()}
+    return ChannelSettings(
+        teams_webhook_url=f"{servers.channels['teams'].url}/teams",
+        **({"slack_webhook_url": f"{urls['slack']}/services/T0/B0/x"} if "slack" in urls else {}),
+        pagerduty_routing_key="R0123456789ABCDEF0123456789ABCDEF",
+        pagerduty_events_url=f"{servers.channels['pagerduty'].url}/v2/enqueue",
+        webhook_url=f"{servers.channels['webhook'].url}/hook",
+        webhook_secret=WEBHOOK_SECRET,
+    )
