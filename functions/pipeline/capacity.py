@@ -9,49 +9,53 @@ guard. Slots are rows in the events table, taken all-or-nothing under ETags; a l
 holder keeps its slot only while its own row entitles it (`slot_rules.holds_slot`), so a
 crash never leaks one and a VM that makes up an event never keeps its set-mates waiting.
 
-The decider (functions.pipeline.reconcile) uses four entry points: `take_slots` before an
-approval, `release_slots` when the row stops entitling it, `count_started` when Azure
-started it, and `flag_unstarted` when an approved event never started.
+The decider (functions.pipeline.reconcile) uses three entry points: `take_slots` before an
+approval, `settle_slots` at the end of a reconcile (give back what the row no longer
+entitles it to, count a Started event in its budgets; `release_slots` after an approval
+that did not succeed), and `flag_unstarted` when an approved event never started.
 
-Taking and giving back are decided in slot_rules (`acquire`, `give_back_slots`,
-`take_budgets`): each asks for the reads and writes it needs, one at a time, deciding
-the next from the answers (a full row's holders are read, a write that found no free slot
-gives back what was taken), and `_run` answers them from the store. So every decision is
-in one pure place, and the rows are read and written exactly as the rules need them.
+Each reads what it needs first (the budget groups covering the event's VMs, from Azure's
+placements: `_coverage`), then, row by row, reads the slot row (and its holders' rows when
+it is full), has slot_rules decide the change, and writes it under the row's ETag; a row
+with no free slot gives back what was taken before it (all or none).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NamedTuple
 
 from functions.identity.facts import normalise_vm_id
-from functions.model.event import Transition
 from functions.model.policy import Policy
 from functions.pipeline.slot_rules import (
     SET_FULL,
-    Ask,
     SlotFull,
-    Steps,
-    acquire,
+    budget_holders_to_read,
     capacity_keys,
     capacity_limit,
     flags_unstarted,
-    give_back_slots,
+    give_back_budget,
+    give_back_set,
+    holds_budget,
     holds_slot,
+    list_waiting,
     needs_capacity,
-    take_budgets,
+    set_full_text,
+    set_guard_applies,
+    set_holders_to_read,
+    take_budget,
+    take_set,
+    too_big,
     unknown_until,
+    vm_still_out,
+    wait_for,
+    woken_order,
 )
-from functions.store import claims
-from functions.store.records import MAX_WAITING, CapacityRecord, EventRecord, VmRecord
+from functions.store.records import EventRecord, VmRecord
 from functions.store.state import Store
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 # ------------------------------------------------------------------ the decider's entry points
@@ -62,79 +66,137 @@ def take_slots(pipeline: Any, record: EventRecord, now: datetime) -> tuple[bool,
     covers its VMs, and its sets' (the capacity guard) unless budgets cover every VM of
     it. Returns (taken, waiting newly recorded): not taken, it waits (the row says for
     what, oldest NotBefore first), and is woken when a slot is given back."""
-    waiting, guard, big = _acquire(pipeline.store, record, pipeline.policy, now)
+    store = pipeline.store
+    waiting, guard, big = _take(store, record, pipeline.policy, now)
     if not waiting:
         return True, False
-    # Listed in its sets' queues only where their guard applies, and never when it cannot
-    # be admitted at all (it would hold back every later NotBefore there).
-    queue = guard and not big
-    budget = "" if waiting == SET_FULL else waiting
-    return False, wait_for_slot(pipeline, record, now, (), budget, queue=queue)
+    reason = set_full_text(pipeline.policy) if waiting == SET_FULL else waiting
+    if record.approval_reason != "capacity" and record.decision is not None:
+        # Before the row says so (once per event): a host that dies in between leaves the
+        # wait to be found again, and audited again as the same row.
+        store.audit(
+            record.event_id,
+            at=now,
+            rule=record.decision.rule,
+            action="approve",
+            outcome="waiting for capacity",
+            detail=reason,
+            once="capacity",
+            anchor=record.decided_at,
+            rank=2,
+        )
+    if guard and not big:
+        # Listed in its sets' queues only where their guard applies, and never when it
+        # cannot be admitted at all (it would hold back every later NotBefore there).
+        for key in capacity_keys(record):
+            store.mutate_capacity(key, list_waiting(key, record))
+    # The row says why it waits (once; its claim, if this caller held it, given back): due
+    # again at the next sweep, or when a slot is given back.
+    first: list[bool] = []
+    store.mutate_event(record.event_id, wait_for(reason, first), known=record)
+    return False, bool(first)
 
 
-def _acquire(
-    store: Store, record: EventRecord, policy: Policy | None, now: datetime
-) -> tuple[str, bool, bool]:
-    """Take every slot the event needs, all or none (`slot_rules.acquire`): ("", ...) when
-    taken, else (what it waits for, whether the set guard applies, whether it can never
-    be admitted)."""
-    slots, reporters = budget_needs(store, record, policy, now)
-    taken = _run(
-        store,
-        acquire(record, policy, slots, reporters, now),
-        named=lambda: _named_slots(store, record, policy, now, reporters),
-    )
-    if taken.big:
-        log.warning("%s: %s", record.event_id[:128], taken.big)
-    return taken.waiting, taken.guard, bool(taken.big)
-
-
-def _run(store: Store, steps: Steps[T], **reads: Callable[[], list]) -> T:
-    """Do the reads and writes the slot rules ask for (`slot_rules.Ask`), in their order,
-    each answer sent back to them; returns what they decided. `reads`: the answers to
-    asks of slots worked out beside the rows ("named", "slots": `budget_needs`)."""
-    answer: Any = None
-    while True:
+def _take(
+    store: Store,
+    record: EventRecord,
+    policy: Policy | None,
+    now: datetime,
+    *,
+    started: bool = False,
+) -> tuple[str, bool, str]:
+    """Take every slot the event needs, all or none: ("", ...) when taken, else (what it
+    waits for: SET_FULL, or a budget's text; whether the set guard applies; why it can
+    never be admitted, or ""). Its sets' (the capacity guard) unless budgets cover every VM
+    that reported it (`set_guard_applies`), then every budget slot of its reporters' VMs
+    unless it is too big for one of their groups (`too_big`, counting the VMs it names that
+    did not report it: one approval starts the event on every VM it names). Each row is
+    read, then its holders' rows when it is full, then written by slot_rules' change; a
+    full one gives back what was taken before it (the event stays listed where it waits).
+    `started`: Azure started it: counted in its budgets' groups, over their limit if full.
+    """
+    need = _coverage(store, record, policy, now, every_reporter=False, named=not started)
+    guard = not started and set_guard_applies(need.reporters, {vm for _s, vm in need.slots})
+    big = too_big(need.slots + need.named) if need.slots and not started else ""
+    keys, limit = capacity_keys(record) if guard else [], capacity_limit(policy)
+    taken: list[str] = []
+    waiting = ""
+    for key in keys:
+        current = store.get_capacity(key)
+        rows = {h: store.get_event(h) for h in set_holders_to_read(current, record, limit)}
         try:
-            ask = steps.send(answer)
-        except StopIteration as done:
-            return done.value
-        answer = _answer(store, ask, reads)
-
-
-def _answer(store: Store, ask: Ask, reads: dict[str, Callable[[], list]]) -> Any:
-    change = ask.change
-    if ask.kind == "event":
-        return store.get_event(ask.key)
-    if ask.kind == "reporter":
-        event_id, vm = ask.key
-        return store.get_reporter(event_id, vm)
-    if ask.kind in reads:
-        return reads[ask.kind]()
-    if ask.kind == "capacity" and change is None:
-        return store.get_capacity(ask.key)
-    if ask.kind == "capacity" and change is not None:
-        try:
-            store.mutate_capacity(ask.key, change)
+            store.mutate_capacity(key, take_set(key, record, current, rows, limit, now))
         except SlotFull:
-            return False
-        return True
-    if ask.kind == "budget":
-        budget, group = ask.key
-        if change is None:
-            return store.get_budget_slot(budget, group)
-        return store.mutate_budget_slot(budget, group, change)
-    raise ValueError(f"no answer for {ask.kind}")
+            waiting = SET_FULL
+            break
+        taken.append(key)
+    counted: list = []
+    waiting = waiting or big
+    for slot, vm in need.slots if not waiting else []:
+        row = store.get_budget_slot(slot.budget, slot.group)
+        dead: set[tuple[str, str]] = set()
+        for holder in budget_holders_to_read(row, record, slot, vm):
+            keeps = holds_budget(holder, store.get_event(holder.event_id), now)
+            if keeps is None:  # past its grace: its VM's own document says
+                mine = store.get_reporter(holder.event_id, holder.vm)
+                keeps = vm_still_out(None if mine is None else mine.status)
+            if not keeps:
+                dead.add((holder.event_id, holder.vm))
+        full: list[str] = []
+        change = take_budget(record, slot, vm, dead, now, started, full)
+        store.mutate_budget_slot(slot.budget, slot.group, change)
+        if full:
+            waiting = full[0]
+            break
+        counted.append((slot, vm))
+    if waiting:  # what it took goes back, the last taken first; it stays listed where it waits
+        _give_back(store, record.event_id, taken, counted, undo=True)
+    if big:
+        log.warning("%s: %s", record.event_id[:128], big)
+    return waiting, guard, big
+
+
+def _give_back(
+    store: Store, event_id: str, keys: list[str], slots: list, *, undo: bool = False
+) -> list[str]:
+    """Give back the event's slots in the set rows `keys`, then in the budget groups of
+    `slots`, and its places in their queues; returns the events waiting there, to be woken
+    (`slot_rules.woken_order`). `undo`: an approval that could not take them all gives back
+    what it took, its budgets' first, and stays listed in their queues."""
+    woken: list[str] = []
+    for key in keys if not undo else []:
+        waiting: list[str] = []
+        store.mutate_capacity(key, give_back_set(event_id, waiting))
+        woken += waiting
+    for slot, _vm in slots:
+        waiting = []
+        change = give_back_budget(event_id, undo, waiting)
+        store.mutate_budget_slot(slot.budget, slot.group, change)
+        woken += waiting
+    for key in keys if undo else []:
+        store.mutate_capacity(key, give_back_set(event_id, []))
+    return woken_order(event_id, woken)
+
+
+def settle_slots(
+    pipeline: Any, record: EventRecord, now: datetime, *, give_back: bool, count: bool
+) -> tuple[list[str], EventRecord | None]:
+    """The end of a reconcile's slot work (`Due.give_back`, `Due.count`): its slots given
+    back, then a Started event counted in its budgets. Returns (the events waiting for the
+    slots given back, to be woken; the row as counted, or None)."""
+    woken = release_slots(pipeline, record, now) if give_back else []
+    return woken, count_started(pipeline, record, now) if count else None
 
 
 def release_slots(
     pipeline: Any, record: EventRecord, now: datetime, *, after_attempt: bool = False
 ) -> list[str]:
-    """Give back the event's slots (its sets' and its budgets'); returns the events
-    waiting for them, to be woken (earliest NotBefore first). `after_attempt`: an approval
-    that did not succeed; while its outcome is unknown (a relay's answer that never came)
-    its slots stay (`slot_rules.unknown_until`), said once in the audit. Called only for
-    an event that may hold slots (`Due.give_back`, or an approval that took them)."""
+    """Give back the event's slots (its sets', then its budgets': those of every VM that
+    reported it); returns the events waiting for them, to be woken (earliest NotBefore
+    first), but itself. `after_attempt`: an approval that did not succeed; while its
+    outcome is unknown (a relay's answer that never came) its slots stay
+    (`slot_rules.unknown_until`), said once in the audit. Called only for an event that
+    may hold slots (`Due.give_back`, or an approval that took them)."""
     store = pipeline.store
     if after_attempt:
         fresh = store.recent_event(record.event_id) or record
@@ -142,11 +204,8 @@ def release_slots(
         if until is not None and holds_slot(fresh, now):
             _note_unknown(store, fresh, now, until)
             return []
-    return _run(
-        store,
-        give_back_slots(record),
-        slots=lambda: budget_slots(store, record, pipeline.policy, now, every_reporter=True),
-    )
+    need = _coverage(store, record, pipeline.policy, now, every_reporter=True)
+    return _give_back(store, record.event_id, capacity_keys(record), need.slots)
 
 
 def _note_unknown(store: Store, record: EventRecord, now: datetime, until: datetime) -> None:
@@ -171,20 +230,6 @@ def _note_unknown(store: Store, record: EventRecord, now: datetime, until: datet
 # ------------------------------------------------------------------ set slots
 
 
-def wait_for_capacity(store: Store, record: EventRecord) -> None:
-    """List the event as waiting in each of its slot rows (one write each, once)."""
-    for key in capacity_keys(record):
-
-        def change(rec: CapacityRecord | None, key: str = key) -> CapacityRecord | None:
-            rec = rec or CapacityRecord(key=key)
-            if record.event_id in rec.waiting or len(rec.waiting) >= MAX_WAITING:
-                return None
-            rec.waiting[record.event_id] = record.not_before
-            return rec
-
-        store.mutate_capacity(key, change)
-
-
 def take_capacity(store: Store, event_id: str, policy: Policy | None, now: datetime) -> bool:
     """The drain workflow's guard, before it takes a VM out of service: the event's slots
     (its sets' and its budgets', as its approval takes them: all or none), or not needed
@@ -193,157 +238,70 @@ def take_capacity(store: Store, event_id: str, policy: Policy | None, now: datet
     record = store.get_event(event_id)
     if record is None or not needs_capacity(record):
         return True
-    return not _acquire(store, record, policy, now)[0]
+    return not _take(store, record, policy, now)[0]
 
 
 # ------------------------------------------------------------------ disruption budgets
 
 MAX_BUDGET_VMS = 8  # reporters of one event whose budgets an approval takes slots for
+MAX_PLACEMENT_AGE = timedelta(hours=12)  # two sync passes missed: the VM is gone
 
 
-def budget_needs(
+class Coverage(NamedTuple):
+    """The budget slots (functions.model.budgets.Slot, VM) of the event's reporters'
+    VMs (`slots`), the VMs they were sought for (`reporters`), and the slots of the VMs it
+    names that did not report it (`named`: what `slot_rules.too_big` counts beside)."""
+
+    slots: list
+    reporters: list[str]
+    named: list
+
+
+def _coverage(
     store: Store,
     record: EventRecord,
     policy: Policy | None,
     now: datetime,
     *,
     every_reporter: bool = False,
-) -> tuple[list, list[str]]:
-    """(the budget slots (functions.model.budgets.Slot, VM) the event's disruptive approval
-    needs, the VMs they were sought for): for each VM that reported it (its own view; one
-    query of its reporter rows, at most MAX_BUDGET_VMS), the groups of every operator
-    budget that covers it, from Azure's placements (the identity sync's rows: a VM cannot
-    move itself). The default budget over sets stays the set rows above
-    (`acquire_capacity`). `every_reporter`: also VMs that no longer list it (giving back
-    what they took)."""
+    named: bool = False,
+) -> Coverage:
+    """What the event's budgets cover, read once: for each VM that reported it (its own
+    view; one query of its reporter rows, at most MAX_BUDGET_VMS), the groups of every
+    operator budget that covers it, from Azure's placements (the identity sync's rows: a
+    VM cannot move itself; one read per VM). The default budget over sets stays the set
+    rows. `every_reporter`: also VMs that no longer list it (giving back what they took).
+    `named`: also the VMs it names that did not report it (at most MAX_BUDGET_VMS in all),
+    when any budget covers a reporter."""
     if policy is None or not policy.budgets:
-        return [], []
-    rows = store.reporter_rows(record.event_id)
-    reporters = [r.vm for r in rows if r.status or every_reporter][:MAX_BUDGET_VMS]
-    return _slots_of(store, record, policy, now, reporters), reporters
-
-
-def _named_slots(
-    store: Store, record: EventRecord, policy: Policy | None, now: datetime, reporters: list[str]
-) -> list:
-    """The budget slots of the VMs the event names that have not reported it (at most
-    MAX_BUDGET_VMS in all): what `slot_rules.too_big` counts beside the reporters'."""
-    if policy is None or not policy.budgets:
-        return []
-    seen = {vm.casefold() for vm in reporters}
-    others = [n for n in record.resources if n.casefold() not in seen]
-    others = others[: max(0, MAX_BUDGET_VMS - len(reporters))]
-    return _slots_of(store, record, policy, now, others) if others else []
-
-
-def _slots_of(
-    store: Store, record: EventRecord, policy: Policy, now: datetime, vms: list[str]
-) -> list:
-    """The budget slots (functions.model.budgets.Slot, VM) of `vms`: the groups of every
-    operator budget that covers each, from Azure's placements (one read per VM), for both
-    the reporters (`budget_needs`) and the VMs named beside them (`_named_slots`)."""
+        return Coverage([], [], [])
     from functions.model.budgets import slots_for
     from functions.pipeline.redecide import as_event
     from functions.store.placements import Placements
 
-    event = as_event(record)
+    rows = store.reporter_rows(record.event_id)
+    reporters = [r.vm for r in rows if r.status or every_reporter][:MAX_BUDGET_VMS]
+    seen = {vm.casefold() for vm in reporters}
+    others = [n for n in record.resources if n.casefold() not in seen] if named else []
+    others = others[: max(0, MAX_BUDGET_VMS - len(reporters))]
+    budgets, event = policy.budgets, as_event(record)
     placements = Placements(store.service.get_table_client(f"{store.prefix}identities"))
-    found: list = []
-    for vm in vms:
+
+    def covering(vm: str) -> list:
         where = placements.for_name(vm, now, MAX_PLACEMENT_AGE)
-        found += [(slot, vm) for slot in slots_for(policy.budgets, event, where, placements.size)]
-    return found
+        return [(slot, vm) for slot in slots_for(budgets, event, where, placements.size)]
 
-
-def budget_slots(
-    store: Store,
-    record: EventRecord,
-    policy: Policy | None,
-    now: datetime,
-    *,
-    every_reporter: bool = False,
-) -> list:
-    """The budget slots of `budget_needs` alone."""
-    return budget_needs(store, record, policy, now, every_reporter=every_reporter)[0]
-
-
-MAX_PLACEMENT_AGE = timedelta(hours=12)  # two sync passes missed: the VM is gone
-
-
-# ------------------------------------------------------------------ the event row's side
-# (what reconcile does to an event row about its slots: functions.pipeline.reconcile)
-
-
-def wait_for_slot(
-    pipeline: Any,
-    record: EventRecord,
-    now: datetime,
-    settle: tuple[Transition, ...],
-    budget: str = "",
-    *,
-    queue: bool = True,
-) -> bool:
-    """The set (or a disruption budget's group: `budget`, its waiting text) has no free
-    slot: the approval waits (the row says why, once; its claim, if this caller held it,
-    is given back), and is due again at the next sweep, or when a slot is given back."""
-    limit = capacity_limit(pipeline.policy)
-    reason = budget or (
-        f"waiting: {limit} impactful event(s) already approved in its scale set / availability set"
-    )
-    first: list[bool] = []
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        first.clear()
-        if rec is None:
-            return None
-        marked = claims.finish(
-            rec.announced,
-            [t.value for t in settle if claims.is_pending(rec.announced.get(t.value))],
-        )
-        if rec.approval not in ("", "pending", "in_progress") or (
-            rec.approval == "pending"
-            and rec.approval_reason == "capacity"
-            and rec.waiting_for == reason
-        ):
-            return rec if marked else None
-        first.append(True)
-        rec.approval = "pending"
-        rec.approval_claim = ""
-        rec.approval_reason = "capacity"
-        rec.approve_after = None
-        rec.waiting_for = reason
-        decision = rec.decision
-        if decision is not None and "waiting" not in decision.reason:
-            rec.decision = decision.model_copy(update={"reason": f"{decision.reason}; {reason}"})
-        return rec
-
-    if record.approval_reason != "capacity" and record.decision is not None:
-        # Before the row says so (once per event): a host that dies in between leaves the
-        # wait to be found again, and audited again as the same row.
-        pipeline.store.audit(
-            record.event_id,
-            at=now,
-            rule=record.decision.rule,
-            action="approve",
-            outcome="waiting for capacity",
-            detail=reason,
-            once="capacity",
-            anchor=record.decided_at,
-            rank=2,
-        )
-    if queue:
-        wait_for_capacity(pipeline.store, record)
-    pipeline.store.mutate_event(record.event_id, change, known=record)
-    return bool(first)
+    slots = [slot for vm in reporters for slot in covering(vm)]
+    # Named VMs count only beside a reporter's budget slots (none: nothing to count them in).
+    beside = [slot for vm in others for slot in covering(vm)] if slots else []
+    return Coverage(slots, reporters, beside)
 
 
 def count_started(pipeline: Any, record: EventRecord, now: datetime) -> EventRecord | None:
     """Azure started it (approved or at NotBefore): it counts in its disruption budgets'
     groups until it ends, over the limit if they are full (a budget delays an approval,
     never Azure), and shown so; marked in the row, once."""
-    slots = budget_slots(pipeline.store, record, pipeline.policy, now)
-    if slots:
-        _run(pipeline.store, take_budgets(record, slots, now, over=True))
+    _take(pipeline.store, record, pipeline.policy, now, started=True)
 
     def change(rec: EventRecord | None) -> EventRecord | None:
         if rec is None or rec.budget_counted:

@@ -184,13 +184,15 @@ def _reconcile(
             waited, plan = plan.approve, _due(pipeline, record, Facts(), me, now, grid_end)
             if not waited and _due(pipeline, record, facts, me, now, grid_end).approve:
                 enqueue(pipeline, [record.event_id], now)  # due since: a waiter's wake-up
-    if plan.give_back:
+    if plan.give_back or plan.count:  # count: never with plan.close (Started, not ended)
         # Given back the moment the row stops entitling it (every taker also checks each
         # holder's row, so a slot left behind by a crash is never held for good); the
-        # events waiting for it are woken, earliest NotBefore first.
-        enqueue(pipeline, capacity.release_slots(pipeline, record, now), now)
-    if plan.count:  # never with plan.close (a Started event not ended)
-        record = capacity.count_started(pipeline, record, now) or record
+        # events waiting for it are woken once it is, earliest NotBefore first.
+        woken, counted = capacity.settle_slots(
+            pipeline, record, now, give_back=plan.give_back, count=plan.count
+        )
+        enqueue(pipeline, woken, now)
+        record = counted or record
     if plan.close:
         if plan.undrain and not _drain(pipeline, record, "undrain", worker):
             pipeline.store.set_due(record.event_id, now)  # the sweep's worker undrains it

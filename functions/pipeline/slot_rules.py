@@ -1,8 +1,9 @@
 """The slot rules: who holds a capacity or budget slot, who is entitled to one, and who is
 admitted next. Pure: no I/O, no clock (functions.pipeline.capacity reads and writes the
 slot rows by these rules; functions.pipeline.due asks them what is due). Taking and giving
-back slots (`acquire`, `give_back_slots`, `take_budgets`) are decided here step by step:
-each asks capacity for the read or write it needs next (`Ask`) and decides from the answer.
+back slots are decided here from the rows capacity read (`set_holders_to_read`,
+`take_set`, `holds_budget`, `take_budget`, ...): each takes what was read and returns the
+change to write.
 
 A listed holder's entitlement is read from the holder's own row by one rule every taker
 applies (`holds_slot`), never from a lapse computed from what a VM reported (its
@@ -27,9 +28,9 @@ reporters all went silent ends (functions.pipeline.due), giving back its slots.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
 from functions.model.budgets import Slot
 from functions.model.envelope import (
@@ -44,7 +45,7 @@ from functions.model.envelope import (
 from functions.model.policy import Policy, is_impactful
 from functions.store import claims
 from functions.store.budget_slots import BudgetHolder, BudgetSlot, BudgetWaiter
-from functions.store.records import CapacityRecord, EventRecord
+from functions.store.records import MAX_WAITING, CapacityRecord, EventRecord
 
 # Types after which the VM is gone (evicted, deleted): never flagged for not starting.
 GONE_AFTER = frozenset(t.casefold() for t in (PREEMPT, TERMINATE))
@@ -338,6 +339,59 @@ def give_back_set(
     return change
 
 
+def list_waiting(
+    key: str, record: EventRecord
+) -> Callable[[CapacityRecord | None], CapacityRecord | None]:
+    """The change listing the event as waiting in a set's row (once; a full queue, at
+    MAX_WAITING, lists no more: the next sweep finds it)."""
+
+    def change(rec: CapacityRecord | None) -> CapacityRecord | None:
+        rec = rec or CapacityRecord(key=key)
+        if record.event_id in rec.waiting or len(rec.waiting) >= MAX_WAITING:
+            return None
+        rec.waiting[record.event_id] = record.not_before
+        return rec
+
+    return change
+
+
+def set_full_text(policy: Policy | None) -> str:
+    """What the row of an approval waiting for its set's slot says."""
+    limit = capacity_limit(policy)
+    return (
+        f"waiting: {limit} impactful event(s) already approved in its scale set / availability set"
+    )
+
+
+def wait_for(reason: str, first: list[bool]) -> Callable[[EventRecord | None], EventRecord | None]:
+    """The change recording in the event's row that its approval waits for a slot
+    (`reason`), its claim given back: once (`first` gets True when this wrote it);
+    nothing when its approval is past waiting, or already waits for the same."""
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        first.clear()
+        if rec is None:
+            return None
+        if rec.approval not in ("", "pending", "in_progress") or (
+            rec.approval == "pending"
+            and rec.approval_reason == "capacity"
+            and rec.waiting_for == reason
+        ):
+            return None
+        first.append(True)
+        rec.approval = "pending"
+        rec.approval_claim = ""
+        rec.approval_reason = "capacity"
+        rec.approve_after = None
+        rec.waiting_for = reason
+        decision = rec.decision
+        if decision is not None and "waiting" not in decision.reason:
+            rec.decision = decision.model_copy(update={"reason": f"{decision.reason}; {reason}"})
+        return rec
+
+    return change
+
+
 def take_budget(
     record: EventRecord,
     slot: Slot,
@@ -410,160 +464,48 @@ def give_back_budget(
     return change
 
 
-# ------------------------------------------------------------------ taking and giving back
-# The slot rows' reads and writes in the order the rules need them, as asks (`Ask`) that
-# functions.pipeline.capacity answers from the store: each step decides from what the
-# previous ones read or wrote, so a read happens only where the rules need it (a full
-# row's holders, a holder's VM document) and a write's outcome decides the next. Every
-# decision is here; every effect is capacity's.
-
-
-class Ask(NamedTuple):
-    """One read or write of the store: `kind` names the row ("capacity": a set's slot
-    row, "budget": a budget group's (key: (budget, group)), "event": an event's row,
-    "reporter": a VM's reporter row (key: (event_id, vm)); "named": the budget slots of
-    the VMs the event names beside its reporters, "slots": those of its reporters).
-    `change` makes it a write (`mutate_*`: it only computes); a capacity write answers
-    whether it took effect (SlotFull: not)."""
-
-    kind: str
-    key: Any = None
-    change: Callable[[Any], Any] | None = None
-
-
-_T = TypeVar("_T")
-Steps = Generator[Ask, Any, _T]
-
-
-class Taken(NamedTuple):
-    """What `acquire` did: `waiting` "" when every slot was taken, else what the event waits
-    for (SET_FULL, or a budget's text); `guard` whether the set guard applies; `big` why it
-    can never be admitted (`too_big`), or ""."""
-
-    waiting: str
-    guard: bool
-    big: str
+# ------------------------------------------------------------------ what a taker reads, and what
+# it does with what it read (functions.pipeline.capacity reads the rows these name, then
+# writes the changes above)
 
 
 SET_FULL = "its set is full"
 
 
-def acquire(
-    record: EventRecord,
-    policy: Policy | None,
-    slots: list[tuple[Slot, str]],
-    reporters: list[str],
-    now: datetime,
-) -> Steps[Taken]:
-    """The slots an approval needs, all or none: its sets' (the capacity guard) unless
-    budgets cover every VM of it (`set_guard_applies`), then every budget slot of `slots`
-    (the reporters' VMs) unless the event is too big for one of its groups (`too_big`,
-    counting the VMs it names that did not report it). What was taken goes back when one
-    is full."""
-    guard = set_guard_applies(reporters, {vm for _slot, vm in slots})
-    if guard:
-        limit, keys = capacity_limit(policy), capacity_keys(record)
-        for done, key in enumerate(keys):
-            if not (yield from _take_set(key, record, limit, now)):
-                yield from give_back_sets(record.event_id, keys[:done])
-                return Taken(SET_FULL, guard, "")
-    # One approval starts the event on every VM it names (their relays confirm the names
-    # against their own IMDS before approving): counted, though only reporters take slots.
-    big = too_big(slots + (yield Ask("named"))) if slots else ""
-    waiting = big or ((yield from take_budgets(record, slots, now)) if slots else "")
-    if waiting and guard:
-        yield from give_back_sets(record.event_id, capacity_keys(record))
-    return Taken(waiting, guard, big)
-
-
-def _take_set(key: str, record: EventRecord, limit: int, now: datetime) -> Steps[bool]:
-    # Holders no longer entitled (`entitled`, from each one's row) free their slot: read
-    # only when the slot is full, one point read per holder.
-    current = yield Ask("capacity", key)
+def set_holders_to_read(
+    current: CapacityRecord | None, record: EventRecord, limit: int
+) -> list[str]:
+    """The holders of a set's row (as read) whose own rows `take_set` needs: only when the
+    row is full (one point read per holder), never the taker itself."""
     holders = [h for h in (current.holders if current else []) if h != record.event_id]
-    rows: dict[str, EventRecord | None] = {}
-    if len(holders) >= limit:
-        for holder in holders:
-            rows[holder] = yield Ask("event", holder)
-    return bool((yield Ask("capacity", key, take_set(key, record, current, rows, limit, now))))
+    return holders if len(holders) >= limit else []
 
 
-def give_back_slots(record: EventRecord) -> Steps[list[str]]:
-    """Give back the event's slots: its sets', then its budgets' (`Ask("slots")`: those
-    of every VM that reported it); the events waiting for them, to be woken (earliest
-    NotBefore first), but itself."""
-    woken = yield from give_back_sets(record.event_id, capacity_keys(record))
-    slots = yield Ask("slots")
-    if slots:
-        woken += yield from give_back_budgets(record.event_id, slots)
-    return [e for e in dict.fromkeys(woken) if e != record.event_id][:WAKE_AT_MOST]
+def budget_holders_to_read(
+    current: BudgetSlot | None, record: EventRecord, slot: Slot, vm: str
+) -> list[BudgetHolder]:
+    """The holders of a budget group's row (as read) whose entitlement `take_budget` needs
+    (`holds_budget`): only when the row is full, never this event's own VM."""
+    held = [
+        h
+        for h in (current.holders if current else [])
+        if not (h.event_id == record.event_id and h.vm == vm)
+    ]
+    return held if len(held) >= slot.limit else []
 
 
-def give_back_sets(event_id: str, keys: Sequence[str]) -> Steps[list[str]]:
-    """Give the event's set slots (and its places in their queues) back; the events
-    waiting for them, to be woken (earliest NotBefore first, a few more than could be
-    admitted)."""
-    woken: list[str] = []
-    for key in keys:
-        waiting: list[str] = []
-        yield Ask("capacity", key, give_back_set(event_id, waiting))
-        woken += [e for e in waiting if e != event_id]
-    return list(dict.fromkeys(woken))[:WAKE_AT_MOST]
-
-
-def take_budgets(
-    record: EventRecord, slots: list[tuple[Slot, str]], now: datetime, *, over: bool = False
-) -> Steps[str]:
-    """Take every budget slot in `slots` (all or none): "" when taken, else the text of
-    the first full one ("waiting for budget checkout-web (1 of 1: vm-a)"), with the event
-    listed as waiting there. `over`: Azure started it: counted even over the limit."""
-    taken: list[tuple[Slot, str]] = []
-    for slot, vm in slots:
-        current = yield Ask("budget", (slot.budget, slot.group))
-        held = [
-            h
-            for h in (current.holders if current else [])
-            if not (h.event_id == record.event_id and h.vm == vm)
-        ]
-        dead: set[tuple[str, str]] = set()
-        if len(held) >= slot.limit:
-            for holder in held:
-                if not (yield from _holds_budget(holder, now)):
-                    dead.add((holder.event_id, holder.vm))
-        full: list[str] = []
-        yield Ask(
-            "budget",
-            (slot.budget, slot.group),
-            take_budget(record, slot, vm, dead, now, over, full),
-        )
-        if full:
-            yield from give_back_budgets(record.event_id, taken, keep_waiting=True)
-            return full[0]
-        taken.append((slot, vm))
-    return ""
-
-
-def _holds_budget(holder: BudgetHolder, now: datetime) -> Steps[bool]:
-    """A budget holder keeps its slot while its event's row entitles it and its VM's own
-    document still lists the event (`vm_still_out`; read only past TAKE_GRACE)."""
-    if not entitled((yield Ask("event", holder.event_id)), holder.since, now):
+def holds_budget(holder: BudgetHolder, row: EventRecord | None, now: datetime) -> bool | None:
+    """Whether a budget holder keeps its slot, from its event's row: while the row entitles
+    it (`entitled`), and past TAKE_GRACE only while its VM's own document still lists the
+    event: None when that document is needed (then `vm_still_out` decides)."""
+    if not entitled(row, holder.since, now):
         return False
     if now < holder.since + TAKE_GRACE:
         return True
-    mine = yield Ask("reporter", (holder.event_id, holder.vm))
-    return vm_still_out(None if mine is None else mine.status)
+    return None
 
 
-def give_back_budgets(
-    event_id: str, slots: Sequence[tuple[Slot, str]], *, keep_waiting: bool = False
-) -> Steps[list[str]]:
-    """Give back the event's budget slots (and its places in their queues, unless
-    `keep_waiting`); the events waiting there, earliest NotBefore first."""
-    woken: list[str] = []
-    for slot, _vm in slots:
-        waiting: list[str] = []
-        yield Ask(
-            "budget", (slot.budget, slot.group), give_back_budget(event_id, keep_waiting, waiting)
-        )
-        woken += waiting
-    return list(dict.fromkeys(woken))[:WAKE_AT_MOST]
+def woken_order(event_id: str, woken: Iterable[str]) -> list[str]:
+    """The events woken by a give-back, in the order they were found (each row's waiters
+    earliest NotBefore first), each once, never the giver, at most WAKE_AT_MOST."""
+    return [e for e in dict.fromkeys(woken) if e != event_id][:WAKE_AT_MOST]
