@@ -162,8 +162,11 @@ def test_callback_hooks_and_identity_from_compute_metadata(
     assert "--hook-user is ignored: hook scripts run as the hook unit's drop-in says" in str(
         messages
     )
-    health = wait_for(lambda: _get(url + "/v1/health"))
-    assert health.status_code == 200 and health.json()["sender"]["pending"] == 0
+    # The outbox empties a moment after the first file appears (the sender removes a message
+    # once it is out, and a heartbeat may be queued behind it): wait for that, not just for
+    # the callback server to answer.
+    health = wait_for(lambda: _drained(_get(url + "/v1/health")))
+    assert health.status_code == 200
 
     event_id = sim.add_event(event_type="Terminate", resources=["web_3"], notice=3600)
     hook = _signed(url, "/v1/hook", {"Hook": "drain", "EventId": event_id}, key, "web_3")
@@ -203,6 +206,13 @@ def _get(url: str) -> requests.Response | None:
         return requests.get(url, timeout=2)
     except requests.ConnectionError:
         return None
+
+
+def _drained(health: requests.Response | None) -> requests.Response | None:
+    """The health answer once it says nothing is left to send, else None (wait_for retries)."""
+    if health is not None and health.status_code == 200 and health.json()["sender"]["pending"] == 0:
+        return health
+    return None
 
 
 def _signed(url: str, path: str, payload: dict[str, Any], key: bytes, vm: str) -> requests.Response:
