@@ -17,6 +17,11 @@ partition (functions.store.reporters), written by that VM's documents alone, so 
 reporting at once never contend for one row; the event row changes only when the event
 does (first report, a new NotBefore, the decision, approval, the start, the end).
 
+The reconcile by key changes the row too, and only as `due` says: its changes of state
+(`change_of_state`: the end, the derived start, a decision made again, an approval
+settled) and its claims (`claiming`) are pure changes of the row here, which
+functions.pipeline.reconcile writes under the row's ETag.
+
 Facts that never change back, which ingest relies on to skip reading rows it saw before:
 an ended event stays ended (a late report only adds a past reporter row; only a VM that
 never reported it reopens an end its set-mates made), a decision once made stays made,
@@ -25,16 +30,23 @@ and `resources` / `scale_sets` / `availability_sets` only grow.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from functions.model.envelope import SCHEDULED, STARTED, ScheduledEvent, VmRef
 from functions.model.event import Transition
+from functions.model.policy import PolicyLoad
+from functions.pipeline.due import Due, conditions, settled_path, unannounced_before
+from functions.pipeline.redecide import redecide, should_redecide
 from functions.store import claims
 from functions.store.records import (
+    MAX_ATTEMPTS_KEPT,
     MAX_NAME_CHARS,
     MAX_RESOURCES,
     MAX_SETS,
+    Attempt,
     EventRecord,
 )
 
@@ -231,3 +243,191 @@ def reopen(record: EventRecord) -> None:
     record.ended_at = None
     record.ended_by = ""
     record.reopened += 1
+
+
+# ------------------------------------------------------------------ the reconcile's changes
+# Each a change of the event row for Store.mutate_event: the row as read in (None: it is
+# gone), the row to write out (None: nothing to write). The reconcile by key (functions.
+# pipeline.reconcile) writes it under the row's ETag, so a writer that raced it makes the
+# change run again on the row that writer left, where it finds nothing left to do.
+
+Change = Callable[[EventRecord | None], EventRecord | None]
+
+END_DETAILS = {
+    "silent": "every VM that reported it went silent",
+    "unheard": "no Event Grid notification of its end within {limit} s",
+}
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """The change of state that `due` found (an end, a start, a decision made again, an
+    approval settled), ready to write; `audit`: the audit row written just before it."""
+
+    change: Change
+    audit: dict[str, Any] | None = None
+
+
+def change_of_state(
+    plan: Due,
+    record: EventRecord,
+    left_at: datetime,
+    now: datetime,
+    me: str,
+    load: PolicyLoad,
+    end_limit: float,
+) -> StateChange | None:
+    """The change of state `plan` asks for first (`due` asks for one at a time), each
+    claiming the announcement it makes due in its own write; None when it asks for none.
+    `left_at`: when the last reporter saw the event go; `end_limit`: how long an event
+    only Event Grid reported waits for its end (EVENTGRID_END_AFTER_SECONDS)."""
+    if plan.end:
+        return StateChange(ending(plan.end, left_at, now, me, end_limit))
+    if plan.start is not None:
+        return StateChange(starting(plan.start, now, me))
+    if plan.settle:
+        return settling(record, plan.settle, now)
+    if plan.redecide:
+        return StateChange(redeciding(load, now, me))
+    return None
+
+
+def ending(why: str, seen_at: datetime, now: datetime, me: str, limit: float) -> Change:
+    """End the event (once; its end announcement claimed in the same write), by the one
+    rule (`end`). A silent reporter's own row keeps what it last said (it said nothing
+    since): the end is the event row's alone, one write, so a crash leaves nothing half
+    done."""
+    detail = END_DETAILS.get(why, "").format(limit=limit)
+    at = now if why != "reporters" else observed(seen_at, now)
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.ended:
+            return None
+        end(rec, at, by="azure" if why == "unheard" else "reporters")
+        rec.end_detail = detail
+        ended = Transition.COMPLETED if rec.ended == "completed" else Transition.CANCELLED
+        claim_announcement(rec, ended, now, me)
+        return rec
+
+    return change
+
+
+def starting(seen_at: datetime, now: datetime, me: str) -> Change:
+    """The event started, as the decider derived it from the reporters' own views (its
+    `started` claimed in the same write). `seen_at` is a reporter row's: bounded by the
+    app's clock when ingest wrote it (`observed`), or when the row was written."""
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.ended or rec.started:
+            return None
+        rec.started = True
+        rec.event_status = STARTED
+        rec.started_at = seen_at
+        claim_announcement(rec, Transition.STARTED, now, me)
+        return rec
+
+    return change
+
+
+def settling(record: EventRecord, path: str, now: datetime) -> StateChange:
+    """An approval whose call reached Azure and whose host died before recording it: the
+    VM reports the event Started before NotBefore (or Azure reports it completed), so it
+    was this approval. Recorded as approved through the path the attempt took (`path`:
+    "relay:<vm>" or "arm"), audited; its `approved` is then due like any other."""
+    vm = "arm" if path == "arm" else path.removeprefix("relay:")
+    detail = (
+        "the call reached Azure before its answer was lost: the event "
+        + ("started" if record.started else "completed")
+        + " before NotBefore"
+    )
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or settled_path(rec) != path:
+            return None
+        rec.approval = "approved"
+        rec.approval_claim = claims.DONE
+        rec.approved_by = vm
+        rec.approval_reason = detail
+        at = rec.relay_sent_at if path != "arm" else rec.arm_sent_at
+        attempt = Attempt(at=at or now, vm=vm, outcome=f"approved ({detail})", by="reconcile")
+        rec.approval_attempts = [*rec.approval_attempts, attempt][-MAX_ATTEMPTS_KEPT:]
+        return rec
+
+    decision = record.decision
+    audit = {
+        "at": now,
+        "rule": decision.rule if decision else "",
+        "action": "approve",
+        "outcome": f"approved via {path}",  # functions.pipeline.approve.approval_path
+        "detail": detail,
+        "by": "reconcile",
+        "once": f"approval:approved:{vm}",
+        "anchor": record.decided_at,
+        "rank": 3,
+    }
+    return StateChange(change, audit)
+
+
+def redeciding(load: PolicyLoad, now: datetime, me: str) -> Change:
+    """Replace the fail-closed decision and claim its `decided` in one write, so a second
+    reconcile racing for it finds nothing left to do; its approval is then due like any
+    other (`due`)."""
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or not should_redecide(rec, load, now):
+            return None
+        redecide(rec, load, now)
+        claim_announcement(rec, Transition.DECIDED, now, me)
+        return rec
+
+    return change
+
+
+def holds_approval(record: EventRecord, me: str) -> bool:
+    """`me` holds the row's approval claim."""
+    return bool(me) and claims.holder(record.approval_claim) == me
+
+
+def claiming(
+    transitions: tuple[Transition, ...],
+    now: datetime,
+    me: str,
+    *,
+    approve: bool,
+    budget_seconds: float,
+    relay: bool,
+) -> Change:
+    """Claim the announcements that are due and not claimed and, with `approve`, the
+    approval (held for `approval_lease`; with `relay` among the approvers, its attempt
+    recorded as sent: `note_sent`), in one write."""
+    lease = approval_lease(budget_seconds)
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None:
+            return None
+        wanted = set(conditions(rec, now))
+        took = [t for t in transitions if t in wanted and claim_announcement(rec, t, now, me)]
+        free = rec.approval != "in_progress" or claims.is_free(rec.approval_claim, now, me)
+        ready = not rec.ended and not rec.started and rec.approval != "approved"
+        ready = ready and not unannounced_before(rec, now, me, claimed=True)
+        if approve and free and ready and not holds_approval(rec, me):
+            rec.approval = "in_progress"
+            rec.approval_claim = claims.pending(now, lease, me)
+            if relay:
+                note_sent(rec, now, "")
+            took.append(Transition.APPROVED)
+        return rec if took else None
+
+    return change
+
+
+def noting_drain(outcome: str) -> Change:
+    """Record the drain workflow's outcome (once)."""
+
+    def change(rec: EventRecord | None) -> EventRecord | None:
+        if rec is None or rec.drain_outcome == outcome:
+            return None
+        rec.drain_outcome = outcome
+        return rec
+
+    return change

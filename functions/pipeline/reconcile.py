@@ -12,7 +12,8 @@ idempotent and marked done in the row:
 
 1. changes of state first, each followed by a fresh decision on the row it wrote: the end,
    the start derived from the reporters' own views, a fail-closed decision decided again,
-   an approval that reached Azure but was never recorded;
+   an approval that reached Azure but was never recorded (each a pure change of the row,
+   functions.pipeline.lifecycle, written here under the row's ETag, as every claim is);
 2. announcements, in the order a person reads them (claimed, published, marked done);
 3. slots the row no longer entitles the event to, given back;
 4. closing: out of the open index (after the undrain of a drained event);
@@ -31,7 +32,6 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.model.envelope import STARTED
 from functions.model.event import Transition
 from functions.pipeline import capacity
 from functions.pipeline.announce import (
@@ -43,16 +43,14 @@ from functions.pipeline.announce import (
 )
 from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
-from functions.pipeline.due import ORDER, Due, Facts, due, settled_path
+from functions.pipeline.due import ORDER, Due, Facts, due
 from functions.pipeline.facts import load_facts
 from functions.pipeline.lifecycle import (
-    approval_lease,
-    claim_announcement,
-    end,
-    note_sent,
-    observed,
+    change_of_state,
+    claiming,
+    holds_approval,
+    noting_drain,
 )
-from functions.pipeline.redecide import redecide
 from functions.pipeline.results import Reconciled
 from functions.store import claims
 from functions.store.records import EventRecord
@@ -65,10 +63,6 @@ UNLISTED_AFTER = timedelta(minutes=10)  # an index row with no event row this ol
 # The drain workflow's outcomes: once one is recorded, the drain ran to its end (its steps'
 # rows say what it did), and is not due from the row any more.
 DRAIN_SETTLED = frozenset({"approved", "approval_failed", "held", "skipped"})
-END_DETAILS = {
-    "silent": "every VM that reported it went silent",
-    "unheard": "no Event Grid notification of its end within {limit} s",
-}
 
 
 def _reconcile_row(
@@ -108,35 +102,27 @@ def _reconcile(
 ) -> Reconciled:
     store, settings = pipeline.store, pipeline.settings
     now = pipeline.clock.now()
-    grid_end = timedelta(seconds=settings.eventgrid_end_after_seconds)
+    limit = settings.eventgrid_end_after_seconds
+    grid_end = timedelta(seconds=limit)
     plan = Due()
     starting: datetime | None = None
     for _ in range(5):  # each change of state, then a fresh decision on the row it wrote
         plan = _due(pipeline, record, facts, me, now, grid_end)
         starting = plan.start_at
+        left_at = facts.left_at or now
+        step = change_of_state(plan, record, left_at, now, me, settings.policy, limit)
+        if step is None:
+            break
+        if step.audit is not None:
+            store.audit(record.event_id, **step.audit)
+        updated, won = store.mutate_event(record.event_id, step.change, known=record)
+        changed = updated if won else None
         if plan.end:
-            ended = _end(pipeline, record, plan.end, facts.left_at or now, now, me)
-            out.ended = plan.end if ended is not None and ended.ended else out.ended
-            record, facts = ended or store.get_event(record.event_id) or record, Facts()
-            continue
-        if plan.start:
-            record = (
-                _start(pipeline, record, plan.start, now, me)
-                or store.get_event(record.event_id)
-                or record
-            )
-            continue
-        if plan.redecide:
-            redone = _redecide(pipeline, record, now, me)
-            out.redecided = out.redecided or redone is not None
-            record = redone or store.get_event(record.event_id) or record
-            continue
-        if plan.settle:
-            settled = _settle(pipeline, record, plan.settle, now)
-            out.settled = plan.settle if settled is not None else out.settled
-            record = settled or store.get_event(record.event_id) or record
-            continue
-        break
+            out.ended = plan.end if changed is not None and changed.ended else out.ended
+            facts = Facts()
+        out.redecided = out.redecided or (plan.redecide and changed is not None)
+        out.settled = plan.settle if plan.settle and changed is not None else out.settled
+        record = changed or store.get_event(record.event_id) or record
     go = plan.approve and not plan.release
     if go and plan.capacity:
         taken, out.waiting_for_capacity = capacity.take_slots(pipeline, record, now)
@@ -147,8 +133,11 @@ def _reconcile(
             record = store.recent_event(record.event_id) or record
     if plan.announce or go:
         # The announcements due and the approval (its slots taken first) in one write.
-        record = _claim(pipeline, record, plan.announce, now, me, go) or record
-        go = go and _mine(record, me) and record.approval == "in_progress"  # its claim taken
+        relay, budget = "relay" in settings.approver_order, settings.approval_budget_seconds
+        claim = claiming(plan.announce, now, me, approve=go, budget_seconds=budget, relay=relay)
+        record = store.mutate_event(record.event_id, claim, known=record)[0] or record
+        # The approval's claim taken:
+        go = go and holds_approval(record, me) and record.approval == "in_progress"
     sending = [
         t
         for t in (*ORDER, *plan.publish)
@@ -175,7 +164,7 @@ def _reconcile(
                 pipeline, record, sending, now, details, mark=not defer, with_rows=audited
             )
         except Exception:
-            if go and record.approval == "in_progress" and _mine(record, me):
+            if go and record.approval == "in_progress" and holds_approval(record, me):
                 give_back(store, record.event_id, me)
             raise
         out.published = sending
@@ -204,8 +193,12 @@ def _reconcile(
     if plan.drain and worker and pipeline.drainer is not None:
         outcome = _drain(pipeline, record, "drain", worker)
         record = store.recent_event(record.event_id) or record
-        if isinstance(outcome, str) and outcome:
-            record = _note_drain(pipeline, record, outcome) or record
+        recorded = record.drain_outcome == outcome
+        if isinstance(outcome, str) and outcome in DRAIN_SETTLED and not recorded:
+            record = (
+                store.mutate_event(record.event_id, noting_drain(outcome), known=record)[0]
+                or record
+            )
     if go:
         by = plan.by or "policy"
         record = (
@@ -243,162 +236,6 @@ def _due(
     )
 
 
-def _mine(record: EventRecord, me: str) -> bool:
-    return bool(me) and claims.holder(record.approval_claim) == me
-
-
-# ------------------------------------------------------------------ changes of state
-
-
-def _end(
-    pipeline: Pipeline, record: EventRecord, why: str, seen_at: datetime, now: datetime, me: str
-) -> EventRecord | None:
-    """End the event (once: an ETag-guarded write that claims its end announcement), by
-    the one rule (lifecycle.end)."""
-    # A silent reporter's own row keeps what it last said (it said nothing since): the end
-    # is the event row's alone, one write, so a crash leaves nothing half done.
-    limit = pipeline.settings.eventgrid_end_after_seconds
-    detail = END_DETAILS.get(why, "").format(limit=limit)
-    at = now if why != "reporters" else observed(seen_at, now)
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or rec.ended:
-            return None
-        end(rec, at, by="azure" if why == "unheard" else "reporters")
-        rec.end_detail = detail
-        ended = Transition.COMPLETED if rec.ended == "completed" else Transition.CANCELLED
-        claim_announcement(rec, ended, now, me)
-        return rec
-
-    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
-    return updated if won else None
-
-
-def _start(
-    pipeline: Pipeline, record: EventRecord, seen_at: datetime, now: datetime, me: str
-) -> EventRecord | None:
-    """The event started, as the decider derived it from the reporters' own views (its
-    `started` claimed in the same write). `seen_at` is a reporter row's: bounded by the
-    app's clock when ingest wrote it (lifecycle.observed), or when the row was written."""
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or rec.ended or rec.started:
-            return None
-        rec.started = True
-        rec.event_status = STARTED
-        rec.started_at = seen_at
-        claim_announcement(rec, Transition.STARTED, now, me)
-        return rec
-
-    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
-    return updated if won else None
-
-
-def _redecide(
-    pipeline: Pipeline, record: EventRecord, now: datetime, me: str
-) -> EventRecord | None:
-    """Replace the fail-closed decision and claim its `decided` in one ETag-guarded write,
-    so a second reconcile racing for it finds nothing left to do; its approval is then
-    due like any other (`due`)."""
-    from functions.pipeline.redecide import should_redecide
-
-    load = pipeline.settings.policy
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or not should_redecide(rec, load, now):
-            return None
-        redecide(rec, load, now)
-        claim_announcement(rec, Transition.DECIDED, now, me)
-        return rec
-
-    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
-    return updated if won else None
-
-
-def _settle(
-    pipeline: Pipeline, record: EventRecord, path: str, now: datetime
-) -> EventRecord | None:
-    """An approval whose call reached Azure and whose host died before recording it: the
-    VM reports the event Started before NotBefore (or Azure reports it completed), so it
-    was this approval. Recorded as approved through the path the attempt took, audited;
-    its `approved` is then due like any other announcement."""
-    from functions.pipeline.approve import approval_path
-    from functions.store.records import MAX_ATTEMPTS_KEPT, Attempt
-
-    vm = "arm" if path == "arm" else path.removeprefix("relay:")
-    detail = (
-        "the call reached Azure before its answer was lost: the event "
-        + ("started" if record.started else "completed")
-        + " before NotBefore"
-    )
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or settled_path(rec) != path:
-            return None
-        rec.approval = "approved"
-        rec.approval_claim = claims.DONE
-        rec.approved_by = vm
-        rec.approval_reason = detail
-        at = rec.relay_sent_at if path != "arm" else rec.arm_sent_at
-        attempt = Attempt(at=at or now, vm=vm, outcome=f"approved ({detail})", by="reconcile")
-        rec.approval_attempts = [*rec.approval_attempts, attempt][-MAX_ATTEMPTS_KEPT:]
-        return rec
-
-    decision = record.decision
-    pipeline.store.audit(
-        record.event_id,
-        at=now,
-        rule=decision.rule if decision else "",
-        action="approve",
-        outcome=f"approved via {approval_path(vm)}",
-        detail=detail,
-        by="reconcile",
-        once=f"approval:approved:{vm}",
-        anchor=record.decided_at,
-        rank=3,
-    )
-    updated, won = pipeline.store.mutate_event(record.event_id, change, known=record)
-    return updated if won else None
-
-
-# ------------------------------------------------------------------ announcements
-
-
-def _claim(
-    pipeline: Pipeline,
-    record: EventRecord,
-    transitions: tuple[Transition, ...],
-    now: datetime,
-    me: str,
-    approve: bool,
-) -> EventRecord | None:
-    """Claim announcements that are due and not claimed and, with `approve`, the approval
-    (its attempt recorded as sent: functions.pipeline.lifecycle.note_sent), in one write."""
-    from functions.pipeline.due import conditions, unannounced_before
-
-    settings = pipeline.settings
-    lease = approval_lease(settings.approval_budget_seconds)
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None:
-            return None
-        wanted = set(conditions(rec, now))
-        took = [t for t in transitions if t in wanted and claim_announcement(rec, t, now, me)]
-        free = rec.approval != "in_progress" or claims.is_free(rec.approval_claim, now, me)
-        ready = not rec.ended and not rec.started and rec.approval != "approved"
-        ready = ready and not unannounced_before(rec, now, me, claimed=True)
-        if approve and free and ready and not _mine(rec, me):
-            rec.approval = "in_progress"
-            rec.approval_claim = claims.pending(now, lease, me)
-            if "relay" in settings.approver_order:
-                note_sent(rec, now, "")
-            took.append(Transition.APPROVED)
-        return rec if took else None
-
-    updated, _ = pipeline.store.mutate_event(record.event_id, change, known=record)
-    return updated
-
-
 # ------------------------------------------------------------------ drain, approval
 
 
@@ -418,20 +255,6 @@ def _drain(pipeline: Pipeline, record: EventRecord, what: str, worker: bool) -> 
         log.exception("%s of %s failed; the next sweep tries again", what, record.event_id)
         return False
     return True if what == "undrain" else outcome
-
-
-def _note_drain(pipeline: Pipeline, record: EventRecord, outcome: str) -> EventRecord | None:
-    if outcome not in DRAIN_SETTLED or record.drain_outcome == outcome:
-        return None
-
-    def change(rec: EventRecord | None) -> EventRecord | None:
-        if rec is None or rec.drain_outcome == outcome:
-            return None
-        rec.drain_outcome = outcome
-        return rec
-
-    updated, _ = pipeline.store.mutate_event(record.event_id, change, known=record)
-    return updated
 
 
 def _approve(
@@ -454,7 +277,7 @@ def _approve(
         pipeline,
         by=by,
         give_up_at=now + timedelta(seconds=settings.approval_budget_seconds),
-        claimed=record if _mine(record, me) and record.approval == "in_progress" else None,
+        claimed=record if holds_approval(record, me) and record.approval == "in_progress" else None,
         settle=defer,
         settle_rows=audited,
         tag=me,

@@ -307,18 +307,23 @@ def racing_reconcile(monkeypatch, event_id: str, other, then=None) -> dict:
     that write) and before it claims the approval or publishes anything, lets reconcile B
     (`other`, its own Store) run to its end (then `then`): the interleaving two watchdogs
     can meet (test_two_watchdogs_at_once_redecide_once), forced."""
-    original = reconcile._claim
+    original = reconcile.claiming
     seen: dict = {}
 
-    def claim(pipeline, record, transitions, now, me, approve):
-        if me == "A" and "B" not in seen:
-            assert claims.holder(record.announced["decided"]) == "A"
-            seen["B"] = reconcile_key(other, event_id, "B")
-            if then is not None:
-                then()
-        return original(pipeline, record, transitions, now, me, approve)
+    def claiming(transitions, now, me, **options):
+        change = original(transitions, now, me, **options)
 
-    monkeypatch.setattr(reconcile, "_claim", claim)
+        def racing(rec):
+            if me == "A" and "B" not in seen:
+                assert claims.holder(rec.announced["decided"]) == "A"
+                seen["B"] = reconcile_key(other, event_id, "B")
+                if then is not None:
+                    then()
+            return change(rec)
+
+        return racing
+
+    monkeypatch.setattr(reconcile, "claiming", claiming)
     return seen
 
 
