@@ -205,9 +205,9 @@ def _relays(
     per approval, 5 with this). Others are found as before, through the VM row.
 
     The reads are made here, in this order, beside the pure checks they feed (issue 46):
-    the VM row when needed, the identity row, the anchor's liveness row only for a row
-    holding an unproven key (anchor.relay_of), the VM's liveness hint only when its row
-    is stale."""
+    the VM row when needed, the identity row, the anchor's liveness row only for an
+    unflagged row holding an unproven key (anchor.relay_of), the VM's liveness hint only
+    when its row is stale."""
     fresh = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
     own = {row.vm.casefold(): row for row in rows or ()}
     admission, liveness = pipeline.admission, pipeline.store.liveness
@@ -232,8 +232,10 @@ def _relays(
             identity = registry.get(vm_id) if registry is not None else None
         except ValueError:  # not a vmId: no row can hold it
             identity = None
+        if identity is None or suspect(identity, record.event_id, now):
+            continue  # flagged: its anchor's liveness row is not worth a read
         found = relay_of(identity, port, liveness, pipeline.clock, fresh)
-        if found is None or suspect(found[1], record.event_id, now):
+        if found is None:
             continue
         reported = True  # its own reporter row lists the event
         if vm is not None:

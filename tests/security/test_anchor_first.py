@@ -271,3 +271,60 @@ def test_the_callback_lookup_costs_one_read_unless_an_unproven_key_is_held(
             victim.keys.current_key().id
         ]
         assert counter.total() == 2, counter.counts()  # and the anchor's liveness row
+
+
+def test_a_flagged_vm_costs_no_read_of_its_anchors_liveness_row(
+    fleet: Fleet, tmp_path: Path, azurite: str
+):
+    """A VM whose relay is not to be asked (`unstarted`, in its identity row) is passed
+    over on its identity row alone: the anchor's liveness row, read only to choose between
+    an unproven key and the anchor, is not read for a relay that will not be called."""
+    from functions.pipeline.relay_phase import _relays
+    from functions.store.records import EventRecord
+
+    victim = fleet.vms["victim"]
+    assert fleet.deliver(victim.message([])).outcome == "processed"
+    heartbeat_row_of(fleet, victim, azurite)
+    local = local_user(fleet, tmp_path / "local-user")
+    assert fleet.deliver(local.message([])).outcome == "processed"
+    assert identity(fleet).unproven_current  # the anchor's liveness row would decide
+    now = datetime.now(UTC)
+    record = EventRecord(
+        event_id="EV-FLAG",
+        event_type="Reboot",
+        event_status="Scheduled",
+        resources=[victim.name],
+        first_seen=now,
+    )
+    with TableCounter(azurite) as counter:
+        store = Store.from_connection_string(counter.connection_string, fleet.store.prefix)
+        registry = IdentityStore.from_service(store.service, APP_SECRET, store.prefix)
+        admission = fleet.pipeline.admission
+        counted = Pipeline(
+            store,
+            fleet.pipeline.settings,
+            fleet.publisher,
+            fleet.pipeline.session,
+            fleet.pipeline.clock,
+            admission=Admission(
+                verifier=admission.verifier,
+                identities=CachedResolver(registry, admission.identities.upstream),
+                callback_port=admission.callback_port,
+            ),
+        )
+        counter.reset()
+        assert [a.name for a in _relays(counted, record, now, set())] == [victim.name]
+        assert _liveness_reads(counter), counter.counts()  # unflagged: read
+
+        registry.mutate(
+            victim.vm_id,
+            lambda i: i.model_copy(update={"unstarted": "EV-OTHER", "unstarted_at": now}),
+        )
+        counter.reset()
+        assert _relays(counted, record, now, set()) == []
+        assert not _liveness_reads(counter), counter.counts()
+        assert counter.total() == 2, counter.counts()  # its VM row and its identity row
+
+
+def _liveness_reads(counter: TableCounter) -> int:
+    return sum(n for (_, table), n in counter.counts().items() if "liveness" in table)
