@@ -142,6 +142,40 @@ def publish_claimed(
     return sent
 
 
+def publish_due(
+    pipeline: Pipeline,
+    record: EventRecord,
+    sending: list[Transition],
+    now: datetime,
+    overdue: str,
+    *,
+    deferred: bool,
+    approving: str,
+) -> list[dict[str, Any]]:
+    """Publish the announcements the reconcile claimed (`sending`, in the order a person
+    reads them; `overdue`: why it is overdue), the decision's audit row with them. With
+    `deferred` the approval that follows marks them done, with the audit row, in the
+    write recording its outcome; else they are marked done here. `approving`: the holder
+    of the approval claimed with them, given back if the topic fails (`give_back`).
+    Returns the audit rows that go with marking them done."""
+    audited: list[dict[str, Any]] = []
+    if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
+        # The decision's audit goes with its announcement, in the write that marks it
+        # done: both are due until then, so a host that dies before leaves both due.
+        noted = decision_audit(record)
+        audited = [noted] if noted is not None else []
+    details = transition_details(record, overdue)
+    try:
+        publish_claimed(
+            pipeline, record, sending, now, details, mark=not deferred, with_rows=audited
+        )
+    except Exception:
+        if approving:
+            give_back(pipeline.store, record.event_id, approving)
+        raise
+    return audited
+
+
 def release(
     store: Store,
     event_id: str,

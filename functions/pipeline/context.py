@@ -145,14 +145,3 @@ class Pipeline:
         silent_after = timedelta(seconds=self.settings.relay_silent_after_seconds)
         port = self.admission.callback_port
         return relay_of(identity, port, self.store.liveness, self.clock, silent_after)
-
-    def last_heard(self, vm: VmRecord) -> datetime | None:
-        """When this VM's relay was last heard: its last message, or its verified liveness
-        hint if later (functions.store.liveness.Liveness.last_heard)."""
-        return self.store.liveness.last_heard(
-            vm.vm_id,
-            vm.last_seen,
-            self.liveness_verifier,
-            silent_after=timedelta(seconds=self.settings.relay_silent_after_seconds),
-            now=self.clock.now(),
-        )

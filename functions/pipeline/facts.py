@@ -63,11 +63,15 @@ def all_silent(pipeline: Pipeline, names: list[str], now: datetime) -> bool:
     if not names or len(names) > MAX_SILENCE_READS:
         return False
     quiet = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
+    verify = pipeline.liveness_verifier
     for name in names:
         vm = pipeline.store.get_vm(name)
         if vm is None:
             continue  # its row is gone (forgotten): nothing will be heard from it
-        heard = pipeline.last_heard(vm)
+        # Its last message, or its verified liveness hint if later.
+        heard = pipeline.store.liveness.last_heard(
+            vm.vm_id, vm.last_seen, verify, silent_after=quiet, now=pipeline.clock.now()
+        )
         if heard is not None and now - heard <= quiet:
             return False
     return True

@@ -34,13 +34,7 @@ from typing import Any
 
 from functions.model.event import Transition
 from functions.pipeline import capacity
-from functions.pipeline.announce import (
-    decision_audit,
-    give_back,
-    mark_done,
-    publish_claimed,
-    transition_details,
-)
+from functions.pipeline.announce import mark_done, publish_due
 from functions.pipeline.approve import approve_event
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import ORDER, Due, Facts, due
@@ -153,20 +147,10 @@ def _reconcile(
             # Before the announcement: a crash in between leaves its claim, whose next
             # publish flags again (the flag is idempotent).
             capacity.flag_unstarted(pipeline, record, now)
-        if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
-            # The decision's audit goes with its announcement, in the write that marks it
-            # done: both are due until then, so a host that dies before leaves both due.
-            noted = decision_audit(record)
-            audited = [noted] if noted is not None else []
-        details = transition_details(record, plan.overdue)
-        try:
-            publish_claimed(
-                pipeline, record, sending, now, details, mark=not defer, with_rows=audited
-            )
-        except Exception:
-            if go and record.approval == "in_progress" and holds_approval(record, me):
-                give_back(store, record.event_id, me)
-            raise
+        holder = me if go else ""  # the approval's claim, claimed with them
+        audited = publish_due(
+            pipeline, record, sending, now, plan.overdue, deferred=bool(defer), approving=holder
+        )
         out.published = sending
         if not defer:
             record = store.recent_event(record.event_id) or record
