@@ -9,6 +9,8 @@ approver meet on this one model, so an id is parsed (and case-folded) in one pla
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,6 +30,19 @@ _EVENT_SUFFIX = re.compile(
     r"^/providers/microsoft\.maintenance/scheduledevents/(?P<event>[^/]+)$", re.IGNORECASE
 )
 _VMSS_INSTANCE = re.compile(r"^/virtualmachines/(?P<instance>[^/]+)$", re.IGNORECASE)
+
+
+class ComputeMetadata(Protocol):
+    """What a relay's VM reported of itself (its stored VM row): where it stands in ARM."""
+
+    @property
+    def resource_id(self) -> str | None: ...
+
+    @property
+    def scale_set(self) -> str | None: ...
+
+    @property
+    def availability_set(self) -> str | None: ...
 
 
 class ArmError(ValueError):
@@ -123,3 +138,22 @@ def owner_of_vm(
     if availability_set:
         return resource.sibling("availabilitySets", availability_set)
     return resource
+
+
+def owners_of(event_owner: str | None, vms: Iterable[ComputeMetadata | None]) -> list[ArmResource]:
+    """Where an event can be acknowledged, each owner once: the one Event Grid named (the
+    event's ARM id, `event_owner`), then those the named VMs' compute metadata gives
+    (scale set, availability set or the VM itself; a VM with no row is None). Decided
+    here, beside the parsing, from the rows the approval read (functions.pipeline.approve):
+    the approval's walk to the relays steps into no ARM module first (issue 46)."""
+    candidates = [owner_of_vm(event_owner)] if event_owner else []
+    candidates += [
+        owner_of_vm(vm.resource_id, vm.scale_set, vm.availability_set)
+        for vm in vms
+        if vm is not None
+    ]
+    owners: list[ArmResource] = []
+    for owner in candidates:
+        if owner is not None and not any(owner.same(o) for o in owners):
+            owners.append(owner)
+    return owners

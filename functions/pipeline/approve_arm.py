@@ -30,10 +30,9 @@ from pydantic import BaseModel, Field
 from functions.approvers import azure_events
 from functions.approvers.arm import acknowledge, default_credential
 from functions.clock import Clock
-from functions.model.arm import ArmResource, owner_of_vm
+from functions.model.arm import ArmResource
 from functions.pipeline.context import Pipeline
 from functions.store.records import Attempt, EventRecord
-from functions.store.state import Store
 
 ARM = "arm"  # `approved_by` and the attempts' `vm` when ARM acknowledged it
 BACKOFF_START_SECONDS = 1.0
@@ -61,25 +60,6 @@ class Phase(BaseModel):
     detail: str = ""
     attempts: list[Attempt] = Field(default_factory=list)
     status: int | None = None
-
-
-def arm_owners(store: Store, record: EventRecord) -> list[ArmResource]:
-    """Where the event can be acknowledged: the owner Event Grid named, then the owners the
-    named VMs' compute metadata gives (scale set, availability set or the VM itself)."""
-    owners: list[ArmResource] = []
-    candidates: list[ArmResource | None] = []
-    if record.arm_resource:
-        candidates.append(owner_of_vm(record.arm_resource))
-    # The named VMs of one event share few owners (their set): the first few VMs known
-    # give them, without a read per VM of an event naming 1,000.
-    for name in record.resources[: RELAYS_PER_ATTEMPT * 2]:
-        vm = store.get_vm(name)
-        if vm is not None:
-            candidates.append(owner_of_vm(vm.resource_id, vm.scale_set, vm.availability_set))
-    for owner in candidates:
-        if owner is not None and not any(owner.same(o) for o in owners):
-            owners.append(owner)
-    return owners
 
 
 def arm_phase(
