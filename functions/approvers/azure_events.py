@@ -10,42 +10,28 @@ with the IMDS fields as `properties`) and compares it with the view the decision
 field by field, as the relay compares its IMDS (relay/expect.py).
 
 One query per ARM approval attempt (rare: only when no relay approved), with the function
-app's identity (Reader on the VMs' scopes, as for the VM facts).
+app's identity (Reader on the VMs' scopes, as for the VM facts): the query is asked by
+functions.approvers.arm (`lookup`), beside the acknowledge it may settle; this module
+says what the answer means, and asks nothing.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-import requests
 from pydantic import BaseModel
 
-from functions.approvers.arm import TokenCredential, retry_after, scope_for
 from functions.model.arm import ArmError, ArmResource, parse_event_id
 from functions.model.envelope import parse_not_before
 
 log = logging.getLogger(__name__)
 
-RESOURCE_GRAPH_PATH = "/providers/Microsoft.ResourceGraph/resources"
-API_VERSION = "2024-04-01"
-REQUEST_TIMEOUT_SECONDS = 15.0
 EVENT_TYPE = "microsoft.maintenance/scheduledevents"
-# Azure's EventIds are GUIDs; anything else never goes into a query (it came from a relay).
-_EVENT_ID = re.compile(r"^[A-Za-z0-9-]{1,128}$")
 # Azure's EventStatus once an event waits for no approval (Resource Graph and Event Grid
 # also report Completed and Canceled; a Canceled event was never started by anyone).
 NOT_WAITING = frozenset({"started", "completed"})
-
-
-class AzureUnavailable(Exception):
-    """Resource Graph could not answer now (throttled, down, unreachable): try later."""
-
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
-        super().__init__(reason)
-        self.retry_after = retry_after
 
 
 class AzureEvent(BaseModel):
@@ -54,64 +40,6 @@ class AzureEvent(BaseModel):
     id: str  # .../providers/Microsoft.Compute/{type}/{name}/providers/microsoft.maintenance/...
     event_id: str
     properties: dict[str, Any]
-
-
-def event_query(event_id: str) -> str:
-    if not _EVENT_ID.match(event_id):
-        raise ValueError(f"EventId {event_id[:64]!r} is not one Azure writes")
-    return (
-        f"maintenanceresources | where type =~ '{EVENT_TYPE}' and name =~ '{event_id}' "
-        "| project id, name, type, subscriptionId, properties"
-    )
-
-
-def lookup(
-    event_id: str,
-    *,
-    credential: TokenCredential,
-    session: requests.Session,
-    endpoint: str,
-    remaining: float,
-) -> AzureEvent | None:
-    """The event as Resource Graph holds it; None when Azure does not report it (or the
-    EventId is not one Azure writes). Raises AzureUnavailable when it cannot tell now."""
-    try:
-        query = event_query(event_id)
-    except ValueError:
-        return None
-    try:
-        token = credential.get_token(scope_for(endpoint))
-    except Exception as exc:  # azure-identity raises several types; none may escape
-        raise AzureUnavailable(f"no token for Resource Graph: {type(exc).__name__}") from None
-    try:
-        answer = session.post(
-            f"{endpoint.rstrip('/')}{RESOURCE_GRAPH_PATH}",
-            params={"api-version": API_VERSION},
-            json={"query": query, "options": {"$top": 10}},
-            headers={"Authorization": f"Bearer {token.token}"},
-            timeout=max(0.1, min(REQUEST_TIMEOUT_SECONDS, remaining)),
-            allow_redirects=False,
-        )
-    except requests.RequestException as exc:
-        raise AzureUnavailable(f"Resource Graph unreachable: {type(exc).__name__}") from None
-    if answer.status_code == 429 or answer.status_code >= 500:
-        raise AzureUnavailable(f"Resource Graph answered {answer.status_code}", retry_after(answer))
-    if answer.status_code != 200:
-        raise AzureUnavailable(f"Resource Graph refused the query ({answer.status_code})")
-    try:
-        rows = answer.json().get("data")
-    except (ValueError, AttributeError):
-        raise AzureUnavailable("Resource Graph's answer is not JSON") from None
-    for row in rows if isinstance(rows, list) else []:
-        if (
-            isinstance(row, dict)
-            and str(row.get("type", "")).casefold() == EVENT_TYPE
-            and str(row.get("name", "")).casefold() == event_id.casefold()
-            and isinstance(row.get("properties"), dict)
-            and isinstance(row.get("id"), str)
-        ):
-            return AzureEvent(id=row["id"], event_id=row["name"], properties=row["properties"])
-    return None
 
 
 def differences(expected: Mapping[str, Any], properties: Mapping[str, Any]) -> list[str]:

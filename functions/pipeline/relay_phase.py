@@ -17,17 +17,12 @@ from typing import Protocol
 
 import requests
 
+from functions.approvers.arm import BACKOFF_MAX_SECONDS, BACKOFF_START_SECONDS
 from functions.approvers.relay import DIFFERS, PASSING_4XX, RelayTarget, post_start
 from functions.clock import Clock
 from functions.model.view import VmView
 from functions.pipeline.anchor import relay_of
-from functions.pipeline.approve_arm import (
-    ARM,
-    BACKOFF_MAX_SECONDS,
-    BACKOFF_START_SECONDS,
-    RELAYS_PER_ATTEMPT,
-    Phase,
-)
+from functions.pipeline.approve_arm import ARM, RELAYS_PER_ATTEMPT, Phase
 from functions.pipeline.context import Pipeline
 from functions.pipeline.lanes import RelayLanes
 from functions.pipeline.views import own_views

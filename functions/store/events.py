@@ -331,6 +331,24 @@ class EventRows(ReporterRows):
         self._recent_events.note(rk, record)
         return record, won
 
+    def note_arm_sent(self, record: EventRecord, now: datetime) -> None:
+        """Write `arm_sent_at` before the ARM approver's first acknowledge (one write,
+        only on its path: functions.pipeline.approve_arm), so a takeover after a crash
+        knows a 409 may answer a call that landed. The row's new ETag goes back into
+        `record`, whose outcome write follows."""
+
+        def change(rec: EventRecord | None) -> EventRecord | None:
+            if rec is None or rec.arm_sent_at is not None:
+                return None
+            rec.arm_sent_at = now
+            return rec
+
+        written, won = self.mutate_event(record.event_id, change, known=record)
+        if written is not None:
+            record.arm_sent_at = written.arm_sent_at
+            if won:
+                record.etag = written.etag
+
     def list_events(
         self, include_ended: bool = False, skipped: list[Skipped] | None = None
     ) -> list[EventRecord]:

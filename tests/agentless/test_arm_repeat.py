@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import requests
 
+from functions.approvers import arm as arm_approver
 from functions.approvers import azure_events
 from functions.approvers.arm import ArmAnswer
 from functions.model.event import Transition
-from functions.pipeline import approve_arm
 from functions.pipeline.announce import mark_done
 from functions.pipeline.approve import approve_event
 from functions.pipeline.approve_arm import LANDED
@@ -82,7 +82,7 @@ def test_a_repeat_refused_while_azure_still_reports_scheduled_is_never_approved(
         [ArmAnswer(verdict="retry", text="ARM unreachable: ConnectionError")]
         + [ArmAnswer(verdict="refused", status=409, code="Conflict", text="ARM refused 409")] * 99
     )
-    monkeypatch.setattr(approve_arm, "acknowledge", lambda *a, **k: next(answers))
+    monkeypatch.setattr(arm_approver, "acknowledge", lambda *a, **k: next(answers))
     asked: list[str] = []
 
     def scheduled(event_id: str, **kwargs: Any) -> azure_events.AzureEvent:
@@ -94,7 +94,7 @@ def test_a_repeat_refused_while_azure_still_reports_scheduled_is_never_approved(
             properties={"EventStatus": "Scheduled"},
         )
 
-    monkeypatch.setattr(azure_events, "lookup", scheduled)
+    monkeypatch.setattr(arm_approver, "lookup", scheduled)
     props = user_event(arm.sim, "EV-LAG", ["web_1"])
     props["NotBefore"] = (T0 + timedelta(minutes=5)).strftime("%a, %d %b %Y %H:%M:%S GMT")
     grid(pipeline, props)
