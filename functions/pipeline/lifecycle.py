@@ -358,7 +358,7 @@ def settling(record: EventRecord, path: str, now: datetime) -> StateChange:
         "at": now,
         "rule": decision.rule if decision else "",
         "action": "approve",
-        "outcome": f"approved via {path}",  # functions.pipeline.approve.approval_path
+        "outcome": f"approved via {path}",  # functions.pipeline.approval_record.approval_path
         "detail": detail,
         "by": "reconcile",
         "once": f"approval:approved:{vm}",

@@ -21,7 +21,7 @@ from functions.identity.graph_state import graph_state
 from functions.ledger import TABLE_HEADER, LedgerLine, lines_of, table_rows
 from functions.model.event import utc_text
 from functions.notify import describe
-from functions.pipeline.approve import approval_path
+from functions.pipeline.approval_record import approval_path
 from functions.pipeline.context import Pipeline
 from functions.pipeline.coverage import coverage_state
 from functions.store.liveness import Skipped
