@@ -5,7 +5,7 @@ Graph as a `microsoft.maintenance/scheduledevents` row (SPEC.md, "Scheduled Even
 Azure Resource Graph"): `id` is the event's ARM id under its owner (the VM, scale set or
 availability set, as Event Grid's subject names it), `name` the EventId, `properties` the
 IMDS fields (EventStatus may also be Completed or Canceled). The function app's ARM
-approver reads it (functions.approvers.azure_events) to acknowledge only events Azure
+approver reads it (functions.approvers.arm.lookup) to acknowledge only events Azure
 itself reports as decided, never on a relay's word.
 
 The rows join simulator.arm's inventory (table `maintenanceresources`), so the query

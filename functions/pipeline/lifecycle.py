@@ -285,10 +285,10 @@ def change_of_state(
         return StateChange(ending(plan.end, left_at, now, me, end_limit))
     if plan.start is not None:
         return StateChange(starting(plan.start, now, me))
-    if plan.settle:
-        return settling(record, plan.settle, now)
     if plan.redecide:
         return StateChange(redeciding(load, now, me))
+    if plan.settle:
+        return settling(record, plan.settle, now)
     return None
 
 

@@ -36,7 +36,7 @@ Action = Callable[[datetime], tuple[bool, str] | StepResult]
 
 
 # approve(event_id, give_up_at, relays) → "approved" | "failed" | "skipped" | ..., or an
-# object with `.outcome` and `.detail` (functions.pipeline.approve.ApprovalResult).
+# object with `.outcome` and `.detail` (functions.pipeline.approval_record.ApprovalResult).
 # `relays`: the only VMs whose relays may be asked (the VMs the drain drained), or None.
 Approve = Callable[[str, datetime, tuple[str, ...] | None], Any]
 Publish = Callable[[Notification], None]

@@ -60,7 +60,7 @@ Normalisation rules, each with its reason:
 11. An event approved through ARM logs its acknowledge as `acknowledged` in the attempts
    (rule 5), whether the attempt saw ARM's 200 (its text, e.g. "Successfully Approved")
    or a takeover found that an earlier call had landed: ARM refused the repeat and Azure
-   reports the event Started (the outcome starts with approve_arm.LANDED). The host that
+   reports the event Started (the outcome starts with approvers.arm.LANDED). The host that
    saw the 200 died before it could write it; which host logged the acknowledge is a
    crash's trace, and the ARM effect (rule 10) still counts every call that reached ARM.
 13. Audit rows of an approval to be retried (`retry_later`) count as a set, like the

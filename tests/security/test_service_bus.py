@@ -131,7 +131,7 @@ def test_a_wake_up_in_the_minute_of_the_last_item_is_not_dropped(store, clock): 
     clock.advance(5)
     run_watchdog(pipeline)
     clock.advance(30)
-    enqueue(pipeline, ["EV-WAITER"], clock.now())  # the wake-up (reconcile._release)
+    enqueue(pipeline, ["EV-WAITER"], clock.now())  # the woken waiter (reconcile.enqueue)
     assert [_text(m) for m in _received(queue)] == ["EV-WAITER", "EV-WAITER"]
     assert queue.dropped == []
     # A second sweep in the same minute is a true duplicate: dropped.
