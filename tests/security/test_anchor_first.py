@@ -241,21 +241,7 @@ def test_the_callback_lookup_costs_one_read_unless_an_unproven_key_is_held(
     assert fleet.deliver(victim.message([])).outcome == "processed"
     heartbeat_row_of(fleet, victim, azurite)
     with TableCounter(azurite) as counter:
-        store = Store.from_connection_string(counter.connection_string, fleet.store.prefix)
-        registry = IdentityStore.from_service(store.service, APP_SECRET, store.prefix)
-        admission = fleet.pipeline.admission
-        counted = Pipeline(
-            store,
-            fleet.pipeline.settings,
-            fleet.publisher,
-            fleet.pipeline.session,
-            fleet.pipeline.clock,
-            admission=Admission(
-                verifier=admission.verifier,
-                identities=CachedResolver(registry, admission.identities.upstream),
-                callback_port=admission.callback_port,
-            ),
-        )
+        counted = _counted_pipeline(fleet, counter)
         counter.reset()
         found = counted.relay_identity(victim.vm_id)
         assert found is not None and [k.key_id for k in found[0].keys] == [
@@ -297,26 +283,12 @@ def test_a_flagged_vm_costs_no_read_of_its_anchors_liveness_row(
         first_seen=now,
     )
     with TableCounter(azurite) as counter:
-        store = Store.from_connection_string(counter.connection_string, fleet.store.prefix)
-        registry = IdentityStore.from_service(store.service, APP_SECRET, store.prefix)
-        admission = fleet.pipeline.admission
-        counted = Pipeline(
-            store,
-            fleet.pipeline.settings,
-            fleet.publisher,
-            fleet.pipeline.session,
-            fleet.pipeline.clock,
-            admission=Admission(
-                verifier=admission.verifier,
-                identities=CachedResolver(registry, admission.identities.upstream),
-                callback_port=admission.callback_port,
-            ),
-        )
+        counted = _counted_pipeline(fleet, counter)
         counter.reset()
         assert [a.name for a in _relays(counted, record, now, set())] == [victim.name]
         assert _liveness_reads(counter), counter.counts()  # unflagged: read
 
-        registry.mutate(
+        fleet.pipeline.admission.registry.mutate(
             victim.vm_id,
             lambda i: i.model_copy(update={"unstarted": "EV-OTHER", "unstarted_at": now}),
         )
@@ -324,6 +296,25 @@ def test_a_flagged_vm_costs_no_read_of_its_anchors_liveness_row(
         assert _relays(counted, record, now, set()) == []
         assert not _liveness_reads(counter), counter.counts()
         assert counter.total() == 2, counter.counts()  # its VM row and its identity row
+
+
+def _counted_pipeline(fleet: Fleet, counter: TableCounter) -> Pipeline:
+    """The fleet's pipeline with its Table requests (its identity rows' too) counted."""
+    store = Store.from_connection_string(counter.connection_string, fleet.store.prefix)
+    registry = IdentityStore.from_service(store.service, APP_SECRET, store.prefix)
+    admission = fleet.pipeline.admission
+    return Pipeline(
+        store,
+        fleet.pipeline.settings,
+        fleet.publisher,
+        fleet.pipeline.session,
+        fleet.pipeline.clock,
+        admission=Admission(
+            verifier=admission.verifier,
+            identities=CachedResolver(registry, admission.identities.upstream),
+            callback_port=admission.callback_port,
+        ),
+    )
 
 
 def _liveness_reads(counter: TableCounter) -> int:
