@@ -15,8 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceRequestError
+from azure.data.tables import TableServiceClient
 
 from functions.pipeline.guest_time import ENQUEUED_PROPERTY
+from functions.store.rows import transport_options
 from functions.store.state import Store
 from functions.triggers import later
 from local.host import LocalHost
@@ -92,7 +94,8 @@ def test_the_trigger_schedules_a_copy_on_the_same_session(monkeypatch):
 
 
 def _refusing_store(store: Store) -> Store:
-    """The same tables, behind a port where nothing listens: every request refused."""
+    """The same tables, behind a port where nothing listens: every request refused, at
+    once (no SDK retries: their back-off made this test wait 19 s for the same refusals)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -101,7 +104,11 @@ def _refusing_store(store: Store) -> Store:
         "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
         f"KBHBeksoGMGw==;TableEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
     )
-    return Store.from_connection_string(text, store.prefix)
+    endpoint = f"http://127.0.0.1:{port}/devstoreaccount1"
+    service = TableServiceClient.from_connection_string(
+        text, retry_total=0, **transport_options(endpoint)
+    )
+    return Store(service, store.prefix)
 
 
 @pytest.mark.azurite
