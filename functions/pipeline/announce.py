@@ -77,7 +77,7 @@ def occurrence(record: EventRecord, transition: Transition) -> str | None:
     return None
 
 
-def transition_details(record: EventRecord, overdue: str) -> dict[Transition, str]:
+def _transition_details(record: EventRecord, overdue: str) -> dict[Transition, str]:
     """The details the announcements say beyond their default: why it is overdue, and how
     it ended (the row's `end_detail`)."""
     details: dict[Transition, str] = {}
@@ -162,9 +162,9 @@ def publish_due(
     if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
         # The decision's audit goes with its announcement, in the write that marks it
         # done: both are due until then, so a host that dies before leaves both due.
-        noted = decision_audit(record)
+        noted = _decision_audit(record)
         audited = [noted] if noted is not None else []
-    details = transition_details(record, overdue)
+    details = _transition_details(record, overdue)
     try:
         publish_claimed(
             pipeline, record, sending, now, details, mark=not deferred, with_rows=audited
@@ -235,7 +235,7 @@ def _settle(
     store.mutate_event(event_id, change, known=known, with_rows=with_rows)
 
 
-def decision_audit(record: EventRecord) -> dict[str, Any] | None:
+def _decision_audit(record: EventRecord) -> dict[str, Any] | None:
     """The audit row of the row's decision (None without one): one row per decision,
     keyed by when it was made, so a redelivery or a takeover that audits it again leaves
     one row. Written in the write that marks its announcement done (`mark_done`'s

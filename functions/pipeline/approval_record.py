@@ -62,7 +62,6 @@ def record_outcome(
     announce: bool = True,
     settle_marks: tuple[Transition, ...] = (),
     settle_rows: list[dict[str, Any]] | None = None,
-    vetoed: bool = False,
 ) -> ApprovalResult:
     """Record the outcome in one write. An outcome worth announcing is published FIRST
     and written as done in that same write: a crash in between leaves the claim held,

@@ -36,18 +36,19 @@ from typing import Any
 from functions.model.arm import ArmResource, owners_of
 from functions.model.event import Transition
 from functions.pipeline.approval_record import ApprovalResult, Outcome, record_outcome
-from functions.pipeline.approve_arm import RELAYS_PER_ATTEMPT, Phase, arm_phase
+from functions.pipeline.approve_arm import Phase, arm_phase
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import unannounced_before
 from functions.pipeline.lifecycle import approval_lease, note_sent
-from functions.pipeline.relay_phase import expect_for, relay_phase
+from functions.pipeline.relay_phase import RELAYS_PER_ATTEMPT, expect_for, relay_phase
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.records import Attempt, EventRecord
 from functions.store.reporters import Reporter
 from functions.store.state import Store
 
-# `skipped`: the announcements before `approved` (`decided`) are not out yet (`_claim`).
+# The detail of a `skipped` approval whose `decided` is not announced yet: `_claim` waits
+# for the announcements before `approved` (terminate.wiring tries again on this one).
 ANNOUNCING = "its decision is being announced"
 
 
@@ -119,7 +120,7 @@ def approve_event(
         owners = owners_of(record.arm_resource, [store.get_vm(name) for name in named])
     attempts: list[Attempt] = []
     details: list[str] = []
-    later = vetoed = False
+    later = False
     approved: Phase | None = None
     for index, approver in enumerate(order):
         arm_next = "arm" in order[index + 1 :] and bool(owners)
@@ -132,7 +133,6 @@ def approve_event(
         attempts += phase.attempts
         if phase.outcome == "vetoed":
             details.append(f"{approver}: {phase.detail}")
-            vetoed = True
             break  # a named VM's own view differs: nothing approves this event for it
         if phase.outcome == "approved":
             approved = phase
@@ -160,7 +160,6 @@ def approve_event(
         announce=announce,
         settle_marks=settle,
         settle_rows=settle_rows,
-        vetoed=vetoed,
     )
 
 

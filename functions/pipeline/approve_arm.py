@@ -41,7 +41,6 @@ from functions.pipeline.context import Pipeline
 from functions.store.records import Attempt, EventRecord
 
 ARM = "arm"  # `approved_by` and the attempts' `vm` when ARM acknowledged it
-RELAYS_PER_ATTEMPT = 8
 # The decided view's `Expect` entry for a VM ("" for Azure): functions.pipeline.approve.
 ExpectFor = Callable[[EventRecord, str], dict[str, object]]
 
@@ -81,7 +80,7 @@ def arm_phase(
         )
     if pipeline.credential is None:
         pipeline.credential = default_credential()
-    credential: TokenCredential = pipeline.credential  # type: ignore[assignment]
+    credential: TokenCredential = pipeline.credential
     settings, clock, store = pipeline.settings, pipeline.clock, pipeline.store
     not_yet: Literal["later", "exhausted"] = "later" if stop < deadline else "exhausted"
     confirmed = owners  # Event Grid's own view: no relay's word in the decision

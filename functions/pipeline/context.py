@@ -15,6 +15,7 @@ from typing import Protocol
 
 import requests
 
+from functions.approvers.arm import TokenCredential
 from functions.approvers.relay import RelayTarget
 from functions.clock import Clock
 from functions.identity.registry import Identity
@@ -92,7 +93,7 @@ class Pipeline:
         publisher: Publisher,
         session: requests.Session,
         clock: Clock,
-        credential: object | None = None,
+        credential: TokenCredential | None = None,
         admission: Admission | None = None,
         liveness_verifier: Verifier | None = None,
     ) -> None:

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from functions.model.event import Transition
-from functions.pipeline.approve import ApprovalResult
+from functions.pipeline.approval_record import ApprovalResult
 
 
 class IngestResult(BaseModel):

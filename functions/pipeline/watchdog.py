@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from functions.model.envelope import TERMINATE
 from functions.model.event import Transition
-from functions.pipeline.approve import ApprovalResult
+from functions.pipeline.approval_record import ApprovalResult
 from functions.pipeline.context import Pipeline
 from functions.pipeline.policy_state import sync_policy_state
 from functions.pipeline.reconcile import work_queue

@@ -14,7 +14,8 @@ from functions.approvers.relay import RelayTarget
 from functions.model.drains import RelayFacts
 from functions.model.event import Transition
 from functions.model.policy import transition_pages
-from functions.pipeline.approve import ANNOUNCING, ApprovalResult, approve_event
+from functions.pipeline.approval_record import ApprovalResult
+from functions.pipeline.approve import ANNOUNCING, approve_event
 from functions.pipeline.capacity import take_capacity
 from functions.pipeline.context import Pipeline
 from functions.pipeline.reconcile import reconcile_key

@@ -27,7 +27,8 @@ from __future__ import annotations
 from functions import telemetry
 from functions.model.event import Decision, Transition
 from functions.model.policy import ALL_CHANNELS
-from functions.pipeline.approve import ApprovalResult, why_not
+from functions.pipeline.approval_record import ApprovalResult
+from functions.pipeline.approve import why_not
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import unannounced_before
 from functions.pipeline.reconcile import reconcile_key
