@@ -149,32 +149,36 @@ def _take(
             waiting = full[0]
             break
         counted.append((slot, vm))
-    if waiting:  # what it took goes back, the last taken first; it stays listed where it waits
-        _give_back(store, record.event_id, taken, counted, undo=True)
+    # Short of a slot, what it took goes back (all or none): its budgets' slots (taken last)
+    # first, then its sets'. Unlike a give-back (`_give_back`), it stays listed in the
+    # budgets' queues, where it waits, and wakes no one (who found a row full meanwhile is
+    # due again at the next sweep).
+    if waiting:
+        for slot, _vm in counted:
+            undo = give_back_budget(record.event_id, True, [])
+            store.mutate_budget_slot(slot.budget, slot.group, undo)
+        for key in taken:
+            store.mutate_capacity(key, give_back_set(record.event_id, []))
     if big:
         log.warning("%s: %s", record.event_id[:128], big)
     return waiting, guard, big
 
 
-def _give_back(
-    store: Store, event_id: str, keys: list[str], slots: list, *, undo: bool = False
-) -> list[str]:
+def _give_back(store: Store, event_id: str, keys: list[str], slots: list) -> list[str]:
     """Give back the event's slots in the set rows `keys`, then in the budget groups of
     `slots`, and its places in their queues; returns the events waiting there, to be woken
-    (`slot_rules.woken_order`). `undo`: an approval that could not take them all gives back
-    what it took, its budgets' first, and stays listed in their queues."""
+    (`slot_rules.woken_order`). (An approval that could not take them all puts back what it
+    took in `_take` itself.)"""
     woken: list[str] = []
-    for key in keys if not undo else []:
+    for key in keys:
         waiting: list[str] = []
         store.mutate_capacity(key, give_back_set(event_id, waiting))
         woken += waiting
     for slot, _vm in slots:
         waiting = []
-        change = give_back_budget(event_id, undo, waiting)
+        change = give_back_budget(event_id, False, waiting)
         store.mutate_budget_slot(slot.budget, slot.group, change)
         woken += waiting
-    for key in keys if undo else []:
-        store.mutate_capacity(key, give_back_set(event_id, []))
     return woken_order(event_id, woken)
 
 
