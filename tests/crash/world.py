@@ -256,8 +256,8 @@ class Made:
     """What every run of a scenario deploys alike, made once per scenario: the app's
     settings (frozen), the drain, undrain and channel settings (copied per run), and the
     tables: created by the first run, emptied after each (`World.clear_tables`), so each
-    run starts on existing empty tables as the first did, without creating and dropping
-    eight tables per run; `drop` removes them when the scenario is done."""
+    run starts on existing empty tables as the first did, and the host's own creates find
+    them there; `drop` removes them when the scenario is done."""
 
     settings: Any = None
     drain: DrainSettings | None = None
@@ -329,33 +329,22 @@ class World:
             return Host(self)
 
     def clear_tables(self, rows: dict[str, list[dict[str, Any]]] | None = None) -> None:
-        """Every row of the run's tables deleted (`rows`: as tests.crash.state.table_rows
-        read them after the run, else read here), one transaction per partition, so the
-        next run starts on the same empty tables. A row left behind would show in the next
-        run's end state as a difference: it could not pass unseen."""
+        """The run's tables emptied, so the next run starts on the same empty tables: each
+        table that holds a row (`rows`: as tests.crash.state.table_rows read them after the
+        run; None: every table of the run) dropped and created again under its name.
+        Azurite drops a table at once, and two requests per table cost a third of one
+        delete transaction per partition (34 ms a run instead of 128 ms, measured on eight
+        tables). A row left behind would show in the next run's end state as a difference:
+        it could not pass unseen."""
         with self.faults.paused():
             service = harness_service(self.connection)
             if rows is None:  # the run stopped before its tables were read
-                rows = {}
-                for name in run_tables(self.connection, self.prefix):
-                    client = service.get_table_client(name)
-                    rows[name[len(self.prefix) :]] = [dict(e) for e in client.list_entities()]
-            for table, entities in rows.items():
-                partitions: dict[str, list[dict[str, Any]]] = {}
-                for entity in entities:
-                    partitions.setdefault(entity["PartitionKey"], []).append(entity)
-                client = service.get_table_client(self.prefix + table)
-                for keys in partitions.values():
-                    for i in range(0, len(keys), 100):  # at most 100 operations each
-                        client.submit_transaction(
-                            [
-                                (
-                                    "delete",
-                                    {"PartitionKey": e["PartitionKey"], "RowKey": e["RowKey"]},
-                                )
-                                for e in keys[i : i + 100]
-                            ]
-                        )
+                names = run_tables(self.connection, self.prefix)
+            else:
+                names = [self.prefix + table for table, entities in rows.items() if entities]
+            for name in names:
+                service.delete_table(name)
+                service.create_table(name)
 
 
 def _channel_settings(servers: Servers) -> ChannelSettings:
