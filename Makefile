@@ -86,10 +86,12 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
 # renderer, reading each frame's source, crashed a worker twice in fresh CI runs under load
 # (an AST recursion; a frame with no line number), which hid every failure of the run.
 # --durations: the slowest tests and groups, so a CI log says where the 8 minutes went.
+# The suite's log says how long the installs kept it waiting (MAKE_TEST_STARTED).
 test:
-	@$(MAKE) --no-print-directory -j5 --output-sync=target checks suite
+	@MAKE_TEST_STARTED=$$(date +%s) $(MAKE) --no-print-directory -j5 --output-sync=target checks suite
 
 suite: install browser bytecode
+	@[ -z "$$MAKE_TEST_STARTED" ] || echo "suite: starts $$(( $$(date +%s) - MAKE_TEST_STARTED )) s after make test"
 	$(BIN)/python -m pytest -q --tb=native --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 # The suite's modules compiled and their asserts rewritten once, by one process, while npm
