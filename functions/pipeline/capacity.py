@@ -11,8 +11,9 @@ crash never leaks one and a VM that makes up an event never keeps its set-mates 
 
 The decider (functions.pipeline.reconcile) uses three entry points: `take_slots` before an
 approval, `settle_slots` at the end of a reconcile (give back what the row no longer
-entitles it to, count a Started event in its budgets; `release_slots` after an approval
-that did not succeed), and `flag_unstarted` when an approved event never started.
+entitles it to, count a Started event in its budgets), and `release_slots` after an
+approval that did not succeed. (An approved event that never started flags its VM in
+functions.pipeline.unstarted: no slot is involved.)
 
 Each reads what it needs first (the budget groups covering the event's VMs, from Azure's
 placements: `_coverage`), then, row by row, reads the slot row (and its holders' rows when
@@ -26,7 +27,6 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from functions.identity.facts import normalise_vm_id
 from functions.model.policy import Policy
 from functions.pipeline.slot_rules import (
     SET_FULL,
@@ -34,7 +34,6 @@ from functions.pipeline.slot_rules import (
     budget_holders_to_read,
     capacity_keys,
     capacity_limit,
-    flags_unstarted,
     give_back_budget,
     give_back_set,
     holds_budget,
@@ -52,7 +51,7 @@ from functions.pipeline.slot_rules import (
     wait_for,
     woken_order,
 )
-from functions.store.records import EventRecord, VmRecord
+from functions.store.records import EventRecord
 from functions.store.state import Store
 
 log = logging.getLogger(__name__)
@@ -316,36 +315,3 @@ def count_started(pipeline: Any, record: EventRecord, now: datetime) -> EventRec
 
     updated, _ = pipeline.store.mutate_event(record.event_id, change, known=record)
     return updated
-
-
-def flag_unstarted(pipeline: Any, record: EventRecord, now: datetime) -> None:
-    """An event approved through a VM's relay that Azure never started, by that VM's own
-    document (its reporter row: one point read): its relay is not asked to approve again
-    for a while (`relay_phase.suspect`)."""
-    if not record.approved_by or record.approved_by == "arm" or record.approval != "approved":
-        return
-    own = pipeline.store.get_reporter(record.event_id, record.approved_by)
-    vm = flags_unstarted(record, None if own is None else own.status)
-    if not vm:
-        return
-
-    def change(rec: VmRecord | None) -> VmRecord | None:
-        if rec is None or rec.unstarted == record.event_id:
-            return None
-        rec.unstarted = record.event_id
-        rec.unstarted_at = now
-        return rec
-
-    flagged, _ = pipeline.store.mutate_vm(vm, change)
-    # And in its identity row, where the approver looks (it reads no VM row for a VM whose
-    # own reporter row is fresh: functions.pipeline.relay_phase).
-    admission = getattr(pipeline, "admission", None)
-    if flagged is None or not flagged.vm_id or admission is None:
-        return
-
-    def flag(identity: Any) -> Any:
-        if identity is None or identity.unstarted == record.event_id:
-            return None
-        return identity.model_copy(update={"unstarted": record.event_id, "unstarted_at": now})
-
-    admission.registry.mutate(normalise_vm_id(flagged.vm_id), flag)

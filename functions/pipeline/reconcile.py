@@ -46,6 +46,7 @@ from functions.pipeline.lifecycle import (
     noting_drain,
 )
 from functions.pipeline.results import Reconciled
+from functions.pipeline.unstarted import flag_unstarted
 from functions.store import claims
 from functions.store.records import EventRecord
 from functions.store.reporters import Reporter
@@ -146,7 +147,7 @@ def _reconcile(
         if Transition.OVERDUE in sending:
             # Before the announcement: a crash in between leaves its claim, whose next
             # publish flags again (the flag is idempotent).
-            capacity.flag_unstarted(pipeline, record, now)
+            flag_unstarted(pipeline, record, now)
         holder = me if go else ""  # the approval's claim, claimed with them
         audited = publish_due(
             pipeline, record, sending, now, plan.overdue, deferred=bool(defer), approving=holder

@@ -151,7 +151,7 @@ def candidates(record: EventRecord, skip: set[str]) -> list[str]:
 
 # How long a VM whose approved event never started in its own view stays suspect (its
 # relay not asked to approve): its own documents cannot end it sooner (issue 46). The
-# flag is set by functions.pipeline.capacity.flag_unstarted (slot_rules.flags_unstarted).
+# flag is set by functions.pipeline.unstarted.flag_unstarted (its rule: flags_unstarted).
 UNSTARTED_FOR = timedelta(hours=24)
 
 

@@ -38,7 +38,6 @@ from functions.model.envelope import (
     PREEMPT,
     REBOOT,
     REDEPLOY,
-    SCHEDULED,
     TERMINATE,
     ScheduledEvent,
 )
@@ -46,9 +45,6 @@ from functions.model.policy import Policy, is_impactful
 from functions.store import claims
 from functions.store.budget_slots import BudgetHolder, BudgetSlot, BudgetWaiter
 from functions.store.records import MAX_WAITING, CapacityRecord, EventRecord
-
-# Types after which the VM is gone (evicted, deleted): never flagged for not starting.
-GONE_AFTER = frozenset(t.casefold() for t in (PREEMPT, TERMINATE))
 
 # How long an approved event may stay Scheduled before its VM is suspect: Azure starts an
 # approved event within moments, so after this its slot goes back and `overdue` says why.
@@ -178,20 +174,6 @@ def vm_still_out(status: str | None) -> bool:
     named that never reported it): it holds only while its own document lists the event.
     Back to normal (its document no longer lists it), it holds nothing."""
     return status is None or bool(status)
-
-
-def flags_unstarted(record: EventRecord, own_status: str | None) -> str:
-    """The VM to flag `unstarted` for this event ("" for none): the VM whose relay
-    approved it, when its own document (its reporter row's status: `own_status`) still
-    lists the event as Scheduled. A set-mate that keeps listing a shared event cannot get
-    the approver flagged, nor can a VM that no longer lists it (a 5 s Freeze over between
-    two polls)."""
-    vm = record.approved_by
-    if record.approval != "approved" or not vm or vm == "arm" or record.started:
-        return ""
-    if record.event_type.casefold() in GONE_AFTER:
-        return ""  # its VM is evicted or deleted: no Started may ever be seen, and no lie
-    return vm if own_status == SCHEDULED else ""
 
 
 def needs_capacity(event: ScheduledEvent | EventRecord) -> bool:
