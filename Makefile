@@ -112,8 +112,9 @@ checks: install lint typecheck infra-check browser test-py39
 # relay on Debian bullseye's Python 3.9, fetched into .cache/py39/ with a project-local apt
 # configuration (tests/relay/python39.py). Outside CI it skips, saying so, where apt is missing.
 # Four workers: the tests mostly wait on relays (15 s of CPU in 45 s on two), and this step is
-# the longest of `checks`, ahead of the suite.
-test-py39: $(STAMP)
+# the longest of `checks`, ahead of the suite. Three of them write to Azurite: the step waits
+# for npm too (with uv the venv is ready before `npm ci` is done).
+test-py39: install
 	@py39=$$($(PYTHON) tests/relay/python39.py) || exit 1; \
 	if [ -n "$$py39" ]; then \
 		RELAY_TEST_PYTHON=$$py39 $(BIN)/python -m pytest -q -p no:cacheprovider -n 4 --dist loadgroup -m relay_process tests/relay; \
