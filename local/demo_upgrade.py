@@ -309,6 +309,12 @@ class UpgradeLane:
 
     def join(self, timeout: float) -> None:
         self.thread.join(timeout)
+        self.stop_probes()
+
+    def stop_probes(self) -> None:
+        """The load balancer's probes stopped, whether or not the outcomes were read: a
+        demo closed early (Ctrl-C, a test that stops it mid-plan) leaves no thread probing
+        its relays after it (a test later in the same process once met one)."""
         for probe in self.probes:
             probe.stop()
 

@@ -96,6 +96,8 @@ class Demo(DemoState):
         if "local functions host" not in self.missing:
             self._start_event_grid()
         self.upgrade_lane = prepare_upgrade_lane(self)
+        if self.upgrade_lane is not None:
+            self.stack.callback(self.upgrade_lane.stop_probes)
         self.watcher = FleetWatcher(self.sim, self.timeline, on_new=self._attach_step).start()
         self.stack.callback(self.watcher.stop)
         return self

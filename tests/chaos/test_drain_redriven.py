@@ -83,6 +83,7 @@ def test_a_demo_stopped_mid_drain_stops_at_once_and_leaves_no_drain_thread():
     handlers: list[threading.Thread] = []  # the hook's handler threads, joined below
     try:
         demo.start()
+        probing = [t for t in threading.enumerate() if t.name.startswith("lane-probe-")]
         receiver = demo.receivers["drain"]
 
         def never_answers(body: object) -> object:
@@ -120,6 +121,11 @@ def test_a_demo_stopped_mid_drain_stops_at_once_and_leaves_no_drain_thread():
     assert workers == [], f"{workers} outlived the demo's stop ({took:.1f} s)"
     host = [t.name for t in left if t.name == "local-functions-host"]
     assert host == [], f"the host's thread outlived the demo's stop ({took:.1f} s)"
+    # The upgrade lane's load balancer probes (local/demo_upgrade.py) stop with the demo: on
+    # 7fa2009 they probed on, and one met a later test's patched getaddrinfo.
+    assert probing, "the demo started no upgrade-lane probe: this check would see nothing"
+    probes = [t.name for t in left if t.name.startswith("lane-probe-")]
+    assert probes == [], f"{probes} outlived the demo's stop"
     for lease in [t for t in left if t.name == "drain-lease"]:
         lease.join(15)  # told to stop by its step's end; it sends nothing more
         assert not lease.is_alive(), "a drain step's lease renewal outlived the demo"
