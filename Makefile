@@ -103,8 +103,8 @@ suite: install browser bytecode
 # The suite's modules compiled and their asserts rewritten once, by one process, while npm
 # still installs Azurite (which the suite waits for), instead of by each worker at once.
 bytecode: $(STAMP)
-	@$(BIN)/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null \
-	  || { echo "make: the suite does not collect:"; $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider | tail -30; exit 1; }
+	@out=$$($(BIN)/python -m pytest --collect-only -q -p no:cacheprovider 2>&1) \
+	  || { echo "make: the suite does not collect:"; echo "$$out" | tail -30; exit 1; }
 
 checks: install lint typecheck infra-check browser test-py39
 
