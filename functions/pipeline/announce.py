@@ -6,6 +6,14 @@ the row's ETag) is what makes 100 concurrent reporters announce once. A claim is
 and the error raised, so the message is redelivered and the announcement retried. A crash
 between the two leaves "pending", which the watchdog republishes once it is stale (the
 MessageId makes that safe).
+
+Publishing `overdue` for an event approved through a VM's relay that Azure never started
+flags that VM `unstarted` first (issue 37; `flag_unstarted`, its rule `flags_unstarted`):
+a relay that says "approved" to events its VM made up would otherwise take its set's slot
+again and again, a new EventId each lapse. A crash in between leaves the announcement's
+claim, whose next publish flags again (the flag is idempotent). The approver reads the
+flag (functions.pipeline.relay_phase.suspect) and does not ask that VM's relay again for
+UNSTARTED_FOR. It reads and writes no slot row (not functions.pipeline.capacity's).
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
+from functions.identity.facts import normalise_vm_id
+from functions.model.envelope import PREEMPT, SCHEDULED, TERMINATE
 from functions.model.event import Links, Notification, Transition
 from functions.model.policy import Policy, transition_pages
 from functions.pipeline.context import Pipeline
@@ -21,7 +31,7 @@ from functions.pipeline.due import ENDS
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.audit import AuditRows
-from functions.store.records import EventRecord
+from functions.store.records import EventRecord, VmRecord
 from functions.store.rows import UNREAD
 from functions.store.state import Store
 
@@ -153,11 +163,16 @@ def publish_due(
     approving: str,
 ) -> list[dict[str, Any]]:
     """Publish the announcements the reconcile claimed (`sending`, in the order a person
-    reads them; `overdue`: why it is overdue), the decision's audit row with them. With
+    reads them; `overdue`: why it is overdue; its VM flagged `unstarted` first), the
+    decision's audit row with them. With
     `deferred` the approval that follows marks them done, with the audit row, in the
     write recording its outcome; else they are marked done here. `approving`: the holder
     of the approval claimed with them, given back if the topic fails (`give_back`).
     Returns the audit rows that go with marking them done."""
+    if Transition.OVERDUE in sending:
+        # Before the announcement: a crash in between leaves its claim, whose next
+        # publish flags again (the flag is idempotent).
+        flag_unstarted(pipeline, record, now)
     audited: list[dict[str, Any]] = []
     if {Transition.DECIDED, Transition.POLICY_INVALID} & set(sending):
         # The decision's audit goes with its announcement, in the write that marks it
@@ -273,3 +288,56 @@ def _decision_audit(record: EventRecord) -> dict[str, Any] | None:
         once=f"decision:{at.isoformat()}:{decision.rule}:{decision.action}:{again}",
         rank=1,
     )
+
+
+# ------------------------------------------------------------------ unstarted
+
+# Types after which the VM is gone (evicted, deleted): never flagged for not starting.
+GONE_AFTER = frozenset(t.casefold() for t in (PREEMPT, TERMINATE))
+
+
+def flags_unstarted(record: EventRecord, own_status: str | None) -> str:
+    """The VM to flag `unstarted` for this event ("" for none): the VM whose relay
+    approved it, when its own document (its reporter row's status: `own_status`) still
+    lists the event as Scheduled. A set-mate that keeps listing a shared event cannot get
+    the approver flagged, nor can a VM that no longer lists it (a 5 s Freeze over between
+    two polls)."""
+    vm = record.approved_by
+    if record.approval != "approved" or not vm or vm == "arm" or record.started:
+        return ""
+    if record.event_type.casefold() in GONE_AFTER:
+        return ""  # its VM is evicted or deleted: no Started may ever be seen, and no lie
+    return vm if own_status == SCHEDULED else ""
+
+
+def flag_unstarted(pipeline: Pipeline, record: EventRecord, now: datetime) -> None:
+    """An event approved through a VM's relay that Azure never started, by that VM's own
+    document (its reporter row: one point read): its relay is not asked to approve again
+    for a while (`relay_phase.suspect`)."""
+    if not record.approved_by or record.approved_by == "arm" or record.approval != "approved":
+        return
+    own = pipeline.store.get_reporter(record.event_id, record.approved_by)
+    vm = flags_unstarted(record, None if own is None else own.status)
+    if not vm:
+        return
+
+    def change(rec: VmRecord | None) -> VmRecord | None:
+        if rec is None or rec.unstarted == record.event_id:
+            return None
+        rec.unstarted = record.event_id
+        rec.unstarted_at = now
+        return rec
+
+    flagged, _ = pipeline.store.mutate_vm(vm, change)
+    # And in its identity row, where the approver looks (it reads no VM row for a VM whose
+    # own reporter row is fresh: functions.pipeline.relay_phase).
+    admission = pipeline.admission
+    if flagged is None or not flagged.vm_id or admission is None:
+        return
+
+    def flag(identity: Any) -> Any:
+        if identity is None or identity.unstarted == record.event_id:
+            return None
+        return identity.model_copy(update={"unstarted": record.event_id, "unstarted_at": now})
+
+    admission.registry.mutate(normalise_vm_id(flagged.vm_id), flag)

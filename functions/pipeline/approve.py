@@ -41,6 +41,7 @@ from functions.pipeline.context import Pipeline
 from functions.pipeline.due import unannounced_before
 from functions.pipeline.lifecycle import approval_lease, note_sent
 from functions.pipeline.relay_phase import RELAYS_PER_ATTEMPT, expect_for, relay_phase
+from functions.pipeline.views import own_views
 from functions.settings import Settings
 from functions.store import claims
 from functions.store.records import Attempt, EventRecord
@@ -83,8 +84,8 @@ def approve_event(
       same transaction, and only with it.
     - `tag`: who claims (the drain of this event: "drain:<EventId>"); a claim with the same
       tag, left by a runner that died, is taken over at once instead of after its lease.
-    - `reporters`: the event's reporter rows as the caller just read them (the reconcile
-      by key reads them for the decider): not queried again.
+    - `reporters`: the event's reporter rows as the caller just read them: not queried
+      again (None: read here, once claimed).
     Never raises for relay or ARM trouble; returns `skipped` when the event is gone,
     already started or approved, another caller is approving it right now, or its
     `decided` is not announced yet (ANNOUNCING).
@@ -105,6 +106,44 @@ def approve_event(
             detail = why_not(record, now)
             return ApprovalResult(event_id=event_id, outcome="skipped", detail=detail)
     assert record is not None
+    if reporters is None:  # only the relays are asked with them
+        relay = "relay" in settings.approver_order
+        reporters = store.reporter_rows(event_id) if relay else []
+    return approve_claimed(
+        pipeline,
+        record,
+        reporters,
+        announce=announce,
+        give_up_at=give_up_at,
+        by=by,
+        relays=relays,
+        settle=settle,
+        settle_rows=settle_rows,
+    )
+
+
+def approve_claimed(
+    pipeline: Pipeline,
+    record: EventRecord,
+    reporters: list[Reporter],
+    *,
+    announce: bool = True,
+    give_up_at: datetime | None = None,
+    by: str = "policy",
+    relays: tuple[str, ...] | None = None,
+    settle: tuple[Transition, ...] = (),
+    settle_rows: list[dict[str, Any]] | None = None,
+) -> ApprovalResult:
+    """Approve an event whose approval claim the caller holds (`record`, as written with
+    it): the reconcile by key, which claims it in the write that announces what is due,
+    and `approve_event` once it has claimed. `reporters`: the event's reporter rows as
+    the caller read them (each named VM's own view, who reports it). The other arguments
+    are `approve_event`'s."""
+    store, settings, clock = pipeline.store, pipeline.settings, pipeline.clock
+    now = clock.now()
+    policy = settings.policy.policy
+    if policy is not None and policy.dry_run:
+        return ApprovalResult(event_id=record.event_id, outcome="skipped", detail="dry run")
     # Relays and ARM get until NotBefore less the margin (no NotBefore: one attempt's budget).
     if record.not_before is None:
         deadline = now + timedelta(seconds=settings.approval_budget_seconds)
@@ -112,6 +151,12 @@ def approve_event(
         deadline = record.not_before - timedelta(seconds=settings.approval_margin_seconds)
     stop = min(deadline, give_up_at) if give_up_at else deadline
     order = settings.approver_order
+    # Each VM's own view (its reporter row) is what its relay must confirm (and what ARM's
+    # Azure row is compared with); the same rows say who reports it, for the outcome's
+    # announcement (no second query of the partition: issue 47).
+    record.reporter_views, stricter_own = own_views(reporters, record)
+    record.reporters = {r.vm: r.status for r in reporters if r.status}
+    record.past_reporters = [r.vm for r in reporters]
     owners: list[ArmResource] = []
     if "arm" in order:
         # The named VMs of one event share few owners (their set): the first few VMs
@@ -126,7 +171,7 @@ def approve_event(
         arm_next = "arm" in order[index + 1 :] and bool(owners)
         if approver == "relay":
             phase = relay_phase(
-                pipeline, record, by, now, stop, deadline, arm_next, relays, reporters
+                pipeline, record, by, now, stop, deadline, arm_next, reporters, stricter_own, relays
             )
         else:
             phase = arm_phase(pipeline, record, owners, by, stop, deadline, expect_for)

@@ -13,7 +13,7 @@ The decider (functions.pipeline.reconcile) uses three entry points: `take_slots`
 approval, `settle_slots` at the end of a reconcile (give back what the row no longer
 entitles it to, count a Started event in its budgets), and `release_slots` after an
 approval that did not succeed. (An approved event that never started flags its VM in
-functions.pipeline.unstarted: no slot is involved.)
+functions.pipeline.announce, with its `overdue`: no slot is involved.)
 
 Each reads what it needs first (the budget groups covering the event's VMs, from Azure's
 placements: `_coverage`), then, row by row, reads the slot row (and its holders' rows when

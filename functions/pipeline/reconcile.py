@@ -6,8 +6,8 @@ Every entry point records what it saw and then reconciles the event by its key
 (the caller waits), the sweep's workers and a document with many events through the work
 queue. Only here are claims taken and effects done; what is due is decided by
 functions.pipeline.due alone, from the rows `reconcile_key` reads itself (the event row;
-its reporter rows and its reporters' VM rows when their silence can end it, through
-functions.pipeline.facts). Each effect is
+its reporter rows and its reporters' VM rows when their silence can end it: `load_facts`,
+below). Each effect is
 idempotent and marked done in the row:
 
 1. changes of state first, each followed by a fresh decision on the row it wrote: the end,
@@ -32,13 +32,14 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+from functions.model.envelope import STARTED
 from functions.model.event import Transition
 from functions.pipeline import capacity
 from functions.pipeline.announce import mark_done, publish_due
-from functions.pipeline.approve import approve_event
+from functions.pipeline.approval_record import ApprovalResult
+from functions.pipeline.approve import approve_claimed
 from functions.pipeline.context import Pipeline
 from functions.pipeline.due import ORDER, Due, Facts, due
-from functions.pipeline.facts import load_facts
 from functions.pipeline.lifecycle import (
     change_of_state,
     claiming,
@@ -46,7 +47,6 @@ from functions.pipeline.lifecycle import (
     noting_drain,
 )
 from functions.pipeline.results import Reconciled
-from functions.pipeline.unstarted import flag_unstarted
 from functions.store import claims
 from functions.store.records import EventRecord
 from functions.store.reporters import Reporter
@@ -144,10 +144,6 @@ def _reconcile(
     defer = tuple(sending) if go else ()  # marked done in the write recording the approval
     audited: list[dict[str, Any]] = []  # audit rows written with the announcements' mark
     if sending:
-        if Transition.OVERDUE in sending:
-            # Before the announcement: a crash in between leaves its claim, whose next
-            # publish flags again (the flag is idempotent).
-            flag_unstarted(pipeline, record, now)
         holder = me if go else ""  # the approval's claim, claimed with them
         audited = publish_due(
             pipeline, record, sending, now, plan.overdue, deferred=bool(defer), approving=holder
@@ -221,6 +217,71 @@ def _due(
     )
 
 
+# ------------------------------------------------------------------ what the decider reads
+
+# Reporters whose VM rows a reconcile reads to tell whether all went silent: an event with
+# more is ended by their documents (or Azure), never by reading a thousand rows.
+MAX_SILENCE_READS = 100
+
+
+def load_facts(
+    pipeline: Pipeline, record: EventRecord, now: datetime, rows: list[Reporter] | None = None
+) -> tuple[Facts, list[Reporter] | None]:
+    """What the decider reads beside an open event's row: its reporter rows (one partition
+    query: who still lists it, each one's own status, view and when its relay saw it; the
+    approver uses the same rows) and, once it is past its start, whether every VM that
+    still lists it went silent (their VM rows, up to MAX_SILENCE_READS, stopping at the
+    first that was heard). The rows are None for an ended event (nothing read). `rows`:
+    the reporter rows as the caller read them with the event row (one query for both:
+    Store.event_and_reporters), not queried again."""
+    if record.ended:
+        return Facts(), None
+    if rows is None:
+        rows = pipeline.store.reporter_rows(record.event_id)
+    current = {r.vm: r for r in rows if r.status}
+    record.reporters = {vm: r.status for vm, r in current.items()}
+    record.past_reporters = [r.vm for r in rows]
+    reporting = bool(current)
+    past = record.started or (record.not_before is not None and now >= record.not_before)
+    silent: bool | None = None
+    if past and reporting:
+        silent = all_silent(pipeline, list(current), now)
+    said_started = [r.seen or now for r in current.values() if r.status == STARTED]
+    gone = [r.seen for r in rows if not r.status and r.seen is not None]
+    known = {r.vm.casefold() for r in rows}
+    facts = Facts(
+        unreported=any(vm.casefold() not in known for vm in record.resources),
+        reporting=reporting,
+        reported=bool(rows),
+        silent=silent,
+        left_at=max(gone) if gone and not reporting else None,
+        started_seen=min(said_started) if said_started else None,
+        scheduled=any(r.status != STARTED for r in current.values()),
+    )
+    return facts, rows
+
+
+def all_silent(pipeline: Pipeline, names: list[str], now: datetime) -> bool:
+    """Every one of these VMs' relays was last heard (a message, a Service Bus heartbeat,
+    its verified liveness row) longer than RELAY_SILENT_AFTER_SECONDS ago; False at the
+    first that was heard since, or past MAX_SILENCE_READS VMs."""
+    if not names or len(names) > MAX_SILENCE_READS:
+        return False
+    quiet = timedelta(seconds=pipeline.settings.relay_silent_after_seconds)
+    verify = pipeline.liveness_verifier
+    for name in names:
+        vm = pipeline.store.get_vm(name)
+        if vm is None:
+            continue  # its row is gone (forgotten): nothing will be heard from it
+        # Its last message, or its verified liveness hint if later.
+        heard = pipeline.store.liveness.last_heard(
+            vm.vm_id, vm.last_seen, verify, silent_after=quiet, now=pipeline.clock.now()
+        )
+        if heard is not None and now - heard <= quiet:
+            return False
+    return True
+
+
 # ------------------------------------------------------------------ drain, approval
 
 
@@ -257,17 +318,22 @@ def _approve(
     the audit rows that go with marking them done, both in the outcome's write."""
     store, settings = pipeline.store, pipeline.settings
     defer, audited = deferred
-    result = approve_event(
-        record.event_id,
-        pipeline,
-        by=by,
-        give_up_at=now + timedelta(seconds=settings.approval_budget_seconds),
-        claimed=record if holds_approval(record, me) and record.approval == "in_progress" else None,
-        settle=defer,
-        settle_rows=audited,
-        tag=me,
-        reporters=rows,
-    )
+    if rows is None or not (holds_approval(record, me) and record.approval == "in_progress"):
+        # Its claim lapsed in a long drain (or the row ended): the next reconcile claims
+        # it again if it is still due; nothing is asked without this holder's claim.
+        result = ApprovalResult(
+            event_id=record.event_id, outcome="skipped", detail="its approval claim lapsed"
+        )
+    else:
+        result = approve_claimed(
+            pipeline,
+            record,
+            rows,
+            by=by,
+            give_up_at=now + timedelta(seconds=settings.approval_budget_seconds),
+            settle=defer,
+            settle_rows=audited,
+        )
     if result.outcome == "skipped" and defer:
         mark_done(store, record.event_id, defer, with_rows=audited)
     if result.outcome in ("failed", "retry_later") and plan.capacity:

@@ -25,7 +25,6 @@ from functions.pipeline.anchor import relay_of
 from functions.pipeline.approve_arm import ARM, Phase
 from functions.pipeline.context import Pipeline
 from functions.pipeline.lanes import RelayLanes
-from functions.pipeline.views import own_views
 from functions.store.records import Attempt, EventRecord
 from functions.store.reporters import Reporter
 
@@ -42,12 +41,16 @@ def relay_phase(
     stop: datetime,
     deadline: datetime,
     arm_next: bool,
+    rows: list[Reporter],
+    stricter_own: set[str],
     only: tuple[str, ...] | None = None,
-    reporters: list[Reporter] | None = None,
 ) -> Phase:
     """Relays of the named VMs. With ARM next, relays get ARM_FALLBACK_AFTER_SECONDS from
     their first attempt (kept in the row across invocations) and no waiting for relays
-    not heard yet: ARM can approve now."""
+    not heard yet: ARM can approve now. `rows`: the event's reporter rows, as the
+    approval's caller read them, each VM's own view loaded from them into
+    `record.reporter_views` (functions.pipeline.approve); `stricter_own`: the VMs whose own
+    view decided stricter than the event, not asked except by a person."""
     settings, clock = pipeline.settings, pipeline.clock
     handover = deadline
     if arm_next:
@@ -61,14 +64,6 @@ def relay_phase(
     refused: set[str] = {
         a.vm for a in record.approval_attempts if a.vm is not None and final_refusal(a.outcome)
     }
-    # Each VM's own view (its reporter row: one query) is what its relay must confirm; a
-    # VM whose own view decided stricter than the event is not asked, except by a person.
-    rows = reporters if reporters is not None else pipeline.store.reporter_rows(record.event_id)
-    record.reporter_views, stricter_own = own_views(rows, record)
-    # The same rows say who reports it (what Store.load_reporters reads): the outcome's
-    # announcement names them without a second query of the partition (issue 47).
-    record.reporters = {r.vm: r.status for r in rows if r.status}
-    record.past_reporters = [r.vm for r in rows]
     not_approving: set[str] = set() if by.startswith("manual:") else set(stricter_own)
     if only is not None:
         allowed = {name.casefold() for name in only}
@@ -151,7 +146,7 @@ def candidates(record: EventRecord, skip: set[str]) -> list[str]:
 
 # How long a VM whose approved event never started in its own view stays suspect (its
 # relay not asked to approve): its own documents cannot end it sooner (issue 46). The
-# flag is set by functions.pipeline.unstarted.flag_unstarted (its rule: flags_unstarted).
+# flag is set by functions.pipeline.announce.flag_unstarted (its rule: flags_unstarted).
 UNSTARTED_FOR = timedelta(hours=24)
 
 
