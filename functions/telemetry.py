@@ -1,6 +1,7 @@
 """Structured log lines the alerts and the workbook query (infra/modules/monitoring.bicep).
 
-One line per published transition and one per watchdog run, each written twice over: as
+One line per published transition, one per watchdog run (what the sweep itself did) and
+one per reconcile of a work item (what was done for that event), each written twice over: as
 the message `sebridge {json}` (what Application Insights' `traces.message` always has,
 whatever the worker does with extra fields) and as logging `extra` (customDimensions where
 the worker forwards them). The field names below are a contract: the KQL in the Bicep
@@ -18,7 +19,7 @@ from functions.model.event import Notification
 log = logging.getLogger("sebridge.telemetry")
 
 PREFIX = "sebridge "
-KINDS = ("transition", "watchdog_run", "manual_approval", "admission")
+KINDS = ("transition", "watchdog_run", "reconciled", "manual_approval", "admission")
 # Every field any line carries; `kind` says which line it is.
 FIELDS = (
     "kind",
@@ -42,10 +43,14 @@ FIELDS = (
     "by",
     "outcome",
     "silent",
-    "overdue",
-    "approvals",
+    "due",
+    "handed",
+    "skipped_rows",
+    "published",
+    "approval",
     "ended",
     "redecided",
+    "closed",
     "admitted",
     "rejected",
     "unverified",
@@ -108,15 +113,36 @@ ATTENTION = {
 
 
 def watchdog_run(report: Any) -> dict[str, Any]:
-    """The watchdog ran (the alert "watchdog not running" looks for the absence of this)."""
+    """The watchdog ran (the alert "watchdog not running" looks for the absence of this):
+    what the sweep itself did. In Azure it reconciles nothing itself: it hands the due
+    events' keys to the work queue (`handed` of `due`), and each reconcile writes its own
+    line (`reconciled`), so overdue events, approvals and ends are counted there, not here
+    (issue 46: they read 0 here in Azure)."""
     return emit(
         "watchdog_run",
         {
             "silent": len(report.silent),
-            "overdue": len(report.overdue),
-            "approvals": len(report.approvals),
-            "ended": len(report.ended),
-            "redecided": len(getattr(report, "redecided", [])),
+            "due": report.due,
+            "handed": report.handed,
+            "skipped_rows": report.skipped_rows,
+        },
+    )
+
+
+def reconciled(done: Any) -> dict[str, Any]:
+    """What one reconcile of a work item did for its event (functions.pipeline.results
+    .Reconciled): the transitions it published, its approval's outcome, whether it ended,
+    was decided again or closed."""
+    approval = done.approval
+    return emit(
+        "reconciled",
+        {
+            "event_id": done.event_id,
+            "published": [t.value for t in done.published],
+            "approval": approval.outcome if approval is not None else None,
+            "ended": done.ended or None,
+            "redecided": done.redecided,
+            "closed": done.closed,
         },
     )
 

@@ -14,6 +14,7 @@ import pytest
 
 from functions import telemetry
 from functions.model.event import Decision, EventSnapshot, Notification, Transition
+from functions.pipeline.results import Reconciled
 from tests.infra.bicep import MODULES, ROOT, dotted, iso_minutes, load, module_params
 from tests.infra.schema_check import Evaluator
 
@@ -172,9 +173,10 @@ def test_what_the_app_writes_carries_every_field_the_queries_read(caplog) -> Non
         )
 
     class Report:
-        silent, overdue, approvals, ended, redecided = [], [], [], [], []
+        silent, due, handed, skipped_rows = [], 0, 0, 0
 
     telemetry.watchdog_run(Report())
+    telemetry.reconciled(Reconciled("EV-T"))
     telemetry.admission(7, 3, 1, {"chain": 1})
     telemetry.manual_approval("EV-T", "manual:alice", "approved", "")
     lines = _lines(caplog)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import azure.functions as func
 from azure.functions.timer import TimerRequest
 
 from functions import telemetry
@@ -56,3 +57,42 @@ def test_the_watchdog_handler_logs_each_run(store, clock, caplog):
         core.use_pipeline(None)
     (line,) = _lines(caplog)
     assert line["kind"] == "watchdog_run" and line["silent"] == 0
+
+
+class _Queue:
+    """The work queue as the sweep sees it in Azure: keys handed over, none reconciled."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def enqueue(self, keys: list[str], now, *, sweep: bool = False) -> int:
+        self.keys += keys
+        return len(keys)
+
+
+def test_the_sweep_says_what_it_handed_over_and_each_reconcile_what_it_did(
+    store, clock, relay, caplog
+):
+    """In Azure the sweep reconciles nothing itself: its line counts what it found due and
+    handed to the work queue, and the reconcile of each work item writes what it did (what
+    it published, its approval, its end): issue 46 found the sweep's counts always 0 there."""
+    caplog.set_level("INFO", logger="sebridge.telemetry")
+    pipeline, _ = make_pipeline(store, clock)
+    queue = _Queue()
+    pipeline.work_queue = queue
+    ingest_message(envelope("vm1", 1, [event("EV-W", "Reboot")], callback_url=relay.url), pipeline)
+    clock.advance(16 * 60)  # past its NotBefore: due, and ended by its silent reporter
+    core.use_pipeline(pipeline)
+    try:
+        caplog.clear()
+        core.watchdog(TimerRequest())
+        (sweep,) = [line for line in _lines(caplog) if line["kind"] == "watchdog_run"]
+        assert (sweep["due"], sweep["handed"]) == (1, 1), sweep
+        assert queue.keys == ["EV-W"]
+        caplog.clear()
+        core.reconcile(func.ServiceBusMessage(body=b"EV-W"))
+    finally:
+        core.use_pipeline(None)
+    (done,) = [line for line in _lines(caplog) if line["kind"] == "reconciled"]
+    assert (done["event_id"], done["published"]) == ("EV-W", ["completed"]), done
+    assert done["ended"] and done["approval"] is None, done
