@@ -10,11 +10,11 @@
   concurrently, and Teams must get one post;
 - the worst cost of one hostile message (tests/security/hostile.py: an issuer fan-out,
   an issuer that hangs or drips, a mesh of certificates, a bogus nonce, random vmIds, ...);
-- fleet scale (tests/bench/scale_bench.py, tests/bench/set_relays.py,
-  tests/bench/relay_heartbeats.py): Table requests per document at 200 reporters,
-  documents per event across a 20-VM set of real relays, one watchdog sweep at 10,000 VMs,
-  heartbeats (real relays writing the liveness table, and the Service Bus path of older relays);
-  from these, the per-operation counts the cost
+- fleet scale (tests/bench/scale_bench.py, tests/bench/watchdog_bench.py,
+  tests/bench/set_relays.py, tests/bench/relay_heartbeats.py): Table requests per
+  document at 200 reporters, documents per event across a 20-VM set of real relays, one
+  watchdog sweep at 10,000 VMs, heartbeats (real relays writing the liveness table, and
+  the Service Bus path of older relays); from these, the per-operation counts the cost
   model reads (functions/cost/counts.json, rewritten by a full run) and the model's cost
   per VM-month at 10,000 VMs and capacity ceiling;
 - enrolment (tests/bench/enrol_bench.py): 100,000 VMs through the bulk identity sync with

@@ -27,6 +27,7 @@ from typing import Any
 
 from local.plan import FLEET, Step
 from tests.chaos import faults as chaos
+from tests.chaos import host_faults
 
 TIME_SCALE = 20.0
 SETTLE_LIMIT = 300.0  # seconds after the plan for the app to catch up (resends, backlog)
@@ -167,7 +168,7 @@ RUNS: tuple[Run, ...] = (
         "freeze",
         lambda: chaos.ChannelsDown(("teams", "slack"), window=30),
     ),
-    Run("host killed mid-message", "wave", lambda: chaos.HostKilledMidMessage()),
+    Run("host killed mid-message", "wave", lambda: host_faults.HostKilledMidMessage()),
     Run("guest clock step", "freeze", lambda: chaos.ClockStep("web-1", 400, window=20)),
 )
 
@@ -193,7 +194,7 @@ QUICK = ("storage refusing 5 s at 60x", "host killed mid-message at 60x")
 def quick_runs() -> tuple[Run, ...]:
     return (
         Run(QUICK[0], "freeze", lambda: chaos.StorageOutage("refusing", 5, start=0.5), {}, 60, 60),
-        Run(QUICK[1], "freeze", lambda: chaos.HostKilledMidMessage(), {}, 60, 60),
+        Run(QUICK[1], "freeze", lambda: host_faults.HostKilledMidMessage(), {}, 60, 60),
     )
 
 

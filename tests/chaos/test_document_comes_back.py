@@ -15,7 +15,7 @@ import pytest
 
 from local.options import DemoOptions
 from local.plan import FLEET, Step
-from tests.chaos.faults import DeadLetter, end_of
+from tests.chaos.host_faults import DeadLetter, end_of
 from tests.e2e.conftest import clean_env, play
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

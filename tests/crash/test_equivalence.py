@@ -23,8 +23,10 @@ from tests.crash import explore as explorer
 from tests.crash.explore import explore
 from tests.crash.faults import Fault, Sent
 from tests.crash.runner import Step, drain, settle
-from tests.crash.scenarios import Scenario, approve_rule, doc, event
+from tests.crash.scenario_steps import approve_rule, doc
+from tests.crash.scenarios import Scenario
 from tests.crash.world import Config, Servers
+from tests.functions.conftest import event
 
 pytestmark = [pytest.mark.azurite, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 CHECKOV = Path(sys.executable).parent / "checkov"
 SKIP = re.compile(r"//\s*checkov:skip=([A-Z0-9_]+)(?::\s*(.*))?$")
-# The seven arguments cloud-init passes to add-relay.sh, in its order; test_cloud_init.py uses
+# The seven arguments cloud-init passes to add-relay.sh, in its order; relay_bootstrap.py uses
 # the same values (this file stays importable with the standard library alone). They test the
 # script as it is: main.bicep now passes `none` as the 5th (no relay key any more;
 # test_cloud_init.py checks that the script takes it once the relay side lands).

@@ -7,7 +7,7 @@ import re
 import yaml
 
 from tests.infra.customdata import LONGEST, MIN_SPARE, PLACEHOLDER, custom_data, spare_bytes
-from tests.infra.test_cloud_init import CLOUD_INIT, _replacements
+from tests.infra.relay_bootstrap import CLOUD_INIT, replacements
 
 
 def test_customdata_keeps_at_least_8_kib_spare() -> None:
@@ -20,7 +20,7 @@ def test_customdata_keeps_at_least_8_kib_spare() -> None:
 
 def test_the_measure_fills_every_placeholder_main_bicep_fills() -> None:
     used = set(PLACEHOLDER.findall(CLOUD_INIT.read_text()))
-    assert used == set(_replacements())
+    assert used == set(replacements())
     assert used == {*LONGEST, "RELAY_PYZ_B64", "ADD_RELAY_SCRIPT_B64"}
     doc = yaml.safe_load(custom_data())  # what cloud-init reads: still a valid document
     assert custom_data().startswith("#cloud-config\n") and doc["write_files"]

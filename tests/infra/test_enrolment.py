@@ -35,7 +35,7 @@ import pytest
 import requests
 
 from tests.conftest import free_port
-from tests.infra.test_cloud_init import ADD_RELAY, ARG_ORDER, ARGS
+from tests.infra.relay_bootstrap import ADD_RELAY, ARG_ORDER, ARGS
 from tests.needs import missing
 from tests.relay.conftest import build_pyz, json_files, relay_env
 

@@ -223,7 +223,7 @@ def test_example_vm_and_scale_set_opt_in_behind_a_parameter() -> None:
 
 def test_arm_approves_by_default_only_with_an_acknowledge_scope() -> None:
     """Issue #23: APPROVERS was relay,arm with no acknowledge role anywhere."""
-    from tests.infra.schema_check import Evaluator
+    from tests.infra.bicep_evaluator import Evaluator
 
     main = load("main")
     expression = main.tree["variables"]["effectiveApprovers"]["value"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.infra.bicep import INFRA, load, module_params, parse_bicepparam
-from tests.infra.schema_check import Evaluator
+from tests.infra.bicep_evaluator import Evaluator
 
 
 def test_the_ssh_key_is_asked_for_only_when_an_example_is_deployed() -> None:

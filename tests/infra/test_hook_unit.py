@@ -350,9 +350,9 @@ def test_the_template_passes_hook_as_to_cloud_init() -> None:
     """The Bicep can give the hooks their rights too: relayHookAs is cloud-init's 10th
     argument ('' : add-relay.sh's default, a user of its own per run, no capabilities)."""
     from tests.infra.bicep import load
-    from tests.infra.test_cloud_init import _replacements
+    from tests.infra.relay_bootstrap import replacements
 
-    assert _replacements()["HOOK_AS"] == "relayHookAs"
+    assert replacements()["HOOK_AS"] == "relayHookAs"
     assert load("main").param_default("relayHookAs") == ""
 
 

@@ -21,8 +21,9 @@ import azure.functions as func
 import pytest
 
 from tests.indexed_functions import indexed_functions
-from tests.infra.bicep import ROOT, iso_minutes
-from tests.infra.schema_check import INFRA, Alt, alternatives, evaluator_for
+from tests.infra.bicep import INFRA, ROOT, iso_minutes
+from tests.infra.bicep_evaluator import evaluator_for
+from tests.infra.bicep_values import Alt, alternatives
 
 SCHEMAS = ROOT / "tests" / "infra" / "schemas"
 

@@ -32,7 +32,7 @@ from tests.infra.bicep import (
     role_definition_guid,
     scope_symbol,
 )
-from tests.infra.schema_check import Evaluator
+from tests.infra.bicep_evaluator import Evaluator
 
 MAINTENANCE_APP_ID = "78315a30-673a-4a46-8e5c-ce59dbc6adf8"
 ASSIGNMENT = "Microsoft.Authorization/roleAssignments"

@@ -16,7 +16,7 @@ from functions import telemetry
 from functions.model.event import Decision, EventSnapshot, Notification, Transition
 from functions.pipeline.results import Reconciled
 from tests.infra.bicep import MODULES, ROOT, dotted, iso_minutes, load, module_params
-from tests.infra.schema_check import Evaluator
+from tests.infra.bicep_evaluator import Evaluator
 
 MON = load("monitoring")
 ALERTS = MON.variables["logAlerts"]

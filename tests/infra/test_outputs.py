@@ -33,7 +33,7 @@ def test_outputs_are_not_marked_or_typed_as_secrets() -> None:
 
 def _drain_output(**params: object) -> object:
     from tests.infra.bicep import INFRA, Template
-    from tests.infra.schema_check import Evaluator
+    from tests.infra.bicep_evaluator import Evaluator
 
     main = Template.load(INFRA / "main.bicep")
     defaults = {"drainHttpUrl": "", "drainRelayHook": "", "relayReadyPort": 8493}

@@ -1,8 +1,9 @@
-"""Phase `fleet`: issue 11's keys at fleet scale (tests/bench/scale_bench.py, set_relays.py,
-relay_heartbeats.py): Table requests per document at 200 reporters, documents per event
-across a 20-VM set of real relays, the watchdog's sweeps at 10,000 VMs, heartbeats; from
-these the counts the cost model reads (functions/cost/counts.json, rewritten by a full
-run), the model's cost per VM-month at 10,000 VMs and its capacity ceiling."""
+"""Phase `fleet`: issue 11's keys at fleet scale (tests/bench/scale_bench.py,
+watchdog_bench.py, set_relays.py, relay_heartbeats.py): Table requests per document at 200
+reporters, documents per event across a 20-VM set of real relays, the watchdog's sweeps at
+10,000 VMs, heartbeats; from these the counts the cost model reads
+(functions/cost/counts.json, rewritten by a full run), the model's cost per VM-month at
+10,000 VMs and its capacity ceiling."""
 
 from __future__ import annotations
 
@@ -20,12 +21,12 @@ def seed_fleet(connection_string: str, args: argparse.Namespace) -> tuple[Any, A
     points): the watchdog's fleets seeded, and the 20-VM set of real relays, whose count
     of documents does not depend on timing. Seeding is Azurite-bound and the relays
     mostly wait for their polls, so the two overlap."""
-    from tests.bench import scale_bench, set_relays
+    from tests.bench import set_relays, watchdog_bench
 
     vms, ended = args.watchdog_vms, args.watchdog_ended
     with ThreadPoolExecutor(max_workers=1) as background:
         progress(f"watchdog: seeding {vms} VMs heard now and {ended} events ended long ago")
-        fleets = background.submit(scale_bench.seed_fleets, connection_string, vms, ended)
+        fleets = background.submit(watchdog_bench.seed_fleets, connection_string, vms, ended)
         progress("documents per event: a 20-VM availability set of real relays, one event")
         relays = set_relays.run(20)
         return fleets.result(), relays
@@ -36,7 +37,7 @@ def fleet_scale(
 ) -> dict[str, Any]:
     """Issue 11's keys, and the counts the cost model reads, all from this one run, on
     the fleet `seed_fleet` seeded."""
-    from tests.bench import relay_heartbeats, scale_bench
+    from tests.bench import relay_heartbeats, scale_bench, watchdog_bench
 
     out: dict[str, Any] = {}
     counts: dict[str, Any] = {}
@@ -52,7 +53,7 @@ def fleet_scale(
     progress("reporters: 200 VMs (64-character names) of one set report one event")
     reporters = scale_bench.set200(connection_string)
     progress(f"watchdog: one sweep over {vms} VMs, {ended} events ended before the retention")
-    sweep = scale_bench.watchdog(connection_string, seeded, args.junk_rows)
+    sweep = watchdog_bench.watchdog(connection_string, seeded, args.junk_rows)
     for part in (reporters, sweep):
         counts.update(part.pop("_counts"))
         out.update(part)
