@@ -66,10 +66,6 @@ class VmView(BaseModel):
             resources=normalise_resources(tuple(event.resources)),
         )
 
-    @property
-    def names_itself(self) -> bool:
-        return self.vm.casefold() in self.resources
-
     def expect(self) -> dict[str, Any]:
         """The callback's `Expect` entry for this event: what the relay must see in IMDS.
 

@@ -61,11 +61,7 @@ def approve_event(
     give_up_at: datetime | None = None,
     by: str = "policy",
     relays: tuple[str, ...] | None = None,
-    claimed: EventRecord | None = None,
-    settle: tuple[Transition, ...] = (),
-    settle_rows: list[dict[str, Any]] | None = None,
     tag: str = "",
-    reporters: list[Reporter] | None = None,
 ) -> ApprovalResult:
     """Approve one event now, through the approvers of APPROVERS in order; record and
     (optionally) announce.
@@ -76,16 +72,10 @@ def approve_event(
     - `by`: who asked ("policy", "terminate", "watchdog", "manual:<name>"), for the audit.
     - `relays`: only these named VMs' relays may be asked (the drain workflow: the VMs
       whose own view decided drain, functions.terminate.targets); None: any named VM's.
-    - `claimed`: the row as the caller wrote it with its own approval claim (ingest
-      claims it in the write that decides): no second write to claim it.
-    - `settle`: announcements the caller published and left pending: marked done in the
-      write that records the outcome (one write for both); on `skipped` the caller marks
-      them. `settle_rows`: the audit rows that go with that mark (the decision's), in the
-      same transaction, and only with it.
+    A caller that already holds the approval claim (the reconcile by key, which takes it
+    in its announcing write) calls `approve_claimed` instead.
     - `tag`: who claims (the drain of this event: "drain:<EventId>"); a claim with the same
       tag, left by a runner that died, is taken over at once instead of after its lease.
-    - `reporters`: the event's reporter rows as the caller just read them: not queried
-      again (None: read here, once claimed).
     Never raises for relay or ARM trouble; returns `skipped` when the event is gone,
     already started or approved, another caller is approving it right now, or its
     `decided` is not announced yet (ANNOUNCING).
@@ -95,20 +85,15 @@ def approve_event(
     policy = settings.policy.policy
     if policy is not None and policy.dry_run:
         return ApprovalResult(event_id=event_id, outcome="skipped", detail="dry run")
-    if claimed is not None and claimed.approval == "in_progress":
-        record: EventRecord | None = claimed
-    else:
-        closed = _lanes_closed(pipeline, event_id, now)
-        if closed:  # nothing claimed or written: the event is due again as it was
-            return ApprovalResult(event_id=event_id, outcome="retry_later", detail=closed)
-        record, won = _claim(store, event_id, now, settings, tag)
-        if not won:
-            detail = why_not(record, now)
-            return ApprovalResult(event_id=event_id, outcome="skipped", detail=detail)
-    assert record is not None
-    if reporters is None:  # only the relays are asked with them
-        relay = "relay" in settings.approver_order
-        reporters = store.reporter_rows(event_id) if relay else []
+    closed = _lanes_closed(pipeline, event_id, now)
+    if closed:  # nothing claimed or written: the event is due again as it was
+        return ApprovalResult(event_id=event_id, outcome="retry_later", detail=closed)
+    record, won = _claim(store, event_id, now, settings, tag)
+    if not won or record is None:
+        return ApprovalResult(event_id=event_id, outcome="skipped", detail=why_not(record, now))
+    # Its reporter rows, read once claimed: only the relays are asked with them.
+    relay = "relay" in settings.approver_order
+    reporters = store.reporter_rows(event_id) if relay else []
     return approve_claimed(
         pipeline,
         record,
@@ -117,8 +102,6 @@ def approve_event(
         give_up_at=give_up_at,
         by=by,
         relays=relays,
-        settle=settle,
-        settle_rows=settle_rows,
     )
 
 
@@ -137,8 +120,11 @@ def approve_claimed(
     """Approve an event whose approval claim the caller holds (`record`, as written with
     it): the reconcile by key, which claims it in the write that announces what is due,
     and `approve_event` once it has claimed. `reporters`: the event's reporter rows as
-    the caller read them (each named VM's own view, who reports it). The other arguments
-    are `approve_event`'s."""
+    the caller read them (each named VM's own view, who reports it). `settle`:
+    announcements the caller published and left pending, marked done in the write that
+    records the outcome (one write for both; on `skipped` the caller marks them);
+    `settle_rows`: the audit rows that go with that mark (the decision's), in the same
+    transaction, and only with it. The other arguments are `approve_event`'s."""
     store, settings, clock = pipeline.store, pipeline.settings, pipeline.clock
     now = clock.now()
     policy = settings.policy.policy

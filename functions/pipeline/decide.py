@@ -152,10 +152,6 @@ def _describes(row: EventRecord | None, vm: VmRef, key: str) -> bool:
     return first.first_vm == vm.name or first.key == key
 
 
-def _failed_closed(record: EventRecord) -> bool:
-    return record.decision is not None and record.decision.policy_error is not None
-
-
 def _keep(record: EventRecord, entry: ViewDecision) -> bool:
     """Add a new view to the row: in place of the one its VM made before (its own view
     moved), else alongside the others while there is room. Returns whether it is kept."""

@@ -264,13 +264,3 @@ class ReporterRows(Rows):
             if len(names) > limit:
                 break
         return names
-
-    def anyone_reports(self, event_id: str) -> bool:
-        """Whether any VM still reports the event: one query that stops at the first."""
-        rows = self.events.query_entities(
-            "PartitionKey eq @pk and RowKey gt @lo and RowKey lt @hi and status ne ''",
-            parameters={"pk": row_key(event_id), "lo": REPORTER, "hi": "r}"},
-            select=["RowKey"],
-            results_per_page=1,
-        )
-        return next(iter(rows), None) is not None

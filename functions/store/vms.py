@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
 
-from functions.store.keys import VM_BUCKETS, row_key, vm_partition
+from functions.store.keys import row_key, vm_partition
 from functions.store.recent import RecentRows
 from functions.store.records import VmRecord
 from functions.store.rows import UNREAD, BadRow, Rows, _in_batches, _unchunk, _why
@@ -178,20 +178,6 @@ class VmRows(Rows):
                 self.vms.submit_transaction(ops)
                 made += 1
         return made
-
-    def vms_due(self, silent_before: datetime) -> Iterator[VmRecord]:
-        """VMs not heard since `silent_before`, or announced silent, or with a recovery
-        announcement pending: one filtered query per VM partition, whatever the fleet."""
-        query = "PartitionKey eq @pk and (seen lt @cutoff or silent eq true or recovering eq true)"
-        for bucket in range(VM_BUCKETS):
-            rows = self.vms.query_entities(
-                query, parameters={"pk": f"vm{bucket:02d}", "cutoff": silent_before}
-            )
-            for row in rows:
-                try:
-                    yield self._load_vm(row)
-                except BadRow as exc:
-                    log.warning("vms: skipped %s", exc)
 
     def delete_vm(self, name: str) -> None:
         self._recent_vms.forget(row_key(name))
