@@ -247,6 +247,17 @@ def write_liveness(store: Store, name: str, at: datetime) -> None:
     store.liveness.table.upsert_entity(liveness_row(name, at), mode=UpdateMode.MERGE)
 
 
+class Handed:
+    """A work queue that keeps the keys handed to it (functions.pipeline.workqueue)."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def enqueue(self, keys: list[str], now: datetime, *, sweep: bool = False) -> int:
+        self.keys += keys
+        return len(keys)
+
+
 def make_pipeline(
     store: Store, clock: Clock, policy: Policy | PolicyLoad | None = None, **overrides: Any
 ) -> tuple[Pipeline, LocalPublisher]:

@@ -18,6 +18,7 @@ from functions.store.keys import row_key
 from functions.store.state import Store
 from tests.functions.conftest import (
     T0,
+    Handed,
     envelope,
     event,
     liveness_row,
@@ -195,17 +196,6 @@ def _sweep_requests(azurite: str, clock, vms: int, ended: int) -> tuple[int, obj
         print(f"watchdog sweep at {vms} VMs: {counter.total()} requests {counter.by_kind()}")
         assert sorted(queue.keys) == [f"ACT-{i}" for i in range(5)]  # due: listed just now
         return counter.total(), report
-
-
-class Handed:
-    """A work queue that keeps the keys handed to it (functions.pipeline.workqueue)."""
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-
-    def enqueue(self, keys: list[str], now, *, sweep: bool = False) -> int:
-        self.keys += keys
-        return len(keys)
 
 
 @pytest.mark.timeout(300)

@@ -12,7 +12,7 @@ from functions import telemetry
 from functions.pipeline.ingest import ingest_message
 from functions.pipeline.publish import ServiceBusPublisher
 from functions.triggers import core
-from tests.functions.conftest import envelope, event, make_pipeline
+from tests.functions.conftest import Handed, envelope, event, make_pipeline
 
 
 def _lines(caplog) -> list[dict]:
@@ -59,17 +59,6 @@ def test_the_watchdog_handler_logs_each_run(store, clock, caplog):
     assert line["kind"] == "watchdog_run" and line["silent"] == 0
 
 
-class _Queue:
-    """The work queue as the sweep sees it in Azure: keys handed over, none reconciled."""
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-
-    def enqueue(self, keys: list[str], now, *, sweep: bool = False) -> int:
-        self.keys += keys
-        return len(keys)
-
-
 def test_the_sweep_says_what_it_handed_over_and_each_reconcile_what_it_did(
     store, clock, relay, caplog
 ):
@@ -78,7 +67,7 @@ def test_the_sweep_says_what_it_handed_over_and_each_reconcile_what_it_did(
     it published, its approval, its end): issue 46 found the sweep's counts always 0 there."""
     caplog.set_level("INFO", logger="sebridge.telemetry")
     pipeline, _ = make_pipeline(store, clock)
-    queue = _Queue()
+    queue = Handed()  # as in Azure: keys handed over, none reconciled here
     pipeline.work_queue = queue
     ingest_message(envelope("vm1", 1, [event("EV-W", "Reboot")], callback_url=relay.url), pipeline)
     clock.advance(16 * 60)  # past its NotBefore: due, and ended by its silent reporter
