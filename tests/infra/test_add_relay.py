@@ -9,7 +9,6 @@ infra/relay/ is the relay engineer's (another branch): these test the script as 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -261,7 +260,7 @@ def _hooks_parsed(hooks: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_bootstrap_sets_the_relays_hooks(tmp_path) -> None:
+def test_the_bootstrap_sets_the_relays_hooks(tmp_path, monkeypatch) -> None:
     """The 8th argument, NAME=/abs/path[,...], becomes RELAY_HOOKS as the relay reads it
     (issue 33: the hook line an operator added by hand was lost on every upgrade)."""
     from relay.settings import load_settings
@@ -286,16 +285,9 @@ def test_the_bootstrap_sets_the_relays_hooks(tmp_path) -> None:
         "RELAY_CALLBACK_LISTEN": "127.0.0.1:0",
         "RELAY_FORWARD": f"file:{tmp_path}",
     }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        settings = load_settings([])
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings([])
     assert {k: str(v) for k, v in settings.hooks.items()} == {
         "drain": str(drain),
         "undrain": str(undrain),
@@ -385,7 +377,7 @@ def test_a_bad_readiness_port_is_refused_before_anything_is_installed(bad) -> No
     )
 
 
-def test_the_relay_reads_the_line(tmp_path) -> None:
+def test_the_relay_reads_the_line(tmp_path, monkeypatch) -> None:
     """What add-relay.sh writes is a setting the relay takes (and the responder's default)."""
     from relay.responder import DEFAULT_DRAIN_FILE
     from relay.settings import load_settings
@@ -394,16 +386,9 @@ def test_the_relay_reads_the_line(tmp_path) -> None:
     assert Path(value) == DEFAULT_DRAIN_FILE
     for env_value, expected in ((value, Path(value)),):
         env = {"RELAY_DRAIN_FILE": env_value, "RELAY_FORWARD": f"file:{tmp_path}"}
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            assert load_settings([]).drain_file == expected
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert load_settings([]).drain_file == expected
 
 
 @pytest.mark.parametrize(
