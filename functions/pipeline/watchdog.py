@@ -84,10 +84,11 @@ def run_watchdog(pipeline: Pipeline) -> WatchdogReport:
     """One sweep. Its Table requests do not grow with the fleet or its history: one query
     per liveness partition returns only silent VMs, one query lists the VMs with silence
     marks, one filtered query the events due now, one range query each finds what
-    retention expires; then point reads of those rows only. A row that is malformed,
-    hostile or not verified is skipped and reported (`skipped_rows`), never stops the
-    sweep. Due events go to the work queue; without one (single-threaded tests) they are
-    reconciled here in turn and the report says what that did."""
+    retention expires (none until the next day once a pass found nothing); then point
+    reads of those rows only. A row that is malformed, hostile or not verified is skipped
+    and reported (`skipped_rows`), never stops the sweep. Due events go to the work queue;
+    without one (single-threaded tests) they are reconciled here in turn and the report
+    says what that did."""
     now = pipeline.clock.now()
     out = WatchdogReport()
     try:
@@ -373,12 +374,27 @@ def _claim_recovery(pipeline: Pipeline, name: str, now: datetime, heard: datetim
     return True
 
 
+# Keyed by the Store, as _last_full: the retention cutoff (a day) at which this host's last
+# pass found nothing to expire.
+_idle_cutoff: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+
+
 def _retention(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> None:
     """Delete what ended (events, with reporter and audit rows) or was rejected more than
     RETENTION_DAYS ago: found by range queries over day-named partitions, so the work is
-    what expires, never a scan of what is kept."""
+    what expires, never a scan of what is kept.
+
+    Once a pass found nothing at a cutoff day, the sweeps until the cutoff moves to the next
+    day make no query (two requests of the 13 a quiet sweep makes): rows are filed under
+    the day they ended or were rejected, which is not before the cutoff, so nothing new
+    expires until midnight. An event closed late under an older day still (a reconcile that
+    ran days after the end) is found once the cutoff moves on, at most a day later. A pass
+    that found something runs again at the next sweep, as before (a backlog drains at
+    `retention_events_per_sweep` a minute)."""
     store = pipeline.store
     day = (now - timedelta(days=pipeline.settings.retention_days)).strftime("%Y-%m-%d")
+    if _idle_cutoff.get(store) == day:
+        return
     expired = store.expired_events(day, pipeline.settings.retention_events_per_sweep)
     if expired:
         out.retention_requests += store.delete_events(expired)
@@ -387,6 +403,10 @@ def _retention(pipeline: Pipeline, now: datetime, out: WatchdogReport) -> None:
     if rejects:
         out.retention_requests += store.delete_rejects(rejects)
         out.expired_rejects = len(rejects)
+    if expired or rejects:
+        _idle_cutoff.pop(store, None)
+    else:
+        _idle_cutoff[store] = day
 
 
 def _deleted_by_terminate(pipeline: Pipeline, vm: VmRecord) -> list[str]:

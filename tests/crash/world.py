@@ -203,7 +203,7 @@ class Host:
             HostPublisher(world.topic, world.faults),
             requests.Session(),
             world.clock,
-            admission=identity_harness.admission(self.store, world.clock.now),
+            admission=identity_harness.admission(self.store, world.clock.now, ensure=False),
             liveness_verifier=VERIFIER,
         )
         if world.config.arm:
