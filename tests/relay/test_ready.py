@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,21 +19,35 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
-from relay.ready import FILE_NAME, Readiness
+from relay.callback_http import CallbackServer
+from relay.ready import FILE_NAME, PATH, Readiness
 from tests.conftest import free_port
 from tests.relay.conftest import relay_key, sign_headers, vm_id_of, wait_for
 from tests.relay.test_process import FAST
 
 
 def probe(port: int, method: str = "GET", path: str = "/readyz") -> tuple[int, bytes]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 - loopback
-            return answer.status, answer.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+    """The probe server's answer to this request. Its busy answer (a canned 503 with
+    Retry-After, written by the listening thread without reading the request, while the
+    server's 4 handler threads are taken) is asked again, as a prober's next interval
+    would ask: on a loaded machine the handlers of the previous probes can still hold
+    their slots for a moment after their answers arrived (a hog run of 93ea20e read the
+    busy 503 where the test asked about DELETE). The readiness 503 carries no Retry-After."""
+
+    def answered() -> tuple[int, bytes] | None:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 - loopback
+                return answer.status, answer.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 503 and exc.headers.get("Retry-After") is not None:
+                return None
+            return exc.code, exc.read()
+
+    return wait_for(answered, 30, 0.1)
 
 
 def ready(port: int) -> dict[str, Any]:
@@ -422,3 +437,34 @@ def test_only_azures_probe_source_is_recorded_as_a_probe(tmp_path: Path) -> None
     readiness.probe_at = 0
     readiness.health("168.63.129.16")
     assert readiness.probe_at > 0
+
+
+def test_the_probe_helper_asks_again_only_while_the_server_is_busy(tmp_path: Path) -> None:
+    """`probe` above: the server's busy 503 (its 4 slots held, here by 4 connections that
+    send nothing) is asked again until a slot is free; the readiness 503 is an answer."""
+    readiness = Readiness(tmp_path)
+    # The probe's server as Readiness.serve makes it, but for a read timeout of a minute
+    # (not 5 s), so the held connections keep their slots however slow the machine is.
+    server = CallbackServer(f"127.0.0.1:{free_port()}", readiness, 0.5, 4, 60.0, PATH, True)
+    server.start()
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(4)]
+    try:
+        wait_for(lambda: server.httpd.active == 4, 10)
+        request = urllib.request.Request(f"http://127.0.0.1:{server.port}/readyz")
+        with pytest.raises(urllib.error.HTTPError) as busy:
+            urllib.request.urlopen(request, timeout=5)  # noqa: S310 - loopback
+        assert busy.value.code == 503 and busy.value.headers.get("Retry-After") == "1"
+        answers: list[tuple[int, bytes]] = []
+        asking = threading.Thread(target=lambda: answers.append(probe(server.port)))
+        asking.start()  # busy: it asks again...
+        wait_for(lambda: server.httpd.refused_busy >= 2, 10)
+        held.pop().close()  # ...until a slot comes free
+        asking.join(60)
+        assert [status for status, _ in answers] == [200]
+        readiness.hook_started("drain", "EV-1", None)
+        status, body = probe(server.port)
+        assert status == 503 and json.loads(body)["reason"] == "draining"
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
