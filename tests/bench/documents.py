@@ -42,11 +42,19 @@ def envelope(vm: str, sequence: int, events: list[dict[str, Any]], aset: str) ->
     )
 
 
+def imds_time(at: datetime) -> str:
+    return at.strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+
 def in_an_hour() -> str:
-    return (datetime.now(UTC) + timedelta(hours=1)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    return imds_time(datetime.now(UTC) + timedelta(hours=1))
 
 
-def reboot(event_id: str, resources: list[str], status: str) -> dict[str, Any]:
+def reboot(
+    event_id: str, resources: list[str], status: str, not_before: datetime | None = None
+) -> dict[str, Any]:
+    """A Platform Reboot as IMDS shows it; a Scheduled one's NotBefore is `not_before`, or
+    an hour ahead of now."""
     return {
         "EventId": event_id,
         "EventStatus": status,
@@ -54,7 +62,9 @@ def reboot(event_id: str, resources: list[str], status: str) -> dict[str, Any]:
         "ResourceType": "VirtualMachine",
         "Resources": resources,
         # An hour ahead: the app refuses a NotBefore more than MAX_NOT_BEFORE_DAYS ahead.
-        "NotBefore": in_an_hour() if status == "Scheduled" else "",
+        "NotBefore": (in_an_hour() if not_before is None else imds_time(not_before))
+        if status == "Scheduled"
+        else "",
         "Description": "Host server is undergoing maintenance.",
         "EventSource": "Platform",
         "DurationInSeconds": -1,

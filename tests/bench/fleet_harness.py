@@ -98,24 +98,6 @@ def name64(prefix: str, i: int) -> str:
     return base + "x" * (64 - len(base))
 
 
-def imds_time(at: datetime) -> str:
-    return at.strftime("%a, %d %b %Y %H:%M:%S GMT")
-
-
-def reboot(event_id: str, resources: list[str], status: str, not_before: datetime) -> dict:
-    return {
-        "EventId": event_id,
-        "EventStatus": status,
-        "EventType": "Reboot",
-        "ResourceType": "VirtualMachine",
-        "Resources": resources,
-        "NotBefore": imds_time(not_before) if status == "Scheduled" else "",
-        "Description": "Host server is undergoing maintenance.",
-        "EventSource": "Platform",
-        "DurationInSeconds": -1,
-    }
-
-
 def envelope(
     vm: str,
     sequence: int,

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from tests.bench.documents import reboot
 from tests.bench.fleet_harness import (
     ROOT,
     TRACE_ROW_BYTES,
@@ -28,7 +29,6 @@ from tests.bench.fleet_harness import (
     envelope,
     make_pipeline,
     name64,
-    reboot,
     time_call,
 )
 from tests.bench.wire import WireCounter

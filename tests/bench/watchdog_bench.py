@@ -26,6 +26,7 @@ from azure.data.tables import TableTransactionError
 from pydantic import BaseModel
 
 from functions.pipeline.publish import LocalPublisher
+from tests.bench.documents import reboot
 from tests.bench.fleet_harness import (
     FixedClock,
     LogMeter,
@@ -35,12 +36,12 @@ from tests.bench.fleet_harness import (
     heartbeat_batch_size,
     make_pipeline,
     name64,
-    reboot,
     receive_heartbeats,
     seed,
     time_call,
 )
 from tests.bench.wire import WireCounter
+from tests.functions.conftest import Handed
 
 JUNK_ROWS = 100_000  # issue 27: junk liveness rows beside the 10,000-VM fleet
 
@@ -177,17 +178,6 @@ def _sweeps(
             out.append((wire.total(), seconds))
     (first, first_s), steady = out[0], out[1:]
     return first, first_s, steady[0][0], min(seconds for _, seconds in steady)
-
-
-class Handed:
-    """A work queue that keeps the keys the sweep hands it (functions.pipeline.workqueue)."""
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-
-    def enqueue(self, keys: list[str], now: datetime, *, sweep: bool = False) -> int:
-        self.keys += keys
-        return len(keys)
 
 
 def junk_sweep(
