@@ -62,6 +62,8 @@ def connection_string(port: int) -> str:
 
 
 EXIT_WITH_PARENT = Path(__file__).resolve().parent / "exit_with_parent.cjs"
+# The tests' save and restore of a table prefix (the crash explorer's checkpoints).
+CHECKPOINTS = Path(__file__).resolve().parent / "azurite_checkpoint.cjs"
 
 
 def node(root: Path = ROOT) -> str | None:
@@ -74,10 +76,14 @@ def node(root: Path = ROOT) -> str | None:
 
 
 class Azurite:
-    """A running Azurite Table service; a context manager that always stops it."""
+    """A running Azurite Table service; a context manager that always stops it.
 
-    def __init__(self, root: Path = ROOT) -> None:
+    `checkpoints`: with the tests' save and restore of a table prefix
+    (local/azurite_checkpoint.cjs), for the crash explorer; never for the demo."""
+
+    def __init__(self, root: Path = ROOT, checkpoints: bool = False) -> None:
         self.root = root
+        self.checkpoints = checkpoints
         self.binary = root / "node_modules" / ".bin" / "azurite-table"
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -121,6 +127,7 @@ class Azurite:
                     str(node(self.root) or "node"),
                     "--require",
                     str(EXIT_WITH_PARENT),
+                    *(["--require", str(CHECKPOINTS)] if self.checkpoints else []),
                     str(self.binary),
                     "--tableHost",
                     "127.0.0.1",

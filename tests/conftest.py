@@ -23,7 +23,7 @@ __all__ = ["free_port", "pytest_collection_modifyitems", "wait_for_port"]
 @pytest.fixture(scope="session")
 def azurite() -> Iterator[str]:
     """Start Azurite's Table service on a free loopback port; yield its connection string."""
-    server = Azurite()
+    server = Azurite(checkpoints=True)
     try:
         server.start()
     except AzuriteError as exc:

@@ -99,3 +99,50 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_checkpoint_puts_back_a_prefix_as_stored_and_nothing_else(azurite: str) -> None:
+    """The crash explorer's checkpoints (local/azurite_checkpoint.cjs): after a restore,
+    the prefix's tables hold the rows saved, with their ETags (a forked run's host holds
+    them), tables made since are gone, and another prefix's rows are untouched."""
+    from azure.core import MatchConditions
+    from azure.data.tables import UpdateMode
+
+    from tests.crash.checkpoint import CheckpointError, Checkpoints
+
+    checkpoints = Checkpoints(azurite)
+    assert checkpoints.available()
+    service = TableServiceClient.from_connection_string(azurite)
+    mine, other = service.create_table("xcheck00001events"), service.create_table("xother0001rows")
+    mine.upsert_entity({"PartitionKey": "p", "RowKey": "r", "v": 1})
+    saved = mine.get_entity("p", "r").metadata["etag"]
+    checkpoints.call("save", "xcheck00001")
+    mine.upsert_entity({"PartitionKey": "p", "RowKey": "r", "v": 2})
+    mine.upsert_entity({"PartitionKey": "p", "RowKey": "r2", "v": 3})
+    service.create_table("xcheck00001later").upsert_entity({"PartitionKey": "p", "RowKey": "r"})
+    other.upsert_entity({"PartitionKey": "p", "RowKey": "r", "v": 9})
+    checkpoints.call("restore", "xcheck00001")
+
+    assert [dict(e) for e in mine.list_entities()] == [{"PartitionKey": "p", "RowKey": "r", "v": 1}]
+    names = {t.name for t in service.list_tables()}
+    assert "xcheck00001later" not in names and {"xcheck00001events", "xother0001rows"} <= names
+    assert [e["v"] for e in other.list_entities()] == [9]
+    # The ETag read before the save still matches: a conditional write with it succeeds.
+    mine.update_entity(
+        {"PartitionKey": "p", "RowKey": "r", "v": 4},
+        mode=UpdateMode.REPLACE,
+        etag=saved,
+        match_condition=MatchConditions.IfNotModified,
+    )
+    checkpoints.call("restore", "xcheck00001")  # as often as needed
+    assert mine.get_entity("p", "r")["v"] == 1
+    checkpoints.call("drop", "xcheck00001")
+    with pytest.raises(CheckpointError, match="409"):
+        checkpoints.call("restore", "xcheck00001")
+
+
+def test_azurite_has_no_checkpoints_unless_asked() -> None:
+    from tests.crash.checkpoint import Checkpoints
+
+    with Azurite() as server:
+        assert not Checkpoints(server.connection_string).available()

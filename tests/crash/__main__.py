@@ -35,11 +35,11 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     if args.json:
-        with Azurite() as azurite:
+        with Azurite(checkpoints=True) as azurite:
             print(json.dumps(crash_points(azurite.connection_string, args.scenarios or None)))
         return 0
     logging.disable(logging.CRITICAL)  # the code under test logs every crash it survives
-    with Azurite() as azurite:
+    with Azurite(checkpoints=True) as azurite:
         total = divergent = 0
         reports = explore_all(
             azurite.connection_string, args.scenarios or None, exhaustive=args.exhaustive

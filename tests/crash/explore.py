@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from tests.crash import invariants, runner
+from tests.crash.checkpoint import CheckpointError, Checkpoints, Result, run_forked
 from tests.crash.faults import Fault, Faults, Kind, Sent, installed
 from tests.crash.invariants import INVARIANTS
 from tests.crash.scenarios import SCENARIOS, Scenario
@@ -76,6 +77,7 @@ class Report:
     dropped: int = 0
     foreign: int = 0  # requests of the process that were not the runs' (Faults.foreign)
     grouped_points: int = 0  # points in every group of equivalent ones, all shards' too
+    forked: bool = False  # the runs were forked from a replay (tests.crash.checkpoint)
 
     def unplanned(self) -> list[str]:
         """The fault-free run's unanswered requests when they are not just the ones the
@@ -218,6 +220,7 @@ def explore(
     progress: Callable[[str], None] | None = None,
     exhaustive: bool = False,
     shard: tuple[int, int] = (0, 1),
+    fork: bool | None = None,
 ) -> Report:
     """Run `scenario` fault-free, then once per distinct crash point (`equivalence`; every
     (request, fault kind) with `exhaustive`, or only the faults in `only`).
@@ -225,7 +228,9 @@ def explore(
     `shard` (i, n): only every n-th group of equivalent points from the i-th, so a long
     scenario's runs can share workers (the suite's tail); the fault-free run is
     deterministic, so n shards together run every group once. `Report.grouped_points`
-    counts the points of every group, run here or not."""
+    counts the points of every group, run here or not. `fork`: the runs forked from one
+    replay of the fault-free run (tests.crash.checkpoint), where Azurite can (None), always
+    (True) or never (False)."""
     started = time.monotonic()
     box: dict[str, World] = {}
     servers = start_servers(
@@ -243,12 +248,16 @@ def explore(
 
             broken: list[str] = []
 
-            def once(fault: Fault | None) -> tuple[dict[str, Any], runner.Outcome, Faults]:
+            def fresh(fault: Fault | None) -> World:
                 servers.clear()
                 faults.fault, faults.count, faults.log, faults.fired = fault, 0, [], ""
                 faults.dead, faults.twice, faults._again = False, scenario.twice, None
                 world = World(connection, servers, faults, config, made=made)
                 box["world"] = world
+                return world
+
+            def once(fault: Fault | None) -> tuple[dict[str, Any], runner.Outcome, Faults]:
+                world = fresh(fault)
                 tables: dict[str, list[dict[str, Any]]] | None = None
                 try:
                     outcome = runner.run(world, steps)
@@ -259,6 +268,7 @@ def explore(
                     world.clear_tables(tables)
 
             baseline, outcome, _ = once(None)
+            sent = list(faults.sent)
             report = Report(scenario.name, faults.count, baseline_errors=outcome.errors)
             report.baseline_broken = list(broken)
             report.effects = {k: v for k, v in baseline.items() if k.startswith("effect")}
@@ -278,13 +288,22 @@ def explore(
                 classes = equivalence(list(faults.sent))
             report.grouped_points = sum(len(group) for group in classes.values())
             first, every_nth = shard
-            for group in list(classes.values())[first::every_nth]:
-                state, _, used = once(group[0])
+            groups = list(classes.values())[first::every_nth]
+            checkpoints = _checkpoints(connection, fork)
+            report.forked = checkpoints is not None
+            forked = iter(_forked(fresh, steps, groups, sent, baseline, checkpoints))
+            for group in groups:
+                if checkpoints is not None:
+                    result = next(forked)
+                    state, fired, broken[:] = result.state, result.fired, result.broken
+                else:
+                    state, _, used = once(group[0])
+                    fired = used.fired
                 report.runs += 1
                 difference = first_difference(baseline, state)
                 for fault in group:
                     same_as = None if fault == group[0] else group[0]
-                    point = Point(fault, labels.get(fault.index, used.fired), difference, same_as)
+                    point = Point(fault, labels.get(fault.index, fired), difference, same_as)
                     point.broken = list(broken) if same_as is None else []
                     report.points.append(point)
                 if progress is not None and difference:
@@ -300,6 +319,44 @@ def explore(
             os.environ[IDENTITY_HOST] = identity_host
     report.seconds = time.monotonic() - started
     return report
+
+
+def _checkpoints(connection: str, fork: bool | None) -> Checkpoints | None:
+    """The Azurite checkpoints when the runs fork (tests.crash.checkpoint): `fork` None
+    forks where this Azurite has them (Azurite(checkpoints=True)), True insists."""
+    if fork is False:
+        return None
+    checkpoints = Checkpoints(connection)
+    if checkpoints.available():
+        return checkpoints
+    if fork:
+        raise CheckpointError("this Azurite has no checkpoints: Azurite(checkpoints=True)")
+    return None
+
+
+def _forked(
+    fresh: Callable[[Fault | None], World],
+    steps: list[runner.Step],
+    groups: list[list[Fault]],
+    sent: list[Sent],
+    baseline: dict[str, Any],
+    checkpoints: Checkpoints | None,
+) -> list[Result]:
+    """Each group's crash run, forked from one replay of the fault-free run; the replay
+    must end where the fault-free run ended."""
+    if checkpoints is None or not groups:
+        return []
+    world = fresh(None)
+    tables: dict[str, list[dict[str, Any]]] | None = None
+    try:
+        results, _ = run_forked(world, steps, groups, sent, checkpoints)
+        tables = table_rows(world)
+        replayed = first_difference(baseline, snapshot(world, tables))
+    finally:
+        world.clear_tables(tables)
+    if replayed:
+        raise CheckpointError(f"the replay of the fault-free run ended elsewhere: {replayed}")
+    return results
 
 
 def _start_arm() -> Any:

@@ -20,6 +20,7 @@ blocks and worker threads cannot write), until the harness starts a fresh host.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -155,10 +156,14 @@ class Faults:
 _ACTIVE: list[Faults] = []
 _ORIGINAL = HTTPConnectionPool.urlopen
 _inside = threading.local()
+# Every connection pool a request went through while installed: a forked run drops the
+# connections it inherited (tests.crash.checkpoint), whose other end is its parent's.
+POOLS: weakref.WeakSet[HTTPConnectionPool] = weakref.WeakSet()
 
 
 def _urlopen(pool: HTTPConnectionPool, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
     faults = _ACTIVE[-1] if _ACTIVE else None
+    POOLS.add(pool)
     if faults is None or getattr(_inside, "depth", 0):  # urllib3's own retry recursion
         return _ORIGINAL(pool, method, url, *args, **kwargs)
     label = faults.classify(pool.host, pool.port or 80, method, url)

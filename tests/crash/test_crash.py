@@ -60,7 +60,7 @@ def _params(scenario: Scenario) -> list[Any]:
 def test_no_crash_point_changes_the_end_state(
     azurite: str, scenario: Scenario, shard: tuple[int, int]
 ) -> None:
-    report = explore(azurite, scenario, shard=shard)
+    report = explore(azurite, scenario, shard=shard, fork=True)
     print(report.table())
     assert report.baseline_errors == [], "the fault-free run itself failed a step"
     effects = json.dumps(report.effects)

@@ -83,3 +83,37 @@ def test_the_shortcut_finds_what_every_point_finds(azurite: str, audit_twice: No
         patch.setattr(explorer, "equivalence", per_step)
         broken = explore(azurite, SMALL)
     assert divergent(broken) != found, broken.table()
+
+
+@pytest.mark.timeout(600)
+def test_forked_runs_find_what_fresh_runs_find(azurite: str, audit_twice: None) -> None:
+    """The runs forked from a replay (tests.crash.checkpoint) against the same runs made
+    from the start each (issue 47's make-room): the same points diverge, each the same
+    way, and the same invariants break."""
+    forked = explore(azurite, SMALL, fork=True)
+    fresh = explore(azurite, SMALL, fork=False)
+    assert forked.forked and not fresh.forked
+    assert forked.runs == fresh.runs and forked.tried() == fresh.tried()
+    found = {p.fault: p.difference for p in fresh.points}
+    assert any(found.values()) and not all(found.values()), fresh.table()
+    assert {p.fault: p.difference for p in forked.points} == found, (forked.table(), fresh.table())
+    assert forked.violations() == fresh.violations()
+
+
+def test_a_forked_run_that_does_not_start_where_its_point_is_fails_loudly(
+    azurite: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: with Azurite's tables not put back after each forked run, the next
+    run starts on the last one's writes, and the replay ends elsewhere than the fault-free
+    run; that is an error, never a result."""
+    from tests.crash import checkpoint
+
+    real = checkpoint.Checkpoints.call
+
+    def no_restore(self: Any, what: str, prefix: str) -> None:
+        if what != "restore":
+            real(self, what, prefix)
+
+    monkeypatch.setattr(checkpoint.Checkpoints, "call", no_restore)
+    with pytest.raises(checkpoint.CheckpointError):
+        explore(azurite, SMALL, fork=True)

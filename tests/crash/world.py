@@ -141,6 +141,14 @@ class Servers:
         if self.arm is not None:
             self.arm.arm.calls.clear()
 
+    def http_servers(self) -> list[Any]:
+        """Every receiver's socketserver, for the checkpoints (tests.crash.checkpoint)."""
+        found = [self.relay.server, self.hook.server]
+        found += [receiver.server for receiver in self.channels.values()]
+        if self.arm is not None and self.arm._httpd is not None:
+            found.append(self.arm._httpd)
+        return found
+
     def close(self) -> None:
         self.relay.close()
         self.hook.stop()
