@@ -1,14 +1,14 @@
 """The callback's HTTP plumbing: a bounded, fair, one-request-per-connection server.
 
 The server listens on a customer's VM, so it is bounded: at most `max_concurrent` requests
-are handled at once (one thread each; a connection beyond that gets a canned 503 from the
-listening thread and is closed, no thread started), and a request must arrive completely
-within `read_timeout` seconds in total, so a sender that trickles bytes cannot hold a slot
-for longer than that. Slots are shared fairly between client addresses: when all are taken
-and a connection arrives from an address holding fewer than the busiest one, a connection
-of the busiest address that is still being read (nothing of it has been acted on) is
-closed to make room. So one address trickling bytes on every slot cannot keep a signed
-approval from another address waiting.
+are handled at once (one thread each; a connection beyond that gets a canned 503, or a
+readiness server's last answer, from the listening thread and is closed, no thread
+started), and a request must arrive completely within `read_timeout` seconds in total, so a
+sender that trickles bytes cannot hold a slot for longer than that. Slots are shared fairly
+between client addresses: when all are taken and a connection arrives from an address
+holding fewer than the busiest one, a connection of the busiest address that is still being
+read (nothing of it has been acted on) is closed to make room. So one address trickling
+bytes on every slot cannot keep a signed approval from another address waiting.
 
 What a request means is relay.callback's (`CallbackApp.post` and `.health`); this module
 only reads requests, bounds them and writes answers. Kept apart so each reads top to bottom.
@@ -38,14 +38,10 @@ log = logging.getLogger("relay.callback")
 MAX_BODY = 16 * 1024
 DEFAULT_MAX_CONCURRENT = 16
 DEFAULT_READ_TIMEOUT = 10.0
-_BUSY_BODY = b'{"error": "too many concurrent requests; try again shortly"}'
-BUSY_RESPONSE = (
-    b"HTTP/1.0 503 Service Unavailable\r\n"
-    b"Content-Type: application/json\r\n"
-    b"Content-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n"
-    b"Retry-After: 1\r\n"
-    b"Connection: close\r\n\r\n" + _BUSY_BODY
-)
+BUSY = {"error": "too many concurrent requests; try again shortly"}
+# A readiness server's busy answer repeats its last answer if it is younger than this: a
+# few of a load balancer's probe intervals (Azure's default is 5 s), never an old state.
+REMEMBERED = 15.0
 
 
 class Refused(Exception):
@@ -90,7 +86,7 @@ class _Handler(socketserver.BaseRequestHandler):
         self.connection.settimeout(self.server.read_timeout)  # bounds each write too
         deadline = time.monotonic() + self.server.read_timeout
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
-        self.path = ""
+        self.path, self.head = "", False
 
     def finish(self) -> None:
         with contextlib.suppress(OSError):
@@ -155,7 +151,10 @@ class _Handler(socketserver.BaseRequestHandler):
             self._answer(404, {"error": "no such endpoint"})
             return
         if self.server.read_only:  # the readiness probe: who asked (relay.responder)
-            self._answer(*self.server.app.health(str(self.client_address[0])))
+            status, body = self.server.app.health(str(self.client_address[0]))
+            hit = _response(status, body, "Cache-Status: scheduled-events-relay; hit\r\n")
+            self.server.last_answer = (time.monotonic() + REMEMBERED, hit)  # the busy answer
+            self._answer(status, body)
         else:
             self._answer(*self.server.app.health())
 
@@ -193,19 +192,28 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
-        head = (
-            f"HTTP/1.0 {status} {REASONS.get(status, 'Unknown')}\r\n"
-            "Server: scheduled-events-relay\r\n"
-            f"Date: {http_date(time.time())}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n"
-            "Cache-Control: no-store\r\n"
-            "Connection: close\r\n\r\n"
-        )
-        if getattr(self, "head", False):
+        head = _head(status, len(data))
+        if self.head:
             data = b""  # HEAD: the headers of the GET answer, Content-Length included
         with contextlib.suppress(OSError):  # a client gone before its answer: nothing to do
-            self.connection.sendall(head.encode("ascii") + data)
+            self.connection.sendall(head + data)
+
+
+def _head(status: int, length: int, extra: str = "") -> bytes:
+    return (
+        f"HTTP/1.0 {status} {REASONS.get(status, 'Unknown')}\r\n"
+        "Server: scheduled-events-relay\r\n"
+        f"Date: {http_date(time.time())}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n"
+        f"Cache-Control: no-store\r\n{extra}"
+        "Connection: close\r\n\r\n"
+    ).encode("ascii")
+
+
+def _response(status: int, body: dict[str, Any], extra: str = "") -> bytes:
+    data = json.dumps(body).encode()
+    return _head(status, len(data), extra) + data
 
 
 class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -214,6 +222,12 @@ class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     The listening thread takes a slot before starting a handler thread; without one it
     writes the canned 503 (non-blocking: a fresh socket's send buffer is empty) and closes
     the connection, so a flood costs no thread, no read and little memory.
+
+    A readiness server (`read_only`) answers busy with its last readiness answer instead,
+    if it gave one within REMEMBERED seconds, marked as such (`Cache-Status: ...; hit`,
+    RFC 9211): a load balancer reads any 503 as "out of rotation", so a canned busy 503 on
+    a starved VM would take serving capacity away by itself. The request is not read, so a
+    busy answer may answer another path or method than the one asked.
     """
 
     daemon_threads = True
@@ -244,6 +258,7 @@ class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.evicted = 0
         self._busy = ErrorStreak(log, "callback")  # touched by the listening thread only
         self.refused_busy = 0
+        self.last_answer: tuple[float, bytes] | None = None  # readiness: (until, answer)
         super().__init__(address, _Handler, bind_and_activate=sock is None)
         if sock is not None:  # a listening socket systemd holds (inherited): not ours to bind
             self.socket.close()
@@ -344,9 +359,14 @@ class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self._slots.release()
 
     def _refuse(self, request: socket.socket) -> None:
+        """The busy answer: a readiness server's last answer while it is recent (`last_answer`,
+        marked Cache-Status: ...; hit, RFC 9211), else the canned 503."""
+        answer, last = _response(503, BUSY, "Retry-After: 1\r\n"), self.last_answer
+        if last and time.monotonic() < last[0]:
+            answer = last[1]
         try:
             request.setblocking(False)
-            request.send(BUSY_RESPONSE)
+            request.send(answer)
         except OSError:
             pass  # a full buffer or a gone client: closing is answer enough
         self.shutdown_request(request)

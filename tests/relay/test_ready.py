@@ -30,20 +30,22 @@ from tests.relay.test_process import FAST
 
 
 def probe(port: int, method: str = "GET", path: str = "/readyz") -> tuple[int, bytes]:
-    """The probe server's answer to this request. Its busy answer (a canned 503 with
-    Retry-After, written by the listening thread without reading the request, while the
-    server's 4 handler threads are taken) is asked again, as a prober's next interval
-    would ask: on a loaded machine the handlers of the previous probes can still hold
-    their slots for a moment after their answers arrived (a hog run of 93ea20e read the
-    busy 503 where the test asked about DELETE). The readiness 503 carries no Retry-After."""
+    """The probe server's answer to this request. Its busy answers, written by the
+    listening thread without reading the request while the server's 4 handler threads are
+    taken (a canned 503 with Retry-After, or the last readiness answer with Cache-Status),
+    are asked again, as a prober's next interval would ask: on a loaded machine the
+    handlers of the previous probes can still hold their slots for a moment after their
+    answers arrived (a hog run of 93ea20e read the busy 503 where the test asked about
+    DELETE). The readiness 503 carries neither header."""
 
     def answered() -> tuple[int, bytes] | None:
         request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
         try:
             with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 - loopback
-                return answer.status, answer.read()
+                busy = answer.headers.get("Cache-Status") is not None
+                return None if busy else (answer.status, answer.read())
         except urllib.error.HTTPError as exc:
-            if exc.code == 503 and exc.headers.get("Retry-After") is not None:
+            if exc.headers.get("Retry-After") or exc.headers.get("Cache-Status"):
                 return None
             return exc.code, exc.read()
 
@@ -467,4 +469,61 @@ def test_the_probe_helper_asks_again_only_while_the_server_is_busy(tmp_path: Pat
     finally:
         for sock in held:
             sock.close()
+        server.stop()
+
+
+def busy_answer(port: int) -> tuple[int, dict[str, str], bytes]:
+    """One request, answered whatever it is: status, headers, body."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/readyz")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 - loopback
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_a_busy_probe_server_repeats_its_last_answer_instead_of_a_503(tmp_path: Path) -> None:
+    """A load balancer reads any 503 as "out of rotation": on a starved VM whose 4 probe
+    slots are taken, a canned busy 503 would take the VM out by itself. The busy answer is
+    the last readiness answer, if given within REMEMBERED seconds, marked Cache-Status; a
+    drain in progress stays 503, and an old or no answer is the busy 503.
+    Fails on c465741 (a busy 503 where the VM was ready)."""
+    from relay import callback_http
+
+    readiness = Readiness(tmp_path)
+    server = CallbackServer(f"127.0.0.1:{free_port()}", readiness, 0.5, 4, 60.0, PATH, True)
+    server.start()
+    held: list[socket.socket] = []
+
+    def hold_every_slot() -> None:
+        held.extend(socket.create_connection(("127.0.0.1", server.port), 5) for _ in range(4))
+        wait_for(lambda: server.httpd.active == 4, 10)
+
+    def free_every_slot() -> None:
+        while held:
+            held.pop().close()
+        wait_for(lambda: server.httpd.active == 0, 10)
+
+    try:
+        assert probe(server.port)[0] == 200
+        hold_every_slot()
+        status, headers, body = busy_answer(server.port)
+        assert (status, json.loads(body)) == (200, {"ready": True})
+        assert headers["Cache-Status"] == "scheduled-events-relay; hit"
+        free_every_slot()
+        readiness.hook_started("drain", "EV-1", None)
+        assert probe(server.port)[0] == 503  # the drain's answer, given by a handler
+        hold_every_slot()
+        status, headers, body = busy_answer(server.port)
+        assert status == 503 and json.loads(body)["events"] == ["EV-1"]
+        assert "Retry-After" not in headers and "Cache-Status" in headers
+        # An answer older than REMEMBERED is not repeated: the canned busy 503.
+        last = server.httpd.last_answer
+        assert last is not None
+        server.httpd.last_answer = (last[0] - callback_http.REMEMBERED, *last[1:])
+        status, headers, body = busy_answer(server.port)
+        assert status == 503 and headers["Retry-After"] == "1"
+        assert json.loads(body) == {"error": "too many concurrent requests; try again shortly"}
+    finally:
+        free_every_slot()
         server.stop()
