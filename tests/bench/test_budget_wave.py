@@ -37,8 +37,11 @@ def test_slots_that_never_come_back_make_the_budget_wave_miss(
     monkeypatch.setattr(budget_wave._Fleet, "__init__", leaking)
     monkeypatch.setattr(budget_wave, "GIVE_UP", 15.0)
     result = budget_wave.run(azurite, 20, impact=0.3)
-    assert result["budget_limit"] == 4 and result["budget_approved"] == 4, result
-    assert result["budget_unapproved"] == 16 and result["budget_slots_held_at_end"] == 4
+    # 4 at most, each slot kept: on a busy machine the 15 s give-up may come before all
+    # 4 of the first are approved, never after a fifth.
+    assert result["budget_limit"] == 4 and 1 <= result["budget_approved"] <= 4, result
+    assert result["budget_unapproved"] == 20 - result["budget_approved"], result
+    assert result["budget_slots_held_at_end"] == result["budget_approved"], result
     assert result["budget_wait_p99_s"] >= 15.0, result
     missed = {line.split(":")[0] for line in failures(result, budget_phase.PHASE.targets)}
     assert {"budget_unapproved", "budget_slots_held_at_end"} <= missed, missed

@@ -51,7 +51,10 @@ def test_honest_vms_never_approved_make_the_wave_miss(
     monkeypatch.setattr(conftest, "envelope", envelope)
     monkeypatch.setattr(wave, "GIVE_UP", 6.0)
     result = wave.run(azurite, 20)
-    assert result["wave_honest_approved"] == 16 and result["wave_honest_unapproved"] == 3
+    # At least the 3: on a busy machine others may not be approved by the 6 s give-up
+    # either (a hog run of 6cef93a read 15 approved); the exact count is the test above's.
+    assert result["wave_honest_approved"] + result["wave_honest_unapproved"] == 19, result
+    assert result["wave_honest_unapproved"] >= 3, result
     assert result["wave_approve_max_s"] >= 6.0 and result["wave_approve_p99_s"] >= 6.0, result
     missed = failures(result, wave_phase.PHASE.targets)
     assert any(line.startswith("wave_honest_unapproved") for line in missed), missed
