@@ -191,29 +191,25 @@ class _Handler(socketserver.BaseRequestHandler):
         return body
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        head = _head(status, len(data))
-        if self.head:
-            data = b""  # HEAD: the headers of the GET answer, Content-Length included
+        answer = _response(status, body)
+        if self.head:  # HEAD: the headers of the GET answer, Content-Length included
+            answer = answer[: answer.index(b"\r\n\r\n") + 4]
         with contextlib.suppress(OSError):  # a client gone before its answer: nothing to do
-            self.connection.sendall(head + data)
-
-
-def _head(status: int, length: int, extra: str = "") -> bytes:
-    return (
-        f"HTTP/1.0 {status} {REASONS.get(status, 'Unknown')}\r\n"
-        "Server: scheduled-events-relay\r\n"
-        f"Date: {http_date(time.time())}\r\n"
-        "Content-Type: application/json\r\n"
-        f"Content-Length: {length}\r\n"
-        f"Cache-Control: no-store\r\n{extra}"
-        "Connection: close\r\n\r\n"
-    ).encode("ascii")
+            self.connection.sendall(answer)
 
 
 def _response(status: int, body: dict[str, Any], extra: str = "") -> bytes:
     data = json.dumps(body).encode()
-    return _head(status, len(data), extra) + data
+    head = (
+        f"HTTP/1.0 {status} {REASONS.get(status, 'Unknown')}\r\n"
+        "Server: scheduled-events-relay\r\n"
+        f"Date: {http_date(time.time())}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n"
+        f"Cache-Control: no-store\r\n{extra}"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + data
 
 
 class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -361,9 +357,11 @@ class CallbackHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     def _refuse(self, request: socket.socket) -> None:
         """The busy answer: a readiness server's last answer while it is recent (`last_answer`,
         marked Cache-Status: ...; hit, RFC 9211), else the canned 503."""
-        answer, last = _response(503, BUSY, "Retry-After: 1\r\n"), self.last_answer
+        last = self.last_answer
         if last and time.monotonic() < last[0]:
             answer = last[1]
+        else:
+            answer = _response(503, BUSY, "Retry-After: 1\r\n")
         try:
             request.setblocking(False)
             request.send(answer)

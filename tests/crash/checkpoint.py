@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from local.azurite import table_url
 from tests.crash import invariants, runner
 from tests.crash.faults import POOLS, Fault, Sent
 from tests.crash.state import snapshot, table_rows
@@ -61,8 +62,7 @@ class Checkpoints:
     """Azurite's save and restore of one table prefix (local/azurite_checkpoint.cjs)."""
 
     def __init__(self, connection: str) -> None:
-        parts = dict(p.split("=", 1) for p in connection.split(";") if "=" in p)
-        endpoint = urlsplit(parts["TableEndpoint"])
+        endpoint = urlsplit(table_url(connection, ""))
         self.host, self.port = endpoint.hostname or "127.0.0.1", endpoint.port or 80
 
     def _post(self, what: str, prefix: str) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from local.azurite import table_url
 from tests.crash import invariants, runner
 from tests.crash.checkpoint import CheckpointError, Checkpoints, Result, run_forked
 from tests.crash.faults import Fault, Faults, Kind, Sent, installed
@@ -209,8 +210,7 @@ def _classifier(connection: str, servers: Servers) -> Callable[[str, int, str, s
 
 def _table_port(connection: str) -> int:
     """The port of the connection string's TableEndpoint (Azurite's table service)."""
-    parts = dict(p.split("=", 1) for p in connection.split(";") if "=" in p)
-    return urlsplit(parts["TableEndpoint"]).port or 80
+    return urlsplit(table_url(connection, "")).port or 80
 
 
 def explore(
